@@ -1,0 +1,35 @@
+"""Settings read from the environment, once, at the edge (functions, CLI, local stack)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+DEFAULT_PROJECT = "tpujobs-local"
+DEFAULT_ZONE = "us-central2-b"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Where tpujobs runs and what it talks to. Empty endpoints mean the real Google APIs."""
+
+    project: str = DEFAULT_PROJECT
+    default_zone: str = DEFAULT_ZONE
+    prefix: str = ""
+    tpu_endpoint: str = ""  # the simulator's base URL locally; empty in production
+    logs_bucket: str = ""
+    local_stack: bool = False  # True only in the local stack: trust X-Tpujobs-Caller
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if environ is None else environ
+        project = env.get("GOOGLE_CLOUD_PROJECT") or env.get("GCLOUD_PROJECT") or DEFAULT_PROJECT
+        return cls(
+            project=project,
+            default_zone=env.get("TPUJOBS_DEFAULT_ZONE") or DEFAULT_ZONE,
+            prefix=env.get("TPUJOBS_PREFIX", ""),
+            tpu_endpoint=env.get("TPUJOBS_TPU_ENDPOINT", ""),
+            logs_bucket=env.get("TPUJOBS_LOGS_BUCKET") or f"{project}-tpujobs-logs",
+            local_stack=env.get("TPUJOBS_LOCAL_STACK", "") == "1",
+        )
