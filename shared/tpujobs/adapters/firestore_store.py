@@ -1,0 +1,238 @@
+"""The job store on Firestore: job documents, their timeline, and rejections.
+
+Every change goes through one transaction that reads the job, lets the pure domain
+decide, and writes the job and its event together. Firestore fails the commit if the
+job changed since the read, so each write is compare-and-set; the transaction body
+has no side effects because Firestore may run it more than once.
+
+Documents are flat and typed for the Firestore console: timestamps are timestamps,
+the spec is a map, and the fields people filter on are top-level.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+from google.api_core import exceptions as api_exceptions
+from google.cloud import firestore
+
+from tpujobs.domain.job import Job, JobEvent
+from tpujobs.domain.spec import JobSpec
+from tpujobs.domain.states import JobState
+from tpujobs.domain.transitions import Decision, Ignored, Observation, decide
+from tpujobs.errors import TransientError
+from tpujobs.ports import Clock, Rejection
+
+JOBS = "jobs"
+EVENTS = "events"
+REJECTIONS = "rejections"
+MAX_PAYLOAD_CHARS = 4096
+
+_TRANSIENT = (
+    api_exceptions.ServiceUnavailable,
+    api_exceptions.DeadlineExceeded,
+    api_exceptions.InternalServerError,
+    api_exceptions.Aborted,
+    api_exceptions.TooManyRequests,
+    api_exceptions.Conflict,
+)
+
+
+def job_to_document(job: Job) -> dict[str, Any]:
+    """A job as its Firestore document (contract section 3)."""
+    spec = job.spec
+    return {
+        "job_id": job.job_id,
+        "name": job.name,
+        "owner": job.owner,
+        "state": job.state.value,
+        "state_reason": job.state_reason,
+        "attempt": job.attempt,
+        "restarts": job.restarts,
+        "queued_resource": job.queued_resource,
+        "capacity_state": job.capacity_state,
+        "zone": job.zone,
+        "accelerator_type": spec.accelerator_type,
+        "slices": spec.slices,
+        "chips": spec.chips,
+        "capacity": spec.capacity,
+        "priority": spec.priority,
+        "resume_next": job.resume_next,
+        "created_at": job.created_at,
+        "updated_at": job.updated_at,
+        "started_at": job.started_at,
+        "ended_at": job.ended_at,
+        "exit_code": job.exit_code,
+        "log_uri": job.log_uri,
+        "event_seq": job.event_seq,
+        "spec": spec.to_document(),
+    }
+
+
+def job_from_document(data: dict[str, Any]) -> Job:
+    return Job(
+        job_id=data["job_id"],
+        name=data["name"],
+        owner=data["owner"],
+        spec=JobSpec.model_validate(data["spec"], strict=False),
+        state=JobState(data["state"]),
+        state_reason=data.get("state_reason", ""),
+        zone=data["zone"],
+        attempt=data.get("attempt", 1),
+        restarts=data.get("restarts", 0),
+        queued_resource=data.get("queued_resource", ""),
+        capacity_state=data.get("capacity_state"),
+        resume_next=data.get("resume_next", False),
+        created_at=data.get("created_at"),
+        updated_at=data.get("updated_at"),
+        started_at=data.get("started_at"),
+        ended_at=data.get("ended_at"),
+        exit_code=data.get("exit_code"),
+        log_uri=data.get("log_uri"),
+        event_seq=data.get("event_seq", 0),
+    )
+
+
+def event_to_document(event: JobEvent) -> dict[str, Any]:
+    return {
+        "seq": event.seq,
+        "at": event.at,
+        "from_state": event.from_state.value if event.from_state else None,
+        "to_state": event.to_state.value,
+        "reason": event.reason,
+        "source": event.source,
+        "attempt": event.attempt,
+    }
+
+
+def event_from_document(data: dict[str, Any]) -> JobEvent:
+    return JobEvent(
+        seq=data["seq"],
+        at=data["at"],
+        from_state=JobState(data["from_state"]) if data.get("from_state") else None,
+        to_state=JobState(data["to_state"]),
+        reason=data.get("reason", ""),
+        source=data.get("source", "submit"),
+        attempt=data.get("attempt", 1),
+    )
+
+
+class FirestoreJobStore:
+    """JobStore on a Firestore client (the emulator when FIRESTORE_EMULATOR_HOST is set)."""
+
+    def __init__(self, client: firestore.Client) -> None:
+        self._db = client
+
+    def _job_ref(self, job_id: str) -> firestore.DocumentReference:
+        return self._db.collection(JOBS).document(job_id)
+
+    def create(self, job: Job, event: JobEvent) -> bool:
+        ref = self._job_ref(job.job_id)
+        transaction = self._db.transaction()
+
+        @firestore.transactional
+        def create_if_absent(tx: firestore.Transaction) -> bool:
+            if ref.get(transaction=tx).exists:
+                return False
+            tx.create(ref, job_to_document(job))
+            tx.create(ref.collection(EVENTS).document(event.document_id), event_to_document(event))
+            return True
+
+        with _transient_on_failure("create job"):
+            return create_if_absent(transaction)
+
+    def get(self, job_id: str) -> Job | None:
+        with _transient_on_failure("read job"):
+            snapshot = self._job_ref(job_id).get()
+        return job_from_document(snapshot.to_dict()) if snapshot.exists else None
+
+    def apply(self, job_id: str, seen: Observation, clock: Clock) -> Decision | Ignored:
+        ref = self._job_ref(job_id)
+        transaction = self._db.transaction()
+
+        @firestore.transactional
+        def compare_and_set(tx: firestore.Transaction) -> Decision | Ignored:
+            snapshot = ref.get(transaction=tx)
+            if not snapshot.exists:
+                return Ignored(f"job {job_id} does not exist")
+            outcome = decide(job_from_document(snapshot.to_dict()), seen, clock())
+            if isinstance(outcome, Decision):
+                tx.set(ref, job_to_document(outcome.job))
+                tx.create(
+                    ref.collection(EVENTS).document(outcome.event.document_id),
+                    event_to_document(outcome.event),
+                )
+            return outcome
+
+        with _transient_on_failure("update job"):
+            return compare_and_set(transaction)
+
+    def events(self, job_id: str) -> list[JobEvent]:
+        with _transient_on_failure("read events"):
+            docs = self._job_ref(job_id).collection(EVENTS).order_by("seq").stream()
+            return [event_from_document(doc.to_dict()) for doc in docs]
+
+    def list(self, state: str | None = None, owner: str | None = None, limit: int = 100) -> list[Job]:
+        query: Any = self._db.collection(JOBS)
+        if state:
+            query = query.where(filter=firestore.FieldFilter("state", "==", state))
+        if owner:
+            query = query.where(filter=firestore.FieldFilter("owner", "==", owner))
+        with _transient_on_failure("list jobs"):
+            docs = list(query.limit(limit).stream())
+        jobs = [job_from_document(doc.to_dict()) for doc in docs]
+        return sorted(jobs, key=lambda job: job.created_at or datetime.min, reverse=True)
+
+    def reject(self, rejection: Rejection) -> None:
+        ref = self._db.collection(REJECTIONS).document(_document_id(rejection.message_id))
+        with _transient_on_failure("record rejection"):
+            ref.set(
+                {
+                    "at": rejection.at,
+                    "reason": rejection.reason,
+                    "payload": rejection.payload[:MAX_PAYLOAD_CHARS],
+                    "topic": rejection.topic,
+                    "message_id": rejection.message_id,
+                    # how often this message was seen: more than 1 means it was redelivered
+                    "deliveries": firestore.Increment(1),
+                },
+                merge=True,
+            )
+
+    def rejections(self, limit: int = 100) -> list[Rejection]:
+        with _transient_on_failure("list rejections"):
+            docs = list(self._db.collection(REJECTIONS).limit(limit).stream())
+        return [
+            Rejection(
+                message_id=d.get("message_id") or doc.id,
+                at=d["at"],
+                reason=d["reason"],
+                payload=d.get("payload", ""),
+                topic=d.get("topic", ""),
+            )
+            for doc in docs
+            for d in [doc.to_dict()]
+        ]
+
+
+def _document_id(message_id: str) -> str:
+    """Firestore ids may not contain '/' nor be '.' or '..'; Pub/Sub ids are digits anyway."""
+    cleaned = message_id.replace("/", "_")[:1500]
+    return cleaned if cleaned not in ("", ".", "..") else f"_{cleaned}"
+
+
+@contextmanager
+def _transient_on_failure(doing: str) -> Iterator[None]:
+    """Turn Firestore's retryable failures into TransientError, naming what was being done."""
+    try:
+        yield
+    except _TRANSIENT as error:
+        raise TransientError(f"Firestore failed to {doing}: {error}") from error
+    except ValueError as error:
+        # A transaction that lost every retry to contention raises a plain ValueError.
+        if "Failed to commit transaction" in str(error):
+            raise TransientError(f"Firestore failed to {doing}: {error}") from error
+        raise

@@ -1,0 +1,155 @@
+"""Cloud TPU queued resources through the real google-cloud-tpu (v2) client.
+
+Locally the same client talks REST to the simulator (`TPUJOBS_TPU_ENDPOINT`). Names are
+deterministic, so ALREADY_EXISTS on create means an earlier delivery already asked for
+this attempt: the resource is ours and is adopted, never bought twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from google.api_core import exceptions as api_exceptions
+
+from tpujobs.domain.job import Job
+from tpujobs.errors import PermanentError, TransientError
+from tpujobs.ports import CapacityStatus
+
+if TYPE_CHECKING:
+    from google.cloud import tpu_v2
+
+_TRANSIENT = (
+    api_exceptions.ServiceUnavailable,
+    api_exceptions.TooManyRequests,
+    api_exceptions.InternalServerError,
+    api_exceptions.DeadlineExceeded,
+    api_exceptions.GatewayTimeout,
+    api_exceptions.Aborted,
+    api_exceptions.RetryError,
+)
+
+
+def build_client(endpoint: str = "") -> tpu_v2.TpuClient:
+    """The TPU client: REST against `endpoint` when given (the simulator), else the real API."""
+    from google.cloud import tpu_v2
+
+    if not endpoint:
+        return tpu_v2.TpuClient()
+    from google.auth.credentials import AnonymousCredentials
+
+    return tpu_v2.TpuClient(
+        transport="rest",
+        client_options={"api_endpoint": endpoint},
+        credentials=AnonymousCredentials(),
+    )
+
+
+def job_labels(job: Job) -> dict[str, str]:
+    """The user's labels plus ours, so a resource can always be traced back to its job."""
+    return {**job.spec.labels, "tpujobs-job": job.job_id, "tpujobs-attempt": str(job.attempt)}
+
+
+def queued_resource_for(job: Job, project: str, startup_script: str) -> tpu_v2.QueuedResource:
+    """The QueuedResource of the job's current attempt: tier, slices, labels, startup script."""
+    from google.cloud import tpu_v2
+
+    spec = job.spec
+    node = tpu_v2.Node(
+        accelerator_type=spec.accelerator_type,
+        runtime_version=spec.runtime_version,
+        labels=job_labels(job),
+        metadata={"startup-script": startup_script},
+        scheduling_config=tpu_v2.SchedulingConfig(
+            spot=spec.capacity == "spot", reserved=spec.capacity == "reserved"
+        ),
+    )
+    node_spec = tpu_v2.QueuedResource.Tpu.NodeSpec(parent=f"projects/{project}/locations/{job.zone}", node=node)
+    if spec.slices == 1:
+        node_spec.node_id = job.queued_resource
+    else:
+        node_spec.multislice_params = tpu_v2.QueuedResource.Tpu.NodeSpec.MultisliceParams(
+            node_count=spec.slices, node_id_prefix=job.queued_resource
+        )
+    resource = tpu_v2.QueuedResource(tpu=tpu_v2.QueuedResource.Tpu(node_spec=[node_spec]))
+    if spec.capacity == "spot":
+        resource.spot = tpu_v2.QueuedResource.Spot()
+    elif spec.capacity == "reserved":
+        resource.guaranteed = tpu_v2.QueuedResource.Guaranteed()
+        resource.reservation_name = _reservation_path(spec.reservation or "", project, job.zone)
+    return resource
+
+
+def _reservation_path(reservation: str, project: str, zone: str) -> str:
+    """A short reservation name becomes the full path the API wants; full paths pass through."""
+    if reservation.startswith("projects/"):
+        return reservation
+    return f"projects/{project}/locations/{zone}/reservations/{reservation}"
+
+
+class CloudTpu:
+    """The Tpu port on a `tpu_v2.TpuClient`."""
+
+    def __init__(self, client: tpu_v2.TpuClient, project: str) -> None:
+        self._client = client
+        self._project = project
+
+    def _parent(self, zone: str) -> str:
+        return f"projects/{self._project}/locations/{zone}"
+
+    def request(self, job: Job, startup_script: str) -> CapacityStatus:
+        resource = queued_resource_for(job, self._project, startup_script)
+        try:
+            with _translated(f"request queued resource {job.queued_resource}"):
+                self._client.create_queued_resource(
+                    parent=self._parent(job.zone),
+                    queued_resource=resource,
+                    queued_resource_id=job.queued_resource,
+                )
+        except PermanentError as error:
+            if not isinstance(error.__cause__, api_exceptions.AlreadyExists):
+                raise
+        # Create answers with an operation; the resource's own state is what we mirror.
+        status = self.status(job.zone, job.queued_resource)
+        return status or CapacityStatus(job.queued_resource, job.zone, "CREATING")
+
+    def status(self, zone: str, name: str) -> CapacityStatus | None:
+        try:
+            with _translated(f"read queued resource {name}"):
+                resource = self._client.get_queued_resource(name=f"{self._parent(zone)}/queuedResources/{name}")
+        except PermanentError as error:
+            if isinstance(error.__cause__, api_exceptions.NotFound):
+                return None
+            raise
+        return CapacityStatus(name, zone, resource.state.state.name)
+
+    def release(self, zone: str, name: str) -> None:
+        try:
+            with _translated(f"delete queued resource {name}"):
+                self._client.delete_queued_resource(
+                    request={"name": f"{self._parent(zone)}/queuedResources/{name}", "force": True}
+                )
+        except PermanentError as error:
+            if not isinstance(error.__cause__, api_exceptions.NotFound):
+                raise
+
+    def list(self, zone: str) -> Sequence[CapacityStatus]:
+        with _translated(f"list queued resources in {zone}"):
+            return [
+                CapacityStatus(resource.name.rsplit("/", 1)[-1], zone, resource.state.state.name)
+                for resource in self._client.list_queued_resources(parent=self._parent(zone))
+            ]
+
+
+@contextmanager
+def _translated(doing: str) -> Iterator[None]:
+    """Library errors become TransientError (retry the message) or PermanentError (record it)."""
+    try:
+        yield
+    except _TRANSIENT as error:
+        raise TransientError(f"TPU API failed to {doing}: {error}") from error
+    except api_exceptions.GoogleAPICallError as error:
+        raise PermanentError(f"TPU API refused to {doing}: {error}") from error
+    except (ConnectionError, OSError) as error:
+        raise TransientError(f"TPU API unreachable while trying to {doing}: {error}") from error

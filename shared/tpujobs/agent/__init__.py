@@ -1,0 +1,1 @@
+"""What runs on the TPU VMs. Standard library only: it must run on stock TPU VM images."""

@@ -1,0 +1,228 @@
+"""The `tpujobs` command line (contract section 5).
+
+It submits by publishing to `tpujobs-submit`, exactly as any other client would, and
+reads job documents from Firestore. Pointed at the local stack by the environment that
+`tpujobs dev env` prints, or by the stack file `tpujobs dev up` leaves behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from tpujobs.config import Settings
+from tpujobs.domain.job import Job, JobEvent
+from tpujobs.domain.spec import SpecError, derive_job_id, parse_spec
+from tpujobs.domain.states import JobState
+from tpujobs.topology import SUBMIT
+
+app = typer.Typer(help="Run training jobs on Cloud TPUs that survive preemption.", no_args_is_help=True)
+out = Console()
+err = Console(stderr=True)
+
+_TYPED_FIELDS = {"slices", "max_restarts", "zones"}  # --set values parsed as YAML, not text
+
+
+def _settings() -> Settings:
+    """Settings from the environment, filled from a running local stack where unset."""
+    from tpujobs.dev.stack import stack_environment
+
+    for name, value in stack_environment().items():
+        os.environ.setdefault(name, value)
+    return Settings.from_env()
+
+
+def _store(settings: Settings) -> Any:
+    from google.cloud import firestore
+
+    from tpujobs.adapters.firestore_store import FirestoreJobStore
+
+    return FirestoreJobStore(firestore.Client(project=settings.project))
+
+
+def apply_overrides(spec: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """`--set key=value` onto a spec dict; `env.NAME=value` and `labels.key=value` set map entries."""
+    result = dict(spec)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"--set {item!r} is not of the form key=value")
+        value: Any = yaml.safe_load(raw) if key in _TYPED_FIELDS else raw
+        head, dot, rest = key.partition(".")
+        if dot:
+            result[head] = {**(result.get(head) or {}), rest: value}
+        else:
+            result[key] = value
+    return result
+
+
+@app.command()
+def submit(
+    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="Job spec, YAML or JSON.")],
+    set_: Annotated[list[str], typer.Option("--set", help="Override a field: key=value.")] = [],  # noqa: B006
+    wait: Annotated[bool, typer.Option(help="Follow the job until it ends.")] = False,
+) -> None:
+    """Submit a job: publish its spec to tpujobs-submit."""
+    from tpujobs.adapters.pubsub import Publisher
+
+    loaded = yaml.safe_load(file.read_text(encoding="utf-8"))
+    if not isinstance(loaded, dict):
+        raise typer.BadParameter(f"{file} must hold a mapping of job spec fields")
+    spec = apply_overrides(loaded, set_)
+    try:  # the function validates again; this only saves a round trip for obvious mistakes
+        parse_spec(spec, message_id="local-check")
+    except SpecError as error:
+        err.print(f"[red]Invalid spec:[/red] {error}")
+        raise typer.Exit(2) from None
+    settings = _settings()
+    message_id = Publisher.build(settings.project, settings.prefix).publish_json(SUBMIT, spec)
+    job_id = spec.get("job_id") or derive_job_id(spec["name"], message_id)
+    out.print(f"Submitted [bold]{job_id}[/bold] (message {message_id})")
+    if wait:
+        _follow(settings, job_id, until=lambda job: job.state.is_terminal)
+
+
+def _follow(settings: Settings, job_id: str, until: Any, timeout: float = 24 * 3600) -> Job | None:
+    """Print the job's new timeline entries until `until(job)` holds."""
+    store = _store(settings)
+    seen = 0
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = store.get(job_id)
+        if job is not None:
+            for event in store.events(job_id)[seen:]:
+                out.print(f"{_when(event.at)}  {event.to_state.value:<13} {event.reason}")
+                seen += 1
+            if until(job):
+                return job
+        time.sleep(0.5)
+    return None
+
+
+@app.command("list")
+def list_jobs(
+    state: Annotated[str | None, typer.Option(help="Only jobs in this state.")] = None,
+    owner: Annotated[str | None, typer.Option(help="Only jobs of this owner.")] = None,
+    limit: Annotated[int, typer.Option(help="At most this many jobs.")] = 50,
+) -> None:
+    """List jobs, newest first."""
+    if state and state.upper() not in JobState.__members__:
+        raise typer.BadParameter(f"--state must be one of {', '.join(JobState.__members__)}")
+    jobs = _store(_settings()).list(state=state.upper() if state else None, owner=owner, limit=limit)
+    table = Table("JOB", "STATE", "ATTEMPT", "ACCELERATOR", "ZONE", "OWNER", "AGE", title=None)
+    now = datetime.now(timezone.utc)
+    for job in jobs:
+        table.add_row(
+            job.job_id,
+            _styled(job.state),
+            str(job.attempt),
+            f"{job.spec.slices} x {job.spec.accelerator_type}",
+            job.zone,
+            job.owner,
+            _age(job.created_at, now),
+        )
+    out.print(table if jobs else "No jobs.")
+
+
+@app.command()
+def describe(job_id: str) -> None:
+    """Show a job's fields and its timeline."""
+    store = _store(_settings())
+    job = store.get(job_id)
+    if job is None:
+        err.print(f"[red]No job {job_id!r}.[/red]")
+        raise typer.Exit(1)
+    out.print(describe_tables(job, store.events(job_id)))
+
+
+def describe_tables(job: Job, events: list[JobEvent]) -> Table:
+    fields = Table(show_header=False, box=None, title=f"Job {job.job_id}", title_justify="left")
+    fields.add_column(style="bold")
+    fields.add_column()
+    spec = job.spec
+    rows: list[tuple[str, Any]] = [
+        ("state", _styled(job.state)),
+        ("reason", job.state_reason),
+        ("owner", job.owner),
+        ("accelerator", f"{spec.slices} x {spec.accelerator_type} ({spec.chips} chips, {spec.capacity})"),
+        ("zone", job.zone),
+        ("attempt", f"{job.attempt} (restarts {job.restarts} of {spec.max_restarts})"),
+        ("queued resource", f"{job.queued_resource} [{job.capacity_state or '-'}]"),
+        ("command", spec.command),
+        ("rules", f"on_preemption={spec.on_preemption} on_error={spec.on_error}"),
+        ("created", _when(job.created_at)),
+        ("started", _when(job.started_at)),
+        ("ended", _when(job.ended_at)),
+        ("exit code", "-" if job.exit_code is None else str(job.exit_code)),
+        ("logs", job.log_uri or "-"),
+    ]
+    for name, value in rows:
+        fields.add_row(name, value)
+    timeline = Table("#", "AT", "FROM", "TO", "SOURCE", "ATTEMPT", "REASON", title="Timeline", title_justify="left")
+    for event in events:
+        timeline.add_row(
+            str(event.seq),
+            _when(event.at),
+            event.from_state.value if event.from_state else "-",
+            _styled(event.to_state),
+            event.source,
+            str(event.attempt),
+            event.reason,
+        )
+    grid = Table.grid(padding=(1, 0))
+    grid.add_row(fields)
+    grid.add_row(timeline)
+    return grid
+
+
+_STATE_STYLE = {
+    JobState.QUEUED: "yellow",
+    JobState.PROVISIONING: "cyan",
+    JobState.RUNNING: "green",
+    JobState.RECOVERING: "magenta",
+    JobState.SUCCEEDED: "bold green",
+    JobState.FAILED: "bold red",
+    JobState.CANCELLED: "dim",
+}
+
+
+def _styled(state: JobState) -> str:
+    return f"[{_STATE_STYLE[state]}]{state.value}[/]"
+
+
+def _when(moment: datetime | None) -> str:
+    return "-" if moment is None else moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def _age(moment: datetime | None, now: datetime) -> str:
+    if moment is None:
+        return "-"
+    seconds = int((now - moment).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def _mount_subcommands() -> None:
+    from tpujobs.demo import demo
+    from tpujobs.dev.cli import dev_app
+
+    app.add_typer(dev_app, name="dev", help="The local stack: emulators, TPU simulator, functions.")
+    app.command()(demo)
+
+
+_mount_subcommands()
+
+
+def print_json(value: Any) -> None:
+    out.print_json(json.dumps(value, default=str))

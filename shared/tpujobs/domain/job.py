@@ -1,0 +1,86 @@
+"""The job record and its timeline entries, as immutable values.
+
+A `Job` mirrors the Firestore document of contract section 3 field by field, so the
+adapter maps it flatly and the console shows what the code sees.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any, Literal
+
+from tpujobs.domain.naming import queued_resource_name
+from tpujobs.domain.spec import JobSpec
+from tpujobs.domain.states import JobState
+
+Source = Literal["submit", "tpu", "agent", "reconciler", "user"]
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    """One entry of a job's timeline: a transition, or an observation that kept the state."""
+
+    seq: int  # position in the timeline, 1-based; the event document's id is derived from it
+    at: datetime
+    from_state: JobState | None  # None for the submission that created the job
+    to_state: JobState
+    reason: str
+    source: Source
+    attempt: int
+
+    @property
+    def document_id(self) -> str:
+        """Sorts in timeline order in the console: 0001-queued, 0002-provisioning, ..."""
+        return f"{self.seq:04d}-{self.to_state.value.lower()}"
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job as stored: its spec, where it is, and what it holds."""
+
+    job_id: str
+    name: str
+    owner: str
+    spec: JobSpec
+    state: JobState
+    state_reason: str
+    zone: str
+    attempt: int = 1
+    restarts: int = 0
+    queued_resource: str = ""
+    capacity_state: str | None = None
+    resume_next: bool = False  # whether the next attempt continues from a checkpoint
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    exit_code: int | None = None
+    log_uri: str | None = None
+    event_seq: int = 0  # events written so far; the next event gets event_seq + 1
+
+    def evolve(self, **changes: Any) -> Job:
+        return replace(self, **changes)
+
+
+def new_job(spec: JobSpec, default_zone: str, now: datetime) -> tuple[Job, JobEvent]:
+    """The QUEUED job a valid spec becomes, and the first entry of its timeline."""
+    assert spec.job_id is not None, "parse_spec derives job_id before a job is made"
+    zone = (spec.preferred_zones or (default_zone,))[0]
+    reason = f"Submitted by {spec.owner}: {spec.slices} x {spec.accelerator_type} ({spec.capacity}) in {zone}."
+    job = Job(
+        job_id=spec.job_id,
+        name=spec.name,
+        owner=spec.owner,
+        spec=spec,
+        state=JobState.QUEUED,
+        state_reason=reason,
+        zone=zone,
+        attempt=1,
+        queued_resource=queued_resource_name(spec.job_id, 1),
+        created_at=now,
+        updated_at=now,
+        event_seq=1,
+    )
+    event = JobEvent(1, now, None, JobState.QUEUED, reason, "submit", 1)
+    return job, event

@@ -1,0 +1,44 @@
+"""Restart rules: what a lost attempt or a failed command leads to, and how long to wait.
+
+Preemptions and errors share one budget, `max_restarts` (contract section 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tpujobs.domain.states import JobState
+
+BACKOFF_BASE_SECONDS = 1.0
+BACKOFF_CAP_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class RestartRuling:
+    """The rules' answer: go on (RECOVERING, resuming or not) or stop (FAILED), and why."""
+
+    to_state: JobState
+    resume: bool
+    reason: str
+
+
+def rule_on_loss(rule: str, restarts: int, max_restarts: int, what: str) -> RestartRuling:
+    """Apply `on_preemption` or `on_error` (`rule`) to a loss described by `what`."""
+    if rule == "fail":
+        return RestartRuling(JobState.FAILED, False, f"{what}; the job's rule is 'fail'")
+    if restarts >= max_restarts:
+        return RestartRuling(
+            JobState.FAILED, False, f"{what}; all {max_restarts} restarts are used up"
+        )
+    resume = rule == "resume"
+    how = "resume from its checkpoint" if resume else "rerun from scratch"
+    return RestartRuling(
+        JobState.RECOVERING, resume, f"{what}; restart {restarts + 1} of {max_restarts} will {how}"
+    )
+
+
+def backoff_seconds(restarts: int) -> float:
+    """Exponential backoff before the next attempt: 1 s, 2 s, 4 s, ... capped at a minute."""
+    if restarts <= 0:
+        return 0.0
+    return min(BACKOFF_BASE_SECONDS * 2 ** (restarts - 1), BACKOFF_CAP_SECONDS)

@@ -1,0 +1,233 @@
+"""The job spec: what a user submits, validated once at the door.
+
+Every rule of contract section 1 lives here. A spec that fails gives one `SpecError`
+whose message is a sentence naming the bad field, because that sentence is what the
+user reads in the `rejections` collection. Validation is pydantic in strict mode:
+JSON types are not coerced ("2" is not a slice count) and unknown fields are errors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from tpujobs.domain.accelerators import UnknownAcceleratorType, parse_accelerator_type
+
+MAX_SPEC_BYTES = 64 * 1024
+MAX_COMMAND_CHARS = 32 * 1024
+MAX_ENV_VALUE_CHARS = 8 * 1024
+MAX_ENV_VARS = 128
+MAX_LABELS = 48  # GCP allows 64; tpujobs keeps some for its own labels
+MAX_ZONES = 8
+
+ID_PATTERN = r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$"
+OWNER_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}$"
+ZONE_PATTERN = r"^[a-z]+-[a-z]+[0-9]+-[a-z]$"
+RUNTIME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
+RESERVATION_PATTERN = r"^[a-zA-Z0-9][a-zA-Z0-9/_.-]{0,255}$"
+CODE_URI_PATTERN = r"^gs://[a-z0-9][a-z0-9._-]{1,221}[a-z0-9](/[^\x00-\x1f\x7f]*)?$"
+ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
+RESERVED_ENV_PREFIX = "TPUJOBS_"
+RESERVED_LABEL_PREFIX = "tpujobs"
+
+Capacity = Literal["on-demand", "spot", "reserved"]
+Priority = Literal["very-low", "low", "medium", "high", "very-high"]
+RecoveryRule = Literal["resume", "rerun", "fail"]
+PRIORITY_RANK: dict[str, int] = {"very-low": 0, "low": 1, "medium": 2, "high": 3, "very-high": 4}
+
+
+class SpecError(ValueError):
+    """A submission that cannot become a job; the message names the field and why."""
+
+
+def _no_control_chars(field: str, value: str) -> str:
+    if "\x00" in value:
+        raise ValueError(f"{field} must not contain NUL characters")
+    return value
+
+
+class JobSpec(BaseModel):
+    """A validated job spec (contract section 1). Immutable once accepted."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    job_id: Annotated[str, Field(pattern=ID_PATTERN)] | None = None
+    name: Annotated[str, Field(pattern=ID_PATTERN)]
+    owner: Annotated[str, Field(pattern=OWNER_PATTERN)]
+    accelerator_type: str
+    runtime_version: Annotated[str, Field(pattern=RUNTIME_PATTERN)] = "tpu-ubuntu2204-base"
+    zone: Annotated[str, Field(pattern=ZONE_PATTERN)] | None = None
+    zones: Annotated[
+        list[Annotated[str, Field(pattern=ZONE_PATTERN)]], Field(min_length=1, max_length=MAX_ZONES)
+    ] | None = None
+    slices: Annotated[int, Field(ge=1, le=64)] = 1
+    capacity: Capacity = "on-demand"
+    reservation: Annotated[str, Field(pattern=RESERVATION_PATTERN)] | None = None
+    priority: Priority = "medium"
+    setup: Annotated[str, Field(max_length=MAX_COMMAND_CHARS)] | None = None
+    command: Annotated[str, Field(min_length=1, max_length=MAX_COMMAND_CHARS)]
+    code_uri: Annotated[str, Field(pattern=CODE_URI_PATTERN, max_length=2048)] | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    on_preemption: RecoveryRule = "resume"
+    on_error: RecoveryRule = "fail"
+    max_restarts: Annotated[int, Field(ge=0, le=100)] = 5
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("accelerator_type")
+    @classmethod
+    def _known_accelerator(cls, value: str) -> str:
+        try:
+            parse_accelerator_type(value)
+        except UnknownAcceleratorType as error:
+            raise ValueError(str(error)) from None
+        return value
+
+    @field_validator("command", "setup")
+    @classmethod
+    def _command_text(cls, value: str | None, info: Any) -> str | None:
+        if value is None:
+            return value
+        _no_control_chars(info.field_name, value)
+        if info.field_name == "command" and not value.strip():
+            raise ValueError("command must not be blank")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_names_and_values(cls, env: dict[str, str]) -> dict[str, str]:
+        if len(env) > MAX_ENV_VARS:
+            raise ValueError(f"env has {len(env)} variables; at most {MAX_ENV_VARS} are allowed")
+        for name, value in env.items():
+            if not ENV_NAME.match(name):
+                raise ValueError(f"env name {name[:64]!r} must match ^[A-Z_][A-Z0-9_]*$")
+            if name.startswith(RESERVED_ENV_PREFIX):
+                raise ValueError(f"env name {name!r} uses the reserved prefix TPUJOBS_")
+            if len(value) > MAX_ENV_VALUE_CHARS:
+                raise ValueError(f"env value of {name} is longer than {MAX_ENV_VALUE_CHARS} characters")
+            _no_control_chars(f"env value of {name}", value)
+        return env
+
+    @field_validator("labels")
+    @classmethod
+    def _gcp_labels(cls, labels: dict[str, str]) -> dict[str, str]:
+        if len(labels) > MAX_LABELS:
+            raise ValueError(f"labels has {len(labels)} entries; at most {MAX_LABELS} are allowed")
+        for key, value in labels.items():
+            if not LABEL_KEY.match(key):
+                raise ValueError(
+                    f"label key {key[:64]!r} must be lowercase letters, digits, _ or -, starting with a letter"
+                )
+            if key.startswith(RESERVED_LABEL_PREFIX):
+                raise ValueError(f"label key {key!r} uses the reserved prefix tpujobs")
+            if not LABEL_VALUE.match(value):
+                raise ValueError(
+                    f"label value of {key} must be at most 63 lowercase letters, digits, _ or -"
+                )
+        return labels
+
+    @model_validator(mode="after")
+    def _consistent(self) -> JobSpec:
+        if self.zone is not None and self.zones is not None:
+            raise ValueError("give either zone or zones, not both")
+        if self.zones is not None and len(set(self.zones)) != len(self.zones):
+            raise ValueError("zones lists a zone twice")
+        if self.capacity == "reserved" and not self.reservation:
+            raise ValueError("capacity 'reserved' needs a reservation")
+        if self.capacity != "reserved" and self.reservation is not None:
+            raise ValueError("reservation is only allowed with capacity 'reserved'")
+        return self
+
+    @property
+    def preferred_zones(self) -> tuple[str, ...]:
+        """Zones in order of preference; empty when the deployment's default applies."""
+        if self.zones:
+            return tuple(self.zones)
+        return (self.zone,) if self.zone else ()
+
+    @property
+    def chips(self) -> int:
+        """Chips held while the job runs: chips per slice times slices."""
+        return parse_accelerator_type(self.accelerator_type).chips * self.slices
+
+    @property
+    def hosts_per_slice(self) -> int:
+        return parse_accelerator_type(self.accelerator_type).hosts
+
+    def to_document(self) -> dict[str, Any]:
+        """The spec as stored on the job document: every field, defaults included."""
+        return self.model_dump(mode="json")
+
+
+def derive_job_id(name: str, message_id: str) -> str:
+    """`name` plus a short hash of the message id: unique per message, stable on redelivery."""
+    digest = hashlib.sha256(message_id.encode("utf-8")).hexdigest()[:6]
+    return f"{name[:33].rstrip('-')}-{digest}"
+
+
+def _sentence(error: dict[str, Any]) -> str:
+    """One pydantic error as a sentence that names the field."""
+    loc = ".".join(str(part) for part in error.get("loc", ()))
+    kind = error.get("type", "")
+    field = loc or "the spec"
+    message = str(error.get("msg", "is invalid"))
+    if message.startswith("Value error, "):
+        message = message[len("Value error, ") :]
+        return message if loc == "" or message.startswith(str(error["loc"][0])) else f"{field}: {message}"
+    if kind == "missing":
+        return f"field {field!r} is required"
+    if kind == "extra_forbidden":
+        known = ", ".join(JobSpec.model_fields)
+        return f"field {field!r} is not part of a job spec (known fields: {known})"
+    if kind == "string_pattern_mismatch":
+        pattern = (error.get("ctx") or {}).get("pattern", "")
+        return f"field {field!r} must match {pattern}, got {_excerpt(error.get('input'))}"
+    return f"field {field!r}: {message[0].lower() + message[1:]}, got {_excerpt(error.get('input'))}"
+
+
+def _excerpt(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def parse_spec(data: Any, *, message_id: str | None = None) -> JobSpec:
+    """A JobSpec from decoded JSON, with `job_id` derived when absent, or SpecError."""
+    if not isinstance(data, dict):
+        raise SpecError(f"a job spec must be a JSON object, got {type(data).__name__}")
+    try:
+        spec = JobSpec.model_validate(data)
+    except ValidationError as error:
+        sentences = [_sentence(e) for e in error.errors(include_url=False)]
+        raise SpecError("; ".join(sentences[:5])) from None
+    if spec.job_id is None:
+        if message_id is None:
+            raise SpecError("field 'job_id' is required when no message id can derive it")
+        spec = spec.model_copy(update={"job_id": derive_job_id(spec.name, message_id)})
+    return spec
+
+
+def decode_spec(raw: bytes, *, message_id: str | None = None) -> JobSpec:
+    """A JobSpec from the bytes of a Pub/Sub message: size, UTF-8 and JSON checked first."""
+    if len(raw) > MAX_SPEC_BYTES:
+        raise SpecError(f"the message is {len(raw)} bytes; a job spec may be at most {MAX_SPEC_BYTES}")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise SpecError(f"the message is not valid UTF-8 (byte {error.start})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise SpecError(f"the message is not JSON: {error.msg} at line {error.lineno} column {error.colno}") from None
+    return parse_spec(data, message_id=message_id)

@@ -1,0 +1,87 @@
+"""Job states and the events that move them, as data.
+
+`TRANSITIONS` is the one place that says which event may move a job from which
+state to which. Anything not in it is refused: an event that arrives late, twice or
+out of order is recorded but changes nothing. `tests/unit/test_states.py` walks
+every state against every event.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class JobState(str, Enum):
+    """Where a job is in its life (contract section 3). The value is what Firestore stores."""
+
+    QUEUED = "QUEUED"
+    """Accepted and recorded; waiting for admission (quota, priority) before capacity is asked for."""
+    PROVISIONING = "PROVISIONING"
+    """A queued resource was requested for the current attempt; `capacity_state` mirrors its TPU state."""
+    RUNNING = "RUNNING"
+    """Capacity is active and the workers have started the command."""
+    RECOVERING = "RECOVERING"
+    """The attempt was lost (preemption, hardware, infrastructure, or an error the rules retry);
+    the next attempt is being set up."""
+    SUCCEEDED = "SUCCEEDED"
+    """Terminal: every worker of the last attempt exited 0."""
+    FAILED = "FAILED"
+    """Terminal: the rules gave up (error with on_error=fail, restarts used up, a permanent API error)."""
+    CANCELLED = "CANCELLED"
+    """Terminal: a user cancelled the job; its capacity was released."""
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL
+
+
+TERMINAL: frozenset[JobState] = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+ACTIVE: frozenset[JobState] = frozenset(set(JobState) - TERMINAL)
+
+
+class EventKind(str, Enum):
+    """What can happen to a job. Each event names the attempt it concerns."""
+
+    ADMITTED = "admitted"
+    """Admission let the job in and its queued resource was requested."""
+    CAPACITY_REQUEST_FAILED = "capacity_request_failed"
+    """The TPU API refused the request for good (a permanent error, not a retryable one)."""
+    CAPACITY_CHANGED = "capacity_changed"
+    """The queued resource moved to another non-final TPU state (WAITING_FOR_RESOURCES, ...)."""
+    WORKERS_STARTED = "workers_started"
+    """The worker agents report the command started."""
+    WORKERS_SUCCEEDED = "workers_succeeded"
+    """Every worker of the attempt exited 0."""
+    COMMAND_FAILED = "command_failed"
+    """A worker's command exited non-zero; `on_error` decides what follows."""
+    CAPACITY_LOST = "capacity_lost"
+    """Preemption, hardware failure or a lost host; `on_preemption` decides what follows."""
+    NEXT_ATTEMPT_REQUESTED = "next_attempt_requested"
+    """The next attempt's queued resource was requested after a recovery."""
+    CANCEL_REQUESTED = "cancel_requested"
+    """A user (the owner or an admin) asked to cancel."""
+
+
+_NOT_DONE = (JobState.QUEUED, JobState.PROVISIONING, JobState.RUNNING, JobState.RECOVERING)
+
+TRANSITIONS: dict[tuple[JobState, EventKind], frozenset[JobState]] = {
+    (JobState.QUEUED, EventKind.ADMITTED): frozenset({JobState.PROVISIONING}),
+    (JobState.QUEUED, EventKind.CAPACITY_REQUEST_FAILED): frozenset({JobState.FAILED}),
+    (JobState.RECOVERING, EventKind.CAPACITY_REQUEST_FAILED): frozenset({JobState.FAILED}),
+    (JobState.PROVISIONING, EventKind.CAPACITY_CHANGED): frozenset({JobState.PROVISIONING}),
+    (JobState.PROVISIONING, EventKind.WORKERS_STARTED): frozenset({JobState.RUNNING}),
+    (JobState.RUNNING, EventKind.WORKERS_SUCCEEDED): frozenset({JobState.SUCCEEDED}),
+    (JobState.RUNNING, EventKind.COMMAND_FAILED): frozenset({JobState.RECOVERING, JobState.FAILED}),
+    (JobState.PROVISIONING, EventKind.CAPACITY_LOST): frozenset(
+        {JobState.RECOVERING, JobState.FAILED}
+    ),
+    (JobState.RUNNING, EventKind.CAPACITY_LOST): frozenset({JobState.RECOVERING, JobState.FAILED}),
+    (JobState.RECOVERING, EventKind.NEXT_ATTEMPT_REQUESTED): frozenset({JobState.PROVISIONING}),
+    **{(state, EventKind.CANCEL_REQUESTED): frozenset({JobState.CANCELLED}) for state in _NOT_DONE},
+}
+"""(state, event) -> the states that event may lead to. Absent pairs change nothing."""
+
+
+def allowed_targets(state: JobState, event: EventKind) -> frozenset[JobState]:
+    """The states `event` may move a job in `state` to; empty when it must be ignored."""
+    return TRANSITIONS.get((state, event), frozenset())

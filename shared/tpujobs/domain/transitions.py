@@ -1,0 +1,122 @@
+"""decide(job, observation, now): the only function that moves a job.
+
+Pure: it reads the transition table and the restart rules and returns what should be
+written; the service commits it in one transaction and then acts. Stale, duplicate and
+out-of-order observations come back as `Ignored` with the reason, never as a move.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from tpujobs.domain.job import Job, JobEvent, Source
+from tpujobs.domain.naming import queued_resource_name
+from tpujobs.domain.retry import rule_on_loss
+from tpujobs.domain.states import EventKind, JobState, allowed_targets
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Something that happened to one attempt of a job, from any source."""
+
+    kind: EventKind
+    attempt: int | None  # None: concerns the job, whatever its attempt (a cancel)
+    source: Source
+    reason: str = ""
+    capacity_state: str | None = None
+    exit_code: int | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The job after an observation, and the timeline entry that explains it."""
+
+    job: Job
+    event: JobEvent
+
+
+@dataclass(frozen=True)
+class Ignored:
+    """An observation that changes nothing, and why (stale attempt, duplicate, illegal)."""
+
+    reason: str
+
+
+class IllegalTransition(RuntimeError):
+    """A move the table does not allow was asked for: a bug, not an input problem."""
+
+
+def decide(job: Job, seen: Observation, now: datetime) -> Decision | Ignored:
+    """Apply one observation to a job: the new job and event, or why nothing changes."""
+    if seen.attempt is not None and seen.attempt != job.attempt:
+        return Ignored(f"{seen.kind.value} concerns attempt {seen.attempt}; the job is at attempt {job.attempt}")
+    targets = allowed_targets(job.state, seen.kind)
+    if not targets:
+        return Ignored(f"{seen.kind.value} does not apply to a {job.state.value} job")
+
+    changes: dict[str, object] = {}
+    reason = seen.reason
+    if seen.kind is EventKind.ADMITTED:
+        to_state = JobState.PROVISIONING
+        changes["capacity_state"] = seen.capacity_state
+        reason = reason or f"Queued resource {job.queued_resource} requested in {job.zone}."
+    elif seen.kind is EventKind.CAPACITY_CHANGED:
+        if seen.capacity_state == job.capacity_state:
+            return Ignored(f"capacity is already {job.capacity_state}")
+        to_state = JobState.PROVISIONING
+        changes["capacity_state"] = seen.capacity_state
+        reason = reason or f"Queued resource {job.queued_resource} is {seen.capacity_state}."
+    elif seen.kind is EventKind.WORKERS_STARTED:
+        to_state = JobState.RUNNING
+        changes["capacity_state"] = "ACTIVE"
+        changes["started_at"] = job.started_at or now
+        reason = reason or f"Workers of attempt {job.attempt} started the command."
+    elif seen.kind is EventKind.WORKERS_SUCCEEDED:
+        to_state = JobState.SUCCEEDED
+        changes["exit_code"] = 0
+        reason = reason or f"Every worker of attempt {job.attempt} exited 0."
+    elif seen.kind in (EventKind.COMMAND_FAILED, EventKind.CAPACITY_LOST):
+        is_error = seen.kind is EventKind.COMMAND_FAILED
+        what = seen.reason or (
+            f"The command exited with code {seen.exit_code}" if is_error else "The capacity was lost"
+        )
+        ruling = rule_on_loss(
+            job.spec.on_error if is_error else job.spec.on_preemption,
+            job.restarts,
+            job.spec.max_restarts,
+            what,
+        )
+        to_state, reason = ruling.to_state, ruling.reason
+        if is_error:
+            changes["exit_code"] = seen.exit_code
+        if to_state is JobState.RECOVERING:
+            changes["restarts"] = job.restarts + 1
+            changes["resume_next"] = ruling.resume
+    elif seen.kind is EventKind.NEXT_ATTEMPT_REQUESTED:
+        to_state = JobState.PROVISIONING
+        attempt = job.attempt + 1
+        changes.update(
+            attempt=attempt,
+            queued_resource=queued_resource_name(job.job_id, attempt),
+            capacity_state=seen.capacity_state,
+            exit_code=None,
+        )
+        reason = reason or f"Attempt {attempt} requested queued resource {changes['queued_resource']}."
+    elif seen.kind is EventKind.CAPACITY_REQUEST_FAILED:
+        to_state = JobState.FAILED
+        reason = reason or "The TPU API refused the capacity request."
+    elif seen.kind is EventKind.CANCEL_REQUESTED:
+        to_state = JobState.CANCELLED
+        reason = reason or "Cancelled."
+    else:  # pragma: no cover - every EventKind is handled above
+        raise IllegalTransition(f"no rule for {seen.kind}")
+
+    if to_state not in targets:
+        raise IllegalTransition(f"{job.state.value} -> {to_state.value} on {seen.kind.value}")
+    if to_state.is_terminal:
+        changes["ended_at"] = now
+    seq = job.event_seq + 1
+    event = JobEvent(seq, now, job.state, to_state, reason, seen.source, job.attempt)
+    new = job.evolve(state=to_state, state_reason=reason, updated_at=now, event_seq=seq, **changes)
+    return Decision(new, event)

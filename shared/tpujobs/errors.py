@@ -1,0 +1,15 @@
+"""The two kinds of failure that decide what a handler does with its message.
+
+Adapters translate library errors into these at the edge, chaining the cause, so the
+service never sees a google.api_core exception.
+"""
+
+from __future__ import annotations
+
+
+class TransientError(RuntimeError):
+    """Worth retrying: the handler raises, the function answers 500, Pub/Sub redelivers."""
+
+
+class PermanentError(RuntimeError):
+    """Retrying cannot help: the handler records why and acknowledges the message."""

@@ -1,0 +1,32 @@
+"""The production wiring: real clients, built lazily and once per function instance.
+
+Nothing is built at import time, so a cold start pays only for what the invoked
+function uses. Tests build `JobService` themselves with their own clients.
+"""
+
+from __future__ import annotations
+
+import functools
+from datetime import datetime, timezone
+
+from tpujobs.config import Settings
+from tpujobs.service import JobService
+
+
+def utc_now() -> datetime:
+    """The only clock tpujobs reads; everything below the service gets time passed in."""
+    return datetime.now(timezone.utc)
+
+
+@functools.cache
+def job_service() -> JobService:
+    """The JobService of this process, on clients configured from the environment."""
+    from google.cloud import firestore
+
+    from tpujobs.adapters.firestore_store import FirestoreJobStore
+    from tpujobs.adapters.tpu import CloudTpu, build_client
+
+    settings = Settings.from_env()
+    store = FirestoreJobStore(firestore.Client(project=settings.project))
+    tpu = CloudTpu(build_client(settings.tpu_endpoint), settings.project)
+    return JobService(store, tpu, settings, utc_now)

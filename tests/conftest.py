@@ -1,0 +1,88 @@
+"""Shared fixtures: the real emulators for the session, a fresh project per test.
+
+The Firestore and Pub/Sub emulators start once per session (or are reused when the
+environment names running ones); each test gets its own project id, which the
+emulators keep apart, so tests never see each other's documents or topics.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tpujobs.dev import processes
+
+
+def _answering(variable: str) -> str | None:
+    value = os.environ.get(variable)
+    if value and processes.http_get(processes.emulator_url(value) + "/") is not None:
+        return value
+    return None
+
+
+@pytest.fixture(scope="session")
+def emulators(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """FIRESTORE_EMULATOR_HOST and PUBSUB_EMULATOR_HOST of running emulators, started if needed."""
+    hosts: dict[str, str] = {}
+    specs = []
+    firestore_host = _answering("FIRESTORE_EMULATOR_HOST")
+    pubsub_host = _answering("PUBSUB_EMULATOR_HOST")
+    if firestore_host is None:
+        port = processes.free_port()
+        specs.append(processes.firestore_emulator(port))
+        firestore_host = f"{processes.LOOPBACK}:{port}"
+    if pubsub_host is None:
+        port = processes.free_port()
+        specs.append(processes.pubsub_emulator(port, "tpujobs-tests"))
+        pubsub_host = f"{processes.LOOPBACK}:{port}"
+    if specs:
+        processes.require_gcloud_emulators()
+    started = processes.start(specs, tmp_path_factory.mktemp("emulator-logs"))
+    hosts = {"FIRESTORE_EMULATOR_HOST": firestore_host, "PUBSUB_EMULATOR_HOST": pubsub_host}
+    saved = {name: os.environ.get(name) for name in hosts}
+    os.environ.update(hosts)
+    try:
+        yield hosts
+    finally:
+        processes.stop(started)
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@pytest.fixture
+def project_id(emulators: dict[str, str]) -> str:
+    """A project of this test's own: the emulators keep projects apart."""
+    return f"test-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def firestore_client(project_id: str):  # noqa: ANN201 - google type imported lazily
+    """A Firestore client on the emulator, in this test's project."""
+    from google.cloud import firestore
+
+    return firestore.Client(project=project_id)
+
+
+@pytest.fixture
+def simulator_url(tmp_path: Path) -> Iterator[str]:
+    """A TPU simulator of this test's own, in-process, with quick provisioning."""
+    from tpujobs.simulator import SimulatorConfig, SimulatorServer
+
+    config = SimulatorConfig(waiting_seconds=0.05, provisioning_seconds=0.1)
+    with SimulatorServer(config) as server:
+        yield server.url
+
+
+@pytest.fixture
+def tpu_client(simulator_url: str):  # noqa: ANN201
+    """The real google-cloud-tpu REST client, pointed at the simulator."""
+    from tpujobs.adapters.tpu import build_client
+
+    return build_client(simulator_url)
