@@ -7,7 +7,6 @@ reads job documents from Firestore. Pointed at the local stack by the environmen
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from datetime import datetime, timezone
@@ -223,6 +222,3 @@ def _mount_subcommands() -> None:
 
 _mount_subcommands()
 
-
-def print_json(value: Any) -> None:
-    out.print_json(json.dumps(value, default=str))

@@ -2,7 +2,8 @@
 
 Locally the same client talks REST to the simulator (`TPUJOBS_TPU_ENDPOINT`). Names are
 deterministic, so ALREADY_EXISTS on create means an earlier delivery already asked for
-this attempt: the resource is ours and is adopted, never bought twice.
+this attempt: the resource is ours and is adopted, never bought twice. (Labels name the
+job and attempt too, so anyone can trace a resource back.)
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from tpujobs.ports import CapacityStatus
 
 if TYPE_CHECKING:
     from google.cloud import tpu_v2
+
+CALL_TIMEOUT_S = 30.0  # the client has no default: a hung call must not hold a function forever
 
 _TRANSIENT = (
     api_exceptions.ServiceUnavailable,
@@ -106,10 +109,16 @@ class CloudTpu:
                     parent=self._parent(job.zone),
                     queued_resource=resource,
                     queued_resource_id=job.queued_resource,
+                    timeout=CALL_TIMEOUT_S,
                 )
         except PermanentError as error:
-            if not isinstance(error.__cause__, api_exceptions.AlreadyExists):
+            # REST maps ALREADY_EXISTS (and ABORTED) to a bare 409 Conflict: look before adopting.
+            if not isinstance(error.__cause__, api_exceptions.Conflict):
                 raise
+            existing = self.status(job.zone, job.queued_resource)
+            if existing is None:
+                raise TransientError(f"{error}; no such resource exists, so retry") from error
+            return existing
         # Create answers with an operation; the resource's own state is what we mirror.
         status = self.status(job.zone, job.queued_resource)
         return status or CapacityStatus(job.queued_resource, job.zone, "CREATING")
@@ -117,7 +126,9 @@ class CloudTpu:
     def status(self, zone: str, name: str) -> CapacityStatus | None:
         try:
             with _translated(f"read queued resource {name}"):
-                resource = self._client.get_queued_resource(name=f"{self._parent(zone)}/queuedResources/{name}")
+                resource = self._client.get_queued_resource(
+                    name=f"{self._parent(zone)}/queuedResources/{name}", timeout=CALL_TIMEOUT_S
+                )
         except PermanentError as error:
             if isinstance(error.__cause__, api_exceptions.NotFound):
                 return None
@@ -128,7 +139,8 @@ class CloudTpu:
         try:
             with _translated(f"delete queued resource {name}"):
                 self._client.delete_queued_resource(
-                    request={"name": f"{self._parent(zone)}/queuedResources/{name}", "force": True}
+                    request={"name": f"{self._parent(zone)}/queuedResources/{name}", "force": True},
+                    timeout=CALL_TIMEOUT_S,
                 )
         except PermanentError as error:
             if not isinstance(error.__cause__, api_exceptions.NotFound):
@@ -138,7 +150,9 @@ class CloudTpu:
         with _translated(f"list queued resources in {zone}"):
             return [
                 CapacityStatus(resource.name.rsplit("/", 1)[-1], zone, resource.state.state.name)
-                for resource in self._client.list_queued_resources(parent=self._parent(zone))
+                for resource in self._client.list_queued_resources(
+                    parent=self._parent(zone), timeout=CALL_TIMEOUT_S
+                )
             ]
 
 
