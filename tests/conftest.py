@@ -63,7 +63,7 @@ def project_id(emulators: dict[str, str]) -> str:
 
 
 @pytest.fixture
-def firestore_client(project_id: str):  # noqa: ANN201 - google type imported lazily
+def firestore_client(project_id: str):
     """A Firestore client on the emulator, in this test's project."""
     from google.cloud import firestore
 
@@ -81,7 +81,7 @@ def simulator_url(tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.fixture
-def tpu_client(simulator_url: str):  # noqa: ANN201
+def tpu_client(simulator_url: str):
     """The real google-cloud-tpu REST client, pointed at the simulator."""
     from tpujobs.adapters.tpu import build_client
 

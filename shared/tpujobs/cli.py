@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import typer
 import yaml
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from tpujobs.config import Settings
 from tpujobs.domain.job import Job, JobEvent
@@ -117,7 +117,10 @@ def list_jobs(
     if state and state.upper() not in JobState.__members__:
         raise typer.BadParameter(f"--state must be one of {', '.join(JobState.__members__)}")
     jobs = _store(_settings()).list(state=state.upper() if state else None, owner=owner, limit=limit)
-    table = Table("JOB", "STATE", "ATTEMPT", "ACCELERATOR", "ZONE", "OWNER", "AGE", title=None)
+    table = Table("STATE", "ATTEMPT", "ACCELERATOR", "ZONE", "OWNER", "AGE")
+    # Job ids are what people copy into other commands: never cut them.
+    longest = max((len(job.job_id) for job in jobs), default=3)
+    table.columns.insert(0, Column("JOB", no_wrap=True, min_width=longest))
     now = datetime.now(timezone.utc)
     for job in jobs:
         table.add_row(

@@ -1,0 +1,166 @@
+"""`tpujobs dev up / down`: the whole local stack, started for real, in a temporary state dir."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tpujobs import topology
+from tpujobs.config import Settings
+from tpujobs.dev import processes, stack, wiring
+
+pytestmark = pytest.mark.e2e
+
+EMULATOR_VARIABLES = ("FIRESTORE_EMULATOR_HOST", "PUBSUB_EMULATOR_HOST", "STORAGE_EMULATOR_HOST")
+SETTINGS = Settings(prefix="t1-")
+
+
+def clean_environ(**extra: str) -> dict[str, str]:
+    """The test process environment without emulator addresses (so nothing is reused by accident)."""
+    env = {k: v for k, v in os.environ.items() if k not in EMULATOR_VARIABLES}
+    env.update(extra)
+    return env
+
+
+@pytest.fixture(scope="module")
+def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[stack.StackState]:
+    """One stack for the module; stopped at the end whatever happens."""
+    state_dir = tmp_path_factory.mktemp("stack")
+    try:
+        yield stack.up(state_dir, SETTINGS, environ=clean_environ())
+    finally:
+        stack.down(state_dir)
+
+
+def test_up_starts_every_service_and_each_endpoint_answers(
+    running: stack.StackState, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After up, Firestore, Pub/Sub (topics and push subscriptions), the bucket and the simulator answer."""
+    env = running.env
+    assert {p.name for p in running.processes} == {
+        "firestore",
+        "pubsub",
+        "storage",
+        "simulator",
+        *(f"function-{r.target}" for r in topology.FUNCTIONS),
+    }
+    assert all(processes.is_running(p) for p in running.processes)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+    from google.cloud import firestore, storage
+
+    db = firestore.Client(project=env["GOOGLE_CLOUD_PROJECT"])
+    db.collection("dev-stack-check").document("d").set({"ok": True})
+    assert db.collection("dev-stack-check").document("d").get().to_dict() == {"ok": True}
+
+    project = env["GOOGLE_CLOUD_PROJECT"]
+    publisher = wiring.publisher_client(env["PUBSUB_EMULATOR_HOST"])
+    subscriber = wiring.subscriber_client(env["PUBSUB_EMULATOR_HOST"])
+    topics = {t.name for t in publisher.list_topics(project=f"projects/{project}")}
+    assert topics == {
+        publisher.topic_path(project, topology.topic_name(t, SETTINGS.prefix))
+        for t in topology.ALL_TOPICS
+    }
+    pushes = {
+        s.name: s.push_config.push_endpoint
+        for s in subscriber.list_subscriptions(project=f"projects/{project}")
+    }
+    assert pushes == {
+        subscriber.subscription_path(
+            project, topology.push_subscription_name(r, SETTINGS.prefix)
+        ): wiring.push_endpoint(
+            running.functions[r.target], project, topology.topic_name(r.topic, SETTINGS.prefix)
+        )
+        for r in topology.FUNCTIONS
+        if r.signature == "cloudevent"
+    }
+
+    bucket = storage.Client(project=project).lookup_bucket(env["TPUJOBS_LOGS_BUCKET"])
+    assert bucket is not None
+
+    health = processes.http_get(env["TPUJOBS_TPU_ENDPOINT"] + "/simulator/v1/health")
+    assert health is not None and health[0] == 200 and json.loads(health[1])["ok"] is True
+    for url in running.functions.values():
+        assert processes.http_get(url) is not None
+
+
+def test_env_lines_export_the_stack_endpoints(running: stack.StackState) -> None:
+    """env_lines exports the project, every emulator, the simulator, the prefix and the local flag."""
+    lines = stack.env_lines(running)
+    exported = dict(line.removeprefix("export ").split("=", 1) for line in lines)
+    assert exported["STORAGE_EMULATOR_HOST"].startswith("http://127.0.0.1:")
+    assert exported["TPUJOBS_TPU_ENDPOINT"].startswith("http://127.0.0.1:")
+    assert exported["TPUJOBS_PREFIX"] == "t1-"
+    assert exported["TPUJOBS_LOCAL_STACK"] == "1"
+    assert {
+        "GOOGLE_CLOUD_PROJECT",
+        "FIRESTORE_EMULATOR_HOST",
+        "PUBSUB_EMULATOR_HOST",
+        "TPUJOBS_DEFAULT_ZONE",
+        "TPUJOBS_LOGS_BUCKET",
+    } <= exported.keys()
+
+
+def test_up_twice_returns_the_running_stack_with_the_same_pids(
+    running: stack.StackState,
+) -> None:
+    """A second up starts nothing and returns the recorded processes."""
+    again = stack.up(running.state_dir, SETTINGS, environ=clean_environ())
+    assert again.already_running
+    assert [p.pid for p in again.processes] == [p.pid for p in running.processes]
+
+
+def test_down_stops_exactly_the_started_pids_and_leaves_a_reused_emulator_running(
+    tmp_path: Path,
+) -> None:
+    """An emulator named by the environment is reused, not recorded, and survives down."""
+    (external,) = processes.start(
+        [processes.pubsub_emulator(processes.free_port(), SETTINGS.project)], tmp_path / "ext"
+    )
+    try:
+        address = f"127.0.0.1:{external.port}"
+        state_dir = tmp_path / "stack"
+        state = stack.up(state_dir, SETTINGS, environ=clean_environ(PUBSUB_EMULATOR_HOST=address))
+        assert state.reused == {"pubsub": address}
+        assert state.env["PUBSUB_EMULATOR_HOST"] == address
+        assert "pubsub" not in {p.name for p in state.processes}
+
+        stopped = stack.down(state_dir)
+
+        assert sorted(p.pid for p in stopped) == sorted(p.pid for p in state.processes)
+        assert not any(processes.is_running(p) for p in state.processes)
+        assert processes.is_running(external)
+        assert processes.http_get(f"http://{address}/") is not None
+        assert not (state_dir / stack.STACK_FILE).exists()
+    finally:
+        processes.stop([external])
+    assert not processes.is_running(external)
+
+
+def test_stop_leaves_alone_a_pid_that_is_no_longer_the_recorded_process(tmp_path: Path) -> None:
+    """A recorded pid now held by another process (other start time or command) is not signalled."""
+    other = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        started = processes.ManagedProcess(
+            name="ours", pid=other.pid, port=0, log_path=tmp_path / "ours.log", argv=("sleep", "60")
+        )
+        later_start = replace(
+            started, start_time=(processes.process_start_time(other.pid) or 0) + 1
+        )
+        other_command = replace(started, argv=("gcloud", "emulators", "firestore", "start"))
+        assert processes.is_running(started)
+        assert not processes.is_running(later_start)
+        assert not processes.is_running(other_command)
+
+        assert processes.stop([later_start, other_command], grace_s=0.5) == []
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
