@@ -37,7 +37,6 @@ _TRANSIENT = (
     api_exceptions.InternalServerError,
     api_exceptions.Aborted,
     api_exceptions.TooManyRequests,
-    api_exceptions.Conflict,
 )
 
 
@@ -130,19 +129,18 @@ class FirestoreJobStore:
         return self._db.collection(JOBS).document(job_id)
 
     def create(self, job: Job, event: JobEvent) -> bool:
+        # One atomic batch of two creates: a single round trip, and it fails as a whole
+        # (ALREADY_EXISTS) when the job id is taken, which is the idempotency check itself.
         ref = self._job_ref(job.job_id)
-        transaction = self._db.transaction()
-
-        @firestore.transactional
-        def create_if_absent(tx: firestore.Transaction) -> bool:
-            if ref.get(transaction=tx).exists:
-                return False
-            tx.create(ref, job_to_document(job))
-            tx.create(ref.collection(EVENTS).document(event.document_id), event_to_document(event))
-            return True
-
-        with _transient_on_failure("create job"):
-            return create_if_absent(transaction)
+        batch = self._db.batch()
+        batch.create(ref, job_to_document(job))
+        batch.create(ref.collection(EVENTS).document(event.document_id), event_to_document(event))
+        try:
+            with _transient_on_failure("create job"):
+                batch.commit()
+        except api_exceptions.AlreadyExists:
+            return False
+        return True
 
     def get(self, job_id: str) -> Job | None:
         with _transient_on_failure("read job"):

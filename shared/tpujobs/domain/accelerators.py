@@ -62,7 +62,7 @@ class AcceleratorShape:
 
 def parse_accelerator_type(accelerator_type: str) -> AcceleratorShape:
     """Chips and hosts of one slice, or UnknownAcceleratorType with a sentence why."""
-    match = _TYPE.match(accelerator_type or "")
+    match = _TYPE.fullmatch(accelerator_type or "")
     if not match:
         raise UnknownAcceleratorType(
             f"accelerator_type {accelerator_type!r} is not of the form FAMILY-SIZE, such as v4-8"

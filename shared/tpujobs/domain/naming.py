@@ -17,14 +17,14 @@ def queued_resource_name(job_id: str, attempt: int) -> str:
     if attempt < 1:
         raise ValueError(f"attempt must be 1 or more, got {attempt}")
     name = f"{job_id}-a{attempt}"
-    if len(name) > MAX_TPU_RESOURCE_ID or not TPU_RESOURCE_ID.match(name):
+    if len(name) > MAX_TPU_RESOURCE_ID or not TPU_RESOURCE_ID.fullmatch(name):
         raise ValueError(f"{name!r} is not a valid TPU resource id")
     return name
 
 
 def parse_queued_resource_name(name: str) -> tuple[str, int] | None:
     """(job_id, attempt) of a name tpujobs made, or None for anyone else's resource."""
-    match = re.match(r"^(?P<job>[a-z][a-z0-9-]*[a-z0-9])-a(?P<attempt>[1-9][0-9]{0,3})$", name)
+    match = re.fullmatch(r"(?P<job>[a-z][a-z0-9-]*[a-z0-9])-a(?P<attempt>[1-9][0-9]{0,3})", name)
     if not match:
         return None
     return match["job"], int(match["attempt"])

@@ -41,4 +41,5 @@ def backoff_seconds(restarts: int) -> float:
     """Exponential backoff before the next attempt: 1 s, 2 s, 4 s, ... capped at a minute."""
     if restarts <= 0:
         return 0.0
-    return min(BACKOFF_BASE_SECONDS * 2 ** (restarts - 1), BACKOFF_CAP_SECONDS)
+    doublings = min(restarts - 1, 32)  # past the cap anyway; keeps 2**n from overflowing
+    return min(BACKOFF_BASE_SECONDS * 2**doublings, BACKOFF_CAP_SECONDS)

@@ -111,7 +111,7 @@ class JobSpec(BaseModel):
         if len(env) > MAX_ENV_VARS:
             raise ValueError(f"env has {len(env)} variables; at most {MAX_ENV_VARS} are allowed")
         for name, value in env.items():
-            if not ENV_NAME.match(name):
+            if not ENV_NAME.fullmatch(name):
                 raise ValueError(f"env name {name[:64]!r} must match ^[A-Z_][A-Z0-9_]*$")
             if name.startswith(RESERVED_ENV_PREFIX):
                 raise ValueError(f"env name {name!r} uses the reserved prefix TPUJOBS_")
@@ -126,13 +126,13 @@ class JobSpec(BaseModel):
         if len(labels) > MAX_LABELS:
             raise ValueError(f"labels has {len(labels)} entries; at most {MAX_LABELS} are allowed")
         for key, value in labels.items():
-            if not LABEL_KEY.match(key):
+            if not LABEL_KEY.fullmatch(key):
                 raise ValueError(
                     f"label key {key[:64]!r} must be lowercase letters, digits, _ or -, starting with a letter"
                 )
             if key.startswith(RESERVED_LABEL_PREFIX):
                 raise ValueError(f"label key {key!r} uses the reserved prefix tpujobs")
-            if not LABEL_VALUE.match(value):
+            if not LABEL_VALUE.fullmatch(value):
                 raise ValueError(
                     f"label value of {key} must be at most 63 lowercase letters, digits, _ or -"
                 )
@@ -230,4 +230,6 @@ def decode_spec(raw: bytes, *, message_id: str | None = None) -> JobSpec:
         data = json.loads(text)
     except json.JSONDecodeError as error:
         raise SpecError(f"the message is not JSON: {error.msg} at line {error.lineno} column {error.colno}") from None
+    except RecursionError:
+        raise SpecError("the message nests JSON too deeply to be a job spec") from None
     return parse_spec(data, message_id=message_id)

@@ -1,0 +1,95 @@
+"""Run the TPU simulator in the foreground: ``python -m tpujobs.simulator --port 8471``.
+
+Why a console entry point: the local stack starts the simulator as a child process and waits
+for the one line ``tpujobs-simulator listening on http://HOST:PORT``, which also tells it the
+port when ``--port 0`` let the system choose. SIGTERM and SIGINT stop it cleanly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from types import FrameType
+
+from tpujobs.simulator.model import SimulatorConfig
+from tpujobs.simulator.server import SimulatorServer
+
+
+def _capacity(text: str) -> tuple[str, int]:
+    pool, _, chips = text.rpartition("=")
+    if not pool or not chips.isdigit():
+        raise argparse.ArgumentTypeError(
+            f"expected FAMILY@ZONE=CHIPS such as v4@us-central2-b=32, got {text!r}"
+        )
+    return pool, int(chips)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    defaults = SimulatorConfig()
+    parser = argparse.ArgumentParser(
+        prog="python -m tpujobs.simulator", description="A local Cloud TPU v2 REST API."
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 lets the system choose")
+    parser.add_argument("--state-file", help="keep state in this JSON file across restarts")
+    parser.add_argument("--accept-seconds", type=float, default=defaults.accept_seconds)
+    parser.add_argument("--waiting-seconds", type=float, default=defaults.waiting_seconds)
+    parser.add_argument("--provisioning-seconds", type=float, default=defaults.provisioning_seconds)
+    parser.add_argument("--suspending-seconds", type=float, default=defaults.suspending_seconds)
+    parser.add_argument("--deleting-seconds", type=float, default=defaults.deleting_seconds)
+    parser.add_argument(
+        "--capacity",
+        type=_capacity,
+        action="append",
+        default=[],
+        metavar="FAMILY@ZONE=CHIPS",
+        help="chips on offer in one pool, such as v4@us-central2-b=32; repeatable; default unlimited",
+    )
+    parser.add_argument("--api-error-rate", type=float, default=defaults.api_error_rate)
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    return parser.parse_args(argv)
+
+
+def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
+    return SimulatorConfig(
+        accept_seconds=args.accept_seconds,
+        waiting_seconds=args.waiting_seconds,
+        provisioning_seconds=args.provisioning_seconds,
+        suspending_seconds=args.suspending_seconds,
+        deleting_seconds=args.deleting_seconds,
+        capacity=dict(args.capacity),
+        api_error_rate=args.api_error_rate,
+        seed=args.seed,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        print(f"tpujobs-simulator: {exc}", file=sys.stderr)
+        return 2
+    server = SimulatorServer(config, host=args.host, port=args.port, state_file=args.state_file)
+    stop = threading.Event()
+
+    def request_stop(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    url = server.start()
+    print(f"tpujobs-simulator listening on {url}", flush=True)
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1077 @@
+"""The simulated Cloud TPU service: queued resources, nodes and operations as a state machine.
+
+Why a model apart from the HTTP server: the lifecycle rules (who gets capacity, when a
+queued resource turns ACTIVE, what preemption does) are the part worth testing, and they
+test best with a fake clock and no sockets. The server only translates JSON.
+
+Why time moves lazily: every public call first advances the world to ``clock()``, applying
+due transitions in time order, so a fake clock gives exact, repeatable histories. The
+server's ticker calls ``advance()`` too, so changes (and hooks) happen with nobody asking.
+
+The life of a queued resource (QR); each arrow happens at the time shown:
+
+    CREATING --accept_seconds--> ACCEPTED            the create operation completes
+    ACCEPTED --at once--> WAITING_FOR_RESOURCES
+    WAITING_FOR_RESOURCES --waiting_seconds, then chips free, first come first served-->
+        PROVISIONING                                  nodes appear, CREATING
+    PROVISIONING --provisioning_seconds--> ACTIVE     nodes READY; on_active hooks
+    PROVISIONING, ACTIVE --preempt()--> SUSPENDING    nodes PREEMPTED; on_stopped hooks
+    SUSPENDING --suspending_seconds--> SUSPENDED
+    CREATING..ACTIVE --fail()--> FAILED               nodes gone; on_stopped hooks
+    any state but DELETING --delete--> DELETING       on_stopped hooks
+    DELETING --deleting_seconds--> gone               the delete operation completes
+
+A QR holds the chips of its pools ("family@zone") from PROVISIONING until it is preempted,
+fails or is gone. Deleting without force is refused while the QR still has nodes, as the
+real API does.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import ipaddress
+import json
+import logging
+import os
+import random
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, Generic, Protocol, TypeVar
+
+from tpujobs.domain.accelerators import (
+    FAMILIES,
+    UnknownAcceleratorType,
+    parse_accelerator_type,
+)
+
+_log = logging.getLogger(__name__)
+
+_RESOURCE_ID = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+MAX_RESOURCE_ID_LENGTH = 63
+FIRST_WORKER_ADDRESS = ipaddress.IPv4Address("127.1.0.0")  # loopback: workers can bind it
+WORKER_PORT = 8470
+FIRST_NODE_NUMBER = 1_000_000_000_000_000_000  # node ids look like the real 19-digit ones
+STATE_FILE_VERSION = 1
+
+
+class Code(Enum):
+    """The google.rpc.Code values the simulator answers with, and their HTTP statuses."""
+
+    CANCELLED = (1, 499)
+    INVALID_ARGUMENT = (3, 400)
+    NOT_FOUND = (5, 404)
+    ALREADY_EXISTS = (6, 409)
+    RESOURCE_EXHAUSTED = (8, 429)
+    FAILED_PRECONDITION = (9, 400)
+    ABORTED = (10, 409)
+    UNIMPLEMENTED = (12, 501)
+    INTERNAL = (13, 500)
+    UNAVAILABLE = (14, 503)
+
+    def __init__(self, grpc_code: int, http_status: int) -> None:
+        self.grpc_code = grpc_code
+        self.http_status = http_status
+
+
+# The errors a busy Google API answers with, by HTTP status: the ones callers must retry.
+_INJECTED_FAULTS = {
+    503: (Code.UNAVAILABLE, "The service is currently unavailable."),
+    429: (Code.RESOURCE_EXHAUSTED, "Quota exceeded for quota metric 'Requests' per minute."),
+}
+
+
+class SimulatorError(Exception):
+    """A request the simulated API refuses; the server turns it into Google's error JSON."""
+
+    def __init__(self, code: Code, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class QrState(str, Enum):
+    """QueuedResourceState.State members; the values are the API's names."""
+
+    CREATING = "CREATING"  # received, not yet accepted
+    ACCEPTED = "ACCEPTED"  # accepted; the create operation is done
+    WAITING_FOR_RESOURCES = "WAITING_FOR_RESOURCES"  # queued for chips
+    PROVISIONING = "PROVISIONING"  # chips granted, nodes being created
+    ACTIVE = "ACTIVE"  # nodes READY
+    SUSPENDING = "SUSPENDING"  # preempted, nodes going away
+    SUSPENDED = "SUSPENDED"  # preempted; nodes remain as PREEMPTED until deleted
+    FAILED = "FAILED"  # gave up; failed_data says why
+    DELETING = "DELETING"  # being deleted; gone after deleting_seconds
+
+
+LIVE_STATES = frozenset(
+    {
+        QrState.CREATING,
+        QrState.ACCEPTED,
+        QrState.WAITING_FOR_RESOURCES,
+        QrState.PROVISIONING,
+        QrState.ACTIVE,
+    }
+)
+PREEMPTIBLE_STATES = frozenset({QrState.PROVISIONING, QrState.ACTIVE})
+
+
+class NodeState(str, Enum):
+    """Node.State members the simulator uses; the values are the API's names."""
+
+    CREATING = "CREATING"  # its QR is PROVISIONING
+    READY = "READY"  # its QR is ACTIVE
+    PREEMPTED = "PREEMPTED"  # its QR was preempted
+    DELETING = "DELETING"  # its QR is being deleted
+
+
+class Initiator(str, Enum):
+    """QueuedResourceState.StateInitiator: who caused the current state."""
+
+    USER = "USER"
+    SERVICE = "SERVICE"
+
+
+@dataclass(frozen=True)
+class SimulatorConfig:
+    """How the simulated service behaves: delays in seconds, chips on offer, injected faults."""
+
+    accept_seconds: float = 0.0  # CREATING -> ACCEPTED; the create operation waits for it
+    waiting_seconds: float = 0.2  # the least time in WAITING_FOR_RESOURCES
+    provisioning_seconds: float = 0.5  # PROVISIONING -> ACTIVE
+    suspending_seconds: float = 0.1  # SUSPENDING -> SUSPENDED
+    deleting_seconds: float = 0.0  # DELETING -> gone; 0 lets operation.result() finish at once
+    capacity: Mapping[str, int] = field(
+        default_factory=dict
+    )  # chips per "family@zone"; absent: unlimited
+    api_error_rate: float = 0.0  # share of TPU API calls refused with an injected error
+    api_error_codes: tuple[int, ...] = (503, 429)  # HTTP statuses the injected errors pick from
+    seed: int = 0  # seeds the fault dice, so a failing run can be repeated
+    tick_seconds: float = 0.05  # how often the server's ticker advances time
+
+    def __post_init__(self) -> None:
+        for name in (
+            "accept_seconds",
+            "waiting_seconds",
+            "provisioning_seconds",
+            "suspending_seconds",
+            "deleting_seconds",
+        ):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
+        if self.tick_seconds <= 0:
+            raise ValueError(f"tick_seconds must be positive, got {self.tick_seconds}")
+        if not 0.0 <= self.api_error_rate <= 1.0:
+            raise ValueError(f"api_error_rate must be within 0..1, got {self.api_error_rate}")
+        if not self.api_error_codes or not set(self.api_error_codes) <= set(_INJECTED_FAULTS):
+            raise ValueError(
+                f"api_error_codes must be some of {sorted(_INJECTED_FAULTS)}, got {self.api_error_codes}"
+            )
+        for pool, chips in self.capacity.items():
+            family, _, zone = pool.partition("@")
+            if family not in FAMILIES or not zone:
+                known = ", ".join(sorted(FAMILIES))
+                raise ValueError(
+                    f"capacity key {pool!r} is not FAMILY@ZONE such as v4@us-central2-b "
+                    f"(families: {known})"
+                )
+            if not isinstance(chips, int) or chips < 0:
+                raise ValueError(
+                    f"capacity of {pool} must be a whole number of chips, got {chips!r}"
+                )
+
+    def updated(self, changes: Mapping[str, Any]) -> SimulatorConfig:
+        """A copy with JSON changes applied (the control endpoint); unknown keys are an error."""
+        known = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown config keys: {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            )
+        values = dict(changes)
+        if "capacity" in values:
+            values["capacity"] = {str(k): int(v) for k, v in dict(values["capacity"]).items()}
+        if "seed" in values:
+            values["seed"] = int(values["seed"])
+        if "api_error_codes" in values:
+            values["api_error_codes"] = tuple(int(c) for c in values["api_error_codes"])
+        for name in known - {"capacity", "seed", "api_error_codes"}:
+            if name in values:
+                values[name] = float(values[name])
+        return dataclasses.replace(self, **values)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **dataclasses.asdict(self),
+            "capacity": dict(self.capacity),
+            "api_error_codes": list(self.api_error_codes),
+        }
+
+
+def pool_key(family: str, zone: str) -> str:
+    """The capacity pool a slice draws from, as written in SimulatorConfig.capacity."""
+    return f"{family}@{zone}"
+
+
+def check_resource_id(kind: str, value: str) -> None:
+    """Refuse ids the TPU API refuses, with the same rule, so tests catch bad names locally."""
+    if (
+        not isinstance(value, str)
+        or len(value) > MAX_RESOURCE_ID_LENGTH
+        or not _RESOURCE_ID.fullmatch(value)
+    ):
+        raise SimulatorError(
+            Code.INVALID_ARGUMENT,
+            f"Invalid {kind} {value!r}: it must be 1 to {MAX_RESOURCE_ID_LENGTH} characters, "
+            "start with a lowercase letter, hold only lowercase letters, digits and hyphens, "
+            "and not end with a hyphen",
+        )
+
+
+@dataclass(frozen=True)
+class SliceRequest:
+    """One nodeSpec of a queued resource: which nodes it names and what they are."""
+
+    accelerator_type: str
+    runtime_version: str
+    node_id: str = ""  # a single node; or the two multislice fields below
+    node_id_prefix: str = ""
+    node_count: int = 0
+    template: Mapping[str, Any] = field(
+        default_factory=dict
+    )  # the node JSON, output-only fields removed
+
+    @property
+    def multislice(self) -> bool:
+        return bool(self.node_id_prefix or self.node_count)
+
+    @property
+    def node_ids(self) -> tuple[str, ...]:
+        """One node per slice: the node id, or PREFIX-0 .. PREFIX-(N-1) as the real API names them."""
+        if self.multislice:
+            return tuple(f"{self.node_id_prefix}-{i}" for i in range(self.node_count))
+        return (self.node_id,)
+
+
+@dataclass(frozen=True)
+class QueuedResourceRequest:
+    """What a caller asked for; the fields the simulator echoes back but does not act on are JSON."""
+
+    slices: tuple[SliceRequest, ...]
+    spot: bool = False
+    guaranteed: Mapping[str, Any] | None = None
+    reservation_name: str = ""
+    queueing_policy: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class QueuedResourceRecord:
+    """One queued resource as it is now. Times on the model's clock, except *create_time* (wall)."""
+
+    project: str
+    zone: str
+    qr_id: str
+    request: QueuedResourceRequest
+    state: QrState
+    initiator: Initiator
+    create_time: float
+    queue_number: int  # order of arrival: first come, first served
+    next_at: float | None = None  # when the next timed transition is due; None: none is
+    holds_capacity: bool = False
+    error_code: int = 0  # failed_data.error, when FAILED
+    error_message: str = ""
+    create_operation: str = ""
+    delete_operation: str = ""
+
+    @property
+    def parent(self) -> str:
+        return f"projects/{self.project}/locations/{self.zone}"
+
+    @property
+    def name(self) -> str:
+        return f"{self.parent}/queuedResources/{self.qr_id}"
+
+    @property
+    def node_ids(self) -> tuple[str, ...]:
+        return tuple(node_id for spec in self.request.slices for node_id in spec.node_ids)
+
+    def demand(self) -> dict[str, int]:
+        """Chips wanted from each pool: chips per slice times slices, summed over node specs."""
+        wanted: dict[str, int] = {}
+        for spec in self.request.slices:
+            shape = parse_accelerator_type(spec.accelerator_type)
+            key = pool_key(shape.family, self.zone)
+            wanted[key] = wanted.get(key, 0) + shape.chips * len(spec.node_ids)
+        return wanted
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """One TPU slice created for a queued resource; one network endpoint per worker host."""
+
+    project: str
+    zone: str
+    node_id: str
+    qr_id: str
+    number: int  # Node.id
+    accelerator_type: str
+    runtime_version: str
+    template: Mapping[str, Any]
+    state: NodeState
+    host_addresses: tuple[str, ...]
+    create_time: float  # wall clock
+    multislice: bool
+    spot: bool
+
+    @property
+    def parent(self) -> str:
+        return f"projects/{self.project}/locations/{self.zone}"
+
+    @property
+    def name(self) -> str:
+        return f"{self.parent}/nodes/{self.node_id}"
+
+    @property
+    def queued_resource(self) -> str:
+        return f"{self.parent}/queuedResources/{self.qr_id}"
+
+
+@dataclass(frozen=True)
+class OperationRecord:
+    """A long-running operation. Done with *result* (create), with nothing (delete) or an error."""
+
+    project: str
+    zone: str
+    operation_id: str
+    verb: str  # "create" or "delete"
+    target: str  # the queued resource's name
+    create_time: float  # wall clock
+    end_time: float | None = None
+    done: bool = False
+    result: QueuedResourceRecord | None = None  # the QR when a create completed
+    error_code: int = 0
+    error_message: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"projects/{self.project}/locations/{self.zone}/operations/{self.operation_id}"
+
+
+T = TypeVar("T")
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+NamedT = TypeVar("NamedT", bound=_Named)
+
+
+@dataclass(frozen=True)
+class Page(Generic[T]):
+    """One page of a list call; an empty token means there is no next page."""
+
+    items: tuple[T, ...]
+    next_page_token: str = ""
+
+
+@dataclass(frozen=True)
+class SimulatorState:
+    """Everything the simulator holds, for the state endpoint and for tests."""
+
+    queued_resources: tuple[QueuedResourceRecord, ...]
+    nodes: tuple[NodeRecord, ...]
+    operations: tuple[OperationRecord, ...]
+
+
+class StateStore(Protocol):
+    """Where the simulator keeps its state between runs."""
+
+    def load(self) -> dict[str, Any] | None: ...
+
+    def save(self, snapshot: dict[str, Any]) -> None: ...
+
+
+class JsonStateFile:
+    """A StateStore in one JSON file, replaced atomically so a crash never leaves half a file."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+
+    def load(self) -> dict[str, Any] | None:
+        if not self.path.exists():
+            return None
+        loaded: dict[str, Any] = json.loads(self.path.read_text(encoding="utf-8"))
+        return loaded
+
+    def save(self, snapshot: dict[str, Any]) -> None:
+        partial = self.path.with_name(self.path.name + ".tmp")
+        partial.write_text(json.dumps(snapshot, indent=1, sort_keys=True), encoding="utf-8")
+        os.replace(partial, self.path)
+
+
+Hook = Callable[[QueuedResourceRecord], None]
+
+
+class Simulator:
+    """The simulated TPU service. Thread-safe: one lock guards all state.
+
+    Hooks run outside the lock, one at a time, in the order their events happened; a call
+    returns only after the hooks queued before it have run, so once a caller sees ACTIVE,
+    on_active has finished. Hooks should therefore be quick (start processes, not wait on them).
+    """
+
+    def __init__(
+        self,
+        config: SimulatorConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        store: StateStore | None = None,
+    ) -> None:
+        self._config = config or SimulatorConfig()
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._store = store
+        self._lock = threading.Lock()
+        self._dispatch_lock = threading.RLock()  # one dispatcher; a hook may call back in
+        self._pending_hooks: list[tuple[list[Hook], QueuedResourceRecord]] = []
+        self._dice = random.Random(self._config.seed)
+        self._qrs: dict[tuple[str, str, str], QueuedResourceRecord] = {}
+        self._nodes: dict[tuple[str, str, str], NodeRecord] = {}
+        self._operations: dict[tuple[str, str, str], OperationRecord] = {}
+        self._counters = {"queue": 0, "operation": 0, "node": 0, "address": 0}
+        self._dirty = False
+        self.on_active: list[Hook] = []  # a QR became ACTIVE: start its workers
+        self.on_stopped: list[Hook] = []  # a QR was preempted, failed or is being deleted
+        if store is not None:
+            snapshot = store.load()
+            if snapshot is not None:
+                self._restore(snapshot)
+
+    # -- configuration and faults ------------------------------------------------------
+
+    @property
+    def config(self) -> SimulatorConfig:
+        return self._config
+
+    def reconfigure(self, config: SimulatorConfig) -> None:
+        """Apply new delays, capacity or fault settings; scheduled transitions keep their times."""
+        with self._transaction() as now:
+            if config.seed != self._config.seed:
+                self._dice = random.Random(config.seed)
+            self._config = config
+            self._admit(now)
+
+    def roll_for_fault(self) -> None:
+        """Raise an injected 503 or 429 as often as api_error_rate says; the control API never calls this."""
+        with self._lock:
+            rate = self._config.api_error_rate
+            if rate <= 0 or self._dice.random() >= rate:
+                return
+            status = self._dice.choice(self._config.api_error_codes)
+        code, message = _INJECTED_FAULTS[status]
+        raise SimulatorError(code, message + " (injected by the tpujobs simulator)")
+
+    # -- time ----------------------------------------------------------------------------
+
+    def advance(self) -> None:
+        """Apply every transition due by now; the server's ticker calls this."""
+        with self._transaction():
+            pass
+
+    @contextmanager
+    def _transaction(self) -> Iterator[float]:
+        """Hold the lock with the world advanced to now; then save, and run hooks outside the lock."""
+        try:
+            with self._lock:
+                now = self._clock()
+                self._advance(now)
+                try:
+                    yield now
+                finally:
+                    self._save_if_changed()
+        finally:
+            self._run_hooks()
+
+    # -- queued resources ------------------------------------------------------------------
+
+    def create_queued_resource(
+        self, project: str, zone: str, qr_id: str, request: QueuedResourceRequest
+    ) -> OperationRecord:
+        """Queue a request for TPUs; the operation completes once the QR is ACCEPTED."""
+        check_resource_id("queued resource id", qr_id)
+        self._check_request(request)
+        with self._transaction() as now:
+            name = f"projects/{project}/locations/{zone}/queuedResources/{qr_id}"
+            if (project, zone, qr_id) in self._qrs:
+                raise SimulatorError(Code.ALREADY_EXISTS, f"Resource '{name}' already exists")
+            taken = {
+                node_id
+                for qr in self._qrs.values()
+                if (qr.project, qr.zone) == (project, zone)
+                for node_id in qr.node_ids
+            }
+            for node_id in (n for spec in request.slices for n in spec.node_ids):
+                if node_id in taken:
+                    raise SimulatorError(
+                        Code.ALREADY_EXISTS,
+                        f"Resource 'projects/{project}/locations/{zone}/nodes/{node_id}' already exists",
+                    )
+            operation = self._new_operation(project, zone, "create", name)
+            self._put_qr(
+                QueuedResourceRecord(
+                    project=project,
+                    zone=zone,
+                    qr_id=qr_id,
+                    request=request,
+                    state=QrState.CREATING,
+                    initiator=Initiator.USER,
+                    create_time=self._wall_clock(),
+                    queue_number=self._count("queue"),
+                    next_at=now + self._config.accept_seconds,
+                    create_operation=operation.operation_id,
+                )
+            )
+            return operation
+
+    def get_queued_resource(self, project: str, zone: str, qr_id: str) -> QueuedResourceRecord:
+        with self._transaction():
+            return self._find_qr(project, zone, qr_id)
+
+    def list_queued_resources(
+        self, project: str, zone: str, page_size: int = 0, page_token: str = ""
+    ) -> Page[QueuedResourceRecord]:
+        """Queued resources by name; zone "-" lists every zone, as the real API allows."""
+        with self._transaction():
+            found = [qr for qr in self._qrs.values() if _in_location(qr, project, zone)]
+        return _page(found, page_size, page_token)
+
+    def delete_queued_resource(
+        self, project: str, zone: str, qr_id: str, force: bool = False
+    ) -> OperationRecord:
+        """Start deleting; without force, a QR that still has nodes is refused."""
+        with self._transaction() as now:
+            qr = self._find_qr(project, zone, qr_id)
+            if qr.state is QrState.DELETING:
+                return self._operations[(project, zone, qr.delete_operation)]
+            if self._nodes_of(qr) and not force:
+                raise SimulatorError(
+                    Code.FAILED_PRECONDITION,
+                    f"Queued resource {qr.name} in state {qr.state.value} has nodes; "
+                    "delete them first or set force to true",
+                )
+            operation = self._new_operation(project, zone, "delete", qr.name)
+            for node in self._nodes_of(qr):
+                self._put_node(dataclasses.replace(node, state=NodeState.DELETING))
+            deleting = self._put_qr(
+                dataclasses.replace(
+                    qr,
+                    state=QrState.DELETING,
+                    initiator=Initiator.USER,
+                    next_at=now + self._config.deleting_seconds,
+                    delete_operation=operation.operation_id,
+                )
+            )
+            self._queue_hooks(self.on_stopped, deleting)
+            self._admit(now)
+            return operation
+
+    def preempt(
+        self, qr_id: str, *, zone: str | None = None, project: str | None = None
+    ) -> QueuedResourceRecord:
+        """Take a QR's TPUs back as the service does to spot capacity: SUSPENDING, nodes PREEMPTED."""
+        with self._transaction() as now:
+            qr = self._resolve(qr_id, zone, project)
+            if qr.state not in PREEMPTIBLE_STATES:
+                raise SimulatorError(
+                    Code.FAILED_PRECONDITION,
+                    f"Queued resource {qr.name} is {qr.state.value}; "
+                    "only PROVISIONING or ACTIVE ones can be preempted",
+                )
+            for node in self._nodes_of(qr):
+                self._put_node(dataclasses.replace(node, state=NodeState.PREEMPTED))
+            suspending = self._put_qr(
+                dataclasses.replace(
+                    qr,
+                    state=QrState.SUSPENDING,
+                    initiator=Initiator.SERVICE,
+                    next_at=now + self._config.suspending_seconds,
+                    holds_capacity=False,
+                )
+            )
+            self._queue_hooks(self.on_stopped, suspending)
+            self._admit(now)
+            return suspending
+
+    def fail(
+        self,
+        qr_id: str,
+        message: str,
+        *,
+        zone: str | None = None,
+        project: str | None = None,
+        code: int = Code.INTERNAL.grpc_code,
+    ) -> QueuedResourceRecord:
+        """Give up on a live QR as the service does (say, a stockout): FAILED, its nodes removed."""
+        with self._transaction() as now:
+            qr = self._resolve(qr_id, zone, project)
+            if qr.state not in LIVE_STATES:
+                raise SimulatorError(
+                    Code.FAILED_PRECONDITION,
+                    f"Queued resource {qr.name} is {qr.state.value}; only live ones can fail",
+                )
+            for node in self._nodes_of(qr):
+                del self._nodes[(node.project, node.zone, node.node_id)]
+            failed = self._put_qr(
+                dataclasses.replace(
+                    qr,
+                    state=QrState.FAILED,
+                    initiator=Initiator.SERVICE,
+                    next_at=None,
+                    holds_capacity=False,
+                    error_code=code,
+                    error_message=message,
+                )
+            )
+            self._finish_create(failed, error=(code, message))
+            self._queue_hooks(self.on_stopped, failed)
+            self._admit(now)
+            return failed
+
+    # -- nodes and operations -------------------------------------------------------------
+
+    def get_node(self, project: str, zone: str, node_id: str) -> NodeRecord:
+        with self._transaction():
+            node = self._nodes.get((project, zone, node_id))
+            if node is None:
+                raise SimulatorError(
+                    Code.NOT_FOUND,
+                    f"Resource 'projects/{project}/locations/{zone}/nodes/{node_id}' was not found",
+                )
+            return node
+
+    def list_nodes(
+        self, project: str, zone: str, page_size: int = 0, page_token: str = ""
+    ) -> Page[NodeRecord]:
+        with self._transaction():
+            found = [n for n in self._nodes.values() if _in_location(n, project, zone)]
+        return _page(found, page_size, page_token)
+
+    def nodes_of(self, qr: QueuedResourceRecord) -> tuple[NodeRecord, ...]:
+        """The nodes a QR has now, in the order its node specs name them; for hooks."""
+        with self._lock:
+            return tuple(self._nodes_of(qr))
+
+    def get_operation(self, project: str, zone: str, operation_id: str) -> OperationRecord:
+        with self._transaction():
+            operation = self._operations.get((project, zone, operation_id))
+            if operation is None:
+                raise SimulatorError(
+                    Code.NOT_FOUND,
+                    f"Resource 'projects/{project}/locations/{zone}/operations/{operation_id}' "
+                    "was not found",
+                )
+            return operation
+
+    def list_operations(
+        self, project: str, zone: str, page_size: int = 0, page_token: str = ""
+    ) -> Page[OperationRecord]:
+        with self._transaction():
+            found = [op for op in self._operations.values() if _in_location(op, project, zone)]
+        return _page(found, page_size, page_token)
+
+    def state(self) -> SimulatorState:
+        """Everything, sorted by name: for the state endpoint and for tests."""
+        with self._transaction():
+            return SimulatorState(
+                queued_resources=tuple(sorted(self._qrs.values(), key=lambda r: r.name)),
+                nodes=tuple(sorted(self._nodes.values(), key=lambda n: n.name)),
+                operations=tuple(sorted(self._operations.values(), key=lambda o: o.name)),
+            )
+
+    # -- the state machine (callers hold the lock) ---------------------------------------
+
+    def _advance(self, now: float) -> None:
+        """Apply due transitions one at a time, earliest first, admitting after each."""
+        while True:
+            due = [qr for qr in self._qrs.values() if qr.next_at is not None and qr.next_at <= now]
+            if not due:
+                break
+            qr = min(due, key=lambda r: (r.next_at, r.queue_number))
+            assert qr.next_at is not None
+            self._step(qr, qr.next_at)
+            self._admit(qr.next_at)
+        self._admit(now)
+
+    def _step(self, qr: QueuedResourceRecord, at: float) -> None:
+        """The timed transition of one QR, at the time it was due."""
+        if qr.state is QrState.CREATING:
+            accepted = self._put_qr(dataclasses.replace(qr, state=QrState.ACCEPTED, next_at=at))
+            self._finish_create(accepted)
+        elif qr.state is QrState.ACCEPTED:
+            self._put_qr(
+                dataclasses.replace(
+                    qr,
+                    state=QrState.WAITING_FOR_RESOURCES,
+                    next_at=at + self._config.waiting_seconds,
+                )
+            )
+        elif qr.state is QrState.WAITING_FOR_RESOURCES:
+            self._put_qr(dataclasses.replace(qr, next_at=None))  # now it waits only for chips
+        elif qr.state is QrState.PROVISIONING:
+            for node in self._nodes_of(qr):
+                self._put_node(dataclasses.replace(node, state=NodeState.READY))
+            active = self._put_qr(dataclasses.replace(qr, state=QrState.ACTIVE, next_at=None))
+            self._queue_hooks(self.on_active, active)
+        elif qr.state is QrState.SUSPENDING:
+            self._put_qr(dataclasses.replace(qr, state=QrState.SUSPENDED, next_at=None))
+        elif qr.state is QrState.DELETING:
+            self._remove(qr)
+        else:  # pragma: no cover - no other state schedules a transition
+            raise AssertionError(f"{qr.name} has a timed transition in state {qr.state}")
+
+    def _admit(self, at: float) -> None:
+        """Start provisioning waiting QRs whose chips are free, strictly in order of arrival per pool."""
+        waiting = sorted(
+            (
+                qr
+                for qr in self._qrs.values()
+                if qr.state is QrState.WAITING_FOR_RESOURCES and qr.next_at is None
+            ),
+            key=lambda r: r.queue_number,
+        )
+        if not waiting:
+            return
+        free = self._free_chips()
+        blocked: set[str] = set()  # pools where an earlier QR is still waiting
+        for qr in waiting:
+            wanted = qr.demand()
+            fits = all(pool not in free or free[pool] >= chips for pool, chips in wanted.items())
+            if blocked.isdisjoint(wanted) and fits:
+                for pool, chips in wanted.items():
+                    if pool in free:
+                        free[pool] -= chips
+                self._provision(qr, at)
+            else:
+                blocked.update(wanted)
+
+    def _free_chips(self) -> dict[str, int]:
+        free = dict(self._config.capacity)
+        for qr in self._qrs.values():
+            if qr.holds_capacity:
+                for pool, chips in qr.demand().items():
+                    if pool in free:
+                        free[pool] -= chips
+        return free
+
+    def _provision(self, qr: QueuedResourceRecord, at: float) -> None:
+        wall = self._wall_clock()
+        for spec in qr.request.slices:
+            hosts = parse_accelerator_type(spec.accelerator_type).hosts
+            for node_id in spec.node_ids:
+                self._put_node(
+                    NodeRecord(
+                        project=qr.project,
+                        zone=qr.zone,
+                        node_id=node_id,
+                        qr_id=qr.qr_id,
+                        number=FIRST_NODE_NUMBER + self._count("node"),
+                        accelerator_type=spec.accelerator_type,
+                        runtime_version=spec.runtime_version,
+                        template=spec.template,
+                        state=NodeState.CREATING,
+                        host_addresses=tuple(
+                            str(FIRST_WORKER_ADDRESS + self._count("address")) for _ in range(hosts)
+                        ),
+                        create_time=wall,
+                        multislice=spec.multislice,
+                        spot=qr.request.spot,
+                    )
+                )
+        self._put_qr(
+            dataclasses.replace(
+                qr,
+                state=QrState.PROVISIONING,
+                next_at=at + self._config.provisioning_seconds,
+                holds_capacity=True,
+            )
+        )
+
+    def _remove(self, qr: QueuedResourceRecord) -> None:
+        for node in self._nodes_of(qr):
+            del self._nodes[(node.project, node.zone, node.node_id)]
+        del self._qrs[(qr.project, qr.zone, qr.qr_id)]
+        self._dirty = True
+        self._finish_create(
+            qr, error=(Code.ABORTED.grpc_code, f"{qr.name} was deleted before it was accepted")
+        )
+        key = (qr.project, qr.zone, qr.delete_operation)
+        self._operations[key] = dataclasses.replace(
+            self._operations[key], done=True, end_time=self._wall_clock()
+        )
+
+    def _finish_create(
+        self, qr: QueuedResourceRecord, error: tuple[int, str] | None = None
+    ) -> None:
+        """Complete the QR's create operation if it is still running: with the QR, or an error."""
+        key = (qr.project, qr.zone, qr.create_operation)
+        operation = self._operations.get(key)
+        if operation is None or operation.done:
+            return
+        if error is None:
+            finished = dataclasses.replace(
+                operation, done=True, end_time=self._wall_clock(), result=qr
+            )
+        else:
+            finished = dataclasses.replace(
+                operation,
+                done=True,
+                end_time=self._wall_clock(),
+                error_code=error[0],
+                error_message=error[1],
+            )
+        self._operations[key] = finished
+        self._dirty = True
+
+    def _new_operation(self, project: str, zone: str, verb: str, target: str) -> OperationRecord:
+        wall = self._wall_clock()
+        operation = OperationRecord(
+            project=project,
+            zone=zone,
+            operation_id=f"operation-{int(wall * 1000)}-{self._count('operation'):012x}",
+            verb=verb,
+            target=target,
+            create_time=wall,
+        )
+        self._operations[(project, zone, operation.operation_id)] = operation
+        self._dirty = True
+        return operation
+
+    def _put_qr(self, qr: QueuedResourceRecord) -> QueuedResourceRecord:
+        self._qrs[(qr.project, qr.zone, qr.qr_id)] = qr
+        self._dirty = True
+        return qr
+
+    def _put_node(self, node: NodeRecord) -> None:
+        self._nodes[(node.project, node.zone, node.node_id)] = node
+        self._dirty = True
+
+    def _nodes_of(self, qr: QueuedResourceRecord) -> list[NodeRecord]:
+        found = (self._nodes.get((qr.project, qr.zone, node_id)) for node_id in qr.node_ids)
+        return [n for n in found if n is not None and n.qr_id == qr.qr_id]
+
+    def _find_qr(self, project: str, zone: str, qr_id: str) -> QueuedResourceRecord:
+        qr = self._qrs.get((project, zone, qr_id))
+        if qr is None:
+            raise SimulatorError(
+                Code.NOT_FOUND,
+                f"Resource 'projects/{project}/locations/{zone}/queuedResources/{qr_id}' was not found",
+            )
+        return qr
+
+    def _resolve(self, qr_id: str, zone: str | None, project: str | None) -> QueuedResourceRecord:
+        """Find a QR by id for the control calls, where zone and project may be left out."""
+        matches = [
+            qr
+            for qr in self._qrs.values()
+            if qr.qr_id == qr_id and zone in (None, qr.zone) and project in (None, qr.project)
+        ]
+        if not matches:
+            raise SimulatorError(
+                Code.NOT_FOUND, f"no queued resource {qr_id!r} (zone {zone}, project {project})"
+            )
+        if len(matches) > 1:
+            names = ", ".join(sorted(qr.name for qr in matches))
+            raise SimulatorError(
+                Code.INVALID_ARGUMENT, f"{qr_id!r} is ambiguous: {names}; name the zone and project"
+            )
+        return matches[0]
+
+    def _count(self, counter: str) -> int:
+        self._counters[counter] += 1
+        return self._counters[counter]
+
+    def _check_request(self, request: QueuedResourceRequest) -> None:
+        """Refuse what the real API refuses before queueing: bad names, unknown shapes."""
+        if not request.slices:
+            raise SimulatorError(
+                Code.INVALID_ARGUMENT, "queued_resource.tpu.node_spec must name at least one node"
+            )
+        seen: set[str] = set()
+        for spec in request.slices:
+            if spec.multislice == bool(spec.node_id):
+                raise SimulatorError(
+                    Code.INVALID_ARGUMENT,
+                    "each node_spec needs exactly one of node_id or multislice_params",
+                )
+            if spec.multislice:
+                check_resource_id("node_id_prefix", spec.node_id_prefix)
+                if spec.node_count < 1:
+                    raise SimulatorError(
+                        Code.INVALID_ARGUMENT,
+                        f"multislice_params.node_count must be at least 1, got {spec.node_count}",
+                    )
+            for node_id in spec.node_ids:
+                check_resource_id("node id", node_id)
+                if node_id in seen:
+                    raise SimulatorError(
+                        Code.INVALID_ARGUMENT, f"node id {node_id!r} is named twice"
+                    )
+                seen.add(node_id)
+            try:
+                parse_accelerator_type(spec.accelerator_type)
+            except UnknownAcceleratorType as exc:
+                raise SimulatorError(Code.INVALID_ARGUMENT, str(exc)) from exc
+            if not spec.runtime_version:
+                raise SimulatorError(Code.INVALID_ARGUMENT, "node.runtime_version is required")
+
+    # -- hooks -------------------------------------------------------------------------------
+
+    def _queue_hooks(self, hooks: list[Hook], qr: QueuedResourceRecord) -> None:
+        if hooks:
+            self._pending_hooks.append((list(hooks), qr))
+
+    def _run_hooks(self) -> None:
+        """Call queued hooks outside the state lock, so a hook may call the simulator."""
+        with self._dispatch_lock:
+            while True:
+                with self._lock:
+                    if not self._pending_hooks:
+                        return
+                    hooks, qr = self._pending_hooks.pop(0)
+                for hook in hooks:
+                    try:
+                        hook(qr)
+                    except Exception:  # a broken hook must not stop the service
+                        _log.exception("simulator hook %r failed for %s", hook, qr.name)
+
+    # -- persistence ------------------------------------------------------------------------
+
+    def _save_if_changed(self) -> None:
+        if self._dirty and self._store is not None:
+            self._store.save(self._snapshot())
+        self._dirty = False
+
+    def _snapshot(self) -> dict[str, Any]:
+        """All state as JSON; clock times are saved with the clock's reading to rebase on load."""
+        return {
+            "version": STATE_FILE_VERSION,
+            "clock": self._clock(),
+            "counters": dict(self._counters),
+            "queued_resources": [_qr_to_json(qr) for qr in self._qrs.values()],
+            "nodes": [_node_to_json(node) for node in self._nodes.values()],
+            "operations": [_operation_to_json(op) for op in self._operations.values()],
+        }
+
+    def _restore(self, snapshot: Mapping[str, Any]) -> None:
+        if snapshot.get("version") != STATE_FILE_VERSION:
+            raise ValueError(
+                f"state file version {snapshot.get('version')!r} is not {STATE_FILE_VERSION}"
+            )
+        shift = self._clock() - float(snapshot["clock"])
+        self._counters.update(snapshot["counters"])
+        for data in snapshot["queued_resources"]:
+            self._put_qr(_qr_from_json(data, shift))
+        for data in snapshot["nodes"]:
+            self._put_node(_node_from_json(data))
+        for data in snapshot["operations"]:
+            op = _operation_from_json(data, shift)
+            self._operations[(op.project, op.zone, op.operation_id)] = op
+        self._dirty = False
+
+
+def _in_location(
+    resource: QueuedResourceRecord | NodeRecord | OperationRecord, project: str, zone: str
+) -> bool:
+    return resource.project == project and zone in ("-", resource.zone)
+
+
+def _page(items: Iterable[NamedT], page_size: int, page_token: str) -> Page[NamedT]:
+    """Pages ordered by name; the token is the last name returned, so deletions shift nothing."""
+    ordered = sorted(items, key=lambda item: item.name)
+    if page_size < 0:
+        raise SimulatorError(
+            Code.INVALID_ARGUMENT, f"page_size must not be negative, got {page_size}"
+        )
+    if page_token:
+        try:
+            after = base64.b64decode(page_token, altchars=b"-_", validate=True).decode("utf-8")
+            if not after.startswith("projects/"):
+                raise ValueError(after)
+        except (binascii.Error, UnicodeError, ValueError) as exc:
+            raise SimulatorError(
+                Code.INVALID_ARGUMENT, f"invalid page_token {page_token!r}"
+            ) from exc
+        ordered = [item for item in ordered if item.name > after]
+    if page_size == 0 or len(ordered) <= page_size:
+        return Page(tuple(ordered))
+    shown = ordered[:page_size]
+    token = base64.urlsafe_b64encode(shown[-1].name.encode("utf-8")).decode("ascii")
+    return Page(tuple(shown), token)
+
+
+# -- JSON for the state file -------------------------------------------------------------------
+
+
+def _shifted(value: float | None, shift: float) -> float | None:
+    return None if value is None else value + shift
+
+
+def _qr_to_json(qr: QueuedResourceRecord) -> dict[str, Any]:
+    data = dataclasses.asdict(qr)
+    data["state"] = qr.state.value
+    data["initiator"] = qr.initiator.value
+    return data
+
+
+def _qr_from_json(data: Mapping[str, Any], shift: float) -> QueuedResourceRecord:
+    request = data["request"]
+    return QueuedResourceRecord(
+        **{
+            **data,
+            "request": QueuedResourceRequest(
+                **{**request, "slices": tuple(SliceRequest(**s) for s in request["slices"])}
+            ),
+            "state": QrState(data["state"]),
+            "initiator": Initiator(data["initiator"]),
+            "next_at": _shifted(data["next_at"], shift),
+        }
+    )
+
+
+def _node_to_json(node: NodeRecord) -> dict[str, Any]:
+    data = dataclasses.asdict(node)
+    data["state"] = node.state.value
+    return data
+
+
+def _node_from_json(data: Mapping[str, Any]) -> NodeRecord:
+    return NodeRecord(
+        **{
+            **data,
+            "state": NodeState(data["state"]),
+            "host_addresses": tuple(data["host_addresses"]),
+        }
+    )
+
+
+def _operation_to_json(op: OperationRecord) -> dict[str, Any]:
+    data = dataclasses.asdict(op)
+    data["result"] = None if op.result is None else _qr_to_json(op.result)
+    return data
+
+
+def _operation_from_json(data: Mapping[str, Any], shift: float) -> OperationRecord:
+    result = data["result"]
+    return OperationRecord(
+        **{**data, "result": None if result is None else _qr_from_json(result, shift)}
+    )

@@ -1,0 +1,663 @@
+"""The simulator's HTTP face: the Cloud TPU v2 REST API as google-cloud-tpu's REST client calls it.
+
+Why it exists: tests and the local stack point the real ``tpu_v2.TpuClient`` at this server
+(``client_options={"api_endpoint": url}``, anonymous credentials), so the code under test is
+the code that runs in production, down to paths, JSON field names and error types.
+
+What the client expects, learned from its transports (``tpu_v2/services/tpu/transports``):
+camelCase JSON; enums sent as integers (``$alt=json;enum-encoding=int``) and read as names or
+integers; long-running operations polled at ``/v2/{name=projects/*/locations/*/operations/*}``
+and parsed strictly (an unknown field fails ``operation.result()``); errors as Google's
+``{"error": {"code", "message", "status"}}``. The client picks the exception by HTTP status
+alone, so a 409 raises ``Conflict`` and a 400 ``BadRequest``; the ``status`` field tells
+ALREADY_EXISTS from ABORTED, and INVALID_ARGUMENT from FAILED_PRECONDITION.
+
+Everything here is translation: the rules live in ``model.py``. Control endpoints under
+``/simulator/v1/`` let tests preempt, fail and reconfigure; injected faults never touch them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+from collections.abc import Callable, Mapping
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from os import PathLike
+from types import TracebackType
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from tpujobs.simulator.model import (
+    WORKER_PORT,
+    Code,
+    JsonStateFile,
+    NodeRecord,
+    NodeState,
+    OperationRecord,
+    QrState,
+    QueuedResourceRecord,
+    QueuedResourceRequest,
+    Simulator,
+    SimulatorConfig,
+    SimulatorError,
+    SliceRequest,
+)
+
+_log = logging.getLogger(__name__)
+
+Json = dict[str, Any]
+Query = Mapping[str, list[str]]
+
+TYPE_PREFIX = "type.googleapis.com/"
+QUEUED_RESOURCE_TYPE = TYPE_PREFIX + "google.cloud.tpu.v2.QueuedResource"
+OPERATION_METADATA_TYPE = TYPE_PREFIX + "google.cloud.tpu.v2.OperationMetadata"
+EMPTY_TYPE = TYPE_PREFIX + "google.protobuf.Empty"
+
+_STATE_DATA_FIELD = {
+    QrState.CREATING: "creatingData",
+    QrState.ACCEPTED: "acceptedData",
+    QrState.WAITING_FOR_RESOURCES: None,  # QueuedResourceState has no data field for it
+    QrState.PROVISIONING: "provisioningData",
+    QrState.ACTIVE: "activeData",
+    QrState.SUSPENDING: "suspendingData",
+    QrState.SUSPENDED: "suspendedData",
+    QrState.FAILED: "failedData",
+    QrState.DELETING: "deletingData",
+}
+
+# Node fields the service sets; whatever a caller sends for them is dropped.
+_NODE_OUTPUT_ONLY = frozenset(
+    {
+        "name",
+        "state",
+        "healthDescription",
+        "createTime",
+        "networkEndpoints",
+        "health",
+        "id",
+        "apiVersion",
+        "symptoms",
+        "queuedResource",
+        "multisliceNode",
+    }
+)
+# The enums a node template may carry, integer -> name, so responses always use names.
+_DISK_MODES = {0: "DISK_MODE_UNSPECIFIED", 1: "READ_WRITE", 2: "READ_ONLY"}
+_ACCELERATOR_CONFIG_TYPES = {
+    0: "TYPE_UNSPECIFIED",
+    2: "V2",
+    4: "V3",
+    7: "V4",
+    9: "V5LITE_POD",
+    10: "V5P",
+    11: "V6E",
+}
+
+
+# -- JSON out ---------------------------------------------------------------------------------
+
+
+def timestamp(wall: float) -> str:
+    """RFC 3339 in UTC, as google.protobuf.Timestamp is written in JSON."""
+    return datetime.fromtimestamp(wall, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def queued_resource_json(qr: QueuedResourceRecord) -> Json:
+    """A QueuedResource as the REST API returns it."""
+    out: Json = {
+        "name": qr.name,
+        "createTime": timestamp(qr.create_time),
+        "tpu": {"nodeSpec": [_node_spec_json(qr, spec) for spec in qr.request.slices]},
+        "state": _qr_state_json(qr),
+    }
+    if qr.request.spot:
+        out["spot"] = {}
+    if qr.request.guaranteed is not None:
+        out["guaranteed"] = dict(qr.request.guaranteed)
+    if qr.request.queueing_policy is not None:
+        out["queueingPolicy"] = dict(qr.request.queueing_policy)
+    if qr.request.reservation_name:
+        out["reservationName"] = qr.request.reservation_name
+    return out
+
+
+def _node_spec_json(qr: QueuedResourceRecord, spec: SliceRequest) -> Json:
+    out: Json = {
+        "parent": qr.parent,
+        "node": {
+            **spec.template,
+            "acceleratorType": spec.accelerator_type,
+            "runtimeVersion": spec.runtime_version,
+        },
+    }
+    if spec.multislice:
+        out["multisliceParams"] = {
+            "nodeCount": spec.node_count,
+            "nodeIdPrefix": spec.node_id_prefix,
+        }
+    else:
+        out["nodeId"] = spec.node_id
+    return out
+
+
+def _qr_state_json(qr: QueuedResourceRecord) -> Json:
+    state: Json = {"state": qr.state.value, "stateInitiator": qr.initiator.value}
+    data_field = _STATE_DATA_FIELD[qr.state]
+    if qr.state is QrState.FAILED:
+        state["failedData"] = {"error": {"code": qr.error_code, "message": qr.error_message}}
+    elif data_field is not None:
+        state[data_field] = {}
+    return state
+
+
+def node_json(node: NodeRecord) -> Json:
+    """A Node as the REST API returns it: one network endpoint per worker host."""
+    out: Json = {
+        **node.template,
+        "name": node.name,
+        "acceleratorType": node.accelerator_type,
+        "runtimeVersion": node.runtime_version,
+        "state": node.state.value,
+        "networkEndpoints": [
+            {"ipAddress": address, "port": WORKER_PORT} for address in node.host_addresses
+        ],
+        "createTime": timestamp(node.create_time),
+        "id": str(node.number),  # int64 is a string in JSON
+        "apiVersion": "V2",
+        "queuedResource": node.queued_resource,
+        "multisliceNode": node.multislice,
+    }
+    if node.spot:
+        out["schedulingConfig"] = {**node.template.get("schedulingConfig", {}), "spot": True}
+    if node.state is NodeState.READY:
+        out["health"] = "HEALTHY"
+    return out
+
+
+def operation_json(op: OperationRecord) -> Json:
+    """A google.longrunning.Operation carrying the TPU API's OperationMetadata."""
+    metadata: Json = {
+        "@type": OPERATION_METADATA_TYPE,
+        "createTime": timestamp(op.create_time),
+        "target": op.target,
+        "verb": op.verb,
+        "apiVersion": "v2",
+    }
+    if op.end_time is not None:
+        metadata["endTime"] = timestamp(op.end_time)
+    out: Json = {"name": op.name, "metadata": metadata, "done": op.done}
+    if not op.done:
+        return out
+    if op.error_code:
+        out["error"] = {"code": op.error_code, "message": op.error_message}
+    elif op.result is not None:
+        out["response"] = {"@type": QUEUED_RESOURCE_TYPE, **queued_resource_json(op.result)}
+    else:
+        out["response"] = {"@type": EMPTY_TYPE}
+    return out
+
+
+def error_json(error: SimulatorError) -> Json:
+    """Google's JSON error body; google.api_core reads the message from it."""
+    return {
+        "error": {
+            "code": error.code.http_status,
+            "message": error.message,
+            "status": error.code.name,
+        }
+    }
+
+
+# -- JSON in ----------------------------------------------------------------------------------
+
+
+def _camel(key: str) -> str:
+    """The REST API accepts proto field names too; compare keys in camelCase."""
+    head, *rest = key.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+def _field(message: Mapping[str, Any], name: str) -> Any:
+    """A field by its camelCase name, or by the snake_case name the API also accepts."""
+    for key, value in message.items():
+        if _camel(key) == name:
+            return value
+    return None
+
+
+def _object(value: Any, what: str) -> Mapping[str, Any]:
+    if not isinstance(value, dict):
+        raise SimulatorError(Code.INVALID_ARGUMENT, f"{what} must be a JSON object")
+    return value
+
+
+def parse_queued_resource(body: Any, parent: str) -> QueuedResourceRequest:
+    """The create request body as the model's request; shape errors are INVALID_ARGUMENT."""
+    resource = _object(body, "the request body (a QueuedResource)")
+    tpu = _field(resource, "tpu")
+    if tpu is None:
+        raise SimulatorError(
+            Code.INVALID_ARGUMENT, "queued_resource.tpu is required: the simulator offers TPU nodes"
+        )
+    specs = _field(_object(tpu, "queued_resource.tpu"), "nodeSpec")
+    if not isinstance(specs, list) or not specs:
+        raise SimulatorError(
+            Code.INVALID_ARGUMENT, "queued_resource.tpu.node_spec must name at least one node"
+        )
+    spot = _field(resource, "spot")
+    guaranteed = _field(resource, "guaranteed")
+    if spot is not None and guaranteed is not None:
+        raise SimulatorError(
+            Code.INVALID_ARGUMENT, "queued_resource may set spot or guaranteed, not both"
+        )
+    queueing_policy = _field(resource, "queueingPolicy")
+    return QueuedResourceRequest(
+        slices=tuple(_parse_node_spec(spec, parent) for spec in specs),
+        spot=spot is not None,
+        guaranteed=None if guaranteed is None else dict(_object(guaranteed, "guaranteed")),
+        reservation_name=str(_field(resource, "reservationName") or ""),
+        queueing_policy=(
+            None if queueing_policy is None else dict(_object(queueing_policy, "queueing_policy"))
+        ),
+    )
+
+
+def _parse_node_spec(value: Any, parent: str) -> SliceRequest:
+    spec = _object(value, "each node_spec")
+    spec_parent = _field(spec, "parent")
+    if spec_parent != parent:
+        raise SimulatorError(
+            Code.INVALID_ARGUMENT, f"node_spec.parent must be {parent!r}, got {spec_parent!r}"
+        )
+    node = _object(_field(spec, "node"), "node_spec.node")
+    accelerator_type = _field(node, "acceleratorType")
+    if not accelerator_type:
+        raise SimulatorError(
+            Code.INVALID_ARGUMENT,
+            "node.accelerator_type is required (the simulator does not read accelerator_config)",
+        )
+    multislice = _field(spec, "multisliceParams")
+    prefix, count = "", 0
+    if multislice is not None:
+        params = _object(multislice, "node_spec.multislice_params")
+        prefix = str(_field(params, "nodeIdPrefix") or "")
+        try:
+            count = int(_field(params, "nodeCount") or 0)
+        except (TypeError, ValueError) as exc:
+            raise SimulatorError(
+                Code.INVALID_ARGUMENT, "multislice_params.node_count must be a number"
+            ) from exc
+    return SliceRequest(
+        accelerator_type=str(accelerator_type),
+        runtime_version=str(_field(node, "runtimeVersion") or ""),
+        node_id=str(_field(spec, "nodeId") or ""),
+        node_id_prefix=prefix,
+        node_count=count,
+        template=_node_template(node),
+    )
+
+
+def _node_template(node: Mapping[str, Any]) -> Json:
+    """The caller's node fields the simulator echoes on every node, with enums as names."""
+    template = {
+        _camel(key): value
+        for key, value in node.items()
+        if _camel(key) not in _NODE_OUTPUT_ONLY | {"acceleratorType", "runtimeVersion"}
+    }
+    if isinstance(template.get("dataDisks"), list):
+        template["dataDisks"] = [
+            {**disk, "mode": _DISK_MODES.get(disk["mode"], disk["mode"])}
+            if isinstance(disk, dict) and "mode" in disk
+            else disk
+            for disk in template["dataDisks"]
+        ]
+    config = template.get("acceleratorConfig")
+    if isinstance(config, dict) and "type" in config:
+        template["acceleratorConfig"] = {
+            **config,
+            "type": _ACCELERATOR_CONFIG_TYPES.get(config["type"], config["type"]),
+        }
+    return template
+
+
+def _query_int(query: Query, name: str) -> int:
+    raw = query.get(name, ["0"])[-1] or "0"
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise SimulatorError(
+            Code.INVALID_ARGUMENT, f"{name} must be a number, got {raw!r}"
+        ) from exc
+
+
+def _query_str(query: Query, name: str) -> str:
+    return query.get(name, [""])[-1]
+
+
+def _query_bool(query: Query, name: str) -> bool:
+    return _query_str(query, name).lower() in ("true", "1")
+
+
+# -- routing ----------------------------------------------------------------------------------
+
+_LOCATION = r"/v2/projects/(?P<project>[^/]+)/locations/(?P<zone>[^/]+)"
+_ID = r"(?P<id>[^/:]+)"
+_CONTROL = "/simulator/v1"
+
+Handler = Callable[[dict[str, str], Query, bytes], tuple[int, Json]]
+
+
+class SimulatorApi:
+    """Routes one request to the model and renders the answer; no sockets, so tests can call it."""
+
+    def __init__(self, simulator: Simulator) -> None:
+        self.simulator = simulator
+        self._tpu_routes: list[tuple[str, re.Pattern[str], Handler]] = [
+            ("POST", re.compile(_LOCATION + "/queuedResources"), self._create_queued_resource),
+            ("GET", re.compile(_LOCATION + "/queuedResources"), self._list_queued_resources),
+            ("GET", re.compile(_LOCATION + "/queuedResources/" + _ID), self._get_queued_resource),
+            (
+                "DELETE",
+                re.compile(_LOCATION + "/queuedResources/" + _ID),
+                self._delete_queued_resource,
+            ),
+            ("GET", re.compile(_LOCATION + "/nodes"), self._list_nodes),
+            ("GET", re.compile(_LOCATION + "/nodes/" + _ID), self._get_node),
+            ("GET", re.compile(_LOCATION + "/operations"), self._list_operations),
+            ("GET", re.compile(_LOCATION + "/operations/" + _ID), self._get_operation),
+        ]
+        self._control_routes: list[tuple[str, re.Pattern[str], Handler]] = [
+            ("GET", re.compile(_CONTROL + "/health"), self._health),
+            ("GET", re.compile(_CONTROL + "/state"), self._state),
+            ("GET", re.compile(_CONTROL + "/config"), self._get_config),
+            ("POST", re.compile(_CONTROL + "/config"), self._set_config),
+            (
+                "POST",
+                re.compile(_CONTROL + r"/queuedResources/(?P<zone>[^/]+)/" + _ID + ":preempt"),
+                self._preempt,
+            ),
+            (
+                "POST",
+                re.compile(_CONTROL + r"/queuedResources/(?P<zone>[^/]+)/" + _ID + ":fail"),
+                self._fail,
+            ),
+        ]
+
+    def handle(self, method: str, path: str, query: Query, body: bytes) -> tuple[int, Json]:
+        """The HTTP status and JSON answer to one request; errors become Google's error JSON."""
+        try:
+            for routes, is_tpu_api in ((self._tpu_routes, True), (self._control_routes, False)):
+                for route_method, pattern, handler in routes:
+                    match = pattern.fullmatch(path)
+                    if match and route_method == method:
+                        if is_tpu_api:
+                            self.simulator.roll_for_fault()
+                        params = {key: unquote(value) for key, value in match.groupdict().items()}
+                        return handler(params, query, body)
+            if path.startswith("/v2/"):
+                raise SimulatorError(
+                    Code.UNIMPLEMENTED, f"the tpujobs simulator does not implement {method} {path}"
+                )
+            raise SimulatorError(Code.NOT_FOUND, f"no such endpoint: {method} {path}")
+        except SimulatorError as error:
+            return error.code.http_status, error_json(error)
+        except Exception as exc:  # answer like a server, and keep serving
+            _log.exception("simulator failed on %s %s", method, path)
+            return 500, error_json(SimulatorError(Code.INTERNAL, f"simulator bug: {exc!r}"))
+
+    # -- the TPU API ----------------------------------------------------------------------
+
+    def _create_queued_resource(
+        self, params: dict[str, str], query: Query, body: bytes
+    ) -> tuple[int, Json]:
+        parent = f"projects/{params['project']}/locations/{params['zone']}"
+        request = parse_queued_resource(_json_body(body), parent)
+        operation = self.simulator.create_queued_resource(
+            params["project"], params["zone"], _query_str(query, "queuedResourceId"), request
+        )
+        return 200, operation_json(operation)
+
+    def _list_queued_resources(
+        self, params: dict[str, str], query: Query, body: bytes
+    ) -> tuple[int, Json]:
+        page = self.simulator.list_queued_resources(
+            params["project"],
+            params["zone"],
+            _query_int(query, "pageSize"),
+            _query_str(query, "pageToken"),
+        )
+        out: Json = {"queuedResources": [queued_resource_json(qr) for qr in page.items]}
+        if page.next_page_token:
+            out["nextPageToken"] = page.next_page_token
+        return 200, out
+
+    def _get_queued_resource(
+        self, params: dict[str, str], query: Query, body: bytes
+    ) -> tuple[int, Json]:
+        return 200, queued_resource_json(
+            self.simulator.get_queued_resource(params["project"], params["zone"], params["id"])
+        )
+
+    def _delete_queued_resource(
+        self, params: dict[str, str], query: Query, body: bytes
+    ) -> tuple[int, Json]:
+        operation = self.simulator.delete_queued_resource(
+            params["project"], params["zone"], params["id"], force=_query_bool(query, "force")
+        )
+        return 200, operation_json(operation)
+
+    def _list_nodes(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
+        page = self.simulator.list_nodes(
+            params["project"],
+            params["zone"],
+            _query_int(query, "pageSize"),
+            _query_str(query, "pageToken"),
+        )
+        out: Json = {"nodes": [node_json(node) for node in page.items]}
+        if page.next_page_token:
+            out["nextPageToken"] = page.next_page_token
+        return 200, out
+
+    def _get_node(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
+        return 200, node_json(
+            self.simulator.get_node(params["project"], params["zone"], params["id"])
+        )
+
+    def _list_operations(
+        self, params: dict[str, str], query: Query, body: bytes
+    ) -> tuple[int, Json]:
+        page = self.simulator.list_operations(
+            params["project"],
+            params["zone"],
+            _query_int(query, "pageSize"),
+            _query_str(query, "pageToken"),
+        )
+        out: Json = {"operations": [operation_json(op) for op in page.items]}
+        if page.next_page_token:
+            out["nextPageToken"] = page.next_page_token
+        return 200, out
+
+    def _get_operation(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
+        return 200, operation_json(
+            self.simulator.get_operation(params["project"], params["zone"], params["id"])
+        )
+
+    # -- control ----------------------------------------------------------------------------
+
+    def _health(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
+        return 200, {"ok": True}
+
+    def _state(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
+        state = self.simulator.state()
+        return 200, {
+            "queuedResources": [queued_resource_json(qr) for qr in state.queued_resources],
+            "nodes": [node_json(node) for node in state.nodes],
+            "operations": [operation_json(op) for op in state.operations],
+            "config": self.simulator.config.to_json(),
+        }
+
+    def _get_config(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
+        return 200, self.simulator.config.to_json()
+
+    def _set_config(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
+        changes = _object(_json_body(body), "the config")
+        try:
+            config = self.simulator.config.updated(changes)
+        except (TypeError, ValueError) as exc:
+            raise SimulatorError(Code.INVALID_ARGUMENT, str(exc)) from exc
+        self.simulator.reconfigure(config)
+        return 200, config.to_json()
+
+    def _preempt(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
+        qr = self.simulator.preempt(
+            params["id"], zone=params["zone"], project=_query_str(query, "project") or None
+        )
+        return 200, queued_resource_json(qr)
+
+    def _fail(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
+        details = _object(_json_body(body) if body.strip() else {}, "the failure")
+        code = details.get("code") or Code.INTERNAL.grpc_code
+        if not isinstance(code, int):
+            raise SimulatorError(
+                Code.INVALID_ARGUMENT, f"code must be a google.rpc.Code number, got {code!r}"
+            )
+        qr = self.simulator.fail(
+            params["id"],
+            str(details.get("message") or "failed by the tpujobs simulator"),
+            zone=params["zone"],
+            project=_query_str(query, "project") or None,
+            code=code,
+        )
+        return 200, queued_resource_json(qr)
+
+
+def _json_body(body: bytes) -> Any:
+    try:
+        return json.loads(body or b"{}")
+    except ValueError as exc:
+        raise SimulatorError(Code.INVALID_ARGUMENT, f"the request body is not JSON: {exc}") from exc
+
+
+# -- the server -------------------------------------------------------------------------------
+
+
+class _HttpServer(ThreadingHTTPServer):
+    daemon_threads = True  # an idle keep-alive connection must not hold up stop()
+
+    def __init__(self, address: tuple[str, int], api: SimulatorApi) -> None:
+        self.api = api
+        super().__init__(address, _RequestHandler)
+
+
+class _RequestHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: the client reuses one connection
+    disable_nagle_algorithm = True  # else headers and body wait out a delayed ACK: 40 ms a call
+    timeout = 60
+    server: _HttpServer
+
+    def do_GET(self) -> None:
+        self._answer("GET")
+
+    def do_POST(self) -> None:
+        self._answer("POST")
+
+    def do_DELETE(self) -> None:
+        self._answer("DELETE")
+
+    def do_PATCH(self) -> None:
+        self._answer("PATCH")
+
+    def _answer(self, method: str) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        url = urlsplit(self.path)
+        status, payload = self.server.api.handle(
+            method, url.path, parse_qs(url.query, keep_blank_values=True), body
+        )
+        data = json.dumps(payload).encode("utf-8")
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json; charset=UTF-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        _log.debug("%s " + format, self.address_string(), *args)
+
+
+class SimulatorServer:
+    """The simulator on a local port, served and ticked by daemon threads; a context manager."""
+
+    def __init__(
+        self,
+        config: SimulatorConfig | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        state_file: str | PathLike[str] | None = None,
+        *,
+        simulator: Simulator | None = None,
+    ) -> None:
+        store = JsonStateFile(state_file) if state_file is not None else None
+        self.simulator = simulator or Simulator(config, store=store)
+        self._address = (host, port)
+        self._http: _HttpServer | None = None
+        self._threads: list[threading.Thread] = []
+        self._stopping = threading.Event()
+
+    @property
+    def url(self) -> str:
+        if self._http is None:
+            raise RuntimeError("the simulator server is not started")
+        host, port = self._http.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> str:
+        """Bind, serve and tick in the background; returns the base URL for api_endpoint."""
+        if self._http is not None:
+            raise RuntimeError("the simulator server is already started")
+        self._http = _HttpServer(self._address, SimulatorApi(self.simulator))
+        self._threads = [
+            threading.Thread(
+                target=self._http.serve_forever,
+                kwargs={"poll_interval": 0.02},
+                name="tpujobs-simulator-http",
+                daemon=True,
+            ),
+            threading.Thread(target=self._tick, name="tpujobs-simulator-ticker", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+        return self.url
+
+    def stop(self) -> None:
+        """Stop serving and ticking; idempotent."""
+        if self._http is None or self._stopping.is_set():
+            return
+        self._stopping.set()
+        self._http.shutdown()
+        self._http.server_close()
+        for thread in self._threads:
+            thread.join(timeout=5)
+
+    def _tick(self) -> None:
+        """Advance time even when nobody asks, so hooks fire and waits end on time."""
+        while not self._stopping.wait(self.simulator.config.tick_seconds):
+            try:
+                self.simulator.advance()
+            except Exception:  # keep ticking: one bad hook or disk error must not freeze time
+                _log.exception("simulator tick failed")
+
+    def __enter__(self) -> SimulatorServer:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()

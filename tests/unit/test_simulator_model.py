@@ -1,0 +1,493 @@
+"""The simulated TPU service's rules, on a fake clock: states, capacity, preemption, persistence."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from tpujobs.simulator import (
+    Code,
+    Initiator,
+    JsonStateFile,
+    NodeState,
+    QrState,
+    QueuedResourceRecord,
+    QueuedResourceRequest,
+    Simulator,
+    SimulatorConfig,
+    SimulatorError,
+    SliceRequest,
+    StateStore,
+)
+
+PROJECT = "proj"
+ZONE = "us-central2-b"
+RUNTIME = "tpu-ubuntu2204-base"
+QUICK = SimulatorConfig(
+    accept_seconds=0.0,
+    waiting_seconds=1.0,
+    provisioning_seconds=2.0,
+    suspending_seconds=1.0,
+    deleting_seconds=1.0,
+)
+
+
+class FakeClock:
+    """A clock that moves only when told to."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def tick(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def one_slice(node_id: str = "node", accelerator_type: str = "v4-8") -> QueuedResourceRequest:
+    return QueuedResourceRequest(
+        slices=(
+            SliceRequest(
+                accelerator_type=accelerator_type, runtime_version=RUNTIME, node_id=node_id
+            ),
+        )
+    )
+
+
+def multislice(prefix: str, count: int, accelerator_type: str = "v4-8") -> QueuedResourceRequest:
+    return QueuedResourceRequest(
+        slices=(
+            SliceRequest(
+                accelerator_type=accelerator_type,
+                runtime_version=RUNTIME,
+                node_id_prefix=prefix,
+                node_count=count,
+            ),
+        )
+    )
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+def simulator(
+    clock: FakeClock, config: SimulatorConfig = QUICK, store: StateStore | None = None
+) -> Simulator:
+    return Simulator(config, clock=clock, wall_clock=lambda: 1_700_000_000.0, store=store)
+
+
+def state_of(sim: Simulator, qr_id: str, zone: str = ZONE) -> QrState:
+    return sim.get_queued_resource(PROJECT, zone, qr_id).state
+
+
+def test_queued_resource_goes_from_accepted_through_waiting_and_provisioning_to_active(
+    clock: FakeClock,
+) -> None:
+    """A QR is ACCEPTED, waits waiting_seconds, provisions for provisioning_seconds, then is ACTIVE."""
+    sim = simulator(clock)
+    operation = sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice())
+    assert not operation.done
+    created = sim.get_operation(PROJECT, ZONE, operation.operation_id)
+    assert created.done and created.result is not None
+    assert created.result.state is QrState.ACCEPTED
+    assert state_of(sim, "qr") is QrState.WAITING_FOR_RESOURCES
+    clock.tick(0.5)
+    assert state_of(sim, "qr") is QrState.WAITING_FOR_RESOURCES
+    clock.tick(0.5)
+    assert state_of(sim, "qr") is QrState.PROVISIONING
+    clock.tick(1.5)
+    assert state_of(sim, "qr") is QrState.PROVISIONING
+    clock.tick(0.5)
+    active = sim.get_queued_resource(PROJECT, ZONE, "qr")
+    assert (active.state, active.initiator) == (QrState.ACTIVE, Initiator.USER)
+
+
+def test_create_operation_stays_running_until_accept_seconds_pass(clock: FakeClock) -> None:
+    """The create operation completes only once the QR is accepted."""
+    sim = simulator(clock, dataclasses.replace(QUICK, accept_seconds=5.0))
+    operation = sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice())
+    clock.tick(4.0)
+    assert state_of(sim, "qr") is QrState.CREATING
+    assert not sim.get_operation(PROJECT, ZONE, operation.operation_id).done
+    clock.tick(1.0)
+    assert sim.get_operation(PROJECT, ZONE, operation.operation_id).done
+
+
+def test_nodes_appear_creating_while_provisioning_and_turn_ready_when_active(
+    clock: FakeClock,
+) -> None:
+    """Nodes exist from PROVISIONING on, CREATING, and are READY once the QR is ACTIVE."""
+    sim = simulator(clock)
+    sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice("worker"))
+    sim.advance()
+    assert sim.list_nodes(PROJECT, ZONE).items == ()
+    clock.tick(1.0)
+    assert sim.get_node(PROJECT, ZONE, "worker").state is NodeState.CREATING
+    clock.tick(2.0)
+    node = sim.get_node(PROJECT, ZONE, "worker")
+    assert node.state is NodeState.READY
+    assert node.queued_resource == f"projects/{PROJECT}/locations/{ZONE}/queuedResources/qr"
+
+
+@pytest.mark.parametrize(
+    ("accelerator_type", "hosts"),
+    [
+        ("v4-8", 1),
+        ("v4-16", 2),
+        ("v4-32", 4),
+        ("v5litepod-8", 1),
+        ("v5litepod-16", 4),
+        ("v6e-4", 1),
+    ],
+)
+def test_a_node_has_one_network_endpoint_per_worker_host(
+    clock: FakeClock, accelerator_type: str, hosts: int
+) -> None:
+    """Each node gets as many distinct worker addresses as its accelerator type has hosts."""
+    sim = simulator(clock)
+    sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice("n", accelerator_type))
+    clock.tick(3.0)
+    addresses = sim.get_node(PROJECT, ZONE, "n").host_addresses
+    assert len(addresses) == hosts
+    assert len(set(addresses)) == hosts
+
+
+def test_multislice_makes_one_node_per_slice_named_prefix_dash_index(clock: FakeClock) -> None:
+    """multisliceParams nodeCount 3 and nodeIdPrefix p give nodes p-0, p-1, p-2."""
+    sim = simulator(clock)
+    sim.create_queued_resource(PROJECT, ZONE, "qr", multislice("p", 3, "v4-16"))
+    clock.tick(3.0)
+    nodes = sim.list_nodes(PROJECT, ZONE).items
+    assert [n.node_id for n in nodes] == ["p-0", "p-1", "p-2"]
+    assert all(n.multislice and len(n.host_addresses) == 2 for n in nodes)
+    assert len({a for n in nodes for a in n.host_addresses}) == 6
+
+
+def test_waiting_queued_resources_get_capacity_first_come_first_served(clock: FakeClock) -> None:
+    """With 8 v4 chips, a later small QR waits behind an earlier big one even when it would fit."""
+    sim = simulator(clock, dataclasses.replace(QUICK, capacity={f"v4@{ZONE}": 8}))
+    sim.create_queued_resource(PROJECT, ZONE, "first", one_slice("a", "v4-8"))  # 4 chips
+    clock.tick(0.1)
+    sim.create_queued_resource(PROJECT, ZONE, "big", one_slice("b", "v4-16"))  # 8 chips
+    clock.tick(0.1)
+    sim.create_queued_resource(PROJECT, ZONE, "small", one_slice("c", "v4-8"))  # 4 chips
+    clock.tick(5.0)
+    assert state_of(sim, "first") is QrState.ACTIVE
+    assert state_of(sim, "big") is QrState.WAITING_FOR_RESOURCES
+    assert state_of(sim, "small") is QrState.WAITING_FOR_RESOURCES
+
+    sim.delete_queued_resource(PROJECT, ZONE, "first", force=True)
+    clock.tick(1.0)  # deleting_seconds: the chips come back only when it is gone
+    assert state_of(sim, "big") is QrState.PROVISIONING
+    assert state_of(sim, "small") is QrState.WAITING_FOR_RESOURCES
+
+
+def test_deleting_a_queued_resource_frees_its_chips_for_the_next_in_line(clock: FakeClock) -> None:
+    """The waiting QR starts provisioning at the moment the holder is gone, not at the next call."""
+    sim = simulator(clock, dataclasses.replace(QUICK, capacity={f"v4@{ZONE}": 4}))
+    sim.create_queued_resource(PROJECT, ZONE, "holder", one_slice("a"))
+    sim.create_queued_resource(PROJECT, ZONE, "next", one_slice("b"))
+    clock.tick(5.0)
+    sim.delete_queued_resource(PROJECT, ZONE, "holder", force=True)
+    clock.tick(1.0 + 2.0)  # gone after 1 s, then 2 s of provisioning
+    assert state_of(sim, "next") is QrState.ACTIVE
+    with pytest.raises(SimulatorError) as missing:
+        sim.get_queued_resource(PROJECT, ZONE, "holder")
+    assert missing.value.code is Code.NOT_FOUND
+
+
+def test_capacity_pools_are_per_family_and_zone(clock: FakeClock) -> None:
+    """A full v4 pool in one zone holds back neither another zone nor another family."""
+    sim = simulator(clock, dataclasses.replace(QUICK, capacity={f"v4@{ZONE}": 0}))
+    sim.create_queued_resource(PROJECT, ZONE, "starved", one_slice("a", "v4-8"))
+    sim.create_queued_resource(PROJECT, "us-east5-a", "elsewhere", one_slice("b", "v4-8"))
+    sim.create_queued_resource(PROJECT, ZONE, "lite", one_slice("c", "v5litepod-8"))
+    clock.tick(3.0)
+    assert state_of(sim, "starved") is QrState.WAITING_FOR_RESOURCES
+    assert state_of(sim, "elsewhere", "us-east5-a") is QrState.ACTIVE
+    assert state_of(sim, "lite") is QrState.ACTIVE
+
+
+def test_a_multislice_request_needs_the_chips_of_every_slice(clock: FakeClock) -> None:
+    """Two v4-8 slices want 8 chips, so 7 free chips are not enough and 8 are."""
+    sim = simulator(clock, dataclasses.replace(QUICK, capacity={f"v4@{ZONE}": 7}))
+    sim.create_queued_resource(PROJECT, ZONE, "qr", multislice("s", 2))
+    clock.tick(5.0)
+    assert state_of(sim, "qr") is QrState.WAITING_FOR_RESOURCES
+    sim.reconfigure(dataclasses.replace(sim.config, capacity={f"v4@{ZONE}": 8}))
+    assert state_of(sim, "qr") is QrState.PROVISIONING
+
+
+def test_preempt_suspends_the_queued_resource_and_preempts_its_nodes(clock: FakeClock) -> None:
+    """preempt(): QR SUSPENDING by the SERVICE, nodes PREEMPTED, chips freed, then SUSPENDED."""
+    sim = simulator(clock, dataclasses.replace(QUICK, capacity={f"v4@{ZONE}": 4}))
+    stopped: list[QueuedResourceRecord] = []
+    sim.on_stopped.append(stopped.append)
+    sim.create_queued_resource(PROJECT, ZONE, "spot", one_slice("a"))
+    sim.create_queued_resource(PROJECT, ZONE, "next", one_slice("b"))
+    clock.tick(3.0)
+
+    suspending = sim.preempt("spot")
+    assert (suspending.state, suspending.initiator) == (QrState.SUSPENDING, Initiator.SERVICE)
+    assert sim.get_node(PROJECT, ZONE, "a").state is NodeState.PREEMPTED
+    assert [r.state for r in stopped] == [QrState.SUSPENDING]
+    assert state_of(sim, "next") is QrState.PROVISIONING
+    clock.tick(1.0)
+    assert state_of(sim, "spot") is QrState.SUSPENDED
+
+
+def test_only_provisioning_or_active_queued_resources_can_be_preempted(clock: FakeClock) -> None:
+    """Preempting a QR that holds no TPUs yet is FAILED_PRECONDITION."""
+    sim = simulator(clock)
+    sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice())
+    with pytest.raises(SimulatorError) as refused:
+        sim.preempt("qr", zone=ZONE)
+    assert refused.value.code is Code.FAILED_PRECONDITION
+
+
+def test_fail_marks_the_queued_resource_failed_with_the_error_and_removes_its_nodes(
+    clock: FakeClock,
+) -> None:
+    """fail(): FAILED by the SERVICE, failed_data carries the message, nodes gone, hooks told."""
+    sim = simulator(clock)
+    stopped: list[QueuedResourceRecord] = []
+    sim.on_stopped.append(stopped.append)
+    sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice("n"))
+    clock.tick(3.0)
+    failed = sim.fail("qr", "stockout in us-central2-b")
+    assert (failed.state, failed.initiator) == (QrState.FAILED, Initiator.SERVICE)
+    assert failed.error_message == "stockout in us-central2-b"
+    assert failed.error_code == Code.INTERNAL.grpc_code
+    assert sim.list_nodes(PROJECT, ZONE).items == ()
+    assert [r.qr_id for r in stopped] == ["qr"]
+
+
+def test_failing_before_acceptance_fails_the_create_operation(clock: FakeClock) -> None:
+    """A QR that fails while CREATING ends its create operation with the error."""
+    sim = simulator(clock, dataclasses.replace(QUICK, accept_seconds=10.0))
+    operation = sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice())
+    sim.fail("qr", "no", code=Code.RESOURCE_EXHAUSTED.grpc_code)
+    finished = sim.get_operation(PROJECT, ZONE, operation.operation_id)
+    assert finished.done
+    assert (finished.error_code, finished.error_message) == (
+        Code.RESOURCE_EXHAUSTED.grpc_code,
+        "no",
+    )
+
+
+def test_deleting_without_force_is_refused_while_the_queued_resource_has_nodes(
+    clock: FakeClock,
+) -> None:
+    """An ACTIVE QR is deleted only with force, as the real API insists."""
+    sim = simulator(clock)
+    sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice())
+    clock.tick(3.0)
+    with pytest.raises(SimulatorError) as refused:
+        sim.delete_queued_resource(PROJECT, ZONE, "qr")
+    assert refused.value.code is Code.FAILED_PRECONDITION
+    assert state_of(sim, "qr") is QrState.ACTIVE
+
+
+def test_deleting_goes_through_deleting_and_completes_the_operation_when_gone(
+    clock: FakeClock,
+) -> None:
+    """DELETING for deleting_seconds; then the QR and its nodes are gone and the operation done."""
+    sim = simulator(clock)
+    stopped: list[QueuedResourceRecord] = []
+    sim.on_stopped.append(stopped.append)
+    sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice("n"))
+    clock.tick(3.0)
+    operation = sim.delete_queued_resource(PROJECT, ZONE, "qr", force=True)
+    assert state_of(sim, "qr") is QrState.DELETING
+    assert sim.get_node(PROJECT, ZONE, "n").state is NodeState.DELETING
+    assert [r.state for r in stopped] == [QrState.DELETING]
+    assert sim.delete_queued_resource(PROJECT, ZONE, "qr").operation_id == operation.operation_id
+    clock.tick(1.0)
+    finished = sim.get_operation(PROJECT, ZONE, operation.operation_id)
+    assert finished.done and finished.error_code == 0 and finished.result is None
+    assert sim.list_nodes(PROJECT, ZONE).items == ()
+    assert sim.list_queued_resources(PROJECT, ZONE).items == ()
+
+
+def test_a_waiting_queued_resource_can_be_deleted_without_force(clock: FakeClock) -> None:
+    """A QR with no nodes yet needs no force to delete."""
+    sim = simulator(clock, dataclasses.replace(QUICK, capacity={f"v4@{ZONE}": 0}))
+    sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice())
+    clock.tick(2.0)
+    sim.delete_queued_resource(PROJECT, ZONE, "qr")
+    assert state_of(sim, "qr") is QrState.DELETING
+
+
+def test_on_active_hooks_fire_once_when_time_alone_makes_a_queued_resource_active(
+    clock: FakeClock,
+) -> None:
+    """advance() with no API call runs on_active with the ACTIVE record, exactly once."""
+    sim = simulator(clock)
+    active: list[QueuedResourceRecord] = []
+    sim.on_active.append(active.append)
+    sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice("n"))
+    clock.tick(3.0)
+    sim.advance()
+    sim.advance()
+    assert [(r.qr_id, r.state) for r in active] == [("qr", QrState.ACTIVE)]
+    assert [n.node_id for n in sim.nodes_of(active[0])] == ["n"]
+
+
+def test_a_hook_that_raises_does_not_stop_the_simulator(clock: FakeClock) -> None:
+    """A broken hook is logged; the transition stands and later hooks still run."""
+    sim = simulator(clock)
+    seen: list[str] = []
+
+    def broken(record: QueuedResourceRecord) -> None:
+        raise RuntimeError("boom")
+
+    sim.on_active.extend([broken, lambda record: seen.append(record.qr_id)])
+    sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice())
+    clock.tick(3.0)
+    assert state_of(sim, "qr") is QrState.ACTIVE
+    assert seen == ["qr"]
+
+
+def test_creating_an_existing_queued_resource_is_already_exists(clock: FakeClock) -> None:
+    """The same id twice in a zone is ALREADY_EXISTS; so is a node id another QR uses."""
+    sim = simulator(clock)
+    sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice("n"))
+    for qr_id, request in (("qr", one_slice("other")), ("qr2", one_slice("n"))):
+        with pytest.raises(SimulatorError) as duplicate:
+            sim.create_queued_resource(PROJECT, ZONE, qr_id, request)
+        assert duplicate.value.code is Code.ALREADY_EXISTS
+
+
+@pytest.mark.parametrize(
+    "bad_id", ["", "Upper", "1st", "trailing-", "under_score", "a" * 64, "nl\n"]
+)
+def test_ids_the_tpu_api_refuses_are_invalid_argument(clock: FakeClock, bad_id: str) -> None:
+    """QR and node ids must match ^[a-z]([-a-z0-9]*[a-z0-9])?$ and be at most 63 characters."""
+    sim = simulator(clock)
+    for qr_id, request in ((bad_id, one_slice()), ("qr", one_slice(bad_id))):
+        with pytest.raises(SimulatorError) as refused:
+            sim.create_queued_resource(PROJECT, ZONE, qr_id, request)
+        assert refused.value.code is Code.INVALID_ARGUMENT
+
+
+@pytest.mark.parametrize("good_id", ["a", "a" * 63, "job-1-attempt-2"])
+def test_ids_the_tpu_api_accepts_are_accepted(clock: FakeClock, good_id: str) -> None:
+    """Lowercase letters, digits and inner hyphens up to 63 characters are fine."""
+    sim = simulator(clock)
+    sim.create_queued_resource(PROJECT, ZONE, good_id, one_slice(good_id))
+    assert state_of(sim, good_id) is QrState.WAITING_FOR_RESOURCES
+
+
+@pytest.mark.parametrize("accelerator_type", ["v4-7", "v9-8", "tpu", ""])
+def test_an_unknown_accelerator_type_is_invalid_argument(
+    clock: FakeClock, accelerator_type: str
+) -> None:
+    """Accelerator types the API does not offer are refused at create."""
+    sim = simulator(clock)
+    with pytest.raises(SimulatorError) as refused:
+        sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice("n", accelerator_type))
+    assert refused.value.code is Code.INVALID_ARGUMENT
+
+
+def test_list_pages_by_name_with_tokens(clock: FakeClock) -> None:
+    """page_size 2 over five QRs gives pages of 2, 2 and 1, the last without a token."""
+    sim = simulator(clock)
+    for i in range(5):
+        sim.create_queued_resource(PROJECT, ZONE, f"qr-{i}", one_slice(f"n-{i}"))
+    names, token, pages = [], "", 0
+    while True:
+        page = sim.list_queued_resources(PROJECT, ZONE, page_size=2, page_token=token)
+        names += [qr.qr_id for qr in page.items]
+        pages += 1
+        token = page.next_page_token
+        if not token:
+            break
+    assert (names, pages) == ([f"qr-{i}" for i in range(5)], 3)
+    with pytest.raises(SimulatorError) as bad_token:
+        sim.list_queued_resources(PROJECT, ZONE, page_size=2, page_token="%%%")
+    assert bad_token.value.code is Code.INVALID_ARGUMENT
+
+
+def test_listing_zone_dash_lists_every_zone(clock: FakeClock) -> None:
+    """locations/- covers all zones of the project, as in the real API."""
+    sim = simulator(clock)
+    sim.create_queued_resource(PROJECT, ZONE, "a", one_slice("a"))
+    sim.create_queued_resource(PROJECT, "europe-west4-a", "b", one_slice("b"))
+    sim.create_queued_resource("other", ZONE, "c", one_slice("c"))
+    assert [qr.qr_id for qr in sim.list_queued_resources(PROJECT, "-").items] == ["b", "a"]
+
+
+def test_state_file_round_trip_keeps_resources_and_remaining_delays(
+    clock: FakeClock, tmp_path: Path
+) -> None:
+    """A new simulator on the saved file resumes mid-provisioning, even with another clock base."""
+    path = tmp_path / "state.json"
+    first = simulator(clock, store=JsonStateFile(path))
+    first.create_queued_resource(PROJECT, ZONE, "qr", one_slice("n", "v4-16"))
+    clock.tick(2.0)  # provisioning since t=1, ACTIVE at t=3
+    assert state_of(first, "qr") is QrState.PROVISIONING
+    addresses = first.get_node(PROJECT, ZONE, "n").host_addresses
+
+    later = FakeClock(50_000.0)
+    second = simulator(later, store=JsonStateFile(path))
+    assert state_of(second, "qr") is QrState.PROVISIONING
+    assert second.get_node(PROJECT, ZONE, "n").host_addresses == addresses
+    later.tick(1.0)
+    assert state_of(second, "qr") is QrState.ACTIVE
+    second.create_queued_resource(PROJECT, ZONE, "qr2", one_slice("m"))
+    later.tick(3.0)
+    assert not set(second.get_node(PROJECT, ZONE, "m").host_addresses) & set(addresses)
+
+
+def test_api_error_rate_one_always_injects_and_zero_never(clock: FakeClock) -> None:
+    """At rate 1 every roll raises one of the configured codes; at rate 0 none does."""
+    sim = simulator(clock, dataclasses.replace(QUICK, api_error_rate=1.0, seed=7))
+    codes = set()
+    for _ in range(40):
+        with pytest.raises(SimulatorError) as injected:
+            sim.roll_for_fault()
+        codes.add(injected.value.code)
+    assert codes == {Code.UNAVAILABLE, Code.RESOURCE_EXHAUSTED}
+    sim.reconfigure(dataclasses.replace(sim.config, api_error_rate=0.0))
+    for _ in range(40):
+        sim.roll_for_fault()
+
+
+def test_injected_faults_repeat_with_the_same_seed(clock: FakeClock) -> None:
+    """Two simulators with one seed inject the same faults in the same order."""
+
+    def faults(sim: Simulator) -> list[Code | None]:
+        seen: list[Code | None] = []
+        for _ in range(30):
+            try:
+                sim.roll_for_fault()
+                seen.append(None)
+            except SimulatorError as error:
+                seen.append(error.code)
+        return seen
+
+    config = dataclasses.replace(QUICK, api_error_rate=0.5, seed=3)
+    first, second = faults(simulator(clock, config)), faults(simulator(clock, config))
+    assert first == second
+    assert None in first and Code.UNAVAILABLE in first
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"capacity": {"v4": 8}},
+        {"capacity": {"v99@z": 8}},
+        {"api_error_rate": 2},
+        {"waiting_seconds": -1},
+        {"nope": 1},
+    ],
+)
+def test_config_changes_that_make_no_sense_are_refused(changes: dict[str, object]) -> None:
+    """Bad capacity keys, rates outside 0..1, negative delays and unknown keys raise ValueError."""
+    with pytest.raises(ValueError):
+        SimulatorConfig().updated(changes)
