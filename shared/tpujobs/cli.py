@@ -169,11 +169,22 @@ def describe_tables(job: Job, events: list[JobEvent]) -> Table:
     ]
     for name, value in rows:
         fields.add_row(name, value)
-    timeline = Table("#", "AT", "FROM", "TO", "SOURCE", "ATTEMPT", "REASON", title="Timeline", title_justify="left")
+    short = {"no_wrap": True}
+    timeline = Table(
+        Column("#", **short),
+        Column("AT (UTC)", **short),
+        Column("FROM", **short),
+        Column("TO", **short),
+        Column("SOURCE", **short),
+        Column("ATTEMPT", **short),
+        Column("REASON", ratio=1),
+        title="Timeline",
+        title_justify="left",
+    )
     for event in events:
         timeline.add_row(
             str(event.seq),
-            _when(event.at),
+            _when(event.at)[11:],  # the date is in `created`; the time of day reads faster
             event.from_state.value if event.from_state else "-",
             _styled(event.to_state),
             event.source,

@@ -17,7 +17,7 @@ from typing import Annotated
 import typer
 import yaml
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from tpujobs.config import Settings
 
@@ -79,7 +79,14 @@ def demo(
                 break
             time.sleep(0.1)
         err.print("[bold]4. Its queued resource in the TPU simulator[/bold] (read with google-cloud-tpu):")
-        table = Table("QUEUED RESOURCE", "STATE", "NODE", "ACCELERATOR", "WORKER HOSTS", "LABELS")
+        table = Table(
+            Column("QUEUED RESOURCE", no_wrap=True),
+            Column("STATE", no_wrap=True),
+            Column("NODE", no_wrap=True),
+            Column("ACCELERATOR", no_wrap=True),
+            Column("HOSTS", no_wrap=True),
+            Column("LABELS", ratio=1),
+        )
         for node_spec in resource.tpu.node_spec:
             node_name = f"{node_spec.parent}/nodes/{node_spec.node_id}"
             hosts = len(client.get_node(name=node_name).network_endpoints) if node_spec.node_id else 0
@@ -89,7 +96,7 @@ def demo(
                 node_spec.node_id or f"{node_spec.multislice_params.node_id_prefix}-*",
                 node_spec.node.accelerator_type,
                 str(hosts),
-                ", ".join(f"{k}={v}" for k, v in sorted(node_spec.node.labels.items())),
+                " ".join(f"{k}={v}" for k, v in sorted(node_spec.node.labels.items())),
             )
         out.print(table)
         if resource.state.state.name != "ACTIVE":
