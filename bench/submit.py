@@ -48,12 +48,13 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
 
 
-def provisioned_at(firestore_client, job_id: str, deadline: float) -> datetime:
+def provisioned_at(firestore_client, job_id: str, deadline: float) -> tuple[datetime, datetime]:
+    """When the function started on the job (its QUEUED event) and when it was PROVISIONING."""
     events = firestore_client.collection("jobs").document(job_id).collection("events")
     while time.monotonic() < deadline:
         doc = events.document("0002-provisioning").get()
         if doc.exists:
-            return doc.to_dict()["at"]
+            return events.document("0001-queued").get().to_dict()["at"], doc.to_dict()["at"]
         time.sleep(0.02)
     raise TimeoutError(f"{job_id} did not reach PROVISIONING")
 
@@ -78,9 +79,14 @@ def run(mode: str, n: int, publisher, firestore_client) -> dict[str, float]:
             list(pool.map(publish, job_ids))
     deadline = time.monotonic() + 300
     done = {job_id: provisioned_at(firestore_client, job_id, deadline) for job_id in job_ids}
-    latencies = [(done[j] - published[j]).total_seconds() * 1000 for j in job_ids]
-    span = (max(done.values()) - min(published.values())).total_seconds()
+    latencies = [(done[j][1] - published[j]).total_seconds() * 1000 for j in job_ids]
+    # where the time goes: Pub/Sub push delivery, then the function's own work
+    delivery = [(done[j][0] - published[j]).total_seconds() * 1000 for j in job_ids]
+    handling = [(done[j][1] - done[j][0]).total_seconds() * 1000 for j in job_ids]
+    span = (max(at for _, at in done.values()) - min(published.values())).total_seconds()
     return {
+        "delivery_ms": statistics.median(delivery),
+        "handling_ms": statistics.median(handling),
         "median_ms": statistics.median(latencies),
         "p95_ms": percentile(latencies, 0.95),
         "max_ms": max(latencies),
@@ -118,7 +124,8 @@ def main() -> int:
                 results[mode].append(result)
                 print(
                     f"{mode:<10} run {repeat + 1}: median {result['median_ms']:.0f} ms, "
-                    f"p95 {result['p95_ms']:.0f} ms, {result['jobs_per_s']:.1f} jobs/s",
+                    f"p95 {result['p95_ms']:.0f} ms, {result['jobs_per_s']:.1f} jobs/s "
+                    f"(delivery {result['delivery_ms']:.0f} ms, handling {result['handling_ms']:.0f} ms)",
                     file=sys.stderr,
                 )
         print(f"\nsubmit: publish -> PROVISIONING, n={args.n}, {args.repeats} runs each (medians of runs)")
