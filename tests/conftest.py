@@ -72,11 +72,12 @@ def firestore_client(project_id: str):
 
 @pytest.fixture
 def simulator_url(tmp_path: Path) -> Iterator[str]:
-    """A TPU simulator of this test's own, in-process, with quick provisioning."""
+    """A TPU simulator of this test's own, in-process, with quick provisioning and no worker
+    processes (tests of the workers start their own)."""
     from tpujobs.simulator import SimulatorConfig, SimulatorServer
 
     config = SimulatorConfig(waiting_seconds=0.05, provisioning_seconds=0.1)
-    with SimulatorServer(config) as server:
+    with SimulatorServer(config, run_workers=False) as server:
         yield server.url
 
 

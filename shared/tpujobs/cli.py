@@ -22,7 +22,7 @@ from tpujobs.config import Settings
 from tpujobs.domain.job import Job, JobEvent
 from tpujobs.domain.spec import SpecError, derive_job_id, parse_spec
 from tpujobs.domain.states import JobState
-from tpujobs.topology import SUBMIT
+from tpujobs.topology import CONTROL, SUBMIT
 
 app = typer.Typer(help="Run training jobs on Cloud TPUs that survive preemption.", no_args_is_help=True)
 out = Console()
@@ -77,17 +77,33 @@ def submit(
     if not isinstance(loaded, dict):
         raise typer.BadParameter(f"{file} must hold a mapping of job spec fields")
     spec = apply_overrides(loaded, set_)
+    code_dir = spec.pop("code_dir", None)  # a CLI convenience: uploaded, then named by code_uri
+    if code_dir is not None:
+        spec["code_uri"] = "gs://placeholder/code.tar.gz"  # validated below, replaced after upload
     try:  # the function validates again; this only saves a round trip for obvious mistakes
         parse_spec(spec, message_id="local-check")
     except SpecError as error:
         err.print(f"[red]Invalid spec:[/red] {error}")
         raise typer.Exit(2) from None
     settings = _settings()
+    if code_dir is not None:
+        spec["code_uri"] = upload_code(settings, (file.parent / str(code_dir)).resolve())
     message_id = Publisher.build(settings.project, settings.prefix).publish_json(SUBMIT, spec)
     job_id = spec.get("job_id") or derive_job_id(spec["name"], message_id)
     out.print(f"Submitted [bold]{job_id}[/bold] (message {message_id})")
     if wait:
         _follow(settings, job_id, until=lambda job: job.state.is_terminal)
+
+
+def upload_code(settings: Settings, directory: Path) -> str:
+    """Upload a local code directory to the logs bucket; its gs:// URI."""
+    from tpujobs.adapters.storage import build_client, upload_code_dir
+
+    if not directory.is_dir():
+        raise typer.BadParameter(f"code_dir {directory} is not a directory")
+    uri = upload_code_dir(build_client(settings.project), settings.logs_bucket, directory)
+    out.print(f"Uploaded {directory} to {uri}")
+    return uri
 
 
 def _follow(settings: Settings, job_id: str, until: Any, timeout: float = 24 * 3600) -> Job | None:
@@ -105,6 +121,34 @@ def _follow(settings: Settings, job_id: str, until: Any, timeout: float = 24 * 3
                 return job
         time.sleep(0.5)
     return None
+
+
+@app.command()
+def cancel(
+    job_id: str,
+    owner: Annotated[
+        str | None,
+        typer.Option(help="Who asks: the job's owner or an admin. Default: $TPUJOBS_OWNER, else your login."),
+    ] = None,
+    wait: Annotated[bool, typer.Option(help="Wait until the job is CANCELLED.")] = True,
+) -> None:
+    """Cancel a job: its queued resource is deleted and its workers stop."""
+    import getpass
+
+    from tpujobs.adapters.pubsub import Publisher
+
+    settings = _settings()
+    who = owner or os.environ.get("TPUJOBS_OWNER") or getpass.getuser()
+    Publisher.build(settings.project, settings.prefix).publish_json(
+        CONTROL, {"action": "cancel", "job_id": job_id, "owner": who}
+    )
+    out.print(f"Asked to cancel [bold]{job_id}[/bold] as {who}.")
+    if wait:
+        job = _follow(settings, job_id, until=lambda job: job.state.is_terminal, timeout=60)
+        if job is None or job.state is not JobState.CANCELLED:
+            state = job.state.value if job else "unknown"
+            err.print(f"[red]{job_id} is {state}, not CANCELLED[/red] (see `tpujobs describe {job_id}` and the rejections collection).")
+            raise typer.Exit(1)
 
 
 @app.command("list")

@@ -20,6 +20,8 @@ class Settings:
     tpu_endpoint: str = ""  # the simulator's base URL locally; empty in production
     logs_bucket: str = ""
     local_stack: bool = False  # True only in the local stack: trust X-Tpujobs-Caller
+    admins: tuple[str, ...] = ()  # who may cancel anyone's job
+    stuck_after_seconds: float = 30.0  # the reconciler finishes QUEUED/RECOVERING work older than this
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -32,4 +34,6 @@ class Settings:
             tpu_endpoint=env.get("TPUJOBS_TPU_ENDPOINT", ""),
             logs_bucket=env.get("TPUJOBS_LOGS_BUCKET") or f"{project}-tpujobs-logs",
             local_stack=env.get("TPUJOBS_LOCAL_STACK", "") == "1",
+            admins=tuple(a.strip() for a in env.get("TPUJOBS_ADMINS", "").split(",") if a.strip()),
+            stuck_after_seconds=float(env.get("TPUJOBS_STUCK_AFTER_SECONDS") or 30.0),
         )

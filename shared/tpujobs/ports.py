@@ -28,6 +28,36 @@ class Rejection:
     topic: str
 
 
+@dataclass(frozen=True)
+class WorkerRecord:
+    """The latest word from one worker host of one attempt (None: not reported this time)."""
+
+    attempt: int
+    worker: str  # "slice-worker"
+    slice_id: int
+    worker_id: int
+    last_report_at: datetime
+    started_at: datetime | None = None
+    exited_at: datetime | None = None
+    exit_code: int | None = None
+    checkpoint_step: int | None = None
+    checkpoint_at: datetime | None = None
+
+    def fields(self) -> dict[str, object]:
+        return {
+            "attempt": self.attempt,
+            "worker": self.worker,
+            "slice_id": self.slice_id,
+            "worker_id": self.worker_id,
+            "last_report_at": self.last_report_at,
+            "started_at": self.started_at,
+            "exited_at": self.exited_at,
+            "exit_code": self.exit_code,
+            "checkpoint_step": self.checkpoint_step,
+            "checkpoint_at": self.checkpoint_at,
+        }
+
+
 class JobStore(Protocol):
     def create(self, job: Job, event: JobEvent) -> bool:
         """Create the job and its first event if the job id is new; False if it existed."""
@@ -41,6 +71,10 @@ class JobStore(Protocol):
 
     def list(self, state: str | None = None, owner: str | None = None, limit: int = 100) -> list[Job]: ...
 
+    def list_active(self, limit: int = 10_000) -> list[Job]: ...
+
+    def record_worker(self, job_id: str, worker: WorkerRecord) -> None: ...
+
     def reject(self, rejection: Rejection) -> None:
         """Record a rejection once per message id."""
 
@@ -52,6 +86,9 @@ class CapacityStatus:
     name: str
     zone: str
     state: str  # the QueuedResource state name: WAITING_FOR_RESOURCES, ACTIVE, ...
+    detail: str = ""  # the error of a FAILED resource
+    unhealthy_hosts: int = 0  # hosts of its nodes that are PREEMPTED, TERMINATED or unhealthy
+    job_label: str | None = None  # the `tpujobs-job` label: set on every resource tpujobs made
 
 
 class Tpu(Protocol):

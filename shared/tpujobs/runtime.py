@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import functools
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING
 
 from tpujobs.config import Settings
 from tpujobs.service import JobService
+
+if TYPE_CHECKING:
+    from tpujobs.reconciler import Reconciler
 
 
 def utc_now() -> datetime:
@@ -30,3 +34,11 @@ def job_service() -> JobService:
     store = FirestoreJobStore(firestore.Client(project=settings.project))
     tpu = CloudTpu(build_client(settings.tpu_endpoint), settings.project)
     return JobService(store, tpu, settings, utc_now)
+
+
+@functools.cache
+def reconciler() -> Reconciler:
+    """The Reconciler of this process, on the same service as the event handlers."""
+    from tpujobs.reconciler import Reconciler
+
+    return Reconciler(job_service())

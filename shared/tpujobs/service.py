@@ -1,28 +1,48 @@
 """The job service: decode, decide, commit, act. Every function handler calls into it.
 
 The order is always the same: commit the decision in one transaction, then perform
-the action it implies. A crash in between leaves a job whose record says what should
-happen next, and the redelivered message (or the reconciler) finishes it, because
-every action is idempotent: queued-resource names are deterministic.
+the actions the job's new state implies (`converge`). A crash in between leaves a job
+whose record says what should happen next; the redelivered message or the reconciler
+calls `converge` again and finishes it, because every action is idempotent:
+queued-resource names are deterministic and deleting what is gone is fine.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 from tpujobs.agent.startup import render_startup_script
 from tpujobs.config import Settings
-from tpujobs.domain.job import Job, new_job
+from tpujobs.domain.job import Job, Source, new_job, worker_key
+from tpujobs.domain.naming import parse_queued_resource_name
+from tpujobs.domain.retry import BACKOFF_CAP_SECONDS
 from tpujobs.domain.spec import SpecError, decode_spec
 from tpujobs.domain.states import EventKind, JobState
-from tpujobs.domain.transitions import Decision, Observation
+from tpujobs.domain.transitions import Decision, Ignored, Observation
 from tpujobs.errors import PermanentError
 from tpujobs.inbound import InboundMessage
-from tpujobs.ports import Clock, JobStore, Rejection, Tpu
+from tpujobs.ports import Clock, JobStore, Rejection, Tpu, WorkerRecord
+from tpujobs.reports import (
+    ControlRequest,
+    PreemptionNotice,
+    QrStateReport,
+    Report,
+    ReportError,
+    WorkerReport,
+    decode_report,
+)
 
 log = logging.getLogger(__name__)
+
+# Queued-resource states, as the TPU API names them, grouped by what they mean for a job.
+CAPACITY_PENDING = frozenset(
+    {"CREATING", "ACCEPTED", "WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE"}
+)
+CAPACITY_GONE = frozenset({"SUSPENDING", "SUSPENDED", "FAILED"})
 
 
 @dataclass(frozen=True)
@@ -37,11 +57,21 @@ class SubmitOutcome:
 class JobService:
     """The use cases of tpujobs, on explicit ports: no global clients, no clock of its own."""
 
-    def __init__(self, store: JobStore, tpu: Tpu, settings: Settings, clock: Clock) -> None:
+    def __init__(
+        self,
+        store: JobStore,
+        tpu: Tpu,
+        settings: Settings,
+        clock: Clock,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.store = store
         self.tpu = tpu
         self.settings = settings
         self.clock = clock
+        self.sleep = sleep
+
+    # -- rejections ------------------------------------------------------------------
 
     def reject(self, message: InboundMessage, reason: str) -> None:
         """Record why a message could not be used; the caller then acknowledges it."""
@@ -49,6 +79,8 @@ class JobService:
         self.store.reject(
             Rejection(message.message_id, self.clock(), reason, message.payload_text(), message.topic)
         )
+
+    # -- submission ------------------------------------------------------------------
 
     def submit(self, message: InboundMessage) -> SubmitOutcome:
         """A job spec message becomes one job and one queued-resource request, at most once."""
@@ -61,7 +93,9 @@ class JobService:
             self.reject(message, str(error))
             return SubmitOutcome("rejected", None, str(error))
 
-        job, first_event = new_job(spec, self.settings.default_zone, self.clock())
+        assert spec.job_id is not None
+        log_uri = f"gs://{self.settings.logs_bucket}/jobs/{spec.job_id}/"
+        job, first_event = new_job(spec, self.settings.default_zone, self.clock(), log_uri)
         if not self.store.create(job, first_event):
             existing = self.store.get(job.job_id)
             if existing is None:  # deleted between the two reads: treat as new next time
@@ -80,7 +114,7 @@ class JobService:
     def _admit(self, job: Job) -> SubmitOutcome:
         """Request the attempt's capacity, then record PROVISIONING (or FAILED for good)."""
         try:
-            status = self.tpu.request(job, render_startup_script(job))
+            status = self.tpu.request(job, render_startup_script(job, self.settings))
         except PermanentError as error:
             self.store.apply(
                 job.job_id,
@@ -95,4 +129,163 @@ class JobService:
         )
         if isinstance(outcome, Decision):
             return SubmitOutcome("provisioning", job.job_id, outcome.event.reason)
+        self._release_if_orphaned(job)
         return SubmitOutcome("duplicate", job.job_id, outcome.reason)
+
+    # -- what happens to a running job ----------------------------------------------
+
+    def on_worker_report(self, message: InboundMessage) -> Decision | Ignored | None:
+        """tpujobs-worker-events: started, heartbeat, exited, checkpoint from one worker host."""
+        report = self._decode(WorkerReport, message)
+        if report is None:
+            return None
+        now = self.clock()
+        at = report.at or now
+        worker = worker_key(report.slice_id, report.worker_id)
+        news = {
+            "started": {"started_at": at},
+            "exited": {"exited_at": at, "exit_code": report.exit_code},
+            "checkpoint": {"checkpoint_step": report.step, "checkpoint_at": at},
+        }.get(report.kind, {})
+        self.store.record_worker(
+            report.job_id,
+            WorkerRecord(report.attempt, worker, report.slice_id, report.worker_id, now, **news),
+        )
+
+        if report.kind == "started":
+            seen = Observation(EventKind.WORKERS_STARTED, report.attempt, "agent", worker=worker)
+        elif report.kind == "exited":
+            code = report.exit_code if report.exit_code is not None else -1
+            kind = EventKind.WORKER_SUCCEEDED if code == 0 else EventKind.COMMAND_FAILED
+            seen = Observation(kind, report.attempt, "agent", exit_code=code, worker=worker)
+        else:
+            return None  # heartbeats and checkpoints are recorded, they move nothing
+        return self.observe(report.job_id, seen)
+
+    def on_preemption(self, message: InboundMessage) -> Decision | Ignored | None:
+        """tpujobs-preemption: a worker's notice that its capacity is going away, at once."""
+        notice = self._decode(PreemptionNotice, message)
+        if notice is None:
+            return None
+        worker = worker_key(notice.slice_id, notice.worker_id)
+        reason = f"Preempted: worker {worker} of attempt {notice.attempt} got notice ({notice.reason})"
+        seen = Observation(EventKind.CAPACITY_LOST, notice.attempt, "agent", reason=reason, worker=worker)
+        return self.observe(notice.job_id, seen)
+
+    def on_qr_state(self, message: InboundMessage) -> Decision | Ignored | None:
+        """tpujobs-qr-state: a queued resource was seen in some state (reconciler, audit log)."""
+        report = self._decode(QrStateReport, message)
+        if report is None:
+            return None
+        return self.observe_capacity(
+            report.queued_resource, report.state, report.detail, report.unhealthy_hosts
+        )
+
+    def observe_capacity(
+        self,
+        queued_resource: str,
+        state: str,
+        detail: str = "",
+        unhealthy_hosts: int = 0,
+        source: Source = "tpu",
+    ) -> Decision | Ignored | None:
+        """Turn a queued resource's TPU state into the observation it means for its job."""
+        owner = parse_queued_resource_name(queued_resource)
+        if owner is None:
+            return Ignored(f"{queued_resource} is not a tpujobs queued resource")
+        job_id, attempt = owner
+        if state in CAPACITY_GONE or unhealthy_hosts:
+            if state in ("SUSPENDING", "SUSPENDED"):
+                what = f"Preempted: queued resource {queued_resource} is {state}"
+            elif state == "FAILED":
+                what = f"Queued resource {queued_resource} FAILED" + (f": {detail}" if detail else "")
+            else:
+                what = f"{unhealthy_hosts} host(s) of queued resource {queued_resource} were lost"
+            seen = Observation(EventKind.CAPACITY_LOST, attempt, source, reason=what)
+        elif state in CAPACITY_PENDING:
+            seen = Observation(EventKind.CAPACITY_CHANGED, attempt, source, capacity_state=state)
+        else:
+            return Ignored(f"{queued_resource} is {state}: nothing to do")
+        return self.observe(job_id, seen)
+
+    def on_control(self, message: InboundMessage) -> Decision | Ignored | None:
+        """tpujobs-control: a cancel request; only the owner or an admin may cancel."""
+        request = self._decode(ControlRequest, message)
+        if request is None:
+            return None
+        job = self.store.get(request.job_id)
+        if job is None:
+            self.reject(message, f"job_id {request.job_id!r}: no such job")
+            return None
+        if request.owner != job.owner and request.owner not in self.settings.admins:
+            self.reject(message, f"owner {request.owner!r} may not cancel a job of {job.owner!r}")
+            return None
+        return self.cancel(request.job_id, f"Cancelled by {request.owner}.")
+
+    def cancel(self, job_id: str, reason: str) -> Decision | Ignored:
+        """Cancel a job (its caller has checked the right to) and release its capacity."""
+        return self.observe(job_id, Observation(EventKind.CANCEL_REQUESTED, None, "user", reason=reason))
+
+    def observe(self, job_id: str, seen: Observation) -> Decision | Ignored:
+        """Commit what an observation means for the job, then perform what its state implies."""
+        outcome = self.store.apply(job_id, seen, self.clock)
+        if isinstance(outcome, Decision):
+            log.info("job %s: %s -> %s: %s", job_id, outcome.event.from_state, outcome.event.to_state.value, outcome.event.reason)
+        self.converge(job_id)
+        return outcome
+
+    # -- acting on a job's state -------------------------------------------------------
+
+    def converge(self, job_id: str) -> None:
+        """Do what the job's state asks for; safe to repeat, whoever calls it and however often.
+
+        QUEUED: request capacity. RECOVERING: release the lost attempt's capacity and
+        request the next. Ended: release the capacity. Anything else waits for events.
+        """
+        job = self.store.get(job_id)
+        if job is None:
+            return
+        if job.state is JobState.QUEUED:
+            self._admit(job)
+        elif job.state is JobState.RECOVERING:
+            self._start_next_attempt(job)
+        elif job.state.is_terminal and job.queued_resource:
+            self.tpu.release(job.zone, job.queued_resource)
+
+    def _start_next_attempt(self, job: Job) -> None:
+        if job.next_attempt_at is not None:
+            wait = (job.next_attempt_at - self.clock()).total_seconds()
+            if wait > 0:
+                self.sleep(min(wait, BACKOFF_CAP_SECONDS))
+        self.tpu.release(job.zone, job.queued_resource)
+        following = job.as_next_attempt()
+        try:
+            status = self.tpu.request(following, render_startup_script(following, self.settings))
+        except PermanentError as error:
+            self.store.apply(
+                job.job_id,
+                Observation(EventKind.CAPACITY_REQUEST_FAILED, job.attempt, "tpu", reason=str(error)),
+                self.clock,
+            )
+            return
+        outcome = self.store.apply(
+            job.job_id,
+            Observation(EventKind.NEXT_ATTEMPT_REQUESTED, job.attempt, "tpu", capacity_state=status.state),
+            self.clock,
+        )
+        if isinstance(outcome, Ignored):
+            self._release_if_orphaned(following)
+
+    def _release_if_orphaned(self, requested: Job) -> None:
+        """After a request lost its race (a cancel, another handler), free what nobody owns."""
+        current = self.store.get(requested.job_id)
+        if current is None or current.state.is_terminal or current.queued_resource != requested.queued_resource:
+            self.tpu.release(requested.zone, requested.queued_resource)
+
+    def _decode(self, model: type[Report], message: InboundMessage) -> Report | None:
+        """The message as `model`; None after recording a rejection when it is not one."""
+        try:
+            return decode_report(model, message.data)
+        except ReportError as error:
+            self.reject(message, message.undecodable or str(error))
+            return None

@@ -41,7 +41,14 @@ class FunctionRoute:
     topic: str | None
 
 
-FUNCTIONS: tuple[FunctionRoute, ...] = (FunctionRoute("submit_job", "cloudevent", SUBMIT),)
+FUNCTIONS: tuple[FunctionRoute, ...] = (
+    FunctionRoute("submit_job", "cloudevent", SUBMIT),
+    FunctionRoute("on_worker_event", "cloudevent", WORKER_EVENTS),
+    FunctionRoute("on_preemption", "cloudevent", PREEMPTION),
+    FunctionRoute("on_qr_state", "cloudevent", QR_STATE),
+    FunctionRoute("on_control", "cloudevent", CONTROL),
+    FunctionRoute("reconcile", "cloudevent", RECONCILE),
+)
 
 
 def topic_name(base: str, prefix: str = "") -> str:

@@ -97,7 +97,7 @@ def test_an_illegal_transition_is_refused_and_leaves_no_trace(firestore_client):
     store = FirestoreJobStore(firestore_client)
     job, event = a_job()
     store.create(job, event)
-    outcome = store.apply(job.job_id, Observation(EventKind.WORKERS_SUCCEEDED, 1, "agent"), clock)
+    outcome = store.apply(job.job_id, Observation(EventKind.WORKER_SUCCEEDED, 1, "agent"), clock)
     assert isinstance(outcome, Ignored)
     assert store.get(job.job_id).state is JobState.QUEUED
     assert len(store.events(job.job_id)) == 1

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -36,7 +37,7 @@ FAST = SimulatorConfig(
 
 @pytest.fixture
 def server() -> Iterator[SimulatorServer]:
-    with SimulatorServer(FAST) as running:
+    with SimulatorServer(FAST, run_workers=False) as running:
         yield running
 
 
@@ -286,6 +287,65 @@ def test_fail_control_endpoint_fails_the_queued_resource_with_the_message(
     assert (failed.failed_data.error.code, failed.failed_data.error.message) == (8, "stockout")
 
 
+def test_kill_host_control_endpoint_puts_the_node_in_repair_and_leaves_the_qr_active(
+    server: SimulatorServer, client: tpu_v2.TpuClient
+) -> None:
+    """POST :kill-host?slice=0&worker=1: node REPAIRING, UNHEALTHY_MAINTENANCE, QR still ACTIVE."""
+    make_active(client, "qr", queued_resource("node", "v4-16"))
+    answer = control(server, f"queuedResources/{ZONE}/qr:kill-host?slice=0&worker=1", {})
+    assert answer["name"] == f"{PARENT}/nodes/node"
+    node = client.get_node(name=f"{PARENT}/nodes/node")
+    assert node.state == tpu_v2.Node.State.REPAIRING
+    assert node.health == tpu_v2.Node.Health.UNHEALTHY_MAINTENANCE
+    assert "Worker 1" in node.health_description
+    assert qr_state(client, "qr") == tpu_v2.QueuedResourceState.State.ACTIVE
+
+
+@pytest.mark.parametrize(
+    ("query", "status"),
+    [("slice=1&worker=0", "INVALID_ARGUMENT"), ("slice=0&worker=2", "INVALID_ARGUMENT")],
+)
+def test_kill_host_of_a_host_that_does_not_exist_is_invalid_argument(
+    server: SimulatorServer, client: tpu_v2.TpuClient, query: str, status: str
+) -> None:
+    """A slice or worker index beyond the QR's nodes and hosts is HTTP 400 INVALID_ARGUMENT."""
+    make_active(client, "qr", queued_resource("node", "v4-16"))
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        control(server, f"queuedResources/{ZONE}/qr:kill-host?{query}", {})
+    assert refused.value.code == 400
+    assert json.load(refused.value)["error"]["status"] == status
+
+
+def test_kill_host_of_a_suspended_queued_resource_is_failed_precondition(
+    server: SimulatorServer, client: tpu_v2.TpuClient
+) -> None:
+    """Only an ACTIVE QR has hosts to kill: after preemption it is HTTP 400 FAILED_PRECONDITION."""
+    make_active(client, "qr", queued_resource("node", spot=True))
+    control(server, f"queuedResources/{ZONE}/qr:preempt", {})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        control(server, f"queuedResources/{ZONE}/qr:kill-host", {})
+    assert json.load(refused.value)["error"]["status"] == "FAILED_PRECONDITION"
+
+
+def test_without_workers_the_state_and_workers_endpoints_list_no_processes(
+    server: SimulatorServer, client: tpu_v2.TpuClient
+) -> None:
+    """run_workers=False: an ACTIVE QR has no processes; state["workers"] and :workers are empty."""
+    make_active(client, "qr", queued_resource("node"))
+    assert control(server, "state")["workers"] == {}
+    assert control(server, f"queuedResources/{ZONE}/qr:workers") == {"workers": []}
+    assert server.workers("qr") == ()
+
+
+def test_grace_periods_are_configurable_and_refuse_negative_values(server: SimulatorServer) -> None:
+    """POST config sets preemption_grace_seconds and delete_grace_seconds; a negative one is 400."""
+    answer = control(server, "config", {"preemption_grace_seconds": 1, "delete_grace_seconds": 0.5})
+    assert (answer["preemption_grace_seconds"], answer["delete_grace_seconds"]) == (1.0, 0.5)
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        control(server, "config", {"preemption_grace_seconds": -1})
+    assert refused.value.code == 400
+
+
 def test_everything_the_simulator_renders_is_valid_tpu_api_json(
     server: SimulatorServer, client: tpu_v2.TpuClient
 ) -> None:
@@ -299,6 +359,8 @@ def test_everything_the_simulator_renders_is_valid_tpu_api_json(
     make_active(client, "preempted", queued_resource("b", spot=True))
     make_active(client, "failed", queued_resource("c"))
     make_active(client, "deleting", queued_resource("d"))
+    make_active(client, "repairing", queued_resource("r", "v4-16"))
+    control(server, f"queuedResources/{ZONE}/repairing:kill-host?worker=1", {})
     client.create_queued_resource(
         parent=PARENT, queued_resource_id="waiting", queued_resource=queued_resource("e", "v6e-8")
     )
@@ -312,6 +374,7 @@ def test_everything_the_simulator_renders_is_valid_tpu_api_json(
     state = control(server, "state")
     states = {qr["state"]["state"] for qr in state["queuedResources"]}
     assert {"ACTIVE", "SUSPENDING", "FAILED", "DELETING", "WAITING_FOR_RESOURCES"} <= states
+    assert {"READY", "PREEMPTED", "DELETING", "REPAIRING"} <= {n["state"] for n in state["nodes"]}
     for qr in state["queuedResources"]:
         tpu_v2.QueuedResource.from_json(json.dumps(qr), ignore_unknown_fields=False)
     for node in state["nodes"]:

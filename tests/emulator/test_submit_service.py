@@ -119,7 +119,7 @@ def test_an_existing_queued_resource_is_adopted_not_bought_twice(service, tpu_cl
 
     job, event = new_job(parse_spec(a_spec()), ZONE, utc_now())
     service.store.create(job, event)
-    service.tpu.request(job, render_startup_script(job))  # died after the TPU call
+    service.tpu.request(job, render_startup_script(job, service.settings))  # died after the TPU call
     outcome = service.submit(message(a_spec()))
     assert outcome.kind == "provisioning"
     listed = list(tpu_client.list_queued_resources(parent=f"projects/{project_id}/locations/{ZONE}"))

@@ -183,21 +183,22 @@ def test_an_unknown_accelerator_type_says_why(accelerator_type: str, why: str) -
 # --- restart rules and backoff --------------------------------------------------------
 
 
-def test_backoff_is_zero_before_any_restart() -> None:
-    """The first attempt does not wait."""
+def test_backoff_is_zero_before_any_restart_and_for_the_first() -> None:
+    """The first attempt does not wait, nor does the first restart: preemption is not the job's fault."""
     assert backoff_seconds(0) == 0.0
+    assert backoff_seconds(1) == 0.0
 
 
 def test_backoff_doubles_from_one_second() -> None:
-    """1 s, 2 s, 4 s, 8 s, ..."""
-    assert [backoff_seconds(n) for n in range(1, 6)] == [1.0, 2.0, 4.0, 8.0, 16.0]
+    """Then 1 s, 2 s, 4 s, 8 s, ..."""
+    assert [backoff_seconds(n) for n in range(1, 7)] == [0.0, 1.0, 2.0, 4.0, 8.0, 16.0]
 
 
-def test_backoff_is_monotone_and_capped_at_a_minute() -> None:
+def test_backoff_is_monotone_and_capped_at_half_a_minute() -> None:
     """Never shrinks with more restarts, never exceeds the cap, and reaches it."""
     delays = [backoff_seconds(n) for n in range(0, MAX_ATTEMPT + 1)]
     assert delays == sorted(delays)
-    assert max(delays) == BACKOFF_CAP_SECONDS == 60.0
+    assert max(delays) == BACKOFF_CAP_SECONDS == 30.0
     assert all(0.0 <= d <= BACKOFF_CAP_SECONDS for d in delays)
 
 

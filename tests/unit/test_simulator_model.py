@@ -1,8 +1,10 @@
-"""The simulated TPU service's rules, on a fake clock: states, capacity, preemption, persistence."""
+"""The simulated TPU service's rules, on a fake clock: states, capacity, preemption, host
+failures, persistence; and what each worker's metadata server answers."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,7 @@ from tpujobs.simulator import (
     SliceRequest,
     StateStore,
 )
+from tpujobs.simulator.metadata import MetadataService, lookup, metadata_url, tpu_env
 
 PROJECT = "proj"
 ZONE = "us-central2-b"
@@ -235,6 +238,7 @@ def test_preempt_suspends_the_queued_resource_and_preempts_its_nodes(clock: Fake
     suspending = sim.preempt("spot")
     assert (suspending.state, suspending.initiator) == (QrState.SUSPENDING, Initiator.SERVICE)
     assert sim.get_node(PROJECT, ZONE, "a").state is NodeState.PREEMPTED
+    assert sim.get_node(PROJECT, ZONE, "a").preempted
     assert [r.state for r in stopped] == [QrState.SUSPENDING]
     assert state_of(sim, "next") is QrState.PROVISIONING
     clock.tick(1.0)
@@ -484,6 +488,8 @@ def test_injected_faults_repeat_with_the_same_seed(clock: FakeClock) -> None:
         {"capacity": {"v99@z": 8}},
         {"api_error_rate": 2},
         {"waiting_seconds": -1},
+        {"preemption_grace_seconds": -1},
+        {"delete_grace_seconds": -0.5},
         {"nope": 1},
     ],
 )
@@ -491,3 +497,179 @@ def test_config_changes_that_make_no_sense_are_refused(changes: dict[str, object
     """Bad capacity keys, rates outside 0..1, negative delays and unknown keys raise ValueError."""
     with pytest.raises(ValueError):
         SimulatorConfig().updated(changes)
+
+
+def test_kill_host_puts_the_node_in_repair_silently_and_keeps_the_queued_resource_active(
+    clock: FakeClock,
+) -> None:
+    """kill_host(): node REPAIRING with the worker recorded, QR ACTIVE, not preempted, hook told."""
+    sim = simulator(clock)
+    failed: list[tuple[str, int, int]] = []
+    stopped: list[QueuedResourceRecord] = []
+    sim.on_host_failed.append(lambda qr, s, w: failed.append((qr.qr_id, s, w)))
+    sim.on_stopped.append(stopped.append)
+    sim.create_queued_resource(PROJECT, ZONE, "qr", multislice("s", 2, "v4-16"))
+    clock.tick(3.0)
+    node = sim.kill_host("qr", 1, 1)
+    assert (node.node_id, node.state, node.failed_workers) == ("s-1", NodeState.REPAIRING, (1,))
+    assert not node.preempted
+    assert sim.get_node(PROJECT, ZONE, "s-0").state is NodeState.READY
+    assert state_of(sim, "qr") is QrState.ACTIVE
+    assert (failed, stopped) == ([("qr", 1, 1)], [])
+    assert sim.kill_host("qr", 1, 0).failed_workers == (0, 1)
+
+
+@pytest.mark.parametrize(
+    ("slice_index", "worker", "code"),
+    [(2, 0, Code.INVALID_ARGUMENT), (0, 2, Code.INVALID_ARGUMENT), (-1, 0, Code.INVALID_ARGUMENT)],
+)
+def test_kill_host_of_a_host_that_does_not_exist_is_refused(
+    clock: FakeClock, slice_index: int, worker: int, code: Code
+) -> None:
+    """A slice or worker index outside the QR's nodes and hosts is INVALID_ARGUMENT."""
+    sim = simulator(clock)
+    sim.create_queued_resource(PROJECT, ZONE, "qr", multislice("s", 2, "v4-16"))
+    clock.tick(3.0)
+    with pytest.raises(SimulatorError) as refused:
+        sim.kill_host("qr", slice_index, worker)
+    assert refused.value.code is code
+
+
+def test_kill_host_needs_an_active_queued_resource(clock: FakeClock) -> None:
+    """While PROVISIONING no worker runs yet, so kill_host is FAILED_PRECONDITION."""
+    sim = simulator(clock)
+    sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice())
+    clock.tick(1.0)
+    assert state_of(sim, "qr") is QrState.PROVISIONING
+    with pytest.raises(SimulatorError) as refused:
+        sim.kill_host("qr", 0, 0)
+    assert refused.value.code is Code.FAILED_PRECONDITION
+
+
+def test_state_file_keeps_preemption_and_failed_hosts(clock: FakeClock, tmp_path: Path) -> None:
+    """A preempted node stays preempted and a repaired one keeps its failed workers after a reload."""
+    path = tmp_path / "state.json"
+    first = simulator(clock, store=JsonStateFile(path))
+    first.create_queued_resource(PROJECT, ZONE, "spot", one_slice("a"))
+    first.create_queued_resource(PROJECT, ZONE, "broken", one_slice("b", "v4-16"))
+    clock.tick(3.0)
+    first.preempt("spot")
+    first.kill_host("broken", 0, 1)
+    second = simulator(clock, store=JsonStateFile(path))
+    assert second.get_node(PROJECT, ZONE, "a").preempted
+    repaired = second.get_node(PROJECT, ZONE, "b")
+    assert (repaired.state, repaired.failed_workers) == (NodeState.REPAIRING, (1,))
+
+
+# -- the metadata server ------------------------------------------------------------------------
+
+SCRIPT = "#!/bin/bash\necho hi\n"
+
+
+def active_node(clock: FakeClock, accelerator_type: str = "v4-16", spot: bool = False):
+    sim = simulator(clock)
+    request = QueuedResourceRequest(
+        slices=(
+            SliceRequest(
+                accelerator_type=accelerator_type,
+                runtime_version=RUNTIME,
+                node_id="n",
+                template={"metadata": {"startup-script": SCRIPT, "team": "ml"}},
+            ),
+        ),
+        spot=spot,
+    )
+    sim.create_queued_resource(PROJECT, ZONE, "qr", request)
+    clock.tick(3.0)
+    return sim, sim.get_node(PROJECT, ZONE, "n")
+
+
+def test_tpu_env_names_the_accelerator_node_worker_zone_and_preemptibility(
+    clock: FakeClock,
+) -> None:
+    """tpu-env is sorted KEY: 'value' lines, as on a TPU VM, for the asked worker."""
+    _, node = active_node(clock, spot=True)
+    assert tpu_env(node, 1) == (
+        "ACCELERATOR_TYPE: 'v4-16'\n"
+        "NODE_ID: 'n'\n"
+        "PREEMPTIBLE: 'true'\n"
+        "WORKER_ID: '1'\n"
+        f"ZONE: '{ZONE}'\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "body"),
+    [
+        ("instance/attributes/agent-worker-number", "1"),
+        ("instance/attributes/accelerator-type", "v4-16"),
+        ("instance/attributes/startup-script", SCRIPT),
+        ("instance/attributes/team", "ml"),
+        ("instance/preempted", "FALSE"),
+        ("instance/maintenance-event", "NONE"),
+        ("project/project-id", PROJECT),
+        ("instance/zone", f"projects/{PROJECT}/zones/{ZONE}"),
+    ],
+)
+def test_metadata_answers_each_path_for_its_worker(clock: FakeClock, key: str, body: str) -> None:
+    """Each served path answers 200 with the worker's own value as text."""
+    _, node = active_node(clock)
+    reply = lookup(node, 1, key)
+    assert (reply.status, reply.body, reply.content_type) == (
+        200,
+        body,
+        "text/plain; charset=utf-8",
+    )
+
+
+def test_metadata_says_preempted_true_once_the_node_is_preempted(clock: FakeClock) -> None:
+    """instance/preempted turns from FALSE to TRUE with preempt(), and the ETag changes with it."""
+    sim, node = active_node(clock, spot=True)
+    before = lookup(node, 0, "instance/preempted")
+    sim.preempt("qr")
+    after = lookup(sim.get_node(PROJECT, ZONE, "n"), 0, "instance/preempted")
+    assert (before.body, after.body) == ("FALSE", "TRUE")
+    assert before.etag != after.etag
+
+
+def test_metadata_token_is_a_bearer_token_and_unknown_paths_are_not_found(
+    clock: FakeClock,
+) -> None:
+    """The default service account token is JSON; a path GCE would not serve is 404."""
+    _, node = active_node(clock)
+    token = lookup(node, 0, "instance/service-accounts/default/token")
+    assert json.loads(token.body) == {
+        "access_token": "simulated",
+        "expires_in": 3600,
+        "token_type": "Bearer",
+    }
+    assert token.content_type == "application/json"
+    assert lookup(node, 0, "instance/attributes/nothing").status == 404
+
+
+def test_metadata_service_requires_the_flavor_header_and_an_existing_worker(
+    clock: FakeClock,
+) -> None:
+    """No Metadata-Flavor: Google is 403; a worker or node that does not exist is 404."""
+    sim, _ = active_node(clock)
+    service = MetadataService(sim.get_node)
+    base = metadata_url("", PROJECT, ZONE, "n", 1)
+    path = base + "/instance/attributes/agent-worker-number"
+    assert service.answer(path, {}, {}).status == 403
+    assert service.answer(path, {}, {"Metadata-Flavor": "Other"}).status == 403
+    assert service.answer(path, {}, {"metadata-flavor": "Google"}).body == "1"
+    flavor = {"Metadata-Flavor": "Google"}
+    assert service.answer(path.replace("/1/", "/2/"), {}, flavor).status == 404
+    assert service.answer(path.replace("/n/", "/m/"), {}, flavor).status == 404
+
+
+def test_metadata_wait_for_change_returns_at_once_when_the_etag_is_stale(clock: FakeClock) -> None:
+    """wait_for_change with a last_etag other than the current value's answers without waiting."""
+    sim, _ = active_node(clock)
+    service = MetadataService(sim.get_node)
+    path = metadata_url("", PROJECT, ZONE, "n", 0) + "/instance/preempted"
+    flavor = {"Metadata-Flavor": "Google"}
+    query = {"wait_for_change": ["true"], "last_etag": ["stale"], "timeout_sec": ["30"]}
+    assert service.answer(path, query, flavor).body == "FALSE"
+    waited = service.answer(path, {"wait_for_change": ["true"], "timeout_sec": ["0"]}, flavor)
+    assert waited.body == "FALSE"

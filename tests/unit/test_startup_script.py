@@ -1,29 +1,53 @@
-"""The startup script a TPU VM runs at boot: every job value is quoted, nothing is executed.
+"""The startup script a TPU VM runs at boot: nothing from a spec ever reaches the shell.
 
 Spec validation forbids most hostile values, so the hostile jobs here are built with
-`Job.evolve` directly: the script must be safe even if validation were bypassed.
+`Job.evolve` and `model_copy` directly: the script must be safe even if validation were
+bypassed. Hostile scripts are run for real, with a fake metadata server and the recording
+Pub/Sub and Storage stand-in of test_agent_worker.py, and must create no file but the
+agent's own, and carry every value through to the agent literally.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import os
+import re
 import shutil
 import subprocess
-from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
+from test_agent_worker import (
+    BUCKET,
+    FAST,
+    PROJECT,
+    WORKER_EVENTS,
+    FakeMetadata,
+    GoogleStub,
+    a_job,
+    chunk_prefix,
+    run_script,
+)
 
-from tpujobs.agent.startup import render_startup_script
-from tpujobs.domain.job import Job, new_job
-from tpujobs.domain.spec import parse_spec
+from tpujobs.agent import startup
+from tpujobs.agent.startup import (
+    AGENT_DELIMITER,
+    AgentTimings,
+    agent_config,
+    agent_source,
+    render_startup_script,
+)
+from tpujobs.config import Settings
+from tpujobs.domain.job import Job
 
 BASH = shutil.which("bash")
 pytestmark = pytest.mark.skipif(BASH is None, reason="needs bash")
 
-NOW = datetime(2025, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
+SETTINGS = Settings(project=PROJECT, prefix="t-", logs_bucket=BUCKET)
 
-HOSTILE_JOB_IDS = {
+HOSTILE = {
     "quote_break": "x'; touch pwned; '",
     "quote_break_absolute": "x'; touch {tmp}/pwned-abs; '",
     "command_substitution": "$(touch pwned)",
@@ -31,6 +55,7 @@ HOSTILE_JOB_IDS = {
     "variable_expansion": "${HOME:+$(touch pwned)}",
     "double_quotes": '"; touch pwned; "',
     "newline": "x\ntouch pwned",
+    "heredoc_delimiter": "x\nTPUJOBS_CONFIG_EOF\ntouch pwned\nTPUJOBS_AGENT_EOF\ntouch pwned",
     "semicolon": "x; touch pwned",
     "ampersand": "x & touch pwned &",
     "pipe": "x | touch pwned",
@@ -42,94 +67,239 @@ HOSTILE_JOB_IDS = {
 }
 
 
-def valid_job(**spec_changes: str) -> Job:
-    """A QUEUED job made by new_job from a valid spec."""
-    data = {
+@pytest.fixture
+def metadata():
+    with FakeMetadata(node_id="x") as server:
+        yield server
+
+
+@pytest.fixture
+def google():
+    with GoogleStub() as server:
+        yield server
+
+
+def embedded_config(script: str) -> dict[str, Any]:
+    """The config JSON the script carries, decoded the way the script decodes it."""
+    match = re.search(r"<<'TPUJOBS_CONFIG_EOF'\n(.*?)\nTPUJOBS_CONFIG_EOF\n", script, re.S)
+    assert match is not None
+    return json.loads(base64.b64decode(match.group(1)))
+
+
+def no_pwned_files(tmp_path: Path) -> list[Path]:
+    return [p for p in tmp_path.rglob("*") if p.name.startswith("pwned")]
+
+
+# --- rendering ------------------------------------------------------------------------
+
+
+def test_the_config_carries_the_attempt_the_spec_and_where_things_go() -> None:
+    """agent_config names the job, attempt, spec fields, shape, URIs, project, topics and timings."""
+    job = a_job(
+        2,
+        accelerator_type="v5litepod-16",
+        slices=2,
+        setup="pip install -r requirements.txt",
+        code_uri="gs://code-bucket/train.tar.gz",
+        env={"LR": "0.1"},
+    ).evolve(resume_next=True)
+    assert agent_config(job, SETTINGS) == {
         "job_id": "train-1",
-        "name": "train",
-        "owner": "alice",
-        "accelerator_type": "v4-8",
-        "command": "python train.py",
-        **spec_changes,
+        "attempt": 2,
+        "resume": True,
+        "command": "echo hello",
+        "setup": "pip install -r requirements.txt",
+        "code_uri": "gs://code-bucket/train.tar.gz",
+        "env": {"LR": "0.1"},
+        "num_slices": 2,
+        "hosts_per_slice": 4,
+        "queued_resource": "train-1-a2",
+        "checkpoint_uri": f"gs://{BUCKET}/jobs/train-1/checkpoints/",
+        "log_prefix": f"gs://{BUCKET}/jobs/train-1/attempt-2/",
+        "project": PROJECT,
+        "worker_events_topic": "t-tpujobs-worker-events",
+        "preemption_topic": "t-tpujobs-preemption",
+        "heartbeat_seconds": 10,
+        "grace_seconds": 30,
+        "chunk_seconds": 2,
     }
-    job, _ = new_job(parse_spec(data), "us-central2-b", NOW)
-    return job
 
 
-def run_script(script: str, workdir: Path) -> subprocess.CompletedProcess[str]:
-    """Run the script with bash in `workdir`, PATH intact, and return what happened."""
-    path = workdir / "startup.sh"
-    path.write_text(script)
-    return subprocess.run(
-        [BASH or "bash", str(path)],
-        cwd=workdir,
-        env={"PATH": os.environ.get("PATH", ""), "HOME": str(workdir)},
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
+def test_the_first_attempt_never_resumes() -> None:
+    """Attempt 1 has no checkpoint to continue from, whatever resume_next says."""
+    assert agent_config(a_job(1).evolve(resume_next=True), SETTINGS)["resume"] is False
+    assert agent_config(a_job(3).evolve(resume_next=False), SETTINGS)["resume"] is False
+
+
+def test_without_a_logs_bucket_the_deployment_default_is_used() -> None:
+    """An empty logs_bucket means {project}-tpujobs-logs, as Settings.from_env makes it."""
+    config = agent_config(a_job(), Settings(project="p1"))
+    assert config["log_prefix"] == "gs://p1-tpujobs-logs/jobs/train-1/attempt-1/"
+    assert config["worker_events_topic"] == "tpujobs-worker-events"
+
+
+def test_timings_can_be_shortened_for_the_local_stack() -> None:
+    """AgentTimings sets the heartbeat, grace and chunk periods in the config."""
+    config = agent_config(a_job(), SETTINGS, AgentTimings(1, 2, 0.5))
+    assert (config["heartbeat_seconds"], config["grace_seconds"], config["chunk_seconds"]) == (
+        1,
+        2,
+        0.5,
     )
+
+
+def test_the_script_starts_with_a_bash_shebang_and_strict_mode_and_execs_the_agent() -> None:
+    """A VM runs it with bash, failing on the first error; the agent replaces the shell."""
+    script = render_startup_script(a_job(), SETTINGS)
+    assert script.startswith("#!/bin/bash\n")
+    assert "\nset -euo pipefail\n" in script
+    assert script.endswith("\nexec python3 agent.py config.json\n")
 
 
 def test_the_script_of_a_valid_job_passes_bash_syntax_check(tmp_path: Path) -> None:
     """`bash -n` accepts the script."""
     path = tmp_path / "startup.sh"
-    path.write_text(render_startup_script(valid_job()))
+    path.write_text(render_startup_script(a_job(setup="make", env={"A": "b"}), SETTINGS))
     result = subprocess.run(
         [BASH or "bash", "-n", str(path)], capture_output=True, text=True, check=False
     )
     assert result.returncode == 0, result.stderr
 
 
-def test_the_script_of_a_valid_job_announces_its_job_and_attempt(tmp_path: Path) -> None:
-    """Run as is, the script prints the job id and attempt and exits 0."""
-    job = valid_job().evolve(attempt=3, queued_resource="train-1-a3")
-    result = run_script(render_startup_script(job), tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout == "tpujobs: job train-1 attempt 3 booted\n"
+def test_the_script_embeds_the_agent_source_and_the_config_verbatim() -> None:
+    """The heredoc holds worker.py byte for byte; the base64 block decodes to agent_config."""
+    job = a_job(env={"X": "1"})
+    script = render_startup_script(job, SETTINGS)
+    assert f"<<'{AGENT_DELIMITER}'\n{agent_source()}{AGENT_DELIMITER}\n" in script
+    assert embedded_config(script) == agent_config(job, SETTINGS)
 
 
-def test_the_script_starts_with_a_bash_shebang_and_strict_mode() -> None:
-    """A VM runs it with bash, failing on the first error or unset variable."""
-    script = render_startup_script(valid_job())
-    assert script.startswith("#!/bin/bash\n")
-    assert "set -euo pipefail" in script
+def test_the_default_work_directory_is_per_job_and_attempt_and_file_name_safe() -> None:
+    """/var/lib/tpujobs/{job}/attempt-{n}; a job id that is not a safe segment is made one."""
+    assert startup.default_workdir(a_job(3)) == "/var/lib/tpujobs/train-1/attempt-3"
+    hostile = a_job().evolve(job_id="../../etc x")
+    assert startup.default_workdir(hostile) == "/var/lib/tpujobs/______etc_x/attempt-1"
 
 
-@pytest.mark.parametrize(("resume", "flag"), [(True, "1"), (False, "0")])
-def test_the_script_exports_the_resume_flag(resume: bool, flag: str) -> None:
-    """TPUJOBS_RESUME is 1 when the attempt continues from its checkpoint, else 0."""
-    script = render_startup_script(valid_job().evolve(resume_next=resume))
-    assert f"export TPUJOBS_RESUME={flag}\n" in script
-
-
-@pytest.mark.parametrize("job_id", HOSTILE_JOB_IDS.values(), ids=HOSTILE_JOB_IDS.keys())
-def test_a_hostile_job_id_is_quoted_so_the_script_runs_nothing_and_prints_it_literally(
-    tmp_path: Path, job_id: str
+def test_an_agent_source_holding_the_heredoc_delimiter_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Quotes, $(), backticks, newlines and ; in a job id create no file and are echoed as written."""
-    job_id = job_id.replace("{tmp}", str(tmp_path))
-    job = valid_job().evolve(job_id=job_id)
-    script = render_startup_script(job)
+    """If worker.py ever contained the delimiter, rendering fails instead of cutting the heredoc."""
+    bad = tmp_path / "worker.py"
+    bad.write_text(f"print(1)\n{AGENT_DELIMITER}\nprint(2)\n")
+    monkeypatch.setattr(startup, "AGENT_SOURCE", bad)
+    agent_source.cache_clear()
+    try:
+        with pytest.raises(RuntimeError, match=AGENT_DELIMITER):
+            render_startup_script(a_job(), SETTINGS)
+    finally:
+        agent_source.cache_clear()
 
+
+def test_the_real_agent_source_does_not_contain_the_delimiter() -> None:
+    """worker.py can travel in the quoted heredoc."""
+    assert AGENT_DELIMITER not in agent_source()
+
+
+def test_a_largest_spec_still_fits_in_a_metadata_value() -> None:
+    """A 64 KiB spec (the submission limit) gives a script under GCE's 256 KiB per metadata value."""
+    big = "x" * 8000
+    spec = a_job().spec.model_copy(
+        update={
+            "command": "y" * 20000,
+            "setup": "z" * 10000,
+            "env": {f"V{i}": big for i in range(4)},
+        }
+    )
+    script = render_startup_script(a_job().evolve(spec=spec), SETTINGS)
+    assert len(script.encode()) < 256 * 1024
+
+
+# --- hostile values, run for real -----------------------------------------------------
+
+
+def run_hostile(job: Job, tmp_path: Path, metadata: FakeMetadata, google: GoogleStub):
+    """Render, check syntax, run the script; (exit code, the config the agent got)."""
+    script = render_startup_script(job, SETTINGS, timings=FAST)
     syntax = subprocess.run(
         [BASH or "bash", "-n"], input=script, capture_output=True, text=True, check=False
     )
     assert syntax.returncode == 0, syntax.stderr
+    workdir = tmp_path / "work"
+    code, _, stderr = run_script(script, workdir, metadata, google)
+    config = json.loads((workdir / "config.json").read_text())
+    assert config == agent_config(job, SETTINGS, FAST), stderr
+    return code, stderr
 
-    result = run_script(script, tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["startup.sh"]
-    assert result.stdout == f"tpujobs: job {job_id} attempt 1 booted\n"
+
+@pytest.mark.parametrize("value", HOSTILE.values(), ids=HOSTILE.keys())
+def test_a_hostile_job_id_runs_nothing_and_reaches_the_agent_literally(
+    tmp_path: Path, metadata: FakeMetadata, google: GoogleStub, value: str
+) -> None:
+    """Quotes, $(), backticks, newlines, heredoc delimiters in a job id create no file; reports carry it."""
+    value = value.replace("{tmp}", str(tmp_path))
+    job = a_job(command="echo ok").evolve(
+        job_id=value, name=value, owner=value, queued_resource=value
+    )
+    code, stderr = run_hostile(job, tmp_path, metadata, google)
+    assert code == 0, stderr
+    assert no_pwned_files(tmp_path) == []
+    started = [p for p, _ in google.messages(WORKER_EVENTS) if p["kind"] == "started"]
+    assert [p["job_id"] for p in started] == [value]
+    assert google.output(chunk_prefix(job_id=value)) == b"ok\n"
 
 
-def test_the_literal_hostile_value_from_the_brief_touches_nothing_in_tmp(tmp_path: Path) -> None:
-    """x'; touch /tmp/pwned; ' leaves /tmp/pwned as it was and is printed whole."""
-    job_id = "x'; touch /tmp/pwned; '"
+@pytest.mark.parametrize("value", HOSTILE.values(), ids=HOSTILE.keys())
+def test_a_hostile_env_value_is_seen_by_the_command_exactly_as_written(
+    tmp_path: Path, metadata: FakeMetadata, google: GoogleStub, value: str
+) -> None:
+    """An env value is data: the command prints it back unchanged and nothing runs."""
+    value = value.replace("{tmp}", str(tmp_path))
+    job = a_job(command="printf '%s' \"$HOSTILE\"", env={"HOSTILE": value})
+    code, stderr = run_hostile(job, tmp_path, metadata, google)
+    assert code == 0, stderr
+    assert no_pwned_files(tmp_path) == []
+    assert google.output(chunk_prefix()) == value.encode()
+
+
+@pytest.mark.parametrize(
+    "value",
+    [HOSTILE["quote_break"], HOSTILE["quote_break_absolute"], HOSTILE["double_quotes"]],
+    ids=["quote_break", "quote_break_absolute", "double_quotes"],
+)
+@pytest.mark.parametrize("field", ["command", "setup"])
+def test_a_command_or_setup_runs_as_one_bash_program_exactly_as_written(
+    tmp_path: Path, metadata: FakeMetadata, google: GoogleStub, value: str, field: str
+) -> None:
+    """Text that would break out of shell quoting stays one quoted word for `bash -c`: nothing is touched."""
+    value = value.replace("{tmp}", str(tmp_path))
+    changes = {"command": "echo ok", field: value}
+    spec = a_job().spec.model_copy(update=changes)
+    code, stderr = run_hostile(a_job().evolve(spec=spec), tmp_path, metadata, google)
+    assert code == 127, stderr  # bash -c looked for a program named like the whole text
+    assert no_pwned_files(tmp_path) == []
+
+
+def test_the_literal_hostile_value_from_the_brief_touches_nothing_in_tmp(
+    tmp_path: Path, metadata: FakeMetadata, google: GoogleStub
+) -> None:
+    """x'; touch /tmp/pwned; ' as job id, env value and setup leaves /tmp/pwned as it was."""
+    value = "x'; touch /tmp/pwned; '"
     marker = Path("/tmp/pwned")
     existed_before = marker.exists()
-    result = run_script(render_startup_script(valid_job().evolve(job_id=job_id)), tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert job_id in result.stdout
+    spec = a_job().spec.model_copy(update={"env": {"V": value}, "setup": value})
+    code, stderr = run_hostile(a_job().evolve(job_id=value, spec=spec), tmp_path, metadata, google)
+    assert code == 127, stderr
     if not existed_before:
         assert not marker.exists()
+
+
+def test_the_script_writes_only_the_agent_its_config_and_the_code_directory(
+    tmp_path: Path, metadata: FakeMetadata, google: GoogleStub
+) -> None:
+    """The work dir holds agent.py, config.json (private) and code/; agent.py is worker.py."""
+    run_hostile(a_job(), tmp_path, metadata, google)
+    workdir = tmp_path / "work"
+    assert sorted(p.name for p in workdir.iterdir()) == ["agent.py", "code", "config.json"]
+    assert (workdir / "agent.py").read_text() == agent_source()
+    assert oct(os.stat(workdir / "config.json").st_mode & 0o777) == "0o600"

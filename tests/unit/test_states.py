@@ -353,7 +353,7 @@ def test_a_whole_recovery_writes_a_consecutive_timeline() -> None:
         EventKind.CAPACITY_LOST,
         EventKind.NEXT_ATTEMPT_REQUESTED,
         EventKind.WORKERS_STARTED,
-        EventKind.WORKERS_SUCCEEDED,
+        EventKind.WORKER_SUCCEEDED,
     ]
     for minute, kind in enumerate(steps, start=1):
         decision = moved(decide(job, observation(kind, job), NOW + timedelta(minutes=minute)))
@@ -382,7 +382,7 @@ def test_a_whole_recovery_writes_a_consecutive_timeline() -> None:
 @pytest.mark.parametrize(
     ("state", "kind", "to_state"),
     [
-        (JobState.RUNNING, EventKind.WORKERS_SUCCEEDED, JobState.SUCCEEDED),
+        (JobState.RUNNING, EventKind.WORKER_SUCCEEDED, JobState.SUCCEEDED),
         (JobState.QUEUED, EventKind.CAPACITY_REQUEST_FAILED, JobState.FAILED),
         (JobState.RECOVERING, EventKind.CAPACITY_REQUEST_FAILED, JobState.FAILED),
         (JobState.PROVISIONING, EventKind.CANCEL_REQUESTED, JobState.CANCELLED),

@@ -21,13 +21,14 @@ from google.cloud import firestore
 
 from tpujobs.domain.job import Job, JobEvent
 from tpujobs.domain.spec import JobSpec
-from tpujobs.domain.states import JobState
+from tpujobs.domain.states import ACTIVE, JobState
 from tpujobs.domain.transitions import Decision, Ignored, Observation, decide
 from tpujobs.errors import TransientError
-from tpujobs.ports import Clock, Rejection
+from tpujobs.ports import Clock, Rejection, WorkerRecord
 
 JOBS = "jobs"
 EVENTS = "events"
+WORKERS = "workers"
 REJECTIONS = "rejections"
 MAX_PAYLOAD_CHARS = 4096
 
@@ -60,6 +61,8 @@ def job_to_document(job: Job) -> dict[str, Any]:
         "capacity": spec.capacity,
         "priority": spec.priority,
         "resume_next": job.resume_next,
+        "workers_done": list(job.workers_done),
+        "next_attempt_at": job.next_attempt_at,
         "created_at": job.created_at,
         "updated_at": job.updated_at,
         "started_at": job.started_at,
@@ -85,6 +88,8 @@ def job_from_document(data: dict[str, Any]) -> Job:
         queued_resource=data.get("queued_resource", ""),
         capacity_state=data.get("capacity_state"),
         resume_next=data.get("resume_next", False),
+        workers_done=tuple(data.get("workers_done") or ()),
+        next_attempt_at=data.get("next_attempt_at"),
         created_at=data.get("created_at"),
         updated_at=data.get("updated_at"),
         started_at=data.get("started_at"),
@@ -183,6 +188,28 @@ class FirestoreJobStore:
             docs = list(query.limit(limit).stream())
         jobs = [job_from_document(doc.to_dict()) for doc in docs]
         return sorted(jobs, key=lambda job: job.created_at or datetime.min, reverse=True)
+
+    def list_active(self, limit: int = 10_000) -> list[Job]:
+        """Jobs not yet ended: what the reconciler compares with the TPU API."""
+        query = self._db.collection(JOBS).where(
+            filter=firestore.FieldFilter("state", "in", [state.value for state in ACTIVE])
+        )
+        with _transient_on_failure("list active jobs"):
+            return [job_from_document(doc.to_dict()) for doc in query.limit(limit).stream()]
+
+    def record_worker(self, job_id: str, worker: WorkerRecord) -> None:
+        """Merge what one worker host reported into `jobs/{id}/workers/a{attempt}-{worker}`.
+
+        Kept apart from the job document so heartbeats never contend with transitions.
+        """
+        ref = self._job_ref(job_id).collection(WORKERS).document(f"a{worker.attempt}-{worker.worker}")
+        fields = {k: v for k, v in worker.fields().items() if v is not None}
+        with _transient_on_failure("record worker report"):
+            ref.set(fields, merge=True)
+
+    def workers(self, job_id: str) -> list[dict[str, Any]]:
+        with _transient_on_failure("read workers"):
+            return [doc.to_dict() for doc in self._job_ref(job_id).collection(WORKERS).stream()]
 
     def reject(self, rejection: Rejection) -> None:
         ref = self._db.collection(REJECTIONS).document(_document_id(rejection.message_id))

@@ -133,7 +133,7 @@ class CloudTpu:
             if isinstance(error.__cause__, api_exceptions.NotFound):
                 return None
             raise
-        return CapacityStatus(name, zone, resource.state.state.name)
+        return _status(resource, zone)
 
     def release(self, zone: str, name: str) -> None:
         try:
@@ -147,13 +147,34 @@ class CloudTpu:
                 raise
 
     def list(self, zone: str) -> Sequence[CapacityStatus]:
+        """Every queued resource of the zone with the health of its nodes: two list calls."""
+        parent = self._parent(zone)
         with _translated(f"list queued resources in {zone}"):
-            return [
-                CapacityStatus(resource.name.rsplit("/", 1)[-1], zone, resource.state.state.name)
-                for resource in self._client.list_queued_resources(
-                    parent=self._parent(zone), timeout=CALL_TIMEOUT_S
-                )
-            ]
+            resources = list(self._client.list_queued_resources(parent=parent, timeout=CALL_TIMEOUT_S))
+            nodes = list(self._client.list_nodes(parent=parent, timeout=CALL_TIMEOUT_S))
+        unhealthy: dict[str, int] = {}
+        for node in nodes:
+            if node.state.name in _LOST_NODE_STATES or node.health.name in _UNHEALTHY:
+                owner = node.queued_resource.rsplit("/", 1)[-1]
+                unhealthy[owner] = unhealthy.get(owner, 0) + max(1, len(node.network_endpoints))
+        return [
+            _status(resource, zone, unhealthy.get(resource.name.rsplit("/", 1)[-1], 0))
+            for resource in resources
+        ]
+
+
+_LOST_NODE_STATES = frozenset({"PREEMPTED", "TERMINATED", "REPAIRING", "STOPPING", "STOPPED"})
+_UNHEALTHY = frozenset({"TIMEOUT", "UNHEALTHY_TENSORFLOW", "UNHEALTHY_MAINTENANCE"})
+
+
+def _status(resource: tpu_v2.QueuedResource, zone: str, unhealthy_hosts: int = 0) -> CapacityStatus:
+    state = resource.state.state.name
+    detail = ""
+    if state == "FAILED":
+        detail = resource.state.failed_data.error.message
+    specs = resource.tpu.node_spec
+    label = specs[0].node.labels.get("tpujobs-job") if specs else None
+    return CapacityStatus(resource.name.rsplit("/", 1)[-1], zone, state, detail, unhealthy_hosts, label)
 
 
 @contextmanager

@@ -265,6 +265,17 @@ def function(
     )
 
 
+def scheduler(interval_s: float, *, env: Mapping[str, str] | None = None) -> ServiceSpec:
+    """The local Cloud Scheduler: reconcile ticks every `interval_s` (tpujobs.dev.scheduler)."""
+    return ServiceSpec(
+        name="scheduler",
+        argv=(sys.executable, "-m", "tpujobs.dev.scheduler", "--interval", str(interval_s)),
+        port=0,
+        ready=lambda: True,
+        env=env,
+    )
+
+
 # --- starting -------------------------------------------------------------------------
 
 

@@ -27,6 +27,7 @@ from tpujobs.dev.processes import LOOPBACK, ManagedProcess, StackError
 
 STACK_FILE = "stack.json"
 FORMAT_VERSION = 1
+RECONCILE_INTERVAL_S = 3.0  # Cloud Scheduler ticks once a minute; locally, every few seconds
 REPO_ROOT = Path(__file__).resolve().parents[3]  # shared/tpujobs/dev/stack.py -> the repo
 
 Report = Callable[[str], None]
@@ -272,6 +273,10 @@ def _start(
         say(f"{len(wired.topics)} topics, {len(wired.subscriptions)} push subscriptions")
         wiring.ensure_bucket(storage, settings.project, bucket)
         say(f"bucket {bucket}")
+        started += processes.start(
+            [processes.scheduler(RECONCILE_INTERVAL_S, env=service_env)], state_dir / "logs"
+        )
+        say(f"scheduler ticks {topology.RECONCILE} every {RECONCILE_INTERVAL_S:g} s")
         state = StackState(
             state_dir=state_dir,
             env=env,

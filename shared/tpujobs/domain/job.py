@@ -50,7 +50,9 @@ class Job:
     restarts: int = 0
     queued_resource: str = ""
     capacity_state: str | None = None
-    resume_next: bool = False  # whether the next attempt continues from a checkpoint
+    resume_next: bool = False  # whether the current (or, when RECOVERING, the next) attempt resumes
+    workers_done: tuple[str, ...] = ()  # workers ("slice-worker") of this attempt that exited 0
+    next_attempt_at: datetime | None = None  # RECOVERING: not before this (restart backoff)
     created_at: datetime | None = None
     updated_at: datetime | None = None
     started_at: datetime | None = None
@@ -62,8 +64,29 @@ class Job:
     def evolve(self, **changes: Any) -> Job:
         return replace(self, **changes)
 
+    @property
+    def total_workers(self) -> int:
+        """Worker hosts of one attempt: hosts per slice times slices."""
+        return self.spec.hosts_per_slice * self.spec.slices
 
-def new_job(spec: JobSpec, default_zone: str, now: datetime) -> tuple[Job, JobEvent]:
+    def as_next_attempt(self) -> Job:
+        """The job as its next attempt will see it: what the startup script of that attempt needs."""
+        attempt = self.attempt + 1
+        return self.evolve(
+            attempt=attempt,
+            queued_resource=queued_resource_name(self.job_id, attempt),
+            workers_done=(),
+        )
+
+
+def worker_key(slice_id: int, worker_id: int) -> str:
+    """How a worker host is named in `workers_done` and in worker documents."""
+    return f"{slice_id}-{worker_id}"
+
+
+def new_job(
+    spec: JobSpec, default_zone: str, now: datetime, log_uri: str | None = None
+) -> tuple[Job, JobEvent]:
     """The QUEUED job a valid spec becomes, and the first entry of its timeline."""
     assert spec.job_id is not None, "parse_spec derives job_id before a job is made"
     zone = (spec.preferred_zones or (default_zone,))[0]
@@ -80,6 +103,7 @@ def new_job(spec: JobSpec, default_zone: str, now: datetime) -> tuple[Job, JobEv
         queued_resource=queued_resource_name(spec.job_id, 1),
         created_at=now,
         updated_at=now,
+        log_uri=log_uri,
         event_seq=1,
     )
     event = JobEvent(1, now, None, JobState.QUEUED, reason, "submit", 1)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from tpujobs.domain.states import JobState
 
 BACKOFF_BASE_SECONDS = 1.0
-BACKOFF_CAP_SECONDS = 60.0
+BACKOFF_CAP_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -38,8 +38,12 @@ def rule_on_loss(rule: str, restarts: int, max_restarts: int, what: str) -> Rest
 
 
 def backoff_seconds(restarts: int) -> float:
-    """Exponential backoff before the next attempt: 1 s, 2 s, 4 s, ... capped at a minute."""
-    if restarts <= 0:
+    """The wait before restart number `restarts`: none for the first, then 1 s, 2 s, 4 s, ...
+
+    The first restart goes at once because a preemption is not the job's fault and
+    every second of it is lost work; repeated losses back off, capped at half a minute.
+    """
+    if restarts <= 1:
         return 0.0
-    doublings = min(restarts - 1, 32)  # past the cap anyway; keeps 2**n from overflowing
+    doublings = min(restarts - 2, 32)  # past the cap anyway; keeps 2**n from overflowing
     return min(BACKOFF_BASE_SECONDS * 2**doublings, BACKOFF_CAP_SECONDS)

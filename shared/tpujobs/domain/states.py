@@ -50,10 +50,10 @@ class EventKind(str, Enum):
     """The queued resource moved to another non-final TPU state (WAITING_FOR_RESOURCES, ...)."""
     WORKERS_STARTED = "workers_started"
     """The worker agents report the command started."""
-    WORKERS_SUCCEEDED = "workers_succeeded"
-    """Every worker of the attempt exited 0."""
+    WORKER_SUCCEEDED = "worker_succeeded"
+    """One worker's command exited 0; the job succeeds when every worker of the attempt has."""
     COMMAND_FAILED = "command_failed"
-    """A worker's command exited non-zero; `on_error` decides what follows."""
+    """A worker's command (or setup) exited non-zero; `on_error` decides what follows."""
     CAPACITY_LOST = "capacity_lost"
     """Preemption, hardware failure or a lost host; `on_preemption` decides what follows."""
     NEXT_ATTEMPT_REQUESTED = "next_attempt_requested"
@@ -70,7 +70,14 @@ TRANSITIONS: dict[tuple[JobState, EventKind], frozenset[JobState]] = {
     (JobState.RECOVERING, EventKind.CAPACITY_REQUEST_FAILED): frozenset({JobState.FAILED}),
     (JobState.PROVISIONING, EventKind.CAPACITY_CHANGED): frozenset({JobState.PROVISIONING}),
     (JobState.PROVISIONING, EventKind.WORKERS_STARTED): frozenset({JobState.RUNNING}),
-    (JobState.RUNNING, EventKind.WORKERS_SUCCEEDED): frozenset({JobState.SUCCEEDED}),
+    # A worker may finish before its `started` report arrives: exits count from PROVISIONING too.
+    (JobState.PROVISIONING, EventKind.WORKER_SUCCEEDED): frozenset(
+        {JobState.RUNNING, JobState.SUCCEEDED}
+    ),
+    (JobState.RUNNING, EventKind.WORKER_SUCCEEDED): frozenset({JobState.RUNNING, JobState.SUCCEEDED}),
+    (JobState.PROVISIONING, EventKind.COMMAND_FAILED): frozenset(
+        {JobState.RECOVERING, JobState.FAILED}
+    ),
     (JobState.RUNNING, EventKind.COMMAND_FAILED): frozenset({JobState.RECOVERING, JobState.FAILED}),
     (JobState.PROVISIONING, EventKind.CAPACITY_LOST): frozenset(
         {JobState.RECOVERING, JobState.FAILED}

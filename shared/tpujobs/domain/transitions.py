@@ -8,11 +8,10 @@ out-of-order observations come back as `Ignored` with the reason, never as a mov
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from tpujobs.domain.job import Job, JobEvent, Source
-from tpujobs.domain.naming import queued_resource_name
-from tpujobs.domain.retry import rule_on_loss
+from tpujobs.domain.retry import backoff_seconds, rule_on_loss
 from tpujobs.domain.states import EventKind, JobState, allowed_targets
 
 
@@ -26,6 +25,7 @@ class Observation:
     reason: str = ""
     capacity_state: str | None = None
     exit_code: int | None = None
+    worker: str | None = None  # "slice-worker", for reports of one worker host
 
 
 @dataclass(frozen=True)
@@ -72,14 +72,29 @@ def decide(job: Job, seen: Observation, now: datetime) -> Decision | Ignored:
         changes["capacity_state"] = "ACTIVE"
         changes["started_at"] = job.started_at or now
         reason = reason or f"Workers of attempt {job.attempt} started the command."
-    elif seen.kind is EventKind.WORKERS_SUCCEEDED:
-        to_state = JobState.SUCCEEDED
-        changes["exit_code"] = 0
-        reason = reason or f"Every worker of attempt {job.attempt} exited 0."
+    elif seen.kind is EventKind.WORKER_SUCCEEDED:
+        worker = seen.worker or "?"
+        if worker in job.workers_done:
+            return Ignored(f"worker {worker} of attempt {job.attempt} was already counted")
+        done = (*job.workers_done, worker)
+        changes["workers_done"] = done
+        changes["started_at"] = job.started_at or now
+        if len(done) >= job.total_workers:
+            to_state = JobState.SUCCEEDED
+            changes["exit_code"] = 0
+            reason = reason or f"Every worker of attempt {job.attempt} exited 0."
+        else:
+            to_state = JobState.RUNNING
+            reason = reason or (
+                f"Worker {worker} exited 0; {len(done)} of {job.total_workers} workers are done."
+            )
     elif seen.kind in (EventKind.COMMAND_FAILED, EventKind.CAPACITY_LOST):
         is_error = seen.kind is EventKind.COMMAND_FAILED
+        on_worker = f" on worker {seen.worker}" if seen.worker else ""
         what = seen.reason or (
-            f"The command exited with code {seen.exit_code}" if is_error else "The capacity was lost"
+            f"The command exited with code {seen.exit_code}{on_worker}"
+            if is_error
+            else "The capacity was lost"
         )
         ruling = rule_on_loss(
             job.spec.on_error if is_error else job.spec.on_preemption,
@@ -93,16 +108,22 @@ def decide(job: Job, seen: Observation, now: datetime) -> Decision | Ignored:
         if to_state is JobState.RECOVERING:
             changes["restarts"] = job.restarts + 1
             changes["resume_next"] = ruling.resume
+            changes["next_attempt_at"] = now + timedelta(seconds=backoff_seconds(job.restarts + 1))
     elif seen.kind is EventKind.NEXT_ATTEMPT_REQUESTED:
         to_state = JobState.PROVISIONING
-        attempt = job.attempt + 1
+        following = job.as_next_attempt()
         changes.update(
-            attempt=attempt,
-            queued_resource=queued_resource_name(job.job_id, attempt),
+            attempt=following.attempt,
+            queued_resource=following.queued_resource,
+            workers_done=(),
             capacity_state=seen.capacity_state,
+            next_attempt_at=None,
             exit_code=None,
         )
-        reason = reason or f"Attempt {attempt} requested queued resource {changes['queued_resource']}."
+        how = "resuming from its checkpoint" if job.resume_next else "from scratch"
+        reason = reason or (
+            f"Attempt {following.attempt} requested queued resource {following.queued_resource}, {how}."
+        )
     elif seen.kind is EventKind.CAPACITY_REQUEST_FAILED:
         to_state = JobState.FAILED
         reason = reason or "The TPU API refused the capacity request."

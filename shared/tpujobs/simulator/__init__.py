@@ -3,9 +3,12 @@
 Why: the control plane must be tested against the real ``tpu_v2`` client without a
 Google project or TPUs. The simulator speaks the v2 REST API closely enough for that client,
 moves queued resources through their real states on a clock, rations chips per pool, and lets
-tests preempt, fail and inject API errors. ``model`` holds the rules, ``server`` the HTTP.
+tests preempt, fail, kill hosts and inject API errors. ``model`` holds the rules, ``server``
+the HTTP, ``workers`` runs each worker host's startup script as a local process and
+``metadata`` answers those processes as GCE's metadata server would.
 """
 
+from tpujobs.simulator.metadata import MetadataReply, MetadataService, metadata_url
 from tpujobs.simulator.model import (
     Code,
     Initiator,
@@ -25,11 +28,14 @@ from tpujobs.simulator.model import (
     StateStore,
 )
 from tpujobs.simulator.server import SimulatorApi, SimulatorServer
+from tpujobs.simulator.workers import StopReason, WorkerInfo, WorkerPool
 
 __all__ = [
     "Code",
     "Initiator",
     "JsonStateFile",
+    "MetadataReply",
+    "MetadataService",
     "NodeRecord",
     "NodeState",
     "OperationRecord",
@@ -45,4 +51,8 @@ __all__ = [
     "SimulatorState",
     "SliceRequest",
     "StateStore",
+    "StopReason",
+    "WorkerInfo",
+    "WorkerPool",
+    "metadata_url",
 ]

@@ -2,7 +2,9 @@
 
 Why a console entry point: the local stack starts the simulator as a child process and waits
 for the one line ``tpujobs-simulator listening on http://HOST:PORT``, which also tells it the
-port when ``--port 0`` let the system choose. SIGTERM and SIGINT stop it cleanly.
+port when ``--port 0`` let the system choose. SIGTERM and SIGINT stop it cleanly: every
+worker process group it started is stopped before it exits (SIGKILL of the simulator itself
+cannot do that, so stop it with SIGTERM).
 """
 
 from __future__ import annotations
@@ -50,6 +52,29 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--api-error-rate", type=float, default=defaults.api_error_rate)
     parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument(
+        "--workers-root",
+        help="scratch directories of worker processes go under DIR/QR_ID/ "
+        "[default: a temporary directory, removed on exit]",
+        metavar="DIR",
+    )
+    parser.add_argument(
+        "--preemption-grace-seconds",
+        type=float,
+        default=defaults.preemption_grace_seconds,
+        help="preempt: SIGTERM the workers, SIGKILL them this much later",
+    )
+    parser.add_argument(
+        "--delete-grace-seconds",
+        type=float,
+        default=defaults.delete_grace_seconds,
+        help="delete and shutdown: SIGTERM the workers, SIGKILL them this much later",
+    )
+    parser.add_argument(
+        "--no-workers",
+        action="store_true",
+        help="do not run startup scripts when queued resources turn ACTIVE",
+    )
     return parser.parse_args(argv)
 
 
@@ -63,6 +88,8 @@ def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
         capacity=dict(args.capacity),
         api_error_rate=args.api_error_rate,
         seed=args.seed,
+        preemption_grace_seconds=args.preemption_grace_seconds,
+        delete_grace_seconds=args.delete_grace_seconds,
     )
 
 
@@ -73,7 +100,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"tpujobs-simulator: {exc}", file=sys.stderr)
         return 2
-    server = SimulatorServer(config, host=args.host, port=args.port, state_file=args.state_file)
+    server = SimulatorServer(
+        config,
+        host=args.host,
+        port=args.port,
+        state_file=args.state_file,
+        run_workers=not args.no_workers,
+        workers_root=args.workers_root,
+    )
     stop = threading.Event()
 
     def request_stop(signum: int, frame: FrameType | None) -> None:
@@ -83,6 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, request_stop)
     url = server.start()
     print(f"tpujobs-simulator listening on {url}", flush=True)
+    if server.workers_root is not None:
+        print(f"tpujobs-simulator: worker scratch under {server.workers_root}", file=sys.stderr)
     try:
         while not stop.wait(0.5):
             pass

@@ -15,8 +15,11 @@ The life of a queued resource (QR); each arrow happens at the time shown:
     WAITING_FOR_RESOURCES --waiting_seconds, then chips free, first come first served-->
         PROVISIONING                                  nodes appear, CREATING
     PROVISIONING --provisioning_seconds--> ACTIVE     nodes READY; on_active hooks
-    PROVISIONING, ACTIVE --preempt()--> SUSPENDING    nodes PREEMPTED; on_stopped hooks
+    PROVISIONING, ACTIVE --preempt()--> SUSPENDING    nodes PREEMPTED, their metadata
+                                                      preempted=TRUE; on_stopped hooks
     SUSPENDING --suspending_seconds--> SUSPENDED
+    ACTIVE --kill_host()--> ACTIVE                    one worker host dies: its node REPAIRING;
+                                                      on_host_failed hooks
     CREATING..ACTIVE --fail()--> FAILED               nodes gone; on_stopped hooks
     any state but DELETING --delete--> DELETING       on_stopped hooks
     DELETING --deleting_seconds--> gone               the delete operation completes
@@ -24,6 +27,14 @@ The life of a queued resource (QR); each arrow happens at the time shown:
 A QR holds the chips of its pools ("family@zone") from PROVISIONING until it is preempted,
 fails or is gone. Deleting without force is refused while the QR still has nodes, as the
 real API does.
+
+A failed host (``kill_host``) is shown as the TPU API shows a slice under repair: the node's
+state REPAIRING, its health UNHEALTHY_MAINTENANCE and a health description naming the dead
+worker, while the QR stays ACTIVE (a broken host does not change the queued resource). The
+simulator never finishes the repair; the control plane is expected to notice (by polling, or
+by the missing worker's silence) and delete the QR.
+
+The model starts no processes: ``workers.WorkerPool`` listens to the hooks and does that.
 """
 
 from __future__ import annotations
@@ -129,6 +140,7 @@ class NodeState(str, Enum):
     CREATING = "CREATING"  # its QR is PROVISIONING
     READY = "READY"  # its QR is ACTIVE
     PREEMPTED = "PREEMPTED"  # its QR was preempted
+    REPAIRING = "REPAIRING"  # a worker host of it failed (kill_host); never repaired here
     DELETING = "DELETING"  # its QR is being deleted
 
 
@@ -155,6 +167,8 @@ class SimulatorConfig:
     api_error_codes: tuple[int, ...] = (503, 429)  # HTTP statuses the injected errors pick from
     seed: int = 0  # seeds the fault dice, so a failing run can be repeated
     tick_seconds: float = 0.05  # how often the server's ticker advances time
+    preemption_grace_seconds: float = 30.0  # preempt: SIGTERM, then SIGKILL this much later
+    delete_grace_seconds: float = 2.0  # delete or shutdown: SIGTERM, then SIGKILL this much later
 
     def __post_init__(self) -> None:
         for name in (
@@ -163,6 +177,8 @@ class SimulatorConfig:
             "provisioning_seconds",
             "suspending_seconds",
             "deleting_seconds",
+            "preemption_grace_seconds",
+            "delete_grace_seconds",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
@@ -329,6 +345,8 @@ class NodeRecord:
     create_time: float  # wall clock
     multislice: bool
     spot: bool
+    preempted: bool = False  # what the metadata server answers for instance/preempted
+    failed_workers: tuple[int, ...] = ()  # worker hosts killed by kill_host, in order
 
     @property
     def parent(self) -> str:
@@ -337,6 +355,21 @@ class NodeRecord:
     @property
     def name(self) -> str:
         return f"{self.parent}/nodes/{self.node_id}"
+
+    @property
+    def metadata(self) -> Mapping[str, str]:
+        """The node's metadata as the caller set it (``startup-script`` among them)."""
+        values = self.template.get("metadata") or {}
+        return {str(k): str(v) for k, v in values.items()} if isinstance(values, dict) else {}
+
+    @property
+    def preemptible(self) -> bool:
+        """Spot or preemptible, by the QR or by the node's scheduling config."""
+        scheduling = self.template.get("schedulingConfig") or {}
+        return self.spot or (
+            isinstance(scheduling, dict)
+            and bool(scheduling.get("spot") or scheduling.get("preemptible"))
+        )
 
     @property
     def queued_resource(self) -> str:
@@ -419,6 +452,7 @@ class JsonStateFile:
 
 
 Hook = Callable[[QueuedResourceRecord], None]
+HostHook = Callable[[QueuedResourceRecord, int, int], None]  # (QR, slice index, worker)
 
 
 class Simulator:
@@ -443,7 +477,7 @@ class Simulator:
         self._store = store
         self._lock = threading.Lock()
         self._dispatch_lock = threading.RLock()  # one dispatcher; a hook may call back in
-        self._pending_hooks: list[tuple[list[Hook], QueuedResourceRecord]] = []
+        self._pending_hooks: list[tuple[list[Callable[..., None]], tuple[Any, ...]]] = []
         self._dice = random.Random(self._config.seed)
         self._qrs: dict[tuple[str, str, str], QueuedResourceRecord] = {}
         self._nodes: dict[tuple[str, str, str], NodeRecord] = {}
@@ -452,6 +486,7 @@ class Simulator:
         self._dirty = False
         self.on_active: list[Hook] = []  # a QR became ACTIVE: start its workers
         self.on_stopped: list[Hook] = []  # a QR was preempted, failed or is being deleted
+        self.on_host_failed: list[HostHook] = []  # kill_host: one worker host died silently
         if store is not None:
             snapshot = store.load()
             if snapshot is not None:
@@ -588,7 +623,11 @@ class Simulator:
     def preempt(
         self, qr_id: str, *, zone: str | None = None, project: str | None = None
     ) -> QueuedResourceRecord:
-        """Take a QR's TPUs back as the service does to spot capacity: SUSPENDING, nodes PREEMPTED."""
+        """Take a QR's TPUs back as the service does to spot capacity: SUSPENDING, nodes PREEMPTED.
+
+        The nodes' metadata says preempted=TRUE before on_stopped hooks run, so a worker that
+        gets the SIGTERM and asks the metadata server already reads TRUE, as on GCE.
+        """
         with self._transaction() as now:
             qr = self._resolve(qr_id, zone, project)
             if qr.state not in PREEMPTIBLE_STATES:
@@ -598,7 +637,7 @@ class Simulator:
                     "only PROVISIONING or ACTIVE ones can be preempted",
                 )
             for node in self._nodes_of(qr):
-                self._put_node(dataclasses.replace(node, state=NodeState.PREEMPTED))
+                self._put_node(dataclasses.replace(node, state=NodeState.PREEMPTED, preempted=True))
             suspending = self._put_qr(
                 dataclasses.replace(
                     qr,
@@ -611,6 +650,47 @@ class Simulator:
             self._queue_hooks(self.on_stopped, suspending)
             self._admit(now)
             return suspending
+
+    def kill_host(
+        self,
+        qr_id: str,
+        slice_index: int,
+        worker: int,
+        *,
+        zone: str | None = None,
+        project: str | None = None,
+    ) -> NodeRecord:
+        """One worker host of an ACTIVE QR dies without notice: its node turns REPAIRING.
+
+        The QR stays ACTIVE and the metadata says nothing; on_host_failed hooks kill the
+        worker's processes. *slice_index* counts nodes in the order the node specs name them.
+        """
+        with self._transaction():
+            qr = self._resolve(qr_id, zone, project)
+            if qr.state is not QrState.ACTIVE:
+                raise SimulatorError(
+                    Code.FAILED_PRECONDITION,
+                    f"Queued resource {qr.name} is {qr.state.value}; "
+                    "only an ACTIVE one has hosts to kill",
+                )
+            nodes = self._nodes_of(qr)
+            if not 0 <= slice_index < len(nodes):
+                raise SimulatorError(
+                    Code.INVALID_ARGUMENT,
+                    f"{qr.name} has slices 0..{len(nodes) - 1}, not {slice_index}",
+                )
+            node = nodes[slice_index]
+            if not 0 <= worker < len(node.host_addresses):
+                raise SimulatorError(
+                    Code.INVALID_ARGUMENT,
+                    f"node {node.node_id} has workers 0..{len(node.host_addresses) - 1}, "
+                    f"not {worker}",
+                )
+            failed = tuple(sorted({*node.failed_workers, worker}))
+            repairing = dataclasses.replace(node, state=NodeState.REPAIRING, failed_workers=failed)
+            self._put_node(repairing)
+            self._queue_hooks(self.on_host_failed, qr, slice_index, worker)
+            return repairing
 
     def fail(
         self,
@@ -936,9 +1016,11 @@ class Simulator:
 
     # -- hooks -------------------------------------------------------------------------------
 
-    def _queue_hooks(self, hooks: list[Hook], qr: QueuedResourceRecord) -> None:
+    def _queue_hooks(
+        self, hooks: list[Hook] | list[HostHook], qr: QueuedResourceRecord, *more: int
+    ) -> None:
         if hooks:
-            self._pending_hooks.append((list(hooks), qr))
+            self._pending_hooks.append((list(hooks), (qr, *more)))
 
     def _run_hooks(self) -> None:
         """Call queued hooks outside the state lock, so a hook may call the simulator."""
@@ -947,12 +1029,12 @@ class Simulator:
                 with self._lock:
                     if not self._pending_hooks:
                         return
-                    hooks, qr = self._pending_hooks.pop(0)
+                    hooks, args = self._pending_hooks.pop(0)
                 for hook in hooks:
                     try:
-                        hook(qr)
+                        hook(*args)
                     except Exception:  # a broken hook must not stop the service
-                        _log.exception("simulator hook %r failed for %s", hook, qr.name)
+                        _log.exception("simulator hook %r failed for %s", hook, args[0].name)
 
     # -- persistence ------------------------------------------------------------------------
 
@@ -1060,6 +1142,7 @@ def _node_from_json(data: Mapping[str, Any]) -> NodeRecord:
             **data,
             "state": NodeState(data["state"]),
             "host_addresses": tuple(data["host_addresses"]),
+            "failed_workers": tuple(data.get("failed_workers", ())),
         }
     )
 

@@ -13,7 +13,18 @@ alone, so a 409 raises ``Conflict`` and a 400 ``BadRequest``; the ``status`` fie
 ALREADY_EXISTS from ABORTED, and INVALID_ARGUMENT from FAILED_PRECONDITION.
 
 Everything here is translation: the rules live in ``model.py``. Control endpoints under
-``/simulator/v1/`` let tests preempt, fail and reconfigure; injected faults never touch them.
+``/simulator/v1/`` let tests preempt, fail, kill hosts and reconfigure; injected faults never
+touch them. ``/simulator/v1/metadata/...`` is each worker's metadata server (``metadata.py``),
+and the server runs the workers themselves (``workers.py``) unless told not to.
+
+Control endpoints (zone and id of the QR; ``?project=P`` when the id is ambiguous):
+
+    GET  /simulator/v1/health | state | config          state includes every QR's workers
+    POST /simulator/v1/config                           JSON changes to SimulatorConfig
+    POST /simulator/v1/queuedResources/{zone}/{id}:preempt
+    POST /simulator/v1/queuedResources/{zone}/{id}:fail            body {"code", "message"}
+    POST /simulator/v1/queuedResources/{zone}/{id}:kill-host?slice=S&worker=W
+    GET  /simulator/v1/queuedResources/{zone}/{id}:workers
 """
 
 from __future__ import annotations
@@ -21,15 +32,19 @@ from __future__ import annotations
 import json
 import logging
 import re
+import shutil
+import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from os import PathLike
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from tpujobs.simulator.metadata import MetadataReply, MetadataService, metadata_url
 from tpujobs.simulator.model import (
     WORKER_PORT,
     Code,
@@ -45,6 +60,7 @@ from tpujobs.simulator.model import (
     SimulatorError,
     SliceRequest,
 )
+from tpujobs.simulator.workers import WorkerInfo, WorkerPool
 
 _log = logging.getLogger(__name__)
 
@@ -174,7 +190,18 @@ def node_json(node: NodeRecord) -> Json:
         out["schedulingConfig"] = {**node.template.get("schedulingConfig", {}), "spot": True}
     if node.state is NodeState.READY:
         out["health"] = "HEALTHY"
+    elif node.state is NodeState.REPAIRING:
+        workers = ", ".join(str(w) for w in node.failed_workers)
+        out["health"] = "UNHEALTHY_MAINTENANCE"
+        out["healthDescription"] = (
+            f"Worker {workers} of this node failed (hardware failure simulated by tpujobs); "
+            "the node is being repaired"
+        )
     return out
+
+
+def worker_json(worker: WorkerInfo) -> Json:
+    return worker.to_json()
 
 
 def operation_json(op: OperationRecord) -> Json:
@@ -353,8 +380,15 @@ Handler = Callable[[dict[str, str], Query, bytes], tuple[int, Json]]
 class SimulatorApi:
     """Routes one request to the model and renders the answer; no sockets, so tests can call it."""
 
-    def __init__(self, simulator: Simulator) -> None:
+    def __init__(
+        self,
+        simulator: Simulator,
+        worker_pool: WorkerPool | None = None,
+        stopping: threading.Event | None = None,
+    ) -> None:
         self.simulator = simulator
+        self.worker_pool = worker_pool
+        self.metadata_service = MetadataService(simulator.get_node, stopping=stopping)
         self._tpu_routes: list[tuple[str, re.Pattern[str], Handler]] = [
             ("POST", re.compile(_LOCATION + "/queuedResources"), self._create_queued_resource),
             ("GET", re.compile(_LOCATION + "/queuedResources"), self._list_queued_resources),
@@ -384,6 +418,16 @@ class SimulatorApi:
                 re.compile(_CONTROL + r"/queuedResources/(?P<zone>[^/]+)/" + _ID + ":fail"),
                 self._fail,
             ),
+            (
+                "POST",
+                re.compile(_CONTROL + r"/queuedResources/(?P<zone>[^/]+)/" + _ID + ":kill-host"),
+                self._kill_host,
+            ),
+            (
+                "GET",
+                re.compile(_CONTROL + r"/queuedResources/(?P<zone>[^/]+)/" + _ID + ":workers"),
+                self._workers,
+            ),
         ]
 
     def handle(self, method: str, path: str, query: Query, body: bytes) -> tuple[int, Json]:
@@ -407,6 +451,12 @@ class SimulatorApi:
         except Exception as exc:  # answer like a server, and keep serving
             _log.exception("simulator failed on %s %s", method, path)
             return 500, error_json(SimulatorError(Code.INTERNAL, f"simulator bug: {exc!r}"))
+
+    def metadata(self, path: str, query: Query, headers: Mapping[str, str]) -> MetadataReply | None:
+        """A worker's metadata server answer, or None when *path* is not a metadata path."""
+        if not MetadataService.handles(path):
+            return None
+        return self.metadata_service.answer(path, query, headers)
 
     # -- the TPU API ----------------------------------------------------------------------
 
@@ -497,6 +547,12 @@ class SimulatorApi:
             "nodes": [node_json(node) for node in state.nodes],
             "operations": [operation_json(op) for op in state.operations],
             "config": self.simulator.config.to_json(),
+            "workers": {
+                name: [worker_json(w) for w in workers]
+                for name, workers in (
+                    self.worker_pool.all_workers() if self.worker_pool is not None else {}
+                ).items()
+            },
         }
 
     def _get_config(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
@@ -532,6 +588,24 @@ class SimulatorApi:
             code=code,
         )
         return 200, queued_resource_json(qr)
+
+    def _kill_host(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
+        node = self.simulator.kill_host(
+            params["id"],
+            _query_int(query, "slice"),
+            _query_int(query, "worker"),
+            zone=params["zone"],
+            project=_query_str(query, "project") or None,
+        )
+        return 200, node_json(node)
+
+    def _workers(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
+        if self.worker_pool is None:
+            return 200, {"workers": []}
+        found = self.worker_pool.workers(
+            params["id"], zone=params["zone"], project=_query_str(query, "project") or None
+        )
+        return 200, {"workers": [worker_json(w) for w in found]}
 
 
 def _json_body(body: bytes) -> Any:
@@ -574,13 +648,32 @@ class _RequestHandler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
         url = urlsplit(self.path)
-        status, payload = self.server.api.handle(
-            method, url.path, parse_qs(url.query, keep_blank_values=True), body
-        )
-        data = json.dumps(payload).encode("utf-8")
+        query = parse_qs(url.query, keep_blank_values=True)
+        if method == "GET":
+            reply = self.server.api.metadata(url.path, query, dict(self.headers.items()))
+            if reply is not None:
+                self._send(
+                    reply.status,
+                    reply.body.encode("utf-8"),
+                    reply.content_type,
+                    {"Metadata-Flavor": "Google", **({"ETag": reply.etag} if reply.etag else {})},
+                )
+                return
+        status, payload = self.server.api.handle(method, url.path, query, body)
+        self._send(status, json.dumps(payload).encode("utf-8"), "application/json; charset=UTF-8")
+
+    def _send(
+        self,
+        status: int,
+        data: bytes,
+        content_type: str,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         self.send_response(status)
-        self.send_header("Content-Type", "application/json; charset=UTF-8")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.end_headers()
         self.wfile.write(data)
 
@@ -589,7 +682,13 @@ class _RequestHandler(BaseHTTPRequestHandler):
 
 
 class SimulatorServer:
-    """The simulator on a local port, served and ticked by daemon threads; a context manager."""
+    """The simulator on a local port, served and ticked by daemon threads; a context manager.
+
+    With *run_workers* (the default) it also runs every ACTIVE QR's startup scripts
+    (``workers.WorkerPool``) under *workers_root*, a temporary directory made at start and
+    removed at stop when none is given; *environ* is their base environment (default
+    ``os.environ``). ``stop()`` leaves no worker process behind.
+    """
 
     def __init__(
         self,
@@ -599,6 +698,9 @@ class SimulatorServer:
         state_file: str | PathLike[str] | None = None,
         *,
         simulator: Simulator | None = None,
+        run_workers: bool = True,
+        workers_root: str | PathLike[str] | None = None,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
         store = JsonStateFile(state_file) if state_file is not None else None
         self.simulator = simulator or Simulator(config, store=store)
@@ -606,6 +708,11 @@ class SimulatorServer:
         self._http: _HttpServer | None = None
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
+        self._run_workers = run_workers
+        self._workers_root = None if workers_root is None else Path(workers_root)
+        self._made_workers_root = False
+        self._environ = environ
+        self.worker_pool: WorkerPool | None = None  # set by start() when workers run
 
     @property
     def url(self) -> str:
@@ -618,7 +725,19 @@ class SimulatorServer:
         """Bind, serve and tick in the background; returns the base URL for api_endpoint."""
         if self._http is not None:
             raise RuntimeError("the simulator server is already started")
-        self._http = _HttpServer(self._address, SimulatorApi(self.simulator))
+        if self._run_workers:
+            if self._workers_root is None:
+                self._workers_root = Path(tempfile.mkdtemp(prefix="tpujobs-workers-"))
+                self._made_workers_root = True
+            self._workers_root.mkdir(parents=True, exist_ok=True)
+            self.worker_pool = WorkerPool(
+                self.simulator, self._workers_root, self._metadata_url, environ=self._environ
+            )
+        self._http = _HttpServer(
+            self._address, SimulatorApi(self.simulator, self.worker_pool, self._stopping)
+        )
+        if self.worker_pool is not None:
+            self.worker_pool.attach()
         self._threads = [
             threading.Thread(
                 target=self._http.serve_forever,
@@ -632,15 +751,38 @@ class SimulatorServer:
             thread.start()
         return self.url
 
+    @property
+    def workers_root(self) -> Path | None:
+        """Where worker scratch directories go; None when workers do not run."""
+        return self._workers_root if self._run_workers else None
+
+    def workers(
+        self, qr_id: str, *, zone: str | None = None, project: str | None = None
+    ) -> tuple[WorkerInfo, ...]:
+        """The worker processes of a QR, by slice then worker; () when workers do not run."""
+        if self.worker_pool is None:
+            return ()
+        return self.worker_pool.workers(qr_id, zone=zone, project=project)
+
     def stop(self) -> None:
-        """Stop serving and ticking; idempotent."""
+        """Stop every worker group (SIGTERM, then SIGKILL after delete_grace_seconds), then
+        serving and ticking; idempotent."""
         if self._http is None or self._stopping.is_set():
             return
-        self._stopping.set()
-        self._http.shutdown()
-        self._http.server_close()
-        for thread in self._threads:
-            thread.join(timeout=5)
+        self._stopping.set()  # ends the ticker and metadata waits; HTTP serves on meanwhile
+        try:
+            if self.worker_pool is not None:
+                self.worker_pool.close()
+        finally:
+            self._http.shutdown()
+            self._http.server_close()
+            for thread in self._threads:
+                thread.join(timeout=5)
+            if self._made_workers_root and self._workers_root is not None:
+                shutil.rmtree(self._workers_root, ignore_errors=True)
+
+    def _metadata_url(self, node: NodeRecord, worker: int) -> str:
+        return metadata_url(self.url, node.project, node.zone, node.node_id, worker)
 
     def _tick(self) -> None:
         """Advance time even when nobody asks, so hooks fire and waits end on time."""

@@ -1,0 +1,53 @@
+"""Cloud Storage through google-cloud-storage (the emulator when STORAGE_EMULATOR_HOST is set)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import tarfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from google.cloud import storage
+
+
+def build_client(project: str) -> storage.Client:
+    """A Storage client; anonymous against the emulator, default credentials otherwise."""
+    import os
+
+    from google.cloud import storage
+
+    if os.environ.get("STORAGE_EMULATOR_HOST"):
+        from google.auth.credentials import AnonymousCredentials
+
+        return storage.Client(project=project, credentials=AnonymousCredentials())
+    return storage.Client(project=project)
+
+
+def pack_directory(directory: Path) -> bytes:
+    """A gzip tarball of `directory`'s files, the same bytes for the same content.
+
+    Names are relative, owners and times are zeroed, and the order is sorted, so the
+    upload's name (its hash) changes only when the code does.
+    """
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
+        for path in sorted(p for p in directory.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+            info = tar.gettarinfo(str(path), arcname=str(path.relative_to(directory)))
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            info.mtime = 0
+            with path.open("rb") as handle:
+                tar.addfile(info, handle)
+    return buffer.getvalue()
+
+
+def upload_code_dir(client: storage.Client, bucket: str, directory: Path) -> str:
+    """Upload a job's code directory once per content; the gs:// URI goes in `code_uri`."""
+    data = pack_directory(directory)
+    name = f"code/{hashlib.sha256(data).hexdigest()[:16]}.tar.gz"
+    blob = client.bucket(bucket).blob(name)
+    if not blob.exists():
+        blob.upload_from_string(data, content_type="application/gzip")
+    return f"gs://{bucket}/{name}"

@@ -1,0 +1,1127 @@
+"""The tpujobs worker agent: runs a job's command on one TPU worker host and reports on it.
+
+Started by the startup script as `python3 agent.py config.json`, from the attempt's work
+directory. Standard library only and Python 3.8+, because it runs on stock TPU VM images
+and the startup script embeds this file whole.
+
+What it does, in order:
+  1. learns which worker and slice it is from the metadata server;
+  2. fetches the code (a gs:// tarball, unpacked safely, or every object under a gs:// prefix);
+  3. runs `setup` once per host, then `command`, each with `bash -c` in its own process group
+     and the environment of contract section 2;
+  4. streams their merged output to Cloud Storage in numbered chunk objects (and to its own
+     stdout), so little is lost when the host dies;
+  5. reports started (when setup or the command starts), heartbeat, checkpoint and exited
+     to the worker-events topic;
+  6. on SIGTERM or `instance/preempted` turning TRUE, publishes one preemption notice first,
+     then stops the command (SIGTERM to its group, SIGKILL after the grace period), flushes
+     the output and reports nothing more.
+
+Why it is built this way: SIGTERM reaches a thread through `signal.set_wakeup_fd`, so the
+notice goes out even while the main thread is blocked; output is read by one thread and
+uploaded by another, so a slow upload never stalls the command; reports leave in order from
+one publishing thread. Every call to a Google API is retried on 5xx, 429 and connection
+errors, a bounded number of times. The access token is never printed.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import datetime
+import http.client
+import json
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+DEFAULT_METADATA_URL = "http://metadata.google.internal/computeMetadata/v1"
+PUBSUB_API = "https://pubsub.googleapis.com"
+STORAGE_API = "https://storage.googleapis.com"
+
+MAX_CHUNK_BYTES = 256 * 1024
+MAX_PENDING_BYTES = 64 * 1024 * 1024  # output kept while uploads fail; older output is dropped
+MAX_LINE_BYTES = 64 * 1024  # longer lines are not scanned for checkpoint markers
+MAX_DETAIL_CHARS = 1024  # of a checkpoint report's detail, as tpujobs.reports accepts
+RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+AGENT_FAILED = 1  # the exit code reported when the agent fails the attempt (e.g. no code)
+AGENT_CANNOT_START = 2  # bad config or unknown identity: nothing can be reported
+CHECKPOINT_LINE = re.compile(rb"^[ \t]*TPUJOBS_CHECKPOINT[ \t]+step=([0-9]+)(.*)$")
+DEFAULTS = {"heartbeat_seconds": 10, "grace_seconds": 30, "chunk_seconds": 2}
+REQUIRED = {
+    "job_id": str,
+    "attempt": int,
+    "resume": bool,
+    "command": str,
+    "num_slices": int,
+    "hosts_per_slice": int,
+    "queued_resource": str,
+    "checkpoint_uri": str,
+    "log_prefix": str,
+    "project": str,
+    "worker_events_topic": str,
+    "preemption_topic": str,
+}
+
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # metadata, emulators
+_DEFAULT = urllib.request.build_opener()  # Google APIs: honour the host's proxy settings
+
+
+class AgentError(Exception):
+    """Something the agent cannot do; the message says what."""
+
+
+class HttpError(AgentError):
+    """An HTTP answer other than 2xx."""
+
+    def __init__(self, status: int, method: str, url: str, body: bytes) -> None:
+        where = url.split("?", 1)[0]
+        text = body[:300].decode("utf-8", "replace").strip()
+        super().__init__(f"{method} {where} answered HTTP {status}: {text}")
+        self.status = status
+        self.retryable = status in RETRYABLE_STATUS
+
+
+def log(message: str) -> None:
+    """A line on the agent's stderr (the serial console on a TPU VM)."""
+    try:
+        sys.stderr.write(f"tpujobs-agent: {message}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def rfc3339(when: float | None = None) -> str:
+    """UTC time as RFC 3339 with milliseconds: 2025-03-01T12:00:00.123Z."""
+    moment = datetime.datetime.fromtimestamp(
+        time.time() if when is None else when, tz=datetime.timezone.utc
+    )
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def exit_status(returncode: int) -> int:
+    """A process's exit code as a shell reports it: killed by signal N is 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+# --- HTTP -----------------------------------------------------------------------------
+
+
+def http_call(
+    opener: urllib.request.OpenerDirector,
+    method: str,
+    url: str,
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = 15.0,
+    sink: str | None = None,
+) -> bytes:
+    """The body of a 2xx answer (or, with `sink`, streamed into that file), else HttpError."""
+    request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    try:
+        with opener.open(request, timeout=timeout) as response:
+            if sink is None:
+                return bytes(response.read())
+            with open(sink, "wb") as out:
+                shutil.copyfileobj(response, out, 1024 * 1024)
+            return b""
+    except urllib.error.HTTPError as error:
+        try:
+            data = error.read()
+        except (OSError, http.client.HTTPException):
+            data = b""
+        raise HttpError(error.code, method, url, data) from None
+
+
+def with_retries(
+    call: Callable[[], Any],
+    attempts: int = 6,
+    first_delay: float = 0.2,
+    max_delay: float = 3.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Any:
+    """call(), again after a short growing pause on 5xx, 429 or a connection error; bounded."""
+    delay = first_delay
+    for attempt in range(1, attempts + 1):
+        try:
+            return call()
+        except HttpError as error:
+            if not error.retryable or attempt == attempts:
+                raise
+        except (OSError, http.client.HTTPException):  # URLError, resets, timeouts
+            if attempt == attempts:
+                raise
+        sleep(delay)
+        delay = min(delay * 2, max_delay)
+    raise AssertionError("unreachable")
+
+
+def _as_url(host: str) -> str:
+    value = host.strip().rstrip("/")
+    return value if "://" in value else "http://" + value
+
+
+class Metadata:
+    """The metadata server of this VM (or a fake one named by TPUJOBS_METADATA_URL)."""
+
+    def __init__(self, base_url: str, timeout: float = 5.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+
+    def get(self, path: str, timeout: float | None = None) -> str:
+        url = f"{self.base_url}/{path}"
+        data = http_call(
+            _DIRECT,
+            "GET",
+            url,
+            headers={"Metadata-Flavor": "Google"},
+            timeout=self.timeout if timeout is None else timeout,
+        )
+        return data.decode("utf-8")
+
+    def get_optional(self, path: str) -> str | None:
+        """The value, or None when the server has no such key (404)."""
+        try:
+            return str(with_retries(lambda: self.get(path), attempts=5))
+        except HttpError as error:
+            if error.status == 404:
+                return None
+            raise
+
+
+class TokenSource:
+    """The VM service account's access token, fetched when first needed and kept until near expiry."""
+
+    def __init__(self, metadata: Metadata, clock: Callable[[], float] = time.monotonic) -> None:
+        self._metadata = metadata
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._token: str | None = None
+        self._expires = 0.0
+
+    def token(self) -> str:
+        with self._lock:
+            if self._token is None or self._clock() > self._expires - 300:
+                raw = with_retries(
+                    lambda: self._metadata.get("instance/service-accounts/default/token")
+                )
+                try:
+                    data = json.loads(raw)
+                    self._token = str(data["access_token"])
+                    self._expires = self._clock() + float(data.get("expires_in", 3600))
+                except (ValueError, KeyError, TypeError) as error:
+                    raise AgentError(
+                        f"the metadata server gave no usable token ({error!r})"
+                    ) from None
+            return self._token
+
+    def invalidate(self) -> None:
+        with self._lock:
+            self._token = None
+
+
+class GoogleApi:
+    """One Google API: an emulator (no auth, no proxy) or the real endpoint with a bearer token."""
+
+    def __init__(self, base_url: str, tokens: TokenSource | None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.tokens = tokens
+        self._opener = _DEFAULT if tokens is not None else _DIRECT
+
+    @classmethod
+    def from_env(
+        cls, emulator_variable: str, real_url: str, environ: dict[str, str], tokens: TokenSource
+    ) -> GoogleApi:
+        host = environ.get(emulator_variable, "").strip()
+        return cls(_as_url(host), None) if host else cls(real_url, tokens)
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        content_type: str | None = None,
+        attempts: int = 6,
+        sink: str | None = None,
+        timeout: float = 15.0,
+    ) -> bytes:
+        url = self.base_url + path
+
+        def once() -> bytes:
+            headers = {}
+            if content_type is not None:
+                headers["Content-Type"] = content_type
+            if self.tokens is not None:
+                headers["Authorization"] = "Bearer " + self.tokens.token()
+            try:
+                return http_call(self._opener, method, url, body, headers, timeout, sink)
+            except HttpError as error:
+                if error.status == 401 and self.tokens is not None:
+                    self.tokens.invalidate()  # expired early: fetch a new one and try again
+                    error.retryable = True
+                raise
+
+        return bytes(with_retries(once, attempts=attempts))
+
+
+class Publisher:
+    """Publishes JSON messages with the Pub/Sub REST API."""
+
+    def __init__(self, api: GoogleApi, project: str) -> None:
+        self.api = api
+        self.project = project
+
+    def publish(
+        self,
+        topic: str,
+        payload: dict[str, Any],
+        attributes: dict[str, str],
+        attempts: int = 6,
+        timeout: float = 10.0,
+    ) -> None:
+        data = json.dumps(payload, separators=(",", ":"), sort_keys=True).encode("utf-8")
+        body = {
+            "messages": [{"data": base64.b64encode(data).decode("ascii"), "attributes": attributes}]
+        }
+        path = "/v1/projects/{}/topics/{}:publish".format(
+            urllib.parse.quote(self.project, safe=""), urllib.parse.quote(topic, safe="")
+        )
+        data = json.dumps(body).encode("utf-8")
+        self.api.call("POST", path, data, "application/json", attempts, timeout=timeout)
+
+
+class Storage:
+    """Uploads, downloads and lists objects with the Cloud Storage JSON API."""
+
+    def __init__(self, api: GoogleApi) -> None:
+        self.api = api
+
+    @staticmethod
+    def _q(value: str) -> str:
+        return urllib.parse.quote(value, safe="")
+
+    def upload(
+        self, bucket: str, name: str, data: bytes, content_type: str, attempts: int = 6
+    ) -> None:
+        path = f"/upload/storage/v1/b/{self._q(bucket)}/o?uploadType=media&name={self._q(name)}"
+        self.api.call("POST", path, data, content_type, attempts, timeout=60.0)
+
+    def download(self, bucket: str, name: str, destination: str) -> None:
+        path = f"/storage/v1/b/{self._q(bucket)}/o/{self._q(name)}?alt=media"
+        self.api.call("GET", path, sink=destination, timeout=300.0)
+
+    def read(self, bucket: str, name: str) -> bytes:
+        path = f"/storage/v1/b/{self._q(bucket)}/o/{self._q(name)}?alt=media"
+        return self.api.call("GET", path)
+
+    def list_names(self, bucket: str, prefix: str) -> list[str]:
+        names: list[str] = []
+        token = ""
+        while True:
+            query = "prefix=" + self._q(prefix) + ("&pageToken=" + self._q(token) if token else "")
+            raw = self.api.call("GET", f"/storage/v1/b/{self._q(bucket)}/o?{query}")
+            page = json.loads(raw or b"{}")
+            names.extend(str(item["name"]) for item in page.get("items") or [])
+            token = page.get("nextPageToken") or ""
+            if not token:
+                return names
+
+
+def split_gs_uri(uri: str) -> tuple[str, str]:
+    """gs://bucket/some/name -> ("bucket", "some/name")."""
+    if not uri.startswith("gs://"):
+        raise AgentError(f"not a gs:// URI: {uri!r}")
+    bucket, _, name = uri[len("gs://") :].partition("/")
+    if not bucket:
+        raise AgentError(f"no bucket in {uri!r}")
+    return bucket, name
+
+
+# --- identity -------------------------------------------------------------------------
+
+
+def parse_tpu_env(text: str) -> dict[str, str]:
+    """The `tpu-env` metadata attribute (lines like `NODE_ID: 'train-1-a2-1'`) as a dict."""
+    values: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        key = key.strip()
+        if not sep or not key or key.startswith("#"):
+            continue
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        values[key] = value
+    return values
+
+
+def slice_id_from_node_id(node_id: str, queued_resource: str) -> int:
+    """The slice of a multislice node: the number after `{queued_resource}-` in its node id."""
+    prefix = queued_resource + "-"
+    if queued_resource and node_id.startswith(prefix):
+        suffix = node_id[len(prefix) :]
+        if re.fullmatch(r"[0-9]+", suffix):
+            return int(suffix)
+    match = re.search(r"-([0-9]+)$", node_id)  # a node named otherwise: its trailing number
+    if match is None:
+        raise AgentError(f"cannot tell the slice from NODE_ID {node_id!r}")
+    return int(match.group(1))
+
+
+def discover_identity(metadata: Metadata, config: dict[str, Any]) -> tuple[int, int]:
+    """(worker id, slice id) of this host, from the metadata server."""
+    tpu_env = parse_tpu_env(metadata.get_optional("instance/attributes/tpu-env") or "")
+    number = metadata.get_optional("instance/attributes/agent-worker-number")
+    if number is None:
+        number = tpu_env.get("WORKER_ID")
+    if number is None or not re.fullmatch(r"[0-9]+", number.strip()):
+        raise AgentError(f"no worker number in the metadata (agent-worker-number: {number!r})")
+    slice_id = 0
+    if int(config["num_slices"]) > 1:
+        node_id = tpu_env.get("NODE_ID")
+        if not node_id:
+            raise AgentError("a multislice job but no NODE_ID in instance/attributes/tpu-env")
+        slice_id = slice_id_from_node_id(node_id, str(config["queued_resource"]))
+    return int(number.strip()), slice_id
+
+
+# --- configuration --------------------------------------------------------------------
+
+
+def load_config(path: str) -> dict[str, Any]:
+    """The config JSON written by the startup script, checked, with defaults filled in."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            config = json.load(handle)
+    except (OSError, ValueError) as error:
+        raise AgentError(f"cannot read the config {path}: {error}") from None
+    if not isinstance(config, dict):
+        raise AgentError("the config is not a JSON object")
+    for key, kind in REQUIRED.items():
+        value = config.get(key)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise AgentError(f"config key {key!r} must be {kind.__name__}, got {value!r}")
+    for key in ("setup", "code_uri"):
+        if config.get(key) is not None and not isinstance(config[key], str):
+            raise AgentError(f"config key {key!r} must be a string or null")
+        config.setdefault(key, None)
+    env = config.setdefault("env", {})
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+    ):
+        raise AgentError("config key 'env' must map strings to strings")
+    for key, default in DEFAULTS.items():
+        value = config.setdefault(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise AgentError(f"config key {key!r} must be a positive number, got {value!r}")
+    return config
+
+
+def job_environment(
+    base: dict[str, str], config: dict[str, Any], worker_id: int, slice_id: int
+) -> dict[str, str]:
+    """The command's environment: the host's, the spec's env, then the TPUJOBS_ variables.
+
+    The host's own TPUJOBS_ variables (the simulator's TPUJOBS_WORKDIR, TPUJOBS_METADATA_URL)
+    are left out: the prefix is reserved, and the job sees exactly those of contract section 2.
+    """
+    env = {name: value for name, value in base.items() if not name.startswith("TPUJOBS_")}
+    env.update(config["env"])
+    env.update(
+        {
+            "TPUJOBS_JOB_ID": config["job_id"],
+            "TPUJOBS_ATTEMPT": str(config["attempt"]),
+            "TPUJOBS_RESUME": "1" if config["resume"] else "0",
+            "TPUJOBS_CHECKPOINT_URI": config["checkpoint_uri"],
+            "TPUJOBS_WORKER_ID": str(worker_id),
+            "TPUJOBS_NUM_WORKERS": str(config["hosts_per_slice"]),
+            "TPUJOBS_SLICE_ID": str(slice_id),
+            "TPUJOBS_NUM_SLICES": str(config["num_slices"]),
+        }
+    )
+    return env
+
+
+def safe_name(value: str) -> str:
+    """A value usable as one file-name segment."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", value) or "_"
+
+
+# --- fetching code --------------------------------------------------------------------
+
+
+def _relative_parts(name: str, what: str) -> list[str]:
+    """The parts of a relative archive or object path; absolute paths and `..` are refused."""
+    if name.startswith("/") or name.startswith("\\") or "\\" in name:
+        raise AgentError(f"{what} {name!r} is absolute or uses backslashes")
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise AgentError(f"{what} {name!r} climbs out with '..'")
+    return parts
+
+
+def _inside(root: str, path: str) -> bool:
+    root = os.path.realpath(root)
+    path = os.path.realpath(path)
+    return path == root or path.startswith(root + os.sep)
+
+
+def safe_extract(archive: str, destination: str, standard_filter: bool = True) -> None:
+    """Unpack a tarball into destination; refuse absolute paths, `..`, escaping links, devices.
+
+    The checks here suffice on their own (Python 3.8 has no extraction filters); where the
+    standard "data" filter exists it is applied as well.
+    """
+    os.makedirs(destination, exist_ok=True)
+    root = os.path.realpath(destination)
+    extra: dict[str, Any] = {}
+    if standard_filter and hasattr(tarfile, "data_filter"):
+        extra["filter"] = "data"
+    with tarfile.open(archive, "r:*") as tar:
+        members = tar.getmembers()
+        for member in members:
+            parts = _relative_parts(member.name, "archive member")
+            if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
+                raise AgentError(f"archive member {member.name!r} is not a file, directory or link")
+            if member.issym():
+                if member.linkname.startswith("/"):
+                    raise AgentError(f"symlink {member.name!r} points to an absolute path")
+                target = os.path.normpath(os.path.join(root, *parts[:-1], member.linkname))
+                if not (target == root or target.startswith(root + os.sep)):
+                    raise AgentError(f"symlink {member.name!r} points outside the code directory")
+            if member.islnk():
+                _relative_parts(member.linkname, f"hard link target of {member.name!r}")
+        for member in members:
+            parts = _relative_parts(member.name, "archive member")
+            if not parts:
+                continue
+            path = os.path.join(root, *parts)
+            # Links already unpacked must not lead anywhere else: check where writing would land.
+            if not _inside(root, os.path.dirname(path)) or (
+                not member.isdir() and os.path.lexists(path) and not _inside(root, path)
+            ):
+                raise AgentError(
+                    f"archive member {member.name!r} would land outside the code directory"
+                )
+            if member.islnk() and not _inside(root, os.path.join(root, member.linkname)):
+                raise AgentError(f"hard link {member.name!r} points outside the code directory")
+            try:
+                tar.extract(member, root, **extra)
+            except tarfile.TarError as error:  # the standard "data" filter refused it
+                raise AgentError(f"archive member {member.name!r} refused: {error}") from None
+            if member.issym() and not _inside(root, path):
+                os.unlink(path)
+                raise AgentError(f"symlink {member.name!r} resolves outside the code directory")
+
+
+def fetch_code(storage: Storage, code_uri: str, destination: str) -> None:
+    """A gs:// tarball unpacked into destination, or every object under a gs:// prefix."""
+    bucket, name = split_gs_uri(code_uri)
+    os.makedirs(destination, exist_ok=True)
+    if name and not name.endswith("/"):
+        fd, archive = tempfile.mkstemp(
+            prefix="code-", suffix=".tar", dir=os.path.dirname(destination)
+        )
+        os.close(fd)
+        try:
+            storage.download(bucket, name, archive)
+            safe_extract(archive, destination)
+        finally:
+            os.unlink(archive)
+        return
+    names = storage.list_names(bucket, name)
+    if not names:
+        raise AgentError(f"no objects under {code_uri}")
+    for object_name in names:
+        relative = object_name[len(name) :]
+        if not relative or relative.endswith("/"):
+            continue  # a "folder" placeholder
+        parts = _relative_parts(relative, "object")
+        path = os.path.join(destination, *parts)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if not _inside(destination, os.path.dirname(path)):
+            raise AgentError(f"object {object_name!r} would land outside the code directory")
+        storage.download(bucket, object_name, path)
+
+
+# --- output ---------------------------------------------------------------------------
+
+
+def parse_checkpoint(line: bytes) -> tuple[int, str] | None:
+    """(step, detail) of a `TPUJOBS_CHECKPOINT step=N ...` line, else None."""
+    match = CHECKPOINT_LINE.match(line.rstrip(b"\r\n"))
+    if match is None:
+        return None
+    detail = match.group(2).decode("utf-8", "replace").strip()[:MAX_DETAIL_CHARS]
+    return int(match.group(1)), detail
+
+
+class LogShipper:
+    """Output to numbered chunk objects: every chunk_seconds or 256 KiB, and once more at the end."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        bucket: str,
+        prefix: str,
+        chunk_seconds: float,
+        echo: Any = None,
+        attempts: int = 6,
+        max_pending: int = MAX_PENDING_BYTES,
+    ) -> None:
+        self.storage = storage
+        self.max_pending = max_pending
+        self.attempts = attempts  # per upload; a chunk that still fails is tried again next tick
+        self.bucket = bucket
+        self.prefix = prefix  # ends with "/": objects are prefix + 000000.log, ...
+        self.chunk_seconds = chunk_seconds
+        self.echo = echo
+        self.chunks = 0
+        self.dropped = 0
+        self._pending = bytearray()
+        self._offset = 0  # how many bytes of output came before _pending[0]
+        self._cond = threading.Condition()
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name="log-shipper", daemon=True)
+        self._thread.start()
+
+    def write(self, data: bytes) -> None:
+        if self.echo is not None:
+            try:
+                self.echo.write(data)
+                self.echo.flush()
+            except (OSError, ValueError):
+                pass
+        with self._cond:
+            self._pending.extend(data)
+            excess = len(self._pending) - self.max_pending
+            if excess > 0:
+                del self._pending[:excess]
+                self._offset += excess
+                self.dropped += excess
+            if len(self._pending) >= MAX_CHUNK_BYTES:
+                self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                deadline = time.monotonic() + self.chunk_seconds
+                while not self._closing and len(self._pending) < MAX_CHUNK_BYTES:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._cond.wait(remaining)
+                closing = self._closing
+            self._ship()
+            if closing:
+                return
+
+    def _ship(self) -> bool:
+        """Uploads what is pending; False when an upload failed (the data stays pending)."""
+        while True:
+            with self._cond:
+                start = self._offset
+                piece = bytes(self._pending[:MAX_CHUNK_BYTES])
+            if not piece:
+                return True
+            name = f"{self.prefix}{self.chunks:06d}.log"
+            try:
+                self.storage.upload(
+                    self.bucket, name, piece, "text/plain; charset=utf-8", self.attempts
+                )
+            except Exception as error:  # keep the data; the next tick tries again
+                log(f"could not upload output chunk {name}: {error}")
+                return False
+            with self._cond:
+                shipped = start + len(piece) - self._offset  # less if some was dropped meanwhile
+                if shipped > 0:
+                    del self._pending[:shipped]
+                    self._offset += shipped
+            self.chunks += 1
+
+    def close(self, exit_code: int | None, timeout: float = 60.0) -> None:
+        """The final flush; with an exit code (a clean end), also the complete.json marker."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        self._thread.join(timeout)
+        if self._thread.is_alive() or not self._ship():
+            log("output not fully uploaded; no completion marker written")
+            return
+        if self.dropped:
+            log(f"{self.dropped} bytes of output were dropped while uploads failed")
+        if exit_code is not None:
+            marker = json.dumps({"exit_code": exit_code, "chunks": self.chunks}).encode("utf-8")
+            # Not application/json: the storage emulator would take the body for object metadata.
+            try:
+                self.storage.upload(
+                    self.bucket, self.prefix + "complete.json", marker, "text/plain; charset=utf-8"
+                )
+            except (AgentError, OSError, http.client.HTTPException) as error:
+                log(f"could not write the completion marker: {error}")
+
+
+class OutputPump(threading.Thread):
+    """Reads a child's merged stdout and stderr into the shipper; spots checkpoint lines."""
+
+    def __init__(
+        self, fd: int, shipper: LogShipper, on_checkpoint: Callable[[int, str], None]
+    ) -> None:
+        super().__init__(name="output-pump", daemon=True)
+        self.fd = fd
+        self.shipper = shipper
+        self.on_checkpoint = on_checkpoint
+
+    def run(self) -> None:
+        partial = b""
+        while True:
+            try:
+                data = os.read(self.fd, 65536)
+            except OSError:
+                break
+            if not data:
+                break
+            self.shipper.write(data)
+            lines = (partial + data).split(b"\n")
+            partial = lines.pop()
+            if len(partial) > MAX_LINE_BYTES:
+                partial = partial[:MAX_LINE_BYTES]
+            for line in lines:
+                self._scan(line)
+        if partial:
+            self._scan(partial)
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+    def _scan(self, line: bytes) -> None:
+        found = parse_checkpoint(line)
+        if found is not None:
+            self.on_checkpoint(*found)
+
+
+# --- reports --------------------------------------------------------------------------
+
+
+class Reporter:
+    """Worker events, published in order from one thread so a slow publish never stalls the job."""
+
+    def __init__(self, publisher: Publisher, topic: str, identity: dict[str, Any]) -> None:
+        self.publisher = publisher
+        self.topic = topic
+        self.identity = identity  # job_id, attempt, slice_id, worker_id
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._silenced = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="reporter", daemon=True)
+        self._thread.start()
+
+    def message(self, kind: str, **extra: Any) -> dict[str, Any]:
+        payload = {"kind": kind, **self.identity, "at": rfc3339()}
+        payload.update(extra)
+        return payload
+
+    def report(self, kind: str, **extra: Any) -> None:
+        if not self._silenced.is_set():
+            self._queue.put(self.message(kind, **extra))
+
+    def silence(self) -> None:
+        """Nothing more is published, not even what is queued."""
+        self._silenced.set()
+
+    def close(self, timeout: float = 30.0) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            payload = self._queue.get()
+            if payload is None:
+                return
+            if self._silenced.is_set():
+                continue
+            attributes = {
+                "job_id": str(payload["job_id"]),
+                "attempt": str(payload["attempt"]),
+                "kind": str(payload["kind"]),
+            }
+            try:
+                self.publisher.publish(self.topic, payload, attributes)
+            except Exception as error:  # this thread must outlive any one report
+                log(f"could not report {payload['kind']}: {error}")
+
+
+class Preemption:
+    """The one preemption notice of this agent: published first, before anything else happens."""
+
+    def __init__(
+        self,
+        publisher: Publisher,
+        topic: str,
+        identity: dict[str, Any],
+        on_notice: Callable[[str], None],
+    ) -> None:
+        self.publisher = publisher
+        self.topic = topic
+        self.identity = identity
+        self.on_notice = on_notice
+        self.noticed = threading.Event()
+        self._lock = threading.Lock()
+        self._retry: threading.Thread | None = None
+
+    def trigger(self, reason: str) -> None:
+        with self._lock:
+            if self.noticed.is_set():
+                return
+            self.noticed.set()
+        payload = {**self.identity, "reason": reason, "at": rfc3339()}
+        attributes = {"job_id": str(payload["job_id"]), "attempt": str(payload["attempt"])}
+        try:
+            self.publisher.publish(self.topic, payload, attributes, attempts=1, timeout=3.0)
+        except Exception as error:  # whatever happened, the command must still be stopped
+            log(f"preemption notice failed once ({error}); retrying while the command stops")
+            self._retry = threading.Thread(
+                target=self._publish_again, args=(payload, attributes), daemon=True
+            )
+            self._retry.start()
+        self.on_notice(reason)
+
+    def _publish_again(self, payload: dict[str, Any], attributes: dict[str, str]) -> None:
+        try:
+            self.publisher.publish(self.topic, payload, attributes, attempts=5)
+        except Exception as error:  # a thread of its own: log, never raise
+            log(f"could not publish the preemption notice: {error}")
+
+    def wait(self, timeout: float) -> None:
+        if self._retry is not None:
+            self._retry.join(timeout)
+
+
+def watch_sigterm(on_signal: Callable[[str], None]) -> None:
+    """SIGTERM calls on_signal from a thread at once, even while the main thread is blocked.
+
+    Must be called from the main thread. The C-level handler writes the signal number to a
+    pipe (`signal.set_wakeup_fd`); a thread waiting on the pipe acts on it.
+    """
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    signal.signal(signal.SIGTERM, lambda number, frame: None)
+    signal.set_wakeup_fd(write_fd)
+
+    def wait() -> None:
+        while True:
+            try:
+                data = os.read(read_fd, 64)
+            except OSError:
+                return
+            if not data:
+                return
+            if int(signal.SIGTERM) in data:
+                on_signal("SIGTERM")
+
+    threading.Thread(target=wait, name="sigterm", daemon=True).start()
+
+
+def watch_preempted(
+    metadata: Metadata,
+    on_preempted: Callable[[str], None],
+    stop: threading.Event,
+    every: float = 1.0,
+) -> threading.Thread:
+    """Polls instance/preempted; on TRUE calls on_preempted once."""
+
+    def poll() -> None:
+        while not stop.is_set():
+            try:
+                value = metadata.get("instance/preempted", timeout=2.0)
+            except Exception:  # an unanswered poll is not a preemption
+                value = ""
+            if value.strip().upper() == "TRUE":
+                on_preempted("metadata: instance/preempted")
+                return
+            stop.wait(every)
+
+    thread = threading.Thread(target=poll, name="preempted-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+# --- processes ------------------------------------------------------------------------
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any live (non-zombie) process is in the process group."""
+    if not os.path.exists("/proc/self/stat"):
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+            return True
+    return False
+
+
+def signal_group(pgid: int, number: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, number)
+
+
+# --- the agent ------------------------------------------------------------------------
+
+
+class Agent:
+    """One attempt on one worker host: fetch, setup, command, reports, preemption."""
+
+    def __init__(
+        self,
+        config: dict[str, Any],
+        worker_id: int,
+        slice_id: int,
+        metadata: Metadata,
+        publisher: Publisher,
+        storage: Storage,
+        workdir: str,
+        environ: dict[str, str],
+        echo: Any = None,
+    ) -> None:
+        self._lock = threading.Lock()
+        self._current: subprocess.Popen[bytes] | None = None
+        self._term_sent_at: float | None = None
+        self._started = False
+        self._finished = False
+        self.config = config
+        self.metadata = metadata
+        self.worker_id = worker_id
+        self.slice_id = slice_id
+        self.storage = storage
+        self.workdir = workdir
+        self.environ = environ
+        self.grace = float(config["grace_seconds"])
+        identity = {
+            "job_id": config["job_id"],
+            "attempt": config["attempt"],
+            "slice_id": slice_id,
+            "worker_id": worker_id,
+        }
+        self.reporter = Reporter(publisher, config["worker_events_topic"], identity)
+        self.preemption = Preemption(
+            publisher, config["preemption_topic"], identity, self._stop_for_preemption
+        )
+        bucket, log_prefix = split_gs_uri(config["log_prefix"])
+        if log_prefix and not log_prefix.endswith("/"):
+            log_prefix += "/"
+        self.chunk_prefix = f"{log_prefix}chunks/slice-{slice_id}-worker-{worker_id}/"
+        self.shipper = LogShipper(
+            storage, bucket, self.chunk_prefix, float(config["chunk_seconds"]), echo
+        )
+        self.stop_watching = threading.Event()
+
+    def note(self, message: str) -> None:
+        """A line for the agent's stderr and for the job's output."""
+        log(message)
+        self.shipper.write(f"[tpujobs-agent] {message}\n".encode("utf-8", "replace"))
+
+    def _stop_for_preemption(self, reason: str) -> None:
+        with self._lock:
+            if self._finished:  # the command's end is known and reported: keep it
+                log(f"preemption notice ({reason}) after the command ended")
+                return
+            self.reporter.silence()
+            if self._current is not None:
+                signal_group(self._current.pid, signal.SIGTERM)
+                self._term_sent_at = time.monotonic()
+        self.note(
+            f"preemption notice ({reason}): stopping the command, SIGKILL after {self.grace:g} s"
+        )
+
+    def run(self) -> int:
+        """Everything, start to end; the command's exit code."""
+        watch_preempted(self.metadata, self.preemption.trigger, self.stop_watching)
+        try:
+            code = self._attempt()
+        except Exception as error:  # a bug or a full disk must still end in a report
+            self.note(f"the agent failed: {error!r}")
+            code = AGENT_FAILED
+        return self._finish(code)
+
+    def _attempt(self) -> int:
+        """Fetch the code, run setup (once per host), run the command; their exit code."""
+        code_dir = os.path.join(self.workdir, "code")
+        os.makedirs(code_dir, exist_ok=True)
+        code = 0
+        if self.config.get("code_uri"):
+            try:
+                fetch_code(self.storage, self.config["code_uri"], code_dir)
+            except (AgentError, OSError, http.client.HTTPException, tarfile.TarError) as error:
+                self.note(f"could not fetch the code from {self.config['code_uri']}: {error}")
+                code = AGENT_FAILED
+        env = job_environment(self.environ, self.config, self.worker_id, self.slice_id)
+        marker = os.path.join(
+            os.path.dirname(os.path.abspath(self.workdir)),
+            f".setup-done-{safe_name(self.config['job_id'])}",
+        )
+        if code == 0 and self.config.get("setup"):
+            if os.path.exists(marker):
+                log("setup already ran on this host for this job; skipping it")
+            else:
+                code = self._run(self.config["setup"], code_dir, env)
+                if code == 0 and not self.preemption.noticed.is_set():
+                    with open(marker, "w", encoding="utf-8") as handle:
+                        handle.write(rfc3339() + "\n")
+                elif code != 0:
+                    log(f"setup exited with {code}; the command does not run")
+        if code == 0:
+            code = self._run(self.config["command"], code_dir, env)
+        return code
+
+    def _run(self, script: str, cwd: str, env: dict[str, str]) -> int:
+        """Runs `bash -c script` in its own process group until it and its group are gone."""
+        with self._lock:
+            if self.preemption.noticed.is_set():
+                return 128 + int(signal.SIGTERM)
+            read_fd, write_fd = os.pipe()
+            try:
+                process = subprocess.Popen(
+                    ["bash", "-c", script],
+                    cwd=cwd,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=write_fd,
+                    stderr=write_fd,
+                    start_new_session=True,
+                )
+            except OSError as error:
+                os.close(read_fd)
+                self.note(f"cannot start bash: {error}")
+                return 127
+            finally:
+                os.close(write_fd)
+            self._current = process
+        pump = OutputPump(read_fd, self.shipper, self._checkpoint)
+        pump.start()
+        if not self._started:
+            self._started = True
+            self.reporter.report("started")
+            threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True).start()
+        try:
+            returncode = self._wait(process)
+            self._clear_group(process.pid)
+        except BaseException:  # KeyboardInterrupt or a bug: leave nothing running
+            signal_group(process.pid, signal.SIGKILL)
+            raise
+        pump.join(2.0)  # a process that left the group may hold the pipe open: do not wait for it
+        with self._lock:
+            self._current = None
+        return exit_status(returncode)
+
+    def _wait(self, process: subprocess.Popen[bytes]) -> int:
+        killed = False
+        while True:
+            try:
+                return process.wait(timeout=0.1)
+            except subprocess.TimeoutExpired:
+                pass
+            sent = self._term_sent_at
+            if not killed and sent is not None and time.monotonic() - sent >= self.grace:
+                log(f"the command outlived the {self.grace:g} s grace period: SIGKILL")
+                signal_group(process.pid, signal.SIGKILL)
+                killed = True
+
+    def _clear_group(self, pgid: int) -> None:
+        """Whatever the command left running in its group: SIGTERM, then SIGKILL after grace."""
+        if not group_alive(pgid):
+            return
+        with self._lock:
+            if self._term_sent_at is None:
+                signal_group(pgid, signal.SIGTERM)
+                self._term_sent_at = time.monotonic()
+            deadline = self._term_sent_at + self.grace
+        while group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        signal_group(pgid, signal.SIGKILL)
+        with self._lock:
+            if not self.preemption.noticed.is_set():
+                self._term_sent_at = None
+
+    def _heartbeats(self) -> None:
+        every = float(self.config["heartbeat_seconds"])
+        while not self.stop_watching.wait(every):
+            self.reporter.report("heartbeat")
+
+    def _checkpoint(self, step: int, detail: str) -> None:
+        self.reporter.report("checkpoint", step=step, detail=detail)
+
+    def _finish(self, code: int) -> int:
+        self.stop_watching.set()
+        with self._lock:
+            self._finished = True
+            preempted = self.preemption.noticed.is_set()
+        self.shipper.close(None if preempted else code)
+        if not preempted:
+            self.reporter.report("exited", exit_code=code)
+        self.reporter.close()
+        self.preemption.wait(30.0)
+        return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        log("usage: python3 agent.py CONFIG_JSON")
+        return AGENT_CANNOT_START
+    early: list[str] = []  # a SIGTERM before the agent exists is acted on once it does
+    target: list[Callable[[str], None]] = [early.append]
+    watch_sigterm(lambda reason: target[-1](reason))
+    environ = dict(os.environ)
+    metadata = Metadata(environ.get("TPUJOBS_METADATA_URL") or DEFAULT_METADATA_URL)
+    try:
+        config = load_config(args[0])
+        worker_id, slice_id = discover_identity(metadata, config)
+    except (AgentError, OSError, http.client.HTTPException) as error:
+        log(f"cannot start: {error}")
+        return AGENT_CANNOT_START
+    tokens = TokenSource(metadata)
+    publisher = Publisher(
+        GoogleApi.from_env("PUBSUB_EMULATOR_HOST", PUBSUB_API, environ, tokens), config["project"]
+    )
+    storage = Storage(GoogleApi.from_env("STORAGE_EMULATOR_HOST", STORAGE_API, environ, tokens))
+    if publisher.api.tokens is not None or storage.api.tokens is not None:
+        try:
+            tokens.token()  # fetched now, so a preemption notice never waits for it
+        except (AgentError, OSError, http.client.HTTPException, ValueError, KeyError) as error:
+            log(f"no access token yet: {error}")
+    workdir = os.getcwd()
+    log(
+        f"job {config['job_id']} attempt {config['attempt']}: slice {slice_id} worker {worker_id}, "
+        f"in {workdir}"
+    )
+    echo = getattr(sys.stdout, "buffer", None)
+    agent = Agent(config, worker_id, slice_id, metadata, publisher, storage, workdir, environ, echo)
+    target.append(agent.preemption.trigger)
+    if early:
+        agent.preemption.trigger(early[0])
+    return agent.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""The reconciler: level-based repair of whatever the events missed.
+
+There is no preemption event in Cloud Logging, a host can die without a word, and a
+handler can die between its commit and its action. On every tick (Cloud Scheduler,
+every minute; every few seconds in the local stack) the reconciler reads what is, the
+active jobs from Firestore and the queued resources of their zones from the TPU API,
+compares, and repairs through the same service the event functions use:
+
+- a PROVISIONING job whose queued resource is missing gets it requested again;
+- a queued resource that is SUSPENDED, FAILED, or has lost hosts becomes the
+  observation the event functions would have received (the job recovers by its rules);
+- a RUNNING job whose queued resource vanished has lost its capacity;
+- QUEUED and RECOVERING jobs untouched for a while are converged (a crashed handler);
+- a tpujobs queued resource that no live attempt owns is deleted.
+
+It acts only on what it saw: a zone whose listing failed is skipped this tick, so an
+API error never looks like a lost resource.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from tpujobs.agent.startup import render_startup_script
+from tpujobs.domain.job import Job
+from tpujobs.domain.naming import parse_queued_resource_name
+from tpujobs.domain.states import JobState
+from tpujobs.errors import PermanentError, TransientError
+from tpujobs.ports import CapacityStatus
+from tpujobs.service import CAPACITY_GONE, JobService
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ReconcileReport:
+    """What one tick saw and did, for logs and tests."""
+
+    jobs: int = 0
+    zones_listed: int = 0
+    zones_skipped: list[str] = field(default_factory=list)
+    observed: list[str] = field(default_factory=list)  # "job: what was observed"
+    re_requested: list[str] = field(default_factory=list)
+    converged: list[str] = field(default_factory=list)
+    released: list[str] = field(default_factory=list)
+
+
+class Reconciler:
+    """Compares stored jobs with observed queued resources and repairs the difference."""
+
+    def __init__(self, service: JobService) -> None:
+        self.service = service
+
+    def tick(self) -> ReconcileReport:
+        service = self.service
+        report = ReconcileReport()
+        jobs = service.store.list_active()
+        report.jobs = len(jobs)
+        zones = sorted({job.zone for job in jobs} | {service.settings.default_zone})
+        seen: dict[tuple[str, str], CapacityStatus] = {}
+        for zone in zones:
+            try:
+                for status in service.tpu.list(zone):
+                    seen[(zone, status.name)] = status
+                report.zones_listed += 1
+            except (TransientError, PermanentError) as error:
+                log.warning("reconcile: skipping zone %s this tick: %s", zone, error)
+                report.zones_skipped.append(zone)
+
+        now = service.clock()
+        stuck_before = now - timedelta(seconds=service.settings.stuck_after_seconds)
+        for job in jobs:
+            if job.zone in report.zones_skipped:
+                continue
+            try:
+                self._repair(job, seen.get((job.zone, job.queued_resource)), stuck_before, report)
+            except TransientError as error:
+                log.warning("reconcile: job %s left for the next tick: %s", job.job_id, error)
+
+        live = {job.job_id: job for job in jobs}
+        for (zone, name), status in seen.items():
+            if self._unowned(status, live) and self._unowned(status, self._fresh(status)):
+                try:
+                    service.tpu.release(zone, name)
+                    report.released.append(name)
+                except TransientError as error:
+                    log.warning("reconcile: could not release %s yet: %s", name, error)
+        return report
+
+    def _repair(
+        self, job: Job, status: CapacityStatus | None, stuck_before, report: ReconcileReport
+    ) -> None:
+        service = self.service
+        if job.state in (JobState.QUEUED, JobState.RECOVERING):
+            if job.updated_at is None or job.updated_at < stuck_before:
+                service.converge(job.job_id)
+                report.converged.append(job.job_id)
+            return
+        if status is None:
+            if job.state is JobState.PROVISIONING:
+                service.tpu.request(job, render_startup_script(job, service.settings))
+                report.re_requested.append(job.queued_resource)
+            elif service.tpu.status(job.zone, job.queued_resource) is None:  # confirm first
+                what = f"queued resource {job.queued_resource} no longer exists"
+                service.observe_capacity(job.queued_resource, "SUSPENDED", what, source="reconciler")
+                report.observed.append(f"{job.job_id}: {what}")
+            return
+        lost = status.state in CAPACITY_GONE or status.unhealthy_hosts > 0
+        changed = job.state is JobState.PROVISIONING and status.state != job.capacity_state
+        if lost or changed:
+            service.observe_capacity(
+                status.name, status.state, status.detail, status.unhealthy_hosts, source="reconciler"
+            )
+            report.observed.append(f"{job.job_id}: {status.state}")
+
+    def _fresh(self, status: CapacityStatus) -> dict[str, Job]:
+        """The owner's job read again: it may have started after the listing of active jobs."""
+        owner = parse_queued_resource_name(status.name)
+        job = self.service.store.get(owner[0]) if owner else None
+        return {job.job_id: job} if job is not None and not job.state.is_terminal else {}
+
+    @staticmethod
+    def _unowned(status: CapacityStatus, live: dict[str, Job]) -> bool:
+        """A tpujobs resource whose job ended or is gone, or that belongs to an older attempt."""
+        owner = parse_queued_resource_name(status.name)
+        if status.job_label is None or owner is None or owner[0] != status.job_label:
+            return False  # not made by tpujobs: never touch it
+        job = live.get(owner[0])
+        if job is None:
+            return True
+        return owner[1] < job.attempt

@@ -1,0 +1,99 @@
+"""The messages that come in on every topic but `tpujobs-submit`, validated at the door.
+
+Each is a small strict pydantic model; a message that does not fit becomes a
+`ReportError` with a sentence naming the field, which the service records as a
+rejection and acknowledges. The worker agent (`agent/worker.py`) writes the first two.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Annotated, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tpujobs.domain.spec import ID_PATTERN, OWNER_PATTERN, ZONE_PATTERN
+
+MAX_REPORT_BYTES = 16 * 1024
+JobId = Annotated[str, Field(pattern=ID_PATTERN)]
+Attempt = Annotated[int, Field(ge=1, le=10_000)]
+Index = Annotated[int, Field(ge=0, le=100_000)]
+# JSON has no datetime: timestamps arrive as RFC 3339 strings, so this one field is lax.
+Timestamp = Annotated[datetime | None, Field(strict=False)]
+
+
+class ReportError(ValueError):
+    """A message on an inbound topic that cannot be used; the message names the field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
+
+
+class WorkerReport(_Strict):
+    """tpujobs-worker-events: what one worker host's agent says about its command."""
+
+    kind: Literal["started", "heartbeat", "exited", "checkpoint"]
+    job_id: JobId
+    attempt: Attempt
+    slice_id: Index
+    worker_id: Index
+    at: Timestamp = None
+    exit_code: int | None = None
+    step: int | None = None
+    detail: str | None = Field(default=None, max_length=1024)
+
+
+class PreemptionNotice(_Strict):
+    """tpujobs-preemption: a worker got notice that its VM is being preempted."""
+
+    job_id: JobId
+    attempt: Attempt
+    slice_id: Index = 0
+    worker_id: Index = 0
+    reason: str = Field(default="preemption notice", max_length=256)
+    at: Timestamp = None
+
+
+class QrStateReport(_Strict):
+    """tpujobs-qr-state: an observed state of a queued resource (reconciler, audit-log sink)."""
+
+    queued_resource: Annotated[str, Field(pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$", max_length=63)]
+    zone: Annotated[str, Field(pattern=ZONE_PATTERN)]
+    state: Annotated[str, Field(pattern=r"^[A-Z_]{1,40}$")]
+    detail: str = Field(default="", max_length=1024)
+    unhealthy_hosts: int = 0  # hosts whose node is TERMINATED, PREEMPTED or unhealthy
+
+
+class ControlRequest(_Strict):
+    """tpujobs-control: a user's request about a job."""
+
+    action: Literal["cancel"]
+    job_id: JobId
+    owner: Annotated[str, Field(pattern=OWNER_PATTERN)]
+
+
+Report = TypeVar("Report", bound=_Strict)
+
+
+def decode_report(model: type[Report], raw: bytes | None) -> Report:
+    """One inbound message as `model`, or ReportError with the reason."""
+    if raw is None:
+        raise ReportError("the message has no data")
+    if len(raw) > MAX_REPORT_BYTES:
+        raise ReportError(f"the message is {len(raw)} bytes; at most {MAX_REPORT_BYTES} are expected")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ReportError("the message is not valid UTF-8") from None
+    except (json.JSONDecodeError, RecursionError):
+        raise ReportError("the message is not JSON") from None
+    if not isinstance(data, dict):
+        raise ReportError(f"the message must be a JSON object, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        first = error.errors(include_url=False)[0]
+        field = ".".join(str(part) for part in first.get("loc", ())) or "the message"
+        raise ReportError(f"field {field!r}: {first.get('msg', 'is invalid')}") from None

@@ -1,0 +1,550 @@
+"""The simulator runs each worker host's startup script and does to it what the cloud does.
+
+The startup script used here writes its environment and its metadata server's answers into
+its scratch directory, then idles on a FIFO with bash builtins only (no child process, so a
+SIGKILL leaves nothing for init to reap) and, on SIGTERM, records the signal and what
+instance/preempted said at that moment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pytest
+from typer.testing import CliRunner
+
+from tpujobs.dev import stack
+from tpujobs.dev.cli import dev_app
+from tpujobs.simulator import (
+    QrState,
+    QueuedResourceRequest,
+    SimulatorConfig,
+    SimulatorServer,
+    SliceRequest,
+    WorkerInfo,
+    metadata_url,
+)
+
+pytestmark = pytest.mark.emulator
+
+PROJECT = "tpujobs-test"
+ZONE = "us-central2-b"
+RUNTIME = "tpu-ubuntu2204-base"
+GRACE = 0.6
+FAST = SimulatorConfig(
+    waiting_seconds=0.01,
+    provisioning_seconds=0.01,
+    suspending_seconds=0.05,
+    tick_seconds=0.01,
+    preemption_grace_seconds=GRACE,
+    delete_grace_seconds=GRACE,
+)
+MARK = "TPUJOBS_TEST_MARK"  # passed in the simulator's environment, must reach the workers
+
+ASK = """\
+import os, sys, urllib.request
+request = urllib.request.Request(
+    os.environ["TPUJOBS_METADATA_URL"] + "/" + sys.argv[1], headers={"Metadata-Flavor": "Google"}
+)
+sys.stdout.write(urllib.request.urlopen(request, timeout=5).read().decode())
+"""
+KEYS = (
+    "instance/attributes/agent-worker-number",
+    "instance/attributes/tpu-env",
+    "instance/attributes/accelerator-type",
+    "instance/preempted",
+)
+
+
+def startup_script(*, on_term: str = "exit 0", then: str = "idle") -> str:
+    """A worker that reports what it sees, then idles (or exits, with then="exit 3")."""
+    python = shlex.quote(sys.executable)
+    asks = "\n".join(f'{python} ask.py {key} > "answers/{key.replace("/", "_")}"' for key in KEYS)
+    tail = "exit 3" if then == "exit 3" else (
+        "mkfifo idle; exec 9<>idle\nwhile :; do read -r -t 30 -u 9 || true; done"
+    )  # fmt: skip
+    return f"""#!/bin/bash
+cd "$TPUJOBS_WORKDIR/.."
+cat > ask.py <<'PY'
+{ASK}PY
+mkdir answers
+{asks}
+env > env.txt
+trap '{python} ask.py instance/preempted > preempted-at-term; echo term >> term; {on_term}' TERM
+touch ready
+{tail}
+"""
+
+
+def request_for(
+    script: str, accelerator_type: str = "v4-16", multislice: int = 0, node_id: str = "node"
+) -> QueuedResourceRequest:
+    template = {"metadata": {"startup-script": script}, "schedulingConfig": {"spot": True}}
+    if multislice:
+        spec = SliceRequest(
+            accelerator_type, RUNTIME, node_id_prefix="s", node_count=multislice, template=template
+        )
+    else:
+        spec = SliceRequest(accelerator_type, RUNTIME, node_id=node_id, template=template)
+    return QueuedResourceRequest(slices=(spec,), spot=True)
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not met within {timeout} s")
+        time.sleep(0.01)
+    return value
+
+
+def group_gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[SimulatorServer]:
+    environ = {**os.environ, MARK: "from-the-simulator"}
+    with SimulatorServer(FAST, workers_root=tmp_path / "workers", environ=environ) as running:
+        yield running
+
+
+def start(
+    server: SimulatorServer, script: str, accelerator_type: str = "v4-16", multislice: int = 0
+) -> tuple[WorkerInfo, ...]:
+    """Create a QR, wait until ACTIVE and until every worker wrote its answers."""
+    sim = server.simulator
+    sim.create_queued_resource(
+        PROJECT, ZONE, "qr", request_for(script, accelerator_type, multislice)
+    )
+    wait_for(
+        lambda: sim.get_queued_resource(PROJECT, ZONE, "qr").state is QrState.ACTIVE,
+        what="ACTIVE",
+    )
+    workers = server.workers("qr")
+    assert workers, "no worker started"
+    for info in workers:  # every variant touches "ready" once it has written its answers
+        wait_for(lambda i=info: (i.scratch / "ready").exists(), what="worker ready")
+    return workers
+
+
+def worker(server: SimulatorServer, slice_index: int, index: int) -> WorkerInfo:
+    return next(
+        w for w in server.workers("qr") if (w.slice_index, w.worker) == (slice_index, index)
+    )
+
+
+def answer(info: WorkerInfo, key: str) -> str:
+    return (info.scratch / "answers" / key.replace("/", "_")).read_text()
+
+
+def environment(info: WorkerInfo) -> dict[str, str]:
+    lines = (info.scratch / "env.txt").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if "=" in line)
+
+
+def metadata_get(url: str, headers: dict[str, str] | None = None) -> tuple[int, str, Any]:
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read().decode(), response.headers
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode(), error.headers
+
+
+# -- starting ------------------------------------------------------------------------------------
+
+
+def test_an_active_v4_16_runs_one_process_per_host_with_its_own_metadata_and_environment(
+    server: SimulatorServer, tmp_path: Path
+) -> None:
+    """v4-16: two workers, each in its own group and scratch dir, told its own worker number."""
+    workers = start(server, startup_script())
+    assert [(w.slice_index, w.worker, w.node_id) for w in workers] == [
+        (0, 0, "node"),
+        (0, 1, "node"),
+    ]
+    for info in workers:
+        assert info.alive and info.exit_code is None and info.pgid == info.pid
+        assert os.getpgid(info.pid) == info.pid != os.getpgid(0)
+        assert info.scratch == tmp_path / "workers" / "qr" / f"slice-0-worker-{info.worker}"
+        assert answer(info, "instance/attributes/agent-worker-number") == str(info.worker)
+        assert answer(info, "instance/attributes/accelerator-type") == "v4-16"
+        assert answer(info, "instance/preempted") == "FALSE"
+        assert answer(info, "instance/attributes/tpu-env") == (
+            "ACCELERATOR_TYPE: 'v4-16'\n"
+            "NODE_ID: 'node'\n"
+            "PREEMPTIBLE: 'true'\n"
+            f"WORKER_ID: '{info.worker}'\n"
+            f"ZONE: '{ZONE}'\n"
+        )
+        env = environment(info)
+        assert env["TPUJOBS_WORKDIR"] == str(info.scratch / "work")
+        assert env["TPUJOBS_METADATA_URL"] == metadata_url(
+            server.url, PROJECT, ZONE, "node", info.worker
+        )
+        assert env[MARK] == "from-the-simulator"
+        assert info.log.exists()
+
+
+def test_a_multislice_of_two_v4_8_runs_one_process_per_node(server: SimulatorServer) -> None:
+    """2 x v4-8: nodes s-0 and s-1, one worker each, each told its own node id."""
+    workers = start(server, startup_script(), "v4-8", multislice=2)
+    assert [(w.slice_index, w.worker, w.node_id) for w in workers] == [
+        (0, 0, "s-0"),
+        (1, 0, "s-1"),
+    ]
+    assert [w.scratch.name for w in workers] == ["slice-0-worker-0", "slice-1-worker-0"]
+    for info in workers:
+        assert f"NODE_ID: '{info.node_id}'" in answer(info, "instance/attributes/tpu-env")
+        assert answer(info, "instance/attributes/agent-worker-number") == "0"
+
+
+def test_state_and_workers_endpoints_show_each_worker_process(server: SimulatorServer) -> None:
+    """GET state lists every QR's workers (pid, pgid, scratch, alive); :workers the QR's own."""
+    workers = start(server, startup_script(), "v4-8")
+    with urllib.request.urlopen(server.url + "/simulator/v1/state", timeout=5) as response:
+        state = json.load(response)
+    listed = state["workers"][f"projects/{PROJECT}/locations/{ZONE}/queuedResources/qr"]
+    assert listed == [workers[0].to_json()]
+    assert (listed[0]["pid"], listed[0]["alive"]) == (workers[0].pid, True)
+    url = f"{server.url}/simulator/v1/queuedResources/{ZONE}/qr:workers"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        assert json.load(response)["workers"] == listed
+
+
+def test_a_script_that_ends_by_itself_stays_ended_and_the_queued_resource_stays_active(
+    server: SimulatorServer,
+) -> None:
+    """A startup script exiting 3 is reported exited with 3 and nobody restarts it or the QR."""
+    start(server, startup_script(then="exit 3"), "v4-8")
+    ended = wait_for(lambda: not worker(server, 0, 0).alive and worker(server, 0, 0))
+    assert (ended.exit_code, ended.stopped_by) == (3, "")
+    time.sleep(0.1)
+    assert server.simulator.get_queued_resource(PROJECT, ZONE, "qr").state is QrState.ACTIVE
+    assert len(server.workers("qr")) == 1
+
+
+# -- faults --------------------------------------------------------------------------------------
+
+
+def test_preemption_sends_sigterm_after_the_metadata_turns_true(server: SimulatorServer) -> None:
+    """preempt: every worker gets SIGTERM, and instance/preempted already says TRUE in its trap."""
+    workers = start(server, startup_script())
+    server.simulator.preempt("qr")
+    for info in workers:
+        wait_for(lambda i=info: (i.scratch / "term").exists(), what="SIGTERM marker")
+        assert (info.scratch / "preempted-at-term").read_text() == "TRUE"
+    ended = wait_for(
+        lambda: all(not w.alive for w in server.workers("qr")) and server.workers("qr")
+    )
+    assert [(w.exit_code, w.stopped_by) for w in ended] == [(0, "preemption")] * 2
+    assert server.simulator.get_queued_resource(PROJECT, ZONE, "qr").state in (
+        QrState.SUSPENDING,
+        QrState.SUSPENDED,
+    )
+
+
+def test_a_worker_that_ignores_sigterm_is_sigkilled_after_the_preemption_grace(
+    server: SimulatorServer,
+) -> None:
+    """A trap that does not exit survives SIGTERM until preemption_grace_seconds, then SIGKILL."""
+    (info,) = start(server, startup_script(on_term="true"), "v4-8")
+    preempted_at = time.monotonic()
+    server.simulator.preempt("qr")
+    wait_for(lambda: (info.scratch / "term").exists(), what="SIGTERM marker")
+    assert worker(server, 0, 0).alive
+    ended = wait_for(lambda: not worker(server, 0, 0).alive and worker(server, 0, 0), timeout=5)
+    took = time.monotonic() - preempted_at
+    assert GRACE * 0.9 <= took < GRACE + 2.0
+    assert (ended.exit_code, ended.stopped_by) == (-signal.SIGKILL, "preemption")
+    assert wait_for(lambda: group_gone(info.pgid), what="group gone")
+
+
+def test_kill_host_kills_exactly_that_worker_without_notice(server: SimulatorServer) -> None:
+    """POST :kill-host?slice=0&worker=1: worker 1 SIGKILLed, no SIGTERM, worker 0 unaffected."""
+    start(server, startup_script())
+    request = urllib.request.Request(
+        f"{server.url}/simulator/v1/queuedResources/{ZONE}/qr:kill-host?slice=0&worker=1",
+        data=b"{}",
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=5) as response:
+        assert json.load(response)["state"] == "REPAIRING"
+    killed = wait_for(lambda: not worker(server, 0, 1).alive and worker(server, 0, 1))
+    assert (killed.exit_code, killed.stopped_by) == (-signal.SIGKILL, "host-failure")
+    assert not (killed.scratch / "term").exists()
+    assert wait_for(lambda: group_gone(killed.pgid), what="group gone")
+    time.sleep(0.1)
+    survivor = worker(server, 0, 0)
+    assert survivor.alive and not (survivor.scratch / "term").exists()
+    assert server.simulator.get_queued_resource(PROJECT, ZONE, "qr").state is QrState.ACTIVE
+    assert not server.simulator.get_node(PROJECT, ZONE, "node").preempted
+
+
+def test_failing_the_queued_resource_sigkills_every_worker(server: SimulatorServer) -> None:
+    """fail: all workers SIGKILLed at once, without SIGTERM."""
+    start(server, startup_script())
+    server.simulator.fail("qr", "stockout")
+    ended = wait_for(
+        lambda: all(not w.alive for w in server.workers("qr")) and server.workers("qr")
+    )
+    assert [(w.exit_code, w.stopped_by) for w in ended] == [(-signal.SIGKILL, "failure")] * 2
+    assert not any((w.scratch / "term").exists() for w in ended)
+
+
+def test_deleting_the_queued_resource_stops_every_worker(server: SimulatorServer) -> None:
+    """delete: SIGTERM to all workers, none keeps running, even after the QR is gone."""
+    workers = start(server, startup_script(), multislice=2)
+    assert len(workers) == 4
+    server.simulator.delete_queued_resource(PROJECT, ZONE, "qr", force=True)
+    for info in workers:
+        wait_for(lambda i=info: group_gone(i.pgid), what="group gone")
+        assert (info.scratch / "term").exists()
+    assert {(w.exit_code, w.stopped_by) for w in server.workers("qr")} == {(0, "deletion")}
+
+
+def test_deleting_sigkills_a_worker_that_ignores_sigterm_after_the_delete_grace(
+    server: SimulatorServer,
+) -> None:
+    """delete of a QR whose worker traps SIGTERM and carries on: SIGKILL after delete_grace_seconds."""
+    (info,) = start(server, startup_script(on_term="true"), "v4-8")
+    server.simulator.delete_queued_resource(PROJECT, ZONE, "qr", force=True)
+    ended = wait_for(lambda: not worker(server, 0, 0).alive and worker(server, 0, 0), timeout=5)
+    assert (ended.exit_code, ended.stopped_by) == (-signal.SIGKILL, "deletion")
+    assert (info.scratch / "term").exists()
+
+
+# -- shutdown ------------------------------------------------------------------------------------
+
+
+def test_stopping_the_server_leaves_no_worker_process(tmp_path: Path) -> None:
+    """stop(): every worker group is gone afterwards, the obedient and the one ignoring SIGTERM."""
+    config = SimulatorConfig(
+        waiting_seconds=0.01, provisioning_seconds=0.01, tick_seconds=0.01, delete_grace_seconds=0.3
+    )
+    server = SimulatorServer(config, workers_root=tmp_path)
+    try:
+        server.start()
+        obedient = start(server, startup_script(), "v4-16")
+        server.simulator.create_queued_resource(
+            PROJECT,
+            ZONE,
+            "stubborn",
+            request_for(startup_script(on_term="true"), "v4-8", node_id="other"),
+        )
+        stubborn = wait_for(lambda: server.workers("stubborn"), what="stubborn worker")
+        wait_for(lambda: (stubborn[0].scratch / "ready").exists(), what="stubborn ready")
+    finally:
+        server.stop()
+    for info in (*obedient, *stubborn):
+        with pytest.raises(ProcessLookupError):
+            os.killpg(info.pgid, 0)
+
+
+def test_a_made_up_workers_root_is_removed_when_the_server_stops() -> None:
+    """Without workers_root the scratch dirs live in a temporary directory, gone after stop()."""
+    with SimulatorServer(FAST) as server:
+        root = server.workers_root
+        assert root is not None and root.is_dir()
+        start(server, startup_script(then="exit 3"), "v4-8")
+    assert not root.exists()
+
+
+def test_sigterm_to_the_simulator_process_stops_its_workers(tmp_path: Path) -> None:
+    """python -m tpujobs.simulator with --workers-root: on SIGTERM it exits 0, its workers gone."""
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tpujobs.simulator",
+            "--port=0",
+            f"--workers-root={tmp_path}",
+            "--waiting-seconds=0.01",
+            "--provisioning-seconds=0.01",
+            "--preemption-grace-seconds=7",
+            "--delete-grace-seconds=0.3",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        url = process.stdout.readline().strip().rsplit(" ", 1)[-1]
+        with urllib.request.urlopen(url + "/simulator/v1/config", timeout=5) as response:
+            assert json.load(response)["preemption_grace_seconds"] == 7.0
+        parent = f"projects/{PROJECT}/locations/{ZONE}"
+        body = {
+            "tpu": {
+                "nodeSpec": [
+                    {
+                        "parent": parent,
+                        "nodeId": "node",
+                        "node": {
+                            "acceleratorType": "v4-16",
+                            "runtimeVersion": RUNTIME,
+                            "metadata": {"startup-script": startup_script(on_term="true")},
+                        },
+                    }
+                ]
+            }
+        }
+        create = urllib.request.Request(
+            f"{url}/v2/{parent}/queuedResources?queuedResourceId=qr",
+            data=json.dumps(body).encode(),
+            method="POST",
+        )
+        urllib.request.urlopen(create, timeout=5).close()
+
+        def ready_workers() -> list[dict[str, Any]]:
+            workers_url = f"{url}/simulator/v1/queuedResources/{ZONE}/qr:workers"
+            with urllib.request.urlopen(workers_url, timeout=5) as response:
+                listed = json.load(response)["workers"]
+            ready = all(Path(w["scratch"], "ready").exists() for w in listed)
+            return listed if len(listed) == 2 and ready else []
+
+        workers = wait_for(ready_workers, what="two ready workers")
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=10) == 0
+        for listed in workers:
+            with pytest.raises(ProcessLookupError):
+                os.killpg(listed["pgid"], 0)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+# -- the metadata server over HTTP ---------------------------------------------------------------
+
+
+def test_metadata_without_the_flavor_header_is_forbidden(server: SimulatorServer) -> None:
+    """Like GCE: no Metadata-Flavor: Google is 403; with it, 200 text and the flavor echoed."""
+    start(server, startup_script(then="exit 3"), "v4-8")
+    url = metadata_url(server.url, PROJECT, ZONE, "node", 0) + "/instance/preempted"
+    status, _, _ = metadata_get(url)
+    assert status == 403
+    status, body, headers = metadata_get(url, {"Metadata-Flavor": "Google"})
+    assert (status, body) == (200, "FALSE")
+    assert headers["Metadata-Flavor"] == "Google"
+    assert headers["Content-Type"].startswith("text/plain")
+
+
+def test_waiting_for_change_on_preempted_returns_true_when_the_node_is_preempted(
+    server: SimulatorServer,
+) -> None:
+    """instance/preempted?wait_for_change=true is held until preemption, then answers TRUE."""
+    start(server, startup_script(then="exit 3"), "v4-8")
+    url = metadata_url(server.url, PROJECT, ZONE, "node", 0)
+    url += "/instance/preempted?wait_for_change=true&timeout_sec=10"
+    answers: list[tuple[int, str]] = []
+    waiter = threading.Thread(
+        target=lambda: answers.append(metadata_get(url, {"Metadata-Flavor": "Google"})[:2])
+    )
+    waiter.start()
+    time.sleep(0.2)
+    assert answers == []
+    server.simulator.preempt("qr")
+    waiter.join(timeout=5)
+    assert answers == [(200, "TRUE")]
+
+
+# -- tpujobs dev preempt -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def local_stack(
+    tmp_path: Path, emulators: dict[str, str], project_id: str, server: SimulatorServer
+) -> Iterator[Path]:
+    """A recorded local stack made of the test's Firestore emulator and simulator."""
+    state = stack.StackState(
+        state_dir=tmp_path,
+        env={
+            "GOOGLE_CLOUD_PROJECT": project_id,
+            "FIRESTORE_EMULATOR_HOST": emulators["FIRESTORE_EMULATOR_HOST"],
+            "TPUJOBS_TPU_ENDPOINT": server.url,
+        },
+        processes=(),
+        reused={"firestore": emulators["FIRESTORE_EMULATOR_HOST"]},
+    )
+    (tmp_path / stack.STACK_FILE).write_text(json.dumps(state.to_json()))
+    with mock.patch.dict(os.environ):  # the command points os.environ at the stack
+        yield tmp_path
+
+
+def active_job(server: SimulatorServer, firestore_client: Any, project_id: str) -> None:
+    server.simulator.create_queued_resource(
+        project_id, ZONE, "job-1-a1", request_for(startup_script(), "v4-8")
+    )
+    wait_for(
+        lambda: (
+            server.simulator.get_queued_resource(project_id, ZONE, "job-1-a1").state
+            is QrState.ACTIVE
+        )
+    )
+    (info,) = server.workers("job-1-a1")
+    wait_for(lambda: (info.scratch / "ready").exists(), what="worker ready")  # its trap is set
+    firestore_client.collection("jobs").document("job-1").set(
+        {"job_id": "job-1", "queued_resource": "job-1-a1", "zone": ZONE, "state": "RUNNING"}
+    )
+
+
+def test_dev_preempt_preempts_the_jobs_current_queued_resource(
+    local_stack: Path, server: SimulatorServer, firestore_client: Any, project_id: str
+) -> None:
+    """tpujobs dev preempt JOB_ID reads the job's QR from Firestore and preempts it."""
+    active_job(server, firestore_client, project_id)
+    result = CliRunner().invoke(dev_app, ["preempt", "job-1", "--state-dir", str(local_stack)])
+    assert result.exit_code == 0, result.output
+    qr = server.simulator.get_queued_resource(project_id, ZONE, "job-1-a1")
+    assert qr.state in (QrState.SUSPENDING, QrState.SUSPENDED)
+    (info,) = server.workers("job-1-a1")
+    wait_for(lambda: (info.scratch / "term").exists(), what="SIGTERM marker")
+
+
+def test_dev_preempt_silent_kills_host_zero_without_notice(
+    local_stack: Path, server: SimulatorServer, firestore_client: Any, project_id: str
+) -> None:
+    """--silent SIGKILLs worker 0 of slice 0; the QR stays ACTIVE and no SIGTERM arrives."""
+    active_job(server, firestore_client, project_id)
+    result = CliRunner().invoke(
+        dev_app, ["preempt", "job-1", "--silent", "--state-dir", str(local_stack)]
+    )
+    assert result.exit_code == 0, result.output
+    killed = wait_for(
+        lambda: not server.workers("job-1-a1")[0].alive and server.workers("job-1-a1")[0]
+    )
+    assert (killed.exit_code, killed.stopped_by) == (-signal.SIGKILL, "host-failure")
+    qr = server.simulator.get_queued_resource(project_id, ZONE, "job-1-a1")
+    assert qr.state is QrState.ACTIVE
+
+
+def test_dev_preempt_of_an_unknown_job_or_without_a_stack_fails_clearly(
+    local_stack: Path, tmp_path: Path
+) -> None:
+    """An unknown job id and a missing stack each exit 1 with a sentence saying which."""
+    runner = CliRunner()
+    missing = runner.invoke(dev_app, ["preempt", "nope", "--state-dir", str(local_stack)])
+    assert missing.exit_code == 1
+    assert "no such job" in missing.output
+    no_stack = runner.invoke(dev_app, ["preempt", "nope", "--state-dir", str(tmp_path / "none")])
+    assert no_stack.exit_code == 1
+    assert "no local stack" in no_stack.output
