@@ -39,7 +39,7 @@ def save(uri: str, state: dict) -> None:
     name = urllib.parse.quote(prefix + "state.json", safe="")
     url = f"{base}/upload/storage/v1/b/{bucket}/o?uploadType=media&name={name}"
     request = urllib.request.Request(
-        url, data=json.dumps(state).encode(), headers={**headers, "Content-Type": "application/json"}, method="POST"
+        url, data=json.dumps(state).encode(), headers={**headers, "Content-Type": "application/octet-stream"}, method="POST"
     )
     urllib.request.urlopen(request, timeout=30).read()
 

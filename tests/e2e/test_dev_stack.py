@@ -48,6 +48,7 @@ def test_up_starts_every_service_and_each_endpoint_answers(
         "pubsub",
         "storage",
         "simulator",
+        "scheduler",
         *(f"function-{r.target}" for r in topology.FUNCTIONS),
     }
     assert all(processes.is_running(p) for p in running.processes)

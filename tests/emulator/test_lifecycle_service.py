@@ -272,9 +272,8 @@ def test_the_reconciler_repairs_missing_capacity_and_releases_orphans(service, t
 
 def test_the_reconciler_turns_a_suspended_resource_into_a_recovery(service, simulator_url):
     """No event arrives for a preemption the agent could not report: the tick finds it."""
-    import urllib.request
-
     import time
+    import urllib.request
 
     submit(service)
     report(service, "started", 1)

@@ -759,6 +759,32 @@ def test_while_uploads_fail_only_the_newest_output_is_kept_within_the_bound(
 # --- the whole agent, through the startup script --------------------------------------
 
 
+def _python38() -> str | None:
+    """A python3.8 that runs: on PATH, or installed by pyenv."""
+    candidates = [shutil.which("python3.8")]
+    candidates += [str(p) for p in Path.home().glob(".pyenv/versions/3.8*/bin/python3.8")]
+    for candidate in filter(None, candidates):
+        result = subprocess.run([candidate, "--version"], capture_output=True, check=False)
+        if result.returncode == 0:
+            return candidate
+    return None
+
+
+PYTHON38 = _python38()
+
+
+def python3_dir(tmp_path: Path, version: str) -> Path | None:
+    """None for the default python3; else a directory whose python3 is that version (or skip)."""
+    if version == "default":
+        return None
+    if PYTHON38 is None:
+        pytest.skip("needs a working python3.8")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "python3").symlink_to(PYTHON38)
+    return bin_dir
+
+
 def test_the_agent_reports_started_and_exited_and_ships_the_output(
     tmp_path: Path, metadata: FakeMetadata, google: GoogleStub
 ) -> None:
@@ -869,15 +895,20 @@ def test_a_missing_code_object_fails_the_attempt_with_a_reason_in_the_output(
     assert b"could not fetch the code" in output and b"command-ran" not in output
 
 
+@pytest.mark.parametrize("python", ["default", "3.8"])
 def test_sigterm_publishes_one_notice_first_then_stops_the_command_without_an_exited_report(
-    tmp_path: Path, metadata: FakeMetadata, google: GoogleStub
+    tmp_path: Path, metadata: FakeMetadata, google: GoogleStub, python: str
 ) -> None:
     """SIGTERM to the agent: one preemption notice, the command's trap runs, no exited report."""
     job = a_job(
         command="trap 'echo got-term; exit 9' TERM; echo ready; while true; do sleep 0.05; done"
     )
     process = start_script(
-        render_startup_script(job, SETTINGS, timings=FAST), tmp_path / "w", metadata, google
+        render_startup_script(job, SETTINGS, timings=FAST),
+        tmp_path / "w",
+        metadata,
+        google,
+        python_dir=python3_dir(tmp_path, python),
     )
     try:
         wait_for(lambda: b"ready" in google.output(chunk_prefix()))
@@ -907,35 +938,11 @@ def wait_for(condition: Any, timeout: float = 15.0) -> None:
         time.sleep(0.05)
 
 
-def _python38() -> str | None:
-    """A python3.8 that runs: on PATH, or installed by pyenv."""
-    candidates = [
-        shutil.which("python3.8"),
-        *map(str, Path.home().glob(".pyenv/versions/3.8*/bin/python3.8")),
-    ]
-    for candidate in candidates:
-        if (
-            candidate
-            and subprocess.run(
-                [candidate, "--version"], capture_output=True, check=False
-            ).returncode
-            == 0
-        ):
-            return candidate
-    return None
-
-
-PYTHON38 = _python38()
-
-
-@pytest.mark.skipif(PYTHON38 is None, reason="needs a working python3.8")
 def test_the_agent_runs_on_python_3_8(
     tmp_path: Path, metadata: FakeMetadata, google: GoogleStub
 ) -> None:
     """With python3 being 3.8 (the oldest we promise), a job runs and reports as usual."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "python3").symlink_to(PYTHON38 or "python3.8")
+    bin_dir = python3_dir(tmp_path, "3.8")
     job = a_job(command="python3 -c 'import sys; print(sys.version_info[:2])'; exit 2")
     code, _, stderr = run_script(
         render_startup_script(job, SETTINGS, timings=FAST),

@@ -13,6 +13,7 @@ from tpujobs.simulator import (
     Code,
     Initiator,
     JsonStateFile,
+    NodeRecord,
     NodeState,
     QrState,
     QueuedResourceRecord,
@@ -566,7 +567,10 @@ def test_state_file_keeps_preemption_and_failed_hosts(clock: FakeClock, tmp_path
 SCRIPT = "#!/bin/bash\necho hi\n"
 
 
-def active_node(clock: FakeClock, accelerator_type: str = "v4-16", spot: bool = False):
+def active_node(
+    clock: FakeClock, accelerator_type: str = "v4-16", spot: bool = False
+) -> tuple[Simulator, NodeRecord]:
+    """A simulator with one ACTIVE node "n" whose metadata holds a startup script."""
     sim = simulator(clock)
     request = QueuedResourceRequest(
         slices=(

@@ -1,9 +1,10 @@
 """The job store on Firestore: job documents, their timeline, and rejections.
 
-Every change goes through one transaction that reads the job, lets the pure domain
-decide, and writes the job and its event together. Firestore fails the commit if the
-job changed since the read, so each write is compare-and-set; the transaction body
-has no side effects because Firestore may run it more than once.
+Every change reads the job, lets the pure domain decide, and commits the job and its
+event in one atomic write whose precondition is the job's update time as read: a
+compare-and-set. If another handler moved the job first, the commit fails and the
+change is decided again on the new job, so a stale observation can never overwrite a
+newer state. Deciding is pure, so running it again has no side effects.
 
 Documents are flat and typed for the Firestore console: timestamps are timestamps,
 the spec is a map, and the fields people filter on are top-level.
@@ -11,6 +12,8 @@ the spec is a map, and the fields people filter on are top-level.
 
 from __future__ import annotations
 
+import random
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -31,6 +34,7 @@ EVENTS = "events"
 WORKERS = "workers"
 REJECTIONS = "rejections"
 MAX_PAYLOAD_CHARS = 4096
+CAS_ATTEMPTS = 20
 
 _TRANSIENT = (
     api_exceptions.ServiceUnavailable,
@@ -153,25 +157,39 @@ class FirestoreJobStore:
         return job_from_document(snapshot.to_dict()) if snapshot.exists else None
 
     def apply(self, job_id: str, seen: Observation, clock: Clock) -> Decision | Ignored:
-        ref = self._job_ref(job_id)
-        transaction = self._db.transaction()
+        """Read, decide, and commit the job and its event atomically, if the job is unchanged.
 
-        @firestore.transactional
-        def compare_and_set(tx: firestore.Transaction) -> Decision | Ignored:
-            snapshot = ref.get(transaction=tx)
+        The commit carries a precondition on the job's update time: the compare-and-set.
+        A lost race re-reads and decides again (the observation may now be stale). This is
+        optimistic on purpose: Firestore's read-write transactions take locks, and two
+        handlers of one job holding read locks deadlock until "Transaction lock timeout".
+        """
+        ref = self._job_ref(job_id)
+        for attempt in range(CAS_ATTEMPTS):
+            with _transient_on_failure("read job"):
+                snapshot = ref.get()
             if not snapshot.exists:
                 return Ignored(f"job {job_id} does not exist")
             outcome = decide(job_from_document(snapshot.to_dict()), seen, clock())
-            if isinstance(outcome, Decision):
-                tx.set(ref, job_to_document(outcome.job))
-                tx.create(
-                    ref.collection(EVENTS).document(outcome.event.document_id),
-                    event_to_document(outcome.event),
-                )
-            return outcome
-
-        with _transient_on_failure("update job"):
-            return compare_and_set(transaction)
+            if isinstance(outcome, Ignored):
+                return outcome
+            batch = self._db.batch()
+            batch.update(
+                ref,
+                job_to_document(outcome.job),
+                option=self._db.write_option(last_update_time=snapshot.update_time),
+            )
+            batch.create(
+                ref.collection(EVENTS).document(outcome.event.document_id),
+                event_to_document(outcome.event),
+            )
+            try:
+                with _transient_on_failure("update job"):
+                    batch.commit()
+                return outcome
+            except (api_exceptions.FailedPrecondition, api_exceptions.AlreadyExists):
+                time.sleep(random.uniform(0, 0.01 * (attempt + 1)))  # someone else moved it first
+        raise TransientError(f"job {job_id} changed under {CAS_ATTEMPTS} attempts to update it")
 
     def events(self, job_id: str) -> list[JobEvent]:
         with _transient_on_failure("read events"):

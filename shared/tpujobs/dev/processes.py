@@ -218,12 +218,15 @@ def simulator(
     *,
     env: Mapping[str, str] | None = None,
     state_file: Path | None = None,
+    workers_root: Path | None = None,
     deadline_s: float = 30.0,
 ) -> ServiceSpec:
-    """The local TPU API (tpujobs.simulator)."""
+    """The local TPU API (tpujobs.simulator); worker hosts run under `workers_root`."""
     argv = [sys.executable, "-m", "tpujobs.simulator", "--host", LOOPBACK, "--port", str(port)]
     if state_file is not None:
         argv += ["--state-file", str(state_file)]
+    if workers_root is not None:
+        argv += ["--workers-root", str(workers_root)]
     return ServiceSpec(
         name="simulator",
         argv=tuple(argv),

@@ -256,7 +256,12 @@ def _start(
     if "storage" not in reused:
         specs.append(processes.storage_emulator(ports["storage"]))
     specs.append(
-        processes.simulator(simulator_port, env=service_env, state_file=simulator_state_file)
+        processes.simulator(
+            simulator_port,
+            env=service_env,
+            state_file=simulator_state_file,
+            workers_root=state_dir / "workers",  # kept after `down`: every worker's log
+        )
     )
     specs.extend(
         processes.function(route, function_ports[route.target], source=source, env=service_env)
