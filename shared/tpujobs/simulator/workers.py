@@ -32,6 +32,7 @@ import signal
 import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,8 @@ GONE_TIMEOUT_SECONDS = 5.0  # close() waits this long past the grace for groups 
 
 MetadataUrl = Callable[[NodeRecord, int], str]
 
+
+VM_MARK = "SIMULATED_TPU_VM"  # in the environment of every process of one simulated host
 
 class StopReason:
     """Why a worker was signalled, as WorkerInfo.stopped_by reports it."""
@@ -103,8 +106,9 @@ class _Worker:
 
     def __init__(
         self, qr: QueuedResourceRecord, node: NodeRecord, slice_index: int, worker: int,
-        process: subprocess.Popen[bytes], scratch: Path,
+        process: subprocess.Popen[bytes], scratch: Path, mark: str = "",
     ) -> None:  # fmt: skip
+        self.mark = mark  # the VM_MARK value of every process of this worker host
         self.key = (qr.project, qr.zone, qr.qr_id)
         self.node_id = node.node_id
         self.slice_index = slice_index
@@ -300,6 +304,9 @@ class WorkerPool:
         env = dict(os.environ if self._environ is None else self._environ)
         env["TPUJOBS_WORKDIR"] = str(scratch / "work")
         env["TPUJOBS_METADATA_URL"] = self._metadata_url(node, worker)
+        # Everything started on this "VM" inherits the mark, even in sessions of its own
+        # (the agent runs the command in one): killing the VM kills everything marked.
+        env[VM_MARK] = f"{qr.qr_id}/{slice_index}/{worker}/{uuid.uuid4().hex}"
         with (scratch / "worker.log").open("wb") as log:
             process = subprocess.Popen(
                 [self._bash, str(script_file)],
@@ -314,7 +321,7 @@ class WorkerPool:
             "started worker %d of %s (slice %d of %s): pid %d",
             worker, node.node_id, slice_index, qr.qr_id, process.pid,
         )  # fmt: skip
-        return _Worker(qr, node, slice_index, worker, process, scratch)
+        return _Worker(qr, node, slice_index, worker, process, scratch, env[VM_MARK])
 
     def _stop(self, workers: Iterable[_Worker], grace: float, reason: str) -> None:
         """SIGTERM now and SIGKILL after *grace* (0: SIGKILL at once); never later than asked before."""
@@ -355,8 +362,33 @@ class WorkerPool:
 
 
 def _signal(worker: _Worker, sig: signal.Signals) -> None:
+    """SIGTERM goes to the startup script's group (the agent passes it on, as on a VM);
+    SIGKILL is the VM dying: it takes every process of the host, whatever its session."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(worker.pgid, sig)
+    if sig == signal.SIGKILL and worker.mark:
+        for pid in _marked_pids(worker.mark):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _marked_pids(mark: str) -> list[int]:
+    """Processes whose environment carries VM_MARK=mark (Linux /proc; none elsewhere)."""
+    needle = f"{VM_MARK}={mark}".encode()
+    found = []
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return found
+    for entry in os.scandir(proc):
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = Path(entry.path, "environ").read_bytes()
+        except OSError:
+            continue
+        if needle in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return found
 
 
 def _group_exists(pgid: int) -> bool:

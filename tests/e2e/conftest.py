@@ -1,0 +1,30 @@
+"""One local stack for every end-to-end test, on the session's emulators."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from tpujobs.config import Settings
+from tpujobs.dev import stack
+
+PROJECT = "tpujobs-e2e"
+
+
+@pytest.fixture(scope="session")
+def local_stack(emulators, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The whole local stack, as `tpujobs dev up` starts it; its environment is exported."""
+    state_dir = tmp_path_factory.mktemp("stack")
+    environ = {**os.environ, **emulators}
+    state = stack.up(state_dir, Settings(project=PROJECT), environ=environ)
+    saved = dict(os.environ)
+    os.environ.update(state.env)
+    os.environ["TPUJOBS_STATE_DIR"] = str(state_dir)
+    try:
+        yield dict(state.env)
+    finally:
+        stack.down(state_dir)
+        os.environ.clear()
+        os.environ.update(saved)

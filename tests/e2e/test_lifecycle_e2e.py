@@ -1,0 +1,198 @@
+"""Jobs that really run: the simulator starts the startup script on every worker host, the
+agent runs the command and reports through the Pub/Sub emulator to the functions."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tpujobs.domain.states import JobState
+from tpujobs.topology import SUBMIT
+
+pytestmark = pytest.mark.e2e
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train"
+
+
+@pytest.fixture(scope="module")
+def env(local_stack):
+    from google.cloud import firestore
+
+    from tpujobs.adapters.firestore_store import FirestoreJobStore
+    from tpujobs.adapters.pubsub import Publisher
+    from tpujobs.adapters.storage import build_client as storage_client
+    from tpujobs.adapters.tpu import build_client as tpu_client
+
+    project = local_stack["GOOGLE_CLOUD_PROJECT"]
+    return {
+        "project": project,
+        "bucket": local_stack["TPUJOBS_LOGS_BUCKET"],
+        "simulator": local_stack["TPUJOBS_TPU_ENDPOINT"],
+        "zone": local_stack["TPUJOBS_DEFAULT_ZONE"],
+        "publisher": Publisher.build(project),
+        "store": FirestoreJobStore(firestore.Client(project=project)),
+        "storage": storage_client(project),
+        "tpu": tpu_client(local_stack["TPUJOBS_TPU_ENDPOINT"]),
+    }
+
+
+def wait_for(probe, timeout: float = 60.0, interval: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {probe.__doc__ or probe}")
+
+
+def submit(env, **spec) -> str:
+    job_id = f"{spec.pop('prefix', 'e2e')}-{uuid.uuid4().hex[:6]}"
+    payload = {
+        "job_id": job_id,
+        "name": "e2e",
+        "owner": "ada@example.com",
+        "accelerator_type": "v4-16",
+        "capacity": "spot",
+        **spec,
+    }
+    env["publisher"].publish_json(SUBMIT, payload)
+    return job_id
+
+
+def control(env, path: str) -> dict:
+    request = urllib.request.Request(f"{env['simulator']}/simulator/v1/{path}", data=b"{}", method="POST")
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return json.load(answer)
+
+
+def workers_of(env, queued_resource: str) -> list[dict]:
+    url = f"{env['simulator']}/simulator/v1/queuedResources/{env['zone']}/{queued_resource}:workers"
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        return json.load(answer)["workers"]
+
+
+def output(env, job_id: str, attempt: int, worker: str = "0-0") -> str:
+    slice_id, worker_id = worker.split("-")
+    prefix = f"jobs/{job_id}/attempt-{attempt}/chunks/slice-{slice_id}-worker-{worker_id}/"
+    blobs = sorted(
+        (b for b in env["storage"].list_blobs(env["bucket"], prefix=prefix) if b.name.endswith(".log")),
+        key=lambda b: b.name,
+    )
+    return "".join(b.download_as_text() for b in blobs)
+
+
+def checkpoint_step(env, job_id: str) -> int:
+    blob = env["storage"].bucket(env["bucket"]).blob(f"jobs/{job_id}/checkpoints/state.json")
+    return json.loads(blob.download_as_text())["step"] if blob.exists() else 0
+
+
+def running_attempt(env, job_id: str, attempt: int):
+    def probe():
+        job = env["store"].get(job_id)
+        return job if job and job.state is JobState.RUNNING and job.attempt == attempt else None
+
+    probe.__doc__ = f"{job_id} RUNNING at attempt {attempt}"
+    return wait_for(probe)
+
+
+def test_a_job_preempted_twice_finishes_at_attempt_3_from_its_checkpoints(env):
+    """Two preemptions: attempts 2 and 3 resume from the last checkpoint and the job SUCCEEDS."""
+    from tpujobs.adapters.storage import upload_code_dir
+
+    code_uri = upload_code_dir(env["storage"], env["bucket"], EXAMPLE)
+    job_id = submit(
+        env,
+        prefix="twice",
+        code_uri=code_uri,
+        command="python3 train.py --steps 40 --step-seconds 0.1 --checkpoint-every 5",
+        on_preemption="resume",
+        max_restarts=5,
+    )
+    checkpoints_before = []
+    for attempt in (1, 2):
+        job = running_attempt(env, job_id, attempt)
+        floor = checkpoint_step(env, job_id)
+        wait_for(lambda floor=floor: checkpoint_step(env, job_id) > floor)  # a checkpoint in this attempt
+        checkpoints_before.append(checkpoint_step(env, job_id))
+        control(env, f"queuedResources/{env['zone']}/{job.queued_resource}:preempt")
+
+    def finished():
+        job = env["store"].get(job_id)
+        return job if job and job.state.is_terminal else None
+
+    job = wait_for(finished, timeout=90)
+    assert job.state is JobState.SUCCEEDED, job.state_reason
+    assert (job.attempt, job.restarts, job.exit_code) == (3, 2, 0)
+    for attempt, floor in ((2, checkpoints_before[0]), (3, checkpoints_before[1])):
+        text = output(env, job_id, attempt)
+        resumed = int(text.split("resumes from step ")[1].split()[0])
+        assert resumed >= floor > 0, text[:300]
+    assert "finished 40 steps in attempt 3" in output(env, job_id, 3)
+    assert "starts from step 0" in output(env, job_id, 1)
+    recoveries = [e for e in env["store"].events(job_id) if e.to_state is JobState.RECOVERING]
+    assert len(recoveries) == 2 and all("Preempted" in e.reason for e in recoveries)
+
+
+def test_a_command_exiting_3_with_on_error_fail_ends_failed_and_keeps_its_output(env):
+    """Exit code 3 and on_error=fail: FAILED with exit_code 3; both output streams are kept in Storage."""
+    job_id = submit(
+        env,
+        prefix="exit3",
+        accelerator_type="v4-8",
+        command="echo to-stdout; echo to-stderr >&2; exit 3",
+        on_error="fail",
+    )
+
+    def ended():
+        job = env["store"].get(job_id)
+        return job if job and job.state.is_terminal else None
+
+    job = wait_for(ended)
+    assert job.state is JobState.FAILED and job.exit_code == 3
+    assert "exited with code 3" in job.state_reason
+    text = wait_for(lambda: output(env, job_id, 1))
+    assert "to-stdout" in text and "to-stderr" in text
+
+
+def test_a_cancelled_job_leaves_no_queued_resource_and_no_worker_process(env):
+    """`tpujobs cancel`: CANCELLED, the queued resource deleted, every worker process gone."""
+    from google.api_core import exceptions
+    from typer.testing import CliRunner
+
+    from tpujobs.cli import app
+
+    job_id = submit(env, prefix="cancel", command="sleep 600")
+    job = running_attempt(env, job_id, 1)
+    pids = wait_for(lambda: [w["pid"] for w in workers_of(env, job.queued_resource) if w["alive"]])
+    assert len(pids) == 2
+    result = CliRunner().invoke(app, ["cancel", job_id, "--owner", "ada@example.com"])
+    assert result.exit_code == 0, result.output
+    assert env["store"].get(job_id).state is JobState.CANCELLED
+    name = f"projects/{env['project']}/locations/{env['zone']}/queuedResources/{job.queued_resource}"
+
+    def resource_gone():
+        try:
+            env["tpu"].get_queued_resource(name=name)
+        except exceptions.NotFound:
+            return True
+        return False
+
+    wait_for(resource_gone, timeout=30)
+
+    def processes_gone():
+        for pid in pids:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                continue
+            return False
+        return True
+
+    wait_for(processes_gone, timeout=30)
