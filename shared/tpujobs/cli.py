@@ -213,28 +213,25 @@ def describe_tables(job: Job, events: list[JobEvent]) -> Table:
     ]
     for name, value in rows:
         fields.add_row(name, value)
-    short = {"no_wrap": True}
+    # Narrow terminals keep the reason readable by dropping what it already says.
+    wide = out.width >= 140
+    columns = ["#", "AT (UTC)", *(["FROM"] if wide else []), "TO", *(["SOURCE", "ATTEMPT"] if wide else [])]
     timeline = Table(
-        Column("#", **short),
-        Column("AT (UTC)", **short),
-        Column("FROM", **short),
-        Column("TO", **short),
-        Column("SOURCE", **short),
-        Column("ATTEMPT", **short),
-        Column("REASON", ratio=1),
+        *(Column(name, no_wrap=True) for name in columns),
+        Column("REASON", ratio=1, min_width=30),
         title="Timeline",
         title_justify="left",
     )
     for event in events:
-        timeline.add_row(
+        cells = [
             str(event.seq),
             _when(event.at)[11:],  # the date is in `created`; the time of day reads faster
-            event.from_state.value if event.from_state else "-",
+            *([event.from_state.value if event.from_state else "-"] if wide else []),
             _styled(event.to_state),
-            event.source,
-            str(event.attempt),
+            *([event.source, str(event.attempt)] if wide else []),
             event.reason,
-        )
+        ]
+        timeline.add_row(*cells)
     grid = Table.grid(padding=(1, 0))
     grid.add_row(fields)
     grid.add_row(timeline)

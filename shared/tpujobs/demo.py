@@ -1,109 +1,150 @@
-"""`tpujobs demo`: the story of one job on the local stack, told to a new user.
+"""`tpujobs demo`: the whole story of a job on the local stack, told live to a new user.
 
-It starts the local stack if none is running, submits `examples/hello.yaml` through
-Pub/Sub exactly like `tpujobs submit`, waits for the job to reach PROVISIONING,
-shows its record and timeline from Firestore and its queued resource from the TPU
-simulator through the real client, and exits non-zero if any of that does not happen.
+It starts the local stack if none is running, submits `examples/train.yaml` (a small
+training loop that checkpoints its step counter) exactly as `tpujobs submit` does,
+preempts it midway through the TPU simulator, and shows live how the job recovers from
+its checkpoint and finishes. Then it prints the timeline and where the logs are. It
+exits non-zero if the story does not happen: no preemption, no recovery, no resume
+from a checkpoint, or no success.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
+import urllib.request
 import uuid
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 import yaml
-from rich.console import Console
-from rich.table import Column, Table
+from rich.console import Console, Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.progress import BarColumn, Progress, TextColumn
+from rich.table import Table
 
 from tpujobs.config import Settings
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "hello.yaml"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+STEPS = 60
 
 
 def demo(
     keep: Annotated[bool, typer.Option(help="Leave the local stack running afterwards.")] = False,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for each step.")] = 60.0,
+    timeout: Annotated[float, typer.Option(help="Seconds the whole story may take.")] = 110.0,
 ) -> None:
-    """Submit a job on the local stack and show its record and its queued resource."""
-    from tpujobs.adapters.firestore_store import FirestoreJobStore
-    from tpujobs.adapters.pubsub import Publisher
-    from tpujobs.adapters.tpu import build_client
-    from tpujobs.cli import describe_tables
+    """Run a job, preempt it midway, and watch it recover from its checkpoint and finish."""
     from tpujobs.dev import stack
-    from tpujobs.domain.states import JobState
-    from tpujobs.topology import SUBMIT
 
-    out, err = Console(), Console(stderr=True)
+    err = Console(stderr=True)
     state_dir = stack.default_state_dir()
     running = stack.stack_environment()
     started_here = not running
     if started_here:
-        err.print("[bold]1. Starting the local stack[/bold] (emulators, TPU simulator, functions)...")
-        state = stack.up(state_dir, Settings.from_env(), report=lambda line: err.print(f"   {line}"))
+        err.print("[bold]Starting the local stack[/bold] (emulators, TPU simulator, functions)...")
+        state = stack.up(state_dir, Settings.from_env(), report=lambda line: err.print(f"  {line}"))
         running = dict(state.env)
-    else:
-        err.print("[bold]1. Using the running local stack.[/bold]")
     os.environ.update(running)
-    settings = Settings.from_env()
     try:
-        spec = yaml.safe_load(EXAMPLE.read_text(encoding="utf-8"))
-        spec["job_id"] = f"hello-{uuid.uuid4().hex[:6]}"
-        err.print(f"[bold]2. Publishing[/bold] {EXAMPLE.name} to {settings.prefix}{SUBMIT} as job {spec['job_id']}")
-        from google.cloud import firestore
-
-        store = FirestoreJobStore(firestore.Client(project=settings.project))
-        started = time.monotonic()
-        Publisher.build(settings.project, settings.prefix).publish_json(SUBMIT, spec)
-        job = None
-        while time.monotonic() - started < timeout:
-            job = store.get(spec["job_id"])
-            if job is not None and job.state is not JobState.QUEUED:
-                break
-            time.sleep(0.05)
-        if job is None or job.state is not JobState.PROVISIONING:
-            err.print(f"[red]The job did not reach PROVISIONING within {timeout:.0f} s (now: {job and job.state.value}).[/red]")
-            raise typer.Exit(1)
-        err.print(f"[bold]3. The submit_job function recorded it[/bold] ({time.monotonic() - started:.2f} s after publishing):")
-        out.print(describe_tables(job, store.events(job.job_id)))
-
-        client = build_client(settings.tpu_endpoint)
-        name = f"projects/{settings.project}/locations/{job.zone}/queuedResources/{job.queued_resource}"
-        resource = None
-        while time.monotonic() - started < timeout:
-            resource = client.get_queued_resource(name=name)
-            if resource.state.state.name == "ACTIVE":
-                break
-            time.sleep(0.1)
-        err.print("[bold]4. Its queued resource in the TPU simulator[/bold] (read with google-cloud-tpu):")
-        table = Table(
-            Column("QUEUED RESOURCE", no_wrap=True),
-            Column("STATE", no_wrap=True),
-            Column("NODE", no_wrap=True),
-            Column("ACCELERATOR", no_wrap=True),
-            Column("HOSTS", no_wrap=True),
-            Column("LABELS", ratio=1),
-        )
-        for node_spec in resource.tpu.node_spec:
-            node_name = f"{node_spec.parent}/nodes/{node_spec.node_id}"
-            hosts = len(client.get_node(name=node_name).network_endpoints) if node_spec.node_id else 0
-            table.add_row(
-                job.queued_resource,
-                resource.state.state.name,
-                node_spec.node_id or f"{node_spec.multislice_params.node_id_prefix}-*",
-                node_spec.node.accelerator_type,
-                str(hosts),
-                " ".join(f"{k}={v}" for k, v in sorted(node_spec.node.labels.items())),
-            )
-        out.print(table)
-        if resource.state.state.name != "ACTIVE":
-            err.print("[red]The queued resource did not become ACTIVE.[/red]")
-            raise typer.Exit(1)
-        err.print("[green]Done:[/green] one message, one job document, one queued resource.")
+        ok = _story(Settings.from_env(), timeout, state_dir)
     finally:
         if started_here and not keep:
-            err.print("Stopping the local stack this demo started (use --keep to leave it running).")
+            err.print("Stopping the local stack this demo started (--keep leaves it running).")
             stack.down(state_dir)
+    if not ok:
+        raise typer.Exit(1)
+
+
+def _story(settings: Settings, timeout: float, state_dir: Path) -> bool:
+    from google.cloud import firestore
+
+    from tpujobs.adapters.firestore_store import FirestoreJobStore
+    from tpujobs.adapters.pubsub import Publisher
+    from tpujobs.adapters.storage import build_client, upload_code_dir
+    from tpujobs.cli import describe_tables
+    from tpujobs.domain.states import JobState
+    from tpujobs.topology import SUBMIT
+
+    out, err = Console(), Console(stderr=True)
+    store = FirestoreJobStore(firestore.Client(project=settings.project))
+    storage = build_client(settings.project)
+    spec: dict[str, Any] = yaml.safe_load((EXAMPLES / "train.yaml").read_text(encoding="utf-8"))
+    code_dir = EXAMPLES / spec.pop("code_dir")
+    spec["code_uri"] = upload_code_dir(storage, settings.logs_bucket, code_dir)
+    spec["job_id"] = f"train-demo-{uuid.uuid4().hex[:6]}"
+    spec["command"] = f"python3 train.py --steps {STEPS} --step-seconds 0.25 --checkpoint-every 5"
+    job_id = spec["job_id"]
+    Publisher.build(settings.project, settings.prefix).publish_json(SUBMIT, spec)
+    err.print(f"Submitted [bold]{job_id}[/bold]: {STEPS} steps on 1 x {spec['accelerator_type']} spot, "
+              f"on_preemption={spec['on_preemption']}. The simulator will preempt it midway.")
+
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("step {task.completed:.0f}/{task.total:.0f}"))
+    bar = progress.add_task("checkpointed", total=STEPS)
+    preempted_at: int | None = None
+    job = None
+    deadline = time.monotonic() + timeout
+    with Live(console=out, refresh_per_second=8, transient=False) as live:
+        while time.monotonic() < deadline:
+            job = store.get(job_id)
+            step = _checkpointed_step(store, job_id)
+            progress.update(bar, completed=step)
+            if job is not None:
+                if preempted_at is None and job.state is JobState.RUNNING and step >= STEPS // 3:
+                    _preempt(settings, job.zone, job.queued_resource)
+                    preempted_at = step
+                live.update(_view(job, store.events(job_id), progress, preempted_at))
+                if job.state.is_terminal:
+                    break
+            time.sleep(0.3)
+
+    if job is None or not job.state.is_terminal:
+        err.print(f"[red]The job did not finish within {timeout:.0f} s.[/red]")
+        return False
+    out.print(describe_tables(job, store.events(job_id)))
+    resumed = _resumed_step(storage, settings.logs_bucket, job_id, attempt=2)
+    out.print(f"\nLogs of every attempt and worker: gs://{settings.logs_bucket}/jobs/{job_id}/attempt-N/chunks/")
+    out.print(f"Worker hosts' own logs on this machine: {state_dir / 'workers'}/{job_id}-aN/")
+    story = [
+        (preempted_at is not None, f"preempted midway (after step {preempted_at})"),
+        (job.restarts >= 1 and job.attempt >= 2, f"recovered: attempt {job.attempt}, {job.restarts} restart(s)"),
+        (resumed is not None and resumed > 0, f"attempt 2 resumed from its checkpoint at step {resumed}"),
+        (job.state is JobState.SUCCEEDED, f"finished {job.state.value}"),
+    ]
+    for happened, what in story:
+        out.print(("[green]✓[/green] " if happened else "[red]✗[/red] ") + what)
+    return all(happened for happened, _ in story)
+
+
+def _view(job: Any, events: list[Any], progress: Progress, preempted_at: int | None) -> Panel:
+    timeline = Table("AT", "TO", "REASON", box=None, padding=(0, 1))
+    for event in events[-8:]:
+        timeline.add_row(event.at.strftime("%H:%M:%S.%f")[:-3], event.to_state.value, event.reason)
+    note = f" - preempted after step {preempted_at}" if preempted_at is not None else ""
+    title = f"{job.job_id}  {job.state.value}  attempt {job.attempt}{note}"
+    return Panel(Group(progress, timeline), title=title, title_align="left")
+
+
+def _checkpointed_step(store: Any, job_id: str) -> int:
+    """The highest step any worker reported as checkpointed."""
+    steps = [w.get("checkpoint_step") or 0 for w in store.workers(job_id)]
+    return max(steps, default=0)
+
+
+def _preempt(settings: Settings, zone: str, queued_resource: str) -> None:
+    url = f"{settings.tpu_endpoint}/simulator/v1/queuedResources/{zone}/{queued_resource}:preempt"
+    request = urllib.request.Request(url, data=b"{}", method="POST")
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        json.load(answer)
+
+
+def _resumed_step(storage: Any, bucket: str, job_id: str, attempt: int) -> int | None:
+    """The step attempt `attempt` says it resumed from, read from its output in Storage."""
+    prefix = f"jobs/{job_id}/attempt-{attempt}/chunks/slice-0-worker-0/"
+    for blob in sorted(storage.list_blobs(bucket, prefix=prefix), key=lambda b: b.name):
+        text = blob.download_as_text()
+        if "resumes from step " in text:
+            return int(text.split("resumes from step ")[1].split()[0])
+    return None
