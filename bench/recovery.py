@@ -1,0 +1,346 @@
+"""Time to recovery: from the loss of a running spot job's capacity to the request of its next.
+
+Each trial submits a new job (v4-8, one worker host, `sleep 600`, spot, on_preemption
+resume, max_restarts 3), waits until it is RUNNING at attempt 1, takes its capacity away
+through the simulator, and times from just before that call (time.time()) to the create
+time of the `{job_id}-a2` queued resource's create operation, which the simulator stamps
+with its wall clock when the request arrives (same machine, same clock): no polling
+interval is in the number. The job is cancelled afterwards. A new job per trial, because
+restarts after the first back off by design (1 s, 2 s, ...).
+
+Two paths:
+  notice  :preempt: the simulator sends SIGTERM to the worker, whose agent publishes a
+          preemption notice at once; on_preemption deletes the old queued resource and
+          requests the next.
+  silent  :kill-host: the worker host dies without a word; only the reconciler's polling
+          tick sees it (node REPAIRING, UNHEALTHY_MAINTENANCE). The host is killed at a random
+          phase of the tick, so the wait for the tick is what a user would see on average.
+          The ticks are read from a pull subscription of the bench's own on the reconcile
+          topic, which splits the latency into the wait for the tick and the handling.
+
+    .venv/bin/python bench/recovery.py [--trials 20]
+
+It starts the local stack in a temporary directory (or uses the one named by the
+environment) and stops what it started. Trials run one at a time: concurrent jobs would
+share the reconciler's tick and the functions' processes, and distort the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from tpujobs.config import Settings
+from tpujobs.dev import stack
+from tpujobs.domain.states import JobState
+from tpujobs.topology import CONTROL, RECONCILE, SUBMIT
+
+OWNER = "bench@example.com"
+LOCAL_TICK_S = stack.RECONCILE_INTERVAL_S
+PRODUCTION_TICK_S = 60.0  # Cloud Scheduler's shortest interval
+TARGET_NOTICE_MEDIAN_S = 0.5
+ANCHORS = (
+    "SkyPilot managed jobs poll job status every 15 s; dstack every 10 s with a 2-minute "
+    "grace; hand-run monitors every 10-30 min"
+)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One loss and recovery; times in seconds from the loss (the :preempt or :kill-host call)."""
+
+    job_id: str
+    latency: float  # loss -> {job_id}-a2 requested
+    recovering: float  # loss -> the RECOVERING event's `at`
+    source: str  # who recorded RECOVERING: "agent" (the notice) or "reconciler"
+    tick: float | None  # loss -> the reconcile tick that found it (silent path)
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
+
+
+def rfc3339(text: str) -> float:
+    """Seconds since the epoch of an RFC 3339 time as the simulator writes it (...Z)."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def wait_for(probe: Callable[[], T | None], what: str, timeout: float, interval: float = 0.05) -> T:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()
+        if value is not None:
+            return value
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+class Ticks:
+    """The reconcile ticks the local scheduler publishes, from a subscription of our own."""
+
+    def __init__(self, project: str, topic: str) -> None:
+        from google.cloud import pubsub_v1
+
+        self._subscriber = pubsub_v1.SubscriberClient()
+        self._name = self._subscriber.subscription_path(
+            project, f"bench-recovery-ticks-{uuid.uuid4().hex[:8]}"
+        )
+        self._subscriber.create_subscription(request={"name": self._name, "topic": topic})
+        self._lock = threading.Lock()
+        self._times: list[float] = []
+        self._future = self._subscriber.subscribe(self._name, self._received)
+
+    def _received(self, message: Any) -> None:
+        try:
+            at = datetime.fromisoformat(json.loads(message.data)["tick"]).timestamp()
+        except (ValueError, KeyError, TypeError):
+            pass
+        else:
+            with self._lock:
+                self._times.append(at)
+        message.ack()
+
+    def last_before(self, when: float) -> float | None:
+        with self._lock:
+            earlier = [t for t in self._times if t <= when]
+        return max(earlier) if earlier else None
+
+    def close(self) -> None:
+        self._future.cancel()
+        with contextlib.suppress(Exception):  # cancelled, or the stream had failed: it is over
+            self._future.result(timeout=5)
+        try:
+            self._subscriber.delete_subscription(request={"subscription": self._name})
+        finally:
+            self._subscriber.close()
+
+
+class Bench:
+    def __init__(self, settings: Settings, env: dict[str, str], ticks: Ticks) -> None:
+        from google.cloud import firestore
+
+        from tpujobs.adapters.firestore_store import FirestoreJobStore
+        from tpujobs.adapters.pubsub import Publisher
+
+        self.publisher = Publisher.build(settings.project, settings.prefix)
+        self.store = FirestoreJobStore(firestore.Client(project=settings.project))
+        self.simulator = env["TPUJOBS_TPU_ENDPOINT"].rstrip("/") + "/simulator/v1"
+        self.zone = env["TPUJOBS_DEFAULT_ZONE"]
+        self.ticks = ticks
+
+    # -- the simulator -------------------------------------------------------------------
+
+    def _control(self, path: str) -> None:
+        request = urllib.request.Request(f"{self.simulator}/{path}", data=b"{}", method="POST")
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            answer.read()
+
+    def _state(self) -> dict[str, Any]:
+        with urllib.request.urlopen(f"{self.simulator}/state", timeout=10) as answer:
+            return json.load(answer)
+
+    def _requested_at(self, queued_resource: str) -> float | None:
+        """When the queued resource's create request arrived, or None if it has not yet."""
+        state = self._state()
+        suffix = f"/queuedResources/{queued_resource}"
+        for op in state["operations"]:
+            meta = op.get("metadata", {})
+            if meta.get("verb") == "create" and meta.get("target", "").endswith(suffix):
+                return rfc3339(meta["createTime"])
+        for qr in state["queuedResources"]:
+            if qr["name"].endswith(suffix):
+                return rfc3339(qr["createTime"])
+        return None
+
+    # -- jobs ----------------------------------------------------------------------------
+
+    def _submit(self, job_id: str) -> None:
+        self.publisher.publish_json(
+            SUBMIT,
+            {
+                "job_id": job_id,
+                "name": "bench-recovery",
+                "owner": OWNER,
+                "accelerator_type": "v4-8",
+                "capacity": "spot",
+                "command": "sleep 600",
+                "on_preemption": "resume",
+                "max_restarts": 3,
+            },
+        )
+
+    def _running(self, job_id: str) -> Any:
+        def probe() -> Any:
+            job = self.store.get(job_id)
+            if job is not None and job.state.is_terminal:
+                raise RuntimeError(f"{job_id} ended {job.state.value}: {job.state_reason}")
+            return job if job and job.state is JobState.RUNNING and job.attempt == 1 else None
+
+        return wait_for(probe, f"{job_id} RUNNING at attempt 1", timeout=60)
+
+    def _cancel_and_settle(self, job_id: str) -> None:
+        """Cancel the job and wait until it is over and none of its queued resources is left."""
+        self.publisher.publish_json(CONTROL, {"action": "cancel", "job_id": job_id, "owner": OWNER})
+
+        def settled() -> bool | None:
+            job = self.store.get(job_id)
+            if job is None or not job.state.is_terminal:
+                return None
+            names = (qr["name"].rsplit("/", 1)[-1] for qr in self._state()["queuedResources"])
+            return None if any(n.startswith(f"{job_id}-a") for n in names) else True
+
+        wait_for(settled, f"{job_id} cancelled and its capacity released", timeout=30, interval=0.1)
+
+    def trial(self, path: str) -> Trial:
+        job_id = f"rec-{path}-{uuid.uuid4().hex[:8]}"
+        self._submit(job_id)
+        try:
+            job = self._running(job_id)
+            resource = f"queuedResources/{self.zone}/{job.queued_resource}"
+            if path == "notice":
+                lost = time.time()
+                self._control(f"{resource}:preempt")
+            else:
+                time.sleep(random.uniform(0, LOCAL_TICK_S))  # a random phase of the tick
+                lost = time.time()
+                self._control(f"{resource}:kill-host?slice=0&worker=0")
+            requested = wait_for(
+                lambda: self._requested_at(f"{job_id}-a2"),
+                f"{job_id}-a2 to be requested",
+                timeout=30 + LOCAL_TICK_S,
+            )
+        finally:
+            self._cancel_and_settle(job_id)
+        event = next(e for e in self.store.events(job_id) if e.to_state is JobState.RECOVERING)
+        recovering = event.at.timestamp()
+        tick = self.ticks.last_before(recovering) if path == "silent" else None
+        return Trial(
+            job_id=job_id,
+            latency=requested - lost,
+            recovering=recovering - lost,
+            source=str(event.source),
+            tick=None if tick is None else tick - lost,
+        )
+
+
+def spread(values: list[float]) -> str:
+    return (
+        f"median {statistics.median(values):6.3f} s   p95 {percentile(values, 0.95):6.3f} s   "
+        f"min {min(values):6.3f} s   max {max(values):6.3f} s   N={len(values)}"
+    )
+
+
+def report(results: dict[str, list[Trial]]) -> None:
+    notice, silent = results["notice"], results["silent"]
+    print("\nrecovery: capacity lost -> next attempt requested ({job}-a2 create time in the simulator)")
+    print("  one trial at a time, a new job each; one warm-up trial per path not counted\n")
+
+    latencies = [t.latency for t in notice]
+    print(f"  notice  (:preempt, the worker's notice)      {spread(latencies)}")
+    by_agent = sum(t.source == "agent" for t in notice)
+    to_event = statistics.median(t.recovering for t in notice)
+    to_request = statistics.median(t.latency - t.recovering for t in notice)
+    print(
+        f"          breakdown (medians): notice -> RECOVERING event {to_event:.3f} s, "
+        f"RECOVERING -> a2 requested {to_request:.3f} s"
+    )
+    print(f"          RECOVERING recorded from the agent's notice in {by_agent}/{len(notice)} trials")
+
+    latencies = [t.latency for t in silent]
+    print(f"\n  silent  (:kill-host, no notice)              {spread(latencies)}")
+    ticked = [t for t in silent if t.tick is not None]
+    handling = [t.latency - t.tick for t in ticked if t.tick is not None]
+    if handling:
+        wait = statistics.median(t.tick for t in ticked if t.tick is not None)
+        to_event = statistics.median(t.recovering - t.tick for t in ticked if t.tick is not None)
+        to_request = statistics.median(t.latency - t.recovering for t in ticked)
+        print(
+            f"          breakdown (medians): kill -> reconcile tick {wait:.3f} s, tick -> RECOVERING "
+            f"event {to_event:.3f} s, RECOVERING -> a2 requested {to_request:.3f} s"
+        )
+        print(f"          handling (tick -> a2 requested)      {spread(handling)}")
+        handled = statistics.median(handling)
+    else:  # no tick was seen: the handling is what is left after half a tick
+        handled = statistics.median(latencies) - LOCAL_TICK_S / 2
+        print("          (no reconcile tick was seen; handling estimated as median - tick/2)")
+    print(
+        f"          bounded by the local reconcile tick ({LOCAL_TICK_S:g} s): the loss waits for "
+        f"the next tick, {LOCAL_TICK_S / 2:g} s on average"
+    )
+    print(
+        f"          production ticks once a minute (Cloud Scheduler's minimum): expected median "
+        f"= {PRODUCTION_TICK_S / 2:g} s + {handled:.3f} s handling = {PRODUCTION_TICK_S / 2 + handled:.1f} s "
+        f"(at worst {PRODUCTION_TICK_S + handled:.1f} s)"
+    )
+
+    print(f"\n  anchors: {ANCHORS}")
+    median = statistics.median(t.latency for t in notice)
+    verdict = "met" if median <= TARGET_NOTICE_MEDIAN_S else "NOT met"
+    print(f"  target: notice-path median <= {TARGET_NOTICE_MEDIAN_S} s: {verdict} ({median:.3f} s)")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trials", type=int, default=20, help="trials per path (default 20)")
+    args = parser.parse_args()
+    if args.trials < 1:
+        parser.error("--trials must be at least 1")
+
+    env = stack.stack_environment()
+    state_dir = None
+    if not env:
+        state_dir = Path(tempfile.mkdtemp(prefix="tpujobs-bench-"))
+        print(f"starting a local stack in {state_dir} ...", file=sys.stderr)
+        env = dict(stack.up(state_dir, Settings.from_env()).env)
+    os.environ.update(env)
+    ticks = None
+    try:
+        from tpujobs.adapters.pubsub import Publisher
+
+        settings = Settings.from_env()
+        topic = Publisher.build(settings.project, settings.prefix).topic_path(RECONCILE)
+        ticks = Ticks(settings.project, topic)
+        bench = Bench(settings, env, ticks)
+        results: dict[str, list[Trial]] = {"notice": [], "silent": []}
+        started = time.monotonic()
+        for path, trials in results.items():
+            bench.trial(path)  # warm-up: the first requests of each function pay for clients
+            for i in range(args.trials):
+                trial = bench.trial(path)
+                trials.append(trial)
+                tick = "" if trial.tick is None else f", tick at {trial.tick:.3f} s"
+                print(
+                    f"{path} {i + 1:>2}/{args.trials}: a2 requested after {trial.latency:.3f} s "
+                    f"(RECOVERING at {trial.recovering:.3f} s by {trial.source}{tick})",
+                    file=sys.stderr,
+                )
+        print(f"{time.monotonic() - started:.0f} s of trials", file=sys.stderr)
+        report(results)
+    finally:
+        if ticks is not None:
+            ticks.close()
+        if state_dir is not None:
+            stack.down(state_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
