@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import urllib.request
 import uuid
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tpujobs.domain.states import JobState
+from tpujobs.testing import wait_for
 from tpujobs.topology import SUBMIT
 
 pytestmark = pytest.mark.e2e
@@ -40,16 +40,6 @@ def env(local_stack):
         "storage": storage_client(project),
         "tpu": tpu_client(local_stack["TPUJOBS_TPU_ENDPOINT"]),
     }
-
-
-def wait_for(probe, timeout: float = 60.0, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {probe.__doc__ or probe}")
 
 
 def submit(env, **spec) -> str:

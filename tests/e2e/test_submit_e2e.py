@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tpujobs.testing import wait_for
 from tpujobs.topology import SUBMIT
 
 pytestmark = pytest.mark.e2e
@@ -43,16 +44,6 @@ def a_spec(job_id: str, **changes):
     }
     spec.update(changes)
     return spec
-
-
-def wait_for(probe, timeout: float = 30.0, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {probe}")
 
 
 def job_doc(db, job_id: str):
