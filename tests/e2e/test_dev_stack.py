@@ -14,6 +14,7 @@ import pytest
 from tpujobs import topology
 from tpujobs.config import Settings
 from tpujobs.dev import processes, stack, wiring
+from tpujobs.testing import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -156,7 +157,7 @@ def test_stop_leaves_alone_a_pid_that_is_no_longer_the_recorded_process(tmp_path
             started, start_time=(processes.process_start_time(other.pid) or 0) + 1
         )
         other_command = replace(started, argv=("gcloud", "emulators", "firestore", "start"))
-        assert processes.is_running(started)
+        wait_for(lambda: processes.is_running(started), timeout=5)  # once `sleep` has exec'd
         assert not processes.is_running(later_start)
         assert not processes.is_running(other_command)
 
