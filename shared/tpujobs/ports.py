@@ -42,6 +42,7 @@ class WorkerRecord:
     exit_code: int | None = None
     checkpoint_step: int | None = None
     checkpoint_at: datetime | None = None
+    live: bool | None = None  # True while its command runs; the reconciler watches live ones
 
     def fields(self) -> dict[str, object]:
         return {
@@ -55,7 +56,18 @@ class WorkerRecord:
             "exit_code": self.exit_code,
             "checkpoint_step": self.checkpoint_step,
             "checkpoint_at": self.checkpoint_at,
+            "live": self.live,
         }
+
+
+@dataclass(frozen=True)
+class SilentWorker:
+    """A live worker whose last report is older than the heartbeat timeout."""
+
+    job_id: str
+    attempt: int
+    worker: str
+    last_report_at: datetime
 
 
 class JobStore(Protocol):
@@ -74,6 +86,12 @@ class JobStore(Protocol):
     def list_active(self, limit: int = 10_000) -> list[Job]: ...
 
     def record_worker(self, job_id: str, worker: WorkerRecord) -> None: ...
+
+    def silent_workers(self, before: datetime, limit: int = 1000) -> list[SilentWorker]:
+        """Live workers, of any job, that have not reported since `before`."""
+
+    def retire_worker(self, job_id: str, attempt: int, worker: str) -> None:
+        """Stop watching a worker (its attempt is over)."""
 
     def reject(self, rejection: Rejection) -> None:
         """Record a rejection once per message id."""

@@ -10,11 +10,17 @@ compares, and repairs through the same service the event functions use:
 - a queued resource that is SUSPENDED, FAILED, or has lost hosts becomes the
   observation the event functions would have received (the job recovers by its rules);
 - a RUNNING job whose queued resource vanished has lost its capacity;
+- a RUNNING attempt whose worker stopped sending heartbeats for longer than the
+  timeout (several heartbeats) has lost that host;
 - QUEUED and RECOVERING jobs untouched for a while are converged (a crashed handler);
 - a tpujobs queued resource that no live attempt owns is deleted.
 
-It acts only on what it saw: a zone whose listing failed is skipped this tick, so an
-API error never looks like a lost resource.
+It acts only on what it saw and confirmed: a zone whose listing failed is skipped this
+tick, so an API error never looks like a lost resource; a vanished resource is read
+again before it counts; one missed heartbeat is not a silent worker. Its cost is
+O(active jobs): one query for the active jobs, two list calls per zone (queued
+resources and nodes), one query that returns only silent workers, whatever the number
+of finished jobs.
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ from datetime import timedelta
 from tpujobs.agent.startup import render_startup_script
 from tpujobs.domain.job import Job
 from tpujobs.domain.naming import parse_queued_resource_name
-from tpujobs.domain.states import JobState
+from tpujobs.domain.states import EventKind, JobState
+from tpujobs.domain.transitions import Observation
 from tpujobs.errors import PermanentError, TransientError
 from tpujobs.ports import CapacityStatus
 from tpujobs.service import CAPACITY_GONE, JobService
@@ -80,6 +87,7 @@ class Reconciler:
                 log.warning("reconcile: job %s left for the next tick: %s", job.job_id, error)
 
         live = {job.job_id: job for job in jobs}
+        self._find_silent_workers(live, now, report)
         for (zone, name), status in seen.items():
             if self._unowned(status, live) and self._unowned(status, self._fresh(status)):
                 try:
@@ -114,6 +122,31 @@ class Reconciler:
                 status.name, status.state, status.detail, status.unhealthy_hosts, source="reconciler"
             )
             report.observed.append(f"{job.job_id}: {status.state}")
+
+    def _find_silent_workers(self, live: dict[str, Job], now, report: ReconcileReport) -> None:
+        """A RUNNING attempt whose worker stopped reporting for longer than the timeout is lost.
+
+        The timeout spans several heartbeats, so one late or lost heartbeat never counts;
+        workers of attempts that are over are retired, so each is looked at once.
+        """
+        service = self.service
+        timeout = service.settings.heartbeat_timeout_seconds
+        for silent in service.store.silent_workers(now - timedelta(seconds=timeout)):
+            job = live.get(silent.job_id)
+            current = (
+                job is not None
+                and job.state is JobState.RUNNING
+                and job.attempt == silent.attempt
+                and silent.worker not in job.workers_done
+            )
+            if not current:
+                service.store.retire_worker(silent.job_id, silent.attempt, silent.worker)
+                continue
+            quiet = (now - silent.last_report_at).total_seconds()
+            what = f"Worker {silent.worker} of attempt {silent.attempt} sent nothing for {quiet:.0f} s; the host is lost"
+            seen = Observation(EventKind.CAPACITY_LOST, silent.attempt, "reconciler", reason=what, worker=silent.worker)
+            service.observe(silent.job_id, seen)
+            report.observed.append(f"{silent.job_id}: {what}")
 
     def _fresh(self, status: CapacityStatus) -> dict[str, Job]:
         """The owner's job read again: it may have started after the listing of active jobs."""

@@ -142,11 +142,12 @@ class JobService:
         now = self.clock()
         at = report.at or now
         worker = worker_key(report.slice_id, report.worker_id)
-        news = {
-            "started": {"started_at": at},
-            "exited": {"exited_at": at, "exit_code": report.exit_code},
-            "checkpoint": {"checkpoint_step": report.step, "checkpoint_at": at},
-        }.get(report.kind, {})
+        news: dict[str, object] = {
+            "started": {"started_at": at, "live": True},
+            "heartbeat": {"live": True},
+            "exited": {"exited_at": at, "exit_code": report.exit_code, "live": False},
+            "checkpoint": {"checkpoint_step": report.step, "checkpoint_at": at, "live": True},
+        }[report.kind]
         self.store.record_worker(
             report.job_id,
             WorkerRecord(report.attempt, worker, report.slice_id, report.worker_id, now, **news),

@@ -27,7 +27,7 @@ from tpujobs.domain.spec import JobSpec
 from tpujobs.domain.states import ACTIVE, JobState
 from tpujobs.domain.transitions import Decision, Ignored, Observation, decide
 from tpujobs.errors import TransientError
-from tpujobs.ports import Clock, Rejection, WorkerRecord
+from tpujobs.ports import Clock, Rejection, SilentWorker, WorkerRecord
 
 JOBS = "jobs"
 EVENTS = "events"
@@ -224,6 +224,28 @@ class FirestoreJobStore:
         fields = {k: v for k, v in worker.fields().items() if v is not None}
         with _transient_on_failure("record worker report"):
             ref.set(fields, merge=True)
+
+    def silent_workers(self, before: datetime, limit: int = 1000) -> list[SilentWorker]:
+        # One collection-group query on (live, last_report_at): it returns only the silent
+        # ones, so a tick reads nothing for healthy workers and nothing of finished jobs.
+        query = (
+            self._db.collection_group(WORKERS)
+            .where(filter=firestore.FieldFilter("live", "==", True))
+            .where(filter=firestore.FieldFilter("last_report_at", "<", before))
+            .limit(limit)
+        )
+        with _transient_on_failure("find silent workers"):
+            docs = list(query.stream())
+        return [
+            SilentWorker(doc.reference.parent.parent.id, d["attempt"], d["worker"], d["last_report_at"])
+            for doc in docs
+            for d in [doc.to_dict()]
+        ]
+
+    def retire_worker(self, job_id: str, attempt: int, worker: str) -> None:
+        ref = self._job_ref(job_id).collection(WORKERS).document(f"a{attempt}-{worker}")
+        with _transient_on_failure("retire worker"):
+            ref.set({"live": False}, merge=True)
 
     def workers(self, job_id: str) -> list[dict[str, Any]]:
         with _transient_on_failure("read workers"):

@@ -56,7 +56,7 @@ def agent_config(
     job: Job, settings: Settings, timings: AgentTimings | None = None
 ) -> dict[str, Any]:
     """What the agent on every worker host of the job's current attempt needs to know."""
-    timings = timings or AgentTimings()
+    timings = timings or AgentTimings(heartbeat_seconds=settings.heartbeat_seconds)
     bucket = settings.logs_bucket or f"{settings.project}-tpujobs-logs"  # as Settings.from_env
     spec = job.spec
     return {

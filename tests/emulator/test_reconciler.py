@@ -1,0 +1,188 @@
+"""The reconciler's guards: silent workers, flapping, and a cost that ignores finished jobs."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from tpujobs.adapters.firestore_store import FirestoreJobStore
+from tpujobs.adapters.tpu import CloudTpu
+from tpujobs.config import Settings
+from tpujobs.domain.states import JobState
+from tpujobs.inbound import InboundMessage
+from tpujobs.reconciler import Reconciler
+from tpujobs.service import JobService
+
+pytestmark = pytest.mark.emulator
+
+ZONE = "us-central2-b"
+_ids = iter(range(500_000, 900_000))
+
+
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = datetime.now(timezone.utc)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+def message(topic: str, payload) -> InboundMessage:
+    return InboundMessage(str(next(_ids)), topic, json.dumps(payload).encode())
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def service(firestore_client, tpu_client, project_id, simulator_url, clock) -> JobService:
+    settings = Settings(
+        project=project_id,
+        default_zone=ZONE,
+        tpu_endpoint=simulator_url,
+        logs_bucket="logs",
+        heartbeat_timeout_seconds=60.0,
+        stuck_after_seconds=30.0,
+    )
+    return JobService(FirestoreJobStore(firestore_client), CloudTpu(tpu_client, project_id), settings, clock, lambda s: None)
+
+
+def running_job(service: JobService, job_id: str = "train-1", accelerator: str = "v4-16") -> str:
+    spec = {"job_id": job_id, "name": "train", "owner": "ada@example.com", "accelerator_type": accelerator, "command": "x"}
+    assert service.submit(message("tpujobs-submit", spec)).kind == "provisioning"
+    workers = 2 if accelerator == "v4-16" else 1
+    for worker in range(workers):
+        beat(service, "started", worker, job_id=job_id)
+    assert service.store.get(job_id).state is JobState.RUNNING
+    return job_id
+
+
+def beat(service: JobService, kind: str, worker: int, attempt: int = 1, job_id: str = "train-1", **extra) -> None:
+    payload = {"kind": kind, "job_id": job_id, "attempt": attempt, "slice_id": 0, "worker_id": worker, **extra}
+    service.on_worker_report(message("tpujobs-worker-events", payload))
+
+
+def configure(simulator_url: str, **config) -> None:
+    request = urllib.request.Request(
+        f"{simulator_url}/simulator/v1/config", data=json.dumps(config).encode(), headers={"Content-Type": "application/json"}
+    )
+    urllib.request.urlopen(request, timeout=5).read()
+
+
+def test_a_missed_heartbeat_does_not_start_a_recovery(service, clock):
+    """Silent for 45 s with a 60 s timeout (several heartbeats of 10 s missed): still RUNNING."""
+    running_job(service)
+    clock.advance(45)
+    beat(service, "heartbeat", 0)  # worker 0 beats on; worker 1 has been quiet for 45 s
+    report = Reconciler(service).tick()
+    job = service.store.get("train-1")
+    assert (job.state, job.attempt) == (JobState.RUNNING, 1)
+    assert report.observed == []
+
+
+def test_a_worker_silent_past_the_timeout_is_a_lost_host(service, clock):
+    """Silent for longer than the timeout: the attempt is lost and the next one requested."""
+    running_job(service)
+    clock.advance(61)
+    beat(service, "heartbeat", 0)
+    Reconciler(service).tick()
+    job = service.store.get("train-1")
+    assert (job.state, job.attempt) == (JobState.PROVISIONING, 2)
+    lost = [e for e in service.store.events("train-1") if e.to_state is JobState.RECOVERING]
+    assert len(lost) == 1 and lost[0].source == "reconciler" and "Worker 0-1" in lost[0].reason
+
+
+def test_a_finished_worker_is_not_missed(service, clock):
+    """A worker that exited 0 stops beating while the others run: that is not a loss."""
+    running_job(service)
+    beat(service, "exited", 1, exit_code=0)
+    for _ in range(3):
+        clock.advance(30)
+        beat(service, "heartbeat", 0)
+        Reconciler(service).tick()
+    job = service.store.get("train-1")
+    assert (job.state, job.attempt) == (JobState.RUNNING, 1)
+
+
+def test_workers_of_an_attempt_that_is_over_are_retired_once(service, clock, firestore_client):
+    """After a recovery, the old attempt's silent workers are retired, not counted as losses."""
+    running_job(service)
+    service.on_preemption(message("tpujobs-preemption", {"job_id": "train-1", "attempt": 1, "reason": "SIGTERM"}))
+    assert service.store.get("train-1").attempt == 2
+    clock.advance(120)
+    Reconciler(service).tick()
+    assert service.store.silent_workers(clock()) == []  # both old workers retired
+    assert service.store.get("train-1").attempt == 2
+    recoveries = [e for e in service.store.events("train-1") if e.to_state is JobState.RECOVERING]
+    assert len(recoveries) == 1 and recoveries[0].source == "agent"
+
+
+@pytest.mark.parametrize("rate", [1.0, 0.5])
+def test_twenty_five_failing_status_reads_start_no_recovery(service, simulator_url, rate):
+    """SkyPilot #10155: 25 status-fetch failures gave 24 needless recoveries. Here: none."""
+    running_job(service)
+    configure(simulator_url, api_error_rate=rate, seed=7)
+    for _ in range(25):
+        Reconciler(service).tick()
+    configure(simulator_url, api_error_rate=0.0)
+    job = service.store.get("train-1")
+    assert (job.state, job.attempt, job.restarts) == (JobState.RUNNING, 1, 0)
+    assert [e.to_state for e in service.store.events("train-1")] == [
+        JobState.QUEUED,
+        JobState.PROVISIONING,
+        JobState.RUNNING,
+    ]
+
+
+class CountingStore:
+    """The real store, counting the documents each tick reads."""
+
+    def __init__(self, store: FirestoreJobStore) -> None:
+        self._store = store
+        self.read = 0
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    def list_active(self, limit: int = 10_000):
+        jobs = self._store.list_active(limit)
+        self.read += len(jobs)
+        return jobs
+
+    def silent_workers(self, before, limit: int = 1000):
+        found = self._store.silent_workers(before, limit)
+        self.read += len(found)
+        return found
+
+    def get(self, job_id):
+        self.read += 1
+        return self._store.get(job_id)
+
+
+def test_a_tick_reads_active_jobs_only_whatever_the_history(service, clock):
+    """Twenty finished jobs with finished workers add no reads to a tick: O(active jobs)."""
+    running_job(service, "live-job", accelerator="v4-8")
+    counting = CountingStore(service.store)
+    service.store = counting
+    Reconciler(service).tick()
+    baseline = counting.read
+    for index in range(20):
+        job_id = f"done-{index}"
+        running_job(service, job_id, accelerator="v4-8")
+        beat(service, "exited", 0, job_id=job_id, exit_code=0)
+        assert service.store.get(job_id).state is JobState.SUCCEEDED
+    clock.advance(600)  # everything is long silent now
+    beat(service, "heartbeat", 0, job_id="live-job")
+    counting.read = 0
+    Reconciler(service).tick()
+    assert counting.read == baseline
