@@ -231,8 +231,11 @@ class JobService:
         """Commit what an observation means for the job, then perform what its state implies."""
         outcome = self.store.apply(job_id, seen, self.clock)
         if isinstance(outcome, Decision):
-            log.info("job %s: %s -> %s: %s", job_id, outcome.event.from_state, outcome.event.to_state.value, outcome.event.reason)
-        self.converge(job_id)
+            event = outcome.event
+            log.info("job %s: %s -> %s: %s", job_id, event.from_state, event.to_state.value, event.reason)
+            self._act(outcome.job)  # the job as just committed: no need to read it again
+        else:
+            self.converge(job_id)  # nothing changed, but earlier work may be unfinished
         return outcome
 
     # -- acting on a job's state -------------------------------------------------------
@@ -244,8 +247,10 @@ class JobService:
         request the next. Ended: release the capacity. Anything else waits for events.
         """
         job = self.store.get(job_id)
-        if job is None:
-            return
+        if job is not None:
+            self._act(job)
+
+    def _act(self, job: Job) -> None:
         if job.state is JobState.QUEUED:
             self._admit(job)
         elif job.state is JobState.RECOVERING:
