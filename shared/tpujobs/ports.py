@@ -93,6 +93,12 @@ class JobStore(Protocol):
     def retire_worker(self, job_id: str, attempt: int, worker: str) -> None:
         """Stop watching a worker (its attempt is over)."""
 
+    def mark_announced(self, job_id: str, event: JobEvent) -> None:
+        """Record that the change was published on tpujobs-status."""
+
+    def unannounced_events(self, before: datetime, limit: int = 500) -> list[tuple[str, JobEvent]]:
+        """(job_id, event) of changes committed before `before` and not yet announced."""
+
     def reject(self, rejection: Rejection) -> None:
         """Record a rejection once per message id."""
 
@@ -119,3 +125,35 @@ class Tpu(Protocol):
         """Delete the queued resource and its nodes (force); absent is fine."""
 
     def list(self, zone: str) -> Sequence[CapacityStatus]: ...
+
+
+@dataclass(frozen=True)
+class StatusChange:
+    """One state change of a job, as announced on `tpujobs-status` (contract section 4)."""
+
+    job_id: str
+    owner: str
+    from_state: str | None
+    to_state: str
+    reason: str
+    attempt: int
+    at: datetime
+    seq: int  # the event's place in the job's timeline: subscribers can order by it
+
+    def payload(self) -> dict[str, object]:
+        return {
+            "job_id": self.job_id,
+            "from_state": self.from_state,
+            "to_state": self.to_state,
+            "reason": self.reason,
+            "attempt": self.attempt,
+            "owner": self.owner,
+            "at": self.at.isoformat(timespec="milliseconds"),
+            "seq": self.seq,
+        }
+
+
+class StatusPublisher(Protocol):
+    def announce(self, change: StatusChange) -> None:
+        """Publish one state change; TransientError when it could not be sent."""
+

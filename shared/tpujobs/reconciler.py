@@ -40,6 +40,8 @@ from tpujobs.service import CAPACITY_GONE, JobService
 
 log = logging.getLogger(__name__)
 
+ANNOUNCE_AFTER_S = 10.0  # a change newer than this is still being announced by its handler
+
 
 @dataclass
 class ReconcileReport:
@@ -52,6 +54,7 @@ class ReconcileReport:
     re_requested: list[str] = field(default_factory=list)
     converged: list[str] = field(default_factory=list)
     released: list[str] = field(default_factory=list)
+    announced: list[str] = field(default_factory=list)  # "job#seq" of late status messages
 
 
 class Reconciler:
@@ -88,6 +91,7 @@ class Reconciler:
 
         live = {job.job_id: job for job in jobs}
         self._find_silent_workers(live, now, report)
+        self._announce_missed(now, report)
         for (zone, name), status in seen.items():
             if self._unowned(status, live) and self._unowned(status, self._fresh(status)):
                 try:
@@ -147,6 +151,17 @@ class Reconciler:
             seen = Observation(EventKind.CAPACITY_LOST, silent.attempt, "reconciler", reason=what, worker=silent.worker)
             service.observe(silent.job_id, seen)
             report.observed.append(f"{silent.job_id}: {what}")
+
+    def _announce_missed(self, now, report: ReconcileReport) -> None:
+        """Publish the state changes whose announcement failed (older than a few seconds)."""
+        service = self.service
+        if service.status is None:
+            return
+        for job_id, event in service.store.unannounced_events(now - timedelta(seconds=ANNOUNCE_AFTER_S)):
+            job = service.store.get(job_id)
+            if job is not None:
+                service.announce(job, event)
+                report.announced.append(f"{job_id}#{event.seq}")
 
     def _fresh(self, status: CapacityStatus) -> dict[str, Job]:
         """The owner's job read again: it may have started after the listing of active jobs."""

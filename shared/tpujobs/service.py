@@ -17,15 +17,23 @@ from typing import Literal
 
 from tpujobs.agent.startup import render_startup_script
 from tpujobs.config import Settings
-from tpujobs.domain.job import Job, Source, new_job, worker_key
+from tpujobs.domain.job import Job, JobEvent, Source, new_job, worker_key
 from tpujobs.domain.naming import parse_queued_resource_name
 from tpujobs.domain.retry import BACKOFF_CAP_SECONDS
 from tpujobs.domain.spec import SpecError, decode_spec
 from tpujobs.domain.states import EventKind, JobState
 from tpujobs.domain.transitions import Decision, Ignored, Observation
-from tpujobs.errors import PermanentError
+from tpujobs.errors import PermanentError, TransientError
 from tpujobs.inbound import InboundMessage
-from tpujobs.ports import Clock, JobStore, Rejection, Tpu, WorkerRecord
+from tpujobs.ports import (
+    Clock,
+    JobStore,
+    Rejection,
+    StatusChange,
+    StatusPublisher,
+    Tpu,
+    WorkerRecord,
+)
 from tpujobs.reports import (
     ControlRequest,
     PreemptionNotice,
@@ -64,12 +72,14 @@ class JobService:
         settings: Settings,
         clock: Clock,
         sleep: Callable[[float], None] = time.sleep,
+        status: StatusPublisher | None = None,
     ) -> None:
         self.store = store
         self.tpu = tpu
         self.settings = settings
         self.clock = clock
         self.sleep = sleep
+        self.status = status
 
     # -- rejections ------------------------------------------------------------------
 
@@ -96,7 +106,9 @@ class JobService:
         assert spec.job_id is not None
         log_uri = f"gs://{self.settings.logs_bucket}/jobs/{spec.job_id}/"
         job, first_event = new_job(spec, self.settings.default_zone, self.clock(), log_uri)
-        if not self.store.create(job, first_event):
+        if self.store.create(job, first_event):
+            self.announce(job, first_event)
+        else:
             existing = self.store.get(job.job_id)
             if existing is None:  # deleted between the two reads: treat as new next time
                 return SubmitOutcome("duplicate", job.job_id, "job vanished during submission")
@@ -116,16 +128,14 @@ class JobService:
         try:
             status = self.tpu.request(job, render_startup_script(job, self.settings))
         except PermanentError as error:
-            self.store.apply(
+            self._commit(
                 job.job_id,
                 Observation(EventKind.CAPACITY_REQUEST_FAILED, job.attempt, "tpu", reason=str(error)),
-                self.clock,
             )
             return SubmitOutcome("failed", job.job_id, str(error))
-        outcome = self.store.apply(
+        outcome = self._commit(
             job.job_id,
             Observation(EventKind.ADMITTED, job.attempt, "submit", capacity_state=status.state),
-            self.clock,
         )
         if isinstance(outcome, Decision):
             return SubmitOutcome("provisioning", job.job_id, outcome.event.reason)
@@ -229,14 +239,45 @@ class JobService:
 
     def observe(self, job_id: str, seen: Observation) -> Decision | Ignored:
         """Commit what an observation means for the job, then perform what its state implies."""
-        outcome = self.store.apply(job_id, seen, self.clock)
+        outcome = self._commit(job_id, seen)
         if isinstance(outcome, Decision):
-            event = outcome.event
-            log.info("job %s: %s -> %s: %s", job_id, event.from_state, event.to_state.value, event.reason)
             self._act(outcome.job)  # the job as just committed: no need to read it again
         else:
             self.converge(job_id)  # nothing changed, but earlier work may be unfinished
         return outcome
+
+    def _commit(self, job_id: str, seen: Observation) -> Decision | Ignored:
+        """Commit an observation; announce the change it made, if any."""
+        outcome = self.store.apply(job_id, seen, self.clock)
+        if isinstance(outcome, Decision):
+            event = outcome.event
+            log.info("job %s: %s -> %s: %s", job_id, event.from_state, event.to_state.value, event.reason)
+            self.announce(outcome.job, event)
+        return outcome
+
+    def announce(self, job: Job, event: JobEvent) -> None:
+        """Publish a committed change to tpujobs-status, then mark its event as announced.
+
+        A failure is left for the reconciler, which announces every event still unmarked:
+        the change itself is committed, and redelivering the message would not repeat it.
+        """
+        if self.status is None:
+            return
+        change = StatusChange(
+            job.job_id,
+            job.owner,
+            event.from_state.value if event.from_state else None,
+            event.to_state.value,
+            event.reason,
+            event.attempt,
+            event.at,
+            event.seq,
+        )
+        try:
+            self.status.announce(change)
+            self.store.mark_announced(job.job_id, event)
+        except TransientError as error:
+            log.warning("status of %s not announced yet (the reconciler will): %s", job.job_id, error)
 
     # -- acting on a job's state -------------------------------------------------------
 
@@ -268,16 +309,14 @@ class JobService:
         try:
             status = self.tpu.request(following, render_startup_script(following, self.settings))
         except PermanentError as error:
-            self.store.apply(
+            self._commit(
                 job.job_id,
                 Observation(EventKind.CAPACITY_REQUEST_FAILED, job.attempt, "tpu", reason=str(error)),
-                self.clock,
             )
             return
-        outcome = self.store.apply(
+        outcome = self._commit(
             job.job_id,
             Observation(EventKind.NEXT_ATTEMPT_REQUESTED, job.attempt, "tpu", capacity_state=status.state),
-            self.clock,
         )
         if isinstance(outcome, Ignored):
             self._release_if_orphaned(following)

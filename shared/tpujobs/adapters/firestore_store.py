@@ -113,6 +113,8 @@ def event_to_document(event: JobEvent) -> dict[str, Any]:
         "reason": event.reason,
         "source": event.source,
         "attempt": event.attempt,
+        # False until the change is published on tpujobs-status; the reconciler finishes it.
+        "announced": False,
     }
 
 
@@ -241,6 +243,23 @@ class FirestoreJobStore:
             for doc in docs
             for d in [doc.to_dict()]
         ]
+
+    def mark_announced(self, job_id: str, event: JobEvent) -> None:
+        ref = self._job_ref(job_id).collection(EVENTS).document(event.document_id)
+        with _transient_on_failure("mark an event announced"):
+            ref.update({"announced": True})
+
+    def unannounced_events(self, before: datetime, limit: int = 500) -> list[tuple[str, JobEvent]]:
+        # Index (announced, at): returns only the few changes whose announcement failed.
+        query = (
+            self._db.collection_group(EVENTS)
+            .where(filter=firestore.FieldFilter("announced", "==", False))
+            .where(filter=firestore.FieldFilter("at", "<", before))
+            .limit(limit)
+        )
+        with _transient_on_failure("find unannounced events"):
+            docs = list(query.stream())
+        return [(doc.reference.parent.parent.id, event_from_document(doc.to_dict())) for doc in docs]
 
     def retire_worker(self, job_id: str, attempt: int, worker: str) -> None:
         ref = self._job_ref(job_id).collection(WORKERS).document(f"a{attempt}-{worker}")

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 from google.api_core import exceptions as api_exceptions
 
 from tpujobs.errors import PermanentError, TransientError
-from tpujobs.topology import topic_name
+from tpujobs.ports import StatusChange
+from tpujobs.topology import STATUS, topic_name
 
 if TYPE_CHECKING:
     from google.cloud import pubsub_v1
@@ -26,7 +27,27 @@ class Publisher:
     def build(cls, project: str, prefix: str = "") -> Publisher:
         from google.cloud import pubsub_v1
 
-        return cls(pubsub_v1.PublisherClient(), project, prefix)
+        # Ordering keys keep one job's status changes in order for ordered subscribers.
+        options = pubsub_v1.types.PublisherOptions(enable_message_ordering=True)
+        return cls(pubsub_v1.PublisherClient(publisher_options=options), project, prefix)
+
+    def announce(self, change: StatusChange) -> None:
+        """A job's state change to tpujobs-status, with attributes subscribers can filter on."""
+        topic = self.topic_path(STATUS)
+        data = json.dumps(change.payload()).encode("utf-8")
+        try:
+            self._client.publish(
+                topic,
+                data,
+                ordering_key=change.job_id,
+                job_id=change.job_id,
+                owner=change.owner,
+                to_state=change.to_state,
+            ).result(timeout=30)
+        except Exception as error:
+            # A failed publish pauses its ordering key until resumed; resume it for the retry.
+            self._client.resume_publish(topic, change.job_id)
+            raise TransientError(f"announcing {change.job_id} {change.to_state} failed: {error}") from error
 
     def topic_path(self, base: str) -> str:
         return self._client.topic_path(self._project, topic_name(base, self._prefix))
