@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from tpujobs import logs
 from tpujobs.agent.startup import render_startup_script
 from tpujobs.config import Settings
 from tpujobs.domain.job import Job, JobEvent, Source, new_job, worker_key
@@ -104,6 +105,7 @@ class JobService:
             return SubmitOutcome("rejected", None, str(error))
 
         assert spec.job_id is not None
+        logs.bind_job(spec.job_id)
         log_uri = f"gs://{self.settings.logs_bucket}/jobs/{spec.job_id}/"
         job, first_event = new_job(spec, self.settings.default_zone, self.clock(), log_uri)
         if self.store.create(job, first_event):
@@ -239,6 +241,7 @@ class JobService:
 
     def observe(self, job_id: str, seen: Observation) -> Decision | Ignored:
         """Commit what an observation means for the job, then perform what its state implies."""
+        logs.bind_job(job_id)
         outcome = self._commit(job_id, seen)
         if isinstance(outcome, Decision):
             self._act(outcome.job)  # the job as just committed: no need to read it again
