@@ -160,20 +160,22 @@ class JobService:
             "exited": {"exited_at": at, "exit_code": report.exit_code, "live": False},
             "checkpoint": {"checkpoint_step": report.step, "checkpoint_at": at, "live": True},
         }[report.kind]
-        self.store.record_worker(
-            report.job_id,
-            WorkerRecord(report.attempt, worker, report.slice_id, report.worker_id, now, **news),
-        )
-
+        outcome: Decision | Ignored | None = None
         if report.kind == "started":
             seen = Observation(EventKind.WORKERS_STARTED, report.attempt, "agent", worker=worker)
+            outcome = self.observe(report.job_id, seen)
         elif report.kind == "exited":
             code = report.exit_code if report.exit_code is not None else -1
             kind = EventKind.WORKER_SUCCEEDED if code == 0 else EventKind.COMMAND_FAILED
             seen = Observation(kind, report.attempt, "agent", exit_code=code, worker=worker)
-        else:
-            return None  # heartbeats and checkpoints are recorded, they move nothing
-        return self.observe(report.job_id, seen)
+            outcome = self.observe(report.job_id, seen)
+        # The worker's record comes after the job's commit: had it come first, a crash in
+        # between would leave a worker marked done whose exit the job never counted.
+        self.store.record_worker(
+            report.job_id,
+            WorkerRecord(report.attempt, worker, report.slice_id, report.worker_id, now, **news),
+        )
+        return outcome
 
     def on_preemption(self, message: InboundMessage) -> Decision | Ignored | None:
         """tpujobs-preemption: a worker's notice that its capacity is going away, at once."""

@@ -1,12 +1,38 @@
-"""Helpers for tests of tpujobs and of code built on it (shipped, like structlog.testing)."""
+"""Helpers for tests of tpujobs and of code built on it (shipped, like structlog.testing).
+
+- `wait_for`: poll until something is true, across processes.
+- `CrashPlan`, `CrashingStore`, `CrashingTpu`: fault injection at the ports. The wrappers
+  delegate every port call to a real adapter and count it as one I/O step; the plan makes
+  the process "die" (raise `InjectedCrash`) just before or just after the k-th step, so a
+  test can walk a handler through every place it could be killed and check that
+  redelivery and the reconciler still finish its work.
+"""
 
 from __future__ import annotations
 
+import builtins
 import time
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal, TypeVar
+
+from tpujobs.domain.job import Job, JobEvent
+from tpujobs.domain.transitions import Decision, Ignored, Observation
+from tpujobs.ports import (
+    CapacityStatus,
+    Clock,
+    JobStore,
+    Rejection,
+    SilentWorker,
+    Tpu,
+    WorkerRecord,
+)
 
 T = TypeVar("T")
+
+When = Literal["before", "after"]
+"""Where a crash falls around its step: `before` the call is made, or `after` it took effect."""
 
 
 def wait_for(probe: Callable[[], T], timeout: float = 60.0, interval: float = 0.05) -> T:
@@ -23,3 +49,140 @@ def wait_for(probe: Callable[[], T], timeout: float = 60.0, interval: float = 0.
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {probe.__doc__ or probe}")
         time.sleep(interval)
+
+
+class InjectedCrash(Exception):
+    """The process died at a planned I/O step.
+
+    Deliberately neither a TransientError nor a PermanentError: no handler catches it,
+    just as no handler survives its instance being killed.
+    """
+
+    def __init__(self, step: int, name: str, when: When) -> None:
+        super().__init__(f"injected crash {when} I/O step {step} ({name})")
+        self.step = step
+        self.name = name
+        self.when = when
+
+
+@dataclass
+class CrashPlan:
+    """Counts the I/O steps made through the crashing ports, and crashes at one of them.
+
+    `at` is 1-based over every call through any wrapper sharing this plan (store and TPU
+    alike); None only counts. `steps` records each step's name ("store.apply",
+    "tpu.request", ...) in order, for diagnostics and to learn a handler's steps.
+    """
+
+    at: int | None = None
+    when: When = "before"
+    steps: list[str] = field(default_factory=list)
+    crashed: bool = False
+
+    def step(self, name: str, call: Callable[[], T]) -> T:
+        """Make one I/O step through the real adapter, crashing around it if planned."""
+        self.steps.append(name)
+        here = len(self.steps) == self.at
+        if here and self.when == "before":
+            self.crashed = True
+            raise InjectedCrash(len(self.steps), name, self.when)
+        result = call()
+        if here:
+            self.crashed = True
+            raise InjectedCrash(len(self.steps), name, self.when)
+        return result
+
+
+class CrashingStore:
+    """A JobStore whose every call is one step of `plan`, made on the real `store`.
+
+    Methods beyond the JobStore port (an adapter's extras) are delegated and counted too.
+    (`builtins.list` in annotations: the method `list` shadows the type in the class body.)
+    """
+
+    def __init__(self, store: JobStore, plan: CrashPlan) -> None:
+        self._store = store
+        self._plan = plan
+
+    def __getattr__(self, name: str) -> Any:
+        return _counted(self._plan, f"store.{name}", getattr(self._store, name))
+
+    def create(self, job: Job, event: JobEvent) -> bool:
+        return self._plan.step("store.create", lambda: self._store.create(job, event))
+
+    def get(self, job_id: str) -> Job | None:
+        return self._plan.step("store.get", lambda: self._store.get(job_id))
+
+    def apply(self, job_id: str, seen: Observation, clock: Clock) -> Decision | Ignored:
+        return self._plan.step("store.apply", lambda: self._store.apply(job_id, seen, clock))
+
+    def events(self, job_id: str) -> list[JobEvent]:
+        return self._plan.step("store.events", lambda: self._store.events(job_id))
+
+    def list(
+        self, state: str | None = None, owner: str | None = None, limit: int = 100
+    ) -> builtins.list[Job]:
+        return self._plan.step("store.list", lambda: self._store.list(state, owner, limit))
+
+    def list_active(self, limit: int = 10_000) -> builtins.list[Job]:
+        return self._plan.step("store.list_active", lambda: self._store.list_active(limit))
+
+    def record_worker(self, job_id: str, worker: WorkerRecord) -> None:
+        self._plan.step("store.record_worker", lambda: self._store.record_worker(job_id, worker))
+
+    def silent_workers(self, before: datetime, limit: int = 1000) -> builtins.list[SilentWorker]:
+        return self._plan.step(
+            "store.silent_workers", lambda: self._store.silent_workers(before, limit)
+        )
+
+    def retire_worker(self, job_id: str, attempt: int, worker: str) -> None:
+        self._plan.step(
+            "store.retire_worker", lambda: self._store.retire_worker(job_id, attempt, worker)
+        )
+
+    def mark_announced(self, job_id: str, event: JobEvent) -> None:
+        self._plan.step("store.mark_announced", lambda: self._store.mark_announced(job_id, event))
+
+    def unannounced_events(
+        self, before: datetime, limit: int = 500
+    ) -> builtins.list[tuple[str, JobEvent]]:
+        return self._plan.step(
+            "store.unannounced_events", lambda: self._store.unannounced_events(before, limit)
+        )
+
+    def reject(self, rejection: Rejection) -> None:
+        self._plan.step("store.reject", lambda: self._store.reject(rejection))
+
+
+class CrashingTpu:
+    """A Tpu whose every call is one step of `plan`, made on the real `tpu`."""
+
+    def __init__(self, tpu: Tpu, plan: CrashPlan) -> None:
+        self._tpu = tpu
+        self._plan = plan
+
+    def __getattr__(self, name: str) -> Any:
+        return _counted(self._plan, f"tpu.{name}", getattr(self._tpu, name))
+
+    def request(self, job: Job, startup_script: str) -> CapacityStatus:
+        return self._plan.step("tpu.request", lambda: self._tpu.request(job, startup_script))
+
+    def status(self, zone: str, name: str) -> CapacityStatus | None:
+        return self._plan.step("tpu.status", lambda: self._tpu.status(zone, name))
+
+    def release(self, zone: str, name: str) -> None:
+        self._plan.step("tpu.release", lambda: self._tpu.release(zone, name))
+
+    def list(self, zone: str) -> Sequence[CapacityStatus]:
+        return self._plan.step("tpu.list", lambda: self._tpu.list(zone))
+
+
+def _counted(plan: CrashPlan, name: str, attribute: Any) -> Any:
+    """An adapter's extra method as a step of `plan`; other attributes pass through."""
+    if not callable(attribute):
+        return attribute
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return plan.step(name, lambda: attribute(*args, **kwargs))
+
+    return call

@@ -1,0 +1,513 @@
+"""Every handler killed at each of its I/O steps in turn, then repaired.
+
+The service's promise (service.py) is that a handler may die anywhere and lose nothing:
+the redelivered message or the reconciler finishes the work, because the commit comes
+first and every action is idempotent. Here each handler runs on ports wrapped by
+`tpujobs.testing.CrashingStore`/`CrashingTpu`, which raise `InjectedCrash` just before
+or just after the k-th port call (after: the call took effect, then the process died).
+Then one of two things repairs it, on the real ports:
+
+- redelivered: Pub/Sub delivers the same message (same id) again;
+- reconciled: the message is lost, and only `Reconciler.tick()` runs (twice; with
+  `stuck_after_seconds=0`, so it finishes half-done QUEUED/RECOVERING work at once).
+
+After either, the invariants hold: the job is in the scenario's final state; the live
+queued resources are exactly the current attempt's (none once terminal); the simulator
+saw at most one create per `{job}-a{N}`; the timeline's attempts never go back, with
+one RECOVERING per loss; and the valid message was never recorded as a rejection.
+
+Each scenario lists its port calls (`steps`) when nothing crashes; a test checks the list
+against an uncrashed run, so a change to a handler's I/O shows up here first.
+
+Crash points only redelivery can repair (the message is the only record of what
+happened, so the reconciler, which reads job documents and queued resources, has
+nothing to go on; these are checked to leave the job exactly as it was, with no leak):
+
+- submit: before `store.create` -- no job document exists yet.
+- worker exited 0 / exited 3: before the `store.apply` of the exit -- the queued
+  resource still looks healthy and only the message knows the exit code. The worker's
+  own record is written after the commit, so a crash between them leaves a worker
+  still `live` whose job has moved on: the tick retires it once it falls silent.
+  (Were the record written first, a crash after it would mark the worker done with
+  its exit code while the job, never told, stayed RUNNING holding its capacity.)
+- cancel: before or after the first `store.get`, and before the `store.apply` of the
+  cancel -- only the message says the owner asked.
+
+Every other crash point is repaired by either path, and a redelivery arriving after
+the tick repaired it changes nothing. Preemption notices and SUSPENDED observations can
+always be repaired by the reconciler: the queued resource really is SUSPENDING or
+SUSPENDED in the TPU API, so the tick observes the loss itself.
+
+The reconciler is a handler too (Cloud Scheduler runs it): the last tests kill a tick at
+each of its I/O steps while it repairs something only it can see, and the next tick
+must finish the repair with the same invariants.
+
+The status publisher (`JobService(status=...)`) is not wrapped: these services have
+none, so announcing makes no I/O here.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+
+from tpujobs.adapters.firestore_store import REJECTIONS, FirestoreJobStore
+from tpujobs.adapters.tpu import CloudTpu
+from tpujobs.config import Settings
+from tpujobs.domain.states import JobState
+from tpujobs.inbound import InboundMessage
+from tpujobs.reconciler import Reconciler
+from tpujobs.service import JobService
+from tpujobs.testing import CrashingStore, CrashingTpu, CrashPlan, InjectedCrash, When, wait_for
+
+pytestmark = pytest.mark.emulator
+
+ZONE = "us-central2-b"
+JOB = "train-1"  # every test has its own project and simulator, so one id serves all
+OWNER = "ada@example.com"
+SPEC: dict[str, Any] = {
+    "job_id": JOB,
+    "name": "train",
+    "owner": OWNER,
+    "accelerator_type": "v4-8",  # one worker host: one exit report ends an attempt
+    "command": "python train.py",
+    "on_preemption": "resume",
+    "on_error": "fail",
+    "max_restarts": 3,
+}
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Where the job should be once everything settled."""
+
+    state: JobState | None  # None: there is no job at all
+    attempt: int = 1
+    exit_code: int | None = None
+    recoveries: int = 0  # RECOVERING entries in the timeline, and restarts: one per loss
+
+    @property
+    def holds(self) -> set[str]:
+        """The queued resources that should be live: the current attempt's, while the job lives."""
+        if self.state is None or self.state.is_terminal:
+            return set()
+        return {f"{JOB}-a{self.attempt}"}
+
+    @property
+    def created(self) -> set[str]:
+        """The queued resources that should have been created, each once: one per attempt."""
+        if self.state is None:
+            return set()
+        return {f"{JOB}-a{n}" for n in range(1, self.attempt + 1)}
+
+
+@dataclass
+class Harness:
+    """One test's world: the real service on the emulator and its own TPU simulator."""
+
+    service: JobService
+    firestore_client: Any
+    tpu_client: Any
+    project_id: str
+    simulator_url: str
+
+    def crashing(self, plan: CrashPlan) -> JobService:
+        """The same service, on ports that crash where `plan` says."""
+        real = self.service
+        return JobService(
+            CrashingStore(real.store, plan),
+            CrashingTpu(real.tpu, plan),
+            real.settings,
+            real.clock,
+            real.sleep,
+        )
+
+    def submit(self) -> None:
+        outcome = self.service.submit(
+            InboundMessage("setup-submit", "tpujobs-submit", json.dumps(SPEC).encode())
+        )
+        assert outcome.kind == "provisioning", outcome
+
+    def started(self) -> None:
+        payload = {"kind": "started", "job_id": JOB, "attempt": 1, "slice_id": 0, "worker_id": 0}
+        self.service.on_worker_report(
+            InboundMessage("setup-started", "tpujobs-worker-events", json.dumps(payload).encode())
+        )
+        assert self.service.store.get(JOB).state is JobState.RUNNING
+
+    def preempt(self, name: str) -> None:
+        """Take the queued resource's capacity back, as Google does to spot TPUs."""
+
+        def preemptible() -> bool:
+            """the queued resource to be PROVISIONING or ACTIVE"""
+            status = self.service.tpu.status(ZONE, name)
+            return status is not None and status.state in ("PROVISIONING", "ACTIVE")
+
+        wait_for(preemptible, timeout=10)
+        url = f"{self.simulator_url}/simulator/v1/queuedResources/{ZONE}/{name}:preempt"
+        urllib.request.urlopen(urllib.request.Request(url, data=b"{}"), timeout=5).read()
+
+    def live_resources(self) -> set[str]:
+        parent = f"projects/{self.project_id}/locations/{ZONE}"
+        return {
+            r.name.rsplit("/", 1)[-1]
+            for r in self.tpu_client.list_queued_resources(parent=parent)
+            if r.state.state.name != "DELETING"
+        }
+
+    def created_resources(self) -> list[str]:
+        """Every queued resource the simulator was asked to create, in order, repeats kept."""
+        with urllib.request.urlopen(
+            f"{self.simulator_url}/simulator/v1/state", timeout=5
+        ) as response:
+            state = json.load(response)
+        prefix = f"projects/{self.project_id}/locations/{ZONE}/queuedResources/"
+        return [
+            op["metadata"]["target"].removeprefix(prefix)
+            for op in state["operations"]
+            if op["metadata"]["verb"] == "create" and op["metadata"]["target"].startswith(prefix)
+        ]
+
+    def rejections(self) -> list[dict[str, Any]]:
+        return [doc.to_dict() for doc in self.firestore_client.collection(REJECTIONS).stream()]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One handler, the job it finds, the message it gets, and where that must lead."""
+
+    name: str
+    handler: str  # the JobService method the function target calls
+    topic: str
+    payload: dict[str, Any]
+    setup: Callable[[Harness], None]
+    steps: tuple[str, ...]  # its port calls, in order, when nothing crashes
+    done: Outcome  # after the message was handled
+    commit: int | None = None  # the step that records the message; None: the TPU shows it anyway
+    untouched: Outcome | None = None  # as the setup left it: a message lost before its commit
+
+    def message(self) -> InboundMessage:
+        """The one message of the test: a redelivery carries the same id and bytes."""
+        return InboundMessage("4242", self.topic, json.dumps(self.payload).encode())
+
+    def deliver(self, service: JobService, message: InboundMessage) -> object:
+        return getattr(service, self.handler)(message)
+
+    def reconcilable(self, k: int, when: When) -> bool:
+        """Whether the reconciler alone can finish after a crash around step k."""
+        return self.commit is None or k > self.commit or (k == self.commit and when == "after")
+
+
+def _running(h: Harness) -> None:
+    h.submit()
+    h.started()
+
+
+def _preempted(h: Harness) -> None:
+    h.submit()
+    h.started()
+    h.preempt(f"{JOB}-a1")
+
+
+# A committed decision is acted on as committed: no read between `store.apply` and the action.
+_EXIT_STEPS = ("store.apply", "tpu.release", "store.record_worker")
+_LOSS_STEPS = ("store.apply", "tpu.release", "tpu.request", "store.apply")
+_RECOVERED = Outcome(JobState.PROVISIONING, attempt=2, recoveries=1)
+
+
+def _exit(code: int) -> dict[str, Any]:
+    return {
+        "kind": "exited",
+        "job_id": JOB,
+        "attempt": 1,
+        "slice_id": 0,
+        "worker_id": 0,
+        "exit_code": code,
+    }
+
+
+SCENARIOS = [
+    Scenario(
+        "submit",
+        "submit",
+        "tpujobs-submit",
+        SPEC,
+        setup=lambda h: None,
+        steps=("store.create", "tpu.request", "store.apply"),
+        done=Outcome(JobState.PROVISIONING),
+        commit=1,
+        untouched=Outcome(None),
+    ),
+    Scenario(
+        "exited-0",
+        "on_worker_report",
+        "tpujobs-worker-events",
+        _exit(0),
+        setup=_running,
+        steps=_EXIT_STEPS,
+        done=Outcome(JobState.SUCCEEDED, exit_code=0),
+        commit=1,
+        untouched=Outcome(JobState.RUNNING),
+    ),
+    Scenario(
+        "exited-3",
+        "on_worker_report",
+        "tpujobs-worker-events",
+        _exit(3),
+        setup=_running,
+        steps=_EXIT_STEPS,
+        done=Outcome(JobState.FAILED, exit_code=3),
+        commit=1,
+        untouched=Outcome(JobState.RUNNING),
+    ),
+    Scenario(
+        "preemption",
+        "on_preemption",
+        "tpujobs-preemption",
+        {"job_id": JOB, "attempt": 1, "slice_id": 0, "worker_id": 0, "reason": "SIGTERM"},
+        setup=_preempted,
+        steps=_LOSS_STEPS,
+        done=_RECOVERED,
+    ),
+    Scenario(
+        "qr-suspended",
+        "on_qr_state",
+        "tpujobs-qr-state",
+        {"queued_resource": f"{JOB}-a1", "zone": ZONE, "state": "SUSPENDED"},
+        setup=_preempted,
+        steps=_LOSS_STEPS,
+        done=_RECOVERED,
+    ),
+    Scenario(
+        "cancel",
+        "on_control",
+        "tpujobs-control",
+        {"action": "cancel", "job_id": JOB, "owner": OWNER},
+        setup=_running,
+        steps=("store.get", "store.apply", "tpu.release"),
+        done=Outcome(JobState.CANCELLED),
+        commit=2,
+        untouched=Outcome(JobState.RUNNING),
+    ),
+]
+
+
+def _crash_points(reconcilable: bool | None = None) -> list[Any]:
+    """(scenario, k, when) for every step of every scenario; optionally only those the
+    reconciler can (True) or cannot (False) repair. Ids read `cancel-2-store.apply-after`."""
+    return [
+        pytest.param(scenario, k, when, id=f"{scenario.name}-{k}-{step}-{when}")
+        for scenario in SCENARIOS
+        for k, step in enumerate(scenario.steps, start=1)
+        for when in ("before", "after")
+        if reconcilable is None or scenario.reconcilable(k, when) is reconcilable
+    ]
+
+
+@pytest.fixture
+def harness(firestore_client, tpu_client, project_id, simulator_url) -> Harness:
+    settings = Settings(
+        project=project_id,
+        default_zone=ZONE,
+        tpu_endpoint=simulator_url,
+        logs_bucket="logs",
+        stuck_after_seconds=0.0,  # the reconciler finishes half-done work at once
+    )
+    service = JobService(
+        FirestoreJobStore(firestore_client),
+        CloudTpu(tpu_client, project_id),
+        settings,
+        utc_now,
+        sleep=lambda seconds: None,  # backoffs do not wait
+    )
+    return Harness(service, firestore_client, tpu_client, project_id, simulator_url)
+
+
+def crash(h: Harness, scenario: Scenario, message: InboundMessage, k: int, when: When) -> CrashPlan:
+    """Deliver `message` to a handler that dies around its k-th I/O step."""
+    plan = CrashPlan(at=k, when=when)
+    with pytest.raises(InjectedCrash):
+        scenario.deliver(h.crashing(plan), message)
+    assert plan.crashed and plan.steps == list(scenario.steps[:k]), plan.steps
+    return plan
+
+
+def assert_settled(h: Harness, expected: Outcome, context: str) -> None:
+    """The invariants: final state, no leaked capacity, no attempt twice, a sane timeline."""
+    job = h.service.store.get(JOB)
+    if expected.state is None:
+        assert job is None, context
+    else:
+        assert job is not None, context
+        got = (job.state, job.attempt, job.exit_code, job.restarts, job.queued_resource)
+        want = (
+            expected.state,
+            expected.attempt,
+            expected.exit_code,
+            expected.recoveries,
+            f"{JOB}-a{expected.attempt}",
+        )
+        assert got == want, f"{context}: {job.state_reason}"
+        events = h.service.store.events(JOB)
+        timeline = [(e.seq, e.attempt, e.to_state.value) for e in events]
+        assert [e.seq for e in events] == list(range(1, len(events) + 1)), f"{context}: {timeline}"
+        attempts = [e.attempt for e in events]
+        assert attempts == sorted(attempts), f"{context}: an attempt went back: {timeline}"
+        recoveries = [e.to_state for e in events].count(JobState.RECOVERING)
+        assert recoveries == expected.recoveries, f"{context}: {timeline}"
+    assert h.live_resources() == expected.holds, context
+    created = h.created_resources()
+    assert len(created) == len(set(created)), f"{context}: an attempt was created twice: {created}"
+    assert set(created) == expected.created, context
+    assert h.rejections() == [], context
+
+
+def reconcile(h: Harness, context: str) -> None:
+    """Two ticks: the first repairs, the second must find nothing left to finish."""
+    Reconciler(h.service).tick()
+    second = Reconciler(h.service).tick()
+    assert not (second.re_requested or second.converged or second.released), f"{context}: {second}"
+
+
+@pytest.mark.parametrize("scenario", [pytest.param(s, id=s.name) for s in SCENARIOS])
+def test_each_handler_makes_exactly_its_listed_io_steps_and_settles(harness, scenario):
+    """Uncrashed, the handler makes the listed port calls (the N crash points) and ends as expected."""
+    scenario.setup(harness)
+    plan = CrashPlan()
+    scenario.deliver(harness.crashing(plan), scenario.message())
+    assert plan.steps == list(scenario.steps) and not plan.crashed
+    assert_settled(harness, scenario.done, f"{scenario.name} uncrashed")
+
+
+@pytest.mark.parametrize(("scenario", "k", "when"), _crash_points())
+def test_redelivery_finishes_a_handler_killed_at_any_io_step(harness, scenario, k, when):
+    """Killed before/after step k, the same message delivered again ends the job right, once."""
+    scenario.setup(harness)
+    message = scenario.message()
+    plan = crash(harness, scenario, message, k, when)
+    scenario.deliver(harness.service, message)
+    assert_settled(
+        harness, scenario.done, f"{scenario.name}: crash {when} {plan.steps}, then redelivered"
+    )
+
+
+@pytest.mark.parametrize(("scenario", "k", "when"), _crash_points(reconcilable=True))
+def test_the_reconciler_finishes_a_handler_killed_after_its_commit(harness, scenario, k, when):
+    """Killed before/after step k and the message lost: the reconciler alone ends the job right;
+    a redelivery that turns up after all, once the tick repaired it, changes nothing."""
+    scenario.setup(harness)
+    message = scenario.message()
+    plan = crash(harness, scenario, message, k, when)
+    context = f"{scenario.name}: crash {when} {plan.steps}, message lost, reconciled"
+    reconcile(harness, context)
+    assert_settled(harness, scenario.done, context)
+    scenario.deliver(harness.service, message)
+    assert_settled(harness, scenario.done, f"{context}, then redelivered late")
+
+
+@pytest.mark.parametrize(("scenario", "k", "when"), _crash_points(reconcilable=False))
+def test_a_message_lost_before_its_commit_leaves_the_job_as_it_was(harness, scenario, k, when):
+    """Killed before the commit and the message lost: nothing to repair, and nothing leaks."""
+    scenario.setup(harness)
+    plan = crash(harness, scenario, scenario.message(), k, when)
+    context = f"{scenario.name}: crash {when} {plan.steps}, message lost, reconciled"
+    reconcile(harness, context)
+    assert scenario.untouched is not None
+    assert_settled(harness, scenario.untouched, context)
+
+
+# -- the reconciler itself, killed mid-tick ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class TickScenario:
+    """Something only the reconciler can repair, and a tick that dies while repairing it."""
+
+    name: str
+    setup: Callable[[Harness], None]
+    steps: tuple[str, ...]  # the tick's port calls, in order, when nothing crashes
+    done: Outcome
+
+
+def _half_done(name: str, k: int) -> Callable[[Harness], None]:
+    """Handler scenario `name`'s setup, then that handler killed right after step k, its message lost."""
+    scenario = next(s for s in SCENARIOS if s.name == name)
+
+    def setup(h: Harness) -> None:
+        scenario.setup(h)
+        crash(h, scenario, scenario.message(), k, "after")
+
+    return setup
+
+
+_SURVEY = ("store.list_active", "tpu.list")  # every tick starts by reading what is
+_NEXT_ATTEMPT = ("tpu.release", "tpu.request", "store.apply")
+
+TICKS = [
+    TickScenario(  # the notice never came: the tick sees the SUSPENDING resource itself
+        "unreported-preemption",
+        _preempted,
+        (*_SURVEY, "store.apply", *_NEXT_ATTEMPT, "store.silent_workers"),
+        _RECOVERED,
+    ),
+    TickScenario(  # submit died after creating the job: the tick admits it
+        "queued-job",
+        _half_done("submit", 1),
+        (*_SURVEY, "store.get", "tpu.request", "store.apply", "store.silent_workers"),
+        Outcome(JobState.PROVISIONING),
+    ),
+    TickScenario(  # a loss was committed but its handler died: the tick starts attempt 2
+        "recovering-job",
+        _half_done("preemption", 1),
+        (*_SURVEY, "store.get", *_NEXT_ATTEMPT, "store.silent_workers"),
+        _RECOVERED,
+    ),
+    TickScenario(  # a cancel was committed but its handler died: the tick frees the capacity
+        "ended-job-holding-capacity",
+        _half_done("cancel", 2),
+        (*_SURVEY, "store.silent_workers", "store.get", "tpu.release"),
+        Outcome(JobState.CANCELLED),
+    ),
+]
+
+
+def _tick_crash_points() -> list[Any]:
+    return [
+        pytest.param(tick, k, when, id=f"{tick.name}-{k}-{step}-{when}")
+        for tick in TICKS
+        for k, step in enumerate(tick.steps, start=1)
+        for when in ("before", "after")
+    ]
+
+
+@pytest.mark.parametrize("tick", [pytest.param(t, id=t.name) for t in TICKS])
+def test_each_repairing_tick_makes_exactly_its_listed_io_steps_and_settles(harness, tick):
+    """Uncrashed, one tick makes the listed port calls and repairs the job."""
+    tick.setup(harness)
+    plan = CrashPlan()
+    Reconciler(harness.crashing(plan)).tick()
+    assert plan.steps == list(tick.steps) and not plan.crashed, plan.steps
+    assert_settled(harness, tick.done, f"{tick.name} uncrashed")
+
+
+@pytest.mark.parametrize(("tick", "k", "when"), _tick_crash_points())
+def test_the_next_tick_finishes_a_tick_killed_at_any_io_step(harness, tick, k, when):
+    """A tick killed before/after step k: the next scheduled tick finishes the repair, once."""
+    tick.setup(harness)
+    plan = CrashPlan(at=k, when=when)
+    with pytest.raises(InjectedCrash):
+        Reconciler(harness.crashing(plan)).tick()
+    assert plan.steps == list(tick.steps[:k]), plan.steps
+    context = f"{tick.name}: tick crashed {when} {plan.steps}, then ticked again"
+    reconcile(harness, context)
+    assert_settled(harness, tick.done, context)
