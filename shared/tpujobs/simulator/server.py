@@ -227,6 +227,31 @@ def operation_json(op: OperationRecord) -> Json:
     return out
 
 
+def apply_field_mask(payload: Json, mask: str) -> Json:
+    """Keep only the fields a `X-Goog-FieldMask` header (or `fields` parameter) names.
+
+    Google APIs answer with just these, which keeps a list of thousands of resources small;
+    paths are dotted JSON names, and a path through a list applies to each element.
+    """
+    tree: dict[str, Any] = {}
+    for path in (part.strip() for part in mask.split(",")):
+        node = tree
+        for name in path.split("."):
+            if name:
+                node = node.setdefault(name, {})
+
+    def keep(value: Any, wanted: dict[str, Any]) -> Any:
+        if not wanted:
+            return value
+        if isinstance(value, list):
+            return [keep(item, wanted) for item in value]
+        if isinstance(value, dict):
+            return {k: keep(v, wanted[k]) for k, v in value.items() if k in wanted}
+        return value
+
+    return keep(payload, tree)
+
+
 def error_json(error: SimulatorError) -> Json:
     """Google's JSON error body; google.api_core reads the message from it."""
     return {
@@ -660,6 +685,9 @@ class _RequestHandler(BaseHTTPRequestHandler):
                 )
                 return
         status, payload = self.server.api.handle(method, url.path, query, body)
+        mask = self.headers.get("X-Goog-FieldMask") or "".join(query.get("fields", []))
+        if mask and status == 200:
+            payload = apply_field_mask(payload, mask)
         self._send(status, json.dumps(payload).encode("utf-8"), "application/json; charset=UTF-8")
 
     def _send(
