@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 _TOPIC_IN_SOURCE = re.compile(r"topics/(?P<topic>[^/?]+)$")
+_MESSAGE_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,13 @@ def from_cloud_event(event_id: str, source: str, data: Any) -> InboundMessage:
     message = data.get("message") if isinstance(data, dict) else None
     if not isinstance(message, dict):
         return InboundMessage(event_id, topic, None, undecodable="the event carries no Pub/Sub message")
-    message_id = str(message.get("messageId") or message.get("message_id") or event_id)
+    raw_id = message.get("messageId") or message.get("message_id") or event_id
+    message_id = raw_id if isinstance(raw_id, str) else ""
+    if not _MESSAGE_ID.fullmatch(message_id):
+        # Pub/Sub ids are digits; anything else is a forged envelope. Keep a safe id for
+        # the rejection document (Firestore ids have rules of their own).
+        digest = hashlib.sha256(message_id.encode("utf-8", "backslashreplace")).hexdigest()[:24]
+        return InboundMessage(f"invalid-{digest}", topic, None, undecodable="the message id is not a Pub/Sub message id")
     attributes = message.get("attributes") or {}
     if not isinstance(attributes, dict):
         attributes = {}

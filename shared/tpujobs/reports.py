@@ -8,19 +8,40 @@ rejection and acknowledges. The worker agent (`agent/worker.py`) writes the firs
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Annotated, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from tpujobs.domain.spec import ID_PATTERN, OWNER_PATTERN, ZONE_PATTERN
+from tpujobs.domain.spec import ID_PATTERN, OWNER_PATTERN, ZONE_PATTERN, require_unicode_text
 
 MAX_REPORT_BYTES = 16 * 1024
 JobId = Annotated[str, Field(pattern=ID_PATTERN)]
 Attempt = Annotated[int, Field(ge=1, le=10_000)]
 Index = Annotated[int, Field(ge=0, le=100_000)]
+ExitCode = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
+Step = Annotated[int, Field(ge=0, le=2**62)]
+EARLIEST = datetime(2000, 1, 1, tzinfo=timezone.utc)
+LATEST = datetime(2200, 1, 1, tzinfo=timezone.utc)
+
+
+def _plausible(moment: datetime | None) -> datetime | None:
+    """A report's time, in UTC, within years Firestore (and reason) can hold."""
+    if moment is None:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    try:
+        moment = moment.astimezone(timezone.utc)
+    except OverflowError:
+        raise ValueError("is out of range") from None
+    if not EARLIEST <= moment < LATEST:
+        raise ValueError("must be between the years 2000 and 2200")
+    return moment
+
+
 # JSON has no datetime: timestamps arrive as RFC 3339 strings, so this one field is lax.
-Timestamp = Annotated[datetime | None, Field(strict=False)]
+Timestamp = Annotated[datetime | None, Field(strict=False), AfterValidator(_plausible)]
 
 
 class ReportError(ValueError):
@@ -40,8 +61,8 @@ class WorkerReport(_Strict):
     slice_id: Index
     worker_id: Index
     at: Timestamp = None
-    exit_code: int | None = None
-    step: int | None = None
+    exit_code: ExitCode | None = None
+    step: Step | None = None
     detail: str | None = Field(default=None, max_length=1024)
 
 
@@ -63,7 +84,7 @@ class QrStateReport(_Strict):
     zone: Annotated[str, Field(pattern=ZONE_PATTERN)]
     state: Annotated[str, Field(pattern=r"^[A-Z_]{1,40}$")]
     detail: str = Field(default="", max_length=1024)
-    unhealthy_hosts: int = 0  # hosts whose node is TERMINATED, PREEMPTED or unhealthy
+    unhealthy_hosts: Annotated[int, Field(ge=0, le=100_000)] = 0  # hosts whose node is TERMINATED, PREEMPTED or unhealthy
 
 
 class ControlRequest(_Strict):
@@ -87,10 +108,14 @@ def decode_report(model: type[Report], raw: bytes | None) -> Report:
         data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise ReportError("the message is not valid UTF-8") from None
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # JSONDecodeError, or a number too long to convert
         raise ReportError("the message is not JSON") from None
     if not isinstance(data, dict):
         raise ReportError(f"the message must be a JSON object, got {type(data).__name__}")
+    try:
+        require_unicode_text(data)
+    except ValueError as error:
+        raise ReportError(str(error)) from None
     try:
         return model.model_validate(data)
     except ValidationError as error:

@@ -194,9 +194,9 @@ def test_the_reconcilers_listing_leaves_the_startup_scripts_behind(service, tpu_
 
     running_job(service, accelerator="v4-8")
     parent = f"projects/{project_id}/locations/{ZONE}"
-    full = list(tpu_client.list_queued_resources(parent=parent))[0]
+    full = next(iter(tpu_client.list_queued_resources(parent=parent)))
     assert len(full.tpu.node_spec[0].node.metadata["startup-script"]) > 10_000
-    masked = list(tpu_client.list_queued_resources(parent=parent, metadata=[("x-goog-fieldmask", _QR_FIELDS)]))[0]
+    masked = next(iter(tpu_client.list_queued_resources(parent=parent, metadata=[("x-goog-fieldmask", _QR_FIELDS)])))
     assert "startup-script" not in masked.tpu.node_spec[0].node.metadata
     assert masked.tpu.node_spec[0].node.labels["tpujobs-job"] == "train-1"
     assert [status.job_label for status in service.tpu.list(ZONE)] == ["train-1"]

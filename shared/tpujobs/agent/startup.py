@@ -91,7 +91,9 @@ def render_startup_script(
     job: Job, settings: Settings, *, timings: AgentTimings | None = None
 ) -> str:
     """A bash script for every worker host of the job's current attempt: it runs the agent."""
-    config = json.dumps(agent_config(job, settings, timings), sort_keys=True).encode("utf-8")
+    # Raw UTF-8, not \u escapes: non-ASCII text would otherwise grow sixfold before base64
+    # and a large accepted spec could pass GCE's 256 KiB limit on a metadata value.
+    config = json.dumps(agent_config(job, settings, timings), sort_keys=True, ensure_ascii=False).encode("utf-8")
     encoded = "\n".join(textwrap.wrap(base64.b64encode(config).decode("ascii"), 76))
     return (
         "#!/bin/bash\n"

@@ -207,6 +207,10 @@ def parse_spec(data: Any, *, message_id: str | None = None) -> JobSpec:
     if not isinstance(data, dict):
         raise SpecError(f"a job spec must be a JSON object, got {type(data).__name__}")
     try:
+        require_unicode_text(data)
+    except ValueError as error:
+        raise SpecError(str(error)) from None
+    try:
         spec = JobSpec.model_validate(data)
     except ValidationError as error:
         sentences = [_sentence(e) for e in error.errors(include_url=False)]
@@ -232,4 +236,18 @@ def decode_spec(raw: bytes, *, message_id: str | None = None) -> JobSpec:
         raise SpecError(f"the message is not JSON: {error.msg} at line {error.lineno} column {error.colno}") from None
     except RecursionError:
         raise SpecError("the message nests JSON too deeply to be a job spec") from None
+    except ValueError as error:  # e.g. an integer literal longer than Python converts
+        raise SpecError(f"the message is not usable JSON: {error}") from None
     return parse_spec(data, message_id=message_id)
+
+
+def require_unicode_text(data: Any) -> None:
+    """ValueError if a JSON value holds a lone surrogate (`"\ud800"`): valid JSON, not text.
+
+    Such strings cannot be stored in Firestore nor passed to a process, so they are
+    refused at the door with the rest of the bad input.
+    """
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("the message holds a string that is not valid Unicode (a lone surrogate escape)") from None
