@@ -8,48 +8,68 @@ redelivered. Bad input is recorded and acknowledged, never retried.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+
 import functions_framework
 from cloudevents.http.event import CloudEvent
 
-from tpujobs import runtime
+from tpujobs import logs, runtime
 from tpujobs.inbound import InboundMessage, from_cloud_event
 
+logs.configure()
 
-def _message(event: CloudEvent) -> InboundMessage:
-    return from_cloud_event(event["id"], event["source"], event.data)
+
+def _traced(event: CloudEvent) -> logs.Handling:
+    """Every log line while handling `event` carries its trace (W3C traceparent)."""
+    project = os.environ.get("GOOGLE_CLOUD_PROJECT", "")
+    return logs.handling(trace=logs.trace_from_traceparent(event.get("traceparent"), project))
+
+
+def _handle(event: CloudEvent, handler: Callable[[InboundMessage], object]) -> None:
+    """Decode the Pub/Sub message and hand it over."""
+    with _traced(event):
+        handler(from_cloud_event(event["id"], event["source"], event.data))
 
 
 @functions_framework.cloud_event
 def submit_job(event: CloudEvent) -> None:
     """tpujobs-submit: a job spec becomes a job document and a queued-resource request."""
-    runtime.job_service().submit(_message(event))
+    _handle(event, runtime.job_service().submit)
 
 
 @functions_framework.cloud_event
 def on_worker_event(event: CloudEvent) -> None:
     """tpujobs-worker-events: workers started, beat, exited or checkpointed."""
-    runtime.job_service().on_worker_report(_message(event))
+    _handle(event, runtime.job_service().on_worker_report)
 
 
 @functions_framework.cloud_event
 def on_preemption(event: CloudEvent) -> None:
     """tpujobs-preemption: a worker got its preemption notice; recover by the job's rules."""
-    runtime.job_service().on_preemption(_message(event))
+    _handle(event, runtime.job_service().on_preemption)
 
 
 @functions_framework.cloud_event
 def on_qr_state(event: CloudEvent) -> None:
     """tpujobs-qr-state: a queued resource was observed in some state."""
-    runtime.job_service().on_qr_state(_message(event))
+    _handle(event, runtime.job_service().on_qr_state)
 
 
 @functions_framework.cloud_event
 def on_control(event: CloudEvent) -> None:
     """tpujobs-control: a user's cancel request."""
-    runtime.job_service().on_control(_message(event))
+    _handle(event, runtime.job_service().on_control)
 
 
 @functions_framework.cloud_event
 def reconcile(event: CloudEvent) -> None:
     """tpujobs-reconcile: the scheduler's tick; compare what is with what should be, repair."""
-    runtime.reconciler().tick()
+    with _traced(event):
+        runtime.reconciler().tick()
+
+
+@functions_framework.cloud_event
+def record_dead_letter(event: CloudEvent) -> None:
+    """tpujobs-dead-letter: keep a message that failed too many deliveries, to read and replay."""
+    _handle(event, runtime.dead_letters().record)

@@ -267,6 +267,70 @@ def _age(moment: datetime | None, now: datetime) -> str:
     return f"{seconds}s"
 
 
+@app.command("dead-letters")
+def dead_letters(
+    topic: Annotated[str | None, typer.Option(help="Only those from this topic, e.g. tpujobs-submit.")] = None,
+    replay: Annotated[
+        str | None, typer.Option(metavar="ID", help="Publish this dead letter again to its original topic.")
+    ] = None,
+    limit: Annotated[int, typer.Option(help="At most this many.")] = 50,
+) -> None:
+    """List messages that failed too many deliveries, newest first; --replay ID sends one again."""
+    from rich.text import Text
+
+    from tpujobs import dead_letters as letters
+    from tpujobs.errors import PermanentError, TransientError
+    from tpujobs.runtime import utc_now
+
+    service = letters.build(_settings(), utc_now)
+    if replay is not None:
+        try:
+            letter, new_id = service.replay(replay)
+        except letters.UnknownDeadLetter:
+            err.print(f"[red]No dead letter {replay!r}.[/red] `tpujobs dead-letters` lists them.")
+            raise typer.Exit(1) from None
+        except (PermanentError, TransientError) as error:
+            err.print(f"[red]Not replayed:[/red] {error}")
+            raise typer.Exit(1) from None
+        again = f" (replayed before at {_when(letter.replayed_at)})" if letter.replayed_at else ""
+        out.print(f"Replayed dead letter [bold]{letter.message_id}[/bold] to {letter.topic} as message {new_id}{again}.")
+        return
+    found = service.list(topic=topic, limit=limit)
+    if not found:
+        out.print(f"No dead letters{f' from {topic}' if topic else ''}.")
+        return
+    # Ids and topics are what people copy: never cut them. The payload gets what is left
+    # of the terminal (at most 60 characters); a narrow one drops the year and REPLAYED.
+    id_width = max(2, *(len(letter.message_id) for letter in found))
+    topic_width = max(5, *(len(letter.topic or "?") for letter in found))
+    wide = out.width >= 120
+    when = (lambda moment: _when(moment)[:16]) if wide else (lambda moment: _when(moment)[5:16])
+    columns = 6 if wide else 5
+    fixed = id_width + (16 if wide else 11) + topic_width + 8 + (16 if wide else 0) + 3 * columns + 1
+    excerpt_width = max(8, min(60, out.width - fixed))
+    table = Table(
+        Column("ID", no_wrap=True, min_width=id_width),
+        Column("WHEN (UTC)", no_wrap=True),
+        Column("TOPIC", no_wrap=True, min_width=topic_width),
+        Column("ATTEMPTS", justify="right", no_wrap=True),
+        Column("PAYLOAD", no_wrap=True, overflow="ellipsis"),
+        *([Column("REPLAYED", no_wrap=True)] if wide else []),
+    )
+    for letter in found:
+        excerpt = " ".join(letter.payload.split())  # one line: newlines and runs of spaces folded
+        if len(excerpt) > excerpt_width:
+            excerpt = excerpt[: excerpt_width - 1] + "…"
+        table.add_row(
+            letter.message_id,
+            when(letter.at),
+            letter.topic or "?",
+            "-" if letter.delivery_attempts is None else str(letter.delivery_attempts),
+            Text(excerpt),  # a payload is data, never rich markup
+            *([when(letter.replayed_at)] if wide else []),
+        )
+    out.print(table)
+
+
 def _mount_subcommands() -> None:
     from tpujobs.demo import demo
     from tpujobs.dev.cli import dev_app

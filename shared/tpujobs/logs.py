@@ -25,6 +25,9 @@ _job_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("tpujobs_jo
 _trace: contextvars.ContextVar[str | None] = contextvars.ContextVar("tpujobs_trace", default=None)
 
 
+Handling = contextlib.AbstractContextManager[None]
+
+
 @contextlib.contextmanager
 def handling(job_id: str | None = None, trace: str | None = None) -> Iterator[None]:
     """Label every record logged inside with the job and the trace of the event being handled."""

@@ -14,6 +14,7 @@ from tpujobs.config import Settings
 from tpujobs.service import JobService
 
 if TYPE_CHECKING:
+    from tpujobs.dead_letters import DeadLetters
     from tpujobs.reconciler import Reconciler
 
 
@@ -28,12 +29,14 @@ def job_service() -> JobService:
     from google.cloud import firestore
 
     from tpujobs.adapters.firestore_store import FirestoreJobStore
+    from tpujobs.adapters.pubsub import Publisher
     from tpujobs.adapters.tpu import CloudTpu, build_client
 
     settings = Settings.from_env()
     store = FirestoreJobStore(firestore.Client(project=settings.project))
     tpu = CloudTpu(build_client(settings.tpu_endpoint), settings.project)
-    return JobService(store, tpu, settings, utc_now)
+    status = Publisher.build(settings.project, settings.prefix)
+    return JobService(store, tpu, settings, utc_now, status=status)
 
 
 @functools.cache
@@ -42,3 +45,11 @@ def reconciler() -> Reconciler:
     from tpujobs.reconciler import Reconciler
 
     return Reconciler(job_service())
+
+
+@functools.cache
+def dead_letters() -> DeadLetters:
+    """The dead-letter recorder of this process, on a Firestore client from the environment."""
+    from tpujobs import dead_letters as module
+
+    return module.build(Settings.from_env(), utc_now)

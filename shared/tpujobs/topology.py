@@ -48,6 +48,7 @@ FUNCTIONS: tuple[FunctionRoute, ...] = (
     FunctionRoute("on_qr_state", "cloudevent", QR_STATE),
     FunctionRoute("on_control", "cloudevent", CONTROL),
     FunctionRoute("reconcile", "cloudevent", RECONCILE),
+    FunctionRoute("record_dead_letter", "cloudevent", DEAD_LETTER),
 )
 
 

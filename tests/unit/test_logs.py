@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 
@@ -25,9 +26,13 @@ def test_a_record_on_gcp_is_one_json_object_with_severity_labels_and_trace():
 
 def test_the_job_label_does_not_leak_past_the_event_that_set_it():
     """After `handling` ends, records carry no job: a worker thread's next event starts clean."""
-    with logs.handling():
-        logs.bind_job("train-1")
-    entry = json.loads(logs.CloudLoggingFormatter().format(record()))
+
+    def one_thread() -> dict:
+        with logs.handling():
+            logs.bind_job("train-1")
+        return json.loads(logs.CloudLoggingFormatter().format(record()))
+
+    entry = contextvars.Context().run(one_thread)  # a fresh thread's context, whatever ran before
     assert "job_id" not in entry["logging.googleapis.com/labels"]
     assert "logging.googleapis.com/trace" not in entry
 
