@@ -73,3 +73,9 @@ def reconcile(event: CloudEvent) -> None:
 def record_dead_letter(event: CloudEvent) -> None:
     """tpujobs-dead-letter: keep a message that failed too many deliveries, to read and replay."""
     _handle(event, runtime.dead_letters().record)
+
+
+@functions_framework.cloud_event
+def export_logs(event: CloudEvent) -> None:
+    """tpujobs-log-export: an ended attempt's output chunks become worker-K.log and attempt.log."""
+    _handle(event, runtime.log_exporter().handle)

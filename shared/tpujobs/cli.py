@@ -267,6 +267,66 @@ def _age(moment: datetime | None, now: datetime) -> str:
     return f"{seconds}s"
 
 
+@app.command("logs")
+def show_logs(
+    job_id: str,
+    attempt: Annotated[
+        int | None, typer.Option(min=1, help="Which attempt. Default: the job's current one.")
+    ] = None,
+    worker: Annotated[
+        int | None,
+        typer.Option(min=0, help="Only worker K's output (K = slice x hosts per slice + worker)."),
+    ] = None,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Print new output as it arrives, until the attempt ends.")
+    ] = False,
+) -> None:
+    """Show a job's output: an attempt's exported log, or its output chunks as they are."""
+    from tpujobs.adapters.storage import build_client
+    from tpujobs.logs_export import LogObjects, LogReader, attempt_has_ended
+
+    settings = _settings()
+    store = _store(settings)
+    job = store.get(job_id)
+    if job is None:
+        err.print(f"[red]No job {job_id!r}.[/red]")
+        raise typer.Exit(1)
+    number = attempt or job.attempt
+    if number > job.attempt:
+        err.print(f"[red]{job_id} has no attempt {number}[/red] (it is at attempt {job.attempt}).")
+        raise typer.Exit(1)
+    if worker is not None and worker >= job.total_workers:
+        err.print(f"[red]{job_id} has workers 0 to {job.total_workers - 1}, not {worker}.[/red]")
+        raise typer.Exit(1)
+    reader = LogReader(LogObjects(build_client(settings.project), settings.logs_bucket), store)
+    if follow and not attempt_has_ended(job, number):
+        err.print(f"[dim]Following attempt {number} of {job_id} until it ends.[/dim]")
+        reader.follow(job, number, _write_raw, worker)
+        return
+    text, exported = reader.show(job, number, worker)
+    if not exported:
+        what = "output" if worker is None else f"worker {worker}'s output"
+        if text:
+            err.print(f"[dim]Attempt {number} is not exported yet: its {what} as uploaded so far.[/dim]")
+        else:
+            err.print(f"No {what} for attempt {number} yet.")
+    _write_raw(text)
+
+
+def _write_raw(data: bytes) -> None:
+    """A job's output as it is: bytes, never rich markup."""
+    import sys
+
+    sys.stdout.flush()
+    buffer = getattr(sys.stdout, "buffer", None)
+    if buffer is None:
+        sys.stdout.write(data.decode("utf-8", "replace"))
+        sys.stdout.flush()
+        return
+    buffer.write(data)
+    buffer.flush()
+
+
 @app.command("dead-letters")
 def dead_letters(
     topic: Annotated[str | None, typer.Option(help="Only those from this topic, e.g. tpujobs-submit.")] = None,

@@ -6,7 +6,7 @@ benchmarks use the same adapters against the emulators and the TPU simulator.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
@@ -70,6 +70,27 @@ class SilentWorker:
     last_report_at: datetime
 
 
+@dataclass(frozen=True)
+class AttemptLogs:
+    """Where one attempt's exported output is: `jobs/{id}/attempts/{N}` (`tpujobs.logs_export`)."""
+
+    attempt: int
+    log_uri: str  # gs:// URI of the combined, worker-prefixed log (attempt.log)
+    worker_logs: Mapping[int, str]  # worker number K -> gs:// URI of worker-K.log
+    exported_at: datetime
+    cut_off_workers: tuple[int, ...] = ()  # workers whose output ends with the cut-off line
+
+    def fields(self) -> dict[str, object]:
+        return {
+            "attempt": self.attempt,
+            "log_uri": self.log_uri,
+            # Firestore map keys are strings.
+            "worker_logs": {str(k): uri for k, uri in sorted(self.worker_logs.items())},
+            "exported_at": self.exported_at,
+            "cut_off_workers": list(self.cut_off_workers),
+        }
+
+
 class JobStore(Protocol):
     def create(self, job: Job, event: JobEvent) -> bool:
         """Create the job and its first event if the job id is new; False if it existed."""
@@ -101,6 +122,13 @@ class JobStore(Protocol):
 
     def reject(self, rejection: Rejection) -> None:
         """Record a rejection once per message id."""
+
+    def record_attempt_logs(self, job_id: str, logs: AttemptLogs) -> None:
+        """Keep where an attempt's exported logs are (merged into `jobs/{id}/attempts/{N}`),
+        and make the job's log_uri the combined log, unless it names a later attempt's."""
+
+    def attempt_logs(self, job_id: str, attempt: int) -> AttemptLogs | None:
+        """The attempt's exported logs, as recorded; None before its export."""
 
 
 @dataclass(frozen=True)
@@ -151,6 +179,11 @@ class StatusChange:
             "at": self.at.isoformat(timespec="milliseconds"),
             "seq": self.seq,
         }
+
+
+class LogExportRequests(Protocol):
+    def request_export(self, job_id: str, attempt: int) -> None:
+        """Ask for an ended attempt's output to be exported (tpujobs-log-export)."""
 
 
 class StatusPublisher(Protocol):

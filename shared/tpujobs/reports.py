@@ -95,6 +95,13 @@ class ControlRequest(_Strict):
     owner: Annotated[str, Field(pattern=OWNER_PATTERN)]
 
 
+class LogExportRequest(_Strict):
+    """tpujobs-log-export: put one ended attempt's output chunks together (`tpujobs.logs_export`)."""
+
+    job_id: JobId
+    attempt: Attempt
+
+
 Report = TypeVar("Report", bound=_Strict)
 
 

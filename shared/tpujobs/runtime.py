@@ -15,6 +15,7 @@ from tpujobs.service import JobService
 
 if TYPE_CHECKING:
     from tpujobs.dead_letters import DeadLetters
+    from tpujobs.logs_export import LogExporter
     from tpujobs.reconciler import Reconciler
 
 
@@ -35,8 +36,8 @@ def job_service() -> JobService:
     settings = Settings.from_env()
     store = FirestoreJobStore(firestore.Client(project=settings.project))
     tpu = CloudTpu(build_client(settings.tpu_endpoint), settings.project)
-    status = Publisher.build(settings.project, settings.prefix)
-    return JobService(store, tpu, settings, utc_now, status=status)
+    publisher = Publisher.build(settings.project, settings.prefix)
+    return JobService(store, tpu, settings, utc_now, status=publisher, exports=publisher)
 
 
 @functools.cache
@@ -53,3 +54,11 @@ def dead_letters() -> DeadLetters:
     from tpujobs import dead_letters as module
 
     return module.build(Settings.from_env(), utc_now)
+
+
+@functools.cache
+def log_exporter() -> LogExporter:
+    """The log exporter of this process, on Storage and Firestore clients from the environment."""
+    from tpujobs import logs_export
+
+    return logs_export.build(Settings.from_env(), utc_now)

@@ -29,6 +29,7 @@ from tpujobs.inbound import InboundMessage
 from tpujobs.ports import (
     Clock,
     JobStore,
+    LogExportRequests,
     Rejection,
     StatusChange,
     StatusPublisher,
@@ -53,6 +54,25 @@ CAPACITY_PENDING = frozenset(
 )
 CAPACITY_GONE = frozenset({"SUSPENDING", "SUSPENDED", "FAILED"})
 
+# An attempt whose job moves from one of these to one of those has ended: export its output.
+_ATTEMPT_LIVE = frozenset({JobState.PROVISIONING, JobState.RUNNING})
+_ATTEMPT_OVER = frozenset({JobState.RECOVERING, JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+
+
+def ended_attempt(decision: Decision) -> int | None:
+    """The attempt a committed change ended, or None.
+
+    From PROVISIONING or RUNNING to RECOVERING, SUCCEEDED, FAILED or CANCELLED; a cancel only
+    once the job has started (before, there is no output). A move out of RECOVERING or QUEUED
+    ends nothing: the attempt it names ended earlier, or never ran.
+    """
+    event = decision.event
+    if event.from_state not in _ATTEMPT_LIVE or event.to_state not in _ATTEMPT_OVER:
+        return None
+    if event.to_state is JobState.CANCELLED and decision.job.started_at is None:
+        return None
+    return event.attempt
+
 
 @dataclass(frozen=True)
 class SubmitOutcome:
@@ -74,6 +94,7 @@ class JobService:
         clock: Clock,
         sleep: Callable[[float], None] = time.sleep,
         status: StatusPublisher | None = None,
+        exports: LogExportRequests | None = None,
     ) -> None:
         self.store = store
         self.tpu = tpu
@@ -81,6 +102,7 @@ class JobService:
         self.clock = clock
         self.sleep = sleep
         self.status = status
+        self.exports = exports
 
     # -- rejections ------------------------------------------------------------------
 
@@ -258,6 +280,9 @@ class JobService:
             event = outcome.event
             log.info("job %s: %s -> %s: %s", job_id, event.from_state, event.to_state.value, event.reason)
             self.announce(outcome.job, event)
+            ended = ended_attempt(outcome)
+            if ended is not None:
+                self.request_export(job_id, ended)
         return outcome
 
     def announce(self, job: Job, event: JobEvent) -> None:
@@ -283,6 +308,21 @@ class JobService:
             self.store.mark_announced(job.job_id, event)
         except TransientError as error:
             log.warning("status of %s not announced yet (the reconciler will): %s", job.job_id, error)
+
+    def request_export(self, job_id: str, attempt: int) -> None:
+        """Ask for an ended attempt's output to be exported (`tpujobs.logs_export`).
+
+        Best effort: the change is committed, and failing the handler would not repeat the
+        request (a redelivered message finds nothing left to change), so a failure is only
+        logged. Nothing retries a lost request yet; the chunks stay, and `tpujobs logs`
+        shows them unexported.
+        """
+        if self.exports is None:
+            return
+        try:
+            self.exports.request_export(job_id, attempt)
+        except Exception:  # whatever went wrong, the job's own handling is done
+            log.exception("could not request the export of %s attempt %d's logs", job_id, attempt)
 
     # -- acting on a job's state -------------------------------------------------------
 

@@ -49,6 +49,7 @@ FUNCTIONS: tuple[FunctionRoute, ...] = (
     FunctionRoute("on_control", "cloudevent", CONTROL),
     FunctionRoute("reconcile", "cloudevent", RECONCILE),
     FunctionRoute("record_dead_letter", "cloudevent", DEAD_LETTER),
+    FunctionRoute("export_logs", "cloudevent", LOG_EXPORT),
 )
 
 

@@ -13,6 +13,7 @@ the spec is a map, and the fields people filter on are top-level.
 from __future__ import annotations
 
 import random
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,12 +28,13 @@ from tpujobs.domain.spec import JobSpec
 from tpujobs.domain.states import ACTIVE, JobState
 from tpujobs.domain.transitions import Decision, Ignored, Observation, decide
 from tpujobs.errors import TransientError
-from tpujobs.ports import Clock, Rejection, SilentWorker, WorkerRecord
+from tpujobs.ports import AttemptLogs, Clock, Rejection, SilentWorker, WorkerRecord
 
 JOBS = "jobs"
 EVENTS = "events"
 WORKERS = "workers"
 REJECTIONS = "rejections"
+ATTEMPTS = "attempts"  # jobs/{id}/attempts/{N}: where each attempt's exported logs are
 MAX_PAYLOAD_CHARS = 4096
 CAS_ATTEMPTS = 20
 
@@ -270,6 +272,56 @@ class FirestoreJobStore:
         with _transient_on_failure("read workers"):
             return [doc.to_dict() for doc in self._job_ref(job_id).collection(WORKERS).stream()]
 
+    def record_attempt_logs(self, job_id: str, logs: AttemptLogs) -> None:
+        """Merge the attempt's exported logs into `jobs/{id}/attempts/{N}`, then point the
+        job's `log_uri` at its combined log unless a later attempt's is already there.
+
+        The job document is written with a plain field update, outside the compare-and-set
+        of `apply`: that is safe, because any write changes the document's update time, so a
+        transition racing it fails its precondition, reads again (this log_uri included) and
+        decides again. The update itself carries a precondition too, so that an export of
+        attempt 1 finishing late never replaces attempt 2's log_uri.
+        """
+        job_ref = self._job_ref(job_id)
+        attempt_ref = job_ref.collection(ATTEMPTS).document(str(logs.attempt))
+        fields = logs.fields()
+        with _transient_on_failure("record exported logs"):
+            # Every field named is replaced whole: a re-export's worker_logs map is the truth.
+            attempt_ref.set(fields, merge=list(fields))
+        for attempt in range(CAS_ATTEMPTS):
+            with _transient_on_failure("read job"):
+                snapshot = job_ref.get()
+            if not snapshot.exists:
+                return
+            current = (snapshot.to_dict() or {}).get("log_uri")
+            if current == logs.log_uri or (_exported_attempt(current) or 0) > logs.attempt:
+                return
+            try:
+                with _transient_on_failure("record the job's log_uri"):
+                    job_ref.update(
+                        {"log_uri": logs.log_uri},
+                        option=self._db.write_option(last_update_time=snapshot.update_time),
+                    )
+                return
+            except (api_exceptions.FailedPrecondition, api_exceptions.NotFound):
+                time.sleep(random.uniform(0, 0.01 * (attempt + 1)))  # the job moved: look again
+        raise TransientError(f"job {job_id} changed under {CAS_ATTEMPTS} attempts to record its log_uri")
+
+    def attempt_logs(self, job_id: str, attempt: int) -> AttemptLogs | None:
+        ref = self._job_ref(job_id).collection(ATTEMPTS).document(str(attempt))
+        with _transient_on_failure("read exported logs"):
+            snapshot = ref.get()
+        if not snapshot.exists:
+            return None
+        data = snapshot.to_dict() or {}
+        return AttemptLogs(
+            attempt=data.get("attempt", attempt),
+            log_uri=data.get("log_uri", ""),
+            worker_logs={int(k): v for k, v in (data.get("worker_logs") or {}).items()},
+            exported_at=data["exported_at"],
+            cut_off_workers=tuple(data.get("cut_off_workers") or ()),
+        )
+
     def reject(self, rejection: Rejection) -> None:
         ref = self._db.collection(REJECTIONS).document(_document_id(rejection.message_id))
         with _transient_on_failure("record rejection"):
@@ -300,6 +352,12 @@ class FirestoreJobStore:
             for doc in docs
             for d in [doc.to_dict()]
         ]
+
+
+def _exported_attempt(log_uri: str | None) -> int | None:
+    """The attempt whose combined log (`.../attempt-N/attempt.log`) a log_uri names, if any."""
+    match = re.search(r"/attempt-([0-9]+)/attempt\.log$", log_uri or "")
+    return int(match[1]) if match else None
 
 
 def _document_id(message_id: str) -> str:

@@ -9,7 +9,7 @@ from google.api_core import exceptions as api_exceptions
 
 from tpujobs.errors import PermanentError, TransientError
 from tpujobs.ports import StatusChange
-from tpujobs.topology import STATUS, topic_name
+from tpujobs.topology import LOG_EXPORT, STATUS, topic_name
 
 if TYPE_CHECKING:
     from google.cloud import pubsub_v1
@@ -63,3 +63,9 @@ class Publisher:
 
     def publish_json(self, base_topic: str, payload: Any, **attributes: str) -> str:
         return self.publish_bytes(base_topic, json.dumps(payload).encode("utf-8"), **attributes)
+
+    def request_export(self, job_id: str, attempt: int) -> None:
+        """Ask `export_logs` to put an ended attempt's output together (tpujobs-log-export)."""
+        self.publish_json(
+            LOG_EXPORT, {"job_id": job_id, "attempt": attempt}, job_id=job_id, attempt=str(attempt)
+        )
