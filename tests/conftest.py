@@ -24,29 +24,38 @@ def _answering(variable: str) -> str | None:
     return None
 
 
+def _start_missing(hosts: dict[str, str | None], log_dir: Path) -> list[processes.ManagedProcess]:
+    """Start the emulators `hosts` has no address for, on free ports; fill in their addresses."""
+    specs = []
+    for variable in [name for name, address in hosts.items() if address is None]:
+        port = processes.free_port()
+        if variable == "FIRESTORE_EMULATOR_HOST":
+            specs.append(processes.firestore_emulator(port))
+        else:
+            specs.append(processes.pubsub_emulator(port, "tpujobs-tests"))
+        hosts[variable] = f"{processes.LOOPBACK}:{port}"
+    if specs:
+        processes.require_gcloud_emulators()
+    return processes.start(specs, log_dir)
+
+
 @pytest.fixture(scope="session")
 def emulators(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """FIRESTORE_EMULATOR_HOST and PUBSUB_EMULATOR_HOST of running emulators, started if needed."""
-    hosts: dict[str, str] = {}
-    specs = []
-    firestore_host = _answering("FIRESTORE_EMULATOR_HOST")
-    pubsub_host = _answering("PUBSUB_EMULATOR_HOST")
-    if firestore_host is None:
-        port = processes.free_port()
-        specs.append(processes.firestore_emulator(port))
-        firestore_host = f"{processes.LOOPBACK}:{port}"
-    if pubsub_host is None:
-        port = processes.free_port()
-        specs.append(processes.pubsub_emulator(port, "tpujobs-tests"))
-        pubsub_host = f"{processes.LOOPBACK}:{port}"
-    if specs:
-        processes.require_gcloud_emulators()
-    started = processes.start(specs, tmp_path_factory.mktemp("emulator-logs"))
-    hosts = {"FIRESTORE_EMULATOR_HOST": firestore_host, "PUBSUB_EMULATOR_HOST": pubsub_host}
-    saved = {name: os.environ.get(name) for name in hosts}
-    os.environ.update(hosts)
+    wanted = ("FIRESTORE_EMULATOR_HOST", "PUBSUB_EMULATOR_HOST")
+    found = {variable: _answering(variable) for variable in wanted}
+    hosts = dict(found)
     try:
-        yield hosts
+        started = _start_missing(hosts, tmp_path_factory.mktemp("emulator-logs"))
+    except processes.ServiceStartError:
+        # A port chosen free can be taken before the emulator binds it: once more, on new ports.
+        hosts = dict(found)
+        started = _start_missing(hosts, tmp_path_factory.mktemp("emulator-logs"))
+    ready = {variable: str(address) for variable, address in hosts.items()}
+    saved = {name: os.environ.get(name) for name in ready}
+    os.environ.update(ready)
+    try:
+        yield ready
     finally:
         processes.stop(started)
         for name, value in saved.items():

@@ -160,7 +160,13 @@ def up(
         processes.require_gcloud_emulators(
             name for name in ("firestore", "pubsub") if name not in reused
         )
-        return _start(state_dir, settings, base_env, source, reused, simulator_state_file, say)
+        try:
+            return _start(state_dir, settings, base_env, source, reused, simulator_state_file, say)
+        except processes.ServiceStartError as error:
+            # A free port can be taken by someone else before our service binds it: once
+            # more on new ports (everything started so far was already stopped).
+            say(f"{error.args[0].splitlines()[0]}; trying once more on other ports")
+            return _start(state_dir, settings, base_env, source, reused, simulator_state_file, say)
 
 
 def down(state_dir: Path, *, report: Report | None = None) -> list[ManagedProcess]:
