@@ -28,3 +28,26 @@ def local_stack(emulators, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         stack.down(state_dir)
         os.environ.clear()
         os.environ.update(saved)
+
+
+@pytest.fixture(scope="session")
+def env(local_stack):
+    """Clients of the local stack's services, and where things are, for the e2e tests."""
+    from google.cloud import firestore
+
+    from tpujobs.adapters.firestore_store import FirestoreJobStore
+    from tpujobs.adapters.pubsub import Publisher
+    from tpujobs.adapters.storage import build_client as storage_client
+    from tpujobs.adapters.tpu import build_client as tpu_client
+
+    project = local_stack["GOOGLE_CLOUD_PROJECT"]
+    return {
+        "project": project,
+        "bucket": local_stack["TPUJOBS_LOGS_BUCKET"],
+        "simulator": local_stack["TPUJOBS_TPU_ENDPOINT"],
+        "zone": local_stack["TPUJOBS_DEFAULT_ZONE"],
+        "publisher": Publisher.build(project),
+        "store": FirestoreJobStore(firestore.Client(project=project)),
+        "storage": storage_client(project),
+        "tpu": tpu_client(local_stack["TPUJOBS_TPU_ENDPOINT"]),
+    }

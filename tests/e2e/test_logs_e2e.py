@@ -24,26 +24,6 @@ pytestmark = pytest.mark.e2e
 TPUJOBS = Path(sys.executable).with_name("tpujobs")
 
 
-@pytest.fixture(scope="module")
-def env(local_stack):
-    from google.cloud import firestore
-
-    from tpujobs.adapters.firestore_store import FirestoreJobStore
-    from tpujobs.adapters.pubsub import Publisher
-    from tpujobs.adapters.storage import build_client as storage_client
-
-    project = local_stack["GOOGLE_CLOUD_PROJECT"]
-    return {
-        "project": project,
-        "bucket": local_stack["TPUJOBS_LOGS_BUCKET"],
-        "simulator": local_stack["TPUJOBS_TPU_ENDPOINT"],
-        "zone": local_stack["TPUJOBS_DEFAULT_ZONE"],
-        "publisher": Publisher.build(project),
-        "store": FirestoreJobStore(firestore.Client(project=project)),
-        "storage": storage_client(project),
-    }
-
-
 def submit(env, **spec) -> str:
     job_id = f"{spec.pop('prefix', 'logs')}-{uuid.uuid4().hex[:6]}"
     payload = {
