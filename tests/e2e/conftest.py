@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -51,3 +52,26 @@ def env(local_stack):
         "storage": storage_client(project),
         "tpu": tpu_client(local_stack["TPUJOBS_TPU_ENDPOINT"]),
     }
+
+
+def submit(env: dict, prefix: str = "e2e", **spec: object) -> str:
+    """Publish a spot v4-16 job (two worker hosts) with `spec`'s fields; its new job id."""
+    from tpujobs.topology import SUBMIT
+
+    job_id = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    payload = {
+        "job_id": job_id,
+        "name": "e2e",
+        "owner": "ada@example.com",
+        "accelerator_type": "v4-16",
+        "capacity": "spot",
+        **spec,
+    }
+    env["publisher"].publish_json(SUBMIT, payload)
+    return job_id
+
+
+@pytest.fixture(scope="session")
+def submit_job(env):
+    """`submit_job(prefix=..., **spec)`: publish a job to the local stack, get its id."""
+    return lambda prefix="e2e", **spec: submit(env, prefix, **spec)

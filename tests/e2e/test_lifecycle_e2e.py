@@ -6,32 +6,16 @@ from __future__ import annotations
 import json
 import os
 import urllib.request
-import uuid
 from pathlib import Path
 
 import pytest
 
 from tpujobs.domain.states import JobState
 from tpujobs.testing import wait_for
-from tpujobs.topology import SUBMIT
 
 pytestmark = pytest.mark.e2e
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train"
-
-
-def submit(env, **spec) -> str:
-    job_id = f"{spec.pop('prefix', 'e2e')}-{uuid.uuid4().hex[:6]}"
-    payload = {
-        "job_id": job_id,
-        "name": "e2e",
-        "owner": "ada@example.com",
-        "accelerator_type": "v4-16",
-        "capacity": "spot",
-        **spec,
-    }
-    env["publisher"].publish_json(SUBMIT, payload)
-    return job_id
 
 
 def control(env, path: str) -> dict:
@@ -70,13 +54,12 @@ def running_attempt(env, job_id: str, attempt: int):
     return wait_for(probe)
 
 
-def test_a_job_preempted_twice_finishes_at_attempt_3_from_its_checkpoints(env):
+def test_a_job_preempted_twice_finishes_at_attempt_3_from_its_checkpoints(env, submit_job):
     """Two preemptions: attempts 2 and 3 resume from the last checkpoint and the job SUCCEEDS."""
     from tpujobs.adapters.storage import upload_code_dir
 
     code_uri = upload_code_dir(env["storage"], env["bucket"], EXAMPLE)
-    job_id = submit(
-        env,
+    job_id = submit_job(
         prefix="twice",
         code_uri=code_uri,
         command="python3 train.py --steps 40 --step-seconds 0.1 --checkpoint-every 5",
@@ -108,10 +91,9 @@ def test_a_job_preempted_twice_finishes_at_attempt_3_from_its_checkpoints(env):
     assert len(recoveries) == 2 and all("Preempted" in e.reason for e in recoveries)
 
 
-def test_a_command_exiting_3_with_on_error_fail_ends_failed_and_keeps_its_output(env):
+def test_a_command_exiting_3_with_on_error_fail_ends_failed_and_keeps_its_output(env, submit_job):
     """Exit code 3 and on_error=fail: FAILED with exit_code 3; both output streams are kept in Storage."""
-    job_id = submit(
-        env,
+    job_id = submit_job(
         prefix="exit3",
         accelerator_type="v4-8",
         command="echo to-stdout; echo to-stderr >&2; exit 3",
@@ -129,14 +111,14 @@ def test_a_command_exiting_3_with_on_error_fail_ends_failed_and_keeps_its_output
     assert "to-stdout" in text and "to-stderr" in text
 
 
-def test_a_cancelled_job_leaves_no_queued_resource_and_no_worker_process(env):
+def test_a_cancelled_job_leaves_no_queued_resource_and_no_worker_process(env, submit_job):
     """`tpujobs cancel`: CANCELLED, the queued resource deleted, every worker process gone."""
     from google.api_core import exceptions
     from typer.testing import CliRunner
 
     from tpujobs.cli import app
 
-    job_id = submit(env, prefix="cancel", command="sleep 600")
+    job_id = submit_job(prefix="cancel", command="sleep 600")
     job = running_attempt(env, job_id, 1)
     pids = wait_for(lambda: [w["pid"] for w in workers_of(env, job.queued_resource) if w["alive"]])
     assert len(pids) == 2

@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import urllib.request
-import uuid
 from pathlib import Path
 
 import pytest
@@ -17,25 +16,10 @@ import pytest
 from tpujobs.domain.states import JobState
 from tpujobs.logs_export import cut_off_line
 from tpujobs.testing import wait_for
-from tpujobs.topology import SUBMIT
 
 pytestmark = pytest.mark.e2e
 
 TPUJOBS = Path(sys.executable).with_name("tpujobs")
-
-
-def submit(env, **spec) -> str:
-    job_id = f"{spec.pop('prefix', 'logs')}-{uuid.uuid4().hex[:6]}"
-    payload = {
-        "job_id": job_id,
-        "name": "e2e",
-        "owner": "ada@example.com",
-        "accelerator_type": "v4-16",
-        "capacity": "spot",
-        **spec,
-    }
-    env["publisher"].publish_json(SUBMIT, payload)
-    return job_id
 
 
 def read(env, name: str) -> str:
@@ -78,11 +62,10 @@ def cli(*args: str):
     return result.output
 
 
-def test_a_two_worker_jobs_output_is_exported_per_worker_and_shown_by_tpujobs_logs(env):
+def test_a_two_worker_jobs_output_is_exported_per_worker_and_shown_by_tpujobs_logs(env, submit_job):
     """v4-16, exit 0: worker-0.log, worker-1.log and attempt.log exported; `tpujobs logs` prints
     them, and `--follow` started before the job ran printed the same lines, then exited 0."""
-    job_id = submit(
-        env,
+    job_id = submit_job(
         prefix="two",
         command='for i in 1 2 3 4; do echo "worker $TPUJOBS_WORKER_ID line $i"; sleep 1; done',
     )
@@ -118,11 +101,10 @@ def test_a_two_worker_jobs_output_is_exported_per_worker_and_shown_by_tpujobs_lo
     assert sorted(lines) == sorted(combined.splitlines()), followed.decode()
 
 
-def test_a_preempted_job_keeps_attempt_1s_logs_beside_attempt_2s(env):
+def test_a_preempted_job_keeps_attempt_1s_logs_beside_attempt_2s(env, submit_job):
     """Preempted once: attempt 1's log is exported with the cut-off line, attempt 2's without;
     the job's log_uri names attempt 2's, and `tpujobs logs --attempt 1` still prints attempt 1's."""
-    job_id = submit(
-        env,
+    job_id = submit_job(
         prefix="again",
         accelerator_type="v4-8",
         command='echo "attempt $TPUJOBS_ATTEMPT says hi"; if [ "$TPUJOBS_ATTEMPT" = 1 ]; then sleep 600; fi',

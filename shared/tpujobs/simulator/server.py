@@ -52,6 +52,7 @@ from tpujobs.simulator.model import (
     NodeRecord,
     NodeState,
     OperationRecord,
+    Page,
     QrState,
     QueuedResourceRecord,
     QueuedResourceRequest,
@@ -224,6 +225,14 @@ def operation_json(op: OperationRecord) -> Json:
         out["response"] = {"@type": QUEUED_RESOURCE_TYPE, **queued_resource_json(op.result)}
     else:
         out["response"] = {"@type": EMPTY_TYPE}
+    return out
+
+
+def _page_json(key: str, page: Page[Any], render: Callable[[Any], Json]) -> Json:
+    """One page of a list answer, as the API shapes it: the items, and a token if more follow."""
+    out: Json = {key: [render(item) for item in page.items]}
+    if page.next_page_token:
+        out["nextPageToken"] = page.next_page_token
     return out
 
 
@@ -499,15 +508,9 @@ class SimulatorApi:
         self, params: dict[str, str], query: Query, body: bytes
     ) -> tuple[int, Json]:
         page = self.simulator.list_queued_resources(
-            params["project"],
-            params["zone"],
-            _query_int(query, "pageSize"),
-            _query_str(query, "pageToken"),
+            params["project"], params["zone"], _query_int(query, "pageSize"), _query_str(query, "pageToken")
         )
-        out: Json = {"queuedResources": [queued_resource_json(qr) for qr in page.items]}
-        if page.next_page_token:
-            out["nextPageToken"] = page.next_page_token
-        return 200, out
+        return 200, _page_json("queuedResources", page, queued_resource_json)
 
     def _get_queued_resource(
         self, params: dict[str, str], query: Query, body: bytes
@@ -526,15 +529,9 @@ class SimulatorApi:
 
     def _list_nodes(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         page = self.simulator.list_nodes(
-            params["project"],
-            params["zone"],
-            _query_int(query, "pageSize"),
-            _query_str(query, "pageToken"),
+            params["project"], params["zone"], _query_int(query, "pageSize"), _query_str(query, "pageToken")
         )
-        out: Json = {"nodes": [node_json(node) for node in page.items]}
-        if page.next_page_token:
-            out["nextPageToken"] = page.next_page_token
-        return 200, out
+        return 200, _page_json("nodes", page, node_json)
 
     def _get_node(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         return 200, node_json(
@@ -545,15 +542,9 @@ class SimulatorApi:
         self, params: dict[str, str], query: Query, body: bytes
     ) -> tuple[int, Json]:
         page = self.simulator.list_operations(
-            params["project"],
-            params["zone"],
-            _query_int(query, "pageSize"),
-            _query_str(query, "pageToken"),
+            params["project"], params["zone"], _query_int(query, "pageSize"), _query_str(query, "pageToken")
         )
-        out: Json = {"operations": [operation_json(op) for op in page.items]}
-        if page.next_page_token:
-            out["nextPageToken"] = page.next_page_token
-        return 200, out
+        return 200, _page_json("operations", page, operation_json)
 
     def _get_operation(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         return 200, operation_json(
