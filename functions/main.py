@@ -8,13 +8,15 @@ redelivered. Bad input is recorded and acknowledged, never retried.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 
+import flask
 import functions_framework
 from cloudevents.http.event import CloudEvent
 
-from tpujobs import logs, runtime
+from tpujobs import api, logs, runtime
 from tpujobs.inbound import InboundMessage, from_cloud_event
 
 logs.configure()
@@ -79,3 +81,14 @@ def record_dead_letter(event: CloudEvent) -> None:
 def export_logs(event: CloudEvent) -> None:
     """tpujobs-log-export: an ended attempt's output chunks become worker-K.log and attempt.log."""
     _handle(event, runtime.log_exporter().handle)
+
+
+@functions_framework.http
+def jobs(request: flask.Request) -> tuple[str, int, dict[str, str]]:
+    """HTTP POST {"action": "list" | "describe" | "cancel", ...}: see tpujobs.api."""
+    project = os.environ.get("GOOGLE_CLOUD_PROJECT", "")
+    with logs.handling(trace=logs.trace_from_traceparent(request.headers.get("traceparent"), project)):
+        answer = api.default_api().handle(
+            request.method, request.url, request.headers, request.get_data(cache=False)
+        )
+    return json.dumps(answer.body), answer.status, {"Content-Type": "application/json", **answer.headers}

@@ -21,6 +21,8 @@ class Settings:
     logs_bucket: str = ""
     local_stack: bool = False  # True only in the local stack: trust X-Tpujobs-Caller
     admins: tuple[str, ...] = ()  # who may cancel anyone's job
+    # ID-token audiences the `jobs` HTTP function accepts; empty: its own URL, from the request.
+    api_audiences: tuple[str, ...] = ()
     stuck_after_seconds: float = 30.0  # the reconciler finishes QUEUED/RECOVERING work older than this
     heartbeat_seconds: float = 10.0  # how often every worker's agent reports that it is alive
     # A worker silent this long is lost: several missed heartbeats, never just one.
@@ -38,6 +40,9 @@ class Settings:
             logs_bucket=env.get("TPUJOBS_LOGS_BUCKET") or f"{project}-tpujobs-logs",
             local_stack=env.get("TPUJOBS_LOCAL_STACK", "") == "1",
             admins=tuple(a.strip() for a in env.get("TPUJOBS_ADMINS", "").split(",") if a.strip()),
+            api_audiences=tuple(
+                a.strip() for a in env.get("TPUJOBS_API_AUDIENCE", "").split(",") if a.strip()
+            ),
             stuck_after_seconds=float(env.get("TPUJOBS_STUCK_AFTER_SECONDS") or 30.0),
             heartbeat_seconds=float(env.get("TPUJOBS_HEARTBEAT_SECONDS") or 10.0),
             heartbeat_timeout_seconds=float(env.get("TPUJOBS_HEARTBEAT_TIMEOUT_SECONDS") or 60.0),

@@ -18,6 +18,7 @@ from typing import Literal
 from tpujobs import logs
 from tpujobs.agent.startup import render_startup_script
 from tpujobs.config import Settings
+from tpujobs.domain.access import may_cancel
 from tpujobs.domain.job import Job, JobEvent, Source, new_job, worker_key
 from tpujobs.domain.naming import parse_queued_resource_name
 from tpujobs.domain.retry import BACKOFF_CAP_SECONDS
@@ -254,7 +255,7 @@ class JobService:
         if job is None:
             self.reject(message, f"job_id {request.job_id!r}: no such job")
             return None
-        if request.owner != job.owner and request.owner not in self.settings.admins:
+        if not may_cancel(job.owner, request.owner, self.settings.admins):
             self.reject(message, f"owner {request.owner!r} may not cancel a job of {job.owner!r}")
             return None
         return self.cancel(request.job_id, f"Cancelled by {request.owner}.")

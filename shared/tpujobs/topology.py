@@ -50,6 +50,7 @@ FUNCTIONS: tuple[FunctionRoute, ...] = (
     FunctionRoute("reconcile", "cloudevent", RECONCILE),
     FunctionRoute("record_dead_letter", "cloudevent", DEAD_LETTER),
     FunctionRoute("export_logs", "cloudevent", LOG_EXPORT),
+    FunctionRoute("jobs", "http", None),  # list, describe, cancel (tpujobs.api)
 )
 
 

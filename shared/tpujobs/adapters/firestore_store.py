@@ -200,6 +200,21 @@ class FirestoreJobStore:
             docs = self._job_ref(job_id).collection(EVENTS).order_by("seq").stream()
             return [event_from_document(doc.to_dict()) for doc in docs]
 
+    def event_documents(self, job_id: str) -> list[dict[str, Any]]:
+        """The job's timeline as stored, in order: what the HTTP API's `describe` returns."""
+        with _transient_on_failure("read events"):
+            docs = self._job_ref(job_id).collection(EVENTS).order_by("seq").stream()
+            return [{"id": doc.id, **doc.to_dict()} for doc in docs]
+
+    def attempt_documents(self, job_id: str) -> list[dict[str, Any]]:
+        """`jobs/{id}/attempts/{N}` as stored, by attempt (none before an attempt's logs are exported)."""
+        with _transient_on_failure("read attempts"):
+            docs = list(self._job_ref(job_id).collection(ATTEMPTS).stream())
+        return sorted(
+            ({"id": doc.id, **doc.to_dict()} for doc in docs),
+            key=lambda d: int(d["id"]) if d["id"].isdigit() else 0,
+        )
+
     def list(self, state: str | None = None, owner: str | None = None, limit: int = 100) -> list[Job]:
         query: Any = self._db.collection(JOBS)
         if state:

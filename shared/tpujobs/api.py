@@ -1,0 +1,290 @@
+"""The `jobs` HTTP function: list, describe and cancel jobs over plain HTTP POST.
+
+For `gcloud functions call jobs --data '{"action": "list"}'`, curl, and `tpujobs cancel`.
+Thin on purpose: request -> caller identity -> action -> JSON answer with a status code.
+
+The caller's identity never comes from the body. In production it is the `email` of a
+Google ID token (`Authorization: Bearer ...`) that verifies against Google's keys and one
+of the accepted audiences, with `email_verified`. In the local stack only, it is the
+header `X-Tpujobs-Caller`, since there is no Google to sign tokens. The rule of who may
+cancel is the domain's (`domain.access.may_cancel`), the same as on `tpujobs-control`.
+
+Status codes: 200 done; 400 a body that is not a JSON object with a known `action` and
+valid fields; 401 no identity or one that does not verify; 403 not the owner nor an
+admin; 404 no such job; 405 not POST; 409 cancelling a job that already SUCCEEDED or
+FAILED (cancelling a CANCELLED job again is a 200 that changes nothing, so retries are
+safe); 503 Firestore or Google's certificates unreachable for now: try again.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from tpujobs.config import Settings
+from tpujobs.domain.access import may_cancel
+from tpujobs.domain.spec import ID_PATTERN
+from tpujobs.domain.states import JobState
+from tpujobs.errors import TransientError
+
+if TYPE_CHECKING:
+    from tpujobs.service import JobService
+
+log = logging.getLogger(__name__)
+
+CALLER_HEADER = "X-Tpujobs-Caller"
+DEFAULT_LIMIT = 100
+MAX_LIMIT = 1000
+MAX_BODY_BYTES = 64 * 1024
+ACTIONS = ("list", "describe", "cancel")
+
+
+class InvalidToken(Exception):
+    """An ID token that does not verify; its message is safe to show (it never holds the token)."""
+
+
+TokenVerifier = Callable[[str, Sequence[str]], Mapping[str, Any]]
+"""(token, accepted audiences) -> the token's claims; raises InvalidToken or TransientError."""
+
+
+def verify_google_id_token(token: str, audiences: Sequence[str]) -> Mapping[str, Any]:
+    """Verify a Google-signed ID token (signature, expiry, issuer, audience) with google-auth."""
+    from google.auth import exceptions
+    from google.auth.transport.requests import Request
+    from google.oauth2 import id_token
+
+    try:
+        return id_token.verify_oauth2_token(token, Request(), audience=list(audiences))
+    except exceptions.TransportError as error:
+        raise TransientError(f"could not fetch Google's token certificates: {error}") from None
+    except (ValueError, exceptions.GoogleAuthError) as error:
+        raise InvalidToken(_without(str(error), token)) from None
+
+
+@dataclass(frozen=True)
+class Response:
+    """What the function answers: a status code and a JSON object."""
+
+    status: int
+    body: dict[str, Any]
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+class ApiError(Exception):
+    """A request refused with `status` and a sentence saying why."""
+
+    def __init__(self, status: int, message: str, headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = dict(headers or {})
+
+
+class JobsApi:
+    """The actions of the `jobs` function, on the job service's store and its cancel."""
+
+    def __init__(
+        self,
+        service: JobService,
+        settings: Settings,
+        verify_token: TokenVerifier = verify_google_id_token,
+    ) -> None:
+        self.service = service
+        self.store: Any = service.store  # FirestoreJobStore: its document reads are not a port
+        self.settings = settings
+        self.verify_token = verify_token
+
+    def handle(self, method: str, url: str, headers: Mapping[str, str], body: bytes) -> Response:
+        """Answer one HTTP request; every refusal is a JSON `{"error": sentence}`."""
+        try:
+            if method.upper() != "POST":
+                raise ApiError(405, f"Use POST with a JSON body, not {method}.", {"Allow": "POST"})
+            caller = self.caller(headers, url)
+            request = parse_body(body)
+            action = request.pop("action")
+            log.info("%s asks to %s %s", caller, action, request.get("job_id", ""))
+            if action == "list":
+                return self.list_jobs(request)
+            if action == "describe":
+                return self.describe(request)
+            return self.cancel(caller, request)
+        except ApiError as error:
+            return Response(error.status, {"error": error.message}, error.headers)
+        except TransientError as error:
+            log.warning("jobs API unavailable for now: %s", error)
+            return Response(503, {"error": f"Temporarily unavailable, try again: {error}"})
+
+    # -- identity ---------------------------------------------------------------------
+
+    def caller(self, headers: Mapping[str, str], url: str) -> str:
+        """Who is asking: the verified token's email, or (local stack only) the caller header."""
+        if self.settings.local_stack:
+            caller = _header(headers, CALLER_HEADER).strip()
+            if not caller:
+                raise ApiError(401, f"No caller: in the local stack, name yourself in the {CALLER_HEADER} header.")
+            return caller
+        scheme, _, token = _header(headers, "Authorization").strip().partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise ApiError(401, "No identity: send a Google ID token as 'Authorization: Bearer TOKEN'.")
+        audiences = self.settings.api_audiences or own_urls(url)
+        if not audiences:
+            raise ApiError(401, "No audience to check the ID token against: set TPUJOBS_API_AUDIENCE.")
+        try:
+            claims = self.verify_token(token, audiences)
+        except InvalidToken as error:
+            log.warning("refused an ID token: %s", error)
+            raise ApiError(401, f"The ID token does not verify: {error}") from None
+        email = claims.get("email")
+        if not isinstance(email, str) or not email or claims.get("email_verified") not in (True, "true"):
+            raise ApiError(401, "The ID token carries no verified email: mint it for a user or service account.")
+        return email
+
+    # -- actions ----------------------------------------------------------------------
+
+    def list_jobs(self, request: dict[str, Any]) -> Response:
+        """Jobs newest first, optionally of one state and one owner; at most `limit`."""
+        _only(request, "list", {"state", "owner", "limit"})
+        state = request.get("state")
+        if state is not None:
+            names = [s.value for s in JobState]
+            if not isinstance(state, str) or state.upper() not in names:
+                raise ApiError(400, f"'state' must be one of {', '.join(names)}.")
+            state = state.upper()
+        owner = request.get("owner")
+        if owner is not None and (not isinstance(owner, str) or not owner):
+            raise ApiError(400, "'owner' must be a non-empty string.")
+        limit = request.get("limit", DEFAULT_LIMIT)
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+            raise ApiError(400, f"'limit' must be a whole number from 1 to {MAX_LIMIT}.")
+        from tpujobs.adapters.firestore_store import job_to_document
+
+        jobs = self.store.list(state=state, owner=owner, limit=limit)
+        return Response(200, {"jobs": [to_json(job_to_document(job)) for job in jobs]})
+
+    def describe(self, request: dict[str, Any]) -> Response:
+        """The job's document, its timeline, and its attempts' exported logs."""
+        _only(request, "describe", {"job_id"})
+        job = self._job(request)
+        from tpujobs.adapters.firestore_store import job_to_document
+
+        return Response(
+            200,
+            {
+                "job": to_json(job_to_document(job)),
+                "events": [to_json(e) for e in self.store.event_documents(job.job_id)],
+                "attempts": [to_json(a) for a in self.store.attempt_documents(job.job_id)],
+            },
+        )
+
+    def cancel(self, caller: str, request: dict[str, Any]) -> Response:
+        """Cancel now, if the caller owns the job or is an admin; the job's state after."""
+        if "owner" in request or "caller" in request:
+            raise ApiError(
+                400,
+                "The caller is never taken from the body: remove 'owner'; the ID token "
+                f"(locally the {CALLER_HEADER} header) says who asks.",
+            )
+        _only(request, "cancel", {"job_id"})
+        job = self._job(request)
+        if not may_cancel(job.owner, caller, self.settings.admins):
+            raise ApiError(403, f"{caller} may not cancel {job.job_id}: only its owner or an admin may.")
+        if job.state.is_terminal:
+            return self._already_ended(job.job_id, job.state)
+        self.service.cancel(job.job_id, f"Cancelled by {caller}.")
+        after = self.store.get(job.job_id)
+        state = after.state if after is not None else JobState.CANCELLED
+        if state is not JobState.CANCELLED:  # it ended otherwise in the meantime
+            return self._already_ended(job.job_id, state)
+        return Response(200, {"job_id": job.job_id, "state": state.value, "previous_state": job.state.value})
+
+    def _already_ended(self, job_id: str, state: JobState) -> Response:
+        if state is JobState.CANCELLED:
+            return Response(200, {"job_id": job_id, "state": state.value, "previous_state": state.value})
+        raise ApiError(409, f"{job_id} already ended {state.value}: there is nothing to cancel.")
+
+    def _job(self, request: dict[str, Any]) -> Any:
+        job_id = request.get("job_id")
+        if not isinstance(job_id, str) or not job_id:
+            raise ApiError(400, "'job_id' is required: the job's id as a string.")
+        job = self.store.get(job_id) if re.match(ID_PATTERN, job_id) else None  # no such id exists
+        if job is None:
+            raise ApiError(404, f"No job {job_id!r}.")
+        return job
+
+
+def parse_body(body: bytes) -> dict[str, Any]:
+    """The request as a JSON object with a known `action`; ApiError(400) saying what is wrong."""
+    if len(body) > MAX_BODY_BYTES:
+        raise ApiError(400, f"The body is over {MAX_BODY_BYTES // 1024} KiB.")
+    try:
+        request = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise ApiError(400, 'The body is not JSON: send an object such as {"action": "list"}.') from None
+    if not isinstance(request, dict):
+        raise ApiError(400, 'The body must be a JSON object such as {"action": "list"}.')
+    action = request.get("action")
+    if action not in ACTIONS:
+        raise ApiError(400, f"'action' must be one of {', '.join(ACTIONS)}, not {action!r}.")
+    return request
+
+
+def own_urls(url: str) -> list[str]:
+    """The audiences a token for this function carries by default: its URL, from the request.
+
+    Behind Cloud Functions the request arrives over plain HTTP, so the scheme is taken as https.
+    """
+    parts = urlsplit(url)
+    if not parts.netloc:
+        return []
+    origin = f"https://{parts.netloc}"
+    path = parts.path.rstrip("/")
+    return list(dict.fromkeys([origin, f"{origin}/", *([f"{origin}{path}"] if path else [])]))
+
+
+def to_json(value: Any) -> Any:
+    """A Firestore document as JSON: timestamps as RFC 3339 in UTC, maps and lists as they are."""
+    if isinstance(value, datetime):
+        return value.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+    if isinstance(value, Mapping):
+        return {str(k): to_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_json(v) for v in value]
+    return value
+
+
+@functools.cache
+def default_api() -> JobsApi:
+    """The API of this function instance, on the runtime's job service (built on first use)."""
+    from tpujobs import runtime
+
+    service = runtime.job_service()
+    return JobsApi(service, service.settings)
+
+
+def _only(request: Mapping[str, Any], action: str, allowed: set[str]) -> None:
+    unknown = sorted(set(request) - allowed)
+    if unknown:
+        fields = ", ".join(sorted(allowed)) or "nothing"
+        raise ApiError(400, f"Unknown field {unknown[0]!r} for {action}: it takes {fields}.")
+
+
+def _header(headers: Mapping[str, str], name: str) -> str:
+    """A header's value, whatever its case (Flask's headers are case-insensitive, dicts are not)."""
+    wanted = name.lower()
+    return next((str(v) for k, v in headers.items() if k.lower() == wanted), "")
+
+
+def _without(text: str, token: str) -> str:
+    """`text` with every sizeable piece of the token cut out: errors may quote what they parsed."""
+    for piece in sorted({token, *token.split(".")}, key=len, reverse=True):
+        if len(piece) >= 8:
+            text = text.replace(piece, "<token>")
+    return text
