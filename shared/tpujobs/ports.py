@@ -100,6 +100,9 @@ class JobStore(Protocol):
     def apply(self, job_id: str, seen: Observation, clock: Clock) -> Decision | Ignored:
         """Decide and commit in one transaction: compare-and-set on the job, plus its event."""
 
+    def record_checkpoint(self, job_id: str, attempt: int, at: datetime) -> bool:
+        """Note a newer checkpoint of an attempt for its accounting; False when not newer."""
+
     def events(self, job_id: str) -> list[JobEvent]: ...
 
     def list(self, state: str | None = None, owner: str | None = None, limit: int = 100) -> list[Job]: ...

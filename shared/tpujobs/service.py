@@ -192,6 +192,8 @@ class JobService:
             kind = EventKind.WORKER_SUCCEEDED if code == 0 else EventKind.COMMAND_FAILED
             seen = Observation(kind, report.attempt, "agent", exit_code=code, worker=worker)
             outcome = self.observe(report.job_id, seen)
+        elif report.kind == "checkpoint":
+            self.store.record_checkpoint(report.job_id, report.attempt, at)
         # The worker's record comes after the job's commit: had it come first, a crash in
         # between would leave a worker marked done whose exit the job never counted.
         self.store.record_worker(

@@ -12,6 +12,7 @@ the spec is a map, and the fields people filter on are top-level.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 import time
@@ -23,6 +24,7 @@ from typing import Any
 from google.api_core import exceptions as api_exceptions
 from google.cloud import firestore
 
+from tpujobs.domain.accounting import AttemptUsage, checkpoint_reported
 from tpujobs.domain.job import Job, JobEvent
 from tpujobs.domain.spec import JobSpec
 from tpujobs.domain.states import ACTIVE, JobState
@@ -76,8 +78,39 @@ def job_to_document(job: Job) -> dict[str, Any]:
         "exit_code": job.exit_code,
         "log_uri": job.log_uri,
         "event_seq": job.event_seq,
+        **_accounting_fields(job),
+        "usage": [_usage_to_map(u, job) for u in job.usage],
         "spec": spec.to_document(),
     }
+
+
+def _accounting_fields(job: Job) -> dict[str, Any]:
+    """The job's totals as of its last change (domain/accounting.py says how each is computed)."""
+    totals = job.accounting()
+    return {
+        "chip_hours": round(totals.chip_hours, 6),
+        "useful_chip_hours": round(totals.useful_chip_hours, 6),
+        "lost_chip_hours": round(totals.lost_chip_hours, 6),
+        "lost_seconds": round(totals.lost_seconds, 3),
+        "queue_wait_seconds": round(totals.queue_wait_seconds, 3),
+        "goodput": None if totals.goodput is None else round(totals.goodput, 6),
+    }
+
+
+def _usage_to_map(usage: AttemptUsage, job: Job) -> dict[str, Any]:
+    """One attempt's timestamps, with its numbers beside them for the console reader."""
+    now = job.updated_at or usage.waiting_since
+    return {
+        **dataclasses.asdict(usage),
+        "chip_hours": round(usage.chip_hours(now), 6),
+        "queue_wait_seconds": round(usage.queue_wait_seconds(now), 3),
+        "lost_seconds": round(usage.lost_seconds(), 3),
+    }
+
+
+def _usage_from_map(data: dict[str, Any]) -> AttemptUsage:
+    names = {f.name for f in dataclasses.fields(AttemptUsage)}
+    return AttemptUsage(**{k: v for k, v in data.items() if k in names})
 
 
 def job_from_document(data: dict[str, Any]) -> Job:
@@ -103,6 +136,7 @@ def job_from_document(data: dict[str, Any]) -> Job:
         exit_code=data.get("exit_code"),
         log_uri=data.get("log_uri"),
         event_seq=data.get("event_seq", 0),
+        usage=tuple(_usage_from_map(u) for u in data.get("usage") or ()),
     )
 
 
@@ -194,6 +228,35 @@ class FirestoreJobStore:
             except (api_exceptions.FailedPrecondition, api_exceptions.AlreadyExists):
                 time.sleep(random.uniform(0, 0.01 * (attempt + 1)))  # someone else moved it first
         raise TransientError(f"job {job_id} changed under {CAS_ATTEMPTS} attempts to update it")
+
+    def record_checkpoint(self, job_id: str, attempt: int, at: datetime) -> bool:
+        """Note a checkpoint of `attempt` on the job's usage, if newer; no timeline entry.
+
+        The same compare-and-set as `apply`. A checkpoint of an attempt that already ended
+        still counts (a job saving on SIGTERM reports after the preemption notice), and of
+        the many workers reporting one checkpoint only the first write changes anything.
+        """
+        ref = self._job_ref(job_id)
+        for attempt_no in range(CAS_ATTEMPTS):
+            with _transient_on_failure("read job"):
+                snapshot = ref.get()
+            if not snapshot.exists:
+                return False
+            job = job_from_document(snapshot.to_dict())
+            usage = checkpoint_reported(job.usage, attempt, at)
+            if usage is None:
+                return False
+            noted = job.evolve(usage=usage)
+            try:
+                with _transient_on_failure("note checkpoint"):
+                    ref.update(
+                        {**_accounting_fields(noted), "usage": [_usage_to_map(u, noted) for u in usage]},
+                        option=self._db.write_option(last_update_time=snapshot.update_time),
+                    )
+                return True
+            except api_exceptions.FailedPrecondition:
+                time.sleep(random.uniform(0, 0.01 * (attempt_no + 1)))
+        raise TransientError(f"job {job_id} changed under {CAS_ATTEMPTS} attempts to note a checkpoint")
 
     def events(self, job_id: str) -> list[JobEvent]:
         with _transient_on_failure("read events"):

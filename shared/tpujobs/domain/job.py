@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
 
+from tpujobs.domain.accounting import Accounting, AttemptUsage, account, first_attempt
 from tpujobs.domain.naming import queued_resource_name
 from tpujobs.domain.spec import JobSpec
 from tpujobs.domain.states import JobState
@@ -60,6 +61,13 @@ class Job:
     exit_code: int | None = None
     log_uri: str | None = None
     event_seq: int = 0  # events written so far; the next event gets event_seq + 1
+    usage: tuple[AttemptUsage, ...] = ()  # every attempt's timestamps, for its chip-hours
+
+    def accounting(self, now: datetime | None = None) -> Accounting:
+        """Chip-hours, queue wait, lost time and goodput, as of `now` (default: the last change)."""
+        until = now or self.updated_at or self.created_at
+        assert until is not None, "a stored job has timestamps"
+        return account(self.usage, until)
 
     def evolve(self, **changes: Any) -> Job:
         return replace(self, **changes)
@@ -105,6 +113,7 @@ def new_job(
         updated_at=now,
         log_uri=log_uri,
         event_seq=1,
+        usage=first_attempt(spec.chips, now),
     )
     event = JobEvent(1, now, None, JobState.QUEUED, reason, "submit", 1)
     return job, event

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from tpujobs.domain import accounting
 from tpujobs.domain.job import Job, JobEvent, Source
 from tpujobs.domain.retry import backoff_seconds, rule_on_loss
 from tpujobs.domain.states import EventKind, JobState, allowed_targets
@@ -137,7 +138,32 @@ def decide(job: Job, seen: Observation, now: datetime) -> Decision | Ignored:
         raise IllegalTransition(f"{job.state.value} -> {to_state.value} on {seen.kind.value}")
     if to_state.is_terminal:
         changes["ended_at"] = now
+    changes["usage"] = _usage_after(job, seen, to_state, changes, now)
     seq = job.event_seq + 1
     event = JobEvent(seq, now, job.state, to_state, reason, seen.source, job.attempt)
     new = job.evolve(state=to_state, state_reason=reason, updated_at=now, event_seq=seq, **changes)
     return Decision(new, event)
+
+
+_HOLDS_CAPACITY = frozenset({EventKind.WORKERS_STARTED, EventKind.WORKER_SUCCEEDED})
+
+
+def _usage_after(
+    job: Job, seen: Observation, to_state: JobState, changes: dict[str, object], now: datetime
+) -> tuple[accounting.AttemptUsage, ...]:
+    """The attempts' timestamps after this move: capacity held from, attempt ended at."""
+    chips = job.spec.chips
+    usage = job.usage or accounting.next_attempt((), job.attempt, chips, job.created_at or now)
+    active = seen.capacity_state == "ACTIVE" and seen.kind is not EventKind.NEXT_ATTEMPT_REQUESTED
+    if seen.kind in _HOLDS_CAPACITY or active:
+        usage = accounting.capacity_held(usage, job.attempt, now)
+    if to_state is JobState.RECOVERING or to_state.is_terminal:
+        lost = seen.kind is EventKind.CAPACITY_LOST
+        kept = bool(changes.get("resume_next", True))  # rerun from scratch throws the work away
+        usage = accounting.attempt_ended(usage, job.attempt, now, capacity_lost=lost, work_kept=kept)
+    if seen.kind is EventKind.NEXT_ATTEMPT_REQUESTED:
+        following = int(changes["attempt"])  # type: ignore[call-overload]
+        usage = accounting.next_attempt(usage, following, chips, now)
+        if seen.capacity_state == "ACTIVE":  # an adopted queued resource that was already up
+            usage = accounting.capacity_held(usage, following, now)
+    return usage

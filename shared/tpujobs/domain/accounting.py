@@ -1,0 +1,158 @@
+"""What a job's capacity cost and how much of it preemption threw away.
+
+Pure arithmetic on timestamps that the transitions record; the README's "Accounting"
+section says the same in prose. Per attempt (one queued resource):
+
+    waiting_since       when the attempt began to wait for capacity: the submission for
+                        attempt 1, the end of the previous attempt for the others
+    held_from           the first sign its capacity was active: the queued resource seen
+                        ACTIVE, or a worker starting the command
+    ended_at            when the attempt ended (success, failure, loss, cancel); the
+                        capacity is released at that moment
+    last_checkpoint_at  the latest checkpoint a worker of the attempt reported (the
+                        `TPUJOBS_CHECKPOINT step=N` line), even one reported after the end
+
+    chip_hours          chips x (ended_at - held_from), in hours; chips = chips per slice
+                        of the accelerator type x slices
+    queue_wait_seconds  held_from - waiting_since (to ended_at when capacity never came)
+    lost_seconds        only for an attempt whose capacity was lost (preemption, hardware,
+                        a host gone silent): ended_at - max(held_from, last_checkpoint_at)
+                        when the job resumes from its checkpoint, ended_at - held_from when
+                        it reruns from scratch; never below zero
+
+Per job: the sums over attempts, and goodput = (chip_hours - lost_chip_hours) / chip_hours,
+the share of the paid chip time whose work was kept (None while nothing was held). An
+attempt still running counts up to `now`, which the caller passes: the document's numbers
+are as of its last change, `tpujobs list` counts up to the moment it reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+SECONDS_PER_HOUR = 3600.0
+
+
+@dataclass(frozen=True)
+class AttemptUsage:
+    """The timestamps of one attempt that its cost is computed from."""
+
+    attempt: int
+    chips: int
+    waiting_since: datetime
+    held_from: datetime | None = None
+    ended_at: datetime | None = None
+    last_checkpoint_at: datetime | None = None
+    capacity_lost: bool = False  # it ended because its capacity went away
+    work_kept: bool = True  # the job goes on from the attempt's checkpoint, not from scratch
+
+    def held_seconds(self, now: datetime) -> float:
+        if self.held_from is None:
+            return 0.0
+        return max(0.0, ((self.ended_at or now) - self.held_from).total_seconds())
+
+    def chip_hours(self, now: datetime) -> float:
+        return self.chips * self.held_seconds(now) / SECONDS_PER_HOUR
+
+    def queue_wait_seconds(self, now: datetime) -> float:
+        waited_until = self.held_from or self.ended_at or now
+        return max(0.0, (waited_until - self.waiting_since).total_seconds())
+
+    def lost_seconds(self) -> float:
+        """Held time whose work is gone: since the last checkpoint when capacity was lost."""
+        if not self.capacity_lost or self.held_from is None or self.ended_at is None:
+            return 0.0
+        kept_until = self.held_from
+        if self.work_kept and self.last_checkpoint_at is not None:
+            kept_until = max(kept_until, self.last_checkpoint_at)
+        return max(0.0, (self.ended_at - kept_until).total_seconds())
+
+    def lost_chip_hours(self) -> float:
+        return self.chips * self.lost_seconds() / SECONDS_PER_HOUR
+
+
+@dataclass(frozen=True)
+class Accounting:
+    """A job's totals over all its attempts."""
+
+    chip_hours: float
+    lost_chip_hours: float
+    queue_wait_seconds: float
+    lost_seconds: float
+
+    @property
+    def useful_chip_hours(self) -> float:
+        return self.chip_hours - self.lost_chip_hours
+
+    @property
+    def goodput(self) -> float | None:
+        """Useful chip-hours over all chip-hours; None while no chip time was paid for."""
+        if self.chip_hours <= 0:
+            return None
+        return self.useful_chip_hours / self.chip_hours
+
+
+def account(usage: tuple[AttemptUsage, ...], now: datetime) -> Accounting:
+    """Sum every attempt's usage, counting an unfinished attempt up to `now`."""
+    return Accounting(
+        chip_hours=sum(u.chip_hours(now) for u in usage),
+        lost_chip_hours=sum(u.lost_chip_hours() for u in usage),
+        queue_wait_seconds=sum(u.queue_wait_seconds(now) for u in usage),
+        lost_seconds=sum(u.lost_seconds() for u in usage),
+    )
+
+
+# -- how transitions change the usage ------------------------------------------------
+
+
+def first_attempt(chips: int, submitted_at: datetime) -> tuple[AttemptUsage, ...]:
+    return (AttemptUsage(1, chips, submitted_at),)
+
+
+def capacity_held(usage: tuple[AttemptUsage, ...], attempt: int, now: datetime) -> tuple[AttemptUsage, ...]:
+    """The attempt's capacity is active: its chip time starts now, if it has not already."""
+    return _amend(usage, attempt, lambda u: u if u.held_from or u.ended_at else replace(u, held_from=now))
+
+
+def attempt_ended(
+    usage: tuple[AttemptUsage, ...],
+    attempt: int,
+    now: datetime,
+    capacity_lost: bool = False,
+    work_kept: bool = True,
+) -> tuple[AttemptUsage, ...]:
+    """The attempt is over: its chip time stops now. Ending twice keeps the first end."""
+    return _amend(
+        usage,
+        attempt,
+        lambda u: u if u.ended_at else replace(u, ended_at=now, capacity_lost=capacity_lost, work_kept=work_kept),
+    )
+
+
+def next_attempt(usage: tuple[AttemptUsage, ...], attempt: int, chips: int, now: datetime) -> tuple[AttemptUsage, ...]:
+    """A new attempt waits for capacity from the moment the previous one ended."""
+    if any(u.attempt == attempt for u in usage):
+        return usage
+    previous = usage[-1] if usage else None
+    since = (previous.ended_at if previous else None) or now
+    return (*usage, AttemptUsage(attempt, chips, since))
+
+
+def checkpoint_reported(
+    usage: tuple[AttemptUsage, ...], attempt: int, at: datetime
+) -> tuple[AttemptUsage, ...] | None:
+    """The usage with a newer checkpoint for `attempt`, or None when it changes nothing."""
+    for u in usage:
+        if u.attempt == attempt:
+            if u.last_checkpoint_at is not None and u.last_checkpoint_at >= at:
+                return None
+            return _amend(usage, attempt, lambda u: replace(u, last_checkpoint_at=at))
+    return None
+
+
+def _amend(
+    usage: tuple[AttemptUsage, ...], attempt: int, change: Callable[[AttemptUsage], AttemptUsage]
+) -> tuple[AttemptUsage, ...]:
+    return tuple(change(u) if u.attempt == attempt else u for u in usage)

@@ -1,0 +1,178 @@
+"""Chip-hours, queue wait, lost time and goodput, on jobs whose every time is known.
+
+Each job is moved by decide() itself, observation by observation at chosen minutes, so
+these tests cover both the arithmetic (domain/accounting.py) and where the transitions
+record its timestamps.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from tpujobs.domain.accounting import AttemptUsage, account, checkpoint_reported
+from tpujobs.domain.job import Job, new_job
+from tpujobs.domain.spec import parse_spec
+from tpujobs.domain.states import EventKind, JobState
+from tpujobs.domain.transitions import Decision, Observation, decide
+
+T0 = datetime(2026, 3, 1, 9, 0, tzinfo=timezone.utc)
+
+
+def at(minutes: float) -> datetime:
+    return T0 + timedelta(minutes=minutes)
+
+
+def a_job(on_preemption: str = "resume", accelerator: str = "v4-16", slices: int = 2) -> Job:
+    spec = parse_spec(
+        {
+            "job_id": "acct-1",
+            "name": "acct",
+            "owner": "ada",
+            "accelerator_type": accelerator,  # v4-16: 8 chips on 2 hosts per slice
+            "slices": slices,
+            "capacity": "spot",
+            "command": "python train.py",
+            "on_preemption": on_preemption,
+        }
+    )
+    job, _ = new_job(spec, "us-central2-b", at(0))
+    return job
+
+
+def move(job: Job, minute: float, kind: EventKind, **fields: object) -> Job:
+    outcome = decide(job, Observation(kind, fields.pop("attempt", job.attempt), "tpu", **fields), at(minute))
+    assert isinstance(outcome, Decision), outcome
+    return outcome.job
+
+
+def run_to_success(job: Job, minute: float) -> Job:
+    for slice_id in range(job.spec.slices):
+        for worker in range(job.spec.hosts_per_slice):
+            job = move(job, minute, EventKind.WORKER_SUCCEEDED, worker=f"{slice_id}-{worker}")
+    assert job.state is JobState.SUCCEEDED
+    return job
+
+
+def preempted_job(on_preemption: str = "resume", checkpoint_minute: float | None = 50) -> Job:
+    """16 chips; waits 20 min, holds 60 (checkpoint at 50, lost at 80), then 10 min and 60 more."""
+    job = a_job(on_preemption)
+    job = move(job, 10, EventKind.ADMITTED, capacity_state="WAITING_FOR_RESOURCES")
+    job = move(job, 20, EventKind.CAPACITY_CHANGED, capacity_state="ACTIVE")
+    job = move(job, 21, EventKind.WORKERS_STARTED, worker="0-0")
+    if checkpoint_minute is not None:
+        usage = checkpoint_reported(job.usage, 1, at(checkpoint_minute))
+        assert usage is not None
+        job = job.evolve(usage=usage)
+    job = move(job, 80, EventKind.CAPACITY_LOST)
+    assert job.state is JobState.RECOVERING
+    job = move(job, 80, EventKind.NEXT_ATTEMPT_REQUESTED, capacity_state="ACCEPTED")
+    job = move(job, 90, EventKind.WORKERS_STARTED, worker="0-0")
+    return run_to_success(job, 150)
+
+
+def test_a_job_that_never_lost_capacity_has_goodput_one() -> None:
+    job = a_job()
+    job = move(job, 5, EventKind.ADMITTED, capacity_state="ACCEPTED")
+    job = move(job, 15, EventKind.WORKERS_STARTED, worker="0-0")
+    job = run_to_success(job, 75)
+
+    totals = job.accounting()
+    assert job.spec.chips == 16
+    assert totals.chip_hours == pytest.approx(16 * 1.0)  # 16 chips for 60 minutes
+    assert totals.queue_wait_seconds == pytest.approx(15 * 60)
+    assert totals.lost_chip_hours == 0
+    assert totals.goodput == pytest.approx(1.0)
+
+
+def test_preempted_job_counts_both_attempts_and_the_work_after_the_last_checkpoint() -> None:
+    job = preempted_job()
+
+    first, second = job.usage
+    assert (first.held_from, first.ended_at, first.last_checkpoint_at) == (at(20), at(80), at(50))
+    assert first.capacity_lost and first.work_kept
+    assert first.chip_hours(at(150)) == pytest.approx(16.0)
+    assert first.lost_seconds() == pytest.approx(30 * 60)
+    assert second.waiting_since == at(80) and second.held_from == at(90)
+    assert second.chip_hours(at(150)) == pytest.approx(16.0)
+    assert second.lost_seconds() == 0
+
+    totals = job.accounting()
+    assert totals.chip_hours == pytest.approx(32.0)
+    assert totals.lost_chip_hours == pytest.approx(8.0)  # 16 chips x 30 minutes
+    assert totals.useful_chip_hours == pytest.approx(24.0)
+    assert totals.goodput == pytest.approx(0.75)
+    assert totals.queue_wait_seconds == pytest.approx((20 + 10) * 60)
+    assert totals.lost_seconds == pytest.approx(30 * 60)
+
+
+def test_rerun_from_scratch_loses_the_whole_attempt_checkpoint_or_not() -> None:
+    job = preempted_job(on_preemption="rerun")
+
+    assert not job.usage[0].work_kept
+    assert job.usage[0].lost_seconds() == pytest.approx(60 * 60)
+    assert job.accounting().goodput == pytest.approx(0.5)
+
+
+def test_without_any_checkpoint_everything_held_in_the_attempt_is_lost() -> None:
+    job = preempted_job(checkpoint_minute=None)
+
+    assert job.usage[0].lost_seconds() == pytest.approx(60 * 60)
+
+
+def test_a_checkpoint_saved_on_the_preemption_notice_keeps_all_the_work() -> None:
+    """A job that saves on SIGTERM reports after the attempt ended; it still counts."""
+    job = preempted_job(checkpoint_minute=50)
+    usage = checkpoint_reported(job.usage, 1, at(80.1))
+    assert usage is not None
+    job = job.evolve(usage=usage)
+
+    assert job.usage[0].lost_seconds() == 0
+    assert job.accounting().goodput == pytest.approx(1.0)
+
+
+def test_older_or_repeated_checkpoints_change_nothing() -> None:
+    usage = (AttemptUsage(1, 8, at(0), held_from=at(1), last_checkpoint_at=at(30)),)
+
+    assert checkpoint_reported(usage, 1, at(30)) is None  # every worker reports the same one
+    assert checkpoint_reported(usage, 1, at(20)) is None  # delivered out of order
+    assert checkpoint_reported(usage, 7, at(40)) is None  # no such attempt
+    newer = checkpoint_reported(usage, 1, at(40))
+    assert newer is not None and newer[0].last_checkpoint_at == at(40)
+
+
+def test_a_running_attempt_counts_up_to_now() -> None:
+    job = a_job()
+    job = move(job, 0, EventKind.ADMITTED, capacity_state="ACTIVE")  # adopted, already up
+
+    assert job.accounting(now=at(30)).chip_hours == pytest.approx(16 * 0.5)
+    assert job.accounting(now=at(90)).chip_hours == pytest.approx(16 * 1.5)
+    assert job.accounting().chip_hours == 0  # as of the last change: no time held yet
+
+
+def test_capacity_that_never_came_costs_nothing_and_counts_as_waiting() -> None:
+    job = a_job()
+    job = move(job, 2, EventKind.ADMITTED, capacity_state="WAITING_FOR_RESOURCES")
+    job = move(job, 40, EventKind.CANCEL_REQUESTED, attempt=None)
+
+    totals = job.accounting()
+    assert totals.chip_hours == 0
+    assert totals.goodput is None
+    assert totals.queue_wait_seconds == pytest.approx(40 * 60)
+
+
+def test_a_second_end_keeps_the_first() -> None:
+    """Cancelling a RECOVERING job ends nothing more: its attempt ended when it was lost."""
+    job = a_job()
+    job = move(job, 1, EventKind.ADMITTED, capacity_state="ACTIVE")
+    job = move(job, 31, EventKind.CAPACITY_LOST)
+    job = move(job, 45, EventKind.CANCEL_REQUESTED, attempt=None)
+
+    assert job.usage[0].ended_at == at(31)
+    assert job.accounting().chip_hours == pytest.approx(16 * 0.5)
+
+
+def test_account_of_no_attempts_is_zero() -> None:
+    totals = account((), at(0))
+    assert (totals.chip_hours, totals.lost_chip_hours, totals.goodput) == (0, 0, None)
