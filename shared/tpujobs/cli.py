@@ -128,17 +128,34 @@ def cancel(
     job_id: str,
     owner: Annotated[
         str | None,
-        typer.Option(help="Who asks: the job's owner or an admin. Default: $TPUJOBS_OWNER, else your login."),
+        typer.Option(
+            help="Who asks, locally: the job's owner or an admin. Default: $TPUJOBS_OWNER, else your "
+            "login. Deployed, your ID token says who you are and this is ignored."
+        ),
     ] = None,
-    wait: Annotated[bool, typer.Option(help="Wait until the job is CANCELLED.")] = True,
+    wait: Annotated[
+        bool, typer.Option(help="Without an API URL: wait until the job is CANCELLED.")
+    ] = True,
 ) -> None:
-    """Cancel a job: its queued resource is deleted and its workers stop."""
+    """Cancel a job: its queued resource is deleted and its workers stop.
+
+    With TPUJOBS_API_URL set (the local stack sets it), the `jobs` HTTP function cancels at
+    once and says why not (not signed in, not yours, no such job). Locally it is told who
+    you are by --owner; deployed, by a Google ID token for that URL (audience
+    $TPUJOBS_API_AUDIENCE if set): a service account's from google-auth (the metadata
+    server, or GOOGLE_APPLICATION_CREDENTIALS), else `gcloud auth print-identity-token`.
+    Without an API URL the request is published to tpujobs-control.
+    """
     import getpass
 
     from tpujobs.adapters.pubsub import Publisher
 
     settings = _settings()
     who = owner or os.environ.get("TPUJOBS_OWNER") or getpass.getuser()
+    api_url = os.environ.get("TPUJOBS_API_URL", "").strip()
+    if api_url:
+        _cancel_over_http(settings, api_url, job_id, who)
+        return
     Publisher.build(settings.project, settings.prefix).publish_json(
         CONTROL, {"action": "cancel", "job_id": job_id, "owner": who}
     )
@@ -151,22 +168,149 @@ def cancel(
             raise typer.Exit(1)
 
 
+_REFUSALS = {
+    401: "Not signed in",
+    403: "Not allowed",
+    404: "No such job",
+    409: "Not cancelled",
+}
+
+
+def _cancel_over_http(settings: Settings, url: str, job_id: str, who: str) -> None:
+    """POST a cancel to the `jobs` function; print its answer, exit 1 unless it cancelled."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    from tpujobs.api import CALLER_HEADER
+
+    headers = {"Content-Type": "application/json"}
+    if settings.local_stack:
+        headers[CALLER_HEADER] = who
+    else:
+        headers["Authorization"] = f"Bearer {_id_token(url)}"
+    data = json.dumps({"action": "cancel", "job_id": job_id}).encode()
+    request = urllib.request.Request(url, data=data, headers=headers, method="POST")
+    # The local stack is on loopback: never through a proxy.
+    opener = urllib.request.build_opener(
+        *([urllib.request.ProxyHandler({})] if settings.local_stack else [])
+    )
+    try:
+        with opener.open(request, timeout=60) as answer:
+            status, raw = answer.status, answer.read()
+    except urllib.error.HTTPError as error:
+        status, raw = error.code, error.read()
+    except OSError as error:
+        err.print(f"[red]Could not reach the jobs API at {url}:[/red] {error}")
+        raise typer.Exit(1) from None
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        body = {"error": raw.decode("utf-8", "replace")[:500]}
+    if status == 200:
+        before = body.get("previous_state")
+        if before == "CANCELLED":
+            out.print(f"[bold]{job_id}[/bold] was already CANCELLED.")
+        else:
+            out.print(f"Cancelled [bold]{job_id}[/bold] (it was {before}).")
+        return
+    reason = body.get("error") or f"HTTP {status}"
+    err.print(f"[red]{_REFUSALS.get(status, f'Failed (HTTP {status})')}:[/red] {reason}")
+    raise typer.Exit(1)
+
+
+def _id_token(url: str) -> str:
+    """A Google ID token for the jobs API: a service account's, else the gcloud user's."""
+    import subprocess
+
+    from google.auth import exceptions
+    from google.auth.transport.requests import Request
+    from google.oauth2 import id_token
+
+    audience = (os.environ.get("TPUJOBS_API_AUDIENCE", "").split(",")[0].strip()) or url
+    try:
+        return id_token.fetch_id_token(Request(), audience)
+    except exceptions.GoogleAuthError:
+        pass  # user credentials cannot mint a token for an audience: ask gcloud
+    try:
+        found = subprocess.run(
+            ["gcloud", "auth", "print-identity-token"], capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        found = None
+    token = found.stdout.strip() if found is not None and found.returncode == 0 else ""
+    if not token:
+        err.print(
+            "[red]No Google ID token:[/red] run `gcloud auth login`, or set "
+            "GOOGLE_APPLICATION_CREDENTIALS to a service account key."
+        )
+        raise typer.Exit(1)
+    return token
+
+
 @app.command("list")
 def list_jobs(
     state: Annotated[str | None, typer.Option(help="Only jobs in this state.")] = None,
     owner: Annotated[str | None, typer.Option(help="Only jobs of this owner.")] = None,
     limit: Annotated[int, typer.Option(help="At most this many jobs.")] = 50,
+    watch: Annotated[
+        bool, typer.Option("--watch", "-w", help="Keep the table on screen, refreshed, until Ctrl-C.")
+    ] = False,
+    interval: Annotated[float, typer.Option(min=0.2, help="Seconds between refreshes with --watch.")] = 2.0,
 ) -> None:
-    """List jobs, newest first."""
+    """List jobs, newest first: state, attempt, age, chip-hours and owner."""
     if state and state.upper() not in JobState.__members__:
         raise typer.BadParameter(f"--state must be one of {', '.join(JobState.__members__)}")
-    jobs = _store(_settings()).list(state=state.upper() if state else None, owner=owner, limit=limit)
-    table = Table("STATE", "ATTEMPT", "ACCELERATOR", "ZONE", "OWNER", "AGE")
+    store = _store(_settings())
+
+    def current() -> Any:
+        jobs = store.list(state=state.upper() if state else None, owner=owner, limit=limit)
+        return jobs_table(jobs, datetime.now(timezone.utc)) if jobs else "No jobs."
+
+    if not watch:
+        out.print(current())
+        return
+    watch_screen(current, interval)
+
+
+def watch_screen(render: Any, interval: float, refreshes: int | None = None) -> None:
+    """Redraw `render()` in place every `interval` seconds, like a queue monitor; Ctrl-C ends it."""
+    import time
+
+    from rich.live import Live
+
+    shown = 0
+    try:
+        with Live(render(), console=out, auto_refresh=False, transient=False) as live:
+            while refreshes is None or shown < refreshes:
+                time.sleep(interval)
+                live.update(render(), refresh=True)
+                shown += 1
+    except KeyboardInterrupt:
+        pass
+
+
+def jobs_table(jobs: list[Job], now: datetime) -> Table:
+    """One row per job; chip-hours count a running attempt up to `now`."""
+    counts = {s: sum(job.state is s for job in jobs) for s in JobState}
+    summary = "  ".join(f"{_styled(s)} {n}" for s, n in counts.items() if n)
     # Job ids are what people copy into other commands: never cut them.
     longest = max((len(job.job_id) for job in jobs), default=3)
-    table.columns.insert(0, Column("JOB", no_wrap=True, min_width=longest))
-    now = datetime.now(timezone.utc)
+    table = Table(
+        Column("JOB", no_wrap=True, min_width=longest),
+        Column("STATE", no_wrap=True),
+        Column("ATTEMPT", justify="right"),
+        Column("ACCELERATOR", no_wrap=True),
+        Column("ZONE", no_wrap=True),
+        Column("OWNER"),
+        Column("AGE", justify="right"),
+        Column("CHIP-H", justify="right"),
+        Column("GOODPUT", justify="right"),
+        caption=f"{summary}   as of {_when(now)[:19]} UTC",
+        caption_justify="left",
+    )
     for job in jobs:
+        totals = job.accounting(now=None if job.state.is_terminal else now)
         table.add_row(
             job.job_id,
             _styled(job.state),
@@ -175,22 +319,30 @@ def list_jobs(
             job.zone,
             job.owner,
             _age(job.created_at, now),
+            _chip_hours(totals.chip_hours),
+            _share(totals.goodput),
         )
-    out.print(table if jobs else "No jobs.")
+    return table
 
 
 @app.command()
 def describe(job_id: str) -> None:
-    """Show a job's fields and its timeline."""
+    """Show a job's fields, what it cost per attempt, and its timeline."""
     store = _store(_settings())
     job = store.get(job_id)
     if job is None:
         err.print(f"[red]No job {job_id!r}.[/red]")
         raise typer.Exit(1)
-    out.print(describe_tables(job, store.events(job_id)))
+    logs = {u.attempt: store.attempt_logs(job_id, u.attempt) for u in job.usage}
+    out.print(describe_tables(job, store.events(job_id), logs, datetime.now(timezone.utc)))
 
 
-def describe_tables(job: Job, events: list[JobEvent]) -> Table:
+def describe_tables(
+    job: Job, events: list[JobEvent], logs: dict[int, Any] | None = None, now: datetime | None = None
+) -> Table:
+    """The job's fields, its attempts (chip-hours, lost time, logs) and its timeline."""
+    until = None if job.state.is_terminal else now
+    totals = job.accounting(now=until)
     fields = Table(show_header=False, box=None, title=f"Job {job.job_id}", title_justify="left")
     fields.add_column(style="bold")
     fields.add_column()
@@ -209,10 +361,43 @@ def describe_tables(job: Job, events: list[JobEvent]) -> Table:
         ("started", _when(job.started_at)),
         ("ended", _when(job.ended_at)),
         ("exit code", "-" if job.exit_code is None else str(job.exit_code)),
+        ("chip-hours", f"{_chip_hours(totals.chip_hours)} ({_chip_hours(totals.useful_chip_hours)} useful, "
+         f"{_chip_hours(totals.lost_chip_hours)} lost to preemption)"),
+        ("goodput", _share(totals.goodput)),
+        ("queue wait", _duration(totals.queue_wait_seconds)),
+        ("time lost", _duration(totals.lost_seconds)),
         ("logs", job.log_uri or "-"),
     ]
     for name, value in rows:
         fields.add_row(name, value)
+    attempts = Table(
+        Column("#", justify="right"),
+        Column("WAITED", justify="right"),
+        Column("HELD FROM (UTC)", no_wrap=True),
+        Column("ENDED (UTC)", no_wrap=True),
+        Column("CHIP-H", justify="right"),
+        Column("LAST CHECKPOINT", no_wrap=True),
+        Column("LOST", justify="right"),
+        Column("LOGS", overflow="fold"),
+        title="Attempts",
+        title_justify="left",
+    )
+    for usage in job.usage:
+        at = usage.ended_at or until or job.updated_at or usage.waiting_since
+        exported = (logs or {}).get(usage.attempt)
+        lost = _duration(usage.lost_seconds()) if usage.capacity_lost else "-"
+        if usage.capacity_lost and not usage.work_kept:
+            lost += " (rerun)"
+        attempts.add_row(
+            str(usage.attempt),
+            _duration(usage.queue_wait_seconds(at)),
+            _when(usage.held_from)[5:19] if usage.held_from else "-",
+            _when(usage.ended_at)[5:19] if usage.ended_at else "-",
+            _chip_hours(usage.chip_hours(at)),
+            _when(usage.last_checkpoint_at)[5:19] if usage.last_checkpoint_at else "-",
+            lost,
+            exported.log_uri if exported else ("not exported yet" if usage.ended_at else "running"),
+        )
     # Narrow terminals keep the reason readable by dropping what it already says.
     wide = out.width >= 140
     columns = ["#", "AT (UTC)", *(["FROM"] if wide else []), "TO", *(["SOURCE", "ATTEMPT"] if wide else [])]
@@ -234,8 +419,29 @@ def describe_tables(job: Job, events: list[JobEvent]) -> Table:
         timeline.add_row(*cells)
     grid = Table.grid(padding=(1, 0))
     grid.add_row(fields)
+    if job.usage:
+        grid.add_row(attempts)
     grid.add_row(timeline)
     return grid
+
+
+def _chip_hours(value: float) -> str:
+    return f"{value:.2f}" if value >= 0.01 or value == 0 else f"{value:.4f}"
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def _duration(seconds: float) -> str:
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m{seconds:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
 
 
 _STATE_STYLE = {

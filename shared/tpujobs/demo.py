@@ -103,7 +103,10 @@ def _story(settings: Settings, timeout: float, state_dir: Path) -> bool:
     if job is None or not job.state.is_terminal:
         err.print(f"[red]The job did not finish within {timeout:.0f} s.[/red]")
         return False
-    out.print(describe_tables(job, store.events(job_id)))
+    time.sleep(2.0)  # the last attempt's export and any checkpoint saved on SIGTERM land
+    job = store.get(job_id) or job
+    exported = {u.attempt: store.attempt_logs(job_id, u.attempt) for u in job.usage}
+    out.print(describe_tables(job, store.events(job_id), exported))
     resumed = _resumed_step(storage, settings.logs_bucket, job_id, attempt=2)
     out.print(f"\nLogs of every attempt and worker: gs://{settings.logs_bucket}/jobs/{job_id}/attempt-N/chunks/")
     out.print(f"Worker hosts' own logs on this machine: {state_dir / 'workers'}/{job_id}-aN/")
