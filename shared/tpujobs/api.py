@@ -13,7 +13,8 @@ Status codes: 200 done; 400 a body that is not a JSON object with a known `actio
 valid fields; 401 no identity or one that does not verify; 403 not the owner nor an
 admin; 404 no such job; 405 not POST; 409 cancelling a job that already SUCCEEDED or
 FAILED (cancelling a CANCELLED job again is a 200 that changes nothing, so retries are
-safe); 503 Firestore or Google's certificates unreachable for now: try again.
+safe); 503 Firestore or Google's certificates unreachable for now: try again; 500
+anything else, logged.
 """
 
 from __future__ import annotations
@@ -120,6 +121,9 @@ class JobsApi:
         except TransientError as error:
             log.warning("jobs API unavailable for now: %s", error)
             return Response(503, {"error": f"Temporarily unavailable, try again: {error}"})
+        except Exception:  # still a JSON answer; the details go to the log, not the caller
+            log.exception("the jobs API failed")
+            return Response(500, {"error": "Internal error: see the function's logs."})
 
     # -- identity ---------------------------------------------------------------------
 

@@ -395,6 +395,17 @@ def test_firestore_unavailable_is_503(local, service, monkeypatch):
     assert answer.status == 503 and "try again" in answer.body["error"]
 
 
+def test_an_unexpected_failure_is_a_json_500_without_details(local, service, monkeypatch):
+    """A bug answers 500 as JSON; what went wrong goes to the log, not to the caller."""
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("secret internals")
+
+    monkeypatch.setattr(service.store, "get", broken)
+    answer = call(local, {"action": "describe", "job_id": "train-1"}, caller=OWNER)
+    assert answer.status == 500 and "secret" not in answer.body["error"]
+
+
 def test_the_http_target_answers_json_through_functions_framework(local, service, monkeypatch):
     """functions/main.py's `jobs`: the status, a JSON body, its Content-Type, and Allow on 405."""
     from functions_framework import create_app
