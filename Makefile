@@ -3,30 +3,73 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+# checkov pins dozens of packages of its own: it gets a venv of its own.
+CHECKOV_VENV := .venv-checkov
+CHECKOV_STAMP := $(CHECKOV_VENV)/.installed-stamp
+CHECKOV_VERSION := 3.3.30
+TERRAFORM ?= terraform
+TF_STATE_BUCKET ?=
+TF_VARS_FILE ?=
 
-.PHONY: venv tools lint test test-unit demo bench clean
+.PHONY: venv tools lint test test-unit test-emulator demo bench clean bundle infra-check checkov plan apply
 
-$(STAMP): pyproject.toml
+# The functions' pinned runtime dependencies are the constraints: tests run what deploys.
+$(STAMP): pyproject.toml functions/requirements.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev]' -c functions/requirements.txt
 	touch $(STAMP)
 
 venv: $(STAMP)
 
 # The gcloud Firestore and Pub/Sub emulators and Java: says exactly what to install if missing.
+# Terraform too (for `terraform fmt`; providers are not needed for the checks).
 tools: venv
 	$(BIN)/python -c "from tpujobs.dev.processes import require_gcloud_emulators as r; r()"
+	@command -v $(TERRAFORM) >/dev/null || { echo "terraform is missing: install Terraform 1.5 or newer (a single binary, e.g. /usr/local/bin/terraform) or set TERRAFORM=/path/to/terraform"; exit 1; }
 
 lint: venv
-	$(BIN)/ruff check shared functions tests bench
+	$(BIN)/ruff check shared functions tests bench tools
 
 test-unit: venv
 	$(BIN)/pytest tests/unit -q
 
-# Every test: unit, emulator (Firestore, Pub/Sub, TPU simulator) and end to end (the local stack).
-test: venv tools lint
+test-emulator: venv tools
+	$(BIN)/pytest -q -m "emulator or e2e"
+
+# Every test: unit, emulator (Firestore, Pub/Sub, TPU simulator) and end to end (the local stack),
+# after the infra checks.
+test: venv tools lint infra-check
 	$(BIN)/pytest -q
+
+# Checks of infra/ that need no cloud and no provider download: formatting, checkov (zero failed
+# checks; skips explained in place) and tests/infra (Terraform against the code).
+infra-check: venv tools checkov
+	$(TERRAFORM) fmt -check -recursive infra
+	BC_SKIP_MAPPING=TRUE CHECKOV_RUN_SCA_PACKAGE_SCAN_V2=false CKV_IGNORE_HIDDEN_DIRECTORIES=true \
+		$(CHECKOV_VENV)/bin/checkov --directory infra --framework terraform --skip-download --compact --quiet
+	$(BIN)/pytest -q tests/infra
+
+$(CHECKOV_STAMP):
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install --quiet --upgrade pip
+	$(CHECKOV_VENV)/bin/pip install --quiet 'checkov==$(CHECKOV_VERSION)'
+	touch $(CHECKOV_STAMP)
+
+checkov: $(CHECKOV_STAMP)
+
+# The deployable function source: dist/function/ and dist/function.zip (standard library only).
+bundle:
+	$(PYTHON) tools/bundle.py
+
+# Deployment (needs credentials; `make bundle` first): TF_STATE_BUCKET names the state bucket, TF_VARS_FILE the
+# variables (or set TF_VAR_project, TF_VAR_invokers, ...).
+plan:
+	$(TERRAFORM) -chdir=infra init -input=false -backend-config="bucket=$(TF_STATE_BUCKET)"
+	$(TERRAFORM) -chdir=infra plan -input=false -out=tfplan $(if $(TF_VARS_FILE),-var-file=$(abspath $(TF_VARS_FILE)))
+
+apply:
+	$(TERRAFORM) -chdir=infra apply -input=false tfplan
 
 demo: venv tools
 	$(BIN)/tpujobs demo
@@ -35,4 +78,4 @@ bench: venv tools
 	$(BIN)/python bench/submit.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis .tpujobs
+	rm -rf $(VENV) $(CHECKOV_VENV) .pytest_cache .ruff_cache .hypothesis .tpujobs dist

@@ -1,0 +1,25 @@
+# The APIs tpujobs uses. Left enabled on destroy: other things in the project may need them.
+locals {
+  apis = [
+    "artifactregistry.googleapis.com",     # function images
+    "cloudbuild.googleapis.com",           # builds the functions from the bundle
+    "cloudfunctions.googleapis.com",       # 2nd-gen functions
+    "cloudresourcemanager.googleapis.com", # the project number
+    "cloudscheduler.googleapis.com",       # the reconcile tick
+    "firestore.googleapis.com",            # jobs, events, workers, rejections, dead letters
+    "iam.googleapis.com",                  # service accounts
+    "logging.googleapis.com",              # the TPU audit-log sink
+    "pubsub.googleapis.com",               # every topic and push subscription
+    "run.googleapis.com",                  # 2nd-gen functions run on Cloud Run
+    "storage.googleapis.com",              # logs and staging buckets
+    "tpu.googleapis.com",                  # queued resources
+  ]
+}
+
+resource "google_project_service" "api" {
+  for_each = toset(local.apis)
+
+  project            = var.project
+  service            = each.key
+  disable_on_destroy = false
+}

@@ -1,0 +1,60 @@
+# The default database (the code uses firestore.Client(project)) and the composite indexes
+# its queries need. The list mirrors shared/tpujobs/adapters/indexes.py, the single source of
+# truth; tests/infra fails when the two differ.
+resource "google_firestore_database" "default" {
+  name                              = "(default)"
+  location_id                       = var.firestore_location
+  type                              = "FIRESTORE_NATIVE"
+  delete_protection_state           = "DELETE_PROTECTION_ENABLED"
+  point_in_time_recovery_enablement = "POINT_IN_TIME_RECOVERY_ENABLED"
+  deletion_policy                   = "ABANDON"
+  depends_on                        = [google_project_service.api]
+}
+
+locals {
+  firestore_indexes = {
+    # The reconciler's silent workers: live == true and last_report_at < t, across jobs.
+    workers_live_last_report_at = {
+      collection = "workers"
+      scope      = "COLLECTION_GROUP"
+      fields = [
+        { path = "live", order = "ASCENDING" },
+        { path = "last_report_at", order = "ASCENDING" },
+      ]
+    }
+    # The reconciler's failed announcements: announced == false and at < t, across jobs.
+    events_announced_at = {
+      collection = "events"
+      scope      = "COLLECTION_GROUP"
+      fields = [
+        { path = "announced", order = "ASCENDING" },
+        { path = "at", order = "ASCENDING" },
+      ]
+    }
+    # tpujobs dead-letters --topic: topic == x, newest first.
+    dead_letters_topic_at = {
+      collection = "dead_letters"
+      scope      = "COLLECTION"
+      fields = [
+        { path = "topic", order = "ASCENDING" },
+        { path = "at", order = "DESCENDING" },
+      ]
+    }
+  }
+}
+
+resource "google_firestore_index" "index" {
+  for_each = local.firestore_indexes
+
+  database    = google_firestore_database.default.name
+  collection  = each.value.collection
+  query_scope = each.value.scope
+
+  dynamic "fields" {
+    for_each = each.value.fields
+    content {
+      field_path = fields.value.path
+      order      = fields.value.order
+    }
+  }
+}

@@ -1,0 +1,193 @@
+# One 2nd-gen function per target in functions/main.py (tpujobs.topology.FUNCTIONS), each
+# with its own service account. A cloudevent function is reached only by its topic's push
+# subscription (pubsub.tf), not by an Eventarc trigger: the subscription's name must be
+# `{prefix}{topic}--{target}` (topology.push_subscription_name), because record_dead_letter
+# reads a dead letter's original topic from it, and only our own subscription can carry the
+# retry and dead-letter policies. tests/infra checks this table against the code.
+locals {
+  functions = {
+    submit_job = {
+      signature  = "cloudevent"
+      topic      = "tpujobs-submit"
+      account    = "submit"
+      timeout    = 60
+      max        = 20
+      job_engine = true # creates and deletes queued resources
+      publishes  = ["tpujobs-status", "tpujobs-log-export"]
+      firestore  = "roles/datastore.user"
+      logs       = null
+    }
+    on_worker_event = {
+      signature  = "cloudevent"
+      topic      = "tpujobs-worker-events"
+      account    = "worker-event"
+      timeout    = 60
+      max        = 20
+      job_engine = true
+      publishes  = ["tpujobs-status", "tpujobs-log-export"]
+      firestore  = "roles/datastore.user"
+      logs       = null
+    }
+    on_preemption = {
+      signature  = "cloudevent"
+      topic      = "tpujobs-preemption"
+      account    = "preemption"
+      timeout    = 60
+      max        = 10
+      job_engine = true
+      publishes  = ["tpujobs-status", "tpujobs-log-export"]
+      firestore  = "roles/datastore.user"
+      logs       = null
+    }
+    on_qr_state = {
+      signature  = "cloudevent"
+      topic      = "tpujobs-qr-state"
+      account    = "qr-state"
+      timeout    = 60
+      max        = 10
+      job_engine = true
+      publishes  = ["tpujobs-status", "tpujobs-log-export"]
+      firestore  = "roles/datastore.user"
+      logs       = null
+    }
+    on_control = {
+      signature  = "cloudevent"
+      topic      = "tpujobs-control"
+      account    = "control"
+      timeout    = 60
+      max        = 5
+      job_engine = true
+      publishes  = ["tpujobs-status", "tpujobs-log-export"]
+      firestore  = "roles/datastore.user"
+      logs       = null
+    }
+    reconcile = {
+      signature  = "cloudevent"
+      topic      = "tpujobs-reconcile"
+      account    = "reconcile"
+      timeout    = 300
+      max        = 1 # one tick at a time
+      job_engine = true
+      publishes  = ["tpujobs-status", "tpujobs-log-export"]
+      firestore  = "roles/datastore.user"
+      logs       = null
+    }
+    record_dead_letter = {
+      signature  = "cloudevent"
+      topic      = "tpujobs-dead-letter"
+      account    = "dead-letter"
+      timeout    = 60
+      max        = 2
+      job_engine = false
+      publishes  = [] # replays are published by the CLI, with its user's rights
+      firestore  = "roles/datastore.user"
+      logs       = null
+    }
+    export_logs = {
+      signature  = "cloudevent"
+      topic      = "tpujobs-log-export"
+      account    = "export-logs"
+      timeout    = 540
+      max        = 5
+      job_engine = false
+      publishes  = []
+      firestore  = "roles/datastore.user"
+      logs       = "roles/storage.objectUser" # reads the chunks, writes (and rewrites) the merged logs
+    }
+    jobs = {
+      signature  = "http"
+      topic      = null
+      account    = "jobs"
+      timeout    = 60
+      max        = 10
+      job_engine = true # a cancel is done in-process and releases the capacity
+      publishes  = ["tpujobs-status", "tpujobs-log-export"]
+      firestore  = "roles/datastore.user"
+      logs       = null
+    }
+  }
+
+  # What every function reads with tpujobs.config.Settings.from_env. Never a secret here, and
+  # never TPUJOBS_LOCAL_STACK or TPUJOBS_TPU_ENDPOINT: those belong to the local stack only.
+  function_env = {
+    GOOGLE_CLOUD_PROJECT = var.project
+    TPUJOBS_DEFAULT_ZONE = var.zones[0]
+    TPUJOBS_PREFIX       = var.prefix
+    TPUJOBS_LOGS_BUCKET  = google_storage_bucket.logs.name
+    TPUJOBS_ADMINS       = join(",", var.admins)
+  }
+
+  cloudevent_functions = { for target, f in local.functions : target => f if f.topic != null }
+}
+
+resource "google_service_account" "function" {
+  for_each = local.functions
+
+  account_id   = "${var.prefix}tpujobs-${each.value.account}"
+  display_name = "tpujobs ${each.key} function"
+  description  = "Runs the ${each.key} function; holds only the roles that function needs (iam.tf)."
+}
+
+# Builds run as this account rather than the project's default compute account.
+resource "google_service_account" "build" {
+  account_id   = "${var.prefix}tpujobs-build"
+  display_name = "tpujobs function builds"
+}
+
+resource "google_cloudfunctions2_function" "function" {
+  for_each = local.functions
+
+  name        = "${var.prefix}tpujobs-${replace(each.key, "_", "-")}"
+  location    = var.region
+  description = "tpujobs ${each.key} (functions/main.py)"
+
+  build_config {
+    runtime         = var.python_runtime
+    entry_point     = each.key
+    service_account = google_service_account.build.id
+    source {
+      storage_source {
+        bucket = google_storage_bucket.staging.name
+        object = google_storage_bucket_object.bundle.name
+      }
+    }
+  }
+
+  service_config {
+    available_memory               = "512Mi"
+    available_cpu                  = "1"
+    timeout_seconds                = each.value.timeout
+    min_instance_count             = 0 # nothing runs, nothing is paid, at idle
+    max_instance_count             = each.value.max
+    service_account_email          = google_service_account.function[each.key].email
+    environment_variables          = local.function_env
+    all_traffic_on_latest_revision = true
+    # Pub/Sub push counts as internal traffic; only the jobs API is called from outside,
+    # and even there IAM admits only var.invokers.
+    ingress_settings = each.value.signature == "http" ? "ALLOW_ALL" : "ALLOW_INTERNAL_ONLY"
+  }
+
+  depends_on = [
+    google_project_service.api,
+    google_project_iam_member.build,
+  ]
+}
+
+# Who may call what: the push account calls the cloudevent functions, var.invokers the API.
+resource "google_cloud_run_service_iam_member" "push_invoker" {
+  for_each = local.cloudevent_functions
+
+  location = var.region
+  service  = google_cloudfunctions2_function.function[each.key].service_config[0].service
+  role     = "roles/run.invoker"
+  member   = google_service_account.push.member
+}
+
+resource "google_cloud_run_service_iam_member" "api_invoker" {
+  for_each = toset(var.invokers)
+
+  location = var.region
+  service  = google_cloudfunctions2_function.function["jobs"].service_config[0].service
+  role     = "roles/run.invoker"
+  member   = each.key
+}

@@ -1,0 +1,57 @@
+"""The Firestore composite indexes tpujobs' queries need: the single source of truth.
+
+The emulator serves any query without indexes; production Firestore refuses one whose
+composite index is missing (FAILED_PRECONDITION), so a query added without its index works
+in every test here and fails only after deployment. Hence this list: add one `Index` next to
+every new query that filters on more than one field (equality on several fields alone needs
+none: Firestore merges single-field indexes) or that filters a collection group. Terraform
+declares each one in `infra/firestore.tf` (`local.firestore_indexes`), and
+`tests/infra/test_terraform_matches_code.py` fails while the two lists differ.
+
+Plain data, no Google imports: Terraform's shape is mirrored field for field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Scope = Literal["COLLECTION", "COLLECTION_GROUP"]
+Order = Literal["ASCENDING", "DESCENDING"]
+
+COLLECTION: Scope = "COLLECTION"  # the query names one collection: db.collection("x")
+COLLECTION_GROUP: Scope = "COLLECTION_GROUP"  # every collection of that id: db.collection_group("x")
+ASCENDING: Order = "ASCENDING"
+DESCENDING: Order = "DESCENDING"
+
+
+@dataclass(frozen=True)
+class Index:
+    """One composite index: the collection id, its scope, and the fields in query order."""
+
+    collection: str
+    scope: Scope
+    fields: tuple[tuple[str, Order], ...]  # (field path, order), as the query filters then sorts
+    query: str = ""  # where the query is, for the reader
+
+
+INDEXES: tuple[Index, ...] = (
+    Index(
+        "workers",
+        COLLECTION_GROUP,
+        (("live", ASCENDING), ("last_report_at", ASCENDING)),
+        query="FirestoreJobStore.silent_workers: live == true, last_report_at < t",
+    ),
+    Index(
+        "events",
+        COLLECTION_GROUP,
+        (("announced", ASCENDING), ("at", ASCENDING)),
+        query="FirestoreJobStore.unannounced_events: announced == false, at < t",
+    ),
+    Index(
+        "dead_letters",
+        COLLECTION,
+        (("topic", ASCENDING), ("at", DESCENDING)),
+        query="FirestoreDeadLetters.list(topic=...): topic == x, newest first",
+    ),
+)
