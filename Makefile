@@ -11,7 +11,7 @@ TERRAFORM ?= terraform
 TF_STATE_BUCKET ?=
 TF_VARS_FILE ?=
 
-.PHONY: venv tools lint test test-unit test-emulator demo bench clean bundle infra-check checkov plan apply
+.PHONY: venv tools emulator-tools terraform-tool lint test test-unit test-emulator demo bench clean bundle infra-check checkov plan apply
 
 # The functions' pinned runtime dependencies are the constraints: tests run what deploys.
 $(STAMP): pyproject.toml functions/requirements.txt
@@ -23,10 +23,14 @@ $(STAMP): pyproject.toml functions/requirements.txt
 venv: $(STAMP)
 
 # The gcloud Firestore and Pub/Sub emulators and Java: says exactly what to install if missing.
-# Terraform too (for `terraform fmt`; providers are not needed for the checks).
-tools: venv
+# And Terraform, for the infra checks (`terraform fmt`; no provider is downloaded).
+tools: venv emulator-tools terraform-tool
+
+emulator-tools: venv
 	$(BIN)/python -c "from tpujobs.dev.processes import require_gcloud_emulators as r; r()"
-	@command -v $(TERRAFORM) >/dev/null || { echo "terraform is missing: install Terraform 1.5 or newer (a single binary, e.g. /usr/local/bin/terraform) or set TERRAFORM=/path/to/terraform"; exit 1; }
+
+terraform-tool:
+	@command -v $(TERRAFORM) >/dev/null || { echo "terraform is missing: install Terraform 1.5 or newer (one binary, e.g. in /usr/local/bin) or run make with TERRAFORM=/path/to/terraform"; exit 1; }
 
 lint: venv
 	$(BIN)/ruff check shared functions tests bench tools
@@ -34,7 +38,7 @@ lint: venv
 test-unit: venv
 	$(BIN)/pytest tests/unit -q
 
-test-emulator: venv tools
+test-emulator: venv emulator-tools
 	$(BIN)/pytest -q -m "emulator or e2e"
 
 # Every test: unit, emulator (Firestore, Pub/Sub, TPU simulator) and end to end (the local stack),
@@ -44,9 +48,9 @@ test: venv tools lint infra-check
 
 # Checks of infra/ that need no cloud and no provider download: formatting, checkov (zero failed
 # checks; skips explained in place) and tests/infra (Terraform against the code).
-infra-check: venv tools checkov
+infra-check: venv terraform-tool checkov
 	$(TERRAFORM) fmt -check -recursive infra
-	BC_SKIP_MAPPING=TRUE CHECKOV_RUN_SCA_PACKAGE_SCAN_V2=false CKV_IGNORE_HIDDEN_DIRECTORIES=true \
+	BC_SKIP_MAPPING=TRUE CHECKOV_RUN_SCA_PACKAGE_SCAN_V2=false \
 		$(CHECKOV_VENV)/bin/checkov --directory infra --framework terraform --skip-download --compact --quiet
 	$(BIN)/pytest -q tests/infra
 
@@ -71,10 +75,10 @@ plan:
 apply:
 	$(TERRAFORM) -chdir=infra apply -input=false tfplan
 
-demo: venv tools
+demo: venv emulator-tools
 	$(BIN)/tpujobs demo
 
-bench: venv tools
+bench: venv emulator-tools
 	$(BIN)/python bench/submit.py
 
 clean:
