@@ -98,3 +98,12 @@ resource "google_service_account_iam_member" "push_token_creator" {
   role               = "roles/iam.serviceAccountTokenCreator"
   member             = local.pubsub_agent
 }
+
+# The users of the jobs API may also submit: `tpujobs submit` and `gcloud pubsub topics publish`.
+resource "google_pubsub_topic_iam_member" "submitters" {
+  for_each = toset(var.invokers)
+
+  topic  = google_pubsub_topic.topic["tpujobs-submit"].id
+  role   = "roles/pubsub.publisher"
+  member = each.key
+}
