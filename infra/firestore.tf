@@ -40,6 +40,17 @@ locals {
         { path = "at", order = "DESCENDING" },
       ]
     }
+    # Admission: a pool's QUEUED jobs, highest priority first, then oldest first.
+    jobs_pool_state_priority_created = {
+      collection = "jobs"
+      scope      = "COLLECTION"
+      fields = [
+        { path = "pool", order = "ASCENDING" },
+        { path = "state", order = "ASCENDING" },
+        { path = "priority_rank", order = "DESCENDING" },
+        { path = "created_at", order = "ASCENDING" },
+      ]
+    }
   }
 }
 

@@ -24,6 +24,8 @@ class Settings:
     # ID-token audiences the `jobs` HTTP function accepts; empty: its own URL, from the request.
     api_audiences: tuple[str, ...] = ()
     stuck_after_seconds: float = 30.0  # the reconciler finishes QUEUED/RECOVERING work older than this
+    # A queued resource waiting this long for capacity moves a job with more `zones` to the next.
+    zone_wait_seconds: float = 600.0
     heartbeat_seconds: float = 10.0  # how often every worker's agent reports that it is alive
     # A worker silent this long is lost: several missed heartbeats, never just one.
     heartbeat_timeout_seconds: float = 60.0
@@ -44,6 +46,7 @@ class Settings:
                 a.strip() for a in env.get("TPUJOBS_API_AUDIENCE", "").split(",") if a.strip()
             ),
             stuck_after_seconds=float(env.get("TPUJOBS_STUCK_AFTER_SECONDS") or 30.0),
+            zone_wait_seconds=float(env.get("TPUJOBS_ZONE_WAIT_SECONDS") or 600.0),
             heartbeat_seconds=float(env.get("TPUJOBS_HEARTBEAT_SECONDS") or 10.0),
             heartbeat_timeout_seconds=float(env.get("TPUJOBS_HEARTBEAT_TIMEOUT_SECONDS") or 60.0),
         )

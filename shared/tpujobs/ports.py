@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
+from tpujobs.domain.admission import Holder
 from tpujobs.domain.job import Job, JobEvent
 from tpujobs.domain.transitions import Decision, Ignored, Observation
 
@@ -187,6 +188,23 @@ class StatusChange:
 class LogExportRequests(Protocol):
     def request_export(self, job_id: str, attempt: int) -> None:
         """Ask for an ended attempt's output to be exported (tpujobs-log-export)."""
+
+
+class Pools(Protocol):
+    """Quotas and who holds the chips of each limited pool (`tpujobs.domain.admission`)."""
+
+    def quotas(self) -> dict[str, dict[str, int]]: ...
+
+    def view(self, pool: str) -> Any: ...
+
+    def change(self, seen: Any, add: Holder | None = None, remove: frozenset[str] = frozenset()) -> bool:
+        """Compare-and-set of the pool's holders; False when it changed since `seen`."""
+
+    def queue(self, pool: str, limit: int = 10) -> list[Job]: ...
+
+    def pools(self) -> list[str]: ...
+
+    def active_in(self, pool: str) -> list[Job]: ...
 
 
 class StatusPublisher(Protocol):

@@ -30,16 +30,19 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from tpujobs.agent.startup import render_startup_script
+from tpujobs.domain.admission import Holder, pool_id
 from tpujobs.domain.job import Job
 from tpujobs.domain.naming import parse_queued_resource_name
 from tpujobs.domain.states import EventKind, JobState
-from tpujobs.domain.transitions import Observation
+from tpujobs.domain.transitions import Observation, next_zone
 from tpujobs.errors import PermanentError, TransientError
 from tpujobs.ports import CapacityStatus
 from tpujobs.service import CAPACITY_GONE, JobService
 
 log = logging.getLogger(__name__)
 
+# Queued-resource states that mean "no capacity yet" (a zone failover may end the wait).
+WAITING_FOR_CAPACITY = frozenset({"CREATING", "ACCEPTED", "WAITING_FOR_RESOURCES"})
 ANNOUNCE_AFTER_S = 10.0  # a change newer than this is still being announced by its handler
 
 
@@ -68,7 +71,12 @@ class Reconciler:
         report = ReconcileReport()
         jobs = service.store.list_active()
         report.jobs = len(jobs)
-        zones = sorted({job.zone for job in jobs} | {service.settings.default_zone})
+        # Every zone an active job may have used: an attempt that moved zone leaves one behind.
+        zones = sorted(
+            {job.zone for job in jobs}
+            | {zone for job in jobs for zone in job.spec.preferred_zones}
+            | {service.settings.default_zone}
+        )
         seen: dict[tuple[str, str], CapacityStatus] = {}
         for zone in zones:
             try:
@@ -90,6 +98,7 @@ class Reconciler:
                 log.warning("reconcile: job %s left for the next tick: %s", job.job_id, error)
 
         live = {job.job_id: job for job in jobs}
+        self._repair_pools(report)
         self._find_silent_workers(live, now, report)
         self._announce_missed(now, report)
         for (zone, name), status in seen.items():
@@ -121,11 +130,66 @@ class Reconciler:
             return
         lost = status.state in CAPACITY_GONE or status.unhealthy_hosts > 0
         changed = job.state is JobState.PROVISIONING and status.state != job.capacity_state
+        if self._waited_too_long(job, status):
+            waited = (service.clock() - job.requested_at).total_seconds() if job.requested_at else 0
+            what = f"Queued resource {job.queued_resource} waited {waited / 60:.0f} min for capacity"
+            service.observe(job.job_id, Observation(EventKind.ZONE_FAILOVER, job.attempt, "reconciler", reason=what))
+            report.observed.append(f"{job.job_id}: {what}")
+            return
         if lost or changed:
             service.observe_capacity(
                 status.name, status.state, status.detail, status.unhealthy_hosts, source="reconciler"
             )
             report.observed.append(f"{job.job_id}: {status.state}")
+
+    def _waited_too_long(self, job: Job, status: CapacityStatus) -> bool:
+        """Still waiting for capacity past the limit, with another zone of `zones` to try."""
+        limit = self.service.settings.zone_wait_seconds
+        return (
+            job.state is JobState.PROVISIONING
+            and status.state in WAITING_FOR_CAPACITY
+            and job.requested_at is not None
+            and (self.service.clock() - job.requested_at).total_seconds() > limit
+            and next_zone(job) is not None
+        )
+
+    def _repair_pools(self, report: ReconcileReport) -> None:
+        """Make each limited pool's holders match its jobs, then admit what fits.
+
+        A holder whose job ended, vanished, moved to another pool or was requeued (a claim
+        for an older attempt) is dropped; a job that holds capacity without a claim (it was
+        admitted before the quota existed) is counted. A claim left half-way is finished.
+        """
+        service = self.service
+        pools = service.pools
+        if pools is None:
+            return
+        for pool in pools.pools():
+            try:
+                view = pools.view(pool)
+                stale = set()
+                for holder in view.holders:
+                    job = service.store.get(holder.job_id)
+                    if (
+                        job is None
+                        or job.state.is_terminal
+                        or pool_id(job.spec, job.zone) != pool
+                        or (job.state is JobState.QUEUED and job.attempt != holder.attempt)
+                    ):
+                        stale.add(holder.job_id)
+                held = {h.job_id for h in view.holders}
+                for job in pools.active_in(pool):
+                    if job.job_id not in held:
+                        claim = Holder(job.job_id, job.spec.chips, job.attempt, job.spec.priority,
+                                       job.created_at or service.clock(), job.spec.on_preemption != "fail")
+                        if pools.change(view, add=claim, remove=frozenset(stale)):
+                            report.observed.append(f"{pool}: counted {job.job_id}")
+                            view, stale = pools.view(pool), set()
+                if stale and pools.change(view, remove=frozenset(stale)):
+                    report.observed.append(f"{pool}: dropped {', '.join(sorted(stale))}")
+                service.admit_waiting(pool)
+            except TransientError as error:
+                log.warning("reconcile: pool %s left for the next tick: %s", pool, error)
 
     def _find_silent_workers(self, live: dict[str, Job], now, report: ReconcileReport) -> None:
         """A RUNNING attempt whose worker stopped reporting for longer than the timeout is lost.

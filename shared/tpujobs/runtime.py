@@ -29,15 +29,24 @@ def job_service() -> JobService:
     """The JobService of this process, on clients configured from the environment."""
     from google.cloud import firestore
 
+    from tpujobs.adapters.firestore_pools import FirestorePools
     from tpujobs.adapters.firestore_store import FirestoreJobStore
     from tpujobs.adapters.pubsub import Publisher
     from tpujobs.adapters.tpu import CloudTpu, build_client
 
     settings = Settings.from_env()
-    store = FirestoreJobStore(firestore.Client(project=settings.project))
+    client = firestore.Client(project=settings.project)
     tpu = CloudTpu(build_client(settings.tpu_endpoint), settings.project)
     publisher = Publisher.build(settings.project, settings.prefix)
-    return JobService(store, tpu, settings, utc_now, status=publisher, exports=publisher)
+    return JobService(
+        FirestoreJobStore(client),
+        tpu,
+        settings,
+        utc_now,
+        status=publisher,
+        exports=publisher,
+        pools=FirestorePools(client),
+    )
 
 
 @functools.cache

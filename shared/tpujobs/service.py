@@ -19,8 +19,9 @@ from tpujobs import logs
 from tpujobs.agent.startup import render_startup_script
 from tpujobs.config import Settings
 from tpujobs.domain.access import may_cancel
+from tpujobs.domain.admission import Holder, fits, pool_id, quota_of, victims_for, waiting_reason
 from tpujobs.domain.job import Job, JobEvent, Source, new_job, worker_key
-from tpujobs.domain.naming import parse_queued_resource_name
+from tpujobs.domain.naming import parse_queued_resource_name, queued_resource_name
 from tpujobs.domain.retry import BACKOFF_CAP_SECONDS
 from tpujobs.domain.spec import SpecError, decode_spec
 from tpujobs.domain.states import EventKind, JobState
@@ -31,6 +32,7 @@ from tpujobs.ports import (
     Clock,
     JobStore,
     LogExportRequests,
+    Pools,
     Rejection,
     StatusChange,
     StatusPublisher,
@@ -57,7 +59,17 @@ CAPACITY_GONE = frozenset({"SUSPENDING", "SUSPENDED", "FAILED"})
 
 # An attempt whose job moves from one of these to one of those has ended: export its output.
 _ATTEMPT_LIVE = frozenset({JobState.PROVISIONING, JobState.RUNNING})
-_ATTEMPT_OVER = frozenset({JobState.RECOVERING, JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+_ATTEMPT_OVER = frozenset(
+    {JobState.RECOVERING, JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.QUEUED}
+)
+ADMISSION_ROUNDS = 50  # admissions (or lost races) one call may make before leaving the rest
+QUEUE_PEEK = 20  # queued jobs read per round: the head, and claims still being finished
+
+
+def _requeued(decision: Decision) -> bool:
+    """Sent back to QUEUED from a live attempt: evicted, or moved to the next zone."""
+    event = decision.event
+    return event.to_state is JobState.QUEUED and event.from_state in _ATTEMPT_LIVE | {JobState.RECOVERING}
 
 
 def ended_attempt(decision: Decision) -> int | None:
@@ -79,7 +91,7 @@ def ended_attempt(decision: Decision) -> int | None:
 class SubmitOutcome:
     """What became of one submission message."""
 
-    kind: Literal["provisioning", "duplicate", "rejected", "failed"]
+    kind: Literal["provisioning", "queued", "duplicate", "rejected", "failed"]
     job_id: str | None
     reason: str
 
@@ -96,6 +108,7 @@ class JobService:
         sleep: Callable[[float], None] = time.sleep,
         status: StatusPublisher | None = None,
         exports: LogExportRequests | None = None,
+        pools: Pools | None = None,
     ) -> None:
         self.store = store
         self.tpu = tpu
@@ -104,6 +117,7 @@ class JobService:
         self.sleep = sleep
         self.status = status
         self.exports = exports
+        self.pools = pools  # None: no quotas, every job is admitted at once
 
     # -- rejections ------------------------------------------------------------------
 
@@ -146,7 +160,102 @@ class JobService:
             if existing.state is not JobState.QUEUED:
                 return SubmitOutcome("duplicate", job.job_id, f"job is already {existing.state.value}")
             job = existing  # an earlier delivery stopped half-way: finish its work
-        return self._admit(job)
+        return self.admit(job)
+
+    # -- admission -------------------------------------------------------------------
+
+    def admit(self, job: Job) -> SubmitOutcome:
+        """A QUEUED job: request its capacity now if its pool has no quota, else in queue order."""
+        pool = pool_id(job.spec, job.zone)
+        limit = self._quota(pool)
+        if limit is None:
+            return self._admit(job)
+        admitted = self.admit_waiting(pool, limit)
+        if job.job_id in admitted:
+            return SubmitOutcome("provisioning", job.job_id, f"admitted in {pool}")
+        return SubmitOutcome("queued", job.job_id, f"waiting for quota in {pool}")
+
+    def _quota(self, pool: str) -> int | None:
+        return None if self.pools is None else quota_of(self.pools.quotas(), pool)
+
+    def admit_waiting(self, pool: str, limit: int | None = None) -> list[str]:
+        """Admit the pool's queue in order while its chips fit; a high-priority head may evict.
+
+        Driven by the events that free chips (a job ends, is evicted, moves zone) and by
+        submissions; the reconciler calls it too. Each admission claims the chips with a
+        compare-and-set on the pool's document, so concurrent calls never hand out a chip
+        twice: the loser reads again and goes on with the next job.
+        """
+        if self.pools is None:
+            return []
+        if limit is None:
+            limit = self._quota(pool)
+        admitted: list[str] = []
+        for _ in range(ADMISSION_ROUNDS):
+            view = self.pools.view(pool)
+            held = {h.job_id: h for h in view.holders}
+            queue = self.pools.queue(pool, QUEUE_PEEK)
+            claimed = [j for j in queue if j.job_id in held and held[j.job_id].attempt == j.attempt]
+            for job in claimed:  # claimed by a call that stopped half-way: finish it (idempotent)
+                self._admit(job)
+            waiting = [j for j in queue if j not in claimed]
+            if not waiting:
+                return admitted
+            head = waiting[0]
+            stale = frozenset(j.job_id for j in waiting if j.job_id in held)  # holds of an earlier attempt
+            holders = [h for h in view.holders if h.job_id not in stale]
+            chips = head.spec.chips
+            claim = Holder(head.job_id, chips, head.attempt, head.spec.priority, self.clock(),
+                           evictable=head.spec.on_preemption != "fail")
+            if limit is None or fits(limit, holders, chips):
+                if self.pools.change(view, add=claim, remove=stale):
+                    self._admit(head)
+                    admitted.append(head.job_id)
+                continue
+            victims = victims_for(limit, holders, chips, head.spec.priority)
+            if victims is None:
+                why = waiting_reason(pool, limit, chips)
+                self._commit(head.job_id, Observation(EventKind.WAITING_FOR_QUOTA, head.attempt, "submit", reason=why))
+                return admitted
+            for victim in victims:
+                self._evict(victim.job_id, head)
+            if self.pools.change(view, add=claim, remove=stale | {v.job_id for v in victims}):
+                self._admit(head)
+                admitted.append(head.job_id)
+        return admitted
+
+    def _evict(self, job_id: str, by: Job) -> None:
+        """Send a lower-priority job back to QUEUED so `by` fits; its capacity is released."""
+        spec = by.spec
+        why = f"Evicted by {by.job_id} (priority {spec.priority}), which needs {spec.chips} chips"
+        outcome = self._commit(job_id, Observation(EventKind.EVICTED, None, "submit", reason=why))
+        if isinstance(outcome, Decision):
+            self._left_attempt(outcome.job)
+
+    def _left_attempt(self, job: Job) -> None:
+        """A job sent back to QUEUED (evicted, or moving zone): free what its last attempt held."""
+        previous = next((u for u in job.usage if u.attempt == job.attempt - 1), None)
+        zone = (previous.zone if previous else "") or job.zone
+        self.tpu.release(zone, queued_resource_name(job.job_id, job.attempt - 1))
+        old_pool = pool_id(job.spec, zone)
+        if old_pool != pool_id(job.spec, job.zone):
+            self._drop_hold(job.job_id, old_pool)
+
+    def _free_chips(self, job: Job) -> None:
+        """An ended job gives its chips back, and the next waiting jobs get them at once."""
+        self._drop_hold(job.job_id, pool_id(job.spec, job.zone))
+
+    def _drop_hold(self, job_id: str, pool: str) -> None:
+        if self.pools is None:
+            return
+        for _ in range(ADMISSION_ROUNDS):
+            view = self.pools.view(pool)
+            if all(h.job_id != job_id for h in view.holders):
+                break
+            if self.pools.change(view, remove=frozenset({job_id})):
+                break
+        if view.version is not None:
+            self.admit_waiting(pool)
 
     def _admit(self, job: Job) -> SubmitOutcome:
         """Request the attempt's capacity, then record PROVISIONING (or FAILED for good)."""
@@ -241,7 +350,7 @@ class JobService:
                 what = f"Queued resource {queued_resource} FAILED" + (f": {detail}" if detail else "")
             else:
                 what = f"{unhealthy_hosts} host(s) of queued resource {queued_resource} were lost"
-            seen = Observation(EventKind.CAPACITY_LOST, attempt, source, reason=what)
+            seen = Observation(EventKind.CAPACITY_LOST, attempt, source, reason=what, capacity_state=state)
         elif state in CAPACITY_PENDING:
             seen = Observation(EventKind.CAPACITY_CHANGED, attempt, source, capacity_state=state)
         else:
@@ -271,6 +380,8 @@ class JobService:
         logs.bind_job(job_id)
         outcome = self._commit(job_id, seen)
         if isinstance(outcome, Decision):
+            if _requeued(outcome):
+                self._left_attempt(outcome.job)
             self._act(outcome.job)  # the job as just committed: no need to read it again
         else:
             self.converge(job_id)  # nothing changed, but earlier work may be unfinished
@@ -341,11 +452,13 @@ class JobService:
 
     def _act(self, job: Job) -> None:
         if job.state is JobState.QUEUED:
-            self._admit(job)
+            self.admit(job)
         elif job.state is JobState.RECOVERING:
             self._start_next_attempt(job)
-        elif job.state.is_terminal and job.queued_resource:
-            self.tpu.release(job.zone, job.queued_resource)
+        elif job.state.is_terminal:
+            if job.queued_resource:
+                self.tpu.release(job.zone, job.queued_resource)
+            self._free_chips(job)
 
     def _start_next_attempt(self, job: Job) -> None:
         if job.next_attempt_at is not None:

@@ -142,7 +142,8 @@ def fold(job: Job, order: list[Observation]) -> tuple[Job, list[JobEvent]]:
         assert job.state is event.to_state
         assert event.seq == before.event_seq + 1 == job.event_seq
         assert event.attempt == before.attempt
-        expected_attempt = before.attempt + (seen.kind is EventKind.NEXT_ATTEMPT_REQUESTED)
+        requeued = job.state is JobState.QUEUED and before.state is not JobState.QUEUED  # evicted, zone failover
+        expected_attempt = before.attempt + (seen.kind is EventKind.NEXT_ATTEMPT_REQUESTED or requeued)
         assert job.attempt == expected_attempt >= before.attempt
         assert before.restarts <= job.restarts <= job.spec.max_restarts
         assert job.queued_resource == f"{job.job_id}-a{job.attempt}"

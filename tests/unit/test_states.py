@@ -47,6 +47,7 @@ def make_job(state: JobState = JobState.QUEUED, **spec_changes: Any) -> Job:
         "owner": "alice",
         "accelerator_type": "v4-8",
         "command": "python train.py",
+        "zones": [ZONE, "us-east5-a"],  # a zone to fail over to
         **spec_changes,
     }
     job, _ = new_job(parse_spec(data), ZONE, NOW)
@@ -62,6 +63,8 @@ def observation(kind: EventKind, job: Job, **changes: Any) -> Observation:
         fields["capacity_state"] = "WAITING_FOR_RESOURCES"
     if kind is EventKind.COMMAND_FAILED:
         fields.update(exit_code=3, source="agent")
+    if kind is EventKind.WAITING_FOR_QUOTA:
+        fields.update(reason="Waiting for quota: needs 4 v4 chips.", source="submit")
     fields.update(changes)
     return Observation(**fields)
 

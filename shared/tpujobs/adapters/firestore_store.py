@@ -25,8 +25,9 @@ from google.api_core import exceptions as api_exceptions
 from google.cloud import firestore
 
 from tpujobs.domain.accounting import AttemptUsage, checkpoint_reported
+from tpujobs.domain.admission import pool_id
 from tpujobs.domain.job import Job, JobEvent
-from tpujobs.domain.spec import JobSpec
+from tpujobs.domain.spec import PRIORITY_RANK, JobSpec
 from tpujobs.domain.states import ACTIVE, JobState
 from tpujobs.domain.transitions import Decision, Ignored, Observation, decide
 from tpujobs.errors import TransientError
@@ -68,6 +69,10 @@ def job_to_document(job: Job) -> dict[str, Any]:
         "chips": spec.chips,
         "capacity": spec.capacity,
         "priority": spec.priority,
+        "priority_rank": PRIORITY_RANK[spec.priority],  # the admission queue orders by it
+        "pool": pool_id(spec, job.zone),  # family@zone: where its chips come from
+        "on_demand": job.on_demand,
+        "requested_at": job.requested_at,
         "resume_next": job.resume_next,
         "workers_done": list(job.workers_done),
         "next_attempt_at": job.next_attempt_at,
@@ -137,6 +142,8 @@ def job_from_document(data: dict[str, Any]) -> Job:
         log_uri=data.get("log_uri"),
         event_seq=data.get("event_seq", 0),
         usage=tuple(_usage_from_map(u) for u in data.get("usage") or ()),
+        requested_at=data.get("requested_at"),
+        on_demand=data.get("on_demand", False),
     )
 
 

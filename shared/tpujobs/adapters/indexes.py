@@ -54,4 +54,10 @@ INDEXES: tuple[Index, ...] = (
         (("topic", ASCENDING), ("at", DESCENDING)),
         query="FirestoreDeadLetters.list(topic=...): topic == x, newest first",
     ),
+    Index(
+        "jobs",
+        COLLECTION,
+        (("pool", ASCENDING), ("state", ASCENDING), ("priority_rank", DESCENDING), ("created_at", ASCENDING)),
+        query="FirestorePools.queue: pool == p, state == QUEUED, highest priority then oldest first",
+    ),
 )

@@ -65,7 +65,7 @@ def queued_resource_for(job: Job, project: str, startup_script: str) -> tpu_v2.Q
         labels=job_labels(job),
         metadata={"startup-script": startup_script},
         scheduling_config=tpu_v2.SchedulingConfig(
-            spot=spec.capacity == "spot", reserved=spec.capacity == "reserved"
+            spot=job.capacity == "spot", reserved=job.capacity == "reserved"
         ),
     )
     node_spec = tpu_v2.QueuedResource.Tpu.NodeSpec(parent=f"projects/{project}/locations/{job.zone}", node=node)
@@ -76,9 +76,9 @@ def queued_resource_for(job: Job, project: str, startup_script: str) -> tpu_v2.Q
             node_count=spec.slices, node_id_prefix=job.queued_resource
         )
     resource = tpu_v2.QueuedResource(tpu=tpu_v2.QueuedResource.Tpu(node_spec=[node_spec]))
-    if spec.capacity == "spot":
+    if job.capacity == "spot":
         resource.spot = tpu_v2.QueuedResource.Spot()
-    elif spec.capacity == "reserved":
+    elif job.capacity == "reserved":
         resource.guaranteed = tpu_v2.QueuedResource.Guaranteed()
         resource.reservation_name = _reservation_path(spec.reservation or "", project, job.zone)
     return resource

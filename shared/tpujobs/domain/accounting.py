@@ -46,6 +46,7 @@ class AttemptUsage:
     ended_at: datetime | None = None
     last_checkpoint_at: datetime | None = None
     capacity_lost: bool = False  # it ended because its capacity went away
+    zone: str = ""  # where the attempt asked for capacity
     work_kept: bool = True  # the job goes on from the attempt's checkpoint, not from scratch
 
     def held_seconds(self, now: datetime) -> float:
@@ -107,8 +108,8 @@ def account(usage: tuple[AttemptUsage, ...], now: datetime) -> Accounting:
 # -- how transitions change the usage ------------------------------------------------
 
 
-def first_attempt(chips: int, submitted_at: datetime) -> tuple[AttemptUsage, ...]:
-    return (AttemptUsage(1, chips, submitted_at),)
+def first_attempt(chips: int, submitted_at: datetime, zone: str = "") -> tuple[AttemptUsage, ...]:
+    return (AttemptUsage(1, chips, submitted_at, zone=zone),)
 
 
 def capacity_held(usage: tuple[AttemptUsage, ...], attempt: int, now: datetime) -> tuple[AttemptUsage, ...]:
@@ -131,13 +132,15 @@ def attempt_ended(
     )
 
 
-def next_attempt(usage: tuple[AttemptUsage, ...], attempt: int, chips: int, now: datetime) -> tuple[AttemptUsage, ...]:
+def next_attempt(
+    usage: tuple[AttemptUsage, ...], attempt: int, chips: int, now: datetime, zone: str = ""
+) -> tuple[AttemptUsage, ...]:
     """A new attempt waits for capacity from the moment the previous one ended."""
     if any(u.attempt == attempt for u in usage):
         return usage
     previous = usage[-1] if usage else None
     since = (previous.ended_at if previous else None) or now
-    return (*usage, AttemptUsage(attempt, chips, since))
+    return (*usage, AttemptUsage(attempt, chips, since, zone=zone))
 
 
 def checkpoint_reported(

@@ -62,6 +62,13 @@ class Job:
     log_uri: str | None = None
     event_seq: int = 0  # events written so far; the next event gets event_seq + 1
     usage: tuple[AttemptUsage, ...] = ()  # every attempt's timestamps, for its chip-hours
+    requested_at: datetime | None = None  # when the current queued resource was requested
+    on_demand: bool = False  # a spot job continued on on-demand after too many preemptions
+
+    @property
+    def capacity(self) -> str:
+        """The capacity the next request asks for: the spec's, unless the fallback switched it."""
+        return "on-demand" if self.on_demand else self.spec.capacity
 
     def accounting(self, now: datetime | None = None) -> Accounting:
         """Chip-hours, queue wait, lost time and goodput, as of `now` (default: the last change)."""
@@ -113,7 +120,7 @@ def new_job(
         updated_at=now,
         log_uri=log_uri,
         event_seq=1,
-        usage=first_attempt(spec.chips, now),
+        usage=first_attempt(spec.chips, now, zone),
     )
     event = JobEvent(1, now, None, JobState.QUEUED, reason, "submit", 1)
     return job, event

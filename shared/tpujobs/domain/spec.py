@@ -85,6 +85,9 @@ class JobSpec(BaseModel):
     on_error: RecoveryRule = "fail"
     max_restarts: Annotated[int, Field(ge=0, le=100)] = 5
     labels: dict[str, str] = Field(default_factory=dict)
+    # Spot only: after this many preemptions within the window, continue on on-demand.
+    on_demand_after_preemptions: Annotated[int, Field(ge=1, le=100)] | None = None
+    preemption_window_minutes: Annotated[int, Field(ge=1, le=7 * 24 * 60)] = 60
 
     @field_validator("accelerator_type")
     @classmethod
@@ -148,6 +151,8 @@ class JobSpec(BaseModel):
             raise ValueError("capacity 'reserved' needs a reservation")
         if self.capacity != "reserved" and self.reservation is not None:
             raise ValueError("reservation is only allowed with capacity 'reserved'")
+        if self.on_demand_after_preemptions is not None and self.capacity != "spot":
+            raise ValueError("on_demand_after_preemptions is only allowed with capacity 'spot'")
         return self
 
     @property

@@ -60,6 +60,12 @@ class EventKind(str, Enum):
     """The next attempt's queued resource was requested after a recovery."""
     CANCEL_REQUESTED = "cancel_requested"
     """A user (the owner or an admin) asked to cancel."""
+    WAITING_FOR_QUOTA = "waiting_for_quota"
+    """Admission found no room in the job's quota; the job waits QUEUED and says for what."""
+    EVICTED = "evicted"
+    """A higher-priority job took the chips; the job waits QUEUED again and resumes by its rules."""
+    ZONE_FAILOVER = "zone_failover"
+    """The queued resource waited too long for capacity; the job waits QUEUED in the next of its `zones`."""
 
 
 _NOT_DONE = (JobState.QUEUED, JobState.PROVISIONING, JobState.RUNNING, JobState.RECOVERING)
@@ -79,12 +85,19 @@ TRANSITIONS: dict[tuple[JobState, EventKind], frozenset[JobState]] = {
         {JobState.RECOVERING, JobState.FAILED}
     ),
     (JobState.RUNNING, EventKind.COMMAND_FAILED): frozenset({JobState.RECOVERING, JobState.FAILED}),
+    # A queued resource that FAILED before it ever ran moves a job with more `zones` to the next.
     (JobState.PROVISIONING, EventKind.CAPACITY_LOST): frozenset(
-        {JobState.RECOVERING, JobState.FAILED}
+        {JobState.RECOVERING, JobState.FAILED, JobState.QUEUED}
     ),
     (JobState.RUNNING, EventKind.CAPACITY_LOST): frozenset({JobState.RECOVERING, JobState.FAILED}),
     (JobState.RECOVERING, EventKind.NEXT_ATTEMPT_REQUESTED): frozenset({JobState.PROVISIONING}),
     **{(state, EventKind.CANCEL_REQUESTED): frozenset({JobState.CANCELLED}) for state in _NOT_DONE},
+    (JobState.QUEUED, EventKind.WAITING_FOR_QUOTA): frozenset({JobState.QUEUED}),
+    **{
+        (state, EventKind.EVICTED): frozenset({JobState.QUEUED})
+        for state in (JobState.PROVISIONING, JobState.RUNNING, JobState.RECOVERING)
+    },
+    (JobState.PROVISIONING, EventKind.ZONE_FAILOVER): frozenset({JobState.QUEUED}),
 }
 """(state, event) -> the states that event may lead to. Absent pairs change nothing."""
 

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 
 from tpujobs.domain import accounting
 from tpujobs.domain.job import Job, JobEvent, Source
+from tpujobs.domain.naming import queued_resource_name
 from tpujobs.domain.retry import backoff_seconds, rule_on_loss
 from tpujobs.domain.states import EventKind, JobState, allowed_targets
 
@@ -61,6 +62,7 @@ def decide(job: Job, seen: Observation, now: datetime) -> Decision | Ignored:
     if seen.kind is EventKind.ADMITTED:
         to_state = JobState.PROVISIONING
         changes["capacity_state"] = seen.capacity_state
+        changes["requested_at"] = now
         reason = reason or f"Queued resource {job.queued_resource} requested in {job.zone}."
     elif seen.kind is EventKind.CAPACITY_CHANGED:
         if seen.capacity_state == job.capacity_state:
@@ -89,6 +91,13 @@ def decide(job: Job, seen: Observation, now: datetime) -> Decision | Ignored:
             reason = reason or (
                 f"Worker {worker} exited 0; {len(done)} of {job.total_workers} workers are done."
             )
+    elif seen.kind is EventKind.CAPACITY_LOST and _never_ran_here(job, seen):
+        zone = next_zone(job)
+        assert zone is not None
+        to_state = JobState.QUEUED
+        changes.update(_requeued(job, zone))
+        what = seen.reason or f"Queued resource {job.queued_resource} failed"
+        reason = f"{what}; it never ran, so attempt {job.attempt + 1} moves to {zone}."
     elif seen.kind in (EventKind.COMMAND_FAILED, EventKind.CAPACITY_LOST):
         is_error = seen.kind is EventKind.COMMAND_FAILED
         on_worker = f" on worker {seen.worker}" if seen.worker else ""
@@ -110,6 +119,13 @@ def decide(job: Job, seen: Observation, now: datetime) -> Decision | Ignored:
             changes["restarts"] = job.restarts + 1
             changes["resume_next"] = ruling.resume
             changes["next_attempt_at"] = now + timedelta(seconds=backoff_seconds(job.restarts + 1))
+            if not is_error and _falls_back_to_on_demand(job, now):
+                changes["on_demand"] = True
+                spec = job.spec
+                reason += (
+                    f" After {spec.on_demand_after_preemptions} preemption(s) within "
+                    f"{spec.preemption_window_minutes} minutes, the job continues on on-demand capacity."
+                )
     elif seen.kind is EventKind.NEXT_ATTEMPT_REQUESTED:
         to_state = JobState.PROVISIONING
         following = job.as_next_attempt()
@@ -120,11 +136,30 @@ def decide(job: Job, seen: Observation, now: datetime) -> Decision | Ignored:
             capacity_state=seen.capacity_state,
             next_attempt_at=None,
             exit_code=None,
+            requested_at=now,
         )
         how = "resuming from its checkpoint" if job.resume_next else "from scratch"
         reason = reason or (
-            f"Attempt {following.attempt} requested queued resource {following.queued_resource}, {how}."
+            f"Attempt {following.attempt} requested queued resource {following.queued_resource} "
+            f"in {following.zone}, {how}."
         )
+    elif seen.kind is EventKind.WAITING_FOR_QUOTA:
+        if seen.reason == job.state_reason:
+            return Ignored("the job already says it waits for that")
+        to_state = JobState.QUEUED
+    elif seen.kind is EventKind.EVICTED:
+        to_state = JobState.QUEUED
+        resume = job.spec.on_preemption == "resume"
+        changes.update(_requeued(job, job.zone), resume_next=resume)
+        how = "resume from its checkpoint" if resume else "start from scratch"
+        reason = f"{seen.reason or 'Evicted'}; attempt {job.attempt + 1} waits for quota and will {how}."
+    elif seen.kind is EventKind.ZONE_FAILOVER:
+        zone = next_zone(job)
+        if zone is None:
+            return Ignored(f"no zone after {job.zone} to fail over to")
+        to_state = JobState.QUEUED
+        changes.update(_requeued(job, zone))
+        reason = f"{seen.reason or 'No capacity'} in {job.zone}; attempt {job.attempt + 1} moves to {zone}."
     elif seen.kind is EventKind.CAPACITY_REQUEST_FAILED:
         to_state = JobState.FAILED
         reason = reason or "The TPU API refused the capacity request."
@@ -153,7 +188,7 @@ def _usage_after(
 ) -> tuple[accounting.AttemptUsage, ...]:
     """The attempts' timestamps after this move: capacity held from, attempt ended at."""
     chips = job.spec.chips
-    usage = job.usage or accounting.next_attempt((), job.attempt, chips, job.created_at or now)
+    usage = job.usage or accounting.next_attempt((), job.attempt, chips, job.created_at or now, job.zone)
     active = seen.capacity_state == "ACTIVE" and seen.kind is not EventKind.NEXT_ATTEMPT_REQUESTED
     if seen.kind in _HOLDS_CAPACITY or active:
         usage = accounting.capacity_held(usage, job.attempt, now)
@@ -161,9 +196,57 @@ def _usage_after(
         lost = seen.kind is EventKind.CAPACITY_LOST
         kept = bool(changes.get("resume_next", True))  # rerun from scratch throws the work away
         usage = accounting.attempt_ended(usage, job.attempt, now, capacity_lost=lost, work_kept=kept)
+    if to_state is JobState.QUEUED and "attempt" in changes:  # requeued: evicted, or another zone
+        usage = accounting.attempt_ended(usage, job.attempt, now, capacity_lost=seen.kind is EventKind.EVICTED)
+        attempt, zone = int(changes["attempt"]), str(changes["zone"])  # type: ignore[call-overload]
+        usage = accounting.next_attempt(usage, attempt, chips, now, zone)
     if seen.kind is EventKind.NEXT_ATTEMPT_REQUESTED:
         following = int(changes["attempt"])  # type: ignore[call-overload]
-        usage = accounting.next_attempt(usage, following, chips, now)
+        usage = accounting.next_attempt(usage, following, chips, now, job.zone)
         if seen.capacity_state == "ACTIVE":  # an adopted queued resource that was already up
             usage = accounting.capacity_held(usage, following, now)
     return usage
+
+
+def _falls_back_to_on_demand(job: Job, now: datetime) -> bool:
+    """A spot job's policy: this preemption makes N within the window, so go on-demand."""
+    spec = job.spec
+    if job.on_demand or spec.capacity != "spot" or spec.on_demand_after_preemptions is None:
+        return False
+    since = now - timedelta(minutes=spec.preemption_window_minutes)
+    earlier = sum(1 for u in job.usage if u.capacity_lost and u.ended_at is not None and u.ended_at >= since)
+    return earlier + 1 >= spec.on_demand_after_preemptions
+
+
+def next_zone(job: Job) -> str | None:
+    """The zone after the job's current one in its `zones`; None at the last (or with one zone)."""
+    zones = job.spec.preferred_zones
+    later = zones[zones.index(job.zone) + 1 :] if job.zone in zones else ()
+    return later[0] if later else None
+
+
+def _never_ran_here(job: Job, seen: Observation) -> bool:
+    """A queued resource that FAILED while provisioning, before any capacity was held here,
+    of a job with another zone to go to: that is a failover, not a loss."""
+    current = next((u for u in job.usage if u.attempt == job.attempt), None)
+    return (
+        job.state is JobState.PROVISIONING
+        and seen.capacity_state == "FAILED"
+        and (current is None or current.held_from is None)
+        and next_zone(job) is not None
+    )
+
+
+def _requeued(job: Job, zone: str) -> dict[str, object]:
+    """The fields of a job sent back to QUEUED for its next attempt, in `zone`."""
+    attempt = job.attempt + 1
+    return {
+        "attempt": attempt,
+        "queued_resource": queued_resource_name(job.job_id, attempt),
+        "workers_done": (),
+        "capacity_state": None,
+        "next_attempt_at": None,
+        "exit_code": None,
+        "zone": zone,
+        "requested_at": None,
+    }

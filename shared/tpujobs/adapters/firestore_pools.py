@@ -1,0 +1,149 @@
+"""Quotas and the chips each pool has handed out, on Firestore (`tpujobs.domain.admission`).
+
+`config/quotas` holds the limits, zone -> family -> chips, edited in the console or with
+`tpujobs quota`. `quota_pools/{family}@{zone}` lists the jobs holding chips of a limited
+pool. A change to a pool document is a compare-and-set on its update time, like the job
+store's: no read-write transaction, so no lock for concurrent admissions to wait on.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from google.api_core import exceptions as api_exceptions
+from google.cloud import firestore
+
+from tpujobs.adapters.firestore_store import JOBS, _transient_on_failure, job_from_document
+from tpujobs.domain.admission import Holder
+from tpujobs.domain.job import Job
+from tpujobs.domain.states import JobState
+
+CONFIG = "config"
+QUOTAS = "quotas"
+POOLS = "quota_pools"
+
+
+@dataclass(frozen=True)
+class PoolView:
+    """A pool's holders as read, and the version a change must find unchanged."""
+
+    pool: str
+    holders: tuple[Holder, ...]
+    version: Any  # the document's update time; None when it does not exist yet
+
+
+class FirestorePools:
+    """The admission store on a Firestore client."""
+
+    def __init__(self, client: firestore.Client) -> None:
+        self._db = client
+
+    # -- quotas ---------------------------------------------------------------------
+
+    def quotas(self) -> dict[str, dict[str, int]]:
+        with _transient_on_failure("read quotas"):
+            snapshot = self._db.collection(CONFIG).document(QUOTAS).get()
+        data = snapshot.to_dict() if snapshot.exists else {}
+        return {zone: dict(limits) for zone, limits in (data or {}).items() if isinstance(limits, dict)}
+
+    def set_quota(self, zone: str, family: str, chips: int | None) -> None:
+        """Set (or with None remove) one pool's quota; takes effect at the next admission."""
+        ref = self._db.collection(CONFIG).document(QUOTAS)
+        value = firestore.DELETE_FIELD if chips is None else chips
+        with _transient_on_failure("write quotas"):
+            ref.set({zone: {family: value}}, merge=True)
+
+    # -- holders --------------------------------------------------------------------
+
+    def view(self, pool: str) -> PoolView:
+        with _transient_on_failure("read pool"):
+            snapshot = self._db.collection(POOLS).document(pool).get()
+        if not snapshot.exists:
+            return PoolView(pool, (), None)
+        holders = (snapshot.to_dict() or {}).get("holders") or {}
+        return PoolView(pool, tuple(_holder(job_id, h) for job_id, h in sorted(holders.items())), snapshot.update_time)
+
+    def change(self, seen: PoolView, add: Holder | None = None, remove: frozenset[str] = frozenset()) -> bool:
+        """Add and remove holders if the pool is still as `seen`; False when someone came first."""
+        holders = {h.job_id: h for h in seen.holders if h.job_id not in remove}
+        if add is not None:
+            holders[add.job_id] = add
+        family, _, zone = seen.pool.partition("@")
+        document = {
+            "family": family,
+            "zone": zone,
+            "chips_held": sum(h.chips for h in holders.values()),
+            "holders": {job_id: _holder_fields(h) for job_id, h in holders.items()},
+            "updated_at": firestore.SERVER_TIMESTAMP,
+        }
+        ref = self._db.collection(POOLS).document(seen.pool)
+        try:
+            with _transient_on_failure("change pool"):
+                if seen.version is None:
+                    ref.create(document)
+                else:
+                    ref.update(document, option=self._db.write_option(last_update_time=seen.version))
+        except (api_exceptions.FailedPrecondition, api_exceptions.AlreadyExists):
+            time.sleep(random.uniform(0, 0.01))
+            return False
+        return True
+
+    def pools(self) -> list[str]:
+        """Every pool that has a document: those the reconciler looks after."""
+        with _transient_on_failure("list pools"):
+            return [ref.id for ref in self._db.collection(POOLS).list_documents()]
+
+    # -- the queue ------------------------------------------------------------------
+
+    def queue(self, pool: str, limit: int = 10) -> list[Job]:
+        """The pool's QUEUED jobs in admission order: priority, then submission."""
+        query = (
+            self._db.collection(JOBS)
+            .where(filter=firestore.FieldFilter("pool", "==", pool))
+            .where(filter=firestore.FieldFilter("state", "==", JobState.QUEUED.value))
+            .order_by("priority_rank", direction=firestore.Query.DESCENDING)
+            .order_by("created_at")
+            .limit(limit)
+        )
+        with _transient_on_failure("read queue"):
+            return [job_from_document(d.to_dict()) for d in query.stream()]
+
+    def active_in(self, pool: str) -> list[Job]:
+        """Jobs of the pool that may hold chips: everything not QUEUED and not ended."""
+        query = (
+            self._db.collection(JOBS)
+            .where(filter=firestore.FieldFilter("pool", "==", pool))
+            .where(
+                filter=firestore.FieldFilter(
+                    "state", "in", [JobState.PROVISIONING.value, JobState.RUNNING.value, JobState.RECOVERING.value]
+                )
+            )
+        )
+        with _transient_on_failure("read pool jobs"):
+            return [job_from_document(d.to_dict()) for d in query.stream()]
+
+
+def _holder(job_id: str, fields: dict[str, Any]) -> Holder:
+    return Holder(
+        job_id=job_id,
+        chips=int(fields["chips"]),
+        attempt=int(fields["attempt"]),
+        priority=str(fields["priority"]),
+        since=fields["since"],
+        evictable=bool(fields.get("evictable", True)),
+    )
+
+
+def _holder_fields(holder: Holder) -> dict[str, Any]:
+    since: datetime = holder.since
+    return {
+        "chips": holder.chips,
+        "attempt": holder.attempt,
+        "priority": holder.priority,
+        "since": since,
+        "evictable": holder.evictable,
+    }
