@@ -63,7 +63,7 @@ _ATTEMPT_OVER = frozenset(
     {JobState.RECOVERING, JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.QUEUED}
 )
 ADMISSION_ROUNDS = 50  # admissions (or lost races) one call may make before leaving the rest
-QUEUE_PEEK = 20  # queued jobs read per round: the head, and claims still being finished
+QUEUE_PEEK = 5  # queued jobs read per round: the head, and claims still being finished
 
 
 def _requeued(decision: Decision) -> bool:

@@ -1,0 +1,153 @@
+"""Admission under a quota: 1,000 queued jobs, room for 10 at a time.
+
+Runs the job service in this process against a Firestore emulator and an in-process TPU
+simulator (no worker processes), with a quota of 40 v4 chips (ten v4-8 jobs of 4 chips).
+It submits 1,000 jobs (10 are admitted, 990 wait QUEUED), then, trial after trial, ends
+one running job the way its last worker would (an `exited 0` report) and measures:
+
+  latency      from the SUCCEEDED commit of the ending job to the ADMITTED (PROVISIONING)
+               commit of the next one, both stamped by the service's clock: the admission
+               is done inside the handler of the event that freed the chips, no tick involved
+  operations   Firestore operations per admission, counted at the adapters: a document read
+               per document a get, view or query returned (a query that returns nothing
+               still costs one), a write per document a commit wrote
+
+    .venv/bin/python bench/admission.py [--jobs 1000 --trials 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import uuid
+from collections import Counter
+from datetime import datetime, timezone
+from typing import Any, ClassVar
+
+from google.cloud import firestore
+
+from reconcile import firestore_emulator  # the bench folder's own helper
+from tpujobs.adapters.firestore_pools import FirestorePools
+from tpujobs.adapters.firestore_store import FirestoreJobStore
+from tpujobs.adapters.tpu import CloudTpu, build_client
+from tpujobs.config import Settings
+from tpujobs.domain.states import JobState
+from tpujobs.inbound import InboundMessage
+from tpujobs.service import JobService
+from tpujobs.simulator import SimulatorConfig, SimulatorServer
+
+ZONE = "us-central2-b"
+QUOTA_CHIPS = 40  # ten v4-8 jobs
+
+
+class Counted:
+    """Counts Firestore reads and writes of the adapter calls made through it."""
+
+    READS: ClassVar[dict[str, int]] = {"get": 1, "view": 1, "quotas": 1}
+    WRITES: ClassVar[dict[str, int]] = {"change": 1, "reject": 1, "record_worker": 1, "mark_announced": 1}
+
+    def __init__(self, inner: Any, counts: Counter) -> None:
+        self._inner, self._counts = inner, counts
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._inner, name)
+        if not callable(method):
+            return method
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            result = method(*args, **kwargs)
+            if name in ("queue", "active_in", "list", "list_active"):
+                self._counts["reads"] += max(1, len(result))
+            elif name == "apply":
+                self._counts["reads"] += 1
+                self._counts["writes"] += 2 if hasattr(result, "event") else 0  # the job and its event
+            elif name == "create":
+                self._counts["writes"] += 2
+            else:
+                self._counts["reads"] += self.READS.get(name, 0)
+                self._counts["writes"] += self.WRITES.get(name, 0)
+            return result
+
+        return call
+
+
+def message(topic: str, payload: dict) -> InboundMessage:
+    return InboundMessage(uuid.uuid4().hex, topic, json.dumps(payload).encode())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=1000)
+    parser.add_argument("--trials", type=int, default=50)
+    args = parser.parse_args()
+    project = f"bench-admission-{uuid.uuid4().hex[:8]}"
+    counts: Counter = Counter()
+    config = SimulatorConfig(waiting_seconds=0.05, provisioning_seconds=0.1, tick_seconds=0.5)
+    with firestore_emulator(), SimulatorServer(config, run_workers=False) as simulator:
+        client = firestore.Client(project=project)
+        pools = FirestorePools(client)
+        pools.set_quota(ZONE, "v4", QUOTA_CHIPS)
+        settings = Settings(project=project, default_zone=ZONE, tpu_endpoint=simulator.url, logs_bucket="logs")
+        service = JobService(
+            Counted(FirestoreJobStore(client), counts),
+            CloudTpu(build_client(simulator.url), project),
+            settings,
+            lambda: datetime.now(timezone.utc),
+            lambda _: None,
+            pools=Counted(pools, counts),
+        )
+        started = time.perf_counter()
+        for n in range(args.jobs):
+            service.submit(
+                message("tpujobs-submit", {
+                    "job_id": f"job-{n:05d}", "name": "queued", "owner": "bench@example.com",
+                    "accelerator_type": "v4-8", "command": "python train.py",
+                })
+            )
+        print(f"submitted {args.jobs} jobs in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+        running = [j.job_id for j in service.store.list(state="PROVISIONING", limit=100)]
+        queued = len(service.store.list(state="QUEUED", limit=args.jobs))
+        print(f"admitted {len(running)}, waiting {queued}", file=sys.stderr)
+
+        latencies, reads, writes, handler = [], [], [], []
+        for _ in range(args.trials):
+            ending = running.pop(0)
+            before_ids = {j.job_id for j in service.store.list(state="PROVISIONING", limit=100)}
+            counts.clear()
+            t0 = time.perf_counter()
+            service.on_worker_report(
+                message("tpujobs-worker-events", {
+                    "kind": "exited", "job_id": ending, "attempt": 1, "slice_id": 0, "worker_id": 0, "exit_code": 0,
+                })
+            )
+            handler.append(time.perf_counter() - t0)
+            ops = Counter(counts)
+            now_ids = {j.job_id for j in service.store.list(state="PROVISIONING", limit=100)}
+            (admitted,) = now_ids - before_ids
+            running.append(admitted)
+            ended_at = next(e.at for e in service.store.events(ending) if e.to_state is JobState.SUCCEEDED)
+            admitted_at = next(e.at for e in service.store.events(admitted) if e.to_state is JobState.PROVISIONING)
+            latencies.append((admitted_at - ended_at).total_seconds())
+            reads.append(ops["reads"])
+            writes.append(ops["writes"])
+
+    def ms(values: list[float]) -> str:
+        ordered = sorted(values)
+        p95 = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+        return f"median {statistics.median(values) * 1000:.0f} ms, p95 {p95 * 1000:.0f} ms"
+
+    print(f"\nadmission after a job ends ({args.trials} trials, {args.jobs} jobs, quota for 10 at a time)")
+    print(f"  SUCCEEDED commit -> next job ADMITTED: {ms(latencies)}")
+    print(f"  the whole handler of the ending report: {ms(handler)}")
+    print(
+        f"  Firestore per admission (the ending included): reads median {statistics.median(reads):.0f}, "
+        f"writes median {statistics.median(writes):.0f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
