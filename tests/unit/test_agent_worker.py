@@ -975,3 +975,21 @@ def test_the_agent_imports_only_the_standard_library() -> None:
         n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
     }
     assert names - set(sys.stdlib_module_names) == set()
+
+
+def test_after_the_preemption_notice_only_checkpoints_are_still_reported() -> None:
+    """A job saving on SIGTERM keeps its work; its exit code, caused by the notice, is not a failure."""
+    published: list[str] = []
+
+    class Recorder:
+        def publish(self, topic, payload, attributes, **_):  # noqa: ANN001
+            published.append(payload["kind"])
+
+    identity = {"job_id": "j", "attempt": 1, "slice_id": 0, "worker_id": 0}
+    reporter = worker.Reporter(Recorder(), "tpujobs-worker-events", identity)
+    reporter.report("heartbeat")
+    reporter.silence()
+    reporter.report("checkpoint", step=7, detail="")
+    reporter.report("exited", exit_code=143)
+    reporter.close(timeout=5.0)
+    assert published[-1] == "checkpoint" and "exited" not in published

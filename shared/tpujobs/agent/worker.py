@@ -732,12 +732,15 @@ class Reporter:
         payload.update(extra)
         return payload
 
+    # Still published after the preemption notice: a checkpoint saved on SIGTERM keeps work.
+    AFTER_SILENCE = frozenset({"checkpoint"})
+
     def report(self, kind: str, **extra: Any) -> None:
-        if not self._silenced.is_set():
+        if not self._silenced.is_set() or kind in self.AFTER_SILENCE:
             self._queue.put(self.message(kind, **extra))
 
     def silence(self) -> None:
-        """Nothing more is published, not even what is queued."""
+        """Nothing more is published but checkpoints, not even what is queued."""
         self._silenced.set()
 
     def close(self, timeout: float = 30.0) -> None:
@@ -749,7 +752,7 @@ class Reporter:
             payload = self._queue.get()
             if payload is None:
                 return
-            if self._silenced.is_set():
+            if self._silenced.is_set() and payload["kind"] not in self.AFTER_SILENCE:
                 continue
             attributes = {
                 "job_id": str(payload["job_id"]),
