@@ -982,7 +982,7 @@ def test_after_the_preemption_notice_only_checkpoints_are_still_reported() -> No
     published: list[str] = []
 
     class Recorder:
-        def publish(self, topic, payload, attributes, **_):  # noqa: ANN001
+        def publish(self, topic, payload, attributes, **_):
             published.append(payload["kind"])
 
     identity = {"job_id": "j", "attempt": 1, "slice_id": 0, "worker_id": 0}
