@@ -32,7 +32,7 @@ from datetime import timedelta
 from tpujobs.agent.startup import render_startup_script
 from tpujobs.domain.admission import Holder, pool_id
 from tpujobs.domain.job import Job
-from tpujobs.domain.naming import parse_queued_resource_name
+from tpujobs.domain.naming import exported_attempt, parse_queued_resource_name
 from tpujobs.domain.states import EventKind, JobState
 from tpujobs.domain.transitions import Observation, next_zone
 from tpujobs.errors import PermanentError, TransientError
@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 
 # Queued-resource states that mean "no capacity yet" (a zone failover may end the wait).
 WAITING_FOR_CAPACITY = frozenset({"CREATING", "ACCEPTED", "WAITING_FOR_RESOURCES"})
+EXPORT_GRACE_S = 60.0  # an export asked for by the handler has had this long to finish
+EXPORT_WINDOW_S = 600.0  # after that, the reconciler asks again for this long
 ANNOUNCE_AFTER_S = 10.0  # a change newer than this is still being announced by its handler
 
 
@@ -99,6 +101,7 @@ class Reconciler:
 
         live = {job.job_id: job for job in jobs}
         self._repair_pools(report)
+        self._request_missing_exports(jobs, now, report)
         self._find_silent_workers(live, now, report)
         self._announce_missed(now, report)
         for (zone, name), status in seen.items():
@@ -141,6 +144,28 @@ class Reconciler:
                 status.name, status.state, status.detail, status.unhealthy_hosts, source="reconciler"
             )
             report.observed.append(f"{job.job_id}: {status.state}")
+
+    def _request_missing_exports(self, active: list[Job], now, report: ReconcileReport) -> None:
+        """Ask again for the export of attempts that ended a while ago and are not exported.
+
+        The handler that ended an attempt asks once, best effort. Here each attempt that
+        held capacity and ended between EXPORT_GRACE_S and EXPORT_GRACE_S + EXPORT_WINDOW_S
+        ago, newer than the job's latest exported one, is asked for again at every tick of
+        that window: the export is idempotent, and an attempt without output stays as it is.
+        """
+        service = self.service
+        if service.exports is None:
+            return
+        newest = now - timedelta(seconds=EXPORT_GRACE_S)
+        oldest = newest - timedelta(seconds=EXPORT_WINDOW_S)
+        ended = service.store.ended_between(oldest, newest)
+        for job in [*active, *ended]:
+            exported = exported_attempt(job.log_uri) or 0
+            for usage in job.usage:
+                due = usage.ended_at is not None and oldest <= usage.ended_at < newest
+                if due and usage.held_from is not None and usage.attempt > exported:
+                    service.request_export(job.job_id, usage.attempt)
+                    report.observed.append(f"{job.job_id}: export of attempt {usage.attempt} asked again")
 
     def _waited_too_long(self, job: Job, status: CapacityStatus) -> bool:
         """Still waiting for capacity past the limit, with another zone of `zones` to try."""

@@ -428,8 +428,7 @@ class JobService:
 
         Best effort: the change is committed, and failing the handler would not repeat the
         request (a redelivered message finds nothing left to change), so a failure is only
-        logged. Nothing retries a lost request yet; the chunks stay, and `tpujobs logs`
-        shows them unexported.
+        logged; the reconciler asks again for attempts still unexported a minute later.
         """
         if self.exports is None:
             return

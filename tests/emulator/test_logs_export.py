@@ -330,3 +330,38 @@ def test_a_failed_export_request_does_not_fail_the_handler(firestore_client, tpu
     service.on_worker_report(message("tpujobs-worker-events", {**identity, "kind": "started"}))
     service.on_control(message("tpujobs-control", {"action": "cancel", "job_id": "train-1", "owner": "ada@example.com"}))
     assert service.store.get("train-1").state is JobState.CANCELLED
+
+
+def test_the_reconciler_asks_again_for_an_export_whose_request_was_lost(
+    firestore_client, tpu_client, project_id, simulator_url
+):
+    """The handler's request failed; a tick a minute later asks again, for the ended attempt
+    only, until the export is recorded; a job without output is not asked for forever."""
+    from datetime import timedelta
+
+    from tpujobs.reconciler import EXPORT_GRACE_S, EXPORT_WINDOW_S, Reconciler
+
+    now = [utc_now()]
+    service = service_with(BrokenExports(), firestore_client, tpu_client, project_id, simulator_url)
+    service.clock = lambda: now[0]
+    spec = {"job_id": "train-1", "name": "train", "owner": "ada@example.com", "accelerator_type": "v4-8", "command": "x"}
+    service.submit(message("tpujobs-submit", spec))
+    identity = {"job_id": "train-1", "slice_id": 0, "worker_id": 0}
+    service.on_worker_report(message("tpujobs-worker-events", {**identity, "kind": "started", "attempt": 1}))
+    service.on_worker_report(
+        message("tpujobs-worker-events", {**identity, "kind": "exited", "attempt": 1, "exit_code": 0})
+    )
+    assert service.store.get("train-1").state is JobState.SUCCEEDED
+
+    exports = RecordedExports()
+    service.exports = exports
+    Reconciler(service).tick()
+    assert exports.requests == []  # too early: the handler's own request may still be on its way
+
+    now[0] += timedelta(seconds=EXPORT_GRACE_S + 1)
+    Reconciler(service).tick()
+    assert exports.requests == [("train-1", 1)]
+
+    now[0] += timedelta(seconds=EXPORT_WINDOW_S)
+    Reconciler(service).tick()
+    assert exports.requests == [("train-1", 1)]  # past the window: left alone

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +26,7 @@ from google.cloud import firestore
 from tpujobs.domain.accounting import AttemptUsage, checkpoint_reported
 from tpujobs.domain.admission import pool_id
 from tpujobs.domain.job import Job, JobEvent
+from tpujobs.domain.naming import exported_attempt
 from tpujobs.domain.spec import PRIORITY_RANK, JobSpec
 from tpujobs.domain.states import ACTIVE, JobState
 from tpujobs.domain.transitions import Decision, Ignored, Observation, decide
@@ -304,6 +304,16 @@ class FirestoreJobStore:
         with _transient_on_failure("list active jobs"):
             return [job_from_document(doc.to_dict()) for doc in query.limit(limit).stream()]
 
+    def ended_between(self, start: datetime, end: datetime, limit: int = 1000) -> list[Job]:
+        """Jobs that ended in [start, end): the reconciler checks their last export."""
+        query = (
+            self._db.collection(JOBS)
+            .where(filter=firestore.FieldFilter("ended_at", ">=", start))
+            .where(filter=firestore.FieldFilter("ended_at", "<", end))
+        )
+        with _transient_on_failure("list ended jobs"):
+            return [job_from_document(doc.to_dict()) for doc in query.limit(limit).stream()]
+
     def record_worker(self, job_id: str, worker: WorkerRecord) -> None:
         """Merge what one worker host reported into `jobs/{id}/workers/a{attempt}-{worker}`.
 
@@ -379,7 +389,7 @@ class FirestoreJobStore:
             if not snapshot.exists:
                 return
             current = (snapshot.to_dict() or {}).get("log_uri")
-            if current == logs.log_uri or (_exported_attempt(current) or 0) > logs.attempt:
+            if current == logs.log_uri or (exported_attempt(current) or 0) > logs.attempt:
                 return
             try:
                 with _transient_on_failure("record the job's log_uri"):
@@ -437,12 +447,6 @@ class FirestoreJobStore:
             for doc in docs
             for d in [doc.to_dict()]
         ]
-
-
-def _exported_attempt(log_uri: str | None) -> int | None:
-    """The attempt whose combined log (`.../attempt-N/attempt.log`) a log_uri names, if any."""
-    match = re.search(r"/attempt-([0-9]+)/attempt\.log$", log_uri or "")
-    return int(match[1]) if match else None
 
 
 def _document_id(message_id: str) -> str:

@@ -33,3 +33,9 @@ def parse_queued_resource_name(name: str) -> tuple[str, int] | None:
 def node_id(queued_resource: str, slice_index: int, slices: int) -> str:
     """The TPU node of one slice: the queued resource's name, suffixed per slice in multislice."""
     return queued_resource if slices == 1 else f"{queued_resource}-{slice_index}"
+
+
+def exported_attempt(log_uri: str | None) -> int | None:
+    """The attempt whose combined log (`.../attempt-N/attempt.log`) a log_uri names, if any."""
+    match = re.search(r"/attempt-([0-9]+)/attempt\.log$", log_uri or "")
+    return int(match[1]) if match else None
