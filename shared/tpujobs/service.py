@@ -19,7 +19,15 @@ from tpujobs import logs
 from tpujobs.agent.startup import render_startup_script
 from tpujobs.config import Settings
 from tpujobs.domain.access import may_cancel
-from tpujobs.domain.admission import Holder, fits, pool_id, quota_of, victims_for, waiting_reason
+from tpujobs.domain.admission import (
+    Holder,
+    chips_held,
+    fits,
+    pool_id,
+    quota_of,
+    victims_for,
+    waiting_reason,
+)
 from tpujobs.domain.job import Job, JobEvent, Source, new_job, worker_key
 from tpujobs.domain.naming import parse_queued_resource_name, queued_resource_name
 from tpujobs.domain.retry import BACKOFF_CAP_SECONDS
@@ -211,11 +219,15 @@ class JobService:
                 if self.pools.change(view, add=claim, remove=stale):
                     self._admit(head)
                     admitted.append(head.job_id)
+                    if limit is not None and chips_held(holders) + chips >= limit:
+                        return admitted  # the pool is full: no need to look at the next job
                 continue
             victims = victims_for(limit, holders, chips, head.spec.priority)
             if victims is None:
                 why = waiting_reason(pool, limit, chips)
-                self._commit(head.job_id, Observation(EventKind.WAITING_FOR_QUOTA, head.attempt, "submit", reason=why))
+                if head.state_reason != why:  # said once; the same words again would write nothing
+                    seen = Observation(EventKind.WAITING_FOR_QUOTA, head.attempt, "submit", reason=why)
+                    self._commit(head.job_id, seen)
                 return admitted
             for victim in victims:
                 self._evict(victim.job_id, head)
