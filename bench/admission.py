@@ -21,6 +21,7 @@ import argparse
 import json
 import statistics
 import sys
+import threading
 import time
 import uuid
 from collections import Counter
@@ -47,7 +48,7 @@ class Counted:
     """Counts Firestore reads and writes of the adapter calls made through it."""
 
     READS: ClassVar[dict[str, int]] = {"get": 1, "view": 1, "quotas": 1}
-    WRITES: ClassVar[dict[str, int]] = {"change": 1, "reject": 1, "record_worker": 1, "mark_announced": 1}
+    WRITES: ClassVar[dict[str, int]] = {"reject": 1, "record_worker": 1, "mark_announced": 1}
 
     def __init__(self, inner: Any, counts: Counter) -> None:
         self._inner, self._counts = inner, counts
@@ -66,6 +67,9 @@ class Counted:
                 self._counts["writes"] += 2 if hasattr(result, "event") else 0  # the job and its event
             elif name == "create":
                 self._counts["writes"] += 2
+            elif name == "change":
+                self._counts["writes"] += 1
+                self._counts["cas_lost"] += result is False
             else:
                 self._counts["reads"] += self.READS.get(name, 0)
                 self._counts["writes"] += self.WRITES.get(name, 0)
@@ -82,6 +86,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--trials", type=int, default=50)
+    parser.add_argument("--concurrent", type=int, default=10, help="writers at once in the contention test")
     args = parser.parse_args()
     project = f"bench-admission-{uuid.uuid4().hex[:8]}"
     counts: Counter = Counter()
@@ -134,6 +139,10 @@ def main() -> int:
             reads.append(ops["reads"])
             writes.append(ops["writes"])
 
+        print("\nconcurrency: one document under concurrent writers", file=sys.stderr)
+        hot = transactions_on_one_document(client, args.concurrent)
+        burst = concurrent_endings(service, running, args.concurrent, counts)
+
     def ms(values: list[float]) -> str:
         ordered = sorted(values)
         p95 = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
@@ -146,7 +155,77 @@ def main() -> int:
         f"  Firestore per admission (the ending included): reads median {statistics.median(reads):.0f}, "
         f"writes median {statistics.median(writes):.0f}"
     )
+    print(f"\n{args.concurrent} writers at once on one document")
+    print(
+        f"  read-write transactions: {hot['ok']} committed, {hot['failed']} failed"
+        f" ({', '.join(hot['errors']) or 'no error'})"
+    )
+    print(
+        f"  {args.concurrent} jobs ending at once through admission (compare-and-set on the pool document):"
+        f" {burst['admitted']} admitted, {burst['errors']} errors, {burst['cas_lost']} lost races retried,"
+        f" chips held {burst['held']} of {QUOTA_CHIPS}"
+    )
     return 0
+
+
+def transactions_on_one_document(client: firestore.Client, writers: int) -> dict[str, Any]:
+    """What admission would meet with a counter in a read-write transaction: lock waits."""
+    ref = client.collection("bench_hot").document("counter")
+    ref.set({"n": 0})
+    outcome: dict[str, Any] = {"ok": 0, "failed": 0, "errors": set()}
+    lock = threading.Lock()
+
+    def add_one() -> None:
+        @firestore.transactional
+        def increment(transaction: firestore.Transaction) -> None:
+            snapshot = ref.get(transaction=transaction)
+            time.sleep(0.05)  # the work between read and write: a TPU request, say
+            transaction.update(ref, {"n": snapshot.get("n") + 1})
+
+        try:
+            increment(client.transaction(max_attempts=5))
+            with lock:
+                outcome["ok"] += 1
+        except Exception as error:  # counted and named below
+            with lock:
+                outcome["failed"] += 1
+                outcome["errors"].add(f"{type(error).__name__}: {str(error)[:60]}")
+
+    threads = [threading.Thread(target=add_one) for _ in range(writers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    outcome["errors"] = sorted(outcome["errors"])
+    return outcome
+
+
+def concurrent_endings(service: JobService, running: list[str], writers: int, counts: Counter) -> dict[str, int]:
+    """`writers` running jobs end at the same moment; each handler admits the next job."""
+    pool = f"v4@{ZONE}"
+    ending = running[:writers]
+    before = {j.job_id for j in service.store.list(state="PROVISIONING", limit=100)}
+    errors: list[BaseException] = []
+    counts.clear()
+
+    def end(job_id: str) -> None:
+        try:
+            service.on_worker_report(
+                message("tpujobs-worker-events", {
+                    "kind": "exited", "job_id": job_id, "attempt": 1, "slice_id": 0, "worker_id": 0, "exit_code": 0,
+                })
+            )
+        except BaseException as error:  # counted below
+            errors.append(error)
+
+    threads = [threading.Thread(target=end, args=(job_id,)) for job_id in ending]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    after = {j.job_id for j in service.store.list(state="PROVISIONING", limit=100)}
+    held = sum(h.chips for h in service.pools.view(pool).holders)
+    return {"admitted": len(after - before), "errors": len(errors), "cas_lost": counts["cas_lost"], "held": held}
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ queued-resource names are deterministic and deleting what is gone is fine.
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -186,20 +187,24 @@ class JobService:
     def _quota(self, pool: str) -> int | None:
         return None if self.pools is None else quota_of(self.pools.quotas(), pool)
 
-    def admit_waiting(self, pool: str, limit: int | None = None) -> list[str]:
+    def admit_waiting(
+        self, pool: str, limit: int | None = None, leaving: frozenset[str] = frozenset()
+    ) -> list[str]:
         """Admit the pool's queue in order while its chips fit; a high-priority head may evict.
 
         Driven by the events that free chips (a job ends, is evicted, moves zone) and by
-        submissions; the reconciler calls it too. Each admission claims the chips with a
-        compare-and-set on the pool's document, so concurrent calls never hand out a chip
-        twice: the loser reads again and goes on with the next job.
+        submissions; the reconciler calls it too. `leaving` are jobs whose hold goes in the
+        same write as the next claim. Each change is a compare-and-set on the pool's
+        document, so concurrent calls never hand out a chip twice: the loser reads again.
         """
         if self.pools is None:
             return []
         if limit is None:
             limit = self._quota(pool)
         admitted: list[str] = []
-        for _ in range(ADMISSION_ROUNDS):
+        for lost in range(ADMISSION_ROUNDS):
+            if lost:
+                self.sleep(random.uniform(0, 0.005 * min(lost, 10)))  # spread the retries of a burst
             view = self.pools.view(pool)
             held = {h.job_id: h for h in view.holders}
             queue = self.pools.queue(pool, QUEUE_PEEK)
@@ -207,33 +212,40 @@ class JobService:
             for job in claimed:  # claimed by a call that stopped half-way: finish it (idempotent)
                 self._admit(job)
             waiting = [j for j in queue if j not in claimed]
+            stale = frozenset(j.job_id for j in waiting if j.job_id in held)  # holds of an earlier attempt
+            going = (leaving | stale) & held.keys()
+            holders = [h for h in view.holders if h.job_id not in going]
             if not waiting:
+                if going and not self.pools.change(view, remove=going):
+                    continue
                 return admitted
             head = waiting[0]
-            stale = frozenset(j.job_id for j in waiting if j.job_id in held)  # holds of an earlier attempt
-            holders = [h for h in view.holders if h.job_id not in stale]
             chips = head.spec.chips
             claim = Holder(head.job_id, chips, head.attempt, head.spec.priority, self.clock(),
                            evictable=head.spec.on_preemption != "fail")
-            if limit is None or fits(limit, holders, chips):
-                if self.pools.change(view, add=claim, remove=stale):
-                    self._admit(head)
-                    admitted.append(head.job_id)
-                    if limit is not None and chips_held(holders) + chips >= limit:
-                        return admitted  # the pool is full: no need to look at the next job
+            victims: list[Holder] = []
+            if limit is not None and not fits(limit, holders, chips):
+                victims = victims_for(limit, holders, chips, head.spec.priority) or []
+                if not victims:
+                    if going and not self.pools.change(view, remove=going):
+                        continue
+                    why = waiting_reason(pool, limit, chips)
+                    if head.state_reason != why:  # said once; the same words again would write nothing
+                        seen = Observation(EventKind.WAITING_FOR_QUOTA, head.attempt, "submit", reason=why)
+                        self._commit(head.job_id, seen)
+                    return admitted
+                for victim in victims:
+                    self._evict(victim.job_id, head)
+                leaving = leaving | {v.job_id for v in victims}  # until a write takes their holds away
+                going = going | {v.job_id for v in victims}
+            if not self.pools.change(view, add=claim, remove=going):
                 continue
-            victims = victims_for(limit, holders, chips, head.spec.priority)
-            if victims is None:
-                why = waiting_reason(pool, limit, chips)
-                if head.state_reason != why:  # said once; the same words again would write nothing
-                    seen = Observation(EventKind.WAITING_FOR_QUOTA, head.attempt, "submit", reason=why)
-                    self._commit(head.job_id, seen)
-                return admitted
-            for victim in victims:
-                self._evict(victim.job_id, head)
-            if self.pools.change(view, add=claim, remove=stale | {v.job_id for v in victims}):
-                self._admit(head)
-                admitted.append(head.job_id)
+            leaving = frozenset()
+            self._admit(head)
+            admitted.append(head.job_id)
+            remaining = [h for h in holders if h.job_id not in going]
+            if limit is not None and chips_held(remaining) + chips >= limit:
+                return admitted  # the pool is full: no need to look at the next job
         return admitted
 
     def _evict(self, job_id: str, by: Job) -> None:
@@ -258,16 +270,12 @@ class JobService:
         self._drop_hold(job.job_id, pool_id(job.spec, job.zone))
 
     def _drop_hold(self, job_id: str, pool: str) -> None:
+        """Take a job's hold off a pool, in the same write as the next admission if any."""
         if self.pools is None:
             return
-        for _ in range(ADMISSION_ROUNDS):
-            view = self.pools.view(pool)
-            if all(h.job_id != job_id for h in view.holders):
-                break
-            if self.pools.change(view, remove=frozenset({job_id})):
-                break
-        if view.version is not None:
-            self.admit_waiting(pool)
+        view = self.pools.view(pool)
+        if any(h.job_id == job_id for h in view.holders):
+            self.admit_waiting(pool, leaving=frozenset({job_id}))
 
     def _admit(self, job: Job) -> SubmitOutcome:
         """Request the attempt's capacity, then record PROVISIONING (or FAILED for good)."""
