@@ -177,6 +177,17 @@ class CrashingTpu:
         return self._plan.step("tpu.list", lambda: self._tpu.list(zone))
 
 
+class CrashingPools:
+    """The admission store (`ports.Pools`), every call one step of `plan`."""
+
+    def __init__(self, pools: Any, plan: CrashPlan) -> None:
+        self._pools = pools
+        self._plan = plan
+
+    def __getattr__(self, name: str) -> Any:
+        return _counted(self._plan, f"pools.{name}", getattr(self._pools, name))
+
+
 def _counted(plan: CrashPlan, name: str, attribute: Any) -> Any:
     """An adapter's extra method as a step of `plan`; other attributes pass through."""
     if not callable(attribute):
