@@ -28,7 +28,7 @@ app = typer.Typer(help="Run training jobs on Cloud TPUs that survive preemption.
 out = Console()
 err = Console(stderr=True)
 
-_TYPED_FIELDS = {"slices", "max_restarts", "zones"}  # --set values parsed as YAML, not text
+_TYPED_FIELDS = {"slices", "max_restarts", "zones", "on_demand_after_preemptions", "preemption_window_minutes"}  # --set values parsed as YAML, not text
 
 
 def _settings() -> Settings:
@@ -600,8 +600,10 @@ def dead_letters(
 def _mount_subcommands() -> None:
     from tpujobs.demo import demo
     from tpujobs.dev.cli import dev_app
+    from tpujobs.quota_cli import quota_app
 
     app.add_typer(dev_app, name="dev", help="The local stack: emulators, TPU simulator, functions.")
+    app.add_typer(quota_app, name="quota", help="Chip quotas per accelerator family and zone.")
     app.command()(demo)
 
 
