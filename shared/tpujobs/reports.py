@@ -8,6 +8,7 @@ rejection and acknowledges. The worker agent (`agent/worker.py`) writes the firs
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timezone
 from typing import Annotated, Literal, TypeVar
 
@@ -16,6 +17,12 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from tpujobs.domain.spec import ID_PATTERN, OWNER_PATTERN, ZONE_PATTERN, require_unicode_text
 
 MAX_REPORT_BYTES = 16 * 1024
+# An audit-log entry of a queued resource's creation carries its request, startup script and all.
+MAX_AUDIT_ENTRY_BYTES = 1024 * 1024
+TPU_SERVICE = "tpu.googleapis.com"
+_QR_PATH = re.compile(
+    r"projects/[^/]+/locations/([a-z]+-[a-z]+[0-9]+-[a-z])/queuedResources/([a-z](?:[-a-z0-9]{0,61}[a-z0-9])?)$"
+)
 JobId = Annotated[str, Field(pattern=ID_PATTERN)]
 Attempt = Annotated[int, Field(ge=1, le=10_000)]
 Index = Annotated[int, Field(ge=0, le=100_000)]
@@ -129,3 +136,32 @@ def decode_report(model: type[Report], raw: bytes | None) -> Report:
         first = error.errors(include_url=False)[0]
         field = ".".join(str(part) for part in first.get("loc", ())) or "the message"
         raise ReportError(f"field {field!r}: {first.get('msg', 'is invalid')}") from None
+
+
+def audit_log_target(raw: bytes | None) -> tuple[str, str] | None:
+    """(zone, queued resource) of a TPU audit-log entry that the log sink routed here, or None.
+
+    The sink publishes Cloud Logging `LogEntry` JSON: `protoPayload` is the AuditLog, whose
+    `resourceName` (or the operation's `response.name`, or the create request's `parent`
+    and `queuedResourceId`) names the queued resource. The entry says what was done, not
+    what state the resource is in now, so the service reads that from the TPU API.
+    """
+    if raw is None or len(raw) > MAX_AUDIT_ENTRY_BYTES:
+        return None
+    try:
+        entry = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    payload = entry.get("protoPayload") if isinstance(entry, dict) else None
+    if not isinstance(payload, dict) or payload.get("serviceName") != TPU_SERVICE:
+        return None
+    response = payload.get("response") if isinstance(payload.get("response"), dict) else {}
+    request = payload.get("request") if isinstance(payload.get("request"), dict) else {}
+    candidates = [payload.get("resourceName"), response.get("name")]
+    if isinstance(request.get("parent"), str) and isinstance(request.get("queuedResourceId"), str):
+        candidates.append(f"{request['parent']}/queuedResources/{request['queuedResourceId']}")
+    for candidate in candidates:
+        match = _QR_PATH.search(candidate) if isinstance(candidate, str) else None
+        if match:
+            return match[1], match[2]
+    return None

@@ -55,6 +55,7 @@ from tpujobs.reports import (
     Report,
     ReportError,
     WorkerReport,
+    audit_log_target,
     decode_report,
 )
 
@@ -343,6 +344,13 @@ class JobService:
 
     def on_qr_state(self, message: InboundMessage) -> Decision | Ignored | None:
         """tpujobs-qr-state: a queued resource was seen in some state (reconciler, audit log)."""
+        audited = audit_log_target(message.data)
+        if audited is not None:  # the log sink: something was done to it; see what it is now
+            zone, name = audited
+            status = self.tpu.status(zone, name)
+            if status is None:
+                return self.observe_capacity(name, "SUSPENDED", "the queued resource no longer exists")
+            return self.observe_capacity(name, status.state, status.detail, status.unhealthy_hosts)
         report = self._decode(QrStateReport, message)
         if report is None:
             return None

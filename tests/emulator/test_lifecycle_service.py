@@ -308,3 +308,55 @@ def test_the_reconciler_does_nothing_when_the_tpu_api_fails(service, simulator_u
     assert result.zones_skipped == [ZONE]
     job = service.store.get("train-1")
     assert job.state is JobState.RUNNING and job.attempt == 1
+
+
+def audit_entry(project_id: str, method: str, name: str, **payload) -> dict:
+    """A Cloud Logging entry as the TPU audit-log sink publishes it (operation.last=true)."""
+    return {
+        "insertId": "abc123",
+        "logName": f"projects/{project_id}/logs/cloudaudit.googleapis.com%2Factivity",
+        "operation": {"id": "operations/op-1", "producer": "tpu.googleapis.com", "last": True},
+        "protoPayload": {
+            "@type": "type.googleapis.com/google.cloud.audit.AuditLog",
+            "serviceName": "tpu.googleapis.com",
+            "methodName": f"google.cloud.tpu.v2.Tpu.{method}",
+            "resourceName": name,
+            **payload,
+        },
+        "severity": "NOTICE",
+        "timestamp": "2026-11-22T05:00:00Z",
+    }
+
+
+def test_an_audit_log_entry_makes_the_service_read_the_queued_resource_state(service, tpu_client, project_id):
+    """The sink says a queued resource was created; its state now (ACTIVE) is what counts."""
+    import time
+
+    submit(service)
+    parent = f"projects/{project_id}/locations/{ZONE}"
+    time.sleep(0.5)  # the simulator provisions it meanwhile
+    entry = audit_entry(
+        project_id, "CreateQueuedResource", parent, request={"parent": parent, "queuedResourceId": "train-1-a1"}
+    )
+    service.on_qr_state(message("tpujobs-qr-state", entry))
+    job = service.store.get("train-1")
+    assert job.state is JobState.PROVISIONING and job.capacity_state == "ACTIVE"
+    rejected = list(service.store._db.collection(REJECTIONS).stream())
+    assert rejected == []
+
+
+def test_an_audit_log_entry_of_a_deletion_by_someone_else_starts_recovery(service, tpu_client, project_id):
+    submit(service)
+    report(service, "started", 1)
+    name = f"projects/{project_id}/locations/{ZONE}/queuedResources/train-1-a1"
+    service.tpu.release(ZONE, "train-1-a1")  # as a person in the console would
+    service.on_qr_state(message("tpujobs-qr-state", audit_entry(project_id, "DeleteQueuedResource", name)))
+    job = service.store.get("train-1")
+    assert job.attempt == 2 and job.state is JobState.PROVISIONING
+
+
+def test_an_audit_log_entry_of_another_service_is_rejected_like_any_bad_message(service, project_id):
+    entry = audit_entry(project_id, "CreateQueuedResource", "projects/p/locations/us-central2-b/queuedResources/x-a1")
+    entry["protoPayload"]["serviceName"] = "compute.googleapis.com"
+    assert service.on_qr_state(message("tpujobs-qr-state", entry)) is None
+    assert len(list(service.store._db.collection(REJECTIONS).stream())) == 1
