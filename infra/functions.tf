@@ -115,6 +115,8 @@ locals {
     TPUJOBS_PREFIX       = var.prefix
     TPUJOBS_LOGS_BUCKET  = google_storage_bucket.logs.name
     TPUJOBS_ADMINS       = join(",", var.admins)
+    # The TPU VMs run as this account: worker events, preemption notices, logs; nothing else.
+    TPUJOBS_TPU_SERVICE_ACCOUNT = google_service_account.tpu_vm.email
   }
 
   cloudevent_functions = { for target, f in local.functions : target => f if f.topic != null }

@@ -26,6 +26,7 @@ class Settings:
     stuck_after_seconds: float = 30.0  # the reconciler finishes QUEUED/RECOVERING work older than this
     # A queued resource waiting this long for capacity moves a job with more `zones` to the next.
     zone_wait_seconds: float = 600.0
+    tpu_service_account: str = ""  # what TPU VMs run as (publish worker events, write logs)
     heartbeat_seconds: float = 10.0  # how often every worker's agent reports that it is alive
     # A worker silent this long is lost: several missed heartbeats, never just one.
     heartbeat_timeout_seconds: float = 60.0
@@ -47,6 +48,7 @@ class Settings:
             ),
             stuck_after_seconds=float(env.get("TPUJOBS_STUCK_AFTER_SECONDS") or 30.0),
             zone_wait_seconds=float(env.get("TPUJOBS_ZONE_WAIT_SECONDS") or 600.0),
+            tpu_service_account=env.get("TPUJOBS_TPU_SERVICE_ACCOUNT", ""),
             heartbeat_seconds=float(env.get("TPUJOBS_HEARTBEAT_SECONDS") or 10.0),
             heartbeat_timeout_seconds=float(env.get("TPUJOBS_HEARTBEAT_TIMEOUT_SECONDS") or 60.0),
         )

@@ -54,8 +54,15 @@ def job_labels(job: Job) -> dict[str, str]:
     return {**job.spec.labels, "tpujobs-job": job.job_id, "tpujobs-attempt": str(job.attempt)}
 
 
-def queued_resource_for(job: Job, project: str, startup_script: str) -> tpu_v2.QueuedResource:
-    """The QueuedResource of the job's current attempt: tier, slices, labels, startup script."""
+# The VM account's IAM roles are what limit it; the scope only has to let them through.
+CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+
+
+def queued_resource_for(
+    job: Job, project: str, startup_script: str, service_account: str = ""
+) -> tpu_v2.QueuedResource:
+    """The QueuedResource of the job's current attempt: tier, slices, labels, startup script,
+    and the TPU VMs' own service account (else they would run as the compute default)."""
     from google.cloud import tpu_v2
 
     spec = job.spec
@@ -68,6 +75,8 @@ def queued_resource_for(job: Job, project: str, startup_script: str) -> tpu_v2.Q
             spot=job.capacity == "spot", reserved=job.capacity == "reserved"
         ),
     )
+    if service_account:
+        node.service_account = tpu_v2.ServiceAccount(email=service_account, scope=[CLOUD_PLATFORM_SCOPE])
     node_spec = tpu_v2.QueuedResource.Tpu.NodeSpec(parent=f"projects/{project}/locations/{job.zone}", node=node)
     if spec.slices == 1:
         node_spec.node_id = job.queued_resource
@@ -94,15 +103,16 @@ def _reservation_path(reservation: str, project: str, zone: str) -> str:
 class CloudTpu:
     """The Tpu port on a `tpu_v2.TpuClient`."""
 
-    def __init__(self, client: tpu_v2.TpuClient, project: str) -> None:
+    def __init__(self, client: tpu_v2.TpuClient, project: str, service_account: str = "") -> None:
         self._client = client
         self._project = project
+        self._service_account = service_account  # what the TPU VMs run as; "" in the local stack
 
     def _parent(self, zone: str) -> str:
         return f"projects/{self._project}/locations/{zone}"
 
     def request(self, job: Job, startup_script: str) -> CapacityStatus:
-        resource = queued_resource_for(job, self._project, startup_script)
+        resource = queued_resource_for(job, self._project, startup_script, self._service_account)
         try:
             with _translated(f"request queued resource {job.queued_resource}"):
                 self._client.create_queued_resource(
