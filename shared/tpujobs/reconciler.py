@@ -67,6 +67,7 @@ class Reconciler:
 
     def __init__(self, service: JobService) -> None:
         self.service = service
+        self._limited: set[str] = set()  # pools with a quota, read once per tick
 
     def tick(self) -> ReconcileReport:
         service = self.service
@@ -91,6 +92,7 @@ class Reconciler:
 
         now = service.clock()
         stuck_before = now - timedelta(seconds=service.settings.stuck_after_seconds)
+        self._limited = self._limited_pools()
         for job in jobs:
             if job.zone in report.zones_skipped:
                 continue
@@ -118,6 +120,8 @@ class Reconciler:
     ) -> None:
         service = self.service
         if job.state in (JobState.QUEUED, JobState.RECOVERING):
+            if job.state is JobState.QUEUED and pool_id(job.spec, job.zone) in self._limited:
+                return  # waits for quota: its pool is admitted once, in _repair_pools
             if job.updated_at is None or job.updated_at < stuck_before:
                 service.converge(job.job_id)
                 report.converged.append(job.job_id)
@@ -178,6 +182,18 @@ class Reconciler:
             and next_zone(job) is not None
         )
 
+    def _limited_pools(self) -> set[str]:
+        """Pools that have a quota now; empty when admission is off or the quotas unreadable."""
+        pools = self.service.pools
+        if pools is None:
+            return set()
+        try:
+            quotas = pools.quotas()
+        except TransientError as error:
+            log.warning("reconcile: quotas unreadable this tick: %s", error)
+            return set()
+        return {f"{family}@{zone}" for zone, limits in quotas.items() for family in limits}
+
     def _repair_pools(self, report: ReconcileReport) -> None:
         """Make each limited pool's holders match its jobs, then admit what fits.
 
@@ -189,7 +205,7 @@ class Reconciler:
         pools = service.pools
         if pools is None:
             return
-        for pool in pools.pools():
+        for pool in sorted(set(pools.pools()) | self._limited):
             try:
                 view = pools.view(pool)
                 stale = set()

@@ -246,3 +246,33 @@ def test_a_spot_job_continues_on_demand_after_repeated_preemptions(service, simu
     assert not tpu_v2.QueuedResource.pb(third).HasField("spot")
     reasons = [e.reason for e in service.store.events("flaky")]
     assert any("continues on on-demand capacity" in r for r in reasons)
+
+
+def test_a_pool_with_quota_zero_admits_when_the_quota_is_raised(service, pools):
+    pools.set_quota(ZONE, "v4", 0)
+    submit(service, "zero-1")
+    assert state(service, "zero-1") is JobState.QUEUED
+    pools.set_quota(ZONE, "v4", 4)
+    Reconciler(service).tick()
+    assert state(service, "zero-1") is JobState.PROVISIONING
+
+
+def test_a_tick_admits_a_waiting_pool_once_not_once_per_waiting_job(service, pools, firestore_client):
+    """Waiting jobs are old, so a tick finds them 'stuck'; it must not admit per job."""
+    from tpujobs.testing import CrashingPools, CrashingStore, CrashPlan
+
+    pools.set_quota(ZONE, "v4", 4)
+    for n in range(6):
+        submit(service, f"wait-{n}")
+    plan = CrashPlan()  # counts only
+    counted = JobService(
+        CrashingStore(service.store, plan),
+        service.tpu,
+        service.settings.__class__(**{**service.settings.__dict__, "stuck_after_seconds": 0.0}),
+        utc_now,
+        lambda _: None,
+        pools=CrashingPools(pools, plan),
+    )
+    Reconciler(counted).tick()
+    assert plan.steps.count("pools.queue") == 1, plan.steps
+    assert [state(service, f"wait-{n}") for n in range(6)].count(JobState.PROVISIONING) == 1
