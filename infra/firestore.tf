@@ -51,6 +51,32 @@ locals {
         { path = "created_at", order = "ASCENDING" },
       ]
     }
+    # tpujobs list / the jobs API: by state, by owner, or both; newest first.
+    jobs_state_created = {
+      collection = "jobs"
+      scope      = "COLLECTION"
+      fields = [
+        { path = "state", order = "ASCENDING" },
+        { path = "created_at", order = "DESCENDING" },
+      ]
+    }
+    jobs_owner_created = {
+      collection = "jobs"
+      scope      = "COLLECTION"
+      fields = [
+        { path = "owner", order = "ASCENDING" },
+        { path = "created_at", order = "DESCENDING" },
+      ]
+    }
+    jobs_state_owner_created = {
+      collection = "jobs"
+      scope      = "COLLECTION"
+      fields = [
+        { path = "state", order = "ASCENDING" },
+        { path = "owner", order = "ASCENDING" },
+        { path = "created_at", order = "DESCENDING" },
+      ]
+    }
   }
 }
 

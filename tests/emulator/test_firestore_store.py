@@ -166,3 +166,18 @@ def test_list_filters_by_state_and_owner(firestore_client):
     assert [j.job_id for j in store.list(state="QUEUED")] == ["job-a"]
     assert {j.job_id for j in store.list(owner="ada@example.com")} == {"job-a", "job-b"}
     assert store.list(owner="someone-else") == []
+
+
+def test_a_limited_list_keeps_the_newest_jobs(firestore_client):
+    """The limit applies after ordering: `tpujobs list --limit 2` shows the two newest."""
+    store = FirestoreJobStore(firestore_client)
+    for minute, job_id in enumerate(["job-old", "job-mid", "job-new", "job-newer"]):
+        job, event = a_job(job_id)
+        at = T0 + timedelta(minutes=minute)
+        store.create(job.evolve(created_at=at, updated_at=at), event)
+    assert [j.job_id for j in store.list(limit=2)] == ["job-newer", "job-new"]
+    assert [j.job_id for j in store.list(state="QUEUED", owner="ada@example.com", limit=3)] == [
+        "job-newer",
+        "job-new",
+        "job-mid",
+    ]

@@ -291,10 +291,10 @@ class FirestoreJobStore:
             query = query.where(filter=firestore.FieldFilter("state", "==", state))
         if owner:
             query = query.where(filter=firestore.FieldFilter("owner", "==", owner))
+        # Newest first in the query itself, so `limit` keeps the newest jobs, not any jobs.
+        query = query.order_by("created_at", direction=firestore.Query.DESCENDING).limit(limit)
         with _transient_on_failure("list jobs"):
-            docs = list(query.limit(limit).stream())
-        jobs = [job_from_document(doc.to_dict()) for doc in docs]
-        return sorted(jobs, key=lambda job: job.created_at or datetime.min, reverse=True)
+            return [job_from_document(doc.to_dict()) for doc in query.stream()]
 
     def list_active(self, limit: int = 10_000) -> list[Job]:
         """Jobs not yet ended: what the reconciler compares with the TPU API."""

@@ -60,4 +60,22 @@ INDEXES: tuple[Index, ...] = (
         (("pool", ASCENDING), ("state", ASCENDING), ("priority_rank", DESCENDING), ("created_at", ASCENDING)),
         query="FirestorePools.queue: pool == p, state == QUEUED, highest priority then oldest first",
     ),
+    Index(
+        "jobs",
+        COLLECTION,
+        (("state", ASCENDING), ("created_at", DESCENDING)),
+        query="FirestoreJobStore.list(state=...): newest first",
+    ),
+    Index(
+        "jobs",
+        COLLECTION,
+        (("owner", ASCENDING), ("created_at", DESCENDING)),
+        query="FirestoreJobStore.list(owner=...): newest first",
+    ),
+    Index(
+        "jobs",
+        COLLECTION,
+        (("state", ASCENDING), ("owner", ASCENDING), ("created_at", DESCENDING)),
+        query="FirestoreJobStore.list(state=..., owner=...): newest first",
+    ),
 )
