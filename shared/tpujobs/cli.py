@@ -372,6 +372,7 @@ def describe_tables(
         fields.add_row(name, value)
     attempts = Table(
         Column("#", justify="right"),
+        Column("ZONE", no_wrap=True),
         Column("WAITED", justify="right"),
         Column("HELD FROM (UTC)", no_wrap=True),
         Column("ENDED (UTC)", no_wrap=True),
@@ -390,6 +391,7 @@ def describe_tables(
             lost += " (rerun)"
         attempts.add_row(
             str(usage.attempt),
+            usage.zone or job.zone,
             _duration(usage.queue_wait_seconds(at)),
             _when(usage.held_from)[5:19] if usage.held_from else "-",
             _when(usage.ended_at)[5:19] if usage.ended_at else "-",

@@ -43,6 +43,7 @@ def test_describe_shows_each_attempt_with_its_logs_chip_hours_and_lost_time() ->
     first = next(line for line in attempts.splitlines() if line.strip().startswith("1 "))
     second = next(line for line in attempts.splitlines() if line.strip().startswith("2 "))
     assert "16.00" in first and "30m00s" in first and "attempt-1/attempt.log" in first
+    assert "us-central2-b" in first  # where the attempt asked for capacity
     assert "16.00" in second and "not exported yet" in second
     assert "32.00 (24.00 useful, 8.00 lost to preemption)" in text
     assert "75.0%" in text
