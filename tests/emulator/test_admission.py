@@ -7,6 +7,7 @@ the tick is what they are about.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -268,7 +269,7 @@ def test_a_tick_admits_a_waiting_pool_once_not_once_per_waiting_job(service, poo
     counted = JobService(
         CrashingStore(service.store, plan),
         service.tpu,
-        service.settings.__class__(**{**service.settings.__dict__, "stuck_after_seconds": 0.0}),
+        dataclasses.replace(service.settings, stuck_after_seconds=0.0),
         utc_now,
         lambda _: None,
         pools=CrashingPools(pools, plan),
