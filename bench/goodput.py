@@ -49,11 +49,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import re
 import statistics
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -500,14 +498,7 @@ def main() -> int:
     if args.hours <= 0 or args.repeats < 1 or args.minute_seconds <= 0:
         parser.error("--hours and --minute-seconds must be positive, --repeats at least 1")
 
-    env = stack.stack_environment()
-    state_dir = None
-    if not env:
-        state_dir = Path(tempfile.mkdtemp(prefix="tpujobs-bench-"))
-        print(f"starting a local stack in {state_dir} ...", file=sys.stderr)
-        env = dict(stack.up(state_dir, Settings.from_env()).env)
-    os.environ.update(env)
-    try:
+    with stack.running() as env:
         bench = Bench(Settings.from_env(), env, args)
         results: dict[str, list[Result]] = {variant: [] for variant in VARIANTS}
         for i in range(args.repeats):
@@ -516,9 +507,6 @@ def main() -> int:
                 results[r.variant].append(r)
                 print(f"  {r.job_id}: {r.state}, goodput {pct(r.goodput)}", file=sys.stderr)
         ok = report(args, results)
-    finally:
-        if state_dir is not None:
-            stack.down(state_dir)
     if not ok:
         print("\nA job did not finish SUCCEEDED.", file=sys.stderr)
     return 0 if ok else 1

@@ -30,11 +30,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import random
 import statistics
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -42,7 +40,6 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import Any, TypeVar
 
 from tpujobs.config import Settings
@@ -304,41 +301,33 @@ def main() -> int:
     if args.trials < 1:
         parser.error("--trials must be at least 1")
 
-    env = stack.stack_environment()
-    state_dir = None
-    if not env:
-        state_dir = Path(tempfile.mkdtemp(prefix="tpujobs-bench-"))
-        print(f"starting a local stack in {state_dir} ...", file=sys.stderr)
-        env = dict(stack.up(state_dir, Settings.from_env()).env)
-    os.environ.update(env)
     ticks = None
-    try:
-        from tpujobs.adapters.pubsub import Publisher
+    with stack.running() as env:
+        try:
+            from tpujobs.adapters.pubsub import Publisher
 
-        settings = Settings.from_env()
-        topic = Publisher.build(settings.project, settings.prefix).topic_path(RECONCILE)
-        ticks = Ticks(settings.project, topic)
-        bench = Bench(settings, env, ticks)
-        results: dict[str, list[Trial]] = {"notice": [], "silent": []}
-        started = time.monotonic()
-        for path, trials in results.items():
-            bench.trial(path)  # warm-up: the first requests of each function pay for clients
-            for i in range(args.trials):
-                trial = bench.trial(path)
-                trials.append(trial)
-                tick = "" if trial.tick is None else f", tick at {trial.tick:.3f} s"
-                print(
-                    f"{path} {i + 1:>2}/{args.trials}: a2 requested after {trial.latency:.3f} s "
-                    f"(RECOVERING at {trial.recovering:.3f} s by {trial.source}{tick})",
-                    file=sys.stderr,
-                )
-        print(f"{time.monotonic() - started:.0f} s of trials", file=sys.stderr)
-        report(results)
-    finally:
-        if ticks is not None:
-            ticks.close()
-        if state_dir is not None:
-            stack.down(state_dir)
+            settings = Settings.from_env()
+            topic = Publisher.build(settings.project, settings.prefix).topic_path(RECONCILE)
+            ticks = Ticks(settings.project, topic)
+            bench = Bench(settings, env, ticks)
+            results: dict[str, list[Trial]] = {"notice": [], "silent": []}
+            started = time.monotonic()
+            for path, trials in results.items():
+                bench.trial(path)  # warm-up: the first requests of each function pay for clients
+                for i in range(args.trials):
+                    trial = bench.trial(path)
+                    trials.append(trial)
+                    tick = "" if trial.tick is None else f", tick at {trial.tick:.3f} s"
+                    print(
+                        f"{path} {i + 1:>2}/{args.trials}: a2 requested after {trial.latency:.3f} s "
+                        f"(RECOVERING at {trial.recovering:.3f} s by {trial.source}{tick})",
+                        file=sys.stderr,
+                    )
+            print(f"{time.monotonic() - started:.0f} s of trials", file=sys.stderr)
+            report(results)
+        finally:
+            if ticks is not None:
+                ticks.close()
     return 0
 
 

@@ -18,16 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
-import tempfile
 import time
 import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
-from pathlib import Path
 
 from tpujobs.config import Settings
 from tpujobs.dev import stack
@@ -115,14 +112,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3, help="runs of each mode (default 3)")
     args = parser.parse_args()
 
-    env = stack.stack_environment()
-    state_dir = None
-    if not env:
-        state_dir = Path(tempfile.mkdtemp(prefix="tpujobs-bench-"))
-        print(f"starting a local stack in {state_dir} ...", file=sys.stderr)
-        env = dict(stack.up(state_dir, Settings.from_env()).env)
-    os.environ.update(env)
-    try:
+    with stack.running():
         from google.cloud import firestore
 
         from tpujobs.adapters.pubsub import Publisher
@@ -153,9 +143,6 @@ def main() -> int:
             print(f"  {mode:<10} median {med:6.0f} ms   p95 {p95:6.0f} ms   throughput {rate:5.1f} jobs/s")
         print("  target: median <= 150 ms")
         simulator_config(settings.tpu_endpoint, {"provisioning_seconds": saved["provisioning_seconds"]})
-    finally:
-        if state_dir is not None:
-            stack.down(state_dir)
     return 0
 
 

@@ -116,6 +116,27 @@ def stack_environment(
     return dict(state.env) if state is not None and is_alive(state) else {}
 
 
+@contextlib.contextmanager
+def running(report: Report | None = None) -> Iterator[dict[str, str]]:
+    """The running local stack's environment, exported; one is started in a temporary
+    directory when none runs, and stopped on the way out (what benchmarks want)."""
+    import sys
+    import tempfile
+
+    env = stack_environment()
+    state_dir = None
+    if not env:
+        state_dir = Path(tempfile.mkdtemp(prefix="tpujobs-bench-"))
+        (report or (lambda line: print(line, file=sys.stderr)))(f"starting a local stack in {state_dir} ...")
+        env = dict(up(state_dir, Settings.from_env()).env)
+    os.environ.update(env)
+    try:
+        yield env
+    finally:
+        if state_dir is not None:
+            down(state_dir)
+
+
 def env_lines(state: StackState) -> list[str]:
     """`export NAME=VALUE` lines, for `eval "$(tpujobs dev env)"`."""
     return [f"export {name}={shlex.quote(value)}" for name, value in state.env.items()]
