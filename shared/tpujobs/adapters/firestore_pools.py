@@ -17,7 +17,7 @@ from typing import Any
 from google.api_core import exceptions as api_exceptions
 from google.cloud import firestore
 
-from tpujobs.adapters.firestore_store import JOBS, _transient_on_failure, job_from_document
+from tpujobs.adapters.firestore_store import JOBS, job_from_document, transient_on_failure
 from tpujobs.domain.admission import Holder
 from tpujobs.domain.job import Job
 from tpujobs.domain.states import JobState
@@ -45,7 +45,7 @@ class FirestorePools:
     # -- quotas ---------------------------------------------------------------------
 
     def quotas(self) -> dict[str, dict[str, int]]:
-        with _transient_on_failure("read quotas"):
+        with transient_on_failure("read quotas"):
             snapshot = self._db.collection(CONFIG).document(QUOTAS).get()
         data = snapshot.to_dict() if snapshot.exists else {}
         return {zone: dict(limits) for zone, limits in (data or {}).items() if isinstance(limits, dict)}
@@ -54,13 +54,13 @@ class FirestorePools:
         """Set (or with None remove) one pool's quota; takes effect at the next admission."""
         ref = self._db.collection(CONFIG).document(QUOTAS)
         value = firestore.DELETE_FIELD if chips is None else chips
-        with _transient_on_failure("write quotas"):
+        with transient_on_failure("write quotas"):
             ref.set({zone: {family: value}}, merge=True)
 
     # -- holders --------------------------------------------------------------------
 
     def view(self, pool: str) -> PoolView:
-        with _transient_on_failure("read pool"):
+        with transient_on_failure("read pool"):
             snapshot = self._db.collection(POOLS).document(pool).get()
         if not snapshot.exists:
             return PoolView(pool, (), None)
@@ -82,7 +82,7 @@ class FirestorePools:
         }
         ref = self._db.collection(POOLS).document(seen.pool)
         try:
-            with _transient_on_failure("change pool"):
+            with transient_on_failure("change pool"):
                 if seen.version is None:
                     ref.create(document)
                 else:
@@ -94,7 +94,7 @@ class FirestorePools:
 
     def pools(self) -> list[str]:
         """Every pool that has a document: those the reconciler looks after."""
-        with _transient_on_failure("list pools"):
+        with transient_on_failure("list pools"):
             return [ref.id for ref in self._db.collection(POOLS).list_documents()]
 
     # -- the queue ------------------------------------------------------------------
@@ -109,7 +109,7 @@ class FirestorePools:
             .order_by("created_at")
             .limit(limit)
         )
-        with _transient_on_failure("read queue"):
+        with transient_on_failure("read queue"):
             return [job_from_document(d.to_dict()) for d in query.stream()]
 
     def active_in(self, pool: str) -> list[Job]:
@@ -123,7 +123,7 @@ class FirestorePools:
                 )
             )
         )
-        with _transient_on_failure("read pool jobs"):
+        with transient_on_failure("read pool jobs"):
             return [job_from_document(d.to_dict()) for d in query.stream()]
 
 

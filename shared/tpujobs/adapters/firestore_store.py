@@ -190,14 +190,14 @@ class FirestoreJobStore:
         batch.create(ref, job_to_document(job))
         batch.create(ref.collection(EVENTS).document(event.document_id), event_to_document(event))
         try:
-            with _transient_on_failure("create job"):
+            with transient_on_failure("create job"):
                 batch.commit()
         except api_exceptions.AlreadyExists:
             return False
         return True
 
     def get(self, job_id: str) -> Job | None:
-        with _transient_on_failure("read job"):
+        with transient_on_failure("read job"):
             snapshot = self._job_ref(job_id).get()
         return job_from_document(snapshot.to_dict()) if snapshot.exists else None
 
@@ -211,7 +211,7 @@ class FirestoreJobStore:
         """
         ref = self._job_ref(job_id)
         for attempt in range(CAS_ATTEMPTS):
-            with _transient_on_failure("read job"):
+            with transient_on_failure("read job"):
                 snapshot = ref.get()
             if not snapshot.exists:
                 return Ignored(f"job {job_id} does not exist")
@@ -229,7 +229,7 @@ class FirestoreJobStore:
                 event_to_document(outcome.event),
             )
             try:
-                with _transient_on_failure("update job"):
+                with transient_on_failure("update job"):
                     batch.commit()
                 return outcome
             except (api_exceptions.FailedPrecondition, api_exceptions.AlreadyExists):
@@ -245,7 +245,7 @@ class FirestoreJobStore:
         """
         ref = self._job_ref(job_id)
         for attempt_no in range(CAS_ATTEMPTS):
-            with _transient_on_failure("read job"):
+            with transient_on_failure("read job"):
                 snapshot = ref.get()
             if not snapshot.exists:
                 return False
@@ -255,7 +255,7 @@ class FirestoreJobStore:
                 return False
             noted = job.evolve(usage=usage)
             try:
-                with _transient_on_failure("note checkpoint"):
+                with transient_on_failure("note checkpoint"):
                     ref.update(
                         {**_accounting_fields(noted), "usage": [_usage_to_map(u, noted) for u in usage]},
                         option=self._db.write_option(last_update_time=snapshot.update_time),
@@ -266,19 +266,19 @@ class FirestoreJobStore:
         raise TransientError(f"job {job_id} changed under {CAS_ATTEMPTS} attempts to note a checkpoint")
 
     def events(self, job_id: str) -> list[JobEvent]:
-        with _transient_on_failure("read events"):
+        with transient_on_failure("read events"):
             docs = self._job_ref(job_id).collection(EVENTS).order_by("seq").stream()
             return [event_from_document(doc.to_dict()) for doc in docs]
 
     def event_documents(self, job_id: str) -> list[dict[str, Any]]:
         """The job's timeline as stored, in order: what the HTTP API's `describe` returns."""
-        with _transient_on_failure("read events"):
+        with transient_on_failure("read events"):
             docs = self._job_ref(job_id).collection(EVENTS).order_by("seq").stream()
             return [{"id": doc.id, **doc.to_dict()} for doc in docs]
 
     def attempt_documents(self, job_id: str) -> list[dict[str, Any]]:
         """`jobs/{id}/attempts/{N}` as stored, by attempt (none before an attempt's logs are exported)."""
-        with _transient_on_failure("read attempts"):
+        with transient_on_failure("read attempts"):
             docs = list(self._job_ref(job_id).collection(ATTEMPTS).stream())
         return sorted(
             ({"id": doc.id, **doc.to_dict()} for doc in docs),
@@ -293,7 +293,7 @@ class FirestoreJobStore:
             query = query.where(filter=firestore.FieldFilter("owner", "==", owner))
         # Newest first in the query itself, so `limit` keeps the newest jobs, not any jobs.
         query = query.order_by("created_at", direction=firestore.Query.DESCENDING).limit(limit)
-        with _transient_on_failure("list jobs"):
+        with transient_on_failure("list jobs"):
             return [job_from_document(doc.to_dict()) for doc in query.stream()]
 
     def list_active(self, limit: int = 10_000) -> list[Job]:
@@ -301,7 +301,7 @@ class FirestoreJobStore:
         query = self._db.collection(JOBS).where(
             filter=firestore.FieldFilter("state", "in", [state.value for state in ACTIVE])
         )
-        with _transient_on_failure("list active jobs"):
+        with transient_on_failure("list active jobs"):
             return [job_from_document(doc.to_dict()) for doc in query.limit(limit).stream()]
 
     def ended_between(self, start: datetime, end: datetime, limit: int = 1000) -> list[Job]:
@@ -311,7 +311,7 @@ class FirestoreJobStore:
             .where(filter=firestore.FieldFilter("ended_at", ">=", start))
             .where(filter=firestore.FieldFilter("ended_at", "<", end))
         )
-        with _transient_on_failure("list ended jobs"):
+        with transient_on_failure("list ended jobs"):
             return [job_from_document(doc.to_dict()) for doc in query.limit(limit).stream()]
 
     def record_worker(self, job_id: str, worker: WorkerRecord) -> None:
@@ -321,7 +321,7 @@ class FirestoreJobStore:
         """
         ref = self._job_ref(job_id).collection(WORKERS).document(f"a{worker.attempt}-{worker.worker}")
         fields = {k: v for k, v in worker.fields().items() if v is not None}
-        with _transient_on_failure("record worker report"):
+        with transient_on_failure("record worker report"):
             ref.set(fields, merge=True)
 
     def silent_workers(self, before: datetime, limit: int = 1000) -> list[SilentWorker]:
@@ -333,7 +333,7 @@ class FirestoreJobStore:
             .where(filter=firestore.FieldFilter("last_report_at", "<", before))
             .limit(limit)
         )
-        with _transient_on_failure("find silent workers"):
+        with transient_on_failure("find silent workers"):
             docs = list(query.stream())
         return [
             SilentWorker(doc.reference.parent.parent.id, d["attempt"], d["worker"], d["last_report_at"])
@@ -343,7 +343,7 @@ class FirestoreJobStore:
 
     def mark_announced(self, job_id: str, event: JobEvent) -> None:
         ref = self._job_ref(job_id).collection(EVENTS).document(event.document_id)
-        with _transient_on_failure("mark an event announced"):
+        with transient_on_failure("mark an event announced"):
             ref.update({"announced": True})
 
     def unannounced_events(self, before: datetime, limit: int = 500) -> list[tuple[str, JobEvent]]:
@@ -354,17 +354,17 @@ class FirestoreJobStore:
             .where(filter=firestore.FieldFilter("at", "<", before))
             .limit(limit)
         )
-        with _transient_on_failure("find unannounced events"):
+        with transient_on_failure("find unannounced events"):
             docs = list(query.stream())
         return [(doc.reference.parent.parent.id, event_from_document(doc.to_dict())) for doc in docs]
 
     def retire_worker(self, job_id: str, attempt: int, worker: str) -> None:
         ref = self._job_ref(job_id).collection(WORKERS).document(f"a{attempt}-{worker}")
-        with _transient_on_failure("retire worker"):
+        with transient_on_failure("retire worker"):
             ref.set({"live": False}, merge=True)
 
     def workers(self, job_id: str) -> list[dict[str, Any]]:
-        with _transient_on_failure("read workers"):
+        with transient_on_failure("read workers"):
             return [doc.to_dict() for doc in self._job_ref(job_id).collection(WORKERS).stream()]
 
     def record_attempt_logs(self, job_id: str, logs: AttemptLogs) -> None:
@@ -380,11 +380,11 @@ class FirestoreJobStore:
         job_ref = self._job_ref(job_id)
         attempt_ref = job_ref.collection(ATTEMPTS).document(str(logs.attempt))
         fields = logs.fields()
-        with _transient_on_failure("record exported logs"):
+        with transient_on_failure("record exported logs"):
             # Every field named is replaced whole: a re-export's worker_logs map is the truth.
             attempt_ref.set(fields, merge=list(fields))
         for attempt in range(CAS_ATTEMPTS):
-            with _transient_on_failure("read job"):
+            with transient_on_failure("read job"):
                 snapshot = job_ref.get()
             if not snapshot.exists:
                 return
@@ -392,7 +392,7 @@ class FirestoreJobStore:
             if current == logs.log_uri or (exported_attempt(current) or 0) > logs.attempt:
                 return
             try:
-                with _transient_on_failure("record the job's log_uri"):
+                with transient_on_failure("record the job's log_uri"):
                     job_ref.update(
                         {"log_uri": logs.log_uri},
                         option=self._db.write_option(last_update_time=snapshot.update_time),
@@ -404,7 +404,7 @@ class FirestoreJobStore:
 
     def attempt_logs(self, job_id: str, attempt: int) -> AttemptLogs | None:
         ref = self._job_ref(job_id).collection(ATTEMPTS).document(str(attempt))
-        with _transient_on_failure("read exported logs"):
+        with transient_on_failure("read exported logs"):
             snapshot = ref.get()
         if not snapshot.exists:
             return None
@@ -419,7 +419,7 @@ class FirestoreJobStore:
 
     def reject(self, rejection: Rejection) -> None:
         ref = self._db.collection(REJECTIONS).document(_document_id(rejection.message_id))
-        with _transient_on_failure("record rejection"):
+        with transient_on_failure("record rejection"):
             ref.set(
                 {
                     "at": rejection.at,
@@ -434,7 +434,7 @@ class FirestoreJobStore:
             )
 
     def rejections(self, limit: int = 100) -> list[Rejection]:
-        with _transient_on_failure("list rejections"):
+        with transient_on_failure("list rejections"):
             docs = list(self._db.collection(REJECTIONS).limit(limit).stream())
         return [
             Rejection(
@@ -456,7 +456,7 @@ def _document_id(message_id: str) -> str:
 
 
 @contextmanager
-def _transient_on_failure(doing: str) -> Iterator[None]:
+def transient_on_failure(doing: str) -> Iterator[None]:
     """Turn Firestore's retryable failures into TransientError, naming what was being done."""
     try:
         yield
