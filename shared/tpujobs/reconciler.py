@@ -208,18 +208,10 @@ class Reconciler:
         for pool in sorted(set(pools.pools()) | self._limited):
             try:
                 view = pools.view(pool)
-                stale = set()
-                for holder in view.holders:
-                    job = service.store.get(holder.job_id)
-                    if (
-                        job is None
-                        or job.state.is_terminal
-                        or pool_id(job.spec, job.zone) != pool
-                        or (job.state is JobState.QUEUED and job.attempt != holder.attempt)
-                    ):
-                        stale.add(holder.job_id)
+                active = {job.job_id: job for job in pools.active_in(pool)}
+                stale = {h.job_id for h in view.holders if h.job_id not in active and self._stale(h, pool)}
                 held = {h.job_id for h in view.holders}
-                for job in pools.active_in(pool):
+                for job in active.values():
                     if job.job_id not in held:
                         claim = Holder(job.job_id, job.spec.chips, job.attempt, job.spec.priority,
                                        job.created_at or service.clock(), job.spec.on_preemption != "fail")
@@ -231,6 +223,17 @@ class Reconciler:
                 service.admit_waiting(pool)
             except TransientError as error:
                 log.warning("reconcile: pool %s left for the next tick: %s", pool, error)
+
+    def _stale(self, holder: Holder, pool: str) -> bool:
+        """A claim whose job ended, vanished, moved pool or was requeued (an older attempt's).
+        Only holders not among the pool's active jobs get here: one read each."""
+        job = self.service.store.get(holder.job_id)
+        return (
+            job is None
+            or job.state.is_terminal
+            or pool_id(job.spec, job.zone) != pool
+            or (job.state is JobState.QUEUED and job.attempt != holder.attempt)
+        )
 
     def _find_silent_workers(self, live: dict[str, Job], now, report: ReconcileReport) -> None:
         """A RUNNING attempt whose worker stopped reporting for longer than the timeout is lost.
