@@ -76,7 +76,7 @@ ADMISSION_ROUNDS = 50  # admissions (or lost races) one call may make before lea
 QUEUE_PEEK = 5  # queued jobs read per round: the head, and claims still being finished
 
 
-def _requeued(decision: Decision) -> bool:
+def _sent_back_to_queue(decision: Decision) -> bool:
     """Sent back to QUEUED from a live attempt: evicted, or moved to the next zone."""
     event = decision.event
     return event.to_state is JobState.QUEUED and event.from_state in _ATTEMPT_LIVE | {JobState.RECOVERING}
@@ -408,7 +408,7 @@ class JobService:
         logs.bind_job(job_id)
         outcome = self._commit(job_id, seen)
         if isinstance(outcome, Decision):
-            if _requeued(outcome):
+            if _sent_back_to_queue(outcome):
                 self._left_attempt(outcome.job)
             self._act(outcome.job)  # the job as just committed: no need to read it again
         else:

@@ -328,7 +328,9 @@ def audit_entry(project_id: str, method: str, name: str, **payload) -> dict:
     }
 
 
-def test_an_audit_log_entry_makes_the_service_read_the_queued_resource_state(service, tpu_client, project_id):
+def test_an_audit_log_entry_makes_the_service_read_the_queued_resource_state(
+    service, tpu_client, project_id, firestore_client
+):
     """The sink says a queued resource was created; its state now (ACTIVE) is what counts."""
     import time
 
@@ -341,8 +343,7 @@ def test_an_audit_log_entry_makes_the_service_read_the_queued_resource_state(ser
     service.on_qr_state(message("tpujobs-qr-state", entry))
     job = service.store.get("train-1")
     assert job.state is JobState.PROVISIONING and job.capacity_state == "ACTIVE"
-    rejected = list(service.store._db.collection(REJECTIONS).stream())
-    assert rejected == []
+    assert list(firestore_client.collection(REJECTIONS).stream()) == []
 
 
 def test_an_audit_log_entry_of_a_deletion_by_someone_else_starts_recovery(service, tpu_client, project_id):
@@ -355,8 +356,10 @@ def test_an_audit_log_entry_of_a_deletion_by_someone_else_starts_recovery(servic
     assert job.attempt == 2 and job.state is JobState.PROVISIONING
 
 
-def test_an_audit_log_entry_of_another_service_is_rejected_like_any_bad_message(service, project_id):
+def test_an_audit_log_entry_of_another_service_is_rejected_like_any_bad_message(
+    service, project_id, firestore_client
+):
     entry = audit_entry(project_id, "CreateQueuedResource", "projects/p/locations/us-central2-b/queuedResources/x-a1")
     entry["protoPayload"]["serviceName"] = "compute.googleapis.com"
     assert service.on_qr_state(message("tpujobs-qr-state", entry)) is None
-    assert len(list(service.store._db.collection(REJECTIONS).stream())) == 1
+    assert len(list(firestore_client.collection(REJECTIONS).stream())) == 1

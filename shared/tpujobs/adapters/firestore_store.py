@@ -84,15 +84,16 @@ def job_to_document(job: Job) -> dict[str, Any]:
         "log_uri": job.log_uri,
         "event_seq": job.event_seq,
         **_accounting_fields(job),
-        "usage": [_usage_to_map(u, job) for u in job.usage],
         "spec": spec.to_document(),
     }
 
 
 def _accounting_fields(job: Job) -> dict[str, Any]:
-    """The job's totals as of its last change (domain/accounting.py says how each is computed)."""
+    """Each attempt's usage and the job's totals as of its last change
+    (domain/accounting.py says how each is computed)."""
     totals = job.accounting()
     return {
+        "usage": [_usage_to_map(u, job) for u in job.usage],
         "chip_hours": round(totals.chip_hours, 6),
         "useful_chip_hours": round(totals.useful_chip_hours, 6),
         "lost_chip_hours": round(totals.lost_chip_hours, 6),
@@ -257,7 +258,7 @@ class FirestoreJobStore:
             try:
                 with transient_on_failure("note checkpoint"):
                     ref.update(
-                        {**_accounting_fields(noted), "usage": [_usage_to_map(u, noted) for u in usage]},
+                        _accounting_fields(noted),
                         option=self._db.write_option(last_update_time=snapshot.update_time),
                     )
                 return True
