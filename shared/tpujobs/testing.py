@@ -11,6 +11,8 @@
 from __future__ import annotations
 
 import builtins
+import itertools
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +21,7 @@ from typing import Any, Literal, TypeVar
 
 from tpujobs.domain.job import Job, JobEvent
 from tpujobs.domain.transitions import Decision, Ignored, Observation
+from tpujobs.inbound import InboundMessage
 from tpujobs.ports import (
     CapacityStatus,
     Clock,
@@ -30,6 +33,15 @@ from tpujobs.ports import (
 )
 
 T = TypeVar("T")
+
+_message_ids = itertools.count(1_000_000)
+
+
+def inbound(topic: str, payload: Any, message_id: str | None = None) -> InboundMessage:
+    """A Pub/Sub message as a handler receives it: `payload` as JSON (bytes as they are), with
+    a fresh id of digits, as Pub/Sub's are, unless one is given (a redelivery keeps its id)."""
+    data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    return InboundMessage(message_id or str(next(_message_ids)), topic, data)
 
 When = Literal["before", "after"]
 """Where a crash falls around its step: `before` the call is made, or `after` it took effect."""

@@ -6,7 +6,6 @@ moves, so every number on the document is known in advance.
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -15,14 +14,13 @@ from tpujobs.adapters.firestore_store import FirestoreJobStore
 from tpujobs.adapters.tpu import CloudTpu
 from tpujobs.config import Settings
 from tpujobs.domain.states import JobState
-from tpujobs.inbound import InboundMessage
 from tpujobs.service import JobService
+from tpujobs.testing import inbound as message
 
 pytestmark = pytest.mark.emulator
 
 ZONE = "us-central2-b"
 T0 = datetime(2026, 3, 1, 9, 0, tzinfo=timezone.utc)
-_ids = iter(range(50_000, 1_000_000))
 
 
 class Clock:
@@ -33,10 +31,6 @@ class Clock:
 
     def __call__(self) -> datetime:
         return T0 + timedelta(minutes=self.minutes)
-
-
-def message(topic: str, payload: dict) -> InboundMessage:
-    return InboundMessage(str(next(_ids)), topic, json.dumps(payload).encode())
 
 
 @pytest.fixture

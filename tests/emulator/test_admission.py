@@ -8,7 +8,6 @@ the tick is what they are about.
 from __future__ import annotations
 
 import dataclasses
-import json
 import threading
 import time
 from datetime import datetime, timezone
@@ -21,24 +20,19 @@ from tpujobs.adapters.firestore_store import FirestoreJobStore
 from tpujobs.adapters.tpu import CloudTpu, build_client
 from tpujobs.config import Settings
 from tpujobs.domain.states import JobState
-from tpujobs.inbound import InboundMessage
 from tpujobs.reconciler import Reconciler
 from tpujobs.service import JobService
 from tpujobs.simulator import SimulatorConfig, SimulatorServer
+from tpujobs.testing import inbound as message
 
 pytestmark = pytest.mark.emulator
 
 ZONE = "us-central2-b"
 OTHER_ZONE = "us-east5-a"
-_ids = iter(range(70_000, 1_000_000))
 
 
 def utc_now() -> datetime:
     return datetime.now(timezone.utc)
-
-
-def message(topic: str, payload: dict) -> InboundMessage:
-    return InboundMessage(str(next(_ids)), topic, json.dumps(payload).encode())
 
 
 @pytest.fixture

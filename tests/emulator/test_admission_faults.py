@@ -10,7 +10,6 @@ the waiting job got in, and no queued resource leaked.
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, timezone
 
 import pytest
@@ -23,7 +22,14 @@ from tpujobs.domain.states import JobState
 from tpujobs.inbound import InboundMessage
 from tpujobs.reconciler import Reconciler
 from tpujobs.service import JobService
-from tpujobs.testing import CrashingPools, CrashingStore, CrashingTpu, CrashPlan, InjectedCrash
+from tpujobs.testing import (
+    CrashingPools,
+    CrashingStore,
+    CrashingTpu,
+    CrashPlan,
+    InjectedCrash,
+    inbound,
+)
 
 pytestmark = pytest.mark.emulator
 
@@ -76,9 +82,6 @@ class Harness:
         return {job_id: job.state for job_id, job in jobs.items()}
 
 
-def message(message_id: str, topic: str, payload: dict) -> InboundMessage:
-    return InboundMessage(message_id, topic, json.dumps(payload).encode())
-
 
 def spec(job_id: str, priority: str = "medium") -> dict:
     return {
@@ -96,25 +99,25 @@ def ending(harness: Harness) -> tuple[InboundMessage, list[str]]:
     harness.pools.set_quota(ZONE, "v4", 8)
     service = harness.service()
     for job_id in ("ja", "jb", "jc"):
-        service.submit(message(f"submit-{job_id}", "tpujobs-submit", spec(job_id)))
+        service.submit(inbound("tpujobs-submit", message_id=f"submit-{job_id}", payload=spec(job_id)))
     exited = {"kind": "exited", "job_id": "ja", "attempt": 1, "slice_id": 0, "worker_id": 0, "exit_code": 0}
-    return message("exit-ja", "tpujobs-worker-events", exited), ["ja", "jb", "jc"]
+    return inbound("tpujobs-worker-events", message_id="exit-ja", payload=exited), ["ja", "jb", "jc"]
 
 
 def evicting(harness: Harness) -> tuple[InboundMessage, list[str]]:
     """ja and jb (low) run; submitting ju (high) should evict one and admit ju."""
     harness.pools.set_quota(ZONE, "v4", 8)
     service = harness.service()
-    service.submit(message("submit-ja", "tpujobs-submit", spec("ja", "low")))
-    service.submit(message("submit-jb", "tpujobs-submit", spec("jb", "low")))
-    return message("submit-ju", "tpujobs-submit", spec("ju", "high")), ["ja", "jb", "ju"]
+    service.submit(inbound("tpujobs-submit", message_id="submit-ja", payload=spec("ja", "low")))
+    service.submit(inbound("tpujobs-submit", message_id="submit-jb", payload=spec("jb", "low")))
+    return inbound("tpujobs-submit", message_id="submit-ju", payload=spec("ju", "high")), ["ja", "jb", "ju"]
 
 
-def handle(service: JobService, inbound: InboundMessage) -> None:
-    if inbound.topic == "tpujobs-submit":
-        service.submit(inbound)
+def handle(service: JobService, delivered: InboundMessage) -> None:
+    if delivered.topic == "tpujobs-submit":
+        service.submit(delivered)
     else:
-        service.on_worker_report(inbound)
+        service.on_worker_report(delivered)
 
 
 SCENARIOS = {"ending": ending, "evicting": evicting}
@@ -140,9 +143,9 @@ def settled(harness: Harness, name: str, job_ids: list[str]) -> None:
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_uncrashed_admission_settles(harness, name):
-    inbound, job_ids = SCENARIOS[name](harness)
+    delivered, job_ids = SCENARIOS[name](harness)
     plan = CrashPlan()
-    handle(harness.service(plan), inbound)
+    handle(harness.service(plan), delivered)
     assert len(plan.steps) == STEPS[name], plan.steps  # a changed handler shows up here first
     settled(harness, name, job_ids)
 
@@ -150,11 +153,11 @@ def test_uncrashed_admission_settles(harness, name):
 @pytest.mark.parametrize("when", ["before", "after"])
 @pytest.mark.parametrize(("name", "k"), CRASH_POINTS)
 def test_a_killed_admission_is_finished_by_redelivery(harness, name, k, when):
-    inbound, job_ids = SCENARIOS[name](harness)
+    delivered, job_ids = SCENARIOS[name](harness)
     plan = CrashPlan(at=k, when=when)
     with pytest.raises(InjectedCrash):
-        handle(harness.service(plan), inbound)
-    handle(harness.service(), inbound)  # Pub/Sub delivers it again
+        handle(harness.service(plan), delivered)
+    handle(harness.service(), delivered)  # Pub/Sub delivers it again
     Reconciler(harness.service()).tick()  # and the tick finishes whatever a claim left
     settled(harness, name, job_ids)
 
@@ -163,10 +166,10 @@ def test_a_killed_admission_is_finished_by_redelivery(harness, name, k, when):
 @pytest.mark.parametrize("k", range(2, STEPS["ending"] + 1))
 def test_an_ending_killed_after_its_commit_is_finished_by_the_reconciler(harness, k, when):
     """The exit is committed (step 1, the apply, went through): the tick needs no message."""
-    inbound, job_ids = ending(harness)
+    delivered, job_ids = ending(harness)
     plan = CrashPlan(at=k, when=when)
     with pytest.raises(InjectedCrash):
-        handle(harness.service(plan), inbound)
+        handle(harness.service(plan), delivered)
     for _ in range(2):
         Reconciler(harness.service()).tick()
     settled(harness, "ending", job_ids)

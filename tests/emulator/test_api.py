@@ -21,8 +21,8 @@ from tpujobs.api import CALLER_HEADER, InvalidToken, JobsApi
 from tpujobs.config import Settings
 from tpujobs.domain.states import JobState
 from tpujobs.errors import TransientError
-from tpujobs.inbound import InboundMessage
 from tpujobs.service import JobService
+from tpujobs.testing import inbound as message
 
 pytestmark = pytest.mark.emulator
 
@@ -37,15 +37,10 @@ TOKENS = {  # the fake verifier's world: token -> claims
 }
 RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
 FUNCTIONS = Path(__file__).resolve().parents[2] / "functions" / "main.py"
-_ids = iter(range(50_000, 1_000_000))
 
 
 def utc_now() -> datetime:
     return datetime.now(timezone.utc)
-
-
-def message(topic: str, payload: dict) -> InboundMessage:
-    return InboundMessage(str(next(_ids)), topic, json.dumps(payload).encode())
 
 
 class FakeVerifier:

@@ -15,23 +15,17 @@ from tpujobs.adapters.firestore_store import REJECTIONS, FirestoreJobStore
 from tpujobs.adapters.tpu import CloudTpu
 from tpujobs.config import Settings
 from tpujobs.domain.states import JobState
-from tpujobs.inbound import InboundMessage
 from tpujobs.reconciler import Reconciler
 from tpujobs.service import JobService
+from tpujobs.testing import inbound as message
 
 pytestmark = pytest.mark.emulator
 
 ZONE = "us-central2-b"
-_ids = iter(range(10_000, 1_000_000))
 
 
 def utc_now() -> datetime:
     return datetime.now(timezone.utc)
-
-
-def message(topic: str, payload) -> InboundMessage:
-    data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-    return InboundMessage(str(next(_ids)), topic, data)
 
 
 @pytest.fixture

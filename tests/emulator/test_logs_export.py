@@ -22,6 +22,7 @@ from tpujobs.errors import TransientError
 from tpujobs.inbound import InboundMessage
 from tpujobs.logs_export import LogExporter, LogObjects, LogReader, cut_off_line
 from tpujobs.service import JobService
+from tpujobs.testing import inbound as message
 
 pytestmark = pytest.mark.emulator
 
@@ -299,10 +300,6 @@ def service_with(exports, firestore_client, tpu_client, project_id, simulator_ur
         lambda seconds: None,
         exports=exports,
     )
-
-
-def message(topic: str, payload: dict) -> InboundMessage:
-    return InboundMessage(uuid.uuid4().hex[:12], topic, json.dumps(payload).encode())
 
 
 def test_the_service_requests_an_export_when_an_attempt_ends(firestore_client, tpu_client, project_id, simulator_url):

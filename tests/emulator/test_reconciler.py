@@ -12,14 +12,13 @@ from tpujobs.adapters.firestore_store import FirestoreJobStore
 from tpujobs.adapters.tpu import CloudTpu
 from tpujobs.config import Settings
 from tpujobs.domain.states import JobState
-from tpujobs.inbound import InboundMessage
 from tpujobs.reconciler import Reconciler
 from tpujobs.service import JobService
+from tpujobs.testing import inbound as message
 
 pytestmark = pytest.mark.emulator
 
 ZONE = "us-central2-b"
-_ids = iter(range(500_000, 900_000))
 
 
 class Clock:
@@ -33,10 +32,6 @@ class Clock:
 
     def advance(self, seconds: float) -> None:
         self.now += timedelta(seconds=seconds)
-
-
-def message(topic: str, payload) -> InboundMessage:
-    return InboundMessage(str(next(_ids)), topic, json.dumps(payload).encode())
 
 
 @pytest.fixture

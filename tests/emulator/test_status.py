@@ -12,19 +12,14 @@ from tpujobs.adapters.pubsub import Publisher
 from tpujobs.adapters.tpu import CloudTpu
 from tpujobs.config import Settings
 from tpujobs.errors import TransientError
-from tpujobs.inbound import InboundMessage
 from tpujobs.reconciler import Reconciler
 from tpujobs.service import JobService
+from tpujobs.testing import inbound as message
 from tpujobs.topology import STATUS
 
 pytestmark = pytest.mark.emulator
 
 ZONE = "us-central2-b"
-_ids = iter(range(900_000, 990_000))
-
-
-def message(topic: str, payload) -> InboundMessage:
-    return InboundMessage(str(next(_ids)), topic, json.dumps(payload).encode())
 
 
 @pytest.fixture
