@@ -2,7 +2,9 @@
 
 Admins only in production (it writes Firestore directly; IAM decides who may). A raised
 quota admits waiting jobs at the next reconcile tick, or at once when any job of the pool
-ends; a lowered one never stops running jobs, it only holds new ones back.
+ends; a lowered one never stops running jobs, it only holds new ones back. A waiting job
+bigger than the whole new quota could never run: it moves on to its next zone, or fails,
+and the jobs behind it are admitted. A quota of 0 pauses the pool: its jobs wait.
 """
 
 from __future__ import annotations

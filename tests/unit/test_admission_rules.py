@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from tpujobs.domain.admission import Holder, fits, pool_id, queue_key, quota_of, victims_for
+from tpujobs.domain.admission import (
+    Holder,
+    fits,
+    never_fits,
+    pool_id,
+    queue_key,
+    quota_of,
+    refusal_when_oversized,
+    victims_for,
+)
 from tpujobs.domain.spec import parse_spec
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -53,3 +62,32 @@ def test_no_eviction_below_high_of_equal_priority_or_of_jobs_that_cannot_come_ba
     assert victims_for(8, held, 4, "medium") is None
     assert victims_for(8, held, 4, "high") is None  # equal priority is never evicted; b may not be
     assert victims_for(8, [holder("c", 2, "low", 0)], 12, "very-high") is None  # even all would not do
+
+
+def test_a_job_over_the_quota_of_its_only_zone_is_refused_with_a_sentence() -> None:
+    """64 chips against a quota of 32: refused, naming the chips, the family, the zone and the quota."""
+    spec = parse_spec({"job_id": "big", "name": "big", "owner": "ada", "accelerator_type": "v4-128", "command": "x"})
+    assert spec.chips == 64
+    refusal = refusal_when_oversized(spec, ["us-central2-b"], {"us-central2-b": {"v4": 32}})
+    assert refusal == (
+        "job 'big' asks for 64 chips of v4 in us-central2-b, whose quota is 32: it could never run; "
+        "ask an admin to raise the quota, or ask for fewer chips"
+    )
+    assert refusal_when_oversized(spec, ["us-central2-b"], {"us-central2-b": {"v4": 64}}) is None
+    assert refusal_when_oversized(spec, ["us-central2-b"], {"us-central2-b": {"v5p": 8}}) is None  # no v4 quota
+
+
+def test_a_job_is_refused_only_when_it_fits_in_none_of_its_zones() -> None:
+    """One zone that can take it is enough; refused, the sentence lists every zone's quota."""
+    spec = parse_spec({"job_id": "big", "name": "big", "owner": "ada", "accelerator_type": "v4-128", "command": "x"})
+    zones = ["us-central2-b", "us-east5-a"]
+    assert refusal_when_oversized(spec, zones, {"us-central2-b": {"v4": 32}}) is None
+    refusal = refusal_when_oversized(spec, zones, {"us-central2-b": {"v4": 32}, "us-east5-a": {"v4": 16}})
+    assert refusal is not None
+    assert "more than the quota of each of its zones (us-central2-b: 32, us-east5-a: 16)" in refusal
+
+
+def test_never_fits_is_only_beyond_the_whole_quota() -> None:
+    """Equal to the quota fits (alone); no quota, or a quota of 0 (a paused pool), never refuses."""
+    assert never_fits(32, 33) and not never_fits(32, 32) and not never_fits(None, 10_000)
+    assert not never_fits(0, 4)

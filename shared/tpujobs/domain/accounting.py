@@ -143,6 +143,11 @@ def next_attempt(
     return (*usage, AttemptUsage(attempt, chips, since, zone=zone))
 
 
+def attempt_moved(usage: tuple[AttemptUsage, ...], attempt: int, zone: str) -> tuple[AttemptUsage, ...]:
+    """An attempt that never asked for capacity waits in another zone now."""
+    return _amend(usage, attempt, lambda u: replace(u, zone=zone))
+
+
 def checkpoint_reported(
     usage: tuple[AttemptUsage, ...], attempt: int, at: datetime
 ) -> tuple[AttemptUsage, ...] | None:

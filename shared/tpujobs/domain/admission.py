@@ -11,11 +11,17 @@ strict: a job that does not fit stops the jobs behind it, so a big job is never 
 a stream of small ones. A job of priority `high` or `very-high` that does not fit may evict
 jobs of lower priority, lowest first and newest first among equals, until it fits; jobs
 whose rules say `on_preemption: fail` are never evicted, since they could not come back.
+
+A job that asks for more chips than a pool's whole quota could never be admitted there, and
+as the head of the queue it would stop every job behind it. Submission refuses a job that
+fits in none of its zones (`refusal_when_oversized`); a quota lowered later under a waiting
+job moves it on to its next zone, or fails it (`never_fits`), and the queue goes on. A quota
+of 0 pauses a pool: its jobs wait.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -93,3 +99,41 @@ def waiting_reason(pool: str, limit: int, chips: int) -> str:
     """Why a job waits; the same words each time, so saying it again writes nothing."""
     family, _, zone = pool.partition("@")
     return f"Waiting for quota: needs {chips} {family} chips in {zone}, where the quota is {limit}."
+
+
+def never_fits(limit: int | None, chips: int) -> bool:
+    """Whether `chips` exceed the pool's whole quota: even alone in the pool the job could not run.
+
+    A quota of 0 is a pause, not a size (an admin stops a pool, then opens it again): its jobs
+    wait, as they always did, and are never refused or failed for it.
+    """
+    return limit is not None and 0 < limit < chips
+
+
+def never_fits_reason(pool: str, limit: int, chips: int) -> str:
+    """Why a job can never be admitted to `pool`: the words of the timeline and of a refusal."""
+    family, _, zone = pool.partition("@")
+    return f"asks for {chips} chips of {family} in {zone}, whose quota is {limit}: it could never run there"
+
+
+def refusal_when_oversized(
+    spec: JobSpec, zones: Iterable[str], quotas: Mapping[str, Mapping[str, int]]
+) -> str | None:
+    """Why a job must be refused at submission: it asks for more chips than the quota of every
+    zone it may run in. None when at least one of them can take it (a zone that cannot is
+    skipped at admission, `never_fits`)."""
+    chips = spec.chips
+    limits = [(pool_id(spec, zone), quota_of(quotas, pool_id(spec, zone))) for zone in zones]
+    too_small = [(pool, limit) for pool, limit in limits if never_fits(limit, chips)]
+    if not too_small or len(too_small) < len(limits):
+        return None
+    if len(too_small) == 1:
+        pool, limit = too_small[0]
+        reason = never_fits_reason(pool, limit or 0, chips).removesuffix(" there")
+        return f"job {spec.job_id!r} {reason}; ask an admin to raise the quota, or ask for fewer chips"
+    family = parse_accelerator_type(spec.accelerator_type).family
+    each = ", ".join(f"{pool.partition('@')[2]}: {limit}" for pool, limit in too_small)
+    return (
+        f"job {spec.job_id!r} asks for {chips} chips of {family}, more than the quota of each of "
+        f"its zones ({each}): it could never run; ask an admin to raise a quota, or ask for fewer chips"
+    )
