@@ -603,9 +603,11 @@ def _mount_subcommands() -> None:
     from tpujobs.demo import demo
     from tpujobs.dev.cli import dev_app
     from tpujobs.quota_cli import quota_app
+    from tpujobs.secret_cli import secret_app
 
     app.add_typer(dev_app, name="dev", help="The local stack: emulators, TPU simulator, functions.")
     app.add_typer(quota_app, name="quota", help="Chip quotas per accelerator family and zone.")
+    app.add_typer(secret_app, name="secret", help="Secrets for a job's `secrets` field, in Secret Manager.")
     app.command()(demo)
 
 

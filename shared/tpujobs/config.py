@@ -18,6 +18,7 @@ class Settings:
     default_zone: str = DEFAULT_ZONE
     prefix: str = ""
     tpu_endpoint: str = ""  # the simulator's base URL locally; empty in production
+    secrets_endpoint: str = ""  # the local Secret Manager's base URL; empty: the real API
     logs_bucket: str = ""
     local_stack: bool = False  # True only in the local stack: trust X-Tpujobs-Caller
     admins: tuple[str, ...] = ()  # who may cancel anyone's job
@@ -40,6 +41,7 @@ class Settings:
             default_zone=env.get("TPUJOBS_DEFAULT_ZONE") or DEFAULT_ZONE,
             prefix=env.get("TPUJOBS_PREFIX", ""),
             tpu_endpoint=env.get("TPUJOBS_TPU_ENDPOINT", ""),
+            secrets_endpoint=env.get("TPUJOBS_SECRETS_ENDPOINT", ""),
             logs_bucket=env.get("TPUJOBS_LOGS_BUCKET") or f"{project}-tpujobs-logs",
             local_stack=env.get("TPUJOBS_LOCAL_STACK", "") == "1",
             admins=tuple(a.strip() for a in env.get("TPUJOBS_ADMINS", "").split(",") if a.strip()),
