@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 from collections.abc import Iterator
 from dataclasses import replace
@@ -20,6 +21,7 @@ pytestmark = pytest.mark.e2e
 
 EMULATOR_VARIABLES = ("FIRESTORE_EMULATOR_HOST", "PUBSUB_EMULATOR_HOST", "STORAGE_EMULATOR_HOST")
 SETTINGS = Settings(prefix="t1-")
+SHELL_REPORT_KEY = "a-report-key-left-in-the-shell"  # must reach no service: up makes its own
 
 
 def clean_environ(**extra: str) -> dict[str, str]:
@@ -34,7 +36,9 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[stack.StackSta
     """One stack for the module; stopped at the end whatever happens."""
     state_dir = tmp_path_factory.mktemp("stack")
     try:
-        yield stack.up(state_dir, SETTINGS, environ=clean_environ())
+        yield stack.up(
+            state_dir, SETTINGS, environ=clean_environ(TPUJOBS_REPORT_KEY=SHELL_REPORT_KEY)
+        )
     finally:
         stack.down(state_dir)
 
@@ -49,6 +53,7 @@ def test_up_starts_every_service_and_each_endpoint_answers(
         "pubsub",
         "storage",
         "simulator",
+        "secret-manager",
         "scheduler",
         *(f"function-{r.target}" for r in topology.FUNCTIONS),
     }
@@ -99,6 +104,11 @@ def test_env_lines_export_the_stack_endpoints(running: stack.StackState) -> None
     exported = dict(line.removeprefix("export ").split("=", 1) for line in lines)
     assert exported["STORAGE_EMULATOR_HOST"].startswith("http://127.0.0.1:")
     assert exported["TPUJOBS_TPU_ENDPOINT"].startswith("http://127.0.0.1:")
+    assert exported["TPUJOBS_SECRETS_ENDPOINT"].startswith("http://127.0.0.1:")
+    assert (
+        exported["TPUJOBS_TPU_SERVICE_ACCOUNT"]
+        == f"tpujobs-tpu-vm@{SETTINGS.project}.iam.gserviceaccount.com"
+    )
     assert exported["TPUJOBS_PREFIX"] == "t1-"
     assert exported["TPUJOBS_LOCAL_STACK"] == "1"
     assert {
@@ -108,6 +118,65 @@ def test_env_lines_export_the_stack_endpoints(running: stack.StackState) -> None
         "TPUJOBS_DEFAULT_ZONE",
         "TPUJOBS_LOGS_BUCKET",
     } <= exported.keys()
+
+
+def process_environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    pairs = (item.decode(errors="replace").partition("=") for item in raw.split(b"\0") if item)
+    return {name: value for name, _, value in pairs}
+
+
+def test_the_secret_manager_serves_the_real_client_and_the_simulator_points_hosts_at_it(
+    running: stack.StackState,
+) -> None:
+    """up starts the local Secret Manager; the simulator (so every simulated host) and the
+    functions have its endpoint and the TPU VM account in their environment."""
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import secretmanager
+
+    endpoint = running.env["TPUJOBS_SECRETS_ENDPOINT"]
+    client = secretmanager.SecretManagerServiceClient(
+        transport="rest",
+        client_options={"api_endpoint": endpoint},
+        credentials=AnonymousCredentials(),
+    )
+    parent = f"projects/{running.env['GOOGLE_CLOUD_PROJECT']}"
+    made = client.create_secret(
+        parent=parent, secret_id="dev-stack-check", secret={"replication": {"automatic": {}}}
+    )
+    client.add_secret_version(parent=made.name, payload={"data": b"x"})
+    assert client.access_secret_version(name=f"{made.name}/versions/latest").payload.data == b"x"
+
+    simulator = next(p for p in running.processes if p.name == "simulator")
+    function = next(p for p in running.processes if p.name.startswith("function-"))
+    for process in (simulator, function):
+        environ = process_environ(process.pid)
+        assert environ["TPUJOBS_SECRETS_ENDPOINT"] == endpoint
+        assert environ["TPUJOBS_TPU_SERVICE_ACCOUNT"] == running.env["TPUJOBS_TPU_SERVICE_ACCOUNT"]
+
+
+def test_the_report_key_reaches_the_functions_only(running: stack.StackState) -> None:
+    """A fresh key in every function's environment and in stack.json (0600), and nowhere else:
+    not the simulator (whose hosts run jobs' code), not the scheduler, not the export lines."""
+    key = running.report_key
+    assert len(key) >= 64 and key != SHELL_REPORT_KEY
+    functions = [p for p in running.processes if p.name.startswith("function-")]
+    others = [p for p in running.processes if not p.name.startswith("function-")]
+    assert functions and {"simulator", "secret-manager"} <= {p.name for p in others}
+    for process in functions:
+        assert process_environ(process.pid)["TPUJOBS_REPORT_KEY"] == key
+    for process in others:
+        environ = process_environ(process.pid)
+        assert "TPUJOBS_REPORT_KEY" not in environ, process.name
+        assert key not in "\0".join(environ.values()), process.name
+
+    lines = "\n".join(stack.env_lines(running))
+    assert "TPUJOBS_REPORT_KEY" not in lines and key not in lines
+    assert key not in repr(running)
+    path = running.state_dir / stack.STACK_FILE
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert json.loads(path.read_text())["report_key"] == key
+    assert stack.load(running.state_dir).report_key == key  # type: ignore[union-attr]
 
 
 def test_up_twice_returns_the_running_stack_with_the_same_pids(
@@ -137,6 +206,8 @@ def test_down_stops_exactly_the_started_pids_and_leaves_a_reused_emulator_runnin
         stopped = stack.down(state_dir)
 
         assert sorted(p.pid for p in stopped) == sorted(p.pid for p in state.processes)
+        assert "secret-manager" in {p.name for p in stopped}
+        assert processes.http_get(state.env["TPUJOBS_SECRETS_ENDPOINT"] + "/health") is None
         assert not any(processes.is_running(p) for p in state.processes)
         assert processes.is_running(external)
         assert processes.http_get(f"http://{address}/") is not None

@@ -237,6 +237,38 @@ def simulator(
     )
 
 
+def secret_manager(
+    port: int,
+    *,
+    prefix: str = "",
+    env: Mapping[str, str] | None = None,
+    state_file: Path | None = None,
+    deadline_s: float = 30.0,
+) -> ServiceSpec:
+    """The local Secret Manager (tpujobs.simulator.secret_manager); `prefix` is TPUJOBS_PREFIX,
+    which starts the secret ids each VM account may read."""
+    argv = [
+        sys.executable,
+        "-m",
+        "tpujobs.simulator.secret_manager",
+        "--host",
+        LOOPBACK,
+        "--port",
+        str(port),
+        f"--prefix={prefix}",  # one argument even when empty: /proc/PID/cmdline drops empty ones
+    ]
+    if state_file is not None:
+        argv += ["--state-file", str(state_file)]
+    return ServiceSpec(
+        name="secret-manager",
+        argv=tuple(argv),
+        port=port,
+        ready=answers_ok(f"http://{LOOPBACK}:{port}/health"),
+        deadline_s=deadline_s,
+        env=env,
+    )
+
+
 def function(
     route: FunctionRoute,
     port: int,

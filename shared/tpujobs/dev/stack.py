@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import json
 import os
+import secrets
 import shlex
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -26,6 +27,7 @@ from tpujobs.dev import processes, wiring
 from tpujobs.dev.processes import LOOPBACK, ManagedProcess, StackError
 
 STACK_FILE = "stack.json"
+REPORT_KEY_VARIABLE = "TPUJOBS_REPORT_KEY"
 FORMAT_VERSION = 1
 RECONCILE_INTERVAL_S = 3.0  # Cloud Scheduler ticks once a minute; locally, every few seconds
 REPO_ROOT = Path(__file__).resolve().parents[3]  # shared/tpujobs/dev/stack.py -> the repo
@@ -45,6 +47,9 @@ class StackState:
     functions_source: str = ""
     created_at: str = ""
     already_running: bool = False  # `up` found it running and started nothing
+    # The report-signing master key: in the functions' environment only (TPUJOBS_REPORT_KEY),
+    # never in `env`, the simulator's environment or a printed line; stack.json is 0600.
+    report_key: str = field(default="", repr=False)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -55,6 +60,7 @@ class StackState:
             "reused": dict(self.reused),
             "functions": dict(self.functions),
             "processes": [p.to_json() for p in self.processes],
+            "report_key": self.report_key,
         }
 
     @classmethod
@@ -67,7 +73,13 @@ class StackState:
             functions=dict(data.get("functions", {})),
             functions_source=data.get("functions_source", ""),
             created_at=data.get("created_at", ""),
+            report_key=data.get("report_key", ""),
         )
+
+
+def default_tpu_service_account(project: str) -> str:
+    """The account the local stack's TPU VMs run as, as infra/ names the deployment's."""
+    return f"tpujobs-tpu-vm@{project}.iam.gserviceaccount.com"
 
 
 def default_state_dir(environ: Mapping[str, str] | None = None) -> Path:
@@ -252,6 +264,7 @@ def _start(
 ) -> StackState:
     ports = {name: processes.free_port() for name in ("firestore", "pubsub", "storage")}
     simulator_port = processes.free_port()
+    secrets_port = processes.free_port()
     function_ports = {route.target: processes.free_port() for route in topology.FUNCTIONS}
     functions = {target: f"http://{LOOPBACK}:{port}/" for target, port in function_ports.items()}
 
@@ -265,6 +278,11 @@ def _start(
         "PUBSUB_EMULATOR_HOST": pubsub,
         "STORAGE_EMULATOR_HOST": storage,
         "TPUJOBS_TPU_ENDPOINT": f"http://{LOOPBACK}:{simulator_port}",
+        "TPUJOBS_SECRETS_ENDPOINT": f"http://{LOOPBACK}:{secrets_port}",
+        # What the TPU VMs run as (and whose secrets they read): never a Compute default.
+        "TPUJOBS_TPU_SERVICE_ACCOUNT": settings.tpu_service_account
+        or base_env.get("TPUJOBS_TPU_SERVICE_ACCOUNT")
+        or default_tpu_service_account(settings.project),
         "TPUJOBS_DEFAULT_ZONE": settings.default_zone,
         "TPUJOBS_PREFIX": settings.prefix,
         "TPUJOBS_LOGS_BUCKET": bucket,
@@ -273,7 +291,11 @@ def _start(
     api = next((r for r in topology.FUNCTIONS if r.signature == "http"), None)
     if api is not None:
         env["TPUJOBS_API_URL"] = functions[api.target]
-    service_env = {**base_env, **env}
+    # The signing key goes to the functions alone: a job's code on a simulated host must not
+    # inherit it (production mounts it into the functions from Secret Manager the same way).
+    report_key = secrets.token_urlsafe(48)
+    service_env = {k: v for k, v in {**base_env, **env}.items() if k != REPORT_KEY_VARIABLE}
+    function_env = {**service_env, REPORT_KEY_VARIABLE: report_key}
 
     specs = []
     if "firestore" not in reused:
@@ -282,6 +304,7 @@ def _start(
         specs.append(processes.pubsub_emulator(ports["pubsub"], settings.project))
     if "storage" not in reused:
         specs.append(processes.storage_emulator(ports["storage"]))
+    specs.append(processes.secret_manager(secrets_port, prefix=settings.prefix, env=service_env))
     specs.append(
         processes.simulator(
             simulator_port,
@@ -291,7 +314,7 @@ def _start(
         )
     )
     specs.extend(
-        processes.function(route, function_ports[route.target], source=source, env=service_env)
+        processes.function(route, function_ports[route.target], source=source, env=function_env)
         for route in topology.FUNCTIONS
     )
     say(f"starting {', '.join(spec.name for spec in specs)}")
@@ -317,6 +340,7 @@ def _start(
             functions=functions,
             functions_source=str(source),
             created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            report_key=report_key,
         )
         _save(state)
     except BaseException as error:
@@ -341,9 +365,13 @@ def _warn_if_different(state: StackState, settings: Settings, say: Report) -> No
 
 
 def _save(state: StackState) -> None:
+    """Write stack.json readable by its owner only: it holds the report-signing key."""
     path = state.state_dir / STACK_FILE
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(state.to_json(), indent=2) + "\n")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(json.dumps(state.to_json(), indent=2) + "\n")
     tmp.replace(path)
 
 
