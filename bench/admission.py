@@ -34,11 +34,11 @@ from reconcile import firestore_emulator  # the bench folder's own helper
 from tpujobs.adapters.firestore_pools import FirestorePools
 from tpujobs.adapters.firestore_store import FirestoreJobStore
 from tpujobs.adapters.tpu import CloudTpu, build_client
-from tpujobs.config import Settings
 from tpujobs.domain.states import JobState
 from tpujobs.inbound import InboundMessage
 from tpujobs.service import JobService
 from tpujobs.simulator import SimulatorConfig, SimulatorServer
+from tpujobs.testing import local_settings, signed
 
 ZONE = "us-central2-b"
 QUOTA_CHIPS = 40  # ten v4-8 jobs
@@ -95,7 +95,7 @@ def main() -> int:
         client = firestore.Client(project=project)
         pools = FirestorePools(client)
         pools.set_quota(ZONE, "v4", QUOTA_CHIPS)
-        settings = Settings(project=project, default_zone=ZONE, tpu_endpoint=simulator.url, logs_bucket="logs")
+        settings = local_settings(project=project, default_zone=ZONE, tpu_endpoint=simulator.url, logs_bucket="logs")
         service = JobService(
             Counted(FirestoreJobStore(client), counts),
             CloudTpu(build_client(simulator.url), project),
@@ -124,7 +124,7 @@ def main() -> int:
             counts.clear()
             t0 = time.perf_counter()
             service.on_worker_report(
-                message("tpujobs-worker-events", {
+                signed(service,"tpujobs-worker-events", {
                     "kind": "exited", "job_id": ending, "attempt": 1, "slice_id": 0, "worker_id": 0, "exit_code": 0,
                 })
             )
@@ -211,7 +211,7 @@ def concurrent_endings(service: JobService, running: list[str], writers: int, co
     def end(job_id: str) -> None:
         try:
             service.on_worker_report(
-                message("tpujobs-worker-events", {
+                signed(service,"tpujobs-worker-events", {
                     "kind": "exited", "job_id": job_id, "attempt": 1, "slice_id": 0, "worker_id": 0, "exit_code": 0,
                 })
             )

@@ -73,13 +73,13 @@ from tpujobs.adapters.tpu import (
     build_client,
     queued_resource_for,
 )
-from tpujobs.agent.startup import render_startup_script
+from tpujobs.agent.startup import host_boot
 from tpujobs.config import DEFAULT_ZONE, Settings
 from tpujobs.dev import processes
 from tpujobs.domain.job import Job, JobEvent, Source, new_job
 from tpujobs.domain.spec import JobSpec
 from tpujobs.domain.states import JobState
-from tpujobs.ports import CapacityStatus, WorkerRecord
+from tpujobs.ports import CapacityStatus, HostBoot, WorkerRecord
 from tpujobs.reconciler import Reconciler, ReconcileReport
 from tpujobs.service import JobService
 from tpujobs.simulator import (
@@ -99,6 +99,7 @@ from tpujobs.simulator.server import (
     parse_queued_resource,
     queued_resource_json,
 )
+from tpujobs.testing import local_settings
 
 ZONE = DEFAULT_ZONE
 OWNER = "bench@example.com"
@@ -280,7 +281,7 @@ class Fleet:
     def _add_queued_resource(self, job: Job, index: int) -> None:
         """The job's queued resource as the adapter requests it and the simulator stores it."""
         project = self.settings.project
-        resource = queued_resource_for(job, project, render_startup_script(job, self.settings))
+        resource = queued_resource_for(job, project, host_boot(job, self.settings))
         body = json_format.MessageToDict(type(resource).pb(resource), use_integers_for_enums=True)
         request = parse_queued_resource(body, f"projects/{project}/locations/{job.zone}")
         wall = (job.updated_at or self.now).timestamp()
@@ -461,8 +462,8 @@ class CountingTpu:
     def status(self, zone: str, name: str) -> CapacityStatus | None:
         return self._timed("status", lambda: self._tpu.status(zone, name))
 
-    def request(self, job: Job, startup_script: str) -> CapacityStatus:
-        return self._timed("request", lambda: self._tpu.request(job, startup_script))
+    def request(self, job: Job, boot: HostBoot) -> CapacityStatus:
+        return self._timed("request", lambda: self._tpu.request(job, boot))
 
     def release(self, zone: str, name: str) -> None:
         self._timed("release", lambda: self._tpu.release(zone, name))
@@ -716,7 +717,7 @@ def main() -> int:
     project = f"bench-reconcile-{uuid.uuid4().hex[:8]}"
     with firestore_emulator() as shared:
         now = datetime.now(timezone.utc)
-        settings = Settings(project=project, default_zone=ZONE, logs_bucket=f"{project}-logs")
+        settings = local_settings(project=project, default_zone=ZONE, logs_bucket=f"{project}-logs")
         fleet = Fleet(firestore.Client(project=project), settings, now)
         points: list[Point] = []
         try:

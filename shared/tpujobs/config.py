@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 DEFAULT_PROJECT = "tpujobs-local"
 DEFAULT_ZONE = "us-central2-b"
@@ -24,13 +24,24 @@ class Settings:
     admins: tuple[str, ...] = ()  # who may cancel anyone's job
     # ID-token audiences the `jobs` HTTP function accepts; empty: its own URL, from the request.
     api_audiences: tuple[str, ...] = ()
+    # The jobs function's IAM admits only invokers, so Cloud Run checked every token that reaches
+    # it: one whose signature Cloud Run removed may be trusted (tpujobs.identity). infra/ sets it
+    # on the jobs function alone.
+    api_platform_auth: bool = False
+    api_certs_url: str = ""  # Google's ID-token certificates; empty: Google's own URL
     stuck_after_seconds: float = 30.0  # the reconciler finishes QUEUED/RECOVERING work older than this
     # A queued resource waiting this long for capacity moves a job with more `zones` to the next.
     zone_wait_seconds: float = 600.0
     tpu_service_account: str = ""  # what TPU VMs run as (publish worker events, write logs)
+    # The deployment's report-signing master key (a secret, from Secret Manager): each attempt's
+    # key is derived from it (`tpujobs.domain.signing`). Never printed, so not in repr.
+    report_key: str = field(default="", repr=False)
     heartbeat_seconds: float = 10.0  # how often every worker's agent reports that it is alive
     # A worker silent this long is lost: several missed heartbeats, never just one.
     heartbeat_timeout_seconds: float = 60.0
+    # Capacity ACTIVE this long with a host whose agent never reported (counted from the first
+    # host's `started`, else from the capacity becoming ACTIVE) is a lost host: never held silently.
+    boot_timeout_seconds: float = 600.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -48,9 +59,13 @@ class Settings:
             api_audiences=tuple(
                 a.strip() for a in env.get("TPUJOBS_API_AUDIENCE", "").split(",") if a.strip()
             ),
+            api_platform_auth=env.get("TPUJOBS_API_PLATFORM_AUTH", "") == "1",
+            api_certs_url=env.get("TPUJOBS_API_CERTS_URL", ""),
             stuck_after_seconds=float(env.get("TPUJOBS_STUCK_AFTER_SECONDS") or 30.0),
             zone_wait_seconds=float(env.get("TPUJOBS_ZONE_WAIT_SECONDS") or 600.0),
             tpu_service_account=env.get("TPUJOBS_TPU_SERVICE_ACCOUNT", ""),
+            report_key=env.get("TPUJOBS_REPORT_KEY", ""),
             heartbeat_seconds=float(env.get("TPUJOBS_HEARTBEAT_SECONDS") or 10.0),
             heartbeat_timeout_seconds=float(env.get("TPUJOBS_HEARTBEAT_TIMEOUT_SECONDS") or 60.0),
+            boot_timeout_seconds=float(env.get("TPUJOBS_BOOT_TIMEOUT_SECONDS") or 600.0),
         )

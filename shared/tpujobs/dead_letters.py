@@ -31,6 +31,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from tpujobs import topology
+from tpujobs.domain import signing
 from tpujobs.errors import PermanentError, TransientError
 from tpujobs.inbound import InboundMessage
 
@@ -147,7 +148,7 @@ def dead_letter_from_message(message: InboundMessage, at: datetime, prefix: str 
         subscription = f"projects/{project}/subscriptions/{source}"
     else:
         subscription = source
-    data = message.data
+    data = None if message.data is None else signing.scrub_bytes(message.data)  # never an attempt key
     notes = []
     if data is None:
         notes.append(message.undecodable or "the message data could not be read")
@@ -161,7 +162,7 @@ def dead_letter_from_message(message: InboundMessage, at: datetime, prefix: str 
         topic=source_topic(short, prefix),
         subscription=subscription,
         delivery_attempts=_int_or_none(attributes.get(DELIVERY_COUNT)),
-        payload=message.payload_text(MAX_PAYLOAD_CHARS),
+        payload=signing.scrub(message.payload_text(MAX_PAYLOAD_CHARS)),
         attributes={
             k: v for k, v in attributes.items() if not k.startswith(DEAD_LETTER_ATTRIBUTE_PREFIX)
         },

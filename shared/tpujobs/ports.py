@@ -129,6 +129,9 @@ class JobStore(Protocol):
     def reject(self, rejection: Rejection) -> None:
         """Record a rejection once per message id."""
 
+    def remember_report(self, digest: str, message_id: str, job_id: str, attempt: int, now: datetime) -> str:
+        """Remember a signed report by its digest; the id of the first message that carried it."""
+
     def record_attempt_logs(self, job_id: str, logs: AttemptLogs) -> None:
         """Keep where an attempt's exported logs are (merged into `jobs/{id}/attempts/{N}`),
         and make the job's log_uri the combined log, unless it names a later attempt's."""
@@ -149,9 +152,19 @@ class CapacityStatus:
     job_label: str | None = None  # the `tpujobs-job` label: set on every resource tpujobs made
 
 
+@dataclass(frozen=True)
+class HostBoot:
+    """What the TPU VMs of one attempt boot with: the account they run as (never the Compute
+    default) and their metadata (the startup script, the attempt's report key)."""
+
+    service_account: str
+    metadata: Mapping[str, str]
+
+
 class Tpu(Protocol):
-    def request(self, job: Job, startup_script: str) -> CapacityStatus:
-        """Ask for the queued resource of the job's current attempt; an existing one is adopted."""
+    def request(self, job: Job, boot: HostBoot) -> CapacityStatus:
+        """Ask for the queued resource of the job's current attempt, its TPU VMs booting as
+        `boot` says (`agent.startup.host_boot`); an existing one is adopted."""
 
     def status(self, zone: str, name: str) -> CapacityStatus | None: ...
 

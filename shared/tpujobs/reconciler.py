@@ -29,7 +29,7 @@ import logging
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from tpujobs.agent.startup import render_startup_script
+from tpujobs.agent.startup import host_boot
 from tpujobs.domain.admission import Holder, pool_id
 from tpujobs.domain.job import Job
 from tpujobs.domain.naming import exported_attempt, parse_queued_resource_name
@@ -128,7 +128,7 @@ class Reconciler:
             return
         if status is None:
             if job.state is JobState.PROVISIONING:
-                service.tpu.request(job, render_startup_script(job, service.settings))
+                service.tpu.request(job, host_boot(job, service.settings))
                 report.re_requested.append(job.queued_resource)
             elif service.tpu.status(job.zone, job.queued_resource) is None:  # confirm first
                 what = f"queued resource {job.queued_resource} no longer exists"

@@ -14,7 +14,14 @@ from typing import Annotated, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from tpujobs.domain.spec import ID_PATTERN, OWNER_PATTERN, ZONE_PATTERN, require_unicode_text
+from tpujobs.domain.spec import (
+    ID_PATTERN,
+    OWNER_PATTERN,
+    ZONE_PATTERN,
+    DuplicateKey,
+    require_unicode_text,
+    unique_keys,
+)
 
 MAX_REPORT_BYTES = 16 * 1024
 # An audit-log entry of a queued resource's creation carries its request, startup script and all.
@@ -59,15 +66,25 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
 
 
-class WorkerReport(_Strict):
-    """tpujobs-worker-events: what one worker host's agent says about its command."""
+# A fresh random value in every signed report: two reports never have the same bytes, so
+# the same signature seen under two message ids is a replay (`tpujobs.domain.signing`).
+Nonce = Annotated[str, Field(pattern=r"^[0-9a-f]{16,64}$")]
 
-    kind: Literal["started", "heartbeat", "exited", "checkpoint"]
+
+class WorkerReport(_Strict):
+    """tpujobs-worker-events: what one worker host's agent says about its command.
+
+    `aborted`: the attempt could not run its command for a reason no restart fixes (a
+    secret missing or unreadable, code whose digest differs); `detail` says which.
+    """
+
+    kind: Literal["started", "heartbeat", "exited", "checkpoint", "aborted"]
     job_id: JobId
     attempt: Attempt
     slice_id: Index
     worker_id: Index
-    at: Timestamp = None
+    at: Timestamp
+    nonce: Nonce
     exit_code: ExitCode | None = None
     step: Step | None = None
     detail: str | None = Field(default=None, max_length=1024)
@@ -81,7 +98,11 @@ class PreemptionNotice(_Strict):
     slice_id: Index = 0
     worker_id: Index = 0
     reason: str = Field(default="preemption notice", max_length=256)
-    at: Timestamp = None
+    at: Timestamp
+    nonce: Nonce
+
+
+SignedReport = WorkerReport | PreemptionNotice
 
 
 class QrStateReport(_Strict):
@@ -119,9 +140,11 @@ def decode_report(model: type[Report], raw: bytes | None) -> Report:
     if len(raw) > MAX_REPORT_BYTES:
         raise ReportError(f"the message is {len(raw)} bytes; at most {MAX_REPORT_BYTES} are expected")
     try:
-        data = json.loads(raw.decode("utf-8"))
+        data = json.loads(raw.decode("utf-8"), object_pairs_hook=unique_keys)
     except UnicodeDecodeError:
         raise ReportError("the message is not valid UTF-8") from None
+    except DuplicateKey as error:
+        raise ReportError(str(error)) from None
     except (ValueError, RecursionError):  # JSONDecodeError, or a number too long to convert
         raise ReportError("the message is not JSON") from None
     if not isinstance(data, dict):

@@ -36,7 +36,7 @@ def job_service() -> JobService:
 
     settings = Settings.from_env()
     client = firestore.Client(project=settings.project)
-    tpu = CloudTpu(build_client(settings.tpu_endpoint), settings.project, settings.tpu_service_account)
+    tpu = CloudTpu(build_client(settings.tpu_endpoint), settings.project)
     publisher = Publisher.build(settings.project, settings.prefix)
     return JobService(
         FirestoreJobStore(client),

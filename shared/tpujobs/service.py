@@ -17,22 +17,26 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tpujobs import logs
-from tpujobs.agent.startup import render_startup_script
+from tpujobs.agent.startup import host_boot
 from tpujobs.config import Settings
+from tpujobs.domain import signing
 from tpujobs.domain.access import may_cancel
 from tpujobs.domain.admission import (
     Holder,
     chips_held,
     fits,
+    never_fits,
+    never_fits_reason,
     pool_id,
     quota_of,
+    refusal_when_oversized,
     victims_for,
     waiting_reason,
 )
 from tpujobs.domain.job import Job, JobEvent, Source, new_job, worker_key
 from tpujobs.domain.naming import parse_queued_resource_name, queued_resource_name
 from tpujobs.domain.retry import BACKOFF_CAP_SECONDS
-from tpujobs.domain.spec import SpecError, decode_spec
+from tpujobs.domain.spec import JobSpec, SpecError, decode_spec
 from tpujobs.domain.states import EventKind, JobState
 from tpujobs.domain.transitions import Decision, Ignored, Observation
 from tpujobs.errors import PermanentError, TransientError
@@ -54,6 +58,7 @@ from tpujobs.reports import (
     QrStateReport,
     Report,
     ReportError,
+    SignedReport,
     WorkerReport,
     audit_log_target,
     decode_report,
@@ -135,7 +140,9 @@ class JobService:
         """Record why a message could not be used; the caller then acknowledges it."""
         log.warning("rejected message %s on %s: %s", message.message_id, message.topic, reason)
         self.store.reject(
-            Rejection(message.message_id, self.clock(), reason, message.payload_text(), message.topic)
+            Rejection(
+                message.message_id, self.clock(), reason, signing.scrub(message.payload_text()), message.topic
+            )
         )
 
     # -- submission ------------------------------------------------------------------
@@ -150,6 +157,9 @@ class JobService:
         except SpecError as error:
             self.reject(message, str(error))
             return SubmitOutcome("rejected", None, str(error))
+        refused = self._refused_as_oversized(message, spec)
+        if refused is not None:
+            return refused
 
         assert spec.job_id is not None
         logs.bind_job(spec.job_id)
@@ -174,12 +184,26 @@ class JobService:
 
     # -- admission -------------------------------------------------------------------
 
+    def _refused_as_oversized(self, message: InboundMessage, spec: JobSpec) -> SubmitOutcome | None:
+        """Refuse, as a rejection, a job bigger than the quota of every zone it may run in:
+        it could never run, and waiting at the head of a queue it would stop the jobs behind it."""
+        if self.pools is None:
+            return None
+        zones = spec.preferred_zones or (self.settings.default_zone,)
+        refusal = refusal_when_oversized(spec, zones, self.pools.quotas())
+        if refusal is None:
+            return None
+        self.reject(message, refusal)
+        return SubmitOutcome("rejected", spec.job_id, refusal)
+
     def admit(self, job: Job) -> SubmitOutcome:
         """A QUEUED job: request its capacity now if its pool has no quota, else in queue order."""
         pool = pool_id(job.spec, job.zone)
         limit = self._quota(pool)
         if limit is None:
             return self._admit(job)
+        if never_fits(limit, job.spec.chips):
+            return self._quota_exceeded(job, pool, limit)
         admitted = self.admit_waiting(pool, limit)
         if job.job_id in admitted:
             return SubmitOutcome("provisioning", job.job_id, f"admitted in {pool}")
@@ -197,6 +221,8 @@ class JobService:
         submissions; the reconciler calls it too. `leaving` are jobs whose hold goes in the
         same write as the next claim. Each change is a compare-and-set on the pool's
         document, so concurrent calls never hand out a chip twice: the loser reads again.
+        A head bigger than the whole quota (lowered after it was submitted) never stops the
+        queue: it moves on to its next zone or fails, and the jobs behind it are looked at.
         """
         if self.pools is None:
             return []
@@ -222,6 +248,9 @@ class JobService:
                 return admitted
             head = waiting[0]
             chips = head.spec.chips
+            if limit is not None and never_fits(limit, chips):  # a quota lowered under it:
+                self._quota_exceeded(head, pool, limit)  # it moves on or fails, and the queue goes on
+                continue
             claim = Holder(head.job_id, chips, head.attempt, head.spec.priority, self.clock(),
                            evictable=head.spec.on_preemption != "fail")
             victims: list[Holder] = []
@@ -248,6 +277,24 @@ class JobService:
             if limit is not None and chips_held(remaining) + chips >= limit:
                 return admitted  # the pool is full: no need to look at the next job
         return admitted
+
+    def _quota_exceeded(self, job: Job, pool: str, limit: int) -> SubmitOutcome:
+        """A QUEUED job bigger than its pool's whole quota moves on to its next zone (and is
+        admitted there, in that pool's order), or fails when it has none.
+
+        Its current attempt never asked for capacity (a claimed job is finished before the
+        head is looked at), so there is nothing to release; in the instant between a claim and
+        its request, a leftover is the reconciler's to drop (a terminal job's claim and
+        queued resource are stale).
+        """
+        why = f"The job {never_fits_reason(pool, limit, job.spec.chips)}"
+        seen = Observation(EventKind.QUOTA_EXCEEDED, job.attempt, "submit", reason=why)
+        outcome = self._commit(job.job_id, seen)
+        if isinstance(outcome, Ignored):
+            return SubmitOutcome("duplicate", job.job_id, outcome.reason)
+        if outcome.job.state is JobState.QUEUED:
+            return self.admit(outcome.job)
+        return SubmitOutcome("failed", job.job_id, outcome.event.reason)
 
     def _evict(self, job_id: str, by: Job) -> None:
         """Send a lower-priority job back to QUEUED so `by` fits; its capacity is released."""
@@ -281,7 +328,7 @@ class JobService:
     def _admit(self, job: Job) -> SubmitOutcome:
         """Request the attempt's capacity, then record PROVISIONING (or FAILED for good)."""
         try:
-            status = self.tpu.request(job, render_startup_script(job, self.settings))
+            status = self.tpu.request(job, host_boot(job, self.settings))
         except PermanentError as error:
             self._commit(
                 job.job_id,
@@ -300,9 +347,10 @@ class JobService:
     # -- what happens to a running job ----------------------------------------------
 
     def on_worker_report(self, message: InboundMessage) -> Decision | Ignored | None:
-        """tpujobs-worker-events: started, heartbeat, exited, checkpoint from one worker host."""
+        """tpujobs-worker-events: started, heartbeat, exited, checkpoint or aborted, from one
+        worker host, believed only when signed with its attempt's key (`_believed`)."""
         report = self._decode(WorkerReport, message)
-        if report is None:
+        if report is None or not self._believed(report, message):
             return None
         now = self.clock()
         at = report.at or now
@@ -311,6 +359,7 @@ class JobService:
             "started": {"started_at": at, "live": True},
             "heartbeat": {"live": True},
             "exited": {"exited_at": at, "exit_code": report.exit_code, "live": False},
+            "aborted": {"exited_at": at, "exit_code": report.exit_code, "live": False},
             "checkpoint": {"checkpoint_step": report.step, "checkpoint_at": at, "live": True},
         }[report.kind]
         outcome: Decision | Ignored | None = None
@@ -321,6 +370,12 @@ class JobService:
             code = report.exit_code if report.exit_code is not None else -1
             kind = EventKind.WORKER_SUCCEEDED if code == 0 else EventKind.COMMAND_FAILED
             seen = Observation(kind, report.attempt, "agent", exit_code=code, worker=worker)
+            outcome = self.observe(report.job_id, seen)
+        elif report.kind == "aborted":
+            why = report.detail or "the agent could not start the command"
+            seen = Observation(
+                EventKind.ATTEMPT_ABORTED, report.attempt, "agent", reason=why, exit_code=report.exit_code, worker=worker
+            )
             outcome = self.observe(report.job_id, seen)
         elif report.kind == "checkpoint":
             self.store.record_checkpoint(report.job_id, report.attempt, at)
@@ -335,7 +390,7 @@ class JobService:
     def on_preemption(self, message: InboundMessage) -> Decision | Ignored | None:
         """tpujobs-preemption: a worker's notice that its capacity is going away, at once."""
         notice = self._decode(PreemptionNotice, message)
-        if notice is None:
+        if notice is None or not self._believed(notice, message):
             return None
         worker = worker_key(notice.slice_id, notice.worker_id)
         reason = f"Preempted: worker {worker} of attempt {notice.attempt} got notice ({notice.reason})"
@@ -495,7 +550,7 @@ class JobService:
         self.tpu.release(job.zone, job.queued_resource)
         following = job.as_next_attempt()
         try:
-            status = self.tpu.request(following, render_startup_script(following, self.settings))
+            status = self.tpu.request(following, host_boot(following, self.settings))
         except PermanentError as error:
             self._commit(
                 job.job_id,
@@ -514,6 +569,42 @@ class JobService:
         current = self.store.get(requested.job_id)
         if current is None or current.state.is_terminal or current.queued_resource != requested.queued_resource:
             self.tpu.release(requested.zone, requested.queued_resource)
+
+    def _believed(self, report: SignedReport, message: InboundMessage) -> bool:
+        """Whether a report or notice is what the hosts of the attempt it names said.
+
+        Signed with that attempt's key, from a host the job has, timed within the attempt,
+        and not a replay (the same signed bytes under another message id; a redelivery
+        keeps its id). Otherwise it changes nothing and is recorded as a rejection.
+        """
+        job = self.store.get(report.job_id)
+        if job is None:
+            self.reject(message, f"job_id {report.job_id!r}: no such job")
+            return False
+        signature = message.attributes.get(signing.SIGNATURE_ATTRIBUTE)
+        now = self.clock()
+        problem = signing.report_problem(
+            job,
+            attempt=report.attempt,
+            slice_id=report.slice_id,
+            worker_id=report.worker_id,
+            at=report.at,
+            data=message.data or b"",
+            signature=signature,
+            master=self.settings.report_key,
+            now=now,
+        )
+        if problem is None:
+            assert signature is not None
+            first = self.store.remember_report(
+                signing.report_digest(signature), message.message_id, report.job_id, report.attempt, now
+            )
+            if first != message.message_id:
+                problem = f"it is a replay: the same signed report arrived before as message {first}"
+        if problem is not None:
+            self.reject(message, f"Report for {report.job_id} attempt {report.attempt} refused: {problem}.")
+            return False
+        return True
 
     def _decode(self, model: type[Report], message: InboundMessage) -> Report | None:
         """The message as `model`; None after recording a rejection when it is not one."""

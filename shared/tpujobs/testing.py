@@ -1,6 +1,8 @@
 """Helpers for tests of tpujobs and of code built on it (shipped, like structlog.testing).
 
 - `wait_for`: poll until something is true, across processes.
+- `local_settings`: settings with a fresh report-signing key and a TPU VM account, as the
+  local stack has them; `signed`: a report or notice signed as the attempt's agent signs it.
 - `CrashPlan`, `CrashingStore`, `CrashingTpu`: fault injection at the ports. The wrappers
   delegate every port call to a real adapter and count it as one I/O step; the plan makes
   the process "die" (raise `InjectedCrash`) just before or just after the k-th step, so a
@@ -13,18 +15,22 @@ from __future__ import annotations
 import builtins
 import itertools
 import json
+import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, TypeVar
 
+from tpujobs.config import DEFAULT_PROJECT, Settings
+from tpujobs.domain import signing
 from tpujobs.domain.job import Job, JobEvent
 from tpujobs.domain.transitions import Decision, Ignored, Observation
 from tpujobs.inbound import InboundMessage
 from tpujobs.ports import (
     CapacityStatus,
     Clock,
+    HostBoot,
     JobStore,
     Rejection,
     SilentWorker,
@@ -42,6 +48,35 @@ def inbound(topic: str, payload: Any, message_id: str | None = None) -> InboundM
     a fresh id of digits, as Pub/Sub's are, unless one is given (a redelivery keeps its id)."""
     data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
     return InboundMessage(message_id or str(next(_message_ids)), topic, data)
+
+
+def local_settings(**overrides: Any) -> Settings:
+    """Settings as the local stack has them: a fresh random report-signing key (never a fixed
+    one) and a TPU VM account, which production gets from infra/; `overrides` win."""
+    project = overrides.get("project", DEFAULT_PROJECT)
+    defaults = {
+        "report_key": secrets.token_urlsafe(48),
+        "tpu_service_account": f"tpujobs-tpu-vm@{project}.iam.gserviceaccount.com",
+    }
+    return Settings(**{**defaults, **overrides})
+
+
+def signed(service: Any, topic: str, payload: dict[str, Any], message_id: str | None = None) -> InboundMessage:
+    """A worker report or preemption notice as the attempt's agent sends it to `service` (a
+    JobService): with a time (the service's clock, unless the payload has `at`) and a fresh
+    nonce, signed with the key of the attempt it names, derived for the job as stored (a job
+    that does not exist gets a key of nobody's)."""
+    job = service.store.get(str(payload.get("job_id", "")))
+    body = {"at": service.clock().isoformat(), "nonce": secrets.token_hex(16), **payload}
+    data = json.dumps(body).encode()
+    created = job.created_at if job is not None and job.created_at is not None else datetime(2000, 1, 1)
+    attempt = body.get("attempt")
+    key = signing.attempt_key(
+        service.settings.report_key, str(body.get("job_id")), created, attempt if isinstance(attempt, int) else 0
+    )
+    attributes = {signing.SIGNATURE_ATTRIBUTE: signing.sign(key, data)}
+    return InboundMessage(message_id or str(next(_message_ids)), topic, data, attributes)
+
 
 When = Literal["before", "after"]
 """Where a crash falls around its step: `before` the call is made, or `after` it took effect."""
@@ -176,8 +211,8 @@ class CrashingTpu:
     def __getattr__(self, name: str) -> Any:
         return _counted(self._plan, f"tpu.{name}", getattr(self._tpu, name))
 
-    def request(self, job: Job, startup_script: str) -> CapacityStatus:
-        return self._plan.step("tpu.request", lambda: self._tpu.request(job, startup_script))
+    def request(self, job: Job, boot: HostBoot) -> CapacityStatus:
+        return self._plan.step("tpu.request", lambda: self._tpu.request(job, boot))
 
     def status(self, zone: str, name: str) -> CapacityStatus | None:
         return self._plan.step("tpu.status", lambda: self._tpu.status(zone, name))

@@ -12,10 +12,10 @@ import pytest
 
 from tpujobs.adapters.firestore_store import FirestoreJobStore
 from tpujobs.adapters.tpu import CloudTpu
-from tpujobs.config import Settings
 from tpujobs.domain.states import JobState
 from tpujobs.service import JobService
 from tpujobs.testing import inbound as message
+from tpujobs.testing import local_settings, signed
 
 pytestmark = pytest.mark.emulator
 
@@ -40,16 +40,18 @@ def clock() -> Clock:
 
 @pytest.fixture
 def service(firestore_client, tpu_client, project_id, simulator_url, clock) -> JobService:
-    settings = Settings(project=project_id, default_zone=ZONE, tpu_endpoint=simulator_url, logs_bucket="logs")
+    settings = local_settings(project=project_id, default_zone=ZONE, tpu_endpoint=simulator_url, logs_bucket="logs")
     return JobService(
         FirestoreJobStore(firestore_client), CloudTpu(tpu_client, project_id), settings, clock, lambda _: None
     )
 
 
 def report(service: JobService, kind: str, attempt: int, worker: int, minute: float, **extra) -> None:
+    """A report sent at `minute`, which is when it arrives: the clock moves on to it if behind."""
+    service.clock.minutes = max(service.clock.minutes, minute)
     at = (T0 + timedelta(minutes=minute)).isoformat()
     payload = {"kind": kind, "job_id": "acct-1", "attempt": attempt, "slice_id": 0, "worker_id": worker, "at": at}
-    service.on_worker_report(message("tpujobs-worker-events", {**payload, **extra}))
+    service.on_worker_report(signed(service,"tpujobs-worker-events", {**payload, **extra}))
 
 
 def test_the_document_carries_chip_hours_lost_time_and_goodput(service, clock, firestore_client):
@@ -71,7 +73,7 @@ def test_the_document_carries_chip_hours_lost_time_and_goodput(service, clock, f
     report(service, "checkpoint", 1, 0, 40, step=80)  # an older one, delivered late
     clock.minutes = 80
     service.on_preemption(
-        message("tpujobs-preemption", {"job_id": "acct-1", "attempt": 1, "slice_id": 0, "worker_id": 0})
+        signed(service,"tpujobs-preemption", {"job_id": "acct-1", "attempt": 1, "slice_id": 0, "worker_id": 0})
     )
     job = service.store.get("acct-1")
     assert job.state is JobState.PROVISIONING and job.attempt == 2
@@ -110,7 +112,7 @@ def test_a_checkpoint_reported_after_the_preemption_notice_still_counts(service,
     report(service, "checkpoint", 1, 0, 30, step=10)
     clock.minutes = 60
     service.on_preemption(
-        message("tpujobs-preemption", {"job_id": "acct-1", "attempt": 1, "slice_id": 0, "worker_id": 0})
+        signed(service,"tpujobs-preemption", {"job_id": "acct-1", "attempt": 1, "slice_id": 0, "worker_id": 0})
     )
     assert service.store.get("acct-1").accounting().lost_seconds == pytest.approx(30 * 60)
     timeline = service.store.events("acct-1")

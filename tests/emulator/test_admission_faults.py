@@ -17,7 +17,6 @@ import pytest
 from tpujobs.adapters.firestore_pools import FirestorePools
 from tpujobs.adapters.firestore_store import FirestoreJobStore
 from tpujobs.adapters.tpu import CloudTpu, build_client
-from tpujobs.config import Settings
 from tpujobs.domain.states import JobState
 from tpujobs.inbound import InboundMessage
 from tpujobs.reconciler import Reconciler
@@ -29,6 +28,7 @@ from tpujobs.testing import (
     CrashPlan,
     InjectedCrash,
     inbound,
+    local_settings,
 )
 
 pytestmark = pytest.mark.emulator
@@ -46,7 +46,7 @@ class Harness:
     def __init__(self, firestore_client, project_id: str, simulator_url: str) -> None:
         self.project = project_id
         self.client = build_client(simulator_url)
-        self.settings = Settings(
+        self.settings = local_settings(
             project=project_id, default_zone=ZONE, tpu_endpoint=simulator_url, logs_bucket="logs", stuck_after_seconds=0
         )
         self.store = FirestoreJobStore(firestore_client)
@@ -121,7 +121,7 @@ def handle(service: JobService, delivered: InboundMessage) -> None:
 
 
 SCENARIOS = {"ending": ending, "evicting": evicting}
-STEPS = {"ending": 10, "evicting": 9}  # I/O steps of each uncrashed handler (checked below)
+STEPS = {"ending": 10, "evicting": 10}  # I/O steps of each uncrashed handler (checked below)
 CRASH_POINTS = [(name, k) for name, steps in STEPS.items() for k in range(1, steps + 1)]
 
 

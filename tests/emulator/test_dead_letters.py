@@ -21,10 +21,9 @@ import pytest
 
 from tpujobs import dead_letters as letters
 from tpujobs import topology
-from tpujobs.config import Settings
 from tpujobs.dev import wiring
 from tpujobs.inbound import InboundMessage, from_cloud_event
-from tpujobs.testing import wait_for
+from tpujobs.testing import local_settings, wait_for
 
 pytestmark = pytest.mark.emulator
 
@@ -85,7 +84,7 @@ def service(firestore_client, project_id, pubsub) -> letters.DeadLetters:
     publisher, _ = pubsub
     return letters.DeadLetters(
         letters.FirestoreDeadLetters(firestore_client),
-        Settings(project=project_id, prefix=PREFIX),
+        local_settings(project=project_id, prefix=PREFIX),
         lambda: NOW,
         publisher=lambda: letters.Republisher(publisher, project_id, PREFIX),
     )
@@ -294,7 +293,7 @@ def test_the_list_is_newest_first_and_filters_by_topic(firestore_client, project
     times = iter([NOW, NOW + timedelta(seconds=1), NOW + timedelta(seconds=2)])
     service = letters.DeadLetters(
         letters.FirestoreDeadLetters(firestore_client),
-        Settings(project=project_id, prefix=PREFIX),
+        local_settings(project=project_id, prefix=PREFIX),
         lambda: next(times),
         publisher=lambda: pytest.fail("listing publishes nothing"),
     )

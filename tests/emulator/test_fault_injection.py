@@ -59,12 +59,19 @@ import pytest
 
 from tpujobs.adapters.firestore_store import REJECTIONS, FirestoreJobStore
 from tpujobs.adapters.tpu import CloudTpu
-from tpujobs.config import Settings
 from tpujobs.domain.states import JobState
 from tpujobs.inbound import InboundMessage
 from tpujobs.reconciler import Reconciler
 from tpujobs.service import JobService
-from tpujobs.testing import CrashingStore, CrashingTpu, CrashPlan, InjectedCrash, When, wait_for
+from tpujobs.testing import (
+    CrashingStore,
+    CrashingTpu,
+    CrashPlan,
+    InjectedCrash,
+    When,
+    local_settings,
+    wait_for,
+)
 
 pytestmark = pytest.mark.emulator
 
@@ -316,7 +323,7 @@ def _crash_points(reconcilable: bool | None = None) -> list[Any]:
 
 @pytest.fixture
 def harness(firestore_client, tpu_client, project_id, simulator_url) -> Harness:
-    settings = Settings(
+    settings = local_settings(
         project=project_id,
         default_zone=ZONE,
         tpu_endpoint=simulator_url,

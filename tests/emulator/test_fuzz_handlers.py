@@ -26,7 +26,6 @@ from hypothesis import strategies as st
 
 from tpujobs.adapters.firestore_store import REJECTIONS, FirestoreJobStore
 from tpujobs.adapters.tpu import CloudTpu
-from tpujobs.config import Settings
 from tpujobs.domain.spec import SpecError, decode_spec
 from tpujobs.domain.states import JobState
 from tpujobs.domain.transitions import Decision, Ignored
@@ -40,6 +39,7 @@ from tpujobs.reports import (
     decode_report,
 )
 from tpujobs.service import JobService
+from tpujobs.testing import local_settings, signed
 
 pytestmark = pytest.mark.emulator
 
@@ -78,7 +78,7 @@ def next_id() -> str:
 @pytest.fixture
 def service(firestore_client, tpu_client, project_id, simulator_url) -> JobService:
     """ONE JobService for the whole test function: every hypothesis example shares it."""
-    settings_ = Settings(
+    settings_ = local_settings(
         project=project_id,
         default_zone=ZONE,
         tpu_endpoint=simulator_url,
@@ -608,7 +608,7 @@ def test_a_worker_report_firestore_cannot_store_is_rejected_not_raised(
 ) -> None:
     """Unbounded ints and offsets pushing `at` out of years 1..9999 pass WorkerReport, then record_worker raises."""
     payload = {"job_id": jobs[0], "attempt": 1, "slice_id": 0, "worker_id": 0, **extra}
-    inbound = message("tpujobs-worker-events", payload)
+    inbound = signed(service,"tpujobs-worker-events", payload)
     result = service.on_worker_report(inbound)  # today: ValueError (int64) or OverflowError (date)
     assert result is not None or (rejection(firestore_client, inbound.message_id) or {}).get(
         "reason"

@@ -13,11 +13,11 @@ import pytest
 
 from tpujobs.adapters.firestore_store import REJECTIONS, FirestoreJobStore
 from tpujobs.adapters.tpu import CloudTpu
-from tpujobs.config import Settings
 from tpujobs.domain.states import JobState
 from tpujobs.reconciler import Reconciler
 from tpujobs.service import JobService
 from tpujobs.testing import inbound as message
+from tpujobs.testing import local_settings, signed
 
 pytestmark = pytest.mark.emulator
 
@@ -35,7 +35,7 @@ def sleeps() -> list[float]:
 
 @pytest.fixture
 def service(firestore_client, tpu_client, project_id, simulator_url, sleeps) -> JobService:
-    settings = Settings(
+    settings = local_settings(
         project=project_id,
         default_zone=ZONE,
         tpu_endpoint=simulator_url,
@@ -66,12 +66,12 @@ def submit(service: JobService, job_id: str = "train-1", **changes) -> str:
 
 def report(service: JobService, kind: str, attempt: int, worker: int = 0, job_id: str = "train-1", **extra):
     payload = {"kind": kind, "job_id": job_id, "attempt": attempt, "slice_id": 0, "worker_id": worker, **extra}
-    return service.on_worker_report(message("tpujobs-worker-events", payload))
+    return service.on_worker_report(signed(service,"tpujobs-worker-events", payload))
 
 
 def preempt(service: JobService, attempt: int, worker: int = 0, job_id: str = "train-1"):
     payload = {"job_id": job_id, "attempt": attempt, "slice_id": 0, "worker_id": worker, "reason": "SIGTERM"}
-    return service.on_preemption(message("tpujobs-preemption", payload))
+    return service.on_preemption(signed(service,"tpujobs-preemption", payload))
 
 
 def resources(tpu_client, project_id: str) -> dict[str, str]:
@@ -236,23 +236,25 @@ def test_malformed_lifecycle_messages_are_rejected_and_acknowledged(service, fir
 
 
 def test_reports_of_an_unknown_job_change_nothing(service):
-    """A worker report about a job that does not exist is acknowledged and creates nothing."""
+    """A worker report about a job that does not exist is recorded as a rejection and creates nothing."""
     outcome = report(service, "started", 1, job_id="ghost-job")
-    assert outcome is not None and service.store.get("ghost-job") is None
+    assert outcome is None and service.store.get("ghost-job") is None
+    assert any("'ghost-job': no such job" in r.reason for r in service.store.rejections())
 
 
 def test_the_reconciler_repairs_missing_capacity_and_releases_orphans(service, tpu_client, project_id):
     """Missing queued resource re-requested; one of a finished job deleted; others' resources untouched."""
     from tpujobs.adapters.tpu import queued_resource_for
+    from tpujobs.agent.startup import host_boot
 
     submit(service, "lost-qr")
     service.tpu.release(ZONE, "lost-qr-a1")  # someone deleted it behind our back
     submit(service, "done-job")
     service.cancel("done-job", "Cancelled.")
     orphan = service.store.get("done-job")
-    service.tpu.request(orphan, "#!/bin/bash\n")  # a leaked resource of a finished job
+    service.tpu.request(orphan, host_boot(orphan, service.settings))  # a leaked resource of a finished job
     foreign = orphan.evolve(job_id="someone-else", queued_resource="someone-else-a1")
-    resource = queued_resource_for(foreign, project_id, "")
+    resource = queued_resource_for(foreign, project_id, host_boot(foreign, service.settings))
     resource.tpu.node_spec[0].node.labels.clear()  # not made by tpujobs
     tpu_client.create_queued_resource(
         parent=f"projects/{project_id}/locations/{ZONE}", queued_resource=resource, queued_resource_id="someone-else-a1"

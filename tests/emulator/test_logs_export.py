@@ -12,7 +12,6 @@ import pytest
 
 from tpujobs.adapters.firestore_store import FirestoreJobStore
 from tpujobs.adapters.tpu import CloudTpu
-from tpujobs.config import Settings
 from tpujobs.dev import processes, wiring
 from tpujobs.domain.job import new_job
 from tpujobs.domain.spec import parse_spec
@@ -23,6 +22,7 @@ from tpujobs.inbound import InboundMessage
 from tpujobs.logs_export import LogExporter, LogObjects, LogReader, cut_off_line
 from tpujobs.service import JobService
 from tpujobs.testing import inbound as message
+from tpujobs.testing import local_settings, signed
 
 pytestmark = pytest.mark.emulator
 
@@ -291,7 +291,7 @@ class BrokenExports:
 
 
 def service_with(exports, firestore_client, tpu_client, project_id, simulator_url) -> JobService:
-    settings = Settings(project=project_id, tpu_endpoint=simulator_url, logs_bucket="logs")
+    settings = local_settings(project=project_id, tpu_endpoint=simulator_url, logs_bucket="logs")
     return JobService(
         FirestoreJobStore(firestore_client),
         CloudTpu(tpu_client, project_id),
@@ -309,11 +309,11 @@ def test_the_service_requests_an_export_when_an_attempt_ends(firestore_client, t
     spec = {"job_id": "train-1", "name": "train", "owner": "ada@example.com", "accelerator_type": "v4-8", "command": "x"}
     assert service.submit(message("tpujobs-submit", spec)).kind == "provisioning"
     identity = {"job_id": "train-1", "slice_id": 0, "worker_id": 0}
-    service.on_worker_report(message("tpujobs-worker-events", {**identity, "kind": "started", "attempt": 1}))
+    service.on_worker_report(signed(service,"tpujobs-worker-events", {**identity, "kind": "started", "attempt": 1}))
     assert exports.requests == []
-    service.on_preemption(message("tpujobs-preemption", {**identity, "attempt": 1}))
+    service.on_preemption(signed(service,"tpujobs-preemption", {**identity, "attempt": 1}))
     assert service.store.get("train-1").attempt == 2
-    service.on_worker_report(message("tpujobs-worker-events", {**identity, "kind": "exited", "attempt": 2, "exit_code": 0}))
+    service.on_worker_report(signed(service,"tpujobs-worker-events", {**identity, "kind": "exited", "attempt": 2, "exit_code": 0}))
     assert service.store.get("train-1").state is JobState.SUCCEEDED
     assert exports.requests == [("train-1", 1), ("train-1", 2)]
 
@@ -324,7 +324,7 @@ def test_a_failed_export_request_does_not_fail_the_handler(firestore_client, tpu
     spec = {"job_id": "train-1", "name": "train", "owner": "ada@example.com", "accelerator_type": "v4-8", "command": "x"}
     service.submit(message("tpujobs-submit", spec))
     identity = {"job_id": "train-1", "slice_id": 0, "worker_id": 0, "attempt": 1}
-    service.on_worker_report(message("tpujobs-worker-events", {**identity, "kind": "started"}))
+    service.on_worker_report(signed(service,"tpujobs-worker-events", {**identity, "kind": "started"}))
     service.on_control(message("tpujobs-control", {"action": "cancel", "job_id": "train-1", "owner": "ada@example.com"}))
     assert service.store.get("train-1").state is JobState.CANCELLED
 
@@ -344,9 +344,9 @@ def test_the_reconciler_asks_again_for_an_export_whose_request_was_lost(
     spec = {"job_id": "train-1", "name": "train", "owner": "ada@example.com", "accelerator_type": "v4-8", "command": "x"}
     service.submit(message("tpujobs-submit", spec))
     identity = {"job_id": "train-1", "slice_id": 0, "worker_id": 0}
-    service.on_worker_report(message("tpujobs-worker-events", {**identity, "kind": "started", "attempt": 1}))
+    service.on_worker_report(signed(service,"tpujobs-worker-events", {**identity, "kind": "started", "attempt": 1}))
     service.on_worker_report(
-        message("tpujobs-worker-events", {**identity, "kind": "exited", "attempt": 1, "exit_code": 0})
+        signed(service,"tpujobs-worker-events", {**identity, "kind": "exited", "attempt": 1, "exit_code": 0})
     )
     assert service.store.get("train-1").state is JobState.SUCCEEDED
 

@@ -26,12 +26,12 @@ from hypothesis import strategies as st
 
 from tpujobs.adapters.firestore_store import FirestoreJobStore
 from tpujobs.adapters.tpu import CloudTpu
-from tpujobs.config import Settings
 from tpujobs.domain.naming import parse_queued_resource_name
 from tpujobs.domain.states import TERMINAL, TRANSITIONS, JobState
 from tpujobs.inbound import InboundMessage
 from tpujobs.reconciler import Reconciler
 from tpujobs.service import JobService
+from tpujobs.testing import local_settings
 
 pytestmark = pytest.mark.emulator
 
@@ -50,7 +50,7 @@ def utc_now() -> datetime:
 @pytest.fixture
 def service(firestore_client, tpu_client, project_id, simulator_url) -> JobService:
     """ONE JobService for the whole test function; sleeps (restart backoff) return at once."""
-    settings_ = Settings(
+    settings_ = local_settings(
         project=project_id,
         default_zone=ZONE,
         tpu_endpoint=simulator_url,

@@ -10,11 +10,11 @@ import pytest
 from tpujobs.adapters.firestore_store import FirestoreJobStore
 from tpujobs.adapters.pubsub import Publisher
 from tpujobs.adapters.tpu import CloudTpu
-from tpujobs.config import Settings
 from tpujobs.errors import TransientError
 from tpujobs.reconciler import Reconciler
 from tpujobs.service import JobService
 from tpujobs.testing import inbound as message
+from tpujobs.testing import local_settings, signed
 from tpujobs.topology import STATUS
 
 pytestmark = pytest.mark.emulator
@@ -50,7 +50,7 @@ def pull_all(subscriber, path: str, expected: int) -> list:
 
 
 def build(firestore_client, tpu_client, project_id, simulator_url, status) -> JobService:
-    settings = Settings(project=project_id, default_zone=ZONE, tpu_endpoint=simulator_url, logs_bucket="logs")
+    settings = local_settings(project=project_id, default_zone=ZONE, tpu_endpoint=simulator_url, logs_bucket="logs")
     return JobService(
         FirestoreJobStore(firestore_client),
         CloudTpu(tpu_client, project_id),
@@ -65,10 +65,10 @@ def lifecycle(service: JobService) -> None:
     spec = {"job_id": "train-1", "name": "train", "owner": "ada@example.com", "accelerator_type": "v4-8", "command": "x"}
     service.submit(message("tpujobs-submit", spec))
     report = {"job_id": "train-1", "slice_id": 0, "worker_id": 0}
-    service.on_worker_report(message("tpujobs-worker-events", {**report, "kind": "started", "attempt": 1}))
-    service.on_preemption(message("tpujobs-preemption", {**report, "attempt": 1}))
-    service.on_worker_report(message("tpujobs-worker-events", {**report, "kind": "started", "attempt": 2}))
-    service.on_worker_report(message("tpujobs-worker-events", {**report, "kind": "exited", "attempt": 2, "exit_code": 0}))
+    service.on_worker_report(signed(service,"tpujobs-worker-events", {**report, "kind": "started", "attempt": 1}))
+    service.on_preemption(signed(service,"tpujobs-preemption", {**report, "attempt": 1}))
+    service.on_worker_report(signed(service,"tpujobs-worker-events", {**report, "kind": "started", "attempt": 2}))
+    service.on_worker_report(signed(service,"tpujobs-worker-events", {**report, "kind": "exited", "attempt": 2, "exit_code": 0}))
 
 
 def test_a_full_lifecycle_is_announced_in_order_with_filterable_attributes(

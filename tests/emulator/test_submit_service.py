@@ -9,11 +9,11 @@ import pytest
 
 from tpujobs.adapters.firestore_store import REJECTIONS, FirestoreJobStore
 from tpujobs.adapters.tpu import CloudTpu
-from tpujobs.config import Settings
 from tpujobs.domain.states import JobState
 from tpujobs.errors import PermanentError, TransientError
 from tpujobs.inbound import InboundMessage
 from tpujobs.service import JobService
+from tpujobs.testing import local_settings
 
 pytestmark = pytest.mark.emulator
 
@@ -44,7 +44,7 @@ def message(payload, message_id: str = "100") -> InboundMessage:
 
 @pytest.fixture
 def service(firestore_client, tpu_client, project_id, simulator_url) -> JobService:
-    settings = Settings(project=project_id, default_zone=ZONE, tpu_endpoint=simulator_url)
+    settings = local_settings(project=project_id, default_zone=ZONE, tpu_endpoint=simulator_url)
     return JobService(FirestoreJobStore(firestore_client), CloudTpu(tpu_client, project_id), settings, utc_now)
 
 
@@ -113,13 +113,13 @@ def test_a_submission_that_stopped_half_way_is_finished_by_redelivery(service, t
 
 def test_an_existing_queued_resource_is_adopted_not_bought_twice(service, tpu_client, project_id):
     """If the request reached the TPU API before a crash, ALREADY_EXISTS is taken as ours."""
-    from tpujobs.agent.startup import render_startup_script
+    from tpujobs.agent.startup import host_boot
     from tpujobs.domain.job import new_job
     from tpujobs.domain.spec import parse_spec
 
     job, event = new_job(parse_spec(a_spec()), ZONE, utc_now())
     service.store.create(job, event)
-    service.tpu.request(job, render_startup_script(job, service.settings))  # died after the TPU call
+    service.tpu.request(job, host_boot(job, service.settings))  # died after the TPU call
     outcome = service.submit(message(a_spec()))
     assert outcome.kind == "provisioning"
     listed = list(tpu_client.list_queued_resources(parent=f"projects/{project_id}/locations/{ZONE}"))

@@ -76,6 +76,8 @@ REPORT_BASES: dict[type, dict[str, Any]] = {
         "slice_id": 0,
         "worker_id": 1,
         "exit_code": 0,
+        "at": "2026-01-01T00:00:00Z",
+        "nonce": "0123456789abcdef",
     },
     PreemptionNotice: {
         "job_id": "fuzz-1",
@@ -83,6 +85,8 @@ REPORT_BASES: dict[type, dict[str, Any]] = {
         "slice_id": 0,
         "worker_id": 0,
         "reason": "SIGTERM",
+        "at": "2026-01-01T00:00:00Z",
+        "nonce": "fedcba9876543210",
     },
     QrStateReport: {"queued_resource": "fuzz-1-a1", "zone": "us-central2-b", "state": "ACTIVE"},
     ControlRequest: {"action": "cancel", "job_id": "fuzz-1", "owner": "ada@example.com"},

@@ -4,11 +4,18 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
+import pytest
 from google.cloud import tpu_v2
 
 from tpujobs.adapters.tpu import CLOUD_PLATFORM_SCOPE, queued_resource_for
+from tpujobs.agent.startup import host_boot
 from tpujobs.domain.job import new_job
 from tpujobs.domain.spec import parse_spec
+from tpujobs.errors import PermanentError
+from tpujobs.ports import HostBoot
+from tpujobs.testing import local_settings
+
+SA = "tpu-vm@p.iam.gserviceaccount.com"
 
 
 def a_job(**changes):
@@ -19,18 +26,34 @@ def a_job(**changes):
     return job
 
 
-def test_the_vms_run_as_the_configured_account_and_only_then() -> None:
-    resource = queued_resource_for(a_job(), "proj", "#!/bin/bash", "tpu-vm@proj.iam.gserviceaccount.com")
+def test_the_vms_run_as_the_deployments_account_when_the_job_names_none() -> None:
+    """A job without service_account runs as the deployment's TPU VM account, with its metadata."""
+    metadata = {"startup-script": "#!/bin/bash", "tpujobs-report-key": "tpujobs-key-v1:abc"}
+    resource = queued_resource_for(a_job(), "proj", HostBoot("tpu-vm@proj.iam.gserviceaccount.com", metadata))
     node = resource.tpu.node_spec[0].node
     assert node.service_account.email == "tpu-vm@proj.iam.gserviceaccount.com"
     assert list(node.service_account.scope) == [CLOUD_PLATFORM_SCOPE]
-    bare = queued_resource_for(a_job(), "proj", "#!/bin/bash").tpu.node_spec[0].node
-    assert not tpu_v2.Node.pb(bare).HasField("service_account")
+    assert dict(node.metadata) == metadata
+
+
+def test_the_vms_run_as_the_jobs_own_account_when_it_names_one() -> None:
+    """The spec's service_account wins over the deployment's."""
+    job = a_job(service_account="team-a@proj.iam.gserviceaccount.com")
+    settings = local_settings(project="proj", tpu_service_account="tpu-vm@proj.iam.gserviceaccount.com")
+    node = queued_resource_for(job, "proj", host_boot(job, settings)).tpu.node_spec[0].node
+    assert node.service_account.email == "team-a@proj.iam.gserviceaccount.com"
+    assert node.metadata["tpujobs-report-key"].startswith("tpujobs-key-v1:")
+
+
+def test_without_any_account_nothing_is_requested_rather_than_the_compute_default() -> None:
+    """No account at all is a permanent error naming the setting: never the Compute default."""
+    with pytest.raises(PermanentError, match="TPUJOBS_TPU_SERVICE_ACCOUNT"):
+        queued_resource_for(a_job(), "proj", HostBoot("", {"startup-script": "x"}))
 
 
 def test_a_spot_job_switched_to_on_demand_asks_for_on_demand() -> None:
     spot = a_job(capacity="spot", on_demand_after_preemptions=2)
-    assert tpu_v2.QueuedResource.pb(queued_resource_for(spot, "p", "s")).HasField("spot")
-    switched = queued_resource_for(spot.evolve(on_demand=True), "p", "s")
+    assert tpu_v2.QueuedResource.pb(queued_resource_for(spot, "p", HostBoot(SA, {}))).HasField("spot")
+    switched = queued_resource_for(spot.evolve(on_demand=True), "p", HostBoot(SA, {}))
     assert not tpu_v2.QueuedResource.pb(switched).HasField("spot")
     assert not switched.tpu.node_spec[0].node.scheduling_config.spot

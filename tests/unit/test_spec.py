@@ -175,11 +175,18 @@ def test_a_given_job_id_is_kept_whatever_the_message_id() -> None:
     assert spec.job_id == "my-run"
 
 
-def test_a_derived_job_id_is_the_name_and_a_short_hash_of_the_message_id() -> None:
-    """Without job_id, it becomes `name-<6 hex>` from the message id."""
+def test_a_derived_job_id_is_the_name_and_64_bits_of_a_hash_of_the_message_id() -> None:
+    """Without job_id, it becomes `name-<16 hex>` from the message id: two never meet by chance."""
     spec = parse_spec(MINIMAL, message_id=MESSAGE_ID)
     assert spec.job_id is not None
-    assert re.fullmatch(r"train-[0-9a-f]{6}", spec.job_id)
+    assert re.fullmatch(r"train-[0-9a-f]{16}", spec.job_id)
+
+
+def test_a_derived_job_id_of_the_longest_name_is_still_a_valid_job_id() -> None:
+    """A 40-character name is cut so that the name, a dash and 16 hex digits fit in 40."""
+    spec = parse_spec({**MINIMAL, "name": "a" * 40}, message_id=MESSAGE_ID)
+    assert spec.job_id is not None and len(spec.job_id) == 40
+    assert re.fullmatch(ID_PATTERN, spec.job_id)
 
 
 def test_a_derived_job_id_is_stable_for_the_same_message_id() -> None:
@@ -641,3 +648,80 @@ def test_a_spec_is_immutable() -> None:
     spec = parse_spec(MINIMAL, message_id=MESSAGE_ID)
     with pytest.raises(ValueError):
         spec.slices = 2  # type: ignore[misc]
+
+
+# --- issue 11: secrets, service accounts, code digests, names Firestore cannot keep --------
+
+
+def test_secrets_map_env_names_to_secret_references() -> None:
+    """Short names, name@version and full resource names are all accepted."""
+    spec = parse_spec(
+        {
+            **MINIMAL,
+            "secrets": {
+                "HF_TOKEN": "hf-token",
+                "WANDB_API_KEY": "wandb@3",
+                "OTHER": "projects/p/secrets/s/versions/latest",
+            },
+        },
+        message_id=MESSAGE_ID,
+    )
+    assert spec.secrets["WANDB_API_KEY"] == "wandb@3"
+
+
+@pytest.mark.parametrize(
+    ("secrets", "fragment"),
+    [
+        ({"HF_TOKEN": "bad name!"}, "secret of HF_TOKEN"),
+        ({"lower": "hf-token"}, "secrets name 'lower'"),
+        ({"TPUJOBS_X": "hf-token"}, "reserved prefix"),
+    ],
+)
+def test_a_bad_secret_reference_or_name_is_refused_naming_it(secrets: dict[str, str], fragment: str) -> None:
+    """The sentence names the env name or the reference that is wrong."""
+    with pytest.raises(SpecError, match=fragment):
+        parse_spec({**MINIMAL, "secrets": secrets}, message_id=MESSAGE_ID)
+
+
+def test_a_name_in_both_env_and_secrets_is_refused() -> None:
+    """One variable, one source: which would win is never guessed."""
+    with pytest.raises(SpecError, match="HF_TOKEN is in both env and secrets"):
+        parse_spec({**MINIMAL, "env": {"HF_TOKEN": "x"}, "secrets": {"HF_TOKEN": "hf"}}, message_id=MESSAGE_ID)
+
+
+@pytest.mark.parametrize(
+    "account",
+    ["123456789-compute@developer.gserviceaccount.com", "ada@example.com", "x@p.iam.gserviceaccount.com"],
+)
+def test_a_service_account_must_be_a_user_managed_account(account: str) -> None:
+    """The Compute default, a person, or a too-short id is refused."""
+    with pytest.raises(SpecError, match="service_account"):
+        parse_spec({**MINIMAL, "service_account": account}, message_id=MESSAGE_ID)
+
+
+def test_a_code_digest_needs_code_and_must_be_sha256_hex() -> None:
+    """code_sha256 without code_uri, or not 64 lowercase hex digits, is refused."""
+    digest = "a" * 64
+    with pytest.raises(SpecError, match="code_sha256"):
+        parse_spec({**MINIMAL, "code_sha256": digest}, message_id=MESSAGE_ID)
+    with pytest.raises(SpecError, match="code_sha256"):
+        parse_spec({**MINIMAL, "code_uri": "gs://bucket-1/code/c.tar.gz", "code_sha256": "A" * 64}, message_id=MESSAGE_ID)
+    spec = parse_spec({**MINIMAL, "code_uri": "gs://bucket-1/code/c.tar.gz", "code_sha256": digest}, message_id=MESSAGE_ID)
+    assert spec.code_sha256 == digest
+
+
+@pytest.mark.parametrize(
+    ("name", "fragment"),
+    [("__SECRET__", "reserved by Firestore"), ("A" * 1501, "over 1500 bytes")],
+)
+def test_env_names_firestore_cannot_keep_are_refused(name: str, fragment: str) -> None:
+    """`__X__` map keys are Firestore's own, and a key may be at most 1,500 bytes."""
+    with pytest.raises(SpecError, match=fragment):
+        parse_spec({**MINIMAL, "env": {name: "1"}}, message_id=MESSAGE_ID)
+
+
+def test_a_json_object_naming_a_key_twice_is_refused() -> None:
+    """`{"command": "a", "command": "b"}` is refused: which one was meant cannot be known."""
+    raw = b'{"name": "train", "owner": "ada", "accelerator_type": "v4-8", "command": "a", "command": "b"}'
+    with pytest.raises(SpecError, match="names 'command' twice"):
+        decode_spec(raw, message_id=MESSAGE_ID)

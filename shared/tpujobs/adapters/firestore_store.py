@@ -17,7 +17,7 @@ import random
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from google.api_core import exceptions as api_exceptions
@@ -37,6 +37,8 @@ JOBS = "jobs"
 EVENTS = "events"
 WORKERS = "workers"
 REJECTIONS = "rejections"
+REPORTS_SEEN = "reports_seen"  # {digest}: the message that first carried a signed report
+REPORT_MEMORY = timedelta(days=8)  # longer than Pub/Sub keeps a message (7 days); TTL on expire_at
 ATTEMPTS = "attempts"  # jobs/{id}/attempts/{N}: where each attempt's exported logs are
 MAX_PAYLOAD_CHARS = 4096
 CAS_ATTEMPTS = 20
@@ -433,6 +435,20 @@ class FirestoreJobStore:
                 },
                 merge=True,
             )
+
+    def remember_report(self, digest: str, message_id: str, job_id: str, attempt: int, now: datetime) -> str:
+        """The id of the first message that carried this signed report: `message_id` if new."""
+        ref = self._db.collection(REPORTS_SEEN).document(digest)
+        fields = {"message_id": message_id, "job_id": job_id, "attempt": attempt, "seen_at": now,
+                  "expire_at": now + REPORT_MEMORY}  # fmt: skip
+        try:
+            with transient_on_failure("remember a signed report"):
+                ref.create(fields)
+            return message_id
+        except api_exceptions.Conflict:  # AlreadyExists: seen before, maybe by this very message
+            with transient_on_failure("read a remembered report"):
+                first = ref.get().to_dict() or {}
+            return str(first.get("message_id") or message_id)
 
     def rejections(self, limit: int = 100) -> list[Rejection]:
         with transient_on_failure("list rejections"):

@@ -16,7 +16,7 @@ from google.api_core import exceptions as api_exceptions
 
 from tpujobs.domain.job import Job
 from tpujobs.errors import PermanentError, TransientError
-from tpujobs.ports import CapacityStatus
+from tpujobs.ports import CapacityStatus, HostBoot
 
 if TYPE_CHECKING:
     from google.cloud import tpu_v2
@@ -58,25 +58,28 @@ def job_labels(job: Job) -> dict[str, str]:
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 
 
-def queued_resource_for(
-    job: Job, project: str, startup_script: str, service_account: str = ""
-) -> tpu_v2.QueuedResource:
-    """The QueuedResource of the job's current attempt: tier, slices, labels, startup script,
-    and the TPU VMs' own service account (else they would run as the compute default)."""
+def queued_resource_for(job: Job, project: str, boot: HostBoot) -> tpu_v2.QueuedResource:
+    """The QueuedResource of the job's current attempt: tier, slices, labels, and the boot of
+    its TPU VMs: their metadata and their own account. Without one they would run as the
+    Compute default account, which has project Editor: that is refused, never requested."""
     from google.cloud import tpu_v2
 
     spec = job.spec
+    if not boot.service_account:
+        raise PermanentError(
+            "no service account for the TPU VMs: set TPUJOBS_TPU_SERVICE_ACCOUNT (infra/ does); "
+            "tpujobs never lets them fall back to the Compute default account"
+        )
     node = tpu_v2.Node(
         accelerator_type=spec.accelerator_type,
         runtime_version=spec.runtime_version,
         labels=job_labels(job),
-        metadata={"startup-script": startup_script},
+        metadata=dict(boot.metadata),
         scheduling_config=tpu_v2.SchedulingConfig(
             spot=job.capacity == "spot", reserved=job.capacity == "reserved"
         ),
+        service_account=tpu_v2.ServiceAccount(email=boot.service_account, scope=[CLOUD_PLATFORM_SCOPE]),
     )
-    if service_account:
-        node.service_account = tpu_v2.ServiceAccount(email=service_account, scope=[CLOUD_PLATFORM_SCOPE])
     node_spec = tpu_v2.QueuedResource.Tpu.NodeSpec(parent=f"projects/{project}/locations/{job.zone}", node=node)
     if spec.slices == 1:
         node_spec.node_id = job.queued_resource
@@ -103,16 +106,15 @@ def _reservation_path(reservation: str, project: str, zone: str) -> str:
 class CloudTpu:
     """The Tpu port on a `tpu_v2.TpuClient`."""
 
-    def __init__(self, client: tpu_v2.TpuClient, project: str, service_account: str = "") -> None:
+    def __init__(self, client: tpu_v2.TpuClient, project: str) -> None:
         self._client = client
         self._project = project
-        self._service_account = service_account  # what the TPU VMs run as; "" in the local stack
 
     def _parent(self, zone: str) -> str:
         return f"projects/{self._project}/locations/{zone}"
 
-    def request(self, job: Job, startup_script: str) -> CapacityStatus:
-        resource = queued_resource_for(job, self._project, startup_script, self._service_account)
+    def request(self, job: Job, boot: HostBoot) -> CapacityStatus:
+        resource = queued_resource_for(job, self._project, boot)
         try:
             with _translated(f"request queued resource {job.queued_resource}"):
                 self._client.create_queued_resource(

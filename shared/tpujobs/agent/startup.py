@@ -25,8 +25,12 @@ from typing import Any
 
 from tpujobs import topology
 from tpujobs.config import Settings
+from tpujobs.domain import signing
 from tpujobs.domain.job import Job
+from tpujobs.domain.secrets import secret_version_name
+from tpujobs.ports import HostBoot
 
+STARTUP_SCRIPT_KEY = "startup-script"  # the metadata key a TPU VM runs at every boot
 AGENT_DELIMITER = "TPUJOBS_AGENT_EOF"
 CONFIG_DELIMITER = "TPUJOBS_CONFIG_EOF"
 AGENT_SOURCE = Path(__file__).with_name("worker.py")
@@ -67,6 +71,9 @@ def agent_config(
         "setup": spec.setup,
         "code_uri": spec.code_uri,
         "env": dict(spec.env),
+        # Names only: the agent reads the values on the host, as the VM's own account.
+        "secrets": secret_versions(job, settings),
+        "code_sha256": spec.code_sha256,
         "num_slices": spec.slices,
         "hosts_per_slice": spec.hosts_per_slice,
         "queued_resource": job.queued_resource,
@@ -78,6 +85,19 @@ def agent_config(
         "heartbeat_seconds": timings.heartbeat_seconds,
         "grace_seconds": timings.grace_seconds,
         "chunk_seconds": timings.chunk_seconds,
+    }
+
+
+def secret_versions(job: Job, settings: Settings) -> dict[str, str]:
+    """{env name: projects/P/secrets/S/versions/V} of the job's secrets, for its VMs' account.
+
+    A short NAME lives in the namespace of the account the job's VMs run as (its
+    `service_account`, else the deployment's), so that account alone may read it.
+    """
+    account = job.spec.service_account or settings.tpu_service_account
+    return {
+        name: secret_version_name(ref, settings.project, settings.prefix, account)
+        for name, ref in sorted(job.spec.secrets.items())
     }
 
 
@@ -113,3 +133,20 @@ def render_startup_script(
         'echo "tpujobs: starting the worker agent in $workdir"\n'
         "exec python3 agent.py config.json\n"
     )
+
+
+def host_boot(job: Job, settings: Settings, *, timings: AgentTimings | None = None) -> HostBoot:
+    """How the TPU VMs of the job's current attempt boot: the account they run as (the job's
+    own, else the deployment's) and their metadata, the startup script and the report key.
+
+    The key signs every report of this attempt's hosts (`tpujobs.domain.signing`); it is
+    derived, never stored, and sits in its own metadata entry so that `signing.scrub` can
+    cut it from any text that quotes the request (the TPU audit log).
+    """
+    assert job.created_at is not None, "a stored job has a creation time"
+    key = signing.attempt_key(settings.report_key, job.job_id, job.created_at, job.attempt)
+    metadata = {
+        STARTUP_SCRIPT_KEY: render_startup_script(job, settings, timings=timings),
+        signing.KEY_ATTRIBUTE: signing.key_text(key),
+    }
+    return HostBoot(job.spec.service_account or settings.tpu_service_account, metadata)

@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from tpujobs.domain.accelerators import UnknownAcceleratorType, parse_accelerator_type
+from tpujobs.domain.secrets import check_secret_ref
 
 MAX_SPEC_BYTES = 64 * 1024
 MAX_COMMAND_CHARS = 32 * 1024
@@ -37,6 +38,12 @@ ZONE_PATTERN = r"^[a-z]+-[a-z]+[0-9]+-[a-z]$"
 RUNTIME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 RESERVATION_PATTERN = r"^[a-zA-Z0-9][a-zA-Z0-9/_.-]{0,255}$"
 CODE_URI_PATTERN = r"^gs://[a-z0-9][a-z0-9._-]{1,221}[a-z0-9](/[^\x00-\x1f\x7f]*)?$"
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+# A service account's email: user-managed (`name@project.iam.gserviceaccount.com`) or any
+# other Google-managed form; never a Compute default, which a job must not run as.
+SERVICE_ACCOUNT_PATTERN = r"^[a-z][a-z0-9-]{4,28}[a-z0-9]@[a-z][a-z0-9.-]{3,200}\.gserviceaccount\.com$"
+MAX_SECRETS = 64
+MAX_FIELD_NAME_BYTES = 1500  # Firestore's limit on a map key, and so on an env name
 ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
@@ -80,7 +87,14 @@ class JobSpec(BaseModel):
     setup: Annotated[str, Field(max_length=MAX_COMMAND_CHARS)] | None = None
     command: Annotated[str, Field(min_length=1, max_length=MAX_COMMAND_CHARS)]
     code_uri: Annotated[str, Field(pattern=CODE_URI_PATTERN, max_length=2048)] | None = None
+    # The code tarball's SHA-256, recorded with the job: the agent refuses a tarball that differs.
+    code_sha256: Annotated[str, Field(pattern=SHA256_PATTERN)] | None = None
     env: dict[str, str] = Field(default_factory=dict)
+    # Env name -> Secret Manager secret (`name`, `name@version` or a full resource name),
+    # read on the host at each attempt's start; the values never reach tpujobs.
+    secrets: dict[str, str] = Field(default_factory=dict)
+    # What the job's TPU VMs run as; one that config/service_accounts allows for the owner.
+    service_account: Annotated[str, Field(pattern=SERVICE_ACCOUNT_PATTERN)] | None = None
     on_preemption: RecoveryRule = "resume"
     on_error: RecoveryRule = "fail"
     max_restarts: Annotated[int, Field(ge=0, le=100)] = 5
@@ -114,14 +128,24 @@ class JobSpec(BaseModel):
         if len(env) > MAX_ENV_VARS:
             raise ValueError(f"env has {len(env)} variables; at most {MAX_ENV_VARS} are allowed")
         for name, value in env.items():
-            if not ENV_NAME.fullmatch(name):
-                raise ValueError(f"env name {name[:64]!r} must match ^[A-Z_][A-Z0-9_]*$")
-            if name.startswith(RESERVED_ENV_PREFIX):
-                raise ValueError(f"env name {name!r} uses the reserved prefix TPUJOBS_")
+            _check_env_name("env", name)
             if len(value) > MAX_ENV_VALUE_CHARS:
                 raise ValueError(f"env value of {name} is longer than {MAX_ENV_VALUE_CHARS} characters")
             _no_control_chars(f"env value of {name}", value)
         return env
+
+    @field_validator("secrets")
+    @classmethod
+    def _secret_names(cls, secrets: dict[str, str]) -> dict[str, str]:
+        if len(secrets) > MAX_SECRETS:
+            raise ValueError(f"secrets has {len(secrets)} entries; at most {MAX_SECRETS} are allowed")
+        for name, ref in secrets.items():
+            _check_env_name("secrets", name)
+            try:
+                check_secret_ref(ref)
+            except ValueError as error:
+                raise ValueError(f"secret of {name}: {error}") from None
+        return secrets
 
     @field_validator("labels")
     @classmethod
@@ -153,6 +177,11 @@ class JobSpec(BaseModel):
             raise ValueError("reservation is only allowed with capacity 'reserved'")
         if self.on_demand_after_preemptions is not None and self.capacity != "spot":
             raise ValueError("on_demand_after_preemptions is only allowed with capacity 'spot'")
+        both = sorted(set(self.env) & set(self.secrets))
+        if both:
+            raise ValueError(f"{both[0]} is in both env and secrets: give it once")
+        if self.code_sha256 is not None and (self.code_uri is None or self.code_uri.endswith("/")):
+            raise ValueError("code_sha256 is the digest of code_uri's tarball: give code_uri, a tarball")
         return self
 
     @property
@@ -176,10 +205,25 @@ class JobSpec(BaseModel):
         return self.model_dump(mode="json")
 
 
+def _check_env_name(field: str, name: str) -> None:
+    """An environment name a process takes and Firestore can keep as a map key."""
+    if len(name.encode("utf-8")) > MAX_FIELD_NAME_BYTES:
+        raise ValueError(f"{field} name {name[:64]!r}... is over {MAX_FIELD_NAME_BYTES} bytes")
+    if not ENV_NAME.fullmatch(name):
+        raise ValueError(f"{field} name {name[:64]!r} must match ^[A-Z_][A-Z0-9_]*$")
+    if name.startswith("__") and name.endswith("__"):
+        raise ValueError(f"{field} name {name[:64]!r} is reserved by Firestore (__NAME__)")
+    if name.startswith(RESERVED_ENV_PREFIX):
+        raise ValueError(f"{field} name {name!r} uses the reserved prefix TPUJOBS_")
+
+
+DERIVED_DIGEST_CHARS = 16  # 64 bits: two messages of one name never meet by chance
+
+
 def derive_job_id(name: str, message_id: str) -> str:
-    """`name` plus a short hash of the message id: unique per message, stable on redelivery."""
-    digest = hashlib.sha256(message_id.encode("utf-8")).hexdigest()[:6]
-    return f"{name[:33].rstrip('-')}-{digest}"
+    """`name` plus 64 bits of a hash of the message id: unique per message, stable on redelivery."""
+    digest = hashlib.sha256(message_id.encode("utf-8")).hexdigest()[:DERIVED_DIGEST_CHARS]
+    return f"{name[: 39 - DERIVED_DIGEST_CHARS].rstrip('-')}-{digest}"
 
 
 def _sentence(error: dict[str, Any]) -> str:
@@ -236,14 +280,30 @@ def decode_spec(raw: bytes, *, message_id: str | None = None) -> JobSpec:
     except UnicodeDecodeError as error:
         raise SpecError(f"the message is not valid UTF-8 (byte {error.start})") from None
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as error:
         raise SpecError(f"the message is not JSON: {error.msg} at line {error.lineno} column {error.colno}") from None
     except RecursionError:
         raise SpecError("the message nests JSON too deeply to be a job spec") from None
+    except DuplicateKey as error:
+        raise SpecError(str(error)) from None
     except ValueError as error:  # e.g. an integer literal longer than Python converts
         raise SpecError(f"the message is not usable JSON: {error}") from None
     return parse_spec(data, message_id=message_id)
+
+
+class DuplicateKey(ValueError):
+    """A JSON object that names a key twice: which value was meant cannot be known."""
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """`json.loads` object hook: a dict, or DuplicateKey when a key appears twice."""
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise DuplicateKey(f"the JSON names {key[:64]!r} twice in one object")
+        result[key] = value
+    return result
 
 
 def require_unicode_text(data: Any) -> None:

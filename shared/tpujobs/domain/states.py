@@ -54,6 +54,9 @@ class EventKind(str, Enum):
     """One worker's command exited 0; the job succeeds when every worker of the attempt has."""
     COMMAND_FAILED = "command_failed"
     """A worker's command (or setup) exited non-zero; `on_error` decides what follows."""
+    ATTEMPT_ABORTED = "attempt_aborted"
+    """A worker could not start the command for a reason no restart fixes (a secret missing or
+    unreadable by the job's account, code whose digest differs): the job fails, whatever its rules."""
     CAPACITY_LOST = "capacity_lost"
     """Preemption, hardware failure or a lost host; `on_preemption` decides what follows."""
     NEXT_ATTEMPT_REQUESTED = "next_attempt_requested"
@@ -62,6 +65,10 @@ class EventKind(str, Enum):
     """A user (the owner or an admin) asked to cancel."""
     WAITING_FOR_QUOTA = "waiting_for_quota"
     """Admission found no room in the job's quota; the job waits QUEUED and says for what."""
+    QUOTA_EXCEEDED = "quota_exceeded"
+    """The job asks for more chips than its pool's whole quota (lowered after it was submitted):
+    it could never be admitted there, so it moves QUEUED to the next of its `zones`, or fails,
+    and the queue behind it goes on."""
     EVICTED = "evicted"
     """A higher-priority job took the chips; the job waits QUEUED again and resumes by its rules."""
     ZONE_FAILOVER = "zone_failover"
@@ -85,6 +92,8 @@ TRANSITIONS: dict[tuple[JobState, EventKind], frozenset[JobState]] = {
         {JobState.RECOVERING, JobState.FAILED}
     ),
     (JobState.RUNNING, EventKind.COMMAND_FAILED): frozenset({JobState.RECOVERING, JobState.FAILED}),
+    (JobState.PROVISIONING, EventKind.ATTEMPT_ABORTED): frozenset({JobState.FAILED}),
+    (JobState.RUNNING, EventKind.ATTEMPT_ABORTED): frozenset({JobState.FAILED}),
     # A queued resource that FAILED before it ever ran moves a job with more `zones` to the next.
     (JobState.PROVISIONING, EventKind.CAPACITY_LOST): frozenset(
         {JobState.RECOVERING, JobState.FAILED, JobState.QUEUED}
@@ -93,6 +102,7 @@ TRANSITIONS: dict[tuple[JobState, EventKind], frozenset[JobState]] = {
     (JobState.RECOVERING, EventKind.NEXT_ATTEMPT_REQUESTED): frozenset({JobState.PROVISIONING}),
     **{(state, EventKind.CANCEL_REQUESTED): frozenset({JobState.CANCELLED}) for state in _NOT_DONE},
     (JobState.QUEUED, EventKind.WAITING_FOR_QUOTA): frozenset({JobState.QUEUED}),
+    (JobState.QUEUED, EventKind.QUOTA_EXCEEDED): frozenset({JobState.QUEUED, JobState.FAILED}),
     **{
         (state, EventKind.EVICTED): frozenset({JobState.QUEUED})
         for state in (JobState.PROVISIONING, JobState.RUNNING, JobState.RECOVERING)

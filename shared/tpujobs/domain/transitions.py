@@ -147,6 +147,16 @@ def decide(job: Job, seen: Observation, now: datetime) -> Decision | Ignored:
         if seen.reason == job.state_reason:
             return Ignored("the job already says it waits for that")
         to_state = JobState.QUEUED
+    elif seen.kind is EventKind.QUOTA_EXCEEDED:
+        what = seen.reason or f"The job asks for more chips than the whole quota of {job.zone}"
+        zone = next_zone(job)
+        if zone is None:
+            to_state = JobState.FAILED
+            reason = f"{what}; ask an admin to raise the quota, or ask for fewer chips."
+        else:
+            to_state = JobState.QUEUED
+            changes["zone"] = zone
+            reason = f"{what}; attempt {job.attempt} waits in {zone} instead."
     elif seen.kind is EventKind.EVICTED:
         to_state = JobState.QUEUED
         resume = job.spec.on_preemption == "resume"
@@ -160,6 +170,11 @@ def decide(job: Job, seen: Observation, now: datetime) -> Decision | Ignored:
         to_state = JobState.QUEUED
         changes.update(_requeued(job, zone))
         reason = f"{seen.reason or 'No capacity'} in {job.zone}; attempt {job.attempt + 1} moves to {zone}."
+    elif seen.kind is EventKind.ATTEMPT_ABORTED:
+        to_state = JobState.FAILED
+        changes["exit_code"] = seen.exit_code
+        on_worker = f" on worker {seen.worker}" if seen.worker else ""
+        reason = f"Attempt {job.attempt} could not run{on_worker}: {seen.reason or 'the agent gave up'}"
     elif seen.kind is EventKind.CAPACITY_REQUEST_FAILED:
         to_state = JobState.FAILED
         reason = reason or "The TPU API refused the capacity request."
@@ -192,6 +207,8 @@ def _usage_after(
     active = seen.capacity_state == "ACTIVE" and seen.kind is not EventKind.NEXT_ATTEMPT_REQUESTED
     if seen.kind in _HOLDS_CAPACITY or active:
         usage = accounting.capacity_held(usage, job.attempt, now)
+    if seen.kind in _HOLDS_CAPACITY:  # the boot clock of the attempt's other hosts starts
+        usage = accounting.workers_started(usage, job.attempt, now, every=job.total_workers == 1)
     if to_state is JobState.RECOVERING or to_state.is_terminal:
         lost = seen.kind is EventKind.CAPACITY_LOST
         kept = bool(changes.get("resume_next", True))  # rerun from scratch throws the work away
@@ -200,6 +217,8 @@ def _usage_after(
         usage = accounting.attempt_ended(usage, job.attempt, now, capacity_lost=seen.kind is EventKind.EVICTED)
         attempt, zone = int(changes["attempt"]), str(changes["zone"])  # type: ignore[call-overload]
         usage = accounting.next_attempt(usage, attempt, chips, now, zone)
+    if seen.kind is EventKind.QUOTA_EXCEEDED and "zone" in changes:  # waits in its next zone
+        usage = accounting.attempt_moved(usage, job.attempt, str(changes["zone"]))
     if seen.kind is EventKind.NEXT_ATTEMPT_REQUESTED:
         following = int(changes["attempt"])  # type: ignore[call-overload]
         usage = accounting.next_attempt(usage, following, chips, now, job.zone)

@@ -1,0 +1,131 @@
+"""Signed worker reports: each attempt's hosts hold a key that signs what they say.
+
+Every TPU VM of a deployment may publish to the worker-events and preemption topics, and
+a job's own code can take the VM's token. What keeps one job from speaking for another is
+a key per attempt: the control plane derives it from the deployment's master key (held in
+Secret Manager, mounted into the functions as `TPUJOBS_REPORT_KEY`) and hands it to that
+attempt's hosts in their metadata (`tpujobs-report-key`). The agent signs the exact bytes
+of every report with HMAC-SHA256 and sends the signature as a message attribute. A job's
+code can read its own key, so it can forge reports only for itself.
+
+The key is stored nowhere: it is derived again (HMAC of the job id, its creation time and
+the attempt number under the master key) whenever a report is checked, so no document,
+API answer or log can show it. The job's creation time makes a later job that reuses a
+`job_id` get other keys. `scrub` removes a key from any text (the metadata value of a
+queued resource can reach the audit-log sink, and rejections keep payloads).
+
+Pure: no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import re
+from datetime import datetime, timedelta
+
+from tpujobs.domain.job import Job
+
+KEY_ATTRIBUTE = "tpujobs-report-key"  # the node metadata key the agent reads its key from
+SIGNATURE_ATTRIBUTE = "tpujobs-signature"  # the Pub/Sub message attribute that carries it
+KEY_PREFIX = "tpujobs-key-v1:"
+SIGNATURE_PREFIX = "v1="
+MIN_MASTER_KEY_CHARS = 32
+# A host's clock may run a little ahead or behind ours (NTP keeps TPU VMs close).
+CLOCK_SKEW = timedelta(seconds=60)
+_KEY_TEXT = re.compile(re.escape(KEY_PREFIX) + r"[A-Za-z0-9_-]+")
+_KEY_BYTES = re.compile(re.escape(KEY_PREFIX.encode()) + rb"[A-Za-z0-9_-]+")
+_SIGNATURE = re.compile(re.escape(SIGNATURE_PREFIX) + r"[0-9a-f]{64}")
+
+
+class MissingMasterKey(RuntimeError):
+    """The deployment has no usable report-signing key (TPUJOBS_REPORT_KEY)."""
+
+
+def attempt_key(master: str, job_id: str, created_at: datetime, attempt: int) -> bytes:
+    """The 32-byte key of one attempt of one job, derived from the master key."""
+    if len(master) < MIN_MASTER_KEY_CHARS:
+        raise MissingMasterKey(
+            f"TPUJOBS_REPORT_KEY must hold at least {MIN_MASTER_KEY_CHARS} characters of a random secret"
+        )
+    created = int(created_at.timestamp() * 1_000_000)  # microseconds: what Firestore keeps
+    info = f"tpujobs attempt key v1\x00{job_id}\x00{created}\x00{int(attempt)}".encode()
+    return hmac.new(master.encode("utf-8"), info, hashlib.sha256).digest()
+
+
+def key_text(key: bytes) -> str:
+    """The key as the metadata value the agent reads: `tpujobs-key-v1:` and base64url."""
+    return KEY_PREFIX + base64.urlsafe_b64encode(key).decode("ascii").rstrip("=")
+
+
+def sign(key: bytes, data: bytes) -> str:
+    """The signature attribute of a message whose data is `data`."""
+    return SIGNATURE_PREFIX + hmac.new(key, data, hashlib.sha256).hexdigest()
+
+
+def signature_problem(key: bytes, data: bytes, signature: str | None) -> str | None:
+    """Why `signature` does not vouch for `data` under `key`, or None when it does."""
+    if not signature:
+        return f"the report is unsigned (no {SIGNATURE_ATTRIBUTE} attribute)"
+    if not _SIGNATURE.fullmatch(signature):
+        return f"the {SIGNATURE_ATTRIBUTE} attribute is not a v1 HMAC-SHA256 signature"
+    if not hmac.compare_digest(sign(key, data), signature):
+        return "the signature does not match the key of the attempt the report names"
+    return None
+
+
+def report_digest(signature: str) -> str:
+    """A short stable id of one signed report, to remember it and refuse a replay."""
+    return hashlib.sha256(signature.encode("ascii", "replace")).hexdigest()[:40]
+
+
+def scrub(text: str) -> str:
+    """`text` with any attempt key cut out: for payloads kept in rejections and dead letters."""
+    return _KEY_TEXT.sub(KEY_PREFIX + "<redacted>", text)
+
+
+def scrub_bytes(data: bytes) -> bytes:
+    """`scrub` for message data kept whole (a dead letter kept for replay)."""
+    return _KEY_BYTES.sub(KEY_PREFIX.encode() + b"<redacted>", data)
+
+
+def report_problem(
+    job: Job,
+    *,
+    attempt: int,
+    slice_id: int,
+    worker_id: int,
+    at: datetime | None,
+    data: bytes,
+    signature: str | None,
+    master: str,
+    now: datetime,
+) -> str | None:
+    """Why a worker report or preemption notice must not be believed, or None.
+
+    It must be signed with the key of the attempt it names, come from a worker host that
+    the job's topology has, and carry a time between the attempt's request and now
+    (give or take CLOCK_SKEW). A report of an older attempt is believed (it arrived
+    late); `decide` then ignores it as stale.
+    """
+    if attempt > job.attempt:
+        return f"it names attempt {attempt}, but the job is at attempt {job.attempt}"
+    if job.created_at is None:
+        return "the job has no creation time to derive its attempt keys from"
+    problem = signature_problem(attempt_key(master, job.job_id, job.created_at, attempt), data, signature)
+    if problem:
+        return problem
+    spec = job.spec
+    if slice_id >= spec.slices:
+        return f"slice {slice_id} is out of range: the job has {spec.slices} slice(s)"
+    if worker_id >= spec.hosts_per_slice:
+        return f"worker {worker_id} is out of range: each slice has {spec.hosts_per_slice} host(s)"
+    if at is None:
+        return "the report carries no time ('at')"
+    began = next((u.waiting_since for u in job.usage if u.attempt == attempt), None)
+    if began is not None and at < began - CLOCK_SKEW:
+        return f"its time {at.isoformat()} is before attempt {attempt} began ({began.isoformat()})"
+    if at > now + CLOCK_SKEW:
+        return f"its time {at.isoformat()} is in the future (now {now.isoformat()})"
+    return None
