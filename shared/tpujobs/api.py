@@ -3,11 +3,15 @@
 For `gcloud functions call jobs --data '{"action": "list"}'`, curl, and `tpujobs cancel`.
 Thin on purpose: request -> caller identity -> action -> JSON answer with a status code.
 
-The caller's identity never comes from the body. In production it is the `email` of a
-Google ID token (`Authorization: Bearer ...`) that verifies against Google's keys and one
-of the accepted audiences, with `email_verified`. In the local stack only, it is the
-header `X-Tpujobs-Caller`, since there is no Google to sign tokens. The rule of who may
-cancel is the domain's (`domain.access.may_cancel`), the same as on `tpujobs-control`.
+The caller's identity never comes from the body. In production it is the `email` of the
+Google ID token that Cloud Run checked (`X-Serverless-Authorization` when present, else
+`Authorization`), with `email_verified`: verified again here when it carries a signature,
+trusted without one only where the deployment vouches for Cloud Run's check
+(`tpujobs.identity` says how and why). In the local stack only, it is the header
+`X-Tpujobs-Caller`, since there is no Google to sign tokens. The rule of who may cancel is
+the domain's (`domain.access.may_cancel`), the same as on `tpujobs-control`; the same rule
+decides who sees the values of a job's `spec.env` in `list` and `describe` (others see the
+names, each value replaced by `<hidden>`).
 
 Status codes: 200 done; 400 a body that is not a JSON object with a known `action` and
 valid fields; 401 no identity or one that does not verify; 403 not the owner nor an
@@ -23,7 +27,7 @@ import functools
 import json
 import logging
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -34,6 +38,8 @@ from tpujobs.domain.access import may_cancel
 from tpujobs.domain.spec import ID_PATTERN
 from tpujobs.domain.states import JobState
 from tpujobs.errors import TransientError
+from tpujobs.identity import CallerIdentity, TokenVerifier, Unauthenticated, header
+from tpujobs.identity import InvalidToken as InvalidToken  # what a TokenVerifier raises
 
 if TYPE_CHECKING:
     from tpujobs.service import JobService
@@ -44,29 +50,10 @@ CALLER_HEADER = "X-Tpujobs-Caller"
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
 MAX_BODY_BYTES = 64 * 1024
-ACTIONS = ("list", "describe", "cancel")
-
-
-class InvalidToken(Exception):
-    """An ID token that does not verify; its message is safe to show (it never holds the token)."""
-
-
-TokenVerifier = Callable[[str, Sequence[str]], Mapping[str, Any]]
-"""(token, accepted audiences) -> the token's claims; raises InvalidToken or TransientError."""
-
-
-def verify_google_id_token(token: str, audiences: Sequence[str]) -> Mapping[str, Any]:
-    """Verify a Google-signed ID token (signature, expiry, issuer, audience) with google-auth."""
-    from google.auth import exceptions
-    from google.auth.transport.requests import Request
-    from google.oauth2 import id_token
-
-    try:
-        return id_token.verify_oauth2_token(token, Request(), audience=list(audiences))
-    except exceptions.TransportError as error:
-        raise TransientError(f"could not fetch Google's token certificates: {error}") from None
-    except (ValueError, exceptions.GoogleAuthError) as error:
-        raise InvalidToken(_without(str(error), token)) from None
+HIDDEN = "<hidden>"  # what other callers see instead of a job's env values
+# action -> the JobsApi method that answers it, called with (caller, request): add one here.
+HANDLERS = {"list": "list_jobs", "describe": "describe", "cancel": "cancel"}
+ACTIONS = tuple(HANDLERS)
 
 
 @dataclass(frozen=True)
@@ -95,12 +82,17 @@ class JobsApi:
         self,
         service: JobService,
         settings: Settings,
-        verify_token: TokenVerifier = verify_google_id_token,
+        verify_token: TokenVerifier | None = None,
     ) -> None:
         self.service = service
         self.store: Any = service.store  # FirestoreJobStore: its document reads are not a port
         self.settings = settings
+        if verify_token is None:
+            from tpujobs.adapters.google_id_tokens import GoogleIdTokens
+
+            verify_token = GoogleIdTokens(settings.api_certs_url)  # certificates cached in it
         self.verify_token = verify_token
+        self.identity = CallerIdentity(verify_token, platform_auth=settings.api_platform_auth)
 
     def handle(self, method: str, url: str, headers: Mapping[str, str], body: bytes) -> Response:
         """Answer one HTTP request; every refusal is a JSON `{"error": sentence}`."""
@@ -111,11 +103,8 @@ class JobsApi:
             request = parse_body(body)
             action = request.pop("action")
             log.info("%s asks to %s %s", caller, action, request.get("job_id", ""))
-            if action == "list":
-                return self.list_jobs(request)
-            if action == "describe":
-                return self.describe(request)
-            return self.cancel(caller, request)
+            answer: Callable[[str, dict[str, Any]], Response] = getattr(self, HANDLERS[action])
+            return answer(caller, request)
         except ApiError as error:
             return Response(error.status, {"error": error.message}, error.headers)
         except TransientError as error:
@@ -128,32 +117,33 @@ class JobsApi:
     # -- identity ---------------------------------------------------------------------
 
     def caller(self, headers: Mapping[str, str], url: str) -> str:
-        """Who is asking: the verified token's email, or (local stack only) the caller header."""
+        """Who is asking: the token's verified email (tpujobs.identity), or (local stack only)
+        the caller header. TransientError when Google's certificates are out of reach."""
         if self.settings.local_stack:
-            caller = _header(headers, CALLER_HEADER).strip()
+            caller = header(headers, CALLER_HEADER).strip()
             if not caller:
                 raise ApiError(401, f"No caller: in the local stack, name yourself in the {CALLER_HEADER} header.")
             return caller
-        scheme, _, token = _header(headers, "Authorization").strip().partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token:
-            raise ApiError(401, "No identity: send a Google ID token as 'Authorization: Bearer TOKEN'.")
-        audiences = self.settings.api_audiences or own_urls(url)
-        if not audiences:
-            raise ApiError(401, "No audience to check the ID token against: set TPUJOBS_API_AUDIENCE.")
         try:
-            claims = self.verify_token(token, audiences)
-        except InvalidToken as error:
-            log.warning("refused an ID token: %s", error)
-            raise ApiError(401, f"The ID token does not verify: {error}") from None
-        email = claims.get("email")
-        if not isinstance(email, str) or not email or claims.get("email_verified") not in (True, "true"):
-            raise ApiError(401, "The ID token carries no verified email: mint it for a user or service account.")
-        return email
+            return self.identity.email(headers, lambda: self.settings.api_audiences or own_urls(url))
+        except Unauthenticated as error:
+            log.warning("refused a request: %s", error)
+            raise ApiError(401, str(error)) from None
+
+    def shown(self, caller: str, job: Any) -> dict[str, Any]:
+        """The job's document as `caller` may see it: `spec.env` values only for its owner or an
+        admin (the rule of cancel); anyone else gets the names, each value `<hidden>`."""
+        from tpujobs.adapters.firestore_store import job_to_document
+
+        document = to_json(job_to_document(job))
+        spec = document.get("spec")
+        if isinstance(spec, dict) and spec.get("env") and not may_cancel(job.owner, caller, self.settings.admins):
+            spec["env"] = {name: HIDDEN for name in spec["env"]}
+        return document
 
     # -- actions ----------------------------------------------------------------------
 
-    def list_jobs(self, request: dict[str, Any]) -> Response:
+    def list_jobs(self, caller: str, request: dict[str, Any]) -> Response:
         """Jobs newest first, optionally of one state and one owner; at most `limit`."""
         _only(request, "list", {"state", "owner", "limit"})
         state = request.get("state")
@@ -168,21 +158,17 @@ class JobsApi:
         limit = request.get("limit", DEFAULT_LIMIT)
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
             raise ApiError(400, f"'limit' must be a whole number from 1 to {MAX_LIMIT}.")
-        from tpujobs.adapters.firestore_store import job_to_document
-
         jobs = self.store.list(state=state, owner=owner, limit=limit)
-        return Response(200, {"jobs": [to_json(job_to_document(job)) for job in jobs]})
+        return Response(200, {"jobs": [self.shown(caller, job) for job in jobs]})
 
-    def describe(self, request: dict[str, Any]) -> Response:
+    def describe(self, caller: str, request: dict[str, Any]) -> Response:
         """The job's document, its timeline, and its attempts' exported logs."""
         _only(request, "describe", {"job_id"})
         job = self._job(request)
-        from tpujobs.adapters.firestore_store import job_to_document
-
         return Response(
             200,
             {
-                "job": to_json(job_to_document(job)),
+                "job": self.shown(caller, job),
                 "events": [to_json(e) for e in self.store.event_documents(job.job_id)],
                 "attempts": [to_json(a) for a in self.store.attempt_documents(job.job_id)],
             },
@@ -278,17 +264,3 @@ def _only(request: Mapping[str, Any], action: str, allowed: set[str]) -> None:
     if unknown:
         fields = ", ".join(sorted(allowed)) or "nothing"
         raise ApiError(400, f"Unknown field {unknown[0]!r} for {action}: it takes {fields}.")
-
-
-def _header(headers: Mapping[str, str], name: str) -> str:
-    """A header's value, whatever its case (Flask's headers are case-insensitive, dicts are not)."""
-    wanted = name.lower()
-    return next((str(v) for k, v in headers.items() if k.lower() == wanted), "")
-
-
-def _without(text: str, token: str) -> str:
-    """`text` with every sizeable piece of the token cut out: errors may quote what they parsed."""
-    for piece in sorted({token, *token.split(".")}, key=len, reverse=True):
-        if len(piece) >= 8:
-            text = text.replace(piece, "<token>")
-    return text
