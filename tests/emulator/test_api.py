@@ -1,8 +1,9 @@
 """The `jobs` HTTP function's logic (tpujobs.api) on the Firestore emulator and the TPU simulator.
 
 Requests are given to `JobsApi.handle` as functions/main.py passes them; one test goes
-through functions-framework itself. Production identity is a Google ID token: its
-verifier is replaced by a fake that knows two tokens, since Google's keys are not here.
+through functions-framework itself. Production identity is a Google ID token: here its
+verifier is replaced by a fake that knows two tokens; tests/unit/test_api_identity.py runs
+google-auth's real verification against tokens signed in the test.
 """
 
 from __future__ import annotations
@@ -347,6 +348,28 @@ def test_describe_returns_the_document_its_timeline_and_attempts(local, service,
     assert events[-1]["source"] == "user" and events[-1]["reason"] == f"Cancelled by {OWNER}."
     [attempt] = answer.body["attempts"]
     assert attempt["log_uri"].endswith("attempt-1/attempt.log") and RFC3339.match(attempt["exported_at"])
+
+
+def test_env_values_are_shown_only_to_the_owner_or_an_admin(local, service):
+    """list and describe: the owner and an admin see env values; anyone else sees the names, each
+    value <hidden>, and no value anywhere in the answer (job, events, attempts)."""
+    env = {"WANDB_PROJECT": "value-of-the-project-7f3a", "SEED": "value-of-the-seed-91c2"}
+    submit(service, "train-1", env=env)
+    call(local, {"action": "cancel", "job_id": "train-1"}, caller=OWNER)
+    for caller in (OWNER, ADMIN):
+        described = call(local, {"action": "describe", "job_id": "train-1"}, caller=caller).body
+        assert described["job"]["spec"]["env"] == env
+        [listed] = call(local, {"action": "list"}, caller=caller).body["jobs"]
+        assert listed["spec"]["env"] == env
+    described = call(local, {"action": "describe", "job_id": "train-1"}, caller=STRANGER)
+    listed = call(local, {"action": "list"}, caller=STRANGER)
+    assert described.status == 200 and listed.status == 200
+    assert described.body["job"]["spec"]["env"] == {"WANDB_PROJECT": "<hidden>", "SEED": "<hidden>"}
+    assert listed.body["jobs"][0]["spec"]["env"] == {"WANDB_PROJECT": "<hidden>", "SEED": "<hidden>"}
+    assert described.body["events"] and described.body["job"]["state"] == "CANCELLED"
+    for answer in (described, listed):
+        text = json.dumps(answer.body)
+        assert not [value for value in env.values() if value in text]
 
 
 # --- malformed requests -----------------------------------------------------------------------
