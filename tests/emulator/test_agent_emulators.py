@@ -2,7 +2,8 @@
 
 Each test renders the startup script for a job, runs it with bash in its own process group
 (as a TPU VM or the simulator would) with a fake metadata server, then pulls the reports
-from Pub/Sub subscriptions and reads the output chunks from the storage emulator.
+from Pub/Sub subscriptions and reads the output chunks from the storage emulator. Every
+message pulled must carry a `tpujobs-signature` that verifies under the fake host's key.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from tpujobs import topology
 from tpujobs.agent.startup import AgentTimings, render_startup_script
 from tpujobs.config import Settings
 from tpujobs.dev import processes, wiring
+from tpujobs.domain import signing
 from tpujobs.domain.job import Job, new_job
 from tpujobs.domain.spec import parse_spec
 
@@ -39,6 +41,7 @@ PREFIX = "agent-"
 FAST = AgentTimings(heartbeat_seconds=0.3, grace_seconds=1, chunk_seconds=0.2)
 TRAP_TERM = "trap 'echo got-term; exit 9' TERM; echo ready; while true; do sleep 0.05; done"
 IGNORE_TERM = "trap '' TERM; echo pid=$$; while true; do sleep 0.05; done"
+KEY = bytes(range(32))  # the attempt key every fake host hands its agent
 
 
 # --- a fake metadata server -----------------------------------------------------------
@@ -79,6 +82,7 @@ class FakeMetadata:
             "instance/attributes/agent-worker-number": str(self.worker),
             "instance/attributes/tpu-env": f"NODE_ID: '{self.node_id}'\nWORKER_ID: '{self.worker}'\n",
             "instance/preempted": "TRUE" if self.preempted else "FALSE",
+            "instance/attributes/tpujobs-report-key": signing.key_text(KEY),
         }
 
     @property
@@ -155,8 +159,12 @@ class Reports:
             if response is not None and response.received_messages:
                 for received in response.received_messages:
                     message = received.message
+                    attributes = dict(message.attributes)
+                    signature = attributes.pop(signing.SIGNATURE_ATTRIBUTE, None)
+                    problem = signing.signature_problem(KEY, message.data, signature)
+                    assert problem is None, (problem, message.data)
                     self.received[base].append(
-                        (json.loads(message.data), dict(message.attributes), message.publish_time)
+                        (json.loads(message.data), attributes, message.publish_time)
                     )
                 self.subscriber.acknowledge(
                     request={

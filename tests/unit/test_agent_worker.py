@@ -9,6 +9,7 @@ emulators are in tests/emulator/test_agent_emulators.py. The metadata server is 
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import json
 import os
@@ -27,11 +28,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import google_crc32c
 import pytest
 
+from tpujobs import reports
 from tpujobs.agent import worker
 from tpujobs.agent.startup import AgentTimings, render_startup_script
 from tpujobs.config import Settings
+from tpujobs.domain import signing
 from tpujobs.domain.job import Job, new_job
 from tpujobs.domain.spec import parse_spec
 
@@ -39,6 +43,8 @@ BASH = shutil.which("bash")
 NOW = datetime(2025, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
 BUCKET = "logs-bucket"
 PROJECT = "proj-1"
+KEY = hashlib.sha256(b"the attempt key of the tests").digest()  # what the metadata hands out
+ACCOUNT = f"tpujobs-tpu-vm@{PROJECT}.iam.gserviceaccount.com"
 
 
 # --- stand-ins ------------------------------------------------------------------------
@@ -98,26 +104,38 @@ class FakeMetadata(_Server):
     handler = _MetadataHandler
 
     def __init__(
-        self, worker: int = 0, node_id: str = "train-1-a1", token: str = "fake-token", **extra: str
+        self,
+        worker: int = 0,
+        node_id: str = "train-1-a1",
+        token: str = "fake-token",
+        key: str | None = signing.key_text(KEY),
+        account: str = ACCOUNT,
+        **extra: str,
     ) -> None:
         self.worker = worker
         self.node_id = node_id
         self.token = token
+        self.key = key  # the tpujobs-report-key attribute; None: absent
+        self.account = account
         self.preempted = False
         self.extra = extra
         self.requests: list[str] = []
 
     def values(self) -> dict[str, str]:
         tpu_env = f"NODE_ID: '{self.node_id}'\nWORKER_ID: '{self.worker}'\nZONE: 'us-central2-b'\n"
-        return {
+        values = {
             "instance/attributes/agent-worker-number": str(self.worker),
             "instance/attributes/tpu-env": tpu_env,
             "instance/preempted": "TRUE" if self.preempted else "FALSE",
+            "instance/service-accounts/default/email": self.account,
             "instance/service-accounts/default/token": json.dumps(
                 {"access_token": self.token, "expires_in": 3599, "token_type": "Bearer"}
             ),
             **self.extra,
         }
+        if self.key is not None:
+            values["instance/attributes/tpujobs-report-key"] = self.key
+        return values
 
     @property
     def base(self) -> str:
@@ -143,10 +161,11 @@ class _GoogleHandler(BaseHTTPRequestHandler):
 
 
 class GoogleStub(_Server):
-    """Just enough of the Pub/Sub and Storage REST APIs, recording every request.
+    """Just enough of the Pub/Sub, Storage and Secret Manager REST APIs, recording every request.
 
     `failures` maps a substring of a request path to a list of statuses answered, in turn,
-    before that path succeeds.
+    before that path succeeds. `secrets` maps a version name to its value; one in `denied`
+    is 403 PERMISSION_DENIED, one not in `secrets` 404 NOT_FOUND.
     """
 
     handler = _GoogleHandler
@@ -155,7 +174,10 @@ class GoogleStub(_Server):
         self.requests: list[tuple[str, str, dict[str, str], bytes]] = []
         self.objects: dict[tuple[str, str], bytes] = {}
         self.published: list[tuple[str, dict[str, Any], dict[str, str]]] = []
+        self.data: list[tuple[str, bytes, dict[str, str]]] = []  # the exact bytes published
         self.failures: dict[str, list[int]] = {}
+        self.secrets: dict[str, bytes] = {}
+        self.denied: set[str] = set()
         self.lock = threading.Lock()
 
     def answer(
@@ -173,9 +195,14 @@ class GoogleStub(_Server):
             if method == "POST" and publish:
                 topic = urllib.parse.unquote(publish.group(2))
                 for message in json.loads(body)["messages"]:
-                    payload = json.loads(base64.b64decode(message["data"]))
-                    self.published.append((topic, payload, message.get("attributes", {})))
+                    data = base64.b64decode(message["data"])
+                    attributes = message.get("attributes", {})
+                    self.published.append((topic, json.loads(data), attributes))
+                    self.data.append((topic, data, attributes))
                 return 200, json.dumps({"messageIds": ["1"]}).encode()
+            access = re.fullmatch(r"/v1/(projects/[^/]+/secrets/[^/]+/versions/[^/]+):access", route)
+            if method == "GET" and access:
+                return self._access(urllib.parse.unquote(access.group(1)))
             upload = re.fullmatch(r"/upload/storage/v1/b/([^/]+)/o", route)
             if method == "POST" and upload and query.get("uploadType") == ["media"]:
                 self.objects[(upload.group(1), query["name"][0])] = body
@@ -194,6 +221,29 @@ class GoogleStub(_Server):
                     return 200, self.objects[key]
                 return 404, b'{"error": "no such object"}'
             return 400, b'{"error": "the stub does not know this request"}'
+
+    def _access(self, name: str) -> tuple[int, bytes]:
+        if name in self.denied:
+            error = {"code": 403, "message": f"Permission denied on {name}", "status": "PERMISSION_DENIED"}
+            return 403, json.dumps({"error": error}).encode()
+        if name not in self.secrets:
+            error = {"code": 404, "message": f"Secret [{name}] not found", "status": "NOT_FOUND"}
+            return 404, json.dumps({"error": error}).encode()
+        value = self.secrets[name]
+        payload = {"data": base64.b64encode(value).decode(), "dataCrc32c": str(google_crc32c.value(value))}
+        return 200, json.dumps({"name": name, "payload": payload}).encode()
+
+    def signed(self, topic: str) -> list[tuple[bytes, dict[str, str]]]:
+        """(data, attributes) of each message published on the topic, as sent."""
+        with self.lock:
+            return [(data, attributes) for t, data, attributes in self.data if t == topic]
+
+    def everything_sent(self) -> bytes:
+        """Every request the stub saw, path, headers and body: to search for what must not leak."""
+        with self.lock:
+            requests = [f"{m} {p} {h}".encode() + b" " + body for m, p, h, body in self.requests]
+            published = [data + json.dumps(attributes).encode() for _, data, attributes in self.data]
+            return b"\n".join(requests + published + list(self.objects.values()))
 
     def kinds(self, topic: str) -> list[str]:
         with self.lock:
@@ -237,7 +287,7 @@ def a_job(attempt: int = 1, **spec_changes: Any) -> Job:
     return job.evolve(attempt=attempt, queued_resource=f"{job.job_id}-a{attempt}")
 
 
-SETTINGS = Settings(project=PROJECT, prefix="t-", logs_bucket=BUCKET)
+SETTINGS = Settings(project=PROJECT, prefix="t-", logs_bucket=BUCKET, tpu_service_account=ACCOUNT)
 FAST = AgentTimings(heartbeat_seconds=0.3, grace_seconds=1, chunk_seconds=0.2)
 WORKER_EVENTS = "t-tpujobs-worker-events"
 PREEMPTION = "t-tpujobs-preemption"
@@ -260,6 +310,7 @@ def start_script(
         "TPUJOBS_METADATA_URL": metadata.base,
         "PUBSUB_EMULATOR_HOST": google.url.removeprefix("http://"),
         "STORAGE_EMULATOR_HOST": google.url,
+        "TPUJOBS_SECRETS_ENDPOINT": google.url,
     }
     return subprocess.Popen(
         [BASH or "bash", str(path)],
@@ -288,6 +339,20 @@ def chunk_prefix(
     attempt: int = 1, slice_id: int = 0, worker_id: int = 0, job_id: str = "train-1"
 ) -> str:
     return f"jobs/{job_id}/attempt-{attempt}/chunks/slice-{slice_id}-worker-{worker_id}/"
+
+
+def assert_all_signed(google: GoogleStub, topic: str, key: bytes = KEY) -> None:
+    """Every message on the topic verifies under the key and fits the control plane's model."""
+    model = reports.PreemptionNotice if topic == PREEMPTION else reports.WorkerReport
+    messages = google.signed(topic)
+    assert messages
+    for data, attributes in messages:
+        signature = attributes.get(signing.SIGNATURE_ATTRIBUTE)
+        assert signing.signature_problem(key, data, signature) is None, (data, attributes)
+        report = reports.decode_report(model, data)
+        assert report.at is not None and re.fullmatch(r"[0-9a-f]{32}", report.nonce)
+    nonces = [json.loads(data)["nonce"] for data, _ in messages]
+    assert len(set(nonces)) == len(nonces)
 
 
 # --- identity -------------------------------------------------------------------------
@@ -421,6 +486,7 @@ def test_a_config_gets_its_defaults(tmp_path: Path) -> None:
         2,
     )
     assert (config["setup"], config["code_uri"], config["env"]) == (None, None, {})
+    assert (config["secrets"], config["code_sha256"]) == ({}, None)
 
 
 @pytest.mark.parametrize(
@@ -432,6 +498,12 @@ def test_a_config_gets_its_defaults(tmp_path: Path) -> None:
         {"command": None},
         {"env": {"A": 1}},
         {"grace_seconds": 0},
+        {"secrets": {"HF_TOKEN": "hf-token"}},
+        {"secrets": {"HF_TOKEN": "projects/p/secrets/s"}},
+        {"secrets": {"TPUJOBS_X": "projects/p/secrets/s/versions/1"}},
+        {"secrets": ["HF_TOKEN"]},
+        {"code_sha256": "abc"},
+        {"code_sha256": 7},
     ],
 )
 def test_a_config_with_a_wrong_type_is_refused(tmp_path: Path, changes: dict[str, Any]) -> None:
@@ -550,7 +622,7 @@ def test_a_report_is_a_pubsub_rest_publish_of_base64_json_with_attributes(
     google: GoogleStub,
 ) -> None:
     """POST /v1/projects/P/topics/T:publish with messages[0].data = base64(JSON) and attributes."""
-    publisher = worker.Publisher(worker.GoogleApi(google.url, None), PROJECT)
+    publisher = worker.Publisher(worker.GoogleApi(google.url, None), PROJECT, KEY)
     publisher.publish(
         WORKER_EVENTS, {"kind": "started", "job_id": "j"}, {"job_id": "j", "kind": "started"}
     )
@@ -559,14 +631,19 @@ def test_a_report_is_a_pubsub_rest_publish_of_base64_json_with_attributes(
     assert headers["Content-Type"] == "application/json"
     assert "Authorization" not in headers  # an emulator takes no credentials
     message = json.loads(body)["messages"][0]
-    assert json.loads(base64.b64decode(message["data"])) == {"kind": "started", "job_id": "j"}
-    assert message["attributes"] == {"job_id": "j", "kind": "started"}
+    data = base64.b64decode(message["data"])
+    assert json.loads(data) == {"kind": "started", "job_id": "j"}
+    assert message["attributes"] == {
+        "job_id": "j",
+        "kind": "started",
+        "tpujobs-signature": signing.sign(KEY, data),
+    }
 
 
 def test_a_publish_is_retried_through_server_errors_and_rate_limits(google: GoogleStub) -> None:
     """503, 429 and 500 answers are retried; the message then goes through once."""
     google.failures[":publish"] = [503, 429, 500]
-    publisher = worker.Publisher(worker.GoogleApi(google.url, None), PROJECT)
+    publisher = worker.Publisher(worker.GoogleApi(google.url, None), PROJECT, KEY)
     publisher.publish(WORKER_EVENTS, {"kind": "heartbeat"}, {})
     assert google.kinds(WORKER_EVENTS) == ["heartbeat"]
     assert len(google.requests) == 4
@@ -575,7 +652,7 @@ def test_a_publish_is_retried_through_server_errors_and_rate_limits(google: Goog
 def test_a_client_error_is_not_retried(google: GoogleStub) -> None:
     """A 400 or 404 fails at once: retrying cannot help."""
     google.failures[":publish"] = [404]
-    publisher = worker.Publisher(worker.GoogleApi(google.url, None), PROJECT)
+    publisher = worker.Publisher(worker.GoogleApi(google.url, None), PROJECT, KEY)
     with pytest.raises(worker.HttpError, match="404"):
         publisher.publish(WORKER_EVENTS, {"kind": "heartbeat"}, {})
     assert len(google.requests) == 1
@@ -632,11 +709,11 @@ def test_the_token_goes_in_the_authorization_header_and_is_refreshed_after_a_401
     with FakeMetadata(token="first") as server:
         tokens = worker.TokenSource(worker.Metadata(server.base))
         api = worker.GoogleApi(google.url, tokens)
-        worker.Publisher(api, PROJECT).publish(WORKER_EVENTS, {"kind": "started"}, {})
+        worker.Publisher(api, PROJECT, KEY).publish(WORKER_EVENTS, {"kind": "started"}, {})
         assert google.requests[-1][2]["Authorization"] == "Bearer first"
         server.token = "second"
         google.failures[":publish"] = [401]
-        worker.Publisher(api, PROJECT).publish(WORKER_EVENTS, {"kind": "heartbeat"}, {})
+        worker.Publisher(api, PROJECT, KEY).publish(WORKER_EVENTS, {"kind": "heartbeat"}, {})
         assert google.requests[-1][2]["Authorization"] == "Bearer second"
         token_reads = [p for p in server.requests if p.endswith("/token")]
     assert len(token_reads) == 2
@@ -804,7 +881,13 @@ def test_the_agent_reports_started_and_exited_and_ships_the_output(
         "slice_id": 0,
         "worker_id": 0,
     }
-    assert attributes == {"job_id": "train-1", "attempt": "1", "kind": "exited"}
+    assert attributes == {
+        "job_id": "train-1",
+        "attempt": "1",
+        "kind": "exited",
+        "tpujobs-signature": attributes["tpujobs-signature"],
+    }
+    assert_all_signed(google, WORKER_EVENTS)
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", exited["at"])
     assert google.output(chunk_prefix()) == b"out-1\nerr-1\nout-2\n"
     assert json.loads(google.objects[(BUCKET, chunk_prefix() + "complete.json")])["exit_code"] == 3
@@ -923,7 +1006,13 @@ def test_sigterm_publishes_one_notice_first_then_stops_the_command_without_an_ex
     assert len(notices) == 1
     notice, attributes = notices[0]
     assert notice["reason"] == "SIGTERM"
-    assert attributes == {"job_id": "train-1", "attempt": "1"}
+    assert attributes == {
+        "job_id": "train-1",
+        "attempt": "1",
+        "tpujobs-signature": attributes["tpujobs-signature"],
+    }
+    assert_all_signed(google, PREEMPTION)
+    assert re.fullmatch(r"[0-9a-f]{32}", notice["nonce"])
     assert "exited" not in google.kinds(WORKER_EVENTS)
     assert b"got-term\n" in google.output(chunk_prefix())
     assert (BUCKET, chunk_prefix() + "complete.json") not in google.objects
@@ -993,3 +1082,384 @@ def test_after_the_preemption_notice_only_checkpoints_are_still_reported() -> No
     reporter.report("exited", exit_code=143)
     reporter.close(timeout=5.0)
     assert published[-1] == "checkpoint" and "exited" not in published
+
+
+# --- signing --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_report_key_is_read_back_from_what_signing_key_text_writes(seed: int) -> None:
+    """parse_report_key inverts tpujobs.domain.signing.key_text, a trailing newline or not."""
+    key = hashlib.sha256(f"key {seed}".encode()).digest()
+    assert worker.parse_report_key(signing.key_text(key)) == key
+    assert worker.parse_report_key(signing.key_text(key) + "\n") == key
+    assert worker.KEY_PREFIX == signing.KEY_PREFIX
+    assert worker.SIGNATURE_ATTRIBUTE == signing.SIGNATURE_ATTRIBUTE
+
+
+MALFORMED_KEYS = {
+    "empty": "",
+    "no_prefix": base64.urlsafe_b64encode(KEY).decode().rstrip("="),
+    "other_version": "tpujobs-key-v2:" + base64.urlsafe_b64encode(KEY).decode().rstrip("="),
+    "padded": signing.KEY_PREFIX + base64.urlsafe_b64encode(KEY).decode(),
+    "standard_alphabet": signing.KEY_PREFIX + "+/" + "A" * 41,
+    "short": signing.key_text(KEY[:16]),
+    "long": signing.key_text(KEY + b"x"),
+    "not_canonical": signing.key_text(KEY)[:-1] + "B",
+}
+
+
+@pytest.mark.parametrize("text", MALFORMED_KEYS.values(), ids=MALFORMED_KEYS.keys())
+def test_a_malformed_report_key_is_refused_without_quoting_it(text: str) -> None:
+    """Anything but `tpujobs-key-v1:` + canonical unpadded base64url of 32 bytes is an AgentError."""
+    with pytest.raises(worker.AgentError) as refused:
+        worker.parse_report_key(text)
+    body = text.partition(":")[2] or text
+    assert not body or body not in str(refused.value)
+
+
+def test_the_agents_signature_is_what_the_control_plane_verifies() -> None:
+    """worker.sign equals signing.sign; signature_problem accepts it and refuses other bytes or keys."""
+    data = worker.encode_payload({"kind": "exited", "exit_code": 0, "nonce": "ab" * 16})
+    signature = worker.sign(KEY, data)
+    assert signature == signing.sign(KEY, data)
+    assert signing.signature_problem(KEY, data, signature) is None
+    assert signing.signature_problem(KEY, data.replace(b":0", b":1"), signature) is not None
+    assert signing.signature_problem(bytes(32), data, signature) is not None
+
+
+def test_a_publisher_refuses_a_key_that_is_not_32_bytes(google: GoogleStub) -> None:
+    """No publisher exists without a usable key, so nothing is ever published unsigned."""
+    with pytest.raises(worker.AgentError):
+        worker.Publisher(worker.GoogleApi(google.url, None), PROJECT, b"short")
+
+
+def test_a_retried_publish_sends_the_same_bytes_and_signature(google: GoogleStub) -> None:
+    """Two 503s then success: three identical request bodies, one signature over their data."""
+    google.failures[":publish"] = [503, 503]
+    publisher = worker.Publisher(worker.GoogleApi(google.url, None), PROJECT, KEY)
+    identity = {"job_id": "train-1", "attempt": 1, "slice_id": 0, "worker_id": 0}
+    reporter = worker.Reporter(publisher, WORKER_EVENTS, identity)
+    reporter.report("heartbeat")
+    reporter.close(timeout=10.0)
+    bodies = [body for _, path, _, body in google.requests if path.endswith(":publish")]
+    assert len(bodies) == 3 and len(set(bodies)) == 1
+    assert_all_signed(google, WORKER_EVENTS)
+
+
+def test_a_preemption_notice_published_again_after_a_failure_keeps_its_bytes(
+    google: GoogleStub,
+) -> None:
+    """The quick first try fails; the retry thread sends the same data, nonce and signature."""
+    google.failures[":publish"] = [503]
+    publisher = worker.Publisher(worker.GoogleApi(google.url, None), PROJECT, KEY)
+    stopped: list[str] = []
+    identity = {"job_id": "train-1", "attempt": 1, "slice_id": 0, "worker_id": 0}
+    preemption = worker.Preemption(publisher, PREEMPTION, identity, stopped.append)
+    preemption.trigger("SIGTERM")
+    preemption.wait(10.0)
+    bodies = [body for _, path, _, body in google.requests if path.endswith(":publish")]
+    assert len(bodies) == 2 and bodies[0] == bodies[1]
+    assert stopped == ["SIGTERM"]
+    assert_all_signed(google, PREEMPTION)
+
+
+@pytest.mark.parametrize(
+    "key", [None, MALFORMED_KEYS["short"], MALFORMED_KEYS["padded"]], ids=["absent", "short", "padded"]
+)
+def test_without_a_valid_report_key_the_agent_does_not_start(
+    tmp_path: Path, google: GoogleStub, key: str | None
+) -> None:
+    """No key or a malformed one: exit AGENT_CANNOT_START, nothing published, the key never logged."""
+    with FakeMetadata(key=key) as metadata:
+        code, stdout, stderr = run_script(
+            render_startup_script(a_job(command="touch ran"), SETTINGS, timings=FAST),
+            tmp_path / "w",
+            metadata,
+            google,
+        )
+    assert code == worker.AGENT_CANNOT_START
+    assert "report key" in stderr and "no report would be believed" in stderr
+    assert google.published == []
+    assert not (tmp_path / "w" / "code" / "ran").exists()
+    if key:
+        assert key.partition(":")[2] not in stdout + stderr
+
+
+def test_every_report_of_a_run_is_signed_with_a_fresh_nonce(
+    tmp_path: Path, metadata: FakeMetadata, google: GoogleStub
+) -> None:
+    """started, heartbeats, a checkpoint and exited all verify, each with its own nonce."""
+    job = a_job(command="sleep 0.7; echo TPUJOBS_CHECKPOINT step=3; exit 1")
+    code, _, stderr = run_script(
+        render_startup_script(job, SETTINGS, timings=FAST), tmp_path / "w", metadata, google
+    )
+    assert code == 1, stderr
+    kinds = google.kinds(WORKER_EVENTS)
+    assert {"started", "heartbeat", "checkpoint", "exited"} <= set(kinds)
+    assert_all_signed(google, WORKER_EVENTS)
+
+
+# --- secrets --------------------------------------------------------------------------
+
+HF_VERSION = f"projects/{PROJECT}/secrets/t-tpujobs_tpujobs-tpu-vm_hf-token/versions/latest"
+
+
+def test_crc32c_is_castagnoli_as_secret_manager_computes_it() -> None:
+    """The check value of CRC-32C, and agreement with google-crc32c on other inputs."""
+    assert worker.crc32c(b"123456789") == 0xE3069283
+    for data in (b"", b"a", bytes(range(256)) * 3, "hf_ünï".encode()):
+        assert worker.crc32c(data) == google_crc32c.value(data)
+
+
+def test_secrets_are_read_from_google_unless_the_local_endpoint_is_named() -> None:
+    """secretmanager.googleapis.com by default; TPUJOBS_SECRETS_ENDPOINT locally; a token always."""
+    with FakeMetadata() as server:
+        tokens = worker.TokenSource(worker.Metadata(server.base))
+        real = worker.GoogleApi.secrets_from_env({}, tokens)
+        local = worker.GoogleApi.secrets_from_env(
+            {"TPUJOBS_SECRETS_ENDPOINT": "127.0.0.1:9999"}, tokens
+        )
+    assert (real.base_url, real.tokens) == ("https://secretmanager.googleapis.com", tokens)
+    assert (local.base_url, local.tokens) == ("http://127.0.0.1:9999", tokens)
+
+
+def secret_reader(google: GoogleStub, metadata: FakeMetadata, attempts: int = 8) -> Any:
+    tokens = worker.TokenSource(worker.Metadata(metadata.base))
+    api = worker.GoogleApi(google.url, tokens, direct=True)
+    return worker.SecretReader(api, worker.Metadata(metadata.base), attempts=attempts)
+
+
+def test_a_secret_is_read_with_the_vms_bearer_token_through_server_errors(
+    google: GoogleStub, metadata: FakeMetadata
+) -> None:
+    """GET /v1/{version}:access with Authorization: Bearer <token>; 503 and 429 are retried."""
+    google.secrets[HF_VERSION] = "hf_ünï\n".encode()
+    google.failures[":access"] = [503, 429]
+    value = secret_reader(google, metadata).read("HF_TOKEN", HF_VERSION)
+    assert value == "hf_ünï\n"
+    accesses = [(path, headers) for _, path, headers, _ in google.requests if ":access" in path]
+    assert len(accesses) == 3
+    assert accesses[-1][0] == f"/v1/{HF_VERSION}:access"
+    assert all(headers["Authorization"] == "Bearer fake-token" for _, headers in accesses)
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        (404, f"secret HF_TOKEN ({HF_VERSION}) does not exist or is not readable by {ACCOUNT}: 404 NOT_FOUND"),
+        (403, f"secret HF_TOKEN ({HF_VERSION}) is not readable by {ACCOUNT}: 403 PERMISSION_DENIED"),
+    ],
+)
+def test_a_missing_or_forbidden_secret_is_refused_at_once_naming_secret_and_account(
+    google: GoogleStub, metadata: FakeMetadata, status: int, expected: str
+) -> None:
+    """404 and 403 are not retried: a Refused sentence with the env name, the secret and the account."""
+    if status == 403:
+        google.denied.add(HF_VERSION)
+    with pytest.raises(worker.Refused) as refused:
+        secret_reader(google, metadata).read("HF_TOKEN", HF_VERSION)
+    assert str(refused.value) == expected
+    assert len([r for r in google.requests if ":access" in r[1]]) == 1
+
+
+def test_a_secret_manager_that_keeps_failing_ends_in_a_refusal_after_bounded_tries(
+    google: GoogleStub, metadata: FakeMetadata
+) -> None:
+    """503 on every try: after `attempts` tries, a Refused naming the secret and the account."""
+    google.failures[":access"] = [503] * 10
+    with pytest.raises(worker.Refused) as refused:
+        secret_reader(google, metadata, attempts=3).read("HF_TOKEN", HF_VERSION)
+    assert str(refused.value) == (
+        f"secret HF_TOKEN ({HF_VERSION}) could not be read by {ACCOUNT}: "
+        "Secret Manager answered 503 (after 3 tries)"
+    )
+    assert len([r for r in google.requests if ":access" in r[1]]) == 3
+
+
+class _Answer:
+    """A stand-in for GoogleApi that answers every call with the given bytes."""
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+
+    def call(self, *args: Any, **kwargs: Any) -> bytes:
+        return self.raw
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [
+        (b'{"payload": {"data": "aHVudGVyMg==", "dataCrc32c": "1"}}', "does not match its CRC32C"),
+        (b'{"payload": {"data": "AGh1bnRlcjI="}}', "NUL byte"),
+        (b'{"payload": {"data": "!!"}}', "no readable value"),
+        (b"not json", "no readable value"),
+    ],
+    ids=["crc_mismatch", "nul_byte", "bad_base64", "not_json"],
+)
+def test_a_secret_answer_that_cannot_be_used_is_refused_without_quoting_it(
+    metadata: FakeMetadata, answer: bytes, reason: str
+) -> None:
+    """A corrupted, undecodable or NUL-holding value is refused; the sentence never holds it."""
+    reader = worker.SecretReader(_Answer(answer), worker.Metadata(metadata.base))  # type: ignore[arg-type]
+    with pytest.raises(worker.Refused, match=reason) as refused:
+        reader.read("HF_TOKEN", HF_VERSION)
+    assert str(refused.value).startswith(f"secret HF_TOKEN ({HF_VERSION})")
+    for leaked in ("hunter2", "aHVudGVyMg", "AGh1bnRlcjI"):
+        assert leaked not in str(refused.value)
+
+
+def test_secret_values_join_the_job_environment_beside_env() -> None:
+    """job_environment puts each secret under its env name; TPUJOBS_ variables still win."""
+    env = worker.job_environment({}, a_config(env={"LR": "0.1"}), 0, 0, {"HF_TOKEN": "v"})
+    assert (env["HF_TOKEN"], env["LR"], env["TPUJOBS_WORKER_ID"]) == ("v", "0.1", "0")
+
+
+def files_under(root: Path) -> bytes:
+    """Every regular file's bytes under root, concatenated."""
+    return b"".join(p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink())
+
+
+def test_a_secret_reaches_setup_and_command_and_nothing_else(
+    tmp_path: Path, metadata: FakeMetadata, google: GoogleStub
+) -> None:
+    """The command prints a digest of $HF_TOKEN; the value is in no request, report, log or file."""
+    value = "hf_" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:24]
+    google.secrets[HF_VERSION] = value.encode()
+    job = a_job(
+        secrets={"HF_TOKEN": "hf-token"},
+        setup='test -n "$HF_TOKEN" && echo setup-saw-it',
+        command="printf %s \"$HF_TOKEN\" | sha256sum | cut -d' ' -f1",
+    )
+    code, stdout, stderr = run_script(
+        render_startup_script(job, SETTINGS, timings=FAST), tmp_path / "w", metadata, google
+    )
+    assert code == 0, stderr
+    digest = hashlib.sha256(value.encode()).hexdigest()
+    assert google.output(chunk_prefix()) == f"setup-saw-it\n{digest}\n".encode()
+    access = [h for _, p, h, _ in google.requests if p == f"/v1/{HF_VERSION}:access"]
+    assert [h["Authorization"] for h in access] == ["Bearer fake-token"]
+    config = json.loads((tmp_path / "w" / "config.json").read_text())
+    assert config["secrets"] == {"HF_TOKEN": HF_VERSION}
+    assert_all_signed(google, WORKER_EVENTS)
+    for seen in (google.everything_sent(), stdout.encode(), stderr.encode(), files_under(tmp_path)):
+        assert value.encode() not in seen
+
+
+@pytest.mark.parametrize("status", [404, 403])
+def test_an_unreadable_secret_aborts_the_attempt_once_and_runs_nothing(
+    tmp_path: Path, metadata: FakeMetadata, google: GoogleStub, status: int
+) -> None:
+    """404 or 403: one signed `aborted` report with the sentence, the sentence in the output, no setup or command."""
+    if status == 403:
+        google.secrets[HF_VERSION] = b"x"
+        google.denied.add(HF_VERSION)
+    job = a_job(
+        secrets={"HF_TOKEN": "hf-token"}, setup=f"touch {tmp_path}/setup-ran", command=f"touch {tmp_path}/ran"
+    )
+    code, _, stderr = run_script(
+        render_startup_script(job, SETTINGS, timings=FAST), tmp_path / "w", metadata, google
+    )
+    assert code == worker.AGENT_FAILED, stderr
+    messages = google.messages(WORKER_EVENTS)
+    assert [p["kind"] for p, _ in messages] == ["aborted"]
+    detail = messages[0][0]["detail"]
+    assert detail.startswith(f"secret HF_TOKEN ({HF_VERSION}) ")
+    assert f"by {ACCOUNT}: {status} " in detail
+    assert messages[0][1]["kind"] == "aborted"
+    assert_all_signed(google, WORKER_EVENTS)
+    assert google.output(chunk_prefix()) == f"[tpujobs-agent] {detail}\n".encode()
+    assert not (tmp_path / "setup-ran").exists() and not (tmp_path / "ran").exists()
+    assert len([r for r in google.requests if ":access" in r[1]]) == 1
+
+
+def test_the_local_secret_manager_lets_a_vm_read_its_own_accounts_secrets_only(
+    tmp_path: Path, google: GoogleStub
+) -> None:
+    """With the simulator's token, simulated:EMAIL, the VM reads its namespace and is refused another's."""
+    local = pytest.importorskip("tpujobs.simulator.secret_manager")
+    value = b"hf_local_" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:16].encode()
+    server = local.SecretManagerServer(prefix="t-")
+    for secret_id, data in [("t-tpujobs_tpujobs-tpu-vm_hf-token", value), ("t-tpujobs_other-acct_x", b"y")]:
+        server.service.create(PROJECT, secret_id, {"automatic": {}}, {}, {})
+        server.service.add_version(PROJECT, secret_id, data, None)
+    with server, FakeMetadata(token=f"simulated:{ACCOUNT}") as metadata:
+        reader = worker.SecretReader(
+            worker.GoogleApi.secrets_from_env(
+                {"TPUJOBS_SECRETS_ENDPOINT": server.url},
+                worker.TokenSource(worker.Metadata(metadata.base)),
+            ),
+            worker.Metadata(metadata.base),
+        )
+        assert reader.read("HF_TOKEN", HF_VERSION) == value.decode()
+        other = f"projects/{PROJECT}/secrets/t-tpujobs_other-acct_x/versions/latest"
+        with pytest.raises(worker.Refused, match=f"is not readable by {re.escape(ACCOUNT)}: 403 PERMISSION_DENIED"):
+            reader.read("X", other)
+
+
+# --- code digest ----------------------------------------------------------------------
+
+
+def test_a_code_tarball_with_the_recorded_digest_is_unpacked(google: GoogleStub, tmp_path: Path) -> None:
+    """code_sha256 equal to the tarball's SHA-256 (either case): unpacked as usual."""
+    archive = make_tar(tmp_path / "c.tar.gz", [("file", "train.py", "print(2)\n")])
+    google.objects[(BUCKET, "code.tar.gz")] = archive.read_bytes()
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest().upper()
+    storage = worker.Storage(worker.GoogleApi(google.url, None))
+    (tmp_path / "w").mkdir()
+    worker.fetch_code(storage, f"gs://{BUCKET}/code.tar.gz", str(tmp_path / "w" / "code"), digest)
+    assert (tmp_path / "w" / "code" / "train.py").read_text() == "print(2)\n"
+
+
+def test_a_code_tarball_with_another_digest_is_refused_before_unpacking(
+    google: GoogleStub, tmp_path: Path
+) -> None:
+    """A planted tarball: Refused with both digests, nothing unpacked, the download removed."""
+    archive = make_tar(tmp_path / "c.tar.gz", [("file", "train.py", "planted\n")])
+    google.objects[(BUCKET, "code/x.tar.gz")] = archive.read_bytes()
+    found = hashlib.sha256(archive.read_bytes()).hexdigest()
+    recorded = "d" * 64
+    storage = worker.Storage(worker.GoogleApi(google.url, None))
+    (tmp_path / "w").mkdir()
+    with pytest.raises(worker.Refused) as refused:
+        worker.fetch_code(storage, f"gs://{BUCKET}/code/x.tar.gz", str(tmp_path / "w" / "code"), recorded)
+    assert str(refused.value) == (
+        f"the code tarball gs://{BUCKET}/code/x.tar.gz has SHA-256 {found}, not {recorded} "
+        "recorded with the job: refused (it was replaced or planted after submission)"
+    )
+    assert [p.name for p in (tmp_path / "w").rglob("*")] == ["code"]
+
+
+def test_a_digest_with_a_code_prefix_is_refused_before_anything_is_fetched(
+    google: GoogleStub, tmp_path: Path
+) -> None:
+    """code_sha256 with gs://b/code/: there is no one digest to check, so nothing is downloaded."""
+    google.objects[(BUCKET, "code/train.py")] = b"print(1)\n"
+    storage = worker.Storage(worker.GoogleApi(google.url, None))
+    with pytest.raises(worker.Refused, match="is a prefix"):
+        worker.fetch_code(storage, f"gs://{BUCKET}/code/", str(tmp_path / "code"), "a" * 64)
+    assert google.requests == []
+
+
+def test_a_planted_tarball_aborts_the_attempt_and_runs_nothing(
+    tmp_path: Path, metadata: FakeMetadata, google: GoogleStub
+) -> None:
+    """A tarball replaced after submission: one `aborted` report naming both digests; no command."""
+    submitted = make_tar(tmp_path / "good.tar.gz", [("file", "run.sh", "echo good\n")])
+    planted = make_tar(tmp_path / "bad.tar.gz", [("file", "run.sh", f"touch {tmp_path}/ran\n")])
+    google.objects[(BUCKET, "code/x.tar.gz")] = planted.read_bytes()
+    job = a_job(
+        code_uri=f"gs://{BUCKET}/code/x.tar.gz",
+        code_sha256=hashlib.sha256(submitted.read_bytes()).hexdigest(),
+        command="bash run.sh",
+    )
+    code, _, stderr = run_script(
+        render_startup_script(job, SETTINGS, timings=FAST), tmp_path / "w", metadata, google
+    )
+    assert code == worker.AGENT_FAILED, stderr
+    messages = google.messages(WORKER_EVENTS)
+    assert [p["kind"] for p, _ in messages] == ["aborted"]
+    assert "has SHA-256 " + hashlib.sha256(planted.read_bytes()).hexdigest() in messages[0][0]["detail"]
+    assert_all_signed(google, WORKER_EVENTS)
+    assert not (tmp_path / "ran").exists()
+    assert list((tmp_path / "w" / "code").iterdir()) == []

@@ -111,6 +111,8 @@ def test_the_config_carries_the_attempt_the_spec_and_where_things_go() -> None:
         "setup": "pip install -r requirements.txt",
         "code_uri": "gs://code-bucket/train.tar.gz",
         "env": {"LR": "0.1"},
+        "secrets": {},
+        "code_sha256": None,
         "num_slices": 2,
         "hosts_per_slice": 4,
         "queued_resource": "train-1-a2",
@@ -123,6 +125,57 @@ def test_the_config_carries_the_attempt_the_spec_and_where_things_go() -> None:
         "grace_seconds": 30,
         "chunk_seconds": 2,
     }
+
+
+def test_secrets_become_full_version_names_in_the_namespace_of_the_vms_account() -> None:
+    """NAME and NAME@V resolve under the job's service_account (else the deployment's); full names pass."""
+    secrets = {
+        "HF_TOKEN": "hf-token",
+        "WANDB_API_KEY": "wandb@3",
+        "SHARED": "projects/other/secrets/shared",
+        "PINNED": "projects/other/secrets/pinned/versions/2",
+    }
+    settings = Settings(
+        project=PROJECT,
+        prefix="t-",
+        logs_bucket=BUCKET,
+        tpu_service_account=f"tpujobs-tpu-vm@{PROJECT}.iam.gserviceaccount.com",
+    )
+    default = agent_config(a_job(secrets=secrets), settings)["secrets"]
+    assert default == {
+        "HF_TOKEN": f"projects/{PROJECT}/secrets/t-tpujobs_tpujobs-tpu-vm_hf-token/versions/latest",
+        "PINNED": "projects/other/secrets/pinned/versions/2",
+        "SHARED": "projects/other/secrets/shared/versions/latest",
+        "WANDB_API_KEY": f"projects/{PROJECT}/secrets/t-tpujobs_tpujobs-tpu-vm_wandb/versions/3",
+    }
+    own = a_job(secrets={"HF_TOKEN": "hf-token"}, service_account=f"team-a@{PROJECT}.iam.gserviceaccount.com")
+    assert agent_config(own, settings)["secrets"] == {
+        "HF_TOKEN": f"projects/{PROJECT}/secrets/t-tpujobs_team-a_hf-token/versions/latest"
+    }
+
+
+def test_the_code_digest_recorded_with_the_job_reaches_the_agent() -> None:
+    """code_sha256 is passed through as the spec holds it; the agent's load_config accepts it."""
+    digest = "ab" * 32
+    job = a_job(code_uri="gs://code-bucket/train.tar.gz", code_sha256=digest)
+    assert agent_config(job, SETTINGS)["code_sha256"] == digest
+
+
+def test_the_rendered_config_passes_the_agents_own_checks(tmp_path: Path) -> None:
+    """What agent_config writes, secrets and digest included, is what load_config accepts."""
+    from tpujobs.agent import worker
+
+    settings = Settings(
+        project=PROJECT, logs_bucket=BUCKET, tpu_service_account=f"vm-acct@{PROJECT}.iam.gserviceaccount.com"
+    )
+    job = a_job(
+        secrets={"HF_TOKEN": "hf-token"}, code_uri="gs://code-bucket/c.tar.gz", code_sha256="0" * 64
+    )
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(agent_config(job, settings)))
+    loaded = worker.load_config(str(path))
+    assert loaded["secrets"] == agent_config(job, settings)["secrets"]
+    assert loaded["code_sha256"] == "0" * 64
 
 
 def test_the_first_attempt_never_resumes() -> None:

@@ -5,30 +5,44 @@ directory. Standard library only and Python 3.8+, because it runs on stock TPU V
 and the startup script embeds this file whole.
 
 What it does, in order:
-  1. learns which worker and slice it is from the metadata server;
-  2. fetches the code (a gs:// tarball, unpacked safely, or every object under a gs:// prefix);
-  3. runs `setup` once per host, then `command`, each with `bash -c` in its own process group
+  1. learns which worker and slice it is, and its attempt's report key
+     (`instance/attributes/tpujobs-report-key`), from the metadata server; without a valid
+     key it does not start, since nothing it said would be believed;
+  2. reads the job's secrets from Secret Manager with the VM's own token; their values go
+     into the environment of setup and command and nowhere else;
+  3. fetches the code (a gs:// tarball, checked against the job's code_sha256 before it is
+     unpacked safely, or every object under a gs:// prefix);
+  4. runs `setup` once per host, then `command`, each with `bash -c` in its own process group
      and the environment of contract section 2;
-  4. streams their merged output to Cloud Storage in numbered chunk objects (and to its own
+  5. streams their merged output to Cloud Storage in numbered chunk objects (and to its own
      stdout), so little is lost when the host dies;
-  5. reports started (when setup or the command starts), heartbeat, checkpoint and exited
-     to the worker-events topic;
-  6. on SIGTERM or `instance/preempted` turning TRUE, publishes one preemption notice first,
+  6. reports started (when setup or the command starts), heartbeat, checkpoint and exited
+     to the worker-events topic, or `aborted` with a sentence when a secret cannot be read
+     or the code is not what was submitted (then nothing of the job runs);
+  7. on SIGTERM or `instance/preempted` turning TRUE, publishes one preemption notice first,
      then stops the command (SIGTERM to its group, SIGKILL after the grace period), flushes
      the output and reports nothing more.
+
+Every report and notice carries `at` and a fresh `nonce`, and is signed: the attribute
+`tpujobs-signature` is `v1=` + hex HMAC-SHA256 under the attempt's key of the exact data
+bytes published (as tpujobs.domain.signing checks it).
 
 Why it is built this way: SIGTERM reaches a thread through `signal.set_wakeup_fd`, so the
 notice goes out even while the main thread is blocked; output is read by one thread and
 uploaded by another, so a slow upload never stalls the command; reports leave in order from
 one publishing thread. Every call to a Google API is retried on 5xx, 429 and connection
-errors, a bounded number of times. The access token is never printed.
+errors, a bounded number of times. The access token, the report key and the secrets'
+values are never printed.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import contextlib
 import datetime
+import hashlib
+import hmac
 import http.client
 import json
 import os
@@ -46,11 +60,25 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
+from secrets import token_hex
 from typing import Any
 
 DEFAULT_METADATA_URL = "http://metadata.google.internal/computeMetadata/v1"
 PUBSUB_API = "https://pubsub.googleapis.com"
 STORAGE_API = "https://storage.googleapis.com"
+SECRETS_API = "https://secretmanager.googleapis.com"
+SECRETS_ENDPOINT_VARIABLE = "TPUJOBS_SECRETS_ENDPOINT"  # the local stack's Secret Manager
+
+# Signing, as tpujobs.domain.signing checks it (this file cannot import tpujobs).
+KEY_METADATA = "instance/attributes/tpujobs-report-key"
+KEY_PREFIX = "tpujobs-key-v1:"
+KEY_BYTES = 32
+SIGNATURE_ATTRIBUTE = "tpujobs-signature"
+SIGNATURE_PREFIX = "v1="
+ACCOUNT_METADATA = "instance/service-accounts/default/email"
+SECRET_VERSION = re.compile(r"projects/[^/\s]+/secrets/[^/\s]+/versions/[^/\s]+")
+ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
+SHA256_HEX = re.compile(r"[0-9a-fA-F]{64}")
 
 MAX_CHUNK_BYTES = 256 * 1024
 MAX_PENDING_BYTES = 64 * 1024 * 1024  # output kept while uploads fail; older output is dropped
@@ -84,6 +112,11 @@ class AgentError(Exception):
     """Something the agent cannot do; the message says what."""
 
 
+class Refused(AgentError):
+    """The attempt cannot run and no restart would help (a secret it cannot read, code that
+    is not what was submitted); the message is the sentence reported with kind `aborted`."""
+
+
 class HttpError(AgentError):
     """An HTTP answer other than 2xx."""
 
@@ -93,6 +126,16 @@ class HttpError(AgentError):
         super().__init__(f"{method} {where} answered HTTP {status}: {text}")
         self.status = status
         self.retryable = status in RETRYABLE_STATUS
+        self.google_status = _google_status(body)  # PERMISSION_DENIED and the like, or ""
+
+
+def _google_status(body: bytes) -> str:
+    """The `error.status` of a Google API error answer (PERMISSION_DENIED, ...), or ""."""
+    try:
+        status = json.loads(body.decode("utf-8"))["error"]["status"]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return ""
+    return status if isinstance(status, str) and re.fullmatch(r"[A-Z_]{1,40}", status) else ""
 
 
 def log(message: str) -> None:
@@ -115,6 +158,61 @@ def rfc3339(when: float | None = None) -> str:
 def exit_status(returncode: int) -> int:
     """A process's exit code as a shell reports it: killed by signal N is 128 + N."""
     return 128 - returncode if returncode < 0 else returncode
+
+
+# --- signing --------------------------------------------------------------------------
+
+
+def parse_report_key(text: str) -> bytes:
+    """The attempt's 32-byte key from its metadata value, `tpujobs-key-v1:` and base64url.
+
+    The inverse of tpujobs.domain.signing.key_text; anything else is refused. The message
+    never quotes the value: it is a secret.
+    """
+    value = text.strip()
+    if not value.startswith(KEY_PREFIX):
+        raise AgentError(f"the report key does not start with {KEY_PREFIX!r}")
+    body = value[len(KEY_PREFIX) :]
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", body):
+        raise AgentError("the report key is not base64url without padding")
+    try:
+        key = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
+    except (binascii.Error, ValueError):
+        raise AgentError("the report key is not base64url without padding") from None
+    if len(key) != KEY_BYTES or base64.urlsafe_b64encode(key).decode("ascii").rstrip("=") != body:
+        raise AgentError(f"the report key is not {KEY_BYTES} bytes in canonical base64url")
+    return key
+
+
+def sign(key: bytes, data: bytes) -> str:
+    """The `tpujobs-signature` attribute of a message whose data is exactly `data`."""
+    return SIGNATURE_PREFIX + hmac.new(key, data, hashlib.sha256).hexdigest()
+
+
+def encode_payload(payload: dict[str, Any]) -> bytes:
+    """The bytes a report is published (and signed) as: compact JSON with sorted keys."""
+    return json.dumps(payload, separators=(",", ":"), sort_keys=True).encode("utf-8")
+
+
+def _crc32c_table() -> list[int]:
+    table = []
+    for byte in range(256):
+        crc = byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
+        table.append(crc)
+    return table
+
+
+_CRC32C = _crc32c_table()
+
+
+def crc32c(data: bytes) -> int:
+    """CRC-32C (Castagnoli), as Secret Manager's dataCrc32c; secrets are small, so pure Python."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc = _CRC32C[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
 
 
 # --- HTTP -----------------------------------------------------------------------------
@@ -236,10 +334,13 @@ class TokenSource:
 class GoogleApi:
     """One Google API: an emulator (no auth, no proxy) or the real endpoint with a bearer token."""
 
-    def __init__(self, base_url: str, tokens: TokenSource | None) -> None:
+    def __init__(
+        self, base_url: str, tokens: TokenSource | None, direct: bool | None = None
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.tokens = tokens
-        self._opener = _DEFAULT if tokens is not None else _DIRECT
+        local = tokens is None if direct is None else direct
+        self._opener = _DIRECT if local else _DEFAULT
 
     @classmethod
     def from_env(
@@ -247,6 +348,16 @@ class GoogleApi:
     ) -> GoogleApi:
         host = environ.get(emulator_variable, "").strip()
         return cls(_as_url(host), None) if host else cls(real_url, tokens)
+
+    @classmethod
+    def secrets_from_env(cls, environ: dict[str, str], tokens: TokenSource) -> GoogleApi:
+        """Secret Manager: always with the VM's token, since who asks decides what it may read.
+
+        The local stack names its own endpoint (reached directly, like the emulators); the
+        local Secret Manager tells accounts apart by the simulator's tokens.
+        """
+        local = environ.get(SECRETS_ENDPOINT_VARIABLE, "").strip()
+        return cls(_as_url(local), tokens, direct=True) if local else cls(SECRETS_API, tokens)
 
     def call(
         self,
@@ -278,11 +389,20 @@ class GoogleApi:
 
 
 class Publisher:
-    """Publishes JSON messages with the Pub/Sub REST API."""
+    """Publishes signed JSON messages with the Pub/Sub REST API.
 
-    def __init__(self, api: GoogleApi, project: str) -> None:
+    The signature (HMAC-SHA256 under the attempt's key) covers the exact data bytes and
+    travels as the `tpujobs-signature` attribute. The bytes are made once per publish, so
+    every retry of it sends the same bytes and signature; a payload carries its own `at` and
+    `nonce`, so publishing the same payload again also gives the same bytes.
+    """
+
+    def __init__(self, api: GoogleApi, project: str, key: bytes) -> None:
+        if len(key) != KEY_BYTES:
+            raise AgentError(f"a report key is {KEY_BYTES} bytes")
         self.api = api
         self.project = project
+        self._key = key
 
     def publish(
         self,
@@ -292,9 +412,10 @@ class Publisher:
         attempts: int = 6,
         timeout: float = 10.0,
     ) -> None:
-        data = json.dumps(payload, separators=(",", ":"), sort_keys=True).encode("utf-8")
+        data = encode_payload(payload)
+        signed = {**attributes, SIGNATURE_ATTRIBUTE: sign(self._key, data)}
         body = {
-            "messages": [{"data": base64.b64encode(data).decode("ascii"), "attributes": attributes}]
+            "messages": [{"data": base64.b64encode(data).decode("ascii"), "attributes": signed}]
         }
         path = "/v1/projects/{}/topics/{}:publish".format(
             urllib.parse.quote(self.project, safe=""), urllib.parse.quote(topic, safe="")
@@ -338,6 +459,73 @@ class Storage:
             token = page.get("nextPageToken") or ""
             if not token:
                 return names
+
+
+class SecretReader:
+    """Reads the job's secrets with Secret Manager's REST API, as the VM's own account.
+
+    The values it returns go into the environment of the job's setup and command and
+    nowhere else; no message it writes (log, output, report, error) holds one. A secret
+    that cannot be read is a `Refused` naming the env name, the secret and the account.
+    """
+
+    def __init__(self, api: GoogleApi, metadata: Metadata, attempts: int = 8) -> None:
+        self.api = api
+        self.metadata = metadata
+        self.attempts = attempts  # 5xx, 429 and connection errors; then the attempt is aborted
+        self._account: str | None = None
+
+    def account(self) -> str:
+        """The VM's service account email, as the metadata server says it."""
+        if self._account is None:
+            try:
+                email = self.metadata.get_optional(ACCOUNT_METADATA)
+            except (AgentError, OSError, http.client.HTTPException):
+                email = None
+            email = (email or "").strip()
+            self._account = email or "the VM's service account (the metadata server names none)"
+        return self._account
+
+    def read_all(self, wanted: dict[str, str]) -> dict[str, str]:
+        """{env name: value} for {env name: projects/P/secrets/S/versions/V}."""
+        return {env_name: self.read(env_name, wanted[env_name]) for env_name in sorted(wanted)}
+
+    def read(self, env_name: str, version: str) -> str:
+        """One secret's value (bytes as the file system decodes them, so any value passes)."""
+        what = f"secret {env_name} ({version})"
+        path = "/v1/" + urllib.parse.quote(version, safe="/") + ":access"
+        try:
+            raw = self.api.call("GET", path, attempts=self.attempts)
+        except HttpError as error:
+            status = f"{error.status} {error.google_status}".strip()
+            if error.status == 404:
+                raise Refused(
+                    f"{what} does not exist or is not readable by {self.account()}: {status}"
+                ) from None
+            if error.status in (401, 403):
+                raise Refused(f"{what} is not readable by {self.account()}: {status}") from None
+            raise Refused(
+                f"{what} could not be read by {self.account()}: Secret Manager answered {status}"
+                f" (after {self.attempts} tries)"
+            ) from None
+        except (OSError, http.client.HTTPException) as error:
+            raise Refused(
+                f"{what} could not be read by {self.account()}: Secret Manager is unreachable"
+                f" ({type(error).__name__}, after {self.attempts} tries)"
+            ) from None
+        try:
+            payload = json.loads(raw.decode("utf-8"))["payload"]
+            encoded = payload.get("data") or ""
+            data = base64.b64decode(encoded + "=" * (-len(encoded) % 4), b"-_", validate=True)
+            crc = payload.get("dataCrc32c")
+            crc_matches = crc is None or int(crc) == crc32c(data)
+        except (ValueError, KeyError, TypeError, AttributeError, binascii.Error):
+            raise Refused(f"{what}: Secret Manager's answer holds no readable value") from None
+        if not crc_matches:
+            raise Refused(f"{what}: the value read does not match its CRC32C (corrupted)")
+        if b"\x00" in data:
+            raise Refused(f"{what} holds a NUL byte, which no environment variable can carry")
+        return os.fsdecode(data)
 
 
 def split_gs_uri(uri: str) -> tuple[str, str]:
@@ -423,6 +611,22 @@ def load_config(path: str) -> dict[str, Any]:
         isinstance(k, str) and isinstance(v, str) for k, v in env.items()
     ):
         raise AgentError("config key 'env' must map strings to strings")
+    wanted = config.setdefault("secrets", {})
+    if not isinstance(wanted, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in wanted.items()
+    ):
+        raise AgentError("config key 'secrets' must map env names to secret version names")
+    for env_name, version in wanted.items():
+        if not ENV_NAME.fullmatch(env_name) or env_name.startswith("TPUJOBS_"):
+            raise AgentError(f"config key 'secrets' has a bad env name {env_name[:64]!r}")
+        if not SECRET_VERSION.fullmatch(version):
+            raise AgentError(
+                f"config key 'secrets': {env_name} must name projects/P/secrets/S/versions/V, "
+                f"got {version[:200]!r}"
+            )
+    digest = config.setdefault("code_sha256", None)
+    if digest is not None and not (isinstance(digest, str) and SHA256_HEX.fullmatch(digest)):
+        raise AgentError(f"config key 'code_sha256' must be 64 hex digits or null, got {digest!r}")
     for key, default in DEFAULTS.items():
         value = config.setdefault(key, default)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
@@ -431,15 +635,20 @@ def load_config(path: str) -> dict[str, Any]:
 
 
 def job_environment(
-    base: dict[str, str], config: dict[str, Any], worker_id: int, slice_id: int
+    base: dict[str, str],
+    config: dict[str, Any],
+    worker_id: int,
+    slice_id: int,
+    secret_values: dict[str, str] | None = None,
 ) -> dict[str, str]:
-    """The command's environment: the host's, the spec's env, then the TPUJOBS_ variables.
+    """The command's environment: the host's, the spec's env, its secrets, then TPUJOBS_ variables.
 
     The host's own TPUJOBS_ variables (the simulator's TPUJOBS_WORKDIR, TPUJOBS_METADATA_URL)
     are left out: the prefix is reserved, and the job sees exactly those of contract section 2.
     """
     env = {name: value for name, value in base.items() if not name.startswith("TPUJOBS_")}
     env.update(config["env"])
+    env.update(secret_values or {})
     env.update(
         {
             "TPUJOBS_JOB_ID": config["job_id"],
@@ -527,8 +736,23 @@ def safe_extract(archive: str, destination: str, standard_filter: bool = True) -
                 raise AgentError(f"symlink {member.name!r} resolves outside the code directory")
 
 
-def fetch_code(storage: Storage, code_uri: str, destination: str) -> None:
-    """A gs:// tarball unpacked into destination, or every object under a gs:// prefix."""
+def file_sha256(path: str) -> str:
+    """The hex SHA-256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1024 * 1024), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fetch_code(
+    storage: Storage, code_uri: str, destination: str, sha256: str | None = None
+) -> None:
+    """A gs:// tarball unpacked into destination, or every object under a gs:// prefix.
+
+    With `sha256` (the digest recorded with the job) the downloaded tarball must have it
+    before anything is unpacked; otherwise it is `Refused`. A prefix has no one digest.
+    """
     bucket, name = split_gs_uri(code_uri)
     os.makedirs(destination, exist_ok=True)
     if name and not name.endswith("/"):
@@ -538,10 +762,22 @@ def fetch_code(storage: Storage, code_uri: str, destination: str) -> None:
         os.close(fd)
         try:
             storage.download(bucket, name, archive)
+            if sha256 is not None:
+                found = file_sha256(archive)
+                if found != sha256.lower():
+                    raise Refused(
+                        f"the code tarball {code_uri} has SHA-256 {found}, not {sha256.lower()} "
+                        "recorded with the job: refused (it was replaced or planted after submission)"
+                    )
             safe_extract(archive, destination)
         finally:
             os.unlink(archive)
         return
+    if sha256 is not None:
+        raise Refused(
+            f"the job records the SHA-256 of a code tarball, but its code {code_uri} is a prefix: "
+            "a prefix's objects have no one digest to check, so the code is refused"
+        )
     names = storage.list_names(bucket, name)
     if not names:
         raise AgentError(f"no objects under {code_uri}")
@@ -728,7 +964,8 @@ class Reporter:
         self._thread.start()
 
     def message(self, kind: str, **extra: Any) -> dict[str, Any]:
-        payload = {"kind": kind, **self.identity, "at": rfc3339()}
+        """A report's payload: its kind, who says it, when, and a fresh nonce (no two alike)."""
+        payload = {"kind": kind, **self.identity, "at": rfc3339(), "nonce": token_hex(16)}
         payload.update(extra)
         return payload
 
@@ -788,7 +1025,7 @@ class Preemption:
             if self.noticed.is_set():
                 return
             self.noticed.set()
-        payload = {**self.identity, "reason": reason, "at": rfc3339()}
+        payload = {**self.identity, "reason": reason, "at": rfc3339(), "nonce": token_hex(16)}
         attributes = {"job_id": str(payload["job_id"]), "attempt": str(payload["attempt"])}
         try:
             self.publisher.publish(self.topic, payload, attributes, attempts=1, timeout=3.0)
@@ -906,6 +1143,7 @@ class Agent:
         workdir: str,
         environ: dict[str, str],
         echo: Any = None,
+        secret_reader: SecretReader | None = None,
     ) -> None:
         self._lock = threading.Lock()
         self._current: subprocess.Popen[bytes] | None = None
@@ -919,6 +1157,9 @@ class Agent:
         self.storage = storage
         self.workdir = workdir
         self.environ = environ
+        self.secret_reader = secret_reader or SecretReader(
+            GoogleApi.secrets_from_env(environ, TokenSource(metadata)), metadata
+        )
         self.grace = float(config["grace_seconds"])
         identity = {
             "job_id": config["job_id"],
@@ -962,23 +1203,38 @@ class Agent:
         watch_preempted(self.metadata, self.preemption.trigger, self.stop_watching)
         try:
             code = self._attempt()
+        except Refused as refusal:  # no restart can fix it: say so, and run nothing
+            self.note(str(refusal))
+            return self._finish(AGENT_FAILED, aborted=str(refusal))
         except Exception as error:  # a bug or a full disk must still end in a report
             self.note(f"the agent failed: {error!r}")
             code = AGENT_FAILED
         return self._finish(code)
 
     def _attempt(self) -> int:
-        """Fetch the code, run setup (once per host), run the command; their exit code."""
+        """Read the secrets, fetch the code, run setup (once per host), run the command.
+
+        Returns their exit code; raises Refused, before anything of the job runs, when a
+        secret cannot be read or the code is not what was submitted.
+        """
         code_dir = os.path.join(self.workdir, "code")
         os.makedirs(code_dir, exist_ok=True)
+        # The values live only here and in the environment of setup and command.
+        secret_values = self.secret_reader.read_all(self.config["secrets"])
         code = 0
         if self.config.get("code_uri"):
             try:
-                fetch_code(self.storage, self.config["code_uri"], code_dir)
+                fetch_code(
+                    self.storage, self.config["code_uri"], code_dir, self.config["code_sha256"]
+                )
+            except Refused:
+                raise
             except (AgentError, OSError, http.client.HTTPException, tarfile.TarError) as error:
                 self.note(f"could not fetch the code from {self.config['code_uri']}: {error}")
                 code = AGENT_FAILED
-        env = job_environment(self.environ, self.config, self.worker_id, self.slice_id)
+        env = job_environment(
+            self.environ, self.config, self.worker_id, self.slice_id, secret_values
+        )
         marker = os.path.join(
             os.path.dirname(os.path.abspath(self.workdir)),
             f".setup-done-{safe_name(self.config['job_id'])}",
@@ -1074,17 +1330,33 @@ class Agent:
     def _checkpoint(self, step: int, detail: str) -> None:
         self.reporter.report("checkpoint", step=step, detail=detail)
 
-    def _finish(self, code: int) -> int:
+    def _finish(self, code: int, aborted: str | None = None) -> int:
+        """The last report: `exited` with the code, or `aborted` with why nothing ran."""
         self.stop_watching.set()
         with self._lock:
             self._finished = True
             preempted = self.preemption.noticed.is_set()
         self.shipper.close(None if preempted else code)
-        if not preempted:
+        if not preempted and aborted is not None:
+            self.reporter.report("aborted", detail=aborted[:MAX_DETAIL_CHARS])
+        elif not preempted:
             self.reporter.report("exited", exit_code=code)
         self.reporter.close()
         self.preemption.wait(30.0)
         return code
+
+
+def read_report_key(metadata: Metadata) -> bytes:
+    """This attempt's signing key, from the node metadata; without one nothing can be reported."""
+    text = metadata.get_optional(KEY_METADATA)
+    if text is None:
+        raise AgentError(
+            f"no report key in the metadata ({KEY_METADATA}): no report would be believed"
+        )
+    try:
+        return parse_report_key(text)
+    except AgentError as error:
+        raise AgentError(f"{error}: no report would be believed") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1100,14 +1372,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(args[0])
         worker_id, slice_id = discover_identity(metadata, config)
+        key = read_report_key(metadata)
     except (AgentError, OSError, http.client.HTTPException) as error:
         log(f"cannot start: {error}")
         return AGENT_CANNOT_START
     tokens = TokenSource(metadata)
     publisher = Publisher(
-        GoogleApi.from_env("PUBSUB_EMULATOR_HOST", PUBSUB_API, environ, tokens), config["project"]
+        GoogleApi.from_env("PUBSUB_EMULATOR_HOST", PUBSUB_API, environ, tokens),
+        config["project"],
+        key,
     )
     storage = Storage(GoogleApi.from_env("STORAGE_EMULATOR_HOST", STORAGE_API, environ, tokens))
+    secret_reader = SecretReader(GoogleApi.secrets_from_env(environ, tokens), metadata)
     if publisher.api.tokens is not None or storage.api.tokens is not None:
         try:
             tokens.token()  # fetched now, so a preemption notice never waits for it
@@ -1119,7 +1395,18 @@ def main(argv: list[str] | None = None) -> int:
         f"in {workdir}"
     )
     echo = getattr(sys.stdout, "buffer", None)
-    agent = Agent(config, worker_id, slice_id, metadata, publisher, storage, workdir, environ, echo)
+    agent = Agent(
+        config,
+        worker_id,
+        slice_id,
+        metadata,
+        publisher,
+        storage,
+        workdir,
+        environ,
+        echo=echo,
+        secret_reader=secret_reader,
+    )
     target.append(agent.preemption.trigger)
     if early:
         agent.preemption.trigger(early[0])
