@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,6 +27,7 @@ from tpujobs.simulator import (
     StateStore,
 )
 from tpujobs.simulator.metadata import MetadataService, lookup, metadata_url, tpu_env
+from tpujobs.simulator.model import compute_default_account
 
 PROJECT = "proj"
 ZONE = "us-central2-b"
@@ -639,16 +642,53 @@ def test_metadata_says_preempted_true_once_the_node_is_preempted(clock: FakeCloc
 def test_metadata_token_is_a_bearer_token_and_unknown_paths_are_not_found(
     clock: FakeClock,
 ) -> None:
-    """The default service account token is JSON; a path GCE would not serve is 404."""
+    """The default service account token is JSON naming the account; a path GCE would not serve is 404."""
     _, node = active_node(clock)
     token = lookup(node, 0, "instance/service-accounts/default/token")
     assert json.loads(token.body) == {
-        "access_token": "simulated",
+        "access_token": f"simulated:{compute_default_account(PROJECT)}",
         "expires_in": 3600,
         "token_type": "Bearer",
     }
     assert token.content_type == "application/json"
     assert lookup(node, 0, "instance/attributes/nothing").status == 404
+
+
+def test_a_node_runs_as_the_account_its_create_request_names(clock: FakeClock) -> None:
+    """serviceAccount.email of the node template is served as the account's email and in its token."""
+    sim = simulator(clock)
+    account = f"team-a@{PROJECT}.iam.gserviceaccount.com"
+    template = {
+        "metadata": {"startup-script": SCRIPT, "tpujobs-report-key": "tpujobs-key-v1:abc"},
+        "serviceAccount": {"email": account, "scope": ["https://www.googleapis.com/auth/cloud-platform"]},
+    }
+    request = QueuedResourceRequest(
+        slices=(SliceRequest("v4-8", RUNTIME, node_id="n", template=template),)
+    )
+    sim.create_queued_resource(PROJECT, ZONE, "qr", request)
+    clock.tick(3.0)
+    node = sim.get_node(PROJECT, ZONE, "n")
+    assert node.service_account == account
+    for alias in ("default", account):
+        assert lookup(node, 0, f"instance/service-accounts/{alias}/email").body == account
+        token = json.loads(lookup(node, 0, f"instance/service-accounts/{alias}/token").body)
+        assert token["access_token"] == f"simulated:{account}"
+    assert lookup(node, 0, "instance/service-accounts/").body == f"default/\n{account}/\n"
+    assert lookup(node, 0, "instance/attributes/tpujobs-report-key").body == "tpujobs-key-v1:abc"
+
+
+@pytest.mark.parametrize("template", [{}, {"serviceAccount": {"email": "default"}}, {"serviceAccount": {}}])
+def test_a_node_without_an_account_runs_as_the_compute_default_as_on_gce(
+    clock: FakeClock, template: dict[str, Any]
+) -> None:
+    """No email, or "default": {project number}-compute@developer.gserviceaccount.com, stable per project."""
+    sim = simulator(clock)
+    request = QueuedResourceRequest(slices=(SliceRequest("v4-8", RUNTIME, node_id="n", template=template),))
+    sim.create_queued_resource(PROJECT, ZONE, "qr", request)
+    clock.tick(3.0)
+    email = lookup(sim.get_node(PROJECT, ZONE, "n"), 0, "instance/service-accounts/default/email").body
+    assert re.fullmatch(r"[1-9][0-9]{11}-compute@developer\.gserviceaccount\.com", email)
+    assert email == compute_default_account(PROJECT) != compute_default_account("other-project")
 
 
 def test_metadata_service_requires_the_flavor_header_and_an_existing_worker(

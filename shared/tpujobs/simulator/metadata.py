@@ -22,9 +22,18 @@ Paths served (under the base):
     instance/attributes/agent-worker-number  the worker index within its node
     instance/attributes/accelerator-type     v4-16 and the like
     instance/attributes/tpu-env              KEY: 'value' lines, as on TPU VMs
-    instance/attributes/{key}                the node's own metadata (startup-script, ...)
-    instance/service-accounts/default/token  {"access_token": "simulated", ...}
+    instance/attributes/{key}                the node's own metadata (startup-script,
+                                             tpujobs-report-key, ...)
+    instance/service-accounts/               default/ and {email}/, one a line
+    instance/service-accounts/{a}/           email, scopes, token (a: default or the email)
+    instance/service-accounts/{a}/email      the node's account: serviceAccount.email of the
+                                             create request, else the Compute default
+    instance/service-accounts/{a}/scopes     the cloud-platform scope
+    instance/service-accounts/{a}/token      {"access_token": "simulated:{email}", ...}
     project/project-id                       the project
+
+The token names the account, so the local Secret Manager (``simulator.secret_manager``)
+knows which VM account asks and grants it what IAM would grant that account.
 
 Everything but ``MetadataService.answer``'s waiting is pure, so it tests without sockets.
 """
@@ -52,7 +61,8 @@ TEXT = "text/plain; charset=utf-8"
 JSON_TYPE = "application/json"
 MAX_WAIT_SECONDS = 600.0  # wait_for_change is capped, so a forgotten request ends
 DEFAULT_WAIT_SECONDS = 60.0
-TOKEN = {"access_token": "simulated", "expires_in": 3600, "token_type": "Bearer"}
+TOKEN_PREFIX = "simulated:"  # a simulated access token is this and the account's email
+CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 _FLAVOR_MISSING = "Missing required header: Metadata-Flavor: Google\n"
 
 
@@ -94,6 +104,23 @@ def attributes(node: NodeRecord, worker: int) -> dict[str, str]:
     }
 
 
+def token(email: str) -> dict[str, object]:
+    """The access token answer of a VM that runs as `email`."""
+    return {"access_token": TOKEN_PREFIX + email, "expires_in": 3600, "token_type": "Bearer"}
+
+
+def service_accounts(node: NodeRecord) -> dict[str, str]:
+    """instance/service-accounts/*: the node's one account, as `default` and by its email."""
+    email = node.service_account
+    values = {"instance/service-accounts/": f"default/\n{email}/\n"}
+    for alias in ("default", email):
+        base = f"instance/service-accounts/{alias}/"
+        values[base] = "email\nscopes\ntoken\n"
+        values[base + "email"] = email
+        values[base + "scopes"] = CLOUD_PLATFORM_SCOPE + "\n"
+    return values
+
+
 def lookup(node: NodeRecord, worker: int, key: str) -> MetadataReply:
     """The answer for one path under computeMetadata/v1 of one worker; 404 when unknown."""
     attrs = attributes(node, worker)
@@ -106,9 +133,13 @@ def lookup(node: NodeRecord, worker: int, key: str) -> MetadataReply:
         "instance/attributes/": "".join(f"{name}\n" for name in sorted(attrs)),
         "project/project-id": node.project,
         **{f"instance/attributes/{name}": value for name, value in attrs.items()},
+        **service_accounts(node),
     }
-    if key == "instance/service-accounts/default/token":
-        return _reply(json.dumps(TOKEN), JSON_TYPE)
+    if key in (
+        "instance/service-accounts/default/token",
+        f"instance/service-accounts/{node.service_account}/token",
+    ):
+        return _reply(json.dumps(token(node.service_account)), JSON_TYPE)
     if key in values:
         return _reply(values[key], TEXT)
     return MetadataReply(404, f"no metadata at {key!r}\n")

@@ -42,6 +42,7 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import hashlib
 import ipaddress
 import json
 import logging
@@ -71,6 +72,17 @@ FIRST_WORKER_ADDRESS = ipaddress.IPv4Address("127.1.0.0")  # loopback: workers c
 WORKER_PORT = 8470
 FIRST_NODE_NUMBER = 1_000_000_000_000_000_000  # node ids look like the real 19-digit ones
 STATE_FILE_VERSION = 1
+
+
+def project_number(project: str) -> int:
+    """A stable 12-digit stand-in for a project's number (the simulator has no projects)."""
+    digest = int(hashlib.sha256(project.encode("utf-8")).hexdigest(), 16)
+    return 100_000_000_000 + digest % 900_000_000_000
+
+
+def compute_default_account(project: str) -> str:
+    """The Compute Engine default service account: what a VM runs as when none is named."""
+    return f"{project_number(project)}-compute@developer.gserviceaccount.com"
 
 
 class Code(Enum):
@@ -361,6 +373,16 @@ class NodeRecord:
         """The node's metadata as the caller set it (``startup-script`` among them)."""
         values = self.template.get("metadata") or {}
         return {str(k): str(v) for k, v in values.items()} if isinstance(values, dict) else {}
+
+    @property
+    def service_account(self) -> str:
+        """The email the node's VMs run as: `serviceAccount.email` of the create request, or,
+        when it names none (or "default"), the project's Compute Engine default, as GCE does."""
+        account = self.template.get("serviceAccount")
+        email = account.get("email") if isinstance(account, dict) else None
+        if isinstance(email, str) and email.strip() and email.strip() != "default":
+            return email.strip()
+        return compute_default_account(self.project)
 
     @property
     def preemptible(self) -> bool:

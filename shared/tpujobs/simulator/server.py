@@ -187,6 +187,11 @@ def node_json(node: NodeRecord) -> Json:
         "queuedResource": node.queued_resource,
         "multisliceNode": node.multislice,
     }
+    account = node.template.get("serviceAccount")
+    out["serviceAccount"] = {  # what the VMs run as: the Compute default when none was named
+        **(account if isinstance(account, dict) else {}),
+        "email": node.service_account,
+    }
     if node.spot:
         out["schedulingConfig"] = {**node.template.get("schedulingConfig", {}), "spot": True}
     if node.state is NodeState.READY:
