@@ -11,6 +11,7 @@ locals {
     "logging.googleapis.com",              # the TPU audit-log sink
     "pubsub.googleapis.com",               # every topic and push subscription
     "run.googleapis.com",                  # 2nd-gen functions run on Cloud Run
+    "secretmanager.googleapis.com",        # the report-signing key; jobs' own secrets
     "storage.googleapis.com",              # logs and staging buckets
     "tpu.googleapis.com",                  # queued resources
   ]

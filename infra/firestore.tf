@@ -95,3 +95,16 @@ resource "google_firestore_index" "index" {
     }
   }
 }
+
+# Signed reports already acted on (reports_seen/{digest}, tpujobs.adapters.firestore_store):
+# kept 8 days (longer than Pub/Sub keeps a message), then Firestore's TTL deletes each one at
+# its expire_at. Nothing queries expire_at, so it has no single-field index (an index on an
+# ever-growing timestamp is a write hotspot, and costs a write per report).
+resource "google_firestore_field" "reports_seen_expire_at" {
+  database   = google_firestore_database.default.name
+  collection = "reports_seen"
+  field      = "expire_at"
+
+  ttl_config {}
+  index_config {}
+}

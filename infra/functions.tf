@@ -116,8 +116,25 @@ locals {
     TPUJOBS_LOGS_BUCKET  = google_storage_bucket.logs.name
     TPUJOBS_ADMINS       = join(",", var.admins)
     # The TPU VMs run as this account: worker events, preemption notices, logs; nothing else.
+    # Always set, so a queued resource never runs as the Compute Engine default account.
     TPUJOBS_TPU_SERVICE_ACCOUNT = google_service_account.tpu_vm.email
   }
+
+  # Only the job-engine functions: the accounts of var.job_service_accounts, which they (and no
+  # one else through them) may attach to queued resources (actAs, iam.tf).
+  job_engine_env = {
+    TPUJOBS_JOB_SERVICE_ACCOUNTS = join(",", [for id, account in google_service_account.job : account.email])
+  }
+
+  # Only the jobs API: Cloud Run's IAM check in front of it is guaranteed, because every
+  # function requires authentication and run.invoker goes only to var.invokers, which may not
+  # hold allUsers or allAuthenticatedUsers (variables.tf; tests/infra pin both).
+  api_env = {
+    TPUJOBS_API_PLATFORM_AUTH = "1"
+  }
+
+  # Mounted from Secret Manager into the job-engine functions only (secrets.tf).
+  report_key_env = "TPUJOBS_REPORT_KEY"
 
   cloudevent_functions = { for target, f in local.functions : target => f if f.topic != null }
 }
@@ -162,16 +179,34 @@ resource "google_cloudfunctions2_function" "function" {
     min_instance_count             = 0 # nothing runs, nothing is paid, at idle
     max_instance_count             = each.value.max
     service_account_email          = google_service_account.function[each.key].email
-    environment_variables          = local.function_env
     all_traffic_on_latest_revision = true
+    environment_variables = merge(
+      local.function_env,
+      each.value.job_engine ? local.job_engine_env : {},
+      each.key == "jobs" ? local.api_env : {},
+    )
     # Pub/Sub push counts as internal traffic; only the jobs API is called from outside,
     # and even there IAM admits only var.invokers.
     ingress_settings = each.value.signature == "http" ? "ALLOW_ALL" : "ALLOW_INTERNAL_ONLY"
+
+    # The report-signing master key, read at each instance's start; the project by number, as
+    # the API keeps it (a project id shows a change at every plan).
+    dynamic "secret_environment_variables" {
+      for_each = each.value.job_engine ? [google_secret_manager_secret.report_key.secret_id] : []
+      content {
+        key        = local.report_key_env
+        project_id = data.google_project.this.number
+        secret     = secret_environment_variables.value
+        version    = "latest"
+      }
+    }
   }
 
+  # Deploying checks that the function's account can read the key's latest version.
   depends_on = [
     google_project_service.api,
     google_project_iam_member.build,
+    google_secret_manager_secret_iam_member.report_key,
   ]
 }
 

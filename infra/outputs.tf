@@ -22,3 +22,13 @@ output "tpu_vm_service_account" {
   description = "The account TPU worker hosts run as."
   value       = google_service_account.tpu_vm.email
 }
+
+output "job_service_accounts" {
+  description = "The accounts a job may name in its spec (`service_account`), id -> email: what config/service_accounts in Firestore allows owners to use."
+  value       = { for id, account in google_service_account.job : id => account.email }
+}
+
+output "report_key_secret" {
+  description = "The Secret Manager secret that holds the report-signing key; add its value with gcloud (infra/README.md)."
+  value       = google_secret_manager_secret.report_key.secret_id
+}

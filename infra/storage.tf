@@ -84,3 +84,29 @@ resource "google_storage_bucket_object" "bundle" {
   bucket = google_storage_bucket.staging.name
   source = var.function_zip
 }
+
+# Managed folders of the logs bucket, one per identity that jobs run as, so each account's IAM
+# reaches only its own prefix (iam.tf holds the grants). Managed folders rather than IAM
+# conditions on resource.name: a grant on a managed folder also covers listing under that
+# folder's name, whereas listing is checked on the bucket, where a condition on object names
+# never holds (infra/README.md, "Storage isolation"). force_destroy removes only the folder and
+# its grants: the objects stay.
+resource "google_storage_managed_folder" "jobs" {
+  bucket        = google_storage_bucket.logs.name
+  name          = "jobs/" # jobs on the default account (tpu_vm): output chunks, checkpoints
+  force_destroy = true
+}
+
+resource "google_storage_managed_folder" "code" {
+  bucket        = google_storage_bucket.logs.name
+  name          = "code/" # tarballs the CLI uploads, named by content; every job account reads
+  force_destroy = true
+}
+
+resource "google_storage_managed_folder" "account" {
+  for_each = google_service_account.job
+
+  bucket        = google_storage_bucket.logs.name
+  name          = "accounts/${each.value.email}/" # jobs that name this account in their spec
+  force_destroy = true
+}

@@ -41,6 +41,30 @@ variable "invokers" {
   }
 }
 
+variable "job_service_accounts" {
+  description = "Service accounts a job may name in its spec (`service_account`), by account id without the prefix, e.g. { \"team-a\" = { description = \"Team A's jobs\" } }. Each is created as \"{prefix}{id}\", may report, keeps its objects under accounts/{its email}/ in the logs bucket and reads only its own tpujobs secrets. Which owner may use which account is config/service_accounts in Firestore."
+  type = map(object({
+    description = string
+  }))
+  default = {}
+
+  validation {
+    condition     = alltrue([for id in keys(var.job_service_accounts) : can(regex("^[a-z][a-z0-9-]*[a-z0-9]$", id)) && !startswith(id, "tpujobs")])
+    error_message = "A job service account id has lower-case letters, digits and '-', starts with a letter, ends with a letter or digit, and does not start with \"tpujobs\" (the deployment's own accounts do)."
+  }
+}
+
+variable "secret_managers" {
+  description = "IAM members who may create and update the job secrets of every account (`tpujobs secret set`, `tpujobs secret list`), e.g. [\"group:ml-admins@example.com\"]: they may create secrets and list secret names in the project, and add versions to, read the metadata of and delete only secrets named {prefix}tpujobs_*. Never allUsers."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for m in var.secret_managers : !contains(["allUsers", "allAuthenticatedUsers"], m)])
+    error_message = "Secret managers need an identity: allUsers and allAuthenticatedUsers are not allowed."
+  }
+}
+
 variable "admins" {
   description = "E-mail addresses that may cancel anyone's job (TPUJOBS_ADMINS)."
   type        = list(string)

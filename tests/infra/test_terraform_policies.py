@@ -27,7 +27,7 @@ def _bodies() -> dict[str, str]:
 
 
 def test_only_functions_that_run_the_job_service_may_touch_tpus(tf: Terraform) -> None:
-    """TPU admin, actAs on the TPU VM account and status publishing go to exactly the
+    """The TPU role, actAs on the TPU VM account and status publishing go to exactly the
     functions whose code runs the job service (it creates and deletes queued resources)."""
     bodies = _bodies()
     for target, function in tf.locals["functions"].items():
@@ -36,7 +36,7 @@ def test_only_functions_that_run_the_job_service_may_touch_tpus(tf: Terraform) -
         publishes = {topology.STATUS, topology.LOG_EXPORT} if runs_engine else set()
         assert set(function["publishes"]) == publishes, target
     tpu = tf.resource("google_project_iam_member", "function_tpu")
-    assert (tpu["for_each"], tpu["role"]) == ("${local.job_engine_functions}", "roles/tpu.admin")
+    assert (tpu["for_each"], tpu["role"]) == ("${local.job_engine_functions}", "${google_project_iam_custom_role.tpu.id}")
     acts_as = tf.resource("google_service_account_iam_member", "function_acts_as_tpu_vm")
     assert acts_as["for_each"] == "${local.job_engine_functions}"
     assert acts_as["service_account_id"] == "${google_service_account.tpu_vm.id}"
@@ -74,20 +74,30 @@ def test_every_function_runs_as_its_own_account(tf: Terraform) -> None:
 
 
 def test_the_tpu_vm_account_may_only_report_and_keep_output(tf: Terraform) -> None:
-    """The TPU VMs' account publishes to worker-events and preemption and uses objects in the
-    logs bucket, and holds nothing else anywhere."""
+    """The TPU VMs' account publishes to worker-events and preemption and uses objects under
+    jobs/; with every job account it reads code/ and its own secrets; nothing else anywhere."""
     member = "${google_service_account.tpu_vm.member}"
     grants = {(kind, name) for (kind, name), body in tf.resources.items() if body.get("member") == member}
     assert grants == {
         ("google_pubsub_topic_iam_member", "tpu_vm_publisher"),
-        ("google_storage_bucket_iam_member", "tpu_vm_logs"),
+        ("google_storage_managed_folder_iam_member", "tpu_vm_jobs"),
+    }
+    # Grants to every job account, tpu_vm among them (local.job_accounts).
+    every = {(kind, name) for (kind, name), body in tf.resources.items() if body.get("for_each") == "${local.job_accounts}"}
+    assert every == {
+        ("google_storage_managed_folder_iam_member", "job_account_code"),
+        ("google_project_iam_member", "job_account_secrets"),
     }
     assert sorted(tf.locals["tpu_vm_publishes"]) == sorted([topology.WORKER_EVENTS, topology.PREEMPTION])
     publisher = tf.resource("google_pubsub_topic_iam_member", "tpu_vm_publisher")
     assert (publisher["for_each"], publisher["role"]) == ("${toset(local.tpu_vm_publishes)}", "roles/pubsub.publisher")
-    logs = tf.resource("google_storage_bucket_iam_member", "tpu_vm_logs")
-    assert (logs["bucket"], logs["role"]) == ("${google_storage_bucket.logs.name}", "roles/storage.objectUser")
-    assert "tpu_vm" not in str(tf.of_kind("google_project_iam_member"))
+    jobs = tf.resource("google_storage_managed_folder_iam_member", "tpu_vm_jobs")
+    assert (jobs["managed_folder"], jobs["role"]) == ("${google_storage_managed_folder.jobs.name}", "roles/storage.objectUser")
+    # At project level only the conditional secretAccessor (tests/infra/test_trust.py), never unconditioned.
+    project_grants = [body for body in tf.of_kind("google_project_iam_member").values() if "tpu_vm" in str(body)]
+    assert project_grants == []
+    secrets = tf.resource("google_project_iam_member", "job_account_secrets")
+    assert secrets["role"] == "roles/secretmanager.secretAccessor" and block(secrets, "condition")["expression"]
 
 
 def test_no_primitive_roles_and_no_public_members(tf: Terraform) -> None:
@@ -136,8 +146,11 @@ def test_every_checkov_skip_says_why(tf: Terraform) -> None:
 
 
 def test_no_secrets_in_terraform(tf: Terraform) -> None:
-    """Secrets never go into Terraform (its state is plain text): none declared, none passed."""
-    assert not [kind for kind, _ in tf.resources if "secret" in kind]
+    """Secret values never go into Terraform (its state is plain text): secrets and their IAM
+    are declared, never a version or a data source that reads one, and nothing is passed."""
+    secret_kinds = {kind for kind, _ in tf.resources if "secret" in kind}
+    assert secret_kinds == {"google_secret_manager_secret", "google_secret_manager_secret_iam_member"}
+    assert not re.search(r'(resource|data)\s+"google_secret_manager_(regional_)?secret_version', tf.text)
     assert not re.search(r"(?i)(password|secret_data|private_key|api_key)\s*=", tf.text)
 
 
@@ -152,6 +165,8 @@ def test_every_api_a_resource_needs_is_enabled(tf: Terraform) -> None:
         "google_logging_": {"logging"},
         "google_storage_": {"storage"},
         "google_service_account": {"iam"},
+        "google_project_iam_custom_role": {"iam"},
+        "google_secret_manager_": {"secretmanager"},
     }
     enabled = {api.removesuffix(".googleapis.com") for api in tf.locals["apis"]}
     assert "tpu" in enabled  # what the functions call

@@ -1,0 +1,107 @@
+# Secret Manager: the report-signing key of the deployment, and the namespaces of the secrets
+# jobs read. Terraform creates secrets and grants, never a secret's value: its state is plain
+# text. infra/README.md, "Secrets", says how the value gets there and how names are made.
+locals {
+  # Secret ids of job secrets start with this, then the account id and "_": a short NAME in a
+  # spec means "{prefix}tpujobs_{account id}_{NAME}" (tpujobs.domain.secrets). The report key
+  # ("{prefix}tpujobs-report-key") does not start with it, so no job account can read it.
+  job_secret_prefix = "${var.prefix}tpujobs_"
+
+  # Secret Manager names secrets by project number in IAM conditions.
+  project_secrets = "projects/${data.google_project.this.number}/secrets/"
+
+  # What `tpujobs secret set` and `tpujobs secret list` call, in two roles: creating and listing
+  # are checked on the project (so a condition on a secret's name cannot hold there), the rest
+  # on each secret. No versions.access (reading values), no setIamPolicy (granting access).
+  secret_creator_permissions = [
+    "secretmanager.secrets.create",
+    "secretmanager.secrets.list",
+  ]
+  secret_writer_permissions = [
+    "secretmanager.secrets.delete",
+    "secretmanager.secrets.get",
+    "secretmanager.secrets.update",
+    "secretmanager.versions.add",
+    "secretmanager.versions.destroy",
+    "secretmanager.versions.disable",
+    "secretmanager.versions.enable",
+    "secretmanager.versions.get",
+    "secretmanager.versions.list",
+  ]
+}
+
+# The master key the functions derive every attempt's report key from (tpujobs.domain.signing),
+# mounted as TPUJOBS_REPORT_KEY into the job-engine functions (functions.tf). Its value is
+# added once with gcloud before the functions are created (infra/README.md).
+resource "google_secret_manager_secret" "report_key" {
+  secret_id           = "${var.prefix}tpujobs-report-key"
+  deletion_protection = true # without it every running attempt's reports are refused
+
+  replication {
+    auto {}
+  }
+
+  depends_on = [google_project_service.api]
+}
+
+resource "google_secret_manager_secret_iam_member" "report_key" {
+  for_each = local.job_engine_functions
+
+  secret_id = google_secret_manager_secret.report_key.id
+  role      = "roles/secretmanager.secretAccessor"
+  member    = google_service_account.function[each.key].member
+}
+
+# Each job account reads the secrets of its own namespace and no other: the agent reads them on
+# the host, with the VM's own token, at the start of each attempt.
+resource "google_project_iam_member" "job_account_secrets" {
+  for_each = local.job_accounts
+
+  project = var.project
+  role    = "roles/secretmanager.secretAccessor"
+  member  = each.value.member
+
+  condition {
+    title       = "tpujobs secrets of ${each.key}"
+    description = "Only secrets whose id starts with ${local.job_secret_prefix}${each.key}_"
+    expression  = "resource.name.startsWith(\"${local.project_secrets}${local.job_secret_prefix}${each.key}_\")"
+  }
+}
+
+# Who may run `tpujobs secret set` and `list` (var.secret_managers): create secrets and list
+# their names anywhere in the project; change, inspect or delete only secrets of tpujobs.
+resource "google_project_iam_custom_role" "secret_creator" {
+  role_id     = "${replace(var.prefix, "-", "_")}tpujobsSecretCreator"
+  title       = "tpujobs secret creator"
+  description = "Create secrets and list secret names: the project-level half of tpujobs secret set and list."
+  permissions = local.secret_creator_permissions
+}
+
+resource "google_project_iam_custom_role" "secret_writer" {
+  role_id     = "${replace(var.prefix, "-", "_")}tpujobsSecretWriter"
+  title       = "tpujobs secret writer"
+  description = "Add, disable and destroy versions of tpujobs secrets and read their metadata, never their values; granted on the tpujobs secret namespace only."
+  permissions = local.secret_writer_permissions
+}
+
+resource "google_project_iam_member" "secret_manager_create" {
+  for_each = toset(var.secret_managers)
+
+  project = var.project
+  role    = google_project_iam_custom_role.secret_creator.id
+  member  = each.key
+}
+
+resource "google_project_iam_member" "secret_manager_write" {
+  for_each = toset(var.secret_managers)
+
+  project = var.project
+  role    = google_project_iam_custom_role.secret_writer.id
+  member  = each.key
+
+  condition {
+    title       = "tpujobs secrets only"
+    description = "Only secrets whose id starts with ${local.job_secret_prefix}"
+    expression  = "resource.name.startsWith(\"${local.project_secrets}${local.job_secret_prefix}\")"
+  }
+}
