@@ -314,6 +314,36 @@ def test_preemptions_and_errors_share_one_restart_budget() -> None:
     assert failed.job.state is JobState.FAILED
 
 
+# --- decide(): a job bigger than its pool's whole quota --------------------------------
+
+
+QUOTA_SENTENCE = "The job asks for 4 chips of v4 in us-central2-b, whose quota is 2: it could never run there"
+
+
+def test_a_job_over_the_whole_quota_waits_in_its_next_zone_same_attempt() -> None:
+    """QUOTA_EXCEEDED with a later zone: QUEUED there, same attempt (it never asked for capacity)."""
+    job = make_job(JobState.QUEUED)
+    seen = observation(EventKind.QUOTA_EXCEEDED, job, reason=QUOTA_SENTENCE, source="submit")
+    decision = moved(decide(job, seen, LATER))
+    assert decision.job.state is JobState.QUEUED
+    assert (decision.job.zone, decision.job.attempt, decision.job.restarts) == ("us-east5-a", 1, 0)
+    assert decision.job.queued_resource == job.queued_resource
+    assert [u.zone for u in decision.job.usage] == ["us-east5-a"]
+    assert decision.job.state_reason == f"{QUOTA_SENTENCE}; attempt 1 waits in us-east5-a instead."
+    assert decision.job.ended_at is None
+
+
+def test_a_job_over_the_whole_quota_of_its_last_zone_fails_naming_the_quota() -> None:
+    """QUOTA_EXCEEDED in the last zone: FAILED, ended, the reason names the quota and what to do."""
+    job = make_job(JobState.QUEUED, zones=[ZONE])
+    decision = moved(decide(job, observation(EventKind.QUOTA_EXCEEDED, job, reason=QUOTA_SENTENCE), LATER))
+    assert decision.job.state is JobState.FAILED
+    assert decision.job.ended_at == LATER
+    assert "whose quota is 2" in decision.job.state_reason
+    assert decision.job.state_reason.endswith("ask an admin to raise the quota, or ask for fewer chips.")
+    assert decision.job.accounting().chip_hours == 0
+
+
 # --- decide(): the next attempt --------------------------------------------------------
 
 
