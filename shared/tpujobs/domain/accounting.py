@@ -11,6 +11,10 @@ section says the same in prose. Per attempt (one queued resource):
                         capacity is released at that moment
     last_checkpoint_at  the latest checkpoint a worker of the attempt reported (the
                         `TPUJOBS_CHECKPOINT step=N` line), even one reported after the end
+    started_at          when the first worker of the attempt said it started the command
+    all_started_at      when every host of the attempt was known to have reported (the
+                        reconciler stops looking for hosts that never booted); these two
+                        count no cost, they bound the boot timeout
 
     chip_hours          chips x (ended_at - held_from), in hours; chips = chips per slice
                         of the accelerator type x slices
@@ -48,6 +52,8 @@ class AttemptUsage:
     capacity_lost: bool = False  # it ended because its capacity went away
     zone: str = ""  # where the attempt asked for capacity
     work_kept: bool = True  # the job goes on from the attempt's checkpoint, not from scratch
+    started_at: datetime | None = None  # the first worker said `started`
+    all_started_at: datetime | None = None  # every host known to have reported: boot is over
 
     def held_seconds(self, now: datetime) -> float:
         if self.held_from is None:
@@ -141,6 +147,30 @@ def next_attempt(
     previous = usage[-1] if usage else None
     since = (previous.ended_at if previous else None) or now
     return (*usage, AttemptUsage(attempt, chips, since, zone=zone))
+
+
+def workers_started(
+    usage: tuple[AttemptUsage, ...], attempt: int, now: datetime, every: bool = False
+) -> tuple[AttemptUsage, ...]:
+    """A worker of the attempt started: the first one starts the boot clock of the others
+    (`every`: it was the attempt's only host, so boot is over too)."""
+
+    def started(u: AttemptUsage) -> AttemptUsage:
+        first = u.started_at or now
+        return replace(u, started_at=first, all_started_at=u.all_started_at or (first if every else None))
+
+    return _amend(usage, attempt, started)
+
+
+def all_started(
+    usage: tuple[AttemptUsage, ...], attempt: int, at: datetime
+) -> tuple[AttemptUsage, ...] | None:
+    """Every host of the attempt has reported, by `at`; None when that is already noted."""
+    if any(u.attempt == attempt and u.all_started_at is not None for u in usage):
+        return None
+    if not any(u.attempt == attempt for u in usage):
+        return None
+    return _amend(usage, attempt, lambda u: replace(u, all_started_at=at))
 
 
 def attempt_moved(usage: tuple[AttemptUsage, ...], attempt: int, zone: str) -> tuple[AttemptUsage, ...]:
