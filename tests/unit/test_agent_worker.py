@@ -1320,8 +1320,9 @@ def files_under(root: Path) -> bytes:
     return b"".join(p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink())
 
 
+@pytest.mark.parametrize("python", ["default", "3.8"])
 def test_a_secret_reaches_setup_and_command_and_nothing_else(
-    tmp_path: Path, metadata: FakeMetadata, google: GoogleStub
+    tmp_path: Path, metadata: FakeMetadata, google: GoogleStub, python: str
 ) -> None:
     """The command prints a digest of $HF_TOKEN; the value is in no request, report, log or file."""
     value = "hf_" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:24]
@@ -1332,7 +1333,11 @@ def test_a_secret_reaches_setup_and_command_and_nothing_else(
         command="printf %s \"$HF_TOKEN\" | sha256sum | cut -d' ' -f1",
     )
     code, stdout, stderr = run_script(
-        render_startup_script(job, SETTINGS, timings=FAST), tmp_path / "w", metadata, google
+        render_startup_script(job, SETTINGS, timings=FAST),
+        tmp_path / "w",
+        metadata,
+        google,
+        python_dir=python3_dir(tmp_path, python),
     )
     assert code == 0, stderr
     digest = hashlib.sha256(value.encode()).hexdigest()
