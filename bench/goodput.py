@@ -288,7 +288,7 @@ class Bench:
         self.storage = build_client(settings.project)
         self.bucket = settings.logs_bucket
         self.simulator = env["TPUJOBS_TPU_ENDPOINT"].rstrip("/") + "/simulator/v1"
-        self.code_uri = upload_code_dir(self.storage, self.bucket, EXAMPLE)
+        self.code_uri, self.code_sha256 = upload_code_dir(self.storage, self.bucket, EXAMPLE)
         self.held_limit = PREEMPT_AFTER_MINUTES * args.minute_seconds
 
     def submit(self, variant: str) -> Run:
@@ -307,6 +307,7 @@ class Bench:
                 "accelerator_type": ACCELERATOR,
                 "capacity": "spot",
                 "code_uri": self.code_uri,
+                "code_sha256": self.code_sha256,
                 "command": command,
                 "on_preemption": "resume",
                 "on_error": "fail",

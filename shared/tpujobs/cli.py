@@ -8,6 +8,7 @@ reads job documents from Firestore. Pointed at the local stack by the environmen
 from __future__ import annotations
 
 import os
+import re
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -85,9 +86,15 @@ def submit(
     except SpecError as error:
         err.print(f"[red]Invalid spec:[/red] {error}")
         raise typer.Exit(2) from None
+    for name in credential_like_env_names(spec.get("env")):
+        err.print(
+            f"[yellow]Warning:[/yellow] env {name} looks like a credential. env values are stored "
+            "with the job and shown to its owner and admins; put it in Secret Manager "
+            f"(tpujobs secret set) and name it under secrets: {{{name}: ...}} instead."
+        )
     settings = _settings()
     if code_dir is not None:
-        spec["code_uri"] = upload_code(settings, (file.parent / str(code_dir)).resolve())
+        spec["code_uri"], spec["code_sha256"] = upload_code(settings, (file.parent / str(code_dir)).resolve())
     message_id = Publisher.build(settings.project, settings.prefix).publish_json(SUBMIT, spec)
     job_id = spec.get("job_id") or derive_job_id(spec["name"], message_id)
     out.print(f"Submitted [bold]{job_id}[/bold] (message {message_id})")
@@ -95,15 +102,25 @@ def submit(
         _follow(settings, job_id, until=lambda job: job.state.is_terminal)
 
 
-def upload_code(settings: Settings, directory: Path) -> str:
-    """Upload a local code directory to the logs bucket; its gs:// URI."""
+def upload_code(settings: Settings, directory: Path) -> tuple[str, str]:
+    """Upload a local code directory to the logs bucket; its gs:// URI and SHA-256."""
     from tpujobs.adapters.storage import build_client, upload_code_dir
 
     if not directory.is_dir():
         raise typer.BadParameter(f"code_dir {directory} is not a directory")
-    uri = upload_code_dir(build_client(settings.project), settings.logs_bucket, directory)
-    out.print(f"Uploaded {directory} to {uri}")
-    return uri
+    uri, digest = upload_code_dir(build_client(settings.project), settings.logs_bucket, directory)
+    out.print(f"Uploaded {directory} to {uri} (sha256 {digest[:12]}...)")
+    return uri, digest
+
+
+_CREDENTIAL_NAME = re.compile(r".*(_TOKEN|_KEY)$|.*(SECRET|PASSWORD).*")
+
+
+def credential_like_env_names(env: object) -> list[str]:
+    """Names of `env` that look like credentials (*_TOKEN, *_KEY, *SECRET*, *PASSWORD*)."""
+    if not isinstance(env, dict):
+        return []
+    return sorted(name for name in env if isinstance(name, str) and _CREDENTIAL_NAME.fullmatch(name))
 
 
 def _follow(settings: Settings, job_id: str, until: Any, timeout: float = 24 * 3600) -> Job | None:
@@ -326,15 +343,60 @@ def jobs_table(jobs: list[Job], now: datetime) -> Table:
 
 
 @app.command()
-def describe(job_id: str) -> None:
-    """Show a job's fields, what it cost per attempt, and its timeline."""
-    store = _store(_settings())
-    job = store.get(job_id)
-    if job is None:
+def describe(
+    job_id: str,
+    owner: Annotated[
+        str | None,
+        typer.Option(
+            help="Who asks, locally, when TPUJOBS_API_URL is set. Default: $TPUJOBS_OWNER, else "
+            "your login. Deployed, your ID token says who you are and this is ignored."
+        ),
+    ] = None,
+) -> None:
+    """Show a job's fields, what it cost per attempt, and its timeline.
+
+    With TPUJOBS_API_URL set (the local stack sets it), the `jobs` HTTP function answers, as
+    for `tpujobs cancel`, and env values are shown only to the job's owner or an admin.
+    Without it, Firestore is read directly.
+    """
+    settings = _settings()
+    api_url = os.environ.get("TPUJOBS_API_URL", "").strip()
+    if api_url:
+        import getpass
+
+        who = owner or os.environ.get("TPUJOBS_OWNER") or getpass.getuser()
+        job, events, logs = _describe_over_http(settings, api_url, job_id, who)
+        out.print(describe_tables(job, events, logs, datetime.now(timezone.utc)))
+        return
+    store = _store(settings)
+    found = store.get(job_id)
+    if found is None:
         err.print(f"[red]No job {job_id!r}.[/red]")
         raise typer.Exit(1)
-    logs = {u.attempt: store.attempt_logs(job_id, u.attempt) for u in job.usage}
-    out.print(describe_tables(job, store.events(job_id), logs, datetime.now(timezone.utc)))
+    logs = {u.attempt: store.attempt_logs(job_id, u.attempt) for u in found.usage}
+    out.print(describe_tables(found, store.events(job_id), logs, datetime.now(timezone.utc)))
+
+
+def _describe_over_http(settings: Settings, url: str, job_id: str, who: str) -> Any:
+    """The job, its timeline and its exported attempts, from the `jobs` function; exit 1 on refusal."""
+    from tpujobs import api_client
+    from tpujobs.api import CALLER_HEADER
+
+    if settings.local_stack:
+        headers = {CALLER_HEADER: who}
+    else:
+        headers = {"Authorization": f"Bearer {_id_token(url)}"}
+    try:
+        request = {"action": "describe", "job_id": job_id}
+        status, body = api_client.post(url, request, headers, direct=settings.local_stack)
+    except api_client.Unreachable as error:
+        err.print(f"[red]Could not reach the jobs API at {url}:[/red] {error}")
+        raise typer.Exit(1) from None
+    if status != 200:
+        reason = body.get("error") or f"HTTP {status}"
+        err.print(f"[red]{_REFUSALS.get(status, f'Failed (HTTP {status})')}:[/red] {reason}")
+        raise typer.Exit(1)
+    return api_client.described(body)
 
 
 def describe_tables(

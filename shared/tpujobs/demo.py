@@ -73,7 +73,7 @@ def _story(settings: Settings, timeout: float, state_dir: Path) -> bool:
     storage = build_client(settings.project)
     spec: dict[str, Any] = yaml.safe_load((EXAMPLES / "train.yaml").read_text(encoding="utf-8"))
     code_dir = EXAMPLES / spec.pop("code_dir")
-    spec["code_uri"] = upload_code_dir(storage, settings.logs_bucket, code_dir)
+    spec["code_uri"], spec["code_sha256"] = upload_code_dir(storage, settings.logs_bucket, code_dir)
     spec["job_id"] = f"train-demo-{uuid.uuid4().hex[:6]}"
     spec["command"] = f"python3 train.py --steps {STEPS} --step-seconds 0.25 --checkpoint-every 5"
     job_id = spec["job_id"]

@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, Any
 
 from tpujobs import logs
 from tpujobs.domain.job import Job
+from tpujobs.domain.naming import job_prefix
 from tpujobs.domain.states import JobState
 from tpujobs.errors import PermanentError, TransientError
 from tpujobs.inbound import InboundMessage
@@ -89,17 +90,18 @@ _CHUNK_OBJECT = re.compile(
 # --- names and bytes (pure) -------------------------------------------------------------
 
 
-def attempt_prefix(job_id: str, attempt: int) -> str:
-    """The object prefix of one attempt's output: `jobs/{job}/attempt-{N}/`."""
-    return f"jobs/{job_id}/attempt-{attempt}/"
+def attempt_prefix(job_id: str, attempt: int, account: str | None = None) -> str:
+    """The object prefix of one attempt's output: `jobs/{job}/attempt-{N}/`, under
+    `accounts/{account}/` for a job on its own service account (`naming.job_prefix`)."""
+    return f"{job_prefix(job_id, account)}attempt-{attempt}/"
 
 
-def worker_log_name(job_id: str, attempt: int, worker: int) -> str:
-    return f"{attempt_prefix(job_id, attempt)}worker-{worker}.log"
+def worker_log_name(job_id: str, attempt: int, worker: int, account: str | None = None) -> str:
+    return f"{attempt_prefix(job_id, attempt, account)}worker-{worker}.log"
 
 
-def attempt_log_name(job_id: str, attempt: int) -> str:
-    return f"{attempt_prefix(job_id, attempt)}attempt.log"
+def attempt_log_name(job_id: str, attempt: int, account: str | None = None) -> str:
+    return f"{attempt_prefix(job_id, attempt, account)}attempt.log"
 
 
 def worker_number(slice_id: int, worker_id: int, hosts_per_slice: int) -> int:
@@ -194,9 +196,11 @@ class LogObjects:
     def uri(self, name: str) -> str:
         return f"gs://{self.bucket_name}/{name}"
 
-    def worker_outputs(self, job_id: str, attempt: int) -> dict[tuple[int, int], WorkerOutput]:
+    def worker_outputs(
+        self, job_id: str, attempt: int, account: str | None = None
+    ) -> dict[tuple[int, int], WorkerOutput]:
         """(slice, worker) -> its chunk objects; complete.json is read where there is one."""
-        prefix = attempt_prefix(job_id, attempt)
+        prefix = attempt_prefix(job_id, attempt, account)
         outputs: dict[tuple[int, int], WorkerOutput] = {}
         with _translated("list output chunks"):
             blobs = list(self._client.list_blobs(self.bucket_name, prefix=prefix + "chunks/"))
@@ -337,11 +341,11 @@ class LogExporter:
         written = []
         worker_uris = {}
         for k, text in sorted(texts.items()):
-            name = worker_log_name(job_id, attempt, k)
+            name = worker_log_name(job_id, attempt, k, job.spec.service_account)
             if self.objects.write_if_changed(name, text):
                 written.append(name)
             worker_uris[k] = self.objects.uri(name)
-        name = attempt_log_name(job_id, attempt)
+        name = attempt_log_name(job_id, attempt, job.spec.service_account)
         if self.objects.write_if_changed(name, combined_log(texts)):
             written.append(name)
         result = ExportResult(
@@ -376,7 +380,7 @@ class LogExporter:
         started = self.clock()
         ended_at: datetime | None = None
         while True:
-            outputs = self.objects.worker_outputs(job_id, attempt)
+            outputs = self.objects.worker_outputs(job_id, attempt, job.spec.service_account)
             now = self.clock()
             unsettled = sorted(
                 key for key, output in outputs.items() if not output.settled(now, self.settle_seconds)
@@ -423,9 +427,9 @@ class LogReader:
     def show(self, job: Job, attempt: int, worker: int | None = None) -> tuple[bytes, bool]:
         """The combined log (or worker K's) and whether it is the exported one."""
         if worker is None:
-            exported = self.objects.read(attempt_log_name(job.job_id, attempt))
+            exported = self.objects.read(attempt_log_name(job.job_id, attempt, job.spec.service_account))
         else:
-            exported = self.objects.read(worker_log_name(job.job_id, attempt, worker))
+            exported = self.objects.read(worker_log_name(job.job_id, attempt, worker, job.spec.service_account))
         if exported is not None:
             return exported, True
         texts = {
@@ -489,7 +493,7 @@ class LogReader:
         hosts = job.spec.hosts_per_slice
         return {
             worker_number(slice_id, worker_id, hosts): output
-            for (slice_id, worker_id), output in self.objects.worker_outputs(job.job_id, attempt).items()
+            for (slice_id, worker_id), output in self.objects.worker_outputs(job.job_id, attempt, job.spec.service_account).items()
         }
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
+from tpujobs.domain.access import AccessPolicies
 from tpujobs.domain.admission import Holder
 from tpujobs.domain.job import Job, JobEvent
 from tpujobs.domain.transitions import Decision, Ignored, Observation
@@ -113,6 +114,13 @@ class JobStore(Protocol):
     def ended_between(self, start: datetime, end: datetime, limit: int = 1000) -> list[Job]: ...
 
     def record_worker(self, job_id: str, worker: WorkerRecord) -> None: ...
+
+    def attempt_workers(self, job_id: str, attempt: int) -> list[WorkerRecord]:
+        """The latest word of each host of one attempt that ever reported (one document each)."""
+
+    def record_all_started(self, job_id: str, attempt: int, at: datetime) -> bool:
+        """Note on the attempt's usage that every host has reported, so the boot check is
+        over for it; False when already noted (or the attempt is unknown)."""
 
     def silent_workers(self, before: datetime, limit: int = 1000) -> list[SilentWorker]:
         """Live workers, of any job, that have not reported since `before`."""
@@ -220,6 +228,11 @@ class Pools(Protocol):
     def pools(self) -> list[str]: ...
 
     def active_in(self, pool: str) -> list[Job]: ...
+
+
+class AccessPolicyReader(Protocol):
+    def policies(self) -> AccessPolicies:
+        """What admins allowed: config/policies, config/groups, config/service_accounts."""
 
 
 class StatusPublisher(Protocol):

@@ -12,6 +12,9 @@ compares, and repairs through the same service the event functions use:
 - a RUNNING job whose queued resource vanished has lost its capacity;
 - a RUNNING attempt whose worker stopped sending heartbeats for longer than the
   timeout (several heartbeats) has lost that host;
+- capacity ACTIVE while a host's agent never reported, for longer than the boot timeout
+  (from the first host's `started`, else from the capacity becoming ACTIVE), has lost that
+  host: paid capacity is never held silently;
 - QUEUED and RECOVERING jobs untouched for a while are converged (a crashed handler);
 - a tpujobs queued resource that no live attempt owns is deleted.
 
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from tpujobs.agent.startup import host_boot
 from tpujobs.domain.admission import Holder, pool_id
@@ -105,6 +108,7 @@ class Reconciler:
         self._repair_pools(report)
         self._request_missing_exports(jobs, now, report)
         self._find_silent_workers(live, now, report)
+        self._find_hosts_that_never_reported(jobs, now, report)
         self._announce_missed(now, report)
         for (zone, name), status in seen.items():
             if self._unowned(status, live) and self._unowned(status, self._fresh(status)):
@@ -260,6 +264,60 @@ class Reconciler:
             service.observe(silent.job_id, seen)
             report.observed.append(f"{silent.job_id}: {what}")
 
+    def _find_hosts_that_never_reported(self, jobs: list[Job], now, report: ReconcileReport) -> None:
+        """An attempt holding capacity whose hosts have not all reported within the boot timeout
+        has lost the silent ones: the job's rules decide what follows, as for any lost host.
+
+        Counted from the first host's `started` when one said it (the others boot alongside),
+        else from the capacity becoming ACTIVE (no agent at all: the hosts never booted it).
+
+        What it costs: `Job.booting_since` is pure, on the jobs the tick already listed, so an
+        attempt within its timeout, or whose hosts are all known up, costs nothing. Only an
+        attempt past its timeout and not yet known up has its worker documents read (one
+        query, one document per host that ever reported). Then either some host is missing
+        and the attempt is lost, or every host is there and that is noted on the attempt's
+        usage (`all_started_at`), so no tick reads it again. A single-host attempt is noted by
+        its `started` itself, and never read. That is one read per host per multi-host attempt,
+        once, after its timeout, never a read per job per tick.
+        """
+        service = self.service
+        timeout = service.settings.boot_timeout_seconds
+        for job in jobs:
+            since = job.booting_since()
+            if since is None or (now - since).total_seconds() <= timeout:
+                continue
+            try:
+                heard = {w.worker for w in service.store.attempt_workers(job.job_id, job.attempt)}
+                silent = [key for key in job.worker_keys if key not in heard and key not in job.workers_done]
+                if not silent:
+                    service.store.record_all_started(job.job_id, job.attempt, now)
+                    continue
+                fresh = service.store.get(job.job_id)  # a `started` may have come since the listing
+                if fresh is None or _where(fresh) != _where(job):
+                    continue
+            except TransientError as error:
+                log.warning("reconcile: the hosts of %s are left for the next tick: %s", job.job_id, error)
+                continue
+            waited = (now - since).total_seconds()
+            if not heard and job.state is JobState.PROVISIONING:
+                what = (
+                    f"Queued resource {job.queued_resource} has been ACTIVE for {waited:.0f} s and no "
+                    "worker agent reported: the hosts never booted the agent"
+                )
+            else:
+                first = any(u.attempt == job.attempt and u.started_at for u in job.usage)
+                after = "the first host started" if first else "the capacity became ACTIVE"
+                names = ", ".join(silent)
+                whose = "its host is" if len(silent) == 1 else "their hosts are"
+                what = (
+                    f"{'Worker' if len(silent) == 1 else 'Workers'} {names} of attempt {job.attempt} never "
+                    f"reported, {waited:.0f} s after {after}: {whose} lost"
+                )
+            one = silent[0] if len(silent) == 1 else None
+            seen = Observation(EventKind.CAPACITY_LOST, job.attempt, "reconciler", reason=what, worker=one)
+            service.observe(job.job_id, seen)
+            report.observed.append(f"{job.job_id}: {what}")
+
     def _announce_missed(self, now, report: ReconcileReport) -> None:
         """Publish the state changes whose announcement failed (older than a few seconds)."""
         service = self.service
@@ -287,3 +345,8 @@ class Reconciler:
         if job is None:
             return True
         return owner[1] < job.attempt
+
+
+def _where(job: Job) -> tuple[JobState, int, datetime | None]:
+    """What the boot check decided on: a change since (a host's `started`) makes it wait a tick."""
+    return job.state, job.attempt, job.booting_since()

@@ -29,6 +29,7 @@ def job_service() -> JobService:
     """The JobService of this process, on clients configured from the environment."""
     from google.cloud import firestore
 
+    from tpujobs.adapters.firestore_config import FirestoreAccessPolicies
     from tpujobs.adapters.firestore_pools import FirestorePools
     from tpujobs.adapters.firestore_store import FirestoreJobStore
     from tpujobs.adapters.pubsub import Publisher
@@ -46,6 +47,7 @@ def job_service() -> JobService:
         status=publisher,
         exports=publisher,
         pools=FirestorePools(client),
+        access=FirestoreAccessPolicies(client),
     )
 
 

@@ -20,7 +20,7 @@ from tpujobs import logs
 from tpujobs.agent.startup import host_boot
 from tpujobs.config import Settings
 from tpujobs.domain import signing
-from tpujobs.domain.access import may_cancel
+from tpujobs.domain.access import may_cancel, submission_refusal
 from tpujobs.domain.admission import (
     Holder,
     chips_held,
@@ -33,8 +33,8 @@ from tpujobs.domain.admission import (
     victims_for,
     waiting_reason,
 )
-from tpujobs.domain.job import Job, JobEvent, Source, new_job, worker_key
-from tpujobs.domain.naming import parse_queued_resource_name, queued_resource_name
+from tpujobs.domain.job import Job, JobEvent, Source, SubmittedVia, new_job, worker_key
+from tpujobs.domain.naming import job_prefix, parse_queued_resource_name, queued_resource_name
 from tpujobs.domain.retry import BACKOFF_CAP_SECONDS
 from tpujobs.domain.spec import JobSpec, SpecError, decode_spec
 from tpujobs.domain.states import EventKind, JobState
@@ -42,6 +42,7 @@ from tpujobs.domain.transitions import Decision, Ignored, Observation
 from tpujobs.errors import PermanentError, TransientError
 from tpujobs.inbound import InboundMessage
 from tpujobs.ports import (
+    AccessPolicyReader,
     Clock,
     JobStore,
     LogExportRequests,
@@ -124,6 +125,7 @@ class JobService:
         status: StatusPublisher | None = None,
         exports: LogExportRequests | None = None,
         pools: Pools | None = None,
+        access: AccessPolicyReader | None = None,
     ) -> None:
         self.store = store
         self.tpu = tpu
@@ -133,6 +135,7 @@ class JobService:
         self.status = status
         self.exports = exports
         self.pools = pools  # None: no quotas, every job is admitted at once
+        self.access = access  # None: no access policies (a service built by hand for a test)
 
     # -- rejections ------------------------------------------------------------------
 
@@ -148,7 +151,8 @@ class JobService:
     # -- submission ------------------------------------------------------------------
 
     def submit(self, message: InboundMessage) -> SubmitOutcome:
-        """A job spec message becomes one job and one queued-resource request, at most once."""
+        """A job spec on tpujobs-submit becomes one job and one queued-resource request, at most
+        once. Its `owner` is a claim nobody checked: the job records `owner_verified: false`."""
         if message.data is None:
             self.reject(message, message.undecodable)
             return SubmitOutcome("rejected", None, message.undecodable)
@@ -157,14 +161,49 @@ class JobService:
         except SpecError as error:
             self.reject(message, str(error))
             return SubmitOutcome("rejected", None, str(error))
+        refusal = self.submission_refusal(spec, owner_verified=False)
+        if refusal is not None:
+            self.reject(message, refusal)
+            return SubmitOutcome("rejected", spec.job_id, refusal)
         refused = self._refused_as_oversized(message, spec)
         if refused is not None:
             return refused
+        return self._accept(spec, "topic", lambda reason: self.reject(message, reason))
 
+    def submit_verified(self, spec: JobSpec) -> SubmitOutcome:
+        """A job spec from the jobs API, whose `owner` is the caller its ID token proved.
+
+        The caller has checked `submission_refusal` and the quota (and answers with them),
+        so a refusal here never becomes a rejection document.
+        """
+        return self._accept(spec, "api", lambda reason: None)
+
+    def submission_refusal(self, spec: JobSpec, *, owner_verified: bool) -> str | None:
+        """Why this owner may not submit this spec (privileged priority, reserved capacity, a
+        service account; `domain.access.submission_refusal`), or None."""
+        if self.access is None:  # no policy store (a service built by hand): everything allowed
+            return None
+        return submission_refusal(
+            spec, owner_verified=owner_verified, admins=self.settings.admins, policies=self.access.policies()
+        )
+
+    def oversize_refusal(self, spec: JobSpec) -> str | None:
+        """Why a job bigger than the quota of every zone it may run in could never run, or None."""
+        if self.pools is None:
+            return None
+        zones = spec.preferred_zones or (self.settings.default_zone,)
+        return refusal_when_oversized(spec, zones, self.pools.quotas())
+
+    def _accept(
+        self, spec: JobSpec, via: SubmittedVia, refuse: Callable[[str], None]
+    ) -> SubmitOutcome:
+        """Create the job (once per job_id) and admit it; a job_id taken by another spec is refused."""
         assert spec.job_id is not None
         logs.bind_job(spec.job_id)
-        log_uri = f"gs://{self.settings.logs_bucket}/jobs/{spec.job_id}/"
-        job, first_event = new_job(spec, self.settings.default_zone, self.clock(), log_uri)
+        log_uri = f"gs://{self.settings.logs_bucket}/{job_prefix(spec.job_id, spec.service_account)}"
+        job, first_event = new_job(
+            spec, self.settings.default_zone, self.clock(), log_uri, via, owner_verified=via == "api"
+        )
         if self.store.create(job, first_event):
             self.announce(job, first_event)
         else:
@@ -172,11 +211,11 @@ class JobService:
             if existing is None:  # deleted between the two reads: treat as new next time
                 return SubmitOutcome("duplicate", job.job_id, "job vanished during submission")
             if existing.spec != spec:
-                self.reject(
-                    message,
+                refuse(
                     f"job_id {job.job_id!r} already exists with a different spec; "
-                    "a job_id names one job, so this submission was ignored",
+                    "a job_id names one job, so this submission was ignored"
                 )
+                return SubmitOutcome("rejected", job.job_id, f"job_id {job.job_id!r} already exists")
             if existing.state is not JobState.QUEUED:
                 return SubmitOutcome("duplicate", job.job_id, f"job is already {existing.state.value}")
             job = existing  # an earlier delivery stopped half-way: finish its work
@@ -187,10 +226,7 @@ class JobService:
     def _refused_as_oversized(self, message: InboundMessage, spec: JobSpec) -> SubmitOutcome | None:
         """Refuse, as a rejection, a job bigger than the quota of every zone it may run in:
         it could never run, and waiting at the head of a queue it would stop the jobs behind it."""
-        if self.pools is None:
-            return None
-        zones = spec.preferred_zones or (self.settings.default_zone,)
-        refusal = refusal_when_oversized(spec, zones, self.pools.quotas())
+        refusal = self.oversize_refusal(spec)
         if refusal is None:
             return None
         self.reject(message, refusal)

@@ -58,10 +58,11 @@ def test_a_job_preempted_twice_finishes_at_attempt_3_from_its_checkpoints(env, s
     """Two preemptions: attempts 2 and 3 resume from the last checkpoint and the job SUCCEEDS."""
     from tpujobs.adapters.storage import upload_code_dir
 
-    code_uri = upload_code_dir(env["storage"], env["bucket"], EXAMPLE)
+    code_uri, digest = upload_code_dir(env["storage"], env["bucket"], EXAMPLE)
     job_id = submit_job(
         prefix="twice",
         code_uri=code_uri,
+        code_sha256=digest,
         command="python3 train.py --steps 40 --step-seconds 0.1 --checkpoint-every 5",
         on_preemption="resume",
         max_restarts=5,

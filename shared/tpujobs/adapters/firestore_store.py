@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
@@ -23,7 +23,7 @@ from typing import Any
 from google.api_core import exceptions as api_exceptions
 from google.cloud import firestore
 
-from tpujobs.domain.accounting import AttemptUsage, checkpoint_reported
+from tpujobs.domain.accounting import AttemptUsage, all_started, checkpoint_reported
 from tpujobs.domain.admission import pool_id
 from tpujobs.domain.job import Job, JobEvent
 from tpujobs.domain.naming import exported_attempt
@@ -59,6 +59,8 @@ def job_to_document(job: Job) -> dict[str, Any]:
         "job_id": job.job_id,
         "name": job.name,
         "owner": job.owner,
+        "owner_verified": job.owner_verified,
+        "submitted_via": job.submitted_via,
         "state": job.state.value,
         "state_reason": job.state_reason,
         "attempt": job.attempt,
@@ -147,6 +149,8 @@ def job_from_document(data: dict[str, Any]) -> Job:
         usage=tuple(_usage_from_map(u) for u in data.get("usage") or ()),
         requested_at=data.get("requested_at"),
         on_demand=data.get("on_demand", False),
+        submitted_via=data.get("submitted_via", "topic"),
+        owner_verified=data.get("owner_verified", False),
     )
 
 
@@ -242,9 +246,26 @@ class FirestoreJobStore:
     def record_checkpoint(self, job_id: str, attempt: int, at: datetime) -> bool:
         """Note a checkpoint of `attempt` on the job's usage, if newer; no timeline entry.
 
-        The same compare-and-set as `apply`. A checkpoint of an attempt that already ended
-        still counts (a job saving on SIGTERM reports after the preemption notice), and of
-        the many workers reporting one checkpoint only the first write changes anything.
+        A checkpoint of an attempt that already ended still counts (a job saving on SIGTERM
+        reports after the preemption notice), and of the many workers reporting one
+        checkpoint only the first write changes anything.
+        """
+        return self._amend_usage(job_id, lambda usage: checkpoint_reported(usage, attempt, at), "note a checkpoint")
+
+    def record_all_started(self, job_id: str, attempt: int, at: datetime) -> bool:
+        """Note that every host of `attempt` has reported (`AttemptUsage.all_started_at`)."""
+        return self._amend_usage(job_id, lambda usage: all_started(usage, attempt, at), "note that hosts started")
+
+    def _amend_usage(
+        self,
+        job_id: str,
+        change: Callable[[tuple[AttemptUsage, ...]], tuple[AttemptUsage, ...] | None],
+        doing: str,
+    ) -> bool:
+        """Write `change(usage)` on the job, unless it is None; no timeline entry.
+
+        The same compare-and-set as `apply`: a transition that moved the job first makes this
+        read again and change the usage it wrote.
         """
         ref = self._job_ref(job_id)
         for attempt_no in range(CAS_ATTEMPTS):
@@ -253,12 +274,12 @@ class FirestoreJobStore:
             if not snapshot.exists:
                 return False
             job = job_from_document(snapshot.to_dict())
-            usage = checkpoint_reported(job.usage, attempt, at)
+            usage = change(job.usage)
             if usage is None:
                 return False
             noted = job.evolve(usage=usage)
             try:
-                with transient_on_failure("note checkpoint"):
+                with transient_on_failure(doing):
                     ref.update(
                         _accounting_fields(noted),
                         option=self._db.write_option(last_update_time=snapshot.update_time),
@@ -266,7 +287,7 @@ class FirestoreJobStore:
                 return True
             except api_exceptions.FailedPrecondition:
                 time.sleep(random.uniform(0, 0.01 * (attempt_no + 1)))
-        raise TransientError(f"job {job_id} changed under {CAS_ATTEMPTS} attempts to note a checkpoint")
+        raise TransientError(f"job {job_id} changed under {CAS_ATTEMPTS} attempts to {doing}")
 
     def events(self, job_id: str) -> list[JobEvent]:
         with transient_on_failure("read events"):
@@ -326,6 +347,15 @@ class FirestoreJobStore:
         fields = {k: v for k, v in worker.fields().items() if v is not None}
         with transient_on_failure("record worker report"):
             ref.set(fields, merge=True)
+
+    def attempt_workers(self, job_id: str, attempt: int) -> list[WorkerRecord]:
+        # One query on the job's own workers (single-field index on `attempt`): the reconciler
+        # asks only for attempts past the boot timeout whose hosts are not all known to be up.
+        query = self._job_ref(job_id).collection(WORKERS).where(filter=firestore.FieldFilter("attempt", "==", attempt))
+        with transient_on_failure("read an attempt's workers"):
+            docs = [doc.to_dict() or {} for doc in query.stream()]
+        names = {f.name for f in dataclasses.fields(WorkerRecord)}
+        return [WorkerRecord(**{k: v for k, v in d.items() if k in names}) for d in docs if "worker" in d]
 
     def silent_workers(self, before: datetime, limit: int = 1000) -> list[SilentWorker]:
         # One collection-group query on (live, last_report_at): it returns only the silent

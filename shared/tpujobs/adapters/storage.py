@@ -43,11 +43,20 @@ def pack_directory(directory: Path) -> bytes:
     return buffer.getvalue()
 
 
-def upload_code_dir(client: storage.Client, bucket: str, directory: Path) -> str:
-    """Upload a job's code directory once per content; the gs:// URI goes in `code_uri`."""
+def upload_code_dir(client: storage.Client, bucket: str, directory: Path) -> tuple[str, str]:
+    """Upload a job's code directory once per content: its gs:// URI (for `code_uri`) and the
+    tarball's SHA-256 (for `code_sha256`, which the agent checks before it unpacks).
+
+    An object already under that name is kept only if it holds exactly these bytes: anything
+    else there (planted, or cut short) is replaced.
+    """
+    import base64
+
     data = pack_directory(directory)
-    name = f"code/{hashlib.sha256(data).hexdigest()[:16]}.tar.gz"
-    blob = client.bucket(bucket).blob(name)
-    if not blob.exists():
-        blob.upload_from_string(data, content_type="application/gzip")
-    return f"gs://{bucket}/{name}"
+    digest = hashlib.sha256(data).hexdigest()
+    name = f"code/{digest[:16]}.tar.gz"
+    blob = client.bucket(bucket).get_blob(name)
+    md5 = base64.b64encode(hashlib.md5(data).digest()).decode("ascii")  # what Storage reports
+    if blob is None or blob.md5_hash != md5:
+        client.bucket(bucket).blob(name).upload_from_string(data, content_type="application/gzip")
+    return f"gs://{bucket}/{name}", digest

@@ -16,6 +16,7 @@ from tpujobs.domain.spec import JobSpec
 from tpujobs.domain.states import JobState
 
 Source = Literal["submit", "tpu", "agent", "reconciler", "user"]
+SubmittedVia = Literal["topic", "api"]  # tpujobs-submit, or the jobs API's submit action
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,9 @@ class Job:
     usage: tuple[AttemptUsage, ...] = ()  # every attempt's timestamps, for its chip-hours
     requested_at: datetime | None = None  # when the current queued resource was requested
     on_demand: bool = False  # a spot job continued on on-demand after too many preemptions
+    submitted_via: SubmittedVia = "topic"
+    # True when the jobs API verified that the owner is who called; a topic's `owner` is a claim.
+    owner_verified: bool = False
 
     @property
     def capacity(self) -> str:
@@ -84,6 +88,28 @@ class Job:
         """Worker hosts of one attempt: hosts per slice times slices."""
         return self.spec.hosts_per_slice * self.spec.slices
 
+    @property
+    def worker_keys(self) -> tuple[str, ...]:
+        """Every worker host of one attempt, as `worker_key` names it."""
+        return tuple(
+            worker_key(s, w) for s in range(self.spec.slices) for w in range(self.spec.hosts_per_slice)
+        )
+
+    def booting_since(self) -> datetime | None:
+        """Since when the current attempt's hosts have been expected to report, while some may not
+        have yet: the first host's `started` if one said it, else the capacity becoming ACTIVE.
+
+        None when there is nothing to wait for: the job is not PROVISIONING or RUNNING, its
+        capacity is not held yet, or every host is known to have reported (`all_started_at`).
+        The boot timeout counts from this moment (`tpujobs.reconciler`).
+        """
+        if self.state not in (JobState.PROVISIONING, JobState.RUNNING):
+            return None
+        usage = next((u for u in self.usage if u.attempt == self.attempt), None)
+        if usage is None or usage.all_started_at is not None or usage.ended_at is not None:
+            return None
+        return usage.started_at or usage.held_from
+
     def as_next_attempt(self) -> Job:
         """The job as its next attempt will see it: what the startup script of that attempt needs."""
         attempt = self.attempt + 1
@@ -100,12 +126,18 @@ def worker_key(slice_id: int, worker_id: int) -> str:
 
 
 def new_job(
-    spec: JobSpec, default_zone: str, now: datetime, log_uri: str | None = None
+    spec: JobSpec,
+    default_zone: str,
+    now: datetime,
+    log_uri: str | None = None,
+    submitted_via: SubmittedVia = "topic",
+    owner_verified: bool = False,
 ) -> tuple[Job, JobEvent]:
     """The QUEUED job a valid spec becomes, and the first entry of its timeline."""
     assert spec.job_id is not None, "parse_spec derives job_id before a job is made"
     zone = (spec.preferred_zones or (default_zone,))[0]
-    reason = f"Submitted by {spec.owner}: {spec.slices} x {spec.accelerator_type} ({spec.capacity}) in {zone}."
+    by = spec.owner if owner_verified else f"{spec.owner} (unverified, via the topic)"
+    reason = f"Submitted by {by}: {spec.slices} x {spec.accelerator_type} ({spec.capacity}) in {zone}."
     job = Job(
         job_id=spec.job_id,
         name=spec.name,
@@ -121,6 +153,8 @@ def new_job(
         log_uri=log_uri,
         event_seq=1,
         usage=first_attempt(spec.chips, now, zone),
+        submitted_via=submitted_via,
+        owner_verified=owner_verified,
     )
     event = JobEvent(1, now, None, JobState.QUEUED, reason, "submit", 1)
     return job, event

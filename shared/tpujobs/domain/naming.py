@@ -39,3 +39,14 @@ def exported_attempt(log_uri: str | None) -> int | None:
     """The attempt whose combined log (`.../attempt-N/attempt.log`) a log_uri names, if any."""
     match = re.search(r"/attempt-([0-9]+)/attempt\.log$", log_uri or "")
     return int(match[1]) if match else None
+
+
+def job_prefix(job_id: str, service_account: str | None = None) -> str:
+    """Where a job keeps its objects in the logs bucket (output chunks, exported logs,
+    checkpoints): `jobs/{id}/` on the deployment's shared account, and
+    `accounts/{email}/jobs/{id}/` on an account of its own, the only prefix that account may
+    touch (infra/ grants it per prefix), so no job of another account can read or change them.
+    """
+    if service_account:
+        return f"accounts/{service_account}/jobs/{job_id}/"
+    return f"jobs/{job_id}/"
