@@ -8,7 +8,6 @@ reads job documents from Firestore. Pointed at the local stack by the environmen
 from __future__ import annotations
 
 import os
-import re
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -86,15 +85,9 @@ def submit(
     except SpecError as error:
         err.print(f"[red]Invalid spec:[/red] {error}")
         raise typer.Exit(2) from None
-    for name in credential_like_env_names(spec.get("env")):
-        err.print(
-            f"[yellow]Warning:[/yellow] env {name} looks like a credential. env values are stored "
-            "with the job and shown to its owner and admins; put it in Secret Manager "
-            f"(tpujobs secret set) and name it under secrets: {{{name}: ...}} instead."
-        )
     settings = _settings()
     if code_dir is not None:
-        spec["code_uri"], spec["code_sha256"] = upload_code(settings, (file.parent / str(code_dir)).resolve())
+        spec["code_uri"] = upload_code(settings, (file.parent / str(code_dir)).resolve())
     message_id = Publisher.build(settings.project, settings.prefix).publish_json(SUBMIT, spec)
     job_id = spec.get("job_id") or derive_job_id(spec["name"], message_id)
     out.print(f"Submitted [bold]{job_id}[/bold] (message {message_id})")
@@ -102,25 +95,15 @@ def submit(
         _follow(settings, job_id, until=lambda job: job.state.is_terminal)
 
 
-def upload_code(settings: Settings, directory: Path) -> tuple[str, str]:
-    """Upload a local code directory to the logs bucket; its gs:// URI and SHA-256."""
+def upload_code(settings: Settings, directory: Path) -> str:
+    """Upload a local code directory to the logs bucket; its gs:// URI."""
     from tpujobs.adapters.storage import build_client, upload_code_dir
 
     if not directory.is_dir():
         raise typer.BadParameter(f"code_dir {directory} is not a directory")
-    uri, digest = upload_code_dir(build_client(settings.project), settings.logs_bucket, directory)
-    out.print(f"Uploaded {directory} to {uri} (sha256 {digest[:12]}...)")
-    return uri, digest
-
-
-_CREDENTIAL_NAME = re.compile(r".*(_TOKEN|_KEY)$|.*(SECRET|PASSWORD).*")
-
-
-def credential_like_env_names(env: object) -> list[str]:
-    """Names of `env` that look like credentials (*_TOKEN, *_KEY, *SECRET*, *PASSWORD*)."""
-    if not isinstance(env, dict):
-        return []
-    return sorted(name for name in env if isinstance(name, str) and _CREDENTIAL_NAME.fullmatch(name))
+    uri = upload_code_dir(build_client(settings.project), settings.logs_bucket, directory)
+    out.print(f"Uploaded {directory} to {uri}")
+    return uri
 
 
 def _follow(settings: Settings, job_id: str, until: Any, timeout: float = 24 * 3600) -> Job | None:

@@ -1,0 +1,95 @@
+"""The `jobs` HTTP function seen from the CLI: one POST, and its JSON turned back into jobs.
+
+The API answers with the Firestore documents as JSON, timestamps as RFC 3339 strings
+(`tpujobs.api.to_json`). `described` reads a `describe` answer back into the job, its timeline
+and its exported attempts, so that `tpujobs describe` renders the same tables whether it read
+Firestore or asked the API. Standard library only, apart from the document readers.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from tpujobs.domain.job import Job, JobEvent
+from tpujobs.ports import AttemptLogs
+
+# Fields that hold timestamps: an event's `at`, and those ending so (created_at, waiting_since, held_from).
+_TIME_SUFFIXES = ("_at", "_since", "_from")
+
+
+class Unreachable(Exception):
+    """The API could not be asked at all (no connection, a timeout); the message says why."""
+
+
+def post(
+    url: str, body: Mapping[str, Any], headers: Mapping[str, str], direct: bool, timeout: float = 60
+) -> tuple[int, dict[str, Any]]:
+    """POST `body` as JSON; (status, the JSON answer). A refusal is an answer too: only a failure
+    to reach the API raises Unreachable. `direct` bypasses proxies (the local stack's loopback)."""
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", **headers},
+        method="POST",
+    )
+    opener = urllib.request.build_opener(*([urllib.request.ProxyHandler({})] if direct else []))
+    try:
+        with opener.open(request, timeout=timeout) as answer:
+            status, raw = answer.status, answer.read()
+    except urllib.error.HTTPError as error:
+        status, raw = error.code, error.read()
+    except OSError as error:
+        raise Unreachable(str(error)) from None
+    try:
+        answer_body = json.loads(raw)
+    except ValueError:
+        answer_body = None
+    if not isinstance(answer_body, dict):
+        answer_body = {"error": raw.decode("utf-8", "replace")[:500]}
+    return status, answer_body
+
+
+def described(answer: Mapping[str, Any]) -> tuple[Job, list[JobEvent], dict[int, AttemptLogs]]:
+    """A `describe` answer as the job, its events in order, and its exported attempts by number."""
+    from tpujobs.adapters.firestore_store import event_from_document, job_from_document
+
+    document = _with_times(answer["job"])
+    document["usage"] = [_with_times(usage) for usage in document.get("usage") or ()]
+    job = job_from_document(document)
+    events = [event_from_document(_with_times(event)) for event in answer.get("events") or ()]
+    logs = {}
+    for attempt in answer.get("attempts") or ():
+        data = _with_times(attempt)
+        if not isinstance(data.get("exported_at"), datetime):
+            continue  # not exported yet
+        number = data.get("attempt") or int(data.get("id", 0))
+        logs[number] = AttemptLogs(
+            attempt=number,
+            log_uri=data.get("log_uri", ""),
+            worker_logs={int(k): v for k, v in (data.get("worker_logs") or {}).items()},
+            exported_at=data["exported_at"],
+            cut_off_workers=tuple(data.get("cut_off_workers") or ()),
+        )
+    return job, events, logs
+
+
+def _with_times(document: Mapping[str, Any]) -> dict[str, Any]:
+    """The document with its timestamp fields as datetimes again."""
+    return {
+        name: _time(value) if name == "at" or name.endswith(_TIME_SUFFIXES) else value
+        for name, value in document.items()
+    }
+
+
+def _time(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return value
