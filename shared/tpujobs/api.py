@@ -1,6 +1,8 @@
-"""The `jobs` HTTP function: list, describe and cancel jobs over plain HTTP POST.
+"""The `jobs` HTTP function: submit, list, describe and cancel jobs over plain HTTP POST.
 
-For `gcloud functions call jobs --data '{"action": "list"}'`, curl, and `tpujobs cancel`.
+For `gcloud functions call jobs --data '{"action": "list"}'`, curl, and the CLI's submit,
+describe and cancel. `submit` is the one path where a job's owner is verified: it is the
+caller (a body `owner` that differs is a 403), and privileges are checked against it.
 Thin on purpose: request -> caller identity -> action -> JSON answer with a status code.
 
 The caller's identity never comes from the body. In production it is the `email` of the
@@ -14,8 +16,8 @@ decides who sees the values of a job's `spec.env` in `list` and `describe` (othe
 names, each value replaced by `<hidden>`).
 
 Status codes: 200 done; 400 a body that is not a JSON object with a known `action` and
-valid fields; 401 no identity or one that does not verify; 403 not the owner nor an
-admin; 404 no such job; 405 not POST; 409 cancelling a job that already SUCCEEDED or
+valid fields (for submit: a valid spec that fits the quota); 401 no identity or one that
+does not verify; 403 not the owner nor an admin, or a privilege the caller may not use; 404 no such job; 405 not POST; 409 cancelling a job that already SUCCEEDED or
 FAILED (cancelling a CANCELLED job again is a 200 that changes nothing, so retries are
 safe); 503 Firestore or Google's certificates unreachable for now: try again; 500
 anything else, logged.
@@ -24,9 +26,11 @@ anything else, logged.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
 import re
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -35,7 +39,7 @@ from urllib.parse import urlsplit
 
 from tpujobs.config import Settings
 from tpujobs.domain.access import may_cancel
-from tpujobs.domain.spec import ID_PATTERN
+from tpujobs.domain.spec import ID_PATTERN, DuplicateKey, SpecError, parse_spec, unique_keys
 from tpujobs.domain.states import JobState
 from tpujobs.errors import TransientError
 from tpujobs.identity import CallerIdentity, TokenVerifier, Unauthenticated, header
@@ -52,7 +56,8 @@ MAX_LIMIT = 1000
 MAX_BODY_BYTES = 64 * 1024
 HIDDEN = "<hidden>"  # what other callers see instead of a job's env values
 # action -> the JobsApi method that answers it, called with (caller, request): add one here.
-HANDLERS = {"list": "list_jobs", "describe": "describe", "cancel": "cancel"}
+HANDLERS = {"list": "list_jobs", "describe": "describe", "cancel": "cancel", "submit": "submit"}
+REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 ACTIONS = tuple(HANDLERS)
 
 
@@ -195,6 +200,38 @@ class JobsApi:
             return self._already_ended(job.job_id, state)
         return Response(200, {"job_id": job.job_id, "state": state.value, "previous_state": job.state.value})
 
+    def submit(self, caller: str, request: dict[str, Any]) -> Response:
+        """Submit a job whose owner is the caller: the one path where the owner is verified.
+
+        The body is a job spec (the fields of tpujobs-submit) plus an optional `request_id`
+        that makes a retried call the same job when the spec has no `job_id`. A body
+        `owner` that is not the caller is refused; privileges (priority, reserved capacity,
+        a service account) and quota are checked before anything is written.
+        """
+        owner = request.get("owner", caller)
+        if owner != caller:
+            raise ApiError(403, f"You are {caller}: you may not submit a job as {owner!r}.")
+        request_id = request.pop("request_id", None) or uuid.uuid4().hex
+        if not isinstance(request_id, str) or not REQUEST_ID.fullmatch(request_id):
+            raise ApiError(400, "'request_id' must be 1 to 128 letters, digits, '.', '_' or '-'.")
+        digest = hashlib.sha256(f"{caller}\n{request_id}".encode()).hexdigest()
+        try:
+            spec = parse_spec({**request, "owner": caller}, message_id=f"api-{digest}")
+        except SpecError as error:
+            raise ApiError(400, f"Invalid spec: {error}") from None
+        refusal = self.service.submission_refusal(spec, owner_verified=True)
+        if refusal is not None:
+            raise ApiError(403, refusal)
+        too_big = self.service.oversize_refusal(spec)
+        if too_big is not None:
+            raise ApiError(400, too_big)
+        outcome = self.service.submit_verified(spec)
+        if outcome.kind == "rejected":
+            raise ApiError(409, outcome.reason)
+        job = self.store.get(spec.job_id) if spec.job_id else None
+        state = job.state.value if job is not None else None
+        return Response(200, {"job_id": spec.job_id, "state": state, "outcome": outcome.kind, "reason": outcome.reason})
+
     def _already_ended(self, job_id: str, state: JobState) -> Response:
         if state is JobState.CANCELLED:
             return Response(200, {"job_id": job_id, "state": state.value, "previous_state": state.value})
@@ -215,7 +252,9 @@ def parse_body(body: bytes) -> dict[str, Any]:
     if len(body) > MAX_BODY_BYTES:
         raise ApiError(400, f"The body is over {MAX_BODY_BYTES // 1024} KiB.")
     try:
-        request = json.loads(body.decode("utf-8"))
+        request = json.loads(body.decode("utf-8"), object_pairs_hook=unique_keys)
+    except DuplicateKey as error:
+        raise ApiError(400, f"The body is refused: {error}.") from None
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise ApiError(400, 'The body is not JSON: send an object such as {"action": "list"}.') from None
     if not isinstance(request, dict):

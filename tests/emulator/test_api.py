@@ -24,6 +24,7 @@ from tpujobs.domain.states import JobState
 from tpujobs.errors import TransientError
 from tpujobs.service import JobService
 from tpujobs.testing import inbound as message
+from tpujobs.testing import local_settings, signed
 
 pytestmark = pytest.mark.emulator
 
@@ -59,7 +60,7 @@ class FakeVerifier:
 
 @pytest.fixture
 def service(firestore_client, tpu_client, project_id, simulator_url) -> JobService:
-    settings = Settings(
+    settings = local_settings(
         project=project_id, default_zone=ZONE, tpu_endpoint=simulator_url, logs_bucket="logs", admins=(ADMIN,)
     )
     return JobService(
@@ -70,7 +71,7 @@ def service(firestore_client, tpu_client, project_id, simulator_url) -> JobServi
 @pytest.fixture
 def local(service) -> JobsApi:
     """The API as the local stack runs it: the caller header is trusted."""
-    return JobsApi(service, Settings(local_stack=True, admins=(ADMIN,)), verify_token=FakeVerifier())
+    return JobsApi(service, local_settings(local_stack=True, admins=(ADMIN,)), verify_token=FakeVerifier())
 
 
 @pytest.fixture
@@ -81,7 +82,7 @@ def verifier() -> FakeVerifier:
 @pytest.fixture
 def production(service, verifier) -> JobsApi:
     """The API as deployed: only a verified ID token says who calls."""
-    return JobsApi(service, Settings(local_stack=False, admins=(ADMIN,)), verify_token=verifier)
+    return JobsApi(service, local_settings(local_stack=False, admins=(ADMIN,)), verify_token=verifier)
 
 
 def submit(service: JobService, job_id: str, owner: str = OWNER, **changes) -> str:
@@ -101,7 +102,7 @@ def fail(service: JobService, job_id: str) -> None:
     """The job's only worker starts and exits 1: FAILED (on_error defaults to fail)."""
     for kind, extra in (("started", {}), ("exited", {"exit_code": 1})):
         payload = {"kind": kind, "job_id": job_id, "attempt": 1, "slice_id": 0, "worker_id": 0, **extra}
-        service.on_worker_report(message("tpujobs-worker-events", payload))
+        service.on_worker_report(signed(service,"tpujobs-worker-events", payload))
     assert service.store.get(job_id).state is JobState.FAILED
 
 
@@ -199,7 +200,7 @@ def test_certificates_out_of_reach_is_503_not_401(service):
     def unreachable(token, audiences):
         raise TransientError("could not fetch Google's token certificates")
 
-    app = JobsApi(service, Settings(), verify_token=unreachable)
+    app = JobsApi(service, local_settings(), verify_token=unreachable)
     answer = call(app, {"action": "list"}, token="ada-token")
     assert answer.status == 503 and "try again" in answer.body["error"]
 
@@ -241,7 +242,7 @@ def test_an_admin_may_cancel_anyones_job(local, service):
 def test_an_admin_of_the_service_but_not_of_the_api_settings_is_not_an_admin(service):
     """The API's own settings name its admins: an empty list means owners only."""
     submit(service, "train-1")
-    app = JobsApi(service, Settings(local_stack=True), verify_token=FakeVerifier())
+    app = JobsApi(service, local_settings(local_stack=True), verify_token=FakeVerifier())
     assert call(app, {"action": "cancel", "job_id": "train-1"}, caller=ADMIN).status == 403
 
 
