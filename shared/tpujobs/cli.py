@@ -8,7 +8,9 @@ reads job documents from Firestore. Pointed at the local stack by the environmen
 from __future__ import annotations
 
 import os
+import re
 import time
+import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any
@@ -22,6 +24,7 @@ from tpujobs.config import Settings
 from tpujobs.domain.job import Job, JobEvent
 from tpujobs.domain.spec import SpecError, derive_job_id, parse_spec
 from tpujobs.domain.states import JobState
+from tpujobs.terminal import shown, uncontrolled
 from tpujobs.topology import CONTROL, SUBMIT
 
 app = typer.Typer(help="Run training jobs on Cloud TPUs that survive preemption.", no_args_is_help=True)
@@ -70,7 +73,8 @@ def submit(
     set_: Annotated[list[str], typer.Option("--set", help="Override a field: key=value.")] = [],  # noqa: B006
     wait: Annotated[bool, typer.Option(help="Follow the job until it ends.")] = False,
 ) -> None:
-    """Submit a job: publish its spec to tpujobs-submit."""
+    """Submit a job: through the jobs API when TPUJOBS_API_URL is set (the owner verified), else
+    by publishing its spec to tpujobs-submit."""
     from tpujobs.adapters.pubsub import Publisher
 
     loaded = yaml.safe_load(file.read_text(encoding="utf-8"))
@@ -83,27 +87,50 @@ def submit(
     try:  # the function validates again; this only saves a round trip for obvious mistakes
         parse_spec(spec, message_id="local-check")
     except SpecError as error:
-        err.print(f"[red]Invalid spec:[/red] {error}")
+        err.print(f"[red]Invalid spec:[/red] {shown(error)}")
         raise typer.Exit(2) from None
+    for name in credential_like_env_names(spec.get("env")):
+        err.print(
+            f"[yellow]Warning:[/yellow] env {shown(name)} looks like a credential. env values are stored "
+            "with the job and shown to its owner and admins; put it in Secret Manager "
+            f"(tpujobs secret set) and name it under secrets: {{{shown(name)}: ...}} instead."
+        )
     settings = _settings()
     if code_dir is not None:
-        spec["code_uri"] = upload_code(settings, (file.parent / str(code_dir)).resolve())
-    message_id = Publisher.build(settings.project, settings.prefix).publish_json(SUBMIT, spec)
-    job_id = spec.get("job_id") or derive_job_id(spec["name"], message_id)
-    out.print(f"Submitted [bold]{job_id}[/bold] (message {message_id})")
+        spec["code_uri"], spec["code_sha256"] = upload_code(settings, (file.parent / str(code_dir)).resolve())
+    url = os.environ.get("TPUJOBS_API_URL", "").strip()
+    if url:  # the jobs API: the owner is who calls, verified
+        request = {"action": "submit", "request_id": uuid.uuid4().hex, **spec}
+        answer = _ask_api(settings, url, request, str(spec.get("owner", "")))
+        job_id = str(answer.get("job_id"))
+        out.print(f"Submitted [bold]{shown(job_id)}[/bold] through the jobs API ({shown(answer.get('state'))})")
+    else:  # the topic: the owner is a claim (owner_verified: false)
+        message_id = Publisher.build(settings.project, settings.prefix).publish_json(SUBMIT, spec)
+        job_id = spec.get("job_id") or derive_job_id(spec["name"], message_id)
+        out.print(f"Submitted [bold]{shown(job_id)}[/bold] (message {shown(message_id)})")
     if wait:
         _follow(settings, job_id, until=lambda job: job.state.is_terminal)
 
 
-def upload_code(settings: Settings, directory: Path) -> str:
-    """Upload a local code directory to the logs bucket; its gs:// URI."""
+def upload_code(settings: Settings, directory: Path) -> tuple[str, str]:
+    """Upload a local code directory to the logs bucket; its gs:// URI and SHA-256."""
     from tpujobs.adapters.storage import build_client, upload_code_dir
 
     if not directory.is_dir():
         raise typer.BadParameter(f"code_dir {directory} is not a directory")
-    uri = upload_code_dir(build_client(settings.project), settings.logs_bucket, directory)
-    out.print(f"Uploaded {directory} to {uri}")
-    return uri
+    uri, digest = upload_code_dir(build_client(settings.project), settings.logs_bucket, directory)
+    out.print(f"Uploaded {shown(directory)} to {shown(uri)} (sha256 {shown(digest[:12])}...)")
+    return uri, digest
+
+
+_CREDENTIAL_NAME = re.compile(r".*(_TOKEN|_KEY)$|.*(SECRET|PASSWORD).*")
+
+
+def credential_like_env_names(env: object) -> list[str]:
+    """Names of `env` that look like credentials (*_TOKEN, *_KEY, *SECRET*, *PASSWORD*)."""
+    if not isinstance(env, dict):
+        return []
+    return sorted(name for name in env if isinstance(name, str) and _CREDENTIAL_NAME.fullmatch(name))
 
 
 def _follow(settings: Settings, job_id: str, until: Any, timeout: float = 24 * 3600) -> Job | None:
@@ -115,7 +142,7 @@ def _follow(settings: Settings, job_id: str, until: Any, timeout: float = 24 * 3
         job = store.get(job_id)
         if job is not None:
             for event in store.events(job_id)[seen:]:
-                out.print(f"{_when(event.at)}  {event.to_state.value:<13} {event.reason}")
+                out.print(f"{_when(event.at)}  {event.to_state.value:<13} {shown(event.reason)}")
                 seen += 1
             if until(job):
                 return job
@@ -159,12 +186,12 @@ def cancel(
     Publisher.build(settings.project, settings.prefix).publish_json(
         CONTROL, {"action": "cancel", "job_id": job_id, "owner": who}
     )
-    out.print(f"Asked to cancel [bold]{job_id}[/bold] as {who}.")
+    out.print(f"Asked to cancel [bold]{shown(job_id)}[/bold] as {shown(who)}.")
     if wait:
         job = _follow(settings, job_id, until=lambda job: job.state.is_terminal, timeout=60)
         if job is None or job.state is not JobState.CANCELLED:
             state = job.state.value if job else "unknown"
-            err.print(f"[red]{job_id} is {state}, not CANCELLED[/red] (see `tpujobs describe {job_id}` and the rejections collection).")
+            err.print(f"[red]{shown(job_id)} is {state}, not CANCELLED[/red] (see `tpujobs describe {shown(job_id)}` and the rejections collection).")
             raise typer.Exit(1)
 
 
@@ -201,7 +228,7 @@ def _cancel_over_http(settings: Settings, url: str, job_id: str, who: str) -> No
     except urllib.error.HTTPError as error:
         status, raw = error.code, error.read()
     except OSError as error:
-        err.print(f"[red]Could not reach the jobs API at {url}:[/red] {error}")
+        err.print(f"[red]Could not reach the jobs API at {shown(url)}:[/red] {shown(error)}")
         raise typer.Exit(1) from None
     try:
         body = json.loads(raw)
@@ -210,12 +237,12 @@ def _cancel_over_http(settings: Settings, url: str, job_id: str, who: str) -> No
     if status == 200:
         before = body.get("previous_state")
         if before == "CANCELLED":
-            out.print(f"[bold]{job_id}[/bold] was already CANCELLED.")
+            out.print(f"[bold]{shown(job_id)}[/bold] was already CANCELLED.")
         else:
-            out.print(f"Cancelled [bold]{job_id}[/bold] (it was {before}).")
+            out.print(f"Cancelled [bold]{shown(job_id)}[/bold] (it was {shown(before)}).")
         return
     reason = body.get("error") or f"HTTP {status}"
-    err.print(f"[red]{_REFUSALS.get(status, f'Failed (HTTP {status})')}:[/red] {reason}")
+    err.print(f"[red]{_REFUSALS.get(status, f'Failed (HTTP {status})')}:[/red] {shown(reason)}")
     raise typer.Exit(1)
 
 
@@ -279,13 +306,13 @@ def watch_screen(render: Any, interval: float, refreshes: int | None = None) -> 
 
     from rich.live import Live
 
-    shown = 0
+    redrawn = 0
     try:
         with Live(render(), console=out, auto_refresh=False, transient=False) as live:
-            while refreshes is None or shown < refreshes:
+            while refreshes is None or redrawn < refreshes:
                 time.sleep(interval)
                 live.update(render(), refresh=True)
-                shown += 1
+                redrawn += 1
     except KeyboardInterrupt:
         pass
 
@@ -295,7 +322,7 @@ def jobs_table(jobs: list[Job], now: datetime) -> Table:
     counts = {s: sum(job.state is s for job in jobs) for s in JobState}
     summary = "  ".join(f"{_styled(s)} {n}" for s, n in counts.items() if n)
     # Job ids are what people copy into other commands: never cut them.
-    longest = max((len(job.job_id) for job in jobs), default=3)
+    longest = max((len(uncontrolled(job.job_id)) for job in jobs), default=3)
     table = Table(
         Column("JOB", no_wrap=True, min_width=longest),
         Column("STATE", no_wrap=True),
@@ -311,13 +338,13 @@ def jobs_table(jobs: list[Job], now: datetime) -> Table:
     )
     for job in jobs:
         totals = job.accounting(now=None if job.state.is_terminal else now)
-        table.add_row(
-            job.job_id,
+        table.add_row(  # every field from a spec or a message goes through shown()
+            shown(job.job_id),
             _styled(job.state),
             str(job.attempt),
-            f"{job.spec.slices} x {job.spec.accelerator_type}",
-            job.zone,
-            job.owner,
+            shown(f"{job.spec.slices} x {job.spec.accelerator_type}"),
+            shown(job.zone),
+            shown(job.owner),
             _age(job.created_at, now),
             _chip_hours(totals.chip_hours),
             _share(totals.goodput),
@@ -354,7 +381,7 @@ def describe(
     store = _store(settings)
     found = store.get(job_id)
     if found is None:
-        err.print(f"[red]No job {job_id!r}.[/red]")
+        err.print(f"[red]No job {shown(repr(job_id))}.[/red]")
         raise typer.Exit(1)
     logs = {u.attempt: store.attempt_logs(job_id, u.attempt) for u in found.usage}
     out.print(describe_tables(found, store.events(job_id), logs, datetime.now(timezone.utc)))
@@ -363,6 +390,14 @@ def describe(
 def _describe_over_http(settings: Settings, url: str, job_id: str, who: str) -> Any:
     """The job, its timeline and its exported attempts, from the `jobs` function; exit 1 on refusal."""
     from tpujobs import api_client
+
+    return api_client.described(_ask_api(settings, url, {"action": "describe", "job_id": job_id}, who))
+
+
+def _ask_api(settings: Settings, url: str, request: dict[str, Any], who: str) -> dict[str, Any]:
+    """POST one request to the `jobs` function as `who` (locally the caller header, deployed an
+    ID token); its JSON answer, or a printed refusal and exit 1."""
+    from tpujobs import api_client
     from tpujobs.api import CALLER_HEADER
 
     if settings.local_stack:
@@ -370,16 +405,15 @@ def _describe_over_http(settings: Settings, url: str, job_id: str, who: str) -> 
     else:
         headers = {"Authorization": f"Bearer {_id_token(url)}"}
     try:
-        request = {"action": "describe", "job_id": job_id}
         status, body = api_client.post(url, request, headers, direct=settings.local_stack)
     except api_client.Unreachable as error:
-        err.print(f"[red]Could not reach the jobs API at {url}:[/red] {error}")
+        err.print(f"[red]Could not reach the jobs API at {shown(url)}:[/red] {shown(error)}")
         raise typer.Exit(1) from None
     if status != 200:
         reason = body.get("error") or f"HTTP {status}"
-        err.print(f"[red]{_REFUSALS.get(status, f'Failed (HTTP {status})')}:[/red] {reason}")
+        err.print(f"[red]{_REFUSALS.get(status, f'Failed (HTTP {status})')}:[/red] {shown(reason)}")
         raise typer.Exit(1)
-    return api_client.described(body)
+    return body
 
 
 def describe_tables(
@@ -388,20 +422,23 @@ def describe_tables(
     """The job's fields, its attempts (chip-hours, lost time, logs) and its timeline."""
     until = None if job.state.is_terminal else now
     totals = job.accounting(now=until)
-    fields = Table(show_header=False, box=None, title=f"Job {job.job_id}", title_justify="left")
+    fields = Table(show_header=False, box=None, title=f"Job {shown(job.job_id)}", title_justify="left")
     fields.add_column(style="bold")
     fields.add_column()
     spec = job.spec
+    # Every value from a spec, a message or a report goes through shown(): no markup, no control characters.
     rows: list[tuple[str, Any]] = [
         ("state", _styled(job.state)),
-        ("reason", job.state_reason),
-        ("owner", job.owner),
-        ("accelerator", f"{spec.slices} x {spec.accelerator_type} ({spec.chips} chips, {spec.capacity})"),
-        ("zone", job.zone),
+        ("reason", shown(job.state_reason)),
+        ("owner", shown(job.owner)),
+        ("accelerator", shown(f"{spec.slices} x {spec.accelerator_type} ({spec.chips} chips, {spec.capacity})")),
+        ("zone", shown(job.zone)),
         ("attempt", f"{job.attempt} (restarts {job.restarts} of {spec.max_restarts})"),
-        ("queued resource", f"{job.queued_resource} [{job.capacity_state or '-'}]"),
-        ("command", spec.command),
-        ("rules", f"on_preemption={spec.on_preemption} on_error={spec.on_error}"),
+        ("queued resource", shown(f"{job.queued_resource} [{job.capacity_state or '-'}]")),
+        ("command", shown(spec.command)),
+        ("rules", shown(f"on_preemption={spec.on_preemption} on_error={spec.on_error}")),
+        ("labels", shown(", ".join(f"{k}={v}" for k, v in sorted(spec.labels.items())) or "-")),
+        ("env", shown(", ".join(f"{k}={v}" for k, v in sorted(spec.env.items())) or "-")),
         ("created", _when(job.created_at)),
         ("started", _when(job.started_at)),
         ("ended", _when(job.ended_at)),
@@ -411,7 +448,7 @@ def describe_tables(
         ("goodput", _share(totals.goodput)),
         ("queue wait", _duration(totals.queue_wait_seconds)),
         ("time lost", _duration(totals.lost_seconds)),
-        ("logs", job.log_uri or "-"),
+        ("logs", shown(job.log_uri or "-")),
     ]
     for name, value in rows:
         fields.add_row(name, value)
@@ -436,14 +473,14 @@ def describe_tables(
             lost += " (rerun)"
         attempts.add_row(
             str(usage.attempt),
-            usage.zone or job.zone,
+            shown(usage.zone or job.zone),
             _duration(usage.queue_wait_seconds(at)),
             _when(usage.held_from)[5:19] if usage.held_from else "-",
             _when(usage.ended_at)[5:19] if usage.ended_at else "-",
             _chip_hours(usage.chip_hours(at)),
             _when(usage.last_checkpoint_at)[5:19] if usage.last_checkpoint_at else "-",
             lost,
-            exported.log_uri if exported else ("not exported yet" if usage.ended_at else "running"),
+            shown(exported.log_uri) if exported else ("not exported yet" if usage.ended_at else "running"),
         )
     # Narrow terminals keep the reason readable by dropping what it already says.
     wide = out.width >= 140
@@ -460,8 +497,8 @@ def describe_tables(
             _when(event.at)[11:],  # the date is in `created`; the time of day reads faster
             *([event.from_state.value if event.from_state else "-"] if wide else []),
             _styled(event.to_state),
-            *([event.source, str(event.attempt)] if wide else []),
-            event.reason,
+            *([shown(event.source), str(event.attempt)] if wide else []),
+            shown(event.reason),
         ]
         timeline.add_row(*cells)
     grid = Table.grid(padding=(1, 0))
@@ -542,7 +579,7 @@ def show_logs(
     store = _store(settings)
     job = store.get(job_id)
     if job is None:
-        err.print(f"[red]No job {job_id!r}.[/red]")
+        err.print(f"[red]No job {shown(repr(job_id))}.[/red]")
         raise typer.Exit(1)
     number = attempt or job.attempt
     if number > job.attempt:
