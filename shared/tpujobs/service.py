@@ -140,7 +140,9 @@ class JobService:
     # -- rejections ------------------------------------------------------------------
 
     def reject(self, message: InboundMessage, reason: str) -> None:
-        """Record why a message could not be used; the caller then acknowledges it."""
+        """Record why a message could not be used; the caller then acknowledges it. A reason
+        may quote the message, so it is scrubbed of attempt keys like the payload."""
+        reason = signing.scrub(reason)
         log.warning("rejected message %s on %s: %s", message.message_id, message.topic, reason)
         self.store.reject(
             Rejection(

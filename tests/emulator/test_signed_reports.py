@@ -415,14 +415,6 @@ def test_a_forged_report_that_carries_an_attempt_key_is_stored_scrubbed(service,
     assert text[len(signing.KEY_PREFIX) :] not in json.dumps(stored, default=str)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "service.py JobService.reject (lines 142-149) scrubs the payload but not the reason, and spec.py "
-        "_sentence (lines 245-246) quotes the bad input (up to 80 characters, a key text is 58): the key is "
-        "kept in rejections.reason and written to the function log by log.warning on line 144"
-    ),
-)
 def test_a_rejected_submission_whose_bad_field_is_an_attempt_key_keeps_no_key(
     service, firestore_client
 ):

@@ -7,7 +7,6 @@ is a fresh random one per test, as `local_settings` makes it.
 from __future__ import annotations
 
 import json
-import re
 import secrets
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
@@ -509,20 +508,9 @@ def test_scrub_removes_any_key_wherever_it_sits(before, after, key):
     """Whatever text surrounds it, the base64 body of a key_text is gone after scrub."""
     body = signing.key_text(key)[len("tpujobs-key-v1:") :]
     assume(body not in before + after)
-    assume(
-        not re.search(r"tpujobs-key-v1:[A-Za-z0-9_-]*\Z", before)
-    )  # the doubled prefix: its own xfail below
     assert body not in signing.scrub(before + signing.key_text(key) + after)
 
 
-DOUBLED_PREFIX_BUG = (
-    "signing.py lines 37-38: _KEY_TEXT/_KEY_BYTES match the prefix then [A-Za-z0-9_-]+, which stops at the "
-    "second prefix's colon: 'tpujobs-key-v1:tpujobs-key-v1:BODY' becomes 'tpujobs-key-v1:<redacted>:BODY', "
-    "and the key's body is kept"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=DOUBLED_PREFIX_BUG)
 def test_scrub_removes_a_key_written_after_a_doubled_prefix(master):
     """`tpujobs-key-v1:` written twice before a key (a script that adds the prefix again) still loses the key."""
     text = signing.key_text(signing.attempt_key(master, "train-1", CREATED, 1))
@@ -530,7 +518,6 @@ def test_scrub_removes_a_key_written_after_a_doubled_prefix(master):
     assert body not in signing.scrub(f"REPORT_KEY=tpujobs-key-v1:{text}")
 
 
-@pytest.mark.xfail(strict=True, reason=DOUBLED_PREFIX_BUG)
 def test_scrub_bytes_removes_a_key_written_after_a_doubled_prefix(master):
     """The bytes form: a doubled prefix before a key still loses the key."""
     text = signing.key_text(signing.attempt_key(master, "train-1", CREATED, 1))

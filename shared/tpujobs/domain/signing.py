@@ -34,8 +34,10 @@ SIGNATURE_PREFIX = "v1="
 MIN_MASTER_KEY_CHARS = 32
 # A host's clock may run a little ahead or behind ours (NTP keeps TPU VMs close).
 CLOCK_SKEW = timedelta(seconds=60)
-_KEY_TEXT = re.compile(re.escape(KEY_PREFIX) + r"[A-Za-z0-9_-]+")
-_KEY_BYTES = re.compile(re.escape(KEY_PREFIX.encode()) + rb"[A-Za-z0-9_-]+")
+# The key and whatever key-like text follows it: a key written after a doubled prefix
+# (`tpujobs-key-v1:tpujobs-key-v1:...`) is cut out whole too.
+_KEY_TEXT = re.compile(re.escape(KEY_PREFIX) + r"[A-Za-z0-9_:-]+")
+_KEY_BYTES = re.compile(re.escape(KEY_PREFIX.encode()) + rb"[A-Za-z0-9_:-]+")
 _SIGNATURE = re.compile(re.escape(SIGNATURE_PREFIX) + r"[0-9a-f]{64}")
 
 
