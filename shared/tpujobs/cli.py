@@ -428,6 +428,7 @@ def describe_tables(
     spec = job.spec
     # Every value from a spec, a message or a report goes through shown(): no markup, no control characters.
     rows: list[tuple[str, Any]] = [
+        ("name", shown(job.name)),
         ("state", _styled(job.state)),
         ("reason", shown(job.state_reason)),
         ("owner", shown(job.owner)),
@@ -583,14 +584,14 @@ def show_logs(
         raise typer.Exit(1)
     number = attempt or job.attempt
     if number > job.attempt:
-        err.print(f"[red]{job_id} has no attempt {number}[/red] (it is at attempt {job.attempt}).")
+        err.print(f"[red]{shown(job_id)} has no attempt {number}[/red] (it is at attempt {job.attempt}).")
         raise typer.Exit(1)
     if worker is not None and worker >= job.total_workers:
-        err.print(f"[red]{job_id} has workers 0 to {job.total_workers - 1}, not {worker}.[/red]")
+        err.print(f"[red]{shown(job_id)} has workers 0 to {job.total_workers - 1}, not {worker}.[/red]")
         raise typer.Exit(1)
     reader = LogReader(LogObjects(build_client(settings.project), settings.logs_bucket), store)
     if follow and not attempt_has_ended(job, number):
-        err.print(f"[dim]Following attempt {number} of {job_id} until it ends.[/dim]")
+        err.print(f"[dim]Following attempt {number} of {shown(job_id)} until it ends.[/dim]")
         reader.follow(job, number, _write_raw, worker)
         return
     text, exported = reader.show(job, number, worker)
@@ -637,22 +638,25 @@ def dead_letters(
         try:
             letter, new_id = service.replay(replay)
         except letters.UnknownDeadLetter:
-            err.print(f"[red]No dead letter {replay!r}.[/red] `tpujobs dead-letters` lists them.")
+            err.print(f"[red]No dead letter {shown(repr(replay))}.[/red] `tpujobs dead-letters` lists them.")
             raise typer.Exit(1) from None
         except (PermanentError, TransientError) as error:
-            err.print(f"[red]Not replayed:[/red] {error}")
+            err.print(f"[red]Not replayed:[/red] {shown(error)}")
             raise typer.Exit(1) from None
         again = f" (replayed before at {_when(letter.replayed_at)})" if letter.replayed_at else ""
-        out.print(f"Replayed dead letter [bold]{letter.message_id}[/bold] to {letter.topic} as message {new_id}{again}.")
+        out.print(
+            f"Replayed dead letter [bold]{shown(letter.message_id)}[/bold] to {shown(letter.topic)} "
+            f"as message {shown(new_id)}{again}."
+        )
         return
     found = service.list(topic=topic, limit=limit)
     if not found:
-        out.print(f"No dead letters{f' from {topic}' if topic else ''}.")
+        out.print(f"No dead letters{f' from {shown(topic)}' if topic else ''}.")
         return
     # Ids and topics are what people copy: never cut them. The payload gets what is left
     # of the terminal (at most 60 characters); a narrow one drops the year and REPLAYED.
-    id_width = max(2, *(len(letter.message_id) for letter in found))
-    topic_width = max(5, *(len(letter.topic or "?") for letter in found))
+    id_width = max(2, *(len(uncontrolled(letter.message_id)) for letter in found))
+    topic_width = max(5, *(len(uncontrolled(letter.topic or "?")) for letter in found))
     wide = out.width >= 120
     when = (lambda moment: _when(moment)[:16]) if wide else (lambda moment: _when(moment)[5:16])
     columns = 6 if wide else 5
@@ -667,13 +671,14 @@ def dead_letters(
         *([Column("REPLAYED", no_wrap=True)] if wide else []),
     )
     for letter in found:
-        excerpt = " ".join(letter.payload.split())  # one line: newlines and runs of spaces folded
+        # One line: newlines and runs of spaces folded, then any other control character made visible.
+        excerpt = uncontrolled(" ".join(letter.payload.split()))
         if len(excerpt) > excerpt_width:
             excerpt = excerpt[: excerpt_width - 1] + "…"
         table.add_row(
-            letter.message_id,
+            shown(letter.message_id),
             when(letter.at),
-            letter.topic or "?",
+            shown(letter.topic or "?"),
             "-" if letter.delivery_attempts is None else str(letter.delivery_attempts),
             Text(excerpt),  # a payload is data, never rich markup
             *([when(letter.replayed_at)] if wide else []),

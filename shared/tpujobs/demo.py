@@ -27,6 +27,7 @@ from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 
 from tpujobs.config import Settings
+from tpujobs.terminal import shown
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 STEPS = 60
@@ -124,9 +125,9 @@ def _story(settings: Settings, timeout: float, state_dir: Path) -> bool:
 def _view(job: Any, events: list[Any], progress: Progress, preempted_at: int | None) -> Panel:
     timeline = Table("AT", "TO", "REASON", box=None, padding=(0, 1))
     for event in events[-8:]:
-        timeline.add_row(event.at.strftime("%H:%M:%S.%f")[:-3], event.to_state.value, event.reason)
+        timeline.add_row(event.at.strftime("%H:%M:%S.%f")[:-3], event.to_state.value, shown(event.reason))
     note = f" - preempted after step {preempted_at}" if preempted_at is not None else ""
-    title = f"{job.job_id}  {job.state.value}  attempt {job.attempt}{note}"
+    title = f"{shown(job.job_id)}  {job.state.value}  attempt {job.attempt}{note}"
     return Panel(Group(progress, timeline), title=title, title_align="left")
 
 

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Column, Table
 
 from tpujobs.domain.accelerators import FAMILIES
+from tpujobs.terminal import shown
 
 quota_app = typer.Typer(help="Chip quotas per accelerator family and zone (config/quotas).", no_args_is_help=True)
 out = Console()
@@ -61,7 +62,7 @@ def show() -> None:
         holders = pools.view(name).holders
         waiting = len(pools.queue(name, limit=1000))
         table.add_row(
-            name,
+            shown(name),  # config/quotas is edited by hand in the console: its keys are text
             "none" if limit is None else str(limit),
             str(sum(h.chips for h in holders)),
             str(len(holders)),

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import getpass
 import os
-import re
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
@@ -25,6 +24,7 @@ from rich.text import Text
 from tpujobs.config import Settings
 from tpujobs.domain.secrets import check_secret_name
 from tpujobs.errors import PermanentError, TransientError
+from tpujobs.terminal import uncontrolled
 
 if TYPE_CHECKING:
     from tpujobs.adapters.secrets import Secrets  # imported when used: the CLI starts fast
@@ -34,7 +34,6 @@ secret_app = typer.Typer(
 )
 out = Console()
 err = Console(stderr=True)
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 Account = Annotated[
     str | None,
@@ -57,13 +56,8 @@ def _settings() -> Settings:
 
 def _fail(what: str, why: object) -> NoReturn:
     err.print(f"{what}:", style="bold red", end=" ")
-    err.print(_plain(str(why)), markup=False, highlight=False, soft_wrap=True)
+    err.print(uncontrolled(str(why)), markup=False, highlight=False, soft_wrap=True)
     raise typer.Exit(1)
-
-
-def _plain(text: str) -> str:
-    """Text safe for a terminal: control characters shown as `?`."""
-    return _CONTROL.sub("?", text)
 
 
 def _when(moment: datetime | None) -> str:
@@ -152,7 +146,7 @@ def list_secrets(
         _fail("could not list secrets", error)
     if not found:
         out.print(
-            "No secrets." if not account else f"No secrets of {_plain(account)}.", markup=False
+            "No secrets." if not account else f"No secrets of {uncontrolled(account)}.", markup=False
         )
         return
     table = Table(
@@ -163,8 +157,8 @@ def list_secrets(
     )
     for info in found:
         table.add_row(
-            Text(_plain(info.name)),
-            Text(_plain(info.account)),
+            Text(uncontrolled(info.name)),
+            Text(uncontrolled(info.account)),
             Text("-" if info.version is None else str(info.version)),
             Text(_when(info.created)),
         )
