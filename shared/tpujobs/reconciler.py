@@ -23,7 +23,8 @@ tick, so an API error never looks like a lost resource; a vanished resource is r
 again before it counts; one missed heartbeat is not a silent worker. Its cost is
 O(active jobs): one query for the active jobs, two list calls per zone (queued
 resources and nodes), one query that returns only silent workers, whatever the number
-of finished jobs.
+of finished jobs; and, once per multi-host attempt past its boot timeout, one read of its
+workers' documents.
 """
 
 from __future__ import annotations
