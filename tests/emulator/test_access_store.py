@@ -262,14 +262,6 @@ def test_a_job_without_a_service_account_keeps_the_shared_prefix(service, firest
     assert document["log_uri"] == f"gs://{BUCKET}/jobs/train-1/"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "bug: domain.access.submission_refusal returns None whenever the claimed owner is in "
-        "settings.admins, before it looks at owner_verified; a topic message with an admin's "
-        "e-mail as owner gets very-high priority with trust_topic_owners off"
-    ),
-)
 def test_a_topic_message_claiming_an_admin_owner_is_refused_while_the_topic_is_untrusted(
     firestore_client, tpu_client, project_id, simulator_url
 ):

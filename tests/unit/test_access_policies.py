@@ -183,16 +183,6 @@ def test_an_admin_named_on_a_trusted_topic_is_allowed_though_listed_nowhere(priv
     assert refusal(spec, policies, verified=False, admins=(ADMIN,)) is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "bug: submission_refusal returns None for `owner in admins` before it looks at "
-        "owner_verified, so any publisher to tpujobs-submit who writes an admin's e-mail as "
-        "`owner` gets very-high priority, reservations and any service account while "
-        "trust_topic_owners is off (issue 11 item 4: the topic path takes them only where "
-        "config/policies says so, off by default)"
-    ),
-)
 @pytest.mark.parametrize("privilege", PRIVILEGES)
 def test_an_unverified_claim_to_be_an_admin_grants_nothing_while_the_topic_is_untrusted(
     privilege: str,

@@ -56,7 +56,8 @@ def submission_refusal(
 
     Priorities `high` and `very-high` (they evict others), `reserved` capacity and a
     `service_account` need an owner who is an admin or whom the policies allow, and that
-    owner must be verified (the jobs API) unless the policies trust the topic's claim.
+    owner must be verified (the jobs API) unless the policies trust the topic's claim: an
+    admin named by a topic message is only a claim as well.
     """
     owner = spec.owner
     wants = []
@@ -69,14 +70,16 @@ def submission_refusal(
             member for member, accounts in policies.service_accounts.items() if spec.service_account in accounts
         )
         wants.append((f"service account {spec.service_account}", allowed, "config/service_accounts"))
-    if not wants or owner in admins:
+    if not wants:
         return None
     what, _, _ = wants[0]
-    if not owner_verified and not policies.trust_topic_owners:
+    if not owner_verified and not policies.trust_topic_owners:  # a claimed admin is a claim too
         return (
             f"{what} needs a verified owner: submit through the jobs API (tpujobs submit with "
             "TPUJOBS_API_URL), or ask an admin to set trust_topic_owners in config/policies"
         )
+    if owner in admins:
+        return None
     mine = policies.members(owner)
     for what, allowed, where in wants:
         if not mine & set(allowed):
