@@ -18,12 +18,12 @@ from google.cloud import tpu_v2
 from tpujobs.adapters.firestore_pools import FirestorePools
 from tpujobs.adapters.firestore_store import FirestoreJobStore
 from tpujobs.adapters.tpu import CloudTpu, build_client
-from tpujobs.config import Settings
 from tpujobs.domain.states import JobState
 from tpujobs.reconciler import Reconciler
 from tpujobs.service import JobService
 from tpujobs.simulator import SimulatorConfig, SimulatorServer
 from tpujobs.testing import inbound as message
+from tpujobs.testing import local_settings, signed
 
 pytestmark = pytest.mark.emulator
 
@@ -50,7 +50,7 @@ def pools(firestore_client) -> FirestorePools:
 
 @pytest.fixture
 def service(firestore_client, project_id, simulator, pools) -> JobService:
-    settings = Settings(
+    settings = local_settings(
         project=project_id, default_zone=ZONE, tpu_endpoint=simulator.url, logs_bucket="logs", zone_wait_seconds=0.5
     )
     tpu = CloudTpu(build_client(simulator.url), project_id)
@@ -159,7 +159,7 @@ def test_a_high_priority_job_evicts_the_lowest_newest_job_which_resumes_later(se
     time.sleep(0.01)
     submit(service, "low-new", priority="low")
     service.on_worker_report(
-        message(
+        signed(service,
             "tpujobs-worker-events",
             {"kind": "started", "job_id": "low-new", "attempt": 1, "slice_id": 0, "worker_id": 0},
         )
@@ -227,13 +227,13 @@ def test_a_spot_job_continues_on_demand_after_repeated_preemptions(service, simu
     assert tpu_v2.QueuedResource.pb(client.get_queued_resource(name=f"{name}/flaky-a1")).HasField("spot")
     for attempt in (1, 2):
         service.on_worker_report(
-            message(
+            signed(service,
                 "tpujobs-worker-events",
                 {"kind": "started", "job_id": "flaky", "attempt": attempt, "slice_id": 0, "worker_id": 0},
             )
         )
         service.on_preemption(
-            message("tpujobs-preemption", {"job_id": "flaky", "attempt": attempt, "slice_id": 0, "worker_id": 0})
+            signed(service,"tpujobs-preemption", {"job_id": "flaky", "attempt": attempt, "slice_id": 0, "worker_id": 0})
         )
     job = service.store.get("flaky")
     assert job.attempt == 3 and job.on_demand and job.capacity == "on-demand"
@@ -271,3 +271,61 @@ def test_a_tick_admits_a_waiting_pool_once_not_once_per_waiting_job(service, poo
     Reconciler(counted).tick()
     assert plan.steps.count("pools.queue") == 1, plan.steps
     assert [state(service, f"wait-{n}") for n in range(6)].count(JobState.PROVISIONING) == 1
+
+
+def test_a_job_bigger_than_the_quota_is_refused_at_submission_and_the_queue_moves(service, pools):
+    """16 chips against a quota of 8: a rejection with a sentence, no job; the next job runs."""
+    pools.set_quota(ZONE, "v4", 8)
+    outcome = service.submit(
+        message(
+            "tpujobs-submit",
+            {"job_id": "huge", "name": "huge", "owner": "ada@example.com", "accelerator_type": "v4-32", "command": "x"},
+        )
+    )
+    assert outcome.kind == "rejected"
+    assert service.store.get("huge") is None
+    (rejection,) = service.store.rejections()
+    assert rejection.reason == (
+        "job 'huge' asks for 16 chips of v4 in us-central2-b, whose quota is 8: it could never run; "
+        "ask an admin to raise the quota, or ask for fewer chips"
+    )
+    submit(service, "after")
+    assert state(service, "after") is JobState.PROVISIONING
+
+
+def test_a_quota_lowered_under_the_waiting_head_fails_it_and_admits_the_job_behind(service, pools):
+    """The head (16 chips) waits; the quota drops to 12: it can never run, so it fails with the
+    quota in its reason, and the 4-chip job behind it is admitted at the next tick."""
+    pools.set_quota(ZONE, "v4", 16)
+    submit(service, "running")
+    submit(service, "head", accelerator_type="v4-32")  # 16 chips: waits for the 4 held
+    submit(service, "behind")
+    assert [state(service, j) for j in ("running", "head", "behind")] == [
+        JobState.PROVISIONING,
+        JobState.QUEUED,
+        JobState.QUEUED,
+    ]
+
+    pools.set_quota(ZONE, "v4", 12)
+    Reconciler(service).tick()
+
+    head = service.store.get("head")
+    assert head.state is JobState.FAILED
+    assert head.state_reason == (
+        "The job asks for 16 chips of v4 in us-central2-b, whose quota is 12: it could never run there; "
+        "ask an admin to raise the quota, or ask for fewer chips."
+    )
+    assert state(service, "behind") is JobState.PROVISIONING
+    assert {h.job_id for h in pools.view(f"v4@{ZONE}").holders} == {"running", "behind"}
+
+
+def test_a_zone_whose_quota_is_too_small_is_skipped(service, pools, simulator, project_id):
+    """Zones [small, large]: the job is accepted, moves to the zone that can take it, and runs there."""
+    pools.set_quota(ZONE, "v4", 4)
+    submit(service, "skip", accelerator_type="v4-16", zones=[ZONE, OTHER_ZONE])  # 8 chips
+    job = service.store.get("skip")
+    assert (job.state, job.zone, job.attempt) == (JobState.PROVISIONING, OTHER_ZONE, 1)
+    assert [u.zone for u in job.usage] == [OTHER_ZONE]
+    moved = [e for e in service.store.events("skip") if e.from_state is JobState.QUEUED and e.to_state is JobState.QUEUED]
+    assert len(moved) == 1 and f"attempt 1 waits in {OTHER_ZONE} instead" in moved[0].reason
+    assert live_resources(simulator, project_id, OTHER_ZONE) == {"skip-a1"}
