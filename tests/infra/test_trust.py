@@ -15,7 +15,7 @@ from terraform_config import ROOT, Terraform, block, render
 from tpujobs import topology
 from tpujobs.adapters import firestore_store
 from tpujobs.config import Settings
-from tpujobs.domain import secrets
+from tpujobs.domain import naming, secrets
 
 # What shared/tpujobs/adapters/tpu.py calls, as Cloud TPU checks it: queued resources have no
 # permissions of their own, the node permissions cover them (Google's Cloud TPU roles page
@@ -181,6 +181,20 @@ def test_each_vm_account_uses_only_its_own_prefix_of_the_logs_bucket(tf: Terrafo
     for kind in ("google_storage_bucket_iam_binding", "google_storage_bucket_iam_policy",
                  "google_storage_managed_folder_iam_binding", "google_storage_managed_folder_iam_policy"):
         assert not tf.of_kind(kind), kind
+
+
+def test_each_job_writes_inside_the_folder_its_account_may_use(tf: Terraform) -> None:
+    """The prefix the code gives a job's objects (tpujobs.domain.naming.job_prefix) lies inside
+    the managed folder its account holds objectUser on: jobs/ for the default account,
+    accounts/{email}/ for a named one."""
+    folders = tf.of_kind("google_storage_managed_folder")
+    email = f"{PREFIX}team-a@proj.iam.gserviceaccount.com"
+    own = render(folders["account"]["name"], {"each.value.email": email})
+    assert naming.job_prefix("train-1", email).startswith(own)
+    assert naming.job_prefix("train-1", None).startswith(folders["jobs"]["name"])
+    assert not naming.job_prefix("train-1", None).startswith("accounts/")
+    other = render(folders["account"]["name"], {"each.value.email": f"{PREFIX}team-b@proj.iam.gserviceaccount.com"})
+    assert not naming.job_prefix("train-1", email).startswith(other)
 
 
 def test_job_accounts_read_only_their_own_secret_namespace(tf: Terraform) -> None:
