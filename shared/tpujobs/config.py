@@ -33,6 +33,8 @@ class Settings:
     # A queued resource waiting this long for capacity moves a job with more `zones` to the next.
     zone_wait_seconds: float = 600.0
     tpu_service_account: str = ""  # what TPU VMs run as (publish worker events, write logs)
+    # The accounts infra/ made for jobs of their own (`service_account`), which the functions may act as.
+    job_service_accounts: tuple[str, ...] = ()
     # The deployment's report-signing master key (a secret, from Secret Manager): each attempt's
     # key is derived from it (`tpujobs.domain.signing`). Never printed, so not in repr.
     report_key: str = field(default="", repr=False)
@@ -64,6 +66,9 @@ class Settings:
             stuck_after_seconds=float(env.get("TPUJOBS_STUCK_AFTER_SECONDS") or 30.0),
             zone_wait_seconds=float(env.get("TPUJOBS_ZONE_WAIT_SECONDS") or 600.0),
             tpu_service_account=env.get("TPUJOBS_TPU_SERVICE_ACCOUNT", ""),
+            job_service_accounts=tuple(
+                a.strip() for a in env.get("TPUJOBS_JOB_SERVICE_ACCOUNTS", "").split(",") if a.strip()
+            ),
             report_key=env.get("TPUJOBS_REPORT_KEY", ""),
             heartbeat_seconds=float(env.get("TPUJOBS_HEARTBEAT_SECONDS") or 10.0),
             heartbeat_timeout_seconds=float(env.get("TPUJOBS_HEARTBEAT_TIMEOUT_SECONDS") or 60.0),

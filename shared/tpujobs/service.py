@@ -183,6 +183,12 @@ class JobService:
     def submission_refusal(self, spec: JobSpec, *, owner_verified: bool) -> str | None:
         """Why this owner may not submit this spec (privileged priority, reserved capacity, a
         service account; `domain.access.submission_refusal`), or None."""
+        account = spec.service_account
+        if account and account == self.settings.tpu_service_account:
+            return f"{account} is the deployment's default account: leave service_account out to use it"
+        known = self.settings.job_service_accounts
+        if account and known and account not in known:
+            return f"{account} is not one of this deployment's job accounts ({', '.join(known)}): infra/ creates them"
         if self.access is None:  # no policy store (a service built by hand): everything allowed
             return None
         return submission_refusal(
@@ -217,7 +223,6 @@ class JobService:
                     f"job_id {job.job_id!r} already exists with a different spec; "
                     "a job_id names one job, so this submission was ignored"
                 )
-                return SubmitOutcome("rejected", job.job_id, f"job_id {job.job_id!r} already exists")
             if existing.state is not JobState.QUEUED:
                 return SubmitOutcome("duplicate", job.job_id, f"job is already {existing.state.value}")
             job = existing  # an earlier delivery stopped half-way: finish its work

@@ -70,6 +70,7 @@ from tpujobs.testing import (
     InjectedCrash,
     When,
     local_settings,
+    signed,
     wait_for,
 )
 
@@ -148,7 +149,7 @@ class Harness:
     def started(self) -> None:
         payload = {"kind": "started", "job_id": JOB, "attempt": 1, "slice_id": 0, "worker_id": 0}
         self.service.on_worker_report(
-            InboundMessage("setup-started", "tpujobs-worker-events", json.dumps(payload).encode())
+            signed(self.service, "tpujobs-worker-events", payload, message_id="setup-started")
         )
         assert self.service.store.get(JOB).state is JobState.RUNNING
 
@@ -203,8 +204,11 @@ class Scenario:
     commit: int | None = None  # the step that records the message; None: the TPU shows it anyway
     untouched: Outcome | None = None  # as the setup left it: a message lost before its commit
 
-    def message(self) -> InboundMessage:
-        """The one message of the test: a redelivery carries the same id and bytes."""
+    def message(self, h: Harness) -> InboundMessage:
+        """The one message of the test: a redelivery carries the same id and bytes. Worker
+        reports and notices are signed by the attempt's key, as its agent signs them."""
+        if self.topic in SIGNED_TOPICS:
+            return signed(h.service, self.topic, self.payload, message_id="4242")
         return InboundMessage("4242", self.topic, json.dumps(self.payload).encode())
 
     def deliver(self, service: JobService, message: InboundMessage) -> object:
@@ -227,8 +231,11 @@ def _preempted(h: Harness) -> None:
 
 
 # A committed decision is acted on as committed: no read between `store.apply` and the action.
-_EXIT_STEPS = ("store.apply", "tpu.release", "store.record_worker")
+# A report is believed first: its job read, its signature remembered (a replay is refused).
+_BELIEVED = ("store.get", "store.remember_report")
+_EXIT_STEPS = (*_BELIEVED, "store.apply", "tpu.release", "store.record_worker")
 _LOSS_STEPS = ("store.apply", "tpu.release", "tpu.request", "store.apply")
+SIGNED_TOPICS = ("tpujobs-worker-events", "tpujobs-preemption")
 _RECOVERED = Outcome(JobState.PROVISIONING, attempt=2, recoveries=1)
 
 
@@ -263,7 +270,7 @@ SCENARIOS = [
         setup=_running,
         steps=_EXIT_STEPS,
         done=Outcome(JobState.SUCCEEDED, exit_code=0),
-        commit=1,
+        commit=3,
         untouched=Outcome(JobState.RUNNING),
     ),
     Scenario(
@@ -274,7 +281,7 @@ SCENARIOS = [
         setup=_running,
         steps=_EXIT_STEPS,
         done=Outcome(JobState.FAILED, exit_code=3),
-        commit=1,
+        commit=3,
         untouched=Outcome(JobState.RUNNING),
     ),
     Scenario(
@@ -283,7 +290,7 @@ SCENARIOS = [
         "tpujobs-preemption",
         {"job_id": JOB, "attempt": 1, "slice_id": 0, "worker_id": 0, "reason": "SIGTERM"},
         setup=_preempted,
-        steps=_LOSS_STEPS,
+        steps=(*_BELIEVED, *_LOSS_STEPS),
         done=_RECOVERED,
     ),
     Scenario(
@@ -391,7 +398,7 @@ def test_each_handler_makes_exactly_its_listed_io_steps_and_settles(harness, sce
     """Uncrashed, the handler makes the listed port calls (the N crash points) and ends as expected."""
     scenario.setup(harness)
     plan = CrashPlan()
-    scenario.deliver(harness.crashing(plan), scenario.message())
+    scenario.deliver(harness.crashing(plan), scenario.message(harness))
     assert plan.steps == list(scenario.steps) and not plan.crashed
     assert_settled(harness, scenario.done, f"{scenario.name} uncrashed")
 
@@ -400,7 +407,7 @@ def test_each_handler_makes_exactly_its_listed_io_steps_and_settles(harness, sce
 def test_redelivery_finishes_a_handler_killed_at_any_io_step(harness, scenario, k, when):
     """Killed before/after step k, the same message delivered again ends the job right, once."""
     scenario.setup(harness)
-    message = scenario.message()
+    message = scenario.message(harness)
     plan = crash(harness, scenario, message, k, when)
     scenario.deliver(harness.service, message)
     assert_settled(
@@ -413,7 +420,7 @@ def test_the_reconciler_finishes_a_handler_killed_after_its_commit(harness, scen
     """Killed before/after step k and the message lost: the reconciler alone ends the job right;
     a redelivery that turns up after all, once the tick repaired it, changes nothing."""
     scenario.setup(harness)
-    message = scenario.message()
+    message = scenario.message(harness)
     plan = crash(harness, scenario, message, k, when)
     context = f"{scenario.name}: crash {when} {plan.steps}, message lost, reconciled"
     reconcile(harness, context)
@@ -426,7 +433,7 @@ def test_the_reconciler_finishes_a_handler_killed_after_its_commit(harness, scen
 def test_a_message_lost_before_its_commit_leaves_the_job_as_it_was(harness, scenario, k, when):
     """Killed before the commit and the message lost: nothing to repair, and nothing leaks."""
     scenario.setup(harness)
-    plan = crash(harness, scenario, scenario.message(), k, when)
+    plan = crash(harness, scenario, scenario.message(harness), k, when)
     context = f"{scenario.name}: crash {when} {plan.steps}, message lost, reconciled"
     reconcile(harness, context)
     assert scenario.untouched is not None
@@ -452,7 +459,7 @@ def _half_done(name: str, k: int) -> Callable[[Harness], None]:
 
     def setup(h: Harness) -> None:
         scenario.setup(h)
-        crash(h, scenario, scenario.message(), k, "after")
+        crash(h, scenario, scenario.message(h), k, "after")
 
     return setup
 
@@ -475,7 +482,7 @@ TICKS = [
     ),
     TickScenario(  # a loss was committed but its handler died: the tick starts attempt 2
         "recovering-job",
-        _half_done("preemption", 1),
+        _half_done("preemption", 3),  # after its commit (the report was checked and remembered first)
         (*_SURVEY, "store.get", *_NEXT_ATTEMPT, "store.silent_workers"),
         _RECOVERED,
     ),
