@@ -127,25 +127,11 @@ def error_json(error: SecretManagerError) -> Json:
 # -- CRC32C (Castagnoli), as payload.dataCrc32c carries it --------------------------------
 
 
-def _crc32c_table() -> list[int]:
-    table = []
-    for byte in range(256):
-        crc = byte
-        for _ in range(8):
-            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
-        table.append(crc)
-    return table
-
-
-_CRC32C_TABLE = _crc32c_table()
-
-
 def crc32c(data: bytes) -> int:
-    """The CRC32C of data (what google-crc32c computes); at most 64 KiB here, so pure Python."""
-    crc = 0xFFFFFFFF
-    for byte in data:
-        crc = _CRC32C_TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF
+    """The CRC32C of data, by google-crc32c: the library the real client checks it with."""
+    import google_crc32c
+
+    return int(google_crc32c.value(data))
 
 
 # -- state --------------------------------------------------------------------------------
