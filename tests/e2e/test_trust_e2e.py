@@ -452,24 +452,26 @@ def test_a_job_whose_secret_does_not_exist_fails_once_naming_the_secret_and_the_
 
 
 def test_describe_by_another_caller_shows_env_names_and_no_values(env, submit_job, http):
-    """env {LEARNING_RATE: 0.123}: through the jobs API a stranger sees the name and not the
-    value anywhere in describe or list; the owner sees the value."""
+    """env {LEARNING_RATE: <a value found nowhere else>}: through the jobs API a stranger sees
+    the name and not the value anywhere in describe or list; the owner sees the value. (A plain
+    number such as 0.123 could turn up in another job's chip-hours and prove nothing.)"""
+    value = f"0.123-{uuid.uuid4().hex}"
     job_id = submit_with(
         env,
         "env",
-        {"accelerator_type": "v4-8", "env": {"LEARNING_RATE": "0.123"}, "command": "sleep 600"},
+        {"accelerator_type": "v4-8", "env": {"LEARNING_RATE": value}, "command": "sleep 600"},
     )
     try:
         wait_for(lambda: env["store"].get(job_id))
         stranger = post(http, {"action": "describe", "job_id": job_id}, STRANGER)
         assert stranger.status_code == 200, stranger.text
         assert "LEARNING_RATE" in stranger.json()["job"]["spec"]["env"]
-        assert "0.123" not in stranger.text
+        assert value not in stranger.text
         listed = post(http, {"action": "list", "owner": OWNER, "limit": 1000}, STRANGER)
         assert listed.status_code == 200 and job_id in listed.text
-        assert "0.123" not in listed.text
+        assert value not in listed.text
         owner = post(http, {"action": "describe", "job_id": job_id}, OWNER)
-        assert owner.json()["job"]["spec"]["env"] == {"LEARNING_RATE": "0.123"}
+        assert owner.json()["job"]["spec"]["env"] == {"LEARNING_RATE": value}
     finally:
         cancel(http, job_id)
 
