@@ -13,3 +13,8 @@ class TransientError(RuntimeError):
 
 class PermanentError(RuntimeError):
     """Retrying cannot help: the handler records why and acknowledges the message."""
+
+
+class QuotaExhausted(TransientError):
+    """A 429 (RESOURCE_EXHAUSTED) that means a quota ran out, not a rate limit: retrying soon
+    will not help, so the job waits with this reason shown until capacity frees up."""
