@@ -20,9 +20,11 @@ _OPTIONS = SerializationOptions(strip_string_quotes=True, explicit_blocks=False,
 
 @dataclass(frozen=True)
 class Terraform:
-    """Every block of infra/*.tf by kind: resources by (type, name), locals, variables, outputs."""
+    """Every block of infra/*.tf by kind: resources and data sources by (type, name), locals,
+    variables, outputs."""
 
     resources: dict[tuple[str, str], dict[str, Any]]
+    data_sources: dict[tuple[str, str], dict[str, Any]]
     locals: dict[str, Any]
     variables: dict[str, dict[str, Any]]
     outputs: dict[str, dict[str, Any]]
@@ -31,6 +33,7 @@ class Terraform:
     @classmethod
     def load(cls, directory: Path = INFRA) -> Terraform:
         resources: dict[tuple[str, str], dict[str, Any]] = {}
+        data_sources: dict[tuple[str, str], dict[str, Any]] = {}
         local_values: dict[str, Any] = {}
         variables: dict[str, dict[str, Any]] = {}
         outputs: dict[str, dict[str, Any]] = {}
@@ -39,11 +42,12 @@ class Terraform:
             texts.append(path.read_text(encoding="utf-8"))
             with path.open(encoding="utf-8") as file:
                 parsed = hcl2.load(file, serialization_options=_OPTIONS)
-            for block in parsed.get("resource", []):
-                for kind, named in block.items():
-                    for name, body in named.items():
-                        assert (kind, name) not in resources, f"{kind}.{name} declared twice"
-                        resources[kind, name] = body
+            for section, found in (("resource", resources), ("data", data_sources)):
+                for block in parsed.get(section, []):
+                    for kind, named in block.items():
+                        for name, body in named.items():
+                            assert (kind, name) not in found, f"{section} {kind}.{name} declared twice"
+                            found[kind, name] = body
             for block in parsed.get("locals", []):
                 for name, value in block.items():
                     assert name not in local_values, f"local.{name} declared twice"
@@ -52,7 +56,7 @@ class Terraform:
                 variables.update(block)
             for block in parsed.get("output", []):
                 outputs.update(block)
-        return cls(resources, local_values, variables, outputs, "\n".join(texts))
+        return cls(resources, data_sources, local_values, variables, outputs, "\n".join(texts))
 
     def resource(self, kind: str, name: str) -> dict[str, Any]:
         assert (kind, name) in self.resources, f"infra/ declares no {kind}.{name}"
@@ -60,6 +64,11 @@ class Terraform:
 
     def of_kind(self, kind: str) -> dict[str, dict[str, Any]]:
         return {name: body for (k, name), body in self.resources.items() if k == kind}
+
+
+def parse(text: str) -> dict[str, Any]:
+    """HCL text as the infra tests read it: quotes stripped, blocks as lists."""
+    return hcl2.loads(text, serialization_options=_OPTIONS)
 
 
 def block(body: dict[str, Any], name: str) -> dict[str, Any]:
