@@ -98,11 +98,12 @@ def wait_for(probe: Callable[[], T], timeout: float = 60.0, interval: float = 0.
         time.sleep(interval)
 
 
-class InjectedCrash(Exception):
+class InjectedCrash(BaseException):
     """The process died at a planned I/O step.
 
-    Deliberately neither a TransientError nor a PermanentError: no handler catches it,
-    just as no handler survives its instance being killed.
+    Deliberately neither a TransientError nor a PermanentError, nor an Exception at all (as
+    SystemExit is not): code that survives any error of one item (the reconciler's tick,
+    which goes on past an unexpected exception) must not survive its instance being killed.
     """
 
     def __init__(self, step: int, name: str, when: When) -> None:
@@ -171,8 +172,8 @@ class CrashingStore:
     ) -> builtins.list[Job]:
         return self._plan.step("store.list", lambda: self._store.list(state, owner, limit))
 
-    def list_active(self, limit: int = 10_000) -> builtins.list[Job]:
-        return self._plan.step("store.list_active", lambda: self._store.list_active(limit))
+    def list_active(self, page_size: int = 500) -> builtins.list[Job]:
+        return self._plan.step("store.list_active", lambda: self._store.list_active(page_size))
 
     def record_worker(self, job_id: str, worker: WorkerRecord) -> None:
         self._plan.step("store.record_worker", lambda: self._store.record_worker(job_id, worker))
