@@ -25,6 +25,8 @@ PACKAGE = "@cdktf/provider-google"
 # The newest release of the bindings whose provider is in the range infra/versions.tf allowed
 # (">= 6.0, < 8.0"): 16.12.1 is provider 6.50.0, the last the bindings were published for.
 PACKAGE_VERSION = "16.12.1"
+# The reduced schema's layout: a new one is cached beside the old, never read as the old.
+FORMAT = 2
 
 # npm's error codes for "the registry could not be reached": only these make the test skip.
 UNREACHABLE = ("ENOTFOUND", "EAI_AGAIN", "ECONNREFUSED", "ECONNRESET", "ETIMEDOUT", "ENETUNREACH", "EHOSTUNREACH")
@@ -47,7 +49,7 @@ def cache_dir(version: str = PACKAGE_VERSION) -> Path:
 def load(version: str = PACKAGE_VERSION) -> dict[str, Any]:
     """The reduced schema: fetched, parsed and cached on first use, read from the cache after."""
     folder = cache_dir(version)
-    cached = folder / "schema.json"
+    cached = folder / f"schema-v{FORMAT}.json"
     if cached.exists():
         return json.loads(cached.read_text(encoding="utf-8"))
     folder.mkdir(parents=True, exist_ok=True)
@@ -116,7 +118,7 @@ def _member(archive: tarfile.TarFile, name: str) -> Any:
 
 
 def _struct(types: dict[str, Any], fqn: str, seen: tuple[str, ...]) -> dict[str, Any]:
-    """{"arguments": {name: required}, "blocks": {name: {"required": ..., ...nested}}}."""
+    """{"arguments": {name: required}, "blocks": {name: {"required", "single", ...nested}}}."""
     node: dict[str, Any] = {"arguments": {}, "blocks": {}}
     if fqn in seen:  # a recursive schema: its depth is cut where it repeats
         return node
@@ -127,7 +129,9 @@ def _struct(types: dict[str, Any], fqn: str, seen: tuple[str, ...]) -> dict[str,
         if nested is None:
             node["arguments"][name] = required
         else:
-            node["blocks"][name] = {"required": required, **_struct(types, nested, (*seen, fqn))}
+            # A block typed as one struct, not a list of them, is one the provider allows once.
+            single = "fqn" in prop["type"]
+            node["blocks"][name] = {"required": required, "single": single, **_struct(types, nested, (*seen, fqn))}
     return node
 
 

@@ -1,7 +1,8 @@
 """infra/ held against the Google provider's own schema, as `terraform validate` would hold it.
 
 Every `resource` and `data` block: no argument or block the provider lacks (into nested and
-dynamic blocks), every required argument and block set; meta-arguments allowed at the top. The
+dynamic blocks), every required argument and block set, a block the provider allows once given
+at most once; meta-arguments allowed at the top. The
 schema comes from @cdktf/provider-google (provider_schema.py), fetched with npm on first use.
 """
 
@@ -44,6 +45,8 @@ def problems(body: dict[str, Any], node: dict[str, Any], where: str, top: bool =
         elif not isinstance(value, list):
             found.append(f"{where}: {key!r} is a block, written as an argument")
         else:
+            if node["blocks"][key]["single"] and len(value) + (key in dynamic) > 1:
+                found.append(f"{where}: block {key!r} is allowed once")
             for nested in value:
                 found += problems(nested, node["blocks"][key], f"{where}.{key}", top=False)
     for key, spec in dynamic.items():
@@ -95,8 +98,9 @@ def test_versions_pins_the_provider_the_schema_describes(schema: dict[str, Any])
 
 
 def test_the_check_finds_what_the_provider_would_refuse(schema: dict[str, Any]) -> None:
-    """Unknown names, top and nested (also in dynamic blocks), and missing required arguments
-    of nested blocks are reported; meta-arguments and a correct body are not."""
+    """Unknown names, top and nested (also in dynamic blocks), missing required arguments of
+    nested blocks and a single block given twice are reported; meta-arguments, repeated list
+    blocks and a correct body are not."""
     text = """
     resource "google_pubsub_subscription" "bad" {
       topic        = "t"
@@ -108,6 +112,8 @@ def test_the_check_finds_what_the_provider_would_refuse(schema: dict[str, Any]) 
           audience = "a"
         }
       }
+      retry_policy {}
+      retry_policy {}
       dynamic "dead_letter_policy" {
         for_each = [1]
         content {
@@ -134,6 +140,14 @@ def test_the_check_finds_what_the_provider_would_refuse(schema: dict[str, Any]) 
           type = "Delete"
         }
       }
+      lifecycle_rule {
+        condition {
+          days_since_noncurrent_time = 1
+        }
+        action {
+          type = "Delete"
+        }
+      }
     }
     """
     parsed = parse(text)
@@ -145,6 +159,7 @@ def test_the_check_finds_what_the_provider_would_refuse(schema: dict[str, Any]) 
             "resource google_pubsub_subscription.bad.push_config.oidc_token: required argument 'service_account_email' is missing",
             "resource google_pubsub_subscription.bad.dead_letter_policy: no argument or block 'dead_letter_topc'",
             "resource google_pubsub_subscription.bad: no block 'no_such_block' (dynamic)",
+            "resource google_pubsub_subscription.bad: block 'retry_policy' is allowed once",
             "resource google_secret_manager_secret.no_replication: required block 'replication' is missing",
         ]
     )
