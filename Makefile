@@ -11,7 +11,7 @@ TERRAFORM ?= terraform
 TF_STATE_BUCKET ?=
 TF_VARS_FILE ?=
 
-.PHONY: venv tools emulator-tools terraform-tool lint test test-unit test-emulator demo bench clean bundle infra-check checkov plan apply
+.PHONY: venv tools emulator-tools terraform-tool lint test test-unit test-emulator demo bench clean bundle infra-check infra-fmt infra-test checkov plan apply
 
 # The functions' pinned runtime dependencies are the constraints: tests run what deploys.
 $(STAMP): pyproject.toml functions/requirements.txt
@@ -50,8 +50,14 @@ test: venv tools lint infra-check
 # checks; skips explained in place) and tests/infra (Terraform against the code, and against the
 # schema of the Google provider infra/versions.tf pins, 6.50.0: npm fetches it once, as the
 # package @cdktf/provider-google 16.12.1, into ~/.cache/tpujobs).
-infra-check: venv terraform-tool checkov
+# Two halves, so that each can run where its tools are (cloudbuild.yaml): infra-fmt needs only
+# Terraform, infra-test only Python (.venv, .venv-checkov) and npm.
+infra-check: infra-fmt infra-test
+
+infra-fmt: terraform-tool
 	$(TERRAFORM) fmt -check -recursive infra
+
+infra-test: venv checkov
 	BC_SKIP_MAPPING=TRUE CHECKOV_RUN_SCA_PACKAGE_SCAN_V2=false \
 		$(CHECKOV_VENV)/bin/checkov --directory infra --framework terraform --skip-download --compact --quiet
 	$(BIN)/pytest -q tests/infra
