@@ -76,9 +76,12 @@ class WorkerReport(_Strict):
 
     `aborted`: the attempt could not run its command for a reason no restart fixes (a
     secret missing or unreadable, code whose digest differs); `detail` says which.
+    `rebooted`: the agent started again for an attempt that had already started on its
+    host (the VM rebooted and re-ran its startup script), so the attempt lost that host;
+    it ran nothing, and `detail` says what it found of the first start.
     """
 
-    kind: Literal["started", "heartbeat", "exited", "checkpoint", "aborted"]
+    kind: Literal["started", "heartbeat", "exited", "checkpoint", "aborted", "rebooted"]
     job_id: JobId
     attempt: Attempt
     slice_id: Index

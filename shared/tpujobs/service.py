@@ -37,12 +37,13 @@ from tpujobs.domain.job import Job, JobEvent, Source, SubmittedVia, new_job, wor
 from tpujobs.domain.naming import job_prefix, parse_queued_resource_name, queued_resource_name
 from tpujobs.domain.retry import BACKOFF_CAP_SECONDS
 from tpujobs.domain.spec import JobSpec, SpecError, decode_spec
-from tpujobs.domain.states import EventKind, JobState
+from tpujobs.domain.states import QUOTA_EXHAUSTED, EventKind, JobState
 from tpujobs.domain.transitions import Decision, Ignored, Observation
-from tpujobs.errors import PermanentError, TransientError
+from tpujobs.errors import PermanentError, QuotaExhausted, TransientError
 from tpujobs.inbound import InboundMessage
 from tpujobs.ports import (
     AccessPolicyReader,
+    CapacityStatus,
     Clock,
     JobStore,
     LogExportRequests,
@@ -369,20 +370,30 @@ class JobService:
             self.admit_waiting(pool, leaving=frozenset({job_id}))
 
     def _admit(self, job: Job) -> SubmitOutcome:
-        """Request the attempt's capacity, then record PROVISIONING (or FAILED for good)."""
+        """Request the attempt's capacity, then record PROVISIONING (or FAILED for good).
+
+        A request refused because the TPU quota is exhausted is PROVISIONING too, saying so
+        (`QUOTA_EXHAUSTED`): tpujobs admitted the job, Google has no room yet, and the message
+        is done with (redelivering it would only end in the dead-letter topic); the reconciler
+        asks again every tick, within the zone wait like any wait for capacity.
+        """
+        reason = ""
         try:
             status = self.tpu.request(job, host_boot(job, self.settings))
+        except QuotaExhausted as error:
+            status, reason = CapacityStatus(job.queued_resource, job.zone, QUOTA_EXHAUSTED), quota_reason(job, error)
         except PermanentError as error:
             self._commit(
                 job.job_id,
                 Observation(EventKind.CAPACITY_REQUEST_FAILED, job.attempt, "tpu", reason=str(error)),
             )
             return SubmitOutcome("failed", job.job_id, str(error))
-        outcome = self._commit(
-            job.job_id,
-            Observation(EventKind.ADMITTED, job.attempt, "submit", capacity_state=status.state),
+        seen = Observation(
+            EventKind.ADMITTED, job.attempt, "submit", reason, status.state, operation=status.operation
         )
+        outcome = self._commit(job.job_id, seen)
         if isinstance(outcome, Decision):
+            self._failed_at_once(job.job_id, job.attempt, status)
             return SubmitOutcome("provisioning", job.job_id, outcome.event.reason)
         self._release_if_orphaned(job)
         return SubmitOutcome("duplicate", job.job_id, outcome.reason)
@@ -390,8 +401,8 @@ class JobService:
     # -- what happens to a running job ----------------------------------------------
 
     def on_worker_report(self, message: InboundMessage) -> Decision | Ignored | None:
-        """tpujobs-worker-events: started, heartbeat, exited, checkpoint or aborted, from one
-        worker host, believed only when signed with its attempt's key (`_believed`)."""
+        """tpujobs-worker-events: started, heartbeat, exited, checkpoint, aborted or rebooted,
+        from one worker host, believed only when signed with its attempt's key (`_believed`)."""
         report = self._decode(WorkerReport, message)
         if report is None or not self._believed(report, message):
             return None
@@ -404,6 +415,7 @@ class JobService:
             "exited": {"exited_at": at, "exit_code": report.exit_code, "live": False},
             "aborted": {"exited_at": at, "exit_code": report.exit_code, "live": False},
             "checkpoint": {"checkpoint_step": report.step, "checkpoint_at": at, "live": True},
+            "rebooted": {"live": False},
         }[report.kind]
         outcome: Decision | Ignored | None = None
         if report.kind == "started":
@@ -419,6 +431,11 @@ class JobService:
             seen = Observation(
                 EventKind.ATTEMPT_ABORTED, report.attempt, "agent", reason=why, exit_code=report.exit_code, worker=worker
             )
+            outcome = self.observe(report.job_id, seen)
+        elif report.kind == "rebooted":  # the host's agent started over: that host is lost
+            found = report.detail or "its startup script ran again"
+            why = f"Rebooted: worker {worker} of attempt {report.attempt} started over ({found})"
+            seen = Observation(EventKind.CAPACITY_LOST, report.attempt, "agent", reason=why, worker=worker)
             outcome = self.observe(report.job_id, seen)
         elif report.kind == "checkpoint":
             self.store.record_checkpoint(report.job_id, report.attempt, at)
@@ -592,20 +609,80 @@ class JobService:
                 self.sleep(min(wait, BACKOFF_CAP_SECONDS))
         self.tpu.release(job.zone, job.queued_resource)
         following = job.as_next_attempt()
+        reason = ""
         try:
             status = self.tpu.request(following, host_boot(following, self.settings))
+        except QuotaExhausted as error:  # the next attempt waits for quota (`_admit`)
+            status = CapacityStatus(following.queued_resource, following.zone, QUOTA_EXHAUSTED)
+            reason = quota_reason(following, error)
         except PermanentError as error:
             self._commit(
                 job.job_id,
                 Observation(EventKind.CAPACITY_REQUEST_FAILED, job.attempt, "tpu", reason=str(error)),
             )
             return
-        outcome = self._commit(
-            job.job_id,
-            Observation(EventKind.NEXT_ATTEMPT_REQUESTED, job.attempt, "tpu", capacity_state=status.state),
+        seen = Observation(
+            EventKind.NEXT_ATTEMPT_REQUESTED, job.attempt, "tpu", reason, status.state, operation=status.operation
         )
+        outcome = self._commit(job.job_id, seen)
         if isinstance(outcome, Ignored):
             self._release_if_orphaned(following)
+        else:
+            self._failed_at_once(job.job_id, following.attempt, status)
+
+    def _failed_at_once(self, job_id: str, attempt: int, status: CapacityStatus) -> None:
+        """A create whose operation had already failed when it answered: a failed provisioning,
+        under the job's rules (its next zone, a restart, or the end), at once."""
+        if status.state == "FAILED":
+            what = f"Queued resource {status.name} was never created: {status.detail}"
+            self.observe(job_id, Observation(EventKind.CAPACITY_LOST, attempt, "tpu", what, "FAILED"))
+
+    # -- what the reconciler asks of the service ----------------------------------------
+
+    def request_again(self, job_id: str) -> Decision | Ignored | None:
+        """Ask again for a PROVISIONING job's queued resource, missing or refused for quota.
+
+        Read first: the reconciler's listing is an outline, without the command and env the
+        hosts boot with. Within the zone wait only (the reconciler checks): `requested_at`
+        stays the first request's, so this never loops for ever. Refused for quota: it waits
+        on, saying so once; refused for good: FAILED, as at admission.
+        """
+        job = self.store.get(job_id)
+        if job is None or job.state is not JobState.PROVISIONING:
+            return None
+        try:
+            status = self.tpu.request(job, host_boot(job, self.settings))
+        except QuotaExhausted as error:
+            seen = Observation(EventKind.REQUESTED_AGAIN, job.attempt, "reconciler",
+                               quota_reason(job, error), QUOTA_EXHAUSTED)  # fmt: skip
+            return self._commit(job_id, seen)
+        except PermanentError as error:
+            seen = Observation(EventKind.CAPACITY_REQUEST_FAILED, job.attempt, "tpu", reason=str(error))
+            return self.observe(job_id, seen)
+        reason = ""
+        if job.capacity_state == QUOTA_EXHAUSTED:
+            reason = f"The TPU quota in {job.zone} has room now: queued resource {job.queued_resource} requested."
+        seen = Observation(EventKind.REQUESTED_AGAIN, job.attempt, "reconciler", reason, status.state,
+                           operation=status.operation)  # fmt: skip
+        outcome = self._commit(job_id, seen)
+        if isinstance(outcome, Ignored):
+            self._release_if_orphaned(job)
+        else:
+            self._failed_at_once(job_id, job.attempt, status)
+        return outcome
+
+    def note_suspect_hosts(
+        self, job_id: str, attempt: int, hosts: tuple[tuple[str, str], ...], reason: str
+    ) -> Decision | Ignored:
+        """Remember which hosts of the attempt are in a grace-gated condition, and since when
+        (`Job.suspect_hosts`); the same hosts in the same conditions again write nothing."""
+        return self._commit(job_id, Observation(EventKind.HOSTS_SUSPECT, attempt, "reconciler", reason, hosts=hosts))
+
+    def note_repair_failure(self, job_id: str, doing: str, error: Exception) -> Decision | Ignored:
+        """Record on the job that the reconciler's repair met a permanent error: its reason and
+        timeline say so (once per distinct error), its state stays, and the tick goes on."""
+        reason = signing.scrub(f"The reconciler could not {doing}: {error}. It tries again at every tick.")
+        return self._commit(job_id, Observation(EventKind.REPAIR_FAILED, None, "reconciler", reason=reason))
 
     def _release_if_orphaned(self, requested: Job) -> None:
         """After a request lost its race (a cancel, another handler), free what nobody owns."""
@@ -656,3 +733,9 @@ class JobService:
         except ReportError as error:
             self.reject(message, message.undecodable or str(error))
             return None
+
+
+def quota_reason(job: Job, error: QuotaExhausted) -> str:
+    """What a job waiting for TPU quota says, quoting Google."""
+    return f"TPU quota exhausted in {job.zone}: {error}; waiting (asked again at every reconciler tick)."
+

@@ -9,6 +9,7 @@ emulators are in tests/emulator/test_agent_emulators.py. The metadata server is 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import io
 import json
@@ -84,22 +85,34 @@ class _MetadataHandler(BaseHTTPRequestHandler):
         if self.headers.get("Metadata-Flavor") != "Google":
             self._send(403, "Missing Metadata-Flavor")
             return
-        path = urllib.parse.urlsplit(self.path).path
-        key = path.removeprefix("/computeMetadata/v1/")
+        parts = urllib.parse.urlsplit(self.path)
+        key = parts.path.removeprefix("/computeMetadata/v1/")
+        query = urllib.parse.parse_qs(parts.query)
         value = owner.values().get(key)
+        if value is not None and query.get("wait_for_change") == ["true"] and owner.hold:
+            value = owner.wait_for_change(key, value, query)
         self._send(404, "not found") if value is None else self._send(200, value)
 
     def _send(self, status: int, body: str) -> None:
         data = body.encode()
         self.send_response(status)
         self.send_header("Metadata-Flavor", "Google")
+        self.send_header("ETag", etag(body))
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
 
 
+def etag(value: str) -> str:
+    return hashlib.sha256(value.encode()).hexdigest()[:16]
+
+
 class FakeMetadata(_Server):
-    """A GCE metadata server for one worker host; `preempted` flips instance/preempted."""
+    """A GCE metadata server for one worker host; `preempted` flips instance/preempted and
+    `maintenance_event` sets instance/maintenance-event. Like GCE it answers with an ETag and
+    holds a `wait_for_change` request until the value's ETag differs from `last_etag` (or
+    `timeout_sec` passes); with `hold` False it answers at once, as a server that cannot wait.
+    """
 
     handler = _MetadataHandler
 
@@ -118,8 +131,27 @@ class FakeMetadata(_Server):
         self.key = key  # the tpujobs-report-key attribute; None: absent
         self.account = account
         self.preempted = False
+        self.maintenance_event = "NONE"
+        self.hold = True
+        self.closing = threading.Event()
         self.extra = extra
         self.requests: list[str] = []
+
+    def wait_for_change(self, key: str, value: str, query: dict[str, list[str]]) -> str | None:
+        """The value once its ETag differs from last_etag (at once without one), or at timeout_sec."""
+        last = query.get("last_etag", [""])[0]
+        if not last or last != etag(value):
+            return value
+        deadline = time.monotonic() + float(query.get("timeout_sec", ["60"])[0])
+        while time.monotonic() < deadline and not self.closing.wait(0.02):
+            value = self.values().get(key)
+            if value is None or etag(value) != last:
+                return value
+        return value
+
+    def __exit__(self, *exc: object) -> None:
+        self.closing.set()  # held requests end
+        super().__exit__(*exc)
 
     def values(self) -> dict[str, str]:
         tpu_env = f"NODE_ID: '{self.node_id}'\nWORKER_ID: '{self.worker}'\nZONE: 'us-central2-b'\n"
@@ -127,6 +159,7 @@ class FakeMetadata(_Server):
             "instance/attributes/agent-worker-number": str(self.worker),
             "instance/attributes/tpu-env": tpu_env,
             "instance/preempted": "TRUE" if self.preempted else "FALSE",
+            "instance/maintenance-event": self.maintenance_event,
             "instance/service-accounts/default/email": self.account,
             "instance/service-accounts/default/token": json.dumps(
                 {"access_token": self.token, "expires_in": 3599, "token_type": "Bearer"}
@@ -1468,3 +1501,244 @@ def test_a_planted_tarball_aborts_the_attempt_and_runs_nothing(
     assert_all_signed(google, WORKER_EVENTS)
     assert not (tmp_path / "ran").exists()
     assert list((tmp_path / "w" / "code").iterdir()) == []
+
+
+# --- reboots ----------------------------------------------------------------------------
+
+RECORD = ".tpujobs-attempt-train-1-a1-slice0-worker0.json"  # beside the work dir tmp_path / "w"
+
+
+def read_record(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def gone(pid: int) -> bool:
+    return worker.process_start(pid) == ""
+
+
+# What survives of the first start: a reboot kills everything; a killed agent leaves its
+# command (in a session of its own) running; a startup script run by hand meets both alive.
+SURVIVORS = {
+    "nothing": ("its command (pid {command}, started ", ") is gone"),
+    "the_command": ("its command (pid {command}, started ", ") is still running"),
+    "agent_and_command": ("that agent (pid {agent}) is still running", ") is still running"),
+}
+
+
+@pytest.mark.parametrize("survivors", SURVIVORS, ids=SURVIVORS)
+def test_a_second_start_of_an_attempt_reports_it_lost_and_never_runs_the_command_again(
+    tmp_path: Path, metadata: FakeMetadata, google: GoogleStub, survivors: str
+) -> None:
+    """The startup script run again for a started attempt: one signed `rebooted` saying what it found, no second command, the output untouched."""
+    runs = tmp_path / "runs"
+    job = a_job(command=f"echo run >> '{runs}'; echo ready; sleep 600")
+    script = render_startup_script(job, SETTINGS, timings=FAST)
+    record = tmp_path / RECORD
+    first = start_script(script, tmp_path / "w", metadata, google)
+    command = 0
+    try:
+        wait_for(lambda: "running" in read_record(record) and b"ready" in google.output(chunk_prefix()))
+        command = read_record(record)["running"]["pid"]
+        if survivors != "agent_and_command":
+            kill_group(first.pid)  # the agent (the startup script exec'd it) dies
+            first.wait(timeout=10)
+        if survivors == "nothing":
+            kill_group(command)
+            wait_for(lambda: gone(command))
+        output = google.chunks(chunk_prefix())
+        code, _, stderr = run_script(script, tmp_path / "w", metadata, google)
+    finally:
+        kill_group(first.pid)
+        if command:
+            kill_group(command)
+        first.wait(timeout=10)
+    assert code == worker.AGENT_STARTED_AGAIN, stderr
+    assert runs.read_text() == "run\n"
+    rebooted = [(p, a) for p, a in google.messages(WORKER_EVENTS) if p["kind"] == "rebooted"]
+    assert len(rebooted) == 1
+    payload, attributes = rebooted[0]
+    assert {k: payload[k] for k in ("job_id", "attempt", "slice_id", "worker_id")} == {
+        "job_id": "train-1",
+        "attempt": 1,
+        "slice_id": 0,
+        "worker_id": 0,
+    }
+    assert attributes["kind"] == "rebooted"
+    for fragment in SURVIVORS[survivors]:
+        assert fragment.format(command=command, agent=first.pid) in payload["detail"]
+    assert payload["detail"].endswith(": nothing is started again")
+    assert_all_signed(google, WORKER_EVENTS)
+    assert google.kinds(WORKER_EVENTS).count("started") == 1
+    assert google.chunks(chunk_prefix()) == output  # the first start's output, as it was
+    assert google.messages(PREEMPTION) == []
+
+
+def test_a_start_after_the_attempt_ended_on_this_host_reports_nothing_and_runs_nothing(
+    tmp_path: Path, metadata: FakeMetadata, google: GoogleStub
+) -> None:
+    """A reboot after the command exited and said so: the second start sends nothing (the end was counted) and runs nothing."""
+    runs = tmp_path / "runs"
+    script = render_startup_script(a_job(command=f"echo run >> '{runs}'; exit 3"), SETTINGS, timings=FAST)
+    code, _, stderr = run_script(script, tmp_path / "w", metadata, google)
+    assert code == 3, stderr
+    assert read_record(tmp_path / RECORD)["ended"] == "exited"
+    sent = google.kinds(WORKER_EVENTS)
+    code, _, stderr = run_script(script, tmp_path / "w", metadata, google)
+    assert code == worker.AGENT_STARTED_AGAIN, stderr
+    assert "already ended on this host" in stderr
+    assert google.kinds(WORKER_EVENTS) == sent and sent[-1] == "exited"
+    assert runs.read_text() == "run\n"
+
+
+def test_another_attempt_slice_or_worker_on_the_same_disk_is_a_first_start() -> None:
+    """The record is named by job, attempt, slice and worker, beside the attempt's work dir."""
+    config = {"job_id": "train-1", "attempt": 1}
+    paths = {
+        worker.AttemptRecord.beside("/var/lib/tpujobs/train-1/attempt-1", c, s, w).path
+        for c, s, w in [
+            (config, 0, 0),
+            ({**config, "attempt": 2}, 0, 0),
+            (config, 1, 0),
+            (config, 0, 1),
+            ({**config, "job_id": "train-2"}, 0, 0),
+        ]
+    }
+    assert len(paths) == 5
+    assert "/var/lib/tpujobs/train-1/.tpujobs-attempt-train-1-a1-slice0-worker0.json" in paths
+    hostile = worker.AttemptRecord.beside("/w/work", {"job_id": "../../etc/x", "attempt": 1}, 0, 0)
+    assert os.path.dirname(hostile.path) == "/w"
+
+
+def test_of_two_claims_of_one_attempt_only_the_first_wins(tmp_path: Path) -> None:
+    """claim() is None once, then returns what the first start wrote; an unreadable record still counts as a start."""
+    record = worker.AttemptRecord(str(tmp_path / "host" / RECORD))
+    assert record.claim({"agent_started_at": "T1"}) is None
+    assert record.claim({"agent_started_at": "T2"}) == {"agent_started_at": "T1"}
+    record.update(ended="exited")
+    assert record.read() == {"agent_started_at": "T1", "ended": "exited"}
+    Path(record.path).write_text("{torn")
+    assert record.claim({"agent_started_at": "T3"}) == {}
+    assert [p.name for p in (tmp_path / "host").iterdir()] == [RECORD]  # no temporary left
+
+
+def test_what_a_second_start_found_is_said_in_one_sentence() -> None:
+    """Another boot, this boot, nothing started, an ended attempt, an unreadable record."""
+    first = {"agent_started_at": "12:00Z", "boot": "boot-1", "agent_pid": 1, "agent_start": "5"}
+    command = {"what": "command", "pid": 2**22 + 7, "start": "9", "boot": "boot-1", "at": "12:01Z"}
+    assert worker.started_again_detail({**first, "running": command}, "boot-2") == (
+        "the agent first started 12:00Z, before the host rebooted; its command "
+        f"(pid {2**22 + 7}, started 12:01Z) is gone: nothing is started again"
+    )
+    assert worker.started_again_detail(first, "boot-1") == (
+        "the agent first started 12:00Z, earlier in this boot; it had not started setup or "
+        "the command: nothing is started again"
+    )
+    ended = worker.started_again_detail({**first, "running": {**command, "what": "setup"}, "ended": "preempted"}, "")
+    assert "its setup (pid" in ended and "it had ended (preempted)" in ended
+    assert "unreadable" in worker.started_again_detail({}, "boot-1")
+
+
+# --- maintenance events and preemption, waited on -------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flip", "key", "reason"),
+    [
+        ("preempted", "instance/preempted", "metadata: instance/preempted"),
+        (
+            "maintenance",
+            "instance/maintenance-event",
+            "metadata: instance/maintenance-event is TERMINATE_ON_HOST_MAINTENANCE (host maintenance)",
+        ),
+    ],
+)
+def test_a_preemption_or_terminating_maintenance_in_the_metadata_is_one_notice(
+    tmp_path: Path, metadata: FakeMetadata, google: GoogleStub, flip: str, key: str, reason: str
+) -> None:
+    """Waited on with wait_for_change: one signed notice naming its cause, the command stopped, no exited report."""
+    job = a_job(command="trap 'echo got-term; exit 9' TERM; echo ready; while true; do sleep 0.05; done")
+    process = start_script(render_startup_script(job, SETTINGS, timings=FAST), tmp_path / "w", metadata, google)
+    try:
+        wait_for(lambda: b"ready" in google.output(chunk_prefix()))
+        wait_for(lambda: any(key in r and "last_etag=" in r for r in metadata.requests))  # held
+        if flip == "preempted":
+            metadata.preempted = True
+        else:
+            metadata.maintenance_event = "TERMINATE_ON_HOST_MAINTENANCE"
+        process.wait(timeout=20)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    notices = google.messages(PREEMPTION)
+    assert [n["reason"] for n, _ in notices] == [reason]
+    assert_all_signed(google, PREEMPTION)
+    assert "exited" not in google.kinds(WORKER_EVENTS)
+    assert b"got-term\n" in google.output(chunk_prefix())
+    assert read_record(tmp_path / RECORD)["ended"] == "preempted"
+
+
+@pytest.mark.parametrize(
+    "value", ["NONE", "MIGRATE_ON_HOST_MAINTENANCE", "SOMETHING_GOOGLE_ADDS_LATER", "", "TERMINATE"]
+)
+def test_a_maintenance_event_that_does_not_terminate_the_vm_stops_nothing(value: str) -> None:
+    """Only TERMINATE_ON_HOST_MAINTENANCE (any case, spaces) is a notice; a TPU VM is never live-migrated."""
+    assert worker.maintenance_notice(value) is None
+    assert "host maintenance" in str(worker.maintenance_notice(" terminate_on_host_maintenance\n"))
+
+
+def test_a_job_runs_to_its_end_while_the_metadata_announces_a_migration(
+    tmp_path: Path, metadata: FakeMetadata, google: GoogleStub
+) -> None:
+    """MIGRATE_ON_HOST_MAINTENANCE: no notice, the command exits as it would, the value is logged once."""
+    metadata.maintenance_event = "MIGRATE_ON_HOST_MAINTENANCE"
+    code, _, stderr = run_script(
+        render_startup_script(a_job(command="sleep 0.5; exit 4"), SETTINGS, timings=FAST),
+        tmp_path / "w",
+        metadata,
+        google,
+    )
+    assert code == 4, stderr
+    assert google.messages(PREEMPTION) == []
+    assert google.kinds(WORKER_EVENTS)[-1] == "exited"
+    assert stderr.count("MIGRATE_ON_HOST_MAINTENANCE") == 1
+
+
+def test_watching_a_server_that_answers_at_once_does_not_spin(metadata: FakeMetadata) -> None:
+    """A metadata server that never holds a request is asked at most once per floor interval."""
+    metadata.hold = False
+    seen: list[str] = []
+    stop = threading.Event()
+    watcher = worker.watch_metadata(
+        worker.Metadata(metadata.base), "instance/maintenance-event", lambda v: seen.append(v) or False,
+        stop, floor=0.2,
+    )  # fmt: skip
+    time.sleep(1.0)
+    stop.set()
+    watcher.join(5)
+    assert 2 <= len(seen) <= 8 and set(seen) == {"NONE"}
+
+
+def test_a_watch_ends_when_its_value_comes_and_keeps_going_through_errors(
+    metadata: FakeMetadata,
+) -> None:
+    """A key the server lacks (404) is asked again later, not taken for a value; the wanted value ends the watch."""
+    seen: list[str] = []
+    stop = threading.Event()
+    watcher = worker.watch_preempted(worker.Metadata(metadata.base), seen.append, stop)
+    metadata.preempted = True
+    watcher.join(10)
+    assert seen == ["metadata: instance/preempted"] and not watcher.is_alive()
+    missing = worker.watch_metadata(worker.Metadata(metadata.base), "instance/nothing", lambda v: True, stop)
+    time.sleep(0.3)
+    assert missing.is_alive()
+    stop.set()
+    missing.join(15)

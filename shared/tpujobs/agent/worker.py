@@ -19,9 +19,16 @@ What it does, in order:
   6. reports started (when setup or the command starts), heartbeat, checkpoint and exited
      to the worker-events topic, or `aborted` with a sentence when a secret cannot be read
      or the code is not what was submitted (then nothing of the job runs);
-  7. on SIGTERM or `instance/preempted` turning TRUE, publishes one preemption notice first,
-     then stops the command (SIGTERM to its group, SIGKILL after the grace period), flushes
-     the output and reports nothing more.
+  7. on SIGTERM, `instance/preempted` turning TRUE or `instance/maintenance-event` turning
+     TERMINATE_ON_HOST_MAINTENANCE (both waited on with `wait_for_change`), publishes one
+     preemption notice first, then stops the command (SIGTERM to its group, SIGKILL after
+     the grace period), flushes the output and reports nothing more.
+
+A VM runs its startup script at every boot, so after a reboot (repair, maintenance, reset)
+the agent starts again for the same attempt. Its first start leaves a record beside the
+work directory, on the boot disk (`AttemptRecord`); a later start finds it, reports
+`rebooted` with what it found (the attempt is lost: whatever ran was killed by the reboot,
+or still runs and gets no twin) and runs nothing.
 
 Every report and notice carries `at` and a fresh `nonce`, and is signed: the attribute
 `tpujobs-signature` is `v1=` + hex HMAC-SHA256 under the attempt's key of the exact data
@@ -88,7 +95,14 @@ RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 AGENT_FAILED = 1  # the exit code reported when the agent fails the attempt (e.g. no code)
 AGENT_CANNOT_START = 2  # bad config or unknown identity: nothing can be reported
 CHECKPOINT_LINE = re.compile(rb"^[ \t]*TPUJOBS_CHECKPOINT[ \t]+step=([0-9]+)(.*)$")
+AGENT_STARTED_AGAIN = 3  # the attempt had already started on this host: lost, nothing run
 DEFAULTS = {"heartbeat_seconds": 10, "grace_seconds": 30, "chunk_seconds": 2}
+PREEMPTED_METADATA = "instance/preempted"
+MAINTENANCE_METADATA = "instance/maintenance-event"
+TERMINATE_ON_MAINTENANCE = "TERMINATE_ON_HOST_MAINTENANCE"
+WATCH_WAIT_SECONDS = 60.0  # how long one wait_for_change request may be held
+WATCH_FLOOR_SECONDS = 0.5  # the least time between two requests answered unchanged
+BOOT_ID = "/proc/sys/kernel/random/boot_id"  # Linux: a new value at every boot
 REQUIRED = {
     "job_id": str,
     "attempt": int,
@@ -289,6 +303,25 @@ class Metadata:
             timeout=self.timeout if timeout is None else timeout,
         )
         return data.decode("utf-8")
+
+    def wait_for_change(self, path: str, last_etag: str, wait_seconds: float) -> tuple[str, str]:
+        """(value, ETag), held by the server until the value's ETag differs from `last_etag`
+        or `wait_seconds` pass (GCE's `?wait_for_change=true`); no `last_etag`: at once."""
+        query = {"wait_for_change": "true", "timeout_sec": str(max(1, int(wait_seconds)))}
+        if last_etag:
+            query["last_etag"] = last_etag
+        url = f"{self.base_url}/{path}?{urllib.parse.urlencode(query)}"
+        request = urllib.request.Request(url, headers={"Metadata-Flavor": "Google"})
+        try:
+            with _DIRECT.open(request, timeout=wait_seconds + 10) as response:
+                body = response.read().decode("utf-8", "replace")
+                return body, str(response.headers.get("ETag") or "")
+        except urllib.error.HTTPError as error:
+            try:
+                data = error.read()
+            except (OSError, http.client.HTTPException):
+                data = b""
+            raise HttpError(error.code, "GET", url, data) from None
 
     def get_optional(self, path: str) -> str | None:
         """The value, or None when the server has no such key (404)."""
@@ -1073,28 +1106,93 @@ def watch_sigterm(on_signal: Callable[[str], None]) -> None:
     threading.Thread(target=wait, name="sigterm", daemon=True).start()
 
 
-def watch_preempted(
+def watch_metadata(
     metadata: Metadata,
-    on_preempted: Callable[[str], None],
+    path: str,
+    on_value: Callable[[str], bool],
     stop: threading.Event,
-    every: float = 1.0,
+    wait_seconds: float = WATCH_WAIT_SECONDS,
+    floor: float = WATCH_FLOOR_SECONDS,
 ) -> threading.Thread:
-    """Polls instance/preempted; on TRUE calls on_preempted once."""
+    """Calls on_value with every value a metadata key takes, until it returns True or `stop`.
 
-    def poll() -> None:
+    Waits with `wait_for_change`, so a change is seen as the server announces it. An answer
+    that comes back unchanged sooner than `floor` (a server that does not hold requests) is
+    followed by a pause of `floor`, so the watch never spins; an unanswered request is
+    tried again a second later (ten for a key the server does not have), never taken for a
+    value.
+    """
+
+    def watch() -> None:
+        etag = ""
         while not stop.is_set():
+            asked = time.monotonic()
             try:
-                value = metadata.get("instance/preempted", timeout=2.0)
-            except Exception:  # an unanswered poll is not a preemption
-                value = ""
-            if value.strip().upper() == "TRUE":
-                on_preempted("metadata: instance/preempted")
+                value, new_etag = metadata.wait_for_change(path, etag, wait_seconds)
+            except HttpError as error:
+                stop.wait(10.0 if error.status == 404 else 1.0)
+                continue
+            except Exception:  # connection refused, reset, timeout: not a value
+                stop.wait(1.0)
+                continue
+            if on_value(value.strip()):
                 return
-            stop.wait(every)
+            quick = time.monotonic() - asked < floor
+            if quick and (not new_etag or new_etag == etag):
+                stop.wait(floor)
+            etag = new_etag
 
-    thread = threading.Thread(target=poll, name="preempted-watch", daemon=True)
+    thread = threading.Thread(target=watch, name=f"watch {path}", daemon=True)
     thread.start()
     return thread
+
+
+def watch_preempted(
+    metadata: Metadata, on_preempted: Callable[[str], None], stop: threading.Event
+) -> threading.Thread:
+    """On `instance/preempted` turning TRUE, calls on_preempted once."""
+
+    def seen(value: str) -> bool:
+        if value.upper() != "TRUE":
+            return False
+        on_preempted(f"metadata: {PREEMPTED_METADATA}")
+        return True
+
+    return watch_metadata(metadata, PREEMPTED_METADATA, seen, stop)
+
+
+def maintenance_notice(value: str) -> str | None:
+    """The preemption notice's reason for an `instance/maintenance-event` value, else None.
+
+    TERMINATE_ON_HOST_MAINTENANCE: the VM is about to be stopped for host maintenance, so
+    the attempt is lost like a preempted one. NONE: nothing is announced. A TPU VM is never
+    live-migrated, so MIGRATE_ON_HOST_MAINTENANCE should not appear; if it did, the VM
+    would keep running, so it stops nothing, and neither does a value Google may add later
+    (a wrong notice would throw away a healthy attempt; a VM that really stops is still
+    seen by the reconciler).
+    """
+    if value.strip().upper() == TERMINATE_ON_MAINTENANCE:
+        return f"metadata: {MAINTENANCE_METADATA} is {TERMINATE_ON_MAINTENANCE} (host maintenance)"
+    return None
+
+
+def watch_maintenance(
+    metadata: Metadata, on_notice: Callable[[str], None], stop: threading.Event
+) -> threading.Thread:
+    """On `instance/maintenance-event` announcing termination, calls on_notice once."""
+    logged: set[str] = set()
+
+    def seen(value: str) -> bool:
+        reason = maintenance_notice(value)
+        if reason is not None:
+            on_notice(reason)
+            return True
+        if value.upper() != "NONE" and value not in logged and len(logged) < 10:
+            logged.add(value)
+            log(f"{MAINTENANCE_METADATA} is {value[:80]!r}: no action for it on a TPU VM")
+        return False
+
+    return watch_metadata(metadata, MAINTENANCE_METADATA, seen, stop)
 
 
 # --- processes ------------------------------------------------------------------------
@@ -1124,6 +1222,136 @@ def group_alive(pgid: int) -> bool:
 def signal_group(pgid: int, number: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, number)
+
+
+# --- the attempt's record on this host -------------------------------------------------
+
+
+def boot_id() -> str:
+    """This boot's id (Linux), or "" where there is none."""
+    try:
+        with open(BOOT_ID, encoding="ascii") as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""
+
+
+def process_start(pid: int) -> str:
+    """When a live process started, in clock ticks since boot (/proc/PID/stat field 22), or ""
+    when it is gone, a zombie, or there is no /proc. With the pid and the boot id it names
+    one process, whatever pids are reused later."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return ""
+    return fields[19] if len(fields) > 19 and fields[0] != "Z" else ""
+
+
+def still_running(entry: dict[str, Any], boot: str) -> bool:
+    """Whether the process an entry of the record names (`pid`, `start`, `boot`) still runs."""
+    pid, start = entry.get("pid"), entry.get("start")
+    if not isinstance(pid, int) or isinstance(pid, bool) or not start or not boot:
+        return False
+    return entry.get("boot") == boot and process_start(pid) == start
+
+
+class AttemptRecord:
+    """What this host did for one attempt, in a file beside the attempt's work directory.
+
+    A VM runs its startup script at every boot (repair, maintenance, reset), and so starts
+    the agent again with the same config; nothing in memory survives, but the boot disk
+    does. The first start creates the record (atomically: of two agents, one creates it);
+    a later start finds it and knows the attempt already ran here. The record names the
+    job, attempt, slice and worker in its file name, and says when the agent started, what
+    it was running (setup or command, with pid and start) and how it ended.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    @classmethod
+    def beside(cls, workdir: str, config: dict[str, Any], slice_id: int, worker_id: int) -> AttemptRecord:
+        name = (
+            f".tpujobs-attempt-{safe_name(config['job_id'])}-a{int(config['attempt'])}"
+            f"-slice{slice_id}-worker{worker_id}.json"
+        )
+        return cls(os.path.join(os.path.dirname(os.path.abspath(workdir)), name))
+
+    def claim(self, first: dict[str, Any]) -> dict[str, Any] | None:
+        """None when this is the attempt's first start here (the record now holds `first`),
+        else what the earlier start recorded ({} if it cannot be read)."""
+        temporary = self._write_temporary(first)
+        try:
+            os.link(temporary, self.path)  # fails if the record exists: one start wins
+        except FileExistsError:
+            return self.read()
+        finally:
+            os.unlink(temporary)
+        self._sync_directory()
+        return None
+
+    def read(self) -> dict[str, Any]:
+        try:
+            with open(self.path, encoding="utf-8") as handle:
+                data = json.load(handle)
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def update(self, **changes: Any) -> None:
+        """Adds to the record; a failure is logged: the record's existence is what matters."""
+        try:
+            temporary = self._write_temporary({**self.read(), **changes})
+            os.replace(temporary, self.path)
+            self._sync_directory()
+        except OSError as error:
+            log(f"could not update {self.path}: {error}")
+
+    def _write_temporary(self, data: dict[str, Any]) -> str:
+        directory = os.path.dirname(self.path)
+        os.makedirs(directory, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(prefix=".tpujobs-record-", dir=directory)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                json.dump(data, handle, sort_keys=True)
+                handle.flush()
+                os.fsync(handle.fileno())  # on disk before a reset, not only in the page cache
+        except BaseException:
+            os.unlink(temporary)
+            raise
+        return temporary
+
+    def _sync_directory(self) -> None:
+        with contextlib.suppress(OSError):
+            fd = os.open(os.path.dirname(self.path), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def started_again_detail(earlier: dict[str, Any], boot: str) -> str:
+    """What a second start of the agent found of the first, in one sentence for its report."""
+    if not earlier:
+        return "the attempt's record on this host is unreadable, but it had started here before"
+    first = str(earlier.get("agent_started_at") or "at an unknown time")
+    same_boot = bool(boot) and earlier.get("boot") == boot
+    where = "earlier in this boot" if same_boot else "before the host rebooted"
+    sentence = f"the agent first started {first}, {where}"
+    agent = {"pid": earlier.get("agent_pid"), "start": earlier.get("agent_start"), "boot": earlier.get("boot")}
+    if still_running(agent, boot):
+        sentence += f"; that agent (pid {agent['pid']}) is still running"
+    running = earlier.get("running")
+    if isinstance(running, dict) and running.get("what") in ("setup", "command"):
+        what = running["what"]
+        state = "is still running" if still_running(running, boot) else "is gone"
+        sentence += f"; its {what} (pid {running.get('pid')}, started {running.get('at')}) {state}"
+    else:
+        sentence += "; it had not started setup or the command"
+    if earlier.get("ended"):
+        sentence += f"; it had ended ({earlier['ended']})"
+    return sentence + ": nothing is started again"
 
 
 # --- the agent ------------------------------------------------------------------------
@@ -1179,6 +1407,8 @@ class Agent:
             storage, bucket, self.chunk_prefix, float(config["chunk_seconds"]), echo
         )
         self.stop_watching = threading.Event()
+        self.record = AttemptRecord.beside(workdir, config, slice_id, worker_id)
+        self.boot = boot_id()
 
     def note(self, message: str) -> None:
         """A line for the agent's stderr and for the job's output."""
@@ -1199,8 +1429,20 @@ class Agent:
         )
 
     def run(self) -> int:
-        """Everything, start to end; the command's exit code."""
+        """Everything, start to end; the command's exit code.
+
+        Only at the attempt's first start on this host: a later one (the VM rebooted and ran
+        its startup script again) reports the attempt lost and runs nothing.
+        """
+        try:
+            earlier = self.record.claim(self._first_entry())
+        except OSError as error:  # without the record a reboot could run the command twice
+            self.note(f"cannot record the attempt's start in {self.record.path}: {error}")
+            return self._finish(AGENT_FAILED)
+        if earlier is not None:
+            return self._started_again(earlier)
         watch_preempted(self.metadata, self.preemption.trigger, self.stop_watching)
+        watch_maintenance(self.metadata, self.preemption.trigger, self.stop_watching)
         try:
             code = self._attempt()
         except Refused as refusal:  # no restart can fix it: say so, and run nothing
@@ -1210,6 +1452,39 @@ class Agent:
             self.note(f"the agent failed: {error!r}")
             code = AGENT_FAILED
         return self._finish(code)
+
+    def _first_entry(self) -> dict[str, Any]:
+        me = os.getpid()
+        return {
+            "job_id": self.config["job_id"],
+            "attempt": self.config["attempt"],
+            "slice_id": self.slice_id,
+            "worker_id": self.worker_id,
+            "agent_started_at": rfc3339(),
+            "agent_pid": me,
+            "agent_start": process_start(me),
+            "boot": self.boot,
+        }
+
+    def _started_again(self, earlier: dict[str, Any]) -> int:
+        """This attempt already started on this host, so it is lost: whatever ran then was
+        killed by the reboot, or still runs and must not get a twin. Says so in one signed
+        `rebooted` report (unless the attempt had ended here and said so) and runs nothing;
+        the job's output is left as the first start wrote it."""
+        with self._lock:
+            self._finished = True  # a notice now has nothing to stop or silence
+        self.stop_watching.set()
+        self.shipper.close(None)  # nothing was written: no chunk, no completion marker
+        where = f"attempt {self.config['attempt']} (worker {self.slice_id}-{self.worker_id})"
+        if earlier.get("ended") in ("exited", "aborted"):
+            log(f"{where} already ended on this host and said so ({earlier['ended']}); nothing to do")
+        else:
+            detail = started_again_detail(earlier, self.boot)
+            log(f"{where} had already started on this host: {detail}")
+            self.reporter.report("rebooted", detail=detail[:MAX_DETAIL_CHARS])
+        self.reporter.close()
+        self.preemption.wait(30.0)
+        return AGENT_STARTED_AGAIN
 
     def _attempt(self) -> int:
         """Read the secrets, fetch the code, run setup (once per host), run the command.
@@ -1243,18 +1518,19 @@ class Agent:
             if os.path.exists(marker):
                 log("setup already ran on this host for this job; skipping it")
             else:
-                code = self._run(self.config["setup"], code_dir, env)
+                code = self._run(self.config["setup"], code_dir, env, "setup")
                 if code == 0 and not self.preemption.noticed.is_set():
                     with open(marker, "w", encoding="utf-8") as handle:
                         handle.write(rfc3339() + "\n")
                 elif code != 0:
                     log(f"setup exited with {code}; the command does not run")
         if code == 0:
-            code = self._run(self.config["command"], code_dir, env)
+            code = self._run(self.config["command"], code_dir, env, "command")
         return code
 
-    def _run(self, script: str, cwd: str, env: dict[str, str]) -> int:
-        """Runs `bash -c script` in its own process group until it and its group are gone."""
+    def _run(self, script: str, cwd: str, env: dict[str, str], what: str) -> int:
+        """Runs `bash -c script` in its own process group until it and its group are gone;
+        `what` (setup or command) is recorded with its pid, for a later start to find."""
         with self._lock:
             if self.preemption.noticed.is_set():
                 return 128 + int(signal.SIGTERM)
@@ -1282,6 +1558,8 @@ class Agent:
             self._started = True
             self.reporter.report("started")
             threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True).start()
+        running = {"what": what, "pid": process.pid, "start": process_start(process.pid)}
+        self.record.update(running={**running, "boot": self.boot, "at": rfc3339()})
         try:
             returncode = self._wait(process)
             self._clear_group(process.pid)
@@ -1343,6 +1621,8 @@ class Agent:
             self.reporter.report("exited", exit_code=code)
         self.reporter.close()
         self.preemption.wait(30.0)
+        ended = "preempted" if preempted else "aborted" if aborted is not None else "exited"
+        self.record.update(ended=ended, exit_code=code, ended_at=rfc3339())  # and said so
         return code
 
 

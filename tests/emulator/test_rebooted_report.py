@@ -1,0 +1,174 @@
+"""The `rebooted` report on the Firestore emulator and the TPU simulator: a host lost, if signed.
+
+A VM that reboots runs its startup script again, and the agent, finding that its attempt
+had already started on that host, reports `rebooted` instead of running the command twice.
+The service takes it as the loss of that host (CAPACITY_LOST: the job resumes by its rules),
+but only when it is signed by the attempt it names; anything else changes nothing and is
+recorded in `rejections`, like every other report (tests/emulator/test_signed_reports.py).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from datetime import datetime, timezone
+
+import pytest
+
+from tpujobs.adapters.firestore_store import FirestoreJobStore
+from tpujobs.adapters.tpu import CloudTpu
+from tpujobs.domain import signing
+from tpujobs.domain.states import JobState
+from tpujobs.inbound import InboundMessage
+from tpujobs.service import JobService
+from tpujobs.testing import inbound, local_settings, signed
+
+pytestmark = pytest.mark.emulator
+
+ZONE = "us-central2-b"
+EVENTS = "tpujobs-worker-events"
+DETAIL = "the agent first started 12:00Z, before the host rebooted; its command (pid 42, started 12:01Z) is gone: nothing is started again"
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+@pytest.fixture
+def service(firestore_client, tpu_client, project_id, simulator_url) -> JobService:
+    settings = local_settings(
+        project=project_id, default_zone=ZONE, tpu_endpoint=simulator_url, logs_bucket="logs"
+    )
+    return JobService(
+        FirestoreJobStore(firestore_client), CloudTpu(tpu_client, project_id), settings, utc_now, lambda _: None
+    )
+
+
+def running(service: JobService, job_id: str = "train-1", **changes: object) -> str:
+    """A v4-16 job (two hosts) submitted, its worker 0 `started`, signed: RUNNING at attempt 1."""
+    spec = {
+        "job_id": job_id,
+        "name": "train",
+        "owner": "ada@example.com",
+        "accelerator_type": "v4-16",
+        "command": "python train.py",
+        "max_restarts": 3,
+        **changes,
+    }
+    assert service.submit(inbound("tpujobs-submit", spec)).kind == "provisioning"
+    started = {"kind": "started", "job_id": job_id, "attempt": 1, "slice_id": 0, "worker_id": 0}
+    service.on_worker_report(signed(service, EVENTS, started))
+    assert service.store.get(job_id).state is JobState.RUNNING
+    return job_id
+
+
+def rebooted(job_id: str = "train-1", attempt: int = 1, worker: int = 1) -> dict:
+    return {
+        "kind": "rebooted",
+        "job_id": job_id,
+        "attempt": attempt,
+        "slice_id": 0,
+        "worker_id": worker,
+        "detail": DETAIL,
+    }
+
+
+def key_of(service: JobService, job_id: str, attempt: int) -> bytes:
+    job = service.store.get(job_id)
+    return signing.attempt_key(service.settings.report_key, job_id, job.created_at, attempt)
+
+
+def signed_with(key: bytes, payload: dict) -> InboundMessage:
+    body = {"at": utc_now().isoformat(), "nonce": secrets.token_hex(16), **payload}
+    data = json.dumps(body).encode()
+    return InboundMessage(
+        str(secrets.randbelow(10**15)), EVENTS, data, {signing.SIGNATURE_ATTRIBUTE: signing.sign(key, data)}
+    )
+
+
+def snapshot(service: JobService, job_id: str = "train-1") -> tuple:
+    job = service.store.get(job_id)
+    return job.state, job.attempt, job.restarts, job.queued_resource, len(service.store.events(job_id))
+
+
+def rejection_of(service: JobService, message: InboundMessage):
+    return next((r for r in service.store.rejections() if r.message_id == message.message_id), None)
+
+
+def test_a_signed_rebooted_report_loses_the_host_and_the_job_resumes_at_the_next_attempt(service):
+    """on_preemption=resume: RECOVERING with a reason saying which host rebooted and what it found, then attempt 2 requested."""
+    running(service)
+    outcome = service.on_worker_report(signed(service, EVENTS, rebooted()))
+    assert outcome is not None
+    job = service.store.get("train-1")
+    assert (job.state, job.attempt, job.restarts, job.queued_resource) == (
+        JobState.PROVISIONING,
+        2,
+        1,
+        "train-1-a2",
+    )
+    assert job.resume_next
+    lost = next(e for e in service.store.events("train-1") if e.to_state is JobState.RECOVERING)
+    assert lost.source == "agent" and lost.attempt == 1
+    assert lost.reason.startswith(f"Rebooted: worker 0-1 of attempt 1 started over ({DETAIL})")
+    assert service.store.rejections() == []
+
+
+def test_a_rebooted_host_of_a_job_that_must_not_restart_fails_it(service):
+    """on_preemption=fail: a rebooted host is a lost host, so the job ends FAILED saying why."""
+    running(service, on_preemption="fail")
+    service.on_worker_report(signed(service, EVENTS, rebooted()))
+    job = service.store.get("train-1")
+    assert job.state is JobState.FAILED and "Rebooted: worker 0-1" in job.state_reason
+
+
+FORGERIES = {
+    "unsigned": lambda service: inbound(
+        EVENTS, {"at": utc_now().isoformat(), "nonce": secrets.token_hex(16), **rebooted()}
+    ),
+    "another_jobs_key": lambda service: signed_with(key_of(service, "train-2", 1), rebooted()),
+    "another_attempts_key": lambda service: signed_with(key_of(service, "train-1", 2), rebooted()),
+    "a_host_the_job_lacks": lambda service: signed(service, EVENTS, rebooted(worker=2)),
+}
+REASONS = {
+    "unsigned": "the report is unsigned",
+    "another_jobs_key": "the signature does not match the key of the attempt the report names",
+    "another_attempts_key": "the signature does not match the key of the attempt the report names",
+    "a_host_the_job_lacks": "worker 2 is out of range",
+}
+
+
+@pytest.mark.parametrize("forgery", FORGERIES, ids=FORGERIES)
+def test_a_rebooted_report_not_signed_by_its_attempt_changes_nothing_and_is_rejected(service, forgery):
+    """Unsigned, another job's or attempt's key, a host the job lacks: the job runs on; the rejection says why."""
+    running(service, "train-1")
+    running(service, "train-2")
+    before = snapshot(service)
+    forged = FORGERIES[forgery](service)
+    assert service.on_worker_report(forged) is None
+    assert snapshot(service) == before
+    assert REASONS[forgery] in rejection_of(service, forged).reason
+
+
+def test_a_redelivered_rebooted_report_restarts_the_job_once(service):
+    """Pub/Sub delivers the same message again: still attempt 2, one restart, no rejection."""
+    running(service)
+    message = signed(service, EVENTS, rebooted())
+    service.on_worker_report(message)
+    before = snapshot(service)
+    service.on_worker_report(InboundMessage(message.message_id, EVENTS, message.data, dict(message.attributes)))
+    assert snapshot(service) == before and before[1:3] == (2, 1)
+    assert service.store.rejections() == []
+
+
+def test_a_late_rebooted_report_of_an_earlier_attempt_does_not_touch_the_next(service):
+    """A host of attempt 1 rebooting after the job moved on to attempt 2: believed, but nothing changes."""
+    running(service)
+    service.on_worker_report(signed(service, EVENTS, rebooted(worker=0)))
+    started = {"kind": "started", "job_id": "train-1", "attempt": 2, "slice_id": 0, "worker_id": 0}
+    service.on_worker_report(signed(service, EVENTS, started))
+    before = snapshot(service)
+    assert before[:3] == (JobState.RUNNING, 2, 1)
+    service.on_worker_report(signed(service, EVENTS, rebooted(worker=1)))
+    assert snapshot(service) == before
+    assert service.store.rejections() == []
