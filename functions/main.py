@@ -17,7 +17,8 @@ import functions_framework
 from cloudevents.http.event import CloudEvent
 
 from tpujobs import api, logs, runtime
-from tpujobs.inbound import InboundMessage, from_cloud_event
+from tpujobs.config import Settings
+from tpujobs.inbound import InboundMessage, from_cloud_event, subscription_of
 
 logs.configure()
 
@@ -28,40 +29,54 @@ def _traced(event: CloudEvent) -> logs.Handling:
     return logs.handling(trace=logs.trace_from_traceparent(event.get("traceparent"), project))
 
 
-def _handle(event: CloudEvent, handler: Callable[[InboundMessage], object]) -> None:
-    """Decode the Pub/Sub message and hand it over."""
+def _handle(event: CloudEvent, target: str, handler: Callable[[InboundMessage], object]) -> None:
+    """Decode the Pub/Sub message, with its topic, and hand it over.
+
+    A push to the bare function URL (production's, and the local stack's) names no topic:
+    functions-framework drops the envelope's subscription when it builds the CloudEvent, so
+    it is read from the request body here, and the topic from its name (tpujobs.inbound).
+    """
+    body = flask.request.get_json(silent=True) if flask.has_request_context() else None
+    message = from_cloud_event(
+        event["id"],
+        event["source"],
+        event.data,
+        push_subscription=subscription_of(body),
+        prefix=Settings.from_env().prefix,
+        target=target,
+    )
     with _traced(event):
-        handler(from_cloud_event(event["id"], event["source"], event.data))
+        handler(message)
 
 
 @functions_framework.cloud_event
 def submit_job(event: CloudEvent) -> None:
     """tpujobs-submit: a job spec becomes a job document and a queued-resource request."""
-    _handle(event, runtime.job_service().submit)
+    _handle(event, "submit_job", runtime.job_service().submit)
 
 
 @functions_framework.cloud_event
 def on_worker_event(event: CloudEvent) -> None:
     """tpujobs-worker-events: workers started, beat, exited or checkpointed."""
-    _handle(event, runtime.job_service().on_worker_report)
+    _handle(event, "on_worker_event", runtime.job_service().on_worker_report)
 
 
 @functions_framework.cloud_event
 def on_preemption(event: CloudEvent) -> None:
     """tpujobs-preemption: a worker got its preemption notice; recover by the job's rules."""
-    _handle(event, runtime.job_service().on_preemption)
+    _handle(event, "on_preemption", runtime.job_service().on_preemption)
 
 
 @functions_framework.cloud_event
 def on_qr_state(event: CloudEvent) -> None:
     """tpujobs-qr-state: a queued resource was observed in some state."""
-    _handle(event, runtime.job_service().on_qr_state)
+    _handle(event, "on_qr_state", runtime.job_service().on_qr_state)
 
 
 @functions_framework.cloud_event
 def on_control(event: CloudEvent) -> None:
     """tpujobs-control: a user's cancel request."""
-    _handle(event, runtime.job_service().on_control)
+    _handle(event, "on_control", runtime.job_service().on_control)
 
 
 @functions_framework.cloud_event
@@ -74,13 +89,13 @@ def reconcile(event: CloudEvent) -> None:
 @functions_framework.cloud_event
 def record_dead_letter(event: CloudEvent) -> None:
     """tpujobs-dead-letter: keep a message that failed too many deliveries, to read and replay."""
-    _handle(event, runtime.dead_letters().record)
+    _handle(event, "record_dead_letter", runtime.dead_letters().record)
 
 
 @functions_framework.cloud_event
 def export_logs(event: CloudEvent) -> None:
     """tpujobs-log-export: an ended attempt's output chunks become worker-K.log and attempt.log."""
-    _handle(event, runtime.log_exporter().handle)
+    _handle(event, "export_logs", runtime.log_exporter().handle)
 
 
 @functions_framework.http

@@ -56,7 +56,7 @@ def unreadable_subscription(admin, local_stack) -> Iterator[str]:
     subscription = wiring.push_subscription(
         subscriber.subscription_path(PROJECT, name),
         topic,
-        wiring.push_endpoint(state.functions[SUBMIT_ROUTE.target], PROJECT, topology.SUBMIT),
+        wiring.push_endpoint(state.functions[SUBMIT_ROUTE.target]),
         dead_letter_topic=publisher.topic_path(PROJECT, topology.DEAD_LETTER),
     )
     subscription.push_config.no_wrapper = PushConfig.NoWrapper(write_metadata=True)

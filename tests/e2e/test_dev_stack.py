@@ -82,9 +82,7 @@ def test_up_starts_every_service_and_each_endpoint_answers(
     assert pushes == {
         subscriber.subscription_path(
             project, topology.push_subscription_name(r, SETTINGS.prefix)
-        ): wiring.push_endpoint(
-            running.functions[r.target], project, topology.topic_name(r.topic, SETTINGS.prefix)
-        )
+        ): wiring.push_endpoint(running.functions[r.target])
         for r in topology.FUNCTIONS
         if r.signature == "cloudevent"
     }

@@ -170,7 +170,7 @@ def test_a_message_that_fails_five_pushes_is_dead_lettered_and_recorded_with_its
         request=wiring.push_subscription(
             source,
             submit,
-            wiring.push_endpoint(failing_endpoint.url, project_id, f"{PREFIX}{topology.SUBMIT}"),
+            wiring.push_endpoint(failing_endpoint.url),
             dead_letter_topic=dead_letter_topic,
         )
     )
@@ -367,12 +367,8 @@ def test_rewiring_brings_existing_subscriptions_policies_up_to_date(emulators, p
         assert got.retry_policy == wiring.retry_policy(2.5)
         assert got.dead_letter_policy.max_delivery_attempts == wiring.MAX_DELIVERY_ATTEMPTS
         assert got.push_config.push_endpoint.startswith("http://127.0.0.1:10/moved/")
-        wanted = wiring.push_subscription(
-            submit,
-            got.topic,
-            got.push_config.push_endpoint,
-            dead_letter_topic=dead_letter_topic,
-            minimum_backoff_s=2.5,
+        wanted = wiring.route_subscription(
+            SUBMIT_ROUTE, project_id, PREFIX, moved[SUBMIT_ROUTE.target], minimum_backoff_s=2.5
         )
         assert wiring.changed_fields(got, wanted) == []  # wiring again would change nothing
     finally:

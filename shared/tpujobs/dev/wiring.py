@@ -1,10 +1,18 @@
 """Create in the emulators what production gets from Terraform: topics, push subscriptions, bucket.
 
-The table is `tpujobs.topology`: every topic exists, and every cloudevent route gets a push
-subscription whose endpoint is its function's local URL, so the Pub/Sub emulator delivers the
-same push envelope Eventarc does and functions-framework turns it into a CloudEvent. Every
-step is idempotent, so `tpujobs dev up` can run against emulators that already hold them,
-and re-wiring brings an existing subscription's endpoint and policies up to date.
+The table is `tpujobs.topology`: every topic exists, and every cloudevent route gets the push
+subscription infra/pubsub.tf gives it (`route_subscription`): named `{prefix}{topic}--{target}`,
+pushing to the function's bare URL with an OIDC token for that URL, with the function's ack
+deadline, 7 days of retention and no expiry. So the emulator delivers exactly the request
+production does: a push envelope at `/`, which functions-framework turns into a CloudEvent
+without a topic, and the function reads its topic back from the envelope's subscription
+(`tpujobs.inbound`). tests/infra/test_push_wiring.py holds the two wirings to one shape.
+Every step is idempotent, so `tpujobs dev up` can run against emulators that already hold
+them, and re-wiring brings an existing subscription's endpoint and policies up to date.
+
+The OIDC token, measured on the emulator (gcloud 528): it accepts `push_config.oidc_token`,
+stores it and returns it on get, but pushes without an Authorization header. Locally nothing
+checks a push's identity; in production Cloud Run does, before the function runs.
 
 Every push subscription retries a failed delivery with exponential backoff and, after
 MAX_DELIVERY_ATTEMPTS, hands the message to the dead-letter topic, where `record_dead_letter`
@@ -38,7 +46,7 @@ if TYPE_CHECKING:
     from google.cloud import storage
     from google.pubsub_v1 import PublisherClient, RetryPolicy, SubscriberClient, Subscription
 
-ACK_DEADLINE_S = 20
+ACK_DEADLINE_S = 60  # a handler's usual deadline; route_subscription gives each route its own
 MAX_DELIVERY_ATTEMPTS = 5  # then the message goes to the dead-letter topic, as in production
 
 # Pub/Sub waits between the minimum and the maximum before redelivering a failed push, doubling
@@ -49,9 +57,17 @@ MAX_DELIVERY_ATTEMPTS = 5  # then the message goes to the dead-letter topic, as 
 PRODUCTION_MINIMUM_BACKOFF_S = 10.0
 LOCAL_MINIMUM_BACKOFF_S = 1.0
 MAXIMUM_BACKOFF_S = 60.0  # a recovered dependency is noticed within a minute
+RETENTION = timedelta(days=7)  # unacknowledged messages are kept this long, as in infra/
 
 # The fields `wire_pubsub` owns on a subscription, as update_subscription's field mask names them.
-_MANAGED_FIELDS = ("push_config", "ack_deadline_seconds", "dead_letter_policy", "retry_policy")
+_MANAGED_FIELDS = (
+    "push_config",
+    "ack_deadline_seconds",
+    "dead_letter_policy",
+    "retry_policy",
+    "message_retention_duration",
+    "expiration_policy",
+)
 
 
 @dataclass(frozen=True)
@@ -100,7 +116,6 @@ def wire_pubsub(
     prefix: str,
     function_urls: Mapping[str, str],
     *,
-    ack_deadline_s: int = ACK_DEADLINE_S,
     minimum_backoff_s: float = LOCAL_MINIMUM_BACKOFF_S,
 ) -> Wiring:
     """Every topic of the contract, and a push subscription per cloudevent route.
@@ -121,23 +136,12 @@ def wire_pubsub(
                 publisher.create_topic(name=path)
             topics.append(path)
 
-        dead_letter = publisher.topic_path(
-            project, topology.topic_name(topology.DEAD_LETTER, prefix)
-        )
         subscriptions: dict[str, str] = {}
         for route in topology.FUNCTIONS:
             if route.signature != "cloudevent" or route.topic is None:
                 continue
-            topic = topology.topic_name(route.topic, prefix)
-            endpoint = push_endpoint(function_urls[route.target], project, topic)
-            wanted = push_subscription(
-                subscriber.subscription_path(project, topology.push_subscription_name(route, prefix)),
-                publisher.topic_path(project, topic),
-                endpoint,
-                # A dead-letter topic cannot dead-letter into itself: its subscription only retries.
-                dead_letter_topic=None if route.topic == topology.DEAD_LETTER else dead_letter,
-                ack_deadline_s=ack_deadline_s,
-                minimum_backoff_s=minimum_backoff_s,
+            wanted = route_subscription(
+                route, project, prefix, function_urls[route.target], minimum_backoff_s=minimum_backoff_s
             )
             try:
                 subscriber.create_subscription(request=wanted)
@@ -150,11 +154,36 @@ def wire_pubsub(
                     subscriber.update_subscription(
                         request={"subscription": wanted, "update_mask": FieldMask(paths=changed)}
                     )
-            subscriptions[wanted.name] = endpoint
+            subscriptions[wanted.name] = wanted.push_config.push_endpoint
         return Wiring(topics=tuple(topics), subscriptions=subscriptions)
     finally:
         publisher.transport.close()
         subscriber.transport.close()
+
+
+def route_subscription(
+    route: topology.FunctionRoute,
+    project: str,
+    prefix: str,
+    function_url: str,
+    *,
+    minimum_backoff_s: float = LOCAL_MINIMUM_BACKOFF_S,
+) -> Subscription:
+    """The push subscription infra/pubsub.tf gives `route`, for the function at `function_url`:
+    only the minimum backoff differs between the local stack and production."""
+    assert route.topic is not None, f"{route.target} is an HTTP function and has no subscription"
+    topic = f"projects/{project}/topics/{topology.topic_name(route.topic, prefix)}"
+    dead_letter = f"projects/{project}/topics/{topology.topic_name(topology.DEAD_LETTER, prefix)}"
+    return push_subscription(
+        f"projects/{project}/subscriptions/{topology.push_subscription_name(route, prefix)}",
+        topic,
+        push_endpoint(function_url),
+        # A dead-letter topic cannot dead-letter into itself: its subscription only retries.
+        dead_letter_topic=None if route.topic == topology.DEAD_LETTER else dead_letter,
+        ack_deadline_s=topology.ack_deadline_s(route),
+        minimum_backoff_s=minimum_backoff_s,
+        push_account=topology.push_service_account(project, prefix),
+    )
 
 
 def push_subscription(
@@ -165,15 +194,22 @@ def push_subscription(
     dead_letter_topic: str | None,
     ack_deadline_s: int = ACK_DEADLINE_S,
     minimum_backoff_s: float = LOCAL_MINIMUM_BACKOFF_S,
+    push_account: str = "",
 ) -> Subscription:
     """A push subscription as tpujobs wires them: retry with backoff and, unless
-    `dead_letter_topic` is None, dead-lettering after MAX_DELIVERY_ATTEMPTS."""
-    from google.pubsub_v1 import DeadLetterPolicy, PushConfig, Subscription
+    `dead_letter_topic` is None, dead-lettering after MAX_DELIVERY_ATTEMPTS; pushes signed
+    as `push_account` (an OIDC token whose audience is the endpoint) when one is given."""
+    from google.pubsub_v1 import DeadLetterPolicy, ExpirationPolicy, PushConfig, Subscription
 
+    token = (
+        PushConfig.OidcToken(service_account_email=push_account, audience=endpoint)
+        if push_account
+        else None
+    )
     return Subscription(
         name=path,
         topic=topic_path,
-        push_config=PushConfig(push_endpoint=endpoint),
+        push_config=PushConfig(push_endpoint=endpoint, oidc_token=token),
         ack_deadline_seconds=ack_deadline_s,
         retry_policy=retry_policy(minimum_backoff_s),
         dead_letter_policy=(
@@ -183,6 +219,8 @@ def push_subscription(
             if dead_letter_topic
             else None
         ),
+        message_retention_duration=RETENTION,
+        expiration_policy=ExpirationPolicy(),  # no ttl: never expires, however quiet
     )
 
 
@@ -202,10 +240,11 @@ def changed_fields(existing: Subscription, wanted: Subscription) -> list[str]:
     return [name for name in _MANAGED_FIELDS if getattr(existing, name) != getattr(wanted, name)]
 
 
-def push_endpoint(function_url: str, project: str, topic: str) -> str:
-    """The function's URL with the topic in its path: functions-framework puts that path in
-    the CloudEvent's source, which is how a handler knows the topic, as under Eventarc."""
-    return f"{function_url.rstrip('/')}/projects/{project}/topics/{topic}"
+def push_endpoint(function_url: str) -> str:
+    """Where a push goes: the function's URL as it is, as Terraform pushes to
+    `service_config[0].uri`. No topic in the path: the function reads it from the
+    envelope's subscription (tpujobs.inbound)."""
+    return function_url
 
 
 def ensure_bucket(emulator_url: str, project: str, bucket: str) -> None:
