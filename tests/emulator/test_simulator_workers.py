@@ -26,6 +26,7 @@ from unittest import mock
 import pytest
 from typer.testing import CliRunner
 
+from tpujobs.agent.worker import parse_tpu_env, slice_id_from_node_id
 from tpujobs.dev import stack
 from tpujobs.dev.cli import dev_app
 from tpujobs.simulator import (
@@ -188,13 +189,14 @@ def test_an_active_v4_16_runs_one_process_per_host_with_its_own_metadata_and_env
         assert answer(info, "instance/attributes/agent-worker-number") == str(info.worker)
         assert answer(info, "instance/attributes/accelerator-type") == "v4-16"
         assert answer(info, "instance/preempted") == "FALSE"
-        assert answer(info, "instance/attributes/tpu-env") == (
-            "ACCELERATOR_TYPE: 'v4-16'\n"
-            "NODE_ID: 'node'\n"
-            "PREEMPTIBLE: 'true'\n"
-            f"WORKER_ID: '{info.worker}'\n"
-            f"ZONE: '{ZONE}'\n"
-        )
+        tpu_env = parse_tpu_env(answer(info, "instance/attributes/tpu-env"))
+        assert {key: tpu_env[key] for key in ("ACCELERATOR_TYPE", "NODE_ID", "WORKER_ID")} == {
+            "ACCELERATOR_TYPE": "v4-16",
+            "NODE_ID": "node",
+            "WORKER_ID": str(info.worker),
+        }
+        assert (tpu_env["PREEMPTIBLE"], tpu_env["ZONE"]) == ("true", ZONE)
+        assert not any(key.startswith("MEGASCALE_") for key in tpu_env)
         env = environment(info)
         assert env["TPUJOBS_WORKDIR"] == str(info.scratch / "work")
         assert env["TPUJOBS_METADATA_URL"] == metadata_url(
@@ -205,16 +207,27 @@ def test_an_active_v4_16_runs_one_process_per_host_with_its_own_metadata_and_env
 
 
 def test_a_multislice_of_two_v4_8_runs_one_process_per_node(server: SimulatorServer) -> None:
-    """2 x v4-8: nodes s-0 and s-1, one worker each, each told its own node id."""
+    """2 x v4-8: nodes s-0 and s-1, one worker each, each told its own node id and, in
+    tpu-env as multislice TPU VMs get it, its MEGASCALE slice id, the slice count and the
+    coordinator (worker 0 of slice 0, with the MEGASCALE port): what the agent and JAX read."""
     workers = start(server, startup_script(), "v4-8", multislice=2)
     assert [(w.slice_index, w.worker, w.node_id) for w in workers] == [
         (0, 0, "s-0"),
         (1, 0, "s-1"),
     ]
     assert [w.scratch.name for w in workers] == ["slice-0-worker-0", "slice-1-worker-0"]
+    first = server.simulator.get_node(PROJECT, ZONE, "s-0")
     for info in workers:
-        assert f"NODE_ID: '{info.node_id}'" in answer(info, "instance/attributes/tpu-env")
+        tpu_env = parse_tpu_env(answer(info, "instance/attributes/tpu-env"))
+        assert tpu_env["NODE_ID"] == info.node_id
         assert answer(info, "instance/attributes/agent-worker-number") == "0"
+        assert {key: value for key, value in tpu_env.items() if key.startswith("MEGASCALE_")} == {
+            "MEGASCALE_COORDINATOR_ADDRESS": f"{first.host_addresses[0]}:8080",
+            "MEGASCALE_NUM_SLICES": "2",
+            "MEGASCALE_PORT": "8080",
+            "MEGASCALE_SLICE_ID": str(info.slice_index),
+        }
+        assert slice_id_from_node_id(tpu_env["NODE_ID"], "s") == info.slice_index
 
 
 def test_state_and_workers_endpoints_show_each_worker_process(server: SimulatorServer) -> None:

@@ -27,7 +27,7 @@ from tpujobs.simulator import (
     StateStore,
 )
 from tpujobs.simulator.metadata import MetadataService, lookup, metadata_url, tpu_env
-from tpujobs.simulator.model import compute_default_account
+from tpujobs.simulator.model import compute_default_account, project_number
 
 PROJECT = "proj"
 ZONE = "us-central2-b"
@@ -231,7 +231,8 @@ def test_a_multislice_request_needs_the_chips_of_every_slice(clock: FakeClock) -
 
 
 def test_preempt_suspends_the_queued_resource_and_preempts_its_nodes(clock: FakeClock) -> None:
-    """preempt(): QR SUSPENDING by the SERVICE, nodes PREEMPTED, chips freed, then SUSPENDED."""
+    """preempt(): QR SUSPENDING by the SERVICE, nodes PREEMPTED, then SUSPENDED; its chips
+    stay held (against the quota) until it is deleted, as real SUSPENDED resources hold them."""
     sim = simulator(clock, dataclasses.replace(QUICK, capacity={f"v4@{ZONE}": 4}))
     stopped: list[QueuedResourceRecord] = []
     sim.on_stopped.append(stopped.append)
@@ -244,9 +245,31 @@ def test_preempt_suspends_the_queued_resource_and_preempts_its_nodes(clock: Fake
     assert sim.get_node(PROJECT, ZONE, "a").state is NodeState.PREEMPTED
     assert sim.get_node(PROJECT, ZONE, "a").preempted
     assert [r.state for r in stopped] == [QrState.SUSPENDING]
-    assert state_of(sim, "next") is QrState.PROVISIONING
-    clock.tick(1.0)
+    clock.tick(60.0)
     assert state_of(sim, "spot") is QrState.SUSPENDED
+    assert state_of(sim, "next") is QrState.WAITING_FOR_RESOURCES
+    sim.delete_queued_resource(PROJECT, ZONE, "spot", force=True)
+    clock.tick(0.5)
+    assert state_of(sim, "spot") is QrState.DELETING  # deleting_seconds: still holding
+    assert state_of(sim, "next") is QrState.WAITING_FOR_RESOURCES
+    clock.tick(0.5)
+    assert state_of(sim, "next") is QrState.PROVISIONING
+
+
+def test_a_failed_queued_resource_holds_its_chips_until_it_is_deleted(clock: FakeClock) -> None:
+    """fail() of an ACTIVE QR keeps its chips taken; the next in line provisions only once it is gone."""
+    sim = simulator(clock, dataclasses.replace(QUICK, capacity={f"v4@{ZONE}": 4}))
+    sim.create_queued_resource(PROJECT, ZONE, "broken", one_slice("a"))
+    sim.create_queued_resource(PROJECT, ZONE, "next", one_slice("b"))
+    clock.tick(3.0)
+    sim.fail("broken", "stockout")
+    clock.tick(60.0)
+    assert state_of(sim, "next") is QrState.WAITING_FOR_RESOURCES
+    operation = sim.delete_queued_resource(PROJECT, ZONE, "broken")  # no nodes: no force needed
+    assert not operation.done
+    clock.tick(1.0)
+    assert sim.get_operation(PROJECT, ZONE, operation.operation_id).done
+    assert state_of(sim, "next") is QrState.PROVISIONING
 
 
 def test_only_provisioning_or_active_queued_resources_can_be_preempted(clock: FakeClock) -> None:
@@ -598,11 +621,16 @@ def test_tpu_env_names_the_accelerator_node_worker_zone_and_preemptibility(
     _, node = active_node(clock, spot=True)
     assert tpu_env(node, 1) == (
         "ACCELERATOR_TYPE: 'v4-16'\n"
+        f"CONSUMER_PROJECT_ID: '{PROJECT}'\n"
+        f"CONSUMER_PROJECT_NUMBER: '{project_number(PROJECT)}'\n"
         "NODE_ID: 'n'\n"
         "PREEMPTIBLE: 'true'\n"
+        f"RUNTIME_VERSION: '{RUNTIME}'\n"
+        "SERVICE_NAME: 'tpu.googleapis.com'\n"
         "WORKER_ID: '1'\n"
         f"ZONE: '{ZONE}'\n"
     )
+    assert "MEGASCALE" not in tpu_env(node, 1)  # one slice: no multislice keys
 
 
 @pytest.mark.parametrize(

@@ -3,18 +3,24 @@
 Why: the control plane must be tested against the real ``tpu_v2`` client without a
 Google project or TPUs. The simulator speaks the v2 REST API closely enough for that client,
 moves queued resources through their real states on a clock, rations chips per pool, and lets
-tests preempt, fail, kill hosts and inject API errors. ``model`` holds the rules, ``server``
-the HTTP, ``workers`` runs each worker host's startup script as a local process and
-``metadata`` answers those processes as GCE's metadata server would.
+tests preempt, fail, kill, reboot and maintain hosts, change what nodes show and inject API
+errors (``tpujobs dev fault``). ``model`` holds the rules, ``server`` the HTTP, ``errors``
+Google's error bodies, ``fields`` its field masks, ``workers`` runs each worker host's startup
+script as a local process and ``metadata`` answers those processes as GCE's metadata server
+would.
 """
 
+from tpujobs.simulator.errors import Code, Fault
 from tpujobs.simulator.metadata import MetadataReply, MetadataService, metadata_url
 from tpujobs.simulator.model import (
-    Code,
+    NODE_HEALTHS,
+    HostAction,
+    HostEvent,
     Initiator,
     JsonStateFile,
     NodeRecord,
     NodeState,
+    NodeStep,
     OperationRecord,
     Page,
     QrState,
@@ -31,13 +37,18 @@ from tpujobs.simulator.server import SimulatorApi, SimulatorServer
 from tpujobs.simulator.workers import StopReason, WorkerInfo, WorkerPool
 
 __all__ = [
+    "NODE_HEALTHS",
     "Code",
+    "Fault",
+    "HostAction",
+    "HostEvent",
     "Initiator",
     "JsonStateFile",
     "MetadataReply",
     "MetadataService",
     "NodeRecord",
     "NodeState",
+    "NodeStep",
     "OperationRecord",
     "Page",
     "QrState",

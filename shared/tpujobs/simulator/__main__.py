@@ -51,6 +51,33 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="chips on offer in one pool, such as v4@us-central2-b=32; repeatable; default unlimited",
     )
     parser.add_argument("--api-error-rate", type=float, default=defaults.api_error_rate)
+    parser.add_argument(
+        "--api-error-code",
+        action="append",
+        default=[],
+        metavar="CODE",
+        help="what random errors pick from: an HTTP status or a google.rpc.Code name; "
+        "repeatable [default: 503 and 429]",
+    )
+    parser.add_argument("--reboot-seconds", type=float, default=defaults.reboot_seconds)
+    parser.add_argument(
+        "--maintenance-notice-seconds",
+        type=float,
+        default=defaults.maintenance_notice_seconds,
+        help="how long instance/maintenance-event warns before the hosts go down",
+    )
+    parser.add_argument(
+        "--maintenance-seconds",
+        type=float,
+        default=defaults.maintenance_seconds,
+        help="how long hosts stay down for a maintenance before they boot again",
+    )
+    parser.add_argument(
+        "--default-page-size",
+        type=int,
+        default=defaults.default_page_size,
+        help="page size of list calls that name none; 0 answers with everything at once",
+    )
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument(
         "--workers-root",
@@ -87,9 +114,18 @@ def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
         deleting_seconds=args.deleting_seconds,
         capacity=dict(args.capacity),
         api_error_rate=args.api_error_rate,
+        api_error_codes=tuple(
+            int(code) if code.strip().isdigit() else code.strip().upper()
+            for code in args.api_error_code
+        )
+        or SimulatorConfig().api_error_codes,
         seed=args.seed,
         preemption_grace_seconds=args.preemption_grace_seconds,
         delete_grace_seconds=args.delete_grace_seconds,
+        reboot_seconds=args.reboot_seconds,
+        maintenance_notice_seconds=args.maintenance_notice_seconds,
+        maintenance_seconds=args.maintenance_seconds,
+        default_page_size=args.default_page_size,
     )
 
 

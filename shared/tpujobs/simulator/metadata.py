@@ -14,14 +14,16 @@ the value changes: the way an agent waits on ``instance/preempted``.
 Paths served (under the base):
 
     instance/preempted                       TRUE once the node was preempted, else FALSE
-    instance/maintenance-event               NONE (hosts here die without notice)
+    instance/maintenance-event               NONE, or TERMINATE_ON_HOST_MAINTENANCE from the
+                                             notice of a maintenance until it ends
     instance/hostname                        t1v-n-{node number, hex}-w-{worker}
     instance/zone                            projects/{project}/zones/{zone}
     instance/network-interfaces/0/ip         the worker's address in the node's endpoints
     instance/attributes/                     the attribute names, one a line
     instance/attributes/agent-worker-number  the worker index within its node
     instance/attributes/accelerator-type     v4-16 and the like
-    instance/attributes/tpu-env              KEY: 'value' lines, as on TPU VMs
+    instance/attributes/tpu-env              KEY: 'value' lines, as on TPU VMs; a node of a
+                                             multislice request adds MEGASCALE_* keys
     instance/attributes/{key}                the node's own metadata (startup-script,
                                              tpujobs-report-key, ...)
     instance/service-accounts/               default/ and {email}/, one a line
@@ -49,7 +51,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
-from tpujobs.simulator.model import NodeRecord, SimulatorError
+from tpujobs.simulator.errors import TPU_SERVICE, project_number
+from tpujobs.simulator.model import MEGASCALE_PORT, NodeRecord, SimulatorError
 
 METADATA_ROOT = "/simulator/v1/metadata/"
 _PATH = re.compile(
@@ -83,14 +86,32 @@ class MetadataReply:
 
 
 def tpu_env(node: NodeRecord, worker: int) -> str:
-    """The tpu-env attribute: sorted ``KEY: 'value'`` lines, as TPU VMs carry it."""
+    """The tpu-env attribute: sorted ``KEY: 'value'`` lines, as TPU VMs carry it.
+
+    A node of a multislice request also carries what JAX's cloud_tpu_cluster and libtpu read
+    from it to join the slices: MEGASCALE_COORDINATOR_ADDRESS (worker 0 of slice 0, with the
+    port), MEGASCALE_NUM_SLICES, MEGASCALE_PORT and MEGASCALE_SLICE_ID.
+    """
     values = {
         "ACCELERATOR_TYPE": node.accelerator_type,
+        "CONSUMER_PROJECT_ID": node.project,
+        "CONSUMER_PROJECT_NUMBER": str(project_number(node.project)),
         "NODE_ID": node.node_id,
         "PREEMPTIBLE": "true" if node.preemptible else "false",
+        "RUNTIME_VERSION": node.runtime_version,
+        "SERVICE_NAME": TPU_SERVICE,
         "WORKER_ID": str(worker),
         "ZONE": node.zone,
     }
+    if node.num_slices:
+        values.update(
+            {
+                "MEGASCALE_COORDINATOR_ADDRESS": node.coordinator_address,
+                "MEGASCALE_NUM_SLICES": str(node.num_slices),
+                "MEGASCALE_PORT": str(MEGASCALE_PORT),
+                "MEGASCALE_SLICE_ID": str(node.slice_id),
+            }
+        )
     return "".join(f"{key}: '{value}'\n" for key, value in sorted(values.items()))
 
 
@@ -126,7 +147,7 @@ def lookup(node: NodeRecord, worker: int, key: str) -> MetadataReply:
     attrs = attributes(node, worker)
     values: dict[str, str] = {
         "instance/preempted": "TRUE" if node.preempted else "FALSE",
-        "instance/maintenance-event": "NONE",
+        "instance/maintenance-event": node.maintenance_event,
         "instance/hostname": f"t1v-n-{node.number:x}-w-{worker}",
         "instance/zone": f"projects/{node.project}/zones/{node.zone}",
         "instance/network-interfaces/0/ip": node.host_addresses[worker],

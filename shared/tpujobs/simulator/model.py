@@ -24,15 +24,26 @@ The life of a queued resource (QR); each arrow happens at the time shown:
     any state but DELETING --delete--> DELETING       on_stopped hooks
     DELETING --deleting_seconds--> gone               the delete operation completes
 
-A QR holds the chips of its pools ("family@zone") from PROVISIONING until it is preempted,
-fails or is gone. Deleting without force is refused while the QR still has nodes, as the
-real API does.
+A QR holds the chips of its pools ("family@zone") from PROVISIONING until it is gone: a
+SUSPENDED or FAILED one keeps them, as the real quota does, until someone deletes it.
+Deleting without force is refused while the QR still has nodes, as the real API does.
 
 A failed host (``kill_host``) is shown as the TPU API shows a slice under repair: the node's
 state REPAIRING, its health UNHEALTHY_MAINTENANCE and a health description naming the dead
 worker, while the QR stays ACTIVE (a broken host does not change the queued resource). The
 simulator never finishes the repair; the control plane is expected to notice (by polling, or
 by the missing worker's silence) and delete the QR.
+
+Nodes of an ACTIVE QR have timed steps of their own (``tpujobs dev fault``):
+
+    READY --reboot()--> RESTARTING --reboot_seconds--> READY     on_hosts RESET, then BOOT
+    READY --maintenance()--> READY, instance/maintenance-event TERMINATE_ON_HOST_MAINTENANCE
+          --notice--> REPAIRING, UNHEALTHY_MAINTENANCE            on_hosts SHUTDOWN
+          --maintenance_seconds--> READY, event NONE              on_hosts BOOT
+
+``set_node_health`` and ``set_node_state`` only change what the API shows. ``no_boot`` gives
+QRs hosts that never run their startup script. ``inject_errors`` plans the errors the next
+calls of one API method answer with (``errors.Fault``); ``api_error_rate`` rolls dice for all.
 
 The model starts no processes: ``workers.WorkerPool`` listens to the hooks and does that.
 """
@@ -42,7 +53,6 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
-import hashlib
 import ipaddress
 import json
 import logging
@@ -63,6 +73,13 @@ from tpujobs.domain.accelerators import (
     UnknownAcceleratorType,
     parse_accelerator_type,
 )
+from tpujobs.simulator.errors import (
+    FAULT_METHODS,
+    Code,
+    Fault,
+    SimulatorError,
+    project_number,
+)
 
 _log = logging.getLogger(__name__)
 
@@ -70,54 +87,14 @@ _RESOURCE_ID = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 MAX_RESOURCE_ID_LENGTH = 63
 FIRST_WORKER_ADDRESS = ipaddress.IPv4Address("127.1.0.0")  # loopback: workers can bind it
 WORKER_PORT = 8470
+MEGASCALE_PORT = 8080  # where a multislice's coordinator listens, as tpu-env names it
 FIRST_NODE_NUMBER = 1_000_000_000_000_000_000  # node ids look like the real 19-digit ones
 STATE_FILE_VERSION = 1
-
-
-def project_number(project: str) -> int:
-    """A stable 12-digit stand-in for a project's number (the simulator has no projects)."""
-    digest = int(hashlib.sha256(project.encode("utf-8")).hexdigest(), 16)
-    return 100_000_000_000 + digest % 900_000_000_000
 
 
 def compute_default_account(project: str) -> str:
     """The Compute Engine default service account: what a VM runs as when none is named."""
     return f"{project_number(project)}-compute@developer.gserviceaccount.com"
-
-
-class Code(Enum):
-    """The google.rpc.Code values the simulator answers with, and their HTTP statuses."""
-
-    CANCELLED = (1, 499)
-    INVALID_ARGUMENT = (3, 400)
-    NOT_FOUND = (5, 404)
-    ALREADY_EXISTS = (6, 409)
-    RESOURCE_EXHAUSTED = (8, 429)
-    FAILED_PRECONDITION = (9, 400)
-    ABORTED = (10, 409)
-    UNIMPLEMENTED = (12, 501)
-    INTERNAL = (13, 500)
-    UNAVAILABLE = (14, 503)
-
-    def __init__(self, grpc_code: int, http_status: int) -> None:
-        self.grpc_code = grpc_code
-        self.http_status = http_status
-
-
-# The errors a busy Google API answers with, by HTTP status: the ones callers must retry.
-_INJECTED_FAULTS = {
-    503: (Code.UNAVAILABLE, "The service is currently unavailable."),
-    429: (Code.RESOURCE_EXHAUSTED, "Quota exceeded for quota metric 'Requests' per minute."),
-}
-
-
-class SimulatorError(Exception):
-    """A request the simulated API refuses; the server turns it into Google's error JSON."""
-
-    def __init__(self, code: Code, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 class QrState(str, Enum):
@@ -147,13 +124,47 @@ PREEMPTIBLE_STATES = frozenset({QrState.PROVISIONING, QrState.ACTIVE})
 
 
 class NodeState(str, Enum):
-    """Node.State members the simulator uses; the values are the API's names."""
+    """Node.State members; the values are the API's names. The model sets the first seven
+    itself; ``set_node_state`` (``tpujobs dev fault node-state``) may show any of them."""
 
     CREATING = "CREATING"  # its QR is PROVISIONING
     READY = "READY"  # its QR is ACTIVE
+    RESTARTING = "RESTARTING"  # reboot: its hosts are resetting; READY after reboot_seconds
+    REPAIRING = "REPAIRING"  # a host failed (kill_host, never repaired) or is under maintenance
     PREEMPTED = "PREEMPTED"  # its QR was preempted
-    REPAIRING = "REPAIRING"  # a worker host of it failed (kill_host); never repaired here
     DELETING = "DELETING"  # its QR is being deleted
+    STATE_UNSPECIFIED = "STATE_UNSPECIFIED"
+    REIMAGING = "REIMAGING"
+    STOPPED = "STOPPED"
+    STOPPING = "STOPPING"
+    STARTING = "STARTING"
+    TERMINATED = "TERMINATED"
+    HIDING = "HIDING"
+    HIDDEN = "HIDDEN"
+    UNHIDING = "UNHIDING"
+    UNKNOWN = "UNKNOWN"
+
+
+# Node.Health names. The model shows HEALTHY on READY nodes and UNHEALTHY_MAINTENANCE on ones
+# under repair; ``set_node_health`` (``tpujobs dev fault node-health``) may show any.
+NODE_HEALTHS = (
+    "HEALTH_UNSPECIFIED",
+    "HEALTHY",
+    "TIMEOUT",
+    "UNHEALTHY_TENSORFLOW",
+    "UNHEALTHY_MAINTENANCE",
+)
+MAINTENANCE_NONE = "NONE"
+MAINTENANCE_TERMINATE = "TERMINATE_ON_HOST_MAINTENANCE"
+
+
+class NodeStep(str, Enum):
+    """What a node's own timer (NodeRecord.next_at) does when it is due."""
+
+    NONE = ""
+    REBOOTED = "rebooted"  # RESTARTING -> READY; the reset hosts boot again
+    MAINTENANCE_STARTS = "maintenance-starts"  # notice over: REPAIRING, hosts shut down
+    MAINTENANCE_ENDS = "maintenance-ends"  # READY, the event NONE again; the hosts boot again
 
 
 class Initiator(str, Enum):
@@ -176,11 +187,18 @@ class SimulatorConfig:
         default_factory=dict
     )  # chips per "family@zone"; absent: unlimited
     api_error_rate: float = 0.0  # share of TPU API calls refused with an injected error
-    api_error_codes: tuple[int, ...] = (503, 429)  # HTTP statuses the injected errors pick from
+    # What the random errors pick from: HTTP statuses (400..599) or google.rpc.Code names.
+    api_error_codes: tuple[int | str, ...] = (503, 429)
     seed: int = 0  # seeds the fault dice, so a failing run can be repeated
     tick_seconds: float = 0.05  # how often the server's ticker advances time
     preemption_grace_seconds: float = 30.0  # preempt: SIGTERM, then SIGKILL this much later
     delete_grace_seconds: float = 2.0  # delete or shutdown: SIGTERM, then SIGKILL this much later
+    reboot_seconds: float = 0.5  # reboot: RESTARTING this long, then READY and booted again
+    # maintenance: instance/maintenance-event says TERMINATE_ON_HOST_MAINTENANCE this long
+    # before the hosts go down (GCE gives about 60 s), and they are down this long.
+    maintenance_notice_seconds: float = 60.0
+    maintenance_seconds: float = 60.0
+    default_page_size: int = 0  # list calls without pageSize get pages this big; 0: all at once
 
     def __post_init__(self) -> None:
         for name in (
@@ -191,6 +209,10 @@ class SimulatorConfig:
             "deleting_seconds",
             "preemption_grace_seconds",
             "delete_grace_seconds",
+            "reboot_seconds",
+            "maintenance_notice_seconds",
+            "maintenance_seconds",
+            "default_page_size",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
@@ -198,10 +220,10 @@ class SimulatorConfig:
             raise ValueError(f"tick_seconds must be positive, got {self.tick_seconds}")
         if not 0.0 <= self.api_error_rate <= 1.0:
             raise ValueError(f"api_error_rate must be within 0..1, got {self.api_error_rate}")
-        if not self.api_error_codes or not set(self.api_error_codes) <= set(_INJECTED_FAULTS):
-            raise ValueError(
-                f"api_error_codes must be some of {sorted(_INJECTED_FAULTS)}, got {self.api_error_codes}"
-            )
+        if not self.api_error_codes:
+            raise ValueError("api_error_codes must name at least one HTTP status or code")
+        for code in self.api_error_codes:
+            Fault.parse(code)  # ValueError names what is wrong
         for pool, chips in self.capacity.items():
             family, _, zone = pool.partition("@")
             if family not in FAMILIES or not zone:
@@ -226,11 +248,17 @@ class SimulatorConfig:
         values = dict(changes)
         if "capacity" in values:
             values["capacity"] = {str(k): int(v) for k, v in dict(values["capacity"]).items()}
-        if "seed" in values:
-            values["seed"] = int(values["seed"])
+        for name in ("seed", "default_page_size"):
+            if name in values:
+                values[name] = int(values[name])
         if "api_error_codes" in values:
-            values["api_error_codes"] = tuple(int(c) for c in values["api_error_codes"])
-        for name in known - {"capacity", "seed", "api_error_codes"}:
+            codes = values["api_error_codes"]
+            if isinstance(codes, (str, int)):
+                codes = [codes]
+            values["api_error_codes"] = tuple(
+                int(c) if str(c).strip().isdigit() else str(c).strip().upper() for c in codes
+            )
+        for name in known - {"capacity", "seed", "default_page_size", "api_error_codes"}:
             if name in values:
                 values[name] = float(values[name])
         return dataclasses.replace(self, **values)
@@ -317,6 +345,7 @@ class QueuedResourceRecord:
     error_message: str = ""
     create_operation: str = ""
     delete_operation: str = ""
+    hosts_boot: bool = True  # False: its hosts never run the startup script (no_boot)
 
     @property
     def parent(self) -> str:
@@ -359,6 +388,17 @@ class NodeRecord:
     spot: bool
     preempted: bool = False  # what the metadata server answers for instance/preempted
     failed_workers: tuple[int, ...] = ()  # worker hosts killed by kill_host, in order
+    health: str = ""  # a NODE_HEALTHS name, or "" when the API shows none
+    health_description: str = ""
+    maintenance_event: str = MAINTENANCE_NONE  # what instance/maintenance-event answers
+    next_at: float | None = None  # when `step` is due, on the model's clock
+    step: NodeStep = NodeStep.NONE
+    rebooting_workers: tuple[int, ...] = ()  # hosts a reboot reset; they boot at REBOOTED
+    # A node of a multislice request: its slice number, the number of slices, and the
+    # address of worker 0 of slice 0 (the MEGASCALE coordinator); 0, 0, "" otherwise.
+    slice_id: int = 0
+    num_slices: int = 0
+    coordinator_address: str = ""
 
     @property
     def parent(self) -> str:
@@ -473,8 +513,31 @@ class JsonStateFile:
         os.replace(partial, self.path)
 
 
+class HostAction(str, Enum):
+    """What happens to some worker hosts of one node (a HostEvent)."""
+
+    RESET = "reset"  # reboot: the hosts lose power at once; nothing gets a signal first
+    SHUTDOWN = "shutdown"  # maintenance: the hosts shut down (SIGTERM, then SIGKILL)
+    BOOT = "boot"  # the hosts boot again from the same disk and rerun the startup script
+
+
+@dataclass(frozen=True)
+class HostEvent:
+    """Some worker hosts of slice *slice_index* of *qr* go down or come back up."""
+
+    qr: QueuedResourceRecord
+    slice_index: int
+    workers: tuple[int, ...]
+    action: HostAction
+
+    @property
+    def name(self) -> str:
+        return self.qr.name
+
+
 Hook = Callable[[QueuedResourceRecord], None]
 HostHook = Callable[[QueuedResourceRecord, int, int], None]  # (QR, slice index, worker)
+HostsHook = Callable[[HostEvent], None]
 
 
 class Simulator:
@@ -509,6 +572,9 @@ class Simulator:
         self.on_active: list[Hook] = []  # a QR became ACTIVE: start its workers
         self.on_stopped: list[Hook] = []  # a QR was preempted, failed or is being deleted
         self.on_host_failed: list[HostHook] = []  # kill_host: one worker host died silently
+        self.on_hosts: list[HostsHook] = []  # reboot and maintenance take hosts down and up
+        self._planned_faults: dict[str, list[Fault]] = {method: [] for method in FAULT_METHODS}
+        self._no_boot_budget = 0  # how many of the next QRs created get hosts that never boot
         if store is not None:
             snapshot = store.load()
             if snapshot is not None:
@@ -528,15 +594,73 @@ class Simulator:
             self._config = config
             self._admit(now)
 
-    def roll_for_fault(self) -> None:
-        """Raise an injected 503 or 429 as often as api_error_rate says; the control API never calls this."""
+    def roll_for_fault(self, project: str = "", zone: str = "") -> None:
+        """Raise a random injected error as often as api_error_rate says (the method-blind
+        dice; ``next_fault`` also serves the planned ones)."""
         with self._lock:
-            rate = self._config.api_error_rate
-            if rate <= 0 or self._dice.random() >= rate:
-                return
-            status = self._dice.choice(self._config.api_error_codes)
-        code, message = _INJECTED_FAULTS[status]
-        raise SimulatorError(code, message + " (injected by the tpujobs simulator)")
+            fault = self._roll()
+        if fault is not None:
+            raise fault.error(project, zone)
+
+    def inject_errors(self, method: str, fault: Fault, count: int = 1) -> dict[str, Any]:
+        """The next *count* calls of *method* (create, get, list, delete) answer with *fault*,
+        after any planned before; returns every planned fault (``faults()``)."""
+        if method not in FAULT_METHODS:
+            raise SimulatorError(
+                Code.INVALID_ARGUMENT,
+                f"method must be one of {', '.join(FAULT_METHODS)}, got {method!r}",
+            )
+        if count < 1:
+            raise SimulatorError(Code.INVALID_ARGUMENT, f"count must be at least 1, got {count}")
+        with self._lock:
+            self._planned_faults[method].extend([fault] * count)
+            return self._faults_json()
+
+    def next_fault(self, method: str | None) -> Fault | None:
+        """The error a TPU API call of *method* answers with, if any: a planned one first,
+        else the dice. The server calls this once per TPU API call; operations pass None."""
+        with self._lock:
+            planned = self._planned_faults.get(method or "")
+            if planned:
+                return planned.pop(0)
+            return self._roll()
+
+    def no_boot(self, count: int) -> dict[str, Any]:
+        """The hosts of the next *count* queued resources created never run their startup
+        script: they turn ACTIVE and READY, and nothing reports from them."""
+        if count < 1:
+            raise SimulatorError(Code.INVALID_ARGUMENT, f"count must be at least 1, got {count}")
+        with self._lock:
+            self._no_boot_budget += count
+            return self._faults_json()
+
+    def faults(self) -> dict[str, Any]:
+        """The planned faults: errors per method and the no-boot budget, as JSON."""
+        with self._lock:
+            return self._faults_json()
+
+    def clear_faults(self) -> dict[str, Any]:
+        """Forget every planned error and the no-boot budget (random errors stay configured)."""
+        with self._lock:
+            for planned in self._planned_faults.values():
+                planned.clear()
+            self._no_boot_budget = 0
+            return self._faults_json()
+
+    def _roll(self) -> Fault | None:
+        rate = self._config.api_error_rate
+        if rate <= 0 or self._dice.random() >= rate:
+            return None
+        return Fault.parse(self._dice.choice(self._config.api_error_codes))
+
+    def _faults_json(self) -> dict[str, Any]:
+        return {
+            "errors": {
+                method: [fault.to_json() for fault in planned]
+                for method, planned in self._planned_faults.items()
+            },
+            "noBoot": self._no_boot_budget,
+        }
 
     # -- time ----------------------------------------------------------------------------
 
@@ -584,6 +708,9 @@ class Simulator:
                         f"Resource 'projects/{project}/locations/{zone}/nodes/{node_id}' already exists",
                     )
             operation = self._new_operation(project, zone, "create", name)
+            hosts_boot = self._no_boot_budget == 0
+            if not hosts_boot:
+                self._no_boot_budget -= 1
             self._put_qr(
                 QueuedResourceRecord(
                     project=project,
@@ -596,6 +723,7 @@ class Simulator:
                     queue_number=self._count("queue"),
                     next_at=now + self._config.accept_seconds,
                     create_operation=operation.operation_id,
+                    hosts_boot=hosts_boot,
                 )
             )
             return operation
@@ -610,7 +738,7 @@ class Simulator:
         """Queued resources by name; zone "-" lists every zone, as the real API allows."""
         with self._transaction():
             found = [qr for qr in self._qrs.values() if _in_location(qr, project, zone)]
-        return _page(found, page_size, page_token)
+        return _page(found, page_size or self._config.default_page_size, page_token)
 
     def delete_queued_resource(
         self, project: str, zone: str, qr_id: str, force: bool = False
@@ -628,7 +756,7 @@ class Simulator:
                 )
             operation = self._new_operation(project, zone, "delete", qr.name)
             for node in self._nodes_of(qr):
-                self._put_node(dataclasses.replace(node, state=NodeState.DELETING))
+                self._put_node(_settled(node, state=NodeState.DELETING, health=""))
             deleting = self._put_qr(
                 dataclasses.replace(
                     qr,
@@ -648,7 +776,8 @@ class Simulator:
         """Take a QR's TPUs back as the service does to spot capacity: SUSPENDING, nodes PREEMPTED.
 
         The nodes' metadata says preempted=TRUE before on_stopped hooks run, so a worker that
-        gets the SIGTERM and asks the metadata server already reads TRUE, as on GCE.
+        gets the SIGTERM and asks the metadata server already reads TRUE, as on GCE. The QR
+        keeps its chips (they count against the quota) until it is deleted.
         """
         with self._transaction() as now:
             qr = self._resolve(qr_id, zone, project)
@@ -659,14 +788,13 @@ class Simulator:
                     "only PROVISIONING or ACTIVE ones can be preempted",
                 )
             for node in self._nodes_of(qr):
-                self._put_node(dataclasses.replace(node, state=NodeState.PREEMPTED, preempted=True))
+                self._put_node(_settled(node, state=NodeState.PREEMPTED, preempted=True, health=""))
             suspending = self._put_qr(
                 dataclasses.replace(
                     qr,
                     state=QrState.SUSPENDING,
                     initiator=Initiator.SERVICE,
                     next_at=now + self._config.suspending_seconds,
-                    holds_capacity=False,
                 )
             )
             self._queue_hooks(self.on_stopped, suspending)
@@ -709,7 +837,17 @@ class Simulator:
                     f"not {worker}",
                 )
             failed = tuple(sorted({*node.failed_workers, worker}))
-            repairing = dataclasses.replace(node, state=NodeState.REPAIRING, failed_workers=failed)
+            workers = ", ".join(str(w) for w in failed)
+            repairing = dataclasses.replace(
+                node,
+                state=NodeState.REPAIRING,
+                failed_workers=failed,
+                health="UNHEALTHY_MAINTENANCE",
+                health_description=(
+                    f"Worker {workers} of this node failed (hardware failure simulated by "
+                    "tpujobs); the node is being repaired"
+                ),
+            )
             self._put_node(repairing)
             self._queue_hooks(self.on_host_failed, qr, slice_index, worker)
             return repairing
@@ -723,7 +861,8 @@ class Simulator:
         project: str | None = None,
         code: int = Code.INTERNAL.grpc_code,
     ) -> QueuedResourceRecord:
-        """Give up on a live QR as the service does (say, a stockout): FAILED, its nodes removed."""
+        """Give up on a live QR as the service does (say, a stockout): FAILED, its nodes removed;
+        chips it held stay held (against the quota) until it is deleted."""
         with self._transaction() as now:
             qr = self._resolve(qr_id, zone, project)
             if qr.state not in LIVE_STATES:
@@ -739,7 +878,6 @@ class Simulator:
                     state=QrState.FAILED,
                     initiator=Initiator.SERVICE,
                     next_at=None,
-                    holds_capacity=False,
                     error_code=code,
                     error_message=message,
                 )
@@ -748,6 +886,206 @@ class Simulator:
             self._queue_hooks(self.on_stopped, failed)
             self._admit(now)
             return failed
+
+    # -- faults of hosts and nodes (tpujobs dev fault) -------------------------------------
+
+    def no_boot_queued_resource(
+        self, qr_id: str, *, zone: str | None = None, project: str | None = None
+    ) -> QueuedResourceRecord:
+        """The hosts of a QR that has not turned ACTIVE yet will never run their startup script."""
+        with self._transaction():
+            qr = self._resolve(qr_id, zone, project)
+            if qr.state not in LIVE_STATES - {QrState.ACTIVE}:
+                raise SimulatorError(
+                    Code.FAILED_PRECONDITION,
+                    f"Queued resource {qr.name} is {qr.state.value}; only one that is not ACTIVE "
+                    "yet can get hosts that never boot (use a count for the next ones)",
+                )
+            return self._put_qr(dataclasses.replace(qr, hosts_boot=False))
+
+    def reboot(
+        self,
+        qr_id: str,
+        slice_index: int | None = None,
+        worker: int | None = None,
+        *,
+        zone: str | None = None,
+        project: str | None = None,
+    ) -> tuple[NodeRecord, ...]:
+        """Reset hosts as a VM reset does: their processes die at once (on_hosts RESET), the
+        node is RESTARTING for reboot_seconds, then READY and the hosts boot again from the
+        same disk (on_hosts BOOT). No slice: every slice; no worker: every host of the slice."""
+        with self._transaction() as now:
+            qr, chosen = self._active_nodes(qr_id, slice_index, zone, project, "reboot")
+            plan = [(index, node, self._workers_of(node, worker)) for index, node in chosen]
+            for _, node, _ in plan:
+                if node.step in (NodeStep.MAINTENANCE_STARTS, NodeStep.MAINTENANCE_ENDS):
+                    raise SimulatorError(
+                        Code.FAILED_PRECONDITION,
+                        f"node {node.node_id} is under host maintenance; it cannot reboot now",
+                    )
+            changed = []
+            for index, node, workers in plan:
+                restarting = dataclasses.replace(
+                    node,
+                    state=NodeState.RESTARTING,
+                    health="",
+                    health_description="",
+                    next_at=now + self._config.reboot_seconds,
+                    step=NodeStep.REBOOTED,
+                    rebooting_workers=tuple(sorted({*node.rebooting_workers, *workers})),
+                )
+                self._put_node(restarting)
+                changed.append(restarting)
+                self._queue_host_event(qr, index, workers, HostAction.RESET)
+            return tuple(changed)
+
+    def maintenance(
+        self,
+        qr_id: str,
+        slice_index: int | None = None,
+        notice_seconds: float | None = None,
+        *,
+        zone: str | None = None,
+        project: str | None = None,
+    ) -> tuple[NodeRecord, ...]:
+        """Host maintenance as GCE announces it to a VM that terminates for it: the nodes'
+        instance/maintenance-event turns TERMINATE_ON_HOST_MAINTENANCE now; after the notice
+        (default maintenance_notice_seconds) the node is REPAIRING with health
+        UNHEALTHY_MAINTENANCE and its hosts shut down (on_hosts SHUTDOWN); maintenance_seconds
+        later it is READY, the event NONE, and the hosts boot again (on_hosts BOOT)."""
+        notice = (
+            self._config.maintenance_notice_seconds if notice_seconds is None else notice_seconds
+        )
+        if notice < 0:
+            raise SimulatorError(
+                Code.INVALID_ARGUMENT, f"the notice must not be negative, got {notice}"
+            )
+        with self._transaction() as now:
+            _, chosen = self._active_nodes(qr_id, slice_index, zone, project, "go into maintenance")
+            for _, node in chosen:
+                if node.step is not NodeStep.NONE:
+                    raise SimulatorError(
+                        Code.FAILED_PRECONDITION,
+                        f"node {node.node_id} is already {node.state.value} "
+                        f"({node.step.value}); try again when it is READY",
+                    )
+            changed = []
+            for _, node in chosen:
+                announced = dataclasses.replace(
+                    node,
+                    maintenance_event=MAINTENANCE_TERMINATE,
+                    next_at=now + notice,
+                    step=NodeStep.MAINTENANCE_STARTS,
+                )
+                self._put_node(announced)
+                changed.append(announced)
+            return tuple(changed)
+
+    def set_node_health(
+        self,
+        qr_id: str,
+        health: str,
+        description: str = "",
+        slice_index: int | None = None,
+        *,
+        zone: str | None = None,
+        project: str | None = None,
+    ) -> tuple[NodeRecord, ...]:
+        """Show *health* (a Node.Health name) and *description* on a QR's nodes; nothing else
+        changes: processes run on, and the next transition of the node sets its own health."""
+        name = str(health).strip().upper()
+        if name not in NODE_HEALTHS:
+            raise SimulatorError(
+                Code.INVALID_ARGUMENT,
+                f"health must be one of {', '.join(NODE_HEALTHS)}, got {health!r}",
+            )
+        with self._transaction():
+            qr = self._resolve(qr_id, zone, project)
+            changed = []
+            for _, node in self._chosen_nodes(qr, slice_index):
+                shown = dataclasses.replace(
+                    node,
+                    health="" if name == "HEALTH_UNSPECIFIED" else name,
+                    health_description=description,
+                )
+                self._put_node(shown)
+                changed.append(shown)
+            return tuple(changed)
+
+    def set_node_state(
+        self,
+        qr_id: str,
+        state: str,
+        slice_index: int | None = None,
+        *,
+        zone: str | None = None,
+        project: str | None = None,
+    ) -> tuple[NodeRecord, ...]:
+        """Show *state* (a Node.State name) on a QR's nodes; nothing else changes: processes
+        run on, and a reboot or maintenance under way still ends as it would."""
+        try:
+            wanted = NodeState(str(state).strip().upper())
+        except ValueError:
+            names = ", ".join(member.value for member in NodeState)
+            raise SimulatorError(
+                Code.INVALID_ARGUMENT, f"state must be one of {names}, got {state!r}"
+            ) from None
+        with self._transaction():
+            qr = self._resolve(qr_id, zone, project)
+            changed = []
+            for _, node in self._chosen_nodes(qr, slice_index):
+                shown = dataclasses.replace(node, state=wanted)
+                self._put_node(shown)
+                changed.append(shown)
+            return tuple(changed)
+
+    def _active_nodes(
+        self,
+        qr_id: str,
+        slice_index: int | None,
+        zone: str | None,
+        project: str | None,
+        doing: str,
+    ) -> tuple[QueuedResourceRecord, list[tuple[int, NodeRecord]]]:
+        qr = self._resolve(qr_id, zone, project)
+        if qr.state is not QrState.ACTIVE:
+            raise SimulatorError(
+                Code.FAILED_PRECONDITION,
+                f"Queued resource {qr.name} is {qr.state.value}; only an ACTIVE one has hosts "
+                f"to {doing}",
+            )
+        return qr, self._chosen_nodes(qr, slice_index)
+
+    def _chosen_nodes(
+        self, qr: QueuedResourceRecord, slice_index: int | None
+    ) -> list[tuple[int, NodeRecord]]:
+        """(slice index, node) of one slice, or of every slice when *slice_index* is None."""
+        nodes = list(enumerate(self._nodes_of(qr)))
+        if not nodes:
+            raise SimulatorError(
+                Code.FAILED_PRECONDITION, f"Queued resource {qr.name} has no nodes"
+            )
+        if slice_index is None:
+            return nodes
+        if not 0 <= slice_index < len(nodes):
+            raise SimulatorError(
+                Code.INVALID_ARGUMENT,
+                f"{qr.name} has slices 0..{len(nodes) - 1}, not {slice_index}",
+            )
+        return [nodes[slice_index]]
+
+    @staticmethod
+    def _workers_of(node: NodeRecord, worker: int | None) -> tuple[int, ...]:
+        hosts = len(node.host_addresses)
+        if worker is None:
+            return tuple(range(hosts))
+        if not 0 <= worker < hosts:
+            raise SimulatorError(
+                Code.INVALID_ARGUMENT,
+                f"node {node.node_id} has workers 0..{hosts - 1}, not {worker}",
+            )
+        return (worker,)
 
     # -- nodes and operations -------------------------------------------------------------
 
@@ -766,7 +1104,7 @@ class Simulator:
     ) -> Page[NodeRecord]:
         with self._transaction():
             found = [n for n in self._nodes.values() if _in_location(n, project, zone)]
-        return _page(found, page_size, page_token)
+        return _page(found, page_size or self._config.default_page_size, page_token)
 
     def nodes_of(self, qr: QueuedResourceRecord) -> tuple[NodeRecord, ...]:
         """The nodes a QR has now, in the order its node specs name them; for hooks."""
@@ -789,7 +1127,7 @@ class Simulator:
     ) -> Page[OperationRecord]:
         with self._transaction():
             found = [op for op in self._operations.values() if _in_location(op, project, zone)]
-        return _page(found, page_size, page_token)
+        return _page(found, page_size or self._config.default_page_size, page_token)
 
     def state(self) -> SimulatorState:
         """Everything, sorted by name: for the state endpoint and for tests."""
@@ -803,15 +1141,27 @@ class Simulator:
     # -- the state machine (callers hold the lock) ---------------------------------------
 
     def _advance(self, now: float) -> None:
-        """Apply due transitions one at a time, earliest first, admitting after each."""
+        """Apply due transitions of QRs and nodes one at a time, earliest first, admitting
+        after each."""
         while True:
-            due = [qr for qr in self._qrs.values() if qr.next_at is not None and qr.next_at <= now]
+            due: list[tuple[float, int, int, QueuedResourceRecord | NodeRecord]] = [
+                (qr.next_at, 0, qr.queue_number, qr)
+                for qr in self._qrs.values()
+                if qr.next_at is not None and qr.next_at <= now
+            ]
+            due.extend(
+                (node.next_at, 1, node.number, node)
+                for node in self._nodes.values()
+                if node.next_at is not None and node.next_at <= now
+            )
             if not due:
                 break
-            qr = min(due, key=lambda r: (r.next_at, r.queue_number))
-            assert qr.next_at is not None
-            self._step(qr, qr.next_at)
-            self._admit(qr.next_at)
+            at, _, _, item = min(due, key=lambda entry: entry[:3])
+            if isinstance(item, QueuedResourceRecord):
+                self._step(item, at)
+            else:
+                self._step_node(item, at)
+            self._admit(at)
         self._admit(now)
 
     def _step(self, qr: QueuedResourceRecord, at: float) -> None:
@@ -831,7 +1181,7 @@ class Simulator:
             self._put_qr(dataclasses.replace(qr, next_at=None))  # now it waits only for chips
         elif qr.state is QrState.PROVISIONING:
             for node in self._nodes_of(qr):
-                self._put_node(dataclasses.replace(node, state=NodeState.READY))
+                self._put_node(dataclasses.replace(node, state=NodeState.READY, health="HEALTHY"))
             active = self._put_qr(dataclasses.replace(qr, state=QrState.ACTIVE, next_at=None))
             self._queue_hooks(self.on_active, active)
         elif qr.state is QrState.SUSPENDING:
@@ -840,6 +1190,57 @@ class Simulator:
             self._remove(qr)
         else:  # pragma: no cover - no other state schedules a transition
             raise AssertionError(f"{qr.name} has a timed transition in state {qr.state}")
+
+    def _step_node(self, node: NodeRecord, at: float) -> None:
+        """The timed transition of one node (reboot, maintenance), at the time it was due."""
+        qr = self._qrs.get((node.project, node.zone, node.qr_id))
+        nodes = self._nodes_of(qr) if qr is not None else []
+        if qr is None or qr.state is not QrState.ACTIVE or node not in nodes:
+            self._put_node(_settled(node))  # its QR moved on; the QR's own rules apply
+            return
+        index = nodes.index(node)
+        every_host = tuple(range(len(node.host_addresses)))
+        if node.step is NodeStep.REBOOTED:
+            failed = tuple(w for w in node.failed_workers if w not in node.rebooting_workers)
+            self._put_node(
+                _settled(
+                    node,
+                    state=NodeState.REPAIRING if failed else NodeState.READY,
+                    health="UNHEALTHY_MAINTENANCE" if failed else "HEALTHY",
+                    health_description=node.health_description if failed else "",
+                    failed_workers=failed,
+                )
+            )
+            self._queue_host_event(qr, index, node.rebooting_workers, HostAction.BOOT)
+        elif node.step is NodeStep.MAINTENANCE_STARTS:
+            self._put_node(
+                dataclasses.replace(
+                    node,
+                    state=NodeState.REPAIRING,
+                    health="UNHEALTHY_MAINTENANCE",
+                    health_description=(
+                        "Host maintenance (simulated by tpujobs): the hosts were terminated "
+                        "for it and restart when it ends"
+                    ),
+                    next_at=at + self._config.maintenance_seconds,
+                    step=NodeStep.MAINTENANCE_ENDS,
+                )
+            )
+            self._queue_host_event(qr, index, every_host, HostAction.SHUTDOWN)
+        elif node.step is NodeStep.MAINTENANCE_ENDS:
+            self._put_node(
+                _settled(
+                    node,
+                    state=NodeState.READY,
+                    health="HEALTHY",
+                    health_description="",
+                    maintenance_event=MAINTENANCE_NONE,
+                    failed_workers=(),
+                )
+            )
+            self._queue_host_event(qr, index, every_host, HostAction.BOOT)
+        else:  # pragma: no cover - no other step schedules a transition
+            raise AssertionError(f"{node.name} has a timed transition with no step")
 
     def _admit(self, at: float) -> None:
         """Start provisioning waiting QRs whose chips are free, strictly in order of arrival per pool."""
@@ -879,7 +1280,13 @@ class Simulator:
         wall = self._wall_clock()
         for spec in qr.request.slices:
             hosts = parse_accelerator_type(spec.accelerator_type).hosts
-            for node_id in spec.node_ids:
+            coordinator = ""
+            for slice_id, node_id in enumerate(spec.node_ids):
+                addresses = tuple(
+                    str(FIRST_WORKER_ADDRESS + self._count("address")) for _ in range(hosts)
+                )
+                if spec.multislice and slice_id == 0:
+                    coordinator = f"{addresses[0]}:{MEGASCALE_PORT}"
                 self._put_node(
                     NodeRecord(
                         project=qr.project,
@@ -891,12 +1298,13 @@ class Simulator:
                         runtime_version=spec.runtime_version,
                         template=spec.template,
                         state=NodeState.CREATING,
-                        host_addresses=tuple(
-                            str(FIRST_WORKER_ADDRESS + self._count("address")) for _ in range(hosts)
-                        ),
+                        host_addresses=addresses,
                         create_time=wall,
                         multislice=spec.multislice,
                         spot=qr.request.spot,
+                        slice_id=slice_id if spec.multislice else 0,
+                        num_slices=spec.node_count if spec.multislice else 0,
+                        coordinator_address=coordinator,
                     )
                 )
         self._put_qr(
@@ -1044,6 +1452,18 @@ class Simulator:
         if hooks:
             self._pending_hooks.append((list(hooks), (qr, *more)))
 
+    def _queue_host_event(
+        self,
+        qr: QueuedResourceRecord,
+        slice_index: int,
+        workers: tuple[int, ...],
+        action: HostAction,
+    ) -> None:
+        if self.on_hosts and workers:
+            self._pending_hooks.append(
+                (list(self.on_hosts), (HostEvent(qr, slice_index, workers, action),))
+            )
+
     def _run_hooks(self) -> None:
         """Call queued hooks outside the state lock, so a hook may call the simulator."""
         with self._dispatch_lock:
@@ -1086,11 +1506,18 @@ class Simulator:
         for data in snapshot["queued_resources"]:
             self._put_qr(_qr_from_json(data, shift))
         for data in snapshot["nodes"]:
-            self._put_node(_node_from_json(data))
+            self._put_node(_node_from_json(data, shift))
         for data in snapshot["operations"]:
             op = _operation_from_json(data, shift)
             self._operations[(op.project, op.zone, op.operation_id)] = op
         self._dirty = False
+
+
+def _settled(node: NodeRecord, **changes: Any) -> NodeRecord:
+    """*node* with *changes* and no timed step left: its QR's transition overrides it."""
+    return dataclasses.replace(
+        node, next_at=None, step=NodeStep.NONE, rebooting_workers=(), **changes
+    )
 
 
 def _in_location(
@@ -1155,16 +1582,24 @@ def _qr_from_json(data: Mapping[str, Any], shift: float) -> QueuedResourceRecord
 def _node_to_json(node: NodeRecord) -> dict[str, Any]:
     data = dataclasses.asdict(node)
     data["state"] = node.state.value
+    data["step"] = node.step.value
     return data
 
 
-def _node_from_json(data: Mapping[str, Any]) -> NodeRecord:
+def _node_from_json(data: Mapping[str, Any], shift: float) -> NodeRecord:
+    state = NodeState(data["state"])
+    if "health" not in data:  # a state file from before health was kept: as it was shown
+        health = {NodeState.READY: "HEALTHY", NodeState.REPAIRING: "UNHEALTHY_MAINTENANCE"}
+        data = {**data, "health": health.get(state, "")}
     return NodeRecord(
         **{
             **data,
-            "state": NodeState(data["state"]),
+            "state": state,
             "host_addresses": tuple(data["host_addresses"]),
             "failed_workers": tuple(data.get("failed_workers", ())),
+            "rebooting_workers": tuple(data.get("rebooting_workers", ())),
+            "step": NodeStep(data.get("step", "")),
+            "next_at": _shifted(data.get("next_at"), shift),
         }
     )
 

@@ -13,17 +13,34 @@ alone, so a 409 raises ``Conflict`` and a 400 ``BadRequest``; the ``status`` fie
 ALREADY_EXISTS from ABORTED, and INVALID_ARGUMENT from FAILED_PRECONDITION.
 
 Everything here is translation: the rules live in ``model.py``. Control endpoints under
-``/simulator/v1/`` let tests preempt, fail, kill hosts and reconfigure; injected faults never
-touch them. ``/simulator/v1/metadata/...`` is each worker's metadata server (``metadata.py``),
-and the server runs the workers themselves (``workers.py``) unless told not to.
+``/simulator/v1/`` let tests preempt, fail, kill hosts, inject faults and reconfigure; injected
+errors never touch them. ``/simulator/v1/metadata/...`` is each worker's metadata server
+(``metadata.py``), and the server runs the workers themselves (``workers.py``) unless told not to.
 
-Control endpoints (zone and id of the QR; ``?project=P`` when the id is ambiguous):
+TPU API answers honour a field mask (``X-Goog-FieldMask``, ``fields`` or ``$fields``) and refuse
+a path the response has no field for (``fields.py``); lists are paged (``pageSize``,
+``pageToken``, else ``default_page_size``).
+
+Control endpoints (zone and id of the QR; ``?project=P`` when the id is ambiguous; ``slice=S``
+picks one node of a multislice, else all; the stable API ``tpujobs dev fault`` drives):
 
     GET  /simulator/v1/health | state | config          state includes every QR's workers
     POST /simulator/v1/config                           JSON changes to SimulatorConfig
+    GET  /simulator/v1/faults                           planned errors and no-boot budget
+    POST /simulator/v1/faults:clear                     forget them
+    POST /simulator/v1/faults/errors      body {"method": "create|get|list|delete",
+                                          "code": 503 or "UNAVAILABLE", "count": 1,
+                                          "quota": false, "applied": false, "message": ""}
+    POST /simulator/v1/faults/no-boot     body {"count": K}: the next K QRs created never boot
     POST /simulator/v1/queuedResources/{zone}/{id}:preempt
     POST /simulator/v1/queuedResources/{zone}/{id}:fail            body {"code", "message"}
     POST /simulator/v1/queuedResources/{zone}/{id}:kill-host?slice=S&worker=W
+    POST /simulator/v1/queuedResources/{zone}/{id}:no-boot         before it is ACTIVE
+    POST /simulator/v1/queuedResources/{zone}/{id}:reboot?slice=S&worker=W
+    POST /simulator/v1/queuedResources/{zone}/{id}:maintenance?slice=S&notice=SECONDS
+    POST /simulator/v1/queuedResources/{zone}/{id}:node-health?slice=S
+                                          body {"health": "TIMEOUT", "description": "..."}
+    POST /simulator/v1/queuedResources/{zone}/{id}:node-state?slice=S   body {"state": "UNKNOWN"}
     GET  /simulator/v1/queuedResources/{zone}/{id}:workers
 """
 
@@ -44,13 +61,14 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from tpujobs.simulator import fields
+from tpujobs.simulator.errors import FAULT_METHODS, Fault
 from tpujobs.simulator.metadata import MetadataReply, MetadataService, metadata_url
 from tpujobs.simulator.model import (
     WORKER_PORT,
     Code,
     JsonStateFile,
     NodeRecord,
-    NodeState,
     OperationRecord,
     Page,
     QrState,
@@ -194,15 +212,10 @@ def node_json(node: NodeRecord) -> Json:
     }
     if node.spot:
         out["schedulingConfig"] = {**node.template.get("schedulingConfig", {}), "spot": True}
-    if node.state is NodeState.READY:
-        out["health"] = "HEALTHY"
-    elif node.state is NodeState.REPAIRING:
-        workers = ", ".join(str(w) for w in node.failed_workers)
-        out["health"] = "UNHEALTHY_MAINTENANCE"
-        out["healthDescription"] = (
-            f"Worker {workers} of this node failed (hardware failure simulated by tpujobs); "
-            "the node is being repaired"
-        )
+    if node.health:
+        out["health"] = node.health
+    if node.health_description:
+        out["healthDescription"] = node.health_description
     return out
 
 
@@ -241,40 +254,9 @@ def _page_json(key: str, page: Page[Any], render: Callable[[Any], Json]) -> Json
     return out
 
 
-def apply_field_mask(payload: Json, mask: str) -> Json:
-    """Keep only the fields a `X-Goog-FieldMask` header (or `fields` parameter) names.
-
-    Google APIs answer with just these, which keeps a list of thousands of resources small;
-    paths are dotted JSON names, and a path through a list applies to each element.
-    """
-    tree: dict[str, Any] = {}
-    for path in (part.strip() for part in mask.split(",")):
-        node = tree
-        for name in path.split("."):
-            if name:
-                node = node.setdefault(name, {})
-
-    def keep(value: Any, wanted: dict[str, Any]) -> Any:
-        if not wanted:
-            return value
-        if isinstance(value, list):
-            return [keep(item, wanted) for item in value]
-        if isinstance(value, dict):
-            return {k: keep(v, wanted[k]) for k, v in value.items() if k in wanted}
-        return value
-
-    return keep(payload, tree)
-
-
 def error_json(error: SimulatorError) -> Json:
-    """Google's JSON error body; google.api_core reads the message from it."""
-    return {
-        "error": {
-            "code": error.code.http_status,
-            "message": error.message,
-            "status": error.code.name,
-        }
-    }
+    """Google's JSON error body; google.api_core reads the message and details from it."""
+    return error.to_json()
 
 
 # -- JSON in ----------------------------------------------------------------------------------
@@ -399,6 +381,29 @@ def _query_int(query: Query, name: str) -> int:
         ) from exc
 
 
+def _query_optional_int(query: Query, name: str) -> int | None:
+    """An integer parameter, or None when it is absent or empty."""
+    return _query_int(query, name) if _query_str(query, name) else None
+
+
+def _where(params: Mapping[str, str], query: Query) -> dict[str, str | None]:
+    """The zone of a control path and the optional ?project= that settle which QR is meant."""
+    return {"zone": params["zone"], "project": _query_str(query, "project") or None}
+
+
+def _flag(request: Mapping[str, Any], name: str) -> bool:
+    value = request.get(name, False)
+    if not isinstance(value, bool):
+        raise SimulatorError(Code.INVALID_ARGUMENT, f"{name} must be true or false, got {value!r}")
+    return value
+
+
+def _whole(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SimulatorError(Code.INVALID_ARGUMENT, f"{name} must be a whole number, got {value!r}")
+    return value
+
+
 def _query_str(query: Query, name: str) -> str:
     return query.get(name, [""])[-1]
 
@@ -412,8 +417,27 @@ def _query_bool(query: Query, name: str) -> bool:
 _LOCATION = r"/v2/projects/(?P<project>[^/]+)/locations/(?P<zone>[^/]+)"
 _ID = r"(?P<id>[^/:]+)"
 _CONTROL = "/simulator/v1"
-
 Handler = Callable[[dict[str, str], Query, bytes], tuple[int, Json]]
+
+
+class _TpuRoute:
+    """One TPU API method: what a fault aimed at it is called, and what message it answers."""
+
+    def __init__(
+        self, method: str, pattern: str, handler: Handler, fault_method: str | None, response: str
+    ) -> None:
+        self.method = method
+        self.pattern = re.compile(_LOCATION + pattern)
+        self.handler = handler
+        self.fault_method = fault_method  # one of FAULT_METHODS, or None for operations
+        self.response = response  # a fields.RESPONSES name, to check field masks against
+
+
+def _control_route(method: str, pattern: str, handler: Handler) -> tuple[str, re.Pattern[str], Handler]:
+    return method, re.compile(_CONTROL + pattern), handler
+
+
+_QR = r"/queuedResources/(?P<zone>[^/]+)/" + _ID
 
 
 class SimulatorApi:
@@ -428,68 +452,78 @@ class SimulatorApi:
         self.simulator = simulator
         self.worker_pool = worker_pool
         self.metadata_service = MetadataService(simulator.get_node, stopping=stopping)
-        self._tpu_routes: list[tuple[str, re.Pattern[str], Handler]] = [
-            ("POST", re.compile(_LOCATION + "/queuedResources"), self._create_queued_resource),
-            ("GET", re.compile(_LOCATION + "/queuedResources"), self._list_queued_resources),
-            ("GET", re.compile(_LOCATION + "/queuedResources/" + _ID), self._get_queued_resource),
-            (
-                "DELETE",
-                re.compile(_LOCATION + "/queuedResources/" + _ID),
-                self._delete_queued_resource,
-            ),
-            ("GET", re.compile(_LOCATION + "/nodes"), self._list_nodes),
-            ("GET", re.compile(_LOCATION + "/nodes/" + _ID), self._get_node),
-            ("GET", re.compile(_LOCATION + "/operations"), self._list_operations),
-            ("GET", re.compile(_LOCATION + "/operations/" + _ID), self._get_operation),
+        qrs, nodes, operations = "/queuedResources", "/nodes", "/operations"
+        self._tpu_routes = [
+            _TpuRoute("POST", qrs, self._create_queued_resource, "create", "Operation"),
+            _TpuRoute("GET", qrs, self._list_queued_resources, "list", "ListQueuedResourcesResponse"),
+            _TpuRoute("GET", f"{qrs}/{_ID}", self._get_queued_resource, "get", "QueuedResource"),
+            _TpuRoute("DELETE", f"{qrs}/{_ID}", self._delete_queued_resource, "delete", "Operation"),
+            _TpuRoute("GET", nodes, self._list_nodes, "list", "ListNodesResponse"),
+            _TpuRoute("GET", f"{nodes}/{_ID}", self._get_node, "get", "Node"),
+            _TpuRoute("GET", operations, self._list_operations, None, "ListOperationsResponse"),
+            _TpuRoute("GET", f"{operations}/{_ID}", self._get_operation, None, "Operation"),
         ]
-        self._control_routes: list[tuple[str, re.Pattern[str], Handler]] = [
-            ("GET", re.compile(_CONTROL + "/health"), self._health),
-            ("GET", re.compile(_CONTROL + "/state"), self._state),
-            ("GET", re.compile(_CONTROL + "/config"), self._get_config),
-            ("POST", re.compile(_CONTROL + "/config"), self._set_config),
-            (
-                "POST",
-                re.compile(_CONTROL + r"/queuedResources/(?P<zone>[^/]+)/" + _ID + ":preempt"),
-                self._preempt,
-            ),
-            (
-                "POST",
-                re.compile(_CONTROL + r"/queuedResources/(?P<zone>[^/]+)/" + _ID + ":fail"),
-                self._fail,
-            ),
-            (
-                "POST",
-                re.compile(_CONTROL + r"/queuedResources/(?P<zone>[^/]+)/" + _ID + ":kill-host"),
-                self._kill_host,
-            ),
-            (
-                "GET",
-                re.compile(_CONTROL + r"/queuedResources/(?P<zone>[^/]+)/" + _ID + ":workers"),
-                self._workers,
-            ),
+        self._control_routes = [
+            _control_route("GET", "/health", self._health),
+            _control_route("GET", "/state", self._state),
+            _control_route("GET", "/config", self._get_config),
+            _control_route("POST", "/config", self._set_config),
+            _control_route("GET", "/faults", self._get_faults),
+            _control_route("POST", "/faults:clear", self._clear_faults),
+            _control_route("POST", "/faults/errors", self._inject_errors),
+            _control_route("POST", "/faults/no-boot", self._no_boot_next),
+            _control_route("POST", _QR + ":preempt", self._preempt),
+            _control_route("POST", _QR + ":fail", self._fail),
+            _control_route("POST", _QR + ":kill-host", self._kill_host),
+            _control_route("POST", _QR + ":no-boot", self._no_boot),
+            _control_route("POST", _QR + ":reboot", self._reboot),
+            _control_route("POST", _QR + ":maintenance", self._maintenance),
+            _control_route("POST", _QR + ":node-health", self._node_health),
+            _control_route("POST", _QR + ":node-state", self._node_state),
+            _control_route("GET", _QR + ":workers", self._workers),
         ]
 
-    def handle(self, method: str, path: str, query: Query, body: bytes) -> tuple[int, Json]:
-        """The HTTP status and JSON answer to one request; errors become Google's error JSON."""
+    def handle(
+        self, method: str, path: str, query: Query, body: bytes, field_mask: str = ""
+    ) -> tuple[int, Json]:
+        """The HTTP status and JSON answer to one request; errors become Google's error JSON.
+
+        A TPU API call first meets its faults (planned, then random), then has its field
+        mask checked, then runs; control calls ignore both.
+        """
         try:
-            for routes, is_tpu_api in ((self._tpu_routes, True), (self._control_routes, False)):
-                for route_method, pattern, handler in routes:
-                    match = pattern.fullmatch(path)
-                    if match and route_method == method:
-                        if is_tpu_api:
-                            self.simulator.roll_for_fault()
-                        params = {key: unquote(value) for key, value in match.groupdict().items()}
-                        return handler(params, query, body)
+            for route in self._tpu_routes:
+                match = route.pattern.fullmatch(path)
+                if match and route.method == method:
+                    params = {key: unquote(value) for key, value in match.groupdict().items()}
+                    return self._call_tpu(route, params, query, body, field_mask)
+            for route_method, pattern, handler in self._control_routes:
+                match = pattern.fullmatch(path)
+                if match and route_method == method:
+                    params = {key: unquote(value) for key, value in match.groupdict().items()}
+                    return handler(params, query, body)
             if path.startswith("/v2/"):
                 raise SimulatorError(
                     Code.UNIMPLEMENTED, f"the tpujobs simulator does not implement {method} {path}"
                 )
             raise SimulatorError(Code.NOT_FOUND, f"no such endpoint: {method} {path}")
         except SimulatorError as error:
-            return error.code.http_status, error_json(error)
+            return error.http_status, error_json(error)
         except Exception as exc:  # answer like a server, and keep serving
             _log.exception("simulator failed on %s %s", method, path)
             return 500, error_json(SimulatorError(Code.INTERNAL, f"simulator bug: {exc!r}"))
+
+    def _call_tpu(
+        self, route: _TpuRoute, params: dict[str, str], query: Query, body: bytes, field_mask: str
+    ) -> tuple[int, Json]:
+        fault = self.simulator.next_fault(route.fault_method)
+        if fault is not None and not fault.applied:
+            raise fault.error(params["project"], params["zone"])
+        paths = fields.check(field_mask, route.response) if field_mask else None
+        status, payload = route.handler(params, query, body)
+        if fault is not None:  # applied: the call took effect, and its answer is lost
+            raise fault.error(params["project"], params["zone"])
+        return status, payload if paths is None else fields.apply(payload, paths)
 
     def metadata(self, path: str, query: Query, headers: Mapping[str, str]) -> MetadataReply | None:
         """A worker's metadata server answer, or None when *path* is not a metadata path."""
@@ -620,6 +654,94 @@ class SimulatorApi:
         )
         return 200, node_json(node)
 
+    def _get_faults(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
+        return 200, self.simulator.faults()
+
+    def _clear_faults(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
+        return 200, self.simulator.clear_faults()
+
+    def _inject_errors(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
+        request = _object(_json_body(body), "the fault")
+        unknown = sorted(set(request) - {"method", "code", "count", "quota", "applied", "message"})
+        if unknown:
+            raise SimulatorError(Code.INVALID_ARGUMENT, f"unknown fault fields: {', '.join(unknown)}")
+        method = request.get("method")
+        if method not in FAULT_METHODS:
+            raise SimulatorError(
+                Code.INVALID_ARGUMENT,
+                f"method must be one of {', '.join(FAULT_METHODS)}, got {method!r}",
+            )
+        code = request.get("code")
+        if not isinstance(code, (int, str)) or isinstance(code, bool):
+            raise SimulatorError(
+                Code.INVALID_ARGUMENT,
+                "code must be an HTTP status (400..599) or a google.rpc.Code name such as UNAVAILABLE",
+            )
+        try:
+            fault = Fault.parse(
+                code,
+                quota=_flag(request, "quota"),
+                applied=_flag(request, "applied"),
+                message=str(request.get("message") or ""),
+            )
+        except ValueError as exc:
+            raise SimulatorError(Code.INVALID_ARGUMENT, str(exc)) from exc
+        return 200, self.simulator.inject_errors(method, fault, _whole(request.get("count", 1), "count"))
+
+    def _no_boot_next(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
+        request = _object(_json_body(body), "the fault")
+        return 200, self.simulator.no_boot(_whole(request.get("count", 1), "count"))
+
+    def _no_boot(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
+        qr = self.simulator.no_boot_queued_resource(params["id"], **_where(params, query))
+        return 200, queued_resource_json(qr)
+
+    def _reboot(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
+        nodes = self.simulator.reboot(
+            params["id"],
+            _query_optional_int(query, "slice"),
+            _query_optional_int(query, "worker"),
+            **_where(params, query),
+        )
+        return 200, {"nodes": [node_json(node) for node in nodes]}
+
+    def _maintenance(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
+        notice = _query_str(query, "notice")
+        try:
+            notice_seconds = float(notice) if notice else None
+        except ValueError as exc:
+            raise SimulatorError(
+                Code.INVALID_ARGUMENT, f"notice must be a number of seconds, got {notice!r}"
+            ) from exc
+        nodes = self.simulator.maintenance(
+            params["id"],
+            _query_optional_int(query, "slice"),
+            notice_seconds,
+            **_where(params, query),
+        )
+        return 200, {"nodes": [node_json(node) for node in nodes]}
+
+    def _node_health(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
+        request = _object(_json_body(body), "the node health")
+        nodes = self.simulator.set_node_health(
+            params["id"],
+            str(request.get("health") or ""),
+            str(request.get("description") or ""),
+            _query_optional_int(query, "slice"),
+            **_where(params, query),
+        )
+        return 200, {"nodes": [node_json(node) for node in nodes]}
+
+    def _node_state(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
+        request = _object(_json_body(body), "the node state")
+        nodes = self.simulator.set_node_state(
+            params["id"],
+            str(request.get("state") or ""),
+            _query_optional_int(query, "slice"),
+            **_where(params, query),
+        )
+        return 200, {"nodes": [node_json(node) for node in nodes]}
+
     def _workers(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         if self.worker_pool is None:
             return 200, {"workers": []}
@@ -680,10 +802,12 @@ class _RequestHandler(BaseHTTPRequestHandler):
                     {"Metadata-Flavor": "Google", **({"ETag": reply.etag} if reply.etag else {})},
                 )
                 return
-        status, payload = self.server.api.handle(method, url.path, query, body)
-        mask = self.headers.get("X-Goog-FieldMask") or "".join(query.get("fields", []))
-        if mask and status == 200:
-            payload = apply_field_mask(payload, mask)
+        mask = (
+            self.headers.get("X-Goog-FieldMask")
+            or _query_str(query, "fields")
+            or _query_str(query, "$fields")
+        )
+        status, payload = self.server.api.handle(method, url.path, query, body, mask)
         self._send(status, json.dumps(payload).encode("utf-8"), "application/json; charset=UTF-8")
 
     def _send(

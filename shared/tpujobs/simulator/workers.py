@@ -11,10 +11,19 @@ to the processes; the model itself never touches one, so its rules still test on
     delete                SIGTERM; SIGKILL delete_grace_seconds later
     fail                  SIGKILL at once
     kill_host             SIGKILL to that one worker's group at once, no notice
+    reboot                SIGKILL at once, as a reset cuts the power (no SIGTERM, no grace);
+                          after reboot_seconds the startup script runs again
+    maintenance           at the end of the notice SIGTERM, SIGKILL delete_grace_seconds later
+                          (the VM is stopped for the maintenance); it runs again after it
     close (shutdown)      SIGTERM to all; SIGKILL delete_grace_seconds later; wait until gone
 
 A script that ends by itself stays ended and its QR stays ACTIVE, like a TPU VM whose program
-finished. Signals go to the whole group, so what a script started dies with it.
+finished. Signals go to the whole group, so what a script started dies with it. A QR made with
+``no_boot`` gets no processes at all: its hosts never run their startup script.
+
+A host's scratch directory is its boot disk: a new QR starts with an empty one, and a reboot
+or the end of a maintenance keeps it (``work/`` and all), so a program can tell it ran before;
+``worker.log`` then continues, and WorkerInfo.boot counts the boots.
 
 Each worker's environment is the pool's (``os.environ`` unless given) plus
 ``TPUJOBS_WORKDIR={scratch}/work`` and ``TPUJOBS_METADATA_URL``, its own metadata server.
@@ -38,7 +47,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tpujobs.simulator.model import NodeRecord, QrState, QueuedResourceRecord, Simulator
+from tpujobs.simulator.model import (
+    HostAction,
+    HostEvent,
+    NodeRecord,
+    QrState,
+    QueuedResourceRecord,
+    Simulator,
+)
 
 _log = logging.getLogger(__name__)
 
@@ -58,6 +74,8 @@ class StopReason:
     DELETION = "deletion"
     FAILURE = "failure"
     HOST_FAILURE = "host-failure"
+    REBOOT = "reboot"
+    MAINTENANCE = "maintenance"
     SHUTDOWN = "shutdown"
 
 
@@ -77,6 +95,7 @@ class WorkerInfo:
     alive: bool  # the startup script's process is still running
     exit_code: int | None  # None while alive; negative: killed by that signal number
     stopped_by: str  # "" or a StopReason: what the simulator did to it
+    boot: int = 1  # 1 for the host's first boot, 2 after one reboot or maintenance, ...
 
     @property
     def log(self) -> Path:
@@ -98,6 +117,7 @@ class WorkerInfo:
             "alive": self.alive,
             "exitCode": self.exit_code,
             "stoppedBy": self.stopped_by,
+            "boot": self.boot,
         }
 
 
@@ -106,9 +126,10 @@ class _Worker:
 
     def __init__(
         self, qr: QueuedResourceRecord, node: NodeRecord, slice_index: int, worker: int,
-        process: subprocess.Popen[bytes], scratch: Path, mark: str = "",
+        process: subprocess.Popen[bytes], scratch: Path, mark: str = "", boot: int = 1,
     ) -> None:  # fmt: skip
         self.mark = mark  # the VM_MARK value of every process of this worker host
+        self.boot = boot
         self.key = (qr.project, qr.zone, qr.qr_id)
         self.node_id = node.node_id
         self.slice_index = slice_index
@@ -138,6 +159,7 @@ class _Worker:
             alive=code is None,
             exit_code=code,
             stopped_by=self.stopped_by,
+            boot=self.boot,
         )
 
 
@@ -176,6 +198,7 @@ class WorkerPool:
         self._simulator.on_active.append(self._on_active)
         self._simulator.on_stopped.append(self._on_stopped)
         self._simulator.on_host_failed.append(self._on_host_failed)
+        self._simulator.on_hosts.append(self._on_hosts)
         self._sweeper = threading.Thread(
             target=self._sweep_forever, name="tpujobs-simulator-workers", daemon=True
         )
@@ -201,6 +224,7 @@ class WorkerPool:
                 (self._simulator.on_active, self._on_active),
                 (self._simulator.on_stopped, self._on_stopped),
                 (self._simulator.on_host_failed, self._on_host_failed),
+                (self._simulator.on_hosts, self._on_hosts),
             ):
                 with contextlib.suppress(ValueError):
                     hooks.remove(hook)  # type: ignore[arg-type]
@@ -257,6 +281,9 @@ class WorkerPool:
             leftovers = self._workers.pop(key, [])  # an earlier QR of the same name
             for worker in leftovers:
                 _signal(worker, signal.SIGKILL)
+            if not qr.hosts_boot:
+                _log.info("%s: its hosts never run their startup script (no-boot)", qr.name)
+                return
             started: list[_Worker] = []
             for slice_index, node in enumerate(nodes):
                 script = node.metadata.get(SCRIPT_KEY)
@@ -290,13 +317,56 @@ class WorkerPool:
             ]
             self._stop(chosen, 0.0, StopReason.HOST_FAILURE)
 
+    def _on_hosts(self, event: HostEvent) -> None:
+        """Reboot and maintenance: hosts go down (RESET, SHUTDOWN) or boot again (BOOT)."""
+        qr = event.qr
+        key = (qr.project, qr.zone, qr.qr_id)
+        with self._lock:
+            group = self._workers.get(key, [])
+            chosen = [
+                w for w in group if w.slice_index == event.slice_index and w.worker in event.workers
+            ]
+            if event.action is HostAction.RESET:
+                self._stop(chosen, 0.0, StopReason.REBOOT)
+            elif event.action is HostAction.SHUTDOWN:
+                grace = self._simulator.config.delete_grace_seconds
+                self._stop(chosen, grace, StopReason.MAINTENANCE)
+            elif not self._closed and qr.hosts_boot:
+                self._boot_again(qr, event, group)
+
+    def _boot_again(self, qr: QueuedResourceRecord, event: HostEvent, group: list[_Worker]) -> None:
+        """Run the startup script again on hosts that were down, on their kept disks."""
+        nodes = self._simulator.nodes_of(qr)
+        if event.slice_index >= len(nodes):
+            return
+        node = nodes[event.slice_index]
+        script = node.metadata.get(SCRIPT_KEY)
+        if script is None:
+            return
+        for index in event.workers:
+            old = next(
+                (w for w in group if (w.slice_index, w.worker) == (event.slice_index, index)), None
+            )
+            if old is not None:
+                _signal(old, signal.SIGKILL)  # a host boots only once its old life is over
+                group.remove(old)
+            boot = 1 if old is None else old.boot + 1
+            try:
+                group.append(self._start(qr, node, event.slice_index, index, script, boot))
+            except OSError:
+                _log.exception("could not boot worker %d of %s again", index, node.node_id)
+        group.sort(key=lambda w: (w.slice_index, w.worker))
+        self._workers[(qr.project, qr.zone, qr.qr_id)] = group
+
     # -- processes (callers hold the lock) -----------------------------------------------
 
     def _start(
-        self, qr: QueuedResourceRecord, node: NodeRecord, slice_index: int, worker: int, script: str
-    ) -> _Worker:
+        self, qr: QueuedResourceRecord, node: NodeRecord, slice_index: int, worker: int,
+        script: str, boot: int = 1,
+    ) -> _Worker:  # fmt: skip
+        """Boot one host: its first boot gets a fresh disk, a later one keeps it."""
         scratch = self.root / qr.qr_id / f"slice-{slice_index}-worker-{worker}"
-        if scratch.exists():  # a fresh VM: nothing of an earlier QR of this name
+        if boot == 1 and scratch.exists():  # a fresh VM: nothing of an earlier QR of this name
             shutil.rmtree(scratch, ignore_errors=True)
         (scratch / "work").mkdir(parents=True, exist_ok=True)
         script_file = scratch / SCRIPT_KEY
@@ -307,7 +377,7 @@ class WorkerPool:
         # Everything started on this "VM" inherits the mark, even in sessions of its own
         # (the agent runs the command in one): killing the VM kills everything marked.
         env[VM_MARK] = f"{qr.qr_id}/{slice_index}/{worker}/{uuid.uuid4().hex}"
-        with (scratch / "worker.log").open("wb") as log:
+        with (scratch / "worker.log").open("wb" if boot == 1 else "ab") as log:
             process = subprocess.Popen(
                 [self._bash, str(script_file)],
                 cwd=scratch,
@@ -321,7 +391,7 @@ class WorkerPool:
             "started worker %d of %s (slice %d of %s): pid %d",
             worker, node.node_id, slice_index, qr.qr_id, process.pid,
         )  # fmt: skip
-        return _Worker(qr, node, slice_index, worker, process, scratch, env[VM_MARK])
+        return _Worker(qr, node, slice_index, worker, process, scratch, env[VM_MARK], boot)
 
     def _stop(self, workers: Iterable[_Worker], grace: float, reason: str) -> None:
         """SIGTERM now and SIGKILL after *grace* (0: SIGKILL at once); never later than asked before."""

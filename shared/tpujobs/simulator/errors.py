@@ -1,0 +1,271 @@
+"""Google's error model as the simulator answers with it: canonical codes, the HTTP status each
+maps to, and the JSON error body with its typed details.
+
+Why a module of its own: every refusal of the simulated API, and every fault a test injects
+(``Fault``), must look exactly like what Google's REST frontends send, because the code under
+test picks its exception (and its retry) from that. The shapes follow AIP-193 and
+google/rpc/code.proto, error_details.proto and google/api/error_reason.proto as installed with
+googleapis-common-protos:
+
+    {"error": {"code": 429, "message": "...", "status": "RESOURCE_EXHAUSTED",
+               "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                            "reason": "RATE_LIMIT_EXCEEDED", "domain": "googleapis.com",
+                            "metadata": {...}}]}}
+
+The REST client (google.api_core ``from_http_response``) picks the exception class by the HTTP
+status alone: 500 is ``InternalServerError`` whether ``status`` says INTERNAL, UNKNOWN or
+DATA_LOSS, and 504 is ``GatewayTimeout`` for DEADLINE_EXCEEDED. ``status`` and ``details``
+reach the exception only as ``response`` and ``details``/``reason``/``domain``/``metadata``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+TYPE_PREFIX = "type.googleapis.com/"
+ERROR_INFO_TYPE = TYPE_PREFIX + "google.rpc.ErrorInfo"
+QUOTA_FAILURE_TYPE = TYPE_PREFIX + "google.rpc.QuotaFailure"
+BAD_REQUEST_TYPE = TYPE_PREFIX + "google.rpc.BadRequest"
+TPU_SERVICE = "tpu.googleapis.com"
+INJECTED = " (injected by the tpujobs simulator)"
+
+# The TPU API calls a fault can be aimed at; operations are never faulted by method, so a
+# long-running operation can always be polled to its end.
+FAULT_METHODS = ("create", "get", "list", "delete")
+
+
+def project_number(project: str) -> int:
+    """A stable 12-digit stand-in for a project's number (the simulator has no projects)."""
+    digest = int(hashlib.sha256(project.encode("utf-8")).hexdigest(), 16)
+    return 100_000_000_000 + digest % 900_000_000_000
+
+
+class Code(Enum):
+    """google.rpc.Code, each with the HTTP status code.proto maps it to."""
+
+    CANCELLED = (1, 499)
+    UNKNOWN = (2, 500)
+    INVALID_ARGUMENT = (3, 400)
+    DEADLINE_EXCEEDED = (4, 504)
+    NOT_FOUND = (5, 404)
+    ALREADY_EXISTS = (6, 409)
+    PERMISSION_DENIED = (7, 403)
+    RESOURCE_EXHAUSTED = (8, 429)
+    FAILED_PRECONDITION = (9, 400)
+    ABORTED = (10, 409)
+    OUT_OF_RANGE = (11, 400)
+    UNIMPLEMENTED = (12, 501)
+    INTERNAL = (13, 500)
+    UNAVAILABLE = (14, 503)
+    DATA_LOSS = (15, 500)
+    UNAUTHENTICATED = (16, 401)
+
+    def __init__(self, grpc_code: int, http_status: int) -> None:
+        self.grpc_code = grpc_code
+        self.http_status = http_status
+
+
+# An HTTP status named alone means the code Google's frontends send with it; statuses no code
+# maps to are UNKNOWN (502, like 503, is a frontend that could not reach the service).
+_CODE_OF_STATUS = {
+    400: Code.INVALID_ARGUMENT,
+    401: Code.UNAUTHENTICATED,
+    403: Code.PERMISSION_DENIED,
+    404: Code.NOT_FOUND,
+    409: Code.ABORTED,
+    429: Code.RESOURCE_EXHAUSTED,
+    499: Code.CANCELLED,
+    500: Code.INTERNAL,
+    501: Code.UNIMPLEMENTED,
+    502: Code.UNAVAILABLE,
+    503: Code.UNAVAILABLE,
+    504: Code.DEADLINE_EXCEEDED,
+}
+
+# The messages Google's frontends send with each code when the service says nothing more.
+_MESSAGES = {
+    Code.CANCELLED: "The operation was cancelled.",
+    Code.UNKNOWN: "Unknown Error.",
+    Code.INVALID_ARGUMENT: "Request contains an invalid argument.",
+    Code.DEADLINE_EXCEEDED: "Deadline expired before operation could complete.",
+    Code.NOT_FOUND: "Requested entity was not found.",
+    Code.ALREADY_EXISTS: "Requested entity already exists",
+    Code.PERMISSION_DENIED: "The caller does not have permission",
+    Code.FAILED_PRECONDITION: "Precondition check failed.",
+    Code.ABORTED: "The operation was aborted.",
+    Code.OUT_OF_RANGE: "Operation was attempted past the valid range.",
+    Code.UNIMPLEMENTED: "Operation is not implemented, or supported, or enabled.",
+    Code.INTERNAL: "Internal error encountered.",
+    Code.UNAVAILABLE: "The service is currently unavailable.",
+    Code.DATA_LOSS: "Unrecoverable data loss or corruption.",
+    Code.UNAUTHENTICATED: (
+        "Request had invalid authentication credentials. Expected OAuth 2 access token, "
+        "login cookie or other valid authentication credential."
+    ),
+}
+
+
+class SimulatorError(Exception):
+    """A request the simulated API refuses, rendered by ``to_json`` as Google's error body.
+
+    *http_status* defaults to the code's; a fault may send another (a 502 says UNAVAILABLE).
+    *details* are google.rpc detail messages as JSON, each with its ``@type``.
+    """
+
+    def __init__(
+        self,
+        code: Code,
+        message: str,
+        *,
+        http_status: int | None = None,
+        details: tuple[dict[str, Any], ...] = (),
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.http_status = http_status or code.http_status
+        self.details = details
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "code": self.http_status,
+            "message": self.message,
+            "status": self.code.name,
+        }
+        if self.details:
+            body["details"] = [dict(detail) for detail in self.details]
+        return {"error": body}
+
+
+def bad_request(field: str, description: str) -> SimulatorError:
+    """INVALID_ARGUMENT naming the field at fault, with a google.rpc.BadRequest detail."""
+    return SimulatorError(
+        Code.INVALID_ARGUMENT,
+        description,
+        details=(
+            {
+                "@type": BAD_REQUEST_TYPE,
+                "fieldViolations": [{"field": field, "description": description}],
+            },
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class Fault:
+    """An error a TPU API call answers with instead of its result (``tpujobs dev fault error``).
+
+    *quota* makes a 429 a quota running out (ErrorInfo RESOURCE_QUOTA_EXCEEDED and a
+    QuotaFailure naming the chips quota of the zone) instead of a rate limit (ErrorInfo
+    RATE_LIMIT_EXCEEDED). *applied* lets the call take effect first and loses its answer, as a
+    deadline that expires after the service acted: a created resource exists, a delete runs.
+    """
+
+    code: Code
+    http_status: int
+    quota: bool = False
+    applied: bool = False
+    message: str = ""
+
+    @classmethod
+    def parse(
+        cls, value: int | str, *, quota: bool = False, applied: bool = False, message: str = ""
+    ) -> Fault:
+        """A fault from an HTTP status (400..599) or a google.rpc.Code name; ValueError if neither."""
+        text = str(value).strip()
+        if text.isdigit():
+            status = int(text)
+            if not 400 <= status <= 599:
+                raise ValueError(f"an injected HTTP status must be within 400..599, got {status}")
+            code = _CODE_OF_STATUS.get(status, Code.UNKNOWN)
+        else:
+            try:
+                code = Code[text.upper()]
+            except KeyError:
+                names = ", ".join(c.name for c in Code)
+                raise ValueError(
+                    f"{value!r} is neither an HTTP status nor a google.rpc.Code name ({names})"
+                ) from None
+            status = code.http_status
+        if quota and code is not Code.RESOURCE_EXHAUSTED:
+            raise ValueError(f"only a 429 RESOURCE_EXHAUSTED can be a quota error, not {code.name}")
+        return cls(code, status, quota, applied, message)
+
+    def error(self, project: str, zone: str) -> SimulatorError:
+        """The error as the TPU API would send it to *project* calling in *zone*."""
+        consumer = f"projects/{project_number(project)}"
+        if self.code is Code.RESOURCE_EXHAUSTED and self.quota:
+            return self._quota_error(consumer, zone)
+        if self.code is Code.RESOURCE_EXHAUSTED:
+            message = self.message or (
+                "Quota exceeded for quota metric 'Default requests' and limit 'Default requests "
+                f"per minute per project' of service '{TPU_SERVICE}' for consumer "
+                f"'project_number:{project_number(project)}'."
+            )
+            info = {
+                "@type": ERROR_INFO_TYPE,
+                "reason": "RATE_LIMIT_EXCEEDED",
+                "domain": "googleapis.com",
+                "metadata": {
+                    "consumer": consumer,
+                    "service": TPU_SERVICE,
+                    "quota_metric": f"{TPU_SERVICE}/default_requests",
+                    "quota_limit": "DefaultRequestsPerMinutePerProject",
+                    "quota_location": "global",
+                },
+            }
+            return SimulatorError(
+                self.code, message + INJECTED, http_status=self.http_status, details=(info,)
+            )
+        message = self.message or _MESSAGES[self.code]
+        return SimulatorError(self.code, message + INJECTED, http_status=self.http_status)
+
+    def _quota_error(self, consumer: str, zone: str) -> SimulatorError:
+        quota_id = "TPUSPerProjectPerZone"
+        metric = f"{TPU_SERVICE}/tpus"
+        message = self.message or (
+            f"Quota '{quota_id}' exhausted for consumer '{consumer}' in zone '{zone}': "
+            "the request needs more TPU chips than the project's quota leaves free."
+        )
+        details = (
+            {
+                "@type": ERROR_INFO_TYPE,
+                "reason": "RESOURCE_QUOTA_EXCEEDED",
+                "domain": "googleapis.com",
+                "metadata": {
+                    "consumer": consumer,
+                    "service": TPU_SERVICE,
+                    "quota_metric": metric,
+                    "quota_limit": quota_id,
+                    "quota_location": zone,
+                },
+            },
+            {
+                "@type": QUOTA_FAILURE_TYPE,
+                "violations": [
+                    {
+                        "subject": consumer,
+                        "description": message,
+                        "apiService": TPU_SERVICE,
+                        "quotaMetric": metric,
+                        "quotaId": quota_id,
+                        "quotaDimensions": {"zone": zone},
+                    }
+                ],
+            },
+        )
+        return SimulatorError(
+            self.code, message + INJECTED, http_status=self.http_status, details=details
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "code": self.http_status,
+            "status": self.code.name,
+            "quota": self.quota,
+            "applied": self.applied,
+            "message": self.message,
+        }
