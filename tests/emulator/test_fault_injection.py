@@ -44,24 +44,45 @@ must finish the repair with the same invariants.
 
 The status publisher (`JobService(status=...)`) is not wrapped: these services have
 none, so announcing makes no I/O here.
+
+Three handlers are not the job service's Pub/Sub handlers, and are crashed the same way:
+
+- the HTTP cancel (`JobsApi.cancel`, the `jobs` function), a scenario above whose delivery is
+  an HTTP request and whose redelivery is the caller's retry. A retry after the commit finds
+  the job CANCELLED and answers 200 at once, without releasing anything itself: the tick
+  releases the capacity a crash left held.
+- `export_logs` (`LogExporter.handle`), on the storage emulator: every crash point is repaired
+  by redelivery, and by the reconciler, which asks again (`tpujobs-log-export`, through the
+  Pub/Sub emulator) for the export of an attempt that ended a minute or more ago and is not
+  recorded as exported; a redelivery after either rewrites nothing.
+- `record_dead_letter` (`DeadLetters.record`): one write, repaired by redelivery only. The
+  dead letter is the only record of the message, so there is nothing for a reconciler to
+  read; the dead-letter topic's subscription retries until the message expires (7 days).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import urllib.request
-from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import datetime, timezone
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 
+from tpujobs import dead_letters, topology
 from tpujobs.adapters.firestore_store import REJECTIONS, FirestoreJobStore
+from tpujobs.adapters.pubsub import Publisher
 from tpujobs.adapters.tpu import CloudTpu
+from tpujobs.api import CALLER_HEADER, JobsApi
+from tpujobs.dev import processes, wiring
 from tpujobs.domain.states import JobState
 from tpujobs.inbound import InboundMessage
-from tpujobs.reconciler import Reconciler
+from tpujobs.logs_export import LogExporter, LogObjects, attempt_log_name, worker_log_name
+from tpujobs.reconciler import EXPORT_GRACE_S, Reconciler
 from tpujobs.service import JobService
 from tpujobs.testing import (
     CrashingStore,
@@ -203,6 +224,11 @@ class Scenario:
     done: Outcome  # after the message was handled
     commit: int | None = None  # the step that records the message; None: the TPU shows it anyway
     untouched: Outcome | None = None  # as the setup left it: a message lost before its commit
+    # How the message reaches the service; None: the JobService method `handler`.
+    via: Callable[[JobService, InboundMessage], object] | None = None
+    # A redelivery after the commit answers from the job as it is and acts on nothing: what
+    # the crash left undone is the next tick's.
+    answered_at_once: bool = False
 
     def message(self, h: Harness) -> InboundMessage:
         """The one message of the test: a redelivery carries the same id and bytes. Worker
@@ -212,6 +238,8 @@ class Scenario:
         return InboundMessage("4242", self.topic, json.dumps(self.payload).encode())
 
     def deliver(self, service: JobService, message: InboundMessage) -> object:
+        if self.via is not None:
+            return self.via(service, message)
         return getattr(service, self.handler)(message)
 
     def reconcilable(self, k: int, when: When) -> bool:
@@ -237,6 +265,19 @@ _EXIT_STEPS = (*_BELIEVED, "store.apply", "tpu.release", "store.record_worker")
 _LOSS_STEPS = ("store.apply", "tpu.release", "tpu.request", "store.apply")
 SIGNED_TOPICS = ("tpujobs-worker-events", "tpujobs-preemption")
 _RECOVERED = Outcome(JobState.PROVISIONING, attempt=2, recoveries=1)
+
+
+def _http_cancel(service: JobService, message: InboundMessage) -> object:
+    """The `jobs` function's cancel: the message's bytes as the POST body, the owner as the
+    caller (the local stack's header); every answer, a retry's too, says CANCELLED."""
+    api = JobsApi(service, replace(service.settings, local_stack=True), verify_token=_no_tokens)
+    response = api.handle("POST", "http://127.0.0.1/jobs", {CALLER_HEADER: OWNER}, message.data or b"")
+    assert (response.status, response.body.get("state")) == (200, "CANCELLED"), response
+    return response
+
+
+def _no_tokens(token: str, audiences: Any) -> Any:
+    raise AssertionError("the local stack names its caller in a header: no token is verified")
 
 
 def _exit(code: int) -> dict[str, Any]:
@@ -312,6 +353,20 @@ SCENARIOS = [
         done=Outcome(JobState.CANCELLED),
         commit=2,
         untouched=Outcome(JobState.RUNNING),
+    ),
+    Scenario(
+        "http-cancel",
+        "cancel",
+        "jobs-api",  # no topic: an HTTP request, retried by its caller
+        {"action": "cancel", "job_id": JOB},
+        setup=_running,
+        # the job read, the cancel committed, its capacity released, the job read for the answer
+        steps=("store.get", "store.apply", "tpu.release", "store.get"),
+        done=Outcome(JobState.CANCELLED),
+        commit=2,
+        untouched=Outcome(JobState.RUNNING),
+        via=_http_cancel,
+        answered_at_once=True,
     ),
 ]
 
@@ -405,14 +460,16 @@ def test_each_handler_makes_exactly_its_listed_io_steps_and_settles(harness, sce
 
 @pytest.mark.parametrize(("scenario", "k", "when"), _crash_points())
 def test_redelivery_finishes_a_handler_killed_at_any_io_step(harness, scenario, k, when):
-    """Killed before/after step k, the same message delivered again ends the job right, once."""
+    """Killed before/after step k, the same message delivered again ends the job right, once
+    (with the next tick, for a retried HTTP cancel that found its cancel committed)."""
     scenario.setup(harness)
     message = scenario.message(harness)
     plan = crash(harness, scenario, message, k, when)
+    context = f"{scenario.name}: crash {when} {plan.steps}, then redelivered"
     scenario.deliver(harness.service, message)
-    assert_settled(
-        harness, scenario.done, f"{scenario.name}: crash {when} {plan.steps}, then redelivered"
-    )
+    if scenario.answered_at_once and scenario.reconcilable(k, when):
+        reconcile(harness, f"{context}, then reconciled")
+    assert_settled(harness, scenario.done, context)
 
 
 @pytest.mark.parametrize(("scenario", "k", "when"), _crash_points(reconcilable=True))
@@ -525,3 +582,229 @@ def test_the_next_tick_finishes_a_tick_killed_at_any_io_step(harness, tick, k, w
     context = f"{tick.name}: tick crashed {when} {plan.steps}, then ticked again"
     reconcile(harness, context)
     assert_settled(harness, tick.done, context)
+
+
+# -- handlers beside the job service: export_logs and record_dead_letter ------------------
+
+
+class CrashingPort:
+    """Any adapter whose `io` methods are steps of `plan`, named `{label}.{method}`; its other
+    attributes (names, URIs) pass through uncounted."""
+
+    def __init__(self, label: str, real: Any, plan: CrashPlan, io: tuple[str, ...]) -> None:
+        self._label, self._real, self._plan, self._io = label, real, plan, io
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._real, name)
+        if name not in self._io:
+            return attribute
+        return lambda *args, **kwargs: self._plan.step(
+            f"{self._label}.{name}", lambda: attribute(*args, **kwargs)
+        )
+
+
+def crash_around(plan: CrashPlan, handle: Callable[[], object], steps: tuple[str, ...]) -> None:
+    """Run `handle` on ports sharing `plan`, and check it died where planned."""
+    with pytest.raises(InjectedCrash):
+        handle()
+    assert plan.crashed and plan.steps == list(steps[: plan.at]), plan.steps
+
+
+def _step_points(name: str, steps: tuple[str, ...]) -> list[Any]:
+    return [
+        pytest.param(k, when, id=f"{name}-{k}-{step}-{when}")
+        for k, step in enumerate(steps, start=1)
+        for when in ("before", "after")
+    ]
+
+
+# export_logs: one ended attempt of one host, its output uploaded as the agent uploads it.
+OUTPUT = [b"step 1 loss 2.0\n", b"step 2 loss 1.0\n"]
+EXPORT_STEPS = (
+    "store.get",  # the job: has the attempt ended?
+    "objects.worker_outputs",  # list the chunks, read complete.json
+    "objects.chunks_text",  # the one worker's chunks
+    "objects.write_if_changed",  # worker-0.log
+    "objects.write_if_changed",  # attempt.log
+    "store.record_attempt_logs",  # the commit: attempts/1 and the job's log_uri
+)
+_OBJECT_IO = ("worker_outputs", "read", "chunks_text", "write_if_changed")
+
+
+@pytest.fixture(scope="module")
+def storage_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A storage emulator of this module's own."""
+    port = processes.free_port()
+    started = processes.start([processes.storage_emulator(port)], tmp_path_factory.mktemp("storage"))
+    try:
+        yield f"http://{processes.LOOPBACK}:{port}"
+    finally:
+        processes.stop(started)
+
+
+@dataclass
+class ExportWorld:
+    """The harness's job, ended, with its output in a bucket of the storage emulator."""
+
+    harness: Harness
+    objects: LogObjects
+    emulator_host: str
+
+    def exporter(self, plan: CrashPlan | None = None) -> LogExporter:
+        store, objects = self.harness.service.store, self.objects
+        if plan is not None:
+            store, objects = CrashingStore(store, plan), CrashingPort("objects", objects, plan, _OBJECT_IO)
+        return LogExporter(objects, store, utc_now, sleep=lambda seconds: None, settle_seconds=0.0)
+
+    def request(self) -> InboundMessage:
+        payload = {"job_id": JOB, "attempt": 1}
+        return InboundMessage("4343", topology.LOG_EXPORT, json.dumps(payload).encode())
+
+
+@pytest.fixture
+def exports(harness: Harness, storage_url: str, emulators: dict[str, str]) -> ExportWorld:
+    harness.submit()
+    harness.started()
+    harness.service.on_worker_report(
+        signed(harness.service, "tpujobs-worker-events", _exit(0), message_id="setup-exited")
+    )
+    assert harness.service.store.get(JOB).state is JobState.SUCCEEDED
+    bucket = wiring.storage_client(storage_url, harness.project_id).create_bucket(
+        f"logs-{uuid.uuid4().hex[:10]}"
+    )
+    chunks = f"jobs/{JOB}/attempt-1/chunks/slice-0-worker-0/"
+    for seq, piece in enumerate(OUTPUT):
+        bucket.blob(f"{chunks}{seq:06d}.log").upload_from_string(piece)
+    bucket.blob(chunks + "complete.json").upload_from_string(json.dumps({"exit_code": 0, "chunks": 2}))
+    return ExportWorld(harness, LogObjects(bucket.client, bucket.name), emulators["PUBSUB_EMULATOR_HOST"])
+
+
+def assert_exported(world: ExportWorld, context: str) -> None:
+    """Both logs hold the output, the attempt and the job name them, and exporting again
+    uploads nothing: the export is whole and written once."""
+    objects = world.objects
+    assert objects.read(worker_log_name(JOB, 1, 0)) == b"".join(OUTPUT), context
+    assert objects.read(attempt_log_name(JOB, 1)) == b"".join(b"[worker 0] " + line for line in OUTPUT), context
+    job = world.harness.service.store.get(JOB)
+    assert job.log_uri == objects.uri(attempt_log_name(JOB, 1)), context
+    (recorded,) = world.harness.service.store.attempt_documents(JOB)
+    assert recorded["id"] == "1" and recorded["worker_logs"] == {"0": objects.uri(worker_log_name(JOB, 1, 0))}, context
+    again = world.exporter().handle(world.request())
+    assert again is not None and again.written == (), f"{context}: exported again, it rewrote {again}"
+    assert world.harness.rejections() == [], context
+
+
+def test_the_export_makes_exactly_its_listed_io_steps_and_exports(exports: ExportWorld) -> None:
+    """Uncrashed, export_logs makes the listed port calls and writes both logs."""
+    plan = CrashPlan()
+    exports.exporter(plan).handle(exports.request())
+    assert plan.steps == list(EXPORT_STEPS) and not plan.crashed
+    assert_exported(exports, "uncrashed")
+
+
+@pytest.mark.parametrize(("k", "when"), _step_points("export", EXPORT_STEPS))
+def test_redelivery_finishes_an_export_killed_at_any_io_step(exports: ExportWorld, k: int, when: When) -> None:
+    """Killed before/after step k, the same request delivered again leaves the whole export."""
+    plan = CrashPlan(at=k, when=when)
+    crash_around(plan, lambda: exports.exporter(plan).handle(exports.request()), EXPORT_STEPS)
+    exports.exporter().handle(exports.request())
+    assert_exported(exports, f"export: crash {when} {plan.steps}, then redelivered")
+
+
+@pytest.mark.parametrize(("k", "when"), _step_points("export", EXPORT_STEPS))
+def test_the_reconciler_asks_again_for_an_export_killed_at_any_io_step(
+    exports: ExportWorld, k: int, when: When
+) -> None:
+    """Killed before/after step k and the request lost: a tick a minute later (the handler's
+    grace) publishes the request again unless the export was recorded, and that request,
+    pulled from the Pub/Sub emulator, finishes it."""
+    plan = CrashPlan(at=k, when=when)
+    crash_around(plan, lambda: exports.exporter(plan).handle(exports.request()), EXPORT_STEPS)
+    context = f"export: crash {when} {plan.steps}, request lost, reconciled"
+    h, host = exports.harness, exports.emulator_host
+    publisher, subscriber = wiring.publisher_client(host), wiring.subscriber_client(host)
+    topic = publisher.create_topic(name=publisher.topic_path(h.project_id, topology.LOG_EXPORT)).name
+    watch = subscriber.subscription_path(h.project_id, "log-export-watch")
+    subscriber.create_subscription(name=watch, topic=topic)
+    later = JobService(
+        h.service.store,
+        h.service.tpu,
+        h.service.settings,
+        lambda: utc_now() + timedelta(seconds=EXPORT_GRACE_S + 30),
+        sleep=lambda seconds: None,
+        exports=Publisher.build(h.project_id, h.service.settings.prefix),
+    )
+    report = Reconciler(later).tick()
+    asked = f"{JOB}: export of attempt 1 asked again" in report.observed
+    assert asked is (k < len(EXPORT_STEPS) or when == "before"), f"{context}: {report}"
+    if asked:
+        pulled = wait_for(lambda: subscriber.pull(subscription=watch, max_messages=1, timeout=5).received_messages)
+        subscriber.acknowledge(subscription=watch, ack_ids=[pulled[0].ack_id])
+        request = InboundMessage(pulled[0].message.message_id, topology.LOG_EXPORT, pulled[0].message.data)
+        exports.exporter().handle(request)
+    assert_exported(exports, context)
+    exports.exporter().handle(exports.request())  # the lost request turns up after all
+    assert_exported(exports, f"{context}, then redelivered late")
+
+
+# record_dead_letter: one write of a message only it knows.
+DEAD_LETTER_STEPS = ("dead_letters.add",)
+SUBMIT_ROUTE = next(r for r in topology.FUNCTIONS if r.topic == topology.SUBMIT)
+RECORDED_AT = datetime(2026, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
+
+
+def _dead_letter(project_id: str) -> InboundMessage:
+    """A submit that failed five deliveries, with the attributes Pub/Sub adds to a dead letter."""
+    return InboundMessage(
+        "9001",
+        topology.DEAD_LETTER,
+        json.dumps(SPEC).encode(),
+        {
+            "origin": "ci",
+            dead_letters.DELIVERY_COUNT: "5",
+            dead_letters.SOURCE_SUBSCRIPTION: topology.push_subscription_name(SUBMIT_ROUTE, ""),
+            dead_letters.SOURCE_PROJECT: project_id,
+            dead_letters.SOURCE_PUBLISH_TIME: "2026-03-01T11:59:30.123Z",
+        },
+    )
+
+
+def _recorder(project_id: str, plan: CrashPlan | None = None) -> dead_letters.DeadLetters:
+    """The recorder `record_dead_letter` builds, on the emulator; its store crashing as planned."""
+    recorder = dead_letters.build(local_settings(project=project_id), lambda: RECORDED_AT)
+    if plan is not None:
+        recorder = copy.copy(recorder)
+        recorder.store = CrashingPort("dead_letters", recorder.store, plan, ("add", "get", "list", "mark_replayed"))
+    return recorder
+
+
+def assert_recorded(project_id: str, firestore_client: Any, context: str) -> None:
+    """One record, exactly what the message says, replayable to tpujobs-submit."""
+    message = _dead_letter(project_id)
+    assert _recorder(project_id).get(message.message_id) == dead_letters.dead_letter_from_message(
+        message, RECORDED_AT
+    ), context
+    assert len(list(firestore_client.collection(dead_letters.DEAD_LETTERS).stream())) == 1, context
+
+
+def test_recording_a_dead_letter_makes_exactly_its_listed_io_steps(project_id, firestore_client) -> None:
+    """Uncrashed, record_dead_letter makes one write, and the letter names its topic."""
+    plan = CrashPlan()
+    letter = _recorder(project_id, plan).record(_dead_letter(project_id))
+    assert plan.steps == list(DEAD_LETTER_STEPS) and not plan.crashed
+    assert letter is not None and letter.topic == topology.SUBMIT
+    assert_recorded(project_id, firestore_client, "uncrashed")
+
+
+@pytest.mark.parametrize(("k", "when"), _step_points("dead-letter", DEAD_LETTER_STEPS))
+def test_redelivery_finishes_a_dead_letter_record_killed_at_its_write(
+    project_id, firestore_client, k: int, when: When
+) -> None:
+    """Killed before or after its write, the dead letter delivered again is recorded once, as
+    it would have been; the record, when the write happened, is left as it was."""
+    plan = CrashPlan(at=k, when=when)
+    crash_around(plan, lambda: _recorder(project_id, plan).record(_dead_letter(project_id)), DEAD_LETTER_STEPS)
+    written = _recorder(project_id).get("9001") is not None
+    assert written is (when == "after"), plan.steps
+    _recorder(project_id).record(_dead_letter(project_id))
+    assert_recorded(project_id, firestore_client, f"dead letter: crash {when} {plan.steps}, then redelivered")
