@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from tpujobs import topology
 from tpujobs.domain import signing
-from tpujobs.errors import PermanentError, TransientError
+from tpujobs.errors import PermanentError
 from tpujobs.inbound import InboundMessage
 
 if TYPE_CHECKING:
@@ -372,20 +372,19 @@ class Republisher:
         from google.api_core import exceptions as api_exceptions
         from google.pubsub_v1 import PubsubMessage
 
+        from tpujobs.adapters.google_errors import translated
+
         name = topology.topic_name(base_topic, self._prefix)
         path = self._client.topic_path(self._project, name)
-        try:
-            answer = self._client.publish(
-                topic=path,
-                messages=[PubsubMessage(data=data, attributes=dict(attributes))],
-                timeout=30,
-            )
-        except api_exceptions.NotFound as error:
-            raise PermanentError(f"topic {name} does not exist: {error}") from error
-        except api_exceptions.InvalidArgument as error:
-            raise PermanentError(f"Pub/Sub refused the message for {name}: {error}") from error
-        except api_exceptions.GoogleAPICallError as error:
-            raise TransientError(f"publishing to {name} failed: {error}") from error
+        with translated("Pub/Sub", f"publish to {name}"):
+            try:
+                answer = self._client.publish(
+                    topic=path,
+                    messages=[PubsubMessage(data=data, attributes=dict(attributes))],
+                    timeout=30,
+                )
+            except api_exceptions.NotFound as error:
+                raise PermanentError(f"topic {name} does not exist: {error}") from error
         return str(answer.message_ids[0])
 
 
@@ -416,20 +415,13 @@ def _document_id(message_id: str) -> str:
 
 @contextlib.contextmanager
 def _translated(doing: str) -> Iterator[None]:
-    """Firestore's retryable failures -> TransientError; refusals -> PermanentError, including
-    the client's own ValueError for a document it will not even send (an empty map key)."""
-    from google.api_core import exceptions as api_exceptions
+    """Firestore's errors through the one table (adapters/google_errors.py); the client's own
+    ValueError or TypeError for a document it will not even send (an empty map key) is a
+    refusal too."""
+    from tpujobs.adapters.google_errors import translated
 
-    try:
-        yield
-    except (
-        api_exceptions.ServiceUnavailable,
-        api_exceptions.DeadlineExceeded,
-        api_exceptions.InternalServerError,
-        api_exceptions.Aborted,
-        api_exceptions.TooManyRequests,
-        api_exceptions.Unknown,
-    ) as error:
-        raise TransientError(f"Firestore failed to {doing}: {error}") from error
-    except (api_exceptions.GoogleAPICallError, ValueError, TypeError) as error:
-        raise PermanentError(f"Firestore refused to {doing}: {error}") from error
+    with translated("Firestore", doing):
+        try:
+            yield
+        except (ValueError, TypeError) as error:
+            raise PermanentError(f"Firestore refused to {doing}: {error}") from error

@@ -49,7 +49,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -519,28 +519,10 @@ def _json_object(data: bytes | None) -> Mapping[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-@contextlib.contextmanager
-def _translated(doing: str) -> Iterator[None]:
-    """Storage's retryable failures (and lost connections) -> TransientError; the rest,
-    a missing bucket or object among them -> PermanentError, the cause chained."""
-    from google.api_core import exceptions as api_exceptions
-    from google.auth.exceptions import TransportError
-    from requests.exceptions import ConnectionError as RequestsConnectionError
-    from requests.exceptions import Timeout
+def _translated(doing: str) -> contextlib.AbstractContextManager[None]:
+    """Storage's errors through the one table (adapters/google_errors.py): retryable ones and
+    lost connections -> TransientError; the rest, a missing bucket or object among them ->
+    PermanentError, the cause chained."""
+    from tpujobs.adapters.google_errors import translated
 
-    try:
-        yield
-    except (
-        api_exceptions.ServiceUnavailable,
-        api_exceptions.DeadlineExceeded,
-        api_exceptions.InternalServerError,
-        api_exceptions.BadGateway,
-        api_exceptions.GatewayTimeout,
-        api_exceptions.TooManyRequests,
-        TransportError,
-        RequestsConnectionError,
-        Timeout,
-    ) as error:
-        raise TransientError(f"Cloud Storage failed to {doing}: {error}") from error
-    except api_exceptions.GoogleAPICallError as error:
-        raise PermanentError(f"Cloud Storage refused to {doing}: {error}") from error
+    return translated("Cloud Storage", doing)

@@ -3,7 +3,8 @@
 `config/quotas` holds the limits, zone -> family -> chips, edited in the console or with
 `tpujobs quota`. `quota_pools/{family}@{zone}` lists the jobs holding chips of a limited
 pool. A change to a pool document is a compare-and-set on its update time, like the job
-store's: no read-write transaction, so no lock for concurrent admissions to wait on.
+store's (`firestore_cas.wrote`): no read-write transaction, so no lock for concurrent
+admissions to wait on; the service reads again after a lost race.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from google.api_core import exceptions as api_exceptions
 from google.cloud import firestore
 
+from tpujobs.adapters.firestore_cas import wrote
 from tpujobs.adapters.firestore_store import JOBS, job_from_document, transient_on_failure
 from tpujobs.domain.admission import Holder
 from tpujobs.domain.job import Job
@@ -81,16 +82,14 @@ class FirestorePools:
             "updated_at": firestore.SERVER_TIMESTAMP,
         }
         ref = self._db.collection(POOLS).document(seen.pool)
-        try:
-            with transient_on_failure("change pool"):
-                if seen.version is None:
-                    ref.create(document)
-                else:
-                    ref.update(document, option=self._db.write_option(last_update_time=seen.version))
-        except (api_exceptions.FailedPrecondition, api_exceptions.AlreadyExists):
-            time.sleep(random.uniform(0, 0.01))
-            return False
-        return True
+        if seen.version is None:
+            committed = wrote(lambda: ref.create(document), f"change pool {seen.pool}")
+        else:
+            option = self._db.write_option(last_update_time=seen.version)
+            committed = wrote(lambda: ref.update(document, option=option), f"change pool {seen.pool}")
+        if not committed:
+            time.sleep(random.uniform(0, 0.01))  # the caller reads again; spread a burst's retries
+        return committed
 
     def pools(self) -> list[str]:
         """Every pool that has a document: those the reconciler looks after."""

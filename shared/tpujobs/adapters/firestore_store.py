@@ -13,24 +13,23 @@ the spec is a map, and the fields people filter on are top-level.
 from __future__ import annotations
 
 import dataclasses
-import random
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import Any
 
 from google.api_core import exceptions as api_exceptions
 from google.cloud import firestore
 
+from tpujobs.adapters.firestore_cas import FIRESTORE, Write, compare_and_set
+from tpujobs.adapters.google_errors import translated
 from tpujobs.domain.accounting import AttemptUsage, all_started, checkpoint_reported
 from tpujobs.domain.admission import pool_id
-from tpujobs.domain.job import Job, JobEvent
+from tpujobs.domain.job import Job, JobEvent, SuspectHost
 from tpujobs.domain.naming import exported_attempt
 from tpujobs.domain.spec import PRIORITY_RANK, JobSpec
 from tpujobs.domain.states import ACTIVE, JobState
 from tpujobs.domain.transitions import Decision, Ignored, Observation, decide
-from tpujobs.errors import TransientError
 from tpujobs.ports import AttemptLogs, Clock, Rejection, SilentWorker, WorkerRecord
 
 JOBS = "jobs"
@@ -41,15 +40,6 @@ REPORTS_SEEN = "reports_seen"  # {digest}: the message that first carried a sign
 REPORT_MEMORY = timedelta(days=8)  # longer than Pub/Sub keeps a message (7 days); TTL on expire_at
 ATTEMPTS = "attempts"  # jobs/{id}/attempts/{N}: where each attempt's exported logs are
 MAX_PAYLOAD_CHARS = 4096
-CAS_ATTEMPTS = 20
-
-_TRANSIENT = (
-    api_exceptions.ServiceUnavailable,
-    api_exceptions.DeadlineExceeded,
-    api_exceptions.InternalServerError,
-    api_exceptions.Aborted,
-    api_exceptions.TooManyRequests,
-)
 
 
 def job_to_document(job: Job) -> dict[str, Any]:
@@ -87,6 +77,8 @@ def job_to_document(job: Job) -> dict[str, Any]:
         "exit_code": job.exit_code,
         "log_uri": job.log_uri,
         "event_seq": job.event_seq,
+        "create_operation": job.create_operation,
+        "suspect_hosts": [dataclasses.asdict(host) for host in job.suspect_hosts],
         **_accounting_fields(job),
         "spec": spec.to_document(),
     }
@@ -123,12 +115,12 @@ def _usage_from_map(data: dict[str, Any]) -> AttemptUsage:
     return AttemptUsage(**{k: v for k, v in data.items() if k in names})
 
 
-def job_from_document(data: dict[str, Any]) -> Job:
+def job_from_document(data: dict[str, Any], spec: JobSpec | None = None) -> Job:
     return Job(
         job_id=data["job_id"],
         name=data["name"],
         owner=data["owner"],
-        spec=JobSpec.model_validate(data["spec"], strict=False),
+        spec=spec or JobSpec.model_validate(data["spec"], strict=False),
         state=JobState(data["state"]),
         state_reason=data.get("state_reason", ""),
         zone=data["zone"],
@@ -151,7 +143,32 @@ def job_from_document(data: dict[str, Any]) -> Job:
         on_demand=data.get("on_demand", False),
         submitted_via=data.get("submitted_via", "topic"),
         owner_verified=data.get("owner_verified", False),
+        create_operation=data.get("create_operation") or "",
+        suspect_hosts=tuple(SuspectHost(**host) for host in data.get("suspect_hosts") or ()),
     )
+
+
+# The reconciler's projection of a job document (`list_active`): every field but the spec's
+# that grow with what a user writes. A spec field added later is projected unless named here.
+OUTLINE_LEAVES_OUT = frozenset({"env", "secrets", "setup", "command", "code_uri", "code_sha256", "labels"})
+_OUTLINE_TOP = (
+    "job_id", "name", "owner", "state", "state_reason", "zone", "attempt", "restarts", "queued_resource",
+    "capacity_state", "resume_next", "workers_done", "next_attempt_at", "created_at", "updated_at",
+    "started_at", "ended_at", "exit_code", "log_uri", "event_seq", "usage", "requested_at", "on_demand",
+    "submitted_via", "owner_verified", "create_operation", "suspect_hosts",
+)  # fmt: skip
+OUTLINE_FIELDS = (
+    *_OUTLINE_TOP,
+    *(f"spec.{name}" for name in JobSpec.model_fields if name not in OUTLINE_LEAVES_OUT),
+)
+ACTIVE_PAGE_SIZE = 500
+
+
+def job_outline_from_document(data: dict[str, Any]) -> Job:
+    """A job read through OUTLINE_FIELDS: its spec is not validated again (it was at submit)
+    and lacks the fields left out; `command` is absent, so asking for capacity with an outline
+    fails loudly instead of booting hosts without their command."""
+    return job_from_document(data, spec=JobSpec.model_construct(**(data.get("spec") or {})))
 
 
 def event_to_document(event: JobEvent) -> dict[str, Any]:
@@ -196,11 +213,11 @@ class FirestoreJobStore:
         batch = self._db.batch()
         batch.create(ref, job_to_document(job))
         batch.create(ref.collection(EVENTS).document(event.document_id), event_to_document(event))
-        try:
-            with transient_on_failure("create job"):
+        with transient_on_failure("create job"):
+            try:
                 batch.commit()
-        except api_exceptions.AlreadyExists:
-            return False
+            except api_exceptions.AlreadyExists:
+                return False
         return True
 
     def get(self, job_id: str) -> Job | None:
@@ -217,14 +234,13 @@ class FirestoreJobStore:
         handlers of one job holding read locks deadlock until "Transaction lock timeout".
         """
         ref = self._job_ref(job_id)
-        for attempt in range(CAS_ATTEMPTS):
-            with transient_on_failure("read job"):
-                snapshot = ref.get()
+
+        def change(snapshot: firestore.DocumentSnapshot) -> tuple[Decision | Ignored, Write | None]:
             if not snapshot.exists:
-                return Ignored(f"job {job_id} does not exist")
+                return Ignored(f"job {job_id} does not exist"), None
             outcome = decide(job_from_document(snapshot.to_dict()), seen, clock())
             if isinstance(outcome, Ignored):
-                return outcome
+                return outcome, None
             batch = self._db.batch()
             batch.update(
                 ref,
@@ -235,13 +251,9 @@ class FirestoreJobStore:
                 ref.collection(EVENTS).document(outcome.event.document_id),
                 event_to_document(outcome.event),
             )
-            try:
-                with transient_on_failure("update job"):
-                    batch.commit()
-                return outcome
-            except (api_exceptions.FailedPrecondition, api_exceptions.AlreadyExists):
-                time.sleep(random.uniform(0, 0.01 * (attempt + 1)))  # someone else moved it first
-        raise TransientError(f"job {job_id} changed under {CAS_ATTEMPTS} attempts to update it")
+            return outcome, batch.commit
+
+        return compare_and_set(ref, change, what=f"job {job_id}", doing="commit a change")
 
     def record_checkpoint(self, job_id: str, attempt: int, at: datetime) -> bool:
         """Note a checkpoint of `attempt` on the job's usage, if newer; no timeline entry.
@@ -268,26 +280,21 @@ class FirestoreJobStore:
         read again and change the usage it wrote.
         """
         ref = self._job_ref(job_id)
-        for attempt_no in range(CAS_ATTEMPTS):
-            with transient_on_failure("read job"):
-                snapshot = ref.get()
+
+        def amend(snapshot: firestore.DocumentSnapshot) -> tuple[bool, Write | None]:
             if not snapshot.exists:
-                return False
+                return False, None
             job = job_from_document(snapshot.to_dict())
             usage = change(job.usage)
             if usage is None:
-                return False
-            noted = job.evolve(usage=usage)
-            try:
-                with transient_on_failure(doing):
-                    ref.update(
-                        _accounting_fields(noted),
-                        option=self._db.write_option(last_update_time=snapshot.update_time),
-                    )
-                return True
-            except api_exceptions.FailedPrecondition:
-                time.sleep(random.uniform(0, 0.01 * (attempt_no + 1)))
-        raise TransientError(f"job {job_id} changed under {CAS_ATTEMPTS} attempts to {doing}")
+                return False, None
+            fields = _accounting_fields(job.evolve(usage=usage))
+            option = self._db.write_option(last_update_time=snapshot.update_time)
+            return True, lambda: ref.update(fields, option=option)
+
+        return compare_and_set(
+            ref, amend, what=f"job {job_id}", doing=doing, lost=(api_exceptions.FailedPrecondition,)
+        )
 
     def events(self, job_id: str) -> list[JobEvent]:
         with transient_on_failure("read events"):
@@ -320,13 +327,25 @@ class FirestoreJobStore:
         with transient_on_failure("list jobs"):
             return [job_from_document(doc.to_dict()) for doc in query.stream()]
 
-    def list_active(self, limit: int = 10_000) -> list[Job]:
-        """Jobs not yet ended: what the reconciler compares with the TPU API."""
-        query = self._db.collection(JOBS).where(
-            filter=firestore.FieldFilter("state", "in", [state.value for state in ACTIVE])
+    def list_active(self, page_size: int = ACTIVE_PAGE_SIZE) -> list[Job]:
+        """Every job not yet ended, as outlines (OUTLINE_FIELDS), a page at a time in document-id
+        order: one query per `page_size` jobs, and no cap (a cap would hide jobs from the tick)."""
+        query = (
+            self._db.collection(JOBS)
+            .where(filter=firestore.FieldFilter("state", "in", [state.value for state in ACTIVE]))
+            .select(OUTLINE_FIELDS)
+            .order_by("__name__")  # the document id: a total order to page by
+            .limit(page_size)
         )
-        with transient_on_failure("list active jobs"):
-            return [job_from_document(doc.to_dict()) for doc in query.limit(limit).stream()]
+        jobs: list[Job] = []
+        after: Any = None
+        while True:
+            with transient_on_failure("list active jobs"):
+                page = list((query if after is None else query.start_after(after)).stream())
+            jobs.extend(job_outline_from_document(doc.to_dict() or {}) for doc in page)
+            if len(page) < page_size:
+                return jobs
+            after = page[-1]
 
     def ended_between(self, start: datetime, end: datetime, limit: int = 1000) -> list[Job]:
         """Jobs that ended in [start, end): the reconciler checks their last export."""
@@ -416,24 +435,24 @@ class FirestoreJobStore:
         with transient_on_failure("record exported logs"):
             # Every field named is replaced whole: a re-export's worker_logs map is the truth.
             attempt_ref.set(fields, merge=list(fields))
-        for attempt in range(CAS_ATTEMPTS):
-            with transient_on_failure("read job"):
-                snapshot = job_ref.get()
+
+        def point(snapshot: firestore.DocumentSnapshot) -> tuple[None, Write | None]:
             if not snapshot.exists:
-                return
+                return None, None
             current = (snapshot.to_dict() or {}).get("log_uri")
             if current == logs.log_uri or (exported_attempt(current) or 0) > logs.attempt:
-                return
-            try:
-                with transient_on_failure("record the job's log_uri"):
-                    job_ref.update(
-                        {"log_uri": logs.log_uri},
-                        option=self._db.write_option(last_update_time=snapshot.update_time),
-                    )
-                return
-            except (api_exceptions.FailedPrecondition, api_exceptions.NotFound):
-                time.sleep(random.uniform(0, 0.01 * (attempt + 1)))  # the job moved: look again
-        raise TransientError(f"job {job_id} changed under {CAS_ATTEMPTS} attempts to record its log_uri")
+                return None, None
+            option = self._db.write_option(last_update_time=snapshot.update_time)
+            return None, lambda: job_ref.update({"log_uri": logs.log_uri}, option=option)
+
+        # A job deleted meanwhile (NotFound) is looked at again too, and then left alone.
+        compare_and_set(
+            job_ref,
+            point,
+            what=f"job {job_id}",
+            doing="record its log_uri",
+            lost=(api_exceptions.FailedPrecondition, api_exceptions.NotFound),
+        )
 
     def attempt_logs(self, job_id: str, attempt: int) -> AttemptLogs | None:
         ref = self._job_ref(job_id).collection(ATTEMPTS).document(str(attempt))
@@ -471,14 +490,15 @@ class FirestoreJobStore:
         ref = self._db.collection(REPORTS_SEEN).document(digest)
         fields = {"message_id": message_id, "job_id": job_id, "attempt": attempt, "seen_at": now,
                   "expire_at": now + REPORT_MEMORY}  # fmt: skip
-        try:
-            with transient_on_failure("remember a signed report"):
+        with transient_on_failure("remember a signed report"):
+            try:
                 ref.create(fields)
-            return message_id
-        except api_exceptions.Conflict:  # AlreadyExists: seen before, maybe by this very message
-            with transient_on_failure("read a remembered report"):
-                first = ref.get().to_dict() or {}
-            return str(first.get("message_id") or message_id)
+                return message_id
+            except api_exceptions.Conflict:  # AlreadyExists: seen before, maybe by this very message
+                pass
+        with transient_on_failure("read a remembered report"):
+            first = ref.get().to_dict() or {}
+        return str(first.get("message_id") or message_id)
 
     def rejections(self, limit: int = 100) -> list[Rejection]:
         with transient_on_failure("list rejections"):
@@ -502,15 +522,8 @@ def _document_id(message_id: str) -> str:
     return cleaned if cleaned not in ("", ".", "..") else f"_{cleaned}"
 
 
-@contextmanager
-def transient_on_failure(doing: str) -> Iterator[None]:
-    """Turn Firestore's retryable failures into TransientError, naming what was being done."""
-    try:
-        yield
-    except _TRANSIENT as error:
-        raise TransientError(f"Firestore failed to {doing}: {error}") from error
-    except ValueError as error:
-        # A transaction that lost every retry to contention raises a plain ValueError.
-        if "Failed to commit transaction" in str(error):
-            raise TransientError(f"Firestore failed to {doing}: {error}") from error
-        raise
+def transient_on_failure(doing: str) -> AbstractContextManager[None]:
+    """Firestore's errors through the one table (adapters/google_errors.py): TransientError
+    when worth retrying, PermanentError when not, naming what was being done. An outcome a
+    caller expects (AlreadyExists on create) is caught inside the block."""
+    return translated(FIRESTORE, doing)

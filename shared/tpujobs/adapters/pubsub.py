@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from google.api_core import exceptions as api_exceptions
 
+from tpujobs.adapters.google_errors import translated
 from tpujobs.errors import PermanentError, TransientError
 from tpujobs.ports import StatusChange
 from tpujobs.topology import LOG_EXPORT, STATUS, topic_name
@@ -46,6 +47,8 @@ class Publisher:
             ).result(timeout=30)
         except Exception as error:
             # A failed publish pauses its ordering key until resumed; resume it for the retry.
+            # Whatever failed, the change is announced again later (the reconciler looks for
+            # unannounced events), so the port promises TransientError here, never Permanent.
             self._client.resume_publish(topic, change.job_id)
             raise TransientError(f"announcing {change.job_id} {change.to_state} failed: {error}") from error
 
@@ -53,13 +56,13 @@ class Publisher:
         return self._client.topic_path(self._project, topic_name(base, self._prefix))
 
     def publish_bytes(self, base_topic: str, data: bytes, **attributes: str) -> str:
-        """Publish raw bytes and wait for the message id."""
-        try:
-            return self._client.publish(self.topic_path(base_topic), data, **attributes).result(timeout=30)
-        except api_exceptions.NotFound as error:
-            raise PermanentError(f"topic {topic_name(base_topic, self._prefix)} does not exist: {error}") from error
-        except (api_exceptions.GoogleAPICallError, TimeoutError) as error:
-            raise TransientError(f"publishing to {base_topic} failed: {error}") from error
+        """Publish raw bytes and wait for the message id (a wait that times out is transient)."""
+        name = topic_name(base_topic, self._prefix)
+        with translated("Pub/Sub", f"publish to {name}"):
+            try:
+                return self._client.publish(self.topic_path(base_topic), data, **attributes).result(timeout=30)
+            except api_exceptions.NotFound as error:
+                raise PermanentError(f"topic {name} does not exist: {error}") from error
 
     def publish_json(self, base_topic: str, payload: Any, **attributes: str) -> str:
         return self.publish_bytes(base_topic, json.dumps(payload).encode("utf-8"), **attributes)

@@ -13,17 +13,17 @@ message ever carries a secret's value.
 from __future__ import annotations
 
 import builtins
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
 from google.api_core import exceptions as api_exceptions
 
+from tpujobs.adapters.google_errors import translated
 from tpujobs.config import Settings
 from tpujobs.domain.secrets import account_id, parse_secret_id, secret_id
-from tpujobs.errors import PermanentError, TransientError
+from tpujobs.errors import PermanentError
 
 if TYPE_CHECKING:
     from google.cloud import secretmanager
@@ -31,16 +31,6 @@ if TYPE_CHECKING:
 CALL_TIMEOUT_S = 30.0
 LABEL = {"tpujobs": "secret"}  # what Terraform and `list` recognise tpujobs' secrets by
 ACCOUNT_ANNOTATION = "tpujobs-account"  # the account's full email (the id holds its local part)
-
-_TRANSIENT = (
-    api_exceptions.ServiceUnavailable,
-    api_exceptions.TooManyRequests,
-    api_exceptions.InternalServerError,
-    api_exceptions.DeadlineExceeded,
-    api_exceptions.GatewayTimeout,
-    api_exceptions.Aborted,
-    api_exceptions.RetryError,
-)
 
 
 def build_client(endpoint: str = "") -> secretmanager.SecretManagerServiceClient:
@@ -170,16 +160,7 @@ class Secrets:
         return int(version.name.rsplit("/", 1)[-1]), version.create_time
 
 
-@contextmanager
-def _translated(doing: str) -> Iterator[None]:
-    """Library errors become TransientError (worth retrying) or PermanentError (not)."""
-    try:
-        yield
-    except _TRANSIENT as error:
-        raise TransientError(f"Secret Manager failed to {doing}: {error}") from error
-    except api_exceptions.GoogleAPICallError as error:
-        raise PermanentError(f"Secret Manager refused to {doing}: {error}") from error
-    except (ConnectionError, OSError) as error:
-        raise TransientError(
-            f"Secret Manager unreachable while trying to {doing}: {error}"
-        ) from error
+def _translated(doing: str) -> AbstractContextManager[None]:
+    """Library errors through the one table (adapters/google_errors.py): TransientError
+    (worth retrying) or PermanentError (not). Messages carry the call's text, never a value."""
+    return translated("Secret Manager", doing)

@@ -1,4 +1,8 @@
-"""Cloud Storage through google-cloud-storage (the emulator when STORAGE_EMULATOR_HOST is set)."""
+"""Cloud Storage through google-cloud-storage (the emulator when STORAGE_EMULATOR_HOST is set).
+
+Its errors go through the one table (adapters/google_errors.py): TransientError or
+PermanentError, saying which object failed.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +12,12 @@ import tarfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tpujobs.adapters.google_errors import translated
+
 if TYPE_CHECKING:
     from google.cloud import storage
+
+SERVICE = "Cloud Storage"  # how errors name the service: "Cloud Storage failed to ..."
 
 
 def build_client(project: str) -> storage.Client:
@@ -55,8 +63,9 @@ def upload_code_dir(client: storage.Client, bucket: str, directory: Path) -> tup
     data = pack_directory(directory)
     digest = hashlib.sha256(data).hexdigest()
     name = f"code/{digest[:16]}.tar.gz"
-    blob = client.bucket(bucket).get_blob(name)
     md5 = base64.b64encode(hashlib.md5(data).digest()).decode("ascii")  # what Storage reports
-    if blob is None or blob.md5_hash != md5:
-        client.bucket(bucket).blob(name).upload_from_string(data, content_type="application/gzip")
+    with translated(SERVICE, f"upload gs://{bucket}/{name}"):
+        blob = client.bucket(bucket).get_blob(name)
+        if blob is None or blob.md5_hash != md5:
+            client.bucket(bucket).blob(name).upload_from_string(data, content_type="application/gzip")
     return f"gs://{bucket}/{name}", digest

@@ -8,30 +8,26 @@ job and attempt too, so anyone can trace a resource back.)
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from typing import TYPE_CHECKING
+import dataclasses
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Literal
 
 from google.api_core import exceptions as api_exceptions
+from google.api_core.retry import Retry
+from google.rpc import code_pb2
 
+from tpujobs.adapters.google_errors import transient_retry, translated
 from tpujobs.domain.job import Job
 from tpujobs.errors import PermanentError, TransientError
 from tpujobs.ports import CapacityStatus, HostBoot
 
 if TYPE_CHECKING:
     from google.cloud import tpu_v2
+    from google.longrunning import operations_pb2
 
 CALL_TIMEOUT_S = 30.0  # the client has no default: a hung call must not hold a function forever
-
-_TRANSIENT = (
-    api_exceptions.ServiceUnavailable,
-    api_exceptions.TooManyRequests,
-    api_exceptions.InternalServerError,
-    api_exceptions.DeadlineExceeded,
-    api_exceptions.GatewayTimeout,
-    api_exceptions.Aborted,
-    api_exceptions.RetryError,
-)
+SERVICE = "TPU API"  # how errors name the service: "TPU API failed to ..."
 
 
 def build_client(endpoint: str = "") -> tpu_v2.TpuClient:
@@ -106,21 +102,27 @@ def _reservation_path(reservation: str, project: str, zone: str) -> str:
 class CloudTpu:
     """The Tpu port on a `tpu_v2.TpuClient`."""
 
-    def __init__(self, client: tpu_v2.TpuClient, project: str) -> None:
+    def __init__(self, client: tpu_v2.TpuClient, project: str, *, retry: Retry | None = None) -> None:
+        """`retry` wraps every call (the client retries nothing by itself): by default
+        `google_errors.transient_retry()`, whose predicate is the one error table."""
         self._client = client
         self._project = project
+        self._retry = retry or transient_retry()
 
     def _parent(self, zone: str) -> str:
         return f"projects/{self._project}/locations/{zone}"
 
     def request(self, job: Job, boot: HostBoot) -> CapacityStatus:
+        """Create the attempt's queued resource, or adopt it; read what the create's operation
+        said. A create refused for TPU quota raises QuotaExhausted (a TransientError)."""
         resource = queued_resource_for(job, self._project, boot)
         try:
             with _translated(f"request queued resource {job.queued_resource}"):
-                self._client.create_queued_resource(
+                created = self._client.create_queued_resource(
                     parent=self._parent(job.zone),
                     queued_resource=resource,
                     queued_resource_id=job.queued_resource,
+                    retry=self._retry,
                     timeout=CALL_TIMEOUT_S,
                 )
         except PermanentError as error:
@@ -131,15 +133,22 @@ class CloudTpu:
             if existing is None:
                 raise TransientError(f"{error}; no such resource exists, so retry") from error
             return existing
-        # Create answers with an operation; the resource's own state is what we mirror.
+        # Create answers with a long-running operation (done once the resource is ACCEPTED); the
+        # resource's own state is what we mirror, and the operation's name is kept, so a create
+        # that fails later can say why (`create_error`).
+        operation = created.operation
         status = self.status(job.zone, job.queued_resource)
-        return status or CapacityStatus(job.queued_resource, job.zone, "CREATING")
+        if status is None and operation.done and operation.HasField("error"):
+            said = _operation_error(operation)
+            return CapacityStatus(job.queued_resource, job.zone, "FAILED", said, operation=operation.name)
+        status = status or CapacityStatus(job.queued_resource, job.zone, "CREATING")
+        return dataclasses.replace(status, operation=operation.name)
 
     def status(self, zone: str, name: str) -> CapacityStatus | None:
         try:
             with _translated(f"read queued resource {name}"):
                 resource = self._client.get_queued_resource(
-                    name=f"{self._parent(zone)}/queuedResources/{name}", timeout=CALL_TIMEOUT_S
+                    name=f"{self._parent(zone)}/queuedResources/{name}", retry=self._retry, timeout=CALL_TIMEOUT_S
                 )
         except PermanentError as error:
             if isinstance(error.__cause__, api_exceptions.NotFound):
@@ -147,11 +156,24 @@ class CloudTpu:
             raise
         return _status(resource, zone)
 
+    def create_error(self, operation: str) -> str | None:
+        if not operation:
+            return None
+        try:
+            with _translated(f"read operation {operation}"):
+                found = self._client.get_operation(request={"name": operation}, retry=self._retry, timeout=CALL_TIMEOUT_S)
+        except PermanentError as error:
+            if isinstance(error.__cause__, api_exceptions.NotFound):
+                return None  # operations are kept for a while only
+            raise
+        return _operation_error(found) if found.done and found.HasField("error") else None
+
     def release(self, zone: str, name: str) -> None:
         try:
             with _translated(f"delete queued resource {name}"):
                 self._client.delete_queued_resource(
                     request={"name": f"{self._parent(zone)}/queuedResources/{name}", "force": True},
+                    retry=self._retry,
                     timeout=CALL_TIMEOUT_S,
                 )
         except PermanentError as error:
@@ -164,23 +186,29 @@ class CloudTpu:
         with _translated(f"list queued resources in {zone}"):
             resources = list(
                 self._client.list_queued_resources(
-                    parent=parent, timeout=CALL_TIMEOUT_S, metadata=[("x-goog-fieldmask", _QR_FIELDS)]
+                    parent=parent, retry=self._retry, timeout=CALL_TIMEOUT_S, metadata=[("x-goog-fieldmask", _QR_FIELDS)]
                 )
             )
             nodes = list(
                 self._client.list_nodes(
-                    parent=parent, timeout=CALL_TIMEOUT_S, metadata=[("x-goog-fieldmask", _NODE_FIELDS)]
+                    parent=parent, retry=self._retry, timeout=CALL_TIMEOUT_S, metadata=[("x-goog-fieldmask", _NODE_FIELDS)]
                 )
             )
-        unhealthy: dict[str, int] = {}
+        lost: dict[str, int] = {}
+        suspect: dict[str, list[tuple[str, str]]] = {}
         for node in nodes:
-            if node.state.name in _LOST_NODE_STATES or node.health.name in _UNHEALTHY:
-                owner = node.queued_resource.rsplit("/", 1)[-1]
-                unhealthy[owner] = unhealthy.get(owner, 0) + max(1, len(node.network_endpoints))
-        return [
-            _status(resource, zone, unhealthy.get(resource.name.rsplit("/", 1)[-1], 0))
-            for resource in resources
-        ]
+            verdict, condition = host_verdict(node.state.name, node.health.name)
+            owner = node.queued_resource.rsplit("/", 1)[-1]
+            if verdict == "lost":
+                lost[owner] = lost.get(owner, 0) + max(1, len(node.network_endpoints))
+            elif verdict == "suspect":
+                suspect.setdefault(owner, []).append((node.name.rsplit("/", 1)[-1], condition))
+        statuses = []
+        for resource in resources:
+            status = _status(resource, zone, lost.get(resource.name.rsplit("/", 1)[-1], 0))
+            hosts = tuple(sorted(suspect.get(status.name, ())))
+            statuses.append(dataclasses.replace(status, suspect_hosts=hosts) if hosts else status)
+        return statuses
 
 
 # Only what the reconciler compares: without a mask every resource brings its startup
@@ -189,8 +217,66 @@ _QR_FIELDS = (
     "queuedResources.name,queuedResources.state,queuedResources.tpu.nodeSpec.node.labels,nextPageToken"
 )
 _NODE_FIELDS = "nodes.name,nodes.state,nodes.health,nodes.queuedResource,nodes.networkEndpoints.ipAddress,nextPageToken"
-_LOST_NODE_STATES = frozenset({"PREEMPTED", "TERMINATED", "REPAIRING", "STOPPING", "STOPPED"})
-_UNHEALTHY = frozenset({"TIMEOUT", "UNHEALTHY_TENSORFLOW", "UNHEALTHY_MAINTENANCE"})
+
+HostVerdict = Literal["ok", "suspect", "lost"]
+"""What a node's state or health means for the attempt on it: nothing (`ok`), a condition that
+often passes (`suspect`: lost only once it lasts past `unhealthy_grace_seconds`, remembered on
+the job as `suspect_hosts`), or a lost host at once (`lost`: the job's `on_preemption` rule)."""
+
+# tpu_v2 Node.State, every member (tests/unit/test_node_states.py holds the table to the enum).
+NODE_STATES: dict[str, tuple[HostVerdict, str]] = {
+    "STATE_UNSPECIFIED": ("ok", "not set, or masked out: no signal, never acted on"),
+    "CREATING": ("ok", "being created: the boot timeout watches a host that never reports"),
+    "READY": ("ok", "created and usable"),
+    "RESTARTING": ("suspect", "being restarted: its processes die and its startup script runs "
+                   "again; a restart that lasts past the grace is a lost host"),
+    "REIMAGING": ("lost", "its boot disk is being rewritten: the attempt's processes and files are gone"),
+    "DELETING": ("lost", "being deleted: the host is going away"),
+    "REPAIRING": ("lost", "being repaired and may be unusable (help_description says why)"),
+    "STOPPED": ("lost", "stopped: its processes are gone"),
+    "STOPPING": ("lost", "stopping: its processes are going"),
+    "STARTING": ("suspect", "starting after a stop or a restart; lost if it does not come up within the grace"),
+    "PREEMPTED": ("lost", "preempted (spot and preemptible capacity)"),
+    "TERMINATED": ("lost", "terminated for maintenance or at the end of its life"),
+    "HIDING": ("suspect", "being hidden: undocumented beyond its name, so never acted on at once"),
+    "HIDDEN": ("suspect", "hidden: undocumented beyond its name; lost if it lasts past the grace"),
+    "UNHIDING": ("suspect", "being unhidden: it should come back; lost if it does not within the grace"),
+    "UNKNOWN": ("suspect", "unknown after a failed repair: the API does not know, so it is never acted on "
+                "alone; lost unless a definite state comes within the grace"),
+}
+
+# tpu_v2 Node.Health, every member.
+NODE_HEALTH: dict[str, tuple[HostVerdict, str]] = {
+    "HEALTH_UNSPECIFIED": ("ok", "not initialized or unreadable: no signal"),
+    "HEALTHY": ("ok", "healthy"),
+    "TIMEOUT": ("suspect", "unresponsive to the health monitor: often a busy host; lost past the grace"),
+    "UNHEALTHY_TENSORFLOW": ("suspect", "the in-guest ML stack is unhealthy: often while a job (re)starts "
+                             "the TPU runtime; lost past the grace"),
+    "UNHEALTHY_MAINTENANCE": ("lost", "under maintenance: rescheduled, its processes are gone until it resumes"),
+}
+
+_RANK: dict[HostVerdict, int] = {"ok": 0, "suspect": 1, "lost": 2}
+
+
+def host_verdict(state: str, health: str) -> tuple[HostVerdict, str]:
+    """The worse of what a node's state and its health mean, and the condition that decided it
+    ("state RESTARTING", "health TIMEOUT"). A name the table does not know (a newer API) is
+    suspect: never acted on at once, lost if it lasts."""
+    by_state = NODE_STATES.get(state, ("suspect", ""))[0]
+    by_health = NODE_HEALTH.get(health, ("suspect", ""))[0]
+    if _RANK[by_health] > _RANK[by_state]:
+        return by_health, f"health {health}"
+    return by_state, f"state {state}"
+
+
+def _operation_error(operation: operations_pb2.Operation) -> str:
+    """A failed operation's google.rpc.Status as a sentence: its code's name and message."""
+    error = operation.error
+    try:
+        code = code_pb2.Code.Name(error.code)
+    except ValueError:  # a code newer than these protos
+        code = f"code {error.code}"
+    return f"operation {operation.name} failed with {code}: {error.message}"
 
 
 def _status(resource: tpu_v2.QueuedResource, zone: str, unhealthy_hosts: int = 0) -> CapacityStatus:
@@ -203,14 +289,7 @@ def _status(resource: tpu_v2.QueuedResource, zone: str, unhealthy_hosts: int = 0
     return CapacityStatus(resource.name.rsplit("/", 1)[-1], zone, state, detail, unhealthy_hosts, label)
 
 
-@contextmanager
-def _translated(doing: str) -> Iterator[None]:
-    """Library errors become TransientError (retry the message) or PermanentError (record it)."""
-    try:
-        yield
-    except _TRANSIENT as error:
-        raise TransientError(f"TPU API failed to {doing}: {error}") from error
-    except api_exceptions.GoogleAPICallError as error:
-        raise PermanentError(f"TPU API refused to {doing}: {error}") from error
-    except (ConnectionError, OSError) as error:
-        raise TransientError(f"TPU API unreachable while trying to {doing}: {error}") from error
+def _translated(doing: str) -> AbstractContextManager[None]:
+    """Library errors through the one table (adapters/google_errors.py): TransientError
+    (QuotaExhausted when a TPU quota ran out) to retry the message, PermanentError to record."""
+    return translated(SERVICE, doing)
