@@ -44,6 +44,9 @@ class Settings:
     # Capacity ACTIVE this long with a host whose agent never reported (counted from the first
     # host's `started`, else from the capacity becoming ACTIVE) is a lost host: never held silently.
     boot_timeout_seconds: float = 600.0
+    # A node whose health is TIMEOUT or UNHEALTHY_TENSORFLOW, or whose state is RESTARTING or
+    # UNKNOWN (`adapters.tpu.NODE_STATES`), often recovers: its host is lost only past this.
+    unhealthy_grace_seconds: float = 300.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -73,4 +76,5 @@ class Settings:
             heartbeat_seconds=float(env.get("TPUJOBS_HEARTBEAT_SECONDS") or 10.0),
             heartbeat_timeout_seconds=float(env.get("TPUJOBS_HEARTBEAT_TIMEOUT_SECONDS") or 60.0),
             boot_timeout_seconds=float(env.get("TPUJOBS_BOOT_TIMEOUT_SECONDS") or 600.0),
+            unhealthy_grace_seconds=float(env.get("TPUJOBS_UNHEALTHY_GRACE_SECONDS") or 300.0),
         )

@@ -109,7 +109,13 @@ class JobStore(Protocol):
 
     def list(self, state: str | None = None, owner: str | None = None, limit: int = 100) -> list[Job]: ...
 
-    def list_active(self, limit: int = 10_000) -> list[Job]: ...
+    def list_active(self, page_size: int = 500) -> list[Job]:
+        """Every job not yet ended, page after page, with no cap: what the reconciler compares.
+
+        Projected: each job's spec lacks its env, secrets, setup, command, code and labels (the
+        fields that grow with what a user writes), so the tick's memory grows with the number of
+        active jobs, never with their size. Read the job (`get`) before requesting capacity.
+        """
 
     def ended_between(self, start: datetime, end: datetime, limit: int = 1000) -> list[Job]: ...
 
@@ -156,8 +162,11 @@ class CapacityStatus:
     zone: str
     state: str  # the QueuedResource state name: WAITING_FOR_RESOURCES, ACTIVE, ...
     detail: str = ""  # the error of a FAILED resource
-    unhealthy_hosts: int = 0  # hosts of its nodes that are PREEMPTED, TERMINATED or unhealthy
+    unhealthy_hosts: int = 0  # hosts of its nodes that are lost (`adapters.tpu.NODE_STATES`)
     job_label: str | None = None  # the `tpujobs-job` label: set on every resource tpujobs made
+    # (node, condition) of its nodes in a condition that is often transient: lost past the grace
+    suspect_hosts: tuple[tuple[str, str], ...] = ()
+    operation: str = ""  # from `request`: the create's long-running operation, if one was made
 
 
 @dataclass(frozen=True)
@@ -175,6 +184,10 @@ class Tpu(Protocol):
         `boot` says (`agent.startup.host_boot`); an existing one is adopted."""
 
     def status(self, zone: str, name: str) -> CapacityStatus | None: ...
+
+    def create_error(self, operation: str) -> str | None:
+        """What a create's long-running operation said if it failed; None while it runs, once it
+        succeeded, or when the API no longer knows it."""
 
     def release(self, zone: str, name: str) -> None:
         """Delete the queued resource and its nodes (force); absent is fine."""

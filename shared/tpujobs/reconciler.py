@@ -6,9 +6,16 @@ every minute; every few seconds in the local stack) the reconciler reads what is
 active jobs from Firestore and the queued resources of their zones from the TPU API,
 compares, and repairs through the same service the event functions use:
 
-- a PROVISIONING job whose queued resource is missing gets it requested again;
+- a PROVISIONING job whose queued resource is missing gets it requested again, within the
+  zone wait only (counted from its first request): a create whose operation failed, or a
+  resource that never appears, then moves the job to its next zone or ends the attempt by
+  its rules; a job waiting for TPU quota (`QUOTA_EXHAUSTED`) is asked for again every tick,
+  and moves on when the zone wait allows;
 - a queued resource that is SUSPENDED, FAILED, or has lost hosts becomes the
   observation the event functions would have received (the job recovers by its rules);
+- a host whose node is in a condition that often passes (health TIMEOUT, state RESTARTING,
+  UNKNOWN: `adapters.tpu.NODE_STATES`) is remembered on the job with the time it was first
+  seen so (`suspect_hosts`), and is lost only once that lasts past the grace;
 - a RUNNING job whose queued resource vanished has lost its capacity;
 - a RUNNING attempt whose worker stopped sending heartbeats for longer than the
   timeout (several heartbeats) has lost that host;
@@ -20,27 +27,38 @@ compares, and repairs through the same service the event functions use:
 
 It acts only on what it saw and confirmed: a zone whose listing failed is skipped this
 tick, so an API error never looks like a lost resource; a vanished resource is read
-again before it counts; one missed heartbeat is not a silent worker. Its cost is
-O(active jobs): one query for the active jobs, two list calls per zone (queued
-resources and nodes), one query that returns only silent workers, whatever the number
-of finished jobs; and, once per multi-host attempt past its boot timeout, one read of its
-workers' documents.
+again before it counts; one missed heartbeat is not a silent worker.
+
+Nothing one job does stops the tick: every job and every item of a later phase (pools,
+exports, silent workers, hosts that never reported, announcements, unowned resources) is
+repaired on its own. A transient error leaves that item for the next tick; a permanent one
+is recorded on its job (`JobService.note_repair_failure`: the job's reason and timeline,
+where its owner looks, once per distinct error); anything unexpected is logged, and the next
+item and the next phase still run. Only the listing of active jobs, without which nothing
+can be compared, ends a tick.
+
+Its cost is O(active jobs): one query per 500 active jobs, projected to what is compared
+(never a job's env, command or setup, so memory does not grow with what users write), two
+list calls per zone (queued resources and nodes), one query that returns only silent
+workers, whatever the number of finished jobs; and, once per multi-host attempt past its
+boot timeout, one read of its workers' documents.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import partial
 
-from tpujobs.agent.startup import host_boot
 from tpujobs.domain.admission import Holder, pool_id
-from tpujobs.domain.job import Job
+from tpujobs.domain.job import Job, JobEvent
 from tpujobs.domain.naming import exported_attempt, parse_queued_resource_name
-from tpujobs.domain.states import EventKind, JobState
-from tpujobs.domain.transitions import Observation, next_zone
+from tpujobs.domain.states import QUOTA_EXHAUSTED, EventKind, JobState
+from tpujobs.domain.transitions import Decision, Observation, next_zone
 from tpujobs.errors import PermanentError, TransientError
-from tpujobs.ports import CapacityStatus
+from tpujobs.ports import CapacityStatus, SilentWorker
 from tpujobs.service import CAPACITY_GONE, JobService
 
 log = logging.getLogger(__name__)
@@ -64,6 +82,7 @@ class ReconcileReport:
     converged: list[str] = field(default_factory=list)
     released: list[str] = field(default_factory=list)
     announced: list[str] = field(default_factory=list)  # "job#seq" of late status messages
+    failed: list[str] = field(default_factory=list)  # "what: error" of items that failed for good
 
 
 class Reconciler:
@@ -76,7 +95,7 @@ class Reconciler:
     def tick(self) -> ReconcileReport:
         service = self.service
         report = ReconcileReport()
-        jobs = service.store.list_active()
+        jobs = service.store.list_active()  # without it nothing can be compared: its error ends the tick
         report.jobs = len(jobs)
         # Every zone an active job may have used: an attempt that moved zone leaves one behind.
         zones = sorted(
@@ -90,35 +109,61 @@ class Reconciler:
                 for status in service.tpu.list(zone):
                     seen[(zone, status.name)] = status
                 report.zones_listed += 1
-            except (TransientError, PermanentError) as error:
+            except Exception as error:  # whatever it was, this zone's jobs wait for the next tick
                 log.warning("reconcile: skipping zone %s this tick: %s", zone, error)
                 report.zones_skipped.append(zone)
 
         now = service.clock()
         stuck_before = now - timedelta(seconds=service.settings.stuck_after_seconds)
-        self._limited = self._limited_pools()
+        self._limited = set()
+        self._phase(report, "read the quotas", self._read_limited_pools)
         for job in jobs:
             if job.zone in report.zones_skipped:
                 continue
-            try:
-                self._repair(job, seen.get((job.zone, job.queued_resource)), stuck_before, report)
-            except TransientError as error:
-                log.warning("reconcile: job %s left for the next tick: %s", job.job_id, error)
+            repair = partial(self._repair, job, seen.get((job.zone, job.queued_resource)), stuck_before, report)
+            self._guarded(report, "repair the job", repair, job.job_id)
 
         live = {job.job_id: job for job in jobs}
-        self._repair_pools(report)
-        self._request_missing_exports(jobs, now, report)
-        self._find_silent_workers(live, now, report)
-        self._find_hosts_that_never_reported(jobs, now, report)
-        self._announce_missed(now, report)
-        for (zone, name), status in seen.items():
-            if self._unowned(status, live) and self._unowned(status, self._fresh(status)):
-                try:
-                    service.tpu.release(zone, name)
-                    report.released.append(name)
-                except TransientError as error:
-                    log.warning("reconcile: could not release %s yet: %s", name, error)
+        self._phase(report, "repair the pools", lambda: self._repair_pools(report))
+        self._phase(report, "ask again for exports", lambda: self._request_missing_exports(jobs, now, report))
+        self._phase(report, "find silent workers", lambda: self._find_silent_workers(live, now, report))
+        self._phase(report, "find hosts that never reported", lambda: self._find_hosts_that_never_reported(jobs, now, report))
+        self._phase(report, "announce missed changes", lambda: self._announce_missed(now, report))
+        self._phase(report, "release unowned resources", lambda: self._release_unowned(seen, live, report))
         return report
+
+    def _phase(self, report: ReconcileReport, doing: str, phase: Callable[[], None]) -> None:
+        """Run one phase; whatever escapes it is logged, and the next phase still runs."""
+        try:
+            phase()
+        except Exception as error:
+            log.exception("reconcile: could not %s this tick", doing)
+            report.failed.append(f"{doing}: {error}")
+
+    def _guarded(
+        self, report: ReconcileReport, doing: str, action: Callable[[], None], job_id: str | None = None
+    ) -> None:
+        """Do one item's repair; its failure is that item's alone.
+
+        Transient: left for the next tick. Permanent: recorded on the job (`job_id`), where its
+        owner looks, once per distinct error. Anything else: logged with its traceback.
+        """
+        what = f"{job_id}: {doing}" if job_id else doing
+        try:
+            action()
+        except TransientError as error:
+            log.warning("reconcile: %s left for the next tick: %s", what, error)
+        except PermanentError as error:
+            log.error("reconcile: %s failed for good: %s", what, error)
+            report.failed.append(f"{what}: {error}")
+            if job_id is not None:
+                try:
+                    self.service.note_repair_failure(job_id, doing, error)
+                except Exception:
+                    log.exception("reconcile: could not record on %s why its repair failed", job_id)
+        except Exception as error:
+            log.exception("reconcile: %s failed unexpectedly", what)
+            report.failed.append(f"{what}: {error!r}")
 
     def _repair(
         self, job: Job, status: CapacityStatus | None, stuck_before, report: ReconcileReport
@@ -133,8 +178,7 @@ class Reconciler:
             return
         if status is None:
             if job.state is JobState.PROVISIONING:
-                service.tpu.request(job, host_boot(job, service.settings))
-                report.re_requested.append(job.queued_resource)
+                self._provision_missing(job, report)
             elif service.tpu.status(job.zone, job.queued_resource) is None:  # confirm first
                 what = f"queued resource {job.queued_resource} no longer exists"
                 service.observe_capacity(job.queued_resource, "SUSPENDED", what, source="reconciler")
@@ -153,6 +197,69 @@ class Reconciler:
                 status.name, status.state, status.detail, status.unhealthy_hosts, source="reconciler"
             )
             report.observed.append(f"{job.job_id}: {status.state}")
+        if not lost and (status.suspect_hosts or job.suspect_hosts):
+            self._watch_suspect_hosts(job, status, report)
+
+    def _provision_missing(self, job: Job, report: ReconcileReport) -> None:
+        """A PROVISIONING job without its queued resource: ask again, within the zone wait.
+
+        Waiting for TPU quota, nothing was made: ask again (the quota may have room now) until
+        the zone wait moves the job to its next zone; in its last zone it waits on, saying so.
+        Otherwise the create was made: read the resource again (it may be newer than the
+        listing), then what its operation said. A failed create is a failed provisioning, under
+        the job's rules; a resource still missing is asked for again until the zone wait is
+        over, then moves the job to its next zone or ends the attempt by its rules. So a job is
+        never asked for again and again for ever.
+        """
+        service = self.service
+        quota = job.capacity_state == QUOTA_EXHAUSTED
+        if not quota and service.tpu.status(job.zone, job.queued_resource) is not None:
+            return  # created since the listing: the next tick compares it
+        failed = None if quota else service.tpu.create_error(job.create_operation)
+        if failed:
+            what = f"Queued resource {job.queued_resource} was never created: {failed}"
+            service.observe(job.job_id, Observation(EventKind.CAPACITY_LOST, job.attempt, "reconciler", what, "FAILED"))
+            report.observed.append(f"{job.job_id}: {what}")
+            return
+        waited = (service.clock() - job.requested_at).total_seconds() if job.requested_at else 0.0
+        if waited > service.settings.zone_wait_seconds and (quota is False or next_zone(job)):
+            if quota:
+                what = f"TPU quota in {job.zone} had no room for {waited / 60:.0f} min"
+                seen = Observation(EventKind.ZONE_FAILOVER, job.attempt, "reconciler", reason=what)
+            else:
+                what = f"Queued resource {job.queued_resource} never appeared in the {waited / 60:.0f} min after its request"
+                seen = Observation(EventKind.CAPACITY_LOST, job.attempt, "reconciler", what, "FAILED")
+            service.observe(job.job_id, seen)
+            report.observed.append(f"{job.job_id}: {what}")
+            return
+        outcome = service.request_again(job.job_id)
+        report.re_requested.append(job.queued_resource)
+        if isinstance(outcome, Decision):
+            report.observed.append(f"{job.job_id}: {outcome.event.reason}")
+
+    def _watch_suspect_hosts(self, job: Job, status: CapacityStatus, report: ReconcileReport) -> None:
+        """Remember since when each host has been in a condition that often passes; a host whose
+        condition outlasts the grace is lost, under the job's rules like any lost host."""
+        service = self.service
+        grace = service.settings.unhealthy_grace_seconds
+        hosts = tuple(sorted(status.suspect_hosts))
+        if hosts != tuple((h.node, h.condition) for h in job.suspect_hosts):
+            if hosts:
+                said = "; ".join(f"node {node} is {condition}" for node, condition in hosts)
+                reason = f"Watching: {said}; a host is lost if its condition lasts {grace:.0f} s."
+            else:
+                reason = f"Every host of attempt {job.attempt} is back to a definite, healthy state."
+            outcome = service.note_suspect_hosts(job.job_id, job.attempt, hosts, reason)
+            if isinstance(outcome, Decision):
+                job = outcome.job  # with the times each was first seen
+                report.observed.append(f"{job.job_id}: {reason}")
+        now = service.clock()
+        lost = job.hosts_lost_after(grace, now)
+        if lost:
+            said = ", ".join(f"node {h.node} has been {h.condition} for {(now - h.since).total_seconds():.0f} s" for h in lost)
+            what = f"{said[0].upper()}{said[1:]}, past the {grace:.0f} s grace: the host is lost"
+            service.observe(job.job_id, Observation(EventKind.CAPACITY_LOST, job.attempt, "reconciler", reason=what))
+            report.observed.append(f"{job.job_id}: {what}")
 
     def _request_missing_exports(self, active: list[Job], now, report: ReconcileReport) -> None:
         """Ask again for the export of attempts that ended a while ago and are not exported.
@@ -187,17 +294,13 @@ class Reconciler:
             and next_zone(job) is not None
         )
 
-    def _limited_pools(self) -> set[str]:
-        """Pools that have a quota now; empty when admission is off or the quotas unreadable."""
+    def _read_limited_pools(self) -> None:
+        """The pools that have a quota now; none when admission is off or the quotas unreadable
+        (then QUEUED jobs are converged one by one, which admits them in their pool's order)."""
         pools = self.service.pools
-        if pools is None:
-            return set()
-        try:
+        if pools is not None:
             quotas = pools.quotas()
-        except TransientError as error:
-            log.warning("reconcile: quotas unreadable this tick: %s", error)
-            return set()
-        return {f"{family}@{zone}" for zone, limits in quotas.items() for family in limits}
+            self._limited = {f"{family}@{zone}" for zone, limits in quotas.items() for family in limits}
 
     def _repair_pools(self, report: ReconcileReport) -> None:
         """Make each limited pool's holders match its jobs, then admit what fits.
@@ -206,28 +309,30 @@ class Reconciler:
         for an older attempt) is dropped; a job that holds capacity without a claim (it was
         admitted before the quota existed) is counted. A claim left half-way is finished.
         """
-        service = self.service
-        pools = service.pools
+        pools = self.service.pools
         if pools is None:
             return
         for pool in sorted(set(pools.pools()) | self._limited):
-            try:
-                view = pools.view(pool)
-                active = {job.job_id: job for job in pools.active_in(pool)}
-                stale = {h.job_id for h in view.holders if h.job_id not in active and self._stale(h, pool)}
-                held = {h.job_id for h in view.holders}
-                for job in active.values():
-                    if job.job_id not in held:
-                        claim = Holder(job.job_id, job.spec.chips, job.attempt, job.spec.priority,
-                                       job.created_at or service.clock(), job.spec.on_preemption != "fail")
-                        if pools.change(view, add=claim, remove=frozenset(stale)):
-                            report.observed.append(f"{pool}: counted {job.job_id}")
-                            view, stale = pools.view(pool), set()
-                if stale and pools.change(view, remove=frozenset(stale)):
-                    report.observed.append(f"{pool}: dropped {', '.join(sorted(stale))}")
-                service.admit_waiting(pool)
-            except TransientError as error:
-                log.warning("reconcile: pool %s left for the next tick: %s", pool, error)
+            self._guarded(report, f"repair pool {pool}", partial(self._repair_pool, pool, report))
+
+    def _repair_pool(self, pool: str, report: ReconcileReport) -> None:
+        service = self.service
+        pools = service.pools
+        assert pools is not None
+        view = pools.view(pool)
+        active = {job.job_id: job for job in pools.active_in(pool)}
+        stale = {h.job_id for h in view.holders if h.job_id not in active and self._stale(h, pool)}
+        held = {h.job_id for h in view.holders}
+        for job in active.values():
+            if job.job_id not in held:
+                claim = Holder(job.job_id, job.spec.chips, job.attempt, job.spec.priority,
+                               job.created_at or service.clock(), job.spec.on_preemption != "fail")
+                if pools.change(view, add=claim, remove=frozenset(stale)):
+                    report.observed.append(f"{pool}: counted {job.job_id}")
+                    view, stale = pools.view(pool), set()
+        if stale and pools.change(view, remove=frozenset(stale)):
+            report.observed.append(f"{pool}: dropped {', '.join(sorted(stale))}")
+        service.admit_waiting(pool)
 
     def _stale(self, holder: Holder, pool: str) -> bool:
         """A claim whose job ended, vanished, moved pool or was requeued (an older attempt's).
@@ -249,21 +354,26 @@ class Reconciler:
         service = self.service
         timeout = service.settings.heartbeat_timeout_seconds
         for silent in service.store.silent_workers(now - timedelta(seconds=timeout)):
-            job = live.get(silent.job_id)
-            current = (
-                job is not None
-                and job.state is JobState.RUNNING
-                and job.attempt == silent.attempt
-                and silent.worker not in job.workers_done
-            )
-            if not current:
-                service.store.retire_worker(silent.job_id, silent.attempt, silent.worker)
-                continue
-            quiet = (now - silent.last_report_at).total_seconds()
-            what = f"Worker {silent.worker} of attempt {silent.attempt} sent nothing for {quiet:.0f} s; the host is lost"
-            seen = Observation(EventKind.CAPACITY_LOST, silent.attempt, "reconciler", reason=what, worker=silent.worker)
-            service.observe(silent.job_id, seen)
-            report.observed.append(f"{silent.job_id}: {what}")
+            doing = f"act on the silence of worker {silent.worker} of attempt {silent.attempt}"
+            self._guarded(report, doing, partial(self._silent_worker, silent, live, now, report), silent.job_id)
+
+    def _silent_worker(self, silent: SilentWorker, live: dict[str, Job], now, report: ReconcileReport) -> None:
+        service = self.service
+        job = live.get(silent.job_id)
+        current = (
+            job is not None
+            and job.state is JobState.RUNNING
+            and job.attempt == silent.attempt
+            and silent.worker not in job.workers_done
+        )
+        if not current:
+            service.store.retire_worker(silent.job_id, silent.attempt, silent.worker)
+            return
+        quiet = (now - silent.last_report_at).total_seconds()
+        what = f"Worker {silent.worker} of attempt {silent.attempt} sent nothing for {quiet:.0f} s; the host is lost"
+        seen = Observation(EventKind.CAPACITY_LOST, silent.attempt, "reconciler", reason=what, worker=silent.worker)
+        service.observe(silent.job_id, seen)
+        report.observed.append(f"{silent.job_id}: {what}")
 
     def _find_hosts_that_never_reported(self, jobs: list[Job], now, report: ReconcileReport) -> None:
         """An attempt holding capacity whose hosts have not all reported within the boot timeout
@@ -281,43 +391,42 @@ class Reconciler:
         its `started` itself, and never read. That is one read per host per multi-host attempt,
         once, after its timeout, never a read per job per tick.
         """
-        service = self.service
-        timeout = service.settings.boot_timeout_seconds
+        timeout = self.service.settings.boot_timeout_seconds
         for job in jobs:
             since = job.booting_since()
-            if since is None or (now - since).total_seconds() <= timeout:
-                continue
-            try:
-                heard = {w.worker for w in service.store.attempt_workers(job.job_id, job.attempt)}
-                silent = [key for key in job.worker_keys if key not in heard and key not in job.workers_done]
-                if not silent:
-                    service.store.record_all_started(job.job_id, job.attempt, now)
-                    continue
-                fresh = service.store.get(job.job_id)  # a `started` may have come since the listing
-                if fresh is None or _where(fresh) != _where(job):
-                    continue
-            except TransientError as error:
-                log.warning("reconcile: the hosts of %s are left for the next tick: %s", job.job_id, error)
-                continue
-            waited = (now - since).total_seconds()
-            if not heard and job.state is JobState.PROVISIONING:
-                what = (
-                    f"Queued resource {job.queued_resource} has been ACTIVE for {waited:.0f} s and no "
-                    "worker agent reported: the hosts never booted the agent"
-                )
-            else:
-                first = any(u.attempt == job.attempt and u.started_at for u in job.usage)
-                after = "the first host started" if first else "the capacity became ACTIVE"
-                names = ", ".join(silent)
-                whose = "its host is" if len(silent) == 1 else "their hosts are"
-                what = (
-                    f"{'Worker' if len(silent) == 1 else 'Workers'} {names} of attempt {job.attempt} never "
-                    f"reported, {waited:.0f} s after {after}: {whose} lost"
-                )
-            one = silent[0] if len(silent) == 1 else None
-            seen = Observation(EventKind.CAPACITY_LOST, job.attempt, "reconciler", reason=what, worker=one)
-            service.observe(job.job_id, seen)
-            report.observed.append(f"{job.job_id}: {what}")
+            if since is not None and (now - since).total_seconds() > timeout:
+                check = partial(self._check_boot, job, since, now, report)
+                self._guarded(report, "check that its hosts booted", check, job.job_id)
+
+    def _check_boot(self, job: Job, since: datetime, now: datetime, report: ReconcileReport) -> None:
+        service = self.service
+        heard = {w.worker for w in service.store.attempt_workers(job.job_id, job.attempt)}
+        silent = [key for key in job.worker_keys if key not in heard and key not in job.workers_done]
+        if not silent:
+            service.store.record_all_started(job.job_id, job.attempt, now)
+            return
+        fresh = service.store.get(job.job_id)  # a `started` may have come since the listing
+        if fresh is None or _where(fresh) != _where(job):
+            return
+        waited = (now - since).total_seconds()
+        if not heard and job.state is JobState.PROVISIONING:
+            what = (
+                f"Queued resource {job.queued_resource} has been ACTIVE for {waited:.0f} s and no "
+                "worker agent reported: the hosts never booted the agent"
+            )
+        else:
+            first = any(u.attempt == job.attempt and u.started_at for u in job.usage)
+            after = "the first host started" if first else "the capacity became ACTIVE"
+            names = ", ".join(silent)
+            whose = "its host is" if len(silent) == 1 else "their hosts are"
+            what = (
+                f"{'Worker' if len(silent) == 1 else 'Workers'} {names} of attempt {job.attempt} never "
+                f"reported, {waited:.0f} s after {after}: {whose} lost"
+            )
+        one = silent[0] if len(silent) == 1 else None
+        seen = Observation(EventKind.CAPACITY_LOST, job.attempt, "reconciler", reason=what, worker=one)
+        service.observe(job.job_id, seen)
+        report.observed.append(f"{job.job_id}: {what}")
 
     def _announce_missed(self, now, report: ReconcileReport) -> None:
         """Publish the state changes whose announcement failed (older than a few seconds)."""
@@ -325,10 +434,28 @@ class Reconciler:
         if service.status is None:
             return
         for job_id, event in service.store.unannounced_events(now - timedelta(seconds=ANNOUNCE_AFTER_S)):
-            job = service.store.get(job_id)
-            if job is not None:
-                service.announce(job, event)
-                report.announced.append(f"{job_id}#{event.seq}")
+            # Not recorded on the job: a publishing failure is the deployment's, not the job's.
+            self._guarded(report, f"announce {job_id}#{event.seq}", partial(self._announce, job_id, event, report))
+
+    def _announce(self, job_id: str, event: JobEvent, report: ReconcileReport) -> None:
+        job = self.service.store.get(job_id)
+        if job is not None:
+            self.service.announce(job, event)
+            report.announced.append(f"{job_id}#{event.seq}")
+
+    def _release_unowned(
+        self, seen: dict[tuple[str, str], CapacityStatus], live: dict[str, Job], report: ReconcileReport
+    ) -> None:
+        """Delete each tpujobs queued resource that no live attempt owns, read again first."""
+        for (zone, name), status in seen.items():
+            self._guarded(report, f"release {name}", partial(self._release_if_unowned, zone, status, live, report))
+
+    def _release_if_unowned(
+        self, zone: str, status: CapacityStatus, live: dict[str, Job], report: ReconcileReport
+    ) -> None:
+        if self._unowned(status, live) and self._unowned(status, self._fresh(status)):
+            self.service.tpu.release(zone, status.name)
+            report.released.append(status.name)
 
     def _fresh(self, status: CapacityStatus) -> dict[str, Job]:
         """The owner's job read again: it may have started after the listing of active jobs."""

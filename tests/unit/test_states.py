@@ -59,8 +59,17 @@ def observation(kind: EventKind, job: Job, **changes: Any) -> Observation:
     fields: dict[str, Any] = {"kind": kind, "attempt": job.attempt, "source": "tpu"}
     if kind is EventKind.CANCEL_REQUESTED:
         fields.update(attempt=None, source="user")
-    if kind in (EventKind.ADMITTED, EventKind.CAPACITY_CHANGED, EventKind.NEXT_ATTEMPT_REQUESTED):
+    if kind in (
+        EventKind.ADMITTED,
+        EventKind.CAPACITY_CHANGED,
+        EventKind.NEXT_ATTEMPT_REQUESTED,
+        EventKind.REQUESTED_AGAIN,
+    ):
         fields["capacity_state"] = "WAITING_FOR_RESOURCES"
+    if kind is EventKind.HOSTS_SUSPECT:
+        fields.update(hosts=(("train-1-a1", "health TIMEOUT"),), source="reconciler")
+    if kind is EventKind.REPAIR_FAILED:
+        fields.update(attempt=None, source="reconciler", reason="The reconciler could not repair the job: refused.")
     if kind is EventKind.COMMAND_FAILED:
         fields.update(exit_code=3, source="agent")
     if kind is EventKind.WAITING_FOR_QUOTA:

@@ -38,6 +38,16 @@ class JobEvent:
 
 
 @dataclass(frozen=True)
+class SuspectHost:
+    """A node of the current attempt in a condition that is often transient (health TIMEOUT,
+    RESTARTING, ...), and since when the reconciler has seen it so: lost only past the grace."""
+
+    node: str  # the node id, as the TPU API names it
+    condition: str  # what the API said: "health TIMEOUT", "state RESTARTING", ...
+    since: datetime
+
+
+@dataclass(frozen=True)
 class Job:
     """A job as stored: its spec, where it is, and what it holds."""
 
@@ -68,6 +78,9 @@ class Job:
     submitted_via: SubmittedVia = "topic"
     # True when the jobs API verified that the owner is who called; a topic's `owner` is a claim.
     owner_verified: bool = False
+    # The long-running operation of the current attempt's create: what it said if it failed.
+    create_operation: str = ""
+    suspect_hosts: tuple[SuspectHost, ...] = ()  # of the current attempt, first seen when
 
     @property
     def capacity(self) -> str:
@@ -109,6 +122,10 @@ class Job:
         if usage is None or usage.all_started_at is not None or usage.ended_at is not None:
             return None
         return usage.started_at or usage.held_from
+
+    def hosts_lost_after(self, grace_seconds: float, now: datetime) -> tuple[SuspectHost, ...]:
+        """The suspect hosts whose condition has lasted longer than the grace: lost hosts."""
+        return tuple(h for h in self.suspect_hosts if (now - h.since).total_seconds() > grace_seconds)
 
     def as_next_attempt(self) -> Job:
         """The job as its next attempt will see it: what the startup script of that attempt needs."""

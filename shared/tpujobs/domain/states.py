@@ -73,6 +73,23 @@ class EventKind(str, Enum):
     """A higher-priority job took the chips; the job waits QUEUED again and resumes by its rules."""
     ZONE_FAILOVER = "zone_failover"
     """The queued resource waited too long for capacity; the job waits QUEUED in the next of its `zones`."""
+    REQUESTED_AGAIN = "requested_again"
+    """The reconciler asked again for the current attempt's queued resource: it was missing, or
+    the TPU quota had been exhausted. The job stays PROVISIONING; the zone wait keeps counting
+    from the first request (`requested_at`), so asking again never waits forever."""
+    HOSTS_SUSPECT = "hosts_suspect"
+    """The hosts whose node is in a grace-gated condition (`adapters.tpu.NODE_STATES`, health
+    TIMEOUT, RESTARTING, UNKNOWN...) changed: the job remembers since when each has been, so a
+    stateless tick can tell a passing condition from one that lasts past the grace."""
+    REPAIR_FAILED = "repair_failed"
+    """The reconciler's repair of the job met a permanent error (an API refusing a call): the job
+    keeps its state and says why in its reason and timeline, once per distinct reason."""
+
+
+QUOTA_EXHAUSTED = "QUOTA_EXHAUSTED"
+"""`capacity_state` of a PROVISIONING job whose request the TPU API refused because a TPU quota
+is exhausted: no queued resource exists, the reason quotes Google, and the reconciler asks again
+every tick until the quota frees up (or the zone wait moves the job to its next zone)."""
 
 
 _NOT_DONE = (JobState.QUEUED, JobState.PROVISIONING, JobState.RUNNING, JobState.RECOVERING)
@@ -81,6 +98,12 @@ TRANSITIONS: dict[tuple[JobState, EventKind], frozenset[JobState]] = {
     (JobState.QUEUED, EventKind.ADMITTED): frozenset({JobState.PROVISIONING}),
     (JobState.QUEUED, EventKind.CAPACITY_REQUEST_FAILED): frozenset({JobState.FAILED}),
     (JobState.RECOVERING, EventKind.CAPACITY_REQUEST_FAILED): frozenset({JobState.FAILED}),
+    # The reconciler asking again for a missing queued resource is refused for good.
+    (JobState.PROVISIONING, EventKind.CAPACITY_REQUEST_FAILED): frozenset({JobState.FAILED}),
+    (JobState.PROVISIONING, EventKind.REQUESTED_AGAIN): frozenset({JobState.PROVISIONING}),
+    (JobState.PROVISIONING, EventKind.HOSTS_SUSPECT): frozenset({JobState.PROVISIONING}),
+    (JobState.RUNNING, EventKind.HOSTS_SUSPECT): frozenset({JobState.RUNNING}),
+    **{(state, EventKind.REPAIR_FAILED): frozenset({state}) for state in _NOT_DONE},
     (JobState.PROVISIONING, EventKind.CAPACITY_CHANGED): frozenset({JobState.PROVISIONING}),
     (JobState.PROVISIONING, EventKind.WORKERS_STARTED): frozenset({JobState.RUNNING}),
     # A worker may finish before its `started` report arrives: exits count from PROVISIONING too.

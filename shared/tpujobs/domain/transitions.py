@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from tpujobs.domain import accounting
-from tpujobs.domain.job import Job, JobEvent, Source
+from tpujobs.domain.job import Job, JobEvent, Source, SuspectHost
 from tpujobs.domain.naming import queued_resource_name
 from tpujobs.domain.retry import backoff_seconds, rule_on_loss
 from tpujobs.domain.states import EventKind, JobState, allowed_targets
@@ -28,6 +28,8 @@ class Observation:
     capacity_state: str | None = None
     exit_code: int | None = None
     worker: str | None = None  # "slice-worker", for reports of one worker host
+    operation: str = ""  # the create's long-running operation, when capacity was requested
+    hosts: tuple[tuple[str, str], ...] = ()  # HOSTS_SUSPECT: (node, condition) of each suspect host
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,38 @@ def decide(job: Job, seen: Observation, now: datetime) -> Decision | Ignored:
         to_state = JobState.PROVISIONING
         changes["capacity_state"] = seen.capacity_state
         changes["requested_at"] = now
+        changes["create_operation"] = seen.operation
+        changes["suspect_hosts"] = ()
         reason = reason or f"Queued resource {job.queued_resource} requested in {job.zone}."
+    elif seen.kind is EventKind.REQUESTED_AGAIN:
+        operation = seen.operation or job.create_operation
+        said = not seen.reason or seen.reason == job.state_reason
+        if seen.capacity_state == job.capacity_state and operation == job.create_operation and said:
+            return Ignored(f"queued resource {job.queued_resource} was asked for again with nothing new")
+        to_state = JobState.PROVISIONING
+        changes["capacity_state"] = seen.capacity_state
+        changes["create_operation"] = operation
+        reason = reason or f"Queued resource {job.queued_resource} was missing; requested again in {job.zone}."
+    elif seen.kind is EventKind.HOSTS_SUSPECT:
+        earlier = {h.node: h.since for h in job.suspect_hosts}
+        hosts = tuple(
+            SuspectHost(node, condition, earlier.get(node, now)) for node, condition in sorted(set(seen.hosts))
+        )
+        if hosts == job.suspect_hosts:
+            return Ignored("the job already knows its hosts' conditions")
+        to_state = job.state
+        changes["suspect_hosts"] = hosts
+        names = ", ".join(f"{h.node} ({h.condition})" for h in hosts)
+        reason = reason or (
+            f"Watching {names}: lost if it lasts past the grace."
+            if hosts
+            else f"Every host of attempt {job.attempt} is healthy again."
+        )
+    elif seen.kind is EventKind.REPAIR_FAILED:
+        reason = reason or "The reconciler could not repair the job."
+        if reason == job.state_reason:
+            return Ignored("the job already says why it could not be repaired")
+        to_state = job.state
     elif seen.kind is EventKind.CAPACITY_CHANGED:
         if seen.capacity_state == job.capacity_state:
             return Ignored(f"capacity is already {job.capacity_state}")
@@ -137,6 +170,8 @@ def decide(job: Job, seen: Observation, now: datetime) -> Decision | Ignored:
             next_attempt_at=None,
             exit_code=None,
             requested_at=now,
+            create_operation=seen.operation,
+            suspect_hosts=(),
         )
         how = "resuming from its checkpoint" if job.resume_next else "from scratch"
         reason = reason or (
@@ -268,4 +303,6 @@ def _requeued(job: Job, zone: str) -> dict[str, object]:
         "exit_code": None,
         "zone": zone,
         "requested_at": None,
+        "create_operation": "",
+        "suspect_hosts": (),
     }
