@@ -41,7 +41,7 @@ locals {
     "tpu.nodes.delete",   # delete_queued_resource (force: its nodes go too)
     "tpu.nodes.get",      # get_queued_resource
     "tpu.nodes.list",     # list_queued_resources, list_nodes
-    "tpu.operations.get", # the long-running operation create and delete answer with
+    "tpu.operations.get", # get_operation: the error of a create that failed (create_error)
   ]
 
   build_roles = [

@@ -22,7 +22,14 @@ from tpujobs.domain import naming, secrets
 # lists tpu.* with no tpu.queuedResources.* permission; queuedResources.reset needs
 # tpu.nodes.reset). Operations: what create and delete answer with.
 TPU_PERMISSIONS = ["tpu.nodes.create", "tpu.nodes.delete", "tpu.nodes.get", "tpu.nodes.list", "tpu.operations.get"]
-TPU_CALLS = {"create_queued_resource", "get_queued_resource", "delete_queued_resource", "list_queued_resources", "list_nodes"}
+TPU_CALLS = {
+    "create_queued_resource",
+    "get_queued_resource",
+    "delete_queued_resource",
+    "list_queued_resources",
+    "list_nodes",
+    "get_operation",  # tpu.operations.get: the error of a create that failed (create_error)
+}
 FORBIDDEN_ROLES = {"roles/tpu.admin", "roles/owner", "roles/editor", "roles/viewer", "roles/secretmanager.admin"}
 PREFIX = "dev-"
 PROJECT_NUMBER = "123456789012"
