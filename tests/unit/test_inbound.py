@@ -496,3 +496,21 @@ def test_an_eventarc_event_for_another_topic_is_refused_by_the_function(
     (message,) = received
     assert message.data is None and message.topic == "tpujobs-control"
     assert "reached submit_job, which reads only tpujobs-submit" in message.undecodable
+
+
+def test_every_function_in_main_decodes_as_itself() -> None:
+    """functions/main.py passes each function's own target to the decoder, so a message is
+    refused only when it came on another function's topic, never because of a typo."""
+    import ast
+
+    main = Path(__file__).resolve().parents[2] / "functions" / "main.py"
+    calls = {
+        function.name: call.args[1].value
+        for function in ast.parse(main.read_text(encoding="utf-8")).body
+        if isinstance(function, ast.FunctionDef)
+        for call in ast.walk(function)
+        if isinstance(call, ast.Call) and getattr(call.func, "id", None) == "_handle"
+        and isinstance(call.args[1], ast.Constant)
+    }
+    cloudevent_decoders = {r.target for r in topology.FUNCTIONS if r.topic is not None} - {"reconcile"}
+    assert calls == {target: target for target in cloudevent_decoders}
