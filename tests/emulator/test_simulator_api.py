@@ -19,7 +19,7 @@ from google.cloud import tpu_v2
 from google.longrunning import operations_pb2
 from google.protobuf import empty_pb2, json_format
 
-from tpujobs.simulator import SimulatorConfig, SimulatorServer
+from tpujobs.simulator import Code, SimulatorConfig, SimulatorServer
 
 pytestmark = pytest.mark.emulator
 
@@ -400,6 +400,337 @@ def test_command_line_prints_its_url_serves_and_stops_on_sigterm() -> None:
         url = line.removeprefix(prefix)
         with urllib.request.urlopen(url + "/simulator/v1/config", timeout=5) as response:
             assert json.load(response)["capacity"] == {f"v4@{ZONE}": 32}
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=5) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+# -- tpujobs dev fault error: what each injected error becomes in the real REST client ----------
+
+
+def plan_errors(server: SimulatorServer, **fault: Any) -> Any:
+    return control(server, "faults/errors", fault)
+
+
+@pytest.mark.parametrize(
+    ("code", "http_status", "status", "exception"),
+    [
+        ("UNKNOWN", 500, "UNKNOWN", exceptions.InternalServerError),
+        ("CANCELLED", 499, "CANCELLED", exceptions.Cancelled),
+        ("DEADLINE_EXCEEDED", 504, "DEADLINE_EXCEEDED", exceptions.GatewayTimeout),
+        ("UNAVAILABLE", 503, "UNAVAILABLE", exceptions.ServiceUnavailable),
+        ("DATA_LOSS", 500, "DATA_LOSS", exceptions.InternalServerError),
+        ("INTERNAL", 500, "INTERNAL", exceptions.InternalServerError),
+        ("ABORTED", 409, "ABORTED", exceptions.Conflict),
+        ("PERMISSION_DENIED", 403, "PERMISSION_DENIED", exceptions.Forbidden),
+        (502, 502, "UNAVAILABLE", exceptions.BadGateway),
+        (429, 429, "RESOURCE_EXHAUSTED", exceptions.TooManyRequests),
+    ],
+)
+def test_grpc_codes_and_http_statuses_reach_the_rest_client_as_google_renders_them(
+    server: SimulatorServer,
+    client: tpu_v2.TpuClient,
+    code: int | str,
+    http_status: int,
+    status: str,
+    exception: type[exceptions.GoogleAPICallError],
+) -> None:
+    """Each code answers with its code.proto HTTP status and `status` name; the REST client picks
+    its exception by HTTP status alone (UNKNOWN and DATA_LOSS are InternalServerError, a 504 is
+    GatewayTimeout, not DeadlineExceeded), and the call after the planned one succeeds."""
+    make_active(client, "qr", queued_resource("node"))
+    plan_errors(server, method="get", code=code)
+    with pytest.raises(exception) as failed:
+        client.get_queued_resource(name=f"{PARENT}/queuedResources/qr")
+    assert type(failed.value) is exception
+    assert failed.value.code == http_status
+    assert failed.value.response.json()["error"]["status"] == status
+    assert qr_state(client, "qr") == tpu_v2.QueuedResourceState.State.ACTIVE
+
+
+def test_a_quota_429_carries_error_info_and_quota_failure_where_the_client_reads_them(
+    server: SimulatorServer, client: tpu_v2.TpuClient
+) -> None:
+    """--quota: TooManyRequests whose reason is RESOURCE_QUOTA_EXCEEDED and whose details hold a
+    QuotaFailure for the zone; a plain 429 is the rate limit, RATE_LIMIT_EXCEEDED."""
+    plan_errors(server, method="create", code=429, quota=True)
+    plan_errors(server, method="create", code=429)
+    with pytest.raises(exceptions.TooManyRequests) as quota:
+        client.create_queued_resource(
+            parent=PARENT, queued_resource_id="qr", queued_resource=queued_resource()
+        )
+    assert (quota.value.reason, quota.value.domain) == ("RESOURCE_QUOTA_EXCEEDED", "googleapis.com")
+    assert quota.value.metadata["quota_location"] == ZONE
+    failure = next(d for d in quota.value.details if d["@type"].endswith("QuotaFailure"))
+    assert failure["violations"][0]["quotaDimensions"] == {"zone": ZONE}
+    with pytest.raises(exceptions.TooManyRequests) as rate:
+        client.create_queued_resource(
+            parent=PARENT, queued_resource_id="qr", queued_resource=queued_resource()
+        )
+    assert rate.value.reason == "RATE_LIMIT_EXCEEDED"
+    assert control(server, "state")["queuedResources"] == []  # neither created anything
+
+
+def test_planned_errors_hit_only_their_method_and_count(
+    server: SimulatorServer, client: tpu_v2.TpuClient
+) -> None:
+    """count=2 on list: two list calls fail, gets and creates do not, the third list succeeds."""
+    plan_errors(server, method="list", code=503, count=2)
+    make_active(client, "qr", queued_resource("node"))  # creates, gets, polls the operation
+    for _ in range(2):
+        with pytest.raises(exceptions.ServiceUnavailable):
+            list(client.list_queued_resources(parent=PARENT))
+    assert [qr.name for qr in client.list_queued_resources(parent=PARENT)] == [
+        f"{PARENT}/queuedResources/qr"
+    ]
+    assert control(server, "faults")["errors"]["list"] == []
+
+
+def test_an_applied_error_loses_only_the_answer_the_create_happened(
+    server: SimulatorServer, client: tpu_v2.TpuClient
+) -> None:
+    """applied: the create raises GatewayTimeout yet the QR exists; a retried create is a Conflict."""
+    plan_errors(server, method="create", code="DEADLINE_EXCEEDED", applied=True)
+    with pytest.raises(exceptions.GatewayTimeout):
+        client.create_queued_resource(
+            parent=PARENT, queued_resource_id="qr", queued_resource=queued_resource()
+        )
+    assert client.get_queued_resource(name=f"{PARENT}/queuedResources/qr").name.endswith("/qr")
+    with pytest.raises(exceptions.Conflict):
+        client.create_queued_resource(
+            parent=PARENT, queued_resource_id="qr", queued_resource=queued_resource()
+        )
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        {"method": "patch", "code": 503},
+        {"method": "get", "code": 302},
+        {"method": "get", "code": "NOPE"},
+        {"method": "get", "code": 503, "quota": True},
+        {"method": "get", "code": 503, "count": 0},
+        {"method": "get", "code": 503, "extra": 1},
+    ],
+)
+def test_a_fault_that_makes_no_sense_is_refused_with_400(
+    server: SimulatorServer, fault: dict
+) -> None:
+    """Unknown methods, non-error statuses, unknown codes, a quota that is no 429, count 0: 400."""
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        plan_errors(server, **fault)
+    assert refused.value.code == 400
+    assert json.load(refused.value)["error"]["status"] == "INVALID_ARGUMENT"
+
+
+def test_random_errors_take_grpc_codes_too(
+    server: SimulatorServer, client: tpu_v2.TpuClient
+) -> None:
+    """api_error_codes ["DEADLINE_EXCEEDED"] at rate 1: every TPU call is a GatewayTimeout (504)."""
+    control(server, "config", {"api_error_rate": 1.0, "api_error_codes": ["DEADLINE_EXCEEDED"]})
+    with pytest.raises(exceptions.GatewayTimeout):
+        client.get_queued_resource(name=f"{PARENT}/queuedResources/anything")
+
+
+# -- strict field masks, paged lists -------------------------------------------------------------
+
+
+def test_a_misspelled_field_mask_path_is_invalid_argument_not_an_empty_field(
+    client: tpu_v2.TpuClient,
+) -> None:
+    """x-goog-fieldmask queuedResources.stat is refused with 400 INVALID_ARGUMENT, as Google does."""
+    make_active(client, "qr", queued_resource("node"))
+    with pytest.raises(exceptions.BadRequest) as refused:
+        list(
+            client.list_queued_resources(
+                parent=PARENT, metadata=[("x-goog-fieldmask", "queuedResources.stat,nextPageToken")]
+            )
+        )
+    assert status_of(refused) == "INVALID_ARGUMENT"
+    assert "queuedResources.stat" in refused.value.message
+    with pytest.raises(exceptions.BadRequest):
+        client.get_node(name=f"{PARENT}/nodes/node", metadata=[("x-goog-fieldmask", "health.x")])
+
+
+def test_a_field_mask_keeps_only_its_fields_and_a_list_without_next_page_token_stops_at_one_page(
+    server: SimulatorServer, client: tpu_v2.TpuClient
+) -> None:
+    """A mask naming name and state gives just those; leaving out nextPageToken loses the pages after
+    the first, exactly as against Google."""
+    control(server, "config", {"default_page_size": 2})
+    for i in range(3):
+        client.create_queued_resource(
+            parent=PARENT, queued_resource_id=f"qr-{i}", queued_resource=queued_resource(f"n-{i}")
+        )
+    masked = list(
+        client.list_queued_resources(
+            parent=PARENT, metadata=[("x-goog-fieldmask", "queuedResources.name")]
+        )
+    )
+    assert [qr.name.rsplit("/", 1)[1] for qr in masked] == ["qr-0", "qr-1"]
+    assert not any("tpu" in qr or "state" in qr for qr in masked)
+
+
+def test_the_fields_parameter_takes_google_grouping_syntax(
+    server: SimulatorServer, client: tpu_v2.TpuClient
+) -> None:
+    """?fields=queuedResources(name,state/...) keeps just those; an unbalanced one is 400."""
+    make_active(client, "qr", queued_resource("node"))
+    url = f"{server.url}/v2/{PARENT}/queuedResources?fields=queuedResources(name,state.state)"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        answer = json.load(response)
+    assert answer == {
+        "queuedResources": [{"name": f"{PARENT}/queuedResources/qr", "state": {"state": "ACTIVE"}}]
+    }
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(url.replace("state)", "state"), timeout=5)
+    assert refused.value.code == 400
+
+
+def test_the_adapters_list_sees_every_queued_resource_through_small_pages(
+    server: SimulatorServer, client: tpu_v2.TpuClient
+) -> None:
+    """default_page_size 2 over five QRs: CloudTpu.list (its field masks keep nextPageToken) sees all
+    five, with the health of their nodes; the pager really turned pages."""
+    from tpujobs.adapters.tpu import CloudTpu
+
+    control(server, "config", {"default_page_size": 2})
+    for i in range(5):
+        client.create_queued_resource(
+            parent=PARENT, queued_resource_id=f"qr-{i}", queued_resource=queued_resource(f"n-{i}")
+        )
+    wait_for(lambda: qr_state(client, "qr-4") == tpu_v2.QueuedResourceState.State.ACTIVE)
+    control(server, f"queuedResources/{ZONE}/qr-3:kill-host", {})
+    seen = CloudTpu(client, PROJECT).list(ZONE)
+    assert sorted(status.name for status in seen) == [f"qr-{i}" for i in range(5)]
+    assert {status.name: status.unhealthy_hosts for status in seen}["qr-3"] == 1
+    pages = list(client.list_queued_resources(parent=PARENT).pages)
+    assert [len(page.queued_resources) for page in pages] == [2, 2, 1]
+
+
+# -- deletion takes time, dead capacity holds chips ----------------------------------------------
+
+
+def test_deleting_is_visible_and_the_operation_completes_only_when_gone(
+    server: SimulatorServer, client: tpu_v2.TpuClient
+) -> None:
+    """deleting_seconds 0.3: the QR reads DELETING and the operation is not done; then it is gone."""
+    control(server, "config", {"deleting_seconds": 0.3})
+    make_active(client, "qr", queued_resource("node"))
+    operation = client.delete_queued_resource(
+        request=tpu_v2.DeleteQueuedResourceRequest(name=f"{PARENT}/queuedResources/qr", force=True)
+    )
+    assert qr_state(client, "qr") == tpu_v2.QueuedResourceState.State.DELETING
+    assert not operation.done()
+    assert operation.result(timeout=5) == empty_pb2.Empty()
+    with pytest.raises(exceptions.NotFound):
+        client.get_queued_resource(name=f"{PARENT}/queuedResources/qr")
+
+
+def test_a_suspended_queued_resource_holds_its_chips_until_deleted(
+    server: SimulatorServer, client: tpu_v2.TpuClient
+) -> None:
+    """4 v4 chips: a preempted v4-8 stays SUSPENDED holding them; the next waits until it is deleted."""
+    control(server, "config", {"capacity": {f"v4@{ZONE}": 4}})
+    make_active(client, "spot", queued_resource("a", spot=True))
+    client.create_queued_resource(
+        parent=PARENT, queued_resource_id="next", queued_resource=queued_resource("b")
+    )
+    control(server, f"queuedResources/{ZONE}/spot:preempt", {})
+    wait_for(lambda: qr_state(client, "spot") == tpu_v2.QueuedResourceState.State.SUSPENDED)
+    time.sleep(0.2)  # many ticks: the chips are still held
+    assert qr_state(client, "next") == tpu_v2.QueuedResourceState.State.WAITING_FOR_RESOURCES
+    client.delete_queued_resource(
+        request=tpu_v2.DeleteQueuedResourceRequest(
+            name=f"{PARENT}/queuedResources/spot", force=True
+        )
+    ).result(timeout=5)
+    wait_for(lambda: qr_state(client, "next") == tpu_v2.QueuedResourceState.State.ACTIVE)
+
+
+# -- what nodes show: reboot, maintenance, health and state --------------------------------------
+
+
+def test_node_health_and_state_endpoints_show_in_the_client(
+    server: SimulatorServer, client: tpu_v2.TpuClient
+) -> None:
+    """:node-health TIMEOUT with a description and :node-state UNKNOWN read back through get_node."""
+    make_active(client, "qr", queued_resource("node"))
+    control(
+        server,
+        f"queuedResources/{ZONE}/qr:node-health",
+        {"health": "TIMEOUT", "description": "late"},
+    )
+    answer = control(server, f"queuedResources/{ZONE}/qr:node-state", {"state": "UNKNOWN"})
+    assert [n["state"] for n in answer["nodes"]] == ["UNKNOWN"]
+    node = client.get_node(name=f"{PARENT}/nodes/node")
+    assert (node.state, node.health, node.health_description) == (
+        tpu_v2.Node.State.UNKNOWN,
+        tpu_v2.Node.Health.TIMEOUT,
+        "late",
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        control(server, f"queuedResources/{ZONE}/qr:node-state", {"state": "ON_FIRE"})
+    assert refused.value.code == 400
+
+
+def test_reboot_and_maintenance_endpoints_show_restarting_and_repairing(
+    server: SimulatorServer, client: tpu_v2.TpuClient
+) -> None:
+    """:reboot makes the node RESTARTING then READY; :maintenance?notice=0 makes it REPAIRING with
+    UNHEALTHY_MAINTENANCE; a reboot while it is maintained is 400 FAILED_PRECONDITION."""
+    control(server, "config", {"reboot_seconds": 0.2, "maintenance_seconds": 60})
+    make_active(client, "qr", queued_resource("node", "v4-16"))
+    answer = control(server, f"queuedResources/{ZONE}/qr:reboot?worker=1", {})
+    assert [n["state"] for n in answer["nodes"]] == ["RESTARTING"]
+    assert client.get_node(name=f"{PARENT}/nodes/node").state == tpu_v2.Node.State.RESTARTING
+    wait_for(lambda: client.get_node(name=f"{PARENT}/nodes/node").state == tpu_v2.Node.State.READY)
+    control(server, f"queuedResources/{ZONE}/qr:maintenance?notice=0", {})
+    wait_for(
+        lambda: client.get_node(name=f"{PARENT}/nodes/node").state == tpu_v2.Node.State.REPAIRING
+    )
+    assert (
+        client.get_node(name=f"{PARENT}/nodes/node").health
+        == tpu_v2.Node.Health.UNHEALTHY_MAINTENANCE
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        control(server, f"queuedResources/{ZONE}/qr:reboot", {})
+    assert json.load(refused.value)["error"]["status"] == "FAILED_PRECONDITION"
+
+
+def test_error_bodies_parse_strictly_as_google_rpc_status(server: SimulatorServer) -> None:
+    """Every injected error body is a google.rpc.Status in JSON, details and all."""
+    from google.rpc import error_details_pb2, status_pb2  # noqa: F401 - registers the detail types
+
+    for fault in ({"code": 429, "quota": True}, {"code": 429}, {"code": "DATA_LOSS"}):
+        plan_errors(server, method="get", **fault)
+        with pytest.raises(urllib.error.HTTPError) as failed:
+            urllib.request.urlopen(f"{server.url}/v2/{PARENT}/queuedResources/x", timeout=5)
+        body = json.load(failed.value)["error"]
+        status = {"code": Code[body["status"]].grpc_code, "message": body["message"]}
+        status["details"] = body.get("details", [])
+        json_format.ParseDict(status, status_pb2.Status(), ignore_unknown_fields=False)
+
+
+def test_the_local_stacks_simulator_deletes_slowly_pages_small_and_warns_briefly() -> None:
+    """The command line `tpujobs dev up` runs: deleting_seconds 3, default_page_size 2, a 5 s notice."""
+    from tpujobs.dev import processes
+
+    argv = [*processes.simulator(0).argv, "--no-workers"]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        url = process.stdout.readline().strip().removeprefix("tpujobs-simulator listening on ")
+        with urllib.request.urlopen(url + "/simulator/v1/config", timeout=5) as response:
+            config = json.load(response)
+        assert (
+            config["deleting_seconds"],
+            config["default_page_size"],
+            config["maintenance_notice_seconds"],
+        ) == (3.0, 2, 5.0)
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=5) == 0
     finally:

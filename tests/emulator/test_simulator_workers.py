@@ -8,6 +8,7 @@ instance/preempted said at that moment.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -561,3 +562,233 @@ def test_dev_preempt_of_an_unknown_job_or_without_a_stack_fails_clearly(
     no_stack = runner.invoke(dev_app, ["preempt", "nope", "--state-dir", str(tmp_path / "none")])
     assert no_stack.exit_code == 1
     assert "no local stack" in no_stack.output
+
+
+# -- hosts that never boot, reboots and maintenance, on real processes --------------------------
+
+BOOT_COUNTING = """#!/bin/bash
+cd "$TPUJOBS_WORKDIR"
+echo booted >> boots
+echo "boot number $(wc -l < boots)"
+trap 'echo term >> ../term; exit 0' TERM
+touch "../ready-$(wc -l < boots)" ../ready
+[ -p ../idle ] || mkfifo ../idle
+exec 9<>../idle
+while :; do read -r -t 30 -u 9 || true; done
+"""
+
+
+def reconfigure(server: SimulatorServer, **changes: float) -> None:
+    server.simulator.reconfigure(dataclasses.replace(server.simulator.config, **changes))
+
+
+def test_queued_resources_after_no_boot_turn_active_but_run_no_startup_script(
+    server: SimulatorServer,
+) -> None:
+    """no_boot(1): the next QR is ACTIVE and READY, yet no process ran and no disk was made."""
+    server.simulator.no_boot(1)
+    sim = server.simulator
+    sim.create_queued_resource(PROJECT, ZONE, "qr", request_for(startup_script(), "v4-16"))
+    wait_for(lambda: sim.get_queued_resource(PROJECT, ZONE, "qr").state is QrState.ACTIVE)
+    time.sleep(0.2)
+    assert server.workers("qr") == ()
+    assert sim.get_node(PROJECT, ZONE, "node").state.value == "READY"
+    assert server.workers_root is not None and not (server.workers_root / "qr").exists()
+
+
+def test_reboot_kills_a_host_without_sigterm_and_reruns_its_script_on_the_same_disk(
+    server: SimulatorServer,
+) -> None:
+    """reboot(worker=1): that host's processes die by SIGKILL with no trap run; after
+    reboot_seconds its startup script runs again in the same scratch, whose files survived, and
+    worker.log goes on. Worker 0 runs on untouched."""
+    reconfigure(server, reboot_seconds=0.2)
+    first = start(server, BOOT_COUNTING)
+    server.simulator.reboot("qr", 0, 1)
+    rebooted = wait_for(lambda: worker(server, 0, 1).boot == 2 and worker(server, 0, 1))
+    assert rebooted.scratch == first[1].scratch
+    wait_for(lambda: (rebooted.scratch / "ready-2").exists(), what="second boot")
+    assert (rebooted.workdir / "boots").read_text() == "booted\nbooted\n"
+    assert not (rebooted.scratch / "term").exists()  # a reset: no SIGTERM
+    log = rebooted.log.read_text()
+    assert "boot number 1" in log and "boot number 2" in log
+    assert rebooted.alive and rebooted.pid != first[1].pid
+    assert wait_for(lambda: group_gone(first[1].pgid), what="old group gone")
+    survivor = worker(server, 0, 0)
+    assert (survivor.boot, survivor.pid, survivor.alive) == (1, first[0].pid, True)
+    node = server.simulator.get_node(PROJECT, ZONE, "node")
+    assert node.state.value == "READY"
+
+
+def test_maintenance_warns_through_the_metadata_then_stops_the_hosts_then_boots_them_again(
+    server: SimulatorServer,
+) -> None:
+    """A wait_for_change on instance/maintenance-event returns TERMINATE_ON_HOST_MAINTENANCE; after the
+    notice every host gets SIGTERM (stopped by maintenance); after maintenance_seconds they boot again
+    and the event is NONE."""
+    reconfigure(server, maintenance_notice_seconds=0.5, maintenance_seconds=0.5)
+    workers = start(server, BOOT_COUNTING, "v4-8")
+    url = metadata_url(server.url, PROJECT, ZONE, "node", 0) + "/instance/maintenance-event"
+    _, before, headers = metadata_get(url, {"Metadata-Flavor": "Google"})
+    assert before == "NONE"
+    answers: list[tuple[int, str]] = []
+    wait = f"{url}?wait_for_change=true&timeout_sec=10&last_etag={headers['ETag']}"
+    waiter = threading.Thread(
+        target=lambda: answers.append(metadata_get(wait, {"Metadata-Flavor": "Google"})[:2])
+    )
+    waiter.start()
+    server.simulator.maintenance("qr")
+    waiter.join(timeout=5)
+    assert answers == [(200, "TERMINATE_ON_HOST_MAINTENANCE")]
+    wait_for(
+        lambda: (workers[0].scratch / "term").exists(), what="SIGTERM at the end of the notice"
+    )
+    back = wait_for(lambda: worker(server, 0, 0).boot == 2 and worker(server, 0, 0))
+    wait_for(lambda: (back.scratch / "ready-2").exists(), what="boot after maintenance")
+    assert metadata_get(url, {"Metadata-Flavor": "Google"})[1] == "NONE"
+
+
+# -- tpujobs dev fault ---------------------------------------------------------------------------
+
+
+def fault(local_stack: Path, *args: str) -> Any:
+    """Run `tpujobs dev fault ARGS` against the test's stack; the CliRunner result."""
+    return CliRunner().invoke(dev_app, ["fault", *args, "--state-dir", str(local_stack)])
+
+
+def test_dev_fault_error_plans_errors_that_the_real_client_meets(
+    local_stack: Path, server: SimulatorServer, project_id: str
+) -> None:
+    """fault error --method get --code UNAVAILABLE --count 2: two gets fail with 503, the third works."""
+    from google.api_core import exceptions
+
+    from tpujobs.adapters.tpu import build_client
+
+    result = fault(local_stack, "error", "--method", "get", "--code", "UNAVAILABLE", "--count", "2")
+    assert result.exit_code == 0, result.output
+    assert "503 UNAVAILABLE" in result.output
+    client = build_client(server.url)
+    name = f"projects/{project_id}/locations/{ZONE}/queuedResources/none"
+    for _ in range(2):
+        with pytest.raises(exceptions.ServiceUnavailable):
+            client.get_queued_resource(name=name)
+    with pytest.raises(exceptions.NotFound):
+        client.get_queued_resource(name=name)
+
+
+def test_dev_fault_error_quota_applied_and_show_and_clear(
+    local_stack: Path, server: SimulatorServer
+) -> None:
+    """--quota and --applied reach the plan; show prints it as JSON; clear forgets it."""
+    result = fault(
+        local_stack, "error", "--method", "create", "--code", "429", "--quota", "--applied"
+    )
+    assert result.exit_code == 0, result.output
+    shown = fault(local_stack, "show")
+    assert json.loads(shown.stdout)["errors"]["create"] == [
+        {"code": 429, "status": "RESOURCE_EXHAUSTED", "quota": True, "applied": True, "message": ""}
+    ]
+    assert fault(local_stack, "clear").exit_code == 0
+    assert server.simulator.faults()["errors"]["create"] == []
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("error", "--method", "get", "--code", "NOPE"), "bad --code"),
+        (("error", "--method", "get", "--code", "503", "--quota"), "bad --code"),
+        (("no-boot", "job-1", "--count", "2"), "not both"),
+        (("reboot", "nope"), "no such job"),
+    ],
+)
+def test_dev_fault_refuses_what_makes_no_sense_with_a_sentence(
+    local_stack: Path, args: tuple[str, ...], says: str
+) -> None:
+    """A bad code, a quota that is no 429, a JOB with --count, an unknown job: exit 1 saying which."""
+    result = fault(local_stack, *args)
+    assert result.exit_code == 1
+    assert says in result.output
+
+
+def test_dev_fault_no_boot_count_and_no_boot_of_a_waiting_job(
+    local_stack: Path, server: SimulatorServer, firestore_client: Any, project_id: str
+) -> None:
+    """no-boot --count 2 plans two; no-boot JOB marks the job's waiting QR, which turns ACTIVE with
+    no process, and no-boot of an ACTIVE job's QR is refused."""
+    assert fault(local_stack, "no-boot", "--count", "2").exit_code == 0
+    assert server.simulator.faults()["noBoot"] == 2
+    server.simulator.clear_faults()
+    reconfigure_capacity = dataclasses.replace(server.simulator.config, capacity={f"v4@{ZONE}": 0})
+    server.simulator.reconfigure(reconfigure_capacity)
+    server.simulator.create_queued_resource(
+        project_id, ZONE, "job-2-a1", request_for(startup_script(), "v4-8")
+    )
+    firestore_client.collection("jobs").document("job-2").set(
+        {"job_id": "job-2", "queued_resource": "job-2-a1", "zone": ZONE, "state": "PROVISIONING"}
+    )
+    result = fault(local_stack, "no-boot", "job-2")
+    assert result.exit_code == 0, result.output
+    server.simulator.reconfigure(dataclasses.replace(server.simulator.config, capacity={}))
+    wait_for(
+        lambda: (
+            server.simulator.get_queued_resource(project_id, ZONE, "job-2-a1").state
+            is QrState.ACTIVE
+        )
+    )
+    time.sleep(0.2)
+    assert server.workers("job-2-a1") == ()
+    refused = fault(local_stack, "no-boot", "job-2")
+    assert refused.exit_code == 1
+    assert "ACTIVE" in refused.output
+
+
+def test_dev_fault_reboot_reruns_the_jobs_host(
+    local_stack: Path, server: SimulatorServer, firestore_client: Any, project_id: str
+) -> None:
+    """fault reboot JOB --worker 0: the host is SIGKILLed (stopped by reboot) and boots a second time."""
+    reconfigure(server, reboot_seconds=0.2)
+    active_job(server, firestore_client, project_id)
+    (first,) = server.workers("job-1-a1")
+    result = fault(local_stack, "reboot", "job-1", "--worker", "0")
+    assert result.exit_code == 0, result.output
+    assert "RESTARTING" in result.output
+    second = wait_for(
+        lambda: server.workers("job-1-a1")[0].boot == 2 and server.workers("job-1-a1")[0]
+    )
+    assert second.alive and second.scratch == first.scratch
+    assert not (first.scratch / "term").exists()
+
+
+def test_dev_fault_maintenance_announces_and_then_takes_the_host_down(
+    local_stack: Path, server: SimulatorServer, firestore_client: Any, project_id: str
+) -> None:
+    """fault maintenance JOB --notice 0: the node goes REPAIRING and its host gets SIGTERM."""
+    active_job(server, firestore_client, project_id)
+    (info,) = server.workers("job-1-a1")
+    result = fault(local_stack, "maintenance", "job-1", "--notice", "0")
+    assert result.exit_code == 0, result.output
+    wait_for(lambda: (info.scratch / "term").exists(), what="SIGTERM of the maintenance")
+    node = server.simulator.get_node(project_id, ZONE, "node")
+    assert (node.state.value, node.health) == ("REPAIRING", "UNHEALTHY_MAINTENANCE")
+    assert node.maintenance_event == "TERMINATE_ON_HOST_MAINTENANCE"
+
+
+def test_dev_fault_node_health_and_node_state_change_what_the_api_shows(
+    local_stack: Path, server: SimulatorServer, firestore_client: Any, project_id: str
+) -> None:
+    """node-health JOB unhealthy_tensorflow --description and node-state JOB UNKNOWN; the host runs on."""
+    active_job(server, firestore_client, project_id)
+    health = fault(
+        local_stack, "node-health", "job-1", "unhealthy_tensorflow", "--description", "XLA died"
+    )
+    assert health.exit_code == 0, health.output
+    state = fault(local_stack, "node-state", "job-1", "UNKNOWN")
+    assert state.exit_code == 0, state.output
+    node = server.simulator.get_node(project_id, ZONE, "node")
+    assert (node.state.value, node.health, node.health_description) == (
+        "UNKNOWN",
+        "UNHEALTHY_TENSORFLOW",
+        "XLA died",
+    )
+    assert server.workers("job-1-a1")[0].alive
+    assert fault(local_stack, "node-state", "job-1", "ON_FIRE").exit_code != 0

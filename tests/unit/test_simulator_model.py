@@ -13,6 +13,7 @@ import pytest
 
 from tpujobs.simulator import (
     Code,
+    Fault,
     Initiator,
     JsonStateFile,
     NodeRecord,
@@ -688,7 +689,10 @@ def test_a_node_runs_as_the_account_its_create_request_names(clock: FakeClock) -
     account = f"team-a@{PROJECT}.iam.gserviceaccount.com"
     template = {
         "metadata": {"startup-script": SCRIPT, "tpujobs-report-key": "tpujobs-key-v1:abc"},
-        "serviceAccount": {"email": account, "scope": ["https://www.googleapis.com/auth/cloud-platform"]},
+        "serviceAccount": {
+            "email": account,
+            "scope": ["https://www.googleapis.com/auth/cloud-platform"],
+        },
     }
     request = QueuedResourceRequest(
         slices=(SliceRequest("v4-8", RUNTIME, node_id="n", template=template),)
@@ -705,16 +709,22 @@ def test_a_node_runs_as_the_account_its_create_request_names(clock: FakeClock) -
     assert lookup(node, 0, "instance/attributes/tpujobs-report-key").body == "tpujobs-key-v1:abc"
 
 
-@pytest.mark.parametrize("template", [{}, {"serviceAccount": {"email": "default"}}, {"serviceAccount": {}}])
+@pytest.mark.parametrize(
+    "template", [{}, {"serviceAccount": {"email": "default"}}, {"serviceAccount": {}}]
+)
 def test_a_node_without_an_account_runs_as_the_compute_default_as_on_gce(
     clock: FakeClock, template: dict[str, Any]
 ) -> None:
     """No email, or "default": {project number}-compute@developer.gserviceaccount.com, stable per project."""
     sim = simulator(clock)
-    request = QueuedResourceRequest(slices=(SliceRequest("v4-8", RUNTIME, node_id="n", template=template),))
+    request = QueuedResourceRequest(
+        slices=(SliceRequest("v4-8", RUNTIME, node_id="n", template=template),)
+    )
     sim.create_queued_resource(PROJECT, ZONE, "qr", request)
     clock.tick(3.0)
-    email = lookup(sim.get_node(PROJECT, ZONE, "n"), 0, "instance/service-accounts/default/email").body
+    email = lookup(
+        sim.get_node(PROJECT, ZONE, "n"), 0, "instance/service-accounts/default/email"
+    ).body
     assert re.fullmatch(r"[1-9][0-9]{11}-compute@developer\.gserviceaccount\.com", email)
     assert email == compute_default_account(PROJECT) != compute_default_account("other-project")
 
@@ -745,3 +755,342 @@ def test_metadata_wait_for_change_returns_at_once_when_the_etag_is_stale(clock: 
     assert service.answer(path, query, flavor).body == "FALSE"
     waited = service.answer(path, {"wait_for_change": ["true"], "timeout_sec": ["0"]}, flavor)
     assert waited.body == "FALSE"
+
+
+# -- faults: planned API errors, as Google renders them -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "status", "code"),
+    [
+        (503, 503, Code.UNAVAILABLE),
+        ("429", 429, Code.RESOURCE_EXHAUSTED),
+        (500, 500, Code.INTERNAL),
+        (504, 504, Code.DEADLINE_EXCEEDED),
+        (409, 409, Code.ABORTED),
+        (502, 502, Code.UNAVAILABLE),
+        (418, 418, Code.UNKNOWN),
+        ("UNKNOWN", 500, Code.UNKNOWN),
+        ("cancelled", 499, Code.CANCELLED),
+        ("DEADLINE_EXCEEDED", 504, Code.DEADLINE_EXCEEDED),
+        ("UNAVAILABLE", 503, Code.UNAVAILABLE),
+        ("DATA_LOSS", 500, Code.DATA_LOSS),
+        ("ALREADY_EXISTS", 409, Code.ALREADY_EXISTS),
+        ("UNAUTHENTICATED", 401, Code.UNAUTHENTICATED),
+    ],
+)
+def test_a_fault_is_named_by_http_status_or_by_grpc_code_with_code_protos_mapping(
+    value: int | str, status: int, code: Code
+) -> None:
+    """An HTTP status gets the code Google's frontends send with it; a code name its HTTP status."""
+    fault = Fault.parse(value)
+    assert (fault.http_status, fault.code) == (status, code)
+    body = fault.error(PROJECT, ZONE).to_json()["error"]
+    assert (body["code"], body["status"]) == (status, code.name)
+    assert body["message"].endswith("(injected by the tpujobs simulator)")
+
+
+@pytest.mark.parametrize("value", [200, 302, 600, "NOPE", "OK", ""])
+def test_a_fault_that_is_no_error_status_or_code_is_refused(value: int | str) -> None:
+    """Statuses outside 400..599 and unknown names raise ValueError, as does a quota that is no 429."""
+    with pytest.raises(ValueError):
+        Fault.parse(value)
+    with pytest.raises(ValueError):
+        Fault.parse(503, quota=True)
+
+
+def test_a_429_is_a_rate_limit_unless_it_is_a_quota_as_error_reason_proto_describes() -> None:
+    """Rate limit: ErrorInfo RATE_LIMIT_EXCEEDED. Quota: ErrorInfo RESOURCE_QUOTA_EXCEEDED and a
+    QuotaFailure naming the zone; both parse strictly as google.rpc detail messages."""
+    from google.protobuf import json_format
+    from google.rpc import error_details_pb2
+
+    consumer = f"projects/{project_number(PROJECT)}"
+    rate = Fault.parse(429).error(PROJECT, ZONE).to_json()["error"]
+    (info,) = rate["details"]
+    assert info["@type"] == "type.googleapis.com/google.rpc.ErrorInfo"
+    assert (info["reason"], info["domain"]) == ("RATE_LIMIT_EXCEEDED", "googleapis.com")
+    assert info["metadata"]["consumer"] == consumer
+    assert info["metadata"]["service"] == "tpu.googleapis.com"
+
+    quota = Fault.parse(429, quota=True).error(PROJECT, ZONE).to_json()["error"]
+    assert (quota["code"], quota["status"]) == (429, "RESOURCE_EXHAUSTED")
+    info, failure = quota["details"]
+    assert info["reason"] == "RESOURCE_QUOTA_EXCEEDED"
+    assert info["metadata"]["quota_location"] == ZONE
+    (violation,) = failure["violations"]
+    assert violation["quotaDimensions"] == {"zone": ZONE}
+    parsed = [
+        json_format.ParseDict(
+            {k: v for k, v in detail.items() if k != "@type"}, message, ignore_unknown_fields=False
+        )
+        for detail, message in (
+            (info, error_details_pb2.ErrorInfo()),
+            (failure, error_details_pb2.QuotaFailure()),
+        )
+    ]
+    assert parsed[1].violations[0].quota_id == violation["quotaId"]
+
+
+def test_planned_errors_hit_only_their_method_in_order_and_then_stop(clock: FakeClock) -> None:
+    """Two planned create errors answer the next two creates; get, list and operations are untouched."""
+    sim = simulator(clock)
+    sim.inject_errors("create", Fault.parse("UNAVAILABLE"), count=2)
+    sim.inject_errors("create", Fault.parse(429, quota=True))
+    assert [sim.next_fault(m) for m in ("get", "list", "delete", None)] == [None] * 4
+    seen = [sim.next_fault("create") for _ in range(4)]
+    assert [(f.code, f.quota) if f else None for f in seen] == [
+        (Code.UNAVAILABLE, False),
+        (Code.UNAVAILABLE, False),
+        (Code.RESOURCE_EXHAUSTED, True),
+        None,
+    ]
+
+
+def test_planned_faults_can_be_listed_and_cleared(clock: FakeClock) -> None:
+    """faults() shows what is planned; clear_faults() forgets errors and the no-boot budget."""
+    sim = simulator(clock)
+    sim.inject_errors("delete", Fault.parse(504, applied=True))
+    sim.no_boot(2)
+    planned = sim.faults()
+    assert planned["noBoot"] == 2
+    assert planned["errors"]["delete"] == [
+        {"code": 504, "status": "DEADLINE_EXCEEDED", "quota": False, "applied": True, "message": ""}
+    ]
+    assert sim.clear_faults() == {
+        "errors": {m: [] for m in ("create", "get", "list", "delete")},
+        "noBoot": 0,
+    }
+    assert sim.next_fault("delete") is None
+
+
+@pytest.mark.parametrize(("method", "count"), [("patch", 1), ("get", 0)])
+def test_planning_an_error_for_no_method_or_no_call_is_invalid_argument(
+    clock: FakeClock, method: str, count: int
+) -> None:
+    sim = simulator(clock)
+    with pytest.raises(SimulatorError) as refused:
+        sim.inject_errors(method, Fault.parse(503), count)
+    assert refused.value.code is Code.INVALID_ARGUMENT
+
+
+def test_random_errors_may_be_any_status_or_code(clock: FakeClock) -> None:
+    """api_error_codes takes HTTP statuses and code names alike; the dice pick only from them."""
+    config = SimulatorConfig().updated(
+        {"api_error_rate": 1, "api_error_codes": ["DATA_LOSS", "504"]}
+    )
+    assert config.api_error_codes == ("DATA_LOSS", 504)
+    sim = simulator(clock, config)
+    codes = {sim.next_fault("get").code for _ in range(30)}  # type: ignore[union-attr]
+    assert codes == {Code.DATA_LOSS, Code.DEADLINE_EXCEEDED}
+    with pytest.raises(ValueError):
+        SimulatorConfig().updated({"api_error_codes": [302]})
+
+
+# -- faults: hosts that never boot, reboots, maintenance, what nodes show -----------------------
+
+
+def test_the_next_queued_resources_after_no_boot_get_hosts_that_never_boot(
+    clock: FakeClock,
+) -> None:
+    """no_boot(2): the next two QRs created have hosts_boot False, the third boots as usual; all go ACTIVE."""
+    sim = simulator(clock)
+    sim.create_queued_resource(PROJECT, ZONE, "before", one_slice("a"))
+    sim.no_boot(2)
+    for qr_id in ("one", "two", "three"):
+        sim.create_queued_resource(PROJECT, ZONE, qr_id, one_slice(f"n-{qr_id}"))
+    clock.tick(3.0)
+    records = {qr.qr_id: qr for qr in sim.list_queued_resources(PROJECT, ZONE).items}
+    assert {qr_id: qr.hosts_boot for qr_id, qr in records.items()} == {
+        "before": True,
+        "one": False,
+        "two": False,
+        "three": True,
+    }
+    assert {qr.state for qr in records.values()} == {QrState.ACTIVE}
+    assert sim.faults()["noBoot"] == 0
+
+
+def test_no_boot_of_one_queued_resource_works_until_it_is_active(clock: FakeClock) -> None:
+    """A waiting QR can be made never to boot; an ACTIVE one already booted: FAILED_PRECONDITION."""
+    sim = simulator(clock)
+    sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice())
+    assert not sim.no_boot_queued_resource("qr").hosts_boot
+    clock.tick(3.0)
+    assert not sim.get_queued_resource(PROJECT, ZONE, "qr").hosts_boot
+    with pytest.raises(SimulatorError) as refused:
+        sim.no_boot_queued_resource("qr")
+    assert refused.value.code is Code.FAILED_PRECONDITION
+
+
+def host_events(sim: Simulator) -> list[tuple[str, int, tuple[int, ...], str]]:
+    events: list[tuple[str, int, tuple[int, ...], str]] = []
+    sim.on_hosts.append(
+        lambda e: events.append((e.qr.qr_id, e.slice_index, e.workers, e.action.value))
+    )
+    return events
+
+
+def test_reboot_resets_the_hosts_shows_restarting_then_boots_them_again(clock: FakeClock) -> None:
+    """reboot(worker=1): RESET of that host now, node RESTARTING; reboot_seconds later READY and BOOT."""
+    sim = simulator(clock, dataclasses.replace(QUICK, reboot_seconds=2.0))
+    events = host_events(sim)
+    sim.create_queued_resource(PROJECT, ZONE, "qr", multislice("s", 2, "v4-16"))
+    clock.tick(3.0)
+    (node,) = sim.reboot("qr", 1, 1)
+    assert (node.node_id, node.state, node.health) == ("s-1", NodeState.RESTARTING, "")
+    assert sim.get_node(PROJECT, ZONE, "s-0").state is NodeState.READY
+    assert events == [("qr", 1, (1,), "reset")]
+    clock.tick(1.9)
+    assert sim.get_node(PROJECT, ZONE, "s-1").state is NodeState.RESTARTING
+    clock.tick(0.1)
+    rebooted = sim.get_node(PROJECT, ZONE, "s-1")
+    assert (rebooted.state, rebooted.health) == (NodeState.READY, "HEALTHY")
+    assert events[1:] == [("qr", 1, (1,), "boot")]
+    assert state_of(sim, "qr") is QrState.ACTIVE
+
+
+def test_reboot_of_every_host_and_of_hosts_that_do_not_exist(clock: FakeClock) -> None:
+    """No slice and no worker: every host of every node; a worker beyond the node is INVALID_ARGUMENT."""
+    sim = simulator(clock)
+    events = host_events(sim)
+    sim.create_queued_resource(PROJECT, ZONE, "qr", multislice("s", 2, "v4-16"))
+    clock.tick(3.0)
+    assert {n.state for n in sim.reboot("qr")} == {NodeState.RESTARTING}
+    assert events == [("qr", 0, (0, 1), "reset"), ("qr", 1, (0, 1), "reset")]
+    with pytest.raises(SimulatorError) as refused:
+        sim.reboot("qr", 0, 2)
+    assert refused.value.code is Code.INVALID_ARGUMENT
+
+
+def test_a_reboot_pending_when_the_queued_resource_is_preempted_never_boots(
+    clock: FakeClock,
+) -> None:
+    """Preemption settles the node (PREEMPTED, no timer): nothing boots later."""
+    sim = simulator(clock, dataclasses.replace(QUICK, reboot_seconds=2.0))
+    events = host_events(sim)
+    sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice("n"))
+    clock.tick(3.0)
+    sim.reboot("qr")
+    sim.preempt("qr")
+    clock.tick(10.0)
+    node = sim.get_node(PROJECT, ZONE, "n")
+    assert (node.state, node.next_at) == (NodeState.PREEMPTED, None)
+    assert [action for *_, action in events] == ["reset"]
+
+
+def test_maintenance_is_announced_then_takes_the_hosts_down_then_brings_them_back(
+    clock: FakeClock,
+) -> None:
+    """The event says TERMINATE_ON_HOST_MAINTENANCE at once; after the notice the node is REPAIRING,
+    UNHEALTHY_MAINTENANCE and its hosts SHUTDOWN; after maintenance_seconds READY, NONE, BOOT."""
+    config = dataclasses.replace(QUICK, maintenance_notice_seconds=5.0, maintenance_seconds=7.0)
+    sim = simulator(clock, config)
+    events = host_events(sim)
+    sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice("n", "v4-16"))
+    clock.tick(3.0)
+    sim.maintenance("qr")
+    node = sim.get_node(PROJECT, ZONE, "n")
+    assert (node.state, node.health) == (NodeState.READY, "HEALTHY")
+    assert lookup(node, 1, "instance/maintenance-event").body == "TERMINATE_ON_HOST_MAINTENANCE"
+    clock.tick(5.0)
+    down = sim.get_node(PROJECT, ZONE, "n")
+    assert (down.state, down.health) == (NodeState.REPAIRING, "UNHEALTHY_MAINTENANCE")
+    assert "maintenance" in down.health_description
+    assert events == [("qr", 0, (0, 1), "shutdown")]
+    with pytest.raises(SimulatorError) as busy:
+        sim.reboot("qr")
+    assert busy.value.code is Code.FAILED_PRECONDITION
+    clock.tick(7.0)
+    back = sim.get_node(PROJECT, ZONE, "n")
+    assert (back.state, back.health, back.health_description) == (NodeState.READY, "HEALTHY", "")
+    assert lookup(back, 0, "instance/maintenance-event").body == "NONE"
+    assert events[1:] == [("qr", 0, (0, 1), "boot")]
+
+
+def test_maintenance_notice_can_be_given_per_call_and_needs_an_active_queued_resource(
+    clock: FakeClock,
+) -> None:
+    """notice_seconds=0 takes the hosts down at the next step; a PROVISIONING QR is refused."""
+    sim = simulator(clock)
+    events = host_events(sim)
+    sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice("n"))
+    clock.tick(1.0)
+    with pytest.raises(SimulatorError) as early:
+        sim.maintenance("qr")
+    assert early.value.code is Code.FAILED_PRECONDITION
+    clock.tick(2.0)
+    sim.maintenance("qr", notice_seconds=0)
+    assert sim.get_node(PROJECT, ZONE, "n").state is NodeState.REPAIRING
+    assert [action for *_, action in events] == ["shutdown"]
+
+
+def test_node_health_and_state_show_what_they_are_told_and_nothing_else_changes(
+    clock: FakeClock,
+) -> None:
+    """set_node_health(TIMEOUT) and set_node_state(UNKNOWN) on one slice; the QR stays ACTIVE, no hooks."""
+    sim = simulator(clock)
+    events = host_events(sim)
+    sim.create_queued_resource(PROJECT, ZONE, "qr", multislice("s", 2))
+    clock.tick(3.0)
+    (sick,) = sim.set_node_health("qr", "timeout", "no heartbeat from the runtime", 1)
+    assert (sick.node_id, sick.health, sick.health_description) == (
+        "s-1",
+        "TIMEOUT",
+        "no heartbeat from the runtime",
+    )
+    assert [n.state for n in sim.set_node_state("qr", "UNKNOWN")] == [NodeState.UNKNOWN] * 2
+    assert sim.get_node(PROJECT, ZONE, "s-0").health == "HEALTHY"
+    assert state_of(sim, "qr") is QrState.ACTIVE
+    assert events == []
+    for call in (
+        lambda: sim.set_node_health("qr", "SICK"),
+        lambda: sim.set_node_state("qr", "BROKEN"),
+    ):
+        with pytest.raises(SimulatorError) as refused:
+            call()
+        assert refused.value.code is Code.INVALID_ARGUMENT
+
+
+def test_lists_without_a_page_size_use_the_default_page_size(clock: FakeClock) -> None:
+    """default_page_size 2: five QRs come two to a page unless the caller names a page size."""
+    sim = simulator(clock, dataclasses.replace(QUICK, default_page_size=2))
+    for i in range(5):
+        sim.create_queued_resource(PROJECT, ZONE, f"qr-{i}", one_slice(f"n-{i}"))
+    first = sim.list_queued_resources(PROJECT, ZONE)
+    assert len(first.items) == 2 and first.next_page_token
+    assert len(sim.list_queued_resources(PROJECT, ZONE, page_size=10).items) == 5
+
+
+def test_a_reboot_under_way_survives_a_reload_of_the_state_file(
+    clock: FakeClock, tmp_path: Path
+) -> None:
+    """A node RESTARTING when the simulator stops is READY on time after a reload elsewhere in time."""
+    path = tmp_path / "state.json"
+    first = simulator(
+        clock, dataclasses.replace(QUICK, reboot_seconds=2.0), store=JsonStateFile(path)
+    )
+    first.create_queued_resource(PROJECT, ZONE, "qr", one_slice("n"))
+    clock.tick(3.0)
+    first.reboot("qr")
+    later = FakeClock(90_000.0)
+    second = simulator(
+        later, dataclasses.replace(QUICK, reboot_seconds=2.0), store=JsonStateFile(path)
+    )
+    assert second.get_node(PROJECT, ZONE, "n").state is NodeState.RESTARTING
+    later.tick(2.0)
+    assert second.get_node(PROJECT, ZONE, "n").state is NodeState.READY
+
+
+def test_multislice_nodes_carry_megascale_keys_in_tpu_env(clock: FakeClock) -> None:
+    """Each slice of 3: MEGASCALE_SLICE_ID its index, NUM_SLICES 3, the coordinator worker 0 of slice 0."""
+    sim = simulator(clock)
+    sim.create_queued_resource(PROJECT, ZONE, "qr", multislice("s", 3, "v4-16"))
+    clock.tick(3.0)
+    coordinator = sim.get_node(PROJECT, ZONE, "s-0").host_addresses[0]
+    for index in range(3):
+        env = tpu_env(sim.get_node(PROJECT, ZONE, f"s-{index}"), 1)
+        assert f"MEGASCALE_COORDINATOR_ADDRESS: '{coordinator}:8080'\n" in env
+        assert "MEGASCALE_NUM_SLICES: '3'\n" in env
+        assert "MEGASCALE_PORT: '8080'\n" in env
+        assert f"MEGASCALE_SLICE_ID: '{index}'\n" in env

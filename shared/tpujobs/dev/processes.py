@@ -213,6 +213,14 @@ def storage_emulator(port: int, *, deadline_s: float = 30.0) -> ServiceSpec:
     )
 
 
+# The local stack's simulator settings that differ from SimulatorConfig's defaults.
+LOCAL_SIMULATOR = {
+    "deleting-seconds": 3.0,
+    "default-page-size": 2,
+    "maintenance-notice-seconds": 5.0,
+}
+
+
 def simulator(
     port: int,
     *,
@@ -221,8 +229,14 @@ def simulator(
     workers_root: Path | None = None,
     deadline_s: float = 30.0,
 ) -> ServiceSpec:
-    """The local TPU API (tpujobs.simulator); worker hosts run under `workers_root`."""
+    """The local TPU API (tpujobs.simulator); worker hosts run under `workers_root`.
+
+    It is as unkind as Google where that costs a test little: deleting takes a few seconds
+    (the DELETING state and the chips it still holds are seen), lists come two to a page (so
+    every caller must follow nextPageToken), and a maintenance gives a short notice.
+    """
     argv = [sys.executable, "-m", "tpujobs.simulator", "--host", LOOPBACK, "--port", str(port)]
+    argv += [f"--{name}={value}" for name, value in LOCAL_SIMULATOR.items()]
     if state_file is not None:
         argv += ["--state-file", str(state_file)]
     if workers_root is not None:

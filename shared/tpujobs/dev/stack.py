@@ -30,6 +30,12 @@ STACK_FILE = "stack.json"
 REPORT_KEY_VARIABLE = "TPUJOBS_REPORT_KEY"
 FORMAT_VERSION = 1
 RECONCILE_INTERVAL_S = 3.0  # Cloud Scheduler ticks once a minute; locally, every few seconds
+# Hosts whose agent never reports are lost after this long (production: 600 s), so a test of
+# capacity that never boots (`tpujobs dev fault no-boot`) sees the recovery within a minute.
+LOCAL_BOOT_TIMEOUT_S = 45.0
+# A node in a condition that often passes (health TIMEOUT, RESTARTING, ...) is a lost host after
+# this long (production: 300 s), so `tpujobs dev fault node-health` shows the recovery quickly.
+LOCAL_UNHEALTHY_GRACE_S = 20.0
 REPO_ROOT = Path(__file__).resolve().parents[3]  # shared/tpujobs/dev/stack.py -> the repo
 
 Report = Callable[[str], None]
@@ -295,7 +301,12 @@ def _start(
     # inherit it (production mounts it into the functions from Secret Manager the same way).
     report_key = secrets.token_urlsafe(48)
     service_env = {k: v for k, v in {**base_env, **env}.items() if k != REPORT_KEY_VARIABLE}
-    function_env = {**service_env, REPORT_KEY_VARIABLE: report_key}
+    function_env = {
+        "TPUJOBS_BOOT_TIMEOUT_SECONDS": f"{LOCAL_BOOT_TIMEOUT_S:g}",  # unless the caller set one
+        "TPUJOBS_UNHEALTHY_GRACE_SECONDS": f"{LOCAL_UNHEALTHY_GRACE_S:g}",
+        **service_env,
+        REPORT_KEY_VARIABLE: report_key,
+    }
 
     specs = []
     if "firestore" not in reused:
