@@ -191,6 +191,9 @@ class JobsApi:
         job = self._job(request)
         if not may_cancel(job.owner, caller, self.settings.admins):
             raise ApiError(403, f"{caller} may not cancel {job.job_id}: only its owner or an admin may.")
+        if job.state is JobState.CANCELLED:
+            # A retry of a cancel whose first call died after its commit: finish its release.
+            self.service.converge(job.job_id)
         if job.state.is_terminal:
             return self._already_ended(job.job_id, job.state)
         self.service.cancel(job.job_id, f"Cancelled by {caller}.")

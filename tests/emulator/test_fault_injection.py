@@ -49,8 +49,7 @@ Three handlers are not the job service's Pub/Sub handlers, and are crashed the s
 
 - the HTTP cancel (`JobsApi.cancel`, the `jobs` function), a scenario above whose delivery is
   an HTTP request and whose redelivery is the caller's retry. A retry after the commit finds
-  the job CANCELLED and answers 200 at once, without releasing anything itself: the tick
-  releases the capacity a crash left held.
+  the job CANCELLED, releases the capacity a crash left held, and answers 200.
 - `export_logs` (`LogExporter.handle`), on the storage emulator: every crash point is repaired
   by redelivery, and by the reconciler, which asks again (`tpujobs-log-export`, through the
   Pub/Sub emulator) for the export of an attempt that ended a minute or more ago and is not
@@ -226,9 +225,6 @@ class Scenario:
     untouched: Outcome | None = None  # as the setup left it: a message lost before its commit
     # How the message reaches the service; None: the JobService method `handler`.
     via: Callable[[JobService, InboundMessage], object] | None = None
-    # A redelivery after the commit answers from the job as it is and acts on nothing: what
-    # the crash left undone is the next tick's.
-    answered_at_once: bool = False
 
     def message(self, h: Harness) -> InboundMessage:
         """The one message of the test: a redelivery carries the same id and bytes. Worker
@@ -366,7 +362,6 @@ SCENARIOS = [
         commit=2,
         untouched=Outcome(JobState.RUNNING),
         via=_http_cancel,
-        answered_at_once=True,
     ),
 ]
 
@@ -460,15 +455,12 @@ def test_each_handler_makes_exactly_its_listed_io_steps_and_settles(harness, sce
 
 @pytest.mark.parametrize(("scenario", "k", "when"), _crash_points())
 def test_redelivery_finishes_a_handler_killed_at_any_io_step(harness, scenario, k, when):
-    """Killed before/after step k, the same message delivered again ends the job right, once
-    (with the next tick, for a retried HTTP cancel that found its cancel committed)."""
+    """Killed before/after step k, the same message delivered again ends the job right, once."""
     scenario.setup(harness)
     message = scenario.message(harness)
     plan = crash(harness, scenario, message, k, when)
     context = f"{scenario.name}: crash {when} {plan.steps}, then redelivered"
     scenario.deliver(harness.service, message)
-    if scenario.answered_at_once and scenario.reconcilable(k, when):
-        reconcile(harness, f"{context}, then reconciled")
     assert_settled(harness, scenario.done, context)
 
 
