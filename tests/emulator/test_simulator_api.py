@@ -361,6 +361,16 @@ def test_everything_the_simulator_renders_is_valid_tpu_api_json(
     make_active(client, "deleting", queued_resource("d"))
     make_active(client, "repairing", queued_resource("r", "v4-16"))
     control(server, f"queuedResources/{ZONE}/repairing:kill-host?worker=1", {})
+    control(server, "config", {"reboot_seconds": 60, "maintenance_notice_seconds": 60})
+    make_active(client, "restarting", queued_resource("s", "v4-16"))
+    control(server, f"queuedResources/{ZONE}/restarting:reboot?worker=0", {})
+    make_active(client, "maintained", queued_resource("m"))
+    control(server, f"queuedResources/{ZONE}/maintained:maintenance", {})
+    control(
+        server,
+        f"queuedResources/{ZONE}/maintained:node-health",
+        {"health": "TIMEOUT", "description": "d"},
+    )
     client.create_queued_resource(
         parent=PARENT, queued_resource_id="waiting", queued_resource=queued_resource("e", "v6e-8")
     )
@@ -374,7 +384,9 @@ def test_everything_the_simulator_renders_is_valid_tpu_api_json(
     state = control(server, "state")
     states = {qr["state"]["state"] for qr in state["queuedResources"]}
     assert {"ACTIVE", "SUSPENDING", "FAILED", "DELETING", "WAITING_FOR_RESOURCES"} <= states
-    assert {"READY", "PREEMPTED", "DELETING", "REPAIRING"} <= {n["state"] for n in state["nodes"]}
+    assert {"READY", "PREEMPTED", "DELETING", "REPAIRING", "RESTARTING"} <= {
+        n["state"] for n in state["nodes"]
+    }
     for qr in state["queuedResources"]:
         tpu_v2.QueuedResource.from_json(json.dumps(qr), ignore_unknown_fields=False)
     for node in state["nodes"]:
