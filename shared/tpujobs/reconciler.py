@@ -224,7 +224,7 @@ class Reconciler:
         waited = (service.clock() - job.requested_at).total_seconds() if job.requested_at else 0.0
         if waited > service.settings.zone_wait_seconds and (quota is False or next_zone(job)):
             if quota:
-                what = f"TPU quota in {job.zone} had no room for {waited / 60:.0f} min"
+                what = f"The TPU quota had no room for {waited / 60:.0f} min"
                 seen = Observation(EventKind.ZONE_FAILOVER, job.attempt, "reconciler", reason=what)
             else:
                 what = f"Queued resource {job.queued_resource} never appeared in the {waited / 60:.0f} min after its request"

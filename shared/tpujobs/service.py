@@ -737,5 +737,6 @@ class JobService:
 
 def quota_reason(job: Job, error: QuotaExhausted) -> str:
     """What a job waiting for TPU quota says, quoting Google."""
-    return f"TPU quota exhausted in {job.zone}: {error}; waiting (asked again at every reconciler tick)."
+    said = str(error).rstrip(". ")
+    return f"TPU quota exhausted in {job.zone}: {said}; waiting, asked again at every reconciler tick."
 

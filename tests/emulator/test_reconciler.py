@@ -127,9 +127,13 @@ def test_workers_of_an_attempt_that_is_over_are_retired_once(service, clock, fir
 
 
 @pytest.mark.parametrize("rate", [1.0, 0.5])
-def test_twenty_five_failing_status_reads_start_no_recovery(service, simulator_url, rate):
-    """SkyPilot #10155: 25 status-fetch failures gave 24 needless recoveries. Here: none."""
+def test_twenty_five_failing_status_reads_start_no_recovery(service, simulator_url, tpu_client, project_id, rate):
+    """SkyPilot #10155: 25 status-fetch failures gave 24 needless recoveries. Here: none (each call
+    retried for 0.2 s, not the default 10 s, so 25 ticks of failures stay quick)."""
+    from tpujobs.adapters.google_errors import transient_retry
+
     running_job(service)
+    service.tpu = CloudTpu(tpu_client, project_id, retry=transient_retry(deadline_s=0.2))
     configure(simulator_url, api_error_rate=rate, seed=7)
     for _ in range(25):
         Reconciler(service).tick()
@@ -304,3 +308,331 @@ def test_an_attempt_whose_hosts_all_started_is_read_once_and_a_single_host_never
     assert (multi.state, multi.attempt) == (JobState.RUNNING, 1)
     assert multi.usage[0].all_started_at is not None
     assert service.store.get("single").state is JobState.RUNNING
+
+
+# --- nothing one job does stops the tick ------------------------------------------------
+
+
+def control(simulator_url: str, path: str, body: dict) -> dict:
+    """POST to the simulator's control API (`tpujobs dev fault` drives the same endpoints)."""
+    request = urllib.request.Request(
+        f"{simulator_url}/simulator/v1/{path}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return json.load(response)
+
+
+def fault(simulator_url: str, method: str, code: int | str, count: int = 1, quota: bool = False) -> None:
+    """The next `count` TPU API calls of `method` answer with Google's error for `code`."""
+    control(simulator_url, "faults/errors", {"method": method, "code": code, "count": count, "quota": quota})
+
+
+def submitted(service: JobService, job_id: str, **spec) -> None:
+    body = {"job_id": job_id, "name": "train", "owner": "ada@example.com", "accelerator_type": "v4-8", "command": "x", **spec}
+    assert service.submit(message("tpujobs-submit", body)).kind == "provisioning"
+
+
+def vanish(service: JobService, name: str, zone: str = ZONE) -> None:
+    """Someone deleted the queued resource behind tpujobs' back."""
+    service.tpu.release(zone, name)
+    assert service.tpu.status(zone, name) is None
+
+
+def test_a_permanent_error_in_one_jobs_repair_is_noted_on_it_and_the_tick_goes_on(service, clock, simulator_url):
+    """The TPU API refuses (403) the read that would confirm a-lost's vanished capacity: a-lost says
+    so in its reason and timeline and waits; c-missing is still asked for again, b-silent's silent
+    worker is still found, and the next tick repairs a-lost."""
+    for job_id in ("a-lost", "b-silent"):
+        running_job(service, job_id, accelerator="v4-8")
+    submitted(service, "c-missing")
+    vanish(service, "a-lost-a1")
+    vanish(service, "c-missing-a1")
+    clock.advance(61)
+    beat(service, "heartbeat", 0, job_id="a-lost")  # b-silent's worker says nothing for 61 s
+    fault(simulator_url, "get", 403)  # the first read of the tick: a-lost's confirmation
+
+    report = Reconciler(service).tick()
+
+    a_lost = service.store.get("a-lost")
+    assert (a_lost.state, a_lost.attempt) == (JobState.RUNNING, 1)
+    assert a_lost.state_reason.startswith("The reconciler could not repair the job: TPU API refused to read queued resource a-lost-a1")
+    (noted,) = [e for e in service.store.events("a-lost") if e.source == "reconciler"]
+    assert (noted.from_state, noted.to_state, noted.reason) == (JobState.RUNNING, JobState.RUNNING, a_lost.state_reason)
+    assert len(report.failed) == 1 and report.failed[0].startswith("a-lost: repair the job: ")
+    assert report.re_requested == ["c-missing-a1"]
+    assert service.tpu.status(ZONE, "c-missing-a1") is not None
+    assert service.store.get("b-silent").attempt == 2  # the later phase ran
+
+    beat(service, "heartbeat", 0, job_id="a-lost")
+    second = Reconciler(service).tick()
+    assert second.failed == []
+    assert (service.store.get("a-lost").state, service.store.get("a-lost").attempt) == (JobState.PROVISIONING, 2)
+
+
+class Exploding:
+    """The real store, but one of its queries fails with an error nobody expected."""
+
+    def __init__(self, store: FirestoreJobStore, method: str) -> None:
+        self._store = store
+        self._method = method
+
+    def __getattr__(self, name):
+        if name == self._method:
+            def explode(*args, **kwargs):
+                raise RuntimeError(f"{name} exploded")
+            return explode
+        return getattr(self._store, name)
+
+
+def test_an_unexpected_error_in_one_phase_is_logged_and_the_next_phase_runs(service, clock, caplog):
+    """The silent-worker query raises something unforeseen: the tick logs it with its traceback and
+    still finds the hosts that never booted, in the phase after it."""
+    service.settings = dataclasses.replace(service.settings, boot_timeout_seconds=120.0)
+    active_but_silent(service, "never-booted")
+    clock.advance(121)
+    service.store = Exploding(service.store, "silent_workers")
+
+    report = Reconciler(service).tick()
+
+    assert report.failed == ["find silent workers: silent_workers exploded"]
+    assert any(r.exc_info and "could not find silent workers" in r.getMessage() for r in caplog.records)
+    job = service.store.get("never-booted")
+    assert (job.state, job.attempt) == (JobState.PROVISIONING, 2)  # the boot check ran after it
+
+
+# --- the listing: projected, paged, uncapped -------------------------------------------
+
+
+class SmallPages:
+    """The real store, listing active jobs two to a page and counting the pages' queries."""
+
+    def __init__(self, store: FirestoreJobStore) -> None:
+        self._store = store
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    def list_active(self, page_size: int = 500):
+        return self._store.list_active(2)
+
+
+def test_more_active_jobs_than_a_page_are_all_reconciled(service):
+    """Five PROVISIONING jobs lost their queued resources; pages of two: all five are asked for again."""
+    names = [f"job-{n}" for n in range(5)]
+    for job_id in names:
+        submitted(service, job_id)
+        vanish(service, f"{job_id}-a1")
+    assert {j.job_id for j in service.store.list_active(2)} == set(names)
+    service.store = SmallPages(service.store)
+
+    report = Reconciler(service).tick()
+
+    assert report.jobs == 5
+    assert sorted(report.re_requested) == [f"{job_id}-a1" for job_id in names]
+    assert all(service.tpu.status(ZONE, f"{job_id}-a1") is not None for job_id in names)
+
+
+def test_the_listing_leaves_env_command_and_setup_out_and_keeps_everything_compared(service):
+    """A job with 56 KB of env, command and setup (a spec may have 64 KB): the outline has none of them, and every other
+    field (the spec's too) is the job's own; a spec field added later is projected by default."""
+    from tpujobs.adapters.firestore_store import OUTLINE_LEAVES_OUT
+    from tpujobs.domain.spec import JobSpec
+
+    env = {f"BLOB_{n}": "x" * 8000 for n in range(4)}
+    big = "x" * 12_000
+    submitted(service, "heavy", env=env, command=f"echo {big}", setup=f"echo {big}", labels={"team": "a"},
+              zones=[ZONE, "us-east5-a"], priority="high", max_restarts=7)  # fmt: skip
+    full = service.store.get("heavy")
+    (outline,) = service.store.list_active()
+
+    assert outline.spec.env == {} and outline.spec.setup is None and outline.spec.labels == {}
+    with pytest.raises(AttributeError):
+        outline.spec.command  # noqa: B018 - absent, so it can never boot hosts
+    for name in set(JobSpec.model_fields) - OUTLINE_LEAVES_OUT:
+        assert getattr(outline.spec, name) == getattr(full.spec, name), name
+    assert dataclasses.replace(outline, spec=full.spec) == full
+
+
+# --- creates followed through -------------------------------------------------------------
+
+
+def created(simulator_url: str, project_id: str, job_id: str) -> list[str]:
+    """Every queued resource of the job the simulator was asked to create, repeats kept."""
+    with urllib.request.urlopen(f"{simulator_url}/simulator/v1/state", timeout=5) as response:
+        state = json.load(response)
+    return [
+        op["metadata"]["target"].rsplit("/", 1)[-1]
+        for op in state["operations"]
+        if op["metadata"]["verb"] == "create" and f"/{project_id}/" in op["metadata"]["target"]
+        and op["metadata"]["target"].rsplit("/", 1)[-1].startswith(f"{job_id}-a")
+    ]
+
+
+def test_a_create_whose_operation_failed_moves_the_job_to_its_next_zone_saying_why(service, simulator_url, tpu_client, project_id):
+    """The queued resource was deleted before it was accepted, so its create operation ended with
+    ABORTED and nothing exists: the tick reads the operation and the job moves to its next zone."""
+    configure(simulator_url, accept_seconds=60.0)  # the create stays CREATING, its operation running
+    submitted(service, "train-1", zones=[ZONE, "us-east5-a"])
+    assert service.store.get("train-1").create_operation
+    name = f"projects/{project_id}/locations/{ZONE}/queuedResources/train-1-a1"
+    tpu_client.delete_queued_resource(request={"name": name, "force": True})
+    configure(simulator_url, accept_seconds=0.0)
+
+    report = Reconciler(service).tick()
+
+    job = service.store.get("train-1")
+    assert (job.state, job.attempt, job.zone) == (JobState.PROVISIONING, 2, "us-east5-a")
+    (moved,) = [e for e in service.store.events("train-1") if e.from_state is JobState.PROVISIONING and e.to_state is JobState.QUEUED]
+    assert moved.reason.startswith("Queued resource train-1-a1 was never created: operation ")
+    assert "failed with ABORTED" in moved.reason and moved.reason.endswith("attempt 2 moves to us-east5-a.")
+    assert report.re_requested == []
+
+
+def test_a_queued_resource_that_never_appears_is_asked_for_within_the_zone_wait_then_ends_by_the_rules(
+    service, clock, simulator_url, project_id
+):
+    """Deleted behind tpujobs' back twice: asked for again once within the zone wait; past it, with no
+    zone left and no restart left, the job FAILS saying so; no tick asks again after that."""
+    submitted(service, "train-1", max_restarts=0)
+    vanish(service, "train-1-a1")
+    first = Reconciler(service).tick()
+    assert first.re_requested == ["train-1-a1"]
+    (again,) = [e for e in service.store.events("train-1") if e.source == "reconciler"]
+    assert again.reason == f"Queued resource train-1-a1 was missing; requested again in {ZONE}."
+    vanish(service, "train-1-a1")
+    clock.advance(601)
+
+    second = Reconciler(service).tick()
+    third = Reconciler(service).tick()
+
+    job = service.store.get("train-1")
+    assert job.state is JobState.FAILED
+    assert job.state_reason.startswith("Queued resource train-1-a1 never appeared in the 10 min after its request")
+    assert second.re_requested == [] and third.re_requested == []
+    assert created(simulator_url, project_id, "train-1") == ["train-1-a1", "train-1-a1"]
+
+
+# --- TPU quota: the job waits, saying so ---------------------------------------------------
+
+
+def test_a_job_refused_for_tpu_quota_waits_provisioning_and_is_asked_for_again(service, simulator_url, firestore_client):
+    """A 429 whose details say the TPU quota ran out: the submission is done with (no error, no
+    rejection), the job PROVISIONING says what Google said; a tick still refused writes nothing; the
+    first tick with room creates the queued resource."""
+    from tpujobs.adapters.firestore_store import REJECTIONS
+    from tpujobs.domain.states import QUOTA_EXHAUSTED
+
+    fault(simulator_url, "create", 429, count=2, quota=True)
+    submitted(service, "train-1")
+    job = service.store.get("train-1")
+    assert (job.state, job.capacity_state) == (JobState.PROVISIONING, QUOTA_EXHAUSTED)
+    assert job.state_reason.startswith(f"TPU quota exhausted in {ZONE}: Quota 'TPUSPerProjectPerZone' exhausted")
+    assert job.state_reason.endswith("; waiting, asked again at every reconciler tick.")
+    assert service.tpu.status(ZONE, "train-1-a1") is None
+    assert list(firestore_client.collection(REJECTIONS).stream()) == []
+    events = len(service.store.events("train-1"))
+
+    still = Reconciler(service).tick()
+    assert still.re_requested == ["train-1-a1"] and len(service.store.events("train-1")) == events
+    room = Reconciler(service).tick()
+
+    job = service.store.get("train-1")
+    assert room.re_requested == ["train-1-a1"] and job.capacity_state != QUOTA_EXHAUSTED
+    assert job.state_reason == f"The TPU quota in {ZONE} has room now: queued resource train-1-a1 requested."
+    assert service.tpu.status(ZONE, "train-1-a1") is not None
+
+
+def test_a_job_waiting_for_tpu_quota_moves_to_its_next_zone_after_the_zone_wait(service, clock, simulator_url):
+    """Still no quota 10 minutes on, with another zone in `zones`: attempt 2 is requested there."""
+    fault(simulator_url, "create", 429, count=2, quota=True)
+    submitted(service, "train-1", zones=[ZONE, "us-east5-a"])
+    Reconciler(service).tick()
+    clock.advance(601)
+
+    Reconciler(service).tick()
+
+    job = service.store.get("train-1")
+    assert (job.state, job.attempt, job.zone) == (JobState.PROVISIONING, 2, "us-east5-a")
+    (moved,) = [e for e in service.store.events("train-1") if e.from_state is JobState.PROVISIONING and e.to_state is JobState.QUEUED]
+    assert moved.reason == f"The TPU quota had no room for 10 min in {ZONE}; attempt 2 moves to us-east5-a."
+
+
+# --- node states and health that often pass -----------------------------------------------
+
+
+def running_active(service: JobService) -> None:
+    """A one-host job RUNNING on capacity the simulator shows ACTIVE (its nodes READY, HEALTHY)."""
+    from tpujobs.testing import wait_for
+
+    running_job(service, accelerator="v4-8")
+    wait_for(lambda: service.tpu.status(ZONE, "train-1-a1").state == "ACTIVE", timeout=10)
+
+
+@pytest.mark.parametrize(
+    ("verb", "body", "condition"),
+    [
+        ("node-health", {"health": "TIMEOUT"}, "health TIMEOUT"),
+        ("node-health", {"health": "UNHEALTHY_TENSORFLOW"}, "health UNHEALTHY_TENSORFLOW"),
+        ("node-state", {"state": "RESTARTING"}, "state RESTARTING"),
+        ("node-state", {"state": "UNKNOWN"}, "state UNKNOWN"),
+    ],
+)
+def test_a_node_condition_that_often_passes_is_a_lost_host_only_past_the_grace(
+    service, clock, simulator_url, verb, body, condition
+):
+    """Seen at once, remembered on the job with its time; gone within the grace: forgotten, nothing
+    lost; seen again and lasting past the grace: the host is lost and attempt 2 is requested."""
+    assert service.settings.unhealthy_grace_seconds == 300  # the default
+    running_active(service)
+    control(simulator_url, f"queuedResources/{ZONE}/train-1-a1:{verb}", body)
+
+    def tick_after(seconds: float):
+        clock.advance(seconds)
+        beat(service, "heartbeat", 0)
+        return Reconciler(service).tick()
+
+    tick_after(0)
+    job = service.store.get("train-1")
+    ((node, seen_as, since),) = [(h.node, h.condition, h.since) for h in job.suspect_hosts]
+    assert (job.state, node, seen_as, since) == (JobState.RUNNING, "train-1-a1", condition, clock())
+    assert job.state_reason == f"Watching: node train-1-a1 is {condition}; a host is lost if its condition lasts 300 s."
+    events = len(service.store.events("train-1"))
+    tick_after(50)
+    assert len(service.store.events("train-1")) == events  # the same condition again writes nothing
+
+    control(simulator_url, f"queuedResources/{ZONE}/train-1-a1:node-state", {"state": "READY"})
+    control(simulator_url, f"queuedResources/{ZONE}/train-1-a1:node-health", {"health": "HEALTHY"})
+    tick_after(50)
+    job = service.store.get("train-1")
+    assert (job.state, job.suspect_hosts) == (JobState.RUNNING, ())
+    assert job.state_reason == "Every host of attempt 1 is back to a definite, healthy state."
+
+    control(simulator_url, f"queuedResources/{ZONE}/train-1-a1:{verb}", body)
+    tick_after(50)
+    tick_after(50)
+    for _ in range(5):
+        tick_after(50)  # 300 s since it was seen again: not yet past the grace
+    assert (service.store.get("train-1").state, service.store.get("train-1").attempt) == (JobState.RUNNING, 1)
+
+    tick_after(1)
+
+    job = service.store.get("train-1")
+    assert (job.state, job.attempt, job.suspect_hosts) == (JobState.PROVISIONING, 2, ())
+    (lost,) = [e for e in service.store.events("train-1") if e.to_state is JobState.RECOVERING]
+    assert lost.reason.startswith(f"Node train-1-a1 has been {condition} for 301 s, past the 300 s grace: the host is lost")
+
+
+@pytest.mark.parametrize(
+    ("verb", "body"),
+    [("node-health", {"health": "UNHEALTHY_MAINTENANCE"}), ("node-state", {"state": "PREEMPTED"}),
+     ("node-state", {"state": "TERMINATED"})],
+)  # fmt: skip
+def test_a_node_state_that_means_the_host_is_gone_is_lost_at_once(service, simulator_url, verb, body):
+    """No grace for a host that is certainly gone: the first tick that sees it starts attempt 2."""
+    running_active(service)
+    control(simulator_url, f"queuedResources/{ZONE}/train-1-a1:{verb}", body)
+
+    Reconciler(service).tick()
+
+    job = service.store.get("train-1")
+    assert (job.state, job.attempt) == (JobState.PROVISIONING, 2)

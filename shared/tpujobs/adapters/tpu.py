@@ -19,7 +19,7 @@ from google.rpc import code_pb2
 
 from tpujobs.adapters.google_errors import transient_retry, translated
 from tpujobs.domain.job import Job
-from tpujobs.errors import PermanentError, TransientError
+from tpujobs.errors import PermanentError, QuotaExhausted, TransientError
 from tpujobs.ports import CapacityStatus, HostBoot
 
 if TYPE_CHECKING:
@@ -114,7 +114,8 @@ class CloudTpu:
 
     def request(self, job: Job, boot: HostBoot) -> CapacityStatus:
         """Create the attempt's queued resource, or adopt it; read what the create's operation
-        said. A create refused for TPU quota raises QuotaExhausted (a TransientError)."""
+        said. A create refused for TPU quota raises QuotaExhausted (a TransientError) whose words
+        are Google's own, for the job's reason."""
         resource = queued_resource_for(job, self._project, boot)
         try:
             with _translated(f"request queued resource {job.queued_resource}"):
@@ -125,6 +126,8 @@ class CloudTpu:
                     retry=self._retry,
                     timeout=CALL_TIMEOUT_S,
                 )
+        except QuotaExhausted as error:
+            raise QuotaExhausted(_google_said(error.__cause__) or str(error)) from error
         except PermanentError as error:
             # REST maps ALREADY_EXISTS (and ABORTED) to a bare 409 Conflict: look before adopting.
             if not isinstance(error.__cause__, api_exceptions.Conflict):
@@ -267,6 +270,21 @@ def host_verdict(state: str, health: str) -> tuple[HostVerdict, str]:
     if _RANK[by_health] > _RANK[by_state]:
         return by_health, f"health {health}"
     return by_state, f"state {state}"
+
+
+def _google_said(call: BaseException | None) -> str:
+    """Google's own message on an API error, without the REST transport's "METHOD URL: " prefix."""
+    if not isinstance(call, api_exceptions.GoogleAPICallError):
+        return ""
+    response = call.response
+    if response is not None and hasattr(response, "json"):  # REST: the body as Google sent it
+        try:
+            said = response.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            said = None
+        if isinstance(said, str) and said:
+            return said
+    return call.message or ""
 
 
 def _operation_error(operation: operations_pb2.Operation) -> str:
