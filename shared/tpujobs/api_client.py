@@ -60,6 +60,7 @@ def described(answer: Mapping[str, Any]) -> tuple[Job, list[JobEvent], dict[int,
 
     document = _with_times(answer["job"])
     document["usage"] = [_with_times(usage) for usage in document.get("usage") or ()]
+    document["suspect_hosts"] = [_with_times(host) for host in document.get("suspect_hosts") or ()]
     job = job_from_document(document)
     events = [event_from_document(_with_times(event)) for event in answer.get("events") or ()]
     logs = {}

@@ -256,7 +256,7 @@ class Reconciler:
         now = service.clock()
         lost = job.hosts_lost_after(grace, now)
         if lost:
-            said = ", ".join(f"node {h.node} has been {h.condition} for {(now - h.since).total_seconds():.0f} s" for h in lost)
+            said = ", ".join(f"node {h.node} has been {h.condition} for {(now - h.first_seen_at).total_seconds():.0f} s" for h in lost)
             what = f"{said[0].upper()}{said[1:]}, past the {grace:.0f} s grace: the host is lost"
             service.observe(job.job_id, Observation(EventKind.CAPACITY_LOST, job.attempt, "reconciler", reason=what))
             report.observed.append(f"{job.job_id}: {what}")

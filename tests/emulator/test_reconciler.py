@@ -593,7 +593,7 @@ def test_a_node_condition_that_often_passes_is_a_lost_host_only_past_the_grace(
 
     tick_after(0)
     job = service.store.get("train-1")
-    ((node, seen_as, since),) = [(h.node, h.condition, h.since) for h in job.suspect_hosts]
+    ((node, seen_as, since),) = [(h.node, h.condition, h.first_seen_at) for h in job.suspect_hosts]
     assert (job.state, node, seen_as, since) == (JobState.RUNNING, "train-1-a1", condition, clock())
     assert job.state_reason == f"Watching: node train-1-a1 is {condition}; a host is lost if its condition lasts 300 s."
     events = len(service.store.events("train-1"))

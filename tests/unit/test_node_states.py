@@ -73,14 +73,14 @@ def test_a_suspect_host_keeps_the_time_it_was_first_seen_until_it_recovers() -> 
     job = _running_job()
     first = _suspect(job, NOW, ("train-1-a1", "health TIMEOUT"))
     assert isinstance(first, Decision) and first.job.state is JobState.RUNNING
-    assert [(h.node, h.since) for h in first.job.suspect_hosts] == [("train-1-a1", NOW)]
+    assert [(h.node, h.first_seen_at) for h in first.job.suspect_hosts] == [("train-1-a1", NOW)]
 
     again = _suspect(first.job, NOW + timedelta(minutes=2), ("train-1-a1", "health TIMEOUT"))
     assert isinstance(again, Ignored)  # a tick that sees the same thing writes nothing
 
     changed = _suspect(first.job, NOW + timedelta(minutes=2), ("train-1-a1", "state RESTARTING"))
     assert isinstance(changed, Decision)
-    assert [(h.condition, h.since) for h in changed.job.suspect_hosts] == [("state RESTARTING", NOW)]
+    assert [(h.condition, h.first_seen_at) for h in changed.job.suspect_hosts] == [("state RESTARTING", NOW)]
 
     healthy = _suspect(changed.job, NOW + timedelta(minutes=3))
     assert isinstance(healthy, Decision) and healthy.job.suspect_hosts == ()
@@ -88,7 +88,7 @@ def test_a_suspect_host_keeps_the_time_it_was_first_seen_until_it_recovers() -> 
 
     later = _suspect(healthy.job, NOW + timedelta(minutes=4), ("train-1-a1", "health TIMEOUT"))
     assert isinstance(later, Decision)
-    assert [h.since for h in later.job.suspect_hosts] == [NOW + timedelta(minutes=4)]  # a new episode
+    assert [h.first_seen_at for h in later.job.suspect_hosts] == [NOW + timedelta(minutes=4)]  # a new episode
 
 
 def test_a_suspect_host_is_lost_only_past_the_grace() -> None:

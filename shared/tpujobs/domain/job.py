@@ -44,7 +44,7 @@ class SuspectHost:
 
     node: str  # the node id, as the TPU API names it
     condition: str  # what the API said: "health TIMEOUT", "state RESTARTING", ...
-    since: datetime
+    first_seen_at: datetime
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ class Job:
 
     def hosts_lost_after(self, grace_seconds: float, now: datetime) -> tuple[SuspectHost, ...]:
         """The suspect hosts whose condition has lasted longer than the grace: lost hosts."""
-        return tuple(h for h in self.suspect_hosts if (now - h.since).total_seconds() > grace_seconds)
+        return tuple(h for h in self.suspect_hosts if (now - h.first_seen_at).total_seconds() > grace_seconds)
 
     def as_next_attempt(self) -> Job:
         """The job as its next attempt will see it: what the startup script of that attempt needs."""

@@ -78,7 +78,7 @@ def decide(job: Job, seen: Observation, now: datetime) -> Decision | Ignored:
         changes["create_operation"] = operation
         reason = reason or f"Queued resource {job.queued_resource} was missing; requested again in {job.zone}."
     elif seen.kind is EventKind.HOSTS_SUSPECT:
-        earlier = {h.node: h.since for h in job.suspect_hosts}
+        earlier = {h.node: h.first_seen_at for h in job.suspect_hosts}
         hosts = tuple(
             SuspectHost(node, condition, earlier.get(node, now)) for node, condition in sorted(set(seen.hosts))
         )
