@@ -136,6 +136,8 @@ class Reconciler:
         """Run one phase; whatever escapes it is logged, and the next phase still runs."""
         try:
             phase()
+        except TransientError as error:  # its query failed: the next tick runs it again
+            log.warning("reconcile: could not %s this tick: %s", doing, error)
         except Exception as error:
             log.exception("reconcile: could not %s this tick", doing)
             report.failed.append(f"{doing}: {error}")
@@ -222,7 +224,7 @@ class Reconciler:
             report.observed.append(f"{job.job_id}: {what}")
             return
         waited = (service.clock() - job.requested_at).total_seconds() if job.requested_at else 0.0
-        if waited > service.settings.zone_wait_seconds and (quota is False or next_zone(job)):
+        if waited > service.settings.zone_wait_seconds and (not quota or next_zone(job) is not None):
             if quota:
                 what = f"The TPU quota had no room for {waited / 60:.0f} min"
                 seen = Observation(EventKind.ZONE_FAILOVER, job.attempt, "reconciler", reason=what)
@@ -254,7 +256,8 @@ class Reconciler:
                 job = outcome.job  # with the times each was first seen
                 report.observed.append(f"{job.job_id}: {reason}")
         now = service.clock()
-        lost = job.hosts_lost_after(grace, now)
+        still = {node for node, _ in hosts}  # never a host this listing shows recovered
+        lost = [h for h in job.hosts_lost_after(grace, now) if h.node in still]
         if lost:
             said = ", ".join(f"node {h.node} has been {h.condition} for {(now - h.first_seen_at).total_seconds():.0f} s" for h in lost)
             what = f"{said[0].upper()}{said[1:]}, past the {grace:.0f} s grace: the host is lost"
