@@ -81,13 +81,15 @@ def test_a_rate_limited_create_is_retried_and_succeeds(tpu, simulator_url):
 
 
 def test_a_create_refused_for_quota_raises_quota_exhausted_at_once(tpu, simulator_url):
-    """A quota that ran out is never retried inside the call, and the error names the quota."""
+    """A quota that ran out is never retried inside the call; the error is Google's own words
+    (they become the waiting job's reason), naming the quota and the zone."""
     plan(simulator_url, "create", 429, count=2, quota=True)
     with pytest.raises(QuotaExhausted) as raised:
         tpu.request(a_job(), BOOT)
     assert planned(simulator_url, "create") == 1  # one attempt, not a retry loop
     message = str(raised.value)
-    assert message.startswith("TPU API failed to request queued resource train-1-a1: quota exhausted (")
+    assert message.startswith("Quota 'TPUSPerProjectPerZone' exhausted")
+    assert isinstance(raised.value.__cause__, QuotaExhausted)  # the table's classification, kept
     assert "TPUSPerProjectPerZone" in message and ZONE in message
     assert tpu.list(ZONE) == []
 
