@@ -117,7 +117,7 @@ class JobStore(Protocol):
         active jobs, never with their size. Read the job (`get`) before requesting capacity.
         """
 
-    def ended_between(self, start: datetime, end: datetime, limit: int = 1000) -> list[Job]: ...
+    def ended_between(self, start: datetime, end: datetime, page_size: int = 500) -> list[Job]: ...
 
     def record_worker(self, job_id: str, worker: WorkerRecord) -> None: ...
 
@@ -128,7 +128,7 @@ class JobStore(Protocol):
         """Note on the attempt's usage that every host has reported, so the boot check is
         over for it; False when already noted (or the attempt is unknown)."""
 
-    def silent_workers(self, before: datetime, limit: int = 1000) -> list[SilentWorker]:
+    def silent_workers(self, before: datetime, page_size: int = 500) -> list[SilentWorker]:
         """Live workers, of any job, that have not reported since `before`."""
 
     def retire_worker(self, job_id: str, attempt: int, worker: str) -> None:
@@ -137,7 +137,7 @@ class JobStore(Protocol):
     def mark_announced(self, job_id: str, event: JobEvent) -> None:
         """Record that the change was published on tpujobs-status."""
 
-    def unannounced_events(self, before: datetime, limit: int = 500) -> list[tuple[str, JobEvent]]:
+    def unannounced_events(self, before: datetime, page_size: int = 500) -> list[tuple[str, JobEvent]]:
         """(job_id, event) of changes committed before `before` and not yet announced."""
 
     def reject(self, rejection: Rejection) -> None:

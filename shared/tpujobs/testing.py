@@ -178,9 +178,9 @@ class CrashingStore:
     def record_worker(self, job_id: str, worker: WorkerRecord) -> None:
         self._plan.step("store.record_worker", lambda: self._store.record_worker(job_id, worker))
 
-    def silent_workers(self, before: datetime, limit: int = 1000) -> builtins.list[SilentWorker]:
+    def silent_workers(self, before: datetime, page_size: int = 500) -> builtins.list[SilentWorker]:
         return self._plan.step(
-            "store.silent_workers", lambda: self._store.silent_workers(before, limit)
+            "store.silent_workers", lambda: self._store.silent_workers(before, page_size)
         )
 
     def retire_worker(self, job_id: str, attempt: int, worker: str) -> None:
@@ -191,11 +191,9 @@ class CrashingStore:
     def mark_announced(self, job_id: str, event: JobEvent) -> None:
         self._plan.step("store.mark_announced", lambda: self._store.mark_announced(job_id, event))
 
-    def unannounced_events(
-        self, before: datetime, limit: int = 500
-    ) -> builtins.list[tuple[str, JobEvent]]:
+    def unannounced_events(self, before: datetime, page_size: int = 500) -> builtins.list[tuple[str, JobEvent]]:
         return self._plan.step(
-            "store.unannounced_events", lambda: self._store.unannounced_events(before, limit)
+            "store.unannounced_events", lambda: self._store.unannounced_events(before, page_size)
         )
 
     def reject(self, rejection: Rejection) -> None:

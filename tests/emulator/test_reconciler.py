@@ -157,13 +157,13 @@ class CountingStore:
     def __getattr__(self, name):
         return getattr(self._store, name)
 
-    def list_active(self, limit: int = 10_000):
-        jobs = self._store.list_active(limit)
+    def list_active(self, page_size: int = 500):
+        jobs = self._store.list_active(page_size)
         self.read += len(jobs)
         return jobs
 
-    def silent_workers(self, before, limit: int = 1000):
-        found = self._store.silent_workers(before, limit)
+    def silent_workers(self, before, page_size: int = 500):
+        found = self._store.silent_workers(before, page_size)
         self.read += len(found)
         return found
 
@@ -430,6 +430,24 @@ def test_more_active_jobs_than_a_page_are_all_reconciled(service):
     assert report.jobs == 5
     assert sorted(report.re_requested) == [f"{job_id}-a1" for job_id in names]
     assert all(service.tpu.status(ZONE, f"{job_id}-a1") is not None for job_id in names)
+
+
+def test_every_query_of_a_tick_pages_past_a_page_of_results(service, clock):
+    """Ended jobs (for their exports) and silent workers, two to a page: each query finds all
+    five, and ended jobs come as outlines (no env), like the active ones."""
+    names = [f"done-{n}" for n in range(5)]
+    start = clock()
+    for job_id in names:
+        running_job(service, job_id, accelerator="v4-8")
+        beat(service, "heartbeat", 0, job_id=job_id)
+    clock.advance(120)  # every worker silent for longer than the timeout
+    silent = service.store.silent_workers(clock(), 2)
+    assert sorted(w.job_id for w in silent) == names
+    for job_id in names:
+        service.cancel(job_id, "done")
+    ended = service.store.ended_between(start, clock() + timedelta(seconds=1), 2)
+    assert sorted(job.job_id for job in ended) == names
+    assert all(job.spec.env == {} and job.state is JobState.CANCELLED for job in ended)
 
 
 def test_the_listing_leaves_env_command_and_setup_out_and_keeps_everything_compared(service):

@@ -335,27 +335,23 @@ class FirestoreJobStore:
             .where(filter=firestore.FieldFilter("state", "in", [state.value for state in ACTIVE]))
             .select(OUTLINE_FIELDS)
             .order_by("__name__")  # the document id: a total order to page by
-            .limit(page_size)
         )
-        jobs: list[Job] = []
-        after: Any = None
-        while True:
-            with transient_on_failure("list active jobs"):
-                page = list((query if after is None else query.start_after(after)).stream())
-            jobs.extend(job_outline_from_document(doc.to_dict() or {}) for doc in page)
-            if len(page) < page_size:
-                return jobs
-            after = page[-1]
+        pages = _paged(query, page_size, "list active jobs")
+        return [job_outline_from_document(doc.to_dict() or {}) for doc in pages]
 
-    def ended_between(self, start: datetime, end: datetime, limit: int = 1000) -> list[Job]:
-        """Jobs that ended in [start, end): the reconciler checks their last export."""
+    def ended_between(self, start: datetime, end: datetime, page_size: int = ACTIVE_PAGE_SIZE) -> list[Job]:
+        """Jobs that ended in [start, end), as outlines and paged like `list_active`: the
+        reconciler checks their last export."""
         query = (
             self._db.collection(JOBS)
             .where(filter=firestore.FieldFilter("ended_at", ">=", start))
             .where(filter=firestore.FieldFilter("ended_at", "<", end))
+            .select(OUTLINE_FIELDS)
+            .order_by("ended_at")
+            .order_by("__name__")
         )
-        with transient_on_failure("list ended jobs"):
-            return [job_from_document(doc.to_dict()) for doc in query.limit(limit).stream()]
+        pages = _paged(query, page_size, "list ended jobs")
+        return [job_outline_from_document(doc.to_dict() or {}) for doc in pages]
 
     def record_worker(self, job_id: str, worker: WorkerRecord) -> None:
         """Merge what one worker host reported into `jobs/{id}/workers/a{attempt}-{worker}`.
@@ -376,17 +372,17 @@ class FirestoreJobStore:
         names = {f.name for f in dataclasses.fields(WorkerRecord)}
         return [WorkerRecord(**{k: v for k, v in d.items() if k in names}) for d in docs if "worker" in d]
 
-    def silent_workers(self, before: datetime, limit: int = 1000) -> list[SilentWorker]:
-        # One collection-group query on (live, last_report_at): it returns only the silent
-        # ones, so a tick reads nothing for healthy workers and nothing of finished jobs.
+    def silent_workers(self, before: datetime, page_size: int = ACTIVE_PAGE_SIZE) -> list[SilentWorker]:
+        # One collection-group query on (live, last_report_at), paged: it returns only the
+        # silent ones, so a tick reads nothing for healthy workers and nothing of finished jobs.
         query = (
             self._db.collection_group(WORKERS)
             .where(filter=firestore.FieldFilter("live", "==", True))
             .where(filter=firestore.FieldFilter("last_report_at", "<", before))
-            .limit(limit)
+            .order_by("last_report_at")
+            .order_by("__name__")
         )
-        with transient_on_failure("find silent workers"):
-            docs = list(query.stream())
+        docs = _paged(query, page_size, "find silent workers")
         return [
             SilentWorker(doc.reference.parent.parent.id, d["attempt"], d["worker"], d["last_report_at"])
             for doc in docs
@@ -398,16 +394,18 @@ class FirestoreJobStore:
         with transient_on_failure("mark an event announced"):
             ref.update({"announced": True})
 
-    def unannounced_events(self, before: datetime, limit: int = 500) -> list[tuple[str, JobEvent]]:
-        # Index (announced, at): returns only the few changes whose announcement failed.
+    def unannounced_events(
+        self, before: datetime, page_size: int = ACTIVE_PAGE_SIZE
+    ) -> list[tuple[str, JobEvent]]:
+        # Index (announced, at), paged: returns only the few changes whose announcement failed.
         query = (
             self._db.collection_group(EVENTS)
             .where(filter=firestore.FieldFilter("announced", "==", False))
             .where(filter=firestore.FieldFilter("at", "<", before))
-            .limit(limit)
+            .order_by("at")
+            .order_by("__name__")
         )
-        with transient_on_failure("find unannounced events"):
-            docs = list(query.stream())
+        docs = _paged(query, page_size, "find unannounced events")
         return [(doc.reference.parent.parent.id, event_from_document(doc.to_dict())) for doc in docs]
 
     def retire_worker(self, job_id: str, attempt: int, worker: str) -> None:
@@ -527,3 +525,17 @@ def transient_on_failure(doing: str) -> AbstractContextManager[None]:
     when worth retrying, PermanentError when not, naming what was being done. An outcome a
     caller expects (AlreadyExists on create) is caught inside the block."""
     return translated(FIRESTORE, doing)
+
+
+def _paged(query: Any, page_size: int, doing: str) -> list[Any]:
+    """Every document the query matches, `page_size` at a time: never a cap that would hide
+    the rest. The query must be ordered (the last document of a page is the next cursor)."""
+    found: list[Any] = []
+    after: Any = None
+    while True:
+        with transient_on_failure(doing):
+            page = list((query if after is None else query.start_after(after)).limit(page_size).stream())
+        found.extend(page)
+        if len(page) < page_size:
+            return found
+        after = page[-1]
