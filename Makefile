@@ -32,8 +32,10 @@ emulator-tools: venv
 terraform-tool:
 	@command -v $(TERRAFORM) >/dev/null || { echo "terraform is missing: install Terraform 1.5 or newer (one binary, e.g. in /usr/local/bin) or run make with TERRAFORM=/path/to/terraform"; exit 1; }
 
+# ruff's lint rules (E501 at 120 columns included) and its formatter, which must have nothing to change.
 lint: venv
 	$(BIN)/ruff check shared functions tests bench tools
+	$(BIN)/ruff format --check shared functions tests bench tools
 
 test-unit: venv
 	$(BIN)/pytest tests/unit -q

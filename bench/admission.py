@@ -107,10 +107,16 @@ def main() -> int:
         started = time.perf_counter()
         for n in range(args.jobs):
             service.submit(
-                message("tpujobs-submit", {
-                    "job_id": f"job-{n:05d}", "name": "queued", "owner": "bench@example.com",
-                    "accelerator_type": "v4-8", "command": "python train.py",
-                })
+                message(
+                    "tpujobs-submit",
+                    {
+                        "job_id": f"job-{n:05d}",
+                        "name": "queued",
+                        "owner": "bench@example.com",
+                        "accelerator_type": "v4-8",
+                        "command": "python train.py",
+                    },
+                )
             )
         print(f"submitted {args.jobs} jobs in {time.perf_counter() - started:.1f} s", file=sys.stderr)
         running = [j.job_id for j in service.store.list(state="PROVISIONING", limit=100)]
@@ -124,9 +130,18 @@ def main() -> int:
             counts.clear()
             t0 = time.perf_counter()
             service.on_worker_report(
-                signed(service,"tpujobs-worker-events", {
-                    "kind": "exited", "job_id": ending, "attempt": 1, "slice_id": 0, "worker_id": 0, "exit_code": 0,
-                })
+                signed(
+                    service,
+                    "tpujobs-worker-events",
+                    {
+                        "kind": "exited",
+                        "job_id": ending,
+                        "attempt": 1,
+                        "slice_id": 0,
+                        "worker_id": 0,
+                        "exit_code": 0,
+                    },
+                )
             )
             handler.append(time.perf_counter() - t0)
             ops = Counter(counts)
@@ -211,9 +226,18 @@ def concurrent_endings(service: JobService, running: list[str], writers: int, co
     def end(job_id: str) -> None:
         try:
             service.on_worker_report(
-                signed(service,"tpujobs-worker-events", {
-                    "kind": "exited", "job_id": job_id, "attempt": 1, "slice_id": 0, "worker_id": 0, "exit_code": 0,
-                })
+                signed(
+                    service,
+                    "tpujobs-worker-events",
+                    {
+                        "kind": "exited",
+                        "job_id": job_id,
+                        "attempt": 1,
+                        "slice_id": 0,
+                        "worker_id": 0,
+                        "exit_code": 0,
+                    },
+                )
             )
         except BaseException as error:  # counted below
             errors.append(error)

@@ -94,9 +94,7 @@ class Expectation:
     goodput: float
 
 
-def expectation(
-    hours: float, lost_minutes: float, preempt_after: float = PREEMPT_AFTER_MINUTES
-) -> Expectation:
+def expectation(hours: float, lost_minutes: float, preempt_after: float = PREEMPT_AFTER_MINUTES) -> Expectation:
     """Each preempted attempt holds `preempt_after` minutes and keeps all but `lost_minutes`;
     the last attempt does what is left. Start-up time is left out: the accounting counts it
     as held and kept, it only adds attempts at the margin."""
@@ -368,7 +366,9 @@ class Bench:
                 run.preempted.add(last.attempt)
                 run.seen.setdefault(last.attempt, Seen(held=called)).ended = called
                 held = (called - last.held_from.timestamp()) / self.args.minute_seconds
-                print(f"  {run.job_id}: preempted attempt {last.attempt} after {held:.2f} held minutes", file=sys.stderr)
+                print(
+                    f"  {run.job_id}: preempted attempt {last.attempt} after {held:.2f} held minutes", file=sys.stderr
+                )
 
     def drive(self, runs: list[Run], timeout: float) -> None:
         """Poll until every job has ended and its capacity is released, or the timeout."""
@@ -393,9 +393,7 @@ class Bench:
         keys = ("chip_hours", "lost_chip_hours", "useful_chip_hours", "goodput", "lost_seconds", "queue_wait_seconds")
         usage = tuple(job.usage) if job else ()
         logs = tuple(parse_output(u.attempt, self.output(run.job_id, u.attempt)) for u in usage)
-        observed = sum(
-            s.ended - s.held for s in run.seen.values() if s.held is not None and s.ended is not None
-        )
+        observed = sum(s.ended - s.held for s in run.seen.values() if s.held is not None and s.ended is not None)
         return Result(
             variant=run.variant,
             job_id=run.job_id,
@@ -492,7 +490,9 @@ def main() -> int:
     parser.add_argument("--hours", type=float, default=3.0, help="simulated hours of training (default 3)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per variant (default 3)")
     parser.add_argument("--minute-seconds", type=float, default=1.0, help="real seconds per simulated minute")
-    parser.add_argument("--quick", action="store_true", help="a smoke run: 1.5 hours (one preemption), 1 repeat, 0.5 s a minute")
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke run: 1.5 hours (one preemption), 1 repeat, 0.5 s a minute"
+    )
     args = parser.parse_args()
     if args.quick:
         args.hours, args.repeats, args.minute_seconds = 1.5, 1, 0.5

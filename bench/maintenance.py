@@ -63,9 +63,7 @@ class MaintenanceBench(Bench):
             query = urlencode({"notice": NOTICE_S})
             lost = time.time()
             self._control(f"queuedResources/{self.zone}/{job.queued_resource}:maintenance?{query}")
-            requested = wait_for(
-                lambda: self._requested_at(f"{job_id}-a2"), f"{job_id}-a2 to be requested", timeout=30
-            )
+            requested = wait_for(lambda: self._requested_at(f"{job_id}-a2"), f"{job_id}-a2 to be requested", timeout=30)
         finally:
             self._cancel_and_settle(job_id)
         event = next(e for e in self.store.events(job_id) if e.to_state is JobState.RECOVERING)
@@ -91,9 +89,7 @@ def report(maintenance: list[Trial], preemption: list[Trial]) -> None:
         )
     named = sum(MAINTENANCE_REASON in t.reason for t in maintenance)
     print(f"\n  the timeline names the maintenance event in {named}/{len(maintenance)} maintenance trials")
-    difference = statistics.median(t.latency for t in maintenance) - statistics.median(
-        t.latency for t in preemption
-    )
+    difference = statistics.median(t.latency for t in maintenance) - statistics.median(t.latency for t in preemption)
     print(f"  maintenance median - preemption median: {difference:+.3f} s")
 
 

@@ -237,13 +237,9 @@ class Fleet:
     ) -> list[tuple[Any, dict[str, Any]]]:
         ref = self.jobs.document(job.job_id)
         writes = [(ref, job_to_document(job))]
-        writes += [
-            (ref.collection(EVENTS).document(e.document_id), event_to_document(e)) for e in events
-        ]
+        writes += [(ref.collection(EVENTS).document(e.document_id), event_to_document(e)) for e in events]
         if last_report_at is not None:
-            writes.append(
-                (ref.collection(WORKERS).document("a1-0-0"), worker_document(job, last_report_at))
-            )
+            writes.append((ref.collection(WORKERS).document("a1-0-0"), worker_document(job, last_report_at)))
         return writes
 
     def add_finished(self, count: int) -> int:
@@ -251,9 +247,7 @@ class Fleet:
         writes = []
         for index in range(self.finished, self.finished + count):
             created = self.now - timedelta(days=30) + timedelta(minutes=4 * index)
-            job, events = history(
-                f"done-{index:06d}", JobState.SUCCEEDED, created, index % 2 == 0, self.settings
-            )
+            job, events = history(f"done-{index:06d}", JobState.SUCCEEDED, created, index % 2 == 0, self.settings)
             assert job.ended_at is not None
             writes += self._documents(job, events, job.ended_at)
         self._write(writes)
@@ -267,9 +261,7 @@ class Fleet:
             running = index % 10 < RUNNING_SHARE * 10
             state = JobState.RUNNING if running else JobState.PROVISIONING
             created = self.now - timedelta(hours=3) + timedelta(seconds=index)
-            job, events = history(
-                f"live-{index:06d}", state, created, index % 2 == 0, self.settings
-            )
+            job, events = history(f"live-{index:06d}", state, created, index % 2 == 0, self.settings)
             # a live worker reports every 10 s: its last report is a few seconds old
             beat = self.now - timedelta(seconds=2 + index % 9) if running else None
             writes += self._documents(job, events, beat)
@@ -494,9 +486,7 @@ class Point:
         return statistics.median(self.ticks_ms)
 
 
-def steady(
-    report: ReconcileReport, store: CountingStore, client: CountingClient, active: int
-) -> None:
+def steady(report: ReconcileReport, store: CountingStore, client: CountingClient, active: int) -> None:
     """The tick saw every job and changed nothing; else the numbers would not be the cost of looking."""
     problems = {
         "jobs": report.jobs if report.jobs != active else None,
@@ -510,9 +500,7 @@ def steady(
     }
     found = {k: v for k, v in problems.items() if v}
     if found:
-        raise SystemExit(
-            f"not a steady state at {active} active jobs (expected {active} jobs, no action): {found}"
-        )
+        raise SystemExit(f"not a steady state at {active} active jobs (expected {active} jobs, no action): {found}")
 
 
 def measure(fleet: Fleet, tpu_url: str, ticks: int) -> Point:
@@ -622,9 +610,7 @@ def ratio(new: float, old: float) -> str:
 
 
 def report(points: list[Point], ticks: int, single_ms: float, batched_ms: float) -> None:
-    print(
-        f"\nreconcile: one steady-state tick (nothing to repair), median of {ticks} ticks after a warm-up"
-    )
+    print(f"\nreconcile: one steady-state tick (nothing to repair), median of {ticks} ticks after a warm-up")
     print("  one zone; active jobs 80% RUNNING, 20% PROVISIONING; v4-8 (one worker host each)\n")
     header = (
         f"  {'active jobs':>11} | {'finished jobs':>13} | {'tick median ms':>14} | {'p95 ms':>8} | "
@@ -665,16 +651,10 @@ def report(points: list[Point], ticks: int, single_ms: float, batched_ms: float)
             f"TPU list calls {ratio(new.tpu_lists, old.tpu_lists)}"
         )
     if len(with_history) >= 2:
-        fit = statistics.linear_regression(
-            [p.active for p in with_history], [p.median_ms for p in with_history]
-        )
-        print(
-            f"    least-squares fit: tick = {fit.intercept:.0f} ms + {fit.slope:.2f} ms x active jobs"
-        )
+        fit = statistics.linear_regression([p.active for p in with_history], [p.median_ms for p in with_history])
+        print(f"    least-squares fit: tick = {fit.intercept:.0f} ms + {fit.slope:.2f} ms x active jobs")
     first = with_history[0]
-    baseline = next(
-        (p for p in points if p.active == first.active and p.finished < first.finished), None
-    )
+    baseline = next((p for p in points if p.active == first.active and p.finished < first.finished), None)
     if baseline is not None:
         print(
             f"\n  finished jobs: {first.active:,} active with {baseline.finished:,} finished -> "
@@ -692,17 +672,13 @@ def report(points: list[Point], ticks: int, single_ms: float, batched_ms: float)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--sizes",
         default="10,100,1000,5000",
         help="active jobs, ascending, comma-separated (default 10,100,1000,5000)",
     )
-    parser.add_argument(
-        "--finished", type=int, default=10_000, help="finished jobs (default 10000)"
-    )
+    parser.add_argument("--finished", type=int, default=10_000, help="finished jobs (default 10000)")
     parser.add_argument("--ticks", type=int, default=5, help="measured ticks per size (default 5)")
     args = parser.parse_args()
     try:
@@ -726,8 +702,7 @@ def main() -> int:
                 started = time.monotonic()
                 written = fleet.add_active(size - fleet.active)
                 print(
-                    f"seeded {size:,} active jobs ({written:,} documents) in "
-                    f"{time.monotonic() - started:.1f} s",
+                    f"seeded {size:,} active jobs ({written:,} documents) in {time.monotonic() - started:.1f} s",
                     file=sys.stderr,
                 )
                 with simulator(fleet) as url:

@@ -97,9 +97,7 @@ class Ticks:
         from google.cloud import pubsub_v1
 
         self._subscriber = pubsub_v1.SubscriberClient()
-        self._name = self._subscriber.subscription_path(
-            project, f"bench-recovery-ticks-{uuid.uuid4().hex[:8]}"
-        )
+        self._name = self._subscriber.subscription_path(project, f"bench-recovery-ticks-{uuid.uuid4().hex[:8]}")
         self._subscriber.create_subscription(request={"name": self._name, "topic": topic})
         self._lock = threading.Lock()
         self._times: list[float] = []

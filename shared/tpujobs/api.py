@@ -17,10 +17,10 @@ names, each value replaced by `<hidden>`).
 
 Status codes: 200 done; 400 a body that is not a JSON object with a known `action` and
 valid fields (for submit: a valid spec that fits the quota); 401 no identity or one that
-does not verify; 403 not the owner nor an admin, or a privilege the caller may not use; 404 no such job; 405 not POST; 409 cancelling a job that already SUCCEEDED or
-FAILED (cancelling a CANCELLED job again is a 200 that changes nothing, so retries are
-safe); 503 Firestore or Google's certificates unreachable for now: try again; 500
-anything else, logged.
+does not verify; 403 not the owner nor an admin, or a privilege the caller may not use;
+404 no such job; 405 not POST; 409 cancelling a job that already SUCCEEDED or FAILED
+(cancelling a CANCELLED job again is a 200 that changes nothing, so retries are safe);
+503 Firestore or Google's certificates unreachable for now: try again; 500 anything else, logged.
 """
 
 from __future__ import annotations

@@ -31,7 +31,13 @@ app = typer.Typer(help="Run training jobs on Cloud TPUs that survive preemption.
 out = Console()
 err = Console(stderr=True)
 
-_TYPED_FIELDS = {"slices", "max_restarts", "zones", "on_demand_after_preemptions", "preemption_window_minutes"}  # --set values parsed as YAML, not text
+_TYPED_FIELDS = {
+    "slices",
+    "max_restarts",
+    "zones",
+    "on_demand_after_preemptions",
+    "preemption_window_minutes",
+}  # --set values parsed as YAML, not text
 
 
 def _settings() -> Settings:
@@ -160,9 +166,7 @@ def cancel(
             "login. Deployed, your ID token says who you are and this is ignored."
         ),
     ] = None,
-    wait: Annotated[
-        bool, typer.Option(help="Without an API URL: wait until the job is CANCELLED.")
-    ] = True,
+    wait: Annotated[bool, typer.Option(help="Without an API URL: wait until the job is CANCELLED.")] = True,
 ) -> None:
     """Cancel a job: its queued resource is deleted and its workers stop.
 
@@ -191,7 +195,10 @@ def cancel(
         job = _follow(settings, job_id, until=lambda job: job.state.is_terminal, timeout=60)
         if job is None or job.state is not JobState.CANCELLED:
             state = job.state.value if job else "unknown"
-            err.print(f"[red]{shown(job_id)} is {state}, not CANCELLED[/red] (see `tpujobs describe {shown(job_id)}` and the rejections collection).")
+            err.print(
+                f"[red]{shown(job_id)} is {state}, not CANCELLED[/red] "
+                f"(see `tpujobs describe {shown(job_id)}` and the rejections collection)."
+            )
             raise typer.Exit(1)
 
 
@@ -219,9 +226,7 @@ def _cancel_over_http(settings: Settings, url: str, job_id: str, who: str) -> No
     data = json.dumps({"action": "cancel", "job_id": job_id}).encode()
     request = urllib.request.Request(url, data=data, headers=headers, method="POST")
     # The local stack is on loopback: never through a proxy.
-    opener = urllib.request.build_opener(
-        *([urllib.request.ProxyHandler({})] if settings.local_stack else [])
-    )
+    opener = urllib.request.build_opener(*([urllib.request.ProxyHandler({})] if settings.local_stack else []))
     try:
         with opener.open(request, timeout=60) as answer:
             status, raw = answer.status, answer.read()
@@ -260,9 +265,7 @@ def _id_token(url: str) -> str:
     except exceptions.GoogleAuthError:
         pass  # user credentials cannot mint a token for an audience: ask gcloud
     try:
-        found = subprocess.run(
-            ["gcloud", "auth", "print-identity-token"], capture_output=True, text=True, timeout=60
-        )
+        found = subprocess.run(["gcloud", "auth", "print-identity-token"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         found = None
     token = found.stdout.strip() if found is not None and found.returncode == 0 else ""
@@ -400,10 +403,7 @@ def _ask_api(settings: Settings, url: str, request: dict[str, Any], who: str) ->
     from tpujobs import api_client
     from tpujobs.api import CALLER_HEADER
 
-    if settings.local_stack:
-        headers = {CALLER_HEADER: who}
-    else:
-        headers = {"Authorization": f"Bearer {_id_token(url)}"}
+    headers = {CALLER_HEADER: who} if settings.local_stack else {"Authorization": f"Bearer {_id_token(url)}"}
     try:
         status, body = api_client.post(url, request, headers, direct=settings.local_stack)
     except api_client.Unreachable as error:
@@ -444,8 +444,11 @@ def describe_tables(
         ("started", _when(job.started_at)),
         ("ended", _when(job.ended_at)),
         ("exit code", "-" if job.exit_code is None else str(job.exit_code)),
-        ("chip-hours", f"{_chip_hours(totals.chip_hours)} ({_chip_hours(totals.useful_chip_hours)} useful, "
-         f"{_chip_hours(totals.lost_chip_hours)} lost to preemption)"),
+        (
+            "chip-hours",
+            f"{_chip_hours(totals.chip_hours)} ({_chip_hours(totals.useful_chip_hours)} useful, "
+            f"{_chip_hours(totals.lost_chip_hours)} lost to preemption)",
+        ),
         ("goodput", _share(totals.goodput)),
         ("queue wait", _duration(totals.queue_wait_seconds)),
         ("time lost", _duration(totals.lost_seconds)),
@@ -561,9 +564,7 @@ def _age(moment: datetime | None, now: datetime) -> str:
 @app.command("logs")
 def show_logs(
     job_id: str,
-    attempt: Annotated[
-        int | None, typer.Option(min=1, help="Which attempt. Default: the job's current one.")
-    ] = None,
+    attempt: Annotated[int | None, typer.Option(min=1, help="Which attempt. Default: the job's current one.")] = None,
     worker: Annotated[
         int | None,
         typer.Option(min=0, help="Only worker K's output (K = slice x hosts per slice + worker)."),
@@ -699,4 +700,3 @@ def _mount_subcommands() -> None:
 
 
 _mount_subcommands()
-

@@ -61,9 +61,7 @@ class Settings:
             logs_bucket=env.get("TPUJOBS_LOGS_BUCKET") or f"{project}-tpujobs-logs",
             local_stack=env.get("TPUJOBS_LOCAL_STACK", "") == "1",
             admins=tuple(a.strip() for a in env.get("TPUJOBS_ADMINS", "").split(",") if a.strip()),
-            api_audiences=tuple(
-                a.strip() for a in env.get("TPUJOBS_API_AUDIENCE", "").split(",") if a.strip()
-            ),
+            api_audiences=tuple(a.strip() for a in env.get("TPUJOBS_API_AUDIENCE", "").split(",") if a.strip()),
             api_platform_auth=env.get("TPUJOBS_API_PLATFORM_AUTH", "") == "1",
             api_certs_url=env.get("TPUJOBS_API_CERTS_URL", ""),
             stuck_after_seconds=float(env.get("TPUJOBS_STUCK_AFTER_SECONDS") or 30.0),

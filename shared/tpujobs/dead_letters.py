@@ -57,9 +57,7 @@ SOURCE_SUBSCRIPTION = "CloudPubSubDeadLetterSourceSubscription"
 SOURCE_PROJECT = "CloudPubSubDeadLetterSourceSubscriptionProject"
 SOURCE_PUBLISH_TIME = "CloudPubSubDeadLetterSourceTopicPublishTime"
 
-_RFC3339 = re.compile(
-    r"^(?P<base>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(?P<fraction>\d+))?(?P<zone>Z|[+-]\d\d:\d\d)$"
-)
+_RFC3339 = re.compile(r"^(?P<base>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(?P<fraction>\d+))?(?P<zone>Z|[+-]\d\d:\d\d)$")
 
 
 class UnknownDeadLetter(PermanentError):
@@ -163,9 +161,7 @@ def dead_letter_from_message(message: InboundMessage, at: datetime, prefix: str 
         subscription=subscription,
         delivery_attempts=_int_or_none(attributes.get(DELIVERY_COUNT)),
         payload=signing.scrub(message.payload_text(MAX_PAYLOAD_CHARS)),
-        attributes={
-            k: v for k, v in attributes.items() if not k.startswith(DEAD_LETTER_ATTRIBUTE_PREFIX)
-        },
+        attributes={k: v for k, v in attributes.items() if not k.startswith(DEAD_LETTER_ATTRIBUTE_PREFIX)},
         data=data if data is not None and len(data) <= MAX_KEPT_DATA_BYTES else None,
         size=None if data is None else len(data),
         published_at=parse_timestamp(attributes.get(SOURCE_PUBLISH_TIME, "")),
@@ -280,12 +276,11 @@ class DeadLetters:
             raise UnknownDeadLetter(f"no dead letter {message_id!r}")
         if not letter.topic:
             raise NotReplayable(
-                f"dead letter {message_id} does not say which topic it came from ({letter.note or 'no source subscription'})"
+                f"dead letter {message_id} does not say which topic it came from "
+                f"({letter.note or 'no source subscription'})"
             )
         if letter.data is None:
-            raise NotReplayable(
-                f"dead letter {message_id} cannot be replayed: its data was not kept ({letter.note})"
-            )
+            raise NotReplayable(f"dead letter {message_id} cannot be replayed: its data was not kept ({letter.note})")
         if self._publisher is None:
             self._publisher = self._publisher_factory()
         new_id = self._publisher.publish(letter.topic, letter.data, letter.original_attributes())

@@ -79,10 +79,14 @@ def _story(settings: Settings, timeout: float, state_dir: Path) -> bool:
     spec["command"] = f"python3 train.py --steps {STEPS} --step-seconds 0.25 --checkpoint-every 5"
     job_id = spec["job_id"]
     Publisher.build(settings.project, settings.prefix).publish_json(SUBMIT, spec)
-    err.print(f"Submitted [bold]{job_id}[/bold]: {STEPS} steps on 1 x {spec['accelerator_type']} spot, "
-              f"on_preemption={spec['on_preemption']}. The simulator will preempt it midway.")
+    err.print(
+        f"Submitted [bold]{job_id}[/bold]: {STEPS} steps on 1 x {spec['accelerator_type']} spot, "
+        f"on_preemption={spec['on_preemption']}. The simulator will preempt it midway."
+    )
 
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("step {task.completed:.0f}/{task.total:.0f}"))
+    progress = Progress(
+        TextColumn("{task.description}"), BarColumn(), TextColumn("step {task.completed:.0f}/{task.total:.0f}")
+    )
     bar = progress.add_task("checkpointed", total=STEPS)
     preempted_at: int | None = None
     job = None

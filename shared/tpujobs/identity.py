@@ -76,9 +76,7 @@ class CallerIdentity:
         else:
             accepted = list(audiences())
             if not accepted:
-                raise Unauthenticated(
-                    "No audience to check the ID token against: set TPUJOBS_API_AUDIENCE."
-                )
+                raise Unauthenticated("No audience to check the ID token against: set TPUJOBS_API_AUDIENCE.")
             try:
                 claims = self.verify_token(token, accepted)
             except InvalidToken as error:
@@ -119,9 +117,7 @@ def bearer_token(headers: Mapping[str, str]) -> tuple[str, str]:
     if scheme.lower() != "bearer" or not token:
         if source == SERVERLESS_AUTHORIZATION:
             raise Unauthenticated(f"{SERVERLESS_AUTHORIZATION} is not 'Bearer TOKEN'.")
-        raise Unauthenticated(
-            "No identity: send a Google ID token as 'Authorization: Bearer TOKEN'."
-        )
+        raise Unauthenticated("No identity: send a Google ID token as 'Authorization: Bearer TOKEN'.")
     return source, token
 
 
@@ -150,11 +146,7 @@ def unverified_claims(token: str) -> dict[str, Any]:
 def verified_email(claims: Mapping[str, Any]) -> str:
     """The token's email, if Google says it is verified; Unauthenticated otherwise."""
     email = claims.get("email")
-    if (
-        not isinstance(email, str)
-        or not email
-        or claims.get("email_verified") not in (True, "true")
-    ):
+    if not isinstance(email, str) or not email or claims.get("email_verified") not in (True, "true"):
         raise Unauthenticated(
             "The ID token carries no verified email: mint it for a user or service account "
             "(a service account's with --include-email)."

@@ -133,7 +133,6 @@ def _topic(source: str, subscription: str, prefix: str, target: str | None) -> t
         wanted = topology.route_of_target(target).topic
         if wanted is not None and topic != topology.topic_name(wanted, prefix):
             return topic, (
-                f"a message on {topic} reached {target}, which reads only "
-                f"{topology.topic_name(wanted, prefix)}"
+                f"a message on {topic} reached {target}, which reads only {topology.topic_name(wanted, prefix)}"
             )
     return topic, ""

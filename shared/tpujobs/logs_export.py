@@ -334,9 +334,7 @@ class LogExporter:
             k = worker_number(slice_id, worker_id, hosts)
             if not output.is_complete:
                 cut_off.append(k)
-            texts[k] = worker_log(
-                self.objects.chunks_text(output.sorted_chunks()), not output.is_complete, k
-            )
+            texts[k] = worker_log(self.objects.chunks_text(output.sorted_chunks()), not output.is_complete, k)
 
         written = []
         worker_uris = {}
@@ -382,9 +380,7 @@ class LogExporter:
         while True:
             outputs = self.objects.worker_outputs(job_id, attempt, job.spec.service_account)
             now = self.clock()
-            unsettled = sorted(
-                key for key, output in outputs.items() if not output.settled(now, self.settle_seconds)
-            )
+            unsettled = sorted(key for key, output in outputs.items() if not output.settled(now, self.settle_seconds))
             if not unsettled:
                 return outputs
             if ended_at is None:
@@ -399,9 +395,7 @@ class LogExporter:
                 )
                 return outputs
             if (now - started).total_seconds() >= self.wait_in_call_seconds:
-                raise TransientError(
-                    f"{job_id} attempt {attempt}: workers {unsettled} are still writing their output"
-                )
+                raise TransientError(f"{job_id} attempt {attempt}: workers {unsettled} are still writing their output")
             self.sleep(POLL_SECONDS)
 
     def _ended_at(self, job_id: str, attempt: int) -> datetime | None:
@@ -493,7 +487,9 @@ class LogReader:
         hosts = job.spec.hosts_per_slice
         return {
             worker_number(slice_id, worker_id, hosts): output
-            for (slice_id, worker_id), output in self.objects.worker_outputs(job.job_id, attempt, job.spec.service_account).items()
+            for (slice_id, worker_id), output in self.objects.worker_outputs(
+                job.job_id, attempt, job.spec.service_account
+            ).items()
         }
 
 

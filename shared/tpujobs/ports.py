@@ -251,4 +251,3 @@ class AccessPolicyReader(Protocol):
 class StatusPublisher(Protocol):
     def announce(self, change: StatusChange) -> None:
         """Publish one state change; TransientError when it could not be sent."""
-

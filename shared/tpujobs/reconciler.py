@@ -127,7 +127,9 @@ class Reconciler:
         self._phase(report, "repair the pools", lambda: self._repair_pools(report))
         self._phase(report, "ask again for exports", lambda: self._request_missing_exports(jobs, now, report))
         self._phase(report, "find silent workers", lambda: self._find_silent_workers(live, now, report))
-        self._phase(report, "find hosts that never reported", lambda: self._find_hosts_that_never_reported(jobs, now, report))
+        self._phase(
+            report, "find hosts that never reported", lambda: self._find_hosts_that_never_reported(jobs, now, report)
+        )
         self._phase(report, "announce missed changes", lambda: self._announce_missed(now, report))
         self._phase(report, "release unowned resources", lambda: self._release_unowned(seen, live, report))
         return report
@@ -167,9 +169,7 @@ class Reconciler:
             log.exception("reconcile: %s failed unexpectedly", what)
             report.failed.append(f"{what}: {error!r}")
 
-    def _repair(
-        self, job: Job, status: CapacityStatus | None, stuck_before, report: ReconcileReport
-    ) -> None:
+    def _repair(self, job: Job, status: CapacityStatus | None, stuck_before, report: ReconcileReport) -> None:
         service = self.service
         if job.state in (JobState.QUEUED, JobState.RECOVERING):
             if job.state is JobState.QUEUED and pool_id(job.spec, job.zone) in self._limited:
@@ -229,7 +229,10 @@ class Reconciler:
                 what = f"The TPU quota had no room for {waited / 60:.0f} min"
                 seen = Observation(EventKind.ZONE_FAILOVER, job.attempt, "reconciler", reason=what)
             else:
-                what = f"Queued resource {job.queued_resource} never appeared in the {waited / 60:.0f} min after its request"
+                what = (
+                    f"Queued resource {job.queued_resource} never appeared "
+                    f"in the {waited / 60:.0f} min after its request"
+                )
                 seen = Observation(EventKind.CAPACITY_LOST, job.attempt, "reconciler", what, "FAILED")
             service.observe(job.job_id, seen)
             report.observed.append(f"{job.job_id}: {what}")
@@ -259,7 +262,10 @@ class Reconciler:
         still = {node for node, _ in hosts}  # never a host this listing shows recovered
         lost = [h for h in job.hosts_lost_after(grace, now) if h.node in still]
         if lost:
-            said = ", ".join(f"node {h.node} has been {h.condition} for {(now - h.first_seen_at).total_seconds():.0f} s" for h in lost)
+            said = ", ".join(
+                f"node {h.node} has been {h.condition} for {(now - h.first_seen_at).total_seconds():.0f} s"
+                for h in lost
+            )
             what = f"{said[0].upper()}{said[1:]}, past the {grace:.0f} s grace: the host is lost"
             service.observe(job.job_id, Observation(EventKind.CAPACITY_LOST, job.attempt, "reconciler", reason=what))
             report.observed.append(f"{job.job_id}: {what}")
@@ -328,8 +334,14 @@ class Reconciler:
         held = {h.job_id for h in view.holders}
         for job in active.values():
             if job.job_id not in held:
-                claim = Holder(job.job_id, job.spec.chips, job.attempt, job.spec.priority,
-                               job.created_at or service.clock(), job.spec.on_preemption != "fail")
+                claim = Holder(
+                    job.job_id,
+                    job.spec.chips,
+                    job.attempt,
+                    job.spec.priority,
+                    job.created_at or service.clock(),
+                    job.spec.on_preemption != "fail",
+                )
                 if pools.change(view, add=claim, remove=frozenset(stale)):
                     report.observed.append(f"{pool}: counted {job.job_id}")
                     view, stale = pools.view(pool), set()

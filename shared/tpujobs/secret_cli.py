@@ -29,9 +29,7 @@ from tpujobs.terminal import uncontrolled
 if TYPE_CHECKING:
     from tpujobs.adapters.secrets import Secrets  # imported when used: the CLI starts fast
 
-secret_app = typer.Typer(
-    help="Secrets for a job's `secrets` field, kept in Secret Manager.", no_args_is_help=True
-)
+secret_app = typer.Typer(help="Secrets for a job's `secrets` field, kept in Secret Manager.", no_args_is_help=True)
 out = Console()
 err = Console(stderr=True)
 
@@ -133,9 +131,7 @@ def set_secret(
 def list_secrets(
     account: Annotated[
         str | None,
-        typer.Option(
-            "--account", help="Only this service account's secrets (default: every account's)."
-        ),
+        typer.Option("--account", help="Only this service account's secrets (default: every account's)."),
     ] = None,
 ) -> None:
     """tpujobs' secrets: name, account, latest version and when it was added; never values."""
@@ -145,9 +141,7 @@ def list_secrets(
     except (PermanentError, TransientError) as error:
         _fail("could not list secrets", error)
     if not found:
-        out.print(
-            "No secrets." if not account else f"No secrets of {uncontrolled(account)}.", markup=False
-        )
+        out.print("No secrets." if not account else f"No secrets of {uncontrolled(account)}.", markup=False)
         return
     table = Table(
         Column("NAME", overflow="fold"),

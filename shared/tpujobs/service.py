@@ -69,9 +69,7 @@ from tpujobs.reports import (
 log = logging.getLogger(__name__)
 
 # Queued-resource states, as the TPU API names them, grouped by what they mean for a job.
-CAPACITY_PENDING = frozenset(
-    {"CREATING", "ACCEPTED", "WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE"}
-)
+CAPACITY_PENDING = frozenset({"CREATING", "ACCEPTED", "WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE"})
 CAPACITY_GONE = frozenset({"SUSPENDING", "SUSPENDED", "FAILED"})
 
 # An attempt whose job moves from one of these to one of those has ended: export its output.
@@ -146,9 +144,7 @@ class JobService:
         reason = signing.scrub(reason)
         log.warning("rejected message %s on %s: %s", message.message_id, message.topic, reason)
         self.store.reject(
-            Rejection(
-                message.message_id, self.clock(), reason, signing.scrub(message.payload_text()), message.topic
-            )
+            Rejection(message.message_id, self.clock(), reason, signing.scrub(message.payload_text()), message.topic)
         )
 
     # -- submission ------------------------------------------------------------------
@@ -203,9 +199,7 @@ class JobService:
         zones = spec.preferred_zones or (self.settings.default_zone,)
         return refusal_when_oversized(spec, zones, self.pools.quotas())
 
-    def _accept(
-        self, spec: JobSpec, via: SubmittedVia, refuse: Callable[[str], None]
-    ) -> SubmitOutcome:
+    def _accept(self, spec: JobSpec, via: SubmittedVia, refuse: Callable[[str], None]) -> SubmitOutcome:
         """Create the job (once per job_id) and admit it; a job_id taken by another spec is refused."""
         assert spec.job_id is not None
         logs.bind_job(spec.job_id)
@@ -256,9 +250,7 @@ class JobService:
     def _quota(self, pool: str) -> int | None:
         return None if self.pools is None else quota_of(self.pools.quotas(), pool)
 
-    def admit_waiting(
-        self, pool: str, limit: int | None = None, leaving: frozenset[str] = frozenset()
-    ) -> list[str]:
+    def admit_waiting(self, pool: str, limit: int | None = None, leaving: frozenset[str] = frozenset()) -> list[str]:
         """Admit the pool's queue in order while its chips fit; a high-priority head may evict.
 
         Driven by the events that free chips (a job ends, is evicted, moves zone) and by
@@ -295,8 +287,14 @@ class JobService:
             if limit is not None and never_fits(limit, chips):  # a quota lowered under it:
                 self._quota_exceeded(head, pool, limit)  # it moves on or fails, and the queue goes on
                 continue
-            claim = Holder(head.job_id, chips, head.attempt, head.spec.priority, self.clock(),
-                           evictable=head.spec.on_preemption != "fail")
+            claim = Holder(
+                head.job_id,
+                chips,
+                head.attempt,
+                head.spec.priority,
+                self.clock(),
+                evictable=head.spec.on_preemption != "fail",
+            )
             victims: list[Holder] = []
             if limit is not None and not fits(limit, holders, chips):
                 victims = victims_for(limit, holders, chips, head.spec.priority) or []
@@ -388,9 +386,7 @@ class JobService:
                 Observation(EventKind.CAPACITY_REQUEST_FAILED, job.attempt, "tpu", reason=str(error)),
             )
             return SubmitOutcome("failed", job.job_id, str(error))
-        seen = Observation(
-            EventKind.ADMITTED, job.attempt, "submit", reason, status.state, operation=status.operation
-        )
+        seen = Observation(EventKind.ADMITTED, job.attempt, "submit", reason, status.state, operation=status.operation)
         outcome = self._commit(job.job_id, seen)
         if isinstance(outcome, Decision):
             self._failed_at_once(job.job_id, job.attempt, status)
@@ -429,7 +425,12 @@ class JobService:
         elif report.kind == "aborted":
             why = report.detail or "the agent could not start the command"
             seen = Observation(
-                EventKind.ATTEMPT_ABORTED, report.attempt, "agent", reason=why, exit_code=report.exit_code, worker=worker
+                EventKind.ATTEMPT_ABORTED,
+                report.attempt,
+                "agent",
+                reason=why,
+                exit_code=report.exit_code,
+                worker=worker,
             )
             outcome = self.observe(report.job_id, seen)
         elif report.kind == "rebooted":  # the host's agent started over: that host is lost
@@ -469,9 +470,7 @@ class JobService:
         report = self._decode(QrStateReport, message)
         if report is None:
             return None
-        return self.observe_capacity(
-            report.queued_resource, report.state, report.detail, report.unhealthy_hosts
-        )
+        return self.observe_capacity(report.queued_resource, report.state, report.detail, report.unhealthy_hosts)
 
     def observe_capacity(
         self,
@@ -739,4 +738,3 @@ def quota_reason(job: Job, error: QuotaExhausted) -> str:
     """What a job waiting for TPU quota says, quoting Google."""
     said = str(error).rstrip(". ")
     return f"TPU quota exhausted in {job.zone}: {said}; waiting, asked again at every reconciler tick."
-

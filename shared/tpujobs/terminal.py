@@ -16,9 +16,7 @@ from rich.markup import escape
 
 # Bidirectional overrides and isolates reorder what follows them (U+202A..U+202E,
 # U+2066..U+2069); line and paragraph separators (U+2028, U+2029) break a line as a newline does.
-_UNICODE_CONTROLS = frozenset(
-    [*map(chr, range(0x202A, 0x202F)), *map(chr, range(0x2066, 0x206A)), "\u2028", "\u2029"]
-)
+_UNICODE_CONTROLS = frozenset([*map(chr, range(0x202A, 0x202F)), *map(chr, range(0x2066, 0x206A)), "\u2028", "\u2029"])
 
 
 def _visible(char: str) -> str:

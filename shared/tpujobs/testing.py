@@ -167,9 +167,7 @@ class CrashingStore:
     def events(self, job_id: str) -> list[JobEvent]:
         return self._plan.step("store.events", lambda: self._store.events(job_id))
 
-    def list(
-        self, state: str | None = None, owner: str | None = None, limit: int = 100
-    ) -> builtins.list[Job]:
+    def list(self, state: str | None = None, owner: str | None = None, limit: int = 100) -> builtins.list[Job]:
         return self._plan.step("store.list", lambda: self._store.list(state, owner, limit))
 
     def list_active(self, page_size: int = 500) -> builtins.list[Job]:
@@ -179,22 +177,16 @@ class CrashingStore:
         self._plan.step("store.record_worker", lambda: self._store.record_worker(job_id, worker))
 
     def silent_workers(self, before: datetime, page_size: int = 500) -> builtins.list[SilentWorker]:
-        return self._plan.step(
-            "store.silent_workers", lambda: self._store.silent_workers(before, page_size)
-        )
+        return self._plan.step("store.silent_workers", lambda: self._store.silent_workers(before, page_size))
 
     def retire_worker(self, job_id: str, attempt: int, worker: str) -> None:
-        self._plan.step(
-            "store.retire_worker", lambda: self._store.retire_worker(job_id, attempt, worker)
-        )
+        self._plan.step("store.retire_worker", lambda: self._store.retire_worker(job_id, attempt, worker))
 
     def mark_announced(self, job_id: str, event: JobEvent) -> None:
         self._plan.step("store.mark_announced", lambda: self._store.mark_announced(job_id, event))
 
     def unannounced_events(self, before: datetime, page_size: int = 500) -> builtins.list[tuple[str, JobEvent]]:
-        return self._plan.step(
-            "store.unannounced_events", lambda: self._store.unannounced_events(before, page_size)
-        )
+        return self._plan.step("store.unannounced_events", lambda: self._store.unannounced_events(before, page_size))
 
     def reject(self, rejection: Rejection) -> None:
         self._plan.step("store.reject", lambda: self._store.reject(rejection))

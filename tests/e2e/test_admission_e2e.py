@@ -51,4 +51,6 @@ def test_the_second_job_waits_for_quota_and_runs_when_the_first_is_cancelled(env
     state_of(env, first, JobState.CANCELLED)
     done = state_of(env, second, JobState.SUCCEEDED)
     assert done.attempt == 1 and done.accounting().chip_hours > 0
-    wait_for(lambda: one_at_a_time.view(f"v5litepod@{ZONE}").holders == () or None, timeout=30)  # freed after the commit
+    wait_for(
+        lambda: one_at_a_time.view(f"v5litepod@{ZONE}").holders == () or None, timeout=30
+    )  # freed after the commit

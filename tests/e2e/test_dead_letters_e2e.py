@@ -85,9 +85,7 @@ def test_the_stack_wires_retry_and_dead_letter_policies_on_every_push_subscripti
             assert got.dead_letter_policy.max_delivery_attempts == wiring.MAX_DELIVERY_ATTEMPTS
 
 
-def test_a_message_no_delivery_can_handle_becomes_a_listed_replayable_dead_letter(
-    admin, unreadable_subscription
-):
+def test_a_message_no_delivery_can_handle_becomes_a_listed_replayable_dead_letter(admin, unreadable_subscription):
     """After 5 failed deliveries a dead_letters document appears with its topic and attempts;
     `tpujobs dead-letters` lists it, and --replay sends it back to tpujobs-submit."""
     from google.cloud import firestore
@@ -103,9 +101,7 @@ def test_a_message_no_delivery_can_handle_becomes_a_listed_replayable_dead_lette
         messages=[{"data": payload, "attributes": {"e2e_marker": marker}}],
     )
     db = firestore.Client(project=PROJECT)
-    query = db.collection("dead_letters").where(
-        filter=firestore.FieldFilter("attributes.e2e_marker", "==", marker)
-    )
+    query = db.collection("dead_letters").where(filter=firestore.FieldFilter("attributes.e2e_marker", "==", marker))
 
     def recorded():
         """the dead letter in Firestore"""

@@ -36,9 +36,7 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[stack.StackSta
     """One stack for the module; stopped at the end whatever happens."""
     state_dir = tmp_path_factory.mktemp("stack")
     try:
-        yield stack.up(
-            state_dir, SETTINGS, environ=clean_environ(TPUJOBS_REPORT_KEY=SHELL_REPORT_KEY)
-        )
+        yield stack.up(state_dir, SETTINGS, environ=clean_environ(TPUJOBS_REPORT_KEY=SHELL_REPORT_KEY))
     finally:
         stack.down(state_dir)
 
@@ -72,13 +70,9 @@ def test_up_starts_every_service_and_each_endpoint_answers(
     subscriber = wiring.subscriber_client(env["PUBSUB_EMULATOR_HOST"])
     topics = {t.name for t in publisher.list_topics(project=f"projects/{project}")}
     assert topics == {
-        publisher.topic_path(project, topology.topic_name(t, SETTINGS.prefix))
-        for t in topology.ALL_TOPICS
+        publisher.topic_path(project, topology.topic_name(t, SETTINGS.prefix)) for t in topology.ALL_TOPICS
     }
-    pushes = {
-        s.name: s.push_config.push_endpoint
-        for s in subscriber.list_subscriptions(project=f"projects/{project}")
-    }
+    pushes = {s.name: s.push_config.push_endpoint for s in subscriber.list_subscriptions(project=f"projects/{project}")}
     assert pushes == {
         subscriber.subscription_path(
             project, topology.push_subscription_name(r, SETTINGS.prefix)
@@ -106,8 +100,7 @@ def test_env_lines_export_the_stack_endpoints(running: stack.StackState) -> None
     # One the environment names (another stack of this session exported its own) is kept;
     # else the stack's own default account: never a Compute default.
     expected = (
-        os.environ.get("TPUJOBS_TPU_SERVICE_ACCOUNT")
-        or f"tpujobs-tpu-vm@{SETTINGS.project}.iam.gserviceaccount.com"
+        os.environ.get("TPUJOBS_TPU_SERVICE_ACCOUNT") or f"tpujobs-tpu-vm@{SETTINGS.project}.iam.gserviceaccount.com"
     )
     assert exported["TPUJOBS_TPU_SERVICE_ACCOUNT"] == expected
     assert exported["TPUJOBS_PREFIX"] == "t1-"
@@ -142,9 +135,7 @@ def test_the_secret_manager_serves_the_real_client_and_the_simulator_points_host
         credentials=AnonymousCredentials(),
     )
     parent = f"projects/{running.env['GOOGLE_CLOUD_PROJECT']}"
-    made = client.create_secret(
-        parent=parent, secret_id="dev-stack-check", secret={"replication": {"automatic": {}}}
-    )
+    made = client.create_secret(parent=parent, secret_id="dev-stack-check", secret={"replication": {"automatic": {}}})
     client.add_secret_version(parent=made.name, payload={"data": b"x"})
     assert client.access_secret_version(name=f"{made.name}/versions/latest").payload.data == b"x"
 
@@ -225,9 +216,7 @@ def test_stop_leaves_alone_a_pid_that_is_no_longer_the_recorded_process(tmp_path
         started = processes.ManagedProcess(
             name="ours", pid=other.pid, port=0, log_path=tmp_path / "ours.log", argv=("sleep", "60")
         )
-        later_start = replace(
-            started, start_time=(processes.process_start_time(other.pid) or 0) + 1
-        )
+        later_start = replace(started, start_time=(processes.process_start_time(other.pid) or 0) + 1)
         other_command = replace(started, argv=("gcloud", "emulators", "firestore", "start"))
         wait_for(lambda: processes.is_running(started), timeout=5)  # once `sleep` has exec'd
         assert not processes.is_running(later_start)

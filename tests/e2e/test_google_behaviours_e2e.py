@@ -176,7 +176,8 @@ def test_a_transient_api_error_never_fails_a_job(env, jobs, method, code, extra)
 
 
 def test_a_quota_429_leaves_the_job_waiting_saying_so_and_it_runs_once_the_quota_frees(env, jobs):
-    """create answers 429 RESOURCE_QUOTA_EXCEEDED: the job waits, PROVISIONING with a reason naming the quota; cleared, it runs at attempt 1."""
+    """create answers 429 RESOURCE_QUOTA_EXCEEDED: the job waits, PROVISIONING with a reason naming the quota; cleared,
+    it runs at attempt 1."""
     fault("error", "--method", "create", "--code", "429", "--quota", "--count", "100")
     job_id = jobs(prefix="quota", command="echo quota-ok", max_restarts=0)
     waiting = until(env, job_id, lambda j: "quota exhausted" in j.state_reason.lower(), "said it waits for quota")
@@ -195,7 +196,8 @@ def test_a_quota_429_leaves_the_job_waiting_saying_so_and_it_runs_once_the_quota
 
 
 def test_a_host_that_never_boots_is_recovered_by_the_boot_timeout(env, jobs):
-    """The first queued resource's hosts never run their startup script: lost after the boot timeout; attempt 2 runs and SUCCEEDS."""
+    """The first queued resource's hosts never run their startup script: lost after the boot timeout; attempt 2 runs and
+    SUCCEEDS."""
     fault("no-boot", "--count", "1")
     job_id = jobs(prefix="noboot", command="echo booted-ok", max_restarts=2)
     lost = event_saying(env, job_id, "never booted", timeout=120)
@@ -209,10 +211,9 @@ def test_a_host_that_never_boots_is_recovered_by_the_boot_timeout(env, jobs):
 # --- reboots ----------------------------------------------------------------------------------
 
 
-def test_a_rebooted_host_never_runs_the_command_twice_and_the_job_resumes_at_a_new_attempt(
-    env, jobs, tmp_path: Path
-):
-    """Worker 1 of a v4-16 is reset: its startup script runs again, its agent reports `rebooted` and runs nothing; attempt 2 runs."""
+def test_a_rebooted_host_never_runs_the_command_twice_and_the_job_resumes_at_a_new_attempt(env, jobs, tmp_path: Path):
+    """Worker 1 of a v4-16 is reset: its startup script runs again, its agent reports `rebooted` and runs nothing;
+    attempt 2 runs."""
     runs = tmp_path / "runs"
     runs.mkdir()
     marker = shlex.quote(str(runs))
@@ -240,7 +241,8 @@ def test_a_rebooted_host_never_runs_the_command_twice_and_the_job_resumes_at_a_n
 
 
 def test_a_maintenance_event_is_a_preemption_notice_and_the_job_resumes(env, jobs):
-    """TERMINATE_ON_HOST_MAINTENANCE: the agent's one notice loses the attempt at once, the timeline names the maintenance, attempt 2 SUCCEEDS."""
+    """TERMINATE_ON_HOST_MAINTENANCE: the agent's one notice loses the attempt at once, the timeline names the
+    maintenance, attempt 2 SUCCEEDS."""
     job_id = jobs(
         prefix="maint",
         command='if [ "$TPUJOBS_ATTEMPT" = 1 ]; then sleep 600; fi; echo "resumed=$TPUJOBS_RESUME"',
@@ -285,7 +287,8 @@ def watching(env, job_id: str, shown: str):
 
 @pytest.mark.parametrize(("verb", "condition", "shown", "ending"), CONDITIONS, ids=IDS)
 def test_a_short_blip_of_a_passing_condition_changes_nothing(env, jobs, tmp_path, verb, condition, shown, ending):
-    """The node is shown in the condition, watched, then healthy again within the grace: no restart, the job SUCCEEDS at attempt 1."""
+    """The node is shown in the condition, watched, then healthy again within the grace: no restart, the job SUCCEEDS at
+    attempt 1."""
     flag = tmp_path / "done"
     job_id = jobs(prefix="blipnode", command=wait_for_flag(flag), max_restarts=2)
     running_at(env, job_id, 1)
@@ -301,7 +304,9 @@ def test_a_short_blip_of_a_passing_condition_changes_nothing(env, jobs, tmp_path
 
 
 @pytest.mark.parametrize(("verb", "condition", "shown", "ending"), CONDITIONS, ids=IDS)
-def test_a_passing_condition_that_lasts_past_the_grace_loses_the_host(env, jobs, tmp_path, verb, condition, shown, ending):
+def test_a_passing_condition_that_lasts_past_the_grace_loses_the_host(
+    env, jobs, tmp_path, verb, condition, shown, ending
+):
     """The node stays in the condition: after the grace the host is lost, attempt 2 runs and SUCCEEDS."""
     job_id = jobs(prefix="lastnode", command=wait_for_flag(tmp_path / "never"), max_restarts=2)
     running_at(env, job_id, 1)
@@ -359,7 +364,8 @@ class Watcher:
 def test_a_preempted_resource_holds_its_chips_until_deleted_and_the_job_still_gets_them(
     env, jobs, one_slice_of_capacity
 ):
-    """Chips for one slice: the SUSPENDED attempt 1 holds them while it is deleted (slowly); attempt 2 waits for them, then RUNS."""
+    """Chips for one slice: the SUSPENDED attempt 1 holds them while it is deleted (slowly); attempt 2 waits for them,
+    then RUNS."""
     job_id = jobs(
         prefix="dead",
         accelerator_type="v5litepod-8",
@@ -388,7 +394,8 @@ def test_a_preempted_resource_holds_its_chips_until_deleted_and_the_job_still_ge
 
 
 def test_the_reconciler_sees_every_resource_however_many_pages_the_list_takes(env, jobs):
-    """More jobs than a page holds (the local simulator pages by 2), each host killed silently: the reconciler finds every one."""
+    """More jobs than a page holds (the local simulator pages by 2), each host killed silently: the reconciler finds
+    every one."""
     page = int(simulator(env, "config").get("default_page_size") or 0)
     assert page >= 1, "the local simulator pages its lists"
     count = page + 1

@@ -106,9 +106,7 @@ def http() -> requests.Session:
 
 
 def post(http: requests.Session, body: dict, caller: str) -> requests.Response:
-    return http.post(
-        os.environ["TPUJOBS_API_URL"], json=body, headers={CALLER_HEADER: caller}, timeout=30
-    )
+    return http.post(os.environ["TPUJOBS_API_URL"], json=body, headers={CALLER_HEADER: caller}, timeout=30)
 
 
 def cli(*args: str, input: str | None = None) -> str:
@@ -159,11 +157,7 @@ def cancel(http: requests.Session, *job_ids: str) -> None:
 def output(env, job_id: str, attempt: int = 1) -> str:
     prefix = f"jobs/{job_id}/attempt-{attempt}/chunks/slice-0-worker-0/"
     blobs = sorted(
-        (
-            b
-            for b in env["storage"].list_blobs(env["bucket"], prefix=prefix)
-            if b.name.endswith(".log")
-        ),
+        (b for b in env["storage"].list_blobs(env["bucket"], prefix=prefix) if b.name.endswith(".log")),
         key=lambda b: b.name,
     )
     return "".join(b.download_as_text() for b in blobs)
@@ -175,11 +169,7 @@ def rejections_about(env, job_id: str) -> list:
 
 def alive_workers(env, queued_resource: str) -> list[dict]:
     url = f"{env['simulator']}/simulator/v1/queuedResources/{env['zone']}/{queued_resource}:workers"
-    return [
-        w
-        for w in requests.get(url, timeout=10, proxies={"http": None}).json()["workers"]
-        if w["alive"]
-    ]
+    return [w for w in requests.get(url, timeout=10, proxies={"http": None}).json()["workers"] if w["alive"]]
 
 
 # -- 1. forged reports ---------------------------------------------------------------------
@@ -194,9 +184,7 @@ def test_a_jobs_forged_exit_and_preemption_for_another_running_job_change_nothin
     prefix = os.environ.get("TPUJOBS_PREFIX", "")
     events_topic = topology.topic_name(topology.WORKER_EVENTS, prefix)
     preemption_topic = topology.topic_name(topology.PREEMPTION, prefix)
-    victim = submit_job(
-        prefix="victim", command='while true; do echo "victim $TPUJOBS_WORKER_ID"; sleep 1; done'
-    )
+    victim = submit_job(prefix="victim", command='while true; do echo "victim $TPUJOBS_WORKER_ID"; sleep 1; done')
     forger = None
     try:
         running = state_of(env, victim, JobState.RUNNING)
@@ -231,8 +219,7 @@ def test_a_jobs_forged_exit_and_preemption_for_another_running_job_change_nothin
 
         rejected = wait_for(three_rejections, timeout=60)
         by_topic = {
-            topic: [r for r in rejected if r.topic.endswith(topic)]
-            for topic in (events_topic, preemption_topic)
+            topic: [r for r in rejected if r.topic.endswith(topic)] for topic in (events_topic, preemption_topic)
         }
         assert len(by_topic[events_topic]) == 2 and len(by_topic[preemption_topic]) == 1, rejected
         for forged_exit in by_topic[events_topic]:
@@ -240,9 +227,7 @@ def test_a_jobs_forged_exit_and_preemption_for_another_running_job_change_nothin
             assert forged_exit.reason.startswith(f"Report for {victim} attempt 1 refused")
             assert "unsigned" in forged_exit.reason, forged_exit.reason
         (forged_notice,) = by_topic[preemption_topic]
-        assert "signature does not match the key of the attempt" in forged_notice.reason, (
-            forged_notice.reason
-        )
+        assert "signature does not match the key of the attempt" in forged_notice.reason, forged_notice.reason
         assert {json.loads(r.payload).get("worker_id") for r in by_topic[events_topic]} == {0, 1}
 
         # A's key was its real one: the checkpoint it signed for itself was believed.
@@ -256,9 +241,7 @@ def test_a_jobs_forged_exit_and_preemption_for_another_running_job_change_nothin
         until = time.monotonic() + 5  # several seconds after both forgeries were handled
         while time.monotonic() < until:
             job = env["store"].get(victim)
-            assert (job.state, job.attempt, job.restarts) == (JobState.RUNNING, 1, 0), (
-                job.state_reason
-            )
+            assert (job.state, job.attempt, job.restarts) == (JobState.RUNNING, 1, 0), job.state_reason
             time.sleep(0.25)
         assert len(alive_workers(env, running.queued_resource)) == 2
         timeline = [e.to_state for e in env["store"].events(victim)]
@@ -342,9 +325,7 @@ def firestore_documents(project: str) -> dict[str, str]:
 # `taps` pulls with return_immediately, deprecated but what lets a drain of nine empty
 # subscriptions on the emulator end at once instead of waiting out a deadline on each.
 @pytest.mark.filterwarnings("ignore:The return_immediately flag is deprecated:DeprecationWarning")
-def test_a_secret_reaches_the_command_and_no_document_message_log_or_api_answer(
-    env, submit_job, http, taps
-):
+def test_a_secret_reaches_the_command_and_no_document_message_log_or_api_answer(env, submit_job, http, taps):
     """`tpujobs secret set hf-token`, then a job with secrets {HF_TOKEN: hf-token} prints the
     value's SHA-256: it SUCCEEDS with the digest in its exported logs, and the value (or its
     base64) is in no Firestore document, no message on any topic, no file of the stack's state
@@ -363,9 +344,7 @@ def test_a_secret_reaches_the_command_and_no_document_message_log_or_api_answer(
     qr_name = f"projects/{env['project']}/locations/{running.zone}/queuedResources/{running.queued_resource}"
     request = env["tpu"].get_queued_resource(name=qr_name)
     script = request.tpu.node_spec[0].node.metadata["startup-script"]
-    config = json.loads(
-        base64.b64decode(script.split("<<'TPUJOBS_CONFIG_EOF'\n")[1].split("TPUJOBS_CONFIG_EOF")[0])
-    )
+    config = json.loads(base64.b64decode(script.split("<<'TPUJOBS_CONFIG_EOF'\n")[1].split("TPUJOBS_CONFIG_EOF")[0]))
     assert config["secrets"]["HF_TOKEN"].endswith("_hf-token/versions/latest"), config["secrets"]
     queued_resource = str(request) + json.dumps(config)  # the request, metadata and agent config
 
@@ -373,12 +352,7 @@ def test_a_secret_reaches_the_command_and_no_document_message_log_or_api_answer(
     assert job.state is JobState.SUCCEEDED, job.state_reason
     digest = hashlib.sha256(value.encode()).hexdigest()
     wait_for(lambda: env["store"].attempt_logs(job_id, 1), timeout=60)
-    attempt_log = (
-        env["storage"]
-        .bucket(env["bucket"])
-        .blob(f"jobs/{job_id}/attempt-1/attempt.log")
-        .download_as_text()
-    )
+    attempt_log = env["storage"].bucket(env["bucket"]).blob(f"jobs/{job_id}/attempt-1/attempt.log").download_as_text()
     assert f"{digest}  -" in attempt_log
     shown_logs = cli("logs", job_id)
     assert digest in shown_logs
@@ -403,22 +377,17 @@ def test_a_secret_reaches_the_command_and_no_document_message_log_or_api_answer(
     files = {path: path.read_bytes() for path in state_dir.rglob("*") if path.is_file()}
     assert any(path.name.startswith("function-") for path in files)
     objects = {
-        b.name: b.download_as_bytes()
-        for b in env["storage"].list_blobs(env["bucket"], prefix=f"jobs/{job_id}/")
+        b.name: b.download_as_bytes() for b in env["storage"].list_blobs(env["bucket"], prefix=f"jobs/{job_id}/")
     }
     listed = post(http, {"action": "list", "owner": OWNER, "limit": 1000}, OWNER)
     described = post(http, {"action": "describe", "job_id": job_id}, OWNER)
     assert listed.status_code == described.status_code == 200
-    assert job_id in listed.text and described.json()["job"]["spec"]["secrets"] == {
-        "HF_TOKEN": "hf-token"
-    }
+    assert job_id in listed.text and described.json()["job"]["spec"]["secrets"] == {"HF_TOKEN": "hf-token"}
 
     for needle in needles:
         assert [path for path, text in documents.items() if needle in text] == []
         assert [
-            (base, m.message_id)
-            for base, m in messages
-            if needle.encode() in m.data + repr(m.attributes).encode()
+            (base, m.message_id) for base, m in messages if needle.encode() in m.data + repr(m.attributes).encode()
         ] == []
         assert [str(path) for path, data in files.items() if needle.encode() in data] == []
         assert [name for name, data in objects.items() if needle.encode() in data] == []
@@ -427,9 +396,7 @@ def test_a_secret_reaches_the_command_and_no_document_message_log_or_api_answer(
         assert needle not in shown_logs
 
 
-def test_a_job_whose_secret_does_not_exist_fails_once_naming_the_secret_and_the_account(
-    env, submit_job
-):
+def test_a_job_whose_secret_does_not_exist_fails_once_naming_the_secret_and_the_account(env, submit_job):
     """secrets {HF_TOKEN: a name nobody set}: FAILED at attempt 1 with no restart, and the reason
     names the secret and the account the VMs run as."""
     missing = f"nobody-set-{uuid.uuid4().hex[:6]}"
@@ -491,17 +458,11 @@ def small_v4_quota(env) -> Iterator[str]:
     FirestorePools(firestore.Client(project=env["project"])).set_quota(QUOTA_ZONE, "v4", None)
 
 
-def test_an_oversized_job_is_refused_at_submit_and_the_job_behind_it_runs(
-    env, submit_job, http, small_v4_quota
-):
+def test_an_oversized_job_is_refused_at_submit_and_the_job_behind_it_runs(env, submit_job, http, small_v4_quota):
     """Quota 8 chips of v4: a v4-32 (16 chips) is refused with a sentence in rejections and
     never stored; a v4-16 (8 chips) submitted right behind it reaches RUNNING."""
-    oversized = submit_job(
-        prefix="huge", accelerator_type="v4-32", zone=small_v4_quota, command="sleep 600"
-    )
-    fitting = submit_job(
-        prefix="fits", accelerator_type="v4-16", zone=small_v4_quota, command="sleep 600"
-    )
+    oversized = submit_job(prefix="huge", accelerator_type="v4-32", zone=small_v4_quota, command="sleep 600")
+    fitting = submit_job(prefix="fits", accelerator_type="v4-16", zone=small_v4_quota, command="sleep 600")
     try:
         running = state_of(env, fitting, JobState.RUNNING)
         assert running.attempt == 1 and running.zone == small_v4_quota

@@ -49,9 +49,7 @@ def configure(client, name: str, document: dict[str, Any]) -> None:
 
 @pytest.fixture
 def service(firestore_client, tpu_client, project_id, simulator_url) -> JobService:
-    settings = local_settings(
-        project=project_id, default_zone=ZONE, tpu_endpoint=simulator_url, logs_bucket=BUCKET
-    )
+    settings = local_settings(project=project_id, default_zone=ZONE, tpu_endpoint=simulator_url, logs_bucket=BUCKET)
     return JobService(
         FirestoreJobStore(firestore_client),
         CloudTpu(tpu_client, project_id),
@@ -110,9 +108,7 @@ def test_absent_documents_are_empty_policies(firestore_client):
 def test_one_document_present_leaves_the_others_empty(firestore_client):
     """Only config/groups written: its groups are read, the lists and accounts are empty."""
     configure(firestore_client, "groups", {"research": [OWNER]})
-    assert FirestoreAccessPolicies(firestore_client).policies() == AccessPolicies(
-        groups={"research": (OWNER,)}
-    )
+    assert FirestoreAccessPolicies(firestore_client).policies() == AccessPolicies(groups={"research": (OWNER,)})
 
 
 def test_fields_of_the_wrong_type_allow_nothing_more(firestore_client):
@@ -162,9 +158,7 @@ def test_only_the_boolean_true_trusts_topic_owners(firestore_client, trust):
 # -- through JobService ---------------------------------------------------------------------
 
 
-def test_a_very_high_topic_submission_is_a_rejection_and_no_job(
-    service, firestore_client, tpu_client, project_id
-):
+def test_a_very_high_topic_submission_is_a_rejection_and_no_job(service, firestore_client, tpu_client, project_id):
     """By default the topic's owner is a claim: very-high is refused, recorded, and nothing is created."""
     configure(firestore_client, "policies", {"high_priority": [OWNER]})
     outcome = service.submit(inbound("tpujobs-submit", a_spec(priority="very-high"), "301"))
@@ -227,10 +221,7 @@ def test_a_service_account_allowed_only_to_someone_else_is_refused(service, fire
         {"bob@example.com": [OTHER_ACCOUNT], OWNER: [ACCOUNT]},
     )
     spec = parse_spec(a_spec(service_account=OTHER_ACCOUNT))
-    expected = (
-        f"{OWNER} may not use service account {OTHER_ACCOUNT}: an admin allows it in "
-        "config/service_accounts"
-    )
+    expected = f"{OWNER} may not use service account {OTHER_ACCOUNT}: an admin allows it in config/service_accounts"
     assert service.submission_refusal(spec, owner_verified=True) == expected
     outcome = service.submit(inbound("tpujobs-submit", a_spec(service_account=OTHER_ACCOUNT)))
     assert outcome.kind == "rejected"

@@ -51,7 +51,7 @@ def report(service: JobService, kind: str, attempt: int, worker: int, minute: fl
     service.clock.minutes = max(service.clock.minutes, minute)
     at = (T0 + timedelta(minutes=minute)).isoformat()
     payload = {"kind": kind, "job_id": "acct-1", "attempt": attempt, "slice_id": 0, "worker_id": worker, "at": at}
-    service.on_worker_report(signed(service,"tpujobs-worker-events", {**payload, **extra}))
+    service.on_worker_report(signed(service, "tpujobs-worker-events", {**payload, **extra}))
 
 
 def test_the_document_carries_chip_hours_lost_time_and_goodput(service, clock, firestore_client):
@@ -73,7 +73,7 @@ def test_the_document_carries_chip_hours_lost_time_and_goodput(service, clock, f
     report(service, "checkpoint", 1, 0, 40, step=80)  # an older one, delivered late
     clock.minutes = 80
     service.on_preemption(
-        signed(service,"tpujobs-preemption", {"job_id": "acct-1", "attempt": 1, "slice_id": 0, "worker_id": 0})
+        signed(service, "tpujobs-preemption", {"job_id": "acct-1", "attempt": 1, "slice_id": 0, "worker_id": 0})
     )
     job = service.store.get("acct-1")
     assert job.state is JobState.PROVISIONING and job.attempt == 2
@@ -112,7 +112,7 @@ def test_a_checkpoint_reported_after_the_preemption_notice_still_counts(service,
     report(service, "checkpoint", 1, 0, 30, step=10)
     clock.minutes = 60
     service.on_preemption(
-        signed(service,"tpujobs-preemption", {"job_id": "acct-1", "attempt": 1, "slice_id": 0, "worker_id": 0})
+        signed(service, "tpujobs-preemption", {"job_id": "acct-1", "attempt": 1, "slice_id": 0, "worker_id": 0})
     )
     assert service.store.get("acct-1").accounting().lost_seconds == pytest.approx(30 * 60)
     timeline = service.store.events("acct-1")

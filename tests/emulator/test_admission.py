@@ -159,7 +159,8 @@ def test_a_high_priority_job_evicts_the_lowest_newest_job_which_resumes_later(se
     time.sleep(0.01)
     submit(service, "low-new", priority="low")
     service.on_worker_report(
-        signed(service,
+        signed(
+            service,
             "tpujobs-worker-events",
             {"kind": "started", "job_id": "low-new", "attempt": 1, "slice_id": 0, "worker_id": 0},
         )
@@ -227,13 +228,16 @@ def test_a_spot_job_continues_on_demand_after_repeated_preemptions(service, simu
     assert tpu_v2.QueuedResource.pb(client.get_queued_resource(name=f"{name}/flaky-a1")).HasField("spot")
     for attempt in (1, 2):
         service.on_worker_report(
-            signed(service,
+            signed(
+                service,
                 "tpujobs-worker-events",
                 {"kind": "started", "job_id": "flaky", "attempt": attempt, "slice_id": 0, "worker_id": 0},
             )
         )
         service.on_preemption(
-            signed(service,"tpujobs-preemption", {"job_id": "flaky", "attempt": attempt, "slice_id": 0, "worker_id": 0})
+            signed(
+                service, "tpujobs-preemption", {"job_id": "flaky", "attempt": attempt, "slice_id": 0, "worker_id": 0}
+            )
         )
     job = service.store.get("flaky")
     assert job.attempt == 3 and job.on_demand and job.capacity == "on-demand"
@@ -326,6 +330,8 @@ def test_a_zone_whose_quota_is_too_small_is_skipped(service, pools, simulator, p
     job = service.store.get("skip")
     assert (job.state, job.zone, job.attempt) == (JobState.PROVISIONING, OTHER_ZONE, 1)
     assert [u.zone for u in job.usage] == [OTHER_ZONE]
-    moved = [e for e in service.store.events("skip") if e.from_state is JobState.QUEUED and e.to_state is JobState.QUEUED]
+    moved = [
+        e for e in service.store.events("skip") if e.from_state is JobState.QUEUED and e.to_state is JobState.QUEUED
+    ]
     assert len(moved) == 1 and f"attempt 1 waits in {OTHER_ZONE} instead" in moved[0].reason
     assert live_resources(simulator, project_id, OTHER_ZONE) == {"skip-a1"}

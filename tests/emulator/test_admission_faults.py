@@ -83,7 +83,6 @@ class Harness:
         return {job_id: job.state for job_id, job in jobs.items()}
 
 
-
 def spec(job_id: str, priority: str = "medium") -> dict:
     return {
         "job_id": job_id,

@@ -105,9 +105,7 @@ class FakeMetadata:
 def storage_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A storage emulator of this module's own."""
     port = processes.free_port()
-    started = processes.start(
-        [processes.storage_emulator(port)], tmp_path_factory.mktemp("storage-emulator")
-    )
+    started = processes.start([processes.storage_emulator(port)], tmp_path_factory.mktemp("storage-emulator"))
     try:
         yield f"http://{processes.LOOPBACK}:{port}"
     finally:
@@ -141,9 +139,7 @@ class Reports:
             base: [] for base in self.subscriptions
         }
 
-    def pull(
-        self, base: str, timeout: float = 1.0
-    ) -> list[tuple[dict[str, Any], dict[str, str], datetime]]:
+    def pull(self, base: str, timeout: float = 1.0) -> list[tuple[dict[str, Any], dict[str, str], datetime]]:
         """Everything delivered so far on the topic (pulled and acknowledged), in publish order."""
         from google.api_core import exceptions
 
@@ -163,9 +159,7 @@ class Reports:
                     signature = attributes.pop(signing.SIGNATURE_ATTRIBUTE, None)
                     problem = signing.signature_problem(KEY, message.data, signature)
                     assert problem is None, (problem, message.data)
-                    self.received[base].append(
-                        (json.loads(message.data), attributes, message.publish_time)
-                    )
+                    self.received[base].append((json.loads(message.data), attributes, message.publish_time))
                 self.subscriber.acknowledge(
                     request={
                         "subscription": self.subscriptions[base],
@@ -228,9 +222,7 @@ def a_job(attempt: int = 1, **spec_changes: Any) -> Job:
 class Run:
     """One agent, started through its startup script; always killed (group and all) at the end."""
 
-    def __init__(
-        self, job: Job, settings: Settings, workdir: Path, metadata: FakeMetadata, storage_url: str
-    ):
+    def __init__(self, job: Job, settings: Settings, workdir: Path, metadata: FakeMetadata, storage_url: str):
         self.job = job
         workdir.mkdir(parents=True, exist_ok=True)
         script = workdir.parent / f"startup-{workdir.name}.sh"
@@ -269,9 +261,7 @@ def run_agent(tmp_path: Path, metadata: FakeMetadata, storage_url: str, bucket, 
     runs: list[Run] = []
 
     def start(job: Job, metadata_server: FakeMetadata = metadata) -> Run:
-        run = Run(
-            job, settings, tmp_path / f"host-{len(runs)}" / "work", metadata_server, storage_url
-        )
+        run = Run(job, settings, tmp_path / f"host-{len(runs)}" / "work", metadata_server, storage_url)
         runs.append(run)
         return run
 
@@ -325,9 +315,7 @@ def test_a_command_that_exits_3_is_reported_started_and_exited_and_its_output_is
     job = a_job(command="for i in 1 2 3; do echo line-$i; echo err-$i >&2; sleep 0.3; done; exit 3")
     code, stderr = run_agent(job).wait()
     assert code == 3, stderr
-    got = reports.wait_for(
-        topology.WORKER_EVENTS, lambda ps: any(p["kind"] == "exited" for p in ps)
-    )
+    got = reports.wait_for(topology.WORKER_EVENTS, lambda ps: any(p["kind"] == "exited" for p in ps))
     kinds = [payload["kind"] for payload, _, _ in got]
     assert kinds[0] == "started" and kinds[-1] == "exited" and "heartbeat" in kinds
     exited, attributes, _ = got[-1]
@@ -353,9 +341,7 @@ def test_a_checkpoint_line_gives_a_checkpoint_report(run_agent, reports: Reports
     job = a_job(command="echo training; echo TPUJOBS_CHECKPOINT step=5 saved to gs://b/c/5")
     code, stderr = run_agent(job).wait()
     assert code == 0, stderr
-    got = reports.wait_for(
-        topology.WORKER_EVENTS, lambda ps: any(p["kind"] == "exited" for p in ps)
-    )
+    got = reports.wait_for(topology.WORKER_EVENTS, lambda ps: any(p["kind"] == "exited" for p in ps))
     checkpoints = [(p, a) for p, a, _ in got if p["kind"] == "checkpoint"]
     assert len(checkpoints) == 1
     payload, attributes = checkpoints[0]
@@ -385,18 +371,14 @@ def test_sigterm_publishes_one_fast_notice_then_the_command_gets_sigterm_and_no_
         0,
     )
     assert attributes == {"job_id": "train-1", "attempt": "1"}
-    assert (published - sent).total_seconds() < 0.5, (
-        f"notice published {published - sent} after SIGTERM"
-    )
+    assert (published - sent).total_seconds() < 0.5, f"notice published {published - sent} after SIGTERM"
     assert b"got-term\n" in output_of(bucket, job)
     assert len(reports.pull(topology.PREEMPTION, 1.0)) == 1
     assert "exited" not in reports.kinds(1.0)
     assert bucket.get_blob(chunk_dir(job) + "complete.json") is None
 
 
-def test_a_command_that_ignores_sigterm_is_killed_after_the_grace_period(
-    run_agent, reports: Reports, bucket
-) -> None:
+def test_a_command_that_ignores_sigterm_is_killed_after_the_grace_period(run_agent, reports: Reports, bucket) -> None:
     """grace_seconds 1: the whole process group is SIGKILLed about a second after the notice."""
     job = a_job(command=IGNORE_TERM)
     run = run_agent(job)
@@ -430,9 +412,7 @@ def test_instance_preempted_turning_true_does_what_sigterm_does(
     assert "started" in kinds and "exited" not in kinds
 
 
-def test_a_code_tarball_is_fetched_unpacked_and_the_command_runs_in_it(
-    run_agent, reports: Reports, bucket
-) -> None:
+def test_a_code_tarball_is_fetched_unpacked_and_the_command_runs_in_it(run_agent, reports: Reports, bucket) -> None:
     """code_uri gs://bucket/code.tar.gz: its files are in the command's working directory."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
@@ -453,9 +433,7 @@ def test_a_code_tarball_is_fetched_unpacked_and_the_command_runs_in_it(
     assert output_of(bucket, job) == b"hello from the tarball\nran run.sh\ncode\n"
 
 
-def test_the_command_sees_the_environment_of_contract_section_2(
-    run_agent, reports: Reports, bucket
-) -> None:
+def test_the_command_sees_the_environment_of_contract_section_2(run_agent, reports: Reports, bucket) -> None:
     """TPUJOBS_ variables for attempt 2 of a 2-slice job on worker 3 of slice 1, plus the spec's env."""
     job = a_job(
         2,
@@ -480,12 +458,7 @@ def test_the_command_sees_the_environment_of_contract_section_2(
         "LR": "0.1",
         "NAME": "a b",
     }
-    seen = dict(
-        line.split("=", 1)
-        for line in output_of(bucket, job, slice_id=1, worker_id=3).decode().splitlines()
-    )
+    seen = dict(line.split("=", 1) for line in output_of(bucket, job, slice_id=1, worker_id=3).decode().splitlines())
     assert seen == expected
-    got = reports.wait_for(
-        topology.WORKER_EVENTS, lambda ps: any(p["kind"] == "exited" for p in ps)
-    )
+    got = reports.wait_for(topology.WORKER_EVENTS, lambda ps: any(p["kind"] == "exited" for p in ps))
     assert {(p["slice_id"], p["worker_id"]) for p, _, _ in got} == {(1, 3)}

@@ -102,7 +102,7 @@ def fail(service: JobService, job_id: str) -> None:
     """The job's only worker starts and exits 1: FAILED (on_error defaults to fail)."""
     for kind, extra in (("started", {}), ("exited", {"exit_code": 1})):
         payload = {"kind": kind, "job_id": job_id, "attempt": 1, "slice_id": 0, "worker_id": 0, **extra}
-        service.on_worker_report(signed(service,"tpujobs-worker-events", payload))
+        service.on_worker_report(signed(service, "tpujobs-worker-events", payload))
     assert service.store.get(job_id).state is JobState.FAILED
 
 
@@ -307,7 +307,10 @@ def test_list_filters_by_state_and_owner_newest_first(local, service):
     assert [j["job_id"] for j in mine] == ["third", "first"]
     live = call(local, {"action": "list", "owner": OWNER, "state": "provisioning"}, caller=OWNER).body["jobs"]
     assert [j["job_id"] for j in live] == ["first"]
-    assert [j["job_id"] for j in call(local, {"action": "list", "limit": 1, "state": "CANCELLED"}, caller=OWNER).body["jobs"]] == ["third"]
+    assert [
+        j["job_id"]
+        for j in call(local, {"action": "list", "limit": 1, "state": "CANCELLED"}, caller=OWNER).body["jobs"]
+    ] == ["third"]
 
     document = live[0]
     assert document["state"] == "PROVISIONING" and document["owner"] == OWNER

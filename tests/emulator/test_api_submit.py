@@ -58,9 +58,7 @@ def submit(api: JobsApi, caller: str, **spec):
     }
     import json
 
-    answer = api.handle(
-        "POST", "http://localhost/", {CALLER_HEADER: caller}, json.dumps(body).encode()
-    )
+    answer = api.handle("POST", "http://localhost/", {CALLER_HEADER: caller}, json.dumps(body).encode())
     return answer.status, answer.body
 
 
@@ -88,16 +86,12 @@ def test_the_same_request_id_is_the_same_job_and_another_is_a_new_one(api) -> No
     assert first == again != other
 
 
-def test_very_high_priority_needs_a_policy_that_lists_the_verified_caller(
-    api, firestore_client
-) -> None:
+def test_very_high_priority_needs_a_policy_that_lists_the_verified_caller(api, firestore_client) -> None:
     """Refused (403) until config/policies lists the caller's group; then accepted."""
     status, body = submit(api, ADA, job_id="urgent", priority="very-high")
     assert status == 403 and "high_priority" in body["error"]
     firestore_client.collection("config").document("groups").set({"leads": [ADA]})
-    firestore_client.collection("config").document("policies").set(
-        {"high_priority": ["group:leads"]}
-    )
+    firestore_client.collection("config").document("policies").set({"high_priority": ["group:leads"]})
     status, body = submit(api, ADA, job_id="urgent", priority="very-high")
     assert status == 200, body
 
@@ -108,9 +102,7 @@ def test_an_admin_may_use_reserved_capacity_without_any_policy(api) -> None:
     assert status == 200, body
 
 
-def test_a_job_bigger_than_every_quota_is_refused_before_anything_is_written(
-    api, firestore_client
-) -> None:
+def test_a_job_bigger_than_every_quota_is_refused_before_anything_is_written(api, firestore_client) -> None:
     """A 400 with the sentence; no job document."""
     firestore_client.collection("config").document("quotas").set({ZONE: {"v4": 4}})
     status, body = submit(api, ADA, job_id="huge", accelerator_type="v4-32")

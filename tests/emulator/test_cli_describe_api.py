@@ -38,9 +38,7 @@ def utc_now() -> datetime:
 @pytest.fixture
 def service(firestore_client, tpu_client, project_id, simulator_url) -> JobService:
     settings = local_settings(project=project_id, tpu_endpoint=simulator_url, logs_bucket="logs")
-    return JobService(
-        FirestoreJobStore(firestore_client), CloudTpu(tpu_client, project_id), settings, utc_now
-    )
+    return JobService(FirestoreJobStore(firestore_client), CloudTpu(tpu_client, project_id), settings, utc_now)
 
 
 @pytest.fixture
@@ -54,9 +52,7 @@ def api(service) -> Iterator[tuple[str, list[str]]]:
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             callers.append(self.headers.get(CALLER_HEADER, ""))
-            answer = jobs.handle(
-                "POST", f"http://{self.headers['Host']}{self.path}", dict(self.headers), body
-            )
+            answer = jobs.handle("POST", f"http://{self.headers['Host']}{self.path}", dict(self.headers), body)
             data = json.dumps(answer.body).encode()
             self.send_response(answer.status)
             self.send_header("Content-Type", "application/json")
@@ -97,9 +93,7 @@ def ended_job(service: JobService, firestore_client) -> str:
     }
     service.submit(inbound("tpujobs-submit", spec))
     service.cancel("train-1", f"Cancelled by {OWNER}.")
-    firestore_client.collection("jobs").document("train-1").collection("attempts").document(
-        "1"
-    ).set(
+    firestore_client.collection("jobs").document("train-1").collection("attempts").document("1").set(
         {
             "attempt": 1,
             "log_uri": "gs://logs/jobs/train-1/attempt-1/attempt.log",
@@ -119,9 +113,7 @@ def test_describe_over_the_api_renders_what_firestore_renders(
     job_id = ended_job(service, firestore_client)
     direct = describe(monkeypatch, tmp_path, job_id, api_url=None, project=project_id)
     assert direct.exit_code == 0, direct.output
-    over_api = describe(
-        monkeypatch, tmp_path, job_id, "--owner", OWNER, api_url=api_url, project="no-such-project"
-    )
+    over_api = describe(monkeypatch, tmp_path, job_id, "--owner", OWNER, api_url=api_url, project="no-such-project")
     assert over_api.exit_code == 0, over_api.output
     assert over_api.output == direct.output
     assert "CANCELLED" in over_api.output and "attempt-1/attempt.log" in over_api.output
@@ -131,12 +123,8 @@ def test_describe_over_the_api_renders_what_firestore_renders(
 def test_describe_over_the_api_says_why_it_was_refused(service, api, monkeypatch, tmp_path):
     """A missing job: exit 1 with the API's sentence."""
     api_url, _ = api
-    result = describe(
-        monkeypatch, tmp_path, "no-such-job", "--owner", STRANGER, api_url=api_url, project="x"
-    )
-    assert (
-        result.exit_code == 1 and "No such job" in result.output and "no-such-job" in result.output
-    )
+    result = describe(monkeypatch, tmp_path, "no-such-job", "--owner", STRANGER, api_url=api_url, project="x")
+    assert result.exit_code == 1 and "No such job" in result.output and "no-such-job" in result.output
 
 
 def test_described_reads_times_back_and_skips_unexported_attempts():

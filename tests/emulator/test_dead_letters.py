@@ -163,9 +163,7 @@ def test_a_message_that_fails_five_pushes_is_dead_lettered_and_recorded_with_its
     submit = topic_path(publisher, project_id, topology.SUBMIT)
     dead_letter_topic = topic_path(publisher, project_id, topology.DEAD_LETTER)
     pulled = pull_subscription(subscriber, project_id, dead_letter_topic, "dead-letters-pull")
-    source = subscriber.subscription_path(
-        project_id, topology.push_subscription_name(SUBMIT_ROUTE, PREFIX)
-    )
+    source = subscriber.subscription_path(project_id, topology.push_subscription_name(SUBMIT_ROUTE, PREFIX))
     subscriber.create_subscription(
         request=wiring.push_subscription(
             source,
@@ -269,9 +267,7 @@ def test_an_attribute_firestore_refuses_as_a_map_key_is_kept_as_json_and_replaye
     assert dict(pull_one(subscriber, watch).attributes) == {"__x__": "1"}
 
 
-def test_a_message_that_is_no_dead_letter_is_recorded_without_origin_and_not_replayed(
-    service, firestore_client
-):
+def test_a_message_that_is_no_dead_letter_is_recorded_without_origin_and_not_replayed(service, firestore_client):
     """Bad input never raises: undecodable data or missing attributes are recorded as such."""
     service.record(InboundMessage("9004", "tpujobs-dead-letter", None, {}, "message data is not valid base64"))
 
@@ -336,9 +332,7 @@ def test_rewiring_brings_existing_subscriptions_policies_up_to_date(emulators, p
     subscriber = wiring.subscriber_client(host)
     try:
         dead_letter_topic = f"projects/{project_id}/topics/{PREFIX}{topology.DEAD_LETTER}"
-        own = subscriber.subscription_path(
-            project_id, topology.push_subscription_name(DEAD_LETTER_ROUTE, PREFIX)
-        )
+        own = subscriber.subscription_path(project_id, topology.push_subscription_name(DEAD_LETTER_ROUTE, PREFIX))
         for path in wired.subscriptions:
             got = subscriber.get_subscription(subscription=path)
             assert got.retry_policy == wiring.retry_policy(wiring.LOCAL_MINIMUM_BACKOFF_S)
@@ -351,9 +345,7 @@ def test_rewiring_brings_existing_subscriptions_policies_up_to_date(emulators, p
         from google.protobuf.field_mask_pb2 import FieldMask
         from google.pubsub_v1 import Subscription
 
-        submit = subscriber.subscription_path(
-            project_id, topology.push_subscription_name(SUBMIT_ROUTE, PREFIX)
-        )
+        submit = subscriber.subscription_path(project_id, topology.push_subscription_name(SUBMIT_ROUTE, PREFIX))
         subscriber.update_subscription(
             request={
                 "subscription": Subscription(name=submit),

@@ -161,9 +161,7 @@ class Harness:
         )
 
     def submit(self) -> None:
-        outcome = self.service.submit(
-            InboundMessage("setup-submit", "tpujobs-submit", json.dumps(SPEC).encode())
-        )
+        outcome = self.service.submit(InboundMessage("setup-submit", "tpujobs-submit", json.dumps(SPEC).encode()))
         assert outcome.kind == "provisioning", outcome
 
     def started(self) -> None:
@@ -195,9 +193,7 @@ class Harness:
 
     def created_resources(self) -> list[str]:
         """Every queued resource the simulator was asked to create, in order, repeats kept."""
-        with urllib.request.urlopen(
-            f"{self.simulator_url}/simulator/v1/state", timeout=5
-        ) as response:
+        with urllib.request.urlopen(f"{self.simulator_url}/simulator/v1/state", timeout=5) as response:
             state = json.load(response)
         prefix = f"projects/{self.project_id}/locations/{ZONE}/queuedResources/"
         return [
@@ -590,9 +586,7 @@ class CrashingPort:
         attribute = getattr(self._real, name)
         if name not in self._io:
             return attribute
-        return lambda *args, **kwargs: self._plan.step(
-            f"{self._label}.{name}", lambda: attribute(*args, **kwargs)
-        )
+        return lambda *args, **kwargs: self._plan.step(f"{self._label}.{name}", lambda: attribute(*args, **kwargs))
 
 
 def crash_around(plan: CrashPlan, handle: Callable[[], object], steps: tuple[str, ...]) -> None:
@@ -661,9 +655,7 @@ def exports(harness: Harness, storage_url: str, emulators: dict[str, str]) -> Ex
         signed(harness.service, "tpujobs-worker-events", _exit(0), message_id="setup-exited")
     )
     assert harness.service.store.get(JOB).state is JobState.SUCCEEDED
-    bucket = wiring.storage_client(storage_url, harness.project_id).create_bucket(
-        f"logs-{uuid.uuid4().hex[:10]}"
-    )
+    bucket = wiring.storage_client(storage_url, harness.project_id).create_bucket(f"logs-{uuid.uuid4().hex[:10]}")
     chunks = f"jobs/{JOB}/attempt-1/chunks/slice-0-worker-0/"
     for seq, piece in enumerate(OUTPUT):
         bucket.blob(f"{chunks}{seq:06d}.log").upload_from_string(piece)

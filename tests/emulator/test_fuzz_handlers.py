@@ -113,9 +113,7 @@ def spec_of(job_id: str, **changes: Any) -> dict[str, Any]:
 def jobs(service: JobService) -> list[str]:
     """Three live jobs the reports of a test talk about (they survive errors: on_error resume)."""
     ids = []
-    for n, changes in enumerate(
-        [{}, {"on_error": "rerun", "accelerator_type": "v4-8"}, {"slices": 2}]
-    ):
+    for n, changes in enumerate([{}, {"on_error": "rerun", "accelerator_type": "v4-8"}, {"slices": 2}]):
         job_id = f"known-{n}-{next_id()}"
         outcome = service.submit(message("tpujobs-submit", spec_of(job_id, **changes)))
         assert outcome.kind == "provisioning", outcome
@@ -187,17 +185,13 @@ hostile = weighted(
     (3, st.lists(st.one_of(st.sampled_from(SHELL), texts), min_size=1, max_size=6).map("".join)),
     (
         1,
-        st.builds(
-            lambda piece, n: piece * n, st.text(min_size=1, max_size=3), st.integers(0, 34_000)
-        ),
+        st.builds(lambda piece, n: piece * n, st.text(min_size=1, max_size=3), st.integers(0, 34_000)),
     ),
 )
 int64 = st.integers(*INT64)
 json_values = st.recursive(
     st.one_of(st.none(), st.booleans(), int64, st.floats(), hostile),
-    lambda children: st.one_of(
-        st.lists(children, max_size=3), st.dictionaries(texts, children, max_size=3)
-    ),
+    lambda children: st.one_of(st.lists(children, max_size=3), st.dictionaries(texts, children, max_size=3)),
     max_leaves=8,
 )
 # RFC 3339 times whose UTC time stays inside Firestore's years 1..9999
@@ -210,9 +204,7 @@ raw_garbage = st.one_of(
     st.binary(max_size=200),
     st.just(b""),
     st.integers(1, 50_000).map(lambda n: b"[" * n + b"]" * n),
-    st.sampled_from(
-        [b"\xff\xfe{}", b'{"job_id": "\xed\xa0\x80"}', b"\x00", b"null", b"[]", b'"x"', b"1e999"]
-    ),
+    st.sampled_from([b"\xff\xfe{}", b'{"job_id": "\xed\xa0\x80"}', b"\x00", b"null", b"[]", b'"x"', b"1e999"]),
 )
 
 
@@ -221,9 +213,7 @@ def mostly(good: st.SearchStrategy[Any], bad: st.SearchStrategy[Any]) -> st.Sear
     return weighted((5, good), (1, bad))
 
 
-def broken(
-    base: st.SearchStrategy[dict[str, Any]], fields: list[str]
-) -> st.SearchStrategy[dict[str, Any]]:
+def broken(base: st.SearchStrategy[dict[str, Any]], fields: list[str]) -> st.SearchStrategy[dict[str, Any]]:
     """A payload with one to three fields replaced by any JSON value or dropped, and maybe unknown fields."""
 
     @st.composite
@@ -240,9 +230,7 @@ def broken(
     return build()
 
 
-def inputs(
-    topic: str, well_formed: st.SearchStrategy[dict[str, Any]], fields: list[str]
-) -> st.SearchStrategy[Any]:
+def inputs(topic: str, well_formed: st.SearchStrategy[dict[str, Any]], fields: list[str]) -> st.SearchStrategy[Any]:
     """Well-formed payloads with hostile text (6 in 10), broken ones (2 in 10), anything else (2 in 10)."""
     return weighted(
         (6, well_formed),
@@ -260,17 +248,11 @@ def envelope_garbage(draw: st.DrawFn, topic: str) -> InboundMessage:
             st.just({}),
             st.fixed_dictionaries({"message": st.one_of(json_values, st.just("x"))}),
             st.fixed_dictionaries(
-                {
-                    "message": st.fixed_dictionaries(
-                        {"data": st.one_of(hostile.map(lambda t: t + "é"), int64)}
-                    )
-                }
+                {"message": st.fixed_dictionaries({"data": st.one_of(hostile.map(lambda t: t + "é"), int64)})}
             ),
         )
     )
-    message = from_cloud_event(
-        next_id(), f"//pubsub.googleapis.com/projects/p/topics/{topic}", data
-    )
+    message = from_cloud_event(next_id(), f"//pubsub.googleapis.com/projects/p/topics/{topic}", data)
     # Some garbage happens to be valid base64: then send bytes that cannot be UTF-8 JSON.
     if message.data is not None:
         message = InboundMessage(message.message_id, topic, b"\xff" + message.data)
@@ -314,9 +296,7 @@ spec_payloads = st.fixed_dictionaries(
             st.sampled_from(["v4-8", "v4-16", "v5litepod-4", "v6e-8"]),
             st.sampled_from(["v4-7", "v99-8", "$(id)"]),
         ),
-        "command": mostly(
-            hostile.map(lambda text: text if text.strip() else f"true{text}"), hostile
-        ),
+        "command": mostly(hostile.map(lambda text: text if text.strip() else f"true{text}"), hostile),
     },
     optional={
         "setup": hostile,
@@ -372,9 +352,7 @@ def test_any_submission_becomes_a_job_or_a_rejection_with_a_reason(
     assert rejected is None
     job = service.store.get(outcome.job_id or "")
     assert job is not None
-    assert job.state is (
-        JobState.PROVISIONING if outcome.kind == "provisioning" else JobState.FAILED
-    )
+    assert job.state is (JobState.PROVISIONING if outcome.kind == "provisioning" else JobState.FAILED)
     assert inbound.data is not None
     assert job.spec == decode_spec(inbound.data, message_id=inbound.message_id)
     if isinstance(payload, dict):
@@ -394,9 +372,7 @@ def job_ids(known: list[str]) -> st.SearchStrategy[Any]:
     )
 
 
-def check_report(
-    service, firestore_client, inbound: InboundMessage, result: Any, model: type
-) -> None:
+def check_report(service, firestore_client, inbound: InboundMessage, result: Any, model: type) -> None:
     """None only after a rejection (or for a report that moves nothing); a result never with one."""
     rejected = rejection(firestore_client, inbound.message_id)
     try:
@@ -450,14 +426,10 @@ def worker_reports(known: list[str]) -> st.SearchStrategy[Any]:
 
 @FUZZ
 @given(data=st.data())
-def test_any_worker_report_is_applied_ignored_or_rejected(
-    service, firestore_client, jobs, data
-) -> None:
+def test_any_worker_report_is_applied_ignored_or_rejected(service, firestore_client, jobs, data) -> None:
     """started/exited/heartbeat/checkpoint with hostile fields: a decision, a no-op, or a rejection."""
     inbound = as_message("tpujobs-worker-events", data.draw(worker_reports(jobs), label="payload"))
-    check_report(
-        service, firestore_client, inbound, service.on_worker_report(inbound), WorkerReport
-    )
+    check_report(service, firestore_client, inbound, service.on_worker_report(inbound), WorkerReport)
 
 
 def preemptions(known: list[str]) -> st.SearchStrategy[Any]:
@@ -475,14 +447,10 @@ def preemptions(known: list[str]) -> st.SearchStrategy[Any]:
 
 @FUZZ
 @given(data=st.data())
-def test_any_preemption_notice_is_applied_ignored_or_rejected(
-    service, firestore_client, jobs, data
-) -> None:
+def test_any_preemption_notice_is_applied_ignored_or_rejected(service, firestore_client, jobs, data) -> None:
     """Notices with hostile reasons, stale attempts and unknown jobs: a decision, a no-op, or a rejection."""
     inbound = as_message("tpujobs-preemption", data.draw(preemptions(jobs), label="payload"))
-    check_report(
-        service, firestore_client, inbound, service.on_preemption(inbound), PreemptionNotice
-    )
+    check_report(service, firestore_client, inbound, service.on_preemption(inbound), PreemptionNotice)
 
 
 QR_STATES = [
@@ -520,9 +488,7 @@ def qr_reports(known: list[str]) -> st.SearchStrategy[Any]:
 
 @FUZZ
 @given(data=st.data())
-def test_any_queued_resource_observation_is_applied_ignored_or_rejected(
-    service, firestore_client, jobs, data
-) -> None:
+def test_any_queued_resource_observation_is_applied_ignored_or_rejected(service, firestore_client, jobs, data) -> None:
     """States, hostile details and foreign resource names: a decision, a no-op, or a rejection."""
     inbound = as_message("tpujobs-qr-state", data.draw(qr_reports(jobs), label="payload"))
     check_report(service, firestore_client, inbound, service.on_qr_state(inbound), QrStateReport)
@@ -549,9 +515,7 @@ def test_any_control_request_cancels_or_is_rejected(service, firestore_client, j
     rejected = rejection(firestore_client, inbound.message_id)
     event("rejected" if rejected else type(result).__name__)
     if result is None:
-        assert (
-            rejected is not None and rejected["reason"] and rejected["topic"] == "tpujobs-control"
-        )
+        assert rejected is not None and rejected["reason"] and rejected["topic"] == "tpujobs-control"
         return
     assert rejected is None
     request = decode_report(ControlRequest, inbound.data)
@@ -566,18 +530,14 @@ HUGE_NUMBER = b"9" * 5000  # valid JSON; json.loads raises a plain ValueError (i
 
 
 @pytest.mark.parametrize("topic", list(HANDLERS))
-def test_a_json_number_too_long_for_python_is_rejected_not_raised(
-    service, firestore_client, topic
-) -> None:
+def test_a_json_number_too_long_for_python_is_rejected_not_raised(service, firestore_client, topic) -> None:
     """A 5000-digit number (valid JSON, 5 KB) escapes the decoders as ValueError and crashes every handler."""
     inbound = message(topic, b'{"attempt": ' + HUGE_NUMBER + b', "slices": ' + HUGE_NUMBER + b"}")
     getattr(service, HANDLERS[topic])(inbound)  # today: ValueError, Exceeds the limit (4300 digits)
     assert (rejection(firestore_client, inbound.message_id) or {}).get("reason")
 
 
-def test_an_env_value_holding_a_lone_surrogate_is_rejected_not_raised(
-    service, firestore_client
-) -> None:
+def test_an_env_value_holding_a_lone_surrogate_is_rejected_not_raised(service, firestore_client) -> None:
     """{"env": {"A": "\\ud800"}} passes validation, then Firestore cannot encode it: UnicodeEncodeError."""
     payload = json.dumps(spec_of(f"surrogate-{next_id()}", env={"A": "\ud800"})).encode()
     inbound = message("tpujobs-submit", payload)
@@ -603,13 +563,9 @@ def test_an_env_value_holding_a_lone_surrogate_is_rejected_not_raised(
         "at-before-0001-utc",
     ],
 )
-def test_a_worker_report_firestore_cannot_store_is_rejected_not_raised(
-    service, firestore_client, jobs, extra
-) -> None:
+def test_a_worker_report_firestore_cannot_store_is_rejected_not_raised(service, firestore_client, jobs, extra) -> None:
     """Unbounded ints and offsets pushing `at` out of years 1..9999 pass WorkerReport, then record_worker raises."""
     payload = {"job_id": jobs[0], "attempt": 1, "slice_id": 0, "worker_id": 0, **extra}
-    inbound = signed(service,"tpujobs-worker-events", payload)
+    inbound = signed(service, "tpujobs-worker-events", payload)
     result = service.on_worker_report(inbound)  # today: ValueError (int64) or OverflowError (date)
-    assert result is not None or (rejection(firestore_client, inbound.message_id) or {}).get(
-        "reason"
-    )
+    assert result is not None or (rejection(firestore_client, inbound.message_id) or {}).get("reason")

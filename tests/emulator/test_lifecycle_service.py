@@ -66,12 +66,12 @@ def submit(service: JobService, job_id: str = "train-1", **changes) -> str:
 
 def report(service: JobService, kind: str, attempt: int, worker: int = 0, job_id: str = "train-1", **extra):
     payload = {"kind": kind, "job_id": job_id, "attempt": attempt, "slice_id": 0, "worker_id": worker, **extra}
-    return service.on_worker_report(signed(service,"tpujobs-worker-events", payload))
+    return service.on_worker_report(signed(service, "tpujobs-worker-events", payload))
 
 
 def preempt(service: JobService, attempt: int, worker: int = 0, job_id: str = "train-1"):
     payload = {"job_id": job_id, "attempt": attempt, "slice_id": 0, "worker_id": worker, "reason": "SIGTERM"}
-    return service.on_preemption(signed(service,"tpujobs-preemption", payload))
+    return service.on_preemption(signed(service, "tpujobs-preemption", payload))
 
 
 def resources(tpu_client, project_id: str) -> dict[str, str]:
@@ -169,11 +169,15 @@ def test_restarts_are_bounded_and_back_off(service, tpu_client, project_id, slee
 def test_the_owner_cancels_and_capacity_goes_but_a_stranger_cannot(service, firestore_client, tpu_client, project_id):
     """A cancel from someone else is recorded as a rejection; the owner's ends the job CANCELLED."""
     submit(service)
-    service.on_control(message("tpujobs-control", {"action": "cancel", "job_id": "train-1", "owner": "eve@example.com"}))
+    service.on_control(
+        message("tpujobs-control", {"action": "cancel", "job_id": "train-1", "owner": "eve@example.com"})
+    )
     assert service.store.get("train-1").state is JobState.PROVISIONING
     rejected = [d.to_dict()["reason"] for d in firestore_client.collection(REJECTIONS).stream()]
     assert any("may not cancel" in reason for reason in rejected)
-    service.on_control(message("tpujobs-control", {"action": "cancel", "job_id": "train-1", "owner": "ada@example.com"}))
+    service.on_control(
+        message("tpujobs-control", {"action": "cancel", "job_id": "train-1", "owner": "ada@example.com"})
+    )
     job = service.store.get("train-1")
     assert job.state is JobState.CANCELLED and "ada@example.com" in job.state_reason
     assert live_resources(tpu_client, project_id) == set()
@@ -182,7 +186,9 @@ def test_the_owner_cancels_and_capacity_goes_but_a_stranger_cannot(service, fire
 def test_an_admin_may_cancel_anyones_job(service):
     """Admins named in the settings can cancel every job."""
     submit(service)
-    service.on_control(message("tpujobs-control", {"action": "cancel", "job_id": "train-1", "owner": "root@example.com"}))
+    service.on_control(
+        message("tpujobs-control", {"action": "cancel", "job_id": "train-1", "owner": "root@example.com"})
+    )
     assert service.store.get("train-1").state is JobState.CANCELLED
 
 
@@ -210,7 +216,11 @@ def test_qr_state_observations_mirror_capacity_and_recover_from_loss(service, tp
     service.on_qr_state(message("tpujobs-qr-state", {**qr, "state": "SUSPENDED"}))
     job = service.store.get("train-1")
     assert job.attempt == 2 and job.state is JobState.PROVISIONING
-    service.on_qr_state(message("tpujobs-qr-state", {"queued_resource": "train-1-a2", "zone": ZONE, "state": "FAILED", "detail": "hardware"}))
+    service.on_qr_state(
+        message(
+            "tpujobs-qr-state", {"queued_resource": "train-1-a2", "zone": ZONE, "state": "FAILED", "detail": "hardware"}
+        )
+    )
     job = service.store.get("train-1")
     assert job.attempt == 3
     assert any("hardware" in e.reason for e in service.store.events("train-1"))
@@ -220,7 +230,11 @@ def test_qr_state_observations_mirror_capacity_and_recover_from_loss(service, tp
     ("topic", "handler", "payload"),
     [
         ("tpujobs-worker-events", "on_worker_report", b"nope"),
-        ("tpujobs-worker-events", "on_worker_report", {"kind": "exploded", "job_id": "train-1", "attempt": 1, "slice_id": 0, "worker_id": 0}),
+        (
+            "tpujobs-worker-events",
+            "on_worker_report",
+            {"kind": "exploded", "job_id": "train-1", "attempt": 1, "slice_id": 0, "worker_id": 0},
+        ),
         ("tpujobs-preemption", "on_preemption", {"job_id": "NOT VALID", "attempt": 1}),
         ("tpujobs-qr-state", "on_qr_state", {"queued_resource": "x", "zone": ZONE}),
         ("tpujobs-control", "on_control", {"action": "delete-everything", "job_id": "train-1", "owner": "ada"}),
@@ -297,7 +311,9 @@ def test_the_reconciler_does_nothing_when_the_tpu_api_fails(service, simulator_u
     report(service, "started", 1)
     body = json.dumps({"api_error_rate": 1.0}).encode()
     urllib.request.urlopen(
-        urllib.request.Request(f"{simulator_url}/simulator/v1/config", data=body, headers={"Content-Type": "application/json"}),
+        urllib.request.Request(
+            f"{simulator_url}/simulator/v1/config", data=body, headers={"Content-Type": "application/json"}
+        ),
         timeout=5,
     ).read()
     result = Reconciler(service).tick()
@@ -352,9 +368,7 @@ def test_an_audit_log_entry_of_a_deletion_by_someone_else_starts_recovery(servic
     assert job.attempt == 2 and job.state is JobState.PROVISIONING
 
 
-def test_an_audit_log_entry_of_another_service_is_rejected_like_any_bad_message(
-    service, project_id, firestore_client
-):
+def test_an_audit_log_entry_of_another_service_is_rejected_like_any_bad_message(service, project_id, firestore_client):
     entry = audit_entry(project_id, "CreateQueuedResource", "projects/p/locations/us-central2-b/queuedResources/x-a1")
     entry["protoPayload"]["serviceName"] = "compute.googleapis.com"
     assert service.on_qr_state(message("tpujobs-qr-state", entry)) is None

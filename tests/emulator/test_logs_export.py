@@ -161,12 +161,16 @@ def test_exporting_twice_rewrites_nothing(store, bucket, objects):
     """The second export uploads nothing: same bytes, same generations."""
     two_workers_succeeded(store, bucket)
     first = exporter(objects, store).export("train-1", 1)
-    generations = {b.name: b.generation for b in bucket.list_blobs(prefix="jobs/train-1/attempt-1/") if "/chunks/" not in b.name}
+    generations = {
+        b.name: b.generation for b in bucket.list_blobs(prefix="jobs/train-1/attempt-1/") if "/chunks/" not in b.name
+    }
     contents = {name: text(bucket, name) for name in generations}
     second = exporter(objects, store).export("train-1", 1)
     assert len(first.written) == 3 and second.written == ()
     assert (second.log_uri, dict(second.worker_logs)) == (first.log_uri, dict(first.worker_logs))
-    after = {b.name: b.generation for b in bucket.list_blobs(prefix="jobs/train-1/attempt-1/") if "/chunks/" not in b.name}
+    after = {
+        b.name: b.generation for b in bucket.list_blobs(prefix="jobs/train-1/attempt-1/") if "/chunks/" not in b.name
+    }
     assert after == generations
     assert {name: text(bucket, name) for name in after} == contents
 
@@ -306,14 +310,22 @@ def test_the_service_requests_an_export_when_an_attempt_ends(firestore_client, t
     """A preemption asks for attempt 1's export, success for attempt 2's; nothing else does."""
     exports = RecordedExports()
     service = service_with(exports, firestore_client, tpu_client, project_id, simulator_url)
-    spec = {"job_id": "train-1", "name": "train", "owner": "ada@example.com", "accelerator_type": "v4-8", "command": "x"}
+    spec = {
+        "job_id": "train-1",
+        "name": "train",
+        "owner": "ada@example.com",
+        "accelerator_type": "v4-8",
+        "command": "x",
+    }
     assert service.submit(message("tpujobs-submit", spec)).kind == "provisioning"
     identity = {"job_id": "train-1", "slice_id": 0, "worker_id": 0}
-    service.on_worker_report(signed(service,"tpujobs-worker-events", {**identity, "kind": "started", "attempt": 1}))
+    service.on_worker_report(signed(service, "tpujobs-worker-events", {**identity, "kind": "started", "attempt": 1}))
     assert exports.requests == []
-    service.on_preemption(signed(service,"tpujobs-preemption", {**identity, "attempt": 1}))
+    service.on_preemption(signed(service, "tpujobs-preemption", {**identity, "attempt": 1}))
     assert service.store.get("train-1").attempt == 2
-    service.on_worker_report(signed(service,"tpujobs-worker-events", {**identity, "kind": "exited", "attempt": 2, "exit_code": 0}))
+    service.on_worker_report(
+        signed(service, "tpujobs-worker-events", {**identity, "kind": "exited", "attempt": 2, "exit_code": 0})
+    )
     assert service.store.get("train-1").state is JobState.SUCCEEDED
     assert exports.requests == [("train-1", 1), ("train-1", 2)]
 
@@ -321,11 +333,19 @@ def test_the_service_requests_an_export_when_an_attempt_ends(firestore_client, t
 def test_a_failed_export_request_does_not_fail_the_handler(firestore_client, tpu_client, project_id, simulator_url):
     """The job is CANCELLED and the handler returns, though the request could not be sent."""
     service = service_with(BrokenExports(), firestore_client, tpu_client, project_id, simulator_url)
-    spec = {"job_id": "train-1", "name": "train", "owner": "ada@example.com", "accelerator_type": "v4-8", "command": "x"}
+    spec = {
+        "job_id": "train-1",
+        "name": "train",
+        "owner": "ada@example.com",
+        "accelerator_type": "v4-8",
+        "command": "x",
+    }
     service.submit(message("tpujobs-submit", spec))
     identity = {"job_id": "train-1", "slice_id": 0, "worker_id": 0, "attempt": 1}
-    service.on_worker_report(signed(service,"tpujobs-worker-events", {**identity, "kind": "started"}))
-    service.on_control(message("tpujobs-control", {"action": "cancel", "job_id": "train-1", "owner": "ada@example.com"}))
+    service.on_worker_report(signed(service, "tpujobs-worker-events", {**identity, "kind": "started"}))
+    service.on_control(
+        message("tpujobs-control", {"action": "cancel", "job_id": "train-1", "owner": "ada@example.com"})
+    )
     assert service.store.get("train-1").state is JobState.CANCELLED
 
 
@@ -341,12 +361,18 @@ def test_the_reconciler_asks_again_for_an_export_whose_request_was_lost(
     now = [utc_now()]
     service = service_with(BrokenExports(), firestore_client, tpu_client, project_id, simulator_url)
     service.clock = lambda: now[0]
-    spec = {"job_id": "train-1", "name": "train", "owner": "ada@example.com", "accelerator_type": "v4-8", "command": "x"}
+    spec = {
+        "job_id": "train-1",
+        "name": "train",
+        "owner": "ada@example.com",
+        "accelerator_type": "v4-8",
+        "command": "x",
+    }
     service.submit(message("tpujobs-submit", spec))
     identity = {"job_id": "train-1", "slice_id": 0, "worker_id": 0}
-    service.on_worker_report(signed(service,"tpujobs-worker-events", {**identity, "kind": "started", "attempt": 1}))
+    service.on_worker_report(signed(service, "tpujobs-worker-events", {**identity, "kind": "started", "attempt": 1}))
     service.on_worker_report(
-        signed(service,"tpujobs-worker-events", {**identity, "kind": "exited", "attempt": 1, "exit_code": 0})
+        signed(service, "tpujobs-worker-events", {**identity, "kind": "exited", "attempt": 1, "exit_code": 0})
     )
     assert service.store.get("train-1").state is JobState.SUCCEEDED
 

@@ -155,7 +155,8 @@ def test_a_tpu_audit_entry_from_the_sink_reaches_on_qr_state_on_its_topic(wired,
     entry = (Path(__file__).resolve().parents[1] / "data" / "tpu_audit_create_queued_resource_v2.json").read_bytes()
     topic = publisher.topic_path(project_id, topology.topic_name(topology.QR_STATE, PREFIX))
     message_id = publisher.publish(
-        topic=topic, messages=[{"data": entry, "attributes": {"logging.googleapis.com/timestamp": "2025-06-30T08:14:47Z"}}]
+        topic=topic,
+        messages=[{"data": entry, "attributes": {"logging.googleapis.com/timestamp": "2025-06-30T08:14:47Z"}}],
     ).message_ids[0]
 
     def answered():
@@ -175,7 +176,9 @@ def test_a_push_from_a_subscription_that_is_not_the_deployments_is_rejected_by_n
     stray_topic = publisher.create_topic(name=publisher.topic_path(project_id, f"{PREFIX}stray")).name
     stray = subscriber.subscription_path(project_id, f"{PREFIX}stray--on_control")
     subscriber.create_subscription(
-        request=wiring.push_subscription(stray, stray_topic, wiring.push_endpoint(urls["on_control"]), dead_letter_topic=None)
+        request=wiring.push_subscription(
+            stray, stray_topic, wiring.push_endpoint(urls["on_control"]), dead_letter_topic=None
+        )
     )
     payload = json.dumps({"action": "cancel", "job_id": "abc", "owner": "ada"}).encode()
     message_id = publisher.publish(topic=stray_topic, messages=[{"data": payload}]).message_ids[0]

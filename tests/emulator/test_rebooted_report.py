@@ -27,7 +27,10 @@ pytestmark = pytest.mark.emulator
 
 ZONE = "us-central2-b"
 EVENTS = "tpujobs-worker-events"
-DETAIL = "the agent first started 12:00Z, before the host rebooted; its command (pid 42, started 12:01Z) is gone: nothing is started again"
+DETAIL = (
+    "the agent first started 12:00Z, before the host rebooted; "
+    "its command (pid 42, started 12:01Z) is gone: nothing is started again"
+)
 
 
 def utc_now() -> datetime:
@@ -36,9 +39,7 @@ def utc_now() -> datetime:
 
 @pytest.fixture
 def service(firestore_client, tpu_client, project_id, simulator_url) -> JobService:
-    settings = local_settings(
-        project=project_id, default_zone=ZONE, tpu_endpoint=simulator_url, logs_bucket="logs"
-    )
+    settings = local_settings(project=project_id, default_zone=ZONE, tpu_endpoint=simulator_url, logs_bucket="logs")
     return JobService(
         FirestoreJobStore(firestore_client), CloudTpu(tpu_client, project_id), settings, utc_now, lambda _: None
     )
@@ -96,7 +97,8 @@ def rejection_of(service: JobService, message: InboundMessage):
 
 
 def test_a_signed_rebooted_report_loses_the_host_and_the_job_resumes_at_the_next_attempt(service):
-    """on_preemption=resume: RECOVERING with a reason saying which host rebooted and what it found, then attempt 2 requested."""
+    """on_preemption=resume: RECOVERING with a reason saying which host rebooted and what it found, then attempt 2
+    requested."""
     running(service)
     outcome = service.on_worker_report(signed(service, EVENTS, rebooted()))
     assert outcome is not None

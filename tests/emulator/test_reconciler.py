@@ -57,7 +57,13 @@ def service(firestore_client, tpu_client, project_id, simulator_url, clock) -> J
 
 
 def running_job(service: JobService, job_id: str = "train-1", accelerator: str = "v4-16") -> str:
-    spec = {"job_id": job_id, "name": "train", "owner": "ada@example.com", "accelerator_type": accelerator, "command": "x"}
+    spec = {
+        "job_id": job_id,
+        "name": "train",
+        "owner": "ada@example.com",
+        "accelerator_type": accelerator,
+        "command": "x",
+    }
     assert service.submit(message("tpujobs-submit", spec)).kind == "provisioning"
     workers = 2 if accelerator == "v4-16" else 1
     for worker in range(workers):
@@ -68,12 +74,14 @@ def running_job(service: JobService, job_id: str = "train-1", accelerator: str =
 
 def beat(service: JobService, kind: str, worker: int, attempt: int = 1, job_id: str = "train-1", **extra) -> None:
     payload = {"kind": kind, "job_id": job_id, "attempt": attempt, "slice_id": 0, "worker_id": worker, **extra}
-    service.on_worker_report(signed(service,"tpujobs-worker-events", payload))
+    service.on_worker_report(signed(service, "tpujobs-worker-events", payload))
 
 
 def configure(simulator_url: str, **config) -> None:
     request = urllib.request.Request(
-        f"{simulator_url}/simulator/v1/config", data=json.dumps(config).encode(), headers={"Content-Type": "application/json"}
+        f"{simulator_url}/simulator/v1/config",
+        data=json.dumps(config).encode(),
+        headers={"Content-Type": "application/json"},
     )
     urllib.request.urlopen(request, timeout=5).read()
 
@@ -116,7 +124,9 @@ def test_a_finished_worker_is_not_missed(service, clock):
 def test_workers_of_an_attempt_that_is_over_are_retired_once(service, clock, firestore_client):
     """After a recovery, the old attempt's silent workers are retired, not counted as losses."""
     running_job(service)
-    service.on_preemption(signed(service,"tpujobs-preemption", {"job_id": "train-1", "attempt": 1, "reason": "SIGTERM"}))
+    service.on_preemption(
+        signed(service, "tpujobs-preemption", {"job_id": "train-1", "attempt": 1, "reason": "SIGTERM"})
+    )
     assert service.store.get("train-1").attempt == 2
     clock.advance(120)
     Reconciler(service).tick()
@@ -246,7 +256,13 @@ def test_capacity_active_with_no_agent_past_the_boot_timeout_is_a_lost_host(serv
 def test_a_host_that_never_said_started_is_lost_naming_it(service, clock):
     """Worker 0-0 started and beats on; worker 0-1 never said a word: lost after the boot timeout."""
     service.settings = dataclasses.replace(service.settings, boot_timeout_seconds=120.0)
-    spec = {"job_id": "train-1", "name": "train", "owner": "ada@example.com", "accelerator_type": "v4-16", "command": "x"}
+    spec = {
+        "job_id": "train-1",
+        "name": "train",
+        "owner": "ada@example.com",
+        "accelerator_type": "v4-16",
+        "command": "x",
+    }
     service.submit(message("tpujobs-submit", spec))
     beat(service, "started", 0)
     assert service.store.get("train-1").state is JobState.RUNNING
@@ -264,7 +280,9 @@ def test_a_host_that_never_said_started_is_lost_naming_it(service, clock):
     assert (job.state, job.attempt) == (JobState.PROVISIONING, 2)
     (lost,) = [e for e in service.store.events("train-1") if e.to_state is JobState.RECOVERING]
     assert lost.source == "reconciler"
-    assert lost.reason.startswith("Worker 0-1 of attempt 1 never reported, 121 s after the first host started: its host is lost")
+    assert lost.reason.startswith(
+        "Worker 0-1 of attempt 1 never reported, 121 s after the first host started: its host is lost"
+    )
 
 
 class BootReads:
@@ -316,7 +334,9 @@ def test_an_attempt_whose_hosts_all_started_is_read_once_and_a_single_host_never
 def control(simulator_url: str, path: str, body: dict) -> dict:
     """POST to the simulator's control API (`tpujobs dev fault` drives the same endpoints)."""
     request = urllib.request.Request(
-        f"{simulator_url}/simulator/v1/{path}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        f"{simulator_url}/simulator/v1/{path}",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
     )
     with urllib.request.urlopen(request, timeout=5) as response:
         return json.load(response)
@@ -328,7 +348,14 @@ def fault(simulator_url: str, method: str, code: int | str, count: int = 1, quot
 
 
 def submitted(service: JobService, job_id: str, **spec) -> None:
-    body = {"job_id": job_id, "name": "train", "owner": "ada@example.com", "accelerator_type": "v4-8", "command": "x", **spec}
+    body = {
+        "job_id": job_id,
+        "name": "train",
+        "owner": "ada@example.com",
+        "accelerator_type": "v4-8",
+        "command": "x",
+        **spec,
+    }
     assert service.submit(message("tpujobs-submit", body)).kind == "provisioning"
 
 
@@ -355,7 +382,9 @@ def test_a_permanent_error_in_one_jobs_repair_is_noted_on_it_and_the_tick_goes_o
 
     a_lost = service.store.get("a-lost")
     assert (a_lost.state, a_lost.attempt) == (JobState.RUNNING, 1)
-    assert a_lost.state_reason.startswith("The reconciler could not repair the job: TPU API refused to read queued resource a-lost-a1")
+    assert a_lost.state_reason.startswith(
+        "The reconciler could not repair the job: TPU API refused to read queued resource a-lost-a1"
+    )
     (noted,) = [e for e in service.store.events("a-lost") if e.source == "reconciler"]
     assert (noted.from_state, noted.to_state, noted.reason) == (JobState.RUNNING, JobState.RUNNING, a_lost.state_reason)
     assert len(report.failed) == 1 and report.failed[0].startswith("a-lost: repair the job: ")
@@ -378,8 +407,10 @@ class Exploding:
 
     def __getattr__(self, name):
         if name == self._method:
+
             def explode(*args, **kwargs):
                 raise RuntimeError(f"{name} exploded")
+
             return explode
         return getattr(self._store, name)
 
@@ -481,12 +512,15 @@ def created(simulator_url: str, project_id: str, job_id: str) -> list[str]:
     return [
         op["metadata"]["target"].rsplit("/", 1)[-1]
         for op in state["operations"]
-        if op["metadata"]["verb"] == "create" and f"/{project_id}/" in op["metadata"]["target"]
+        if op["metadata"]["verb"] == "create"
+        and f"/{project_id}/" in op["metadata"]["target"]
         and op["metadata"]["target"].rsplit("/", 1)[-1].startswith(f"{job_id}-a")
     ]
 
 
-def test_a_create_whose_operation_failed_moves_the_job_to_its_next_zone_saying_why(service, simulator_url, tpu_client, project_id):
+def test_a_create_whose_operation_failed_moves_the_job_to_its_next_zone_saying_why(
+    service, simulator_url, tpu_client, project_id
+):
     """The queued resource was deleted before it was accepted, so its create operation ended with
     ABORTED and nothing exists: the tick reads the operation and the job moves to its next zone."""
     configure(simulator_url, accept_seconds=60.0)  # the create stays CREATING, its operation running
@@ -500,7 +534,11 @@ def test_a_create_whose_operation_failed_moves_the_job_to_its_next_zone_saying_w
 
     job = service.store.get("train-1")
     assert (job.state, job.attempt, job.zone) == (JobState.PROVISIONING, 2, "us-east5-a")
-    (moved,) = [e for e in service.store.events("train-1") if e.from_state is JobState.PROVISIONING and e.to_state is JobState.QUEUED]
+    (moved,) = [
+        e
+        for e in service.store.events("train-1")
+        if e.from_state is JobState.PROVISIONING and e.to_state is JobState.QUEUED
+    ]
     assert moved.reason.startswith("Queued resource train-1-a1 was never created: operation ")
     assert "failed with ABORTED" in moved.reason and moved.reason.endswith("attempt 2 moves to us-east5-a.")
     assert report.re_requested == []
@@ -533,7 +571,9 @@ def test_a_queued_resource_that_never_appears_is_asked_for_within_the_zone_wait_
 # --- TPU quota: the job waits, saying so ---------------------------------------------------
 
 
-def test_a_job_refused_for_tpu_quota_waits_provisioning_and_is_asked_for_again(service, simulator_url, firestore_client):
+def test_a_job_refused_for_tpu_quota_waits_provisioning_and_is_asked_for_again(
+    service, simulator_url, firestore_client
+):
     """A 429 whose details say the TPU quota ran out: the submission is done with (no error, no
     rejection), the job PROVISIONING says what Google said; a tick still refused writes nothing; the
     first tick with room creates the queued resource."""
@@ -571,7 +611,11 @@ def test_a_job_waiting_for_tpu_quota_moves_to_its_next_zone_after_the_zone_wait(
 
     job = service.store.get("train-1")
     assert (job.state, job.attempt, job.zone) == (JobState.PROVISIONING, 2, "us-east5-a")
-    (moved,) = [e for e in service.store.events("train-1") if e.from_state is JobState.PROVISIONING and e.to_state is JobState.QUEUED]
+    (moved,) = [
+        e
+        for e in service.store.events("train-1")
+        if e.from_state is JobState.PROVISIONING and e.to_state is JobState.QUEUED
+    ]
     assert moved.reason == f"The TPU quota had no room for 10 min in {ZONE}; attempt 2 moves to us-east5-a."
 
 
@@ -637,7 +681,9 @@ def test_a_node_condition_that_often_passes_is_a_lost_host_only_past_the_grace(
     job = service.store.get("train-1")
     assert (job.state, job.attempt, job.suspect_hosts) == (JobState.PROVISIONING, 2, ())
     (lost,) = [e for e in service.store.events("train-1") if e.to_state is JobState.RECOVERING]
-    assert lost.reason.startswith(f"Node train-1-a1 has been {condition} for 301 s, past the 300 s grace: the host is lost")
+    assert lost.reason.startswith(
+        f"Node train-1-a1 has been {condition} for 301 s, past the 300 s grace: the host is lost"
+    )
 
 
 @pytest.mark.parametrize(

@@ -52,9 +52,7 @@ class StaticToken(google.auth.credentials.Credentials):
 
 def client_for(server: SecretManagerServer, token: str | None = None) -> Any:
     """The REST client as the local user (no token) or with a bearer token."""
-    credentials = (
-        google.auth.credentials.AnonymousCredentials() if token is None else StaticToken(token)
-    )
+    credentials = google.auth.credentials.AnonymousCredentials() if token is None else StaticToken(token)
     return secretmanager.SecretManagerServiceClient(
         transport="rest",
         client_options={"api_endpoint": server.url},
@@ -159,9 +157,7 @@ def test_list_filters_on_labels_and_name(client: secretmanager.SecretManagerServ
     make_secret(client, "t1-tpujobs_ada-vm_a", tpujobs="secret")
     make_secret(client, "t1-tpujobs_bob-vm_b", tpujobs="secret")
     make_secret(client, "unrelated", team="x")
-    client.create_secret(
-        parent="projects/other", secret_id="x", secret={"replication": {"automatic": {}}}
-    )
+    client.create_secret(parent="projects/other", secret_id="x", secret={"replication": {"automatic": {}}})
 
     def ids(text: str) -> list[str]:
         found = client.list_secrets(request={"parent": PARENT, "filter": text})
@@ -217,9 +213,7 @@ def test_creating_a_secret_twice_is_already_exists(
 
 
 @pytest.mark.parametrize("secret_id", ["has.dot", "x" * 256, "sp ace"])
-def test_a_bad_secret_id_is_invalid_argument(
-    client: secretmanager.SecretManagerServiceClient, secret_id: str
-) -> None:
+def test_a_bad_secret_id_is_invalid_argument(client: secretmanager.SecretManagerServiceClient, secret_id: str) -> None:
     """Secret ids are [a-zA-Z0-9_-]{1,255}: anything else is 400 INVALID_ARGUMENT."""
     with pytest.raises(exceptions.BadRequest) as error:
         make_secret(client, secret_id)
@@ -313,9 +307,7 @@ def test_a_vm_account_is_denied_secrets_outside_its_exact_namespace(
     secret = make_secret(client, secret_id).name
     add(client, secret, VALUE)
     with pytest.raises(exceptions.Forbidden):
-        client_for(server, f"simulated:{ADA}").access_secret_version(
-            name=f"{secret}/versions/latest"
-        )
+        client_for(server, f"simulated:{ADA}").access_secret_version(name=f"{secret}/versions/latest")
 
 
 def test_a_vm_account_may_only_access(
@@ -347,9 +339,7 @@ def test_a_missing_secret_in_the_own_namespace_is_not_found(
 def test_any_other_token_is_unauthenticated(server: SecretManagerServer, token: str) -> None:
     """Only no credentials or `simulated:EMAIL` are understood: anything else is 401."""
     with pytest.raises(exceptions.Unauthorized) as error:
-        client_for(server, token).access_secret_version(
-            name=f"{PARENT}/secrets/t1-tpujobs_ada-vm_x/versions/latest"
-        )
+        client_for(server, token).access_secret_version(name=f"{PARENT}/secrets/t1-tpujobs_ada-vm_x/versions/latest")
     assert status_of(error) == "UNAUTHENTICATED"
 
 
@@ -364,10 +354,7 @@ def test_state_survives_a_restart_in_a_file_only_its_owner_reads(tmp_path: Path)
         add(client_for(first), secret, VALUE)
     assert stat.S_IMODE(state.stat().st_mode) == 0o600
     with SecretManagerServer(state_file=state) as second:
-        assert (
-            client_for(second).access_secret_version(name=f"{secret}/versions/1").payload.data
-            == VALUE
-        )
+        assert client_for(second).access_secret_version(name=f"{secret}/versions/1").payload.data == VALUE
 
 
 def test_values_are_never_logged(
@@ -472,9 +459,7 @@ def test_an_unreachable_secret_manager_is_transient() -> None:
 
 
 @pytest.fixture
-def cli_env(
-    server: SecretManagerServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> dict[str, str]:
+def cli_env(server: SecretManagerServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, str]:
     """The CLI pointed at the server, as `tpujobs dev env` would point it; no stack on record."""
     env = {
         "TPUJOBS_STATE_DIR": str(tmp_path / "no-stack"),
@@ -521,9 +506,7 @@ def test_secret_set_from_a_file_for_another_account_keeps_the_bytes(
     assert read.payload.data == VALUE + b"\n"
 
 
-def test_secret_set_refuses_an_empty_value_and_a_bad_name(
-    cli_env: dict[str, str], secrets: Secrets
-) -> None:
+def test_secret_set_refuses_an_empty_value_and_a_bad_name(cli_env: dict[str, str], secrets: Secrets) -> None:
     """An empty value or a NAME with @ is refused, and nothing is created."""
     empty = run_cli("secret", "set", "tok", input=b"")
     assert empty.exit_code == 1
@@ -543,9 +526,7 @@ def test_secret_set_without_any_account_says_what_to_do(
     assert "--account" in result.output
 
 
-def test_secret_list_prints_a_table_of_names_accounts_and_versions(
-    cli_env: dict[str, str], secrets: Secrets
-) -> None:
+def test_secret_list_prints_a_table_of_names_accounts_and_versions(cli_env: dict[str, str], secrets: Secrets) -> None:
     """`tpujobs secret list`: NAME, ACCOUNT, VERSION, CREATED; `--account` narrows; no values."""
     secrets.set("hf-token", VALUE, ADA)
     secrets.set("hf-token", VALUE, ADA)
@@ -561,9 +542,7 @@ def test_secret_list_prints_a_table_of_names_accounts_and_versions(
     assert "wandb" in bobs.output and "hf-token" not in bobs.output
 
 
-def test_cli_errors_are_sentences_not_tracebacks(
-    cli_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_cli_errors_are_sentences_not_tracebacks(cli_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     """Secret Manager unreachable: exit 1 with what failed."""
     from tpujobs.dev.processes import free_port
 

@@ -91,13 +91,9 @@ def job_messages(draw: st.DrawFn) -> tuple[str, dict[str, Any], list[Delivery]]:
             where = {"job_id": job_id, "attempt": attempt, "slice_id": 0, "worker_id": worker}
             payloads.append(("tpujobs-worker-events", {"kind": "started", **where}))
             code = draw(st.sampled_from([0, 0, 0, 1]))
-            payloads.append(
-                ("tpujobs-worker-events", {"kind": "exited", "exit_code": code, **where})
-            )
+            payloads.append(("tpujobs-worker-events", {"kind": "exited", "exit_code": code, **where}))
         if draw(st.integers(0, 3)) > 0:
-            payloads.append(
-                ("tpujobs-preemption", {"job_id": job_id, "attempt": attempt, "reason": "SIGTERM"})
-            )
+            payloads.append(("tpujobs-preemption", {"job_id": job_id, "attempt": attempt, "reason": "SIGTERM"}))
     for _ in range(draw(st.integers(0, 3))):
         qr = f"{job_id}-a{draw(st.integers(1, 2))}"
         payloads.append(
@@ -142,9 +138,7 @@ def owned_by(job_id: str, name: str) -> bool:
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(case=job_messages())
-def test_any_delivery_order_keeps_the_timeline_legal_and_capacity_single(
-    service, simulator_url, case
-) -> None:
+def test_any_delivery_order_keeps_the_timeline_legal_and_capacity_single(service, simulator_url, case) -> None:
     """Duplicated, shuffled messages then two reconciler ticks: legal timeline, one create per attempt, no leak."""
     job_id, spec, deliveries = case
     for topic, message_id, payload in deliveries:
@@ -159,20 +153,12 @@ def test_any_delivery_order_keeps_the_timeline_legal_and_capacity_single(
     assert job.spec.on_preemption == spec["on_preemption"] and job.restarts <= spec["max_restarts"]
     assert job.attempt <= 1 + job.restarts
     timeline = service.store.events(job_id)
-    assert [e.seq for e in timeline] == list(range(1, len(timeline) + 1)) and len(
-        timeline
-    ) == job.event_seq
+    assert [e.seq for e in timeline] == list(range(1, len(timeline) + 1)) and len(timeline) == job.event_seq
     assert (timeline[0].from_state, timeline[0].to_state) == (None, JobState.QUEUED)
-    illegal = [
-        (e.seq, e.from_state, e.to_state)
-        for e in timeline[1:]
-        if (e.from_state, e.to_state) not in ALLOWED
-    ]
+    illegal = [(e.seq, e.from_state, e.to_state) for e in timeline[1:] if (e.from_state, e.to_state) not in ALLOWED]
     assert illegal == []
     for before, after in itertools.pairwise(timeline):
-        assert after.from_state is before.to_state, (
-            f"event {after.seq} starts where {before.seq} did not end"
-        )
+        assert after.from_state is before.to_state, f"event {after.seq} starts where {before.seq} did not end"
     attempts = [e.attempt for e in timeline]
     assert attempts == sorted(attempts)
     assert job.state is timeline[-1].to_state and job.attempt >= attempts[-1]
@@ -185,9 +171,7 @@ def test_any_delivery_order_keeps_the_timeline_legal_and_capacity_single(
         for op in state["operations"]
         if op["metadata"]["verb"] == "create" and owned_by(job_id, op["metadata"]["target"])
     ]
-    assert sorted(creates) == sorted(set(creates)), (
-        f"a queued resource was created twice: {creates}"
-    )
+    assert sorted(creates) == sorted(set(creates)), f"a queued resource was created twice: {creates}"
     live = {
         qr["name"].rsplit("/", 1)[-1]
         for qr in state["queuedResources"]
@@ -196,9 +180,7 @@ def test_any_delivery_order_keeps_the_timeline_legal_and_capacity_single(
     if job.state in TERMINAL:
         assert live == set(), f"a {job.state.value} job still holds {live}"
     else:
-        assert live <= {job.queued_resource}, (
-            f"a {job.state.value} job at attempt {job.attempt} holds {live}"
-        )
+        assert live <= {job.queued_resource}, f"a {job.state.value} job at attempt {job.attempt} holds {live}"
     event(f"ends {job.state.value} at attempt {job.attempt}")
 
     if job.state not in TERMINAL:  # keep later examples' reconciler ticks small

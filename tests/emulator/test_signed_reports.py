@@ -70,9 +70,7 @@ def submit(service: JobService, job_id: str, **changes: Any) -> str:
     return job_id
 
 
-def exited(
-    job_id: str = "train-1", attempt: int = 1, worker: int = 0, code: int = 0, **changes: Any
-) -> dict:
+def exited(job_id: str = "train-1", attempt: int = 1, worker: int = 0, code: int = 0, **changes: Any) -> dict:
     return {
         "kind": "exited",
         "job_id": job_id,
@@ -146,11 +144,7 @@ def rejection_of(service: JobService, message: InboundMessage):
 
 
 def handle(service: JobService, message: InboundMessage):
-    return (
-        service.on_preemption(message)
-        if message.topic == PREEMPTION
-        else service.on_worker_report(message)
-    )
+    return service.on_preemption(message) if message.topic == PREEMPTION else service.on_worker_report(message)
 
 
 # Each forgery: how to build it from the service (the RUNNING train-1 and a RUNNING train-2 exist),
@@ -171,9 +165,7 @@ def exit_signed_for_another_job_then_retargeted(service: JobService) -> InboundM
     genuine = signed(service, EVENTS, exited(job_id="train-2"))
     body = json.loads(genuine.data)
     body["job_id"] = "train-1"
-    return InboundMessage(
-        genuine.message_id, EVENTS, json.dumps(body).encode(), dict(genuine.attributes)
-    )
+    return InboundMessage(genuine.message_id, EVENTS, json.dumps(body).encode(), dict(genuine.attributes))
 
 
 def notice_signed_with_another_attempts_key(service: JobService) -> InboundMessage:
@@ -206,9 +198,7 @@ def exit_an_hour_in_the_future(service: JobService) -> InboundMessage:
 
 
 def notice_an_hour_in_the_future(service: JobService) -> InboundMessage:
-    return signed(
-        service, PREEMPTION, {**notice(), "at": (utc_now() + timedelta(hours=1)).isoformat()}
-    )
+    return signed(service, PREEMPTION, {**notice(), "at": (utc_now() + timedelta(hours=1)).isoformat()})
 
 
 def exit_of_an_attempt_the_job_has_not_reached(service: JobService) -> InboundMessage:
@@ -243,9 +233,7 @@ FORGERIES: list[tuple[Forgery, str]] = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("forge", "why"), FORGERIES, ids=[forge.__name__ for forge, _ in FORGERIES]
-)
+@pytest.mark.parametrize(("forge", "why"), FORGERIES, ids=[forge.__name__ for forge, _ in FORGERIES])
 def test_a_forged_report_changes_nothing_and_is_rejected_with_a_sentence(service, forge, why):
     """The forgery leaves state, attempt, restarts, exit code and events as they were, and its rejection says why."""
     running(service, "train-1")
@@ -258,14 +246,13 @@ def test_a_forged_report_changes_nothing_and_is_rejected_with_a_sentence(service
     rejection = rejection_of(service, forged)
     assert rejection is not None, f"no rejection for {forge.__name__}"
     assert rejection.topic == forged.topic
-    assert rejection.reason.startswith("Report for train-1 attempt ") and rejection.reason.endswith(
-        "."
-    )
+    assert rejection.reason.startswith("Report for train-1 attempt ") and rejection.reason.endswith(".")
     assert why in rejection.reason
 
 
 def test_a_notice_from_a_leftover_host_of_the_previous_attempt_cannot_stop_the_next(service):
-    """At attempt 2, a notice naming attempt 2 but signed with attempt 1's key (which that job's old code holds) is refused."""
+    """At attempt 2, a notice naming attempt 2 but signed with attempt 1's key (which that job's old code holds) is
+    refused."""
     running(service, "train-1")
     service.on_preemption(signed(service, PREEMPTION, notice()))
     service.on_worker_report(
@@ -284,8 +271,7 @@ def test_a_notice_from_a_leftover_host_of_the_previous_attempt_cannot_stop_the_n
     assert service.on_preemption(forged) is None
     assert snapshot(service) == before
     assert (
-        "the signature does not match the key of the attempt the report names"
-        in rejection_of(service, forged).reason
+        "the signature does not match the key of the attempt the report names" in rejection_of(service, forged).reason
     )
 
 
@@ -296,16 +282,11 @@ def test_a_replay_under_a_new_message_id_is_rejected_naming_the_first(service):
     service.on_worker_report(original)
     assert service.store.get("train-1").workers_done == ("0-0",)
     before = snapshot(service)
-    replay = InboundMessage(
-        "9" + original.message_id, EVENTS, original.data, dict(original.attributes)
-    )
+    replay = InboundMessage("9" + original.message_id, EVENTS, original.data, dict(original.attributes))
     assert service.on_worker_report(replay) is None
     assert snapshot(service) == before
     reason = rejection_of(service, replay).reason
-    assert (
-        f"it is a replay: the same signed report arrived before as message {original.message_id}"
-        in reason
-    )
+    assert f"it is a replay: the same signed report arrived before as message {original.message_id}" in reason
     assert rejection_of(service, original) is None
 
 
@@ -316,14 +297,10 @@ def test_a_replayed_preemption_notice_is_rejected_naming_the_first(service):
     service.on_preemption(original)
     before = snapshot(service)
     assert before[1:3] == (2, 1)
-    replay = InboundMessage(
-        "9" + original.message_id, PREEMPTION, original.data, dict(original.attributes)
-    )
+    replay = InboundMessage("9" + original.message_id, PREEMPTION, original.data, dict(original.attributes))
     assert service.on_preemption(replay) is None
     assert snapshot(service) == before
-    assert (
-        f"arrived before as message {original.message_id}" in rejection_of(service, replay).reason
-    )
+    assert f"arrived before as message {original.message_id}" in rejection_of(service, replay).reason
 
 
 def test_a_redelivery_under_the_same_message_id_is_handled_not_rejected(service):
@@ -338,9 +315,7 @@ def test_a_redelivery_under_the_same_message_id_is_handled_not_rejected(service)
     assert rejection_of(service, original) is None
     last = signed(service, EVENTS, exited(worker=1))
     service.on_worker_report(last)
-    service.on_worker_report(
-        InboundMessage(last.message_id, EVENTS, last.data, dict(last.attributes))
-    )
+    service.on_worker_report(InboundMessage(last.message_id, EVENTS, last.data, dict(last.attributes)))
     assert service.store.get("train-1").state is JobState.SUCCEEDED
     assert service.store.rejections() == []
 
@@ -361,9 +336,7 @@ def test_the_last_host_of_a_two_slice_job_is_believed(service):
     running(service, "train-1", slices=2)
     for slice_id in (0, 1):
         for worker in (0, 1):
-            service.on_worker_report(
-                signed(service, EVENTS, {**exited(worker=worker), "slice_id": slice_id})
-            )
+            service.on_worker_report(signed(service, EVENTS, {**exited(worker=worker), "slice_id": slice_id}))
     assert service.store.get("train-1").state is JobState.SUCCEEDED
     assert service.store.rejections() == []
 
@@ -375,9 +348,7 @@ def test_a_report_for_a_job_that_does_not_exist_is_rejected(service):
     assert "job_id 'ghost': no such job" in rejection_of(service, forged).reason
 
 
-def test_a_rejected_message_that_carries_an_attempt_key_is_stored_scrubbed(
-    service, firestore_client
-):
+def test_a_rejected_message_that_carries_an_attempt_key_is_stored_scrubbed(service, firestore_client):
     """A qr-state message holding an audit-log-like entry with a key: the rejection document read back lacks the key."""
     running(service, "train-1")
     text = signing.key_text(key_of(service, "train-1", 1))
@@ -415,10 +386,9 @@ def test_a_forged_report_that_carries_an_attempt_key_is_stored_scrubbed(service,
     assert text[len(signing.KEY_PREFIX) :] not in json.dumps(stored, default=str)
 
 
-def test_a_rejected_submission_whose_bad_field_is_an_attempt_key_keeps_no_key(
-    service, firestore_client
-):
-    """A spec refused for a field holding a key text: neither the payload nor the reason of its rejection keeps the key."""
+def test_a_rejected_submission_whose_bad_field_is_an_attempt_key_keeps_no_key(service, firestore_client):
+    """A spec refused for a field holding a key text: neither the payload nor the reason of its rejection
+    keeps the key."""
     running(service, "train-1")
     text = signing.key_text(key_of(service, "train-1", 1))
     spec = {

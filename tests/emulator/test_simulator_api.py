@@ -53,9 +53,7 @@ def client(server: SimulatorServer) -> tpu_v2.TpuClient:
 def control(server: SimulatorServer, path: str, body: dict[str, Any] | None = None) -> Any:
     """Call a /simulator/v1 endpoint; POST when there is a body."""
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(
-        server.url + "/simulator/v1/" + path, data=data, method="POST" if data else "GET"
-    )
+    request = urllib.request.Request(server.url + "/simulator/v1/" + path, data=data, method="POST" if data else "GET")
     with urllib.request.urlopen(request, timeout=5) as response:
         return json.load(response)
 
@@ -102,9 +100,7 @@ def qr_state(client: tpu_v2.TpuClient, qr_id: str) -> tpu_v2.QueuedResourceState
 
 
 def make_active(client: tpu_v2.TpuClient, qr_id: str, resource: tpu_v2.QueuedResource) -> None:
-    client.create_queued_resource(
-        parent=PARENT, queued_resource_id=qr_id, queued_resource=resource
-    ).result(timeout=5)
+    client.create_queued_resource(parent=PARENT, queued_resource_id=qr_id, queued_resource=resource).result(timeout=5)
     wait_for(lambda: qr_state(client, qr_id) == tpu_v2.QueuedResourceState.State.ACTIVE)
 
 
@@ -144,9 +140,7 @@ def test_list_queued_resources_pages_through_everything(client: tpu_v2.TpuClient
             queued_resource_id=f"qr-{i}",
             queued_resource=queued_resource(f"node-{i}"),
         )
-    pager = client.list_queued_resources(
-        request=tpu_v2.ListQueuedResourcesRequest(parent=PARENT, page_size=2)
-    )
+    pager = client.list_queued_resources(request=tpu_v2.ListQueuedResourcesRequest(parent=PARENT, page_size=2))
     pages = list(pager.pages)
     assert [len(page.queued_resources) for page in pages] == [2, 2, 1]
     assert [qr.name.rsplit("/", 1)[1] for page in pages for qr in page.queued_resources] == [
@@ -158,13 +152,9 @@ def test_creating_a_queued_resource_twice_is_a_conflict_with_status_already_exis
     client: tpu_v2.TpuClient,
 ) -> None:
     """A second create with the same id is HTTP 409 ALREADY_EXISTS (the client raises Conflict)."""
-    client.create_queued_resource(
-        parent=PARENT, queued_resource_id="qr", queued_resource=queued_resource("a")
-    )
+    client.create_queued_resource(parent=PARENT, queued_resource_id="qr", queued_resource=queued_resource("a"))
     with pytest.raises(exceptions.Conflict) as duplicate:
-        client.create_queued_resource(
-            parent=PARENT, queued_resource_id="qr", queued_resource=queued_resource("b")
-        )
+        client.create_queued_resource(parent=PARENT, queued_resource_id="qr", queued_resource=queued_resource("b"))
     assert status_of(duplicate) == "ALREADY_EXISTS"
 
 
@@ -211,9 +201,7 @@ def test_nodes_of_a_multislice_request_can_be_read_and_listed(client: tpu_v2.Tpu
     assert node.multislice_node
     assert node.labels["tpujobs-job"] == "job-1"
     assert [e.port for e in node.network_endpoints] == [8470] * 4
-    pages = list(
-        client.list_nodes(request=tpu_v2.ListNodesRequest(parent=PARENT, page_size=1)).pages
-    )
+    pages = list(client.list_nodes(request=tpu_v2.ListNodesRequest(parent=PARENT, page_size=1)).pages)
     assert [n.name for page in pages for n in page.nodes] == [
         f"{PARENT}/nodes/s-0",
         f"{PARENT}/nodes/s-1",
@@ -224,9 +212,7 @@ def test_nodes_of_a_multislice_request_can_be_read_and_listed(client: tpu_v2.Tpu
 def test_a_bad_queued_resource_id_is_invalid_argument(client: tpu_v2.TpuClient, qr_id: str) -> None:
     """Ids the TPU API refuses are HTTP 400 INVALID_ARGUMENT."""
     with pytest.raises(exceptions.BadRequest) as refused:
-        client.create_queued_resource(
-            parent=PARENT, queued_resource_id=qr_id, queued_resource=queued_resource()
-        )
+        client.create_queued_resource(parent=PARENT, queued_resource_id=qr_id, queued_resource=queued_resource())
     assert status_of(refused) == "INVALID_ARGUMENT"
 
 
@@ -256,9 +242,7 @@ def test_injected_api_errors_raise_the_client_exceptions(
     with pytest.raises(exception):
         client.get_queued_resource(name=f"{PARENT}/queuedResources/anything")
     with pytest.raises(exception):
-        client.create_queued_resource(
-            parent=PARENT, queued_resource_id="qr", queued_resource=queued_resource()
-        )
+        client.create_queued_resource(parent=PARENT, queued_resource_id="qr", queued_resource=queued_resource())
     assert control(server, "health") == {"ok": True}
     assert control(server, "state")["queuedResources"] == []
 
@@ -377,24 +361,18 @@ def test_everything_the_simulator_renders_is_valid_tpu_api_json(
     control(server, f"queuedResources/{ZONE}/preempted:preempt", {})
     control(server, f"queuedResources/{ZONE}/failed:fail", {"message": "no"})
     client.delete_queued_resource(
-        request=tpu_v2.DeleteQueuedResourceRequest(
-            name=f"{PARENT}/queuedResources/deleting", force=True
-        )
+        request=tpu_v2.DeleteQueuedResourceRequest(name=f"{PARENT}/queuedResources/deleting", force=True)
     )
     state = control(server, "state")
     states = {qr["state"]["state"] for qr in state["queuedResources"]}
     assert {"ACTIVE", "SUSPENDING", "FAILED", "DELETING", "WAITING_FOR_RESOURCES"} <= states
-    assert {"READY", "PREEMPTED", "DELETING", "REPAIRING", "RESTARTING"} <= {
-        n["state"] for n in state["nodes"]
-    }
+    assert {"READY", "PREEMPTED", "DELETING", "REPAIRING", "RESTARTING"} <= {n["state"] for n in state["nodes"]}
     for qr in state["queuedResources"]:
         tpu_v2.QueuedResource.from_json(json.dumps(qr), ignore_unknown_fields=False)
     for node in state["nodes"]:
         tpu_v2.Node.from_json(json.dumps(node), ignore_unknown_fields=False)
     for operation in state["operations"]:  # strict, as the client parses polled operations
-        json_format.Parse(
-            json.dumps(operation), operations_pb2.Operation(), ignore_unknown_fields=False
-        )
+        json_format.Parse(json.dumps(operation), operations_pb2.Operation(), ignore_unknown_fields=False)
 
 
 def test_command_line_prints_its_url_serves_and_stops_on_sigterm() -> None:
@@ -471,33 +449,25 @@ def test_a_quota_429_carries_error_info_and_quota_failure_where_the_client_reads
     plan_errors(server, method="create", code=429, quota=True)
     plan_errors(server, method="create", code=429)
     with pytest.raises(exceptions.TooManyRequests) as quota:
-        client.create_queued_resource(
-            parent=PARENT, queued_resource_id="qr", queued_resource=queued_resource()
-        )
+        client.create_queued_resource(parent=PARENT, queued_resource_id="qr", queued_resource=queued_resource())
     assert (quota.value.reason, quota.value.domain) == ("RESOURCE_QUOTA_EXCEEDED", "googleapis.com")
     assert quota.value.metadata["quota_location"] == ZONE
     failure = next(d for d in quota.value.details if d["@type"].endswith("QuotaFailure"))
     assert failure["violations"][0]["quotaDimensions"] == {"zone": ZONE}
     with pytest.raises(exceptions.TooManyRequests) as rate:
-        client.create_queued_resource(
-            parent=PARENT, queued_resource_id="qr", queued_resource=queued_resource()
-        )
+        client.create_queued_resource(parent=PARENT, queued_resource_id="qr", queued_resource=queued_resource())
     assert rate.value.reason == "RATE_LIMIT_EXCEEDED"
     assert control(server, "state")["queuedResources"] == []  # neither created anything
 
 
-def test_planned_errors_hit_only_their_method_and_count(
-    server: SimulatorServer, client: tpu_v2.TpuClient
-) -> None:
+def test_planned_errors_hit_only_their_method_and_count(server: SimulatorServer, client: tpu_v2.TpuClient) -> None:
     """count=2 on list: two list calls fail, gets and creates do not, the third list succeeds."""
     plan_errors(server, method="list", code=503, count=2)
     make_active(client, "qr", queued_resource("node"))  # creates, gets, polls the operation
     for _ in range(2):
         with pytest.raises(exceptions.ServiceUnavailable):
             list(client.list_queued_resources(parent=PARENT))
-    assert [qr.name for qr in client.list_queued_resources(parent=PARENT)] == [
-        f"{PARENT}/queuedResources/qr"
-    ]
+    assert [qr.name for qr in client.list_queued_resources(parent=PARENT)] == [f"{PARENT}/queuedResources/qr"]
     assert control(server, "faults")["errors"]["list"] == []
 
 
@@ -507,14 +477,10 @@ def test_an_applied_error_loses_only_the_answer_the_create_happened(
     """applied: the create raises GatewayTimeout yet the QR exists; a retried create is a Conflict."""
     plan_errors(server, method="create", code="DEADLINE_EXCEEDED", applied=True)
     with pytest.raises(exceptions.GatewayTimeout):
-        client.create_queued_resource(
-            parent=PARENT, queued_resource_id="qr", queued_resource=queued_resource()
-        )
+        client.create_queued_resource(parent=PARENT, queued_resource_id="qr", queued_resource=queued_resource())
     assert client.get_queued_resource(name=f"{PARENT}/queuedResources/qr").name.endswith("/qr")
     with pytest.raises(exceptions.Conflict):
-        client.create_queued_resource(
-            parent=PARENT, queued_resource_id="qr", queued_resource=queued_resource()
-        )
+        client.create_queued_resource(parent=PARENT, queued_resource_id="qr", queued_resource=queued_resource())
 
 
 @pytest.mark.parametrize(
@@ -528,9 +494,7 @@ def test_an_applied_error_loses_only_the_answer_the_create_happened(
         {"method": "get", "code": 503, "extra": 1},
     ],
 )
-def test_a_fault_that_makes_no_sense_is_refused_with_400(
-    server: SimulatorServer, fault: dict
-) -> None:
+def test_a_fault_that_makes_no_sense_is_refused_with_400(server: SimulatorServer, fault: dict) -> None:
     """Unknown methods, non-error statuses, unknown codes, a quota that is no 429, count 0: 400."""
     with pytest.raises(urllib.error.HTTPError) as refused:
         plan_errors(server, **fault)
@@ -538,9 +502,7 @@ def test_a_fault_that_makes_no_sense_is_refused_with_400(
     assert json.load(refused.value)["error"]["status"] == "INVALID_ARGUMENT"
 
 
-def test_random_errors_take_grpc_codes_too(
-    server: SimulatorServer, client: tpu_v2.TpuClient
-) -> None:
+def test_random_errors_take_grpc_codes_too(server: SimulatorServer, client: tpu_v2.TpuClient) -> None:
     """api_error_codes ["DEADLINE_EXCEEDED"] at rate 1: every TPU call is a GatewayTimeout (504)."""
     control(server, "config", {"api_error_rate": 1.0, "api_error_codes": ["DEADLINE_EXCEEDED"]})
     with pytest.raises(exceptions.GatewayTimeout):
@@ -577,26 +539,18 @@ def test_a_field_mask_keeps_only_its_fields_and_a_list_without_next_page_token_s
         client.create_queued_resource(
             parent=PARENT, queued_resource_id=f"qr-{i}", queued_resource=queued_resource(f"n-{i}")
         )
-    masked = list(
-        client.list_queued_resources(
-            parent=PARENT, metadata=[("x-goog-fieldmask", "queuedResources.name")]
-        )
-    )
+    masked = list(client.list_queued_resources(parent=PARENT, metadata=[("x-goog-fieldmask", "queuedResources.name")]))
     assert [qr.name.rsplit("/", 1)[1] for qr in masked] == ["qr-0", "qr-1"]
     assert not any("tpu" in qr or "state" in qr for qr in masked)
 
 
-def test_the_fields_parameter_takes_google_grouping_syntax(
-    server: SimulatorServer, client: tpu_v2.TpuClient
-) -> None:
+def test_the_fields_parameter_takes_google_grouping_syntax(server: SimulatorServer, client: tpu_v2.TpuClient) -> None:
     """?fields=queuedResources(name,state/...) keeps just those; an unbalanced one is 400."""
     make_active(client, "qr", queued_resource("node"))
     url = f"{server.url}/v2/{PARENT}/queuedResources?fields=queuedResources(name,state.state)"
     with urllib.request.urlopen(url, timeout=5) as response:
         answer = json.load(response)
-    assert answer == {
-        "queuedResources": [{"name": f"{PARENT}/queuedResources/qr", "state": {"state": "ACTIVE"}}]
-    }
+    assert answer == {"queuedResources": [{"name": f"{PARENT}/queuedResources/qr", "state": {"state": "ACTIVE"}}]}
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(url.replace("state)", "state"), timeout=5)
     assert refused.value.code == 400
@@ -648,17 +602,13 @@ def test_a_suspended_queued_resource_holds_its_chips_until_deleted(
     """4 v4 chips: a preempted v4-8 stays SUSPENDED holding them; the next waits until it is deleted."""
     control(server, "config", {"capacity": {f"v4@{ZONE}": 4}})
     make_active(client, "spot", queued_resource("a", spot=True))
-    client.create_queued_resource(
-        parent=PARENT, queued_resource_id="next", queued_resource=queued_resource("b")
-    )
+    client.create_queued_resource(parent=PARENT, queued_resource_id="next", queued_resource=queued_resource("b"))
     control(server, f"queuedResources/{ZONE}/spot:preempt", {})
     wait_for(lambda: qr_state(client, "spot") == tpu_v2.QueuedResourceState.State.SUSPENDED)
     time.sleep(0.2)  # many ticks: the chips are still held
     assert qr_state(client, "next") == tpu_v2.QueuedResourceState.State.WAITING_FOR_RESOURCES
     client.delete_queued_resource(
-        request=tpu_v2.DeleteQueuedResourceRequest(
-            name=f"{PARENT}/queuedResources/spot", force=True
-        )
+        request=tpu_v2.DeleteQueuedResourceRequest(name=f"{PARENT}/queuedResources/spot", force=True)
     ).result(timeout=5)
     wait_for(lambda: qr_state(client, "next") == tpu_v2.QueuedResourceState.State.ACTIVE)
 
@@ -666,9 +616,7 @@ def test_a_suspended_queued_resource_holds_its_chips_until_deleted(
 # -- what nodes show: reboot, maintenance, health and state --------------------------------------
 
 
-def test_node_health_and_state_endpoints_show_in_the_client(
-    server: SimulatorServer, client: tpu_v2.TpuClient
-) -> None:
+def test_node_health_and_state_endpoints_show_in_the_client(server: SimulatorServer, client: tpu_v2.TpuClient) -> None:
     """:node-health TIMEOUT with a description and :node-state UNKNOWN read back through get_node."""
     make_active(client, "qr", queued_resource("node"))
     control(
@@ -701,13 +649,8 @@ def test_reboot_and_maintenance_endpoints_show_restarting_and_repairing(
     assert client.get_node(name=f"{PARENT}/nodes/node").state == tpu_v2.Node.State.RESTARTING
     wait_for(lambda: client.get_node(name=f"{PARENT}/nodes/node").state == tpu_v2.Node.State.READY)
     control(server, f"queuedResources/{ZONE}/qr:maintenance?notice=0", {})
-    wait_for(
-        lambda: client.get_node(name=f"{PARENT}/nodes/node").state == tpu_v2.Node.State.REPAIRING
-    )
-    assert (
-        client.get_node(name=f"{PARENT}/nodes/node").health
-        == tpu_v2.Node.Health.UNHEALTHY_MAINTENANCE
-    )
+    wait_for(lambda: client.get_node(name=f"{PARENT}/nodes/node").state == tpu_v2.Node.State.REPAIRING)
+    assert client.get_node(name=f"{PARENT}/nodes/node").health == tpu_v2.Node.Health.UNHEALTHY_MAINTENANCE
     with pytest.raises(urllib.error.HTTPError) as refused:
         control(server, f"queuedResources/{ZONE}/qr:reboot", {})
     assert json.load(refused.value)["error"]["status"] == "FAILED_PRECONDITION"

@@ -96,9 +96,7 @@ def request_for(
 ) -> QueuedResourceRequest:
     template = {"metadata": {"startup-script": script}, "schedulingConfig": {"spot": True}}
     if multislice:
-        spec = SliceRequest(
-            accelerator_type, RUNTIME, node_id_prefix="s", node_count=multislice, template=template
-        )
+        spec = SliceRequest(accelerator_type, RUNTIME, node_id_prefix="s", node_count=multislice, template=template)
     else:
         spec = SliceRequest(accelerator_type, RUNTIME, node_id=node_id, template=template)
     return QueuedResourceRequest(slices=(spec,), spot=True)
@@ -133,9 +131,7 @@ def start(
 ) -> tuple[WorkerInfo, ...]:
     """Create a QR, wait until ACTIVE and until every worker wrote its answers."""
     sim = server.simulator
-    sim.create_queued_resource(
-        PROJECT, ZONE, "qr", request_for(script, accelerator_type, multislice)
-    )
+    sim.create_queued_resource(PROJECT, ZONE, "qr", request_for(script, accelerator_type, multislice))
     wait_for(
         lambda: sim.get_queued_resource(PROJECT, ZONE, "qr").state is QrState.ACTIVE,
         what="ACTIVE",
@@ -148,9 +144,7 @@ def start(
 
 
 def worker(server: SimulatorServer, slice_index: int, index: int) -> WorkerInfo:
-    return next(
-        w for w in server.workers("qr") if (w.slice_index, w.worker) == (slice_index, index)
-    )
+    return next(w for w in server.workers("qr") if (w.slice_index, w.worker) == (slice_index, index))
 
 
 def answer(info: WorkerInfo, key: str) -> str:
@@ -200,9 +194,7 @@ def test_an_active_v4_16_runs_one_process_per_host_with_its_own_metadata_and_env
         assert not any(key.startswith("MEGASCALE_") for key in tpu_env)
         env = environment(info)
         assert env["TPUJOBS_WORKDIR"] == str(info.scratch / "work")
-        assert env["TPUJOBS_METADATA_URL"] == metadata_url(
-            server.url, PROJECT, ZONE, "node", info.worker
-        )
+        assert env["TPUJOBS_METADATA_URL"] == metadata_url(server.url, PROJECT, ZONE, "node", info.worker)
         assert env[MARK] == "from-the-simulator"
         assert info.log.exists()
 
@@ -266,9 +258,7 @@ def test_preemption_sends_sigterm_after_the_metadata_turns_true(server: Simulato
     for info in workers:
         wait_for(lambda i=info: (i.scratch / "term").exists(), what="SIGTERM marker")
         assert (info.scratch / "preempted-at-term").read_text() == "TRUE"
-    ended = wait_for(
-        lambda: all(not w.alive for w in server.workers("qr")) and server.workers("qr")
-    )
+    ended = wait_for(lambda: all(not w.alive for w in server.workers("qr")) and server.workers("qr"))
     assert [(w.exit_code, w.stopped_by) for w in ended] == [(0, "preemption")] * 2
     assert server.simulator.get_queued_resource(PROJECT, ZONE, "qr").state in (
         QrState.SUSPENDING,
@@ -317,9 +307,7 @@ def test_failing_the_queued_resource_sigkills_every_worker(server: SimulatorServ
     """fail: all workers SIGKILLed at once, without SIGTERM."""
     start(server, startup_script())
     server.simulator.fail("qr", "stockout")
-    ended = wait_for(
-        lambda: all(not w.alive for w in server.workers("qr")) and server.workers("qr")
-    )
+    ended = wait_for(lambda: all(not w.alive for w in server.workers("qr")) and server.workers("qr"))
     assert [(w.exit_code, w.stopped_by) for w in ended] == [(-signal.SIGKILL, "failure")] * 2
     assert not any((w.scratch / "term").exists() for w in ended)
 
@@ -470,9 +458,7 @@ def test_waiting_for_change_on_preempted_returns_true_when_the_node_is_preempted
     url = metadata_url(server.url, PROJECT, ZONE, "node", 0)
     url += "/instance/preempted?wait_for_change=true&timeout_sec=10"
     answers: list[tuple[int, str]] = []
-    waiter = threading.Thread(
-        target=lambda: answers.append(metadata_get(url, {"Metadata-Flavor": "Google"})[:2])
-    )
+    waiter = threading.Thread(target=lambda: answers.append(metadata_get(url, {"Metadata-Flavor": "Google"})[:2]))
     waiter.start()
     time.sleep(0.2)
     assert answers == []
@@ -485,9 +471,7 @@ def test_waiting_for_change_on_preempted_returns_true_when_the_node_is_preempted
 
 
 @pytest.fixture
-def local_stack(
-    tmp_path: Path, emulators: dict[str, str], project_id: str, server: SimulatorServer
-) -> Iterator[Path]:
+def local_stack(tmp_path: Path, emulators: dict[str, str], project_id: str, server: SimulatorServer) -> Iterator[Path]:
     """A recorded local stack made of the test's Firestore emulator and simulator."""
     state = stack.StackState(
         state_dir=tmp_path,
@@ -505,15 +489,8 @@ def local_stack(
 
 
 def active_job(server: SimulatorServer, firestore_client: Any, project_id: str) -> None:
-    server.simulator.create_queued_resource(
-        project_id, ZONE, "job-1-a1", request_for(startup_script(), "v4-8")
-    )
-    wait_for(
-        lambda: (
-            server.simulator.get_queued_resource(project_id, ZONE, "job-1-a1").state
-            is QrState.ACTIVE
-        )
-    )
+    server.simulator.create_queued_resource(project_id, ZONE, "job-1-a1", request_for(startup_script(), "v4-8"))
+    wait_for(lambda: server.simulator.get_queued_resource(project_id, ZONE, "job-1-a1").state is QrState.ACTIVE)
     (info,) = server.workers("job-1-a1")
     wait_for(lambda: (info.scratch / "ready").exists(), what="worker ready")  # its trap is set
     firestore_client.collection("jobs").document("job-1").set(
@@ -539,21 +516,15 @@ def test_dev_preempt_silent_kills_host_zero_without_notice(
 ) -> None:
     """--silent SIGKILLs worker 0 of slice 0; the QR stays ACTIVE and no SIGTERM arrives."""
     active_job(server, firestore_client, project_id)
-    result = CliRunner().invoke(
-        dev_app, ["preempt", "job-1", "--silent", "--state-dir", str(local_stack)]
-    )
+    result = CliRunner().invoke(dev_app, ["preempt", "job-1", "--silent", "--state-dir", str(local_stack)])
     assert result.exit_code == 0, result.output
-    killed = wait_for(
-        lambda: not server.workers("job-1-a1")[0].alive and server.workers("job-1-a1")[0]
-    )
+    killed = wait_for(lambda: not server.workers("job-1-a1")[0].alive and server.workers("job-1-a1")[0])
     assert (killed.exit_code, killed.stopped_by) == (-signal.SIGKILL, "host-failure")
     qr = server.simulator.get_queued_resource(project_id, ZONE, "job-1-a1")
     assert qr.state is QrState.ACTIVE
 
 
-def test_dev_preempt_of_an_unknown_job_or_without_a_stack_fails_clearly(
-    local_stack: Path, tmp_path: Path
-) -> None:
+def test_dev_preempt_of_an_unknown_job_or_without_a_stack_fails_clearly(local_stack: Path, tmp_path: Path) -> None:
     """An unknown job id and a missing stack each exit 1 with a sentence saying which."""
     runner = CliRunner()
     missing = runner.invoke(dev_app, ["preempt", "nope", "--state-dir", str(local_stack)])
@@ -633,16 +604,12 @@ def test_maintenance_warns_through_the_metadata_then_stops_the_hosts_then_boots_
     assert before == "NONE"
     answers: list[tuple[int, str]] = []
     wait = f"{url}?wait_for_change=true&timeout_sec=10&last_etag={headers['ETag']}"
-    waiter = threading.Thread(
-        target=lambda: answers.append(metadata_get(wait, {"Metadata-Flavor": "Google"})[:2])
-    )
+    waiter = threading.Thread(target=lambda: answers.append(metadata_get(wait, {"Metadata-Flavor": "Google"})[:2]))
     waiter.start()
     server.simulator.maintenance("qr")
     waiter.join(timeout=5)
     assert answers == [(200, "TERMINATE_ON_HOST_MAINTENANCE")]
-    wait_for(
-        lambda: (workers[0].scratch / "term").exists(), what="SIGTERM at the end of the notice"
-    )
+    wait_for(lambda: (workers[0].scratch / "term").exists(), what="SIGTERM at the end of the notice")
     back = wait_for(lambda: worker(server, 0, 0).boot == 2 and worker(server, 0, 0))
     wait_for(lambda: (back.scratch / "ready-2").exists(), what="boot after maintenance")
     assert metadata_get(url, {"Metadata-Flavor": "Google"})[1] == "NONE"
@@ -676,13 +643,9 @@ def test_dev_fault_error_plans_errors_that_the_real_client_meets(
         client.get_queued_resource(name=name)
 
 
-def test_dev_fault_error_quota_applied_and_show_and_clear(
-    local_stack: Path, server: SimulatorServer
-) -> None:
+def test_dev_fault_error_quota_applied_and_show_and_clear(local_stack: Path, server: SimulatorServer) -> None:
     """--quota and --applied reach the plan; show prints it as JSON; clear forgets it."""
-    result = fault(
-        local_stack, "error", "--method", "create", "--code", "429", "--quota", "--applied"
-    )
+    result = fault(local_stack, "error", "--method", "create", "--code", "429", "--quota", "--applied")
     assert result.exit_code == 0, result.output
     shown = fault(local_stack, "show")
     assert json.loads(shown.stdout)["errors"]["create"] == [
@@ -720,21 +683,14 @@ def test_dev_fault_no_boot_count_and_no_boot_of_a_waiting_job(
     server.simulator.clear_faults()
     reconfigure_capacity = dataclasses.replace(server.simulator.config, capacity={f"v4@{ZONE}": 0})
     server.simulator.reconfigure(reconfigure_capacity)
-    server.simulator.create_queued_resource(
-        project_id, ZONE, "job-2-a1", request_for(startup_script(), "v4-8")
-    )
+    server.simulator.create_queued_resource(project_id, ZONE, "job-2-a1", request_for(startup_script(), "v4-8"))
     firestore_client.collection("jobs").document("job-2").set(
         {"job_id": "job-2", "queued_resource": "job-2-a1", "zone": ZONE, "state": "PROVISIONING"}
     )
     result = fault(local_stack, "no-boot", "job-2")
     assert result.exit_code == 0, result.output
     server.simulator.reconfigure(dataclasses.replace(server.simulator.config, capacity={}))
-    wait_for(
-        lambda: (
-            server.simulator.get_queued_resource(project_id, ZONE, "job-2-a1").state
-            is QrState.ACTIVE
-        )
-    )
+    wait_for(lambda: server.simulator.get_queued_resource(project_id, ZONE, "job-2-a1").state is QrState.ACTIVE)
     time.sleep(0.2)
     assert server.workers("job-2-a1") == ()
     refused = fault(local_stack, "no-boot", "job-2")
@@ -752,9 +708,7 @@ def test_dev_fault_reboot_reruns_the_jobs_host(
     result = fault(local_stack, "reboot", "job-1", "--worker", "0")
     assert result.exit_code == 0, result.output
     assert "RESTARTING" in result.output
-    second = wait_for(
-        lambda: server.workers("job-1-a1")[0].boot == 2 and server.workers("job-1-a1")[0]
-    )
+    second = wait_for(lambda: server.workers("job-1-a1")[0].boot == 2 and server.workers("job-1-a1")[0])
     assert second.alive and second.scratch == first.scratch
     assert not (first.scratch / "term").exists()
 
@@ -778,9 +732,7 @@ def test_dev_fault_node_health_and_node_state_change_what_the_api_shows(
 ) -> None:
     """node-health JOB unhealthy_tensorflow --description and node-state JOB UNKNOWN; the host runs on."""
     active_job(server, firestore_client, project_id)
-    health = fault(
-        local_stack, "node-health", "job-1", "unhealthy_tensorflow", "--description", "XLA died"
-    )
+    health = fault(local_stack, "node-health", "job-1", "unhealthy_tensorflow", "--description", "XLA died")
     assert health.exit_code == 0, health.output
     state = fault(local_stack, "node-state", "job-1", "UNKNOWN")
     assert state.exit_code == 0, state.output

@@ -62,13 +62,21 @@ def build(firestore_client, tpu_client, project_id, simulator_url, status) -> Jo
 
 
 def lifecycle(service: JobService) -> None:
-    spec = {"job_id": "train-1", "name": "train", "owner": "ada@example.com", "accelerator_type": "v4-8", "command": "x"}
+    spec = {
+        "job_id": "train-1",
+        "name": "train",
+        "owner": "ada@example.com",
+        "accelerator_type": "v4-8",
+        "command": "x",
+    }
     service.submit(message("tpujobs-submit", spec))
     report = {"job_id": "train-1", "slice_id": 0, "worker_id": 0}
-    service.on_worker_report(signed(service,"tpujobs-worker-events", {**report, "kind": "started", "attempt": 1}))
-    service.on_preemption(signed(service,"tpujobs-preemption", {**report, "attempt": 1}))
-    service.on_worker_report(signed(service,"tpujobs-worker-events", {**report, "kind": "started", "attempt": 2}))
-    service.on_worker_report(signed(service,"tpujobs-worker-events", {**report, "kind": "exited", "attempt": 2, "exit_code": 0}))
+    service.on_worker_report(signed(service, "tpujobs-worker-events", {**report, "kind": "started", "attempt": 1}))
+    service.on_preemption(signed(service, "tpujobs-preemption", {**report, "attempt": 1}))
+    service.on_worker_report(signed(service, "tpujobs-worker-events", {**report, "kind": "started", "attempt": 2}))
+    service.on_worker_report(
+        signed(service, "tpujobs-worker-events", {**report, "kind": "exited", "attempt": 2, "exit_code": 0})
+    )
 
 
 def test_a_full_lifecycle_is_announced_in_order_with_filterable_attributes(

@@ -70,7 +70,9 @@ def _pack(version: str, folder: Path) -> Path:
     """`npm pack` of the package into folder, from whatever registry npm is configured with."""
     npm = shutil.which("npm")
     if npm is None:
-        raise RuntimeError("npm is missing: install Node.js and npm (the Debian package npm) to check infra/ against the provider")
+        raise RuntimeError(
+            "npm is missing: install Node.js and npm (the Debian package npm) to check infra/ against the provider"
+        )
     answer = subprocess.run(
         [npm, "pack", f"{PACKAGE}@{version}", "--json", "--pack-destination", str(folder)],
         capture_output=True,

@@ -33,7 +33,9 @@ def _runtime_dependencies() -> dict[str, Requirement]:
 def test_requirements_pin_exactly_every_runtime_dependency_within_its_range() -> None:
     """functions/requirements.txt names each pyproject dependency once, `==` a version its range allows."""
     pins, wanted = _pins(), _runtime_dependencies()
-    assert set(pins) == set(wanted), f"pin these: {set(wanted) - set(pins)}; not dependencies: {set(pins) - set(wanted)}"
+    assert set(pins) == set(wanted), (
+        f"pin these: {set(wanted) - set(pins)}; not dependencies: {set(pins) - set(wanted)}"
+    )
     for name, pin in pins.items():
         (specifier,) = pin.specifier
         assert specifier.operator == "==", f"{name} is not pinned exactly: {pin}"
@@ -64,11 +66,15 @@ def test_the_zip_is_the_folder_and_reproducible(bundle_dir: Path, tmp_path: Path
     """The zip holds the folder's files; built again it has the same bytes (and the same MD5
     Terraform names the upload by)."""
     archive = bundle_dir / "function.zip"
-    files = sorted(p.relative_to(bundle_dir / "function").as_posix() for p in (bundle_dir / "function").rglob("*") if p.is_file())
+    files = sorted(
+        p.relative_to(bundle_dir / "function").as_posix() for p in (bundle_dir / "function").rglob("*") if p.is_file()
+    )
     with zipfile.ZipFile(archive) as bundle:
         assert bundle.namelist() == files
         assert bundle.read("main.py") == (ROOT / "functions" / "main.py").read_bytes()
-    subprocess.run([sys.executable, str(ROOT / "tools" / "bundle.py"), "--out", str(tmp_path)], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "bundle.py"), "--out", str(tmp_path)], check=True, capture_output=True
+    )
     assert (tmp_path / "function.zip").read_bytes() == archive.read_bytes()
 
 

@@ -161,13 +161,23 @@ def problems(build: dict[str, Any], makefile: Makefile) -> list[str]:
                 relative = path.removeprefix(WORKSPACE)
                 parts = relative.strip("/").split("/")
                 names = {WORKSPACE + "/".join(parts[:n]) for n in range(1, len(parts) + 1)}
-                made = [b for b in before[sid] if any(re.search(rf"{re.escape(n)}(?![\w.-])", command[b]) for n in names)]
-                found += [f"{sid}: {path} was made by {b} in {image[b]}, used in {image[sid]}" for b in made if image[b] != image[sid]]
+                made = [
+                    b for b in before[sid] if any(re.search(rf"{re.escape(n)}(?![\w.-])", command[b]) for n in names)
+                ]
+                found += [
+                    f"{sid}: {path} was made by {b} in {image[b]}, used in {image[sid]}"
+                    for b in made
+                    if image[b] != image[sid]
+                ]
             elif not path.startswith(COMMON_PATHS + known.paths):
                 found.append(f"{sid}: {path} is not known to be in {image[sid]}")
         for tool in sorted(makefile.uses(goals[sid])):
             makers = [b for b in before[sid] if tool in makefile.makes(goals[b])]
-            found += [f"{sid}: uses {tool} made by {b} in {image[b]}, but runs in {image[sid]}" for b in makers if image[b] != image[sid]]
+            found += [
+                f"{sid}: uses {tool} made by {b} in {image[b]}, but runs in {image[sid]}"
+                for b in makers
+                if image[b] != image[sid]
+            ]
             if makers:
                 continue
             if tool not in makefile.makes(goals[sid]):
@@ -175,7 +185,12 @@ def problems(build: dict[str, Any], makefile: Makefile) -> list[str]:
             for other in steps:
                 oid = other["id"]
                 apart = oid != sid and oid not in before[sid] and sid not in before[oid]
-                if apart and sid < oid and tool in makefile.makes(goals[oid]) and not any(tool in makefile.makes(goals[b]) for b in before[oid]):
+                if (
+                    apart
+                    and sid < oid
+                    and tool in makefile.makes(goals[oid])
+                    and not any(tool in makefile.makes(goals[b]) for b in before[oid])
+                ):
                     found.append(f"{sid} and {oid} both make {tool} at the same time")
     return found
 
@@ -183,7 +198,18 @@ def problems(build: dict[str, Any], makefile: Makefile) -> list[str]:
 def test_every_step_runs_real_make_targets(build: dict[str, Any]) -> None:
     """Each step calls make, and only targets the Makefile has."""
     targets = makefile_targets()
-    assert {"lint", "test-unit", "test-emulator", "infra-check", "infra-fmt", "infra-test", "bundle", "plan", "apply", "test"} <= targets
+    assert {
+        "lint",
+        "test-unit",
+        "test-emulator",
+        "infra-check",
+        "infra-fmt",
+        "infra-test",
+        "bundle",
+        "plan",
+        "apply",
+        "test",
+    } <= targets
     for step in build["steps"]:
         goals = make_goals(_command(step))
         assert goals, f"step {step['id']} runs no make target"
@@ -223,7 +249,8 @@ def test_the_image_check_finds_the_old_pipelines_broken_steps(makefile: Makefile
              args: ["-c", "mkdir -p /workspace/.tools && cp $$(command -v terraform) /workspace/.tools/"]}
           - {id: infra-check, name: "python:3.12-slim", waitFor: [lint, terraform-binary],
              args: ["-c", "make infra-check TERRAFORM=/workspace/.tools/terraform"]}
-          - {id: unit-a, name: "python:3.12-slim", args: ["-c", "apk add make && make test-unit"], waitFor: [infra-check]}
+          - {id: unit-a, name: "python:3.12-slim", args: ["-c", "apk add make && make test-unit"],
+             waitFor: [infra-check]}
           - {id: unit-b, name: "python:3.12-slim", args: ["-c", "make test-unit"], waitFor: ["-"]}
           - {id: apply, name: "python:3.12-slim", args: ["-c", "make apply"], waitFor: ["-"]}
           - {id: plan, name: "alpine:3", args: ["-c", "ls /opt/x"]}
@@ -232,7 +259,8 @@ def test_the_image_check_finds_the_old_pipelines_broken_steps(makefile: Makefile
     assert sorted(problems(old, makefile)) == sorted(
         [
             "test-emulator: uses .venv made by lint in python:3.12-slim, but runs in google/cloud-sdk:emulators",
-            "infra-check: /workspace/.tools/terraform was made by terraform-binary in hashicorp/terraform:1.11, used in python:3.12-slim",
+            "infra-check: /workspace/.tools/terraform was made by terraform-binary in hashicorp/terraform:1.11, "
+            "used in python:3.12-slim",
             "unit-a: python:3.12-slim has no apk",
             "lint and unit-b both make .venv at the same time",
             "apply: uses infra/.terraform, which no earlier step makes",

@@ -36,7 +36,9 @@ def test_every_variable_is_mentioned(section: str, tf: Terraform) -> None:
 def test_every_api_infra_enables_is_listed(section: str, tf: Terraform) -> None:
     """The `gcloud services enable` line lists exactly the APIs infra/apis.tf enables."""
     enabled = set(tf.locals["apis"])
-    listed = set(re.findall(r"[a-z]+\.googleapis\.com", section.split("gcloud services enable", 1)[1].split("```", 1)[0]))
+    listed = set(
+        re.findall(r"[a-z]+\.googleapis\.com", section.split("gcloud services enable", 1)[1].split("```", 1)[0])
+    )
     assert listed == enabled
 
 

@@ -151,12 +151,18 @@ def test_the_check_finds_what_the_provider_would_refuse(schema: dict[str, Any]) 
     }
     """
     parsed = parse(text)
-    blocks = {(kind, name): body for block in parsed["resource"] for kind, named in block.items() for name, body in named.items()}
+    blocks = {
+        (kind, name): body
+        for block in parsed["resource"]
+        for kind, named in block.items()
+        for name, body in named.items()
+    }
     assert sorted(check(blocks, schema["resource"], "resource")) == sorted(
         [
             "resource google_pubsub_subscription.bad: no argument or block 'no_such_flag'",
             "resource google_pubsub_subscription.bad: required argument 'name' is missing",
-            "resource google_pubsub_subscription.bad.push_config.oidc_token: required argument 'service_account_email' is missing",
+            "resource google_pubsub_subscription.bad.push_config.oidc_token: "
+            "required argument 'service_account_email' is missing",
             "resource google_pubsub_subscription.bad.dead_letter_policy: no argument or block 'dead_letter_topc'",
             "resource google_pubsub_subscription.bad: no block 'no_such_block' (dynamic)",
             "resource google_pubsub_subscription.bad: block 'retry_policy' is allowed once",

@@ -24,7 +24,10 @@ PROJECT = "my-project"
 PREFIX = "t1-"
 CLOUDEVENT_ROUTES = [route for route in topology.FUNCTIONS if route.topic is not None]
 # Cloud Run's `service_config[0].uri` of each function: https, no path, no trailing slash.
-URLS = {route.target: f"https://{PREFIX}{route.target.replace('_', '-')}-abc123-uc.a.run.app" for route in topology.FUNCTIONS}
+URLS = {
+    route.target: f"https://{PREFIX}{route.target.replace('_', '-')}-abc123-uc.a.run.app"
+    for route in topology.FUNCTIONS
+}
 URI = "${google_cloudfunctions2_function.function[each.key].service_config[0].uri}"
 # Every argument the push subscription sets; one more (a filter, a BigQuery config) must be
 # mirrored in wiring.route_subscription and evaluated below before this test passes.

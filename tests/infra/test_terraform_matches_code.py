@@ -97,7 +97,10 @@ def test_retry_and_dead_letter_policies_are_the_local_stacks_with_production_bac
     assert tf.locals["dead_letter_topic"] == topology.DEAD_LETTER
     for name, subscription in tf.of_kind("google_pubsub_subscription").items():
         retry = block(subscription, "retry_policy")
-        assert retry == {"minimum_backoff": "${local.minimum_backoff}", "maximum_backoff": "${local.maximum_backoff}"}, name
+        assert retry == {
+            "minimum_backoff": "${local.minimum_backoff}",
+            "maximum_backoff": "${local.maximum_backoff}",
+        }, name
         policies = [d["dead_letter_policy"] for d in subscription.get("dynamic", []) if "dead_letter_policy" in d]
         assert len(policies) == 1, f"{name} has no dead_letter_policy"
         assert policies[0]["for_each"] == "${each.value.topic == local.dead_letter_topic ? [] : [1]}"
@@ -166,7 +169,13 @@ def test_function_environment_is_what_settings_read_and_never_local_only(tf: Ter
     Settings.from_env(environ)
     env = tf.locals["function_env"]
     assert set(env) <= environ.asked, f"not read by Settings.from_env: {set(env) - environ.asked}"
-    required = {"GOOGLE_CLOUD_PROJECT", "TPUJOBS_DEFAULT_ZONE", "TPUJOBS_PREFIX", "TPUJOBS_LOGS_BUCKET", "TPUJOBS_ADMINS"}
+    required = {
+        "GOOGLE_CLOUD_PROJECT",
+        "TPUJOBS_DEFAULT_ZONE",
+        "TPUJOBS_PREFIX",
+        "TPUJOBS_LOGS_BUCKET",
+        "TPUJOBS_ADMINS",
+    }
     assert required <= set(env)
     # TPUJOBS_LOCAL_STACK=1 trusts a caller header instead of the ID token; the endpoint is the simulator.
     assert {"TPUJOBS_LOCAL_STACK", "TPUJOBS_TPU_ENDPOINT"}.isdisjoint(env)
@@ -205,7 +214,9 @@ def test_the_audit_log_sink_sends_finished_queued_resource_changes_to_qr_state(t
 def test_the_functions_deploy_the_bundle_that_make_bundle_builds(tf: Terraform) -> None:
     """The uploaded object is dist/function.zip, named by content so a change redeploys."""
     assert tf.variables["function_zip"]["default"] == "../dist/function.zip"
-    assert (Path(__file__).parents[2] / "infra" / tf.variables["function_zip"]["default"]).resolve().parent.name == "dist"
+    assert (
+        Path(__file__).parents[2] / "infra" / tf.variables["function_zip"]["default"]
+    ).resolve().parent.name == "dist"
     bundle = tf.resource("google_storage_bucket_object", "bundle")
     assert bundle["name"] == "function-${filemd5(var.function_zip)}.zip"
     assert bundle["source"] == "${var.function_zip}"

@@ -36,7 +36,10 @@ def test_only_functions_that_run_the_job_service_may_touch_tpus(tf: Terraform) -
         publishes = {topology.STATUS, topology.LOG_EXPORT} if runs_engine else set()
         assert set(function["publishes"]) == publishes, target
     tpu = tf.resource("google_project_iam_member", "function_tpu")
-    assert (tpu["for_each"], tpu["role"]) == ("${local.job_engine_functions}", "${google_project_iam_custom_role.tpu.id}")
+    assert (tpu["for_each"], tpu["role"]) == (
+        "${local.job_engine_functions}",
+        "${google_project_iam_custom_role.tpu.id}",
+    )
     acts_as = tf.resource("google_service_account_iam_member", "function_acts_as_tpu_vm")
     assert acts_as["for_each"] == "${local.job_engine_functions}"
     assert acts_as["service_account_id"] == "${google_service_account.tpu_vm.id}"
@@ -83,7 +86,9 @@ def test_the_tpu_vm_account_may_only_report_and_keep_output(tf: Terraform) -> No
         ("google_storage_managed_folder_iam_member", "tpu_vm_jobs"),
     }
     # Grants to every job account, tpu_vm among them (local.job_accounts).
-    every = {(kind, name) for (kind, name), body in tf.resources.items() if body.get("for_each") == "${local.job_accounts}"}
+    every = {
+        (kind, name) for (kind, name), body in tf.resources.items() if body.get("for_each") == "${local.job_accounts}"
+    }
     assert every == {
         ("google_storage_managed_folder_iam_member", "job_account_code"),
         ("google_project_iam_member", "job_account_secrets"),
@@ -92,7 +97,10 @@ def test_the_tpu_vm_account_may_only_report_and_keep_output(tf: Terraform) -> No
     publisher = tf.resource("google_pubsub_topic_iam_member", "tpu_vm_publisher")
     assert (publisher["for_each"], publisher["role"]) == ("${toset(local.tpu_vm_publishes)}", "roles/pubsub.publisher")
     jobs = tf.resource("google_storage_managed_folder_iam_member", "tpu_vm_jobs")
-    assert (jobs["managed_folder"], jobs["role"]) == ("${google_storage_managed_folder.jobs.name}", "roles/storage.objectUser")
+    assert (jobs["managed_folder"], jobs["role"]) == (
+        "${google_storage_managed_folder.jobs.name}",
+        "roles/storage.objectUser",
+    )
     # At project level only the conditional secretAccessor (tests/infra/test_trust.py), never unconditioned.
     project_grants = [body for body in tf.of_kind("google_project_iam_member").values() if "tpu_vm" in str(body)]
     assert project_grants == []
@@ -118,10 +126,17 @@ def test_only_the_api_is_reachable_from_outside_and_only_by_the_invokers(tf: Ter
     assert config["ingress_settings"] == '${each.value.signature == "http" ? "ALLOW_ALL" : "ALLOW_INTERNAL_ONLY"}'
     assert config["min_instance_count"] == 0
     api = tf.resource("google_cloud_run_service_iam_member", "api_invoker")
-    assert (api["for_each"], api["role"], api["member"]) == ("${toset(var.invokers)}", "roles/run.invoker", "${each.key}")
+    assert (api["for_each"], api["role"], api["member"]) == (
+        "${toset(var.invokers)}",
+        "roles/run.invoker",
+        "${each.key}",
+    )
     assert api["service"] == '${google_cloudfunctions2_function.function["jobs"].service_config[0].service}'
     push = tf.resource("google_cloud_run_service_iam_member", "push_invoker")
-    assert (push["for_each"], push["member"]) == ("${local.cloudevent_functions}", "${google_service_account.push.member}")
+    assert (push["for_each"], push["member"]) == (
+        "${local.cloudevent_functions}",
+        "${google_service_account.push.member}",
+    )
 
 
 def test_buckets_are_private_uniform_and_expire(tf: Terraform) -> None:

@@ -102,7 +102,7 @@ def test_job_service_accounts_are_made_from_the_variable_and_validated(tf: Terra
     assert account["account_id"] == "${var.prefix}${each.key}"
     assert account["description"] == "${each.value.description}"
     precondition = block(block(account, "lifecycle"), "precondition")
-    assert '^[a-z][a-z0-9-]{4,28}[a-z0-9]$' in precondition["condition"]
+    assert "^[a-z][a-z0-9-]{4,28}[a-z0-9]$" in precondition["condition"]
     assert '"${var.prefix}${each.key}"' in precondition["condition"]
     variable = tf.variables["job_service_accounts"]
     assert variable["default"] == {} and variable["type"] == "${map(object({description = string}))}"
@@ -133,7 +133,10 @@ def test_every_job_account_may_report_and_be_attached_by_the_job_engine(tf: Terr
     )
     publisher = tf.resource("google_pubsub_topic_iam_member", "job_account_publisher")
     assert publisher["for_each"] == "${local.job_account_publishes}"
-    assert (publisher["role"], publisher["member"]) == ("roles/pubsub.publisher", "${google_service_account.job[each.value.account].member}")
+    assert (publisher["role"], publisher["member"]) == (
+        "roles/pubsub.publisher",
+        "${google_service_account.job[each.value.account].member}",
+    )
     assert publisher["topic"] == "${google_pubsub_topic.topic[each.value.topic].id}"
     assert sorted(tf.locals["tpu_vm_publishes"]) == sorted([topology.WORKER_EVENTS, topology.PREEMPTION])
 
@@ -168,25 +171,35 @@ def test_each_vm_account_uses_only_its_own_prefix_of_the_logs_bucket(tf: Terrafo
     assert set(grants) == {"tpu_vm_jobs", "job_account_folder", "job_account_code"}
     jobs = grants["tpu_vm_jobs"]
     assert (jobs["managed_folder"], jobs["role"], jobs["member"]) == (
-        "${google_storage_managed_folder.jobs.name}", "roles/storage.objectUser", TPU_VM
+        "${google_storage_managed_folder.jobs.name}",
+        "roles/storage.objectUser",
+        TPU_VM,
     )
     own = grants["job_account_folder"]
     assert own["for_each"] == "${google_service_account.job}"
     assert (own["managed_folder"], own["role"], own["member"]) == (
-        "${google_storage_managed_folder.account[each.key].name}", "roles/storage.objectUser", "${each.value.member}"
+        "${google_storage_managed_folder.account[each.key].name}",
+        "roles/storage.objectUser",
+        "${each.value.member}",
     )
     code = grants["job_account_code"]
     assert code["for_each"] == "${local.job_accounts}"
     assert (code["managed_folder"], code["role"], code["member"]) == (
-        "${google_storage_managed_folder.code.name}", "roles/storage.objectViewer", "${each.value.member}"
+        "${google_storage_managed_folder.code.name}",
+        "roles/storage.objectViewer",
+        "${each.value.member}",
     )
 
     # Bucket-wide: only the functions' table, and there only export_logs.
     assert set(tf.of_kind("google_storage_bucket_iam_member")) == {"function_logs"}
     with_logs = {target for target, f in tf.locals["functions"].items() if f["logs"]}
     assert with_logs == {"export_logs"}
-    for kind in ("google_storage_bucket_iam_binding", "google_storage_bucket_iam_policy",
-                 "google_storage_managed_folder_iam_binding", "google_storage_managed_folder_iam_policy"):
+    for kind in (
+        "google_storage_bucket_iam_binding",
+        "google_storage_bucket_iam_policy",
+        "google_storage_managed_folder_iam_binding",
+        "google_storage_managed_folder_iam_policy",
+    ):
         assert not tf.of_kind(kind), kind
 
 
@@ -212,7 +225,9 @@ def test_job_accounts_read_only_their_own_secret_namespace(tf: Terraform) -> Non
     assert grant["for_each"] == "${local.job_accounts}"
     assert (grant["role"], grant["member"]) == ("roles/secretmanager.secretAccessor", "${each.value.member}")
     values = {
-        "local.project_secrets": render(tf.locals["project_secrets"], {"data.google_project.this.number": PROJECT_NUMBER}),
+        "local.project_secrets": render(
+            tf.locals["project_secrets"], {"data.google_project.this.number": PROJECT_NUMBER}
+        ),
         "local.job_secret_prefix": render(tf.locals["job_secret_prefix"], {"var.prefix": PREFIX}),
     }
 
@@ -248,7 +263,10 @@ def test_secret_managers_may_write_only_tpujobs_secrets_and_never_read_values(tf
     writer = tf.resource("google_project_iam_custom_role", "secret_writer")
     assert creator["permissions"] == "${local.secret_creator_permissions}"
     assert writer["permissions"] == "${local.secret_writer_permissions}"
-    assert sorted(tf.locals["secret_creator_permissions"]) == ["secretmanager.secrets.create", "secretmanager.secrets.list"]
+    assert sorted(tf.locals["secret_creator_permissions"]) == [
+        "secretmanager.secrets.create",
+        "secretmanager.secrets.list",
+    ]
     for permission in [*tf.locals["secret_creator_permissions"], *tf.locals["secret_writer_permissions"]]:
         assert permission.startswith("secretmanager."), permission
         assert permission not in {"secretmanager.versions.access", "secretmanager.secrets.setIamPolicy"}, permission
@@ -282,7 +300,10 @@ def test_the_report_key_is_a_secret_without_a_value_read_by_the_job_engine_only(
     grant = tf.resource("google_secret_manager_secret_iam_member", "report_key")
     assert grant["for_each"] == "${local.job_engine_functions}"
     assert grant["secret_id"] == "${google_secret_manager_secret.report_key.id}"
-    assert (grant["role"], grant["member"]) == ("roles/secretmanager.secretAccessor", "${google_service_account.function[each.key].member}")
+    assert (grant["role"], grant["member"]) == (
+        "roles/secretmanager.secretAccessor",
+        "${google_service_account.function[each.key].member}",
+    )
     assert set(tf.of_kind("google_secret_manager_secret")) == {"report_key"}
     assert not tf.of_kind("google_secret_manager_secret_version")
     assert not re.search(r'data\s+"google_secret_manager_secret_version', tf.text)
@@ -303,7 +324,15 @@ def test_the_report_key_is_mounted_into_exactly_the_job_engine_functions(tf: Ter
     assert tf.locals["report_key_env"] == "TPUJOBS_REPORT_KEY"
     assert "${google_secret_manager_secret_iam_member.report_key}" in function["depends_on"]
     mounted = {target for target, f in tf.locals["functions"].items() if f["job_engine"]}
-    assert mounted == {"submit_job", "on_worker_event", "on_preemption", "on_qr_state", "on_control", "reconcile", "jobs"}
+    assert mounted == {
+        "submit_job",
+        "on_worker_event",
+        "on_preemption",
+        "on_qr_state",
+        "on_control",
+        "reconcile",
+        "jobs",
+    }
 
 
 def test_environment_goes_to_the_functions_that_use_it(tf: Terraform) -> None:
@@ -312,7 +341,7 @@ def test_environment_goes_to_the_functions_that_use_it(tf: Terraform) -> None:
     TPUJOBS_API_PLATFORM_AUTH=1."""
     config = block(tf.resource("google_cloudfunctions2_function", "function"), "service_config")
     assert config["environment_variables"] == (
-        '${merge(local.function_env, each.value.job_engine ? local.job_engine_env : {}, '
+        "${merge(local.function_env, each.value.job_engine ? local.job_engine_env : {}, "
         'each.key == "jobs" ? local.api_env : {})}'
     )
     assert tf.locals["function_env"]["TPUJOBS_TPU_SERVICE_ACCOUNT"] == "${google_service_account.tpu_vm.email}"
@@ -332,17 +361,15 @@ def test_what_platform_auth_claims_is_what_iam_holds(tf: Terraform) -> None:
     """TPUJOBS_API_PLATFORM_AUTH says Cloud Run's IAM check admits only known callers: run.invoker
     is granted only by the two member resources (push account, var.invokers), never
     authoritatively, never to allUsers or allAuthenticatedUsers, and nothing turns the check off."""
-    invokers = {
-        (kind, name)
-        for (kind, name), body in tf.resources.items()
-        if "roles/run.invoker" in _roles(body)
-    }
+    invokers = {(kind, name) for (kind, name), body in tf.resources.items() if "roles/run.invoker" in _roles(body)}
     assert invokers == {
         ("google_cloud_run_service_iam_member", "push_invoker"),
         ("google_cloud_run_service_iam_member", "api_invoker"),
     }
     for kind, _ in tf.resources:
-        assert not re.fullmatch(r"google_(cloud_run|cloud_run_v2|cloudfunctions2?)_(service|function)_iam_(binding|policy)", kind), kind
+        assert not re.fullmatch(
+            r"google_(cloud_run|cloud_run_v2|cloudfunctions2?)_(service|function)_iam_(binding|policy)", kind
+        ), kind
         assert not kind.startswith("google_cloudfunctions2_function_iam"), kind
     assert not re.search(r'invoker_iam_disabled|members?\s*=\s*\[?\s*"all(Authenticated)?Users"', tf.text)
     validation = block(tf.variables["invokers"], "validation")["condition"]

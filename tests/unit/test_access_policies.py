@@ -87,9 +87,7 @@ def test_a_spec_asking_no_privilege_is_allowed_for_anyone_on_any_path(
     fields: dict[str, str], owner: str, verified: bool, trust: bool, listed: tuple[str, ...]
 ) -> None:
     """No high priority, no reservation, no service account: None, verified or not, listed or not."""
-    policies = AccessPolicies(
-        high_priority=listed, reserved_capacity=listed, trust_topic_owners=trust
-    )
+    policies = AccessPolicies(high_priority=listed, reserved_capacity=listed, trust_topic_owners=trust)
     assert refusal(a_spec(owner, **fields), policies, verified=verified, admins=listed) is None
 
 
@@ -164,15 +162,10 @@ def test_each_privilege_is_checked_against_its_own_list() -> None:
 
 @pytest.mark.parametrize("privilege", PRIVILEGES)
 @pytest.mark.parametrize("trust", [False, True])
-def test_a_verified_admin_is_always_allowed_even_when_listed_nowhere(
-    privilege: str, trust: bool
-) -> None:
+def test_a_verified_admin_is_always_allowed_even_when_listed_nowhere(privilege: str, trust: bool) -> None:
     """An admin (settings.admins) proved by the jobs API needs no entry in any policy list."""
     spec = a_spec(ADMIN, **PRIVILEGES[privilege])
-    assert (
-        refusal(spec, AccessPolicies(trust_topic_owners=trust), verified=True, admins=(ADMIN,))
-        is None
-    )
+    assert refusal(spec, AccessPolicies(trust_topic_owners=trust), verified=True, admins=(ADMIN,)) is None
 
 
 @pytest.mark.parametrize("privilege", PRIVILEGES)
@@ -212,13 +205,10 @@ def test_trust_topic_owners_still_refuses_an_unlisted_owner(privilege: str) -> N
 
 def test_a_service_account_listed_for_someone_else_is_refused() -> None:
     """Bob's account is Bob's: Ada, verified and allowed another account, may not run as it."""
-    policies = AccessPolicies(
-        service_accounts={"bob@example.com": (OTHER_ACCOUNT,), OWNER: (ACCOUNT,)}
-    )
+    policies = AccessPolicies(service_accounts={"bob@example.com": (OTHER_ACCOUNT,), OWNER: (ACCOUNT,)})
     reason = refusal(a_spec(service_account=OTHER_ACCOUNT), policies, verified=True)
     assert reason == (
-        f"{OWNER} may not use service account {OTHER_ACCOUNT}: an admin allows it in "
-        "config/service_accounts"
+        f"{OWNER} may not use service account {OTHER_ACCOUNT}: an admin allows it in config/service_accounts"
     )
     assert refusal(a_spec(service_account=ACCOUNT), policies, verified=True) is None
 
@@ -266,16 +256,12 @@ def test_any_owner_in_no_list_and_no_admin_is_refused_any_privilege(
         service_accounts={member: (ACCOUNT,) for member in listed},
     )
     admins = tuple(m for m in others if m != owner)
-    reason = refusal(
-        a_spec(owner, **PRIVILEGES[privilege]), policies, verified=verified, admins=admins
-    )
+    reason = refusal(a_spec(owner, **PRIVILEGES[privilege]), policies, verified=verified, admins=admins)
     assert isinstance(reason, str) and reason
 
 
 @given(owner=owners, privilege=st.sampled_from(sorted(PRIVILEGES)), others=member_lists)
-def test_any_verified_owner_listed_among_others_is_allowed(
-    owner: str, privilege: str, others: tuple[str, ...]
-) -> None:
+def test_any_verified_owner_listed_among_others_is_allowed(owner: str, privilege: str, others: tuple[str, ...]) -> None:
     """Where the owner stands in a list, and who else is there, does not matter."""
     listed = (*others, owner, *reversed(others))
     assert refusal(a_spec(owner, **PRIVILEGES[privilege]), allowing(*listed), verified=True) is None

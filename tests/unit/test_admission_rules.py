@@ -24,7 +24,9 @@ def holder(job_id: str, chips: int, priority: str, minute: int, evictable: bool 
 
 
 def test_a_pool_is_the_family_in_the_zone_and_a_missing_quota_means_no_limit() -> None:
-    spec = parse_spec({"job_id": "aa", "name": "aa", "owner": "ada", "accelerator_type": "v5litepod-16", "command": "x"})
+    spec = parse_spec(
+        {"job_id": "aa", "name": "aa", "owner": "ada", "accelerator_type": "v5litepod-16", "command": "x"}
+    )
     assert pool_id(spec, "us-west4-a") == "v5litepod@us-west4-a"
     quotas = {"us-west4-a": {"v5litepod": 64}}
     assert quota_of(quotas, "v5litepod@us-west4-a") == 64

@@ -213,9 +213,7 @@ class GoogleStub(_Server):
         self.denied: set[str] = set()
         self.lock = threading.Lock()
 
-    def answer(
-        self, method: str, path: str, headers: dict[str, str], body: bytes
-    ) -> tuple[int, bytes]:
+    def answer(self, method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes]:
         with self.lock:
             self.requests.append((method, path, headers, body))
             for fragment, statuses in self.failures.items():
@@ -243,9 +241,7 @@ class GoogleStub(_Server):
             listing = re.fullmatch(r"/storage/v1/b/([^/]+)/o", route)
             if method == "GET" and listing:
                 prefix = query.get("prefix", [""])[0]
-                names = sorted(
-                    n for (b, n) in self.objects if b == listing.group(1) and n.startswith(prefix)
-                )
+                names = sorted(n for (b, n) in self.objects if b == listing.group(1) and n.startswith(prefix))
                 return 200, json.dumps({"items": [{"name": n} for n in names]}).encode()
             get = re.fullmatch(r"/storage/v1/b/([^/]+)/o/(.+)", route)
             if method == "GET" and get and query.get("alt") == ["media"]:
@@ -368,9 +364,7 @@ def run_script(script: str, workdir: Path, metadata: FakeMetadata, google: Googl
     return process.returncode, out, err
 
 
-def chunk_prefix(
-    attempt: int = 1, slice_id: int = 0, worker_id: int = 0, job_id: str = "train-1"
-) -> str:
+def chunk_prefix(attempt: int = 1, slice_id: int = 0, worker_id: int = 0, job_id: str = "train-1") -> str:
     return f"jobs/{job_id}/attempt-{attempt}/chunks/slice-{slice_id}-worker-{worker_id}/"
 
 
@@ -476,9 +470,7 @@ def test_a_death_by_signal_is_reported_as_128_plus_the_signal(returncode: int, c
         (b"TPUJOBS_CHECKPOINTS step=1", None),
     ],
 )
-def test_checkpoint_lines_are_recognised_with_their_step_and_detail(
-    line: bytes, found: tuple[int, str] | None
-) -> None:
+def test_checkpoint_lines_are_recognised_with_their_step_and_detail(line: bytes, found: tuple[int, str] | None) -> None:
     """`TPUJOBS_CHECKPOINT step=N rest` gives (N, rest); anything else is not a checkpoint."""
     assert worker.parse_checkpoint(line) == found
 
@@ -596,9 +588,7 @@ def make_tar(path: Path, members: list[tuple[str, str, str]]) -> Path:
 
 
 @pytest.mark.parametrize("standard_filter", [True, False], ids=["with-filter", "own-checks-only"])
-def test_a_safe_tarball_unpacks_files_dirs_inner_links_and_modes(
-    tmp_path: Path, standard_filter: bool
-) -> None:
+def test_a_safe_tarball_unpacks_files_dirs_inner_links_and_modes(tmp_path: Path, standard_filter: bool) -> None:
     """Files, nested directories, a link inside the tree and the executable bit all arrive."""
     archive = make_tar(
         tmp_path / "code.tar.gz",
@@ -656,9 +646,7 @@ def test_a_report_is_a_pubsub_rest_publish_of_base64_json_with_attributes(
 ) -> None:
     """POST /v1/projects/P/topics/T:publish with messages[0].data = base64(JSON) and attributes."""
     publisher = worker.Publisher(worker.GoogleApi(google.url, None), PROJECT, KEY)
-    publisher.publish(
-        WORKER_EVENTS, {"kind": "started", "job_id": "j"}, {"job_id": "j", "kind": "started"}
-    )
+    publisher.publish(WORKER_EVENTS, {"kind": "started", "job_id": "j"}, {"job_id": "j", "kind": "started"})
     method, path, headers, body = google.requests[0]
     assert (method, path) == ("POST", f"/v1/projects/{PROJECT}/topics/{WORKER_EVENTS}:publish")
     assert headers["Content-Type"] == "application/json"
@@ -752,9 +740,7 @@ def test_the_token_goes_in_the_authorization_header_and_is_refreshed_after_a_401
     assert len(token_reads) == 2
 
 
-def test_storage_uploads_downloads_and_lists_with_the_json_api(
-    google: GoogleStub, tmp_path: Path
-) -> None:
+def test_storage_uploads_downloads_and_lists_with_the_json_api(google: GoogleStub, tmp_path: Path) -> None:
     """Media upload by ?name=, alt=media download by quoted name, and ?prefix= listing."""
     storage = worker.Storage(worker.GoogleApi(google.url, None))
     storage.upload(BUCKET, "jobs/a b/x#1.log", b"data", "text/plain")
@@ -778,15 +764,11 @@ def test_a_code_prefix_is_downloaded_whole_and_folder_placeholders_are_skipped(
     google.objects[(BUCKET, "other/skip.py")] = b""
     storage = worker.Storage(worker.GoogleApi(google.url, None))
     worker.fetch_code(storage, f"gs://{BUCKET}/code/", str(tmp_path / "code"))
-    found = sorted(
-        str(p.relative_to(tmp_path / "code")) for p in (tmp_path / "code").rglob("*") if p.is_file()
-    )
+    found = sorted(str(p.relative_to(tmp_path / "code")) for p in (tmp_path / "code").rglob("*") if p.is_file())
     assert found == ["pkg/util.py", "train.py"]
 
 
-def test_a_code_prefix_with_a_climbing_object_name_is_refused(
-    google: GoogleStub, tmp_path: Path
-) -> None:
+def test_a_code_prefix_with_a_climbing_object_name_is_refused(google: GoogleStub, tmp_path: Path) -> None:
     """An object named code/../../evil does not land outside the code directory."""
     google.objects[(BUCKET, "code/../../evil")] = b"x"
     storage = worker.Storage(worker.GoogleApi(google.url, None))
@@ -929,14 +911,10 @@ def test_the_agent_reports_started_and_exited_and_ships_the_output(
     assert "fake-token" not in stdout + stderr
 
 
-def test_heartbeats_arrive_while_the_command_runs(
-    tmp_path: Path, metadata: FakeMetadata, google: GoogleStub
-) -> None:
+def test_heartbeats_arrive_while_the_command_runs(tmp_path: Path, metadata: FakeMetadata, google: GoogleStub) -> None:
     """With heartbeat_seconds 0.3 a 1.2 s command is seen alive several times between started and exited."""
     job = a_job(command="sleep 1.2")
-    code, _, stderr = run_script(
-        render_startup_script(job, SETTINGS, timings=FAST), tmp_path / "w", metadata, google
-    )
+    code, _, stderr = run_script(render_startup_script(job, SETTINGS, timings=FAST), tmp_path / "w", metadata, google)
     assert code == 0, stderr
     kinds = google.kinds(WORKER_EVENTS)
     assert kinds[0] == "started" and kinds[-1] == "exited"
@@ -949,9 +927,7 @@ def test_a_checkpoint_line_becomes_a_checkpoint_report(
 ) -> None:
     """`TPUJOBS_CHECKPOINT step=5 detail` printed by the command is reported with step and detail."""
     job = a_job(command="echo TPUJOBS_CHECKPOINT step=5 saved ok")
-    code, _, stderr = run_script(
-        render_startup_script(job, SETTINGS, timings=FAST), tmp_path / "w", metadata, google
-    )
+    code, _, stderr = run_script(render_startup_script(job, SETTINGS, timings=FAST), tmp_path / "w", metadata, google)
     assert code == 0, stderr
     checkpoints = [(p, a) for p, a in google.messages(WORKER_EVENTS) if p["kind"] == "checkpoint"]
     assert len(checkpoints) == 1
@@ -985,9 +961,7 @@ def test_a_failed_setup_is_the_attempts_error_and_the_command_never_runs(
 ) -> None:
     """Setup exiting 4: exited(4) is reported, the command's output never appears, no setup marker."""
     job = a_job(setup="echo installing; exit 4", command="echo command-ran")
-    code, _, _ = run_script(
-        render_startup_script(job, SETTINGS, timings=FAST), tmp_path / "w", metadata, google
-    )
+    code, _, _ = run_script(render_startup_script(job, SETTINGS, timings=FAST), tmp_path / "w", metadata, google)
     assert code == 4
     exited = [p for p, _ in google.messages(WORKER_EVENTS) if p["kind"] == "exited"]
     assert [p["exit_code"] for p in exited] == [4]
@@ -1000,13 +974,9 @@ def test_a_missing_code_object_fails_the_attempt_with_a_reason_in_the_output(
 ) -> None:
     """code_uri naming nothing: exited(1), the command does not run, the log says why."""
     job = a_job(code_uri=f"gs://{BUCKET}/missing.tar.gz", command="echo command-ran")
-    code, _, _ = run_script(
-        render_startup_script(job, SETTINGS, timings=FAST), tmp_path / "w", metadata, google
-    )
+    code, _, _ = run_script(render_startup_script(job, SETTINGS, timings=FAST), tmp_path / "w", metadata, google)
     assert code == worker.AGENT_FAILED
-    assert [p["exit_code"] for p, _ in google.messages(WORKER_EVENTS) if p["kind"] == "exited"] == [
-        1
-    ]
+    assert [p["exit_code"] for p, _ in google.messages(WORKER_EVENTS) if p["kind"] == "exited"] == [1]
     output = google.output(chunk_prefix())
     assert b"could not fetch the code" in output and b"command-ran" not in output
 
@@ -1016,9 +986,7 @@ def test_sigterm_publishes_one_notice_first_then_stops_the_command_without_an_ex
     tmp_path: Path, metadata: FakeMetadata, google: GoogleStub, python: str
 ) -> None:
     """SIGTERM to the agent: one preemption notice, the command's trap runs, no exited report."""
-    job = a_job(
-        command="trap 'echo got-term; exit 9' TERM; echo ready; while true; do sleep 0.05; done"
-    )
+    job = a_job(command="trap 'echo got-term; exit 9' TERM; echo ready; while true; do sleep 0.05; done")
     process = start_script(
         render_startup_script(job, SETTINGS, timings=FAST),
         tmp_path / "w",
@@ -1060,9 +1028,7 @@ def wait_for(condition: Any, timeout: float = 15.0) -> None:
         time.sleep(0.05)
 
 
-def test_the_agent_runs_on_python_3_8(
-    tmp_path: Path, metadata: FakeMetadata, google: GoogleStub
-) -> None:
+def test_the_agent_runs_on_python_3_8(tmp_path: Path, metadata: FakeMetadata, google: GoogleStub) -> None:
     """With python3 being 3.8 (the oldest we promise), a job runs and reports as usual."""
     bin_dir = python3_dir(tmp_path, "3.8")
     job = a_job(command="python3 -c 'import sys; print(sys.version_info[:2])'; exit 2")
@@ -1090,12 +1056,8 @@ def test_the_agent_imports_only_the_standard_library() -> None:
     import ast
 
     tree = ast.parse(Path(worker.__file__).read_text())
-    names = {
-        a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
-    }
-    names |= {
-        n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
-    }
+    names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert names - set(sys.stdlib_module_names) == set()
 
 
@@ -1224,9 +1186,7 @@ def test_every_report_of_a_run_is_signed_with_a_fresh_nonce(
 ) -> None:
     """started, heartbeats, a checkpoint and exited all verify, each with its own nonce."""
     job = a_job(command="sleep 0.7; echo TPUJOBS_CHECKPOINT step=3; exit 1")
-    code, _, stderr = run_script(
-        render_startup_script(job, SETTINGS, timings=FAST), tmp_path / "w", metadata, google
-    )
+    code, _, stderr = run_script(render_startup_script(job, SETTINGS, timings=FAST), tmp_path / "w", metadata, google)
     assert code == 1, stderr
     kinds = google.kinds(WORKER_EVENTS)
     assert {"started", "heartbeat", "checkpoint", "exited"} <= set(kinds)
@@ -1250,9 +1210,7 @@ def test_secrets_are_read_from_google_unless_the_local_endpoint_is_named() -> No
     with FakeMetadata() as server:
         tokens = worker.TokenSource(worker.Metadata(server.base))
         real = worker.GoogleApi.secrets_from_env({}, tokens)
-        local = worker.GoogleApi.secrets_from_env(
-            {"TPUJOBS_SECRETS_ENDPOINT": "127.0.0.1:9999"}, tokens
-        )
+        local = worker.GoogleApi.secrets_from_env({"TPUJOBS_SECRETS_ENDPOINT": "127.0.0.1:9999"}, tokens)
     assert (real.base_url, real.tokens) == ("https://secretmanager.googleapis.com", tokens)
     assert (local.base_url, local.tokens) == ("http://127.0.0.1:9999", tokens)
 
@@ -1304,8 +1262,7 @@ def test_a_secret_manager_that_keeps_failing_ends_in_a_refusal_after_bounded_tri
     with pytest.raises(worker.Refused) as refused:
         secret_reader(google, metadata, attempts=3).read("HF_TOKEN", HF_VERSION)
     assert str(refused.value) == (
-        f"secret HF_TOKEN ({HF_VERSION}) could not be read by {ACCOUNT}: "
-        "Secret Manager answered 503 (after 3 tries)"
+        f"secret HF_TOKEN ({HF_VERSION}) could not be read by {ACCOUNT}: Secret Manager answered 503 (after 3 tries)"
     )
     assert len([r for r in google.requests if ":access" in r[1]]) == 3
 
@@ -1392,12 +1349,8 @@ def test_an_unreadable_secret_aborts_the_attempt_once_and_runs_nothing(
     if status == 403:
         google.secrets[HF_VERSION] = b"x"
         google.denied.add(HF_VERSION)
-    job = a_job(
-        secrets={"HF_TOKEN": "hf-token"}, setup=f"touch {tmp_path}/setup-ran", command=f"touch {tmp_path}/ran"
-    )
-    code, _, stderr = run_script(
-        render_startup_script(job, SETTINGS, timings=FAST), tmp_path / "w", metadata, google
-    )
+    job = a_job(secrets={"HF_TOKEN": "hf-token"}, setup=f"touch {tmp_path}/setup-ran", command=f"touch {tmp_path}/ran")
+    code, _, stderr = run_script(render_startup_script(job, SETTINGS, timings=FAST), tmp_path / "w", metadata, google)
     assert code == worker.AGENT_FAILED, stderr
     messages = google.messages(WORKER_EVENTS)
     assert [p["kind"] for p, _ in messages] == ["aborted"]
@@ -1449,9 +1402,7 @@ def test_a_code_tarball_with_the_recorded_digest_is_unpacked(google: GoogleStub,
     assert (tmp_path / "w" / "code" / "train.py").read_text() == "print(2)\n"
 
 
-def test_a_code_tarball_with_another_digest_is_refused_before_unpacking(
-    google: GoogleStub, tmp_path: Path
-) -> None:
+def test_a_code_tarball_with_another_digest_is_refused_before_unpacking(google: GoogleStub, tmp_path: Path) -> None:
     """A planted tarball: Refused with both digests, nothing unpacked, the download removed."""
     archive = make_tar(tmp_path / "c.tar.gz", [("file", "train.py", "planted\n")])
     google.objects[(BUCKET, "code/x.tar.gz")] = archive.read_bytes()
@@ -1468,9 +1419,7 @@ def test_a_code_tarball_with_another_digest_is_refused_before_unpacking(
     assert [p.name for p in (tmp_path / "w").rglob("*")] == ["code"]
 
 
-def test_a_digest_with_a_code_prefix_is_refused_before_anything_is_fetched(
-    google: GoogleStub, tmp_path: Path
-) -> None:
+def test_a_digest_with_a_code_prefix_is_refused_before_anything_is_fetched(google: GoogleStub, tmp_path: Path) -> None:
     """code_sha256 with gs://b/code/: there is no one digest to check, so nothing is downloaded."""
     google.objects[(BUCKET, "code/train.py")] = b"print(1)\n"
     storage = worker.Storage(worker.GoogleApi(google.url, None))
@@ -1491,9 +1440,7 @@ def test_a_planted_tarball_aborts_the_attempt_and_runs_nothing(
         code_sha256=hashlib.sha256(submitted.read_bytes()).hexdigest(),
         command="bash run.sh",
     )
-    code, _, stderr = run_script(
-        render_startup_script(job, SETTINGS, timings=FAST), tmp_path / "w", metadata, google
-    )
+    code, _, stderr = run_script(render_startup_script(job, SETTINGS, timings=FAST), tmp_path / "w", metadata, google)
     assert code == worker.AGENT_FAILED, stderr
     messages = google.messages(WORKER_EVENTS)
     assert [p["kind"] for p, _ in messages] == ["aborted"]
@@ -1537,7 +1484,8 @@ SURVIVORS = {
 def test_a_second_start_of_an_attempt_reports_it_lost_and_never_runs_the_command_again(
     tmp_path: Path, metadata: FakeMetadata, google: GoogleStub, survivors: str
 ) -> None:
-    """The startup script run again for a started attempt: one signed `rebooted` saying what it found, no second command, the output untouched."""
+    """The startup script run again for a started attempt: one signed `rebooted` saying what it found, no
+    second command, the output untouched."""
     runs = tmp_path / "runs"
     job = a_job(command=f"echo run >> '{runs}'; echo ready; sleep 600")
     script = render_startup_script(job, SETTINGS, timings=FAST)
@@ -1584,7 +1532,8 @@ def test_a_second_start_of_an_attempt_reports_it_lost_and_never_runs_the_command
 def test_a_start_after_the_attempt_ended_on_this_host_reports_nothing_and_runs_nothing(
     tmp_path: Path, metadata: FakeMetadata, google: GoogleStub
 ) -> None:
-    """A reboot after the command exited and said so: the second start sends nothing (the end was counted) and runs nothing."""
+    """A reboot after the command exited and said so: the second start sends nothing (the end was counted) and runs
+    nothing."""
     runs = tmp_path / "runs"
     script = render_startup_script(a_job(command=f"echo run >> '{runs}'; exit 3"), SETTINGS, timings=FAST)
     code, _, stderr = run_script(script, tmp_path / "w", metadata, google)

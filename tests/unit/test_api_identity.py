@@ -183,9 +183,7 @@ def test_a_token_expired_within_the_clock_skew_is_accepted(key, certs):
     """Expired 3 s ago, within the 10 s allowed for clocks that differ: still the caller."""
     now = int(time.time())
     app = api(certs)
-    assert (
-        app.caller({"Authorization": bearer(token(key, iat=now - 3603, exp=now - 3))}, URL) == ADA
-    )
+    assert app.caller({"Authorization": bearer(token(key, iat=now - 3603, exp=now - 3))}, URL) == ADA
 
 
 def test_a_token_for_another_audience_is_401(key, certs):
@@ -198,10 +196,7 @@ def test_configured_audiences_are_the_only_ones_accepted(key, certs):
     """TPUJOBS_API_AUDIENCE set: a token for the function's URL no longer passes."""
     app = api(certs, api_audiences=("https://jobs.example.com",))
     assert ask(app, Authorization=bearer(token(key))).status == 401
-    assert (
-        app.caller({"Authorization": bearer(token(key, aud="https://jobs.example.com"))}, URL)
-        == ADA
-    )
+    assert app.caller({"Authorization": bearer(token(key, aud="https://jobs.example.com"))}, URL) == ADA
 
 
 def test_a_token_of_another_issuer_is_401(key, certs):
@@ -227,9 +222,7 @@ def test_a_tampered_payload_is_401_even_where_the_platform_is_trusted(key, certs
     with or without TPUJOBS_API_PLATFORM_AUTH, and the token is not in the answer."""
     header, payload, signature = token(key, email=EVE).split(".")
     claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
-    forged = (
-        base64.urlsafe_b64encode(json.dumps({**claims, "email": ADA}).encode()).decode().rstrip("=")
-    )
+    forged = base64.urlsafe_b64encode(json.dumps({**claims, "email": ADA}).encode()).decode().rstrip("=")
     tampered = f"{header}.{forged}.{signature}"
     for platform_auth in (False, True):
         answer = ask(api(certs, api_platform_auth=platform_auth), Authorization=bearer(tampered))
@@ -246,10 +239,7 @@ def test_a_stripped_token_is_401_unless_the_deployment_vouches_for_the_platform(
     verified here: without TPUJOBS_API_PLATFORM_AUTH, 401 saying why."""
     answer = ask(api(certs), Authorization=bearer(stripped(token(key), tail)))
     assert answer.status == 401
-    assert (
-        "no signature" in answer.body["error"]
-        and "TPUJOBS_API_PLATFORM_AUTH" in answer.body["error"]
-    )
+    assert "no signature" in answer.body["error"] and "TPUJOBS_API_PLATFORM_AUTH" in answer.body["error"]
 
 
 @pytest.mark.parametrize("tail", ["", None, SIGNATURE_REMOVED])
@@ -273,9 +263,7 @@ def test_a_stripped_token_is_the_caller_where_the_platform_checked_it(key, certs
 )
 def test_a_stripped_token_still_has_its_claims_checked(key, certs, changes, words):
     """Trusted or not, a stripped token's expiry (with the skew), issuer and email are checked."""
-    answer = ask(
-        api(certs, api_platform_auth=True), Authorization=bearer(stripped(token(key, **changes)))
-    )
+    answer = ask(api(certs, api_platform_auth=True), Authorization=bearer(stripped(token(key, **changes))))
     assert answer.status == 401 and words in answer.body["error"], answer.body
 
 
@@ -372,9 +360,7 @@ def test_certificates_out_of_reach_is_503(key, certs):
 
 def test_the_settings_come_from_the_environment():
     """TPUJOBS_API_PLATFORM_AUTH=1 and TPUJOBS_API_CERTS_URL; off and Google's URL by default."""
-    settings = Settings.from_env(
-        {"TPUJOBS_API_PLATFORM_AUTH": "1", "TPUJOBS_API_CERTS_URL": "http://127.0.0.1:1/c"}
-    )
+    settings = Settings.from_env({"TPUJOBS_API_PLATFORM_AUTH": "1", "TPUJOBS_API_CERTS_URL": "http://127.0.0.1:1/c"})
     assert settings.api_platform_auth and settings.api_certs_url == "http://127.0.0.1:1/c"
     default = Settings.from_env({})
     assert not default.api_platform_auth and default.api_certs_url == ""

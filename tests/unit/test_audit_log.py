@@ -31,8 +31,12 @@ def test_the_resource_name_the_response_or_the_create_request_names_the_queued_r
 
 
 def test_other_services_resources_and_our_own_reports_are_not_audit_entries() -> None:
-    assert audit_log_target(json.dumps({"protoPayload": {"serviceName": "compute.googleapis.com",
-                                                         "resourceName": NAME}}).encode()) is None
+    assert (
+        audit_log_target(
+            json.dumps({"protoPayload": {"serviceName": "compute.googleapis.com", "resourceName": NAME}}).encode()
+        )
+        is None
+    )
     assert audit_log_target(entry(resourceName="projects/p/locations/us-central2-b/nodes/n")) is None
     assert audit_log_target(entry(resourceName=NAME + "/../evil")) is None
     own = {"queued_resource": "train-1-a2", "zone": "us-central2-b", "state": "ACTIVE"}
@@ -41,9 +45,12 @@ def test_other_services_resources_and_our_own_reports_are_not_audit_entries() ->
     assert audit_log_target(b"\xff\xfe") is None
 
 
-@given(st.binary(max_size=512) | st.recursive(st.none() | st.text(), lambda c: st.dictionaries(st.text(), c)).map(
-    lambda v: json.dumps({"protoPayload": v}).encode()
-))
+@given(
+    st.binary(max_size=512)
+    | st.recursive(st.none() | st.text(), lambda c: st.dictionaries(st.text(), c)).map(
+        lambda v: json.dumps({"protoPayload": v}).encode()
+    )
+)
 def test_any_bytes_give_a_target_or_none_never_an_error(raw: bytes) -> None:
     target = audit_log_target(raw)
     assert target is None or (isinstance(target, tuple) and len(target) == 2)
@@ -105,8 +112,18 @@ def test_only_the_resource_name_of_a_real_entry_is_needed() -> None:
     ("change", "why"),
     [
         (lambda p: p.update(serviceName="compute.googleapis.com"), "another service"),
-        (lambda p: p.update(resourceName="projects/my-project/locations/us-central2-b/nodes/train-1-a2", response={}), "a node"),
-        (lambda p: p.update(resourceName="projects/my-project/locations/us-central2-b/queuedResources/Train_1", response={}), "not a queued resource id"),
+        (
+            lambda p: p.update(
+                resourceName="projects/my-project/locations/us-central2-b/nodes/train-1-a2", response={}
+            ),
+            "a node",
+        ),
+        (
+            lambda p: p.update(
+                resourceName="projects/my-project/locations/us-central2-b/queuedResources/Train_1", response={}
+            ),
+            "not a queued resource id",
+        ),
     ],
     ids=["other_service", "node", "bad_id"],
 )

@@ -17,9 +17,7 @@ def test_importing_functions_main_loads_no_client_library():
         "import json, sys; sys.path.insert(0, sys.argv[1]); import main; "
         "print(json.dumps(sorted(m for m in sys.modules if m.startswith('google.cloud'))))"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", probe, str(FUNCTIONS)], capture_output=True, text=True, check=True
-    )
+    result = subprocess.run([sys.executable, "-c", probe, str(FUNCTIONS)], capture_output=True, text=True, check=True)
     loaded = json.loads(result.stdout.strip().splitlines()[-1])
     assert not [m for m in loaded if m.startswith(HEAVY)], loaded
 

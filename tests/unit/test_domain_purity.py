@@ -55,13 +55,7 @@ def dynamic_imports(tree: ast.AST) -> list[tuple[int, str]]:
         if not (isinstance(node, ast.Call) and node.args):
             continue
         func = node.func
-        name = (
-            func.id
-            if isinstance(func, ast.Name)
-            else func.attr
-            if isinstance(func, ast.Attribute)
-            else ""
-        )
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
         if name in {"__import__", "import_module"}:
             first = node.args[0]
             module = first.value if isinstance(first, ast.Constant) else "<dynamic>"
@@ -74,9 +68,7 @@ def clock_reads(tree: ast.AST) -> list[tuple[int, str]]:
     return [
         (node.lineno, ast.unparse(node.func))
         for node in ast.walk(tree)
-        if isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Attribute)
-        and node.func.attr in CLOCK_READS
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in CLOCK_READS
     ]
 
 

@@ -149,7 +149,9 @@ class FakeObjects:
         self.polls = 0
         self.data: dict[str, bytes] = {}
 
-    def worker_outputs(self, job_id: str, attempt: int, account: str | None = None) -> dict[tuple[int, int], WorkerOutput]:
+    def worker_outputs(
+        self, job_id: str, attempt: int, account: str | None = None
+    ) -> dict[tuple[int, int], WorkerOutput]:
         seen = self.timeline[min(self.polls, len(self.timeline) - 1)]
         complete = self.polls >= self.complete_from
         self.polls += 1

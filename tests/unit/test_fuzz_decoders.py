@@ -148,9 +148,7 @@ json_scalars = st.one_of(
 )
 json_values = st.recursive(
     json_scalars,
-    lambda children: st.one_of(
-        st.lists(children, max_size=4), st.dictionaries(any_text, children, max_size=4)
-    ),
+    lambda children: st.one_of(st.lists(children, max_size=4), st.dictionaries(any_text, children, max_size=4)),
     max_leaves=12,
 )
 
@@ -211,7 +209,8 @@ def deeply_nested(draw: st.DrawFn, field: str) -> bytes:
 
 
 def field_payloads(base: dict[str, Any], fields: list[str]) -> st.SearchStrategy[dict[str, Any]]:
-    """A valid base with some fields replaced by anything (a wrong type, hostile text), dropped, or joined by unknown ones."""
+    """A valid base with some fields replaced by anything (a wrong type, hostile text), dropped, or joined by unknown
+    ones."""
 
     @st.composite
     def build(draw: st.DrawFn) -> dict[str, Any]:
@@ -228,9 +227,7 @@ def field_payloads(base: dict[str, Any], fields: list[str]) -> st.SearchStrategy
     return build()
 
 
-def payload_bytes(
-    base: dict[str, Any], fields: list[str], nest_field: str
-) -> st.SearchStrategy[bytes]:
+def payload_bytes(base: dict[str, Any], fields: list[str], nest_field: str) -> st.SearchStrategy[bytes]:
     documents = st.builds(to_bytes, st.one_of(field_payloads(base, fields), json_values), encodings)
     return st.one_of(
         documents,
@@ -270,18 +267,14 @@ def check_spec_outcome(raw: bytes, message_id: str | None) -> JobSpec | None:
 @example(raw=b"\xef\xbb\xbf{}", message_id=MESSAGE_ID)
 @example(raw=b'{"command": "\\ud800"}', message_id=MESSAGE_ID)
 @example(raw=json.dumps({**SPEC_BASE, "command": "x" * 100_000}).encode(), message_id=None)
-def test_decode_spec_gives_a_spec_or_a_spec_error_for_any_bytes(
-    raw: bytes, message_id: str | None
-) -> None:
+def test_decode_spec_gives_a_spec_or_a_spec_error_for_any_bytes(raw: bytes, message_id: str | None) -> None:
     """Random JSON, hostile fields, spliced garbage, deep nesting and binary: a JobSpec or SpecError."""
     check_spec_outcome(raw, message_id)
 
 
 @FUZZ
 @given(field=st.sampled_from(SPEC_FIELDS), value=json_values, how=encodings)
-def test_every_spec_field_of_any_json_type_gives_a_spec_or_a_spec_error(
-    field: str, value: Any, how: str
-) -> None:
+def test_every_spec_field_of_any_json_type_gives_a_spec_or_a_spec_error(field: str, value: Any, how: str) -> None:
     """One field of a valid spec replaced by any JSON value: a JobSpec or SpecError, never a crash."""
     spec = check_spec_outcome(to_bytes({**SPEC_BASE, field: value}, how), MESSAGE_ID)
     if spec is not None and field in ("name", "owner", "command", "accelerator_type"):
@@ -296,9 +289,7 @@ valid_specs = st.fixed_dictionaries(
     {
         "name": st.from_regex(ID_PATTERN, fullmatch=True),
         "owner": st.from_regex(OWNER_PATTERN, fullmatch=True),
-        "accelerator_type": st.sampled_from(
-            ["v4-8", "v4-16", "v5p-8", "v5litepod-16", "v6e-8", "v2-32", "v3-8"]
-        ),
+        "accelerator_type": st.sampled_from(["v4-8", "v4-16", "v5p-8", "v5litepod-16", "v6e-8", "v2-32", "v3-8"]),
         "command": texts.filter(lambda t: t.strip()),
     },
     optional={
@@ -314,9 +305,7 @@ valid_specs = st.fixed_dictionaries(
         "on_preemption": st.sampled_from(["resume", "rerun", "fail"]),
         "on_error": st.sampled_from(["resume", "rerun", "fail"]),
         "max_restarts": st.integers(0, 100),
-        "labels": st.dictionaries(
-            st.from_regex(r"\A[a-z][a-z0-9_-]{0,8}\Z"), label_values, max_size=4
-        ),
+        "labels": st.dictionaries(st.from_regex(r"\A[a-z][a-z0-9_-]{0,8}\Z"), label_values, max_size=4),
     },
 )
 
@@ -332,9 +321,7 @@ valid_specs = st.fixed_dictionaries(
     },
     message_id="",
 )
-def test_a_valid_spec_round_trips_through_its_document(
-    data: dict[str, Any], message_id: str
-) -> None:
+def test_a_valid_spec_round_trips_through_its_document(data: dict[str, Any], message_id: str) -> None:
     """parse_spec(spec.to_document()) is the spec again, and so is the document sent as a message."""
     try:
         spec = parse_spec(data, message_id=message_id)
@@ -359,14 +346,10 @@ def test_a_spec_that_is_accepted_holds_only_text_that_utf8_can_carry(field: str,
     Firestore (and any UTF-8 consumer) refuses such a string, so accepting it turns a bad
     message into a crash of the submit handler instead of a rejection.
     """
-    value: Any = (
-        {"V": text} if field == "env" else ("gs://bucket/" + text if field == "code_uri" else text)
-    )
+    value: Any = {"V": text} if field == "env" else ("gs://bucket/" + text if field == "code_uri" else text)
     spec = check_spec_outcome(to_bytes({**SPEC_BASE, field: value}, "ascii"), MESSAGE_ID)
     if spec is not None:
-        assert not_utf8(spec.to_document()) == [], (
-            "a spec was accepted with text UTF-8 cannot carry"
-        )
+        assert not_utf8(spec.to_document()) == [], "a spec was accepted with text UTF-8 cannot carry"
 
 
 def not_utf8(value: Any, path: str = "spec") -> list[str]:
@@ -378,11 +361,7 @@ def not_utf8(value: Any, path: str = "spec") -> list[str]:
             return [f"{path}={value!r}"]
         return []
     if isinstance(value, dict):
-        return [
-            p
-            for k, v in value.items()
-            for p in not_utf8(k, f"{path}.<key>") + not_utf8(v, f"{path}.{k}")
-        ]
+        return [p for k, v in value.items() for p in not_utf8(k, f"{path}.<key>") + not_utf8(v, f"{path}.{k}")]
     if isinstance(value, list):
         return [p for i, v in enumerate(value) for p in not_utf8(v, f"{path}[{i}]")]
     return []
@@ -412,12 +391,8 @@ REPORT_EXAMPLES = [
 
 
 @pytest.mark.parametrize("model", MODELS, ids=MODEL_IDS)
-@pytest.mark.parametrize(
-    "raw", REPORT_EXAMPLES, ids=["deep-array", "deep-field", "surrogate", "bom", "none"]
-)
-def test_decode_report_refuses_the_classic_hostile_inputs_with_a_report_error(
-    model: type, raw: bytes | None
-) -> None:
+@pytest.mark.parametrize("raw", REPORT_EXAMPLES, ids=["deep-array", "deep-field", "surrogate", "bom", "none"])
+def test_decode_report_refuses_the_classic_hostile_inputs_with_a_report_error(model: type, raw: bytes | None) -> None:
     """Deep nesting, surrogate escapes, a byte-order mark and no data at all are ReportErrors."""
     assert check_report_outcome(model, raw) is None
 
@@ -425,9 +400,7 @@ def test_decode_report_refuses_the_classic_hostile_inputs_with_a_report_error(
 @pytest.mark.parametrize("model", MODELS, ids=MODEL_IDS)
 @PER_MODEL
 @given(data=st.data())
-def test_decode_report_gives_a_report_or_a_report_error_for_any_bytes(
-    model: type, data: st.DataObject
-) -> None:
+def test_decode_report_gives_a_report_or_a_report_error_for_any_bytes(model: type, data: st.DataObject) -> None:
     """Random JSON, hostile fields, spliced garbage, deep nesting and binary: the model or ReportError."""
     base = REPORT_BASES[model]
     raw = data.draw(payload_bytes(base, list(model.model_fields), next(iter(base))), label="raw")
@@ -459,11 +432,7 @@ def broken_base64(draw: st.DrawFn) -> str:
     """Base64 with padding lost, urlsafe letters, whitespace, NUL, non-ASCII or stray '=' spliced in."""
     text = draw(valid_base64)
     at = draw(st.integers(0, len(text)))
-    junk = draw(
-        st.sampled_from(
-            ["", "=", "==", "-", "_", " ", "\n", "\x00", "é", "\ud800", "A", "AB", "*", "\\"]
-        )
-    )
+    junk = draw(st.sampled_from(["", "=", "==", "-", "_", " ", "\n", "\x00", "é", "\ud800", "A", "AB", "*", "\\"]))
     cut = draw(st.integers(0, 3))
     return text[:at] + junk + text[at + cut :]
 
@@ -499,9 +468,7 @@ sources = st.one_of(
 @example(event_id="e", source=SOURCE, data={"message": {"data": "e30", "messageId": "m1"}})
 @example(event_id="e", source=SOURCE, data={"message": {"data": "é30=", "messageId": None}})
 @example(event_id="e", source=SOURCE, data={"message": {"data": None, "attributes": ["x"]}})
-def test_from_cloud_event_never_raises_and_says_why_it_could_not_decode(
-    event_id: str, source: str, data: Any
-) -> None:
+def test_from_cloud_event_never_raises_and_says_why_it_could_not_decode(event_id: str, source: str, data: Any) -> None:
     """Any envelope gives an InboundMessage: its bytes when the base64 is valid, else a reason."""
     message = from_cloud_event(event_id, source, data)
     assert isinstance(message, InboundMessage)
@@ -529,9 +496,7 @@ def test_from_cloud_event_never_raises_and_says_why_it_could_not_decode(
     ),
     garble=st.booleans(),
 )
-def test_an_envelope_of_any_payload_decodes_to_a_result_or_the_decoders_own_error(
-    raw: bytes, garble: bool
-) -> None:
+def test_an_envelope_of_any_payload_decodes_to_a_result_or_the_decoders_own_error(raw: bytes, garble: bool) -> None:
     """from_cloud_event then every decoder, as the functions chain them: only SpecError or ReportError."""
     encoded = base64.b64encode(raw).decode("ascii")
     if garble:

@@ -106,7 +106,10 @@ def grpc_error(code: grpc.StatusCode, message: str = "boom", *details: Any) -> e
 
 
 def rest_error(
-    http_status: int, message: str = "boom", status: str | None = None, details: list[dict] | None = None,
+    http_status: int,
+    message: str = "boom",
+    status: str | None = None,
+    details: list[dict] | None = None,
     errors: list[dict] | None = None,
 ) -> exceptions.GoogleAPICallError:
     """What the REST transport raises for Google's JSON error body."""
@@ -121,7 +124,9 @@ def rest_error(
     response.status_code = http_status
     response._content = json.dumps({"error": body}).encode()
     response.headers["Content-Type"] = "application/json"
-    response.request = requests.Request("POST", f"https://{TPU}/v2/projects/p/locations/{ZONE}/queuedResources").prepare()
+    response.request = requests.Request(
+        "POST", f"https://{TPU}/v2/projects/p/locations/{ZONE}/queuedResources"
+    ).prepare()
     return exceptions.from_http_response(response)
 
 
@@ -343,7 +348,11 @@ def test_a_rate_limit_429_stays_a_plain_transient_error(error):
 
 @pytest.mark.parametrize(
     "message",
-    [QUOTA_MESSAGE, f"RESOURCE_EXHAUSTED: Quota limit 'TPUV2sPodPerProjectPerZoneForTPUAPI' has been exceeded. Limit: 0 in zone {ZONE}."],
+    [
+        QUOTA_MESSAGE,
+        "RESOURCE_EXHAUSTED: Quota limit 'TPUV2sPodPerProjectPerZoneForTPUAPI' has been exceeded. "
+        f"Limit: 0 in zone {ZONE}.",
+    ],
 )
 def test_a_429_without_details_that_names_a_quota_is_quota_exhausted(message):
     """With no details at all, a message naming a quota (and no rate) is the only sign, and enough."""

@@ -32,6 +32,7 @@ def subscription(target: str, prefix: str = "", project: str = "p") -> str:
     """The full name of a route's push subscription in a deployment with `prefix`."""
     return f"projects/{project}/subscriptions/{topology.push_subscription_name(ROUTES[target], prefix)}"
 
+
 PUSH_SPEC = {
     "name": "resnet-50",
     "owner": "alice@example.com",
@@ -77,9 +78,7 @@ def test_an_eventarc_cloudevent_decodes_to_its_topic_message_id_and_bytes(
     eventarc_event: dict[str, Any],
 ) -> None:
     """The topic comes from the event's source, the id from messageId, the bytes from base64."""
-    message = from_cloud_event(
-        eventarc_event["id"], eventarc_event["source"], eventarc_event["data"]
-    )
+    message = from_cloud_event(eventarc_event["id"], eventarc_event["source"], eventarc_event["data"])
     assert message.topic == "tpujobs-submit"
     assert message.message_id == "13792457813425622"
     assert message.data is not None and json.loads(message.data) == EVENTARC_SPEC
@@ -161,9 +160,16 @@ def test_a_bare_push_takes_its_topic_from_the_subscription_name(prefix: str, tar
     """Production's push names no topic: `{prefix}{topic}--{target}` gives it back, prefixed
     as the deployment names its topics, from the envelope or from the request body."""
     message = {"data": b64(b"{}"), "messageId": "m"}
-    in_data = from_cloud_event("e", BARE_SOURCE, {"message": message, "subscription": subscription(target, prefix)}, prefix=prefix)
+    in_data = from_cloud_event(
+        "e", BARE_SOURCE, {"message": message, "subscription": subscription(target, prefix)}, prefix=prefix
+    )
     from_body = from_cloud_event(
-        "e", BARE_SOURCE, {"message": message}, push_subscription=subscription(target, prefix), prefix=prefix, target=target
+        "e",
+        BARE_SOURCE,
+        {"message": message},
+        push_subscription=subscription(target, prefix),
+        prefix=prefix,
+        target=target,
     )
     for decoded in (in_data, from_body):
         assert (decoded.topic, decoded.data, decoded.undecodable) == (topic, b"{}", "")
@@ -205,9 +211,21 @@ def test_no_topic_and_no_subscription_is_refused() -> None:
 @pytest.mark.parametrize(
     ("source", "data", "topic"),
     [
-        (BARE_SOURCE, {"message": {"data": "e30=", "messageId": "m"}, "subscription": subscription("on_control")}, "tpujobs-control"),
-        ("//pubsub.googleapis.com/projects/p/topics/tpujobs-control", {"message": {"data": "e30=", "messageId": "m"}}, "tpujobs-control"),
-        ("//pubsub.googleapis.com/projects/p/topics/tpujobs-submit", {"message": {"data": "e30=", "messageId": "m"}}, "tpujobs-submit"),
+        (
+            BARE_SOURCE,
+            {"message": {"data": "e30=", "messageId": "m"}, "subscription": subscription("on_control")},
+            "tpujobs-control",
+        ),
+        (
+            "//pubsub.googleapis.com/projects/p/topics/tpujobs-control",
+            {"message": {"data": "e30=", "messageId": "m"}},
+            "tpujobs-control",
+        ),
+        (
+            "//pubsub.googleapis.com/projects/p/topics/tpujobs-submit",
+            {"message": {"data": "e30=", "messageId": "m"}},
+            "tpujobs-submit",
+        ),
     ],
     ids=["our_subscription", "eventarc_source", "unprefixed_topic_in_a_prefixed_deployment"],
 )
@@ -217,7 +235,9 @@ def test_a_message_for_another_function_is_refused_with_both_topics(source: str,
     message = from_cloud_event("e", source, data, prefix="", target="on_worker_event")
     assert message.data is None and message.refused_data == b"{}"
     assert message.topic == topic
-    assert f"a message on {topic} reached on_worker_event, which reads only tpujobs-worker-events" == message.undecodable
+    assert (
+        f"a message on {topic} reached on_worker_event, which reads only tpujobs-worker-events" == message.undecodable
+    )
 
 
 def test_an_undecodable_message_keeps_its_own_reason_and_the_topic() -> None:
@@ -509,7 +529,8 @@ def test_every_function_in_main_decodes_as_itself() -> None:
         for function in ast.parse(main.read_text(encoding="utf-8")).body
         if isinstance(function, ast.FunctionDef)
         for call in ast.walk(function)
-        if isinstance(call, ast.Call) and getattr(call.func, "id", None) == "_handle"
+        if isinstance(call, ast.Call)
+        and getattr(call.func, "id", None) == "_handle"
         and isinstance(call.args[1], ast.Constant)
     }
     cloudevent_decoders = {r.target for r in topology.FUNCTIONS if r.topic is not None} - {"reconcile"}

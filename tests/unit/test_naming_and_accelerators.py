@@ -57,9 +57,7 @@ def test_the_same_job_and_attempt_always_give_the_same_name() -> None:
 
 @pytest.mark.parametrize("attempt", [1, 2, 9, 10, 99, 100, MAX_ATTEMPT])
 @pytest.mark.parametrize("job_id", ["ab", "train-1", "a-a1", "x-a9-a", LONGEST_JOB_ID, "a" * 40])
-def test_a_queued_resource_name_parses_back_to_its_job_and_attempt(
-    job_id: str, attempt: int
-) -> None:
+def test_a_queued_resource_name_parses_back_to_its_job_and_attempt(job_id: str, attempt: int) -> None:
     """parse_queued_resource_name inverts queued_resource_name, even for ids containing '-a<digits>'."""
     name = queued_resource_name(job_id, attempt)
     assert parse_queued_resource_name(name) == (job_id, attempt)
@@ -142,9 +140,7 @@ def test_a_name_tpujobs_did_not_make_parses_to_none(name: str) -> None:
         ("v5p-16", 8, 2),
     ],
 )
-def test_an_accelerator_type_has_its_chips_and_worker_hosts(
-    accelerator_type: str, chips: int, hosts: int
-) -> None:
+def test_an_accelerator_type_has_its_chips_and_worker_hosts(accelerator_type: str, chips: int, hosts: int) -> None:
     """Cores count for v2-v5p (two per chip), chips for v5e/v6e; four chips per multi-host host."""
     shape = parse_accelerator_type(accelerator_type)
     assert (shape.chips, shape.hosts) == (chips, hosts)

@@ -59,7 +59,9 @@ def test_a_node_is_judged_by_the_worse_of_its_state_and_health(state, health, ve
 
 
 def _running_job():
-    spec = parse_spec({"job_id": "train-1", "name": "train", "owner": "ada", "accelerator_type": "v4-8", "command": "x"})
+    spec = parse_spec(
+        {"job_id": "train-1", "name": "train", "owner": "ada", "accelerator_type": "v4-8", "command": "x"}
+    )
     job, _ = new_job(spec, "us-central2-b", NOW)
     return job.evolve(state=JobState.RUNNING, attempt=1)
 
@@ -107,9 +109,7 @@ def test_a_new_attempt_forgets_the_last_attempts_suspect_hosts() -> None:
     job = _running_job()
     decision = _suspect(job, NOW, ("train-1-a1", "health TIMEOUT"))
     assert isinstance(decision, Decision)
-    lost = decide(
-        decision.job, Observation(EventKind.CAPACITY_LOST, 1, "reconciler", reason="gone"), NOW
-    )
+    lost = decide(decision.job, Observation(EventKind.CAPACITY_LOST, 1, "reconciler", reason="gone"), NOW)
     assert isinstance(lost, Decision) and lost.job.state is JobState.RECOVERING
     following = decide(
         lost.job, Observation(EventKind.NEXT_ATTEMPT_REQUESTED, 1, "tpu", capacity_state="CREATING"), NOW

@@ -89,9 +89,7 @@ def test_a_bad_version_is_named_as_the_problem() -> None:
         check_secret_ref("tok@zero")
 
 
-@pytest.mark.parametrize(
-    "ref", ["a", "A-b_c9", "x" * 200, "tok@7", "tok@latest", "projects/p-1/secrets/s_1"]
-)
+@pytest.mark.parametrize("ref", ["a", "A-b_c9", "x" * 200, "tok@7", "tok@latest", "projects/p-1/secrets/s_1"])
 def test_a_wellformed_reference_passes(ref: str) -> None:
     """Every form the spec documents is accepted."""
     check_secret_ref(ref)

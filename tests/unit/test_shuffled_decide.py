@@ -27,9 +27,7 @@ ACCELERATORS = {"v4-8": 1, "v4-16": 2, "v4-32": 4}  # worker hosts per slice
 ATTEMPTS = (1, 2, 3)
 
 
-def a_job(
-    accelerator: str, slices: int, on_preemption: str, on_error: str, max_restarts: int
-) -> Job:
+def a_job(accelerator: str, slices: int, on_preemption: str, on_error: str, max_restarts: int) -> Job:
     spec = parse_spec(
         {
             "job_id": "shuffled-1",
@@ -58,9 +56,7 @@ jobs = st.builds(
 
 
 def workers_of(job: Job) -> list[str]:
-    return [
-        worker_key(s, w) for s in range(job.spec.slices) for w in range(job.spec.hosts_per_slice)
-    ]
+    return [worker_key(s, w) for s in range(job.spec.slices) for w in range(job.spec.hosts_per_slice)]
 
 
 @st.composite
@@ -87,9 +83,7 @@ def observations_of_an_attempt(draw: st.DrawFn, job: Job, attempt: int) -> list[
         kind = EventKind.WORKER_SUCCEEDED if code == 0 else EventKind.COMMAND_FAILED
         seen.append(Observation(kind, attempt, "agent", exit_code=code, worker=worker))
     if draw(st.booleans()):
-        seen.append(
-            Observation(EventKind.CAPACITY_LOST, attempt, "agent", reason="Preempted", worker="0-0")
-        )
+        seen.append(Observation(EventKind.CAPACITY_LOST, attempt, "agent", reason="Preempted", worker="0-0"))
     if draw(st.booleans()):
         seen.append(Observation(EventKind.CAPACITY_LOST, attempt, "reconciler", reason="SUSPENDED"))
     return seen
@@ -114,9 +108,7 @@ def deliveries(draw: st.DrawFn) -> tuple[Job, list[Observation]]:
     for attempt in ATTEMPTS:
         seen += draw(observations_of_an_attempt(job, attempt))
     if draw(st.integers(0, 3)) == 0:
-        seen.append(
-            Observation(EventKind.CANCEL_REQUESTED, None, "user", reason="Cancelled by ada.")
-        )
+        seen.append(Observation(EventKind.CANCEL_REQUESTED, None, "user", reason="Cancelled by ada."))
     seen += draw(st.lists(any_observation, max_size=4))
     copies = [o for o in seen for _ in range(draw(st.integers(1, 3)))]
     return job, draw(st.permutations(copies))

@@ -55,9 +55,7 @@ def make_job(**spec_changes: Any) -> Job:
 def at_attempt_2(job: Job, began: datetime) -> Job:
     """`job` after its first attempt ended at `began` and the second began waiting then."""
     ended = tuple(u if u.attempt != 1 else replace(u, ended_at=began) for u in job.usage)
-    return job.evolve(
-        attempt=2, restarts=1, usage=next_attempt(ended, 2, job.spec.chips, began, ZONE)
-    )
+    return job.evolve(attempt=2, restarts=1, usage=next_attempt(ended, 2, job.spec.chips, began, ZONE))
 
 
 def report_bytes(**changes: Any) -> bytes:
@@ -87,18 +85,12 @@ def check(
     """report_problem for a report of `job`, signed with the key of `key_attempt` (default: the
     attempt it names) unless `signature` is given; `fields` override attempt, ids and time."""
     values: dict[str, Any] = {"attempt": 1, "slice_id": 0, "worker_id": 0, "at": NOW, **fields}
-    data = report_bytes(
-        attempt=values["attempt"], slice_id=values["slice_id"], worker_id=values["worker_id"]
-    )
+    data = report_bytes(attempt=values["attempt"], slice_id=values["slice_id"], worker_id=values["worker_id"])
     if signature is None:
         assert job.created_at is not None
-        key = signing.attempt_key(
-            master, job.job_id, job.created_at, key_attempt or values["attempt"]
-        )
+        key = signing.attempt_key(master, job.job_id, job.created_at, key_attempt or values["attempt"])
         signature = signing.sign(key, data)
-    return signing.report_problem(
-        job, data=data, signature=signature, master=master, now=NOW, **values
-    )
+    return signing.report_problem(job, data=data, signature=signature, master=master, now=NOW, **values)
 
 
 # -- keys ---------------------------------------------------------------------------------
@@ -112,9 +104,7 @@ def test_an_attempt_key_is_32_bytes(master):
 
 def test_the_same_attempt_always_gets_the_same_key(master):
     """The key is derived, not stored: deriving it twice gives the same bytes."""
-    assert signing.attempt_key(master, "train-1", CREATED, 3) == signing.attempt_key(
-        master, "train-1", CREATED, 3
-    )
+    assert signing.attempt_key(master, "train-1", CREATED, 3) == signing.attempt_key(master, "train-1", CREATED, 3)
 
 
 def test_keys_differ_per_attempt_job_creation_time_and_master_key(master):
@@ -155,17 +145,13 @@ def test_two_different_attempts_never_share_a_key(one, other):
 def test_a_creation_time_in_another_zone_that_is_the_same_instant_gets_the_same_key(master):
     """The creation time is an instant: the same moment written with another offset derives the same key."""
     elsewhere = CREATED.astimezone(timezone(timedelta(hours=-7)))
-    assert signing.attempt_key(master, "train-1", elsewhere, 1) == signing.attempt_key(
-        master, "train-1", CREATED, 1
-    )
+    assert signing.attempt_key(master, "train-1", elsewhere, 1) == signing.attempt_key(master, "train-1", CREATED, 1)
 
 
 @pytest.mark.parametrize("length", [0, 1, 31])
 def test_a_master_key_shorter_than_32_characters_raises_missing_master_key(length):
     """A master key of fewer than 32 characters is refused with a sentence naming TPUJOBS_REPORT_KEY."""
-    with pytest.raises(
-        MissingMasterKey, match="TPUJOBS_REPORT_KEY must hold at least 32 characters"
-    ):
+    with pytest.raises(MissingMasterKey, match="TPUJOBS_REPORT_KEY must hold at least 32 characters"):
         signing.attempt_key("k" * length, "train-1", CREATED, 1)
 
 
@@ -211,9 +197,7 @@ def test_any_single_byte_change_of_signed_data_is_refused(data, where, change):
     assert signing.signature_problem(key, bytes(forged), signature) == MISMATCH
 
 
-@given(
-    where=st.integers(min_value=0, max_value=63), replacement=st.sampled_from("0123456789abcdef")
-)
+@given(where=st.integers(min_value=0, max_value=63), replacement=st.sampled_from("0123456789abcdef"))
 def test_any_changed_hex_digit_of_a_signature_is_refused(where, replacement):
     """A signature with one hex digit changed is well formed but does not match."""
     key = signing.attempt_key(MASTER, "train-1", CREATED, 1)
@@ -240,12 +224,7 @@ def test_a_signature_made_with_another_attempts_key_fails(master):
     """Data signed with attempt 2's key does not pass for attempt 1's key."""
     data = report_bytes()
     signature = signing.sign(signing.attempt_key(master, "train-1", CREATED, 2), data)
-    assert (
-        signing.signature_problem(
-            signing.attempt_key(master, "train-1", CREATED, 1), data, signature
-        )
-        == MISMATCH
-    )
+    assert signing.signature_problem(signing.attempt_key(master, "train-1", CREATED, 1), data, signature) == MISMATCH
 
 
 @pytest.mark.parametrize("signature", [None, ""])
@@ -313,13 +292,8 @@ def test_a_worker_beyond_the_slices_hosts_is_out_of_range(master):
 
 def test_a_slice_beyond_the_jobs_slices_is_out_of_range(master):
     """Slice 2 of a 2-slice job, and slice 1 of a one-slice job, are refused, naming the slice count."""
-    assert (
-        check(make_job(slices=2), master, slice_id=2)
-        == "slice 2 is out of range: the job has 2 slice(s)"
-    )
-    assert (
-        check(make_job(), master, slice_id=1) == "slice 1 is out of range: the job has 1 slice(s)"
-    )
+    assert check(make_job(slices=2), master, slice_id=2) == "slice 2 is out of range: the job has 2 slice(s)"
+    assert check(make_job(), master, slice_id=1) == "slice 1 is out of range: the job has 1 slice(s)"
 
 
 def test_an_attempt_beyond_the_jobs_is_refused(master):
@@ -411,10 +385,7 @@ def test_a_time_just_within_the_skew_before_the_attempt_began_is_accepted(master
 def test_a_time_in_the_future_beyond_the_skew_is_refused(master):
     """`at` more than CLOCK_SKEW after now is refused as in the future."""
     at = NOW + CLOCK_SKEW + timedelta(seconds=1)
-    assert (
-        check(make_job(), master, at=at)
-        == f"its time {at.isoformat()} is in the future (now {NOW.isoformat()})"
-    )
+    assert check(make_job(), master, at=at) == f"its time {at.isoformat()} is in the future (now {NOW.isoformat()})"
     an_hour = NOW + timedelta(hours=1)
     assert "is in the future" in (check(make_job(), master, at=an_hour) or "")
 
@@ -458,9 +429,7 @@ def test_a_job_without_a_creation_time_refuses_every_report(master):
 def test_scrub_removes_a_key_from_an_audit_log_like_json(master):
     """A key_text inside JSON (a queued resource's metadata) is cut out; the rest stays."""
     text = signing.key_text(signing.attempt_key(master, "train-1", CREATED, 1))
-    entry = json.dumps(
-        {"metadata": {"tpujobs-report-key": text, "startup-script": "#!/bin/bash\necho hi"}}
-    )
+    entry = json.dumps({"metadata": {"tpujobs-report-key": text, "startup-script": "#!/bin/bash\necho hi"}})
     scrubbed = signing.scrub(entry)
     assert text not in scrubbed and text[len("tpujobs-key-v1:") :] not in scrubbed
     assert json.loads(scrubbed) == {
@@ -497,9 +466,7 @@ def test_scrub_leaves_text_without_a_key_alone(text):
     if "tpujobs-key-v1:" in text:
         return
     assert signing.scrub(text) == text
-    assert signing.scrub_bytes(text.encode("utf-8", "surrogatepass")) == text.encode(
-        "utf-8", "surrogatepass"
-    )
+    assert signing.scrub_bytes(text.encode("utf-8", "surrogatepass")) == text.encode("utf-8", "surrogatepass")
 
 
 @given(before=st.text(), after=st.text(), key=st.binary(min_size=32, max_size=32))

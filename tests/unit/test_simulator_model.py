@@ -57,11 +57,7 @@ class FakeClock:
 
 def one_slice(node_id: str = "node", accelerator_type: str = "v4-8") -> QueuedResourceRequest:
     return QueuedResourceRequest(
-        slices=(
-            SliceRequest(
-                accelerator_type=accelerator_type, runtime_version=RUNTIME, node_id=node_id
-            ),
-        )
+        slices=(SliceRequest(accelerator_type=accelerator_type, runtime_version=RUNTIME, node_id=node_id),)
     )
 
 
@@ -83,9 +79,7 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-def simulator(
-    clock: FakeClock, config: SimulatorConfig = QUICK, store: StateStore | None = None
-) -> Simulator:
+def simulator(clock: FakeClock, config: SimulatorConfig = QUICK, store: StateStore | None = None) -> Simulator:
     return Simulator(config, clock=clock, wall_clock=lambda: 1_700_000_000.0, store=store)
 
 
@@ -153,9 +147,7 @@ def test_nodes_appear_creating_while_provisioning_and_turn_ready_when_active(
         ("v6e-4", 1),
     ],
 )
-def test_a_node_has_one_network_endpoint_per_worker_host(
-    clock: FakeClock, accelerator_type: str, hosts: int
-) -> None:
+def test_a_node_has_one_network_endpoint_per_worker_host(clock: FakeClock, accelerator_type: str, hosts: int) -> None:
     """Each node gets as many distinct worker addresses as its accelerator type has hosts."""
     sim = simulator(clock)
     sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice("n", accelerator_type))
@@ -395,9 +387,7 @@ def test_creating_an_existing_queued_resource_is_already_exists(clock: FakeClock
         assert duplicate.value.code is Code.ALREADY_EXISTS
 
 
-@pytest.mark.parametrize(
-    "bad_id", ["", "Upper", "1st", "trailing-", "under_score", "a" * 64, "nl\n"]
-)
+@pytest.mark.parametrize("bad_id", ["", "Upper", "1st", "trailing-", "under_score", "a" * 64, "nl\n"])
 def test_ids_the_tpu_api_refuses_are_invalid_argument(clock: FakeClock, bad_id: str) -> None:
     """QR and node ids must match ^[a-z]([-a-z0-9]*[a-z0-9])?$ and be at most 63 characters."""
     sim = simulator(clock)
@@ -416,9 +406,7 @@ def test_ids_the_tpu_api_accepts_are_accepted(clock: FakeClock, good_id: str) ->
 
 
 @pytest.mark.parametrize("accelerator_type", ["v4-7", "v9-8", "tpu", ""])
-def test_an_unknown_accelerator_type_is_invalid_argument(
-    clock: FakeClock, accelerator_type: str
-) -> None:
+def test_an_unknown_accelerator_type_is_invalid_argument(clock: FakeClock, accelerator_type: str) -> None:
     """Accelerator types the API does not offer are refused at create."""
     sim = simulator(clock)
     with pytest.raises(SimulatorError) as refused:
@@ -454,9 +442,7 @@ def test_listing_zone_dash_lists_every_zone(clock: FakeClock) -> None:
     assert [qr.qr_id for qr in sim.list_queued_resources(PROJECT, "-").items] == ["b", "a"]
 
 
-def test_state_file_round_trip_keeps_resources_and_remaining_delays(
-    clock: FakeClock, tmp_path: Path
-) -> None:
+def test_state_file_round_trip_keeps_resources_and_remaining_delays(clock: FakeClock, tmp_path: Path) -> None:
     """A new simulator on the saved file resumes mid-provisioning, even with another clock base."""
     path = tmp_path / "state.json"
     first = simulator(clock, store=JsonStateFile(path))
@@ -594,9 +580,7 @@ def test_state_file_keeps_preemption_and_failed_hosts(clock: FakeClock, tmp_path
 SCRIPT = "#!/bin/bash\necho hi\n"
 
 
-def active_node(
-    clock: FakeClock, accelerator_type: str = "v4-16", spot: bool = False
-) -> tuple[Simulator, NodeRecord]:
+def active_node(clock: FakeClock, accelerator_type: str = "v4-16", spot: bool = False) -> tuple[Simulator, NodeRecord]:
     """A simulator with one ACTIVE node "n" whose metadata holds a startup script."""
     sim = simulator(clock)
     request = QueuedResourceRequest(
@@ -694,9 +678,7 @@ def test_a_node_runs_as_the_account_its_create_request_names(clock: FakeClock) -
             "scope": ["https://www.googleapis.com/auth/cloud-platform"],
         },
     }
-    request = QueuedResourceRequest(
-        slices=(SliceRequest("v4-8", RUNTIME, node_id="n", template=template),)
-    )
+    request = QueuedResourceRequest(slices=(SliceRequest("v4-8", RUNTIME, node_id="n", template=template),))
     sim.create_queued_resource(PROJECT, ZONE, "qr", request)
     clock.tick(3.0)
     node = sim.get_node(PROJECT, ZONE, "n")
@@ -709,22 +691,16 @@ def test_a_node_runs_as_the_account_its_create_request_names(clock: FakeClock) -
     assert lookup(node, 0, "instance/attributes/tpujobs-report-key").body == "tpujobs-key-v1:abc"
 
 
-@pytest.mark.parametrize(
-    "template", [{}, {"serviceAccount": {"email": "default"}}, {"serviceAccount": {}}]
-)
+@pytest.mark.parametrize("template", [{}, {"serviceAccount": {"email": "default"}}, {"serviceAccount": {}}])
 def test_a_node_without_an_account_runs_as_the_compute_default_as_on_gce(
     clock: FakeClock, template: dict[str, Any]
 ) -> None:
     """No email, or "default": {project number}-compute@developer.gserviceaccount.com, stable per project."""
     sim = simulator(clock)
-    request = QueuedResourceRequest(
-        slices=(SliceRequest("v4-8", RUNTIME, node_id="n", template=template),)
-    )
+    request = QueuedResourceRequest(slices=(SliceRequest("v4-8", RUNTIME, node_id="n", template=template),))
     sim.create_queued_resource(PROJECT, ZONE, "qr", request)
     clock.tick(3.0)
-    email = lookup(
-        sim.get_node(PROJECT, ZONE, "n"), 0, "instance/service-accounts/default/email"
-    ).body
+    email = lookup(sim.get_node(PROJECT, ZONE, "n"), 0, "instance/service-accounts/default/email").body
     assert re.fullmatch(r"[1-9][0-9]{11}-compute@developer\.gserviceaccount\.com", email)
     assert email == compute_default_account(PROJECT) != compute_default_account("other-project")
 
@@ -821,9 +797,7 @@ def test_a_429_is_a_rate_limit_unless_it_is_a_quota_as_error_reason_proto_descri
     (violation,) = failure["violations"]
     assert violation["quotaDimensions"] == {"zone": ZONE}
     parsed = [
-        json_format.ParseDict(
-            {k: v for k, v in detail.items() if k != "@type"}, message, ignore_unknown_fields=False
-        )
+        json_format.ParseDict({k: v for k, v in detail.items() if k != "@type"}, message, ignore_unknown_fields=False)
         for detail, message in (
             (info, error_details_pb2.ErrorInfo()),
             (failure, error_details_pb2.QuotaFailure()),
@@ -876,9 +850,7 @@ def test_planning_an_error_for_no_method_or_no_call_is_invalid_argument(
 
 def test_random_errors_may_be_any_status_or_code(clock: FakeClock) -> None:
     """api_error_codes takes HTTP statuses and code names alike; the dice pick only from them."""
-    config = SimulatorConfig().updated(
-        {"api_error_rate": 1, "api_error_codes": ["DATA_LOSS", "504"]}
-    )
+    config = SimulatorConfig().updated({"api_error_rate": 1, "api_error_codes": ["DATA_LOSS", "504"]})
     assert config.api_error_codes == ("DATA_LOSS", 504)
     sim = simulator(clock, config)
     codes = {sim.next_fault("get").code for _ in range(30)}  # type: ignore[union-attr]
@@ -925,9 +897,7 @@ def test_no_boot_of_one_queued_resource_works_until_it_is_active(clock: FakeCloc
 
 def host_events(sim: Simulator) -> list[tuple[str, int, tuple[int, ...], str]]:
     events: list[tuple[str, int, tuple[int, ...], str]] = []
-    sim.on_hosts.append(
-        lambda e: events.append((e.qr.qr_id, e.slice_index, e.workers, e.action.value))
-    )
+    sim.on_hosts.append(lambda e: events.append((e.qr.qr_id, e.slice_index, e.workers, e.action.value)))
     return events
 
 
@@ -1062,21 +1032,15 @@ def test_lists_without_a_page_size_use_the_default_page_size(clock: FakeClock) -
     assert len(sim.list_queued_resources(PROJECT, ZONE, page_size=10).items) == 5
 
 
-def test_a_reboot_under_way_survives_a_reload_of_the_state_file(
-    clock: FakeClock, tmp_path: Path
-) -> None:
+def test_a_reboot_under_way_survives_a_reload_of_the_state_file(clock: FakeClock, tmp_path: Path) -> None:
     """A node RESTARTING when the simulator stops is READY on time after a reload elsewhere in time."""
     path = tmp_path / "state.json"
-    first = simulator(
-        clock, dataclasses.replace(QUICK, reboot_seconds=2.0), store=JsonStateFile(path)
-    )
+    first = simulator(clock, dataclasses.replace(QUICK, reboot_seconds=2.0), store=JsonStateFile(path))
     first.create_queued_resource(PROJECT, ZONE, "qr", one_slice("n"))
     clock.tick(3.0)
     first.reboot("qr")
     later = FakeClock(90_000.0)
-    second = simulator(
-        later, dataclasses.replace(QUICK, reboot_seconds=2.0), store=JsonStateFile(path)
-    )
+    second = simulator(later, dataclasses.replace(QUICK, reboot_seconds=2.0), store=JsonStateFile(path))
     assert second.get_node(PROJECT, ZONE, "n").state is NodeState.RESTARTING
     later.tick(2.0)
     assert second.get_node(PROJECT, ZONE, "n").state is NodeState.READY

@@ -151,10 +151,9 @@ def test_an_id_matching_the_pattern_is_accepted(field: str, value: str) -> None:
 
 @pytest.mark.parametrize("field", ["job_id", "name"])
 @pytest.mark.parametrize("value", REJECTED_IDS.values(), ids=REJECTED_IDS.keys())
-def test_an_id_not_matching_the_pattern_is_rejected_naming_the_field(
-    field: str, value: str
-) -> None:
-    """One char (the pattern needs a first and a last), 41 chars, uppercase, a trailing dash or a leading digit are rejected."""
+def test_an_id_not_matching_the_pattern_is_rejected_naming_the_field(field: str, value: str) -> None:
+    """One char (the pattern needs a first and a last), 41 chars, uppercase, a trailing dash or a leading digit are
+    rejected."""
     message = rejection(spec_with(**{field: value}))
     assert_names(message, field)
     assert ID_PATTERN in message
@@ -225,9 +224,7 @@ def test_a_derived_job_id_always_matches_the_id_pattern(name: str, message_id: s
 # --- accelerator_type -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "accelerator_type", ["v4-8", "v5litepod-16", "v6e-8", "v2-8", "v3-32", "v5p-8", "v4-4096"]
-)
+@pytest.mark.parametrize("accelerator_type", ["v4-8", "v5litepod-16", "v6e-8", "v2-8", "v3-32", "v5p-8", "v4-4096"])
 def test_a_known_accelerator_type_is_accepted(accelerator_type: str) -> None:
     """Types the TPU API offers are accepted as given."""
     spec = parse_spec(spec_with(accelerator_type=accelerator_type), message_id=MESSAGE_ID)
@@ -249,9 +246,7 @@ REJECTED_ACCELERATORS = {
 }
 
 
-@pytest.mark.parametrize(
-    "accelerator_type", REJECTED_ACCELERATORS.values(), ids=REJECTED_ACCELERATORS.keys()
-)
+@pytest.mark.parametrize("accelerator_type", REJECTED_ACCELERATORS.values(), ids=REJECTED_ACCELERATORS.keys())
 def test_an_unknown_accelerator_type_is_rejected_naming_the_field(accelerator_type: str) -> None:
     """Unknown families, sizes not offered and garbage are rejected."""
     assert_names(rejection(spec_with(accelerator_type=accelerator_type)), "accelerator_type")
@@ -705,8 +700,12 @@ def test_a_code_digest_needs_code_and_must_be_sha256_hex() -> None:
     with pytest.raises(SpecError, match="code_sha256"):
         parse_spec({**MINIMAL, "code_sha256": digest}, message_id=MESSAGE_ID)
     with pytest.raises(SpecError, match="code_sha256"):
-        parse_spec({**MINIMAL, "code_uri": "gs://bucket-1/code/c.tar.gz", "code_sha256": "A" * 64}, message_id=MESSAGE_ID)
-    spec = parse_spec({**MINIMAL, "code_uri": "gs://bucket-1/code/c.tar.gz", "code_sha256": digest}, message_id=MESSAGE_ID)
+        parse_spec(
+            {**MINIMAL, "code_uri": "gs://bucket-1/code/c.tar.gz", "code_sha256": "A" * 64}, message_id=MESSAGE_ID
+        )
+    spec = parse_spec(
+        {**MINIMAL, "code_uri": "gs://bucket-1/code/c.tar.gz", "code_sha256": digest}, message_id=MESSAGE_ID
+    )
     assert spec.code_sha256 == digest
 
 

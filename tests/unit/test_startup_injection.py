@@ -106,16 +106,12 @@ PIECES = [
     "%s%n",
 ]
 hostile = st.lists(
-    st.one_of(
-        st.sampled_from(PIECES), st.text(st.characters(exclude_characters="\x00"), max_size=6)
-    ),
+    st.one_of(st.sampled_from(PIECES), st.text(st.characters(exclude_characters="\x00"), max_size=6)),
     min_size=1,
     max_size=10,
 ).map("".join)
 no_control = hostile.map(lambda text: "".join(c for c in text if c >= " " and c != "\x7f"))
-env_names = st.from_regex(r"\A[A-Z_][A-Z0-9_]{0,6}\Z").filter(
-    lambda name: not name.startswith("TPUJOBS_")
-)
+env_names = st.from_regex(r"\A[A-Z_][A-Z0-9_]{0,6}\Z").filter(lambda name: not name.startswith("TPUJOBS_"))
 
 spec_fields = st.fixed_dictionaries(
     {
@@ -124,9 +120,7 @@ spec_fields = st.fixed_dictionaries(
         "owner": st.from_regex(OWNER_PATTERN, fullmatch=True),
         "runtime_version": st.from_regex(RUNTIME_PATTERN, fullmatch=True),
         "labels": st.dictionaries(
-            st.from_regex(r"\A[a-z][a-z0-9_-]{0,8}\Z").filter(
-                lambda key: not key.startswith("tpujobs")
-            ),
+            st.from_regex(r"\A[a-z][a-z0-9_-]{0,8}\Z").filter(lambda key: not key.startswith("tpujobs")),
             st.from_regex(r"\A[a-z0-9_-]{0,63}\Z"),
             max_size=3,
         ),
@@ -317,6 +311,4 @@ def test_any_spec_the_door_accepts_renders_a_script_that_fits_in_a_metadata_valu
     spec = decode_spec(raw)
     job, _ = new_job(spec, "us-central2-b", NOW)
     size = len(render_startup_script(job, SETTINGS).encode("utf-8"))
-    assert size <= MAX_METADATA_VALUE_BYTES, (
-        f"{len(raw)} bytes of spec gave a {size}-byte startup script"
-    )
+    assert size <= MAX_METADATA_VALUE_BYTES, f"{len(raw)} bytes of spec gave a {size}-byte startup script"

@@ -168,9 +168,7 @@ def test_the_rendered_config_passes_the_agents_own_checks(tmp_path: Path) -> Non
     settings = Settings(
         project=PROJECT, logs_bucket=BUCKET, tpu_service_account=f"vm-acct@{PROJECT}.iam.gserviceaccount.com"
     )
-    job = a_job(
-        secrets={"HF_TOKEN": "hf-token"}, code_uri="gs://code-bucket/c.tar.gz", code_sha256="0" * 64
-    )
+    job = a_job(secrets={"HF_TOKEN": "hf-token"}, code_uri="gs://code-bucket/c.tar.gz", code_sha256="0" * 64)
     path = tmp_path / "config.json"
     path.write_text(json.dumps(agent_config(job, settings)))
     loaded = worker.load_config(str(path))
@@ -213,9 +211,7 @@ def test_the_script_of_a_valid_job_passes_bash_syntax_check(tmp_path: Path) -> N
     """`bash -n` accepts the script."""
     path = tmp_path / "startup.sh"
     path.write_text(render_startup_script(a_job(setup="make", env={"A": "b"}), SETTINGS))
-    result = subprocess.run(
-        [BASH or "bash", "-n", str(path)], capture_output=True, text=True, check=False
-    )
+    result = subprocess.run([BASH or "bash", "-n", str(path)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
 
 
@@ -274,9 +270,7 @@ def test_a_largest_spec_still_fits_in_a_metadata_value() -> None:
 def run_hostile(job: Job, tmp_path: Path, metadata: FakeMetadata, google: GoogleStub):
     """Render, check syntax, run the script; (exit code, the config the agent got)."""
     script = render_startup_script(job, SETTINGS, timings=FAST)
-    syntax = subprocess.run(
-        [BASH or "bash", "-n"], input=script, capture_output=True, text=True, check=False
-    )
+    syntax = subprocess.run([BASH or "bash", "-n"], input=script, capture_output=True, text=True, check=False)
     assert syntax.returncode == 0, syntax.stderr
     workdir = tmp_path / "work"
     code, _, stderr = run_script(script, workdir, metadata, google)
@@ -291,9 +285,7 @@ def test_a_hostile_job_id_runs_nothing_and_reaches_the_agent_literally(
 ) -> None:
     """Quotes, $(), backticks, newlines, heredoc delimiters in a job id create no file; reports carry it."""
     value = value.replace("{tmp}", str(tmp_path))
-    job = a_job(command="echo ok").evolve(
-        job_id=value, name=value, owner=value, queued_resource=value
-    )
+    job = a_job(command="echo ok").evolve(job_id=value, name=value, owner=value, queued_resource=value)
     code, stderr = run_hostile(job, tmp_path, metadata, google)
     assert code == 0, stderr
     assert no_pwned_files(tmp_path) == []

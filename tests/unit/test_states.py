@@ -176,9 +176,7 @@ def test_allowed_targets_is_empty_for_a_pair_not_in_the_table(
 
 @pytest.mark.parametrize("pair", TABLE_PAIRS, ids=pair_id)
 @pytest.mark.parametrize("rule", ["resume", "rerun", "fail"])
-def test_an_event_in_the_table_moves_the_job_to_an_allowed_target(
-    pair: tuple[JobState, EventKind], rule: str
-) -> None:
+def test_an_event_in_the_table_moves_the_job_to_an_allowed_target(pair: tuple[JobState, EventKind], rule: str) -> None:
     """For each (state, event) of the table, decide() moves the job to one of its targets."""
     state, kind = pair
     job = make_job(state, on_error=rule, on_preemption=rule)
@@ -313,12 +311,8 @@ def test_preemptions_and_errors_share_one_restart_budget() -> None:
     """A preemption and then an error with max_restarts 1: the error fails the job."""
     job = make_job(JobState.RUNNING, on_error="resume", on_preemption="resume", max_restarts=1)
     lost = moved(decide(job, observation(EventKind.CAPACITY_LOST, job), LATER))
-    requested = moved(
-        decide(lost.job, observation(EventKind.NEXT_ATTEMPT_REQUESTED, lost.job), LATER)
-    )
-    started = moved(
-        decide(requested.job, observation(EventKind.WORKERS_STARTED, requested.job), LATER)
-    )
+    requested = moved(decide(lost.job, observation(EventKind.NEXT_ATTEMPT_REQUESTED, lost.job), LATER))
+    started = moved(decide(requested.job, observation(EventKind.WORKERS_STARTED, requested.job), LATER))
     failed = moved(decide(started.job, observation(EventKind.COMMAND_FAILED, started.job), LATER))
     assert failed.job.state is JobState.FAILED
 
@@ -430,9 +424,7 @@ def test_a_whole_recovery_writes_a_consecutive_timeline() -> None:
         (JobState.PROVISIONING, EventKind.CANCEL_REQUESTED, JobState.CANCELLED),
     ],
 )
-def test_a_terminal_transition_sets_ended_at(
-    state: JobState, kind: EventKind, to_state: JobState
-) -> None:
+def test_a_terminal_transition_sets_ended_at(state: JobState, kind: EventKind, to_state: JobState) -> None:
     """Reaching SUCCEEDED, FAILED or CANCELLED records when the job ended."""
     job = make_job(state)
     decision = moved(decide(job, observation(kind, job), LATER))
@@ -457,9 +449,7 @@ def test_a_move_writes_the_next_event_at_now(pair: tuple[JobState, EventKind]) -
 def test_admission_records_the_capacity_state_and_a_reason_naming_the_queued_resource() -> None:
     """ADMITTED: PROVISIONING, capacity_state from the observation, event 0002-provisioning."""
     job = make_job(JobState.QUEUED)
-    decision = moved(
-        decide(job, observation(EventKind.ADMITTED, job, capacity_state="ACCEPTED"), LATER)
-    )
+    decision = moved(decide(job, observation(EventKind.ADMITTED, job, capacity_state="ACCEPTED"), LATER))
     assert decision.job.capacity_state == "ACCEPTED"
     assert decision.event.document_id == "0002-provisioning"
     assert "train-1-a1" in decision.event.reason

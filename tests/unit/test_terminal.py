@@ -60,9 +60,7 @@ def test_list_shows_owner_zone_and_id_literally() -> None:
 def test_describe_shows_name_owner_reason_labels_and_env_names_literally() -> None:
     """`tpujobs describe`: the fields, the attempts and the timeline reasons print as text."""
     job = hostile_job()
-    event = JobEvent(
-        2, at(5), JobState.QUEUED, JobState.PROVISIONING, f"timeline {MARKUP}{CLEAR}", "tpu", 1
-    )
+    event = JobEvent(2, at(5), JobState.QUEUED, JobState.PROVISIONING, f"timeline {MARKUP}{CLEAR}", "tpu", 1)
     raw, text = terminal_output(cli.describe_tables(job, [event], {}, now=at(30)))
     assert_literal(
         raw,

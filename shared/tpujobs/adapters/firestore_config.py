@@ -34,19 +34,14 @@ class FirestoreAccessPolicies:
         self._db = client
 
     def policies(self) -> AccessPolicies:
-        refs = [
-            self._db.collection(CONFIG).document(name)
-            for name in (POLICIES, GROUPS, SERVICE_ACCOUNTS)
-        ]
+        refs = [self._db.collection(CONFIG).document(name) for name in (POLICIES, GROUPS, SERVICE_ACCOUNTS)]
         with transient_on_failure("read config/policies, groups and service_accounts"):
             found = {snapshot.id: snapshot.to_dict() or {} for snapshot in self._db.get_all(refs)}
         policies = found.get(POLICIES, {})
         trust = policies.get("trust_topic_owners", False)
         return AccessPolicies(
             high_priority=_names(policies.get("high_priority"), "config/policies.high_priority"),
-            reserved_capacity=_names(
-                policies.get("reserved_capacity"), "config/policies.reserved_capacity"
-            ),
+            reserved_capacity=_names(policies.get("reserved_capacity"), "config/policies.reserved_capacity"),
             trust_topic_owners=trust is True,
             groups=_lists(found.get(GROUPS, {}), "config/groups"),
             service_accounts=_lists(found.get(SERVICE_ACCOUNTS, {}), "config/service_accounts"),

@@ -292,9 +292,7 @@ class FirestoreJobStore:
             option = self._db.write_option(last_update_time=snapshot.update_time)
             return True, lambda: ref.update(fields, option=option)
 
-        return compare_and_set(
-            ref, amend, what=f"job {job_id}", doing=doing, lost=(api_exceptions.FailedPrecondition,)
-        )
+        return compare_and_set(ref, amend, what=f"job {job_id}", doing=doing, lost=(api_exceptions.FailedPrecondition,))
 
     def events(self, job_id: str) -> list[JobEvent]:
         with transient_on_failure("read events"):
@@ -394,9 +392,7 @@ class FirestoreJobStore:
         with transient_on_failure("mark an event announced"):
             ref.update({"announced": True})
 
-    def unannounced_events(
-        self, before: datetime, page_size: int = ACTIVE_PAGE_SIZE
-    ) -> list[tuple[str, JobEvent]]:
+    def unannounced_events(self, before: datetime, page_size: int = ACTIVE_PAGE_SIZE) -> list[tuple[str, JobEvent]]:
         # Index (announced, at), paged: returns only the few changes whose announcement failed.
         query = (
             self._db.collection_group(EVENTS)

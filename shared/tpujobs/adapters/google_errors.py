@@ -59,14 +59,10 @@ NOT_IMPLEMENTED = 501  # the one 5xx that retrying cannot fix
 TRANSIENT_HTTP = frozenset({408, 429, 499})  # timeout, rate or quota, client closed (CANCELLED)
 
 # ErrorInfo reasons (google/api/error_reason.proto), and the older JSON APIs' `errors[].reason`.
-RATE_LIMIT_REASONS = frozenset(
-    {"RATE_LIMIT_EXCEEDED", "rateLimitExceeded", "userRateLimitExceeded"}
-)
+RATE_LIMIT_REASONS = frozenset({"RATE_LIMIT_EXCEEDED", "rateLimitExceeded", "userRateLimitExceeded"})
 QUOTA_REASONS = frozenset({"RESOURCE_QUOTA_EXCEEDED", "quotaExceeded", "dailyLimitExceeded"})
 _NAMES_A_QUOTA = re.compile(r"quota", re.IGNORECASE)
-_NAMES_A_RATE = re.compile(
-    r"per[\s_-]*(second|minute|100[\s_-]*seconds)|rate[\s_-]*limit", re.IGNORECASE
-)
+_NAMES_A_RATE = re.compile(r"per[\s_-]*(second|minute|100[\s_-]*seconds)|rate[\s_-]*limit", re.IGNORECASE)
 
 # The TPU client's retry (the client has none of its own): short, for blips; a longer outage
 # is Pub/Sub's to retry, by redelivering the message.
@@ -89,9 +85,7 @@ def translated(service: str, doing: str) -> Iterator[None]:
         raise translation from error
 
 
-def translate(
-    error: BaseException, service: str, doing: str
-) -> TransientError | PermanentError | None:
+def translate(error: BaseException, service: str, doing: str) -> TransientError | PermanentError | None:
     """The tpujobs error for `error`, or None when it is not a Google or connection error."""
     if isinstance(error, api_exceptions.RetryError):
         cause = error.cause
@@ -142,11 +136,7 @@ def status_name(error: api_exceptions.GoogleAPICallError) -> str | None:
         status = response.json()["error"]["status"]  # type: ignore[union-attr]
     except Exception:  # not a requests.Response, not JSON, or no status: the HTTP code decides
         return None
-    return (
-        status
-        if isinstance(status, str) and status in code_pb2.Code.DESCRIPTOR.values_by_name
-        else None
-    )
+    return status if isinstance(status, str) and status in code_pb2.Code.DESCRIPTOR.values_by_name else None
 
 
 def is_transient_status(error: api_exceptions.GoogleAPICallError) -> bool:
@@ -210,9 +200,7 @@ def _details(error: api_exceptions.GoogleAPICallError) -> _Details:
     if error.reason:
         reasons.add(str(error.reason))
         metadata.update(error.metadata or {})
-    reasons.update(
-        str(e["reason"]) for e in error.errors if isinstance(e, Mapping) and e.get("reason")
-    )
+    reasons.update(str(e["reason"]) for e in error.errors if isinstance(e, Mapping) and e.get("reason"))
     reasons.discard("")
     return _Details(frozenset(reasons), metadata, tuple(violations))
 
@@ -242,15 +230,11 @@ def _quota_ran_out(error: api_exceptions.GoogleAPICallError) -> bool:
         return not any(_NAMES_A_RATE.search(_violation_text(v)) for v in details.violations)
     if details.reasons:
         return False  # the details name another cause
-    return bool(_NAMES_A_QUOTA.search(error.message or "")) and not _NAMES_A_RATE.search(
-        error.message or ""
-    )
+    return bool(_NAMES_A_QUOTA.search(error.message or "")) and not _NAMES_A_RATE.search(error.message or "")
 
 
 def _violation_text(violation: Mapping[str, Any]) -> str:
-    return " ".join(
-        str(violation.get(key, "")) for key in ("quotaId", "quotaMetric", "description")
-    )
+    return " ".join(str(violation.get(key, "")) for key in ("quotaId", "quotaMetric", "description"))
 
 
 def quota_reason(error: api_exceptions.GoogleAPICallError) -> str:
@@ -272,18 +256,12 @@ def quota_reason(error: api_exceptions.GoogleAPICallError) -> str:
             )
         )
     which = "; ".join(text for text in named if text)
-    return (
-        f"quota exhausted ({which}): {error.message}"
-        if which
-        else f"quota exhausted: {error.message}"
-    )
+    return f"quota exhausted ({which}): {error.message}" if which else f"quota exhausted: {error.message}"
 
 
 def _quota_named(name: Any, limit: Any, where: Mapping[str, Any]) -> str:
     """'TPUV4sPodPerProjectPerZoneForTPUAPI (limit 32, zone us-central2-b)', or what is known of it."""
-    facts = ([f"limit {limit}"] if limit else []) + [
-        f"{key} {value}" for key, value in sorted(where.items())
-    ]
+    facts = ([f"limit {limit}"] if limit else []) + [f"{key} {value}" for key, value in sorted(where.items())]
     if not name:
         return ", ".join(facts)
     return f"{name} ({', '.join(facts)})" if facts else str(name)

@@ -60,9 +60,7 @@ class GoogleIdTokens:
         except (ValueError, exceptions.GoogleAuthError) as error:
             raise InvalidToken(without(str(error), token)) from None
         if claims.get("iss") not in GOOGLE_ISSUERS:
-            raise InvalidToken(
-                f"its issuer is not Google: 'iss' must be one of {', '.join(GOOGLE_ISSUERS)}."
-            )
+            raise InvalidToken(f"its issuer is not Google: 'iss' must be one of {', '.join(GOOGLE_ISSUERS)}.")
         return claims
 
     def _transport(self) -> Any:

@@ -69,6 +69,4 @@ class Publisher:
 
     def request_export(self, job_id: str, attempt: int) -> None:
         """Ask `export_logs` to put an ended attempt's output together (tpujobs-log-export)."""
-        self.publish_json(
-            LOG_EXPORT, {"job_id": job_id, "attempt": attempt}, job_id=job_id, attempt=str(attempt)
-        )
+        self.publish_json(LOG_EXPORT, {"job_id": job_id, "attempt": attempt}, job_id=job_id, attempt=str(attempt))

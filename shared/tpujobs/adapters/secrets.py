@@ -62,9 +62,7 @@ class SecretInfo:
 class Secrets:
     """Set and list the secrets of tpujobs' service accounts in one project."""
 
-    def __init__(
-        self, client: secretmanager.SecretManagerServiceClient, project: str, prefix: str = ""
-    ) -> None:
+    def __init__(self, client: secretmanager.SecretManagerServiceClient, project: str, prefix: str = "") -> None:
         self._client = client
         self._project = project
         self._prefix = prefix
@@ -150,9 +148,7 @@ class Secrets:
     def _latest(self, secret: str) -> tuple[int | None, datetime | None]:
         try:
             with _translated(f"read the latest version of {secret}"):
-                version = self._client.get_secret_version(
-                    name=f"{secret}/versions/latest", timeout=CALL_TIMEOUT_S
-                )
+                version = self._client.get_secret_version(name=f"{secret}/versions/latest", timeout=CALL_TIMEOUT_S)
         except PermanentError as error:
             if isinstance(error.__cause__, api_exceptions.NotFound):
                 return None, None

@@ -71,9 +71,7 @@ def queued_resource_for(job: Job, project: str, boot: HostBoot) -> tpu_v2.Queued
         runtime_version=spec.runtime_version,
         labels=job_labels(job),
         metadata=dict(boot.metadata),
-        scheduling_config=tpu_v2.SchedulingConfig(
-            spot=job.capacity == "spot", reserved=job.capacity == "reserved"
-        ),
+        scheduling_config=tpu_v2.SchedulingConfig(spot=job.capacity == "spot", reserved=job.capacity == "reserved"),
         service_account=tpu_v2.ServiceAccount(email=boot.service_account, scope=[CLOUD_PLATFORM_SCOPE]),
     )
     node_spec = tpu_v2.QueuedResource.Tpu.NodeSpec(parent=f"projects/{project}/locations/{job.zone}", node=node)
@@ -164,7 +162,9 @@ class CloudTpu:
             return None
         try:
             with _translated(f"read operation {operation}"):
-                found = self._client.get_operation(request={"name": operation}, retry=self._retry, timeout=CALL_TIMEOUT_S)
+                found = self._client.get_operation(
+                    request={"name": operation}, retry=self._retry, timeout=CALL_TIMEOUT_S
+                )
         except PermanentError as error:
             if isinstance(error.__cause__, api_exceptions.NotFound):
                 return None  # operations are kept for a while only
@@ -189,12 +189,18 @@ class CloudTpu:
         with _translated(f"list queued resources in {zone}"):
             resources = list(
                 self._client.list_queued_resources(
-                    parent=parent, retry=self._retry, timeout=CALL_TIMEOUT_S, metadata=[("x-goog-fieldmask", _QR_FIELDS)]
+                    parent=parent,
+                    retry=self._retry,
+                    timeout=CALL_TIMEOUT_S,
+                    metadata=[("x-goog-fieldmask", _QR_FIELDS)],
                 )
             )
             nodes = list(
                 self._client.list_nodes(
-                    parent=parent, retry=self._retry, timeout=CALL_TIMEOUT_S, metadata=[("x-goog-fieldmask", _NODE_FIELDS)]
+                    parent=parent,
+                    retry=self._retry,
+                    timeout=CALL_TIMEOUT_S,
+                    metadata=[("x-goog-fieldmask", _NODE_FIELDS)],
                 )
             )
         lost: dict[str, int] = {}
@@ -216,9 +222,7 @@ class CloudTpu:
 
 # Only what the reconciler compares: without a mask every resource brings its startup
 # script (the agent, ~46 KB), and a zone of 5,000 jobs would be ~440 MB a tick.
-_QR_FIELDS = (
-    "queuedResources.name,queuedResources.state,queuedResources.tpu.nodeSpec.node.labels,nextPageToken"
-)
+_QR_FIELDS = "queuedResources.name,queuedResources.state,queuedResources.tpu.nodeSpec.node.labels,nextPageToken"
 _NODE_FIELDS = "nodes.name,nodes.state,nodes.health,nodes.queuedResource,nodes.networkEndpoints.ipAddress,nextPageToken"
 
 HostVerdict = Literal["ok", "suspect", "lost"]
@@ -231,8 +235,11 @@ NODE_STATES: dict[str, tuple[HostVerdict, str]] = {
     "STATE_UNSPECIFIED": ("ok", "not set, or masked out: no signal, never acted on"),
     "CREATING": ("ok", "being created: the boot timeout watches a host that never reports"),
     "READY": ("ok", "created and usable"),
-    "RESTARTING": ("suspect", "being restarted: its processes die and its startup script runs "
-                   "again; a restart that lasts past the grace is a lost host"),
+    "RESTARTING": (
+        "suspect",
+        "being restarted: its processes die and its startup script runs "
+        "again; a restart that lasts past the grace is a lost host",
+    ),
     "REIMAGING": ("lost", "its boot disk is being rewritten: the attempt's processes and files are gone"),
     "DELETING": ("lost", "being deleted: the host is going away"),
     "REPAIRING": ("lost", "being repaired and may be unusable (help_description says why)"),
@@ -244,8 +251,11 @@ NODE_STATES: dict[str, tuple[HostVerdict, str]] = {
     "HIDING": ("suspect", "being hidden: undocumented beyond its name, so never acted on at once"),
     "HIDDEN": ("suspect", "hidden: undocumented beyond its name; lost if it lasts past the grace"),
     "UNHIDING": ("suspect", "being unhidden: it should come back; lost if it does not within the grace"),
-    "UNKNOWN": ("suspect", "unknown after a failed repair: the API does not know, so it is never acted on "
-                "alone; lost unless a definite state comes within the grace"),
+    "UNKNOWN": (
+        "suspect",
+        "unknown after a failed repair: the API does not know, so it is never acted on "
+        "alone; lost unless a definite state comes within the grace",
+    ),
 }
 
 # tpu_v2 Node.Health, every member.
@@ -253,8 +263,10 @@ NODE_HEALTH: dict[str, tuple[HostVerdict, str]] = {
     "HEALTH_UNSPECIFIED": ("ok", "not initialized or unreadable: no signal"),
     "HEALTHY": ("ok", "healthy"),
     "TIMEOUT": ("suspect", "unresponsive to the health monitor: often a busy host; lost past the grace"),
-    "UNHEALTHY_TENSORFLOW": ("suspect", "the in-guest ML stack is unhealthy: often while a job (re)starts "
-                             "the TPU runtime; lost past the grace"),
+    "UNHEALTHY_TENSORFLOW": (
+        "suspect",
+        "the in-guest ML stack is unhealthy: often while a job (re)starts the TPU runtime; lost past the grace",
+    ),
     "UNHEALTHY_MAINTENANCE": ("lost", "under maintenance: rescheduled, its processes are gone until it resumes"),
 }
 

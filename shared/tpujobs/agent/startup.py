@@ -57,9 +57,7 @@ def agent_source() -> str:
     return source if source.endswith("\n") else source + "\n"
 
 
-def agent_config(
-    job: Job, settings: Settings, timings: AgentTimings | None = None
-) -> dict[str, Any]:
+def agent_config(job: Job, settings: Settings, timings: AgentTimings | None = None) -> dict[str, Any]:
     """What the agent on every worker host of the job's current attempt needs to know."""
     timings = timings or AgentTimings(heartbeat_seconds=settings.heartbeat_seconds)
     bucket = settings.logs_bucket or f"{settings.project}-tpujobs-logs"  # as Settings.from_env
@@ -109,9 +107,7 @@ def default_workdir(job: Job) -> str:
     return f"{DEFAULT_WORKDIR_ROOT}/{segment}/attempt-{int(job.attempt)}"
 
 
-def render_startup_script(
-    job: Job, settings: Settings, *, timings: AgentTimings | None = None
-) -> str:
+def render_startup_script(job: Job, settings: Settings, *, timings: AgentTimings | None = None) -> str:
     """A bash script for every worker host of the job's current attempt: it runs the agent."""
     # Raw UTF-8, not \u escapes: non-ASCII text would otherwise grow sixfold before base64
     # and a large accepted spec could pass GCE's 256 KiB limit on a metadata value.

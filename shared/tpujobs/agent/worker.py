@@ -163,9 +163,7 @@ def log(message: str) -> None:
 
 def rfc3339(when: float | None = None) -> str:
     """UTC time as RFC 3339 with milliseconds: 2025-03-01T12:00:00.123Z."""
-    moment = datetime.datetime.fromtimestamp(
-        time.time() if when is None else when, tz=datetime.timezone.utc
-    )
+    moment = datetime.datetime.fromtimestamp(time.time() if when is None else when, tz=datetime.timezone.utc)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
@@ -346,17 +344,13 @@ class TokenSource:
     def token(self) -> str:
         with self._lock:
             if self._token is None or self._clock() > self._expires - 300:
-                raw = with_retries(
-                    lambda: self._metadata.get("instance/service-accounts/default/token")
-                )
+                raw = with_retries(lambda: self._metadata.get("instance/service-accounts/default/token"))
                 try:
                     data = json.loads(raw)
                     self._token = str(data["access_token"])
                     self._expires = self._clock() + float(data.get("expires_in", 3600))
                 except (ValueError, KeyError, TypeError) as error:
-                    raise AgentError(
-                        f"the metadata server gave no usable token ({error!r})"
-                    ) from None
+                    raise AgentError(f"the metadata server gave no usable token ({error!r})") from None
             return self._token
 
     def invalidate(self) -> None:
@@ -367,18 +361,14 @@ class TokenSource:
 class GoogleApi:
     """One Google API: an emulator (no auth, no proxy) or the real endpoint with a bearer token."""
 
-    def __init__(
-        self, base_url: str, tokens: TokenSource | None, direct: bool | None = None
-    ) -> None:
+    def __init__(self, base_url: str, tokens: TokenSource | None, direct: bool | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.tokens = tokens
         local = tokens is None if direct is None else direct
         self._opener = _DIRECT if local else _DEFAULT
 
     @classmethod
-    def from_env(
-        cls, emulator_variable: str, real_url: str, environ: dict[str, str], tokens: TokenSource
-    ) -> GoogleApi:
+    def from_env(cls, emulator_variable: str, real_url: str, environ: dict[str, str], tokens: TokenSource) -> GoogleApi:
         host = environ.get(emulator_variable, "").strip()
         return cls(_as_url(host), None) if host else cls(real_url, tokens)
 
@@ -447,9 +437,7 @@ class Publisher:
     ) -> None:
         data = encode_payload(payload)
         signed = {**attributes, SIGNATURE_ATTRIBUTE: sign(self._key, data)}
-        body = {
-            "messages": [{"data": base64.b64encode(data).decode("ascii"), "attributes": signed}]
-        }
+        body = {"messages": [{"data": base64.b64encode(data).decode("ascii"), "attributes": signed}]}
         path = "/v1/projects/{}/topics/{}:publish".format(
             urllib.parse.quote(self.project, safe=""), urllib.parse.quote(topic, safe="")
         )
@@ -467,9 +455,7 @@ class Storage:
     def _q(value: str) -> str:
         return urllib.parse.quote(value, safe="")
 
-    def upload(
-        self, bucket: str, name: str, data: bytes, content_type: str, attempts: int = 6
-    ) -> None:
+    def upload(self, bucket: str, name: str, data: bytes, content_type: str, attempts: int = 6) -> None:
         path = f"/upload/storage/v1/b/{self._q(bucket)}/o?uploadType=media&name={self._q(name)}"
         self.api.call("POST", path, data, content_type, attempts, timeout=60.0)
 
@@ -532,9 +518,7 @@ class SecretReader:
         except HttpError as error:
             status = f"{error.status} {error.google_status}".strip()
             if error.status == 404:
-                raise Refused(
-                    f"{what} does not exist or is not readable by {self.account()}: {status}"
-                ) from None
+                raise Refused(f"{what} does not exist or is not readable by {self.account()}: {status}") from None
             if error.status in (401, 403):
                 raise Refused(f"{what} is not readable by {self.account()}: {status}") from None
             raise Refused(
@@ -640,22 +624,17 @@ def load_config(path: str) -> dict[str, Any]:
             raise AgentError(f"config key {key!r} must be a string or null")
         config.setdefault(key, None)
     env = config.setdefault("env", {})
-    if not isinstance(env, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
-    ):
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         raise AgentError("config key 'env' must map strings to strings")
     wanted = config.setdefault("secrets", {})
-    if not isinstance(wanted, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in wanted.items()
-    ):
+    if not isinstance(wanted, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wanted.items()):
         raise AgentError("config key 'secrets' must map env names to secret version names")
     for env_name, version in wanted.items():
         if not ENV_NAME.fullmatch(env_name) or env_name.startswith("TPUJOBS_"):
             raise AgentError(f"config key 'secrets' has a bad env name {env_name[:64]!r}")
         if not SECRET_VERSION.fullmatch(version):
             raise AgentError(
-                f"config key 'secrets': {env_name} must name projects/P/secrets/S/versions/V, "
-                f"got {version[:200]!r}"
+                f"config key 'secrets': {env_name} must name projects/P/secrets/S/versions/V, got {version[:200]!r}"
             )
     digest = config.setdefault("code_sha256", None)
     if digest is not None and not (isinstance(digest, str) and SHA256_HEX.fullmatch(digest)):
@@ -755,9 +734,7 @@ def safe_extract(archive: str, destination: str, standard_filter: bool = True) -
             if not _inside(root, os.path.dirname(path)) or (
                 not member.isdir() and os.path.lexists(path) and not _inside(root, path)
             ):
-                raise AgentError(
-                    f"archive member {member.name!r} would land outside the code directory"
-                )
+                raise AgentError(f"archive member {member.name!r} would land outside the code directory")
             if member.islnk() and not _inside(root, os.path.join(root, member.linkname)):
                 raise AgentError(f"hard link {member.name!r} points outside the code directory")
             try:
@@ -778,9 +755,7 @@ def file_sha256(path: str) -> str:
     return digest.hexdigest()
 
 
-def fetch_code(
-    storage: Storage, code_uri: str, destination: str, sha256: str | None = None
-) -> None:
+def fetch_code(storage: Storage, code_uri: str, destination: str, sha256: str | None = None) -> None:
     """A gs:// tarball unpacked into destination, or every object under a gs:// prefix.
 
     With `sha256` (the digest recorded with the job) the downloaded tarball must have it
@@ -789,9 +764,7 @@ def fetch_code(
     bucket, name = split_gs_uri(code_uri)
     os.makedirs(destination, exist_ok=True)
     if name and not name.endswith("/"):
-        fd, archive = tempfile.mkstemp(
-            prefix="code-", suffix=".tar", dir=os.path.dirname(destination)
-        )
+        fd, archive = tempfile.mkstemp(prefix="code-", suffix=".tar", dir=os.path.dirname(destination))
         os.close(fd)
         try:
             storage.download(bucket, name, archive)
@@ -908,9 +881,7 @@ class LogShipper:
                 return True
             name = f"{self.prefix}{self.chunks:06d}.log"
             try:
-                self.storage.upload(
-                    self.bucket, name, piece, "text/plain; charset=utf-8", self.attempts
-                )
+                self.storage.upload(self.bucket, name, piece, "text/plain; charset=utf-8", self.attempts)
             except Exception as error:  # keep the data; the next tick tries again
                 log(f"could not upload output chunk {name}: {error}")
                 return False
@@ -936,9 +907,7 @@ class LogShipper:
             marker = json.dumps({"exit_code": exit_code, "chunks": self.chunks}).encode("utf-8")
             # Not application/json: the storage emulator would take the body for object metadata.
             try:
-                self.storage.upload(
-                    self.bucket, self.prefix + "complete.json", marker, "text/plain; charset=utf-8"
-                )
+                self.storage.upload(self.bucket, self.prefix + "complete.json", marker, "text/plain; charset=utf-8")
             except (AgentError, OSError, http.client.HTTPException) as error:
                 log(f"could not write the completion marker: {error}")
 
@@ -946,9 +915,7 @@ class LogShipper:
 class OutputPump(threading.Thread):
     """Reads a child's merged stdout and stderr into the shipper; spots checkpoint lines."""
 
-    def __init__(
-        self, fd: int, shipper: LogShipper, on_checkpoint: Callable[[int, str], None]
-    ) -> None:
+    def __init__(self, fd: int, shipper: LogShipper, on_checkpoint: Callable[[int, str], None]) -> None:
         super().__init__(name="output-pump", daemon=True)
         self.fd = fd
         self.shipper = shipper
@@ -1064,9 +1031,7 @@ class Preemption:
             self.publisher.publish(self.topic, payload, attributes, attempts=1, timeout=3.0)
         except Exception as error:  # whatever happened, the command must still be stopped
             log(f"preemption notice failed once ({error}); retrying while the command stops")
-            self._retry = threading.Thread(
-                target=self._publish_again, args=(payload, attributes), daemon=True
-            )
+            self._retry = threading.Thread(target=self._publish_again, args=(payload, attributes), daemon=True)
             self._retry.start()
         self.on_notice(reason)
 
@@ -1147,9 +1112,7 @@ def watch_metadata(
     return thread
 
 
-def watch_preempted(
-    metadata: Metadata, on_preempted: Callable[[str], None], stop: threading.Event
-) -> threading.Thread:
+def watch_preempted(metadata: Metadata, on_preempted: Callable[[str], None], stop: threading.Event) -> threading.Thread:
     """On `instance/preempted` turning TRUE, calls on_preempted once."""
 
     def seen(value: str) -> bool:
@@ -1176,9 +1139,7 @@ def maintenance_notice(value: str) -> str | None:
     return None
 
 
-def watch_maintenance(
-    metadata: Metadata, on_notice: Callable[[str], None], stop: threading.Event
-) -> threading.Thread:
+def watch_maintenance(metadata: Metadata, on_notice: Callable[[str], None], stop: threading.Event) -> threading.Thread:
     """On `instance/maintenance-event` announcing termination, calls on_notice once."""
     logged: set[str] = set()
 
@@ -1396,16 +1357,12 @@ class Agent:
             "worker_id": worker_id,
         }
         self.reporter = Reporter(publisher, config["worker_events_topic"], identity)
-        self.preemption = Preemption(
-            publisher, config["preemption_topic"], identity, self._stop_for_preemption
-        )
+        self.preemption = Preemption(publisher, config["preemption_topic"], identity, self._stop_for_preemption)
         bucket, log_prefix = split_gs_uri(config["log_prefix"])
         if log_prefix and not log_prefix.endswith("/"):
             log_prefix += "/"
         self.chunk_prefix = f"{log_prefix}chunks/slice-{slice_id}-worker-{worker_id}/"
-        self.shipper = LogShipper(
-            storage, bucket, self.chunk_prefix, float(config["chunk_seconds"]), echo
-        )
+        self.shipper = LogShipper(storage, bucket, self.chunk_prefix, float(config["chunk_seconds"]), echo)
         self.stop_watching = threading.Event()
         self.record = AttemptRecord.beside(workdir, config, slice_id, worker_id)
         self.boot = boot_id()
@@ -1424,9 +1381,7 @@ class Agent:
             if self._current is not None:
                 signal_group(self._current.pid, signal.SIGTERM)
                 self._term_sent_at = time.monotonic()
-        self.note(
-            f"preemption notice ({reason}): stopping the command, SIGKILL after {self.grace:g} s"
-        )
+        self.note(f"preemption notice ({reason}): stopping the command, SIGKILL after {self.grace:g} s")
 
     def run(self) -> int:
         """Everything, start to end; the command's exit code.
@@ -1499,17 +1454,13 @@ class Agent:
         code = 0
         if self.config.get("code_uri"):
             try:
-                fetch_code(
-                    self.storage, self.config["code_uri"], code_dir, self.config["code_sha256"]
-                )
+                fetch_code(self.storage, self.config["code_uri"], code_dir, self.config["code_sha256"])
             except Refused:
                 raise
             except (AgentError, OSError, http.client.HTTPException, tarfile.TarError) as error:
                 self.note(f"could not fetch the code from {self.config['code_uri']}: {error}")
                 code = AGENT_FAILED
-        env = job_environment(
-            self.environ, self.config, self.worker_id, self.slice_id, secret_values
-        )
+        env = job_environment(self.environ, self.config, self.worker_id, self.slice_id, secret_values)
         marker = os.path.join(
             os.path.dirname(os.path.abspath(self.workdir)),
             f".setup-done-{safe_name(self.config['job_id'])}",
@@ -1630,9 +1581,7 @@ def read_report_key(metadata: Metadata) -> bytes:
     """This attempt's signing key, from the node metadata; without one nothing can be reported."""
     text = metadata.get_optional(KEY_METADATA)
     if text is None:
-        raise AgentError(
-            f"no report key in the metadata ({KEY_METADATA}): no report would be believed"
-        )
+        raise AgentError(f"no report key in the metadata ({KEY_METADATA}): no report would be believed")
     try:
         return parse_report_key(text)
     except AgentError as error:
@@ -1670,10 +1619,7 @@ def main(argv: list[str] | None = None) -> int:
         except (AgentError, OSError, http.client.HTTPException, ValueError, KeyError) as error:
             log(f"no access token yet: {error}")
     workdir = os.getcwd()
-    log(
-        f"job {config['job_id']} attempt {config['attempt']}: slice {slice_id} worker {worker_id}, "
-        f"in {workdir}"
-    )
+    log(f"job {config['job_id']} attempt {config['attempt']}: slice {slice_id} worker {worker_id}, in {workdir}")
     echo = getattr(sys.stdout, "buffer", None)
     agent = Agent(
         config,

@@ -37,9 +37,7 @@ def up(
     state_dir: StateDir = None,
     functions_source: Annotated[
         Path | None,
-        typer.Option(
-            help="The functions file to serve (default: $TPUJOBS_FUNCTIONS_SOURCE or functions/main.py)."
-        ),
+        typer.Option(help="The functions file to serve (default: $TPUJOBS_FUNCTIONS_SOURCE or functions/main.py)."),
     ] = None,
 ) -> None:
     """Start the local stack (or find it running) and print its export lines."""
@@ -82,8 +80,7 @@ def env(state_dir: StateDir = None) -> None:
         _fail(
             err,
             "the local stack is not running",
-            f"some process recorded in {directory / stack.STACK_FILE} is gone; "
-            "run `tpujobs dev up` to restart it",
+            f"some process recorded in {directory / stack.STACK_FILE} is gone; run `tpujobs dev up` to restart it",
         )
     for line in stack.env_lines(state):
         typer.echo(line)

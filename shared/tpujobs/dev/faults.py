@@ -156,9 +156,7 @@ def _nodes(answer: dict[str, Any]) -> str:
 
 @fault_app.command()
 def error(
-    method: Annotated[
-        Method, typer.Option("--method", help="The TPU API call to fail: create, get, list or delete.")
-    ],
+    method: Annotated[Method, typer.Option("--method", help="The TPU API call to fail: create, get, list or delete.")],
     code: Annotated[
         str,
         typer.Option(

@@ -371,9 +371,7 @@ def _spawn(spec: ServiceSpec, log_dir: Path) -> ManagedProcess:
                 start_new_session=True,  # its own process group: stop reaches every child
             )
         except FileNotFoundError as error:
-            raise MissingToolError(
-                f"cannot start {spec.name}: {spec.argv[0]} not found. {INSTALL_HINT}"
-            ) from error
+            raise MissingToolError(f"cannot start {spec.name}: {spec.argv[0]} not found. {INSTALL_HINT}") from error
     return ManagedProcess(
         name=spec.name,
         pid=handle.pid,
@@ -594,16 +592,12 @@ def require_gcloud_emulators(components: Iterable[str] = ("firestore", "pubsub")
     if "pubsub" in wanted and installed.is_dir() and not (installed / "beta.manifest").exists():
         missing.append("beta")
     if missing:
-        raise MissingToolError(
-            f"gcloud at {sdk} lacks the components {', '.join(missing)}. {INSTALL_HINT}"
-        )
+        raise MissingToolError(f"gcloud at {sdk} lacks the components {', '.join(missing)}. {INSTALL_HINT}")
 
 
 def _java_major(java: str) -> int | None:
     try:
-        out = subprocess.run(
-            [java, "-version"], capture_output=True, text=True, timeout=10, check=False
-        )
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=10, check=False)
     except (OSError, subprocess.SubprocessError):
         return None
     match = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
@@ -618,8 +612,6 @@ def _diagnose_gcloud(log: str) -> str | None:
     lowered = log.lower()
     if "unsupportedclassversionerror" in lowered or ("java" in lowered and "not found" in lowered):
         return f"the emulator needs a newer Java. {INSTALL_HINT}"
-    if "component" in lowered and (
-        "not installed" in lowered or "requires the installation" in lowered
-    ):
+    if "component" in lowered and ("not installed" in lowered or "requires the installation" in lowered):
         return f"an emulator component is missing. {INSTALL_HINT}"
     return None

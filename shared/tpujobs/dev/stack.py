@@ -116,14 +116,11 @@ def load(state_dir: Path) -> StackState | None:
 def is_alive(state: StackState) -> bool:
     """Every recorded process is still ours, and every reused emulator still answers."""
     return all(processes.is_running(p) for p in state.processes) and all(
-        processes.http_get(processes.emulator_url(address) + "/") is not None
-        for address in state.reused.values()
+        processes.http_get(processes.emulator_url(address) + "/") is not None for address in state.reused.values()
     )
 
 
-def stack_environment(
-    state_dir: Path | None = None, environ: Mapping[str, str] | None = None
-) -> dict[str, str]:
+def stack_environment(state_dir: Path | None = None, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of the running local stack in state_dir (default: see
     `default_state_dir`), or {} when none is recorded or it is no longer running."""
     directory = state_dir or default_state_dir(environ)
@@ -192,13 +189,10 @@ def up(
         source = (functions_source or default_functions_source(base_env)).resolve()
         if not source.is_file():
             raise StackError(
-                f"functions source {source} does not exist "
-                "(set TPUJOBS_FUNCTIONS_SOURCE or pass functions_source)"
+                f"functions source {source} does not exist (set TPUJOBS_FUNCTIONS_SOURCE or pass functions_source)"
             )
         reused = _reusable_emulators(base_env, say)
-        processes.require_gcloud_emulators(
-            name for name in ("firestore", "pubsub") if name not in reused
-        )
+        processes.require_gcloud_emulators(name for name in ("firestore", "pubsub") if name not in reused)
         try:
             return _start(state_dir, settings, base_env, source, reused, simulator_state_file, say)
         except processes.ServiceStartError as error:
@@ -339,9 +333,7 @@ def _start(
         say(f"{len(wired.topics)} topics, {len(wired.subscriptions)} push subscriptions")
         wiring.ensure_bucket(storage, settings.project, bucket)
         say(f"bucket {bucket}")
-        started += processes.start(
-            [processes.scheduler(RECONCILE_INTERVAL_S, env=service_env)], state_dir / "logs"
-        )
+        started += processes.start([processes.scheduler(RECONCILE_INTERVAL_S, env=service_env)], state_dir / "logs")
         say(f"scheduler ticks {topology.RECONCILE} every {RECONCILE_INTERVAL_S:g} s")
         state = StackState(
             state_dir=state_dir,

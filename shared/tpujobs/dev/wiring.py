@@ -201,11 +201,7 @@ def push_subscription(
     as `push_account` (an OIDC token whose audience is the endpoint) when one is given."""
     from google.pubsub_v1 import DeadLetterPolicy, ExpirationPolicy, PushConfig, Subscription
 
-    token = (
-        PushConfig.OidcToken(service_account_email=push_account, audience=endpoint)
-        if push_account
-        else None
-    )
+    token = PushConfig.OidcToken(service_account_email=push_account, audience=endpoint) if push_account else None
     return Subscription(
         name=path,
         topic=topic_path,
@@ -213,9 +209,7 @@ def push_subscription(
         ack_deadline_seconds=ack_deadline_s,
         retry_policy=retry_policy(minimum_backoff_s),
         dead_letter_policy=(
-            DeadLetterPolicy(
-                dead_letter_topic=dead_letter_topic, max_delivery_attempts=MAX_DELIVERY_ATTEMPTS
-            )
+            DeadLetterPolicy(dead_letter_topic=dead_letter_topic, max_delivery_attempts=MAX_DELIVERY_ATTEMPTS)
             if dead_letter_topic
             else None
         ),

@@ -78,8 +78,7 @@ def parse_accelerator_type(accelerator_type: str) -> AcceleratorShape:
         offered = sorted(family.sizes)
         sample = ", ".join(str(s) for s in offered[:8]) + (", ..." if len(offered) > 8 else "")
         raise UnknownAcceleratorType(
-            f"accelerator_type {accelerator_type!r}: {family.name} is not offered with size {size}; "
-            f"sizes: {sample}"
+            f"accelerator_type {accelerator_type!r}: {family.name} is not offered with size {size}; sizes: {sample}"
         )
     chips = size // 2 if family.counts_cores else size
     hosts = 1 if chips <= family.max_single_host_chips else chips // CHIPS_PER_HOST

@@ -162,9 +162,7 @@ def workers_started(
     return _amend(usage, attempt, started)
 
 
-def all_started(
-    usage: tuple[AttemptUsage, ...], attempt: int, at: datetime
-) -> tuple[AttemptUsage, ...] | None:
+def all_started(usage: tuple[AttemptUsage, ...], attempt: int, at: datetime) -> tuple[AttemptUsage, ...] | None:
     """Every host of the attempt has reported, by `at`; None when that is already noted."""
     if any(u.attempt == attempt and u.all_started_at is not None for u in usage):
         return None
@@ -178,9 +176,7 @@ def attempt_moved(usage: tuple[AttemptUsage, ...], attempt: int, zone: str) -> t
     return _amend(usage, attempt, lambda u: replace(u, zone=zone))
 
 
-def checkpoint_reported(
-    usage: tuple[AttemptUsage, ...], attempt: int, at: datetime
-) -> tuple[AttemptUsage, ...] | None:
+def checkpoint_reported(usage: tuple[AttemptUsage, ...], attempt: int, at: datetime) -> tuple[AttemptUsage, ...] | None:
     """The usage with a newer checkpoint for `attempt`, or None when it changes nothing."""
     for u in usage:
         if u.attempt == attempt:

@@ -73,9 +73,7 @@ def queue_key(priority: str, created_at: datetime) -> tuple[int, datetime]:
     return (-PRIORITY_RANK[priority], created_at)
 
 
-def victims_for(
-    limit: int, holders: Sequence[Holder], chips: int, priority: str
-) -> list[Holder] | None:
+def victims_for(limit: int, holders: Sequence[Holder], chips: int, priority: str) -> list[Holder] | None:
     """The fewest lower-priority holders, lowest priority and newest first, whose chips make
     `chips` fit; None when the job may not evict or even evicting all of them would not do."""
     if priority not in EVICTING_PRIORITIES:
@@ -116,9 +114,7 @@ def never_fits_reason(pool: str, limit: int, chips: int) -> str:
     return f"asks for {chips} chips of {family} in {zone}, whose quota is {limit}: it could never run there"
 
 
-def refusal_when_oversized(
-    spec: JobSpec, zones: Iterable[str], quotas: Mapping[str, Mapping[str, int]]
-) -> str | None:
+def refusal_when_oversized(spec: JobSpec, zones: Iterable[str], quotas: Mapping[str, Mapping[str, int]]) -> str | None:
     """Why a job must be refused at submission: it asks for more chips than the quota of every
     zone it may run in. None when at least one of them can take it (a zone that cannot is
     skipped at admission, `never_fits`)."""

@@ -104,9 +104,7 @@ class Job:
     @property
     def worker_keys(self) -> tuple[str, ...]:
         """Every worker host of one attempt, as `worker_key` names it."""
-        return tuple(
-            worker_key(s, w) for s in range(self.spec.slices) for w in range(self.spec.hosts_per_slice)
-        )
+        return tuple(worker_key(s, w) for s in range(self.spec.slices) for w in range(self.spec.hosts_per_slice))
 
     def booting_since(self) -> datetime | None:
         """Since when the current attempt's hosts have been expected to report, while some may not

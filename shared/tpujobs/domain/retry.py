@@ -27,14 +27,10 @@ def rule_on_loss(rule: str, restarts: int, max_restarts: int, what: str) -> Rest
     if rule == "fail":
         return RestartRuling(JobState.FAILED, False, f"{what}; the job's rule is 'fail'")
     if restarts >= max_restarts:
-        return RestartRuling(
-            JobState.FAILED, False, f"{what}; all {max_restarts} restarts are used up"
-        )
+        return RestartRuling(JobState.FAILED, False, f"{what}; all {max_restarts} restarts are used up")
     resume = rule == "resume"
     how = "resume from its checkpoint" if resume else "rerun from scratch"
-    return RestartRuling(
-        JobState.RECOVERING, resume, f"{what}; restart {restarts + 1} of {max_restarts} will {how}"
-    )
+    return RestartRuling(JobState.RECOVERING, resume, f"{what}; restart {restarts + 1} of {max_restarts} will {how}")
 
 
 def backoff_seconds(restarts: int) -> float:

@@ -72,9 +72,7 @@ def parse_secret_ref(ref: str) -> SecretRef:
     if short is None:
         name, at, _ = ref.partition("@")
         if at and _NAME.fullmatch(name):
-            raise ValueError(
-                f"secret {ref[:120]!r}: the version after @ must be a positive number or latest"
-            )
+            raise ValueError(f"secret {ref[:120]!r}: the version after @ must be a positive number or latest")
         raise ValueError(
             f"secret {ref[:120]!r} must be NAME or NAME@VERSION, with NAME of 1 to 200 letters, "
             "digits, _ or -, or a full resource name projects/PROJECT/secrets/SECRET"
@@ -101,8 +99,7 @@ def account_id(account_email: str) -> str:
     local, at, domain = (account_email or "").partition("@")
     if not at or not domain or not _ACCOUNT_ID.fullmatch(local):
         raise ValueError(
-            f"{account_email!r} is not a service account email such as "
-            "tpujobs-tpu-vm@PROJECT.iam.gserviceaccount.com"
+            f"{account_email!r} is not a service account email such as tpujobs-tpu-vm@PROJECT.iam.gserviceaccount.com"
         )
     return local
 
@@ -110,9 +107,7 @@ def account_id(account_email: str) -> str:
 def namespace(prefix: str, account_email: str) -> str:
     """`{prefix}tpujobs_{account_id}_`: the start of every secret id the account may read."""
     if not _PREFIX.fullmatch(prefix):
-        raise ValueError(
-            f"prefix {prefix!r} cannot start a secret id: at most 40 letters, digits, _ or -"
-        )
+        raise ValueError(f"prefix {prefix!r} cannot start a secret id: at most 40 letters, digits, _ or -")
     return f"{prefix}{NAMESPACE_MARK}{account_id(account_email)}_"
 
 
@@ -122,8 +117,7 @@ def secret_id(name: str, prefix: str, account_email: str) -> str:
     result = namespace(prefix, account_email) + name
     if not _SECRET_ID.fullmatch(result):
         raise ValueError(
-            f"secret id {result[:64]!r}... is longer than Secret Manager's 255 characters: "
-            "use a shorter name"
+            f"secret id {result[:64]!r}... is longer than Secret Manager's 255 characters: use a shorter name"
         )
     return result
 

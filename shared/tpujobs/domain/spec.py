@@ -77,9 +77,9 @@ class JobSpec(BaseModel):
     accelerator_type: str
     runtime_version: Annotated[str, Field(pattern=RUNTIME_PATTERN)] = "tpu-ubuntu2204-base"
     zone: Annotated[str, Field(pattern=ZONE_PATTERN)] | None = None
-    zones: Annotated[
-        list[Annotated[str, Field(pattern=ZONE_PATTERN)]], Field(min_length=1, max_length=MAX_ZONES)
-    ] | None = None
+    zones: (
+        Annotated[list[Annotated[str, Field(pattern=ZONE_PATTERN)]], Field(min_length=1, max_length=MAX_ZONES)] | None
+    ) = None
     slices: Annotated[int, Field(ge=1, le=64)] = 1
     capacity: Capacity = "on-demand"
     reservation: Annotated[str, Field(pattern=RESERVATION_PATTERN)] | None = None
@@ -160,9 +160,7 @@ class JobSpec(BaseModel):
             if key.startswith(RESERVED_LABEL_PREFIX):
                 raise ValueError(f"label key {key!r} uses the reserved prefix tpujobs")
             if not LABEL_VALUE.fullmatch(value):
-                raise ValueError(
-                    f"label value of {key} must be at most 63 lowercase letters, digits, _ or -"
-                )
+                raise ValueError(f"label value of {key} must be at most 63 lowercase letters, digits, _ or -")
         return labels
 
     @model_validator(mode="after")

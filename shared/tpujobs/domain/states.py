@@ -107,13 +107,9 @@ TRANSITIONS: dict[tuple[JobState, EventKind], frozenset[JobState]] = {
     (JobState.PROVISIONING, EventKind.CAPACITY_CHANGED): frozenset({JobState.PROVISIONING}),
     (JobState.PROVISIONING, EventKind.WORKERS_STARTED): frozenset({JobState.RUNNING}),
     # A worker may finish before its `started` report arrives: exits count from PROVISIONING too.
-    (JobState.PROVISIONING, EventKind.WORKER_SUCCEEDED): frozenset(
-        {JobState.RUNNING, JobState.SUCCEEDED}
-    ),
+    (JobState.PROVISIONING, EventKind.WORKER_SUCCEEDED): frozenset({JobState.RUNNING, JobState.SUCCEEDED}),
     (JobState.RUNNING, EventKind.WORKER_SUCCEEDED): frozenset({JobState.RUNNING, JobState.SUCCEEDED}),
-    (JobState.PROVISIONING, EventKind.COMMAND_FAILED): frozenset(
-        {JobState.RECOVERING, JobState.FAILED}
-    ),
+    (JobState.PROVISIONING, EventKind.COMMAND_FAILED): frozenset({JobState.RECOVERING, JobState.FAILED}),
     (JobState.RUNNING, EventKind.COMMAND_FAILED): frozenset({JobState.RECOVERING, JobState.FAILED}),
     (JobState.PROVISIONING, EventKind.ATTEMPT_ABORTED): frozenset({JobState.FAILED}),
     (JobState.RUNNING, EventKind.ATTEMPT_ABORTED): frozenset({JobState.FAILED}),

@@ -121,9 +121,7 @@ def decide(job: Job, seen: Observation, now: datetime) -> Decision | Ignored:
             reason = reason or f"Every worker of attempt {job.attempt} exited 0."
         else:
             to_state = JobState.RUNNING
-            reason = reason or (
-                f"Worker {worker} exited 0; {len(done)} of {job.total_workers} workers are done."
-            )
+            reason = reason or (f"Worker {worker} exited 0; {len(done)} of {job.total_workers} workers are done.")
     elif seen.kind is EventKind.CAPACITY_LOST and _never_ran_here(job, seen):
         zone = next_zone(job)
         assert zone is not None
@@ -135,9 +133,7 @@ def decide(job: Job, seen: Observation, now: datetime) -> Decision | Ignored:
         is_error = seen.kind is EventKind.COMMAND_FAILED
         on_worker = f" on worker {seen.worker}" if seen.worker else ""
         what = seen.reason or (
-            f"The command exited with code {seen.exit_code}{on_worker}"
-            if is_error
-            else "The capacity was lost"
+            f"The command exited with code {seen.exit_code}{on_worker}" if is_error else "The capacity was lost"
         )
         ruling = rule_on_loss(
             job.spec.on_error if is_error else job.spec.on_preemption,

@@ -23,17 +23,13 @@ from tpujobs.simulator.server import SimulatorServer
 def _capacity(text: str) -> tuple[str, int]:
     pool, _, chips = text.rpartition("=")
     if not pool or not chips.isdigit():
-        raise argparse.ArgumentTypeError(
-            f"expected FAMILY@ZONE=CHIPS such as v4@us-central2-b=32, got {text!r}"
-        )
+        raise argparse.ArgumentTypeError(f"expected FAMILY@ZONE=CHIPS such as v4@us-central2-b=32, got {text!r}")
     return pool, int(chips)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     defaults = SimulatorConfig()
-    parser = argparse.ArgumentParser(
-        prog="python -m tpujobs.simulator", description="A local Cloud TPU v2 REST API."
-    )
+    parser = argparse.ArgumentParser(prog="python -m tpujobs.simulator", description="A local Cloud TPU v2 REST API.")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 lets the system choose")
     parser.add_argument("--state-file", help="keep state in this JSON file across restarts")
@@ -115,8 +111,7 @@ def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
         capacity=dict(args.capacity),
         api_error_rate=args.api_error_rate,
         api_error_codes=tuple(
-            int(code) if code.strip().isdigit() else code.strip().upper()
-            for code in args.api_error_code
+            int(code) if code.strip().isdigit() else code.strip().upper() for code in args.api_error_code
         )
         or SimulatorConfig().api_error_codes,
         seed=args.seed,

@@ -171,9 +171,7 @@ class Fault:
     message: str = ""
 
     @classmethod
-    def parse(
-        cls, value: int | str, *, quota: bool = False, applied: bool = False, message: str = ""
-    ) -> Fault:
+    def parse(cls, value: int | str, *, quota: bool = False, applied: bool = False, message: str = "") -> Fault:
         """A fault from an HTTP status (400..599) or a google.rpc.Code name; ValueError if neither."""
         text = str(value).strip()
         if text.isdigit():
@@ -186,9 +184,7 @@ class Fault:
                 code = Code[text.upper()]
             except KeyError:
                 names = ", ".join(c.name for c in Code)
-                raise ValueError(
-                    f"{value!r} is neither an HTTP status nor a google.rpc.Code name ({names})"
-                ) from None
+                raise ValueError(f"{value!r} is neither an HTTP status nor a google.rpc.Code name ({names})") from None
             status = code.http_status
         if quota and code is not Code.RESOURCE_EXHAUSTED:
             raise ValueError(f"only a 429 RESOURCE_EXHAUSTED can be a quota error, not {code.name}")
@@ -217,9 +213,7 @@ class Fault:
                     "quota_location": "global",
                 },
             }
-            return SimulatorError(
-                self.code, message + INJECTED, http_status=self.http_status, details=(info,)
-            )
+            return SimulatorError(self.code, message + INJECTED, http_status=self.http_status, details=(info,))
         message = self.message or _MESSAGES[self.code]
         return SimulatorError(self.code, message + INJECTED, http_status=self.http_status)
 
@@ -257,9 +251,7 @@ class Fault:
                 ],
             },
         )
-        return SimulatorError(
-            self.code, message + INJECTED, http_status=self.http_status, details=details
-        )
+        return SimulatorError(self.code, message + INJECTED, http_status=self.http_status, details=details)
 
     def to_json(self) -> dict[str, Any]:
         return {

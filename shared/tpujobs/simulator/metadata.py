@@ -200,9 +200,7 @@ class MetadataService:
     def handles(path: str) -> bool:
         return path.startswith(METADATA_ROOT)
 
-    def answer(
-        self, path: str, query: Mapping[str, list[str]], headers: Mapping[str, str]
-    ) -> MetadataReply:
+    def answer(self, path: str, query: Mapping[str, list[str]], headers: Mapping[str, str]) -> MetadataReply:
         """One request; with wait_for_change=true, held until the answer differs or time runs out."""
         if _header(headers, "Metadata-Flavor") != "Google":
             return MetadataReply(403, _FLAVOR_MISSING)
@@ -230,13 +228,9 @@ class MetadataService:
     def _once(self, match: re.Match[str]) -> MetadataReply:
         worker = int(match["worker"])
         try:
-            node = self._get_node(
-                unquote(match["project"]), unquote(match["zone"]), unquote(match["node_id"])
-            )
+            node = self._get_node(unquote(match["project"]), unquote(match["zone"]), unquote(match["node_id"]))
         except SimulatorError as error:
             return MetadataReply(404, error.message + "\n")
         if worker >= len(node.host_addresses):
-            return MetadataReply(
-                404, f"node {node.node_id} has workers 0..{len(node.host_addresses) - 1}\n"
-            )
+            return MetadataReply(404, f"node {node.node_id} has workers 0..{len(node.host_addresses) - 1}\n")
         return lookup(node, worker, match["key"])

@@ -183,9 +183,7 @@ class SimulatorConfig:
     provisioning_seconds: float = 0.5  # PROVISIONING -> ACTIVE
     suspending_seconds: float = 0.1  # SUSPENDING -> SUSPENDED
     deleting_seconds: float = 0.0  # DELETING -> gone; 0 lets operation.result() finish at once
-    capacity: Mapping[str, int] = field(
-        default_factory=dict
-    )  # chips per "family@zone"; absent: unlimited
+    capacity: Mapping[str, int] = field(default_factory=dict)  # chips per "family@zone"; absent: unlimited
     api_error_rate: float = 0.0  # share of TPU API calls refused with an injected error
     # What the random errors pick from: HTTP statuses (400..599) or google.rpc.Code names.
     api_error_codes: tuple[int | str, ...] = (503, 429)
@@ -229,22 +227,17 @@ class SimulatorConfig:
             if family not in FAMILIES or not zone:
                 known = ", ".join(sorted(FAMILIES))
                 raise ValueError(
-                    f"capacity key {pool!r} is not FAMILY@ZONE such as v4@us-central2-b "
-                    f"(families: {known})"
+                    f"capacity key {pool!r} is not FAMILY@ZONE such as v4@us-central2-b (families: {known})"
                 )
             if not isinstance(chips, int) or chips < 0:
-                raise ValueError(
-                    f"capacity of {pool} must be a whole number of chips, got {chips!r}"
-                )
+                raise ValueError(f"capacity of {pool} must be a whole number of chips, got {chips!r}")
 
     def updated(self, changes: Mapping[str, Any]) -> SimulatorConfig:
         """A copy with JSON changes applied (the control endpoint); unknown keys are an error."""
         known = {f.name for f in dataclasses.fields(self)}
         unknown = sorted(set(changes) - known)
         if unknown:
-            raise ValueError(
-                f"unknown config keys: {', '.join(unknown)}; known: {', '.join(sorted(known))}"
-            )
+            raise ValueError(f"unknown config keys: {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         values = dict(changes)
         if "capacity" in values:
             values["capacity"] = {str(k): int(v) for k, v in dict(values["capacity"]).items()}
@@ -278,11 +271,7 @@ def pool_key(family: str, zone: str) -> str:
 
 def check_resource_id(kind: str, value: str) -> None:
     """Refuse ids the TPU API refuses, with the same rule, so tests catch bad names locally."""
-    if (
-        not isinstance(value, str)
-        or len(value) > MAX_RESOURCE_ID_LENGTH
-        or not _RESOURCE_ID.fullmatch(value)
-    ):
+    if not isinstance(value, str) or len(value) > MAX_RESOURCE_ID_LENGTH or not _RESOURCE_ID.fullmatch(value):
         raise SimulatorError(
             Code.INVALID_ARGUMENT,
             f"Invalid {kind} {value!r}: it must be 1 to {MAX_RESOURCE_ID_LENGTH} characters, "
@@ -300,9 +289,7 @@ class SliceRequest:
     node_id: str = ""  # a single node; or the two multislice fields below
     node_id_prefix: str = ""
     node_count: int = 0
-    template: Mapping[str, Any] = field(
-        default_factory=dict
-    )  # the node JSON, output-only fields removed
+    template: Mapping[str, Any] = field(default_factory=dict)  # the node JSON, output-only fields removed
 
     @property
     def multislice(self) -> bool:
@@ -429,8 +416,7 @@ class NodeRecord:
         """Spot or preemptible, by the QR or by the node's scheduling config."""
         scheduling = self.template.get("schedulingConfig") or {}
         return self.spot or (
-            isinstance(scheduling, dict)
-            and bool(scheduling.get("spot") or scheduling.get("preemptible"))
+            isinstance(scheduling, dict) and bool(scheduling.get("spot") or scheduling.get("preemptible"))
         )
 
     @property
@@ -656,8 +642,7 @@ class Simulator:
     def _faults_json(self) -> dict[str, Any]:
         return {
             "errors": {
-                method: [fault.to_json() for fault in planned]
-                for method, planned in self._planned_faults.items()
+                method: [fault.to_json() for fault in planned] for method, planned in self._planned_faults.items()
             },
             "noBoot": self._no_boot_budget,
         }
@@ -740,9 +725,7 @@ class Simulator:
             found = [qr for qr in self._qrs.values() if _in_location(qr, project, zone)]
         return _page(found, page_size or self._config.default_page_size, page_token)
 
-    def delete_queued_resource(
-        self, project: str, zone: str, qr_id: str, force: bool = False
-    ) -> OperationRecord:
+    def delete_queued_resource(self, project: str, zone: str, qr_id: str, force: bool = False) -> OperationRecord:
         """Start deleting; without force, a QR that still has nodes is refused."""
         with self._transaction() as now:
             qr = self._find_qr(project, zone, qr_id)
@@ -770,9 +753,7 @@ class Simulator:
             self._admit(now)
             return operation
 
-    def preempt(
-        self, qr_id: str, *, zone: str | None = None, project: str | None = None
-    ) -> QueuedResourceRecord:
+    def preempt(self, qr_id: str, *, zone: str | None = None, project: str | None = None) -> QueuedResourceRecord:
         """Take a QR's TPUs back as the service does to spot capacity: SUSPENDING, nodes PREEMPTED.
 
         The nodes' metadata says preempted=TRUE before on_stopped hooks run, so a worker that
@@ -784,8 +765,7 @@ class Simulator:
             if qr.state not in PREEMPTIBLE_STATES:
                 raise SimulatorError(
                     Code.FAILED_PRECONDITION,
-                    f"Queued resource {qr.name} is {qr.state.value}; "
-                    "only PROVISIONING or ACTIVE ones can be preempted",
+                    f"Queued resource {qr.name} is {qr.state.value}; only PROVISIONING or ACTIVE ones can be preempted",
                 )
             for node in self._nodes_of(qr):
                 self._put_node(_settled(node, state=NodeState.PREEMPTED, preempted=True, health=""))
@@ -820,8 +800,7 @@ class Simulator:
             if qr.state is not QrState.ACTIVE:
                 raise SimulatorError(
                     Code.FAILED_PRECONDITION,
-                    f"Queued resource {qr.name} is {qr.state.value}; "
-                    "only an ACTIVE one has hosts to kill",
+                    f"Queued resource {qr.name} is {qr.state.value}; only an ACTIVE one has hosts to kill",
                 )
             nodes = self._nodes_of(qr)
             if not 0 <= slice_index < len(nodes):
@@ -833,8 +812,7 @@ class Simulator:
             if not 0 <= worker < len(node.host_addresses):
                 raise SimulatorError(
                     Code.INVALID_ARGUMENT,
-                    f"node {node.node_id} has workers 0..{len(node.host_addresses) - 1}, "
-                    f"not {worker}",
+                    f"node {node.node_id} has workers 0..{len(node.host_addresses) - 1}, not {worker}",
                 )
             failed = tuple(sorted({*node.failed_workers, worker}))
             workers = ", ".join(str(w) for w in failed)
@@ -954,13 +932,9 @@ class Simulator:
         (default maintenance_notice_seconds) the node is REPAIRING with health
         UNHEALTHY_MAINTENANCE and its hosts shut down (on_hosts SHUTDOWN); maintenance_seconds
         later it is READY, the event NONE, and the hosts boot again (on_hosts BOOT)."""
-        notice = (
-            self._config.maintenance_notice_seconds if notice_seconds is None else notice_seconds
-        )
+        notice = self._config.maintenance_notice_seconds if notice_seconds is None else notice_seconds
         if notice < 0:
-            raise SimulatorError(
-                Code.INVALID_ARGUMENT, f"the notice must not be negative, got {notice}"
-            )
+            raise SimulatorError(Code.INVALID_ARGUMENT, f"the notice must not be negative, got {notice}")
         with self._transaction() as now:
             _, chosen = self._active_nodes(qr_id, slice_index, zone, project, "go into maintenance")
             for _, node in chosen:
@@ -1028,9 +1002,7 @@ class Simulator:
             wanted = NodeState(str(state).strip().upper())
         except ValueError:
             names = ", ".join(member.value for member in NodeState)
-            raise SimulatorError(
-                Code.INVALID_ARGUMENT, f"state must be one of {names}, got {state!r}"
-            ) from None
+            raise SimulatorError(Code.INVALID_ARGUMENT, f"state must be one of {names}, got {state!r}") from None
         with self._transaction():
             qr = self._resolve(qr_id, zone, project)
             changed = []
@@ -1052,20 +1024,15 @@ class Simulator:
         if qr.state is not QrState.ACTIVE:
             raise SimulatorError(
                 Code.FAILED_PRECONDITION,
-                f"Queued resource {qr.name} is {qr.state.value}; only an ACTIVE one has hosts "
-                f"to {doing}",
+                f"Queued resource {qr.name} is {qr.state.value}; only an ACTIVE one has hosts to {doing}",
             )
         return qr, self._chosen_nodes(qr, slice_index)
 
-    def _chosen_nodes(
-        self, qr: QueuedResourceRecord, slice_index: int | None
-    ) -> list[tuple[int, NodeRecord]]:
+    def _chosen_nodes(self, qr: QueuedResourceRecord, slice_index: int | None) -> list[tuple[int, NodeRecord]]:
         """(slice index, node) of one slice, or of every slice when *slice_index* is None."""
         nodes = list(enumerate(self._nodes_of(qr)))
         if not nodes:
-            raise SimulatorError(
-                Code.FAILED_PRECONDITION, f"Queued resource {qr.name} has no nodes"
-            )
+            raise SimulatorError(Code.FAILED_PRECONDITION, f"Queued resource {qr.name} has no nodes")
         if slice_index is None:
             return nodes
         if not 0 <= slice_index < len(nodes):
@@ -1099,9 +1066,7 @@ class Simulator:
                 )
             return node
 
-    def list_nodes(
-        self, project: str, zone: str, page_size: int = 0, page_token: str = ""
-    ) -> Page[NodeRecord]:
+    def list_nodes(self, project: str, zone: str, page_size: int = 0, page_token: str = "") -> Page[NodeRecord]:
         with self._transaction():
             found = [n for n in self._nodes.values() if _in_location(n, project, zone)]
         return _page(found, page_size or self._config.default_page_size, page_token)
@@ -1117,8 +1082,7 @@ class Simulator:
             if operation is None:
                 raise SimulatorError(
                     Code.NOT_FOUND,
-                    f"Resource 'projects/{project}/locations/{zone}/operations/{operation_id}' "
-                    "was not found",
+                    f"Resource 'projects/{project}/locations/{zone}/operations/{operation_id}' was not found",
                 )
             return operation
 
@@ -1245,11 +1209,7 @@ class Simulator:
     def _admit(self, at: float) -> None:
         """Start provisioning waiting QRs whose chips are free, strictly in order of arrival per pool."""
         waiting = sorted(
-            (
-                qr
-                for qr in self._qrs.values()
-                if qr.state is QrState.WAITING_FOR_RESOURCES and qr.next_at is None
-            ),
+            (qr for qr in self._qrs.values() if qr.state is QrState.WAITING_FOR_RESOURCES and qr.next_at is None),
             key=lambda r: r.queue_number,
         )
         if not waiting:
@@ -1282,9 +1242,7 @@ class Simulator:
             hosts = parse_accelerator_type(spec.accelerator_type).hosts
             coordinator = ""
             for slice_id, node_id in enumerate(spec.node_ids):
-                addresses = tuple(
-                    str(FIRST_WORKER_ADDRESS + self._count("address")) for _ in range(hosts)
-                )
+                addresses = tuple(str(FIRST_WORKER_ADDRESS + self._count("address")) for _ in range(hosts))
                 if spec.multislice and slice_id == 0:
                     coordinator = f"{addresses[0]}:{MEGASCALE_PORT}"
                 self._put_node(
@@ -1321,26 +1279,18 @@ class Simulator:
             del self._nodes[(node.project, node.zone, node.node_id)]
         del self._qrs[(qr.project, qr.zone, qr.qr_id)]
         self._dirty = True
-        self._finish_create(
-            qr, error=(Code.ABORTED.grpc_code, f"{qr.name} was deleted before it was accepted")
-        )
+        self._finish_create(qr, error=(Code.ABORTED.grpc_code, f"{qr.name} was deleted before it was accepted"))
         key = (qr.project, qr.zone, qr.delete_operation)
-        self._operations[key] = dataclasses.replace(
-            self._operations[key], done=True, end_time=self._wall_clock()
-        )
+        self._operations[key] = dataclasses.replace(self._operations[key], done=True, end_time=self._wall_clock())
 
-    def _finish_create(
-        self, qr: QueuedResourceRecord, error: tuple[int, str] | None = None
-    ) -> None:
+    def _finish_create(self, qr: QueuedResourceRecord, error: tuple[int, str] | None = None) -> None:
         """Complete the QR's create operation if it is still running: with the QR, or an error."""
         key = (qr.project, qr.zone, qr.create_operation)
         operation = self._operations.get(key)
         if operation is None or operation.done:
             return
         if error is None:
-            finished = dataclasses.replace(
-                operation, done=True, end_time=self._wall_clock(), result=qr
-            )
+            finished = dataclasses.replace(operation, done=True, end_time=self._wall_clock(), result=qr)
         else:
             finished = dataclasses.replace(
                 operation,
@@ -1396,14 +1346,10 @@ class Simulator:
             if qr.qr_id == qr_id and zone in (None, qr.zone) and project in (None, qr.project)
         ]
         if not matches:
-            raise SimulatorError(
-                Code.NOT_FOUND, f"no queued resource {qr_id!r} (zone {zone}, project {project})"
-            )
+            raise SimulatorError(Code.NOT_FOUND, f"no queued resource {qr_id!r} (zone {zone}, project {project})")
         if len(matches) > 1:
             names = ", ".join(sorted(qr.name for qr in matches))
-            raise SimulatorError(
-                Code.INVALID_ARGUMENT, f"{qr_id!r} is ambiguous: {names}; name the zone and project"
-            )
+            raise SimulatorError(Code.INVALID_ARGUMENT, f"{qr_id!r} is ambiguous: {names}; name the zone and project")
         return matches[0]
 
     def _count(self, counter: str) -> int:
@@ -1413,9 +1359,7 @@ class Simulator:
     def _check_request(self, request: QueuedResourceRequest) -> None:
         """Refuse what the real API refuses before queueing: bad names, unknown shapes."""
         if not request.slices:
-            raise SimulatorError(
-                Code.INVALID_ARGUMENT, "queued_resource.tpu.node_spec must name at least one node"
-            )
+            raise SimulatorError(Code.INVALID_ARGUMENT, "queued_resource.tpu.node_spec must name at least one node")
         seen: set[str] = set()
         for spec in request.slices:
             if spec.multislice == bool(spec.node_id):
@@ -1433,9 +1377,7 @@ class Simulator:
             for node_id in spec.node_ids:
                 check_resource_id("node id", node_id)
                 if node_id in seen:
-                    raise SimulatorError(
-                        Code.INVALID_ARGUMENT, f"node id {node_id!r} is named twice"
-                    )
+                    raise SimulatorError(Code.INVALID_ARGUMENT, f"node id {node_id!r} is named twice")
                 seen.add(node_id)
             try:
                 parse_accelerator_type(spec.accelerator_type)
@@ -1446,9 +1388,7 @@ class Simulator:
 
     # -- hooks -------------------------------------------------------------------------------
 
-    def _queue_hooks(
-        self, hooks: list[Hook] | list[HostHook], qr: QueuedResourceRecord, *more: int
-    ) -> None:
+    def _queue_hooks(self, hooks: list[Hook] | list[HostHook], qr: QueuedResourceRecord, *more: int) -> None:
         if hooks:
             self._pending_hooks.append((list(hooks), (qr, *more)))
 
@@ -1460,9 +1400,7 @@ class Simulator:
         action: HostAction,
     ) -> None:
         if self.on_hosts and workers:
-            self._pending_hooks.append(
-                (list(self.on_hosts), (HostEvent(qr, slice_index, workers, action),))
-            )
+            self._pending_hooks.append((list(self.on_hosts), (HostEvent(qr, slice_index, workers, action),)))
 
     def _run_hooks(self) -> None:
         """Call queued hooks outside the state lock, so a hook may call the simulator."""
@@ -1498,9 +1436,7 @@ class Simulator:
 
     def _restore(self, snapshot: Mapping[str, Any]) -> None:
         if snapshot.get("version") != STATE_FILE_VERSION:
-            raise ValueError(
-                f"state file version {snapshot.get('version')!r} is not {STATE_FILE_VERSION}"
-            )
+            raise ValueError(f"state file version {snapshot.get('version')!r} is not {STATE_FILE_VERSION}")
         shift = self._clock() - float(snapshot["clock"])
         self._counters.update(snapshot["counters"])
         for data in snapshot["queued_resources"]:
@@ -1515,14 +1451,10 @@ class Simulator:
 
 def _settled(node: NodeRecord, **changes: Any) -> NodeRecord:
     """*node* with *changes* and no timed step left: its QR's transition overrides it."""
-    return dataclasses.replace(
-        node, next_at=None, step=NodeStep.NONE, rebooting_workers=(), **changes
-    )
+    return dataclasses.replace(node, next_at=None, step=NodeStep.NONE, rebooting_workers=(), **changes)
 
 
-def _in_location(
-    resource: QueuedResourceRecord | NodeRecord | OperationRecord, project: str, zone: str
-) -> bool:
+def _in_location(resource: QueuedResourceRecord | NodeRecord | OperationRecord, project: str, zone: str) -> bool:
     return resource.project == project and zone in ("-", resource.zone)
 
 
@@ -1530,18 +1462,14 @@ def _page(items: Iterable[NamedT], page_size: int, page_token: str) -> Page[Name
     """Pages ordered by name; the token is the last name returned, so deletions shift nothing."""
     ordered = sorted(items, key=lambda item: item.name)
     if page_size < 0:
-        raise SimulatorError(
-            Code.INVALID_ARGUMENT, f"page_size must not be negative, got {page_size}"
-        )
+        raise SimulatorError(Code.INVALID_ARGUMENT, f"page_size must not be negative, got {page_size}")
     if page_token:
         try:
             after = base64.b64decode(page_token, altchars=b"-_", validate=True).decode("utf-8")
             if not after.startswith("projects/"):
                 raise ValueError(after)
         except (binascii.Error, UnicodeError, ValueError) as exc:
-            raise SimulatorError(
-                Code.INVALID_ARGUMENT, f"invalid page_token {page_token!r}"
-            ) from exc
+            raise SimulatorError(Code.INVALID_ARGUMENT, f"invalid page_token {page_token!r}") from exc
         ordered = [item for item in ordered if item.name > after]
     if page_size == 0 or len(ordered) <= page_size:
         return Page(tuple(ordered))
@@ -1612,6 +1540,4 @@ def _operation_to_json(op: OperationRecord) -> dict[str, Any]:
 
 def _operation_from_json(data: Mapping[str, Any], shift: float) -> OperationRecord:
     result = data["result"]
-    return OperationRecord(
-        **{**data, "result": None if result is None else _qr_from_json(result, shift)}
-    )
+    return OperationRecord(**{**data, "result": None if result is None else _qr_from_json(result, shift)})

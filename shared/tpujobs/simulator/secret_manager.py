@@ -291,9 +291,7 @@ def _json_body(body: bytes) -> Any:
 def parse_replication(value: Any) -> Json:
     """Secret.replication: exactly one of automatic and userManaged (with replicas)."""
     if value is None:
-        raise SecretManagerError(
-            Code.INVALID_ARGUMENT, "Secret.replication is required: automatic or user_managed."
-        )
+        raise SecretManagerError(Code.INVALID_ARGUMENT, "Secret.replication is required: automatic or user_managed.")
     replication = _object(value, "Secret.replication")
     automatic = _field(replication, "automatic")
     user_managed = _field(replication, "userManaged")
@@ -306,9 +304,7 @@ def parse_replication(value: Any) -> Json:
         return {"automatic": dict(_object(automatic, "replication.automatic"))}
     replicas = _field(_object(user_managed, "replication.user_managed"), "replicas")
     if not isinstance(replicas, list) or not replicas:
-        raise SecretManagerError(
-            Code.INVALID_ARGUMENT, "replication.user_managed.replicas must not be empty."
-        )
+        raise SecretManagerError(Code.INVALID_ARGUMENT, "replication.user_managed.replicas must not be empty.")
     out = []
     for replica in replicas:
         location = _field(_object(replica, "each replica"), "location")
@@ -323,9 +319,7 @@ def parse_labels(value: Any) -> dict[str, str]:
         return {}
     labels = _object(value, "Secret.labels")
     if len(labels) > MAX_LABELS:
-        raise SecretManagerError(
-            Code.INVALID_ARGUMENT, f"A secret has at most {MAX_LABELS} labels, got {len(labels)}."
-        )
+        raise SecretManagerError(Code.INVALID_ARGUMENT, f"A secret has at most {MAX_LABELS} labels, got {len(labels)}.")
     for key, label in labels.items():
         if not _LABEL_KEY.fullmatch(key):
             raise SecretManagerError(
@@ -349,9 +343,7 @@ def parse_annotations(value: Any) -> dict[str, str]:
         raise SecretManagerError(Code.INVALID_ARGUMENT, "Annotation values must be strings.")
     size = sum(len(k.encode()) + len(v.encode()) for k, v in annotations.items())
     if size >= 16 * 1024:
-        raise SecretManagerError(
-            Code.INVALID_ARGUMENT, "The annotations of a secret must total less than 16 KiB."
-        )
+        raise SecretManagerError(Code.INVALID_ARGUMENT, "The annotations of a secret must total less than 16 KiB.")
     return dict(annotations)
 
 
@@ -368,9 +360,7 @@ def parse_payload(body: Any) -> tuple[bytes, int | None]:
         padded = raw + "=" * (-len(raw) % 4)
         data = base64.b64decode(padded.replace("-", "+").replace("_", "/"), validate=True)
     except (binascii.Error, ValueError):
-        raise SecretManagerError(
-            Code.INVALID_ARGUMENT, "payload.data is not valid base64."
-        ) from None
+        raise SecretManagerError(Code.INVALID_ARGUMENT, "payload.data is not valid base64.") from None
     if len(data) > MAX_PAYLOAD_BYTES:
         raise SecretManagerError(
             Code.INVALID_ARGUMENT,
@@ -382,9 +372,7 @@ def parse_payload(body: Any) -> tuple[bytes, int | None]:
     try:
         return data, int(checksum)
     except (TypeError, ValueError):
-        raise SecretManagerError(
-            Code.INVALID_ARGUMENT, "payload.data_crc32c must be a number."
-        ) from None
+        raise SecretManagerError(Code.INVALID_ARGUMENT, "payload.data_crc32c must be a number.") from None
 
 
 def _query_str(query: Query, name: str) -> str:
@@ -396,9 +384,7 @@ def _page_size(query: Query) -> int:
     try:
         size = int(raw)
     except ValueError:
-        raise SecretManagerError(
-            Code.INVALID_ARGUMENT, f"pageSize must be a number, got {raw[:20]!r}."
-        ) from None
+        raise SecretManagerError(Code.INVALID_ARGUMENT, f"pageSize must be a number, got {raw[:20]!r}.") from None
     if size < 0:
         raise SecretManagerError(Code.INVALID_ARGUMENT, "pageSize must not be negative.")
     return min(size, MAX_PAGE_SIZE) if size else DEFAULT_PAGE_SIZE
@@ -540,16 +526,12 @@ class SecretManager:
             )
         if version == "latest":
             if not secret.versions:
-                raise SecretManagerError(
-                    Code.NOT_FOUND, f"Secret [{secret.name}] not found or has no versions."
-                )
+                raise SecretManagerError(Code.NOT_FOUND, f"Secret [{secret.name}] not found or has no versions.")
             return secret.versions[-1]
         for record in secret.versions:
             if record.number == int(version):
                 return record
-        raise SecretManagerError(
-            Code.NOT_FOUND, f"Secret Version [{secret.name}/versions/{version}] not found."
-        )
+        raise SecretManagerError(Code.NOT_FOUND, f"Secret Version [{secret.name}/versions/{version}] not found.")
 
     def create(
         self,
@@ -653,15 +635,12 @@ class SecretManager:
         with self._lock:
             record = self._secrets.get(name)
             if record is None:
-                raise SecretManagerError(
-                    Code.NOT_FOUND, f"Secret [{name}] not found or has no versions."
-                )
+                raise SecretManagerError(Code.NOT_FOUND, f"Secret [{name}] not found or has no versions.")
             found = self._version(record, version)
             if found.state is not VersionState.ENABLED:
                 raise SecretManagerError(
                     Code.FAILED_PRECONDITION,
-                    f"Secret Version [{name}/versions/{found.number}] is in "
-                    f"{found.state.value} state.",
+                    f"Secret Version [{name}/versions/{found.number}] is in {found.state.value} state.",
                 )
             return {
                 "name": f"{name}/versions/{found.number}",
@@ -742,9 +721,7 @@ class SecretManagerApi:
             for method, path, perm, resource, handler in routes
         ]
 
-    def handle(
-        self, method: str, path: str, query: Query, headers: Mapping[str, str], body: bytes
-    ) -> tuple[int, Json]:
+    def handle(self, method: str, path: str, query: Query, headers: Mapping[str, str], body: bytes) -> tuple[int, Json]:
         """The HTTP status and JSON answer to one request; errors become Google's error JSON."""
         try:
             if method == "GET" and path == "/health":
@@ -766,17 +743,13 @@ class SecretManagerApi:
         except Exception as exc:  # answer like a server, and keep serving; never the body
             _log.error("local Secret Manager failed on %s %s: %s", method, path, type(exc).__name__)
             return 500, error_json(
-                SecretManagerError(
-                    Code.INTERNAL, f"Local Secret Manager bug: {type(exc).__name__}."
-                )
+                SecretManagerError(Code.INTERNAL, f"Local Secret Manager bug: {type(exc).__name__}.")
             )
 
     @staticmethod
     def caller(headers: Mapping[str, str]) -> Caller:
         """The caller a request's Authorization header names; 401 for any other credential."""
-        authorization = next(
-            (value for key, value in headers.items() if key.lower() == "authorization"), ""
-        ).strip()
+        authorization = next((value for key, value in headers.items() if key.lower() == "authorization"), "").strip()
         if not authorization:
             return Caller()
         scheme, _, token = authorization.partition(" ")
@@ -798,9 +771,9 @@ class SecretManagerApi:
     def _authorize(self, route: _Route, params: Mapping[str, str], caller: Caller) -> None:
         if caller.is_local_user:
             return
-        allowed = route.permission == "secretmanager.versions.access" and params[
-            "secret"
-        ].startswith(self.namespace(caller.email))
+        allowed = route.permission == "secretmanager.versions.access" and params["secret"].startswith(
+            self.namespace(caller.email)
+        )
         if allowed:
             return
         resource = f"projects/{params['project']}"
@@ -810,8 +783,7 @@ class SecretManagerApi:
             resource += f"/versions/{params['version']}"
         raise SecretManagerError(
             Code.PERMISSION_DENIED,
-            f"Permission '{route.permission}' denied for resource '{resource}' "
-            "(or it may not exist).",
+            f"Permission '{route.permission}' denied for resource '{resource}' (or it may not exist).",
         )
 
     # -- handlers -------------------------------------------------------------------------
@@ -846,9 +818,7 @@ class SecretManagerApi:
 
     def _list_versions(self, params: dict[str, str], query: Query, body: bytes) -> Json:
         if _query_str(query, "filter"):
-            raise SecretManagerError(
-                Code.INVALID_ARGUMENT, "The local Secret Manager does not filter versions."
-            )
+            raise SecretManagerError(Code.INVALID_ARGUMENT, "The local Secret Manager does not filter versions.")
         return self.service.list_versions(
             params["project"], params["secret"], _page_size(query), _query_str(query, "pageToken")
         )
@@ -906,9 +876,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
         body = self.rfile.read(length) if length else b""
         url = urlsplit(self.path)
         query = parse_qs(url.query, keep_blank_values=True)
-        status, payload = self.server.api.handle(
-            method, url.path, query, dict(self.headers.items()), body
-        )
+        status, payload = self.server.api.handle(method, url.path, query, dict(self.headers.items()), body)
         data = json.dumps(payload).encode("utf-8")
         self.send_response(status)
         self.send_header("Content-Type", "application/json; charset=UTF-8")
@@ -994,8 +962,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--prefix",
         default=os.environ.get("TPUJOBS_PREFIX", ""),
-        help="the deployment's TPUJOBS_PREFIX, which starts each account's secret ids "
-        "[default: $TPUJOBS_PREFIX]",
+        help="the deployment's TPUJOBS_PREFIX, which starts each account's secret ids [default: $TPUJOBS_PREFIX]",
     )
     parser.add_argument("--state-file", help="keep secrets in this JSON file (mode 0600)")
     return parser.parse_args(argv)
@@ -1004,9 +971,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """Serve in the foreground until SIGTERM or SIGINT."""
     args = parse_args(argv)
-    server = SecretManagerServer(
-        args.host, args.port, prefix=args.prefix, state_file=args.state_file
-    )
+    server = SecretManagerServer(args.host, args.port, prefix=args.prefix, state_file=args.state_file)
     stop = threading.Event()
 
     def request_stop(signum: int, frame: FrameType | None) -> None:

@@ -196,9 +196,7 @@ def node_json(node: NodeRecord) -> Json:
         "acceleratorType": node.accelerator_type,
         "runtimeVersion": node.runtime_version,
         "state": node.state.value,
-        "networkEndpoints": [
-            {"ipAddress": address, "port": WORKER_PORT} for address in node.host_addresses
-        ],
+        "networkEndpoints": [{"ipAddress": address, "port": WORKER_PORT} for address in node.host_addresses],
         "createTime": timestamp(node.create_time),
         "id": str(node.number),  # int64 is a string in JSON
         "apiVersion": "V2",
@@ -287,29 +285,21 @@ def parse_queued_resource(body: Any, parent: str) -> QueuedResourceRequest:
     resource = _object(body, "the request body (a QueuedResource)")
     tpu = _field(resource, "tpu")
     if tpu is None:
-        raise SimulatorError(
-            Code.INVALID_ARGUMENT, "queued_resource.tpu is required: the simulator offers TPU nodes"
-        )
+        raise SimulatorError(Code.INVALID_ARGUMENT, "queued_resource.tpu is required: the simulator offers TPU nodes")
     specs = _field(_object(tpu, "queued_resource.tpu"), "nodeSpec")
     if not isinstance(specs, list) or not specs:
-        raise SimulatorError(
-            Code.INVALID_ARGUMENT, "queued_resource.tpu.node_spec must name at least one node"
-        )
+        raise SimulatorError(Code.INVALID_ARGUMENT, "queued_resource.tpu.node_spec must name at least one node")
     spot = _field(resource, "spot")
     guaranteed = _field(resource, "guaranteed")
     if spot is not None and guaranteed is not None:
-        raise SimulatorError(
-            Code.INVALID_ARGUMENT, "queued_resource may set spot or guaranteed, not both"
-        )
+        raise SimulatorError(Code.INVALID_ARGUMENT, "queued_resource may set spot or guaranteed, not both")
     queueing_policy = _field(resource, "queueingPolicy")
     return QueuedResourceRequest(
         slices=tuple(_parse_node_spec(spec, parent) for spec in specs),
         spot=spot is not None,
         guaranteed=None if guaranteed is None else dict(_object(guaranteed, "guaranteed")),
         reservation_name=str(_field(resource, "reservationName") or ""),
-        queueing_policy=(
-            None if queueing_policy is None else dict(_object(queueing_policy, "queueing_policy"))
-        ),
+        queueing_policy=(None if queueing_policy is None else dict(_object(queueing_policy, "queueing_policy"))),
     )
 
 
@@ -317,9 +307,7 @@ def _parse_node_spec(value: Any, parent: str) -> SliceRequest:
     spec = _object(value, "each node_spec")
     spec_parent = _field(spec, "parent")
     if spec_parent != parent:
-        raise SimulatorError(
-            Code.INVALID_ARGUMENT, f"node_spec.parent must be {parent!r}, got {spec_parent!r}"
-        )
+        raise SimulatorError(Code.INVALID_ARGUMENT, f"node_spec.parent must be {parent!r}, got {spec_parent!r}")
     node = _object(_field(spec, "node"), "node_spec.node")
     accelerator_type = _field(node, "acceleratorType")
     if not accelerator_type:
@@ -335,9 +323,7 @@ def _parse_node_spec(value: Any, parent: str) -> SliceRequest:
         try:
             count = int(_field(params, "nodeCount") or 0)
         except (TypeError, ValueError) as exc:
-            raise SimulatorError(
-                Code.INVALID_ARGUMENT, "multislice_params.node_count must be a number"
-            ) from exc
+            raise SimulatorError(Code.INVALID_ARGUMENT, "multislice_params.node_count must be a number") from exc
     return SliceRequest(
         accelerator_type=str(accelerator_type),
         runtime_version=str(_field(node, "runtimeVersion") or ""),
@@ -376,9 +362,7 @@ def _query_int(query: Query, name: str) -> int:
     try:
         return int(raw)
     except ValueError as exc:
-        raise SimulatorError(
-            Code.INVALID_ARGUMENT, f"{name} must be a number, got {raw!r}"
-        ) from exc
+        raise SimulatorError(Code.INVALID_ARGUMENT, f"{name} must be a number, got {raw!r}") from exc
 
 
 def _query_optional_int(query: Query, name: str) -> int | None:
@@ -423,9 +407,7 @@ Handler = Callable[[dict[str, str], Query, bytes], tuple[int, Json]]
 class _TpuRoute:
     """One TPU API method: what a fault aimed at it is called, and what message it answers."""
 
-    def __init__(
-        self, method: str, pattern: str, handler: Handler, fault_method: str | None, response: str
-    ) -> None:
+    def __init__(self, method: str, pattern: str, handler: Handler, fault_method: str | None, response: str) -> None:
         self.method = method
         self.pattern = re.compile(_LOCATION + pattern)
         self.handler = handler
@@ -483,9 +465,7 @@ class SimulatorApi:
             _control_route("GET", _QR + ":workers", self._workers),
         ]
 
-    def handle(
-        self, method: str, path: str, query: Query, body: bytes, field_mask: str = ""
-    ) -> tuple[int, Json]:
+    def handle(self, method: str, path: str, query: Query, body: bytes, field_mask: str = "") -> tuple[int, Json]:
         """The HTTP status and JSON answer to one request; errors become Google's error JSON.
 
         A TPU API call first meets its faults (planned, then random), then has its field
@@ -503,9 +483,7 @@ class SimulatorApi:
                     params = {key: unquote(value) for key, value in match.groupdict().items()}
                     return handler(params, query, body)
             if path.startswith("/v2/"):
-                raise SimulatorError(
-                    Code.UNIMPLEMENTED, f"the tpujobs simulator does not implement {method} {path}"
-                )
+                raise SimulatorError(Code.UNIMPLEMENTED, f"the tpujobs simulator does not implement {method} {path}")
             raise SimulatorError(Code.NOT_FOUND, f"no such endpoint: {method} {path}")
         except SimulatorError as error:
             return error.http_status, error_json(error)
@@ -533,9 +511,7 @@ class SimulatorApi:
 
     # -- the TPU API ----------------------------------------------------------------------
 
-    def _create_queued_resource(
-        self, params: dict[str, str], query: Query, body: bytes
-    ) -> tuple[int, Json]:
+    def _create_queued_resource(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         parent = f"projects/{params['project']}/locations/{params['zone']}"
         request = parse_queued_resource(_json_body(body), parent)
         operation = self.simulator.create_queued_resource(
@@ -543,24 +519,18 @@ class SimulatorApi:
         )
         return 200, operation_json(operation)
 
-    def _list_queued_resources(
-        self, params: dict[str, str], query: Query, body: bytes
-    ) -> tuple[int, Json]:
+    def _list_queued_resources(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         page = self.simulator.list_queued_resources(
             params["project"], params["zone"], _query_int(query, "pageSize"), _query_str(query, "pageToken")
         )
         return 200, _page_json("queuedResources", page, queued_resource_json)
 
-    def _get_queued_resource(
-        self, params: dict[str, str], query: Query, body: bytes
-    ) -> tuple[int, Json]:
+    def _get_queued_resource(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         return 200, queued_resource_json(
             self.simulator.get_queued_resource(params["project"], params["zone"], params["id"])
         )
 
-    def _delete_queued_resource(
-        self, params: dict[str, str], query: Query, body: bytes
-    ) -> tuple[int, Json]:
+    def _delete_queued_resource(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         operation = self.simulator.delete_queued_resource(
             params["project"], params["zone"], params["id"], force=_query_bool(query, "force")
         )
@@ -573,22 +543,16 @@ class SimulatorApi:
         return 200, _page_json("nodes", page, node_json)
 
     def _get_node(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
-        return 200, node_json(
-            self.simulator.get_node(params["project"], params["zone"], params["id"])
-        )
+        return 200, node_json(self.simulator.get_node(params["project"], params["zone"], params["id"]))
 
-    def _list_operations(
-        self, params: dict[str, str], query: Query, body: bytes
-    ) -> tuple[int, Json]:
+    def _list_operations(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         page = self.simulator.list_operations(
             params["project"], params["zone"], _query_int(query, "pageSize"), _query_str(query, "pageToken")
         )
         return 200, _page_json("operations", page, operation_json)
 
     def _get_operation(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
-        return 200, operation_json(
-            self.simulator.get_operation(params["project"], params["zone"], params["id"])
-        )
+        return 200, operation_json(self.simulator.get_operation(params["project"], params["zone"], params["id"]))
 
     # -- control ----------------------------------------------------------------------------
 
@@ -604,9 +568,7 @@ class SimulatorApi:
             "config": self.simulator.config.to_json(),
             "workers": {
                 name: [worker_json(w) for w in workers]
-                for name, workers in (
-                    self.worker_pool.all_workers() if self.worker_pool is not None else {}
-                ).items()
+                for name, workers in (self.worker_pool.all_workers() if self.worker_pool is not None else {}).items()
             },
         }
 
@@ -623,18 +585,14 @@ class SimulatorApi:
         return 200, config.to_json()
 
     def _preempt(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
-        qr = self.simulator.preempt(
-            params["id"], zone=params["zone"], project=_query_str(query, "project") or None
-        )
+        qr = self.simulator.preempt(params["id"], zone=params["zone"], project=_query_str(query, "project") or None)
         return 200, queued_resource_json(qr)
 
     def _fail(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         details = _object(_json_body(body) if body.strip() else {}, "the failure")
         code = details.get("code") or Code.INTERNAL.grpc_code
         if not isinstance(code, int):
-            raise SimulatorError(
-                Code.INVALID_ARGUMENT, f"code must be a google.rpc.Code number, got {code!r}"
-            )
+            raise SimulatorError(Code.INVALID_ARGUMENT, f"code must be a google.rpc.Code number, got {code!r}")
         qr = self.simulator.fail(
             params["id"],
             str(details.get("message") or "failed by the tpujobs simulator"),
@@ -710,9 +668,7 @@ class SimulatorApi:
         try:
             notice_seconds = float(notice) if notice else None
         except ValueError as exc:
-            raise SimulatorError(
-                Code.INVALID_ARGUMENT, f"notice must be a number of seconds, got {notice!r}"
-            ) from exc
+            raise SimulatorError(Code.INVALID_ARGUMENT, f"notice must be a number of seconds, got {notice!r}") from exc
         nodes = self.simulator.maintenance(
             params["id"],
             _query_optional_int(query, "slice"),
@@ -802,11 +758,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
                     {"Metadata-Flavor": "Google", **({"ETag": reply.etag} if reply.etag else {})},
                 )
                 return
-        mask = (
-            self.headers.get("X-Goog-FieldMask")
-            or _query_str(query, "fields")
-            or _query_str(query, "$fields")
-        )
+        mask = self.headers.get("X-Goog-FieldMask") or _query_str(query, "fields") or _query_str(query, "$fields")
         status, payload = self.server.api.handle(method, url.path, query, body, mask)
         self._send(status, json.dumps(payload).encode("utf-8"), "application/json; charset=UTF-8")
 
@@ -878,12 +830,8 @@ class SimulatorServer:
                 self._workers_root = Path(tempfile.mkdtemp(prefix="tpujobs-workers-"))
                 self._made_workers_root = True
             self._workers_root.mkdir(parents=True, exist_ok=True)
-            self.worker_pool = WorkerPool(
-                self.simulator, self._workers_root, self._metadata_url, environ=self._environ
-            )
-        self._http = _HttpServer(
-            self._address, SimulatorApi(self.simulator, self.worker_pool, self._stopping)
-        )
+            self.worker_pool = WorkerPool(self.simulator, self._workers_root, self._metadata_url, environ=self._environ)
+        self._http = _HttpServer(self._address, SimulatorApi(self.simulator, self.worker_pool, self._stopping))
         if self.worker_pool is not None:
             self.worker_pool.attach()
         self._threads = [
@@ -904,9 +852,7 @@ class SimulatorServer:
         """Where worker scratch directories go; None when workers do not run."""
         return self._workers_root if self._run_workers else None
 
-    def workers(
-        self, qr_id: str, *, zone: str | None = None, project: str | None = None
-    ) -> tuple[WorkerInfo, ...]:
+    def workers(self, qr_id: str, *, zone: str | None = None, project: str | None = None) -> tuple[WorkerInfo, ...]:
         """The worker processes of a QR, by slice then worker; () when workers do not run."""
         if self.worker_pool is None:
             return ()

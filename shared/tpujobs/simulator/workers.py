@@ -67,6 +67,7 @@ MetadataUrl = Callable[[NodeRecord, int], str]
 
 VM_MARK = "SIMULATED_TPU_VM"  # in the environment of every process of one simulated host
 
+
 class StopReason:
     """Why a worker was signalled, as WorkerInfo.stopped_by reports it."""
 
@@ -199,9 +200,7 @@ class WorkerPool:
         self._simulator.on_stopped.append(self._on_stopped)
         self._simulator.on_host_failed.append(self._on_host_failed)
         self._simulator.on_hosts.append(self._on_hosts)
-        self._sweeper = threading.Thread(
-            target=self._sweep_forever, name="tpujobs-simulator-workers", daemon=True
-        )
+        self._sweeper = threading.Thread(target=self._sweep_forever, name="tpujobs-simulator-workers", daemon=True)
         self._sweeper.start()
 
     def close(self, grace_seconds: float | None = None) -> list[WorkerInfo]:
@@ -210,9 +209,7 @@ class WorkerPool:
         Idempotent. The grace defaults to the config's delete_grace_seconds. Returns the
         workers that were still alive.
         """
-        grace = (
-            self._simulator.config.delete_grace_seconds if grace_seconds is None else grace_seconds
-        )
+        grace = self._simulator.config.delete_grace_seconds if grace_seconds is None else grace_seconds
         with self._lock:
             first = not self._closed
             self._closed = True  # no more starts, even from hooks already queued
@@ -247,9 +244,7 @@ class WorkerPool:
 
     # -- what tests and the state endpoint read ----------------------------------------
 
-    def workers(
-        self, qr_id: str, *, zone: str | None = None, project: str | None = None
-    ) -> tuple[WorkerInfo, ...]:
+    def workers(self, qr_id: str, *, zone: str | None = None, project: str | None = None) -> tuple[WorkerInfo, ...]:
         """The workers of a QR (also one already deleted), by slice then worker."""
         with self._lock:
             found = [
@@ -264,9 +259,7 @@ class WorkerPool:
         """Every QR's workers, keyed by the QR's resource name."""
         with self._lock:
             return {
-                f"projects/{project}/locations/{zone}/queuedResources/{qr_id}": tuple(
-                    w.info() for w in group
-                )
+                f"projects/{project}/locations/{zone}/queuedResources/{qr_id}": tuple(w.info() for w in group)
                 for (project, zone, qr_id), group in sorted(self._workers.items())
             }
 
@@ -323,9 +316,7 @@ class WorkerPool:
         key = (qr.project, qr.zone, qr.qr_id)
         with self._lock:
             group = self._workers.get(key, [])
-            chosen = [
-                w for w in group if w.slice_index == event.slice_index and w.worker in event.workers
-            ]
+            chosen = [w for w in group if w.slice_index == event.slice_index and w.worker in event.workers]
             if event.action is HostAction.RESET:
                 self._stop(chosen, 0.0, StopReason.REBOOT)
             elif event.action is HostAction.SHUTDOWN:
@@ -344,9 +335,7 @@ class WorkerPool:
         if script is None:
             return
         for index in event.workers:
-            old = next(
-                (w for w in group if (w.slice_index, w.worker) == (event.slice_index, index)), None
-            )
+            old = next((w for w in group if (w.slice_index, w.worker) == (event.slice_index, index)), None)
             if old is not None:
                 _signal(old, signal.SIGKILL)  # a host boots only once its old life is over
                 group.remove(old)
