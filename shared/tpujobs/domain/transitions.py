@@ -7,7 +7,8 @@ out-of-order observations come back as `Ignored` with the reason, never as a mov
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from tpujobs.domain import accounting
@@ -52,178 +53,270 @@ class IllegalTransition(RuntimeError):
 
 
 def decide(job: Job, seen: Observation, now: datetime) -> Decision | Ignored:
-    """Apply one observation to a job: the new job and event, or why nothing changes."""
+    """Apply one observation to a job: the new job and event, or why nothing changes.
+
+    Three steps: an observation of another attempt, or one the table does not allow from the
+    job's state, changes nothing; the event's rule (`_RULES`) says where the job goes and why;
+    the move is checked against the table and written with its timeline entry.
+    """
     if seen.attempt is not None and seen.attempt != job.attempt:
         return Ignored(f"{seen.kind.value} concerns attempt {seen.attempt}; the job is at attempt {job.attempt}")
     targets = allowed_targets(job.state, seen.kind)
     if not targets:
         return Ignored(f"{seen.kind.value} does not apply to a {job.state.value} job")
-
-    changes: dict[str, object] = {}
-    reason = seen.reason
-    if seen.kind is EventKind.ADMITTED:
-        to_state = JobState.PROVISIONING
-        changes["capacity_state"] = seen.capacity_state
-        changes["requested_at"] = now
-        changes["create_operation"] = seen.operation
-        changes["suspect_hosts"] = ()
-        reason = reason or f"Queued resource {job.queued_resource} requested in {job.zone}."
-    elif seen.kind is EventKind.REQUESTED_AGAIN:
-        operation = seen.operation or job.create_operation
-        said = not seen.reason or seen.reason == job.state_reason
-        if seen.capacity_state == job.capacity_state and operation == job.create_operation and said:
-            return Ignored(f"queued resource {job.queued_resource} was asked for again with nothing new")
-        to_state = JobState.PROVISIONING
-        changes["capacity_state"] = seen.capacity_state
-        changes["create_operation"] = operation
-        reason = reason or f"Queued resource {job.queued_resource} was missing; requested again in {job.zone}."
-    elif seen.kind is EventKind.HOSTS_SUSPECT:
-        earlier = {h.node: h.first_seen_at for h in job.suspect_hosts}
-        hosts = tuple(
-            SuspectHost(node, condition, earlier.get(node, now)) for node, condition in sorted(set(seen.hosts))
-        )
-        if hosts == job.suspect_hosts:
-            return Ignored("the job already knows its hosts' conditions")
-        to_state = job.state
-        changes["suspect_hosts"] = hosts
-        names = ", ".join(f"{h.node} ({h.condition})" for h in hosts)
-        reason = reason or (
-            f"Watching {names}: lost if it lasts past the grace."
-            if hosts
-            else f"Every host of attempt {job.attempt} is healthy again."
-        )
-    elif seen.kind is EventKind.REPAIR_FAILED:
-        reason = reason or "The reconciler could not repair the job."
-        if reason == job.state_reason:
-            return Ignored("the job already says why it could not be repaired")
-        to_state = job.state
-    elif seen.kind is EventKind.CAPACITY_CHANGED:
-        if seen.capacity_state == job.capacity_state:
-            return Ignored(f"capacity is already {job.capacity_state}")
-        to_state = JobState.PROVISIONING
-        changes["capacity_state"] = seen.capacity_state
-        reason = reason or f"Queued resource {job.queued_resource} is {seen.capacity_state}."
-    elif seen.kind is EventKind.WORKERS_STARTED:
-        to_state = JobState.RUNNING
-        changes["capacity_state"] = "ACTIVE"
-        changes["started_at"] = job.started_at or now
-        reason = reason or f"Workers of attempt {job.attempt} started the command."
-    elif seen.kind is EventKind.WORKER_SUCCEEDED:
-        worker = seen.worker or "?"
-        if worker in job.workers_done:
-            return Ignored(f"worker {worker} of attempt {job.attempt} was already counted")
-        done = (*job.workers_done, worker)
-        changes["workers_done"] = done
-        changes["started_at"] = job.started_at or now
-        if len(done) >= job.total_workers:
-            to_state = JobState.SUCCEEDED
-            changes["exit_code"] = 0
-            reason = reason or f"Every worker of attempt {job.attempt} exited 0."
-        else:
-            to_state = JobState.RUNNING
-            reason = reason or (f"Worker {worker} exited 0; {len(done)} of {job.total_workers} workers are done.")
-    elif seen.kind is EventKind.CAPACITY_LOST and _never_ran_here(job, seen):
-        zone = next_zone(job)
-        assert zone is not None
-        to_state = JobState.QUEUED
-        changes.update(_requeued(job, zone))
-        what = seen.reason or f"Queued resource {job.queued_resource} failed"
-        reason = f"{what}; it never ran, so attempt {job.attempt + 1} moves to {zone}."
-    elif seen.kind in (EventKind.COMMAND_FAILED, EventKind.CAPACITY_LOST):
-        is_error = seen.kind is EventKind.COMMAND_FAILED
-        on_worker = f" on worker {seen.worker}" if seen.worker else ""
-        what = seen.reason or (
-            f"The command exited with code {seen.exit_code}{on_worker}" if is_error else "The capacity was lost"
-        )
-        ruling = rule_on_loss(
-            job.spec.on_error if is_error else job.spec.on_preemption,
-            job.restarts,
-            job.spec.max_restarts,
-            what,
-        )
-        to_state, reason = ruling.to_state, ruling.reason
-        if is_error:
-            changes["exit_code"] = seen.exit_code
-        if to_state is JobState.RECOVERING:
-            changes["restarts"] = job.restarts + 1
-            changes["resume_next"] = ruling.resume
-            changes["next_attempt_at"] = now + timedelta(seconds=backoff_seconds(job.restarts + 1))
-            if not is_error and _falls_back_to_on_demand(job, now):
-                changes["on_demand"] = True
-                spec = job.spec
-                reason += (
-                    f" After {spec.on_demand_after_preemptions} preemption(s) within "
-                    f"{spec.preemption_window_minutes} minutes, the job continues on on-demand capacity."
-                )
-    elif seen.kind is EventKind.NEXT_ATTEMPT_REQUESTED:
-        to_state = JobState.PROVISIONING
-        following = job.as_next_attempt()
-        changes.update(
-            attempt=following.attempt,
-            queued_resource=following.queued_resource,
-            workers_done=(),
-            capacity_state=seen.capacity_state,
-            next_attempt_at=None,
-            exit_code=None,
-            requested_at=now,
-            create_operation=seen.operation,
-            suspect_hosts=(),
-        )
-        how = "resuming from its checkpoint" if job.resume_next else "from scratch"
-        reason = reason or (
-            f"Attempt {following.attempt} requested queued resource {following.queued_resource} "
-            f"in {following.zone}, {how}."
-        )
-    elif seen.kind is EventKind.WAITING_FOR_QUOTA:
-        if seen.reason == job.state_reason:
-            return Ignored("the job already says it waits for that")
-        to_state = JobState.QUEUED
-    elif seen.kind is EventKind.QUOTA_EXCEEDED:
-        what = seen.reason or f"The job asks for more chips than the whole quota of {job.zone}"
-        zone = next_zone(job)
-        if zone is None:
-            to_state = JobState.FAILED
-            reason = f"{what}; ask an admin to raise the quota, or ask for fewer chips."
-        else:
-            to_state = JobState.QUEUED
-            changes["zone"] = zone
-            reason = f"{what}; attempt {job.attempt} waits in {zone} instead."
-    elif seen.kind is EventKind.EVICTED:
-        to_state = JobState.QUEUED
-        resume = job.spec.on_preemption == "resume"
-        changes.update(_requeued(job, job.zone), resume_next=resume)
-        how = "resume from its checkpoint" if resume else "start from scratch"
-        reason = f"{seen.reason or 'Evicted'}; attempt {job.attempt + 1} waits for quota and will {how}."
-    elif seen.kind is EventKind.ZONE_FAILOVER:
-        zone = next_zone(job)
-        if zone is None:
-            return Ignored(f"no zone after {job.zone} to fail over to")
-        to_state = JobState.QUEUED
-        changes.update(_requeued(job, zone))
-        reason = f"{seen.reason or 'No capacity'} in {job.zone}; attempt {job.attempt + 1} moves to {zone}."
-    elif seen.kind is EventKind.ATTEMPT_ABORTED:
-        to_state = JobState.FAILED
-        changes["exit_code"] = seen.exit_code
-        on_worker = f" on worker {seen.worker}" if seen.worker else ""
-        reason = f"Attempt {job.attempt} could not run{on_worker}: {seen.reason or 'the agent gave up'}"
-    elif seen.kind is EventKind.CAPACITY_REQUEST_FAILED:
-        to_state = JobState.FAILED
-        reason = reason or "The TPU API refused the capacity request."
-    elif seen.kind is EventKind.CANCEL_REQUESTED:
-        to_state = JobState.CANCELLED
-        reason = reason or "Cancelled."
-    else:  # pragma: no cover - every EventKind is handled above
+    rule = _RULES.get(seen.kind)
+    if rule is None:  # pragma: no cover - every EventKind has a rule below
         raise IllegalTransition(f"no rule for {seen.kind}")
+    move = rule(job, seen, now)
+    if isinstance(move, Ignored):
+        return move
+    if move.to_state not in targets:
+        raise IllegalTransition(f"{job.state.value} -> {move.to_state.value} on {seen.kind.value}")
+    return _made(job, seen, move, now)
 
-    if to_state not in targets:
-        raise IllegalTransition(f"{job.state.value} -> {to_state.value} on {seen.kind.value}")
-    if to_state.is_terminal:
+
+@dataclass(frozen=True)
+class _Move:
+    """What an event's rule decides: the state the job goes to, why, and the fields that change."""
+
+    to_state: JobState
+    reason: str
+    changes: Mapping[str, object] = field(default_factory=dict)
+
+
+def _made(job: Job, seen: Observation, move: _Move, now: datetime) -> Decision:
+    """The job after a legal move, with its accounting brought up to date, and the event saying so."""
+    changes = dict(move.changes)
+    if move.to_state.is_terminal:
         changes["ended_at"] = now
-    changes["usage"] = _usage_after(job, seen, to_state, changes, now)
+    changes["usage"] = _usage_after(job, seen, move.to_state, changes, now)
     seq = job.event_seq + 1
-    event = JobEvent(seq, now, job.state, to_state, reason, seen.source, job.attempt)
-    new = job.evolve(state=to_state, state_reason=reason, updated_at=now, event_seq=seq, **changes)
+    event = JobEvent(seq, now, job.state, move.to_state, move.reason, seen.source, job.attempt)
+    new = job.evolve(state=move.to_state, state_reason=move.reason, updated_at=now, event_seq=seq, **changes)
     return Decision(new, event)
+
+
+# -- one rule per event -------------------------------------------------------------------
+# Each returns the move its event means for the job, or Ignored when it would change nothing
+# (said already, counted already). `seen.reason`, when given, is the timeline's sentence.
+
+
+def _admitted(job: Job, seen: Observation, now: datetime) -> _Move:
+    """Admission requested the attempt's queued resource: PROVISIONING, its zone wait starts now."""
+    reason = seen.reason or f"Queued resource {job.queued_resource} requested in {job.zone}."
+    changes = {
+        "capacity_state": seen.capacity_state,
+        "requested_at": now,
+        "create_operation": seen.operation,
+        "suspect_hosts": (),
+    }
+    return _Move(JobState.PROVISIONING, reason, changes)
+
+
+def _requested_again(job: Job, seen: Observation, now: datetime) -> _Move | Ignored:
+    """The reconciler asked again for the same queued resource; `requested_at` keeps the first
+    request's time, so the zone wait still ends. Nothing new (state, operation, words): Ignored."""
+    operation = seen.operation or job.create_operation
+    said = not seen.reason or seen.reason == job.state_reason
+    if seen.capacity_state == job.capacity_state and operation == job.create_operation and said:
+        return Ignored(f"queued resource {job.queued_resource} was asked for again with nothing new")
+    reason = seen.reason or f"Queued resource {job.queued_resource} was missing; requested again in {job.zone}."
+    return _Move(JobState.PROVISIONING, reason, {"capacity_state": seen.capacity_state, "create_operation": operation})
+
+
+def _hosts_suspect(job: Job, seen: Observation, now: datetime) -> _Move | Ignored:
+    """The hosts now in a grace-gated condition; a host keeps the time it was first seen so."""
+    earlier = {h.node: h.first_seen_at for h in job.suspect_hosts}
+    hosts = tuple(SuspectHost(node, condition, earlier.get(node, now)) for node, condition in sorted(set(seen.hosts)))
+    if hosts == job.suspect_hosts:
+        return Ignored("the job already knows its hosts' conditions")
+    names = ", ".join(f"{h.node} ({h.condition})" for h in hosts)
+    reason = seen.reason or (
+        f"Watching {names}: lost if it lasts past the grace."
+        if hosts
+        else f"Every host of attempt {job.attempt} is healthy again."
+    )
+    return _Move(job.state, reason, {"suspect_hosts": hosts})
+
+
+def _repair_failed(job: Job, seen: Observation, now: datetime) -> _Move | Ignored:
+    """The reconciler could not repair the job: its state stays, its reason says so, once."""
+    reason = seen.reason or "The reconciler could not repair the job."
+    if reason == job.state_reason:
+        return Ignored("the job already says why it could not be repaired")
+    return _Move(job.state, reason)
+
+
+def _capacity_changed(job: Job, seen: Observation, now: datetime) -> _Move | Ignored:
+    """The queued resource moved to another state on its way up: mirror it."""
+    if seen.capacity_state == job.capacity_state:
+        return Ignored(f"capacity is already {job.capacity_state}")
+    reason = seen.reason or f"Queued resource {job.queued_resource} is {seen.capacity_state}."
+    return _Move(JobState.PROVISIONING, reason, {"capacity_state": seen.capacity_state})
+
+
+def _workers_started(job: Job, seen: Observation, now: datetime) -> _Move:
+    """The command started: RUNNING on ACTIVE capacity; `started_at` is the job's first start."""
+    reason = seen.reason or f"Workers of attempt {job.attempt} started the command."
+    return _Move(JobState.RUNNING, reason, {"capacity_state": "ACTIVE", "started_at": job.started_at or now})
+
+
+def _worker_succeeded(job: Job, seen: Observation, now: datetime) -> _Move | Ignored:
+    """One worker exited 0, counted once; the job succeeds when every worker of the attempt has."""
+    worker = seen.worker or "?"
+    if worker in job.workers_done:
+        return Ignored(f"worker {worker} of attempt {job.attempt} was already counted")
+    done = (*job.workers_done, worker)
+    changes: dict[str, object] = {"workers_done": done, "started_at": job.started_at or now}
+    if len(done) < job.total_workers:
+        reason = seen.reason or f"Worker {worker} exited 0; {len(done)} of {job.total_workers} workers are done."
+        return _Move(JobState.RUNNING, reason, changes)
+    reason = seen.reason or f"Every worker of attempt {job.attempt} exited 0."
+    return _Move(JobState.SUCCEEDED, reason, {**changes, "exit_code": 0})
+
+
+def _command_failed(job: Job, seen: Observation, now: datetime) -> _Move:
+    """A worker's command exited non-zero: `on_error` and the restart budget decide."""
+    what = seen.reason or f"The command exited with code {seen.exit_code}{_on_worker(seen)}"
+    move = _ruled_on_loss(job, job.spec.on_error, what, now)
+    return replace(move, changes={**move.changes, "exit_code": seen.exit_code})
+
+
+def _capacity_lost(job: Job, seen: Observation, now: datetime) -> _Move:
+    """The attempt's capacity is gone. A queued resource that failed before it ever ran here
+    moves to the next zone; otherwise `on_preemption` and the restart budget decide, and a spot
+    job preempted too often within its window continues on on-demand capacity."""
+    if _never_ran_here(job, seen):
+        return _fails_over_unstarted(job, seen)
+    move = _ruled_on_loss(job, job.spec.on_preemption, seen.reason or "The capacity was lost", now)
+    if move.to_state is not JobState.RECOVERING or not _falls_back_to_on_demand(job, now):
+        return move
+    spec = job.spec
+    reason = move.reason + (
+        f" After {spec.on_demand_after_preemptions} preemption(s) within "
+        f"{spec.preemption_window_minutes} minutes, the job continues on on-demand capacity."
+    )
+    return _Move(move.to_state, reason, {**move.changes, "on_demand": True})
+
+
+def _fails_over_unstarted(job: Job, seen: Observation) -> _Move:
+    """A queued resource that FAILED before it ever ran: the next attempt waits in the next zone."""
+    zone = next_zone(job)
+    assert zone is not None  # _never_ran_here checked it
+    what = seen.reason or f"Queued resource {job.queued_resource} failed"
+    reason = f"{what}; it never ran, so attempt {job.attempt + 1} moves to {zone}."
+    return _Move(JobState.QUEUED, reason, _requeued(job, zone))
+
+
+def _next_attempt_requested(job: Job, seen: Observation, now: datetime) -> _Move:
+    """A RECOVERING job's next queued resource was requested: the next attempt, PROVISIONING."""
+    following = job.as_next_attempt()
+    how = "resuming from its checkpoint" if job.resume_next else "from scratch"
+    reason = seen.reason or (
+        f"Attempt {following.attempt} requested queued resource {following.queued_resource} in {following.zone}, {how}."
+    )
+    changes = {
+        "attempt": following.attempt,
+        "queued_resource": following.queued_resource,
+        "workers_done": (),
+        "capacity_state": seen.capacity_state,
+        "next_attempt_at": None,
+        "exit_code": None,
+        "requested_at": now,
+        "create_operation": seen.operation,
+        "suspect_hosts": (),
+    }
+    return _Move(JobState.PROVISIONING, reason, changes)
+
+
+def _waiting_for_quota(job: Job, seen: Observation, now: datetime) -> _Move | Ignored:
+    """No room in the pool yet: the job stays QUEUED, saying for what, once."""
+    if seen.reason == job.state_reason:
+        return Ignored("the job already says it waits for that")
+    return _Move(JobState.QUEUED, seen.reason)
+
+
+def _quota_exceeded(job: Job, seen: Observation, now: datetime) -> _Move:
+    """Bigger than its pool's whole quota: the attempt waits in the next zone, or the job fails."""
+    what = seen.reason or f"The job asks for more chips than the whole quota of {job.zone}"
+    zone = next_zone(job)
+    if zone is None:
+        return _Move(JobState.FAILED, f"{what}; ask an admin to raise the quota, or ask for fewer chips.")
+    return _Move(JobState.QUEUED, f"{what}; attempt {job.attempt} waits in {zone} instead.", {"zone": zone})
+
+
+def _evicted(job: Job, seen: Observation, now: datetime) -> _Move:
+    """A higher-priority job took the chips: the next attempt waits QUEUED, resuming by its rules."""
+    resume = job.spec.on_preemption == "resume"
+    how = "resume from its checkpoint" if resume else "start from scratch"
+    reason = f"{seen.reason or 'Evicted'}; attempt {job.attempt + 1} waits for quota and will {how}."
+    return _Move(JobState.QUEUED, reason, {**_requeued(job, job.zone), "resume_next": resume})
+
+
+def _zone_failover(job: Job, seen: Observation, now: datetime) -> _Move | Ignored:
+    """Waited too long for capacity: the next attempt waits in the next zone, if there is one."""
+    zone = next_zone(job)
+    if zone is None:
+        return Ignored(f"no zone after {job.zone} to fail over to")
+    reason = f"{seen.reason or 'No capacity'} in {job.zone}; attempt {job.attempt + 1} moves to {zone}."
+    return _Move(JobState.QUEUED, reason, _requeued(job, zone))
+
+
+def _attempt_aborted(job: Job, seen: Observation, now: datetime) -> _Move:
+    """The agent could not start the command for a reason no restart fixes: FAILED, whatever the rules."""
+    reason = f"Attempt {job.attempt} could not run{_on_worker(seen)}: {seen.reason or 'the agent gave up'}"
+    return _Move(JobState.FAILED, reason, {"exit_code": seen.exit_code})
+
+
+def _capacity_request_failed(job: Job, seen: Observation, now: datetime) -> _Move:
+    """The TPU API refused the request for good: FAILED."""
+    return _Move(JobState.FAILED, seen.reason or "The TPU API refused the capacity request.")
+
+
+def _cancel_requested(job: Job, seen: Observation, now: datetime) -> _Move:
+    """The owner or an admin cancelled: CANCELLED."""
+    return _Move(JobState.CANCELLED, seen.reason or "Cancelled.")
+
+
+_Rule = Callable[[Job, Observation, datetime], "_Move | Ignored"]
+_RULES: Mapping[EventKind, _Rule] = {
+    EventKind.ADMITTED: _admitted,
+    EventKind.REQUESTED_AGAIN: _requested_again,
+    EventKind.HOSTS_SUSPECT: _hosts_suspect,
+    EventKind.REPAIR_FAILED: _repair_failed,
+    EventKind.CAPACITY_CHANGED: _capacity_changed,
+    EventKind.WORKERS_STARTED: _workers_started,
+    EventKind.WORKER_SUCCEEDED: _worker_succeeded,
+    EventKind.COMMAND_FAILED: _command_failed,
+    EventKind.CAPACITY_LOST: _capacity_lost,
+    EventKind.NEXT_ATTEMPT_REQUESTED: _next_attempt_requested,
+    EventKind.WAITING_FOR_QUOTA: _waiting_for_quota,
+    EventKind.QUOTA_EXCEEDED: _quota_exceeded,
+    EventKind.EVICTED: _evicted,
+    EventKind.ZONE_FAILOVER: _zone_failover,
+    EventKind.ATTEMPT_ABORTED: _attempt_aborted,
+    EventKind.CAPACITY_REQUEST_FAILED: _capacity_request_failed,
+    EventKind.CANCEL_REQUESTED: _cancel_requested,
+}
+
+
+def _ruled_on_loss(job: Job, rule: str, what: str, now: datetime) -> _Move:
+    """A lost attempt under `rule` (`on_error` or `on_preemption`) and the restart budget:
+    RECOVERING with the next restart counted and its backoff set, or FAILED."""
+    ruling = rule_on_loss(rule, job.restarts, job.spec.max_restarts, what)
+    if ruling.to_state is not JobState.RECOVERING:
+        return _Move(ruling.to_state, ruling.reason)
+    restarts = job.restarts + 1
+    changes = {
+        "restarts": restarts,
+        "resume_next": ruling.resume,
+        "next_attempt_at": now + timedelta(seconds=backoff_seconds(restarts)),
+    }
+    return _Move(ruling.to_state, ruling.reason, changes)
+
+
+def _on_worker(seen: Observation) -> str:
+    return f" on worker {seen.worker}" if seen.worker else ""
 
 
 _HOLDS_CAPACITY = frozenset({EventKind.WORKERS_STARTED, EventKind.WORKER_SUCCEEDED})
