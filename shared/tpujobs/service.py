@@ -14,7 +14,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from tpujobs import logs
 from tpujobs.agent.startup import host_boot
@@ -100,6 +100,17 @@ def ended_attempt(decision: Decision) -> int | None:
     if event.to_state is JobState.CANCELLED and decision.job.started_at is None:
         return None
     return event.attempt
+
+
+@dataclass(frozen=True)
+class _PoolQueue:
+    """One read of a limited pool: its document as read (for the compare-and-set), the holds
+    that stay and those that go with the next write, and the jobs still waiting, in order."""
+
+    view: Any
+    staying: list[Holder]
+    going: frozenset[str]
+    waiting: list[Job]
 
 
 @dataclass(frozen=True)
@@ -265,60 +276,82 @@ class JobService:
         if limit is None:
             limit = self._quota(pool)
         admitted: list[str] = []
-        for lost in range(ADMISSION_ROUNDS):
-            if lost:
-                self.sleep(random.uniform(0, 0.005 * min(lost, 10)))  # spread the retries of a burst
-            view = self.pools.view(pool)
-            held = {h.job_id: h for h in view.holders}
-            queue = self.pools.queue(pool, QUEUE_PEEK)
-            claimed = [j for j in queue if j.job_id in held and held[j.job_id].attempt == j.attempt]
-            for job in claimed:  # claimed by a call that stopped half-way: finish it (idempotent)
-                self._admit(job)
-            waiting = [j for j in queue if j not in claimed]
-            stale = frozenset(j.job_id for j in waiting if j.job_id in held)  # holds of an earlier attempt
-            going = (leaving | stale) & held.keys()
-            holders = [h for h in view.holders if h.job_id not in going]
-            if not waiting:
-                if going and not self.pools.change(view, remove=going):
-                    continue
-                return admitted
-            head = waiting[0]
-            chips = head.spec.chips
-            if limit is not None and never_fits(limit, chips):  # a quota lowered under it:
+        for round_number in range(ADMISSION_ROUNDS):
+            if round_number:  # the last round lost a race or moved its head on
+                self.sleep(random.uniform(0, 0.005 * min(round_number, 10)))  # spread the retries of a burst
+            queue = self._read_queue(pool, leaving)
+            if not queue.waiting:
+                if self._drop_holds(queue):
+                    return admitted
+                continue
+            head = queue.waiting[0]
+            if limit is not None and never_fits(limit, head.spec.chips):  # a quota lowered under it:
                 self._quota_exceeded(head, pool, limit)  # it moves on or fails, and the queue goes on
                 continue
-            claim = Holder(
-                head.job_id,
-                chips,
-                head.attempt,
-                head.spec.priority,
-                self.clock(),
-                evictable=head.spec.on_preemption != "fail",
-            )
-            victims: list[Holder] = []
-            if limit is not None and not fits(limit, holders, chips):
-                victims = victims_for(limit, holders, chips, head.spec.priority) or []
-                if not victims:
-                    if going and not self.pools.change(view, remove=going):
-                        continue
-                    why = waiting_reason(pool, limit, chips)
-                    if head.state_reason != why:  # said once; the same words again would write nothing
-                        seen = Observation(EventKind.WAITING_FOR_QUOTA, head.attempt, "submit", reason=why)
-                        self._commit(head.job_id, seen)
-                    return admitted
-                for victim in victims:
-                    self._evict(victim.job_id, head)
-                leaving = leaving | {v.job_id for v in victims}  # until a write takes their holds away
-                going = going | {v.job_id for v in victims}
-            if not self.pools.change(view, add=claim, remove=going):
+            claim = self._claim(head)
+            victims = self._victims(head, queue.staying, limit)
+            if limit is not None and victims is None:  # no room, and none it may make
+                if not self._drop_holds(queue):
+                    continue
+                self._say_waiting(head, pool, limit)
+                return admitted
+            for victim in victims or ():
+                self._evict(victim.job_id, head)
+            evicted = frozenset(v.job_id for v in victims or ())
+            leaving = leaving | evicted  # until a write takes their holds away
+            if not self.pools.change(queue.view, add=claim, remove=queue.going | evicted):
                 continue
             leaving = frozenset()
             self._admit(head)
             admitted.append(head.job_id)
-            remaining = [h for h in holders if h.job_id not in going]
-            if limit is not None and chips_held(remaining) + chips >= limit:
+            staying = [h for h in queue.staying if h.job_id not in evicted]
+            if limit is not None and chips_held(staying) + claim.chips >= limit:
                 return admitted  # the pool is full: no need to look at the next job
         return admitted
+
+    def _read_queue(self, pool: str, leaving: frozenset[str]) -> _PoolQueue:
+        """Read the pool's holds and the head of its queue; finish the claims a call made and
+        left half-way (idempotent), and mark the holds that go with the next write: `leaving`,
+        and those of a queued job's earlier attempt."""
+        assert self.pools is not None
+        view = self.pools.view(pool)
+        held = {h.job_id: h for h in view.holders}
+        peeked = self.pools.queue(pool, QUEUE_PEEK)
+        claimed = [j for j in peeked if j.job_id in held and held[j.job_id].attempt == j.attempt]
+        for job in claimed:
+            self._admit(job)
+        waiting = [j for j in peeked if j not in claimed]
+        stale = frozenset(j.job_id for j in waiting if j.job_id in held)
+        going = (leaving | stale) & held.keys()
+        staying = [h for h in view.holders if h.job_id not in going]
+        return _PoolQueue(view, staying, going, waiting)
+
+    def _drop_holds(self, queue: _PoolQueue) -> bool:
+        """Take the holds that go off the pool; False when the pool changed since it was read."""
+        assert self.pools is not None
+        return not queue.going or self.pools.change(queue.view, remove=queue.going)
+
+    def _claim(self, head: Job) -> Holder:
+        """The hold the head of the queue takes: its chips, for its current attempt."""
+        spec = head.spec
+        return Holder(
+            head.job_id, spec.chips, head.attempt, spec.priority, self.clock(), evictable=spec.on_preemption != "fail"
+        )
+
+    @staticmethod
+    def _victims(head: Job, staying: list[Holder], limit: int | None) -> list[Holder] | None:
+        """The holders the head must evict to fit: none when it fits; None when it may not
+        make room (its priority evicts nobody, or evicting every lower one would not do)."""
+        chips = head.spec.chips
+        if limit is None or fits(limit, staying, chips):
+            return []
+        return victims_for(limit, staying, chips, head.spec.priority) or None
+
+    def _say_waiting(self, head: Job, pool: str, limit: int) -> None:
+        """The head waits for chips: its reason says so, once (the same words write nothing)."""
+        why = waiting_reason(pool, limit, head.spec.chips)
+        if head.state_reason != why:
+            self._commit(head.job_id, Observation(EventKind.WAITING_FOR_QUOTA, head.attempt, "submit", reason=why))
 
     def _quota_exceeded(self, job: Job, pool: str, limit: int) -> SubmitOutcome:
         """A QUEUED job bigger than its pool's whole quota moves on to its next zone (and is
