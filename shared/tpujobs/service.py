@@ -14,6 +14,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal
 
 from tpujobs import logs
@@ -438,40 +439,10 @@ class JobService:
         now = self.clock()
         at = report.at or now
         worker = worker_key(report.slice_id, report.worker_id)
-        news: dict[str, object] = {
-            "started": {"started_at": at, "live": True},
-            "heartbeat": {"live": True},
-            "exited": {"exited_at": at, "exit_code": report.exit_code, "live": False},
-            "aborted": {"exited_at": at, "exit_code": report.exit_code, "live": False},
-            "checkpoint": {"checkpoint_step": report.step, "checkpoint_at": at, "live": True},
-            "rebooted": {"live": False},
-        }[report.kind]
-        outcome: Decision | Ignored | None = None
-        if report.kind == "started":
-            seen = Observation(EventKind.WORKERS_STARTED, report.attempt, "agent", worker=worker)
-            outcome = self.observe(report.job_id, seen)
-        elif report.kind == "exited":
-            code = report.exit_code if report.exit_code is not None else -1
-            kind = EventKind.WORKER_SUCCEEDED if code == 0 else EventKind.COMMAND_FAILED
-            seen = Observation(kind, report.attempt, "agent", exit_code=code, worker=worker)
-            outcome = self.observe(report.job_id, seen)
-        elif report.kind == "aborted":
-            why = report.detail or "the agent could not start the command"
-            seen = Observation(
-                EventKind.ATTEMPT_ABORTED,
-                report.attempt,
-                "agent",
-                reason=why,
-                exit_code=report.exit_code,
-                worker=worker,
-            )
-            outcome = self.observe(report.job_id, seen)
-        elif report.kind == "rebooted":  # the host's agent started over: that host is lost
-            found = report.detail or "its startup script ran again"
-            why = f"Rebooted: worker {worker} of attempt {report.attempt} started over ({found})"
-            seen = Observation(EventKind.CAPACITY_LOST, report.attempt, "agent", reason=why, worker=worker)
-            outcome = self.observe(report.job_id, seen)
-        elif report.kind == "checkpoint":
+        news = _worker_news(report, at)
+        seen = _worker_observation(report, worker)
+        outcome = None if seen is None else self.observe(report.job_id, seen)
+        if report.kind == "checkpoint":
             self.store.record_checkpoint(report.job_id, report.attempt, at)
         # The worker's record comes after the job's commit: had it come first, a crash in
         # between would leave a worker marked done whose exit the job never counted.
@@ -771,3 +742,36 @@ def quota_reason(job: Job, error: QuotaExhausted) -> str:
     """What a job waiting for TPU quota says, quoting Google."""
     said = str(error).rstrip(". ")
     return f"TPU quota exhausted in {job.zone}: {said}; waiting, asked again at every reconciler tick."
+
+
+def _worker_news(report: WorkerReport, at: datetime) -> dict[str, object]:
+    """What a report changes in its worker's record (`jobs/{id}/workers`)."""
+    return {
+        "started": {"started_at": at, "live": True},
+        "heartbeat": {"live": True},
+        "exited": {"exited_at": at, "exit_code": report.exit_code, "live": False},
+        "aborted": {"exited_at": at, "exit_code": report.exit_code, "live": False},
+        "checkpoint": {"checkpoint_step": report.step, "checkpoint_at": at, "live": True},
+        "rebooted": {"live": False},
+    }[report.kind]
+
+
+def _worker_observation(report: WorkerReport, worker: str) -> Observation | None:
+    """What a report means for its job; None for those that only touch the worker's record
+    (heartbeat, checkpoint)."""
+    if report.kind == "started":
+        return Observation(EventKind.WORKERS_STARTED, report.attempt, "agent", worker=worker)
+    if report.kind == "exited":
+        code = report.exit_code if report.exit_code is not None else -1
+        kind = EventKind.WORKER_SUCCEEDED if code == 0 else EventKind.COMMAND_FAILED
+        return Observation(kind, report.attempt, "agent", exit_code=code, worker=worker)
+    if report.kind == "aborted":
+        why = report.detail or "the agent could not start the command"
+        return Observation(
+            EventKind.ATTEMPT_ABORTED, report.attempt, "agent", reason=why, exit_code=report.exit_code, worker=worker
+        )
+    if report.kind == "rebooted":  # the host's agent started over: that host is lost
+        found = report.detail or "its startup script ran again"
+        why = f"Rebooted: worker {worker} of attempt {report.attempt} started over ({found})"
+        return Observation(EventKind.CAPACITY_LOST, report.attempt, "agent", reason=why, worker=worker)
+    return None
