@@ -42,4 +42,4 @@ def backoff_seconds(restarts: int) -> float:
     if restarts <= 1:
         return 0.0
     doublings = min(restarts - 2, 32)  # past the cap anyway; keeps 2**n from overflowing
-    return min(BACKOFF_BASE_SECONDS * 2**doublings, BACKOFF_CAP_SECONDS)
+    return min(BACKOFF_BASE_SECONDS * 2.0**doublings, BACKOFF_CAP_SECONDS)

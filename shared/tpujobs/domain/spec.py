@@ -21,6 +21,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import ErrorDetails
 
 from tpujobs.domain.accelerators import UnknownAcceleratorType, parse_accelerator_type
 from tpujobs.domain.secrets import check_secret_ref
@@ -224,12 +225,12 @@ def derive_job_id(name: str, message_id: str) -> str:
     return f"{name[: 39 - DERIVED_DIGEST_CHARS].rstrip('-')}-{digest}"
 
 
-def _sentence(error: dict[str, Any]) -> str:
+def _sentence(error: ErrorDetails) -> str:
     """One pydantic error as a sentence that names the field."""
-    loc = ".".join(str(part) for part in error.get("loc", ()))
-    kind = error.get("type", "")
+    loc = ".".join(str(part) for part in error["loc"])
+    kind = error["type"]
     field = loc or "the spec"
-    message = str(error.get("msg", "is invalid"))
+    message = error["msg"] or "is invalid"
     if message.startswith("Value error, "):
         message = message[len("Value error, ") :]
         return message if loc == "" or message.startswith(str(error["loc"][0])) else f"{field}: {message}"
@@ -239,9 +240,9 @@ def _sentence(error: dict[str, Any]) -> str:
         known = ", ".join(JobSpec.model_fields)
         return f"field {field!r} is not part of a job spec (known fields: {known})"
     if kind == "string_pattern_mismatch":
-        pattern = (error.get("ctx") or {}).get("pattern", "")
-        return f"field {field!r} must match {pattern}, got {_excerpt(error.get('input'))}"
-    return f"field {field!r}: {message[0].lower() + message[1:]}, got {_excerpt(error.get('input'))}"
+        pattern = error.get("ctx", {}).get("pattern", "")
+        return f"field {field!r} must match {pattern}, got {_excerpt(error['input'])}"
+    return f"field {field!r}: {message[0].lower() + message[1:]}, got {_excerpt(error['input'])}"
 
 
 def _excerpt(value: Any) -> str:
