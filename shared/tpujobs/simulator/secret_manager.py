@@ -912,7 +912,7 @@ class SecretManagerServer:
     def url(self) -> str:
         if self._http is None:
             raise RuntimeError("the local Secret Manager is not started")
-        host, port = self._http.server_address[:2]
+        host, port = self._http.socket.getsockname()[:2]  # the bound address, never bytes for TCP
         return f"http://{host}:{port}"
 
     def start(self) -> str:

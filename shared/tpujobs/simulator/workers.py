@@ -272,8 +272,8 @@ class WorkerPool:
             if self._closed:
                 return
             leftovers = self._workers.pop(key, [])  # an earlier QR of the same name
-            for worker in leftovers:
-                _signal(worker, signal.SIGKILL)
+            for leftover in leftovers:
+                _signal(leftover, signal.SIGKILL)
             if not qr.hosts_boot:
                 _log.info("%s: its hosts never run their startup script (no-boot)", qr.name)
                 return
@@ -434,7 +434,7 @@ def _signal(worker: _Worker, sig: signal.Signals) -> None:
 def _marked_pids(mark: str) -> list[int]:
     """Processes whose environment carries VM_MARK=mark (Linux /proc; none elsewhere)."""
     needle = f"{VM_MARK}={mark}".encode()
-    found = []
+    found: list[int] = []
     proc = Path("/proc")
     if not proc.is_dir():
         return found
