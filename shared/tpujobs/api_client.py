@@ -1,9 +1,9 @@
 """The `jobs` HTTP function seen from the CLI: one POST, and its JSON turned back into jobs.
 
 The API answers with the Firestore documents as JSON, timestamps as RFC 3339 strings
-(`tpujobs.api.to_json`). `described` reads a `describe` answer back into the job, its timeline
-and its exported attempts, so that `tpujobs describe` renders the same tables whether it read
-Firestore or asked the API. Standard library only, apart from the document readers.
+(`tpujobs.api.to_json`). `described` and `listed` read answers back into jobs, their timelines
+and their exported attempts, so that the CLI renders the same tables whether it read Firestore
+or asked the API. Standard library only, apart from the document readers.
 """
 
 from __future__ import annotations
@@ -56,12 +56,9 @@ def post(
 
 def described(answer: Mapping[str, Any]) -> tuple[Job, list[JobEvent], dict[int, AttemptLogs]]:
     """A `describe` answer as the job, its events in order, and its exported attempts by number."""
-    from tpujobs.adapters.firestore_store import event_from_document, job_from_document
+    from tpujobs.adapters.firestore_store import event_from_document
 
-    document = _with_times(answer["job"])
-    document["usage"] = [_with_times(usage) for usage in document.get("usage") or ()]
-    document["suspect_hosts"] = [_with_times(host) for host in document.get("suspect_hosts") or ()]
-    job = job_from_document(document)
+    job = job_from_json(answer["job"])
     events = [event_from_document(_with_times(event)) for event in answer.get("events") or ()]
     logs = {}
     for attempt in answer.get("attempts") or ():
@@ -77,6 +74,27 @@ def described(answer: Mapping[str, Any]) -> tuple[Job, list[JobEvent], dict[int,
             cut_off_workers=tuple(data.get("cut_off_workers") or ()),
         )
     return job, events, logs
+
+
+def listed(answer: Mapping[str, Any]) -> list[Job]:
+    """A `list` answer as jobs, in its order."""
+    return [job_from_json(document) for document in answer.get("jobs") or ()]
+
+
+def job_from_json(document: Mapping[str, Any]) -> Job:
+    """One job document as the API gives it, read back into a Job."""
+    from tpujobs.adapters.firestore_store import job_from_document
+
+    data = _with_times(document)
+    data["usage"] = [_with_times(usage) for usage in data.get("usage") or ()]
+    data["suspect_hosts"] = [_with_times(host) for host in data.get("suspect_hosts") or ()]
+    return job_from_document(data)
+
+
+def parse_time(value: Any) -> datetime | None:
+    """An RFC 3339 string from the API as a datetime; None for anything else."""
+    parsed = _time(value)
+    return parsed if isinstance(parsed, datetime) else None
 
 
 def _with_times(document: Mapping[str, Any]) -> dict[str, Any]:

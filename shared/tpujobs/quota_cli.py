@@ -1,6 +1,7 @@
 """`tpujobs quota`: read and change the chip quotas of `config/quotas` at run time.
 
-Admins only in production (it writes Firestore directly; IAM decides who may). A raised
+Admins only in production: `show` reads through the jobs API when TPUJOBS_API_URL is set
+(it answers admins), `set` and `unset` write Firestore directly (IAM decides who may). A raised
 quota admits waiting jobs at the next reconcile tick, or at once when any job of the pool
 ends; a lowered one never stops running jobs, it only holds new ones back. A waiting job
 bigger than the whole new quota could never run: it moves on to its next zone, or fails,
@@ -13,14 +14,13 @@ import re
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Column, Table
 
+from tpujobs.cli.common import Format, Output, out, print_document, settings
+from tpujobs.cli.tables import quotas_sheet
+from tpujobs.cli.tables import show as show_sheet
 from tpujobs.domain.accelerators import FAMILIES
-from tpujobs.terminal import shown
 
 quota_app = typer.Typer(help="Chip quotas per accelerator family and zone (config/quotas).", no_args_is_help=True)
-out = Console()
 ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
 
 
@@ -28,9 +28,8 @@ def _pools() -> Any:
     from google.cloud import firestore
 
     from tpujobs.adapters.firestore_pools import FirestorePools
-    from tpujobs.cli import _settings
 
-    return FirestorePools(firestore.Client(project=_settings().project))
+    return FirestorePools(firestore.Client(project=settings().project))
 
 
 def _checked(zone: str, family: str) -> None:
@@ -41,34 +40,22 @@ def _checked(zone: str, family: str) -> None:
 
 
 @quota_app.command("show")
-def show() -> None:
-    """Every quota, the chips held under it, and how many jobs wait."""
-    pools = _pools()
-    quotas = pools.quotas()
-    names = sorted({f"{family}@{zone}" for zone, limits in quotas.items() for family in limits} | set(pools.pools()))
-    if not names:
+def show(
+    output: Output = Format.table,
+    owner: Annotated[str | None, typer.Option(help="Who asks, locally, when TPUJOBS_API_URL is set.")] = None,
+) -> None:
+    """Every quota, the chips held under it, and how many jobs wait (through the jobs API if set)."""
+    from tpujobs.cli.reads import reads
+
+    answer = reads(settings(), owner).quotas()
+    if output is not Format.table:
+        print_document(answer, output)
+        return
+    pools = answer.get("pools") or []
+    if not pools:
         out.print("No quotas: every pool is unlimited.")
         return
-    table = Table(
-        Column("POOL", no_wrap=True),
-        Column("QUOTA", justify="right"),
-        Column("HELD", justify="right"),
-        Column("HOLDERS", justify="right"),
-        Column("WAITING", justify="right"),
-    )
-    for name in names:
-        family, _, zone = name.partition("@")
-        limit = (quotas.get(zone) or {}).get(family)
-        holders = pools.view(name).holders
-        waiting = len(pools.queue(name, limit=1000))
-        table.add_row(
-            shown(name),  # config/quotas is edited by hand in the console: its keys are text
-            "none" if limit is None else str(limit),
-            str(sum(h.chips for h in holders)),
-            str(len(holders)),
-            str(waiting),
-        )
-    out.print(table)
+    show_sheet(out, quotas_sheet(pools))
 
 
 @quota_app.command("set")

@@ -11,7 +11,6 @@ so IAM decides who may set secrets. A value is never echoed, printed or put in a
 from __future__ import annotations
 
 import getpass
-import os
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
@@ -21,6 +20,7 @@ from rich.console import Console
 from rich.table import Column, Table
 from rich.text import Text
 
+from tpujobs.cli.common import settings as cli_settings
 from tpujobs.config import Settings
 from tpujobs.domain.secrets import check_secret_name
 from tpujobs.errors import PermanentError, TransientError
@@ -41,15 +41,6 @@ Account = Annotated[
         "(default: $TPUJOBS_TPU_SERVICE_ACCOUNT, the deployment's TPU VM account).",
     ),
 ]
-
-
-def _settings() -> Settings:
-    """Settings from the environment, filled from a running local stack where unset."""
-    from tpujobs.dev.stack import stack_environment
-
-    for name, value in stack_environment().items():
-        os.environ.setdefault(name, value)
-    return Settings.from_env()
 
 
 def _fail(what: str, why: object) -> NoReturn:
@@ -103,7 +94,7 @@ def set_secret(
         check_secret_name(name)
     except ValueError as error:
         raise typer.BadParameter(str(error), param_hint="NAME") from None
-    settings = _settings()
+    settings = cli_settings()
     owner = account or settings.tpu_service_account
     if not owner:
         _fail(
@@ -135,7 +126,7 @@ def list_secrets(
     ] = None,
 ) -> None:
     """tpujobs' secrets: name, account, latest version and when it was added; never values."""
-    settings = _settings()
+    settings = cli_settings()
     try:
         found = _secrets(settings).list(account)
     except (PermanentError, TransientError) as error:

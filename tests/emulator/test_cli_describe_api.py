@@ -1,4 +1,5 @@
-"""`tpujobs describe` through the `jobs` HTTP function when TPUJOBS_API_URL is set.
+"""`tpujobs describe`, `list`, `rejections`, `dead-letters` and `quota show` through the `jobs`
+HTTP function when TPUJOBS_API_URL is set, and from Firestore when not.
 
 The API (tpujobs.api on the Firestore emulator and the TPU simulator) is served on 127.0.0.1
 as the local stack serves it, trusting the X-Tpujobs-Caller header. The CLI is pointed at
@@ -7,19 +8,20 @@ another project, so the only way it can find the job is the API.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
+import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from tpujobs import api_client
-from tpujobs.adapters.firestore_store import FirestoreJobStore
-from tpujobs.adapters.tpu import CloudTpu
 from tpujobs.api import CALLER_HEADER, JobsApi
 from tpujobs.cli import app
 from tpujobs.service import JobService
@@ -36,16 +38,13 @@ def utc_now() -> datetime:
 
 
 @pytest.fixture
-def service(firestore_client, tpu_client, project_id, simulator_url) -> JobService:
-    settings = local_settings(project=project_id, tpu_endpoint=simulator_url, logs_bucket="logs")
-    return JobService(FirestoreJobStore(firestore_client), CloudTpu(tpu_client, project_id), settings, utc_now)
+def service(job_service) -> JobService:
+    return job_service(sleep=time.sleep)
 
 
-@pytest.fixture
-def api(service) -> Iterator[tuple[str, list[str]]]:
-    """The jobs API on loopback, as functions-framework serves it in the local stack; the callers
-    it was told of."""
-    jobs = JobsApi(service, local_settings(local_stack=True))
+@contextlib.contextmanager
+def serving(jobs: JobsApi) -> Iterator[tuple[str, list[str]]]:
+    """`jobs` on loopback, as functions-framework serves it in the local stack; the callers it was told of."""
     callers: list[str] = []
 
     class Handler(BaseHTTPRequestHandler):
@@ -66,9 +65,18 @@ def api(service) -> Iterator[tuple[str, list[str]]]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/", callers
-    server.shutdown()
-    server.server_close()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/", callers
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def api(service) -> Iterator[tuple[str, list[str]]]:
+    """The jobs API of the local stack on loopback, and the callers it was told of."""
+    with serving(JobsApi(service, service.store, local_settings(local_stack=True))) as served:
+        yield served
 
 
 def describe(monkeypatch, tmp_path, *args: str, api_url: str | None, project: str) -> Any:
@@ -160,3 +168,119 @@ def test_described_reads_times_back_and_skips_unexported_attempts():
     assert job.created_at == datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=timezone.utc)
     assert job.usage[0].waiting_since == datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
     assert job.usage[0].zone == "us-central2-b" and events == [] and logs == {}
+
+
+# --- list, rejections, dead letters and quotas through the API ---------------------------------
+
+ADMIN = "root@example.com"
+
+
+def tpujobs(monkeypatch, tmp_path, *args: str, api_url: str | None, project: str) -> Any:
+    """The CLI as a script runs it (output piped), pointed at `api_url` or at Firestore only."""
+    monkeypatch.setenv("TPUJOBS_STATE_DIR", str(tmp_path))
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", project)
+    monkeypatch.setenv("TPUJOBS_LOCAL_STACK", "1")
+    if api_url:
+        monkeypatch.setenv("TPUJOBS_API_URL", api_url)
+    else:
+        monkeypatch.delenv("TPUJOBS_API_URL", raising=False)
+    return CliRunner().invoke(app, list(args), env={"COLUMNS": "80"})
+
+
+@pytest.fixture
+def admin_api(service, firestore_client) -> Iterator[tuple[str, list[str]]]:
+    """The jobs API with an admin, the deployment's dead letters and its pools."""
+    from tpujobs.adapters.firestore_dead_letters import FirestoreDeadLetters
+    from tpujobs.adapters.firestore_pools import FirestorePools
+
+    with_pools = JobService(
+        service.store, service.tpu, service.settings, utc_now, pools=FirestorePools(firestore_client)
+    )
+    settings = local_settings(local_stack=True, admins=(ADMIN,))
+    jobs = JobsApi(with_pools, with_pools.store, settings, dead_letters=FirestoreDeadLetters(firestore_client))
+    with serving(jobs) as served:
+        yield served
+
+
+def test_list_over_the_api_prints_what_firestore_prints(service, api, project_id, monkeypatch, tmp_path):
+    """Piped at 80 columns: every header, every job; `-o json` is the API's documents, parseable."""
+    api_url, callers = api
+    for number in (1, 2):
+        spec = {
+            "job_id": f"train-{number}",
+            "name": "train",
+            "owner": OWNER,
+            "accelerator_type": "v4-8",
+            "command": "x",
+        }
+        service.submit(inbound("tpujobs-submit", spec))
+    direct = tpujobs(monkeypatch, tmp_path, "list", api_url=None, project=project_id)
+    over_api = tpujobs(monkeypatch, tmp_path, "list", "--as", OWNER, api_url=api_url, project="no-such-project")
+    assert direct.exit_code == 0 and over_api.exit_code == 0, over_api.output
+    for header in ("JOB", "STATE", "ATTEMPT", "ACCELERATOR", "ZONE", "OWNER", "AGE", "CHIP-H", "GOODPUT"):
+        assert header in over_api.stdout
+    row = next(line for line in over_api.stdout.splitlines() if " train-1 " in line)
+    assert OWNER in row and "1 x v4-8" in row and "us-central2-b" in row
+    as_json = tpujobs(monkeypatch, tmp_path, "list", "-o", "json", "--as", OWNER, api_url=api_url, project="x")
+    direct_json = tpujobs(monkeypatch, tmp_path, "list", "-o", "json", api_url=None, project=project_id)
+    documents = json.loads(as_json.stdout)
+    assert [job["job_id"] for job in documents["jobs"]] == ["train-2", "train-1"]
+    assert documents == json.loads(direct_json.stdout)
+    assert set(callers) == {OWNER}
+
+
+def test_admins_read_rejections_dead_letters_and_quotas_through_the_api(
+    service, admin_api, firestore_client, monkeypatch, tmp_path
+):
+    """As an admin: each read gives what Firestore holds, in tables and as JSON; anyone else: one refusal."""
+    from tpujobs.adapters.firestore_dead_letters import FirestoreDeadLetters
+    from tpujobs.adapters.firestore_pools import FirestorePools
+    from tpujobs.ports import DeadLetter
+
+    api_url, _ = admin_api
+    service.submit(inbound("tpujobs-submit", {"name": "train", "owner": OWNER}, message_id="4242"))
+    FirestoreDeadLetters(firestore_client).add(
+        DeadLetter("777", utc_now(), "tpujobs-submit", "projects/p/subscriptions/s", 5, '{"broken": true}')
+    )
+    FirestorePools(firestore_client).set_quota("us-central2-b", "v4", 64)
+
+    def run(*args: str, who: str = ADMIN) -> Any:
+        return tpujobs(monkeypatch, tmp_path, *args, "--owner", who, api_url=api_url, project="no-such-project")
+
+    rejections = json.loads(run("rejections", "-o", "json").stdout)["rejections"]
+    assert [r["message_id"] for r in rejections] == ["4242"] and "accelerator_type" in rejections[0]["reason"]
+    table = run("rejections")
+    assert table.exit_code == 0 and "4242" in table.stdout and "accelerator_type" in table.stdout
+    letters = yaml.safe_load(run("dead-letters", "-o", "yaml").stdout)["dead_letters"]
+    assert [(d["message_id"], d["delivery_attempts"]) for d in letters] == [("777", 5)]
+    assert "777" in run("dead-letters").stdout
+    pools = json.loads(run("quota", "show", "-o", "json").stdout)["pools"]
+    assert pools == [{"pool": "v4@us-central2-b", "quota": 64, "held": 0, "holders": 0, "waiting": 0}]
+    for verb in (["rejections"], ["dead-letters"], ["quota", "show"]):
+        refused = run(*verb, who=STRANGER)
+        assert refused.exit_code == 1 and refused.stdout == ""
+        lines = refused.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"Not allowed: {STRANGER} may not read")
+
+
+def test_rejections_from_firestore_come_newest_first_with_their_reasons(service, project_id, monkeypatch, tmp_path):
+    """Without an API: the `rejections` collection, newest first."""
+    service.submit(inbound("tpujobs-submit", b"not json", message_id="1001"))
+    service.submit(inbound("tpujobs-submit", {"name": "x"}, message_id="1002"))
+    result = tpujobs(monkeypatch, tmp_path, "rejections", "-o", "json", api_url=None, project=project_id)
+    found = json.loads(result.stdout)["rejections"]
+    assert [r["message_id"] for r in found] == ["1002", "1001"]
+    assert all(r["reason"] for r in found)
+
+
+def test_submit_wait_stops_with_the_reason_when_the_message_was_refused(service, project_id, monkeypatch, tmp_path):
+    """`submit --wait` on the topic: the job never comes; the rejection of its message ends the wait, exit 1."""
+    from tpujobs.cli.commands import follow
+    from tpujobs.cli.common import Stop
+
+    service.submit(inbound("tpujobs-submit", {"name": "train", "owner": OWNER, "command": "x"}, message_id="5150"))
+    monkeypatch.setenv("TPUJOBS_STATE_DIR", str(tmp_path))
+    monkeypatch.delenv("TPUJOBS_API_URL", raising=False)
+    with pytest.raises(Stop) as stopped:
+        follow(local_settings(project=project_id), "train-never", lambda job: True, timeout=30, message_id="5150")
+    assert stopped.value.message.startswith("Refused: ") and "accelerator_type" in stopped.value.message

@@ -7,7 +7,7 @@ from datetime import timedelta
 from rich.console import Console
 from test_accounting import a_job, at, move, preempted_job
 
-from tpujobs import cli
+from tpujobs.cli import commands as cli
 from tpujobs.domain.accounting import checkpoint_reported
 from tpujobs.domain.states import EventKind
 from tpujobs.ports import AttemptLogs

@@ -1,35 +1,50 @@
-"""The `tpujobs` command line (contract section 5).
+"""The job verbs of `tpujobs`: submit, validate, list, describe, cancel, logs, dead letters, rejections.
 
-It submits by publishing to `tpujobs-submit`, exactly as any other client would, and
-reads job documents from Firestore. Pointed at the local stack by the environment that
-`tpujobs dev env` prints, or by the stack file `tpujobs dev up` leaves behind.
+Writes go to the `jobs` API when TPUJOBS_API_URL is set (the owner verified), else to the
+topics, exactly as any other client would. Reads go through `cli.reads`: the API when one is
+configured, else Firestore. What is printed is `cli.tables`' business.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import time
 import uuid
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 import yaml
-from rich.console import Console
-from rich.table import Column, Table
 
+from tpujobs.cli import tables
+from tpujobs.cli.common import (
+    Format,
+    Group,
+    Output,
+    Stop,
+    api_url,
+    ask_api,
+    caller,
+    choose_project,
+    err,
+    out,
+    print_document,
+    settings,
+)
+from tpujobs.cli.reads import reads
+from tpujobs.cli.tables import describe_tables, jobs_table, show
 from tpujobs.config import Settings
-from tpujobs.domain.job import Job, JobEvent
+from tpujobs.domain.job import Job
 from tpujobs.domain.spec import SpecError, derive_job_id, parse_spec
 from tpujobs.domain.states import JobState
-from tpujobs.terminal import shown, uncontrolled
+from tpujobs.terminal import shown
 from tpujobs.topology import CONTROL, SUBMIT
 
-app = typer.Typer(help="Run training jobs on Cloud TPUs that survive preemption.", no_args_is_help=True)
-out = Console()
-err = Console(stderr=True)
+__all__ = ["app", "describe_tables", "jobs_table", "watch_screen"]
+
+app = typer.Typer(cls=Group, help="Run training jobs on Cloud TPUs that survive preemption.", no_args_is_help=True)
 
 _TYPED_FIELDS = {
     "slices",
@@ -39,22 +54,46 @@ _TYPED_FIELDS = {
     "preemption_window_minutes",
 }  # --set values parsed as YAML, not text
 
+Owner = Annotated[
+    str | None,
+    typer.Option(
+        help="Who asks, locally, when TPUJOBS_API_URL is set. Default: $TPUJOBS_OWNER, else your login. "
+        "Deployed, your ID token says who you are and this is ignored."
+    ),
+]
 
-def _settings() -> Settings:
-    """Settings from the environment, filled from a running local stack where unset."""
-    from tpujobs.dev.stack import stack_environment
 
-    for name, value in stack_environment().items():
-        os.environ.setdefault(name, value)
-    return Settings.from_env()
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"tpujobs {version('tpujobs')}")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            from tpujobs import __version__
+
+            typer.echo(f"tpujobs {__version__}")
+        raise typer.Exit()
 
 
-def _store(settings: Settings) -> Any:
-    from google.cloud import firestore
+@app.callback()
+def main(
+    project: Annotated[
+        str | None,
+        typer.Option(
+            "--project",
+            help="The Google Cloud project. Default: $GOOGLE_CLOUD_PROJECT, else gcloud's, else the local stack's.",
+        ),
+    ] = None,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Run training jobs on Cloud TPUs that survive preemption."""
+    choose_project(project)
 
-    from tpujobs.adapters.firestore_store import FirestoreJobStore
 
-    return FirestoreJobStore(firestore.Client(project=settings.project))
+# --- submit and validate -------------------------------------------------------------------
 
 
 def apply_overrides(spec: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -73,58 +112,84 @@ def apply_overrides(spec: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return result
 
 
-@app.command()
-def submit(
-    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="Job spec, YAML or JSON.")],
-    set_: Annotated[list[str], typer.Option("--set", help="Override a field: key=value.")] = [],  # noqa: B006
-    wait: Annotated[bool, typer.Option(help="Follow the job until it ends.")] = False,
-) -> None:
-    """Submit a job: through the jobs API when TPUJOBS_API_URL is set (the owner verified), else
-    by publishing its spec to tpujobs-submit."""
-    from tpujobs.adapters.pubsub import Publisher
-
-    loaded = yaml.safe_load(file.read_text(encoding="utf-8"))
+def checked_spec(file: Path, overrides: list[str]) -> tuple[dict[str, Any], str | None]:
+    """The spec in `file` with the overrides, checked as the submit function checks it (exit 2
+    with the function's sentence if not); and its `code_dir`, a CLI convenience, if any."""
+    try:
+        loaded = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except yaml.YAMLError as error:
+        raise Stop(f"Invalid spec: {file} is not YAML or JSON ({str(error).splitlines()[0]}).", code=2) from None
     if not isinstance(loaded, dict):
-        raise typer.BadParameter(f"{file} must hold a mapping of job spec fields")
-    spec = apply_overrides(loaded, set_)
-    code_dir = spec.pop("code_dir", None)  # a CLI convenience: uploaded, then named by code_uri
+        raise Stop(f"Invalid spec: {file} must hold a mapping of job spec fields.", code=2)
+    spec = apply_overrides(loaded, overrides)
+    code_dir = spec.pop("code_dir", None)
+    candidate = dict(spec)
     if code_dir is not None:
-        spec["code_uri"] = "gs://placeholder/code.tar.gz"  # validated below, replaced after upload
-    try:  # the function validates again; this only saves a round trip for obvious mistakes
-        parse_spec(spec, message_id="local-check")
+        candidate["code_uri"] = "gs://placeholder/code.tar.gz"  # replaced by the upload's
+    try:
+        parse_spec(candidate, message_id="local-check")
     except SpecError as error:
-        err.print(f"[red]Invalid spec:[/red] {shown(error)}")
-        raise typer.Exit(2) from None
+        raise Stop(f"Invalid spec: {error}", code=2) from None
     for name in credential_like_env_names(spec.get("env")):
         err.print(
             f"[yellow]Warning:[/yellow] env {shown(name)} looks like a credential. env values are stored "
             "with the job and shown to its owner and admins; put it in Secret Manager "
             f"(tpujobs secret set) and name it under secrets: {{{shown(name)}: ...}} instead."
         )
-    settings = _settings()
+    return spec, None if code_dir is None else str(code_dir)
+
+
+SpecFile = Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="Job spec, YAML or JSON.")]
+Overrides = Annotated[list[str], typer.Option("--set", help="Override a field: key=value.")]
+
+
+@app.command()
+def validate(file: SpecFile, set_: Overrides = []) -> None:  # noqa: B006
+    """Check a job spec without submitting it: the same errors as submit, exit 2 if invalid."""
+    spec, _ = checked_spec(file, set_)
+    out.print(f"{shown(file)} is a valid job spec ({shown(spec.get('accelerator_type'))}).")
+
+
+@app.command()
+def submit(
+    file: SpecFile,
+    set_: Overrides = [],  # noqa: B006
+    wait: Annotated[bool, typer.Option(help="Follow the job until it ends; stop with the reason if refused.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only check the spec, as `tpujobs validate`.")] = False,
+) -> None:
+    """Submit a job: through the jobs API when TPUJOBS_API_URL is set (the owner verified), else
+    by publishing its spec to tpujobs-submit."""
+    spec, code_dir = checked_spec(file, set_)
+    if dry_run:
+        out.print(f"{shown(file)} is a valid job spec: nothing submitted (--dry-run).")
+        return
+    config = settings()
     if code_dir is not None:
-        spec["code_uri"], spec["code_sha256"] = upload_code(settings, (file.parent / str(code_dir)).resolve())
-    url = os.environ.get("TPUJOBS_API_URL", "").strip()
-    if url:  # the jobs API: the owner is who calls, verified
+        spec["code_uri"], spec["code_sha256"] = upload_code(config, (file.parent / code_dir).resolve())
+    message_id = None
+    url = api_url()
+    if url:  # the jobs API: the owner is who calls, verified; a refusal is its answer
         request = {"action": "submit", "request_id": uuid.uuid4().hex, **spec}
-        answer = _ask_api(settings, url, request, str(spec.get("owner", "")))
+        answer = ask_api(config, url, request, str(spec.get("owner", ""))) or {}
         job_id = str(answer.get("job_id"))
         out.print(f"Submitted [bold]{shown(job_id)}[/bold] through the jobs API ({shown(answer.get('state'))})")
     else:  # the topic: the owner is a claim (owner_verified: false)
-        message_id = Publisher.build(settings.project, settings.prefix).publish_json(SUBMIT, spec)
+        from tpujobs.adapters.pubsub import Publisher
+
+        message_id = Publisher.build(config.project, config.prefix).publish_json(SUBMIT, spec)
         job_id = spec.get("job_id") or derive_job_id(spec["name"], message_id)
         out.print(f"Submitted [bold]{shown(job_id)}[/bold] (message {shown(message_id)})")
     if wait:
-        _follow(settings, job_id, until=lambda job: job.state.is_terminal)
+        follow(config, job_id, until=lambda job: job.state.is_terminal, message_id=message_id)
 
 
-def upload_code(settings: Settings, directory: Path) -> tuple[str, str]:
+def upload_code(config: Settings, directory: Path) -> tuple[str, str]:
     """Upload a local code directory to the logs bucket; its gs:// URI and SHA-256."""
     from tpujobs.adapters.storage import build_client, upload_code_dir
 
     if not directory.is_dir():
         raise typer.BadParameter(f"code_dir {directory} is not a directory")
-    uri, digest = upload_code_dir(build_client(settings.project), settings.logs_bucket, directory)
+    uri, digest = upload_code_dir(build_client(config.project), config.logs_bucket, directory)
     out.print(f"Uploaded {shown(directory)} to {shown(uri)} (sha256 {shown(digest[:12])}...)")
     return uri, digest
 
@@ -139,21 +204,39 @@ def credential_like_env_names(env: object) -> list[str]:
     return sorted(name for name in env if isinstance(name, str) and _CREDENTIAL_NAME.fullmatch(name))
 
 
-def _follow(settings: Settings, job_id: str, until: Any, timeout: float = 24 * 3600) -> Job | None:
-    """Print the job's new timeline entries until `until(job)` holds."""
-    store = _store(settings)
+def follow(
+    config: Settings,
+    job_id: str,
+    until: Callable[[Job], bool],
+    timeout: float = 24 * 3600,
+    message_id: str | None = None,
+    owner: str | None = None,
+) -> Job | None:
+    """Print the job's new timeline entries until `until(job)` holds. A message that was refused
+    (its rejection recorded) ends it with the reason, exit 1."""
+    from tpujobs.api_client import described
+
+    source = reads(config, owner)
     seen = 0
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        job = store.get(job_id)
-        if job is not None:
-            for event in store.events(job_id)[seen:]:
-                out.print(f"{_when(event.at)}  {event.to_state.value:<13} {shown(event.reason)}")
+        answer = source.describe(job_id)
+        if answer is not None:
+            job, events, _ = described(answer)
+            for event in events[seen:]:
+                out.print(f"{tables.when(event.at)}  {event.to_state.value:<13} {shown(event.reason)}")
                 seen += 1
             if until(job):
                 return job
+        elif message_id is not None:
+            refused = source.rejection(message_id)
+            if refused is not None:
+                raise Stop(f"Refused: {refused['reason']}")
         time.sleep(0.5)
     return None
+
+
+# --- cancel ----------------------------------------------------------------------------------
 
 
 @app.command()
@@ -177,136 +260,78 @@ def cancel(
     server, or GOOGLE_APPLICATION_CREDENTIALS), else `gcloud auth print-identity-token`.
     Without an API URL the request is published to tpujobs-control.
     """
-    import getpass
-
-    from tpujobs.adapters.pubsub import Publisher
-
-    settings = _settings()
-    who = owner or os.environ.get("TPUJOBS_OWNER") or getpass.getuser()
-    api_url = os.environ.get("TPUJOBS_API_URL", "").strip()
-    if api_url:
-        _cancel_over_http(settings, api_url, job_id, who)
-        return
-    Publisher.build(settings.project, settings.prefix).publish_json(
-        CONTROL, {"action": "cancel", "job_id": job_id, "owner": who}
-    )
-    out.print(f"Asked to cancel [bold]{shown(job_id)}[/bold] as {shown(who)}.")
-    if wait:
-        job = _follow(settings, job_id, until=lambda job: job.state.is_terminal, timeout=60)
-        if job is None or job.state is not JobState.CANCELLED:
-            state = job.state.value if job else "unknown"
-            err.print(
-                f"[red]{shown(job_id)} is {state}, not CANCELLED[/red] "
-                f"(see `tpujobs describe {shown(job_id)}` and the rejections collection)."
-            )
-            raise typer.Exit(1)
-
-
-_REFUSALS = {
-    401: "Not signed in",
-    403: "Not allowed",
-    404: "No such job",
-    409: "Not cancelled",
-}
-
-
-def _cancel_over_http(settings: Settings, url: str, job_id: str, who: str) -> None:
-    """POST a cancel to the `jobs` function; print its answer, exit 1 unless it cancelled."""
-    import json
-    import urllib.error
-    import urllib.request
-
-    from tpujobs.api import CALLER_HEADER
-
-    headers = {"Content-Type": "application/json"}
-    if settings.local_stack:
-        headers[CALLER_HEADER] = who
-    else:
-        headers["Authorization"] = f"Bearer {_id_token(url)}"
-    data = json.dumps({"action": "cancel", "job_id": job_id}).encode()
-    request = urllib.request.Request(url, data=data, headers=headers, method="POST")
-    # The local stack is on loopback: never through a proxy.
-    opener = urllib.request.build_opener(*([urllib.request.ProxyHandler({})] if settings.local_stack else []))
-    try:
-        with opener.open(request, timeout=60) as answer:
-            status, raw = answer.status, answer.read()
-    except urllib.error.HTTPError as error:
-        status, raw = error.code, error.read()
-    except OSError as error:
-        err.print(f"[red]Could not reach the jobs API at {shown(url)}:[/red] {shown(error)}")
-        raise typer.Exit(1) from None
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        body = {"error": raw.decode("utf-8", "replace")[:500]}
-    if status == 200:
-        before = body.get("previous_state")
+    config = settings()
+    who = caller(owner)
+    url = api_url()
+    if url:
+        answer = ask_api(config, url, {"action": "cancel", "job_id": job_id}, who) or {}
+        before = answer.get("previous_state")
         if before == "CANCELLED":
             out.print(f"[bold]{shown(job_id)}[/bold] was already CANCELLED.")
         else:
             out.print(f"Cancelled [bold]{shown(job_id)}[/bold] (it was {shown(before)}).")
         return
-    reason = body.get("error") or f"HTTP {status}"
-    err.print(f"[red]{_REFUSALS.get(status, f'Failed (HTTP {status})')}:[/red] {shown(reason)}")
-    raise typer.Exit(1)
+    from tpujobs.adapters.pubsub import Publisher
+
+    Publisher.build(config.project, config.prefix).publish_json(
+        CONTROL, {"action": "cancel", "job_id": job_id, "owner": who}
+    )
+    out.print(f"Asked to cancel [bold]{shown(job_id)}[/bold] as {shown(who)}.")
+    if wait:
+        job = follow(config, job_id, until=lambda job: job.state.is_terminal, timeout=60)
+        if job is None or job.state is not JobState.CANCELLED:
+            state = job.state.value if job else "unknown"
+            raise Stop(
+                f"{job_id} is {state}, not CANCELLED (see `tpujobs describe {job_id}` and `tpujobs rejections`)."
+            )
 
 
-def _id_token(url: str) -> str:
-    """A Google ID token for the jobs API: a service account's, else the gcloud user's."""
-    import subprocess
-
-    from google.auth import exceptions
-    from google.auth.transport.requests import Request
-    from google.oauth2 import id_token
-
-    audience = (os.environ.get("TPUJOBS_API_AUDIENCE", "").split(",")[0].strip()) or url
-    try:
-        return id_token.fetch_id_token(Request(), audience)
-    except exceptions.GoogleAuthError:
-        pass  # user credentials cannot mint a token for an audience: ask gcloud
-    try:
-        found = subprocess.run(["gcloud", "auth", "print-identity-token"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        found = None
-    token = found.stdout.strip() if found is not None and found.returncode == 0 else ""
-    if not token:
-        err.print(
-            "[red]No Google ID token:[/red] run `gcloud auth login`, or set "
-            "GOOGLE_APPLICATION_CREDENTIALS to a service account key."
-        )
-        raise typer.Exit(1)
-    return token
+# --- list and describe -------------------------------------------------------------------------
 
 
 @app.command("list")
 def list_jobs(
     state: Annotated[str | None, typer.Option(help="Only jobs in this state.")] = None,
     owner: Annotated[str | None, typer.Option(help="Only jobs of this owner.")] = None,
-    limit: Annotated[int, typer.Option(help="At most this many jobs.")] = 50,
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="At most this many jobs.")] = 50,
     watch: Annotated[
         bool, typer.Option("--watch", "-w", help="Keep the table on screen, refreshed, until Ctrl-C.")
     ] = False,
     interval: Annotated[float, typer.Option(min=0.2, help="Seconds between refreshes with --watch.")] = 2.0,
+    output: Output = Format.table,
+    as_who: Annotated[
+        str | None, typer.Option("--as", help="Who asks, locally, when TPUJOBS_API_URL is set (as --owner elsewhere).")
+    ] = None,
 ) -> None:
-    """List jobs, newest first: state, attempt, age, chip-hours and owner."""
+    """List jobs, newest first: state, attempt, age, chip-hours, goodput and owner."""
+    from tpujobs.api_client import listed
+
     if state and state.upper() not in JobState.__members__:
         raise typer.BadParameter(f"--state must be one of {', '.join(JobState.__members__)}")
-    store = _store(_settings())
+    source = reads(settings(), as_who)
+
+    def answer() -> dict[str, Any]:
+        return source.jobs(state.upper() if state else None, owner, limit)
+
+    if output is not Format.table:
+        print_document(answer(), output)
+        return
 
     def current() -> Any:
-        jobs = store.list(state=state.upper() if state else None, owner=owner, limit=limit)
-        return jobs_table(jobs, datetime.now(timezone.utc)) if jobs else "No jobs."
+        jobs = listed(answer())
+        if not jobs:
+            return "No jobs."
+        sheet = tables.jobs_sheet(jobs, datetime.now(timezone.utc))
+        return sheet.table(out.width) if out.is_terminal else sheet
 
     if not watch:
-        out.print(current())
+        show(out, current())
         return
     watch_screen(current, interval)
 
 
-def watch_screen(render: Any, interval: float, refreshes: int | None = None) -> None:
+def watch_screen(render: Callable[[], Any], interval: float, refreshes: int | None = None) -> None:
     """Redraw `render()` in place every `interval` seconds, like a queue monitor; Ctrl-C ends it."""
-    import time
-
     from rich.live import Live
 
     redrawn = 0
@@ -320,245 +345,28 @@ def watch_screen(render: Any, interval: float, refreshes: int | None = None) -> 
         pass
 
 
-def jobs_table(jobs: list[Job], now: datetime) -> Table:
-    """One row per job; chip-hours count a running attempt up to `now`."""
-    counts = {s: sum(job.state is s for job in jobs) for s in JobState}
-    summary = "  ".join(f"{_styled(s)} {n}" for s, n in counts.items() if n)
-    # Job ids are what people copy into other commands: never cut them.
-    longest = max((len(uncontrolled(job.job_id)) for job in jobs), default=3)
-    table = Table(
-        Column("JOB", no_wrap=True, min_width=longest),
-        Column("STATE", no_wrap=True),
-        Column("ATTEMPT", justify="right"),
-        Column("ACCELERATOR", no_wrap=True),
-        Column("ZONE", no_wrap=True),
-        Column("OWNER"),
-        Column("AGE", justify="right"),
-        Column("CHIP-H", justify="right"),
-        Column("GOODPUT", justify="right"),
-        caption=f"{summary}   as of {_when(now)[:19]} UTC",
-        caption_justify="left",
-    )
-    for job in jobs:
-        totals = job.accounting(now=None if job.state.is_terminal else now)
-        table.add_row(  # every field from a spec or a message goes through shown()
-            shown(job.job_id),
-            _styled(job.state),
-            str(job.attempt),
-            shown(f"{job.spec.slices} x {job.spec.accelerator_type}"),
-            shown(job.zone),
-            shown(job.owner),
-            _age(job.created_at, now),
-            _chip_hours(totals.chip_hours),
-            _share(totals.goodput),
-        )
-    return table
-
-
 @app.command()
-def describe(
-    job_id: str,
-    owner: Annotated[
-        str | None,
-        typer.Option(
-            help="Who asks, locally, when TPUJOBS_API_URL is set. Default: $TPUJOBS_OWNER, else "
-            "your login. Deployed, your ID token says who you are and this is ignored."
-        ),
-    ] = None,
-) -> None:
+def describe(job_id: str, owner: Owner = None, output: Output = Format.table) -> None:
     """Show a job's fields, what it cost per attempt, and its timeline.
 
     With TPUJOBS_API_URL set (the local stack sets it), the `jobs` HTTP function answers, as
     for `tpujobs cancel`, and env values are shown only to the job's owner or an admin.
     Without it, Firestore is read directly.
     """
-    settings = _settings()
-    api_url = os.environ.get("TPUJOBS_API_URL", "").strip()
-    if api_url:
-        import getpass
+    from tpujobs.api_client import described
 
-        who = owner or os.environ.get("TPUJOBS_OWNER") or getpass.getuser()
-        job, events, logs = _describe_over_http(settings, api_url, job_id, who)
-        out.print(describe_tables(job, events, logs, datetime.now(timezone.utc)))
+    answer = reads(settings(), owner).describe(job_id)
+    if answer is None:
+        raise Stop(f"No such job: No job {job_id!r}.")
+    if output is not Format.table:
+        print_document(answer, output)
         return
-    store = _store(settings)
-    found = store.get(job_id)
-    if found is None:
-        err.print(f"[red]No job {shown(repr(job_id))}.[/red]")
-        raise typer.Exit(1)
-    logs = {u.attempt: store.attempt_logs(job_id, u.attempt) for u in found.usage}
-    out.print(describe_tables(found, store.events(job_id), logs, datetime.now(timezone.utc)))
+    job, events, logs = described(answer)
+    width = out.width if out.is_terminal else tables.WIDE
+    show(out, describe_tables(job, events, logs, datetime.now(timezone.utc), width=width))
 
 
-def _describe_over_http(settings: Settings, url: str, job_id: str, who: str) -> Any:
-    """The job, its timeline and its exported attempts, from the `jobs` function; exit 1 on refusal."""
-    from tpujobs import api_client
-
-    return api_client.described(_ask_api(settings, url, {"action": "describe", "job_id": job_id}, who))
-
-
-def _ask_api(settings: Settings, url: str, request: dict[str, Any], who: str) -> dict[str, Any]:
-    """POST one request to the `jobs` function as `who` (locally the caller header, deployed an
-    ID token); its JSON answer, or a printed refusal and exit 1."""
-    from tpujobs import api_client
-    from tpujobs.api import CALLER_HEADER
-
-    headers = {CALLER_HEADER: who} if settings.local_stack else {"Authorization": f"Bearer {_id_token(url)}"}
-    try:
-        status, body = api_client.post(url, request, headers, direct=settings.local_stack)
-    except api_client.Unreachable as error:
-        err.print(f"[red]Could not reach the jobs API at {shown(url)}:[/red] {shown(error)}")
-        raise typer.Exit(1) from None
-    if status != 200:
-        reason = body.get("error") or f"HTTP {status}"
-        err.print(f"[red]{_REFUSALS.get(status, f'Failed (HTTP {status})')}:[/red] {shown(reason)}")
-        raise typer.Exit(1)
-    return body
-
-
-def describe_tables(
-    job: Job, events: list[JobEvent], logs: dict[int, Any] | None = None, now: datetime | None = None
-) -> Table:
-    """The job's fields, its attempts (chip-hours, lost time, logs) and its timeline."""
-    until = None if job.state.is_terminal else now
-    totals = job.accounting(now=until)
-    fields = Table(show_header=False, box=None, title=f"Job {shown(job.job_id)}", title_justify="left")
-    fields.add_column(style="bold")
-    fields.add_column()
-    spec = job.spec
-    # Every value from a spec, a message or a report goes through shown(): no markup, no control characters.
-    rows: list[tuple[str, Any]] = [
-        ("name", shown(job.name)),
-        ("state", _styled(job.state)),
-        ("reason", shown(job.state_reason)),
-        ("owner", shown(job.owner)),
-        ("accelerator", shown(f"{spec.slices} x {spec.accelerator_type} ({spec.chips} chips, {spec.capacity})")),
-        ("zone", shown(job.zone)),
-        ("attempt", f"{job.attempt} (restarts {job.restarts} of {spec.max_restarts})"),
-        ("queued resource", shown(f"{job.queued_resource} [{job.capacity_state or '-'}]")),
-        ("command", shown(spec.command)),
-        ("rules", shown(f"on_preemption={spec.on_preemption} on_error={spec.on_error}")),
-        ("labels", shown(", ".join(f"{k}={v}" for k, v in sorted(spec.labels.items())) or "-")),
-        ("env", shown(", ".join(f"{k}={v}" for k, v in sorted(spec.env.items())) or "-")),
-        ("created", _when(job.created_at)),
-        ("started", _when(job.started_at)),
-        ("ended", _when(job.ended_at)),
-        ("exit code", "-" if job.exit_code is None else str(job.exit_code)),
-        (
-            "chip-hours",
-            f"{_chip_hours(totals.chip_hours)} ({_chip_hours(totals.useful_chip_hours)} useful, "
-            f"{_chip_hours(totals.lost_chip_hours)} lost to preemption)",
-        ),
-        ("goodput", _share(totals.goodput)),
-        ("queue wait", _duration(totals.queue_wait_seconds)),
-        ("time lost", _duration(totals.lost_seconds)),
-        ("logs", shown(job.log_uri or "-")),
-    ]
-    for name, value in rows:
-        fields.add_row(name, value)
-    attempts = Table(
-        Column("#", justify="right"),
-        Column("ZONE", no_wrap=True),
-        Column("WAITED", justify="right"),
-        Column("HELD FROM (UTC)", no_wrap=True),
-        Column("ENDED (UTC)", no_wrap=True),
-        Column("CHIP-H", justify="right"),
-        Column("LAST CHECKPOINT", no_wrap=True),
-        Column("LOST", justify="right"),
-        Column("LOGS", overflow="fold"),
-        title="Attempts",
-        title_justify="left",
-    )
-    for usage in job.usage:
-        at = usage.ended_at or until or job.updated_at or usage.waiting_since
-        exported = (logs or {}).get(usage.attempt)
-        lost = _duration(usage.lost_seconds()) if usage.capacity_lost else "-"
-        if usage.capacity_lost and not usage.work_kept:
-            lost += " (rerun)"
-        attempts.add_row(
-            str(usage.attempt),
-            shown(usage.zone or job.zone),
-            _duration(usage.queue_wait_seconds(at)),
-            _when(usage.held_from)[5:19] if usage.held_from else "-",
-            _when(usage.ended_at)[5:19] if usage.ended_at else "-",
-            _chip_hours(usage.chip_hours(at)),
-            _when(usage.last_checkpoint_at)[5:19] if usage.last_checkpoint_at else "-",
-            lost,
-            shown(exported.log_uri) if exported else ("not exported yet" if usage.ended_at else "running"),
-        )
-    # Narrow terminals keep the reason readable by dropping what it already says.
-    wide = out.width >= 140
-    columns = ["#", "AT (UTC)", *(["FROM"] if wide else []), "TO", *(["SOURCE", "ATTEMPT"] if wide else [])]
-    timeline = Table(
-        *(Column(name, no_wrap=True) for name in columns),
-        Column("REASON", ratio=1, min_width=30),
-        title="Timeline",
-        title_justify="left",
-    )
-    for event in events:
-        cells = [
-            str(event.seq),
-            _when(event.at)[11:],  # the date is in `created`; the time of day reads faster
-            *([event.from_state.value if event.from_state else "-"] if wide else []),
-            _styled(event.to_state),
-            *([shown(event.source), str(event.attempt)] if wide else []),
-            shown(event.reason),
-        ]
-        timeline.add_row(*cells)
-    grid = Table.grid(padding=(1, 0))
-    grid.add_row(fields)
-    if job.usage:
-        grid.add_row(attempts)
-    grid.add_row(timeline)
-    return grid
-
-
-def _chip_hours(value: float) -> str:
-    return f"{value:.2f}" if value >= 0.01 or value == 0 else f"{value:.4f}"
-
-
-def _share(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1%}"
-
-
-def _duration(seconds: float) -> str:
-    seconds = round(seconds)
-    if seconds < 60:
-        return f"{seconds}s"
-    minutes, seconds = divmod(seconds, 60)
-    if minutes < 60:
-        return f"{minutes}m{seconds:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m"
-
-
-_STATE_STYLE = {
-    JobState.QUEUED: "yellow",
-    JobState.PROVISIONING: "cyan",
-    JobState.RUNNING: "green",
-    JobState.RECOVERING: "magenta",
-    JobState.SUCCEEDED: "bold green",
-    JobState.FAILED: "bold red",
-    JobState.CANCELLED: "dim",
-}
-
-
-def _styled(state: JobState) -> str:
-    return f"[{_STATE_STYLE[state]}]{state.value}[/]"
-
-
-def _when(moment: datetime | None) -> str:
-    return "-" if moment is None else moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
-
-
-def _age(moment: datetime | None, now: datetime) -> str:
-    if moment is None:
-        return "-"
-    seconds = int((now - moment).total_seconds())
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
+# --- logs --------------------------------------------------------------------------------------
 
 
 @app.command("logs")
@@ -569,29 +377,36 @@ def show_logs(
         int | None,
         typer.Option(min=0, help="Only worker K's output (K = slice x hosts per slice + worker)."),
     ] = None,
-    follow: Annotated[
+    follow_: Annotated[
         bool, typer.Option("--follow", "-f", help="Print new output as it arrives, until the attempt ends.")
     ] = False,
+    links: Annotated[
+        bool, typer.Option("--links", help="Only the gs:// links of the exported logs (through the jobs API if set).")
+    ] = False,
+    owner: Owner = None,
 ) -> None:
     """Show a job's output: an attempt's exported log, or its output chunks as they are."""
-    from tpujobs.adapters.storage import build_client
-    from tpujobs.logs_export import LogObjects, LogReader, attempt_has_ended
+    config = settings()
+    if links:
+        _print_links(config, job_id, attempt, owner)
+        return
+    from google.cloud import firestore
 
-    settings = _settings()
-    store = _store(settings)
+    from tpujobs.adapters.firestore_store import FirestoreJobStore
+    from tpujobs.logs_export import LogReader, attempt_has_ended
+    from tpujobs.runtime import build_log_objects
+
+    store = FirestoreJobStore(firestore.Client(project=config.project))
     job = store.get(job_id)
     if job is None:
-        err.print(f"[red]No job {shown(repr(job_id))}.[/red]")
-        raise typer.Exit(1)
+        raise Stop(f"No such job: No job {job_id!r}.")
     number = attempt or job.attempt
     if number > job.attempt:
-        err.print(f"[red]{shown(job_id)} has no attempt {number}[/red] (it is at attempt {job.attempt}).")
-        raise typer.Exit(1)
+        raise Stop(f"{job_id} has no attempt {number} (it is at attempt {job.attempt}).")
     if worker is not None and worker >= job.total_workers:
-        err.print(f"[red]{shown(job_id)} has workers 0 to {job.total_workers - 1}, not {worker}.[/red]")
-        raise typer.Exit(1)
-    reader = LogReader(LogObjects(build_client(settings.project), settings.logs_bucket), store)
-    if follow and not attempt_has_ended(job, number):
+        raise Stop(f"{job_id} has workers 0 to {job.total_workers - 1}, not {worker}.")
+    reader = LogReader(build_log_objects(config), store)
+    if follow_ and not attempt_has_ended(job, number):
         err.print(f"[dim]Following attempt {number} of {shown(job_id)} until it ends.[/dim]")
         reader.follow(job, number, _write_raw, worker)
         return
@@ -603,6 +418,23 @@ def show_logs(
         else:
             err.print(f"No {what} for attempt {number} yet.")
     _write_raw(text)
+
+
+def _print_links(config: Settings, job_id: str, attempt: int | None, owner: str | None) -> None:
+    """Each exported attempt's log and per-worker logs, one gs:// link a line."""
+    from tpujobs.api_client import described
+
+    answer = reads(config, owner).describe(job_id)
+    if answer is None:
+        raise Stop(f"No such job: No job {job_id!r}.")
+    _, _, logs = described(answer)
+    chosen = {n: logs[n] for n in logs if attempt in (None, n)}
+    if not chosen:
+        raise Stop(f"No exported logs for {job_id}{f' attempt {attempt}' if attempt else ''} yet.")
+    for number, exported in sorted(chosen.items()):
+        typer.echo(f"{number}\tattempt\t{exported.log_uri}")
+        for worker_id, uri in sorted(exported.worker_logs.items()):
+            typer.echo(f"{number}\tworker-{worker_id}\t{uri}")
 
 
 def _write_raw(data: bytes) -> None:
@@ -619,84 +451,67 @@ def _write_raw(data: bytes) -> None:
     buffer.flush()
 
 
+# --- messages that did not become jobs -----------------------------------------------------------
+
+
 @app.command("dead-letters")
 def dead_letters(
     topic: Annotated[str | None, typer.Option(help="Only those from this topic, e.g. tpujobs-submit.")] = None,
     replay: Annotated[
         str | None, typer.Option(metavar="ID", help="Publish this dead letter again to its original topic.")
     ] = None,
-    limit: Annotated[int, typer.Option(help="At most this many.")] = 50,
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="At most this many.")] = 50,
+    output: Output = Format.table,
+    owner: Owner = None,
 ) -> None:
-    """List messages that failed too many deliveries, newest first; --replay ID sends one again."""
-    from rich.text import Text
-
-    from tpujobs import dead_letters as letters
-    from tpujobs.errors import PermanentError, TransientError
-    from tpujobs.runtime import utc_now
-
-    service = letters.build(_settings(), utc_now)
+    """List messages that failed too many deliveries, newest first; --replay ID sends one again
+    (replaying needs Pub/Sub and Firestore access: an admin's)."""
+    config = settings()
     if replay is not None:
-        try:
-            letter, new_id = service.replay(replay)
-        except letters.UnknownDeadLetter:
-            err.print(f"[red]No dead letter {shown(repr(replay))}.[/red] `tpujobs dead-letters` lists them.")
-            raise typer.Exit(1) from None
-        except (PermanentError, TransientError) as error:
-            err.print(f"[red]Not replayed:[/red] {shown(error)}")
-            raise typer.Exit(1) from None
-        again = f" (replayed before at {_when(letter.replayed_at)})" if letter.replayed_at else ""
-        out.print(
-            f"Replayed dead letter [bold]{shown(letter.message_id)}[/bold] to {shown(letter.topic)} "
-            f"as message {shown(new_id)}{again}."
-        )
+        _replay(config, replay)
         return
-    found = service.list(topic=topic, limit=limit)
+    answer = reads(config, owner).dead_letters(topic, limit)
+    if output is not Format.table:
+        print_document(answer, output)
+        return
+    found = answer.get("dead_letters") or []
     if not found:
         out.print(f"No dead letters{f' from {shown(topic)}' if topic else ''}.")
         return
-    # Ids and topics are what people copy: never cut them. The payload gets what is left
-    # of the terminal (at most 60 characters); a narrow one drops the year and REPLAYED.
-    id_width = max(2, *(len(uncontrolled(letter.message_id)) for letter in found))
-    topic_width = max(5, *(len(uncontrolled(letter.topic or "?")) for letter in found))
-    wide = out.width >= 120
-    when = (lambda moment: _when(moment)[:16]) if wide else (lambda moment: _when(moment)[5:16])
-    columns = 6 if wide else 5
-    fixed = id_width + (16 if wide else 11) + topic_width + 8 + (16 if wide else 0) + 3 * columns + 1
-    excerpt_width = max(8, min(60, out.width - fixed))
-    table = Table(
-        Column("ID", no_wrap=True, min_width=id_width),
-        Column("WHEN (UTC)", no_wrap=True),
-        Column("TOPIC", no_wrap=True, min_width=topic_width),
-        Column("ATTEMPTS", justify="right", no_wrap=True),
-        Column("PAYLOAD", no_wrap=True, overflow="ellipsis"),
-        *([Column("REPLAYED", no_wrap=True)] if wide else []),
+    show(out, tables.dead_letters_sheet(found))
+
+
+def _replay(config: Settings, message_id: str) -> None:
+    from tpujobs import dead_letters as letters
+    from tpujobs.errors import PermanentError, TransientError
+    from tpujobs.runtime import build_dead_letters, utc_now
+
+    try:
+        letter, new_id = build_dead_letters(config, utc_now).replay(message_id)
+    except letters.UnknownDeadLetter:
+        raise Stop(f"No dead letter {message_id!r}. `tpujobs dead-letters` lists them.") from None
+    except (PermanentError, TransientError) as error:
+        raise Stop(f"Not replayed: {error}") from None
+    again = f" (replayed before at {tables.when(letter.replayed_at)})" if letter.replayed_at else ""
+    out.print(
+        f"Replayed dead letter [bold]{shown(letter.message_id)}[/bold] to {shown(letter.topic)} "
+        f"as message {shown(new_id)}{again}."
     )
-    for letter in found:
-        # One line: newlines and runs of spaces folded, then any other control character made visible.
-        excerpt = uncontrolled(" ".join(letter.payload.split()))
-        if len(excerpt) > excerpt_width:
-            excerpt = excerpt[: excerpt_width - 1] + "…"
-        table.add_row(
-            shown(letter.message_id),
-            when(letter.at),
-            shown(letter.topic or "?"),
-            "-" if letter.delivery_attempts is None else str(letter.delivery_attempts),
-            Text(excerpt),  # a payload is data, never rich markup
-            *([when(letter.replayed_at)] if wide else []),
-        )
-    out.print(table)
 
 
-def _mount_subcommands() -> None:
-    from tpujobs.demo import demo
-    from tpujobs.dev.cli import dev_app
-    from tpujobs.quota_cli import quota_app
-    from tpujobs.secret_cli import secret_app
-
-    app.add_typer(dev_app, name="dev", help="The local stack: emulators, TPU simulator, functions.")
-    app.add_typer(quota_app, name="quota", help="Chip quotas per accelerator family and zone.")
-    app.add_typer(secret_app, name="secret", help="Secrets for a job's `secrets` field, in Secret Manager.")
-    app.command()(demo)
-
-
-_mount_subcommands()
+@app.command()
+def rejections(
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="At most this many.")] = 50,
+    output: Output = Format.table,
+    owner: Owner = None,
+) -> None:
+    """List messages that could not become jobs, newest first, with the reason for each."""
+    answer = reads(settings(), owner).rejections(limit)
+    if output is not Format.table:
+        print_document(answer, output)
+        return
+    found = answer.get("rejections") or []
+    if not found:
+        out.print("No rejections.")
+        return
+    show(out, tables.rejections_sheet(found))

@@ -1,0 +1,124 @@
+"""Where the CLI reads from: the `jobs` API when one is configured, else Firestore directly.
+
+Both give the same JSON documents (the API's answers: `tpujobs.api.to_json` of the stored
+documents), so `-o json` prints the same thing either way and the tables read one shape.
+Through the API a user needs no Firestore access of their own and sees what the API lets
+them see (env values only for their own jobs; dead letters, rejections and quotas only as
+an admin). Firestore directly is the fallback the local stack and admins use.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from tpujobs.cli.common import api_url, ask_api, caller
+from tpujobs.config import Settings
+
+
+class Reads(Protocol):
+    """What the CLI reads, as the API's JSON answers."""
+
+    def jobs(self, state: str | None, owner: str | None, limit: int) -> dict[str, Any]: ...
+
+    def describe(self, job_id: str) -> dict[str, Any] | None: ...
+
+    def dead_letters(self, topic: str | None, limit: int) -> dict[str, Any]: ...
+
+    def rejections(self, limit: int) -> dict[str, Any]: ...
+
+    def rejection(self, message_id: str) -> dict[str, Any] | None: ...
+
+    def quotas(self) -> dict[str, Any]: ...
+
+
+def reads(config: Settings, owner: str | None = None) -> Reads:
+    """The API's reads when TPUJOBS_API_URL is set, else Firestore's."""
+    url = api_url()
+    return ApiReads(config, url, caller(owner)) if url else StoreReads(config)
+
+
+class ApiReads:
+    """Reads through the `jobs` HTTP function, as `who` (deployed: the ID token's account)."""
+
+    def __init__(self, config: Settings, url: str, who: str) -> None:
+        self.config, self.url, self.who = config, url, who
+
+    def _ask(self, request: dict[str, Any], missing_ok: bool = False) -> dict[str, Any] | None:
+        return ask_api(self.config, self.url, request, self.who, missing_ok=missing_ok)
+
+    def jobs(self, state: str | None, owner: str | None, limit: int) -> dict[str, Any]:
+        request: dict[str, Any] = {"action": "list", "limit": limit}
+        request.update({k: v for k, v in (("state", state), ("owner", owner)) if v})
+        return self._ask(request) or {}
+
+    def describe(self, job_id: str) -> dict[str, Any] | None:
+        return self._ask({"action": "describe", "job_id": job_id}, missing_ok=True)
+
+    def dead_letters(self, topic: str | None, limit: int) -> dict[str, Any]:
+        return self._ask({"action": "dead_letters", "limit": limit, **({"topic": topic} if topic else {})}) or {}
+
+    def rejections(self, limit: int) -> dict[str, Any]:
+        return self._ask({"action": "rejections", "limit": limit}) or {}
+
+    def rejection(self, message_id: str) -> dict[str, Any] | None:
+        return None  # a submission through the API is refused in its answer, never later
+
+    def quotas(self) -> dict[str, Any]:
+        return self._ask({"action": "quotas"}) or {}
+
+
+class StoreReads:
+    """Reads of Firestore with the user's own credentials, in the API's shapes."""
+
+    def __init__(self, config: Settings) -> None:
+        from google.cloud import firestore
+
+        from tpujobs.adapters.firestore_store import FirestoreJobStore
+
+        self.config = config
+        self.client = firestore.Client(project=config.project)
+        self.store = FirestoreJobStore(self.client)
+
+    def jobs(self, state: str | None, owner: str | None, limit: int) -> dict[str, Any]:
+        from tpujobs.adapters.firestore_store import job_to_document
+        from tpujobs.api import to_json
+
+        found = self.store.list(state=state, owner=owner, limit=limit)
+        return {"jobs": [to_json(job_to_document(job)) for job in found]}
+
+    def describe(self, job_id: str) -> dict[str, Any] | None:
+        from tpujobs.adapters.firestore_store import job_to_document
+        from tpujobs.api import to_json
+
+        job = self.store.get(job_id)
+        if job is None:
+            return None
+        return {
+            "job": to_json(job_to_document(job)),
+            "events": [to_json(e) for e in self.store.event_documents(job_id)],
+            "attempts": [to_json(a) for a in self.store.attempt_documents(job_id)],
+        }
+
+    def dead_letters(self, topic: str | None, limit: int) -> dict[str, Any]:
+        from tpujobs.api import dead_letter_document
+        from tpujobs.runtime import build_dead_letters, utc_now
+
+        found = build_dead_letters(self.config, utc_now).list(topic=topic, limit=limit)
+        return {"dead_letters": [dead_letter_document(letter) for letter in found]}
+
+    def rejections(self, limit: int) -> dict[str, Any]:
+        from tpujobs.api import rejection_document
+
+        return {"rejections": [rejection_document(r) for r in self.store.recent_rejections(limit=limit)]}
+
+    def rejection(self, message_id: str) -> dict[str, Any] | None:
+        from tpujobs.api import rejection_document
+
+        found = self.store.rejection(message_id)
+        return None if found is None else rejection_document(found)
+
+    def quotas(self) -> dict[str, Any]:
+        from tpujobs.adapters.firestore_pools import FirestorePools
+        from tpujobs.api import quota_document
+
+        return quota_document(FirestorePools(self.client))

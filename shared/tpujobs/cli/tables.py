@@ -1,0 +1,415 @@
+"""What the CLI prints for people and for scripts: jobs, a job's story, dead letters, rejections.
+
+Every table is a `Sheet`: columns in order of importance and plain-text cells. In a terminal
+it becomes a Rich table fitted to the width: each column is as wide as its content, the least
+important are dropped (never printed empty) and the shortenable ones end in an ellipsis, so an
+80-column terminal still shows ATTEMPT, AGE, CHIP-H and GOODPUT. Piped, it is plain text with
+every column and nothing cut (`-o json` is the format for scripts). Every cell goes through
+`uncontrolled()` and is a `rich.text.Text`: data is never read as markup nor reaches the
+terminal as a control sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+from rich.cells import cell_len
+from rich.console import Console, RenderableType
+from rich.table import Column, Table
+from rich.text import Text
+
+from tpujobs.api_client import parse_time
+from tpujobs.domain.job import Job, JobEvent
+from tpujobs.domain.states import JobState
+from tpujobs.terminal import uncontrolled
+
+STATE_STYLE = {
+    JobState.QUEUED: "yellow",
+    JobState.PROVISIONING: "cyan",
+    JobState.RUNNING: "green",
+    JobState.RECOVERING: "magenta",
+    JobState.SUCCEEDED: "bold green",
+    JobState.FAILED: "bold red",
+    JobState.CANCELLED: "dim",
+}
+WIDE = 250  # the width of text that is not a terminal: nothing is dropped nor cut
+
+
+@dataclass(frozen=True)
+class Col:
+    """One column: `keep` 0 is never dropped, higher numbers go first when space is short;
+    `fit` says what a column narrower than its content does: nothing (`whole`, for ids people
+    copy), an ellipsis (`cut`) or more lines (`wrap`)."""
+
+    header: str
+    keep: int = 0
+    justify: Literal["left", "right"] = "left"
+    fit: Literal["whole", "cut", "wrap"] = "whole"
+    min_width: int = 6
+    style: Callable[[str], str] | None = None
+
+
+@dataclass
+class Sheet:
+    """A table as data, rendered by `table(width)` for a terminal of that width."""
+
+    columns: Sequence[Col]
+    rows: list[list[str]] = field(default_factory=list)
+    title: str | None = None
+    caption: str | None = None
+
+    def add(self, *cells: object) -> None:
+        self.rows.append([uncontrolled("-" if cell is None else cell) for cell in cells])
+
+    def natural(self, index: int) -> int:
+        return max([cell_len(self.columns[index].header), *(cell_len(row[index]) for row in self.rows)])
+
+    def least(self, index: int) -> int:
+        column = self.columns[index]
+        if column.fit == "whole":
+            return self.natural(index)
+        return min(self.natural(index), max(cell_len(column.header), column.min_width))
+
+    def fitted(self, width: int) -> list[tuple[int, int]]:
+        """(column index, width) of the columns shown at `width`: the least important dropped
+        until the rest fit at their least widths, then what is left shared out."""
+        shown = list(range(len(self.columns)))
+
+        def needed(indexes: list[int]) -> int:
+            return sum(self.least(i) for i in indexes) + 3 * len(indexes) + 1  # padding and borders
+
+        while needed(shown) > width and any(self.columns[i].keep for i in shown):
+            shown.remove(max(reversed(shown), key=lambda i: self.columns[i].keep))
+        widths = {i: self.least(i) for i in shown}
+        spare = width - needed(shown)
+        for i in shown:  # in order of importance: the first shortened columns get their room back first
+            extra = min(spare, self.natural(i) - widths[i])
+            if extra > 0:
+                widths[i] += extra
+                spare -= extra
+        return [(i, widths[i]) for i in shown]
+
+    def table(self, width: int = WIDE) -> Table:
+        """A Rich table at most `width` wide."""
+        fitted = self.fitted(width)
+        table = Table(
+            *(
+                Column(
+                    self.columns[i].header,
+                    justify=self.columns[i].justify,
+                    width=w,
+                    no_wrap=self.columns[i].fit != "wrap",
+                    overflow="fold" if self.columns[i].fit == "wrap" else "ellipsis",
+                )
+                for i, w in fitted
+            ),
+            title=self.title,
+            title_justify="left",
+            caption=self.caption,
+            caption_justify="left",
+        )
+        for row in self.rows:
+            table.add_row(*(self._cell(i, row[i]) for i, _ in fitted))
+        return table
+
+    def _cell(self, index: int, value: str) -> Text:
+        style = self.columns[index].style
+        return Text(value, style=style(value) if style else "")
+
+    def full_width(self) -> int:
+        """The width at which nothing is dropped nor cut."""
+        return sum(self.natural(i) for i in range(len(self.columns))) + 3 * len(self.columns) + 1
+
+
+def show(console: Console, renderable: Sheet | RenderableType, full_width: int = WIDE) -> None:
+    """A table fitted to the terminal; piped, the whole of it without colour (every column,
+    nothing cut), for grep and for people reading a log."""
+    if console.is_terminal:
+        console.print(renderable.table(console.width) if isinstance(renderable, Sheet) else renderable)
+        return
+    if isinstance(renderable, Sheet):
+        full_width, renderable = max(80, renderable.full_width()), renderable.table(WIDE)
+    plain = Console(file=console.file, width=full_width, color_system=None, highlight=False, emoji=False)
+    plain.print(renderable)
+
+
+def state_style(value: str) -> str:
+    return STATE_STYLE[JobState(value)] if value in JobState.__members__ else ""
+
+
+# --- jobs --------------------------------------------------------------------------------
+
+
+def jobs_sheet(jobs: list[Job], now: datetime) -> Sheet:
+    """One row per job; chip-hours count a running attempt up to `now`."""
+    counts = {s: sum(job.state is s for job in jobs) for s in JobState}
+    summary = "  ".join(f"{s.value} {n}" for s, n in counts.items() if n)
+    sheet = Sheet(
+        [
+            Col("JOB"),  # what people copy into other commands: never cut
+            Col("STATE", style=state_style),
+            Col("ATTEMPT", keep=2, justify="right"),
+            Col("ACCELERATOR", keep=4, fit="cut", min_width=8),
+            Col("ZONE", keep=5, fit="cut", min_width=8),
+            Col("OWNER", keep=3, fit="cut", min_width=8),
+            Col("AGE", keep=1, justify="right"),
+            Col("CHIP-H", keep=2, justify="right"),
+            Col("GOODPUT", keep=2, justify="right"),
+        ],
+        caption=f"{summary}   as of {when(now)[:19]} UTC",
+    )
+    for job in jobs:
+        totals = job.accounting(now=None if job.state.is_terminal else now)
+        sheet.add(
+            job.job_id,
+            job.state.value,
+            job.attempt,
+            f"{job.spec.slices} x {job.spec.accelerator_type}",
+            job.zone,
+            job.owner,
+            age(job.created_at, now),
+            chip_hours(totals.chip_hours),
+            share(totals.goodput),
+        )
+    return sheet
+
+
+def jobs_table(jobs: list[Job], now: datetime, width: int = WIDE) -> Table:
+    """`tpujobs list` in a terminal `width` columns wide."""
+    return jobs_sheet(jobs, now).table(width)
+
+
+# --- one job -----------------------------------------------------------------------------
+
+
+def describe_tables(
+    job: Job, events: list[JobEvent], logs: dict[int, Any] | None = None, now: datetime | None = None, width: int = WIDE
+) -> RenderableType:
+    """The job's fields, its attempts (chip-hours, lost time, logs) and its timeline."""
+    until = None if job.state.is_terminal else now
+    grid = Table.grid(padding=(1, 0))
+    grid.add_row(_fields(job, until))
+    if job.usage:
+        grid.add_row(attempts_sheet(job, logs or {}, until).table(width))
+    grid.add_row(timeline_sheet(events).table(width))
+    return grid
+
+
+def _fields(job: Job, until: datetime | None) -> Table:
+    totals = job.accounting(now=until)
+    spec = job.spec
+    fields = Table(show_header=False, box=None, title=f"Job {uncontrolled(job.job_id)}", title_justify="left")
+    fields.add_column(style="bold", no_wrap=True)
+    fields.add_column(overflow="fold")
+    rows: list[tuple[str, object]] = [
+        ("name", job.name),
+        ("state", job.state.value),
+        ("reason", job.state_reason),
+        ("owner", job.owner),
+        ("accelerator", f"{spec.slices} x {spec.accelerator_type} ({spec.chips} chips, {spec.capacity})"),
+        ("zone", job.zone),
+        ("attempt", f"{job.attempt} (restarts {job.restarts} of {spec.max_restarts})"),
+        ("queued resource", f"{job.queued_resource} [{job.capacity_state or '-'}]"),
+        ("command", spec.command),
+        ("rules", f"on_preemption={spec.on_preemption} on_error={spec.on_error}"),
+        ("labels", ", ".join(f"{k}={v}" for k, v in sorted(spec.labels.items())) or "-"),
+        ("env", ", ".join(f"{k}={v}" for k, v in sorted(spec.env.items())) or "-"),
+        ("created", when(job.created_at)),
+        ("started", when(job.started_at)),
+        ("ended", when(job.ended_at)),
+        ("exit code", "-" if job.exit_code is None else job.exit_code),
+        (
+            "chip-hours",
+            f"{chip_hours(totals.chip_hours)} ({chip_hours(totals.useful_chip_hours)} useful, "
+            f"{chip_hours(totals.lost_chip_hours)} lost to preemption)",
+        ),
+        ("goodput", share(totals.goodput)),
+        ("queue wait", duration(totals.queue_wait_seconds)),
+        ("time lost", duration(totals.lost_seconds)),
+        ("logs", job.log_uri or "-"),
+    ]
+    for name, value in rows:
+        text = uncontrolled(value)
+        fields.add_row(name, Text(text, style=state_style(text) if name == "state" else ""))
+    return fields
+
+
+def attempts_sheet(job: Job, logs: dict[int, Any], until: datetime | None) -> Sheet:
+    """One row per attempt: where it waited and held capacity, what it cost, where its logs are."""
+    sheet = Sheet(
+        [
+            Col("#", justify="right"),
+            Col("ZONE", keep=4, fit="cut", min_width=8),
+            Col("WAITED", keep=2, justify="right"),
+            Col("HELD FROM (UTC)", keep=3),
+            Col("ENDED (UTC)", keep=3),
+            Col("CHIP-H", keep=1, justify="right"),
+            Col("LAST CHECKPOINT", keep=5),
+            Col("LOST", keep=2, justify="right"),
+            Col("LOGS", keep=1, fit="wrap", min_width=12),
+        ],
+        title="Attempts",
+    )
+    for usage in job.usage:
+        at = usage.ended_at or until or job.updated_at or usage.waiting_since
+        exported = logs.get(usage.attempt)
+        lost = duration(usage.lost_seconds()) if usage.capacity_lost else "-"
+        if usage.capacity_lost and not usage.work_kept:
+            lost += " (rerun)"
+        sheet.add(
+            usage.attempt,
+            usage.zone or job.zone,
+            duration(usage.queue_wait_seconds(at)),
+            when(usage.held_from)[5:19] if usage.held_from else "-",
+            when(usage.ended_at)[5:19] if usage.ended_at else "-",
+            chip_hours(usage.chip_hours(at)),
+            when(usage.last_checkpoint_at)[5:19] if usage.last_checkpoint_at else "-",
+            lost,
+            exported.log_uri if exported else ("not exported yet" if usage.ended_at else "running"),
+        )
+    return sheet
+
+
+def timeline_sheet(events: list[JobEvent]) -> Sheet:
+    """One row per transition; a narrow terminal keeps the reason, which says the rest."""
+    sheet = Sheet(
+        [
+            Col("#", justify="right"),
+            Col("AT (UTC)"),  # the time of day: the date is in `created`
+            Col("FROM", keep=2),
+            Col("TO", style=state_style),
+            Col("SOURCE", keep=1),
+            Col("ATTEMPT", keep=1, justify="right"),
+            Col("REASON", fit="wrap", min_width=30),
+        ],
+        title="Timeline",
+    )
+    for event in events:
+        sheet.add(
+            event.seq,
+            when(event.at)[11:],
+            event.from_state.value if event.from_state else "-",
+            event.to_state.value,
+            event.source,
+            event.attempt,
+            event.reason,
+        )
+    return sheet
+
+
+# --- messages that did not become jobs ------------------------------------------------------
+
+
+def one_line(text: str) -> str:
+    """Newlines and runs of spaces folded: a payload's excerpt on one line."""
+    return " ".join(text.split())
+
+
+def dead_letters_sheet(letters: list[dict[str, Any]]) -> Sheet:
+    """Dead letters (the API's documents): ids and topics whole, the payload cut to fit."""
+    sheet = Sheet(
+        [
+            Col("ID"),
+            Col("WHEN (UTC)", keep=1),
+            Col("TOPIC"),
+            Col("ATTEMPTS", keep=2, justify="right"),
+            Col("PAYLOAD", keep=1, fit="cut", min_width=8),
+            Col("REPLAYED", keep=3),
+        ]
+    )
+    for letter in letters:
+        attempts = letter.get("delivery_attempts")
+        replayed = parse_time(letter.get("replayed_at"))
+        sheet.add(
+            letter.get("message_id"),
+            when(parse_time(letter.get("at")))[:16],
+            letter.get("topic") or "?",
+            "-" if attempts is None else attempts,
+            one_line(str(letter.get("payload") or ""))[:200],
+            when(replayed)[:16] if replayed else "-",
+        )
+    return sheet
+
+
+def rejections_sheet(rejections: list[dict[str, Any]]) -> Sheet:
+    """Messages refused as jobs (the API's documents), with the sentence saying why."""
+    sheet = Sheet(
+        [
+            Col("ID", keep=2),
+            Col("WHEN (UTC)", keep=1),
+            Col("TOPIC", keep=3),
+            Col("REASON", fit="wrap", min_width=30),
+            Col("PAYLOAD", keep=4, fit="cut", min_width=8),
+        ]
+    )
+    for rejection in rejections:
+        sheet.add(
+            rejection.get("message_id"),
+            when(parse_time(rejection.get("at")))[:19],
+            rejection.get("topic") or "?",
+            one_line(str(rejection.get("reason") or "")),
+            one_line(str(rejection.get("payload") or ""))[:200],
+        )
+    return sheet
+
+
+def quotas_sheet(pools: list[dict[str, Any]]) -> Sheet:
+    """`tpujobs quota show`: each pool's quota, what is held under it and who waits."""
+    sheet = Sheet(
+        [
+            Col("POOL"),
+            Col("QUOTA", justify="right"),
+            Col("HELD", justify="right"),
+            Col("HOLDERS", keep=1, justify="right"),
+            Col("WAITING", justify="right"),
+        ]
+    )
+    for pool in pools:
+        quota = pool.get("quota")
+        sheet.add(
+            pool.get("pool"),
+            "none" if quota is None else quota,
+            pool.get("held"),
+            pool.get("holders"),
+            pool.get("waiting"),
+        )
+    return sheet
+
+
+# --- how values read -----------------------------------------------------------------------
+
+
+def chip_hours(value: float) -> str:
+    return f"{value:.2f}" if value >= 0.01 or value == 0 else f"{value:.4f}"
+
+
+def share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def duration(seconds: float) -> str:
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m{seconds:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+def when(moment: datetime | None) -> str:
+    return "-" if moment is None else moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def age(moment: datetime | None, now: datetime) -> str:
+    if moment is None:
+        return "-"
+    seconds = int((now - moment).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
