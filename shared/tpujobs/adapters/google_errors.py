@@ -133,7 +133,7 @@ def status_name(error: api_exceptions.GoogleAPICallError) -> str | None:
         return str(name)
     response = error.response
     try:
-        status = response.json()["error"]["status"]  # type: ignore[union-attr]
+        status = response.json()["error"]["status"]
     except Exception:  # not a requests.Response, not JSON, or no status: the HTTP code decides
         return None
     return status if isinstance(status, str) and status in code_pb2.Code.DESCRIPTOR.values_by_name else None
