@@ -1,4 +1,4 @@
-# Every topic of the contract (tpujobs.topology.ALL_TOPICS) and one push subscription per
+# Every topic tpujobs uses (tpujobs.topology.ALL_TOPICS) and one push subscription per
 # cloudevent function, wired as `tpujobs dev up` wires the emulator (tpujobs.dev.wiring).
 locals {
   topics = [

@@ -68,7 +68,7 @@ FUNCTIONS: tuple[FunctionRoute, ...] = (
 
 
 def topic_name(base: str, prefix: str = "") -> str:
-    """The deployed name of a topic: the optional deployment prefix, then the contract name."""
+    """The deployed name of a topic: the optional deployment prefix, then its base name (`SUBMIT`, ...)."""
     return f"{prefix}{base}"
 
 

@@ -1,4 +1,4 @@
-"""The domain is pure: no Google library, no I/O, no clock reads (style habit 1).
+"""The domain is pure: no Google library, no I/O, no clock reads.
 
 Every module under shared/tpujobs/domain is parsed, not imported, so the check holds
 even for code paths no other test runs.

@@ -44,7 +44,7 @@ def is_tpu_resource_id(name: str) -> bool:
 
 
 def test_a_queued_resource_is_named_job_id_dash_a_attempt() -> None:
-    """`{job_id}-a{attempt}`, as contract section 3 says."""
+    """`{job_id}-a{attempt}`, one name per attempt of a job."""
     assert queued_resource_name("train-1", 1) == "train-1-a1"
     assert queued_resource_name("train-1", 12) == "train-1-a12"
 

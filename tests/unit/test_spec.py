@@ -93,7 +93,7 @@ def test_a_spec_without_a_required_field_is_rejected_naming_it(field: str) -> No
 
 
 def test_the_minimal_spec_is_accepted_with_the_contract_defaults() -> None:
-    """A spec of only the required fields gets every default contract section 1 lists."""
+    """A spec of only the required fields gets every documented default."""
     spec = parse_spec(MINIMAL, message_id=MESSAGE_ID)
     assert spec.runtime_version == "tpu-ubuntu2204-base"
     assert spec.zone is None and spec.zones is None

@@ -13,7 +13,7 @@ What it does, in order:
   3. fetches the code (a gs:// tarball, checked against the job's code_sha256 before it is
      unpacked safely, or every object under a gs:// prefix);
   4. runs `setup` once per host, then `command`, each with `bash -c` in its own process group
-     and the environment of contract section 2;
+     and the job's environment (`job_environment`: the spec's env and secrets, TPUJOBS_ variables);
   5. streams their merged output to Cloud Storage in numbered chunk objects (and to its own
      stdout), so little is lost when the host dies;
   6. reports started (when setup or the command starts), heartbeat, checkpoint and exited
@@ -656,7 +656,7 @@ def job_environment(
     """The command's environment: the host's, the spec's env, its secrets, then TPUJOBS_ variables.
 
     The host's own TPUJOBS_ variables (the simulator's TPUJOBS_WORKDIR, TPUJOBS_METADATA_URL)
-    are left out: the prefix is reserved, and the job sees exactly those of contract section 2.
+    are left out: the prefix is reserved, and the job sees exactly the TPUJOBS_ variables set here.
     """
     env = {name: value for name, value in base.items() if not name.startswith("TPUJOBS_")}
     env.update(config["env"])

@@ -118,7 +118,7 @@ def wire_pubsub(
     *,
     minimum_backoff_s: float = LOCAL_MINIMUM_BACKOFF_S,
 ) -> Wiring:
-    """Every topic of the contract, and a push subscription per cloudevent route.
+    """Every topic of `topology.ALL_TOPICS`, and a push subscription per cloudevent route.
 
     `function_urls` maps a route's target to its URL. Existing topics and subscriptions are
     kept; a subscription whose endpoint (a function on a new port) or policies differ from

@@ -15,7 +15,7 @@ from tpujobs.domain.spec import JobSpec
 def may_cancel(owner: str, caller: str, admins: Collection[str]) -> bool:
     """Whether `caller` may cancel a job of `owner`: its owner, or a configured admin.
 
-    Exact comparison, as the contract stores `owner`; an empty caller is nobody, even
+    Exact comparison, as the job stores `owner` as given; an empty caller is nobody, even
     for a job whose owner is empty.
     """
     if not caller:

@@ -1,6 +1,6 @@
 """The job record and its timeline entries, as immutable values.
 
-A `Job` mirrors the Firestore document of contract section 3 field by field, so the
+A `Job` mirrors its Firestore document (`jobs/{job_id}`) field by field, so the
 adapter maps it flatly and the console shows what the code sees.
 """
 

@@ -1,6 +1,6 @@
 """Restart rules: what a lost attempt or a failed command leads to, and how long to wait.
 
-Preemptions and errors share one budget, `max_restarts` (contract section 1).
+Preemptions and errors share one budget, the spec's `max_restarts`.
 """
 
 from __future__ import annotations

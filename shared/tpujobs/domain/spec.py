@@ -1,6 +1,6 @@
 """The job spec: what a user submits, validated once at the door.
 
-Every rule of contract section 1 lives here. A spec that fails gives one `SpecError`
+Every rule of a spec's fields (types, defaults, patterns, ranges) lives here. A spec that fails gives one `SpecError`
 whose message is a sentence naming the bad field, because that sentence is what the
 user reads in the `rejections` collection. Validation is pydantic in strict mode:
 JSON types are not coerced ("2" is not a slice count) and unknown fields are errors.
@@ -68,7 +68,7 @@ def _no_control_chars(field: str, value: str) -> str:
 
 
 class JobSpec(BaseModel):
-    """A validated job spec (contract section 1). Immutable once accepted."""
+    """A validated job spec. Immutable once accepted."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 

@@ -12,7 +12,7 @@ from enum import Enum
 
 
 class JobState(str, Enum):
-    """Where a job is in its life (contract section 3). The value is what Firestore stores."""
+    """Where a job is in its life. The value is what Firestore stores in the job's `state`."""
 
     QUEUED = "QUEUED"
     """Accepted and recorded; waiting for admission (quota, priority) before capacity is asked for."""
