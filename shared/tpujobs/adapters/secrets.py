@@ -140,7 +140,7 @@ class Secrets:
                     account=owner,
                     secret=secret.name,
                     version=number,
-                    created=created or secret.create_time,
+                    created=created or _as_datetime(secret.create_time),
                 )
             )
         return sorted(found, key=lambda info: (info.account, info.name))
@@ -153,7 +153,12 @@ class Secrets:
             if isinstance(error.__cause__, api_exceptions.NotFound):
                 return None, None
             raise
-        return int(version.name.rsplit("/", 1)[-1]), version.create_time
+        return int(version.name.rsplit("/", 1)[-1]), _as_datetime(version.create_time)
+
+
+def _as_datetime(value: object) -> datetime | None:
+    """proto-plus gives a Timestamp field as a datetime (None when unset), though its hints say Timestamp."""
+    return value if isinstance(value, datetime) else None
 
 
 def _translated(doing: str) -> AbstractContextManager[None]:
