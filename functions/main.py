@@ -16,7 +16,7 @@ import flask
 import functions_framework
 from cloudevents.http.event import CloudEvent
 
-from tpujobs import api, logs, runtime
+from tpujobs import logs, runtime
 from tpujobs.config import Settings
 from tpujobs.inbound import InboundMessage, from_cloud_event, subscription_of
 
@@ -103,5 +103,5 @@ def jobs(request: flask.Request) -> tuple[str, int, dict[str, str]]:
     """HTTP POST {"action": "list" | "describe" | "cancel", ...}: see tpujobs.api."""
     project = os.environ.get("GOOGLE_CLOUD_PROJECT", "")
     with logs.handling(trace=logs.trace_from_traceparent(request.headers.get("traceparent"), project)):
-        answer = api.default_api().handle(request.method, request.url, request.headers, request.get_data(cache=False))
+        answer = runtime.jobs_api().handle(request.method, request.url, request.headers, request.get_data(cache=False))
     return json.dumps(answer.body), answer.status, {"Content-Type": "application/json", **answer.headers}

@@ -31,7 +31,7 @@ import json
 import logging
 import re
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -46,6 +46,8 @@ from tpujobs.identity import CallerIdentity, TokenVerifier, Unauthenticated, hea
 from tpujobs.identity import InvalidToken as InvalidToken  # what a TokenVerifier raises
 
 if TYPE_CHECKING:
+    from tpujobs.domain.job import Job
+    from tpujobs.ports import DeadLetterStore, JobDocuments
     from tpujobs.service import JobService
 
 log = logging.getLogger(__name__)
@@ -56,7 +58,15 @@ MAX_LIMIT = 1000
 MAX_BODY_BYTES = 64 * 1024
 HIDDEN = "<hidden>"  # what other callers see instead of a job's env values
 # action -> the JobsApi method that answers it, called with (caller, request): add one here.
-HANDLERS = {"list": "list_jobs", "describe": "describe", "cancel": "cancel", "submit": "submit"}
+HANDLERS = {
+    "list": "list_jobs",
+    "describe": "describe",
+    "cancel": "cancel",
+    "submit": "submit",
+    "dead_letters": "dead_letters",
+    "rejections": "rejections",
+    "quotas": "quotas",
+}
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 ACTIONS = tuple(HANDLERS)
 
@@ -86,18 +96,21 @@ class JobsApi:
     def __init__(
         self,
         service: JobService,
+        store: JobDocuments,
         settings: Settings,
         verify_token: TokenVerifier | None = None,
+        dead_letters: DeadLetterStore | None = None,
     ) -> None:
+        """`store` is the service's job store, with its documents (what `describe` shows);
+        `verify_token` checks signed ID tokens (`adapters.google_id_tokens`, which `runtime`
+        wires): without one, only the local stack's caller header and tokens Cloud Run
+        checked are accepted. `dead_letters`: the deployment's, for admins; None: none kept."""
         self.service = service
-        self.store: Any = service.store  # FirestoreJobStore: its document reads are not a port
+        self.store = store
         self.settings = settings
-        if verify_token is None:
-            from tpujobs.adapters.google_id_tokens import GoogleIdTokens
-
-            verify_token = GoogleIdTokens(settings.api_certs_url)  # certificates cached in it
-        self.verify_token = verify_token
-        self.identity = CallerIdentity(verify_token, platform_auth=settings.api_platform_auth)
+        self.verify_token = verify_token or _no_signed_tokens
+        self.identity = CallerIdentity(self.verify_token, platform_auth=settings.api_platform_auth)
+        self._dead_letters = dead_letters
 
     def handle(self, method: str, url: str, headers: Mapping[str, str], body: bytes) -> Response:
         """Answer one HTTP request; every refusal is a JSON `{"error": sentence}`."""
@@ -135,12 +148,10 @@ class JobsApi:
             log.warning("refused a request: %s", error)
             raise ApiError(401, str(error)) from None
 
-    def shown(self, caller: str, job: Any) -> dict[str, Any]:
+    def shown(self, caller: str, job: Job) -> dict[str, Any]:
         """The job's document as `caller` may see it: `spec.env` values only for its owner or an
         admin (the rule of cancel); anyone else gets the names, each value `<hidden>`."""
-        from tpujobs.adapters.firestore_store import job_to_document
-
-        document = to_json(job_to_document(job))
+        document = to_json(self.store.job_document(job))
         spec = document.get("spec")
         if isinstance(spec, dict) and spec.get("env") and not may_cancel(job.owner, caller, self.settings.admins):
             spec["env"] = {name: HIDDEN for name in spec["env"]}
@@ -235,12 +246,48 @@ class JobsApi:
         state = job.state.value if job is not None else None
         return Response(200, {"job_id": spec.job_id, "state": state, "outcome": outcome.kind, "reason": outcome.reason})
 
+    # -- admin reads: the CLI's dead-letters, rejections and quota show -----------------
+
+    def dead_letters(self, caller: str, request: dict[str, Any]) -> Response:
+        """Messages that failed too many deliveries, newest first (admins only)."""
+        _only(request, "dead_letters", {"topic", "limit"})
+        self._admin_only(caller, "dead letters")
+        topic = request.get("topic")
+        if topic is not None and (not isinstance(topic, str) or not topic):
+            raise ApiError(400, "'topic' must be a topic name such as tpujobs-submit.")
+        letters = self.dead_letter_reader.list(topic=topic, limit=_limit(request, 50))
+        return Response(200, {"dead_letters": [dead_letter_document(letter) for letter in letters]})
+
+    def rejections(self, caller: str, request: dict[str, Any]) -> Response:
+        """Messages that could not become jobs, newest first, with the reason (admins only)."""
+        _only(request, "rejections", {"limit"})
+        self._admin_only(caller, "rejections")
+        found = self.store.recent_rejections(limit=_limit(request, 50))
+        return Response(200, {"rejections": [rejection_document(rejection) for rejection in found]})
+
+    def quotas(self, caller: str, request: dict[str, Any]) -> Response:
+        """Every pool's quota, the chips held under it and how many jobs wait (admins only)."""
+        _only(request, "quotas", set())
+        self._admin_only(caller, "quotas")
+        return Response(200, quota_document(self.service.pools))
+
+    @functools.cached_property
+    def dead_letter_reader(self) -> DeadLetterStore:
+        """The dead letters of this deployment, as `runtime` passed them in."""
+        if self._dead_letters is None:
+            raise ApiError(503, "This deployment's API was built without its dead letters.")
+        return self._dead_letters
+
+    def _admin_only(self, caller: str, what: str) -> None:
+        if caller not in self.settings.admins:
+            raise ApiError(403, f"{caller} may not read {what}: only an admin (TPUJOBS_ADMINS) may.")
+
     def _already_ended(self, job_id: str, state: JobState) -> Response:
         if state is JobState.CANCELLED:
             return Response(200, {"job_id": job_id, "state": state.value, "previous_state": state.value})
         raise ApiError(409, f"{job_id} already ended {state.value}: there is nothing to cancel.")
 
-    def _job(self, request: dict[str, Any]) -> Any:
+    def _job(self, request: dict[str, Any]) -> Job:
         job_id = request.get("job_id")
         if not isinstance(job_id, str) or not job_id:
             raise ApiError(400, "'job_id' is required: the job's id as a string.")
@@ -268,6 +315,58 @@ def parse_body(body: bytes) -> dict[str, Any]:
     return request
 
 
+def dead_letter_document(letter: Any) -> dict[str, Any]:
+    """A dead letter as JSON: its document less the original bytes (the payload shows them as text)."""
+    document = letter.to_document()
+    document.pop("data", None)
+    return dict(to_json(document))
+
+
+def rejection_document(rejection: Any) -> dict[str, Any]:
+    """A rejection as JSON (contract section 3, `rejections`)."""
+    return {
+        "message_id": rejection.message_id,
+        "at": to_json(rejection.at),
+        "reason": rejection.reason,
+        "payload": rejection.payload,
+        "topic": rejection.topic,
+    }
+
+
+def quota_document(pools: Any) -> dict[str, Any]:
+    """Each pool (`family@zone`) with its quota (None: unlimited), chips held, holders and waiting jobs."""
+    if pools is None:
+        return {"pools": []}
+    quotas = pools.quotas()
+    names = sorted({f"{family}@{zone}" for zone, limits in quotas.items() for family in limits} | set(pools.pools()))
+    rows = []
+    for name in names:
+        family, _, zone = name.partition("@")
+        holders = pools.view(name).holders
+        rows.append(
+            {
+                "pool": name,
+                "quota": (quotas.get(zone) or {}).get(family),
+                "held": sum(holder.chips for holder in holders),
+                "holders": len(holders),
+                "waiting": len(pools.queue(name, limit=MAX_LIMIT)),
+            }
+        )
+    return {"pools": rows}
+
+
+def _limit(request: Mapping[str, Any], default: int) -> int:
+    limit = request.get("limit", default)
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+        raise ApiError(400, f"'limit' must be a whole number from 1 to {MAX_LIMIT}.")
+    return limit
+
+
+def _no_signed_tokens(token: str, audiences: Sequence[str]) -> Mapping[str, Any]:
+    """The verifier of an API built without one: no signed token verifies."""
+    raise InvalidToken("this API verifies no signed ID tokens")
+
+
 def own_urls(url: str) -> list[str]:
     """The audiences a token for this function carries by default: its URL, from the request.
 
@@ -290,15 +389,6 @@ def to_json(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [to_json(v) for v in value]
     return value
-
-
-@functools.cache
-def default_api() -> JobsApi:
-    """The API of this function instance, on the runtime's job service (built on first use)."""
-    from tpujobs import runtime
-
-    service = runtime.job_service()
-    return JobsApi(service, service.settings)
 
 
 def _only(request: Mapping[str, Any], action: str, allowed: set[str]) -> None:

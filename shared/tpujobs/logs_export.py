@@ -42,18 +42,14 @@ to its output should write them to files of its own.
 
 from __future__ import annotations
 
-import base64
-import contextlib
-import hashlib
 import json
 import logging
 import re
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tpujobs import logs
 from tpujobs.domain.job import Job
@@ -61,13 +57,8 @@ from tpujobs.domain.naming import job_prefix
 from tpujobs.domain.states import JobState
 from tpujobs.errors import PermanentError, TransientError
 from tpujobs.inbound import InboundMessage
-from tpujobs.ports import AttemptLogs, Clock, JobStore, Rejection
+from tpujobs.ports import AttemptLogs, Clock, JobStore, LogBucket, Rejection
 from tpujobs.reports import LogExportRequest, ReportError, decode_report
-
-if TYPE_CHECKING:
-    from google.cloud import storage
-
-    from tpujobs.config import Settings
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +66,6 @@ SETTLE_SECONDS = 10.0  # a worker with no complete.json whose newest chunk is ol
 WAIT_IN_CALL_SECONDS = 10.0  # then TransientError: Pub/Sub redelivers after its backoff
 MAX_WAIT_SECONDS = 40.0  # after the attempt's end: export what there is, cut-off lines and all
 POLL_SECONDS = 1.0
-DOWNLOAD_THREADS = 8
 CONTENT_TYPE = "text/plain; charset=utf-8"
 
 # The end of an attempt, as the timeline records it (the event's `attempt` is the one that ended).
@@ -141,11 +131,6 @@ def combined_log(worker_logs: Mapping[int, bytes]) -> bytes:
     return b"".join(prefixed_lines(k, worker_logs[k]) for k in sorted(worker_logs))
 
 
-def md5_base64(data: bytes) -> str:
-    """An object's MD5 as Cloud Storage reports it (`md5Hash`)."""
-    return base64.b64encode(hashlib.md5(data, usedforsecurity=False).digest()).decode("ascii")
-
-
 # --- what the bucket holds -------------------------------------------------------------
 
 
@@ -186,15 +171,14 @@ class WorkerOutput:
 
 
 class LogObjects:
-    """The logs bucket through google-cloud-storage; its errors become Transient/PermanentError."""
+    """An attempt's output in the logs bucket (a `LogBucket` port: `adapters.storage_logs`):
+    its chunk objects worker by worker, and the logs exported from them."""
 
-    def __init__(self, client: storage.Client, bucket: str) -> None:
-        self._client = client
-        self.bucket_name = bucket
-        self._bucket = client.bucket(bucket)
+    def __init__(self, bucket: LogBucket) -> None:
+        self.bucket = bucket
 
     def uri(self, name: str) -> str:
-        return f"gs://{self.bucket_name}/{name}"
+        return self.bucket.uri(name)
 
     def worker_outputs(
         self, job_id: str, attempt: int, account: str | None = None
@@ -202,51 +186,35 @@ class LogObjects:
         """(slice, worker) -> its chunk objects; complete.json is read where there is one."""
         prefix = attempt_prefix(job_id, attempt, account)
         outputs: dict[tuple[int, int], WorkerOutput] = {}
-        with _translated("list output chunks"):
-            blobs = list(self._client.list_blobs(self.bucket_name, prefix=prefix + "chunks/"))
-        for blob in blobs:
-            match = _CHUNK_OBJECT.match(blob.name[len(prefix) :])
+        for stored in self.bucket.list(prefix + "chunks/"):
+            match = _CHUNK_OBJECT.match(stored.name[len(prefix) :])
             if match is None:
                 continue
             key = (int(match["slice"]), int(match["worker"]))
             output = outputs.setdefault(key, WorkerOutput(*key))
-            updated = blob.updated
+            updated = stored.updated
             if updated is not None and (output.newest is None or updated > output.newest):
                 output.newest = updated
             if match["complete"]:
-                output.complete_name = blob.name
+                output.complete_name = stored.name
             else:
-                output.chunks.append(Chunk(int(match["seq"]), blob.name, updated))
+                output.chunks.append(Chunk(int(match["seq"]), stored.name, updated))
         for output in outputs.values():
             if output.complete_name is not None:
-                output.complete = _json_object(self.read(output.complete_name))
+                output.complete = _json_object(self.bucket.read(output.complete_name))
         return outputs
 
     def read(self, name: str) -> bytes | None:
         """The object's bytes; None when there is no such object."""
-        from google.api_core.exceptions import NotFound
-
-        with _translated(f"read {name}"):
-            try:
-                return bytes(self._bucket.blob(name).download_as_bytes())
-            except NotFound:
-                return None
+        return self.bucket.read(name)
 
     def chunks_text(self, chunks: list[Chunk]) -> bytes:
         """The chunks' bytes, concatenated in the order given (a vanished chunk counts as empty)."""
-        if len(chunks) <= 1:
-            return b"".join(self.read(chunk.name) or b"" for chunk in chunks)
-        with ThreadPoolExecutor(max_workers=DOWNLOAD_THREADS) as pool:
-            return b"".join(data or b"" for data in pool.map(lambda c: self.read(c.name), chunks))
+        return b"".join(data or b"" for data in self.bucket.read_all([chunk.name for chunk in chunks]))
 
     def write_if_changed(self, name: str, data: bytes) -> bool:
         """Upload unless the object already holds exactly these bytes; whether it uploaded."""
-        with _translated(f"write {name}"):
-            existing = self._bucket.get_blob(name)
-            if existing is not None and existing.size == len(data) and existing.md5_hash == md5_base64(data):
-                return False
-            self._bucket.blob(name).upload_from_string(data, content_type=CONTENT_TYPE)
-        return True
+        return self.bucket.write_if_changed(name, data, CONTENT_TYPE)
 
 
 # --- the export ------------------------------------------------------------------------
@@ -493,32 +461,9 @@ class LogReader:
         }
 
 
-def build(settings: Settings, clock: Clock) -> LogExporter:
-    """A LogExporter on real clients (the emulators when their variables are set)."""
-    from google.cloud import firestore
-
-    from tpujobs.adapters.firestore_store import FirestoreJobStore
-    from tpujobs.adapters.storage import build_client
-
-    return LogExporter(
-        LogObjects(build_client(settings.project), settings.logs_bucket),
-        FirestoreJobStore(firestore.Client(project=settings.project)),
-        clock,
-    )
-
-
 def _json_object(data: bytes | None) -> Mapping[str, Any] | None:
     try:
         value = json.loads(data or b"")
     except (ValueError, RecursionError):
         return None
     return value if isinstance(value, dict) else None
-
-
-def _translated(doing: str) -> contextlib.AbstractContextManager[None]:
-    """Storage's errors through the one table (adapters/google_errors.py): retryable ones and
-    lost connections -> TransientError; the rest, a missing bucket or object among them ->
-    PermanentError, the cause chained."""
-    from tpujobs.adapters.google_errors import translated
-
-    return translated("Cloud Storage", doing)

@@ -6,10 +6,11 @@ benchmarks use the same adapters against the emulators and the TPU simulator.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Protocol
 
 from tpujobs.domain.access import AccessPolicies
 from tpujobs.domain.admission import Holder
@@ -226,14 +227,23 @@ class LogExportRequests(Protocol):
         """Ask for an ended attempt's output to be exported (tpujobs-log-export)."""
 
 
+@dataclass(frozen=True)
+class PoolView:
+    """A pool's holders as read, and the version a change must find unchanged."""
+
+    pool: str
+    holders: tuple[Holder, ...]
+    version: object  # the store's own version of the pool (Firestore: its update time); None: not yet stored
+
+
 class Pools(Protocol):
     """Quotas and who holds the chips of each limited pool (`tpujobs.domain.admission`)."""
 
     def quotas(self) -> dict[str, dict[str, int]]: ...
 
-    def view(self, pool: str) -> Any: ...
+    def view(self, pool: str) -> PoolView: ...
 
-    def change(self, seen: Any, add: Holder | None = None, remove: frozenset[str] = frozenset()) -> bool:
+    def change(self, seen: PoolView, add: Holder | None = None, remove: frozenset[str] = frozenset()) -> bool:
         """Compare-and-set of the pool's holders; False when it changed since `seen`."""
 
     def queue(self, pool: str, limit: int = 10) -> list[Job]: ...
@@ -251,3 +261,123 @@ class AccessPolicyReader(Protocol):
 class StatusPublisher(Protocol):
     def announce(self, change: StatusChange) -> None:
         """Publish one state change; TransientError when it could not be sent."""
+
+
+# --- the `jobs` HTTP API's reads (`tpujobs.api`) -------------------------------------------
+
+Document = dict[str, object]  # a stored document as JSON-like data: what the API shows
+
+
+class JobDocuments(JobStore, Protocol):
+    """The job store, and its documents as stored: what `describe` and `list` show."""
+
+    def job_document(self, job: Job) -> Document:
+        """The job as its stored document reads (flat fields, real timestamps)."""
+
+    def event_documents(self, job_id: str) -> list[Document]:
+        """The job's timeline as stored, in order, each with its `id`."""
+
+    def attempt_documents(self, job_id: str) -> list[Document]:
+        """`jobs/{id}/attempts/{N}` as stored, by attempt, each with its `id`."""
+
+    def recent_rejections(self, limit: int = 50) -> list[Rejection]:
+        """The newest rejections first (`tpujobs rejections`)."""
+
+    def rejection(self, message_id: str) -> Rejection | None:
+        """The rejection of one message, if it was refused (`tpujobs submit --wait`)."""
+
+
+# --- dead letters (`tpujobs.dead_letters`) --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """One message that failed too many deliveries, as `dead_letters/{message_id}` holds it."""
+
+    message_id: str  # of the dead-lettered copy (Pub/Sub gives it a new one)
+    at: datetime  # when it was recorded
+    topic: str  # the original topic's contract name, without prefix; "" when unknown
+    subscription: str  # projects/P/subscriptions/S that gave up on it; "" when unknown
+    delivery_attempts: int | None
+    payload: str  # the data as text, first 4 KiB, bytes that are not UTF-8 escaped
+    attributes: Mapping[str, str] = field(default_factory=dict)  # the original ones
+    data: bytes | None = None  # the exact original bytes, when kept (see MAX_KEPT_DATA_BYTES)
+    size: int | None = None  # of the original data, in bytes
+    published_at: datetime | None = None  # when the original was published
+    replayed_at: datetime | None = None
+    replay_message_id: str | None = None
+    note: str = ""  # what could not be kept, if anything
+    attributes_json: str | None = None  # the attributes, when the store refused them as a map
+
+    def original_attributes(self) -> dict[str, str]:
+        """The attributes to publish again: exactly those the original message had."""
+        if self.attributes_json is not None:
+            return {str(k): str(v) for k, v in json.loads(self.attributes_json).items()}
+        return dict(self.attributes)
+
+    def to_document(self) -> dict[str, object]:
+        """Every field, flat: what `dead_letters/{message_id}` holds, and the API shows (less `data`)."""
+        return {
+            "message_id": self.message_id,
+            "at": self.at,
+            "topic": self.topic,
+            "subscription": self.subscription,
+            "delivery_attempts": self.delivery_attempts,
+            "payload": self.payload,
+            "attributes": dict(self.attributes),
+            "size": self.size,
+            "published_at": self.published_at,
+            "replayed_at": self.replayed_at,
+            "replay_message_id": self.replay_message_id,
+            "note": self.note,
+            "attributes_json": self.attributes_json,
+            "data": self.data,
+        }
+
+
+class DeadLetterStore(Protocol):
+    """Where dead letters are kept; PermanentError when the store refuses a record as it is."""
+
+    def add(self, letter: DeadLetter) -> bool:
+        """Create the record; False when this very message is already recorded (its replay kept)."""
+
+    def get(self, message_id: str) -> DeadLetter | None: ...
+
+    def list(self, topic: str | None = None, limit: int = 50) -> list[DeadLetter]:
+        """Newest first; only those of one topic (contract name) when given."""
+
+    def mark_replayed(self, message_id: str, at: datetime, replay_message_id: str) -> None: ...
+
+
+class Republisher(Protocol):
+    def publish(self, base_topic: str, data: bytes, attributes: Mapping[str, str]) -> str:
+        """Publish these bytes and attributes as they are to a contract topic; the new message id."""
+
+
+# --- exported logs (`tpujobs.logs_export`) --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    """One object of a bucket, as listed."""
+
+    name: str
+    updated: datetime | None
+
+
+class LogBucket(Protocol):
+    """The logs bucket: chunks the agents upload, and the logs exported from them."""
+
+    def uri(self, name: str) -> str:
+        """The object's gs:// URI."""
+
+    def list(self, prefix: str) -> list[StoredObject]: ...
+
+    def read(self, name: str) -> bytes | None:
+        """The object's bytes; None when there is no such object."""
+
+    def read_all(self, names: Sequence[str]) -> list[bytes | None]:
+        """Each object's bytes, in the order named (downloaded side by side); None for a missing one."""
+
+    def write_if_changed(self, name: str, data: bytes, content_type: str) -> bool:
+        """Upload unless the object already holds exactly these bytes; whether it uploaded."""

@@ -51,6 +51,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
+from typing import TYPE_CHECKING
 
 from tpujobs.domain.admission import Holder, pool_id
 from tpujobs.domain.job import Job, JobEvent
@@ -58,8 +59,20 @@ from tpujobs.domain.naming import exported_attempt, parse_queued_resource_name
 from tpujobs.domain.states import QUOTA_EXHAUSTED, EventKind, JobState
 from tpujobs.domain.transitions import Decision, Observation, next_zone
 from tpujobs.errors import PermanentError, TransientError
-from tpujobs.ports import CapacityStatus, SilentWorker
+from tpujobs.ports import (
+    CapacityStatus,
+    Clock,
+    JobStore,
+    LogExportRequests,
+    Pools,
+    SilentWorker,
+    StatusPublisher,
+    Tpu,
+)
 from tpujobs.service import CAPACITY_GONE, JobService
+
+if TYPE_CHECKING:
+    from tpujobs.config import Settings
 
 log = logging.getLogger(__name__)
 
@@ -88,33 +101,52 @@ class ReconcileReport:
 class Reconciler:
     """Compares stored jobs with observed queued resources and repairs the difference."""
 
-    def __init__(self, service: JobService) -> None:
+    def __init__(
+        self,
+        service: JobService,
+        store: JobStore,
+        tpu: Tpu,
+        settings: Settings,
+        clock: Clock,
+        pools: Pools | None = None,
+        exports: LogExportRequests | None = None,
+        status: StatusPublisher | None = None,
+    ) -> None:
+        """Reads through the ports it is given; repairs through `service`, the one that acts
+        for the event functions (so give it the same ports: `runtime` does).
+        No `pools`: admission is off; no `exports` or `status`: nothing to ask again."""
         self.service = service
+        self.store = store
+        self.tpu = tpu
+        self.settings = settings
+        self.clock = clock
+        self.pools = pools
+        self.exports = exports
+        self.status = status
         self._limited: set[str] = set()  # pools with a quota, read once per tick
 
     def tick(self) -> ReconcileReport:
-        service = self.service
         report = ReconcileReport()
-        jobs = service.store.list_active()  # without it nothing can be compared: its error ends the tick
+        jobs = self.store.list_active()  # without it nothing can be compared: its error ends the tick
         report.jobs = len(jobs)
         # Every zone an active job may have used: an attempt that moved zone leaves one behind.
         zones = sorted(
             {job.zone for job in jobs}
             | {zone for job in jobs for zone in job.spec.preferred_zones}
-            | {service.settings.default_zone}
+            | {self.settings.default_zone}
         )
         seen: dict[tuple[str, str], CapacityStatus] = {}
         for zone in zones:
             try:
-                for status in service.tpu.list(zone):
+                for status in self.tpu.list(zone):
                     seen[(zone, status.name)] = status
                 report.zones_listed += 1
             except Exception as error:  # whatever it was, this zone's jobs wait for the next tick
                 log.warning("reconcile: skipping zone %s this tick: %s", zone, error)
                 report.zones_skipped.append(zone)
 
-        now = service.clock()
-        stuck_before = now - timedelta(seconds=service.settings.stuck_after_seconds)
+        now = self.clock()
+        stuck_before = now - timedelta(seconds=self.settings.stuck_after_seconds)
         self._limited = set()
         self._phase(report, "read the quotas", self._read_limited_pools)
         for job in jobs:
@@ -181,7 +213,7 @@ class Reconciler:
         if status is None:
             if job.state is JobState.PROVISIONING:
                 self._provision_missing(job, report)
-            elif service.tpu.status(job.zone, job.queued_resource) is None:  # confirm first
+            elif self.tpu.status(job.zone, job.queued_resource) is None:  # confirm first
                 what = f"queued resource {job.queued_resource} no longer exists"
                 service.observe_capacity(job.queued_resource, "SUSPENDED", what, source="reconciler")
                 report.observed.append(f"{job.job_id}: {what}")
@@ -189,7 +221,7 @@ class Reconciler:
         lost = status.state in CAPACITY_GONE or status.unhealthy_hosts > 0
         changed = job.state is JobState.PROVISIONING and status.state != job.capacity_state
         if self._waited_too_long(job, status):
-            waited = (service.clock() - job.requested_at).total_seconds() if job.requested_at else 0
+            waited = (self.clock() - job.requested_at).total_seconds() if job.requested_at else 0
             what = f"Queued resource {job.queued_resource} waited {waited / 60:.0f} min for capacity"
             service.observe(job.job_id, Observation(EventKind.ZONE_FAILOVER, job.attempt, "reconciler", reason=what))
             report.observed.append(f"{job.job_id}: {what}")
@@ -215,16 +247,16 @@ class Reconciler:
         """
         service = self.service
         quota = job.capacity_state == QUOTA_EXHAUSTED
-        if not quota and service.tpu.status(job.zone, job.queued_resource) is not None:
+        if not quota and self.tpu.status(job.zone, job.queued_resource) is not None:
             return  # created since the listing: the next tick compares it
-        failed = None if quota else service.tpu.create_error(job.create_operation)
+        failed = None if quota else self.tpu.create_error(job.create_operation)
         if failed:
             what = f"Queued resource {job.queued_resource} was never created: {failed}"
             service.observe(job.job_id, Observation(EventKind.CAPACITY_LOST, job.attempt, "reconciler", what, "FAILED"))
             report.observed.append(f"{job.job_id}: {what}")
             return
-        waited = (service.clock() - job.requested_at).total_seconds() if job.requested_at else 0.0
-        if waited > service.settings.zone_wait_seconds and (not quota or next_zone(job) is not None):
+        waited = (self.clock() - job.requested_at).total_seconds() if job.requested_at else 0.0
+        if waited > self.settings.zone_wait_seconds and (not quota or next_zone(job) is not None):
             if quota:
                 what = f"The TPU quota had no room for {waited / 60:.0f} min"
                 seen = Observation(EventKind.ZONE_FAILOVER, job.attempt, "reconciler", reason=what)
@@ -246,7 +278,7 @@ class Reconciler:
         """Remember since when each host has been in a condition that often passes; a host whose
         condition outlasts the grace is lost, under the job's rules like any lost host."""
         service = self.service
-        grace = service.settings.unhealthy_grace_seconds
+        grace = self.settings.unhealthy_grace_seconds
         hosts = tuple(sorted(status.suspect_hosts))
         if hosts != tuple((h.node, h.condition) for h in job.suspect_hosts):
             if hosts:
@@ -258,7 +290,7 @@ class Reconciler:
             if isinstance(outcome, Decision):
                 job = outcome.job  # with the times each was first seen
                 report.observed.append(f"{job.job_id}: {reason}")
-        now = service.clock()
+        now = self.clock()
         still = {node for node, _ in hosts}  # never a host this listing shows recovered
         lost = [h for h in job.hosts_lost_after(grace, now) if h.node in still]
         if lost:
@@ -279,11 +311,11 @@ class Reconciler:
         that window: the export is idempotent, and an attempt without output stays as it is.
         """
         service = self.service
-        if service.exports is None:
+        if self.exports is None:
             return
         newest = now - timedelta(seconds=EXPORT_GRACE_S)
         oldest = newest - timedelta(seconds=EXPORT_WINDOW_S)
-        ended = service.store.ended_between(oldest, newest)
+        ended = self.store.ended_between(oldest, newest)
         for job in [*active, *ended]:
             exported = exported_attempt(job.log_uri) or 0
             for usage in job.usage:
@@ -294,19 +326,19 @@ class Reconciler:
 
     def _waited_too_long(self, job: Job, status: CapacityStatus) -> bool:
         """Still waiting for capacity past the limit, with another zone of `zones` to try."""
-        limit = self.service.settings.zone_wait_seconds
+        limit = self.settings.zone_wait_seconds
         return (
             job.state is JobState.PROVISIONING
             and status.state in WAITING_FOR_CAPACITY
             and job.requested_at is not None
-            and (self.service.clock() - job.requested_at).total_seconds() > limit
+            and (self.clock() - job.requested_at).total_seconds() > limit
             and next_zone(job) is not None
         )
 
     def _read_limited_pools(self) -> None:
         """The pools that have a quota now; none when admission is off or the quotas unreadable
         (then QUEUED jobs are converged one by one, which admits them in their pool's order)."""
-        pools = self.service.pools
+        pools = self.pools
         if pools is not None:
             quotas = pools.quotas()
             self._limited = {f"{family}@{zone}" for zone, limits in quotas.items() for family in limits}
@@ -318,7 +350,7 @@ class Reconciler:
         for an older attempt) is dropped; a job that holds capacity without a claim (it was
         admitted before the quota existed) is counted. A claim left half-way is finished.
         """
-        pools = self.service.pools
+        pools = self.pools
         if pools is None:
             return
         for pool in sorted(set(pools.pools()) | self._limited):
@@ -326,7 +358,7 @@ class Reconciler:
 
     def _repair_pool(self, pool: str, report: ReconcileReport) -> None:
         service = self.service
-        pools = service.pools
+        pools = self.pools
         assert pools is not None
         view = pools.view(pool)
         active = {job.job_id: job for job in pools.active_in(pool)}
@@ -339,7 +371,7 @@ class Reconciler:
                     job.spec.chips,
                     job.attempt,
                     job.spec.priority,
-                    job.created_at or service.clock(),
+                    job.created_at or self.clock(),
                     job.spec.on_preemption != "fail",
                 )
                 if pools.change(view, add=claim, remove=frozenset(stale)):
@@ -352,7 +384,7 @@ class Reconciler:
     def _stale(self, holder: Holder, pool: str) -> bool:
         """A claim whose job ended, vanished, moved pool or was requeued (an older attempt's).
         Only holders not among the pool's active jobs get here: one read each."""
-        job = self.service.store.get(holder.job_id)
+        job = self.store.get(holder.job_id)
         return (
             job is None
             or job.state.is_terminal
@@ -366,9 +398,8 @@ class Reconciler:
         The timeout spans several heartbeats, so one late or lost heartbeat never counts;
         workers of attempts that are over are retired, so each is looked at once.
         """
-        service = self.service
-        timeout = service.settings.heartbeat_timeout_seconds
-        for silent in service.store.silent_workers(now - timedelta(seconds=timeout)):
+        timeout = self.settings.heartbeat_timeout_seconds
+        for silent in self.store.silent_workers(now - timedelta(seconds=timeout)):
             doing = f"act on the silence of worker {silent.worker} of attempt {silent.attempt}"
             self._guarded(report, doing, partial(self._silent_worker, silent, live, now, report), silent.job_id)
 
@@ -382,7 +413,7 @@ class Reconciler:
             and silent.worker not in job.workers_done
         )
         if not current:
-            service.store.retire_worker(silent.job_id, silent.attempt, silent.worker)
+            self.store.retire_worker(silent.job_id, silent.attempt, silent.worker)
             return
         quiet = (now - silent.last_report_at).total_seconds()
         what = f"Worker {silent.worker} of attempt {silent.attempt} sent nothing for {quiet:.0f} s; the host is lost"
@@ -406,7 +437,7 @@ class Reconciler:
         its `started` itself, and never read. That is one read per host per multi-host attempt,
         once, after its timeout, never a read per job per tick.
         """
-        timeout = self.service.settings.boot_timeout_seconds
+        timeout = self.settings.boot_timeout_seconds
         for job in jobs:
             since = job.booting_since()
             if since is not None and (now - since).total_seconds() > timeout:
@@ -415,12 +446,12 @@ class Reconciler:
 
     def _check_boot(self, job: Job, since: datetime, now: datetime, report: ReconcileReport) -> None:
         service = self.service
-        heard = {w.worker for w in service.store.attempt_workers(job.job_id, job.attempt)}
+        heard = {w.worker for w in self.store.attempt_workers(job.job_id, job.attempt)}
         silent = [key for key in job.worker_keys if key not in heard and key not in job.workers_done]
         if not silent:
-            service.store.record_all_started(job.job_id, job.attempt, now)
+            self.store.record_all_started(job.job_id, job.attempt, now)
             return
-        fresh = service.store.get(job.job_id)  # a `started` may have come since the listing
+        fresh = self.store.get(job.job_id)  # a `started` may have come since the listing
         if fresh is None or _where(fresh) != _where(job):
             return
         waited = (now - since).total_seconds()
@@ -445,15 +476,14 @@ class Reconciler:
 
     def _announce_missed(self, now, report: ReconcileReport) -> None:
         """Publish the state changes whose announcement failed (older than a few seconds)."""
-        service = self.service
-        if service.status is None:
+        if self.status is None:
             return
-        for job_id, event in service.store.unannounced_events(now - timedelta(seconds=ANNOUNCE_AFTER_S)):
+        for job_id, event in self.store.unannounced_events(now - timedelta(seconds=ANNOUNCE_AFTER_S)):
             # Not recorded on the job: a publishing failure is the deployment's, not the job's.
             self._guarded(report, f"announce {job_id}#{event.seq}", partial(self._announce, job_id, event, report))
 
     def _announce(self, job_id: str, event: JobEvent, report: ReconcileReport) -> None:
-        job = self.service.store.get(job_id)
+        job = self.store.get(job_id)
         if job is not None:
             self.service.announce(job, event)
             report.announced.append(f"{job_id}#{event.seq}")
@@ -469,13 +499,13 @@ class Reconciler:
         self, zone: str, status: CapacityStatus, live: dict[str, Job], report: ReconcileReport
     ) -> None:
         if self._unowned(status, live) and self._unowned(status, self._fresh(status)):
-            self.service.tpu.release(zone, status.name)
+            self.tpu.release(zone, status.name)
             report.released.append(status.name)
 
     def _fresh(self, status: CapacityStatus) -> dict[str, Job]:
         """The owner's job read again: it may have started after the listing of active jobs."""
         owner = parse_queued_resource_name(status.name)
-        job = self.service.store.get(owner[0]) if owner else None
+        job = self.store.get(owner[0]) if owner else None
         return {job.job_id: job} if job is not None and not job.state.is_terminal else {}
 
     @staticmethod

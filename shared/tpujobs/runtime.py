@@ -1,12 +1,15 @@
 """The production wiring: real clients, built lazily and once per function instance.
 
 Nothing is built at import time, so a cold start pays only for what the invoked
-function uses. Tests build `JobService` themselves with their own clients.
+function uses. This is the one place that picks adapters for ports: the service, the
+reconciler, the HTTP API, dead letters and log export get theirs passed in. Tests build
+the same objects themselves, on the emulators.
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
@@ -14,8 +17,17 @@ from tpujobs.config import Settings
 from tpujobs.service import JobService
 
 if TYPE_CHECKING:
+    from google.cloud import firestore
+
+    from tpujobs.adapters.firestore_config import FirestoreAccessPolicies
+    from tpujobs.adapters.firestore_pools import FirestorePools
+    from tpujobs.adapters.firestore_store import FirestoreJobStore
+    from tpujobs.adapters.pubsub import Publisher
+    from tpujobs.adapters.tpu import CloudTpu
+    from tpujobs.api import JobsApi
     from tpujobs.dead_letters import DeadLetters
-    from tpujobs.logs_export import LogExporter
+    from tpujobs.logs_export import LogExporter, LogObjects
+    from tpujobs.ports import Clock
     from tpujobs.reconciler import Reconciler
 
 
@@ -24,9 +36,22 @@ def utc_now() -> datetime:
     return datetime.now(timezone.utc)
 
 
+@dataclass(frozen=True)
+class Adapters:
+    """The adapters of the engine (the service, the reconciler, the API), shared by all three."""
+
+    settings: Settings
+    firestore: firestore.Client
+    store: FirestoreJobStore
+    tpu: CloudTpu
+    publisher: Publisher  # tpujobs-status and tpujobs-log-export
+    pools: FirestorePools
+    access: FirestoreAccessPolicies
+
+
 @functools.cache
-def job_service() -> JobService:
-    """The JobService of this process, on clients configured from the environment."""
+def adapters() -> Adapters:
+    """This process's adapters, on clients configured from the environment."""
     from google.cloud import firestore
 
     from tpujobs.adapters.firestore_config import FirestoreAccessPolicies
@@ -37,39 +62,116 @@ def job_service() -> JobService:
 
     settings = Settings.from_env()
     client = firestore.Client(project=settings.project)
-    tpu = CloudTpu(build_client(settings.tpu_endpoint), settings.project)
-    publisher = Publisher.build(settings.project, settings.prefix)
-    return JobService(
-        FirestoreJobStore(client),
-        tpu,
+    return Adapters(
         settings,
+        client,
+        FirestoreJobStore(client),
+        CloudTpu(build_client(settings.tpu_endpoint), settings.project),
+        Publisher.build(settings.project, settings.prefix),
+        FirestorePools(client),
+        FirestoreAccessPolicies(client),
+    )
+
+
+@functools.cache
+def job_service() -> JobService:
+    """The JobService of this process."""
+    a = adapters()
+    return JobService(
+        a.store,
+        a.tpu,
+        a.settings,
         utc_now,
-        status=publisher,
-        exports=publisher,
-        pools=FirestorePools(client),
-        access=FirestoreAccessPolicies(client),
+        status=a.publisher,
+        exports=a.publisher,
+        pools=a.pools,
+        access=a.access,
     )
 
 
 @functools.cache
 def reconciler() -> Reconciler:
-    """The Reconciler of this process, on the same service as the event handlers."""
+    """The Reconciler of this process: the event handlers' service, and the same ports."""
     from tpujobs.reconciler import Reconciler
 
-    return Reconciler(job_service())
+    a = adapters()
+    return Reconciler(
+        job_service(),
+        a.store,
+        a.tpu,
+        a.settings,
+        utc_now,
+        pools=a.pools,
+        exports=a.publisher,
+        status=a.publisher,
+    )
+
+
+@functools.cache
+def jobs_api() -> JobsApi:
+    """The `jobs` HTTP API of this process: its ID tokens checked with Google's certificates
+    (cached in the verifier), its dead letters for admins."""
+    from tpujobs.adapters.firestore_dead_letters import FirestoreDeadLetters
+    from tpujobs.adapters.google_id_tokens import GoogleIdTokens
+    from tpujobs.api import JobsApi
+
+    a = adapters()
+    return JobsApi(
+        job_service(),
+        a.store,
+        a.settings,
+        verify_token=GoogleIdTokens(a.settings.api_certs_url),
+        dead_letters=FirestoreDeadLetters(a.firestore),
+    )
+
+
+def build_dead_letters(settings: Settings, clock: Clock) -> DeadLetters:
+    """DeadLetters on real clients (the emulators when their variables are set): Firestore now,
+    the Pub/Sub republisher on the first replay (the function never replays)."""
+    from google.cloud import firestore
+
+    from tpujobs.adapters.firestore_dead_letters import FirestoreDeadLetters
+    from tpujobs.adapters.pubsub_republisher import PubsubRepublisher
+    from tpujobs.dead_letters import DeadLetters
+
+    return DeadLetters(
+        FirestoreDeadLetters(firestore.Client(project=settings.project)),
+        settings,
+        clock,
+        publisher=lambda: PubsubRepublisher.build(settings.project, settings.prefix),
+    )
 
 
 @functools.cache
 def dead_letters() -> DeadLetters:
-    """The dead-letter recorder of this process, on a Firestore client from the environment."""
-    from tpujobs import dead_letters as module
+    """The dead-letter recorder of this process."""
+    return build_dead_letters(Settings.from_env(), utc_now)
 
-    return module.build(Settings.from_env(), utc_now)
+
+def build_log_objects(settings: Settings) -> LogObjects:
+    """The logs bucket (`settings.logs_bucket`) on a Storage client from the environment."""
+    from tpujobs.adapters.storage import build_client
+    from tpujobs.adapters.storage_logs import GcsLogBucket
+    from tpujobs.logs_export import LogObjects
+
+    return LogObjects(GcsLogBucket(build_client(settings.project), settings.logs_bucket))
+
+
+def build_log_exporter(settings: Settings, clock: Clock) -> LogExporter:
+    """A LogExporter on real clients (the emulators when their variables are set)."""
+    from google.cloud import firestore
+
+    from tpujobs.adapters.firestore_store import FirestoreJobStore
+    from tpujobs.logs_export import LogExporter
+
+    return LogExporter(
+        build_log_objects(settings),
+        FirestoreJobStore(firestore.Client(project=settings.project)),
+        clock,
+    )
 
 
 @functools.cache
 def log_exporter() -> LogExporter:
-    """The log exporter of this process, on Storage and Firestore clients from the environment."""
-    from tpujobs import logs_export
-
-    return logs_export.build(Settings.from_env(), utc_now)
+    """The log exporter of this process."""
+    return build_log_exporter(Settings.from_env(), utc_now)

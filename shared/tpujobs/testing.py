@@ -19,8 +19,8 @@ import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any, Literal, TypeVar
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from tpujobs.config import DEFAULT_PROJECT, Settings
 from tpujobs.domain import signing
@@ -37,6 +37,10 @@ from tpujobs.ports import (
     Tpu,
     WorkerRecord,
 )
+
+if TYPE_CHECKING:
+    from tpujobs.reconciler import Reconciler
+    from tpujobs.service import JobService
 
 T = TypeVar("T")
 
@@ -82,11 +86,14 @@ When = Literal["before", "after"]
 """Where a crash falls around its step: `before` the call is made, or `after` it took effect."""
 
 
-def wait_for(probe: Callable[[], T], timeout: float = 60.0, interval: float = 0.05) -> T:
+def wait_for(
+    probe: Callable[[], T | None], timeout: float = 60.0, interval: float = 0.05, what: str | None = None
+) -> T:
     """Poll `probe` until it returns something truthy, and return that; AssertionError on timeout.
 
-    For end-to-end tests across processes, where there is no event to wait on: the
-    probe's docstring, if any, names what was awaited in the failure message.
+    The one wait of the tests and benches, for conditions across threads and processes where
+    there is no event to wait on: `what`, else the probe's docstring, names what was awaited
+    in the failure message.
     """
     deadline = time.monotonic() + timeout
     while True:
@@ -94,8 +101,25 @@ def wait_for(probe: Callable[[], T], timeout: float = 60.0, interval: float = 0.
         if value:
             return value
         if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {probe.__doc__ or probe}")
+            raise AssertionError(f"timed out after {timeout} s waiting for {what or probe.__doc__ or probe}")
         time.sleep(interval)
+
+
+class OffsetClock:
+    """The wall clock plus a lead the test adds to: `advance(s)` stands in for sleeping s seconds.
+
+    A service given this clock sees time pass as it really does, and jumps when the test
+    says (a zone's wait running out, a job created later than another) without a sleep.
+    """
+
+    def __init__(self) -> None:
+        self.lead = timedelta(0)
+
+    def __call__(self) -> datetime:
+        return datetime.now(timezone.utc) + self.lead
+
+    def advance(self, seconds: float) -> None:
+        self.lead += timedelta(seconds=seconds)
 
 
 class InjectedCrash(BaseException):
@@ -235,3 +259,19 @@ def _counted(plan: CrashPlan, name: str, attribute: Any) -> Any:
         return plan.step(name, lambda: attribute(*args, **kwargs))
 
     return call
+
+
+def reconciler_for(service: JobService) -> Reconciler:
+    """A Reconciler on the very ports a hand-built `service` uses, as `runtime` wires both."""
+    from tpujobs.reconciler import Reconciler
+
+    return Reconciler(
+        service,
+        service.store,
+        service.tpu,
+        service.settings,
+        service.clock,
+        pools=service.pools,
+        exports=service.exports,
+        status=service.status,
+    )

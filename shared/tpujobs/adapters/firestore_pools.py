@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -22,19 +21,11 @@ from tpujobs.adapters.firestore_store import JOBS, job_from_document, transient_
 from tpujobs.domain.admission import Holder
 from tpujobs.domain.job import Job
 from tpujobs.domain.states import JobState
+from tpujobs.ports import PoolView as PoolView  # the port's view; its version is the update time
 
 CONFIG = "config"
 QUOTAS = "quotas"
 POOLS = "quota_pools"
-
-
-@dataclass(frozen=True)
-class PoolView:
-    """A pool's holders as read, and the version a change must find unchanged."""
-
-    pool: str
-    holders: tuple[Holder, ...]
-    version: Any  # the document's update time; None when it does not exist yet
 
 
 class FirestorePools:

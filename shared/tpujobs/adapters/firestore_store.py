@@ -299,6 +299,10 @@ class FirestoreJobStore:
             docs = self._job_ref(job_id).collection(EVENTS).order_by("seq").stream()
             return [event_from_document(doc.to_dict()) for doc in docs]
 
+    def job_document(self, job: Job) -> dict[str, Any]:
+        """The job as its document reads: what the HTTP API shows (`ports.JobDocuments`)."""
+        return job_to_document(job)
+
     def event_documents(self, job_id: str) -> list[dict[str, Any]]:
         """The job's timeline as stored, in order: what the HTTP API's `describe` returns."""
         with transient_on_failure("read events"):
@@ -508,6 +512,33 @@ class FirestoreJobStore:
             for doc in docs
             for d in [doc.to_dict()]
         ]
+
+    def recent_rejections(self, limit: int = 50) -> list[Rejection]:
+        """The newest rejections first (`tpujobs rejections`)."""
+        with transient_on_failure("list recent rejections"):
+            docs = list(
+                self._db.collection(REJECTIONS)
+                .order_by("at", direction=firestore.Query.DESCENDING)
+                .limit(limit)
+                .stream()
+            )
+        return [_rejection(doc.id, doc.to_dict() or {}) for doc in docs]
+
+    def rejection(self, message_id: str) -> Rejection | None:
+        """The rejection of one message, if it was refused (`submit --wait`)."""
+        with transient_on_failure("read a rejection"):
+            doc = self._db.collection(REJECTIONS).document(_document_id(message_id)).get()
+        return _rejection(doc.id, doc.to_dict() or {}) if doc.exists else None
+
+
+def _rejection(document_id: str, data: dict[str, Any]) -> Rejection:
+    return Rejection(
+        message_id=data.get("message_id") or document_id,
+        at=data["at"],
+        reason=data.get("reason", ""),
+        payload=data.get("payload", ""),
+        topic=data.get("topic", ""),
+    )
 
 
 def _document_id(message_id: str) -> str:
