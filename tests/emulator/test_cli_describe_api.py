@@ -284,3 +284,20 @@ def test_submit_wait_stops_with_the_reason_when_the_message_was_refused(service,
     with pytest.raises(Stop) as stopped:
         follow(local_settings(project=project_id), "train-never", lambda job: True, timeout=30, message_id="5150")
     assert stopped.value.message.startswith("Refused: ") and "accelerator_type" in stopped.value.message
+
+
+@pytest.mark.parametrize(
+    ("request_body", "caller", "status", "words"),
+    [
+        ({"action": "rejections", "limit": 0}, ADMIN, 400, "'limit'"),
+        ({"action": "dead_letters", "topic": ""}, ADMIN, 400, "'topic'"),
+        ({"action": "quotas", "zone": "x"}, ADMIN, 400, "Unknown field 'zone'"),
+        ({"action": "rejections"}, STRANGER, 403, "only an admin"),
+        ({"action": "quotas"}, "", 401, "No caller"),
+    ],
+)
+def test_the_admin_reads_refuse_bad_requests_and_non_admins(service, request_body, caller, status, words):
+    """Each refusal is its status and a sentence naming what is wrong; nothing is read."""
+    jobs = JobsApi(service, service.store, local_settings(local_stack=True, admins=(ADMIN,)))
+    answer = jobs.handle("POST", "http://127.0.0.1/", {CALLER_HEADER: caller}, json.dumps(request_body).encode())
+    assert answer.status == status and words in answer.body["error"]
