@@ -1,5 +1,5 @@
 output "topics" {
-  description = "Every tpujobs topic: contract name -> deployed full name."
+  description = "Every tpujobs topic: base name -> deployed full name."
   value       = { for base, topic in google_pubsub_topic.topic : base => topic.id }
 }
 

@@ -323,7 +323,7 @@ def dead_letter_document(letter: Any) -> dict[str, Any]:
 
 
 def rejection_document(rejection: Any) -> dict[str, Any]:
-    """A rejection as JSON (contract section 3, `rejections`)."""
+    """A rejection (a document of `rejections`) as JSON."""
     return {
         "message_id": rejection.message_id,
         "at": to_json(rejection.at),

@@ -105,7 +105,7 @@ def dead_letter_from_message(message: InboundMessage, at: datetime, prefix: str 
 
 
 def source_topic(subscription: str, prefix: str = "") -> str:
-    """The contract name of the topic a tpujobs subscription reads, from its name
+    """The base name (no prefix) of the topic a tpujobs subscription reads, from its name
     `{prefix}{topic}--{target}`; "" when the name says nothing."""
     name = subscription.rsplit("/", 1)[-1]
     if prefix and name.startswith(prefix):
@@ -194,7 +194,7 @@ class DeadLetters:
         return letter
 
     def list(self, topic: str | None = None, limit: int = 50) -> list[DeadLetter]:
-        """Newest first; only those of one topic (contract name) when given."""
+        """Newest first; only those of one topic (its base name, no prefix) when given."""
         return self.store.list(topic=topic, limit=limit)
 
     def get(self, message_id: str) -> DeadLetter | None:

@@ -22,7 +22,7 @@ Clock = Callable[[], datetime]
 
 @dataclass(frozen=True)
 class Rejection:
-    """A message that could not become a job (contract section 3, `rejections`)."""
+    """A message that could not be used: one document of `rejections`, id = its message id."""
 
     message_id: str
     at: datetime
@@ -198,7 +198,7 @@ class Tpu(Protocol):
 
 @dataclass(frozen=True)
 class StatusChange:
-    """One state change of a job, as announced on `tpujobs-status` (contract section 4)."""
+    """One state change of a job, as announced on `tpujobs-status` for anyone to subscribe."""
 
     job_id: str
     owner: str
@@ -296,7 +296,7 @@ class DeadLetter:
 
     message_id: str  # of the dead-lettered copy (Pub/Sub gives it a new one)
     at: datetime  # when it was recorded
-    topic: str  # the original topic's contract name, without prefix; "" when unknown
+    topic: str  # the original topic's base name, without prefix; "" when unknown
     subscription: str  # projects/P/subscriptions/S that gave up on it; "" when unknown
     delivery_attempts: int | None
     payload: str  # the data as text, first 4 KiB, bytes that are not UTF-8 escaped
@@ -344,7 +344,7 @@ class DeadLetterStore(Protocol):
     def get(self, message_id: str) -> DeadLetter | None: ...
 
     def list(self, topic: str | None = None, limit: int = 50) -> list[DeadLetter]:
-        """Newest first; only those of one topic (contract name) when given."""
+        """Newest first; only those of one topic (its base name, no prefix) when given."""
 
     def mark_replayed(self, message_id: str, at: datetime, replay_message_id: str) -> None: ...
 

@@ -43,7 +43,7 @@ MAX_PAYLOAD_CHARS = 4096
 
 
 def job_to_document(job: Job) -> dict[str, Any]:
-    """A job as its Firestore document (contract section 3)."""
+    """A job as its Firestore document: flat fields and real timestamps, readable in the console."""
     spec = job.spec
     return {
         "job_id": job.job_id,

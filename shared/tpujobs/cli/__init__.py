@@ -1,4 +1,4 @@
-"""The `tpujobs` command line (contract sections 5 and 7): one module per concern.
+"""The `tpujobs` command line: one module per concern.
 
 `commands` holds the job verbs, `tables` what they print, `reads` where they read (the
 `jobs` API, else Firestore), `common` the project, credentials and failures in one sentence,
