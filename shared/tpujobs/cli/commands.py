@@ -317,17 +317,19 @@ def list_jobs(
         print_document(answer(), output)
         return
 
-    def current() -> Any:
+    def current() -> tables.Sheet | str:
         jobs = listed(answer())
-        if not jobs:
-            return "No jobs."
-        sheet = tables.jobs_sheet(jobs, datetime.now(timezone.utc))
-        return sheet.table(out.width) if out.is_terminal else sheet
+        return tables.jobs_sheet(jobs, datetime.now(timezone.utc)) if jobs else "No jobs."
 
     if not watch:
         show(out, current())
         return
-    watch_screen(current, interval)
+
+    def screen() -> Any:
+        shown_now = current()
+        return shown_now.table(out.width) if isinstance(shown_now, tables.Sheet) else shown_now
+
+    watch_screen(screen, interval)
 
 
 def watch_screen(render: Callable[[], Any], interval: float, refreshes: int | None = None) -> None:

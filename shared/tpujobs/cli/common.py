@@ -29,7 +29,7 @@ from tpujobs.terminal import shown, uncontrolled
 out = Console()
 err = Console(stderr=True)
 
-PROJECT_HELP = "Say where tpujobs runs: pass --project, set GOOGLE_CLOUD_PROJECT, or run `gcloud config set project ID`"
+PROJECT_HELP = "say where tpujobs runs: pass --project, set GOOGLE_CLOUD_PROJECT, or run `gcloud config set project ID`"
 CREDENTIALS_HELP = (
     "run `gcloud auth application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS to a key file, "
     "or start the local stack with `tpujobs dev up`"
