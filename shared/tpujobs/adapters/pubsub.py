@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from google.api_core import exceptions as api_exceptions
@@ -55,18 +56,33 @@ class Publisher:
     def topic_path(self, base: str) -> str:
         return self._client.topic_path(self._project, topic_name(base, self._prefix))
 
-    def publish_bytes(self, base_topic: str, data: bytes, **attributes: str) -> str:
-        """Publish raw bytes and wait for the message id (a wait that times out is transient)."""
+    def publish_bytes(self, base_topic: str, data: bytes, attributes: Mapping[str, str] | None = None) -> str:
+        """Publish raw bytes and wait for the message id (a wait that times out is transient).
+
+        Attributes come as a mapping, not keywords, and publish() gets its own arguments named:
+        an attribute named retry or timeout is then an error rather than taken for that argument.
+        """
+        from google.api_core import gapic_v1  # loaded by the Pub/Sub client already
+
         name = topic_name(base_topic, self._prefix)
         with translated("Pub/Sub", f"publish to {name}"):
             try:
-                return self._client.publish(self.topic_path(base_topic), data, **attributes).result(timeout=30)
+                future = self._client.publish(
+                    self.topic_path(base_topic),
+                    data,
+                    ordering_key="",
+                    retry=gapic_v1.method.DEFAULT,
+                    timeout=gapic_v1.method.DEFAULT,
+                    **(attributes or {}),
+                )
+                return future.result(timeout=30)
             except api_exceptions.NotFound as error:
                 raise PermanentError(f"topic {name} does not exist: {error}") from error
 
-    def publish_json(self, base_topic: str, payload: Any, **attributes: str) -> str:
-        return self.publish_bytes(base_topic, json.dumps(payload).encode("utf-8"), **attributes)
+    def publish_json(self, base_topic: str, payload: Any, attributes: Mapping[str, str] | None = None) -> str:
+        return self.publish_bytes(base_topic, json.dumps(payload).encode("utf-8"), attributes)
 
     def request_export(self, job_id: str, attempt: int) -> None:
         """Ask `export_logs` to put an ended attempt's output together (tpujobs-log-export)."""
-        self.publish_json(LOG_EXPORT, {"job_id": job_id, "attempt": attempt}, job_id=job_id, attempt=str(attempt))
+        payload = {"job_id": job_id, "attempt": attempt}
+        self.publish_json(LOG_EXPORT, payload, {"job_id": job_id, "attempt": str(attempt)})
