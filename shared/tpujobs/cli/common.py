@@ -46,6 +46,14 @@ class Stop(Exception):
         self.code = code
 
 
+class Refused(Stop):
+    """The jobs API said no, with this HTTP status."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class Group(TyperGroup):
     """The root command group: a Stop, and the library failures users cause (no credentials, no
     network, no permission), end as one sentence on stderr, never a traceback."""
@@ -191,7 +199,7 @@ def ask_api(
         return None
     if status != 200:
         reason = body.get("error") or f"HTTP {status}"
-        raise Stop(f"{_REFUSALS.get(status, f'Failed (HTTP {status})')}: {reason}")
+        raise Refused(f"{_REFUSALS.get(status, f'Failed (HTTP {status})')}: {reason}", status)
     return body
 
 

@@ -4,14 +4,16 @@ Both give the same JSON documents (the API's answers: `tpujobs.api.to_json` of t
 documents), so `-o json` prints the same thing either way and the tables read one shape.
 Through the API a user needs no Firestore access of their own and sees what the API lets
 them see (env values only for their own jobs; dead letters, rejections and quotas only as
-an admin). Firestore directly is the fallback the local stack and admins use.
+an admin). Firestore directly is the fallback the local stack and admins use, and what an
+admin read the API refused falls back to, with the caller's own credentials.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
-from tpujobs.cli.common import api_url, ask_api, caller
+from tpujobs.cli.common import Refused, api_url, ask_api, caller
 from tpujobs.config import Settings
 
 
@@ -55,16 +57,28 @@ class ApiReads:
         return self._ask({"action": "describe", "job_id": job_id}, missing_ok=True)
 
     def dead_letters(self, topic: str | None, limit: int) -> dict[str, Any]:
-        return self._ask({"action": "dead_letters", "limit": limit, **({"topic": topic} if topic else {})}) or {}
+        request = {"action": "dead_letters", "limit": limit, **({"topic": topic} if topic else {})}
+        return self._as_admin(request, lambda store: store.dead_letters(topic, limit))
 
     def rejections(self, limit: int) -> dict[str, Any]:
-        return self._ask({"action": "rejections", "limit": limit}) or {}
+        return self._as_admin({"action": "rejections", "limit": limit}, lambda store: store.rejections(limit))
 
     def rejection(self, message_id: str) -> dict[str, Any] | None:
         return None  # a submission through the API is refused in its answer, never later
 
     def quotas(self) -> dict[str, Any]:
-        return self._ask({"action": "quotas"}) or {}
+        return self._as_admin({"action": "quotas"}, lambda store: store.quotas())
+
+    def _as_admin(self, request: dict[str, Any], directly: Callable[[StoreReads], dict[str, Any]]) -> dict[str, Any]:
+        """An admin read through the API; refused (not in TPUJOBS_ADMINS), Firestore read with the
+        caller's own credentials, so an admin by IAM, and anyone in the local stack, still reads
+        it, and anyone else gets Firestore's refusal."""
+        try:
+            return self._ask(request) or {}
+        except Refused as refused:
+            if refused.status != 403:
+                raise
+        return directly(StoreReads(self.config))
 
 
 class StoreReads:
