@@ -26,9 +26,9 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Protocol
 
 SERVERLESS_AUTHORIZATION = "X-Serverless-Authorization"
 AUTHORIZATION = "Authorization"
@@ -45,6 +45,12 @@ class InvalidToken(Exception):
 
 class Unauthenticated(Exception):
     """No identity could be established; the message says why, for a 401."""
+
+
+class Headers(Protocol):
+    """A request's headers as read here: Flask's (not a Mapping, since a name may repeat) or a dict."""
+
+    def items(self) -> Iterable[tuple[str, str]]: ...
 
 
 TokenVerifier = Callable[[str, Sequence[str]], Mapping[str, Any]]
@@ -67,7 +73,7 @@ class CallerIdentity:
         self.clock = clock or (lambda: datetime.now(timezone.utc))
         self.clock_skew_seconds = clock_skew_seconds
 
-    def email(self, headers: Mapping[str, str], audiences: Callable[[], Sequence[str]]) -> str:
+    def email(self, headers: Headers, audiences: Callable[[], Sequence[str]]) -> str:
         """The caller's email; Unauthenticated saying why not. `audiences` is asked only when a
         signature is to be verified."""
         source, token = bearer_token(headers)
@@ -107,7 +113,7 @@ class CallerIdentity:
         return claims
 
 
-def bearer_token(headers: Mapping[str, str]) -> tuple[str, str]:
+def bearer_token(headers: Headers) -> tuple[str, str]:
     """(the header it came from, the token): X-Serverless-Authorization when present, since that is
     the one Cloud Run checked, else Authorization; Unauthenticated when neither holds `Bearer TOKEN`."""
     serverless = header(headers, SERVERLESS_AUTHORIZATION).strip()
@@ -154,7 +160,7 @@ def verified_email(claims: Mapping[str, Any]) -> str:
     return email
 
 
-def header(headers: Mapping[str, str], name: str) -> str:
+def header(headers: Headers, name: str) -> str:
     """A header's value, whatever its case (Flask's headers are case-insensitive, dicts are not)."""
     wanted = name.lower()
     return next((str(v) for k, v in headers.items() if k.lower() == wanted), "")
