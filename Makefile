@@ -32,10 +32,12 @@ emulator-tools: venv
 terraform-tool:
 	@command -v $(TERRAFORM) >/dev/null || { echo "terraform is missing: install Terraform 1.5 or newer (one binary, e.g. in /usr/local/bin) or run make with TERRAFORM=/path/to/terraform"; exit 1; }
 
-# ruff's lint rules (E501 at 120 columns included) and its formatter, which must have nothing to change.
+# ruff's lint rules (E501 at 120 columns included) and its formatter, which must have nothing to change;
+# and the layers of shared/tpujobs ([tool.importlinter] in pyproject.toml says which may import which).
 lint: venv
 	$(BIN)/ruff check shared functions tests bench tools
 	$(BIN)/ruff format --check shared functions tests bench tools
+	$(BIN)/lint-imports --no-cache
 
 test-unit: venv
 	$(BIN)/pytest tests/unit -q
@@ -44,9 +46,11 @@ test-emulator: venv emulator-tools
 	$(BIN)/pytest -q -m "emulator or e2e"
 
 # Every test: unit, emulator (Firestore, Pub/Sub, TPU simulator) and end to end (the local stack),
-# after the infra checks.
+# after the infra checks. Two pytest-xdist workers, each with emulators of its own; the end-to-end
+# tests all go to one of them (tests/conftest.py), so the local stack starts once.
+PYTEST_WORKERS ?= 2
 test: venv tools lint infra-check
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
 
 # Checks of infra/ that need no cloud and no provider download: formatting, checkov (zero failed
 # checks; skips explained in place) and tests/infra (Terraform against the code, and against the

@@ -80,7 +80,7 @@ from tpujobs.domain.job import Job, JobEvent, Source, new_job
 from tpujobs.domain.spec import JobSpec
 from tpujobs.domain.states import JobState
 from tpujobs.ports import CapacityStatus, HostBoot, WorkerRecord
-from tpujobs.reconciler import Reconciler, ReconcileReport
+from tpujobs.reconciler import ReconcileReport
 from tpujobs.service import JobService
 from tpujobs.simulator import (
     Initiator,
@@ -99,7 +99,7 @@ from tpujobs.simulator.server import (
     parse_queued_resource,
     queued_resource_json,
 )
-from tpujobs.testing import local_settings
+from tpujobs.testing import local_settings, reconciler_for
 
 ZONE = DEFAULT_ZONE
 OWNER = "bench@example.com"
@@ -510,7 +510,7 @@ def measure(fleet: Fleet, tpu_url: str, ticks: int) -> Point:
     tpu = CountingTpu(CloudTpu(client, settings.project))
     now = fleet.now
     service = JobService(store, tpu, settings, lambda: now, lambda seconds: None)
-    reconciler = Reconciler(service)
+    reconciler = reconciler_for(service)
 
     steady(reconciler.tick(), store, client, fleet.active)  # warm-up: connections, first reads
     ticks_ms, active_ms, silent_ms, tpu_ms, rest_ms = [], [], [], [], []

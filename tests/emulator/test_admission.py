@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import time
 from datetime import datetime, timezone
 
 import pytest
@@ -19,11 +18,10 @@ from tpujobs.adapters.firestore_pools import FirestorePools
 from tpujobs.adapters.firestore_store import FirestoreJobStore
 from tpujobs.adapters.tpu import CloudTpu, build_client
 from tpujobs.domain.states import JobState
-from tpujobs.reconciler import Reconciler
 from tpujobs.service import JobService
 from tpujobs.simulator import SimulatorConfig, SimulatorServer
+from tpujobs.testing import OffsetClock, local_settings, reconciler_for, signed
 from tpujobs.testing import inbound as message
-from tpujobs.testing import local_settings, signed
 
 pytestmark = pytest.mark.emulator
 
@@ -49,12 +47,17 @@ def pools(firestore_client) -> FirestorePools:
 
 
 @pytest.fixture
-def service(firestore_client, project_id, simulator, pools) -> JobService:
+def clock() -> OffsetClock:
+    return OffsetClock()
+
+
+@pytest.fixture
+def service(firestore_client, project_id, simulator, pools, clock) -> JobService:
     settings = local_settings(
         project=project_id, default_zone=ZONE, tpu_endpoint=simulator.url, logs_bucket="logs", zone_wait_seconds=0.5
     )
     tpu = CloudTpu(build_client(simulator.url), project_id)
-    return JobService(FirestoreJobStore(firestore_client), tpu, settings, utc_now, lambda _: None, pools=pools)
+    return JobService(FirestoreJobStore(firestore_client), tpu, settings, clock, lambda _: None, pools=pools)
 
 
 def submit(service: JobService, job_id: str, **changes) -> str:
@@ -122,7 +125,7 @@ def test_a_quota_raised_at_run_time_admits_on_the_next_tick(service, pools):
     assert state(service, "r-2") is JobState.QUEUED
 
     pools.set_quota(ZONE, "v4", 8)
-    Reconciler(service).tick()
+    reconciler_for(service).tick()
     assert state(service, "r-2") is JobState.PROVISIONING
     pools.set_quota(ZONE, "v4", None)  # no quota: no limit
     submit(service, "r-3")
@@ -153,10 +156,12 @@ def test_concurrent_admissions_never_hand_out_a_chip_twice(service, pools):
     assert sum(h.chips for h in pools.view(f"v4@{ZONE}").holders) == 16
 
 
-def test_a_high_priority_job_evicts_the_lowest_newest_job_which_resumes_later(service, pools, simulator, project_id):
+def test_a_high_priority_job_evicts_the_lowest_newest_job_which_resumes_later(
+    service, pools, simulator, project_id, clock
+):
     pools.set_quota(ZONE, "v4", 8)
     submit(service, "low-old", priority="low")
-    time.sleep(0.01)
+    clock.advance(0.01)
     submit(service, "low-new", priority="low")
     service.on_worker_report(
         signed(
@@ -196,13 +201,13 @@ def test_medium_priority_never_evicts_and_jobs_that_cannot_recover_are_never_evi
 
 
 @pytest.mark.parametrize("simulator", [{f"v4@{ZONE}": 0}], indirect=True)
-def test_a_queued_resource_waiting_too_long_moves_the_job_to_its_next_zone(service, simulator, project_id):
+def test_a_queued_resource_waiting_too_long_moves_the_job_to_its_next_zone(service, simulator, project_id, clock):
     submit(service, "roam", zones=[ZONE, OTHER_ZONE])
     job = service.store.get("roam")
     assert job.state is JobState.PROVISIONING and job.zone == ZONE
-    time.sleep(0.7)  # past zone_wait_seconds, with no v4 capacity in the first zone
+    clock.advance(0.7)  # past zone_wait_seconds, with no v4 capacity in the first zone
 
-    Reconciler(service).tick()
+    reconciler_for(service).tick()
 
     job = service.store.get("roam")
     assert job.state is JobState.PROVISIONING and job.zone == OTHER_ZONE and job.queued_resource == "roam-a2"
@@ -252,7 +257,7 @@ def test_a_pool_with_quota_zero_admits_when_the_quota_is_raised(service, pools):
     submit(service, "zero-1")
     assert state(service, "zero-1") is JobState.QUEUED
     pools.set_quota(ZONE, "v4", 4)
-    Reconciler(service).tick()
+    reconciler_for(service).tick()
     assert state(service, "zero-1") is JobState.PROVISIONING
 
 
@@ -272,7 +277,7 @@ def test_a_tick_admits_a_waiting_pool_once_not_once_per_waiting_job(service, poo
         lambda _: None,
         pools=CrashingPools(pools, plan),
     )
-    Reconciler(counted).tick()
+    reconciler_for(counted).tick()
     assert plan.steps.count("pools.queue") == 1, plan.steps
     assert [state(service, f"wait-{n}") for n in range(6)].count(JobState.PROVISIONING) == 1
 
@@ -311,7 +316,7 @@ def test_a_quota_lowered_under_the_waiting_head_fails_it_and_admits_the_job_behi
     ]
 
     pools.set_quota(ZONE, "v4", 12)
-    Reconciler(service).tick()
+    reconciler_for(service).tick()
 
     head = service.store.get("head")
     assert head.state is JobState.FAILED

@@ -19,7 +19,6 @@ from tpujobs.adapters.firestore_store import FirestoreJobStore
 from tpujobs.adapters.tpu import CloudTpu, build_client
 from tpujobs.domain.states import JobState
 from tpujobs.inbound import InboundMessage
-from tpujobs.reconciler import Reconciler
 from tpujobs.service import JobService
 from tpujobs.testing import (
     CrashingPools,
@@ -29,6 +28,7 @@ from tpujobs.testing import (
     InjectedCrash,
     inbound,
     local_settings,
+    reconciler_for,
     signed,
 )
 
@@ -158,7 +158,7 @@ def test_a_killed_admission_is_finished_by_redelivery(harness, name, k, when):
     with pytest.raises(InjectedCrash):
         handle(harness.service(plan), delivered)
     handle(harness.service(), delivered)  # Pub/Sub delivers it again
-    Reconciler(harness.service()).tick()  # and the tick finishes whatever a claim left
+    reconciler_for(harness.service()).tick()  # and the tick finishes whatever a claim left
     settled(harness, name, job_ids)
 
 
@@ -172,5 +172,5 @@ def test_an_ending_killed_after_its_commit_is_finished_by_the_reconciler(harness
     with pytest.raises(InjectedCrash):
         handle(harness.service(plan), delivered)
     for _ in range(2):
-        Reconciler(harness.service()).tick()
+        reconciler_for(harness.service()).tick()
     settled(harness, "ending", job_ids)

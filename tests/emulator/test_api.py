@@ -15,9 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tpujobs import api
-from tpujobs.adapters.firestore_store import FirestoreJobStore
-from tpujobs.adapters.tpu import CloudTpu
+from tpujobs import runtime
 from tpujobs.api import CALLER_HEADER, InvalidToken, JobsApi
 from tpujobs.config import Settings
 from tpujobs.domain.states import JobState
@@ -59,19 +57,16 @@ class FakeVerifier:
 
 
 @pytest.fixture
-def service(firestore_client, tpu_client, project_id, simulator_url) -> JobService:
-    settings = local_settings(
-        project=project_id, default_zone=ZONE, tpu_endpoint=simulator_url, logs_bucket="logs", admins=(ADMIN,)
-    )
-    return JobService(
-        FirestoreJobStore(firestore_client), CloudTpu(tpu_client, project_id), settings, utc_now, lambda _: None
-    )
+def service(job_service) -> JobService:
+    return job_service(admins=(ADMIN,))
 
 
 @pytest.fixture
 def local(service) -> JobsApi:
     """The API as the local stack runs it: the caller header is trusted."""
-    return JobsApi(service, local_settings(local_stack=True, admins=(ADMIN,)), verify_token=FakeVerifier())
+    return JobsApi(
+        service, service.store, local_settings(local_stack=True, admins=(ADMIN,)), verify_token=FakeVerifier()
+    )
 
 
 @pytest.fixture
@@ -82,7 +77,7 @@ def verifier() -> FakeVerifier:
 @pytest.fixture
 def production(service, verifier) -> JobsApi:
     """The API as deployed: only a verified ID token says who calls."""
-    return JobsApi(service, local_settings(local_stack=False, admins=(ADMIN,)), verify_token=verifier)
+    return JobsApi(service, service.store, local_settings(local_stack=False, admins=(ADMIN,)), verify_token=verifier)
 
 
 def submit(service: JobService, job_id: str, owner: str = OWNER, **changes) -> str:
@@ -179,7 +174,7 @@ def test_configured_audiences_replace_the_derived_url(service, verifier):
     """TPUJOBS_API_AUDIENCE set: those audiences, and only those, are accepted."""
     configured = Settings.from_env({"TPUJOBS_API_AUDIENCE": "https://jobs.example.com, client-id"})
     assert configured.api_audiences == ("https://jobs.example.com", "client-id")
-    app = JobsApi(service, configured, verify_token=verifier)
+    app = JobsApi(service, service.store, configured, verify_token=verifier)
     assert call(app, {"action": "list"}, token="ada-token").status == 200
     assert verifier.audiences[-1] == ["https://jobs.example.com", "client-id"]
 
@@ -200,7 +195,7 @@ def test_certificates_out_of_reach_is_503_not_401(service):
     def unreachable(token, audiences):
         raise TransientError("could not fetch Google's token certificates")
 
-    app = JobsApi(service, local_settings(), verify_token=unreachable)
+    app = JobsApi(service, service.store, local_settings(), verify_token=unreachable)
     answer = call(app, {"action": "list"}, token="ada-token")
     assert answer.status == 503 and "try again" in answer.body["error"]
 
@@ -242,7 +237,7 @@ def test_an_admin_may_cancel_anyones_job(local, service):
 def test_an_admin_of_the_service_but_not_of_the_api_settings_is_not_an_admin(service):
     """The API's own settings name its admins: an empty list means owners only."""
     submit(service, "train-1")
-    app = JobsApi(service, local_settings(local_stack=True), verify_token=FakeVerifier())
+    app = JobsApi(service, service.store, local_settings(local_stack=True), verify_token=FakeVerifier())
     assert call(app, {"action": "cancel", "job_id": "train-1"}, caller=ADMIN).status == 403
 
 
@@ -433,7 +428,7 @@ def test_the_http_target_answers_json_through_functions_framework(local, service
     from functions_framework import create_app
 
     submit(service, "train-1")
-    monkeypatch.setattr(api, "default_api", lambda: local)
+    monkeypatch.setattr(runtime, "jobs_api", lambda: local)
     client = create_app("jobs", str(FUNCTIONS), "http").test_client()
     answer = client.post("/", json={"action": "cancel", "job_id": "train-1"}, headers={CALLER_HEADER: STRANGER})
     assert answer.status_code == 403 and answer.content_type == "application/json"

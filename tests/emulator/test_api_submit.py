@@ -45,7 +45,7 @@ def api(firestore_client, tpu_client, project_id, simulator_url) -> JobsApi:
         pools=FirestorePools(firestore_client),
         access=FirestoreAccessPolicies(firestore_client),
     )
-    return JobsApi(service, settings)
+    return JobsApi(service, service.store, settings)
 
 
 def submit(api: JobsApi, caller: str, **spec):

@@ -21,6 +21,8 @@ import pytest
 
 from tpujobs import dead_letters as letters
 from tpujobs import topology
+from tpujobs.adapters.firestore_dead_letters import DEAD_LETTERS, FirestoreDeadLetters
+from tpujobs.adapters.pubsub_republisher import PubsubRepublisher
 from tpujobs.dev import wiring
 from tpujobs.inbound import InboundMessage, from_cloud_event
 from tpujobs.testing import local_settings, wait_for
@@ -83,10 +85,10 @@ def pubsub(emulators, project_id):
 def service(firestore_client, project_id, pubsub) -> letters.DeadLetters:
     publisher, _ = pubsub
     return letters.DeadLetters(
-        letters.FirestoreDeadLetters(firestore_client),
+        FirestoreDeadLetters(firestore_client),
         local_settings(project=project_id, prefix=PREFIX),
         lambda: NOW,
-        publisher=lambda: letters.Republisher(publisher, project_id, PREFIX),
+        publisher=lambda: PubsubRepublisher(publisher, project_id, PREFIX),
     )
 
 
@@ -150,7 +152,7 @@ def a_dead_letter(project_id: str, data: bytes, message_id: str = "9001", **attr
 
 
 def stored(firestore_client, message_id: str) -> dict[str, Any]:
-    snapshot = firestore_client.collection(letters.DEAD_LETTERS).document(message_id).get()
+    snapshot = firestore_client.collection(DEAD_LETTERS).document(message_id).get()
     assert snapshot.exists, f"no dead_letters/{message_id}"
     return snapshot.to_dict()
 
@@ -203,7 +205,7 @@ def test_a_message_that_fails_five_pushes_is_dead_lettered_and_recorded_with_its
     assert letter is not None
     doc = stored(firestore_client, dead.message_id)
     assert doc["at"] == NOW
-    assert doc["topic"] == topology.SUBMIT  # the contract name: the prefix is added on replay
+    assert doc["topic"] == topology.SUBMIT  # the base name: the deployment prefix is added on replay
     assert doc["subscription"] == source
     assert doc["delivery_attempts"] == 5
     assert doc["payload"] == '{"name": "poison"}\n\\xff\\xfe'
@@ -247,7 +249,7 @@ def test_a_redelivered_dead_letter_leaves_the_record_and_its_replay_alone(
     service.record(message)
 
     assert stored(firestore_client, "9002")["replayed_at"] == NOW
-    assert len(list(firestore_client.collection(letters.DEAD_LETTERS).stream())) == 1
+    assert len(list(firestore_client.collection(DEAD_LETTERS).stream())) == 1
 
 
 def test_an_attribute_firestore_refuses_as_a_map_key_is_kept_as_json_and_replayed(
@@ -288,7 +290,7 @@ def test_the_list_is_newest_first_and_filters_by_topic(firestore_client, project
     """list() orders by `at` descending and keeps only the asked topic."""
     times = iter([NOW, NOW + timedelta(seconds=1), NOW + timedelta(seconds=2)])
     service = letters.DeadLetters(
-        letters.FirestoreDeadLetters(firestore_client),
+        FirestoreDeadLetters(firestore_client),
         local_settings(project=project_id, prefix=PREFIX),
         lambda: next(times),
         publisher=lambda: pytest.fail("listing publishes nothing"),
@@ -319,7 +321,7 @@ def test_the_list_is_newest_first_and_filters_by_topic(firestore_client, project
     ],
 )
 def test_the_original_topic_is_read_from_the_subscription_name(subscription, prefix, topic):
-    """`{prefix}{topic}--{target}` gives the topic's contract name, whatever the prefix holds."""
+    """`{prefix}{topic}--{target}` gives the topic's base name, whatever the prefix holds."""
     assert letters.source_topic(subscription, prefix) == topic
 
 

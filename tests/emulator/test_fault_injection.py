@@ -63,26 +63,28 @@ from __future__ import annotations
 
 import copy
 import json
-import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 
-from tpujobs import dead_letters, topology
+from tpujobs import dead_letters, runtime, topology
+from tpujobs.adapters.firestore_dead_letters import DEAD_LETTERS
 from tpujobs.adapters.firestore_store import REJECTIONS, FirestoreJobStore
 from tpujobs.adapters.pubsub import Publisher
+from tpujobs.adapters.storage_logs import GcsLogBucket
 from tpujobs.adapters.tpu import CloudTpu
 from tpujobs.api import CALLER_HEADER, JobsApi
-from tpujobs.dev import processes, wiring
+from tpujobs.dev import wiring
 from tpujobs.domain.states import JobState
 from tpujobs.inbound import InboundMessage
 from tpujobs.logs_export import LogExporter, LogObjects, attempt_log_name, worker_log_name
-from tpujobs.reconciler import EXPORT_GRACE_S, Reconciler
+from tpujobs.reconciler import EXPORT_GRACE_S
 from tpujobs.service import JobService
+from tpujobs.simulator.client import SimulatorControl
 from tpujobs.testing import (
     CrashingStore,
     CrashingTpu,
@@ -90,6 +92,7 @@ from tpujobs.testing import (
     InjectedCrash,
     When,
     local_settings,
+    reconciler_for,
     signed,
     wait_for,
 )
@@ -180,8 +183,7 @@ class Harness:
             return status is not None and status.state in ("PROVISIONING", "ACTIVE")
 
         wait_for(preemptible, timeout=10)
-        url = f"{self.simulator_url}/simulator/v1/queuedResources/{ZONE}/{name}:preempt"
-        urllib.request.urlopen(urllib.request.Request(url, data=b"{}"), timeout=5).read()
+        SimulatorControl(self.simulator_url).preempt(ZONE, name)
 
     def live_resources(self) -> set[str]:
         parent = f"projects/{self.project_id}/locations/{ZONE}"
@@ -193,8 +195,7 @@ class Harness:
 
     def created_resources(self) -> list[str]:
         """Every queued resource the simulator was asked to create, in order, repeats kept."""
-        with urllib.request.urlopen(f"{self.simulator_url}/simulator/v1/state", timeout=5) as response:
-            state = json.load(response)
+        state = SimulatorControl(self.simulator_url).state()
         prefix = f"projects/{self.project_id}/locations/{ZONE}/queuedResources/"
         return [
             op["metadata"]["target"].removeprefix(prefix)
@@ -262,7 +263,7 @@ _RECOVERED = Outcome(JobState.PROVISIONING, attempt=2, recoveries=1)
 def _http_cancel(service: JobService, message: InboundMessage) -> object:
     """The `jobs` function's cancel: the message's bytes as the POST body, the owner as the
     caller (the local stack's header); every answer, a retry's too, says CANCELLED."""
-    api = JobsApi(service, replace(service.settings, local_stack=True), verify_token=_no_tokens)
+    api = JobsApi(service, service.store, replace(service.settings, local_stack=True), verify_token=_no_tokens)
     response = api.handle("POST", "http://127.0.0.1/jobs", {CALLER_HEADER: OWNER}, message.data or b"")
     assert (response.status, response.body.get("state")) == (200, "CANCELLED"), response
     return response
@@ -434,8 +435,8 @@ def assert_settled(h: Harness, expected: Outcome, context: str) -> None:
 
 def reconcile(h: Harness, context: str) -> None:
     """Two ticks: the first repairs, the second must find nothing left to finish."""
-    Reconciler(h.service).tick()
-    second = Reconciler(h.service).tick()
+    reconciler_for(h.service).tick()
+    second = reconciler_for(h.service).tick()
     assert not (second.re_requested or second.converged or second.released), f"{context}: {second}"
 
 
@@ -554,7 +555,7 @@ def test_each_repairing_tick_makes_exactly_its_listed_io_steps_and_settles(harne
     """Uncrashed, one tick makes the listed port calls and repairs the job."""
     tick.setup(harness)
     plan = CrashPlan()
-    Reconciler(harness.crashing(plan)).tick()
+    reconciler_for(harness.crashing(plan)).tick()
     assert plan.steps == list(tick.steps) and not plan.crashed, plan.steps
     assert_settled(harness, tick.done, f"{tick.name} uncrashed")
 
@@ -565,7 +566,7 @@ def test_the_next_tick_finishes_a_tick_killed_at_any_io_step(harness, tick, k, w
     tick.setup(harness)
     plan = CrashPlan(at=k, when=when)
     with pytest.raises(InjectedCrash):
-        Reconciler(harness.crashing(plan)).tick()
+        reconciler_for(harness.crashing(plan)).tick()
     assert plan.steps == list(tick.steps[:k]), plan.steps
     context = f"{tick.name}: tick crashed {when} {plan.steps}, then ticked again"
     reconcile(harness, context)
@@ -617,17 +618,6 @@ EXPORT_STEPS = (
 _OBJECT_IO = ("worker_outputs", "read", "chunks_text", "write_if_changed")
 
 
-@pytest.fixture(scope="module")
-def storage_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A storage emulator of this module's own."""
-    port = processes.free_port()
-    started = processes.start([processes.storage_emulator(port)], tmp_path_factory.mktemp("storage"))
-    try:
-        yield f"http://{processes.LOOPBACK}:{port}"
-    finally:
-        processes.stop(started)
-
-
 @dataclass
 class ExportWorld:
     """The harness's job, ended, with its output in a bucket of the storage emulator."""
@@ -660,7 +650,7 @@ def exports(harness: Harness, storage_url: str, emulators: dict[str, str]) -> Ex
     for seq, piece in enumerate(OUTPUT):
         bucket.blob(f"{chunks}{seq:06d}.log").upload_from_string(piece)
     bucket.blob(chunks + "complete.json").upload_from_string(json.dumps({"exit_code": 0, "chunks": 2}))
-    return ExportWorld(harness, LogObjects(bucket.client, bucket.name), emulators["PUBSUB_EMULATOR_HOST"])
+    return ExportWorld(harness, LogObjects(GcsLogBucket(bucket.client, bucket.name)), emulators["PUBSUB_EMULATOR_HOST"])
 
 
 def assert_exported(world: ExportWorld, context: str) -> None:
@@ -718,7 +708,7 @@ def test_the_reconciler_asks_again_for_an_export_killed_at_any_io_step(
         sleep=lambda seconds: None,
         exports=Publisher.build(h.project_id, h.service.settings.prefix),
     )
-    report = Reconciler(later).tick()
+    report = reconciler_for(later).tick()
     asked = f"{JOB}: export of attempt 1 asked again" in report.observed
     assert asked is (k < len(EXPORT_STEPS) or when == "before"), f"{context}: {report}"
     if asked:
@@ -755,7 +745,7 @@ def _dead_letter(project_id: str) -> InboundMessage:
 
 def _recorder(project_id: str, plan: CrashPlan | None = None) -> dead_letters.DeadLetters:
     """The recorder `record_dead_letter` builds, on the emulator; its store crashing as planned."""
-    recorder = dead_letters.build(local_settings(project=project_id), lambda: RECORDED_AT)
+    recorder = runtime.build_dead_letters(local_settings(project=project_id), lambda: RECORDED_AT)
     if plan is not None:
         recorder = copy.copy(recorder)
         recorder.store = CrashingPort("dead_letters", recorder.store, plan, ("add", "get", "list", "mark_replayed"))
@@ -768,7 +758,7 @@ def assert_recorded(project_id: str, firestore_client: Any, context: str) -> Non
     assert _recorder(project_id).get(message.message_id) == dead_letters.dead_letter_from_message(
         message, RECORDED_AT
     ), context
-    assert len(list(firestore_client.collection(dead_letters.DEAD_LETTERS).stream())) == 1, context
+    assert len(list(firestore_client.collection(DEAD_LETTERS).stream())) == 1, context
 
 
 def test_recording_a_dead_letter_makes_exactly_its_listed_io_steps(project_id, firestore_client) -> None:

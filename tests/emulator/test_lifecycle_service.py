@@ -6,18 +6,16 @@ agent and the worker processes have tests of their own.
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, timezone
 
 import pytest
 
-from tpujobs.adapters.firestore_store import REJECTIONS, FirestoreJobStore
-from tpujobs.adapters.tpu import CloudTpu
+from tpujobs.adapters.firestore_store import REJECTIONS
 from tpujobs.domain.states import JobState
-from tpujobs.reconciler import Reconciler
 from tpujobs.service import JobService
+from tpujobs.simulator.client import SimulatorControl
 from tpujobs.testing import inbound as message
-from tpujobs.testing import local_settings, signed
+from tpujobs.testing import reconciler_for, signed, wait_for
 
 pytestmark = pytest.mark.emulator
 
@@ -34,18 +32,8 @@ def sleeps() -> list[float]:
 
 
 @pytest.fixture
-def service(firestore_client, tpu_client, project_id, simulator_url, sleeps) -> JobService:
-    settings = local_settings(
-        project=project_id,
-        default_zone=ZONE,
-        tpu_endpoint=simulator_url,
-        logs_bucket="logs",
-        admins=("root@example.com",),
-        stuck_after_seconds=0.0,
-    )
-    return JobService(
-        FirestoreJobStore(firestore_client), CloudTpu(tpu_client, project_id), settings, utc_now, sleeps.append
-    )
+def service(job_service, sleeps) -> JobService:
+    return job_service(sleep=sleeps.append, admins=("root@example.com",), stuck_after_seconds=0.0)
 
 
 def submit(service: JobService, job_id: str = "train-1", **changes) -> str:
@@ -273,7 +261,7 @@ def test_the_reconciler_repairs_missing_capacity_and_releases_orphans(service, t
     tpu_client.create_queued_resource(
         parent=f"projects/{project_id}/locations/{ZONE}", queued_resource=resource, queued_resource_id="someone-else-a1"
     )
-    report = Reconciler(service).tick()
+    report = reconciler_for(service).tick()
     assert "lost-qr-a1" in report.re_requested
     assert "done-job-a1" in report.released
     live = live_resources(tpu_client, project_id)
@@ -282,22 +270,17 @@ def test_the_reconciler_repairs_missing_capacity_and_releases_orphans(service, t
 
 def test_the_reconciler_turns_a_suspended_resource_into_a_recovery(service, simulator_url):
     """No event arrives for a preemption the agent could not report: the tick finds it."""
-    import time
-    import urllib.request
-
     submit(service)
     report(service, "started", 1)
-    deadline = time.monotonic() + 10
-    while service.tpu.status(ZONE, "train-1-a1").state != "ACTIVE" and time.monotonic() < deadline:
-        time.sleep(0.05)
-    urllib.request.urlopen(
-        urllib.request.Request(f"{simulator_url}/simulator/v1/queuedResources/{ZONE}/train-1-a1:preempt", data=b"{}"),
-        timeout=5,
-    ).read()
-    deadline = time.monotonic() + 10
-    while service.store.get("train-1").attempt == 1 and time.monotonic() < deadline:
-        Reconciler(service).tick()
-        time.sleep(0.1)
+    wait_for(lambda: service.tpu.status(ZONE, "train-1-a1").state == "ACTIVE", timeout=10)
+    SimulatorControl(simulator_url).preempt(ZONE, "train-1-a1")
+
+    def replaced() -> bool:
+        """the reconciler to start attempt 2"""
+        reconciler_for(service).tick()
+        return service.store.get("train-1").attempt > 1
+
+    wait_for(replaced, timeout=10, interval=0.1)
     job = service.store.get("train-1")
     assert job.attempt == 2 and job.state is JobState.PROVISIONING
     assert any(e.source == "reconciler" for e in service.store.events("train-1"))
@@ -305,18 +288,10 @@ def test_the_reconciler_turns_a_suspended_resource_into_a_recovery(service, simu
 
 def test_the_reconciler_does_nothing_when_the_tpu_api_fails(service, simulator_url):
     """A zone whose listing fails is skipped: an API error never looks like a lost resource."""
-    import urllib.request
-
     submit(service)
     report(service, "started", 1)
-    body = json.dumps({"api_error_rate": 1.0}).encode()
-    urllib.request.urlopen(
-        urllib.request.Request(
-            f"{simulator_url}/simulator/v1/config", data=body, headers={"Content-Type": "application/json"}
-        ),
-        timeout=5,
-    ).read()
-    result = Reconciler(service).tick()
+    SimulatorControl(simulator_url).configure(api_error_rate=1.0)
+    result = reconciler_for(service).tick()
     assert result.zones_skipped == [ZONE]
     job = service.store.get("train-1")
     assert job.state is JobState.RUNNING and job.attempt == 1
@@ -344,11 +319,9 @@ def test_an_audit_log_entry_makes_the_service_read_the_queued_resource_state(
     service, tpu_client, project_id, firestore_client
 ):
     """The sink says a queued resource was created; its state now (ACTIVE) is what counts."""
-    import time
-
     submit(service)
     parent = f"projects/{project_id}/locations/{ZONE}"
-    time.sleep(0.5)  # the simulator provisions it meanwhile
+    wait_for(lambda: service.tpu.status(ZONE, "train-1-a1").state == "ACTIVE", timeout=10)
     entry = audit_entry(
         project_id, "CreateQueuedResource", parent, request={"parent": parent, "queuedResourceId": "train-1-a1"}
     )

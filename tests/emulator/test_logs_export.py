@@ -4,15 +4,13 @@ writes them, jobs moved by the real store, then `LogExporter` and `tpujobs logs`
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import Iterator
 from datetime import datetime, timezone
 
 import pytest
 
 from tpujobs.adapters.firestore_store import FirestoreJobStore
+from tpujobs.adapters.storage_logs import GcsLogBucket
 from tpujobs.adapters.tpu import CloudTpu
-from tpujobs.dev import processes, wiring
 from tpujobs.domain.job import new_job
 from tpujobs.domain.spec import parse_spec
 from tpujobs.domain.states import EventKind, JobState
@@ -22,7 +20,7 @@ from tpujobs.inbound import InboundMessage
 from tpujobs.logs_export import LogExporter, LogObjects, LogReader, cut_off_line
 from tpujobs.service import JobService
 from tpujobs.testing import inbound as message
-from tpujobs.testing import local_settings, signed
+from tpujobs.testing import local_settings, reconciler_for, signed
 
 pytestmark = pytest.mark.emulator
 
@@ -33,24 +31,6 @@ def utc_now() -> datetime:
     return datetime.now(timezone.utc)
 
 
-@pytest.fixture(scope="module")
-def storage_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A storage emulator of this module's own."""
-    port = processes.free_port()
-    started = processes.start([processes.storage_emulator(port)], tmp_path_factory.mktemp("storage-emulator"))
-    try:
-        yield f"http://{processes.LOOPBACK}:{port}"
-    finally:
-        processes.stop(started)
-
-
-@pytest.fixture
-def bucket(storage_url: str, project_id: str):
-    """A fresh bucket in the storage emulator."""
-    client = wiring.storage_client(storage_url, project_id)
-    return client.create_bucket(f"logs-{uuid.uuid4().hex[:10]}")
-
-
 @pytest.fixture
 def store(firestore_client) -> FirestoreJobStore:
     return FirestoreJobStore(firestore_client)
@@ -58,7 +38,7 @@ def store(firestore_client) -> FirestoreJobStore:
 
 @pytest.fixture
 def objects(bucket) -> LogObjects:
-    return LogObjects(bucket.client, bucket.name)
+    return LogObjects(GcsLogBucket(bucket.client, bucket.name))
 
 
 def exporter(objects: LogObjects, store: FirestoreJobStore, **timing: float) -> LogExporter:
@@ -356,7 +336,7 @@ def test_the_reconciler_asks_again_for_an_export_whose_request_was_lost(
     only, until the export is recorded; a job without output is not asked for forever."""
     from datetime import timedelta
 
-    from tpujobs.reconciler import EXPORT_GRACE_S, EXPORT_WINDOW_S, Reconciler
+    from tpujobs.reconciler import EXPORT_GRACE_S, EXPORT_WINDOW_S
 
     now = [utc_now()]
     service = service_with(BrokenExports(), firestore_client, tpu_client, project_id, simulator_url)
@@ -378,13 +358,13 @@ def test_the_reconciler_asks_again_for_an_export_whose_request_was_lost(
 
     exports = RecordedExports()
     service.exports = exports
-    Reconciler(service).tick()
+    reconciler_for(service).tick()
     assert exports.requests == []  # too early: the handler's own request may still be on its way
 
     now[0] += timedelta(seconds=EXPORT_GRACE_S + 1)
-    Reconciler(service).tick()
+    reconciler_for(service).tick()
     assert exports.requests == [("train-1", 1)]
 
     now[0] += timedelta(seconds=EXPORT_WINDOW_S)
-    Reconciler(service).tick()
+    reconciler_for(service).tick()
     assert exports.requests == [("train-1", 1)]  # past the window: left alone

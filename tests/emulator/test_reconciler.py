@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
-import urllib.request
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -13,10 +11,10 @@ from tpujobs.adapters.firestore_store import FirestoreJobStore
 from tpujobs.adapters.google_errors import transient_retry
 from tpujobs.adapters.tpu import CloudTpu
 from tpujobs.domain.states import JobState
-from tpujobs.reconciler import Reconciler
 from tpujobs.service import JobService
+from tpujobs.simulator.client import SimulatorControl
 from tpujobs.testing import inbound as message
-from tpujobs.testing import local_settings, signed
+from tpujobs.testing import reconciler_for, signed
 
 pytestmark = pytest.mark.emulator
 
@@ -42,18 +40,10 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def service(firestore_client, tpu_client, project_id, simulator_url, clock) -> JobService:
-    settings = local_settings(
-        project=project_id,
-        default_zone=ZONE,
-        tpu_endpoint=simulator_url,
-        logs_bucket="logs",
-        heartbeat_timeout_seconds=60.0,
-        stuck_after_seconds=30.0,
-    )
+def service(job_service, tpu_client, project_id, clock) -> JobService:
     # Some tests fail every TPU call 25 times over: a short in-call retry keeps each tick quick.
     tpu = CloudTpu(tpu_client, project_id, retry=transient_retry(deadline_s=0.2))
-    return JobService(FirestoreJobStore(firestore_client), tpu, settings, clock, lambda s: None)
+    return job_service(clock=clock, tpu=tpu, heartbeat_timeout_seconds=60.0, stuck_after_seconds=30.0)
 
 
 def running_job(service: JobService, job_id: str = "train-1", accelerator: str = "v4-16") -> str:
@@ -78,12 +68,7 @@ def beat(service: JobService, kind: str, worker: int, attempt: int = 1, job_id: 
 
 
 def configure(simulator_url: str, **config) -> None:
-    request = urllib.request.Request(
-        f"{simulator_url}/simulator/v1/config",
-        data=json.dumps(config).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    urllib.request.urlopen(request, timeout=5).read()
+    SimulatorControl(simulator_url).configure(**config)
 
 
 def test_a_missed_heartbeat_does_not_start_a_recovery(service, clock):
@@ -91,7 +76,7 @@ def test_a_missed_heartbeat_does_not_start_a_recovery(service, clock):
     running_job(service)
     clock.advance(45)
     beat(service, "heartbeat", 0)  # worker 0 beats on; worker 1 has been quiet for 45 s
-    report = Reconciler(service).tick()
+    report = reconciler_for(service).tick()
     job = service.store.get("train-1")
     assert (job.state, job.attempt) == (JobState.RUNNING, 1)
     assert report.observed == []
@@ -102,7 +87,7 @@ def test_a_worker_silent_past_the_timeout_is_a_lost_host(service, clock):
     running_job(service)
     clock.advance(61)
     beat(service, "heartbeat", 0)
-    Reconciler(service).tick()
+    reconciler_for(service).tick()
     job = service.store.get("train-1")
     assert (job.state, job.attempt) == (JobState.PROVISIONING, 2)
     lost = [e for e in service.store.events("train-1") if e.to_state is JobState.RECOVERING]
@@ -116,7 +101,7 @@ def test_a_finished_worker_is_not_missed(service, clock):
     for _ in range(3):
         clock.advance(30)
         beat(service, "heartbeat", 0)
-        Reconciler(service).tick()
+        reconciler_for(service).tick()
     job = service.store.get("train-1")
     assert (job.state, job.attempt) == (JobState.RUNNING, 1)
 
@@ -129,7 +114,7 @@ def test_workers_of_an_attempt_that_is_over_are_retired_once(service, clock, fir
     )
     assert service.store.get("train-1").attempt == 2
     clock.advance(120)
-    Reconciler(service).tick()
+    reconciler_for(service).tick()
     assert service.store.silent_workers(clock()) == []  # both old workers retired
     assert service.store.get("train-1").attempt == 2
     recoveries = [e for e in service.store.events("train-1") if e.to_state is JobState.RECOVERING]
@@ -146,7 +131,7 @@ def test_twenty_five_failing_status_reads_start_no_recovery(service, simulator_u
     service.tpu = CloudTpu(tpu_client, project_id, retry=transient_retry(deadline_s=0.2))
     configure(simulator_url, api_error_rate=rate, seed=7)
     for _ in range(25):
-        Reconciler(service).tick()
+        reconciler_for(service).tick()
     configure(simulator_url, api_error_rate=0.0)
     job = service.store.get("train-1")
     assert (job.state, job.attempt, job.restarts) == (JobState.RUNNING, 1, 0)
@@ -187,7 +172,7 @@ def test_a_tick_reads_active_jobs_only_whatever_the_history(service, clock):
     running_job(service, "live-job", accelerator="v4-8")
     counting = CountingStore(service.store)
     service.store = counting
-    Reconciler(service).tick()
+    reconciler_for(service).tick()
     baseline = counting.read
     for index in range(20):
         job_id = f"done-{index}"
@@ -197,7 +182,7 @@ def test_a_tick_reads_active_jobs_only_whatever_the_history(service, clock):
     clock.advance(600)  # everything is long silent now
     beat(service, "heartbeat", 0, job_id="live-job")
     counting.read = 0
-    Reconciler(service).tick()
+    reconciler_for(service).tick()
     assert counting.read == baseline
 
 
@@ -225,7 +210,7 @@ def active_but_silent(service: JobService, job_id: str = "train-1") -> None:
     spec = {"job_id": job_id, "name": "train", "owner": "ada@example.com", "accelerator_type": "v4-16", "command": "x"}
     assert service.submit(message("tpujobs-submit", spec)).kind == "provisioning"
     wait_for(lambda: service.tpu.status(ZONE, f"{job_id}-a1").state == "ACTIVE", timeout=10)
-    Reconciler(service).tick()
+    reconciler_for(service).tick()
     job = service.store.get(job_id)
     assert (job.state, job.capacity_state) == (JobState.PROVISIONING, "ACTIVE")
 
@@ -235,11 +220,11 @@ def test_capacity_active_with_no_agent_past_the_boot_timeout_is_a_lost_host(serv
     assert service.settings.boot_timeout_seconds == 600  # the default
     active_but_silent(service)
     clock.advance(599)
-    Reconciler(service).tick()
+    reconciler_for(service).tick()
     assert (service.store.get("train-1").state, service.store.get("train-1").attempt) == (JobState.PROVISIONING, 1)
 
     clock.advance(13)
-    report = Reconciler(service).tick()
+    report = reconciler_for(service).tick()
 
     job = service.store.get("train-1")
     assert (job.state, job.attempt, job.restarts) == (JobState.PROVISIONING, 2, 1)
@@ -269,12 +254,12 @@ def test_a_host_that_never_said_started_is_lost_naming_it(service, clock):
     for seconds in (50, 50):  # within the timeout, with heartbeats: nothing happens
         clock.advance(seconds)
         beat(service, "heartbeat", 0)
-        Reconciler(service).tick()
+        reconciler_for(service).tick()
     assert (service.store.get("train-1").state, service.store.get("train-1").attempt) == (JobState.RUNNING, 1)
 
     clock.advance(21)
     beat(service, "heartbeat", 0)
-    Reconciler(service).tick()
+    reconciler_for(service).tick()
 
     job = service.store.get("train-1")
     assert (job.state, job.attempt) == (JobState.PROVISIONING, 2)
@@ -319,7 +304,7 @@ def test_an_attempt_whose_hosts_all_started_is_read_once_and_a_single_host_never
         for worker in (0, 1):
             beat(service, "heartbeat", worker, job_id="multi")
         beat(service, "heartbeat", 0, job_id="single")
-        Reconciler(service).tick()
+        reconciler_for(service).tick()
 
     assert counting.worker_reads == ["multi#1"] and counting.noted == ["multi#1"]
     multi = service.store.get("multi")
@@ -333,13 +318,7 @@ def test_an_attempt_whose_hosts_all_started_is_read_once_and_a_single_host_never
 
 def control(simulator_url: str, path: str, body: dict) -> dict:
     """POST to the simulator's control API (`tpujobs dev fault` drives the same endpoints)."""
-    request = urllib.request.Request(
-        f"{simulator_url}/simulator/v1/{path}",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=5) as response:
-        return json.load(response)
+    return SimulatorControl(simulator_url).call("POST", path, body)
 
 
 def fault(simulator_url: str, method: str, code: int | str, count: int = 1, quota: bool = False) -> None:
@@ -378,7 +357,7 @@ def test_a_permanent_error_in_one_jobs_repair_is_noted_on_it_and_the_tick_goes_o
     beat(service, "heartbeat", 0, job_id="a-lost")  # b-silent's worker says nothing for 61 s
     fault(simulator_url, "get", 403)  # the first read of the tick: a-lost's confirmation
 
-    report = Reconciler(service).tick()
+    report = reconciler_for(service).tick()
 
     a_lost = service.store.get("a-lost")
     assert (a_lost.state, a_lost.attempt) == (JobState.RUNNING, 1)
@@ -393,7 +372,7 @@ def test_a_permanent_error_in_one_jobs_repair_is_noted_on_it_and_the_tick_goes_o
     assert service.store.get("b-silent").attempt == 2  # the later phase ran
 
     beat(service, "heartbeat", 0, job_id="a-lost")
-    second = Reconciler(service).tick()
+    second = reconciler_for(service).tick()
     assert second.failed == []
     assert (service.store.get("a-lost").state, service.store.get("a-lost").attempt) == (JobState.PROVISIONING, 2)
 
@@ -423,7 +402,7 @@ def test_an_unexpected_error_in_one_phase_is_logged_and_the_next_phase_runs(serv
     clock.advance(121)
     service.store = Exploding(service.store, "silent_workers")
 
-    report = Reconciler(service).tick()
+    report = reconciler_for(service).tick()
 
     assert report.failed == ["find silent workers: silent_workers exploded"]
     assert any(r.exc_info and "could not find silent workers" in r.getMessage() for r in caplog.records)
@@ -456,7 +435,7 @@ def test_more_active_jobs_than_a_page_are_all_reconciled(service):
     assert {j.job_id for j in service.store.list_active(2)} == set(names)
     service.store = SmallPages(service.store)
 
-    report = Reconciler(service).tick()
+    report = reconciler_for(service).tick()
 
     assert report.jobs == 5
     assert sorted(report.re_requested) == [f"{job_id}-a1" for job_id in names]
@@ -507,8 +486,7 @@ def test_the_listing_leaves_env_command_and_setup_out_and_keeps_everything_compa
 
 def created(simulator_url: str, project_id: str, job_id: str) -> list[str]:
     """Every queued resource of the job the simulator was asked to create, repeats kept."""
-    with urllib.request.urlopen(f"{simulator_url}/simulator/v1/state", timeout=5) as response:
-        state = json.load(response)
+    state = SimulatorControl(simulator_url).state()
     return [
         op["metadata"]["target"].rsplit("/", 1)[-1]
         for op in state["operations"]
@@ -530,7 +508,7 @@ def test_a_create_whose_operation_failed_moves_the_job_to_its_next_zone_saying_w
     tpu_client.delete_queued_resource(request={"name": name, "force": True})
     configure(simulator_url, accept_seconds=0.0)
 
-    report = Reconciler(service).tick()
+    report = reconciler_for(service).tick()
 
     job = service.store.get("train-1")
     assert (job.state, job.attempt, job.zone) == (JobState.PROVISIONING, 2, "us-east5-a")
@@ -551,15 +529,15 @@ def test_a_queued_resource_that_never_appears_is_asked_for_within_the_zone_wait_
     zone left and no restart left, the job FAILS saying so; no tick asks again after that."""
     submitted(service, "train-1", max_restarts=0)
     vanish(service, "train-1-a1")
-    first = Reconciler(service).tick()
+    first = reconciler_for(service).tick()
     assert first.re_requested == ["train-1-a1"]
     (again,) = [e for e in service.store.events("train-1") if e.source == "reconciler"]
     assert again.reason == f"Queued resource train-1-a1 was missing; requested again in {ZONE}."
     vanish(service, "train-1-a1")
     clock.advance(601)
 
-    second = Reconciler(service).tick()
-    third = Reconciler(service).tick()
+    second = reconciler_for(service).tick()
+    third = reconciler_for(service).tick()
 
     job = service.store.get("train-1")
     assert job.state is JobState.FAILED
@@ -590,9 +568,9 @@ def test_a_job_refused_for_tpu_quota_waits_provisioning_and_is_asked_for_again(
     assert list(firestore_client.collection(REJECTIONS).stream()) == []
     events = len(service.store.events("train-1"))
 
-    still = Reconciler(service).tick()
+    still = reconciler_for(service).tick()
     assert still.re_requested == ["train-1-a1"] and len(service.store.events("train-1")) == events
-    room = Reconciler(service).tick()
+    room = reconciler_for(service).tick()
 
     job = service.store.get("train-1")
     assert room.re_requested == ["train-1-a1"] and job.capacity_state != QUOTA_EXHAUSTED
@@ -604,10 +582,10 @@ def test_a_job_waiting_for_tpu_quota_moves_to_its_next_zone_after_the_zone_wait(
     """Still no quota 10 minutes on, with another zone in `zones`: attempt 2 is requested there."""
     fault(simulator_url, "create", 429, count=2, quota=True)
     submitted(service, "train-1", zones=[ZONE, "us-east5-a"])
-    Reconciler(service).tick()
+    reconciler_for(service).tick()
     clock.advance(601)
 
-    Reconciler(service).tick()
+    reconciler_for(service).tick()
 
     job = service.store.get("train-1")
     assert (job.state, job.attempt, job.zone) == (JobState.PROVISIONING, 2, "us-east5-a")
@@ -651,7 +629,7 @@ def test_a_node_condition_that_often_passes_is_a_lost_host_only_past_the_grace(
     def tick_after(seconds: float):
         clock.advance(seconds)
         beat(service, "heartbeat", 0)
-        return Reconciler(service).tick()
+        return reconciler_for(service).tick()
 
     tick_after(0)
     job = service.store.get("train-1")
@@ -696,7 +674,7 @@ def test_a_node_state_that_means_the_host_is_gone_is_lost_at_once(service, simul
     running_active(service)
     control(simulator_url, f"queuedResources/{ZONE}/train-1-a1:{verb}", body)
 
-    Reconciler(service).tick()
+    reconciler_for(service).tick()
 
     job = service.store.get("train-1")
     assert (job.state, job.attempt) == (JobState.PROVISIONING, 2)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import urllib.request
 from datetime import datetime, timezone
 from typing import Any
 
@@ -24,14 +23,12 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from tpujobs.adapters.firestore_store import FirestoreJobStore
-from tpujobs.adapters.tpu import CloudTpu
 from tpujobs.domain.naming import parse_queued_resource_name
 from tpujobs.domain.states import TERMINAL, TRANSITIONS, JobState
 from tpujobs.inbound import InboundMessage
-from tpujobs.reconciler import Reconciler
 from tpujobs.service import JobService
-from tpujobs.testing import local_settings
+from tpujobs.simulator.client import SimulatorControl
+from tpujobs.testing import reconciler_for
 
 pytestmark = pytest.mark.emulator
 
@@ -48,23 +45,9 @@ def utc_now() -> datetime:
 
 
 @pytest.fixture
-def service(firestore_client, tpu_client, project_id, simulator_url) -> JobService:
+def service(job_service) -> JobService:
     """ONE JobService for the whole test function; sleeps (restart backoff) return at once."""
-    settings_ = local_settings(
-        project=project_id,
-        default_zone=ZONE,
-        tpu_endpoint=simulator_url,
-        logs_bucket="logs",
-        admins=("root@example.com",),
-        stuck_after_seconds=0.0,
-    )
-    return JobService(
-        FirestoreJobStore(firestore_client),
-        CloudTpu(tpu_client, project_id),
-        settings_,
-        utc_now,
-        lambda s: None,
-    )
+    return job_service(admins=("root@example.com",), stuck_after_seconds=0.0)
 
 
 Delivery = tuple[str, str, dict[str, Any]]  # (topic, message id, payload)
@@ -123,8 +106,7 @@ HANDLERS = {
 
 
 def simulator_state(simulator_url: str) -> dict[str, Any]:
-    with urllib.request.urlopen(f"{simulator_url}/simulator/v1/state", timeout=10) as response:
-        return json.loads(response.read())
+    return SimulatorControl(simulator_url).state()
 
 
 def owned_by(job_id: str, name: str) -> bool:
@@ -144,7 +126,7 @@ def test_any_delivery_order_keeps_the_timeline_legal_and_capacity_single(service
     for topic, message_id, payload in deliveries:
         inbound = InboundMessage(message_id, topic, json.dumps(payload).encode())
         getattr(service, HANDLERS[topic])(inbound)  # nothing may raise, TransientError included
-    reconciler = Reconciler(service)
+    reconciler = reconciler_for(service)
     for _ in range(2):
         reconciler.tick()
 

@@ -11,10 +11,9 @@ from tpujobs.adapters.firestore_store import FirestoreJobStore
 from tpujobs.adapters.pubsub import Publisher
 from tpujobs.adapters.tpu import CloudTpu
 from tpujobs.errors import TransientError
-from tpujobs.reconciler import Reconciler
 from tpujobs.service import JobService
 from tpujobs.testing import inbound as message
-from tpujobs.testing import local_settings, signed
+from tpujobs.testing import local_settings, reconciler_for, signed
 from tpujobs.topology import STATUS
 
 pytestmark = pytest.mark.emulator
@@ -120,10 +119,10 @@ def test_an_announcement_that_failed_is_made_by_the_reconciler(
     later = datetime.now(timezone.utc) + timedelta(minutes=1)
     up = build(firestore_client, tpu_client, project_id, simulator_url, Publisher.build(project_id))
     up.clock = lambda: later
-    report = Reconciler(up).tick()
+    report = reconciler_for(up).tick()
     timeline = up.store.events("train-1")
     assert len(report.announced) == len(timeline) == 7
     received = pull_all(subscriber, path, len(timeline))
     assert sorted(json.loads(m.data)["seq"] for m in received) == list(range(1, 8))
     assert up.store.unannounced_events(later) == []
-    assert Reconciler(up).tick().announced == []  # once only
+    assert reconciler_for(up).tick().announced == []  # once only

@@ -10,7 +10,7 @@ from terraform_config import ROOT, Terraform, block
 from tpujobs import topology
 
 # What a function's body calls in functions/main.py decides the rights its account needs.
-ENGINE = ("runtime.job_service()", "runtime.reconciler()", "api.default_api()")  # Firestore, TPU, status
+ENGINE = ("runtime.job_service()", "runtime.reconciler()", "runtime.jobs_api()")  # Firestore, TPU, status
 LOG_EXPORTER = "runtime.log_exporter()"  # Firestore and the logs bucket
 PRIMITIVE_ROLES = {"roles/owner", "roles/editor", "roles/viewer"}
 

@@ -28,6 +28,7 @@ from cryptography.x509.oid import NameOID
 from google.auth import crypt
 from google.auth import jwt as google_jwt
 
+from tpujobs.adapters.google_id_tokens import GoogleIdTokens
 from tpujobs.api import JobsApi, Response
 from tpujobs.config import Settings
 from tpujobs.identity import SERVERLESS_AUTHORIZATION, SIGNATURE_REMOVED
@@ -142,9 +143,10 @@ class NoJobs:
 
 
 def api(certs: CertificateServer, **settings: Any) -> JobsApi:
-    """The API as deployed, its verifier built from the settings and pointed at the local server."""
+    """The API as deployed (`runtime.jobs_api`), its verifier pointed at the local server."""
     configured = Settings(api_certs_url=certs.url, **settings)
-    return JobsApi(SimpleNamespace(store=NoJobs(), settings=configured), configured)
+    verifier = GoogleIdTokens(configured.api_certs_url)
+    return JobsApi(SimpleNamespace(settings=configured), NoJobs(), configured, verify_token=verifier)
 
 
 def ask(app: JobsApi, **headers: str) -> Response:
