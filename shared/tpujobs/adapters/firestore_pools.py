@@ -100,7 +100,7 @@ class FirestorePools:
             .limit(limit)
         )
         with transient_on_failure("read queue"):
-            return [job_from_document(d.to_dict()) for d in query.stream()]
+            return [job_from_document(d.to_dict() or {}) for d in query.stream()]
 
     def active_in(self, pool: str) -> list[Job]:
         """Jobs of the pool that may hold chips: everything not QUEUED and not ended."""
@@ -114,7 +114,7 @@ class FirestorePools:
             )
         )
         with transient_on_failure("read pool jobs"):
-            return [job_from_document(d.to_dict()) for d in query.stream()]
+            return [job_from_document(d.to_dict() or {}) for d in query.stream()]
 
 
 def _holder(job_id: str, fields: dict[str, Any]) -> Holder:
