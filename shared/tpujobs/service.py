@@ -13,9 +13,9 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from tpujobs import logs
 from tpujobs.agent.startup import host_boot
@@ -439,17 +439,14 @@ class JobService:
         now = self.clock()
         at = report.at or now
         worker = worker_key(report.slice_id, report.worker_id)
-        news = _worker_news(report, at)
+        record = _worker_record(report, worker, now, at)
         seen = _worker_observation(report, worker)
         outcome = None if seen is None else self.observe(report.job_id, seen)
         if report.kind == "checkpoint":
             self.store.record_checkpoint(report.job_id, report.attempt, at)
         # The worker's record comes after the job's commit: had it come first, a crash in
         # between would leave a worker marked done whose exit the job never counted.
-        self.store.record_worker(
-            report.job_id,
-            WorkerRecord(report.attempt, worker, report.slice_id, report.worker_id, now, **news),
-        )
+        self.store.record_worker(report.job_id, record)
         return outcome
 
     def on_preemption(self, message: InboundMessage) -> Decision | Ignored | None:
@@ -744,16 +741,29 @@ def quota_reason(job: Job, error: QuotaExhausted) -> str:
     return f"TPU quota exhausted in {job.zone}: {said}; waiting, asked again at every reconciler tick."
 
 
-def _worker_news(report: WorkerReport, at: datetime) -> dict[str, object]:
-    """What a report changes in its worker's record (`jobs/{id}/workers`)."""
-    return {
-        "started": {"started_at": at, "live": True},
-        "heartbeat": {"live": True},
-        "exited": {"exited_at": at, "exit_code": report.exit_code, "live": False},
-        "aborted": {"exited_at": at, "exit_code": report.exit_code, "live": False},
-        "checkpoint": {"checkpoint_step": report.step, "checkpoint_at": at, "live": True},
-        "rebooted": {"live": False},
-    }[report.kind]
+class _WorkerNews(TypedDict, total=False):
+    """The fields of a WorkerRecord that one report sets."""
+
+    started_at: datetime
+    exited_at: datetime
+    exit_code: int | None
+    checkpoint_step: int | None
+    checkpoint_at: datetime
+    live: bool
+
+
+def _worker_record(report: WorkerReport, worker: str, now: datetime, at: datetime) -> WorkerRecord:
+    """What a report changes in its worker's record (`jobs/{id}/workers`); None leaves a field as it was."""
+    record = WorkerRecord(report.attempt, worker, report.slice_id, report.worker_id, now)
+    if report.kind == "started":
+        return replace(record, started_at=at, live=True)
+    if report.kind in ("exited", "aborted"):
+        return replace(record, exited_at=at, exit_code=report.exit_code, live=False)
+    if report.kind == "checkpoint":
+        return replace(record, checkpoint_step=report.step, checkpoint_at=at, live=True)
+    if report.kind == "heartbeat":
+        return replace(record, live=True)
+    return replace(record, live=False)  # rebooted: the command it ran is gone with the host
 
 
 def _worker_observation(report: WorkerReport, worker: str) -> Observation | None:
