@@ -67,8 +67,8 @@ from tpujobs.adapters.firestore_store import (
     job_to_document,
 )
 from tpujobs.adapters.tpu import (
-    _NODE_FIELDS,
-    _QR_FIELDS,
+    NODE_FIELDS,
+    QUEUED_RESOURCE_FIELDS,
     CloudTpu,
     build_client,
     queued_resource_for,
@@ -335,8 +335,8 @@ class Fleet:
         """What one tick's two list calls carry (JSON), with the field masks the adapter sends."""
         queued = {"queuedResources": [queued_resource_json(qr) for qr in self.queued_resources]}
         nodes = {"nodes": [node_json(node) for node in self.nodes]}
-        size = len(json.dumps(apply_field_mask(queued, _QR_FIELDS)))
-        size += len(json.dumps(apply_field_mask(nodes, _NODE_FIELDS)))
+        size = len(json.dumps(apply_field_mask(queued, QUEUED_RESOURCE_FIELDS)))
+        size += len(json.dumps(apply_field_mask(nodes, NODE_FIELDS)))
         return size / 1e6
 
 

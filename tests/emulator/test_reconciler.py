@@ -188,13 +188,15 @@ def test_a_tick_reads_active_jobs_only_whatever_the_history(service, clock):
 
 def test_the_reconcilers_listing_leaves_the_startup_scripts_behind(service, tpu_client, project_id):
     """The list calls ask for a field mask: labels and states come, the 46 KB scripts do not."""
-    from tpujobs.adapters.tpu import _QR_FIELDS
+    from tpujobs.adapters.tpu import QUEUED_RESOURCE_FIELDS
 
     running_job(service, accelerator="v4-8")
     parent = f"projects/{project_id}/locations/{ZONE}"
     full = next(iter(tpu_client.list_queued_resources(parent=parent)))
     assert len(full.tpu.node_spec[0].node.metadata["startup-script"]) > 10_000
-    masked = next(iter(tpu_client.list_queued_resources(parent=parent, metadata=[("x-goog-fieldmask", _QR_FIELDS)])))
+    masked = next(
+        iter(tpu_client.list_queued_resources(parent=parent, metadata=[("x-goog-fieldmask", QUEUED_RESOURCE_FIELDS)]))
+    )
     assert "startup-script" not in masked.tpu.node_spec[0].node.metadata
     assert masked.tpu.node_spec[0].node.labels["tpujobs-job"] == "train-1"
     assert [status.job_label for status in service.tpu.list(ZONE)] == ["train-1"]

@@ -192,7 +192,7 @@ class CloudTpu:
                     parent=parent,
                     retry=self._retry,
                     timeout=CALL_TIMEOUT_S,
-                    metadata=[("x-goog-fieldmask", _QR_FIELDS)],
+                    metadata=[("x-goog-fieldmask", QUEUED_RESOURCE_FIELDS)],
                 )
             )
             nodes = list(
@@ -200,7 +200,7 @@ class CloudTpu:
                     parent=parent,
                     retry=self._retry,
                     timeout=CALL_TIMEOUT_S,
-                    metadata=[("x-goog-fieldmask", _NODE_FIELDS)],
+                    metadata=[("x-goog-fieldmask", NODE_FIELDS)],
                 )
             )
         lost: dict[str, int] = {}
@@ -222,8 +222,10 @@ class CloudTpu:
 
 # Only what the reconciler compares: without a mask every resource brings its startup
 # script (the agent, ~46 KB), and a zone of 5,000 jobs would be ~440 MB a tick.
-_QR_FIELDS = "queuedResources.name,queuedResources.state,queuedResources.tpu.nodeSpec.node.labels,nextPageToken"
-_NODE_FIELDS = "nodes.name,nodes.state,nodes.health,nodes.queuedResource,nodes.networkEndpoints.ipAddress,nextPageToken"
+QUEUED_RESOURCE_FIELDS = (
+    "queuedResources.name,queuedResources.state,queuedResources.tpu.nodeSpec.node.labels,nextPageToken"
+)
+NODE_FIELDS = "nodes.name,nodes.state,nodes.health,nodes.queuedResource,nodes.networkEndpoints.ipAddress,nextPageToken"
 
 HostVerdict = Literal["ok", "suspect", "lost"]
 """What a node's state or health means for the attempt on it: nothing (`ok`), a condition that
