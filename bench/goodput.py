@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import re
 import statistics
 import sys
@@ -64,6 +63,7 @@ from tpujobs.config import Settings
 from tpujobs.dev import stack
 from tpujobs.domain.accounting import AttemptUsage, account
 from tpujobs.domain.states import JobState
+from tpujobs.simulator.client import SimulatorControl
 from tpujobs.topology import SUBMIT
 
 OWNER = "bench@example.com"
@@ -285,7 +285,7 @@ class Bench:
         self.publisher = Publisher.build(settings.project, settings.prefix)
         self.storage = build_client(settings.project)
         self.bucket = settings.logs_bucket
-        self.simulator = env["TPUJOBS_TPU_ENDPOINT"].rstrip("/") + "/simulator/v1"
+        self.simulator = SimulatorControl(env["TPUJOBS_TPU_ENDPOINT"])
         self.code_uri, self.code_sha256 = upload_code_dir(self.storage, self.bucket, EXAMPLE)
         self.held_limit = PREEMPT_AFTER_MINUTES * args.minute_seconds
 
@@ -315,11 +315,8 @@ class Bench:
         return Run(variant, job_id, time.time())
 
     def preempt(self, zone: str, queued_resource: str) -> bool:
-        url = f"{self.simulator}/queuedResources/{zone}/{queued_resource}:preempt"
-        request = urllib.request.Request(url, data=b"{}", method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=10) as answer:
-                answer.read()
+            self.simulator.preempt(zone, queued_resource)
         except urllib.error.HTTPError as error:  # not ACTIVE after all: try on the next poll
             print(f"  preempt {queued_resource}: {error.code} {error.read()[:200]!r}", file=sys.stderr)
             return False
@@ -327,8 +324,7 @@ class Bench:
 
     def active(self) -> set[str]:
         """Names of the queued resources the simulator has ACTIVE: capacity really held."""
-        with urllib.request.urlopen(f"{self.simulator}/state", timeout=10) as answer:
-            state = json.load(answer)
+        state = self.simulator.state()
         return {
             qr["name"].rsplit("/", 1)[-1]
             for qr in state["queuedResources"]

@@ -28,12 +28,12 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass
-from urllib.parse import urlencode
 
-from recovery import Bench, spread, wait_for  # the bench folder's own helpers
+from recovery import Bench, spread  # the bench folder's own helpers
 from tpujobs.config import Settings
 from tpujobs.dev import stack
 from tpujobs.domain.states import JobState
+from tpujobs.testing import wait_for
 
 NOTICE_S = 60.0  # the maintenance notice: the VM would stop only after it
 MAINTENANCE_REASON = "TERMINATE_ON_HOST_MAINTENANCE"
@@ -60,10 +60,9 @@ class MaintenanceBench(Bench):
         self._submit(job_id)
         try:
             job = self._running(job_id)
-            query = urlencode({"notice": NOTICE_S})
             lost = time.time()
-            self._control(f"queuedResources/{self.zone}/{job.queued_resource}:maintenance?{query}")
-            requested = wait_for(lambda: self._requested_at(f"{job_id}-a2"), f"{job_id}-a2 to be requested", timeout=30)
+            self.simulator.maintenance(self.zone, job.queued_resource, notice=NOTICE_S)
+            requested = wait_for(lambda: self._requested_at(f"{job_id}-a2"), timeout=30, what=f"{job_id}-a2 requested")
         finally:
             self._cancel_and_settle(job_id)
         event = next(e for e in self.store.events(job_id) if e.to_state is JobState.RECOVERING)

@@ -35,16 +35,16 @@ import statistics
 import sys
 import threading
 import time
-import urllib.request
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from tpujobs.config import Settings
 from tpujobs.dev import stack
 from tpujobs.domain.states import JobState
+from tpujobs.simulator.client import SimulatorControl
+from tpujobs.testing import wait_for
 from tpujobs.topology import CONTROL, RECONCILE, SUBMIT
 
 OWNER = "bench@example.com"
@@ -55,8 +55,6 @@ ANCHORS = (
     "SkyPilot managed jobs poll job status every 15 s; dstack every 10 s with a 2-minute "
     "grace; hand-run monitors every 10-30 min"
 )
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -78,16 +76,6 @@ def percentile(values: list[float], fraction: float) -> float:
 def rfc3339(text: str) -> float:
     """Seconds since the epoch of an RFC 3339 time as the simulator writes it (...Z)."""
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-
-
-def wait_for(probe: Callable[[], T | None], what: str, timeout: float, interval: float = 0.05) -> T:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = probe()
-        if value is not None:
-            return value
-        time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
 
 
 class Ticks:
@@ -137,20 +125,14 @@ class Bench:
 
         self.publisher = Publisher.build(settings.project, settings.prefix)
         self.store = FirestoreJobStore(firestore.Client(project=settings.project))
-        self.simulator = env["TPUJOBS_TPU_ENDPOINT"].rstrip("/") + "/simulator/v1"
+        self.simulator = SimulatorControl(env["TPUJOBS_TPU_ENDPOINT"])
         self.zone = env["TPUJOBS_DEFAULT_ZONE"]
         self.ticks = ticks
 
     # -- the simulator -------------------------------------------------------------------
 
-    def _control(self, path: str) -> None:
-        request = urllib.request.Request(f"{self.simulator}/{path}", data=b"{}", method="POST")
-        with urllib.request.urlopen(request, timeout=10) as answer:
-            answer.read()
-
     def _state(self) -> dict[str, Any]:
-        with urllib.request.urlopen(f"{self.simulator}/state", timeout=10) as answer:
-            return json.load(answer)
+        return self.simulator.state()
 
     def _requested_at(self, queued_resource: str) -> float | None:
         """When the queued resource's create request arrived, or None if it has not yet."""
@@ -189,7 +171,7 @@ class Bench:
                 raise RuntimeError(f"{job_id} ended {job.state.value}: {job.state_reason}")
             return job if job and job.state is JobState.RUNNING and job.attempt == 1 else None
 
-        return wait_for(probe, f"{job_id} RUNNING at attempt 1", timeout=60)
+        return wait_for(probe, timeout=60, what=f"{job_id} RUNNING at attempt 1")
 
     def _cancel_and_settle(self, job_id: str) -> None:
         """Cancel the job and wait until it is over and none of its queued resources is left."""
@@ -202,25 +184,24 @@ class Bench:
             names = (qr["name"].rsplit("/", 1)[-1] for qr in self._state()["queuedResources"])
             return None if any(n.startswith(f"{job_id}-a") for n in names) else True
 
-        wait_for(settled, f"{job_id} cancelled and its capacity released", timeout=30, interval=0.1)
+        wait_for(settled, timeout=30, interval=0.1, what=f"{job_id} cancelled and its capacity released")
 
     def trial(self, path: str) -> Trial:
         job_id = f"rec-{path}-{uuid.uuid4().hex[:8]}"
         self._submit(job_id)
         try:
             job = self._running(job_id)
-            resource = f"queuedResources/{self.zone}/{job.queued_resource}"
             if path == "notice":
                 lost = time.time()
-                self._control(f"{resource}:preempt")
+                self.simulator.preempt(self.zone, job.queued_resource)
             else:
                 time.sleep(random.uniform(0, LOCAL_TICK_S))  # a random phase of the tick
                 lost = time.time()
-                self._control(f"{resource}:kill-host?slice=0&worker=0")
+                self.simulator.kill_host(self.zone, job.queued_resource, worker=0, slice_index=0)
             requested = wait_for(
                 lambda: self._requested_at(f"{job_id}-a2"),
-                f"{job_id}-a2 to be requested",
                 timeout=30 + LOCAL_TICK_S,
+                what=f"{job_id}-a2 to be requested",
             )
         finally:
             self._cancel_and_settle(job_id)

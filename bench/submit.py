@@ -21,13 +21,13 @@ import json
 import statistics
 import sys
 import time
-import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 
 from tpujobs.config import Settings
 from tpujobs.dev import stack
+from tpujobs.simulator.client import SimulatorControl
 from tpujobs.topology import SUBMIT
 
 
@@ -43,14 +43,9 @@ def spec(job_id: str) -> dict[str, object]:
 
 def simulator_config(endpoint: str, changes: dict[str, object]) -> dict[str, object]:
     """Change the TPU simulator's settings; the settings as they were before."""
-    with urllib.request.urlopen(f"{endpoint}/simulator/v1/config", timeout=10) as answer:
-        before = json.load(answer)
-    request = urllib.request.Request(
-        f"{endpoint}/simulator/v1/config",
-        data=json.dumps(changes).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    urllib.request.urlopen(request, timeout=10).read()
+    control = SimulatorControl(endpoint)
+    before = control.config()
+    control.configure(**changes)
     return before
 
 

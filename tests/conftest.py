@@ -17,6 +17,17 @@ import pytest
 from tpujobs.dev import processes
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`make test`), every end-to-end test goes to one worker: the local
+    stack is started once, not once per worker. Everything else spreads freely; each worker
+    starts emulators of its own, on free ports."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        if item.get_closest_marker("e2e") is not None:
+            item.add_marker(pytest.mark.xdist_group("e2e"))
+
+
 def _answering(variable: str) -> str | None:
     value = os.environ.get(variable)
     if value and processes.http_get(processes.emulator_url(value) + "/") is not None:

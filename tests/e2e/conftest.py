@@ -40,12 +40,14 @@ def env(local_stack):
     from tpujobs.adapters.pubsub import Publisher
     from tpujobs.adapters.storage import build_client as storage_client
     from tpujobs.adapters.tpu import build_client as tpu_client
+    from tpujobs.simulator.client import SimulatorControl
 
     project = local_stack["GOOGLE_CLOUD_PROJECT"]
     return {
         "project": project,
         "bucket": local_stack["TPUJOBS_LOGS_BUCKET"],
         "simulator": local_stack["TPUJOBS_TPU_ENDPOINT"],
+        "control": SimulatorControl(local_stack["TPUJOBS_TPU_ENDPOINT"]),
         "zone": local_stack["TPUJOBS_DEFAULT_ZONE"],
         "publisher": Publisher.build(project),
         "store": FirestoreJobStore(firestore.Client(project=project)),

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -19,15 +18,11 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train"
 
 
 def control(env, path: str) -> dict:
-    request = urllib.request.Request(f"{env['simulator']}/simulator/v1/{path}", data=b"{}", method="POST")
-    with urllib.request.urlopen(request, timeout=10) as answer:
-        return json.load(answer)
+    return env["control"].call("POST", path, {})
 
 
 def workers_of(env, queued_resource: str) -> list[dict]:
-    url = f"{env['simulator']}/simulator/v1/queuedResources/{env['zone']}/{queued_resource}:workers"
-    with urllib.request.urlopen(url, timeout=10) as answer:
-        return json.load(answer)["workers"]
+    return env["control"].workers(env["zone"], queued_resource)
 
 
 def output(env, job_id: str, attempt: int, worker: str = "0-0") -> str:

@@ -4,11 +4,9 @@ export when an attempt ends, export_logs writes worker-K.log and attempt.log, an
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -117,13 +115,7 @@ def test_a_preempted_job_keeps_attempt_1s_logs_beside_attempt_2s(env, submit_job
 
     job = wait_for(running_first)
     wait_for(lambda: "attempt 1 says hi" in chunks(env, job_id, 1))
-    request = urllib.request.Request(
-        f"{env['simulator']}/simulator/v1/queuedResources/{env['zone']}/{job.queued_resource}:preempt",
-        data=b"{}",
-        method="POST",
-    )
-    with urllib.request.urlopen(request, timeout=10) as answer:
-        json.load(answer)
+    env["control"].preempt(env["zone"], job.queued_resource)
     job = ended(env, job_id)
     assert (job.state, job.attempt) == (JobState.SUCCEEDED, 2), job.state_reason
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 
 import pytest
 
+from tpujobs.simulator.client import SimulatorControl
 from tpujobs.testing import wait_for
 from tpujobs.topology import SUBMIT
 
@@ -86,8 +86,7 @@ def test_the_same_spec_published_three_times_is_one_job_one_resource_no_extra_ev
     assert len(moves) == len(set(moves))  # the job then runs `true`; nothing happens twice
     # The job may already have finished and released its capacity: count the creates the
     # TPU API accepted (a duplicate request is refused with ALREADY_EXISTS and makes none).
-    with urllib.request.urlopen(local_stack["TPUJOBS_TPU_ENDPOINT"] + "/simulator/v1/state") as answer:
-        operations = json.load(answer)["operations"]
+    operations = SimulatorControl(local_stack["TPUJOBS_TPU_ENDPOINT"]).state()["operations"]
     created = [
         op["metadata"]["target"].rsplit("/", 1)[-1]
         for op in operations

@@ -168,8 +168,7 @@ def rejections_about(env, job_id: str) -> list:
 
 
 def alive_workers(env, queued_resource: str) -> list[dict]:
-    url = f"{env['simulator']}/simulator/v1/queuedResources/{env['zone']}/{queued_resource}:workers"
-    return [w for w in requests.get(url, timeout=10, proxies={"http": None}).json()["workers"] if w["alive"]]
+    return [w for w in env["control"].workers(env["zone"], queued_resource) if w["alive"]]
 
 
 # -- 1. forged reports ---------------------------------------------------------------------

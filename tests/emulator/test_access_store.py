@@ -4,6 +4,7 @@ the real TPU client) refuses or accepts what they say."""
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timezone
 from typing import Any
 
@@ -48,15 +49,8 @@ def configure(client, name: str, document: dict[str, Any]) -> None:
 
 
 @pytest.fixture
-def service(firestore_client, tpu_client, project_id, simulator_url) -> JobService:
-    settings = local_settings(project=project_id, default_zone=ZONE, tpu_endpoint=simulator_url, logs_bucket=BUCKET)
-    return JobService(
-        FirestoreJobStore(firestore_client),
-        CloudTpu(tpu_client, project_id),
-        settings,
-        utc_now,
-        access=FirestoreAccessPolicies(firestore_client),
-    )
+def service(job_service, firestore_client) -> JobService:
+    return job_service(logs_bucket=BUCKET, sleep=time.sleep, access=FirestoreAccessPolicies(firestore_client))
 
 
 def rejections(client) -> list[dict[str, Any]]:

@@ -10,12 +10,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from tpujobs.adapters.firestore_store import FirestoreJobStore
-from tpujobs.adapters.tpu import CloudTpu
 from tpujobs.domain.states import JobState
 from tpujobs.service import JobService
 from tpujobs.testing import inbound as message
-from tpujobs.testing import local_settings, signed
+from tpujobs.testing import signed
 
 pytestmark = pytest.mark.emulator
 
@@ -39,11 +37,8 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def service(firestore_client, tpu_client, project_id, simulator_url, clock) -> JobService:
-    settings = local_settings(project=project_id, default_zone=ZONE, tpu_endpoint=simulator_url, logs_bucket="logs")
-    return JobService(
-        FirestoreJobStore(firestore_client), CloudTpu(tpu_client, project_id), settings, clock, lambda _: None
-    )
+def service(job_service, clock) -> JobService:
+    return job_service(clock=clock)
 
 
 def report(service: JobService, kind: str, attempt: int, worker: int, minute: float, **extra) -> None:

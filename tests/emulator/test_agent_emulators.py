@@ -17,7 +17,6 @@ import tarfile
 import threading
 import time
 import urllib.parse
-import uuid
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -29,10 +28,11 @@ import pytest
 from tpujobs import topology
 from tpujobs.agent.startup import AgentTimings, render_startup_script
 from tpujobs.config import Settings
-from tpujobs.dev import processes, wiring
+from tpujobs.dev import processes
 from tpujobs.domain import signing
 from tpujobs.domain.job import Job, new_job
 from tpujobs.domain.spec import parse_spec
+from tpujobs.testing import wait_for
 
 pytestmark = pytest.mark.emulator
 
@@ -99,24 +99,6 @@ class FakeMetadata:
 
 
 # --- the emulators --------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def storage_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A storage emulator of this module's own."""
-    port = processes.free_port()
-    started = processes.start([processes.storage_emulator(port)], tmp_path_factory.mktemp("storage-emulator"))
-    try:
-        yield f"http://{processes.LOOPBACK}:{port}"
-    finally:
-        processes.stop(started)
-
-
-@pytest.fixture
-def bucket(storage_url: str, project_id: str):
-    """A fresh bucket in the storage emulator, created with google-cloud-storage."""
-    client = wiring.storage_client(storage_url, project_id)
-    return client.create_bucket(f"logs-{uuid.uuid4().hex[:10]}")
 
 
 class Reports:
@@ -281,11 +263,7 @@ def output_of(bucket, job: Job, **where: int) -> bytes:
 
 
 def wait_for_output(bucket, job: Job, needle: bytes, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while needle not in output_of(bucket, job):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{needle!r} never reached the chunks: {output_of(bucket, job)!r}")
-        time.sleep(0.1)
+    wait_for(lambda: needle in output_of(bucket, job), timeout, 0.1, what=f"{needle!r} in the chunks")
 
 
 def group_gone(pgid: int) -> bool:

@@ -24,8 +24,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from tpujobs.adapters.firestore_store import REJECTIONS, FirestoreJobStore
-from tpujobs.adapters.tpu import CloudTpu
+from tpujobs.adapters.firestore_store import REJECTIONS
 from tpujobs.domain.spec import SpecError, decode_spec
 from tpujobs.domain.states import JobState
 from tpujobs.domain.transitions import Decision, Ignored
@@ -39,7 +38,7 @@ from tpujobs.reports import (
     decode_report,
 )
 from tpujobs.service import JobService
-from tpujobs.testing import local_settings, signed
+from tpujobs.testing import signed
 
 pytestmark = pytest.mark.emulator
 
@@ -76,23 +75,9 @@ def next_id() -> str:
 
 
 @pytest.fixture
-def service(firestore_client, tpu_client, project_id, simulator_url) -> JobService:
+def service(job_service) -> JobService:
     """ONE JobService for the whole test function: every hypothesis example shares it."""
-    settings_ = local_settings(
-        project=project_id,
-        default_zone=ZONE,
-        tpu_endpoint=simulator_url,
-        logs_bucket="logs",
-        admins=(ADMIN,),
-        stuck_after_seconds=0.0,
-    )
-    return JobService(
-        FirestoreJobStore(firestore_client),
-        CloudTpu(tpu_client, project_id),
-        settings_,
-        utc_now,
-        lambda s: None,
-    )
+    return job_service(admins=(ADMIN,), stuck_after_seconds=0.0)
 
 
 def spec_of(job_id: str, **changes: Any) -> dict[str, Any]:

@@ -15,13 +15,11 @@ from datetime import datetime, timezone
 
 import pytest
 
-from tpujobs.adapters.firestore_store import FirestoreJobStore
-from tpujobs.adapters.tpu import CloudTpu
 from tpujobs.domain import signing
 from tpujobs.domain.states import JobState
 from tpujobs.inbound import InboundMessage
 from tpujobs.service import JobService
-from tpujobs.testing import inbound, local_settings, signed
+from tpujobs.testing import inbound, signed
 
 pytestmark = pytest.mark.emulator
 
@@ -38,11 +36,8 @@ def utc_now() -> datetime:
 
 
 @pytest.fixture
-def service(firestore_client, tpu_client, project_id, simulator_url) -> JobService:
-    settings = local_settings(project=project_id, default_zone=ZONE, tpu_endpoint=simulator_url, logs_bucket="logs")
-    return JobService(
-        FirestoreJobStore(firestore_client), CloudTpu(tpu_client, project_id), settings, utc_now, lambda _: None
-    )
+def service(job_service) -> JobService:
+    return job_service()
 
 
 def running(service: JobService, job_id: str = "train-1", **changes: object) -> str:

@@ -17,13 +17,12 @@ from typing import Any
 
 import pytest
 
-from tpujobs.adapters.firestore_store import REJECTIONS, FirestoreJobStore
-from tpujobs.adapters.tpu import CloudTpu
+from tpujobs.adapters.firestore_store import REJECTIONS
 from tpujobs.domain import signing
 from tpujobs.domain.states import JobState
 from tpujobs.inbound import InboundMessage
 from tpujobs.service import JobService
-from tpujobs.testing import inbound, local_settings, signed
+from tpujobs.testing import inbound, signed
 
 pytestmark = pytest.mark.emulator
 
@@ -37,21 +36,8 @@ def utc_now() -> datetime:
 
 
 @pytest.fixture
-def service(firestore_client, tpu_client, project_id, simulator_url) -> JobService:
-    settings = local_settings(
-        project=project_id,
-        default_zone=ZONE,
-        tpu_endpoint=simulator_url,
-        logs_bucket="logs",
-        stuck_after_seconds=0.0,
-    )
-    return JobService(
-        FirestoreJobStore(firestore_client),
-        CloudTpu(tpu_client, project_id),
-        settings,
-        utc_now,
-        lambda _: None,
-    )
+def service(job_service) -> JobService:
+    return job_service(stuck_after_seconds=0.0)
 
 
 def submit(service: JobService, job_id: str, **changes: Any) -> str:

@@ -9,7 +9,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import google.auth.credentials
@@ -20,6 +20,8 @@ from google.longrunning import operations_pb2
 from google.protobuf import empty_pb2, json_format
 
 from tpujobs.simulator import Code, SimulatorConfig, SimulatorServer
+from tpujobs.simulator.client import SimulatorControl
+from tpujobs.testing import wait_for
 
 pytestmark = pytest.mark.emulator
 
@@ -52,10 +54,7 @@ def client(server: SimulatorServer) -> tpu_v2.TpuClient:
 
 def control(server: SimulatorServer, path: str, body: dict[str, Any] | None = None) -> Any:
     """Call a /simulator/v1 endpoint; POST when there is a body."""
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(server.url + "/simulator/v1/" + path, data=data, method="POST" if data else "GET")
-    with urllib.request.urlopen(request, timeout=5) as response:
-        return json.load(response)
+    return SimulatorControl(server.url).call("GET" if body is None else "POST", path, body)
 
 
 def queued_resource(
@@ -85,14 +84,6 @@ def queued_resource(
     if spot:
         resource.spot = tpu_v2.QueuedResource.Spot()
     return resource
-
-
-def wait_for(check: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.01)
 
 
 def qr_state(client: tpu_v2.TpuClient, qr_id: str) -> tpu_v2.QueuedResourceState.State:
@@ -388,8 +379,7 @@ def test_command_line_prints_its_url_serves_and_stops_on_sigterm() -> None:
         prefix = "tpujobs-simulator listening on "
         assert line.startswith(prefix + "http://127.0.0.1:")
         url = line.removeprefix(prefix)
-        with urllib.request.urlopen(url + "/simulator/v1/config", timeout=5) as response:
-            assert json.load(response)["capacity"] == {f"v4@{ZONE}": 32}
+        assert SimulatorControl(url).config()["capacity"] == {f"v4@{ZONE}": 32}
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=5) == 0
     finally:
@@ -679,8 +669,7 @@ def test_the_local_stacks_simulator_deletes_slowly_pages_small_and_warns_briefly
     try:
         assert process.stdout is not None
         url = process.stdout.readline().strip().removeprefix("tpujobs-simulator listening on ")
-        with urllib.request.urlopen(url + "/simulator/v1/config", timeout=5) as response:
-            config = json.load(response)
+        config = SimulatorControl(url).config()
         assert (
             config["deleting_seconds"],
             config["default_page_size"],

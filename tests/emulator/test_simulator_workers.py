@@ -19,7 +19,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -39,6 +39,8 @@ from tpujobs.simulator import (
     WorkerInfo,
     metadata_url,
 )
+from tpujobs.simulator.client import SimulatorControl
+from tpujobs.testing import wait_for
 
 pytestmark = pytest.mark.emulator
 
@@ -100,15 +102,6 @@ def request_for(
     else:
         spec = SliceRequest(accelerator_type, RUNTIME, node_id=node_id, template=template)
     return QueuedResourceRequest(slices=(spec,), spot=True)
-
-
-def wait_for(check: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := check()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not met within {timeout} s")
-        time.sleep(0.01)
-    return value
 
 
 def group_gone(pgid: int) -> bool:
@@ -226,14 +219,12 @@ def test_a_multislice_of_two_v4_8_runs_one_process_per_node(server: SimulatorSer
 def test_state_and_workers_endpoints_show_each_worker_process(server: SimulatorServer) -> None:
     """GET state lists every QR's workers (pid, pgid, scratch, alive); :workers the QR's own."""
     workers = start(server, startup_script(), "v4-8")
-    with urllib.request.urlopen(server.url + "/simulator/v1/state", timeout=5) as response:
-        state = json.load(response)
+    control = SimulatorControl(server.url)
+    state = control.state()
     listed = state["workers"][f"projects/{PROJECT}/locations/{ZONE}/queuedResources/qr"]
     assert listed == [workers[0].to_json()]
     assert (listed[0]["pid"], listed[0]["alive"]) == (workers[0].pid, True)
-    url = f"{server.url}/simulator/v1/queuedResources/{ZONE}/qr:workers"
-    with urllib.request.urlopen(url, timeout=5) as response:
-        assert json.load(response)["workers"] == listed
+    assert control.workers(ZONE, "qr") == listed
 
 
 def test_a_script_that_ends_by_itself_stays_ended_and_the_queued_resource_stays_active(
@@ -285,13 +276,7 @@ def test_a_worker_that_ignores_sigterm_is_sigkilled_after_the_preemption_grace(
 def test_kill_host_kills_exactly_that_worker_without_notice(server: SimulatorServer) -> None:
     """POST :kill-host?slice=0&worker=1: worker 1 SIGKILLed, no SIGTERM, worker 0 unaffected."""
     start(server, startup_script())
-    request = urllib.request.Request(
-        f"{server.url}/simulator/v1/queuedResources/{ZONE}/qr:kill-host?slice=0&worker=1",
-        data=b"{}",
-        method="POST",
-    )
-    with urllib.request.urlopen(request, timeout=5) as response:
-        assert json.load(response)["state"] == "REPAIRING"
+    assert SimulatorControl(server.url).kill_host(ZONE, "qr", worker=1, slice_index=0)["state"] == "REPAIRING"
     killed = wait_for(lambda: not worker(server, 0, 1).alive and worker(server, 0, 1))
     assert (killed.exit_code, killed.stopped_by) == (-signal.SIGKILL, "host-failure")
     assert not (killed.scratch / "term").exists()
@@ -391,8 +376,7 @@ def test_sigterm_to_the_simulator_process_stops_its_workers(tmp_path: Path) -> N
     try:
         assert process.stdout is not None
         url = process.stdout.readline().strip().rsplit(" ", 1)[-1]
-        with urllib.request.urlopen(url + "/simulator/v1/config", timeout=5) as response:
-            assert json.load(response)["preemption_grace_seconds"] == 7.0
+        assert SimulatorControl(url).config()["preemption_grace_seconds"] == 7.0
         parent = f"projects/{PROJECT}/locations/{ZONE}"
         body = {
             "tpu": {
@@ -417,9 +401,7 @@ def test_sigterm_to_the_simulator_process_stops_its_workers(tmp_path: Path) -> N
         urllib.request.urlopen(create, timeout=5).close()
 
         def ready_workers() -> list[dict[str, Any]]:
-            workers_url = f"{url}/simulator/v1/queuedResources/{ZONE}/qr:workers"
-            with urllib.request.urlopen(workers_url, timeout=5) as response:
-                listed = json.load(response)["workers"]
+            listed = SimulatorControl(url).workers(ZONE, "qr")
             ready = all(Path(w["scratch"], "ready").exists() for w in listed)
             return listed if len(listed) == 2 and ready else []
 

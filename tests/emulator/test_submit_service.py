@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import json
+import time
 from datetime import datetime, timezone
 
 import pytest
 
-from tpujobs.adapters.firestore_store import REJECTIONS, FirestoreJobStore
-from tpujobs.adapters.tpu import CloudTpu
+from tpujobs.adapters.firestore_store import REJECTIONS
 from tpujobs.domain.states import JobState
 from tpujobs.errors import PermanentError, TransientError
 from tpujobs.inbound import InboundMessage
 from tpujobs.service import JobService
-from tpujobs.testing import local_settings
+from tpujobs.simulator.client import SimulatorControl
 
 pytestmark = pytest.mark.emulator
 
@@ -43,9 +43,8 @@ def message(payload, message_id: str = "100") -> InboundMessage:
 
 
 @pytest.fixture
-def service(firestore_client, tpu_client, project_id, simulator_url) -> JobService:
-    settings = local_settings(project=project_id, default_zone=ZONE, tpu_endpoint=simulator_url)
-    return JobService(FirestoreJobStore(firestore_client), CloudTpu(tpu_client, project_id), settings, utc_now)
+def service(job_service) -> JobService:
+    return job_service(logs_bucket="", sleep=time.sleep)
 
 
 def queued_resource(tpu_client, project_id: str, name: str, zone: str = ZONE):
@@ -192,14 +191,9 @@ def test_a_permanent_tpu_error_fails_the_job_with_the_reason(service):
 
 def test_a_transient_tpu_error_raises_so_the_message_is_redelivered(service, simulator_url):
     """503s from the TPU API surface as TransientError and leave the job QUEUED for the retry."""
-    import urllib.request
 
     def configure(rate: float) -> None:
-        body = json.dumps({"api_error_rate": rate, "seed": 1}).encode()
-        request = urllib.request.Request(
-            f"{simulator_url}/simulator/v1/config", data=body, headers={"Content-Type": "application/json"}
-        )
-        urllib.request.urlopen(request, timeout=5).read()
+        SimulatorControl(simulator_url).configure(api_error_rate=rate, seed=1)
 
     configure(1.0)
     with pytest.raises(TransientError):

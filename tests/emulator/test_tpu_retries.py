@@ -7,8 +7,6 @@ blips inside the call, adopt a resource whose create answer was lost, and never 
 
 from __future__ import annotations
 
-import json
-import urllib.request
 from datetime import datetime, timezone
 from typing import Any
 
@@ -20,6 +18,7 @@ from tpujobs.domain.job import Job, new_job
 from tpujobs.domain.spec import parse_spec
 from tpujobs.errors import PermanentError, QuotaExhausted, TransientError
 from tpujobs.ports import HostBoot
+from tpujobs.simulator.client import SimulatorControl
 
 pytestmark = pytest.mark.emulator
 
@@ -37,17 +36,12 @@ def a_job(job_id: str = "train-1") -> Job:
 
 def plan(simulator_url: str, method: str, code: int | str, count: int = 1, **fault: Any) -> None:
     """The next `count` calls of `method` answer with this fault (simulator control API)."""
-    body = json.dumps({"method": method, "code": code, "count": count, **fault}).encode()
-    request = urllib.request.Request(
-        f"{simulator_url}/simulator/v1/faults/errors", data=body, headers={"Content-Type": "application/json"}
-    )
-    urllib.request.urlopen(request, timeout=5).read()
+    SimulatorControl(simulator_url).plan_errors(method, code, count, **fault)
 
 
 def planned(simulator_url: str, method: str) -> int:
     """How many planned faults of `method` no call has met yet."""
-    with urllib.request.urlopen(f"{simulator_url}/simulator/v1/faults", timeout=5) as response:
-        return len(json.load(response)["errors"].get(method, []))
+    return len(SimulatorControl(simulator_url).faults()["errors"].get(method, []))
 
 
 @pytest.fixture

@@ -39,6 +39,7 @@ from tpujobs.config import Settings
 from tpujobs.domain import signing
 from tpujobs.domain.job import Job, new_job
 from tpujobs.domain.spec import parse_spec
+from tpujobs.testing import wait_for
 
 BASH = shutil.which("bash")
 NOW = datetime(2025, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
@@ -796,9 +797,7 @@ def test_output_is_shipped_in_numbered_chunks_with_a_completion_marker(google: G
     storage = worker.Storage(worker.GoogleApi(google.url, None))
     shipper = worker.LogShipper(storage, BUCKET, "p/", chunk_seconds=0.1)
     shipper.write(b"one\n")
-    deadline = time.monotonic() + 5
-    while not google.chunks("p/") and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_for(lambda: google.chunks("p/"), timeout=5, interval=0.02, what="the first chunk")
     shipper.write(b"two\n")
     shipper.close(exit_code=3)
     names = [n for n, _ in google.chunks("p/")]
@@ -1018,14 +1017,6 @@ def test_sigterm_publishes_one_notice_first_then_stops_the_command_without_an_ex
     assert b"got-term\n" in google.output(chunk_prefix())
     assert (BUCKET, chunk_prefix() + "complete.json") not in google.objects
     assert process.returncode == 9
-
-
-def wait_for(condition: Any, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out waiting")
-        time.sleep(0.05)
 
 
 def test_the_agent_runs_on_python_3_8(tmp_path: Path, metadata: FakeMetadata, google: GoogleStub) -> None:

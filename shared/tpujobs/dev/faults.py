@@ -21,20 +21,18 @@ from __future__ import annotations
 import json
 import os
 import urllib.error
-import urllib.request
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
-from urllib.parse import quote, urlencode
 
 import typer
 from rich.console import Console
 
 from tpujobs.dev import stack
+from tpujobs.simulator.client import SimulatorControl
 from tpujobs.simulator.errors import FAULT_METHODS, Fault
 from tpujobs.simulator.model import NODE_HEALTHS, NodeState
-
-CONTROL_TIMEOUT_S = 10.0
 
 fault_app = typer.Typer(
     help="Faults of the local TPU simulator: API errors, hosts that never boot, reboots, "
@@ -72,6 +70,7 @@ class Simulator:
         self.endpoint = self.env.get("TPUJOBS_TPU_ENDPOINT", "").rstrip("/")
         if not self.project or not self.endpoint:
             fail(err, "the local stack is incomplete", "GOOGLE_CLOUD_PROJECT or TPUJOBS_TPU_ENDPOINT unset")
+        self.control = SimulatorControl(self.endpoint)
 
     def capacity_of(self, job_id: str) -> tuple[str, str]:
         """(zone, queued resource id) of the job's current attempt, from Firestore."""
@@ -99,14 +98,15 @@ class Simulator:
         self, zone: str, qr_id: str, verb: str, query: dict[str, Any], body: dict[str, Any]
     ) -> dict[str, Any]:
         """POST a control verb on one queued resource (``{zone}/{id}:{verb}``)."""
-        query = {k: v for k, v in {**query, "project": self.project}.items() if v is not None}
-        path = f"queuedResources/{quote(zone, safe='')}/{quote(qr_id, safe='')}:{verb}"
-        return self.call("POST", f"{path}?{urlencode(query)}", body, f"{verb} {qr_id}")
+        return self.call(
+            f"{verb} {qr_id}",
+            lambda: self.control.on_queued_resource(zone, qr_id, verb, body, **query, project=self.project),
+        )
 
-    def call(self, method: str, path: str, body: dict[str, Any] | None, doing: str) -> dict[str, Any]:
-        url = f"{self.endpoint}/simulator/v1/{path}"
+    def call(self, doing: str, request: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """Make one control call; a refusal or silence becomes a sentence and exit status 1."""
         try:
-            return control(method, url, body)
+            return request()
         except urllib.error.HTTPError as error:
             fail(self.err, f"the simulator refused to {doing}", error_message(error))
         except OSError as error:
@@ -121,16 +121,6 @@ def job_document(project: str, job_id: str) -> dict[str, Any] | None:
 
     snapshot = firestore.Client(project=project).collection("jobs").document(job_id).get(timeout=10)
     return snapshot.to_dict() if snapshot.exists else None
-
-
-def control(method: str, url: str, body: dict[str, Any] | None) -> dict[str, Any]:
-    """One call of the simulator's control API; its JSON answer."""
-    data = None if body is None else json.dumps(body).encode("utf-8")
-    request = urllib.request.Request(url, data=data, method=method)
-    request.add_header("Content-Type", "application/json")
-    with urllib.request.urlopen(request, timeout=CONTROL_TIMEOUT_S) as response:
-        answer: dict[str, Any] = json.load(response)
-    return answer
 
 
 def error_message(error: urllib.error.HTTPError) -> str:
@@ -200,7 +190,7 @@ def error(
         "applied": applied,
         "message": message,
     }
-    sim.call("POST", "faults/errors", body, "plan the errors")
+    sim.call("plan the errors", lambda: sim.control.plan_errors(**body))
     kind = " (quota)" if quota else ""
     sim.say(
         f"the next {count} {method.value} call{'s' if count > 1 else ''} answer "
@@ -226,7 +216,7 @@ def no_boot(
         fail(err, "no-boot takes a JOB or --count", "not both")
     sim = Simulator(state_dir, err)
     if job_id is None:
-        answer = sim.call("POST", "faults/no-boot", {"count": count or 1}, "plan hosts that never boot")
+        answer = sim.call("plan hosts that never boot", lambda: sim.control.no_boot_next(count or 1))
         sim.say(f"the next {answer.get('noBoot', count)} queued resources created get hosts that never boot")
         return
     zone, qr_id = sim.capacity_of(job_id)
@@ -311,12 +301,12 @@ def node_state(
 def show(state_dir: StateDir = None) -> None:
     """Print the planned errors and the no-boot budget as JSON."""
     sim = Simulator(state_dir, Console(stderr=True))
-    typer.echo(json.dumps(sim.call("GET", "faults", None, "show the faults"), indent=2))
+    typer.echo(json.dumps(sim.call("show the faults", sim.control.faults), indent=2))
 
 
 @fault_app.command()
 def clear(state_dir: StateDir = None) -> None:
     """Forget the planned errors and the no-boot budget (random errors stay as configured)."""
     sim = Simulator(state_dir, Console(stderr=True))
-    sim.call("POST", "faults:clear", {}, "clear the faults")
+    sim.call("clear the faults", sim.control.clear_faults)
     sim.say("no planned errors and no hosts that never boot")

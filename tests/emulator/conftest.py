@@ -1,0 +1,80 @@
+"""Fixtures the emulator test modules share: a job service on the emulators, the storage emulator.
+
+The session's Firestore and Pub/Sub emulators and the per-test TPU simulator come from
+tests/conftest.py; what is here builds on them. A module keeps a fixture of its own only when
+it is genuinely its own (a hand-moved clock, a service with pools).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tpujobs.adapters.firestore_store import FirestoreJobStore
+from tpujobs.adapters.tpu import CloudTpu
+from tpujobs.dev import processes, wiring
+from tpujobs.runtime import utc_now
+from tpujobs.service import JobService
+from tpujobs.testing import local_settings
+
+ZONE = "us-central2-b"
+
+
+def _no_sleep(seconds: float) -> None:
+    """Restart backoff and retry spreads return at once: the tests move time themselves."""
+
+
+@pytest.fixture
+def job_service(firestore_client, tpu_client, project_id, simulator_url) -> Callable[..., JobService]:
+    """`job_service(**settings)`: a JobService on the Firestore emulator and this test's simulator.
+
+    Its settings are the local stack's (zone us-central2-b, logs bucket "logs") with
+    `settings` on top; `clock`, `sleep` (default: none), `tpu` and `access` replace the defaults.
+    """
+
+    def build(
+        *,
+        clock: Callable[[], Any] = utc_now,
+        sleep: Callable[[float], None] = _no_sleep,
+        tpu: CloudTpu | None = None,
+        access: Any = None,
+        **settings: Any,
+    ) -> JobService:
+        merged = {
+            "project": project_id,
+            "default_zone": ZONE,
+            "tpu_endpoint": simulator_url,
+            "logs_bucket": "logs",
+            **settings,
+        }
+        return JobService(
+            FirestoreJobStore(firestore_client),
+            tpu or CloudTpu(tpu_client, project_id),
+            local_settings(**merged),
+            clock,
+            sleep,
+            access=access,
+        )
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def storage_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A storage emulator for the session (per xdist worker); each test makes buckets of its own."""
+    port = processes.free_port()
+    started = processes.start([processes.storage_emulator(port)], tmp_path_factory.mktemp("storage-emulator"))
+    try:
+        yield f"http://{processes.LOOPBACK}:{port}"
+    finally:
+        processes.stop(started)
+
+
+@pytest.fixture
+def bucket(storage_url: str, project_id: str):
+    """A fresh bucket in the storage emulator, created with google-cloud-storage."""
+    client = wiring.storage_client(storage_url, project_id)
+    return client.create_bucket(f"logs-{uuid.uuid4().hex[:10]}")
