@@ -91,10 +91,10 @@ from tpujobs.simulator import (
     Simulator,
     SimulatorConfig,
     SimulatorServer,
+    fields,
 )
 from tpujobs.simulator.model import FIRST_NODE_NUMBER, FIRST_WORKER_ADDRESS, STATE_FILE_VERSION
 from tpujobs.simulator.server import (
-    apply_field_mask,
     node_json,
     parse_queued_resource,
     queued_resource_json,
@@ -102,6 +102,13 @@ from tpujobs.simulator.server import (
 from tpujobs.testing import local_settings, reconciler_for
 
 ZONE = DEFAULT_ZONE
+
+
+def masked(payload: dict, mask: str, response: str) -> dict:
+    """The payload as the simulator answers it under the adapter's field mask."""
+    return fields.apply(payload, fields.check(mask, response))
+
+
 OWNER = "bench@example.com"
 BATCH = 500  # Firestore's limit of writes in one batch
 SEED_THREADS = 4
@@ -335,8 +342,8 @@ class Fleet:
         """What one tick's two list calls carry (JSON), with the field masks the adapter sends."""
         queued = {"queuedResources": [queued_resource_json(qr) for qr in self.queued_resources]}
         nodes = {"nodes": [node_json(node) for node in self.nodes]}
-        size = len(json.dumps(apply_field_mask(queued, QUEUED_RESOURCE_FIELDS)))
-        size += len(json.dumps(apply_field_mask(nodes, NODE_FIELDS)))
+        size = len(json.dumps(masked(queued, QUEUED_RESOURCE_FIELDS, "ListQueuedResourcesResponse")))
+        size += len(json.dumps(masked(nodes, NODE_FIELDS, "ListNodesResponse")))
         return size / 1e6
 
 
