@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal
 
 from tpujobs import logs
 from tpujobs.agent.startup import host_boot
@@ -739,17 +739,6 @@ def quota_reason(job: Job, error: QuotaExhausted) -> str:
     """What a job waiting for TPU quota says, quoting Google."""
     said = str(error).rstrip(". ")
     return f"TPU quota exhausted in {job.zone}: {said}; waiting, asked again at every reconciler tick."
-
-
-class _WorkerNews(TypedDict, total=False):
-    """The fields of a WorkerRecord that one report sets."""
-
-    started_at: datetime
-    exited_at: datetime
-    exit_code: int | None
-    checkpoint_step: int | None
-    checkpoint_at: datetime
-    live: bool
 
 
 def _worker_record(report: WorkerReport, worker: str, now: datetime, at: datetime) -> WorkerRecord:
