@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from datetime import datetime, timezone
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
@@ -183,8 +183,8 @@ def audit_log_target(raw: bytes | None) -> tuple[str, str] | None:
     payload = entry.get("protoPayload") if isinstance(entry, dict) else None
     if not isinstance(payload, dict) or payload.get("serviceName") != TPU_SERVICE:
         return None
-    response = payload.get("response") if isinstance(payload.get("response"), dict) else {}
-    request = payload.get("request") if isinstance(payload.get("request"), dict) else {}
+    response = _json_object(payload.get("response"))
+    request = _json_object(payload.get("request"))
     candidates = [payload.get("resourceName"), response.get("name")]
     if isinstance(request.get("parent"), str) and isinstance(request.get("queuedResourceId"), str):
         candidates.append(f"{request['parent']}/queuedResources/{request['queuedResourceId']}")
@@ -193,3 +193,8 @@ def audit_log_target(raw: bytes | None) -> tuple[str, str] | None:
         if match:
             return match[1], match[2]
     return None
+
+
+def _json_object(value: Any) -> dict[str, Any]:
+    """A decoded JSON value if it is an object, else an empty one: a field to read further."""
+    return value if isinstance(value, dict) else {}
