@@ -201,7 +201,7 @@ class Reconciler:
             log.exception("reconcile: %s failed unexpectedly", what)
             report.failed.append(f"{what}: {error!r}")
 
-    def _repair(self, job: Job, status: CapacityStatus | None, stuck_before, report: ReconcileReport) -> None:
+    def _repair(self, job: Job, status: CapacityStatus | None, stuck_before: datetime, report: ReconcileReport) -> None:
         service = self.service
         if job.state in (JobState.QUEUED, JobState.RECOVERING):
             if job.state is JobState.QUEUED and pool_id(job.spec, job.zone) in self._limited:
@@ -302,7 +302,7 @@ class Reconciler:
             service.observe(job.job_id, Observation(EventKind.CAPACITY_LOST, job.attempt, "reconciler", reason=what))
             report.observed.append(f"{job.job_id}: {what}")
 
-    def _request_missing_exports(self, active: list[Job], now, report: ReconcileReport) -> None:
+    def _request_missing_exports(self, active: list[Job], now: datetime, report: ReconcileReport) -> None:
         """Ask again for the export of attempts that ended a while ago and are not exported.
 
         The handler that ended an attempt asks once, best effort. Here each attempt that
@@ -392,7 +392,7 @@ class Reconciler:
             or (job.state is JobState.QUEUED and job.attempt != holder.attempt)
         )
 
-    def _find_silent_workers(self, live: dict[str, Job], now, report: ReconcileReport) -> None:
+    def _find_silent_workers(self, live: dict[str, Job], now: datetime, report: ReconcileReport) -> None:
         """A RUNNING attempt whose worker stopped reporting for longer than the timeout is lost.
 
         The timeout spans several heartbeats, so one late or lost heartbeat never counts;
@@ -403,7 +403,9 @@ class Reconciler:
             doing = f"act on the silence of worker {silent.worker} of attempt {silent.attempt}"
             self._guarded(report, doing, partial(self._silent_worker, silent, live, now, report), silent.job_id)
 
-    def _silent_worker(self, silent: SilentWorker, live: dict[str, Job], now, report: ReconcileReport) -> None:
+    def _silent_worker(
+        self, silent: SilentWorker, live: dict[str, Job], now: datetime, report: ReconcileReport
+    ) -> None:
         service = self.service
         job = live.get(silent.job_id)
         current = (
@@ -421,7 +423,7 @@ class Reconciler:
         service.observe(silent.job_id, seen)
         report.observed.append(f"{silent.job_id}: {what}")
 
-    def _find_hosts_that_never_reported(self, jobs: list[Job], now, report: ReconcileReport) -> None:
+    def _find_hosts_that_never_reported(self, jobs: list[Job], now: datetime, report: ReconcileReport) -> None:
         """An attempt holding capacity whose hosts have not all reported within the boot timeout
         has lost the silent ones: the job's rules decide what follows, as for any lost host.
 
@@ -474,7 +476,7 @@ class Reconciler:
         service.observe(job.job_id, seen)
         report.observed.append(f"{job.job_id}: {what}")
 
-    def _announce_missed(self, now, report: ReconcileReport) -> None:
+    def _announce_missed(self, now: datetime, report: ReconcileReport) -> None:
         """Publish the state changes whose announcement failed (older than a few seconds)."""
         if self.status is None:
             return
