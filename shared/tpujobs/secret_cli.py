@@ -106,7 +106,7 @@ def set_secret(
     if not value:
         _fail("refused", f"the value of {name} is empty")
     try:
-        version = _secrets(settings).set(name, value, owner)
+        version = _secrets(settings).set_secret(name, value, owner)
     except (PermanentError, TransientError) as error:
         _fail(f"could not set {name}", error)
     out.print(
@@ -128,7 +128,7 @@ def list_secrets(
     """tpujobs' secrets: name, account, latest version and when it was added; never values."""
     settings = cli_settings()
     try:
-        found = _secrets(settings).list(account)
+        found = _secrets(settings).list_secrets(account)
     except (PermanentError, TransientError) as error:
         _fail("could not list secrets", error)
     if not found:

@@ -406,8 +406,8 @@ def test_set_creates_the_secret_in_the_accounts_namespace_and_adds_versions(
     secrets: Secrets, server: SecretManagerServer, client: secretmanager.SecretManagerServiceClient
 ) -> None:
     """set twice: one labelled secret, versions 1 and 2; Ada's VM reads the latest."""
-    first = secrets.set("hf-token", b"old", ADA)
-    second = secrets.set("hf-token", VALUE, ADA)
+    first = secrets.set_secret("hf-token", b"old", ADA)
+    second = secrets.set_secret("hf-token", VALUE, ADA)
 
     secret = f"{PARENT}/secrets/t1-tpujobs_ada-vm_hf-token"
     assert (first, second) == (f"{secret}/versions/1", f"{secret}/versions/2")
@@ -420,13 +420,13 @@ def test_list_shows_each_account_name_and_latest_version_without_values(
     secrets: Secrets, server: SecretManagerServer, client: secretmanager.SecretManagerServiceClient
 ) -> None:
     """list: tpujobs' secrets of this deployment only, by account; --account narrows it."""
-    secrets.set("hf-token", VALUE, ADA)
-    secrets.set("hf-token", VALUE, ADA)
-    secrets.set("wandb", VALUE, BOB)
+    secrets.set_secret("hf-token", VALUE, ADA)
+    secrets.set_secret("hf-token", VALUE, ADA)
+    secrets.set_secret("wandb", VALUE, BOB)
     make_secret(client, "unrelated", tpujobs="secret")  # not in any namespace
-    Secrets(build_client(server.url), PROJECT, "t2-").set("x", VALUE, ADA)
+    Secrets(build_client(server.url), PROJECT, "t2-").set_secret("x", VALUE, ADA)
 
-    found = secrets.list()
+    found = secrets.list_secrets()
 
     assert [(i.name, i.account, i.version) for i in found] == [
         ("hf-token", ADA, 2),
@@ -434,15 +434,15 @@ def test_list_shows_each_account_name_and_latest_version_without_values(
     ]
     assert all(i.created is not None for i in found)
     assert VALUE.decode() not in repr(found)
-    assert [i.name for i in secrets.list(BOB)] == ["wandb"]
+    assert [i.name for i in secrets.list_secrets(BOB)] == ["wandb"]
 
 
 def test_set_refuses_a_bad_name_or_account_with_a_sentence(secrets: Secrets) -> None:
     """Validation errors are PermanentError, and never quote the value."""
     with pytest.raises(PermanentError, match="secret name"):
-        secrets.set("bad@name", VALUE, ADA)
+        secrets.set_secret("bad@name", VALUE, ADA)
     with pytest.raises(PermanentError, match="service account email") as error:
-        secrets.set("tok", VALUE, "not-an-email")
+        secrets.set_secret("tok", VALUE, "not-an-email")
     assert VALUE.decode() not in str(error.value)
 
 
@@ -452,7 +452,7 @@ def test_an_unreachable_secret_manager_is_transient() -> None:
 
     gone = Secrets(build_client(f"http://127.0.0.1:{free_port()}"), PROJECT, PREFIX)
     with pytest.raises(TransientError, match=r"unreachable|failed"):
-        gone.set("tok", VALUE, ADA)
+        gone.set_secret("tok", VALUE, ADA)
 
 
 # -- the CLI -------------------------------------------------------------------------------
@@ -513,7 +513,7 @@ def test_secret_set_refuses_an_empty_value_and_a_bad_name(cli_env: dict[str, str
     assert "empty" in empty.output
     bad = run_cli("secret", "set", "tok@2", input=VALUE)
     assert bad.exit_code == 2
-    assert secrets.list() == []
+    assert secrets.list_secrets() == []
 
 
 def test_secret_set_without_any_account_says_what_to_do(
@@ -528,9 +528,9 @@ def test_secret_set_without_any_account_says_what_to_do(
 
 def test_secret_list_prints_a_table_of_names_accounts_and_versions(cli_env: dict[str, str], secrets: Secrets) -> None:
     """`tpujobs secret list`: NAME, ACCOUNT, VERSION, CREATED; `--account` narrows; no values."""
-    secrets.set("hf-token", VALUE, ADA)
-    secrets.set("hf-token", VALUE, ADA)
-    secrets.set("wandb", VALUE, BOB)
+    secrets.set_secret("hf-token", VALUE, ADA)
+    secrets.set_secret("hf-token", VALUE, ADA)
+    secrets.set_secret("wandb", VALUE, BOB)
 
     every = run_cli("secret", "list")
     bobs = run_cli("secret", "list", "--account", BOB)

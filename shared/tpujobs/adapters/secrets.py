@@ -12,7 +12,6 @@ message ever carries a secret's value.
 
 from __future__ import annotations
 
-import builtins
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
@@ -71,7 +70,7 @@ class Secrets:
     def build(cls, settings: Settings) -> Secrets:
         return cls(build_client(settings.secrets_endpoint), settings.project, settings.prefix)
 
-    def set(self, name: str, value: bytes | str, account: str) -> str:
+    def set_secret(self, name: str, value: bytes | str, account: str) -> str:
         """Add `value` as the newest version of secret NAME of `account`; its version name."""
         import google_crc32c
 
@@ -109,7 +108,7 @@ class Secrets:
             )
         return str(version.name)
 
-    def list(self, account: str | None = None) -> builtins.list[SecretInfo]:
+    def list_secrets(self, account: str | None = None) -> list[SecretInfo]:
         """Every tpujobs secret of this deployment (of one account when given), by account and name."""
         wanted = None
         if account:
@@ -119,7 +118,7 @@ class Secrets:
                 raise PermanentError(str(error)) from error
         found = []
         with _translated(f"list the secrets of projects/{self._project}"):
-            secrets = builtins.list(
+            secrets = list(
                 self._client.list_secrets(
                     request={
                         "parent": f"projects/{self._project}",
