@@ -565,7 +565,7 @@ class SecretManager:
             self._save()
         return {}
 
-    def list(self, project: str, page_size: int, page_token: str, filter_text: str) -> Json:
+    def list_secrets(self, project: str, page_size: int, page_token: str, filter_text: str) -> Json:
         matches = parse_filter(filter_text)
         after = _decode_token(page_token) if page_token else ""
         head = f"projects/{project}/secrets/"
@@ -799,7 +799,7 @@ class SecretManagerApi:
         )
 
     def _list(self, params: dict[str, str], query: Query, body: bytes) -> Json:
-        return self.service.list(
+        return self.service.list_secrets(
             params["project"],
             _page_size(query),
             _query_str(query, "pageToken"),
