@@ -119,14 +119,14 @@ def main() -> int:
                 )
             )
         print(f"submitted {args.jobs} jobs in {time.perf_counter() - started:.1f} s", file=sys.stderr)
-        running = [j.job_id for j in service.store.list(state="PROVISIONING", limit=100)]
-        queued = len(service.store.list(state="QUEUED", limit=args.jobs))
+        running = [j.job_id for j in service.store.list_jobs(state="PROVISIONING", limit=100)]
+        queued = len(service.store.list_jobs(state="QUEUED", limit=args.jobs))
         print(f"admitted {len(running)}, waiting {queued}", file=sys.stderr)
 
         latencies, reads, writes, handler = [], [], [], []
         for _ in range(args.trials):
             ending = running.pop(0)
-            before_ids = {j.job_id for j in service.store.list(state="PROVISIONING", limit=100)}
+            before_ids = {j.job_id for j in service.store.list_jobs(state="PROVISIONING", limit=100)}
             counts.clear()
             t0 = time.perf_counter()
             service.on_worker_report(
@@ -145,7 +145,7 @@ def main() -> int:
             )
             handler.append(time.perf_counter() - t0)
             ops = Counter(counts)
-            now_ids = {j.job_id for j in service.store.list(state="PROVISIONING", limit=100)}
+            now_ids = {j.job_id for j in service.store.list_jobs(state="PROVISIONING", limit=100)}
             (admitted,) = now_ids - before_ids
             running.append(admitted)
             ended_at = next(e.at for e in service.store.events(ending) if e.to_state is JobState.SUCCEEDED)
@@ -219,7 +219,7 @@ def concurrent_endings(service: JobService, running: list[str], writers: int, co
     """`writers` running jobs end at the same moment; each handler admits the next job."""
     pool = f"v4@{ZONE}"
     ending = running[:writers]
-    before = {j.job_id for j in service.store.list(state="PROVISIONING", limit=100)}
+    before = {j.job_id for j in service.store.list_jobs(state="PROVISIONING", limit=100)}
     errors: list[BaseException] = []
     counts.clear()
 
@@ -247,7 +247,7 @@ def concurrent_endings(service: JobService, running: list[str], writers: int, co
         thread.start()
     for thread in threads:
         thread.join()
-    after = {j.job_id for j in service.store.list(state="PROVISIONING", limit=100)}
+    after = {j.job_id for j in service.store.list_jobs(state="PROVISIONING", limit=100)}
     held = sum(h.chips for h in service.pools.view(pool).holders)
     return {"admitted": len(after - before), "errors": len(errors), "cas_lost": counts["cas_lost"], "held": held}
 

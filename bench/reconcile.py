@@ -455,8 +455,8 @@ class CountingTpu:
         finally:
             self.seconds += time.perf_counter() - started
 
-    def list(self, zone: str) -> Sequence[CapacityStatus]:
-        return self._timed("list", lambda: self._tpu.list(zone))
+    def list_capacity(self, zone: str) -> Sequence[CapacityStatus]:
+        return self._timed("list", lambda: self._tpu.list_capacity(zone))
 
     def status(self, zone: str, name: str) -> CapacityStatus | None:
         return self._timed("status", lambda: self._tpu.status(zone, name))

@@ -174,7 +174,7 @@ class JobsApi:
         limit = request.get("limit", DEFAULT_LIMIT)
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
             raise ApiError(400, f"'limit' must be a whole number from 1 to {MAX_LIMIT}.")
-        jobs = self.store.list(state=state, owner=owner, limit=limit)
+        jobs = self.store.list_jobs(state=state, owner=owner, limit=limit)
         return Response(200, {"jobs": [self.shown(caller, job) for job in jobs]})
 
     def describe(self, caller: str, request: dict[str, Any]) -> Response:
@@ -255,7 +255,7 @@ class JobsApi:
         topic = request.get("topic")
         if topic is not None and (not isinstance(topic, str) or not topic):
             raise ApiError(400, "'topic' must be a topic name such as tpujobs-submit.")
-        letters = self.dead_letter_reader.list(topic=topic, limit=_limit(request, 50))
+        letters = self.dead_letter_reader.list_dead_letters(topic=topic, limit=_limit(request, 50))
         return Response(200, {"dead_letters": [dead_letter_document(letter) for letter in letters]})
 
     def rejections(self, caller: str, request: dict[str, Any]) -> Response:

@@ -193,9 +193,9 @@ class DeadLetters:
         )
         return letter
 
-    def list(self, topic: str | None = None, limit: int = 50) -> list[DeadLetter]:
+    def list_dead_letters(self, topic: str | None = None, limit: int = 50) -> list[DeadLetter]:
         """Newest first; only those of one topic (its base name, no prefix) when given."""
-        return self.store.list(topic=topic, limit=limit)
+        return self.store.list_dead_letters(topic=topic, limit=limit)
 
     def get(self, message_id: str) -> DeadLetter | None:
         return self.store.get(message_id)

@@ -186,7 +186,7 @@ class LogObjects:
         """(slice, worker) -> its chunk objects; complete.json is read where there is one."""
         prefix = attempt_prefix(job_id, attempt, account)
         outputs: dict[tuple[int, int], WorkerOutput] = {}
-        for stored in self.bucket.list(prefix + "chunks/"):
+        for stored in self.bucket.list_objects(prefix + "chunks/"):
             match = _CHUNK_OBJECT.match(stored.name[len(prefix) :])
             if match is None:
                 continue

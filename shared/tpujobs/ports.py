@@ -108,7 +108,7 @@ class JobStore(Protocol):
 
     def events(self, job_id: str) -> list[JobEvent]: ...
 
-    def list(self, state: str | None = None, owner: str | None = None, limit: int = 100) -> list[Job]: ...
+    def list_jobs(self, state: str | None = None, owner: str | None = None, limit: int = 100) -> list[Job]: ...
 
     def list_active(self, page_size: int = 500) -> list[Job]:
         """Every job not yet ended, page after page, with no cap: what the reconciler compares.
@@ -193,7 +193,7 @@ class Tpu(Protocol):
     def release(self, zone: str, name: str) -> None:
         """Delete the queued resource and its nodes (force); absent is fine."""
 
-    def list(self, zone: str) -> Sequence[CapacityStatus]: ...
+    def list_capacity(self, zone: str) -> Sequence[CapacityStatus]: ...
 
 
 @dataclass(frozen=True)
@@ -343,7 +343,7 @@ class DeadLetterStore(Protocol):
 
     def get(self, message_id: str) -> DeadLetter | None: ...
 
-    def list(self, topic: str | None = None, limit: int = 50) -> list[DeadLetter]:
+    def list_dead_letters(self, topic: str | None = None, limit: int = 50) -> list[DeadLetter]:
         """Newest first; only those of one topic (its base name, no prefix) when given."""
 
     def mark_replayed(self, message_id: str, at: datetime, replay_message_id: str) -> None: ...
@@ -371,7 +371,7 @@ class LogBucket(Protocol):
     def uri(self, name: str) -> str:
         """The object's gs:// URI."""
 
-    def list(self, prefix: str) -> list[StoredObject]: ...
+    def list_objects(self, prefix: str) -> list[StoredObject]: ...
 
     def read(self, name: str) -> bytes | None:
         """The object's bytes; None when there is no such object."""

@@ -138,7 +138,7 @@ class Reconciler:
         seen: dict[tuple[str, str], CapacityStatus] = {}
         for zone in zones:
             try:
-                for status in self.tpu.list(zone):
+                for status in self.tpu.list_capacity(zone):
                     seen[(zone, status.name)] = status
                 report.zones_listed += 1
             except Exception as error:  # whatever it was, this zone's jobs wait for the next tick

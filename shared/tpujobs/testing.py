@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import builtins
 import itertools
 import json
 import secrets
@@ -169,7 +168,6 @@ class CrashingStore:
     """A JobStore whose every call is one step of `plan`, made on the real `store`.
 
     Methods beyond the JobStore port (an adapter's extras) are delegated and counted too.
-    (`builtins.list` in annotations: the method `list` shadows the type in the class body.)
     """
 
     def __init__(self, store: JobStore, plan: CrashPlan) -> None:
@@ -191,16 +189,16 @@ class CrashingStore:
     def events(self, job_id: str) -> list[JobEvent]:
         return self._plan.step("store.events", lambda: self._store.events(job_id))
 
-    def list(self, state: str | None = None, owner: str | None = None, limit: int = 100) -> builtins.list[Job]:
-        return self._plan.step("store.list", lambda: self._store.list(state, owner, limit))
+    def list_jobs(self, state: str | None = None, owner: str | None = None, limit: int = 100) -> list[Job]:
+        return self._plan.step("store.list_jobs", lambda: self._store.list_jobs(state, owner, limit))
 
-    def list_active(self, page_size: int = 500) -> builtins.list[Job]:
+    def list_active(self, page_size: int = 500) -> list[Job]:
         return self._plan.step("store.list_active", lambda: self._store.list_active(page_size))
 
     def record_worker(self, job_id: str, worker: WorkerRecord) -> None:
         self._plan.step("store.record_worker", lambda: self._store.record_worker(job_id, worker))
 
-    def silent_workers(self, before: datetime, page_size: int = 500) -> builtins.list[SilentWorker]:
+    def silent_workers(self, before: datetime, page_size: int = 500) -> list[SilentWorker]:
         return self._plan.step("store.silent_workers", lambda: self._store.silent_workers(before, page_size))
 
     def retire_worker(self, job_id: str, attempt: int, worker: str) -> None:
@@ -209,7 +207,7 @@ class CrashingStore:
     def mark_announced(self, job_id: str, event: JobEvent) -> None:
         self._plan.step("store.mark_announced", lambda: self._store.mark_announced(job_id, event))
 
-    def unannounced_events(self, before: datetime, page_size: int = 500) -> builtins.list[tuple[str, JobEvent]]:
+    def unannounced_events(self, before: datetime, page_size: int = 500) -> list[tuple[str, JobEvent]]:
         return self._plan.step("store.unannounced_events", lambda: self._store.unannounced_events(before, page_size))
 
     def reject(self, rejection: Rejection) -> None:
@@ -235,8 +233,8 @@ class CrashingTpu:
     def release(self, zone: str, name: str) -> None:
         self._plan.step("tpu.release", lambda: self._tpu.release(zone, name))
 
-    def list(self, zone: str) -> Sequence[CapacityStatus]:
-        return self._plan.step("tpu.list", lambda: self._tpu.list(zone))
+    def list_capacity(self, zone: str) -> Sequence[CapacityStatus]:
+        return self._plan.step("tpu.list_capacity", lambda: self._tpu.list_capacity(zone))
 
 
 class CrashingPools:

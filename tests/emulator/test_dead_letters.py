@@ -305,9 +305,9 @@ def test_the_list_is_newest_first_and_filters_by_topic(firestore_client, project
     for message in (a_dead_letter(project_id, b"{}", "1"), a_dead_letter(project_id, b"{}", "2"), control):
         service.record(message)
 
-    assert [letter.message_id for letter in service.list()] == ["3", "2", "1"]
-    assert [letter.message_id for letter in service.list(topic=topology.SUBMIT)] == ["2", "1"]
-    assert [letter.topic for letter in service.list(topic=topology.CONTROL)] == [topology.CONTROL]
+    assert [letter.message_id for letter in service.list_dead_letters()] == ["3", "2", "1"]
+    assert [letter.message_id for letter in service.list_dead_letters(topic=topology.SUBMIT)] == ["2", "1"]
+    assert [letter.topic for letter in service.list_dead_letters(topic=topology.CONTROL)] == [topology.CONTROL]
 
 
 @pytest.mark.parametrize(

@@ -510,7 +510,7 @@ def _half_done(name: str, k: int) -> Callable[[Harness], None]:
     return setup
 
 
-_SURVEY = ("store.list_active", "tpu.list")  # every tick starts by reading what is
+_SURVEY = ("store.list_active", "tpu.list_capacity")  # every tick starts by reading what is
 _NEXT_ATTEMPT = ("tpu.release", "tpu.request", "store.apply")
 
 TICKS = [
@@ -748,7 +748,9 @@ def _recorder(project_id: str, plan: CrashPlan | None = None) -> dead_letters.De
     recorder = runtime.build_dead_letters(local_settings(project=project_id), lambda: RECORDED_AT)
     if plan is not None:
         recorder = copy.copy(recorder)
-        recorder.store = CrashingPort("dead_letters", recorder.store, plan, ("add", "get", "list", "mark_replayed"))
+        recorder.store = CrashingPort(
+            "dead_letters", recorder.store, plan, ("add", "get", "list_dead_letters", "mark_replayed")
+        )
     return recorder
 
 

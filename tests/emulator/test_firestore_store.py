@@ -163,9 +163,9 @@ def test_list_filters_by_state_and_owner(firestore_client):
     for job_id in ("job-a", "job-b"):
         store.create(*a_job(job_id))
     store.apply("job-b", Observation(EventKind.ADMITTED, 1, "submit", capacity_state="ACCEPTED"), clock)
-    assert [j.job_id for j in store.list(state="QUEUED")] == ["job-a"]
-    assert {j.job_id for j in store.list(owner="ada@example.com")} == {"job-a", "job-b"}
-    assert store.list(owner="someone-else") == []
+    assert [j.job_id for j in store.list_jobs(state="QUEUED")] == ["job-a"]
+    assert {j.job_id for j in store.list_jobs(owner="ada@example.com")} == {"job-a", "job-b"}
+    assert store.list_jobs(owner="someone-else") == []
 
 
 def test_a_limited_list_keeps_the_newest_jobs(firestore_client):
@@ -175,8 +175,8 @@ def test_a_limited_list_keeps_the_newest_jobs(firestore_client):
         job, event = a_job(job_id)
         at = T0 + timedelta(minutes=minute)
         store.create(job.evolve(created_at=at, updated_at=at), event)
-    assert [j.job_id for j in store.list(limit=2)] == ["job-newer", "job-new"]
-    assert [j.job_id for j in store.list(state="QUEUED", owner="ada@example.com", limit=3)] == [
+    assert [j.job_id for j in store.list_jobs(limit=2)] == ["job-newer", "job-new"]
+    assert [j.job_id for j in store.list_jobs(state="QUEUED", owner="ada@example.com", limit=3)] == [
         "job-newer",
         "job-new",
         "job-mid",

@@ -199,7 +199,7 @@ def test_the_reconcilers_listing_leaves_the_startup_scripts_behind(service, tpu_
     )
     assert "startup-script" not in masked.tpu.node_spec[0].node.metadata
     assert masked.tpu.node_spec[0].node.labels["tpujobs-job"] == "train-1"
-    assert [status.job_label for status in service.tpu.list(ZONE)] == ["train-1"]
+    assert [status.job_label for status in service.tpu.list_capacity(ZONE)] == ["train-1"]
 
 
 # --- paid capacity is never held silently: the boot timeout ----------------------------
@@ -237,7 +237,7 @@ def test_capacity_active_with_no_agent_past_the_boot_timeout_is_a_lost_host(serv
         "the hosts never booted the agent"
     )
     assert report.observed and "never booted the agent" in report.observed[0]
-    assert "train-1-a1" not in {s.name for s in service.tpu.list(ZONE) if s.state != "DELETING"}
+    assert "train-1-a1" not in {s.name for s in service.tpu.list_capacity(ZONE) if s.state != "DELETING"}
 
 
 def test_a_host_that_never_said_started_is_lost_naming_it(service, clock):

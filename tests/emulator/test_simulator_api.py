@@ -560,7 +560,7 @@ def test_the_adapters_list_sees_every_queued_resource_through_small_pages(
         )
     wait_for(lambda: qr_state(client, "qr-4") == tpu_v2.QueuedResourceState.State.ACTIVE)
     control(server, f"queuedResources/{ZONE}/qr-3:kill-host", {})
-    seen = CloudTpu(client, PROJECT).list(ZONE)
+    seen = CloudTpu(client, PROJECT).list_capacity(ZONE)
     assert sorted(status.name for status in seen) == [f"qr-{i}" for i in range(5)]
     assert {status.name: status.unhealthy_hosts for status in seen}["qr-3"] == 1
     pages = list(client.list_queued_resources(parent=PARENT).pages)

@@ -147,7 +147,7 @@ def test_malformed_input_is_recorded_as_a_rejection_and_acknowledged(service, fi
     assert field in docs[0]["reason"]
     assert docs[0]["topic"] == "tpujobs-submit"
     assert len(docs[0]["payload"]) <= 4096
-    assert service.store.list() == []
+    assert service.store.list_jobs() == []
 
 
 def test_an_undecodable_message_is_rejected_with_its_reason(service, firestore_client):

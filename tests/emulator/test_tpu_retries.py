@@ -56,7 +56,7 @@ def test_a_create_that_meets_a_blip_is_retried_inside_the_call(tpu, simulator_ur
     status = tpu.request(a_job(), BOOT)
     assert status.name == "train-1-a1"
     assert planned(simulator_url, "create") == 0
-    assert [s.name for s in tpu.list(ZONE)] == ["train-1-a1"]
+    assert [s.name for s in tpu.list_capacity(ZONE)] == ["train-1-a1"]
 
 
 def test_a_create_whose_answer_was_lost_is_adopted_on_the_retry(tpu, simulator_url):
@@ -64,7 +64,7 @@ def test_a_create_whose_answer_was_lost_is_adopted_on_the_retry(tpu, simulator_u
     plan(simulator_url, "create", "DEADLINE_EXCEEDED", applied=True)
     status = tpu.request(a_job(), BOOT)
     assert status.name == "train-1-a1"
-    assert len(tpu.list(ZONE)) == 1
+    assert len(tpu.list_capacity(ZONE)) == 1
 
 
 def test_a_rate_limited_create_is_retried_and_succeeds(tpu, simulator_url):
@@ -85,7 +85,7 @@ def test_a_create_refused_for_quota_raises_quota_exhausted_at_once(tpu, simulato
     assert message.startswith("Quota 'TPUSPerProjectPerZone' exhausted")
     assert isinstance(raised.value.__cause__, QuotaExhausted)  # the table's classification, kept
     assert "TPUSPerProjectPerZone" in message and ZONE in message
-    assert tpu.list(ZONE) == []
+    assert tpu.list_capacity(ZONE) == []
 
 
 def test_a_refusal_is_permanent_and_not_retried(tpu, simulator_url):
@@ -101,7 +101,7 @@ def test_lists_and_deletes_are_retried_too(tpu, simulator_url):
     """Every method has the retry: a list and a delete each survive two blips."""
     tpu.request(a_job(), BOOT)
     plan(simulator_url, "list", "UNAVAILABLE", count=2)
-    assert [s.name for s in tpu.list(ZONE)] == ["train-1-a1"]
+    assert [s.name for s in tpu.list_capacity(ZONE)] == ["train-1-a1"]
     plan(simulator_url, "delete", "INTERNAL", count=2)
     tpu.release(ZONE, "train-1-a1")
     assert planned(simulator_url, "list") == planned(simulator_url, "delete") == 0

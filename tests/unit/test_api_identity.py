@@ -138,7 +138,7 @@ def stripped(signed: str, tail: str = "") -> str:
 class NoJobs:
     """The store of a deployment with no jobs: the identity is what is tested here."""
 
-    def list(self, **_: Any) -> list[Any]:
+    def list_jobs(self, **_: Any) -> list[Any]:
         return []
 
 

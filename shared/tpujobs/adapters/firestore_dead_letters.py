@@ -76,7 +76,7 @@ class FirestoreDeadLetters:
             snapshot = self._ref(message_id).get()
         return dead_letter_from_document(snapshot.id, snapshot.to_dict() or {}) if snapshot.exists else None
 
-    def list(self, topic: str | None = None, limit: int = 50) -> list[DeadLetter]:
+    def list_dead_letters(self, topic: str | None = None, limit: int = 50) -> list[DeadLetter]:
         """Newest first. With a topic, Firestore in production needs the composite index
         (topic ASC, at DESC) on `dead_letters`; the emulator needs none."""
         from google.cloud import firestore

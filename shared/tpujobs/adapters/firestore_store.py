@@ -318,7 +318,7 @@ class FirestoreJobStore:
             key=lambda d: int(d["id"]) if d["id"].isdigit() else 0,
         )
 
-    def list(self, state: str | None = None, owner: str | None = None, limit: int = 100) -> list[Job]:
+    def list_jobs(self, state: str | None = None, owner: str | None = None, limit: int = 100) -> list[Job]:
         query: Any = self._db.collection(JOBS)
         if state:
             query = query.where(filter=firestore.FieldFilter("state", "==", state))

@@ -52,7 +52,7 @@ INDEXES: tuple[Index, ...] = (
         "dead_letters",
         COLLECTION,
         (("topic", ASCENDING), ("at", DESCENDING)),
-        query="FirestoreDeadLetters.list(topic=...): topic == x, newest first",
+        query="FirestoreDeadLetters.list_dead_letters(topic=...): topic == x, newest first",
     ),
     Index(
         "jobs",
@@ -64,18 +64,18 @@ INDEXES: tuple[Index, ...] = (
         "jobs",
         COLLECTION,
         (("state", ASCENDING), ("created_at", DESCENDING)),
-        query="FirestoreJobStore.list(state=...): newest first",
+        query="FirestoreJobStore.list_jobs(state=...): newest first",
     ),
     Index(
         "jobs",
         COLLECTION,
         (("owner", ASCENDING), ("created_at", DESCENDING)),
-        query="FirestoreJobStore.list(owner=...): newest first",
+        query="FirestoreJobStore.list_jobs(owner=...): newest first",
     ),
     Index(
         "jobs",
         COLLECTION,
         (("state", ASCENDING), ("owner", ASCENDING), ("created_at", DESCENDING)),
-        query="FirestoreJobStore.list(state=..., owner=...): newest first",
+        query="FirestoreJobStore.list_jobs(state=..., owner=...): newest first",
     ),
 )

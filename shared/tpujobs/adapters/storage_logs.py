@@ -38,7 +38,7 @@ class GcsLogBucket:
     def uri(self, name: str) -> str:
         return f"gs://{self.bucket_name}/{name}"
 
-    def list(self, prefix: str) -> list[StoredObject]:
+    def list_objects(self, prefix: str) -> list[StoredObject]:
         with translated(SERVICE, f"list gs://{self.bucket_name}/{prefix}"):
             return [StoredObject(b.name, b.updated) for b in self._client.list_blobs(self.bucket_name, prefix=prefix)]
 

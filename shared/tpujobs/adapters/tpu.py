@@ -183,7 +183,7 @@ class CloudTpu:
             if not isinstance(error.__cause__, api_exceptions.NotFound):
                 raise
 
-    def list(self, zone: str) -> Sequence[CapacityStatus]:
+    def list_capacity(self, zone: str) -> Sequence[CapacityStatus]:
         """Every queued resource of the zone with the health of its nodes: two list calls."""
         parent = self._parent(zone)
         with _translated(f"list queued resources in {zone}"):

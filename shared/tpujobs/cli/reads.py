@@ -97,7 +97,7 @@ class StoreReads:
         from tpujobs.adapters.firestore_store import job_to_document
         from tpujobs.api import to_json
 
-        found = self.store.list(state=state, owner=owner, limit=limit)
+        found = self.store.list_jobs(state=state, owner=owner, limit=limit)
         return {"jobs": [to_json(job_to_document(job)) for job in found]}
 
     def describe(self, job_id: str) -> dict[str, Any] | None:
@@ -117,7 +117,7 @@ class StoreReads:
         from tpujobs.api import dead_letter_document
         from tpujobs.runtime import build_dead_letters, utc_now
 
-        found = build_dead_letters(self.config, utc_now).list(topic=topic, limit=limit)
+        found = build_dead_letters(self.config, utc_now).list_dead_letters(topic=topic, limit=limit)
         return {"dead_letters": [dead_letter_document(letter) for letter in found]}
 
     def rejections(self, limit: int) -> dict[str, Any]:
