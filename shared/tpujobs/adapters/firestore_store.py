@@ -223,7 +223,7 @@ class FirestoreJobStore:
     def get(self, job_id: str) -> Job | None:
         with transient_on_failure("read job"):
             snapshot = self._job_ref(job_id).get()
-        return job_from_document(snapshot.to_dict()) if snapshot.exists else None
+        return job_from_document(snapshot.to_dict() or {}) if snapshot.exists else None
 
     def apply(self, job_id: str, seen: Observation, clock: Clock) -> Decision | Ignored:
         """Read, decide, and commit the job and its event atomically, if the job is unchanged.
@@ -238,7 +238,7 @@ class FirestoreJobStore:
         def change(snapshot: firestore.DocumentSnapshot) -> tuple[Decision | Ignored, Write | None]:
             if not snapshot.exists:
                 return Ignored(f"job {job_id} does not exist"), None
-            outcome = decide(job_from_document(snapshot.to_dict()), seen, clock())
+            outcome = decide(job_from_document(snapshot.to_dict() or {}), seen, clock())
             if isinstance(outcome, Ignored):
                 return outcome, None
             batch = self._db.batch()
@@ -284,7 +284,7 @@ class FirestoreJobStore:
         def amend(snapshot: firestore.DocumentSnapshot) -> tuple[bool, Write | None]:
             if not snapshot.exists:
                 return False, None
-            job = job_from_document(snapshot.to_dict())
+            job = job_from_document(snapshot.to_dict() or {})
             usage = change(job.usage)
             if usage is None:
                 return False, None
@@ -388,7 +388,7 @@ class FirestoreJobStore:
         return [
             SilentWorker(doc.reference.parent.parent.id, d["attempt"], d["worker"], d["last_report_at"])
             for doc in docs
-            for d in [doc.to_dict()]
+            for d in [doc.to_dict() or {}]
         ]
 
     def mark_announced(self, job_id: str, event: JobEvent) -> None:
@@ -510,7 +510,7 @@ class FirestoreJobStore:
                 topic=d.get("topic", ""),
             )
             for doc in docs
-            for d in [doc.to_dict()]
+            for d in [doc.to_dict() or {}]
         ]
 
     def recent_rejections(self, limit: int = 50) -> list[Rejection]:
