@@ -425,7 +425,7 @@ class LogReader:
             for k, output in sorted(numbered.items()):
                 if worker is not None and k != worker:
                     continue
-                fresh = []
+                fresh: list[Chunk] = []
                 for chunk in output.sorted_chunks():
                     if chunk.seq == shown.get(k, 0) + len(fresh):  # in order, no gap
                         fresh.append(chunk)
