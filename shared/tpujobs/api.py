@@ -42,7 +42,7 @@ from tpujobs.domain.access import may_cancel
 from tpujobs.domain.spec import ID_PATTERN, DuplicateKey, SpecError, parse_spec, unique_keys
 from tpujobs.domain.states import JobState
 from tpujobs.errors import TransientError
-from tpujobs.identity import CallerIdentity, TokenVerifier, Unauthenticated, header
+from tpujobs.identity import CallerIdentity, Headers, TokenVerifier, Unauthenticated, header
 from tpujobs.identity import InvalidToken as InvalidToken  # what a TokenVerifier raises
 
 if TYPE_CHECKING:
@@ -112,7 +112,7 @@ class JobsApi:
         self.identity = CallerIdentity(self.verify_token, platform_auth=settings.api_platform_auth)
         self._dead_letters = dead_letters
 
-    def handle(self, method: str, url: str, headers: Mapping[str, str], body: bytes) -> Response:
+    def handle(self, method: str, url: str, headers: Headers, body: bytes) -> Response:
         """Answer one HTTP request; every refusal is a JSON `{"error": sentence}`."""
         try:
             if method.upper() != "POST":
@@ -134,7 +134,7 @@ class JobsApi:
 
     # -- identity ---------------------------------------------------------------------
 
-    def caller(self, headers: Mapping[str, str], url: str) -> str:
+    def caller(self, headers: Headers, url: str) -> str:
         """Who is asking: the token's verified email (tpujobs.identity), or (local stack only)
         the caller header. TransientError when Google's certificates are out of reach."""
         if self.settings.local_stack:
