@@ -65,7 +65,7 @@ def _story(settings: Settings, timeout: float, state_dir: Path) -> bool:
     from tpujobs.adapters.firestore_store import FirestoreJobStore
     from tpujobs.adapters.pubsub import Publisher
     from tpujobs.adapters.storage import build_client, upload_code_dir
-    from tpujobs.cli import describe_tables
+    from tpujobs.cli.tables import describe_tables
     from tpujobs.domain.states import JobState
     from tpujobs.topology import SUBMIT
 
