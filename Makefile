@@ -33,11 +33,14 @@ terraform-tool:
 	@command -v $(TERRAFORM) >/dev/null || { echo "terraform is missing: install Terraform 1.5 or newer (one binary, e.g. in /usr/local/bin) or run make with TERRAFORM=/path/to/terraform"; exit 1; }
 
 # ruff's lint rules (E501 at 120 columns included) and its formatter, which must have nothing to change;
-# and the layers of shared/tpujobs ([tool.importlinter] in pyproject.toml says which may import which).
+# the layers of shared/tpujobs ([tool.importlinter] in pyproject.toml says which may import which); and
+# mypy on shared/tpujobs and functions/main.py, strict on the domain, ports, service and reconciler
+# ([tool.mypy] in pyproject.toml).
 lint: venv
 	$(BIN)/ruff check shared functions tests bench tools
 	$(BIN)/ruff format --check shared functions tests bench tools
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/mypy
 
 test-unit: venv
 	$(BIN)/pytest tests/unit -q
