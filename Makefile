@@ -99,4 +99,4 @@ bench: venv emulator-tools
 	$(BIN)/python bench/submit.py
 
 clean:
-	rm -rf $(VENV) $(CHECKOV_VENV) .pytest_cache .ruff_cache .hypothesis .tpujobs dist
+	rm -rf $(VENV) $(CHECKOV_VENV) .pytest_cache .ruff_cache .mypy_cache .hypothesis .tpujobs dist
