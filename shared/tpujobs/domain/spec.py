@@ -18,6 +18,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -115,11 +116,12 @@ class JobSpec(BaseModel):
 
     @field_validator("command", "setup")
     @classmethod
-    def _command_text(cls, value: str | None, info: Any) -> str | None:
+    def _command_text(cls, value: str | None, info: ValidationInfo) -> str | None:
         if value is None:
             return value
-        _no_control_chars(info.field_name, value)
-        if info.field_name == "command" and not value.strip():
+        field = str(info.field_name)  # "command" or "setup": a field validator's info names its field
+        _no_control_chars(field, value)
+        if field == "command" and not value.strip():
             raise ValueError("command must not be blank")
         return value
 
