@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 
 from tpujobs import logs
 from tpujobs.agent.startup import host_boot
@@ -49,6 +49,7 @@ from tpujobs.ports import (
     JobStore,
     LogExportRequests,
     Pools,
+    PoolView,
     Rejection,
     StatusChange,
     StatusPublisher,
@@ -108,7 +109,7 @@ class _PoolQueue:
     """One read of a limited pool: its document as read (for the compare-and-set), the holds
     that stay and those that go with the next write, and the jobs still waiting, in order."""
 
-    view: Any
+    view: PoolView
     staying: list[Holder]
     going: frozenset[str]
     waiting: list[Job]
