@@ -17,6 +17,13 @@ import pytest
 from tpujobs.dev import processes
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """A pytest-xdist worker gets COLUMNS from its controller; a Rich console made at import
+    would keep that width for good, where a serial run follows each test's own COLUMNS."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ.pop("COLUMNS", None)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (`make test`), every end-to-end test goes to one worker: the local
     stack is started once, not once per worker. Everything else spreads freely; each worker
