@@ -10,12 +10,10 @@ cannot do that, so stop it with SIGTERM).
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-import threading
 from collections.abc import Sequence
-from types import FrameType
 
+from tpujobs.simulator.http import serve_until_signalled
 from tpujobs.simulator.model import SimulatorConfig
 from tpujobs.simulator.server import SimulatorServer
 
@@ -139,23 +137,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_workers=not args.no_workers,
         workers_root=args.workers_root,
     )
-    stop = threading.Event()
 
-    def request_stop(signum: int, frame: FrameType | None) -> None:
-        stop.set()
+    def start() -> str:
+        url = server.start()
+        if server.workers_root is not None:
+            print(f"tpujobs-simulator: worker scratch under {server.workers_root}", file=sys.stderr)
+        return url
 
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
-    url = server.start()
-    print(f"tpujobs-simulator listening on {url}", flush=True)
-    if server.workers_root is not None:
-        print(f"tpujobs-simulator: worker scratch under {server.workers_root}", file=sys.stderr)
-    try:
-        while not stop.wait(0.5):
-            pass
-    finally:
-        server.stop()
-    return 0
+    return serve_until_signalled(start, server.stop, "tpujobs-simulator")
 
 
 if __name__ == "__main__":

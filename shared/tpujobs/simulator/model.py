@@ -482,7 +482,8 @@ class StateStore(Protocol):
 
 
 class JsonStateFile:
-    """A StateStore in one JSON file, replaced atomically so a crash never leaves half a file."""
+    """A StateStore in one JSON file, replaced atomically so a crash never leaves half a file,
+    and readable by its owner only: node metadata holds report keys, Secret Manager values."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
@@ -495,7 +496,9 @@ class JsonStateFile:
 
     def save(self, snapshot: dict[str, Any]) -> None:
         partial = self.path.with_name(self.path.name + ".tmp")
-        partial.write_text(json.dumps(snapshot, indent=1, sort_keys=True), encoding="utf-8")
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            json.dump(snapshot, out, indent=1, sort_keys=True)
         os.replace(partial, self.path)
 
 

@@ -51,7 +51,6 @@ import json
 import logging
 import os
 import re
-import signal
 import sys
 import threading
 import time
@@ -59,13 +58,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import Enum
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import unquote
 
 from tpujobs.domain.secrets import NAMESPACE_MARK, SECRET_ID_PATTERN, account_id
+from tpujobs.simulator.http import ApiServer, JsonRequestHandler, serve_until_signalled
+from tpujobs.simulator.model import JsonStateFile
 
 _log = logging.getLogger(__name__)
 
@@ -460,26 +459,6 @@ def _term(token: str) -> Callable[[SecretRecord], bool]:
 # -- the service --------------------------------------------------------------------------
 
 
-class JsonStateFile:
-    """State in one JSON file, replaced atomically, readable by its owner only (it holds values)."""
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-
-    def load(self) -> dict[str, Any] | None:
-        if not self.path.exists():
-            return None
-        loaded: dict[str, Any] = json.loads(self.path.read_text(encoding="utf-8"))
-        return loaded
-
-    def save(self, snapshot: dict[str, Any]) -> None:
-        partial = self.path.with_name(self.path.name + ".tmp")
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            json.dump(snapshot, out)
-        os.replace(partial, self.path)
-
-
 def _secret_name(project: str, secret: str) -> str:
     if not _SECRET_ID.fullmatch(secret):
         raise SecretManagerError(
@@ -845,48 +824,13 @@ class SecretManagerApi:
 # -- the server ---------------------------------------------------------------------------
 
 
-class _HttpServer(ThreadingHTTPServer):
-    daemon_threads = True  # an idle keep-alive connection must not hold up stop()
+class _RequestHandler(JsonRequestHandler):
+    """Secret Manager v1 REST as JSON."""
 
-    def __init__(self, address: tuple[str, int], api: SecretManagerApi) -> None:
-        self.api = api
-        super().__init__(address, _RequestHandler)
+    server: ApiServer[SecretManagerApi]
 
-
-class _RequestHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive: the client reuses one connection
-    disable_nagle_algorithm = True
-    timeout = 60
-    server: _HttpServer
-
-    def do_GET(self) -> None:
-        self._answer("GET")
-
-    def do_POST(self) -> None:
-        self._answer("POST")
-
-    def do_DELETE(self) -> None:
-        self._answer("DELETE")
-
-    def do_PATCH(self) -> None:
-        self._answer("PATCH")
-
-    def _answer(self, method: str) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length else b""
-        url = urlsplit(self.path)
-        query = parse_qs(url.query, keep_blank_values=True)
-        status, payload = self.server.api.handle(method, url.path, query, dict(self.headers.items()), body)
-        data = json.dumps(payload).encode("utf-8")
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json; charset=UTF-8")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        # The request line only (method, path, status): paths name secrets, never values.
-        _log.debug("%s " + format, self.address_string(), *args)
+    def answer(self, method: str, path: str, query: Query, body: bytes) -> None:
+        self.send_json(*self.server.api.handle(method, path, query, dict(self.headers.items()), body))
 
 
 class SecretManagerServer:
@@ -905,7 +849,7 @@ class SecretManagerServer:
         self.service = service or SecretManager(store=store)
         self.prefix = prefix
         self._address = (host, port)
-        self._http: _HttpServer | None = None
+        self._http: ApiServer[SecretManagerApi] | None = None
         self._thread: threading.Thread | None = None
 
     @property
@@ -919,7 +863,7 @@ class SecretManagerServer:
         """Bind and serve in the background; returns the base URL for api_endpoint."""
         if self._http is not None:
             raise RuntimeError("the local Secret Manager is already started")
-        self._http = _HttpServer(self._address, SecretManagerApi(self.service, self.prefix))
+        self._http = ApiServer(self._address, SecretManagerApi(self.service, self.prefix), _RequestHandler)
         self._thread = threading.Thread(
             target=self._http.serve_forever,
             kwargs={"poll_interval": 0.05},
@@ -972,21 +916,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Serve in the foreground until SIGTERM or SIGINT."""
     args = parse_args(argv)
     server = SecretManagerServer(args.host, args.port, prefix=args.prefix, state_file=args.state_file)
-    stop = threading.Event()
-
-    def request_stop(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
-    url = server.start()
-    print(f"tpujobs-secret-manager listening on {url}", flush=True)
-    try:
-        while not stop.wait(0.5):
-            pass
-    finally:
-        server.stop()
-    return 0
+    return serve_until_signalled(server.start, server.stop, "tpujobs-secret-manager")
 
 
 if __name__ == "__main__":

@@ -54,15 +54,15 @@ import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from os import PathLike
 from pathlib import Path
 from types import TracebackType
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import unquote
 
 from tpujobs.simulator import fields
 from tpujobs.simulator.errors import FAULT_METHODS, Fault
+from tpujobs.simulator.http import ApiServer, JsonRequestHandler
 from tpujobs.simulator.metadata import MetadataReply, MetadataService, metadata_url
 from tpujobs.simulator.model import (
     WORKER_PORT,
@@ -717,41 +717,16 @@ def _json_body(body: bytes) -> Any:
 # -- the server -------------------------------------------------------------------------------
 
 
-class _HttpServer(ThreadingHTTPServer):
-    daemon_threads = True  # an idle keep-alive connection must not hold up stop()
+class _RequestHandler(JsonRequestHandler):
+    """The TPU API and the control API as JSON; a host's metadata server GETs as Google's."""
 
-    def __init__(self, address: tuple[str, int], api: SimulatorApi) -> None:
-        self.api = api
-        super().__init__(address, _RequestHandler)
+    server: ApiServer[SimulatorApi]
 
-
-class _RequestHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive: the client reuses one connection
-    disable_nagle_algorithm = True  # else headers and body wait out a delayed ACK: 40 ms a call
-    timeout = 60
-    server: _HttpServer
-
-    def do_GET(self) -> None:
-        self._answer("GET")
-
-    def do_POST(self) -> None:
-        self._answer("POST")
-
-    def do_DELETE(self) -> None:
-        self._answer("DELETE")
-
-    def do_PATCH(self) -> None:
-        self._answer("PATCH")
-
-    def _answer(self, method: str) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length else b""
-        url = urlsplit(self.path)
-        query = parse_qs(url.query, keep_blank_values=True)
+    def answer(self, method: str, path: str, query: Query, body: bytes) -> None:
         if method == "GET":
-            reply = self.server.api.metadata(url.path, query, dict(self.headers.items()))
+            reply = self.server.api.metadata(path, query, dict(self.headers.items()))
             if reply is not None:
-                self._send(
+                self.send(
                     reply.status,
                     reply.body.encode("utf-8"),
                     reply.content_type,
@@ -759,26 +734,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
                 )
                 return
         mask = self.headers.get("X-Goog-FieldMask") or _query_str(query, "fields") or _query_str(query, "$fields")
-        status, payload = self.server.api.handle(method, url.path, query, body, mask)
-        self._send(status, json.dumps(payload).encode("utf-8"), "application/json; charset=UTF-8")
-
-    def _send(
-        self,
-        status: int,
-        data: bytes,
-        content_type: str,
-        headers: Mapping[str, str] | None = None,
-    ) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(data)))
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        _log.debug("%s " + format, self.address_string(), *args)
+        self.send_json(*self.server.api.handle(method, path, query, body, mask))
 
 
 class SimulatorServer:
@@ -805,7 +761,7 @@ class SimulatorServer:
         store = JsonStateFile(state_file) if state_file is not None else None
         self.simulator = simulator or Simulator(config, store=store)
         self._address = (host, port)
-        self._http: _HttpServer | None = None
+        self._http: ApiServer[SimulatorApi] | None = None
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
         self._run_workers = run_workers
@@ -831,7 +787,9 @@ class SimulatorServer:
                 self._made_workers_root = True
             self._workers_root.mkdir(parents=True, exist_ok=True)
             self.worker_pool = WorkerPool(self.simulator, self._workers_root, self._metadata_url, environ=self._environ)
-        self._http = _HttpServer(self._address, SimulatorApi(self.simulator, self.worker_pool, self._stopping))
+        self._http = ApiServer(
+            self._address, SimulatorApi(self.simulator, self.worker_pool, self._stopping), _RequestHandler
+        )
         if self.worker_pool is not None:
             self.worker_pool.attach()
         self._threads = [

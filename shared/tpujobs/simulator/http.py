@@ -1,0 +1,98 @@
+"""The HTTP plumbing the local stand-ins for Google (TPU simulator, Secret Manager) share.
+
+Each serves its own API object; what they have in common is how a request is read and a
+JSON answer sent, on keep-alive connections, and how a `python -m` entry point serves until
+it is told to stop.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+from collections.abc import Callable, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import FrameType
+from typing import Any, Generic, TypeVar
+from urllib.parse import parse_qs, urlsplit
+
+_log = logging.getLogger(__name__)
+
+Query = dict[str, list[str]]
+Api = TypeVar("Api")
+
+
+class ApiServer(ThreadingHTTPServer, Generic[Api]):
+    """A threading HTTP server that hands each request to one API object."""
+
+    daemon_threads = True  # an idle keep-alive connection must not hold up stop()
+
+    def __init__(self, address: tuple[str, int], api: Api, handler: type[JsonRequestHandler]) -> None:
+        self.api = api
+        super().__init__(address, handler)
+
+
+class JsonRequestHandler(BaseHTTPRequestHandler):
+    """Reads a request whole and hands it to `answer`; subclasses say what the API is."""
+
+    protocol_version = "HTTP/1.1"  # keep-alive: the client reuses one connection
+    disable_nagle_algorithm = True  # else headers and body wait out a delayed ACK: 40 ms a call
+    timeout = 60
+    server: ApiServer[Any]
+
+    def do_GET(self) -> None:
+        self._read("GET")
+
+    def do_POST(self) -> None:
+        self._read("POST")
+
+    def do_DELETE(self) -> None:
+        self._read("DELETE")
+
+    def do_PATCH(self) -> None:
+        self._read("PATCH")
+
+    def _read(self, method: str) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        url = urlsplit(self.path)
+        self.answer(method, url.path, parse_qs(url.query, keep_blank_values=True), body)
+
+    def answer(self, method: str, path: str, query: Query, body: bytes) -> None:
+        raise NotImplementedError
+
+    def send_json(self, status: int, payload: Any) -> None:
+        self.send(status, json.dumps(payload).encode("utf-8"), "application/json; charset=UTF-8")
+
+    def send(self, status: int, data: bytes, content_type: str, headers: Mapping[str, str] | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        # The request line only (method, path, status): paths may name secrets, never values.
+        _log.debug("%s " + format, self.address_string(), *args)
+
+
+def serve_until_signalled(start: Callable[[], str], stop: Callable[[], None], name: str) -> int:
+    """Start a server, print where it listens, and serve until SIGTERM or SIGINT."""
+    stopping = threading.Event()
+
+    def request_stop(signum: int, frame: FrameType | None) -> None:
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    url = start()
+    print(f"{name} listening on {url}", flush=True)
+    try:
+        while not stopping.wait(0.5):
+            pass
+    finally:
+        stop()
+    return 0
