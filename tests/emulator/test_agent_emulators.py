@@ -155,13 +155,16 @@ class Reports:
     def wait_for(
         self, base: str, predicate: Any, timeout: float = 20.0
     ) -> list[tuple[dict[str, Any], dict[str, str], datetime]]:
-        deadline = time.monotonic() + timeout
-        while True:
-            got = self.pull(base, timeout=0.3)
-            if predicate([payload for payload, _, _ in got]):
-                return got
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out; {base} had {[p for p, _, _ in got]}")
+        """What `base` received once `predicate` holds for its payloads (the one wait_for polls)."""
+
+        def received() -> tuple[list[tuple[dict[str, Any], dict[str, str], datetime]]] | None:
+            got = self.pull(base, timeout=0.3)  # a tuple: an empty list may be what is wanted
+            return (got,) if predicate([payload for payload, _, _ in got]) else None
+
+        try:
+            return wait_for(received, timeout=timeout, interval=0)[0]
+        except AssertionError:
+            raise AssertionError(f"timed out; {base} had {[p for p, _, _ in self.received[base]]}") from None
 
     def kinds(self, timeout: float = 0.5) -> list[str]:
         return [payload["kind"] for payload, _, _ in self.pull(topology.WORKER_EVENTS, timeout)]
