@@ -10,10 +10,8 @@ from a checkpoint, or no success.
 
 from __future__ import annotations
 
-import json
 import os
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Annotated, Any
@@ -27,6 +25,7 @@ from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 
 from tpujobs.config import Settings
+from tpujobs.simulator.client import SimulatorControl
 from tpujobs.terminal import shown
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -142,10 +141,7 @@ def _checkpointed_step(store: Any, job_id: str) -> int:
 
 
 def _preempt(settings: Settings, zone: str, queued_resource: str) -> None:
-    url = f"{settings.tpu_endpoint}/simulator/v1/queuedResources/{zone}/{queued_resource}:preempt"
-    request = urllib.request.Request(url, data=b"{}", method="POST")
-    with urllib.request.urlopen(request, timeout=10) as answer:
-        json.load(answer)
+    SimulatorControl(settings.tpu_endpoint).preempt(zone, queued_resource, settings.project)
 
 
 def _resumed_step(storage: Any, bucket: str, job_id: str, attempt: int) -> int | None:
