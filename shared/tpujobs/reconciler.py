@@ -500,6 +500,8 @@ class Reconciler:
     def _release_if_unowned(
         self, zone: str, status: CapacityStatus, live: dict[str, Job], report: ReconcileReport
     ) -> None:
+        if status.state == "DELETING":
+            return  # already going (deletion takes minutes): asking again costs a read and a call a tick
         if self._unowned(status, live) and self._unowned(status, self._fresh(status)):
             self.tpu.release(zone, status.name)
             report.released.append(status.name)

@@ -10,7 +10,8 @@ import pytest
 from tpujobs.adapters.firestore_store import FirestoreJobStore
 from tpujobs.adapters.google_errors import transient_retry
 from tpujobs.adapters.tpu import CloudTpu
-from tpujobs.domain.states import JobState
+from tpujobs.domain.states import EventKind, JobState
+from tpujobs.domain.transitions import Observation
 from tpujobs.service import JobService
 from tpujobs.simulator.client import SimulatorControl
 from tpujobs.testing import inbound as message
@@ -496,6 +497,23 @@ def created(simulator_url: str, project_id: str, job_id: str) -> list[str]:
         and f"/{project_id}/" in op["metadata"]["target"]
         and op["metadata"]["target"].rsplit("/", 1)[-1].startswith(f"{job_id}-a")
     ]
+
+
+def test_a_resource_already_being_deleted_is_not_deleted_again_at_every_tick(service, simulator_url):
+    """Deletion takes minutes: a cancelled job's resource still DELETING is left to finish, while one
+    nobody deleted yet is released."""
+    configure(simulator_url, deleting_seconds=60.0)
+    try:
+        submitted(service, "gone")
+        service.cancel("gone", "done")  # releases: the resource is DELETING for a minute
+        assert service.tpu.status(ZONE, "gone-a1").state == "DELETING"
+        submitted(service, "left")
+        service.store.apply("left", Observation(EventKind.CANCEL_REQUESTED, None, "user", reason="x"), service.clock)
+
+        report = reconciler_for(service).tick()
+    finally:
+        configure(simulator_url, deleting_seconds=0.0)
+    assert report.released == ["left-a1"]
 
 
 def test_a_create_whose_operation_failed_moves_the_job_to_its_next_zone_saying_why(
