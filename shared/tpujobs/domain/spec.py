@@ -41,6 +41,17 @@ RUNTIME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 RESERVATION_PATTERN = r"^[a-zA-Z0-9][a-zA-Z0-9/_.-]{0,255}$"
 CODE_URI_PATTERN = r"^gs://[a-z0-9][a-z0-9._-]{1,221}[a-z0-9](/[^\x00-\x1f\x7f]*)?$"
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
+GIT_COMMIT_PATTERN = r"^[0-9a-f]{40}([0-9a-f]{24})?$"  # SHA-1, or SHA-256 repositories
+# A container image reference as Docker parses it: [registry[:port]/]path[:tag][@sha256:digest].
+# Lowercase path components joined by `.`, `_`, `__` or `-`; the whole is passed to `docker` as
+# one argument, never through a shell.
+_IMAGE_PATH = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+IMAGE_PATTERN = (
+    r"^(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]{1,5})?/)?"
+    rf"{_IMAGE_PATH}(?:/{_IMAGE_PATH})*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$"
+)
+MAX_IMAGE_CHARS = 512
 # A service account's email: user-managed (`name@project.iam.gserviceaccount.com`) or any
 # other Google-managed form; never a Compute default, which a job must not run as.
 SERVICE_ACCOUNT_PATTERN = r"^[a-z][a-z0-9-]{4,28}[a-z0-9]@[a-z][a-z0-9.-]{3,200}\.gserviceaccount\.com$"
@@ -55,6 +66,7 @@ RESERVED_LABEL_PREFIX = "tpujobs"
 Capacity = Literal["on-demand", "spot", "reserved"]
 Priority = Literal["very-low", "low", "medium", "high", "very-high"]
 RecoveryRule = Literal["resume", "rerun", "fail"]
+ImagePullPolicy = Literal["always", "if-missing"]
 PRIORITY_RANK: dict[str, int] = {"very-low": 0, "low": 1, "medium": 2, "high": 3, "very-high": 4}
 
 
@@ -91,6 +103,14 @@ class JobSpec(BaseModel):
     code_uri: Annotated[str, Field(pattern=CODE_URI_PATTERN, max_length=2048)] | None = None
     # The code tarball's SHA-256, recorded with the job: the agent refuses a tarball that differs.
     code_sha256: Annotated[str, Field(pattern=SHA256_PATTERN)] | None = None
+    # Where `code_dir` came from when it was a git checkout (the CLI records both; shown by describe).
+    code_git_commit: Annotated[str, Field(pattern=GIT_COMMIT_PATTERN)] | None = None
+    code_git_dirty: bool | None = None
+    # The container image setup and command run in on every host (privileged, host network and
+    # IPC, /dev mounted, the code at its working directory); none: straight on the TPU VM.
+    image: str | None = None
+    # None: as Kubernetes does, `always` for an untagged or `:latest` image, else `if-missing`.
+    image_pull_policy: ImagePullPolicy | None = None
     env: dict[str, str] = Field(default_factory=dict)
     # Env name -> Secret Manager secret (`name`, `name@version` or a full resource name),
     # read on the host at each attempt's start; the values never reach tpujobs.
@@ -112,6 +132,16 @@ class JobSpec(BaseModel):
             parse_accelerator_type(value)
         except UnknownAcceleratorType as error:
             raise ValueError(str(error)) from None
+        return value
+
+    @field_validator("image")
+    @classmethod
+    def _image_reference(cls, value: str | None) -> str | None:
+        if value is not None and (len(value) > MAX_IMAGE_CHARS or not re.fullmatch(IMAGE_PATTERN, value)):
+            raise ValueError(
+                f"image {_excerpt(value)} is not a container image reference such as "
+                "us-docker.pkg.dev/PROJECT/REPOSITORY/IMAGE:TAG (lowercase path, optional tag and @sha256: digest)"
+            )
         return value
 
     @field_validator("command", "setup")
@@ -183,7 +213,25 @@ class JobSpec(BaseModel):
             raise ValueError(f"{both[0]} is in both env and secrets: give it once")
         if self.code_sha256 is not None and (self.code_uri is None or self.code_uri.endswith("/")):
             raise ValueError("code_sha256 is the digest of code_uri's tarball: give code_uri, a tarball")
+        if self.code_git_dirty is not None and self.code_git_commit is None:
+            raise ValueError("code_git_dirty says whether code_git_commit had changes: give code_git_commit")
+        if self.image_pull_policy is not None and self.image is None:
+            raise ValueError("image_pull_policy is only allowed with an image")
         return self
+
+    @property
+    def pull_policy(self) -> ImagePullPolicy | None:
+        """How hosts get the image: as given, else `always` for an untagged or `:latest`
+        reference (it may change) and `if-missing` for any other tag or a digest."""
+        if self.image is None:
+            return None
+        if self.image_pull_policy is not None:
+            return self.image_pull_policy
+        if "@" in self.image:
+            return "if-missing"
+        last = self.image.rsplit("/", 1)[-1]
+        tag = last.split(":", 1)[1] if ":" in last else "latest"
+        return "always" if tag == "latest" else "if-missing"
 
     @property
     def preferred_zones(self) -> tuple[str, ...]:
