@@ -113,6 +113,8 @@ def test_the_config_carries_the_attempt_the_spec_and_where_things_go() -> None:
         "env": {"LR": "0.1"},
         "secrets": {},
         "code_sha256": None,
+        "image": None,
+        "image_pull_policy": None,
         "num_slices": 2,
         "hosts_per_slice": 4,
         "queued_resource": "train-1-a2",

@@ -74,6 +74,9 @@ def agent_config(job: Job, settings: Settings, timings: AgentTimings | None = No
         # Names only: the agent reads the values on the host, as the VM's own account.
         "secrets": secret_versions(job, settings),
         "code_sha256": spec.code_sha256,
+        # The container image setup and command run in, and when to pull it (None: on the VM).
+        "image": spec.image,
+        "image_pull_policy": spec.pull_policy,
         "num_slices": spec.slices,
         "hosts_per_slice": spec.hosts_per_slice,
         "queued_resource": job.queued_resource,
