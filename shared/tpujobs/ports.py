@@ -106,6 +106,10 @@ class JobStore(Protocol):
     def record_checkpoint(self, job_id: str, attempt: int, at: datetime) -> bool:
         """Note a newer checkpoint of an attempt for its accounting; False when not newer."""
 
+    def record_image_digest(self, job_id: str, attempt: int, digest: str) -> bool:
+        """Note on the attempt's usage the image digest a host ran (`accounting.image_reported`);
+        False when that changes nothing."""
+
     def events(self, job_id: str) -> list[JobEvent]: ...
 
     def list_jobs(self, state: str | None = None, owner: str | None = None, limit: int = 100) -> list[Job]: ...
@@ -381,3 +385,7 @@ class LogBucket(Protocol):
 
     def write_if_changed(self, name: str, data: bytes, content_type: str) -> bool:
         """Upload unless the object already holds exactly these bytes; whether it uploaded."""
+
+    def mark_used(self, name: str, at: datetime) -> bool:
+        """Move the object's custom time forward to `at` (lifecycle rules count from it); whether
+        it moved. False for a missing object."""

@@ -35,6 +35,7 @@ Attempt = Annotated[int, Field(ge=1, le=10_000)]
 Index = Annotated[int, Field(ge=0, le=100_000)]
 ExitCode = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
 Step = Annotated[int, Field(ge=0, le=2**62)]
+ImageDigest = Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")]
 EARLIEST = datetime(2000, 1, 1, tzinfo=timezone.utc)
 LATEST = datetime(2200, 1, 1, tzinfo=timezone.utc)
 
@@ -79,6 +80,9 @@ class WorkerReport(_Strict):
     `rebooted`: the agent started again for an attempt that had already started on its
     host (the VM rebooted and re-ran its startup script), so the attempt lost that host;
     it ran nothing, and `detail` says what it found of the first start.
+    `started` may carry `image_digest`: the container image the host runs the command in, as
+    it pulled it. `exited` may carry `detail` when the agent itself ended the attempt (an image
+    it could not pull): the job's reason then says so.
     """
 
     kind: Literal["started", "heartbeat", "exited", "checkpoint", "aborted", "rebooted"]
@@ -91,6 +95,7 @@ class WorkerReport(_Strict):
     exit_code: ExitCode | None = None
     step: Step | None = None
     detail: str | None = Field(default=None, max_length=1024)
+    image_digest: ImageDigest | None = None
 
 
 class PreemptionNotice(_Strict):

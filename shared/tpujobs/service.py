@@ -445,6 +445,10 @@ class JobService:
         outcome = None if seen is None else self.observe(report.job_id, seen)
         if report.kind == "checkpoint":
             self.store.record_checkpoint(report.job_id, report.attempt, at)
+        if report.kind == "started" and report.image_digest is not None:
+            # The first host's digest is the attempt's; another host's different one (its tag
+            # moved between two pulls) is kept beside it, so `describe` shows both.
+            self.store.record_image_digest(report.job_id, report.attempt, report.image_digest)
         # The worker's record comes after the job's commit: had it come first, a crash in
         # between would leave a worker marked done whose exit the job never counted.
         self.store.record_worker(report.job_id, record)
@@ -760,11 +764,16 @@ def _worker_observation(report: WorkerReport, worker: str) -> Observation | None
     """What a report means for its job; None for those that only touch the worker's record
     (heartbeat, checkpoint)."""
     if report.kind == "started":
-        return Observation(EventKind.WORKERS_STARTED, report.attempt, "agent", worker=worker)
+        digest = report.image_digest
+        why = f"Workers of attempt {report.attempt} started the command in image {digest}." if digest else ""
+        return Observation(EventKind.WORKERS_STARTED, report.attempt, "agent", why, worker=worker)
     if report.kind == "exited":
         code = report.exit_code if report.exit_code is not None else -1
-        kind = EventKind.WORKER_SUCCEEDED if code == 0 else EventKind.COMMAND_FAILED
-        return Observation(kind, report.attempt, "agent", exit_code=code, worker=worker)
+        if code == 0:
+            return Observation(EventKind.WORKER_SUCCEEDED, report.attempt, "agent", exit_code=0, worker=worker)
+        # The agent's own words when it ended the attempt itself (an image it could not pull).
+        why = f"Worker {worker} exited with {code}: {report.detail}" if report.detail else ""
+        return Observation(EventKind.COMMAND_FAILED, report.attempt, "agent", why, exit_code=code, worker=worker)
     if report.kind == "aborted":
         why = report.detail or "the agent could not start the command"
         return Observation(

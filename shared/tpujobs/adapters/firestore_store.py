@@ -23,7 +23,7 @@ from google.cloud import firestore
 
 from tpujobs.adapters.firestore_cas import FIRESTORE, Write, compare_and_set
 from tpujobs.adapters.google_errors import translated
-from tpujobs.domain.accounting import AttemptUsage, all_started, checkpoint_reported
+from tpujobs.domain.accounting import AttemptUsage, all_started, checkpoint_reported, image_reported
 from tpujobs.domain.admission import pool_id
 from tpujobs.domain.job import Job, JobEvent, SuspectHost
 from tpujobs.domain.naming import exported_attempt
@@ -263,6 +263,11 @@ class FirestoreJobStore:
         checkpoint only the first write changes anything.
         """
         return self._amend_usage(job_id, lambda usage: checkpoint_reported(usage, attempt, at), "note a checkpoint")
+
+    def record_image_digest(self, job_id: str, attempt: int, digest: str) -> bool:
+        """Note the image digest a host of `attempt` ran; the first is the attempt's, a different
+        later one is kept beside it; no timeline entry."""
+        return self._amend_usage(job_id, lambda usage: image_reported(usage, attempt, digest), "note an image digest")
 
     def record_all_started(self, job_id: str, attempt: int, at: datetime) -> bool:
         """Note that every host of `attempt` has reported (`AttemptUsage.all_started_at`)."""

@@ -214,6 +214,7 @@ def _fields(job: Job, until: datetime | None) -> Table:
         ("attempt", f"{job.attempt} (restarts {job.restarts} of {spec.max_restarts})"),
         ("queued resource", f"{job.queued_resource} [{job.capacity_state or '-'}]"),
         ("command", spec.command),
+        *_image_rows(job),
         ("rules", f"on_preemption={spec.on_preemption} on_error={spec.on_error}"),
         ("labels", ", ".join(f"{k}={v}" for k, v in sorted(spec.labels.items())) or "-"),
         ("env", ", ".join(f"{k}={v}" for k, v in sorted(spec.env.items())) or "-"),
@@ -235,6 +236,24 @@ def _fields(job: Job, until: datetime | None) -> Table:
         text = uncontrolled(value)
         fields.add_row(name, Text(text, style=state_style(text) if name == "state" else ""))
     return fields
+
+
+def _image_rows(job: Job) -> list[tuple[str, object]]:
+    """The image and its pull policy, the digest each attempt ran, and the code's git commit,
+    for those the job has. A digest is whole (it is what to pull again), so it gets its own row."""
+    spec = job.spec
+    rows: list[tuple[str, object]] = []
+    if spec.image:
+        rows.append(("image", f"{spec.image} (pull {spec.pull_policy})"))
+    for usage in job.usage:
+        if usage.image_digest:
+            other = f", and {usage.other_image_digest} on another host" if usage.other_image_digest else ""
+            rows.append((f"image, attempt {usage.attempt}", f"{usage.image_digest}{other}"))
+    if spec.code_git_commit:
+        rows.append(
+            ("code commit", spec.code_git_commit + (" (with uncommitted changes)" if spec.code_git_dirty else ""))
+        )
+    return rows
 
 
 def attempts_sheet(job: Job, logs: dict[int, Any], until: datetime | None) -> Sheet:

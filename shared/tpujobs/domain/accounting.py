@@ -15,6 +15,11 @@ section says the same in prose. Per attempt (one queued resource):
     all_started_at      when every host of the attempt was known to have reported (the
                         reconciler stops looking for hosts that never booted); these two
                         count no cost, they bound the boot timeout
+    image_digest        the digest (sha256:...) of the container image the attempt's hosts
+                        ran, as the first host that reported one pulled it; None without an
+                        image. A host that pulled another digest (the tag moved between two
+                        pulls) leaves the first one here and its own in `other_image_digest`,
+                        so the attempt is shown as having run two different images
 
     chip_hours          chips x (ended_at - held_from), in hours; chips = chips per slice
                         of the accelerator type x slices
@@ -54,6 +59,8 @@ class AttemptUsage:
     work_kept: bool = True  # the job goes on from the attempt's checkpoint, not from scratch
     started_at: datetime | None = None  # the first worker said `started`
     all_started_at: datetime | None = None  # every host known to have reported: boot is over
+    image_digest: str | None = None  # the container image that ran (the first host's pull)
+    other_image_digest: str | None = None  # another digest a host of the same attempt pulled
 
     def held_seconds(self, now: datetime) -> float:
         if self.held_from is None:
@@ -184,6 +191,22 @@ def checkpoint_reported(usage: tuple[AttemptUsage, ...], attempt: int, at: datet
                 return None
             return _amend(usage, attempt, lambda u: replace(u, last_checkpoint_at=at))
     return None
+
+
+def image_reported(usage: tuple[AttemptUsage, ...], attempt: int, digest: str) -> tuple[AttemptUsage, ...] | None:
+    """The usage with the image digest a host of `attempt` ran, or None when it changes nothing.
+
+    The first digest reported is the attempt's; a different one is kept once beside it, so two
+    hosts that ran different images (a tag moved between their pulls) are never shown as one.
+    """
+    current = next((u for u in usage if u.attempt == attempt), None)
+    if current is None:
+        return None
+    if current.image_digest is None:
+        return _amend(usage, attempt, lambda u: replace(u, image_digest=digest))
+    if digest == current.image_digest or current.other_image_digest is not None:
+        return None
+    return _amend(usage, attempt, lambda u: replace(u, other_image_digest=digest))
 
 
 def _amend(
