@@ -46,7 +46,9 @@ def test_up_starts_every_service_and_each_endpoint_answers(
 ) -> None:
     """After up, Firestore, Pub/Sub (topics and push subscriptions), the bucket and the simulator answer."""
     env = running.env
-    assert {p.name for p in running.processes} == {
+    # dockerd too when this `up` had to start it (none answered): it is then the stack's.
+    assert {p.name for p in running.processes} - {"dockerd"} == {
+        "registry",
         "firestore",
         "pubsub",
         "storage",
@@ -112,6 +114,55 @@ def test_env_lines_export_the_stack_endpoints(running: stack.StackState) -> None
         "TPUJOBS_DEFAULT_ZONE",
         "TPUJOBS_LOGS_BUCKET",
     } <= exported.keys()
+
+
+def test_the_registry_answers_at_tpujobs_registry_with_its_data_under_the_state_dir(
+    running: stack.StackState,
+) -> None:
+    """up starts docker-registry on loopback and exports it; its storage is the state dir's."""
+    address = running.env["TPUJOBS_REGISTRY"]
+    assert address.startswith("127.0.0.1:")
+    answer = processes.http_get(f"http://{address}/v2/")
+    assert answer is not None and answer[0] == 200
+    registry = next(p for p in running.processes if p.name == "registry")
+    assert registry.port == int(address.rsplit(":", 1)[1])
+    config = (running.state_dir / "registry" / "config.yml").read_text()
+    assert str(running.state_dir / "registry" / "data") in config and f"127.0.0.1:{registry.port}" in config
+    assert f"export TPUJOBS_REGISTRY={address}" in stack.env_lines(running)
+
+
+def test_dockerd_is_the_stacks_only_when_up_started_it(running: stack.StackState) -> None:
+    """Recorded, it is up's own and serves; not recorded, an engine that already answered is used
+    (and `down`, stopping only what is recorded, leaves it running)."""
+    from tpujobs.dev import containers
+
+    assert containers.docker_problem() is None, containers.docker_problem()
+    recorded = [p for p in running.processes if p.name == "dockerd"]
+    assert all(processes.is_running(p) and p.argv[0].endswith("dockerd") for p in recorded)
+
+
+def test_where_docker_cannot_run_up_says_why_and_starts_the_rest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No docker CLI: a warning with docker_problem's sentence, no dockerd recorded."""
+    from tpujobs.dev import containers
+
+    monkeypatch.setattr(containers, "docker_binary", lambda: None)
+    said: list[str] = []
+
+    assert stack.docker_engine(Path("/nonexistent"), said.append) == []
+
+    assert said == [f"warning: {containers.docker_problem()}; jobs with an image will fail when their hosts pull it"]
+    assert "apt-get install docker.io" in said[0]
+
+
+def test_a_process_started_elsewhere_is_adopted_and_stopped_like_the_others(tmp_path: Path) -> None:
+    """dockerd is started by containers.start_dockerd; adopted, stop finds and ends its group."""
+    handle = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    adopted = processes.adopt("dockerd", handle, tmp_path / "dockerd.log")
+    assert adopted.argv == ("sleep", "60") and processes.is_running(adopted)
+
+    assert processes.stop([adopted]) == [adopted]
+
+    assert handle.poll() is not None and not processes.is_running(adopted)
 
 
 def process_environ(pid: int) -> dict[str, str]:

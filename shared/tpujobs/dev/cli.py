@@ -40,7 +40,10 @@ def up(
         typer.Option(help="The functions file to serve (default: $TPUJOBS_FUNCTIONS_SOURCE or functions/main.py)."),
     ] = None,
 ) -> None:
-    """Start the local stack (or find it running) and print its export lines."""
+    """Start the local stack (or find it running) and print its export lines.
+
+    Images: the machine's Docker Engine (dockerd started if none answers) and a registry, TPUJOBS_REGISTRY.
+    """
     err = Console(stderr=True)
     try:
         state = stack.up(

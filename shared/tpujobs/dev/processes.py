@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tpujobs.dev import containers
 from tpujobs.topology import FunctionRoute
 
 LOOPBACK = "127.0.0.1"
@@ -314,6 +315,22 @@ def function(
     )
 
 
+def registry(port: int, config_path: Path, *, deadline_s: float = 30.0) -> ServiceSpec:
+    """Debian's docker-registry on loopback, plain HTTP (`containers.registry_config` says where
+    it keeps its data); ready when its API root answers. MissingToolError when not installed."""
+    try:
+        argv = containers.registry_command(config_path)
+    except containers.ContainerToolError as error:
+        raise MissingToolError(str(error)) from error
+    return ServiceSpec(
+        name="registry",
+        argv=tuple(argv),
+        port=port,
+        ready=answers_ok(f"http://{LOOPBACK}:{port}/v2/"),
+        deadline_s=deadline_s,
+    )
+
+
 def scheduler(interval_s: float, *, env: Mapping[str, str] | None = None) -> ServiceSpec:
     """The local Cloud Scheduler: reconcile ticks every `interval_s` (tpujobs.dev.scheduler)."""
     return ServiceSpec(
@@ -378,6 +395,23 @@ def _spawn(spec: ServiceSpec, log_dir: Path) -> ManagedProcess:
         port=spec.port,
         log_path=log_path,
         argv=spec.argv,
+        start_time=process_start_time(handle.pid),
+        boot_id=_boot_id(),
+        handle=handle,
+    )
+
+
+def adopt(name: str, handle: subprocess.Popen[bytes], log_path: Path) -> ManagedProcess:
+    """A process started elsewhere in its own session (dockerd, by `containers.start_dockerd`),
+    recorded like the services `start` starts, so `stop` finds it, and only it, again."""
+    args = handle.args
+    argv = tuple(str(part) for part in args) if isinstance(args, (list, tuple)) else (str(args),)
+    return ManagedProcess(
+        name=name,
+        pid=handle.pid,
+        port=0,
+        log_path=log_path,
+        argv=argv,
         start_time=process_start_time(handle.pid),
         boot_id=_boot_id(),
         handle=handle,

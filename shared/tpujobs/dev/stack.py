@@ -5,6 +5,11 @@ started), wires topics, push subscriptions and the logs bucket, and writes `stac
 the state directory. That file is the only memory between `tpujobs dev up` and `tpujobs dev
 down`: `down` stops exactly the processes it lists, after checking each is still ours, so a
 reused emulator or an unrelated process that inherited a pid is never touched.
+
+Jobs' container images run on the machine's Docker Engine: `up` starts dockerd when none
+answers and it may (root), and lists it then, and only then, so `down` stops it. A registry on
+loopback (`TPUJOBS_REGISTRY`) is one of the stack's processes. Where Docker cannot run, `up`
+says why and starts the rest: a job with an image then fails at its pull, naming the image.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from typing import Any
 
 from tpujobs import topology
 from tpujobs.config import Settings
-from tpujobs.dev import processes, wiring
+from tpujobs.dev import containers, processes, wiring
 from tpujobs.dev.processes import LOOPBACK, ManagedProcess, StackError
 
 STACK_FILE = "stack.json"
@@ -264,6 +269,7 @@ def _start(
 ) -> StackState:
     ports = {name: processes.free_port() for name in ("firestore", "pubsub", "storage")}
     simulator_port = processes.free_port()
+    registry = _registry(state_dir, processes.free_port(), say)
     secrets_port = processes.free_port()
     function_ports = {route.target: processes.free_port() for route in topology.FUNCTIONS}
     functions = {target: f"http://{LOOPBACK}:{port}/" for target, port in function_ports.items()}
@@ -288,6 +294,8 @@ def _start(
         "TPUJOBS_LOGS_BUCKET": bucket,
         "TPUJOBS_LOCAL_STACK": "1",
     }
+    if registry is not None:  # where images are pushed and the simulated hosts pull them from
+        env["TPUJOBS_REGISTRY"] = f"{LOOPBACK}:{registry.port}"
     api = next((r for r in topology.FUNCTIONS if r.signature == "http"), None)
     if api is not None:
         env["TPUJOBS_API_URL"] = functions[api.target]
@@ -302,7 +310,7 @@ def _start(
         REPORT_KEY_VARIABLE: report_key,
     }
 
-    specs = []
+    specs = [] if registry is None else [registry]
     if "firestore" not in reused:
         specs.append(processes.firestore_emulator(ports["firestore"]))
     if "pubsub" not in reused:
@@ -322,12 +330,17 @@ def _start(
         processes.function(route, function_ports[route.target], source=source, env=function_env)
         for route in topology.FUNCTIONS
     )
+    engine = docker_engine(state_dir / "logs", say)
     say(f"starting {', '.join(spec.name for spec in specs)}")
-    started = processes.start(
-        specs,
-        state_dir / "logs",
-        on_ready=lambda p: say(f"{p.name} answers on port {p.port} (pid {p.pid})"),
-    )
+    try:
+        started = engine + processes.start(
+            specs,
+            state_dir / "logs",
+            on_ready=lambda p: say(f"{p.name} answers on port {p.port} (pid {p.pid})"),
+        )
+    except BaseException:
+        processes.stop(engine)
+        raise
     try:
         wired = wiring.wire_pubsub(pubsub, settings.project, settings.prefix, functions)
         say(f"{len(wired.topics)} topics, {len(wired.subscriptions)} push subscriptions")
@@ -353,6 +366,41 @@ def _start(
         raise
     say(f"the local stack is up (logs in {state_dir / 'logs'})")
     return state
+
+
+def docker_engine(log_dir: Path, say: Report) -> list[ManagedProcess]:
+    """The machine's Docker Engine: the dockerd this call started, to be stopped by `down`, or
+    none (one already answered, or Docker cannot run here: then a warning, and the rest starts)."""
+    try:
+        handle = containers.start_dockerd(log_dir / "dockerd.log") if containers.docker_binary() else None
+    except containers.ContainerToolError as error:
+        say(f"warning: {error}; jobs with an image will fail when their hosts pull it")
+        return []
+    if handle is None:
+        problem = containers.docker_problem()
+        if problem is not None:
+            say(f"warning: {problem}; jobs with an image will fail when their hosts pull it")
+        else:
+            say("using the Docker Engine that already runs (left running by `tpujobs dev down`)")
+        return []
+    dockerd = processes.adopt("dockerd", handle, log_dir / "dockerd.log")
+    say(f"started dockerd (pid {dockerd.pid}); `tpujobs dev down` stops it")
+    return [dockerd]
+
+
+def _registry(state_dir: Path, port: int, say: Report) -> processes.ServiceSpec | None:
+    """The local registry's service, its data kept under the state directory (after `down`
+    too, like the workers' logs); None with a warning when docker-registry is not installed."""
+    root = state_dir / "registry"
+    config = root / "config.yml"
+    try:
+        spec = processes.registry(port, config)
+    except processes.MissingToolError as error:
+        say(f"warning: {error}; no TPUJOBS_REGISTRY, so no image can be pushed to this stack")
+        return None
+    (root / "data").mkdir(parents=True, exist_ok=True)
+    config.write_text(containers.registry_config(root / "data", LOOPBACK, port), encoding="utf-8")
+    return spec
 
 
 def _warn_if_different(state: StackState, settings: Settings, say: Report) -> None:
