@@ -11,7 +11,7 @@ TERRAFORM ?= terraform
 TF_STATE_BUCKET ?=
 TF_VARS_FILE ?=
 
-.PHONY: venv tools emulator-tools terraform-tool lint test test-unit test-emulator demo bench clean bundle infra-check infra-fmt infra-test checkov plan apply
+.PHONY: venv tools emulator-tools container-tools terraform-tool lint test test-unit test-emulator demo bench clean bundle infra-check infra-fmt infra-test checkov plan apply
 
 # The functions' pinned runtime dependencies are the constraints: tests run what deploys.
 $(STAMP): pyproject.toml functions/requirements.txt
@@ -23,11 +23,29 @@ $(STAMP): pyproject.toml functions/requirements.txt
 venv: $(STAMP)
 
 # The gcloud Firestore and Pub/Sub emulators and Java: says exactly what to install if missing.
-# And Terraform, for the infra checks (`terraform fmt`; no provider is downloaded).
-tools: venv emulator-tools terraform-tool
+# Docker Engine, a registry and a static busybox (container-tools). And Terraform, for the infra
+# checks (`terraform fmt`; no provider is downloaded).
+tools: venv emulator-tools container-tools terraform-tool
 
 emulator-tools: venv
 	$(BIN)/python -c "from tpujobs.dev.processes import require_gcloud_emulators as r; r()"
+
+# Jobs' images run on Docker Engine and are pulled from a registry on loopback; the image tests build
+# from a static busybox. Debian's packages, installed with apt-get where missing when run as root (CI
+# is); otherwise it names what to install and fails. A machine that has them all does nothing.
+container-tools:
+	@missing=""; \
+	{ command -v docker && command -v dockerd; } >/dev/null 2>&1 || missing="$$missing docker.io"; \
+	command -v docker-registry >/dev/null 2>&1 || missing="$$missing docker-registry"; \
+	{ [ -x /bin/busybox ] && ! ldd /bin/busybox >/dev/null 2>&1; } || missing="$$missing busybox-static"; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then \
+		echo "missing:$$missing (Docker Engine, its registry, a static busybox); as root: apt-get install$$missing"; \
+		exit 1; \
+	fi; \
+	echo "installing$$missing"; \
+	export DEBIAN_FRONTEND=noninteractive; \
+	apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing
 
 terraform-tool:
 	@command -v $(TERRAFORM) >/dev/null || { echo "terraform is missing: install Terraform 1.5 or newer (one binary, e.g. in /usr/local/bin) or run make with TERRAFORM=/path/to/terraform"; exit 1; }
