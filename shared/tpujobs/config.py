@@ -6,6 +6,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from tpujobs.domain.spec import VmDefaults
+
 DEFAULT_PROJECT = "tpujobs-local"
 DEFAULT_ZONE = "us-central2-b"
 
@@ -47,6 +49,9 @@ class Settings:
     # A node whose health is TIMEOUT or UNHEALTHY_TENSORFLOW, or whose state is RESTARTING or
     # UNKNOWN (`adapters.tpu.NODE_STATES`), often recovers: its host is lost only past this.
     unhealthy_grace_seconds: float = 300.0
+    # VM options for the specs that leave them out (network, subnetwork, internal IPs, tags,
+    # data disks, runtime): `domain.spec.with_deployment_defaults` fills them in at submit.
+    vm_defaults: VmDefaults = field(default_factory=VmDefaults)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -75,4 +80,40 @@ class Settings:
             heartbeat_timeout_seconds=float(env.get("TPUJOBS_HEARTBEAT_TIMEOUT_SECONDS") or 60.0),
             boot_timeout_seconds=float(env.get("TPUJOBS_BOOT_TIMEOUT_SECONDS") or 600.0),
             unhealthy_grace_seconds=float(env.get("TPUJOBS_UNHEALTHY_GRACE_SECONDS") or 300.0),
+            vm_defaults=vm_defaults_from_env(env),
         )
+
+
+def _items(text: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in text.split(",") if item.strip())
+
+
+def _flag(name: str, text: str) -> bool | None:
+    """A yes/no variable: unset or empty is no default; anything else but a yes or no is an error."""
+    value = text.strip().lower()
+    if not value:
+        return None
+    if value in ("1", "true", "yes"):
+        return True
+    if value in ("0", "false", "no"):
+        return False
+    raise ValueError(f"{name} must be true or false, got {text!r}")
+
+
+def vm_defaults_from_env(env: Mapping[str, str]) -> VmDefaults:
+    """The deployment's VM defaults (infra/vm_defaults.tf sets them): TPUJOBS_DEFAULT_NETWORK,
+    _SUBNETWORK, _INTERNAL_IPS (true/false), _TAGS (comma list), _DATA_DISKS (comma list of
+    projects/P/zones/Z/disks/D, each optionally followed by `:read-write` or `:read-only`, the
+    default) and _RUNTIME_VERSION. They are validated with the spec they fill in."""
+    disks = []
+    for item in _items(env.get("TPUJOBS_DEFAULT_DATA_DISKS", "")):
+        source, _, mode = item.partition(":")
+        disks.append((source, mode or "read-only"))
+    return VmDefaults(
+        network=env.get("TPUJOBS_DEFAULT_NETWORK", "").strip(),
+        subnetwork=env.get("TPUJOBS_DEFAULT_SUBNETWORK", "").strip(),
+        internal_ips=_flag("TPUJOBS_DEFAULT_INTERNAL_IPS", env.get("TPUJOBS_DEFAULT_INTERNAL_IPS", "")),
+        tags=_items(env.get("TPUJOBS_DEFAULT_TAGS", "")),
+        data_disks=tuple(disks),
+        runtime_version=env.get("TPUJOBS_DEFAULT_RUNTIME_VERSION", "").strip(),
+    )

@@ -345,11 +345,10 @@ def test_an_unknown_capacity_is_rejected_naming_capacity(capacity: Any) -> None:
     assert_names(rejection(spec_with(capacity=capacity)), "capacity")
 
 
-def test_reserved_capacity_without_a_reservation_is_rejected_naming_reservation() -> None:
-    """capacity reserved needs a reservation."""
-    message = rejection(spec_with(capacity="reserved"))
-    assert_names(message, "reservation")
-    assert_names(message, "capacity")
+def test_reserved_capacity_without_a_reservation_is_accepted_as_any_reservation() -> None:
+    """capacity reserved alone means any matching reservation of the project (gcloud's --reserved)."""
+    spec = parse_spec(spec_with(capacity="reserved"), message_id=MESSAGE_ID)
+    assert (spec.capacity, spec.reservation) == ("reserved", None)
 
 
 @pytest.mark.parametrize("capacity", ["on-demand", "spot", _DROP])

@@ -18,6 +18,7 @@ from google.api_core.retry import Retry
 from google.rpc import code_pb2
 
 from tpujobs.adapters.google_errors import transient_retry, translated
+from tpujobs.domain.accelerators import FAMILIES, parse_accelerator_type
 from tpujobs.domain.job import Job
 from tpujobs.errors import PermanentError, QuotaExhausted, TransientError
 from tpujobs.ports import CapacityStatus, HostBoot
@@ -55,9 +56,10 @@ CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 
 
 def queued_resource_for(job: Job, project: str, boot: HostBoot) -> tpu_v2.QueuedResource:
-    """The QueuedResource of the job's current attempt: tier, slices, labels, and the boot of
-    its TPU VMs: their metadata and their own account. Without one they would run as the
-    Compute default account, which has project Editor: that is refused, never requested."""
+    """The QueuedResource of the job's current attempt: tier, slices, labels, the VM options
+    (network, tags, data disks, topology) and the boot of its TPU VMs: their metadata and their
+    own account. Without one they would run as the Compute default account, which has project
+    Editor: that is refused, never requested."""
     from google.cloud import tpu_v2
 
     spec = job.spec
@@ -67,13 +69,29 @@ def queued_resource_for(job: Job, project: str, boot: HostBoot) -> tpu_v2.Queued
             "tpujobs never lets them fall back to the Compute default account"
         )
     node = tpu_v2.Node(
-        accelerator_type=spec.accelerator_type,
         runtime_version=spec.runtime_version,
         labels=job_labels(job),
         metadata=dict(boot.metadata),
+        # `reserved`: any matching reservation of the project (gcloud's --reserved); with a
+        # named one, reservation_name below says which.
         scheduling_config=tpu_v2.SchedulingConfig(spot=job.capacity == "spot", reserved=job.capacity == "reserved"),
         service_account=tpu_v2.ServiceAccount(email=boot.service_account, scope=[CLOUD_PLATFORM_SCOPE]),
+        tags=list(spec.tags),
+        data_disks=[
+            tpu_v2.AttachedDisk(source_disk=disk.source_disk, mode=_DISK_MODES[disk.mode]) for disk in spec.data_disks
+        ],
     )
+    if spec.topology:  # one or the other, as gcloud's --accelerator-type | --type --topology
+        family = parse_accelerator_type(spec.accelerator_type).family
+        node.accelerator_config = tpu_v2.AcceleratorConfig(type_=FAMILIES[family].config_type, topology=spec.topology)
+    else:
+        node.accelerator_type = spec.accelerator_type
+    if spec.network or spec.subnetwork or spec.internal_ips:
+        # enable_external_ips is a plain bool: a NetworkConfig sent without it means no external
+        # IPs, so it is always set; without any network option none is sent (the API's default).
+        node.network_config = tpu_v2.NetworkConfig(
+            network=spec.network or "", subnetwork=spec.subnetwork or "", enable_external_ips=not spec.internal_ips
+        )
     node_spec = tpu_v2.QueuedResource.Tpu.NodeSpec(parent=f"projects/{project}/locations/{job.zone}", node=node)
     if spec.slices == 1:
         node_spec.node_id = job.queued_resource
@@ -85,9 +103,16 @@ def queued_resource_for(job: Job, project: str, boot: HostBoot) -> tpu_v2.Queued
     if job.capacity == "spot":
         resource.spot = tpu_v2.QueuedResource.Spot()
     elif job.capacity == "reserved":
+        # Reserved capacity is the guaranteed tier (v2alpha1 said it as guaranteed.reserved;
+        # v2 moved `reserved` to the node's SchedulingConfig, set above).
         resource.guaranteed = tpu_v2.QueuedResource.Guaranteed()
-        resource.reservation_name = _reservation_path(spec.reservation or "", project, job.zone)
+        if spec.reservation:
+            resource.reservation_name = _reservation_path(spec.reservation, project, job.zone)
     return resource
+
+
+# The spec's disk modes as AttachedDisk.DiskMode names them.
+_DISK_MODES = {"read-only": "READ_ONLY", "read-write": "READ_WRITE"}
 
 
 def _reservation_path(reservation: str, project: str, zone: str) -> str:

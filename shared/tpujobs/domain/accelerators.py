@@ -1,8 +1,12 @@
-"""TPU accelerator types: which exist, how many chips and worker hosts each has.
+"""TPU accelerator types: which exist, how many chips and worker hosts each has, and the
+topologies (chips along each axis) that may name the same slice.
 
 The number after the dash means TensorCores for v2, v3, v4 and v5p (two per chip)
 and chips for v5e (``v5litepod``) and v6e. Every worker host holds four chips,
 except the single-host shapes of v5e and v6e, which hold up to eight.
+A slice may also be asked for as an AcceleratorConfig: the family's type and a topology,
+``AxB`` for v2, v3, v5e and v6e (2D tori) and ``AxBxC`` for v4 and v5p (3D), whose product is
+the chip count (gcloud's ``--type --topology`` instead of ``--accelerator-type``).
 Sources: the Cloud TPU system architecture pages for each version.
 """
 
@@ -20,6 +24,8 @@ class Family:
     counts_cores: bool  # True: the size counts TensorCores (2 per chip); False: chips
     sizes: frozenset[int]  # the sizes the TPU API offers
     max_single_host_chips: int  # the largest slice that fits on one worker host
+    config_type: str  # the TPU API's AcceleratorConfig.Type name of the family
+    topology_dimensions: int  # how many numbers its topology has: 2 (AxB) or 3 (AxBxC)
 
 
 def _multiples(step: int, upto: int) -> frozenset[int]:
@@ -29,12 +35,12 @@ def _multiples(step: int, upto: int) -> frozenset[int]:
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (
-        Family("v2", True, frozenset({8, 32, 128, 256, 512}), 4),
-        Family("v3", True, frozenset({8, 32, 64, 128, 256, 512, 1024, 2048}), 4),
-        Family("v4", True, _multiples(8, 4096), 4),
-        Family("v5p", True, _multiples(8, 12288), 4),
-        Family("v5litepod", False, frozenset({1, 4, 8, 16, 32, 64, 128, 256}), 8),
-        Family("v6e", False, frozenset({1, 4, 8, 16, 32, 64, 128, 256}), 8),
+        Family("v2", True, frozenset({8, 32, 128, 256, 512}), 4, "V2", 2),
+        Family("v3", True, frozenset({8, 32, 64, 128, 256, 512, 1024, 2048}), 4, "V3", 2),
+        Family("v4", True, _multiples(8, 4096), 4, "V4", 3),
+        Family("v5p", True, _multiples(8, 12288), 4, "V5P", 3),
+        Family("v5litepod", False, frozenset({1, 4, 8, 16, 32, 64, 128, 256}), 8, "V5LITE_POD", 2),
+        Family("v6e", False, frozenset({1, 4, 8, 16, 32, 64, 128, 256}), 8, "V6E", 2),
     )
 }
 
@@ -83,3 +89,53 @@ def parse_accelerator_type(accelerator_type: str) -> AcceleratorShape:
     chips = size // 2 if family.counts_cores else size
     hosts = 1 if chips <= family.max_single_host_chips else chips // CHIPS_PER_HOST
     return AcceleratorShape(accelerator_type, family.name, chips, hosts)
+
+
+_TOPOLOGY = re.compile(r"^[1-9][0-9]{0,2}(?:x[1-9][0-9]{0,2})+$")
+FAMILY_OF_CONFIG_TYPE: dict[str, str] = {f.config_type: f.name for f in FAMILIES.values()}
+
+
+class BadTopology(ValueError):
+    """A topology that is malformed, has the wrong number of axes, or holds another chip count."""
+
+
+def topology_chips(topology: str, family: str) -> int:
+    """The chips of a topology of *family* (the product of its axes), or BadTopology saying why."""
+    if not _TOPOLOGY.fullmatch(topology or ""):
+        raise BadTopology(f"topology {topology[:32]!r} is not of the form AxB or AxBxC, such as 2x2x4")
+    axes = [int(n) for n in topology.split("x")]
+    wanted = FAMILIES[family].topology_dimensions
+    if len(axes) != wanted:
+        example = "2x2x4" if wanted == 3 else "4x4"
+        raise BadTopology(
+            f"topology {topology!r} has {len(axes)} dimensions; {family} slices have {wanted}, such as {example}"
+        )
+    chips = 1
+    for n in axes:
+        chips *= n
+    return chips
+
+
+def check_topology(accelerator_type: str, topology: str) -> None:
+    """BadTopology unless *topology* is a shape of *accelerator_type*: its family's number of
+    axes and the same number of chips."""
+    shape = parse_accelerator_type(accelerator_type)
+    chips = topology_chips(topology, shape.family)
+    if chips != shape.chips:
+        raise BadTopology(
+            f"topology {topology!r} has {chips} chips but accelerator_type {accelerator_type!r} has {shape.chips}"
+        )
+
+
+def accelerator_type_of(config_type: str, topology: str) -> str:
+    """The accelerator type an AcceleratorConfig names (V4 and 2x2x4: v4-32), or
+    UnknownAcceleratorType / BadTopology saying why it names none."""
+    family_name = FAMILY_OF_CONFIG_TYPE.get(config_type)
+    if family_name is None:
+        known = ", ".join(sorted(FAMILY_OF_CONFIG_TYPE))
+        raise UnknownAcceleratorType(f"accelerator_config.type {config_type!r} is not one of {known}")
+    family = FAMILIES[family_name]
+    chips = topology_chips(topology, family_name)
+    accelerator_type = f"{family_name}-{chips * 2 if family.counts_cores else chips}"
+    parse_accelerator_type(accelerator_type)  # a size the family is not offered in
+    return accelerator_type

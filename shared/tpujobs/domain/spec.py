@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -24,7 +26,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
-from tpujobs.domain.accelerators import UnknownAcceleratorType, parse_accelerator_type
+from tpujobs.domain.accelerators import BadTopology, UnknownAcceleratorType, check_topology, parse_accelerator_type
 from tpujobs.domain.secrets import check_secret_ref
 
 MAX_SPEC_BYTES = 64 * 1024
@@ -56,6 +58,17 @@ MAX_IMAGE_CHARS = 512
 # other Google-managed form; never a Compute default, which a job must not run as.
 SERVICE_ACCOUNT_PATTERN = r"^[a-z][a-z0-9-]{4,28}[a-z0-9]@[a-z][a-z0-9.-]{3,200}\.gserviceaccount\.com$"
 MAX_SECRETS = 64
+# Networks, subnetworks, tags and disks as Compute Engine names them: RFC 1035 labels (1 to 63
+# lowercase letters, digits and hyphens, starting with a letter, not ending with a hyphen).
+_LABEL = r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?"
+_PROJECT = r"(?:[a-z0-9.-]+:)?[a-z][-a-z0-9]{4,28}[a-z0-9]"  # domain-scoped ids too (example.com:proj)
+_REGION = r"[a-z]+-[a-z]+[0-9]+"
+NETWORK_PATTERN = rf"^(?:{_LABEL}|projects/{_PROJECT}/global/networks/{_LABEL})$"
+SUBNETWORK_PATTERN = rf"^(?:{_LABEL}|projects/{_PROJECT}/regions/(?P<region>{_REGION})/subnetworks/{_LABEL})$"
+DISK_PATTERN = rf"^projects/{_PROJECT}/zones/(?P<zone>{_REGION}-[a-z])/disks/{_LABEL}$"
+TAG_PATTERN = rf"^{_LABEL}$"
+MAX_TAGS = 64  # Compute Engine's limit of network tags on one VM
+MAX_DATA_DISKS = 16  # ours: far more than a training job attaches, and a bound on the request
 MAX_FIELD_NAME_BYTES = 1500  # Firestore's limit on a map key, and so on an env name
 ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
@@ -67,6 +80,7 @@ Capacity = Literal["on-demand", "spot", "reserved"]
 Priority = Literal["very-low", "low", "medium", "high", "very-high"]
 RecoveryRule = Literal["resume", "rerun", "fail"]
 ImagePullPolicy = Literal["always", "if-missing"]
+DiskMode = Literal["read-only", "read-write"]
 PRIORITY_RANK: dict[str, int] = {"very-low": 0, "low": 1, "medium": 2, "high": 3, "very-high": 4}
 
 
@@ -78,6 +92,37 @@ def _no_control_chars(field: str, value: str) -> str:
     if "\x00" in value:
         raise ValueError(f"{field} must not contain NUL characters")
     return value
+
+
+class DataDisk(BaseModel):
+    """An existing persistent disk attached to every TPU VM of the job (AttachedDisk).
+
+    Read-only by default, unlike gcloud's read-write: a disk attaches read-write to one VM
+    only, so read-only is the mode every job shape can use."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    source_disk: str
+    mode: DiskMode = "read-only"
+
+    @field_validator("source_disk")
+    @classmethod
+    def _disk_path(cls, value: str) -> str:
+        if not re.fullmatch(DISK_PATTERN, value):
+            raise ValueError(
+                f"data_disks source_disk {_excerpt(value)} is not a disk path projects/PROJECT/zones/ZONE/disks/NAME"
+            )
+        return value
+
+    @property
+    def zone(self) -> str:
+        """The disk's zone: a persistent disk attaches only to VMs of its own zone."""
+        return self.source_disk.split("/")[3]
+
+
+def region_of(zone: str) -> str:
+    """us-central2-b -> us-central2."""
+    return zone.rsplit("-", 1)[0]
 
 
 class JobSpec(BaseModel):
@@ -124,6 +169,19 @@ class JobSpec(BaseModel):
     # Spot only: after this many preemptions within the window, continue on on-demand.
     on_demand_after_preemptions: Annotated[int, Field(ge=1, le=100)] | None = None
     preemption_window_minutes: Annotated[int, Field(ge=1, le=7 * 24 * 60)] = 60
+    # The TPU VMs' network options, named as the TPU v2 API's NetworkConfig names them. None:
+    # the API's own ("default"). A deployment may set defaults for these (VmDefaults).
+    network: str | None = None
+    subnetwork: str | None = None
+    internal_ips: bool = False  # True: enable_external_ips false; the VMs then need Private Google Access or NAT
+    tags: list[str] = Field(default_factory=list)  # network tags, for firewall rules and routes
+    # The v2 API has no boot disk size: kept in the contract so asking for one is a clear
+    # rejection rather than an unknown field (see _no_boot_disk_size).
+    boot_disk_size_gb: int | None = None
+    data_disks: list[DataDisk] = Field(default_factory=list)
+    # AxB or AxBxC: sent as AcceleratorConfig(type, topology) instead of accelerator_type, which
+    # still names the slice (its chips must match the topology's).
+    topology: str | None = None
 
     @field_validator("accelerator_type")
     @classmethod
@@ -132,6 +190,69 @@ class JobSpec(BaseModel):
             parse_accelerator_type(value)
         except UnknownAcceleratorType as error:
             raise ValueError(str(error)) from None
+        return value
+
+    @field_validator("network")
+    @classmethod
+    def _network_name(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(NETWORK_PATTERN, value):
+            raise ValueError(
+                f"network {_excerpt(value)} is not a network name (lowercase letters, digits and hyphens, "
+                "starting with a letter) nor projects/PROJECT/global/networks/NAME"
+            )
+        return value
+
+    @field_validator("subnetwork")
+    @classmethod
+    def _subnetwork_name(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(SUBNETWORK_PATTERN, value):
+            raise ValueError(
+                f"subnetwork {_excerpt(value)} is not a subnetwork name (lowercase letters, digits and hyphens, "
+                "starting with a letter) nor projects/PROJECT/regions/REGION/subnetworks/NAME"
+            )
+        return value
+
+    @field_validator("tags")
+    @classmethod
+    def _network_tags(cls, tags: list[str]) -> list[str]:
+        if len(tags) > MAX_TAGS:
+            raise ValueError(f"tags has {len(tags)} entries; a VM takes at most {MAX_TAGS}")
+        for tag in tags:
+            if not re.fullmatch(TAG_PATTERN, tag):
+                raise ValueError(
+                    f"tags entry {_excerpt(tag)} must be 1 to 63 lowercase letters, digits or hyphens, "
+                    "starting with a letter and not ending with a hyphen"
+                )
+        if len(set(tags)) != len(tags):
+            raise ValueError(f"tags lists {sorted(t for t in tags if tags.count(t) > 1)[0]!r} twice")
+        return tags
+
+    @field_validator("boot_disk_size_gb")
+    @classmethod
+    def _no_boot_disk_size(cls, value: int | None) -> int | None:
+        if value is not None:
+            raise ValueError(
+                "boot_disk_size_gb cannot be honoured: the TPU v2 API offers no boot disk size (TPU VMs get "
+                "their runtime's own boot disk), so attach an existing persistent disk with data_disks for space"
+            )
+        return value
+
+    @field_validator("data_disks")
+    @classmethod
+    def _distinct_disks(cls, disks: list[DataDisk]) -> list[DataDisk]:
+        if len(disks) > MAX_DATA_DISKS:
+            raise ValueError(f"data_disks has {len(disks)} entries; at most {MAX_DATA_DISKS} are allowed")
+        sources = [disk.source_disk for disk in disks]
+        if len(set(sources)) != len(sources):
+            twice = sorted(s for s in sources if sources.count(s) > 1)[0]
+            raise ValueError(f"data_disks lists {twice} twice: a disk attaches once")
+        return disks
+
+    @field_validator("topology")
+    @classmethod
+    def _topology_form(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[1-9][0-9]{0,2}(x[1-9][0-9]{0,2}){1,2}", value):
+            raise ValueError(f"topology {_excerpt(value)} is not of the form AxB or AxBxC, such as 2x2x4")
         return value
 
     @field_validator("image")
@@ -202,8 +323,6 @@ class JobSpec(BaseModel):
             raise ValueError("give either zone or zones, not both")
         if self.zones is not None and len(set(self.zones)) != len(self.zones):
             raise ValueError("zones lists a zone twice")
-        if self.capacity == "reserved" and not self.reservation:
-            raise ValueError("capacity 'reserved' needs a reservation")
         if self.capacity != "reserved" and self.reservation is not None:
             raise ValueError("reservation is only allowed with capacity 'reserved'")
         if self.on_demand_after_preemptions is not None and self.capacity != "spot":
@@ -217,7 +336,29 @@ class JobSpec(BaseModel):
             raise ValueError("code_git_dirty says whether code_git_commit had changes: give code_git_commit")
         if self.image_pull_policy is not None and self.image is None:
             raise ValueError("image_pull_policy is only allowed with an image")
+        self._check_vm_options()
         return self
+
+    def _check_vm_options(self) -> None:
+        """The VM options' rules that need more than one field; ValueError with a sentence."""
+        if self.subnetwork is not None and self.network is None:
+            # Without a network the API uses "default" and refuses a subnetwork of any other
+            # network; a subnetwork's path does not say its network, so it cannot be inferred.
+            raise ValueError("subnetwork needs network alongside: without one the TPU API uses the network 'default'")
+        if self.topology is not None:
+            try:
+                check_topology(self.accelerator_type, self.topology)
+            except BadTopology as error:
+                raise ValueError(str(error)) from None
+        if any(disk.mode == "read-write" for disk in self.data_disks) and (self.slices > 1 or self.hosts_per_slice > 1):
+            raise ValueError(
+                f"data_disks: a read-write disk attaches to one VM only, but this job has "
+                f"{self.slices * self.hosts_per_slice} (slices x hosts of {self.accelerator_type}); use read-only"
+            )
+        disk_zones = sorted({disk.zone for disk in self.data_disks})
+        if len(disk_zones) > 1:
+            raise ValueError(f"data_disks are in zones {', '.join(disk_zones)}: a job's disks share its one zone")
+        check_zones_fit(self, self.preferred_zones)
 
     @property
     def pull_policy(self) -> ImagePullPolicy | None:
@@ -252,6 +393,76 @@ class JobSpec(BaseModel):
     def to_document(self) -> dict[str, Any]:
         """The spec as stored on the job document: every field, defaults included."""
         return self.model_dump(mode="json")
+
+
+def check_zones_fit(spec: JobSpec, zones: Iterable[str]) -> None:
+    """ValueError unless the spec's zonal and regional resources fit every zone it may use: a
+    subnetwork path's region, and the one zone of its data disks (a persistent disk is zonal)."""
+    zones = tuple(zones)
+    match = re.fullmatch(SUBNETWORK_PATTERN, spec.subnetwork or "")
+    region = match["region"] if match else None
+    for zone in zones:
+        if region is not None and region_of(zone) != region:
+            raise ValueError(
+                f"subnetwork {spec.subnetwork} is in region {region}, but the job may run in zone {zone} "
+                f"of region {region_of(zone)}: a TPU VM uses a subnetwork of its own region"
+            )
+    if spec.data_disks and len(zones) > 1:
+        raise ValueError(
+            f"data_disks are zonal, but the job may run in {len(zones)} zones ({', '.join(zones)}): "
+            "give the one zone of its disks"
+        )
+    for disk in spec.data_disks:
+        if zones and disk.zone != zones[0]:
+            raise ValueError(
+                f"data_disks: {disk.source_disk} is in zone {disk.zone}, but the job runs in {zones[0]}: "
+                "a persistent disk attaches only to VMs of its own zone"
+            )
+
+
+@dataclass(frozen=True)
+class VmDefaults:
+    """A deployment's VM options for the specs that leave them out (Settings, from the
+    TPUJOBS_DEFAULT_* variables), so a team sets its network once. Empty: no default."""
+
+    network: str = ""
+    subnetwork: str = ""
+    internal_ips: bool | None = None
+    tags: tuple[str, ...] = ()
+    data_disks: tuple[tuple[str, str], ...] = ()  # (source_disk, mode)
+    runtime_version: str = ""
+
+    def spec_fields(self) -> dict[str, Any]:
+        """The defaults that are set, as spec fields (JSON values)."""
+        fields: dict[str, Any] = {
+            "network": self.network or None,
+            "subnetwork": self.subnetwork or None,
+            "internal_ips": self.internal_ips,
+            "tags": list(self.tags) or None,
+            "data_disks": [{"source_disk": s, "mode": m} for s, m in self.data_disks] or None,
+            "runtime_version": self.runtime_version or None,
+        }
+        return {name: value for name, value in fields.items() if value is not None}
+
+
+def with_deployment_defaults(spec: JobSpec, defaults: VmDefaults, *, default_zone: str = "") -> JobSpec:
+    """The spec with the deployment's VM defaults in every field its author left out (fields
+    given, even empty, are kept), validated again; and, when the spec names no zone, its zonal
+    resources checked against the deployment's default zone. SpecError with a sentence if the
+    result is not a valid job. Called at submit, so the stored spec shows what was requested."""
+    filled = {name: value for name, value in defaults.spec_fields().items() if name not in spec.model_fields_set}
+    result = spec
+    if filled:
+        try:
+            result = _validated({**spec.model_dump(mode="json", exclude_unset=True), **filled})
+        except SpecError as error:
+            raise SpecError(f"{error} (with the deployment's default {', '.join(sorted(filled))})") from None
+    if default_zone and not result.preferred_zones:
+        try:
+            check_zones_fit(result, (default_zone,))
+        except ValueError as error:
+            raise SpecError(f"{error} (the deployment's default zone; give zone to choose another)") from None
+    return result
 
 
 def _check_env_name(field: str, name: str) -> None:
@@ -308,16 +519,21 @@ def parse_spec(data: Any, *, message_id: str | None = None) -> JobSpec:
         require_unicode_text(data)
     except ValueError as error:
         raise SpecError(str(error)) from None
-    try:
-        spec = JobSpec.model_validate(data)
-    except ValidationError as error:
-        sentences = [_sentence(e) for e in error.errors(include_url=False)]
-        raise SpecError("; ".join(sentences[:5])) from None
+    spec = _validated(data)
     if spec.job_id is None:
         if message_id is None:
             raise SpecError("field 'job_id' is required when no message id can derive it")
         spec = spec.model_copy(update={"job_id": derive_job_id(spec.name, message_id)})
     return spec
+
+
+def _validated(data: dict[str, Any]) -> JobSpec:
+    """JobSpec.model_validate with its errors as one SpecError of sentences."""
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as error:
+        sentences = [_sentence(e) for e in error.errors(include_url=False)]
+        raise SpecError("; ".join(sentences[:5])) from None
 
 
 def decode_spec(raw: bytes, *, message_id: str | None = None) -> JobSpec:
