@@ -379,7 +379,7 @@ class Bench:
             time.sleep(POLL_SECONDS)
 
     def output(self, job_id: str, attempt: int) -> str:
-        prefix = f"jobs/{job_id}/attempt-{attempt}/chunks/slice-0-worker-0/"
+        prefix = f"logs/jobs/{job_id}/attempt-{attempt}/chunks/slice-0-worker-0/"  # naming.job_prefix
         blobs = sorted(self.storage.list_blobs(self.bucket, prefix=prefix), key=lambda b: b.name)
         return "".join(b.download_as_text() for b in blobs)
 

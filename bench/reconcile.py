@@ -141,7 +141,7 @@ def history(
     job_id: str, state: JobState, created: datetime, spot: bool, settings: Settings
 ) -> tuple[Job, list[JobEvent]]:
     """A job as the control plane leaves it in `state`, with its timeline."""
-    logs = f"gs://{settings.logs_bucket}/jobs/{job_id}/"
+    logs = f"gs://{settings.logs_bucket}/logs/jobs/{job_id}/"  # naming.job_prefix
     job, submitted = new_job(spec(job_id, spot), settings.default_zone, created, logs)
     events = [submitted]
 

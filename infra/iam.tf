@@ -26,6 +26,12 @@ locals {
     "${pair[0]}/${pair[1]}" => { account = pair[0], topic = pair[1] }
   }
 
+  # Each VM account may pull from each repository of var.image_repositories.
+  image_pulls = {
+    for pair in setproduct(keys(local.job_accounts), var.image_repositories) :
+    "${pair[0]}/${pair[1]}" => { account = pair[0], location = split("/", pair[1])[0], repository = split("/", pair[1])[1] }
+  }
+
   # Each job-engine function may attach each of them to the queued resources it creates.
   job_engine_acts_as = {
     for pair in setproduct(keys(local.job_engine_functions), keys(var.job_service_accounts)) :
@@ -153,22 +159,25 @@ resource "google_pubsub_topic_iam_member" "job_account_publisher" {
 
 # The logs bucket, by managed folder (storage.tf says why): objectUser, not objectCreator, since
 # the agent also reads its checkpoints on resume and a retried upload overwrites its object.
-# The default account uses jobs/, so every job on it shares jobs/ with every other.
+# The default account uses logs/jobs/ and checkpoints/jobs/, so every job on it shares them with
+# every other.
 resource "google_storage_managed_folder_iam_member" "tpu_vm_jobs" {
-  bucket         = google_storage_managed_folder.jobs.bucket
-  managed_folder = google_storage_managed_folder.jobs.name
+  for_each = google_storage_managed_folder.jobs
+
+  bucket         = each.value.bucket
+  managed_folder = each.value.name
   role           = "roles/storage.objectUser"
   member         = google_service_account.tpu_vm.member
 }
 
-# Each named account uses accounts/{its email}/ only.
+# Each named account uses logs/accounts/{its email}/ and checkpoints/accounts/{its email}/ only.
 resource "google_storage_managed_folder_iam_member" "job_account_folder" {
-  for_each = google_service_account.job
+  for_each = local.job_account_folders
 
   bucket         = google_storage_managed_folder.account[each.key].bucket
   managed_folder = google_storage_managed_folder.account[each.key].name
   role           = "roles/storage.objectUser"
-  member         = each.value.member
+  member         = google_service_account.job[each.value.account].member
 }
 
 # Every job account reads the code the CLI uploaded (content-addressed tarballs under code/; the
@@ -180,6 +189,18 @@ resource "google_storage_managed_folder_iam_member" "job_account_code" {
   managed_folder = google_storage_managed_folder.code.name
   role           = "roles/storage.objectViewer"
   member         = each.value.member
+}
+
+# Every VM account pulls jobs' images from the repositories of var.image_repositories
+# ("LOCATION/REPOSITORY" of this project) with its host's own token, and pushes nothing.
+resource "google_artifact_registry_repository_iam_member" "job_account_images" {
+  for_each = local.image_pulls
+
+  project    = var.project
+  location   = each.value.location
+  repository = each.value.repository
+  role       = "roles/artifactregistry.reader"
+  member     = local.job_accounts[each.value.account].member
 }
 
 resource "google_project_iam_member" "build" {

@@ -42,7 +42,7 @@ variable "invokers" {
 }
 
 variable "job_service_accounts" {
-  description = "Service accounts a job may name in its spec (`service_account`), by account id without the prefix, e.g. { \"team-a\" = { description = \"Team A's jobs\" } }. Each is created as \"{prefix}{id}\", may report, keeps its objects under accounts/{its email}/ in the logs bucket and reads only its own tpujobs secrets. Which owner may use which account is config/service_accounts in Firestore."
+  description = "Service accounts a job may name in its spec (`service_account`), by account id without the prefix, e.g. { \"team-a\" = { description = \"Team A's jobs\" } }. Each is created as \"{prefix}{id}\", may report, keeps its objects under logs/accounts/{its email}/ and checkpoints/accounts/{its email}/ in the logs bucket and reads only its own tpujobs secrets. Which owner may use which account is config/service_accounts in Firestore."
   type = map(object({
     description = string
   }))
@@ -90,9 +90,47 @@ variable "python_runtime" {
 }
 
 variable "logs_retention_days" {
-  description = "Days job output, exported logs and checkpoints are kept in the logs bucket."
+  description = "Days job output and exported logs (logs/ in the logs bucket) are kept after each was written. Checkpoints and code have their own retention."
   type        = number
   default     = 90
+
+  validation {
+    condition     = var.logs_retention_days >= 1 && floor(var.logs_retention_days) == var.logs_retention_days
+    error_message = "logs_retention_days is a whole number of days, 1 or more."
+  }
+}
+
+variable "checkpoint_retention_days" {
+  description = "Days after it was written that a checkpoint (checkpoints/ in the logs bucket) is deleted; 0, the default, keeps checkpoints until someone deletes them. Deleting a checkpoint loses the training it holds: a job that resumes afterwards starts again from step 0."
+  type        = number
+  default     = 0
+
+  validation {
+    condition     = var.checkpoint_retention_days >= 0 && floor(var.checkpoint_retention_days) == var.checkpoint_retention_days
+    error_message = "checkpoint_retention_days is a whole number of days: 0 keeps checkpoints, N deletes each N days after it was written."
+  }
+}
+
+variable "code_retention_days" {
+  description = "Days after its last use that an uploaded code tarball (code/ in the logs bucket) is deleted. Used means uploaded or submitted again by the CLI, or an attempt of a job running it ended. Keep it above the longest a job may wait for capacity plus run one attempt: a job that resumes after its code is gone fails at setup."
+  type        = number
+  default     = 90
+
+  validation {
+    condition     = var.code_retention_days >= 1 && floor(var.code_retention_days) == var.code_retention_days
+    error_message = "code_retention_days is a whole number of days, 1 or more."
+  }
+}
+
+variable "image_repositories" {
+  description = "Artifact Registry repositories of this project that jobs' images come from, as \"LOCATION/REPOSITORY\", e.g. [\"us/trainers\"]. Every VM account (the default one and each of job_service_accounts) may pull from each (roles/artifactregistry.reader) with its host's own token."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for r in var.image_repositories : can(regex("^[a-z][a-z0-9-]*[a-z0-9]/[a-z]([a-z0-9-]{0,61}[a-z0-9])?$", r))])
+    error_message = "Each of image_repositories is \"LOCATION/REPOSITORY\", e.g. \"us/trainers\" or \"us-central1/team-a\": lower-case letters, digits and '-'."
+  }
 }
 
 variable "reconcile_schedule" {

@@ -25,6 +25,7 @@ from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 
 from tpujobs.config import Settings
+from tpujobs.domain.naming import job_prefix
 from tpujobs.simulator.client import SimulatorControl
 from tpujobs.terminal import shown
 
@@ -112,7 +113,7 @@ def _story(settings: Settings, timeout: float, state_dir: Path) -> bool:
     exported = {u.attempt: store.attempt_logs(job_id, u.attempt) for u in job.usage}
     out.print(describe_tables(job, store.events(job_id), exported))
     resumed = _resumed_step(storage, settings.logs_bucket, job_id, attempt=2)
-    out.print(f"\nLogs of every attempt and worker: gs://{settings.logs_bucket}/jobs/{job_id}/attempt-N/chunks/")
+    out.print(f"\nLogs of every attempt and worker: gs://{settings.logs_bucket}/{job_prefix(job_id)}attempt-N/chunks/")
     out.print(f"Worker hosts' own logs on this machine: {state_dir / 'workers'}/{job_id}-aN/")
     story = [
         (preempted_at is not None, f"preempted midway (after step {preempted_at})"),
@@ -146,7 +147,7 @@ def _preempt(settings: Settings, zone: str, queued_resource: str) -> None:
 
 def _resumed_step(storage: Any, bucket: str, job_id: str, attempt: int) -> int | None:
     """The step attempt `attempt` says it resumed from, read from its output in Storage."""
-    prefix = f"jobs/{job_id}/attempt-{attempt}/chunks/slice-0-worker-0/"
+    prefix = f"{job_prefix(job_id)}attempt-{attempt}/chunks/slice-0-worker-0/"
     for blob in sorted(storage.list_blobs(bucket, prefix=prefix), key=lambda b: b.name):
         text = blob.download_as_text()
         if "resumes from step " in text:

@@ -3,15 +3,17 @@
 While an attempt runs, each worker's agent uploads its output in numbered chunks
 (`agent/worker.py`, `LogShipper`):
 
-    gs://BUCKET/jobs/JOB/attempt-N/chunks/slice-S-worker-W/000000.log, 000001.log, ...
-    gs://BUCKET/jobs/JOB/attempt-N/chunks/slice-S-worker-W/complete.json   (clean end only)
+    gs://BUCKET/logs/jobs/JOB/attempt-N/chunks/slice-S-worker-W/000000.log, 000001.log, ...
+    gs://BUCKET/logs/jobs/JOB/attempt-N/chunks/slice-S-worker-W/complete.json   (clean end only)
+
+(`logs/accounts/EMAIL/jobs/JOB/...` for a job on an account of its own: `naming.job_prefix`.)
 
 When the attempt ends (success, failure, preemption, cancel, loss) the service asks for an
 export on `tpujobs-log-export` ({"job_id", "attempt"}), and `export_logs` writes, beside
 the chunks, which stay:
 
-    gs://BUCKET/jobs/JOB/attempt-N/worker-K.log   one worker's chunks, in sequence order
-    gs://BUCKET/jobs/JOB/attempt-N/attempt.log    every worker's lines, each prefixed `[worker K] `
+    gs://BUCKET/logs/jobs/JOB/attempt-N/worker-K.log   one worker's chunks, in sequence order
+    gs://BUCKET/logs/jobs/JOB/attempt-N/attempt.log    every worker's lines, each prefixed `[worker K] `
 
 K = slice_id * hosts_per_slice + worker_id, with hosts_per_slice from the job's spec: the
 numbering `tpujobs logs --worker K` uses, the same for every attempt of the job, and equal to
@@ -23,6 +25,10 @@ A worker without a valid `complete.json` (its host was preempted, lost or delete
 agent finished) still gets its file, ending with the line `CUT_OFF` says. The attempt's
 export is then recorded on `jobs/{job}/attempts/{N}` (`JobStore.record_attempt_logs`) and the
 job's `log_uri` names the latest exported attempt's combined log; earlier attempts keep theirs.
+
+Each attempt's end also marks the job's code tarball as used (its custom time, now): the
+bucket deletes code `code_retention_days` after its custom time (infra/storage.tf), so the code
+of a job that ran within that time, and so may still resume, is kept.
 
 Idempotent: the same chunks give the same bytes, and an object whose MD5 already matches is
 not uploaded again, so a redelivered request rewrites nothing.
@@ -53,7 +59,7 @@ from typing import Any
 
 from tpujobs import logs
 from tpujobs.domain.job import Job
-from tpujobs.domain.naming import job_prefix
+from tpujobs.domain.naming import CODE_PREFIX, job_prefix
 from tpujobs.domain.states import JobState
 from tpujobs.errors import PermanentError, TransientError
 from tpujobs.inbound import InboundMessage
@@ -81,8 +87,9 @@ _CHUNK_OBJECT = re.compile(
 
 
 def attempt_prefix(job_id: str, attempt: int, account: str | None = None) -> str:
-    """The object prefix of one attempt's output: `jobs/{job}/attempt-{N}/`, under
-    `accounts/{account}/` for a job on its own service account (`naming.job_prefix`)."""
+    """The object prefix of one attempt's output: `logs/jobs/{job}/attempt-{N}/`, or
+    `logs/accounts/{account}/jobs/{job}/attempt-{N}/` for a job on its own service account
+    (`naming.job_prefix`)."""
     return f"{job_prefix(job_id, account)}attempt-{attempt}/"
 
 
@@ -216,6 +223,15 @@ class LogObjects:
         """Upload unless the object already holds exactly these bytes; whether it uploaded."""
         return self.bucket.write_if_changed(name, data, CONTENT_TYPE)
 
+    def mark_code_used(self, code_uri: str | None, at: datetime) -> bool:
+        """Move the custom time of a job's code tarball forward to `at`, if the tarball is one
+        the CLI uploaded to this bucket (`code/...`); whether it moved. Code elsewhere is not ours
+        to keep, and a tarball already gone stays gone."""
+        base = self.bucket.uri(CODE_PREFIX)
+        if not code_uri or not code_uri.startswith(base):
+            return False
+        return self.bucket.mark_used(CODE_PREFIX + code_uri[len(base) :], at)
+
 
 # --- the export ------------------------------------------------------------------------
 
@@ -291,6 +307,7 @@ class LogExporter:
             return ExportResult(job_id, attempt, reason=f"no job {job_id!r}")
         if not attempt_has_ended(job, attempt):
             return ExportResult(job_id, attempt, reason=f"attempt {attempt} has not ended")
+        self._keep_code(job)
         outputs = self._settled_outputs(job, attempt)
         if not outputs:
             return ExportResult(job_id, attempt, reason=f"attempt {attempt} has no output")
@@ -335,6 +352,15 @@ class LogExporter:
             ", ".join(map(str, cut_off)) or "none",
         )
         return result
+
+    def _keep_code(self, job: Job) -> None:
+        """Mark the job's code as used now, so the code lifecycle rule keeps it while the job
+        may resume. A refusal is logged, not fatal: the logs are worth exporting regardless;
+        a TransientError propagates, and the redelivered export does it again."""
+        try:
+            self.objects.mark_code_used(job.spec.code_uri, self.clock())
+        except PermanentError as error:
+            log.warning("code of %s not marked as used: %s", job.job_id, error)
 
     def _settled_outputs(self, job: Job, attempt: int) -> dict[tuple[int, int], WorkerOutput]:
         """The attempt's outputs once every worker is settled, or once waiting is over.

@@ -27,7 +27,7 @@ def workers_of(env, queued_resource: str) -> list[dict]:
 
 def output(env, job_id: str, attempt: int, worker: str = "0-0") -> str:
     slice_id, worker_id = worker.split("-")
-    prefix = f"jobs/{job_id}/attempt-{attempt}/chunks/slice-{slice_id}-worker-{worker_id}/"
+    prefix = f"logs/jobs/{job_id}/attempt-{attempt}/chunks/slice-{slice_id}-worker-{worker_id}/"
     blobs = sorted(
         (b for b in env["storage"].list_blobs(env["bucket"], prefix=prefix) if b.name.endswith(".log")),
         key=lambda b: b.name,
@@ -36,7 +36,7 @@ def output(env, job_id: str, attempt: int, worker: str = "0-0") -> str:
 
 
 def checkpoint_step(env, job_id: str) -> int:
-    blob = env["storage"].bucket(env["bucket"]).blob(f"jobs/{job_id}/checkpoints/state.json")
+    blob = env["storage"].bucket(env["bucket"]).blob(f"checkpoints/jobs/{job_id}/state.json")
     return json.loads(blob.download_as_text())["step"] if blob.exists() else 0
 
 

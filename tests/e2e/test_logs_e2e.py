@@ -25,7 +25,7 @@ def read(env, name: str) -> str:
 
 
 def chunks(env, job_id: str, attempt: int) -> str:
-    prefix = f"jobs/{job_id}/attempt-{attempt}/chunks/slice-0-worker-0/"
+    prefix = f"logs/jobs/{job_id}/attempt-{attempt}/chunks/slice-0-worker-0/"
     blobs = sorted(
         (b for b in env["storage"].list_blobs(env["bucket"], prefix=prefix) if b.name.endswith(".log")),
         key=lambda b: b.name,
@@ -81,14 +81,14 @@ def test_a_two_worker_jobs_output_is_exported_per_worker_and_shown_by_tpujobs_lo
         followed, errors = follower.communicate(timeout=60)
     finally:
         follower.kill()
-    base = f"gs://{env['bucket']}/jobs/{job_id}/attempt-1/"
+    base = f"gs://{env['bucket']}/logs/jobs/{job_id}/attempt-1/"
     assert logs.log_uri == base + "attempt.log" and logs.cut_off_workers == ()
     assert dict(logs.worker_logs) == {0: base + "worker-0.log", 1: base + "worker-1.log"}
     assert wait_for(lambda: env["store"].get(job_id).log_uri == logs.log_uri)
     for worker in (0, 1):
-        text = read(env, f"jobs/{job_id}/attempt-1/worker-{worker}.log")
+        text = read(env, f"logs/jobs/{job_id}/attempt-1/worker-{worker}.log")
         assert text == "".join(f"worker {worker} line {i}\n" for i in (1, 2, 3, 4))
-    combined = read(env, f"jobs/{job_id}/attempt-1/attempt.log")
+    combined = read(env, f"logs/jobs/{job_id}/attempt-1/attempt.log")
     assert combined == "".join(f"[worker {w}] worker {w} line {i}\n" for w in (0, 1) for i in (1, 2, 3, 4))
 
     assert cli("logs", job_id) == combined
@@ -121,9 +121,9 @@ def test_a_preempted_job_keeps_attempt_1s_logs_beside_attempt_2s(env, submit_job
 
     first, second = exported(env, job_id, 1), exported(env, job_id, 2)
     assert first.cut_off_workers == (0,) and second.cut_off_workers == ()
-    before = read(env, f"jobs/{job_id}/attempt-1/worker-0.log")
+    before = read(env, f"logs/jobs/{job_id}/attempt-1/worker-0.log")
     assert before.startswith("attempt 1 says hi\n") and before.endswith(cut_off_line(0).decode())
-    assert read(env, f"jobs/{job_id}/attempt-2/worker-0.log") == "attempt 2 says hi\n"
+    assert read(env, f"logs/jobs/{job_id}/attempt-2/worker-0.log") == "attempt 2 says hi\n"
     assert wait_for(lambda: env["store"].get(job_id).log_uri == second.log_uri)
-    assert cli("logs", job_id, "--attempt", "1") == read(env, f"jobs/{job_id}/attempt-1/attempt.log")
+    assert cli("logs", job_id, "--attempt", "1") == read(env, f"logs/jobs/{job_id}/attempt-1/attempt.log")
     assert cli("logs", job_id) == "[worker 0] attempt 2 says hi\n"

@@ -155,7 +155,7 @@ def cancel(http: requests.Session, *job_ids: str) -> None:
 
 
 def output(env, job_id: str, attempt: int = 1) -> str:
-    prefix = f"jobs/{job_id}/attempt-{attempt}/chunks/slice-0-worker-0/"
+    prefix = f"logs/jobs/{job_id}/attempt-{attempt}/chunks/slice-0-worker-0/"
     blobs = sorted(
         (b for b in env["storage"].list_blobs(env["bucket"], prefix=prefix) if b.name.endswith(".log")),
         key=lambda b: b.name,
@@ -351,7 +351,9 @@ def test_a_secret_reaches_the_command_and_no_document_message_log_or_api_answer(
     assert job.state is JobState.SUCCEEDED, job.state_reason
     digest = hashlib.sha256(value.encode()).hexdigest()
     wait_for(lambda: env["store"].attempt_logs(job_id, 1), timeout=60)
-    attempt_log = env["storage"].bucket(env["bucket"]).blob(f"jobs/{job_id}/attempt-1/attempt.log").download_as_text()
+    attempt_log = (
+        env["storage"].bucket(env["bucket"]).blob(f"logs/jobs/{job_id}/attempt-1/attempt.log").download_as_text()
+    )
     assert f"{digest}  -" in attempt_log
     shown_logs = cli("logs", job_id)
     assert digest in shown_logs
@@ -375,8 +377,10 @@ def test_a_secret_reaches_the_command_and_no_document_message_log_or_api_answer(
     state_dir = Path(os.environ["TPUJOBS_STATE_DIR"])
     files = {path: path.read_bytes() for path in state_dir.rglob("*") if path.is_file()}
     assert any(path.name.startswith("function-") for path in files)
-    objects = {
-        b.name: b.download_as_bytes() for b in env["storage"].list_blobs(env["bucket"], prefix=f"jobs/{job_id}/")
+    objects = {  # the job's logs and checkpoints
+        b.name: b.download_as_bytes()
+        for prefix in (f"logs/jobs/{job_id}/", f"checkpoints/jobs/{job_id}/")
+        for b in env["storage"].list_blobs(env["bucket"], prefix=prefix)
     }
     listed = post(http, {"action": "list", "owner": OWNER, "limit": 1000}, OWNER)
     described = post(http, {"action": "describe", "job_id": job_id}, OWNER)

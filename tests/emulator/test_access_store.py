@@ -226,7 +226,7 @@ def test_a_service_account_allowed_only_to_someone_else_is_refused(service, fire
 def test_an_allowed_service_account_keeps_the_job_under_its_own_prefix(
     service, firestore_client, tpu_client, project_id
 ):
-    """Allowed through a group: accepted, log_uri under accounts/{email}/jobs/{id}/, VMs run as it."""
+    """Allowed through a group: accepted, log_uri under logs/accounts/{email}/jobs/{id}/, VMs run as it."""
     configure(firestore_client, "groups", {"research": ["bob@example.com", OWNER]})
     configure(firestore_client, "service_accounts", {"group:research": [ACCOUNT]})
     spec = parse_spec(a_spec(service_account=ACCOUNT))
@@ -234,17 +234,17 @@ def test_an_allowed_service_account_keeps_the_job_under_its_own_prefix(
     outcome = service.submit_verified(spec)
     assert outcome.kind in {"provisioning", "queued"}
     document = job_document(firestore_client, "train-1")
-    assert document["log_uri"] == f"gs://{BUCKET}/accounts/{ACCOUNT}/jobs/train-1/"
+    assert document["log_uri"] == f"gs://{BUCKET}/logs/accounts/{ACCOUNT}/jobs/train-1/"
     assert document["submitted_via"] == "api" and document["owner_verified"] is True
     [resource] = queued_resources(tpu_client, project_id)
     assert resource.tpu.node_spec[0].node.service_account.email == ACCOUNT
 
 
 def test_a_job_without_a_service_account_keeps_the_shared_prefix(service, firestore_client):
-    """No service_account: the deployment's account, and the shared jobs/{id}/ prefix."""
+    """No service_account: the deployment's account, and the shared logs/jobs/{id}/ prefix."""
     service.submit_verified(parse_spec(a_spec()))
     document = job_document(firestore_client, "train-1")
-    assert document["log_uri"] == f"gs://{BUCKET}/jobs/train-1/"
+    assert document["log_uri"] == f"gs://{BUCKET}/logs/jobs/train-1/"
 
 
 def test_a_topic_message_claiming_an_admin_owner_is_refused_while_the_topic_is_untrusted(

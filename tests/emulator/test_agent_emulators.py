@@ -256,7 +256,7 @@ def run_agent(tmp_path: Path, metadata: FakeMetadata, storage_url: str, bucket, 
 
 
 def chunk_dir(job: Job, slice_id: int = 0, worker_id: int = 0) -> str:
-    return f"jobs/{job.job_id}/attempt-{job.attempt}/chunks/slice-{slice_id}-worker-{worker_id}/"
+    return f"logs/jobs/{job.job_id}/attempt-{job.attempt}/chunks/slice-{slice_id}-worker-{worker_id}/"
 
 
 def output_of(bucket, job: Job, **where: int) -> bytes:
@@ -429,7 +429,7 @@ def test_the_command_sees_the_environment_of_contract_section_2(run_agent, repor
     bucket_name = bucket.name
     expected = {
         "TPUJOBS_ATTEMPT": "2",
-        "TPUJOBS_CHECKPOINT_URI": f"gs://{bucket_name}/jobs/train-1/checkpoints/",
+        "TPUJOBS_CHECKPOINT_URI": f"gs://{bucket_name}/checkpoints/jobs/train-1/",
         "TPUJOBS_JOB_ID": "train-1",
         "TPUJOBS_NUM_SLICES": "2",
         "TPUJOBS_NUM_WORKERS": "4",

@@ -646,7 +646,7 @@ def exports(harness: Harness, storage_url: str, emulators: dict[str, str]) -> Ex
     )
     assert harness.service.store.get(JOB).state is JobState.SUCCEEDED
     bucket = wiring.storage_client(storage_url, harness.project_id).create_bucket(f"logs-{uuid.uuid4().hex[:10]}")
-    chunks = f"jobs/{JOB}/attempt-1/chunks/slice-0-worker-0/"
+    chunks = f"logs/jobs/{JOB}/attempt-1/chunks/slice-0-worker-0/"
     for seq, piece in enumerate(OUTPUT):
         bucket.blob(f"{chunks}{seq:06d}.log").upload_from_string(piece)
     bucket.blob(chunks + "complete.json").upload_from_string(json.dumps({"exit_code": 0, "chunks": 2}))

@@ -59,7 +59,7 @@ def a_job(store: FirestoreJobStore, job_id: str = "train-1", **spec) -> str:
         "max_restarts": 3,
         **spec,
     }
-    job, event = new_job(parse_spec(data), "us-central2-b", NOW, f"gs://logs/jobs/{job_id}/")
+    job, event = new_job(parse_spec(data), "us-central2-b", NOW, f"gs://logs/logs/jobs/{job_id}/")
     assert store.create(job, event)
     return job_id
 
@@ -90,7 +90,7 @@ PREEMPTED = (EventKind.CAPACITY_LOST, 1, {"reason": "Preempted"})
 def write_chunks(bucket, job_id: str, attempt: int, worker: str, pieces: list[bytes], complete: bool) -> None:
     """What the agent's LogShipper leaves: numbered chunks, and complete.json on a clean end."""
     slice_id, worker_id = worker.split("-")
-    prefix = f"jobs/{job_id}/attempt-{attempt}/chunks/slice-{slice_id}-worker-{worker_id}/"
+    prefix = f"logs/jobs/{job_id}/attempt-{attempt}/chunks/slice-{slice_id}-worker-{worker_id}/"
     for seq, piece in enumerate(pieces):
         bucket.blob(f"{prefix}{seq:06d}.log").upload_from_string(piece, content_type="text/plain; charset=utf-8")
     if complete:
@@ -113,13 +113,13 @@ def test_two_workers_output_becomes_one_log_per_worker_and_a_prefixed_combined_l
     """worker-0.log and worker-1.log are their chunks in order; attempt.log prefixes every line."""
     two_workers_succeeded(store, bucket)
     result = exporter(objects, store).export("train-1", 1)
-    base = f"gs://{bucket.name}/jobs/train-1/attempt-1/"
+    base = f"gs://{bucket.name}/logs/jobs/train-1/attempt-1/"
     assert result.log_uri == base + "attempt.log"
     assert dict(result.worker_logs) == {0: base + "worker-0.log", 1: base + "worker-1.log"}
     assert result.cut_off_workers == ()
-    assert text(bucket, "jobs/train-1/attempt-1/worker-0.log") == b"step 1\nstep 2\n"
-    assert text(bucket, "jobs/train-1/attempt-1/worker-1.log") == b"hello from 1\n"
-    assert text(bucket, "jobs/train-1/attempt-1/attempt.log") == (
+    assert text(bucket, "logs/jobs/train-1/attempt-1/worker-0.log") == b"step 1\nstep 2\n"
+    assert text(bucket, "logs/jobs/train-1/attempt-1/worker-1.log") == b"hello from 1\n"
+    assert text(bucket, "logs/jobs/train-1/attempt-1/attempt.log") == (
         b"[worker 0] step 1\n[worker 0] step 2\n[worker 1] hello from 1\n"
     )
 
@@ -142,14 +142,18 @@ def test_exporting_twice_rewrites_nothing(store, bucket, objects):
     two_workers_succeeded(store, bucket)
     first = exporter(objects, store).export("train-1", 1)
     generations = {
-        b.name: b.generation for b in bucket.list_blobs(prefix="jobs/train-1/attempt-1/") if "/chunks/" not in b.name
+        b.name: b.generation
+        for b in bucket.list_blobs(prefix="logs/jobs/train-1/attempt-1/")
+        if "/chunks/" not in b.name
     }
     contents = {name: text(bucket, name) for name in generations}
     second = exporter(objects, store).export("train-1", 1)
     assert len(first.written) == 3 and second.written == ()
     assert (second.log_uri, dict(second.worker_logs)) == (first.log_uri, dict(first.worker_logs))
     after = {
-        b.name: b.generation for b in bucket.list_blobs(prefix="jobs/train-1/attempt-1/") if "/chunks/" not in b.name
+        b.name: b.generation
+        for b in bucket.list_blobs(prefix="logs/jobs/train-1/attempt-1/")
+        if "/chunks/" not in b.name
     }
     assert after == generations
     assert {name: text(bucket, name) for name in after} == contents
@@ -163,8 +167,8 @@ def test_a_worker_without_complete_json_gets_the_cut_off_line(store, bucket, obj
     write_chunks(bucket, "train-1", 1, "0-1", [b"step 1\nstep 2 hal"], complete=False)
     result = exporter(objects, store).export("train-1", 1)
     assert result.cut_off_workers == (1,)
-    assert text(bucket, "jobs/train-1/attempt-1/worker-1.log") == b"step 1\nstep 2 hal\n" + cut_off_line(1)
-    assert text(bucket, "jobs/train-1/attempt-1/attempt.log").endswith(
+    assert text(bucket, "logs/jobs/train-1/attempt-1/worker-1.log") == b"step 1\nstep 2 hal\n" + cut_off_line(1)
+    assert text(bucket, "logs/jobs/train-1/attempt-1/attempt.log").endswith(
         b"[worker 1] step 2 hal\n[worker 1] " + cut_off_line(1)
     )
     assert store.attempt_logs("train-1", 1).cut_off_workers == (1,)
@@ -179,7 +183,7 @@ def test_a_worker_still_writing_makes_the_export_wait_then_retry(store, bucket, 
     waiting = LogExporter(objects, store, utc_now, sleep=slept.append, wait_in_call_seconds=0.0)
     with pytest.raises(TransientError, match="still writing"):
         waiting.export("train-1", 1)
-    assert bucket.get_blob("jobs/train-1/attempt-1/attempt.log") is None
+    assert bucket.get_blob("logs/jobs/train-1/attempt-1/attempt.log") is None
 
 
 def test_once_the_wait_is_over_a_worker_still_writing_is_exported_cut_off(store, bucket, objects):
@@ -190,7 +194,7 @@ def test_once_the_wait_is_over_a_worker_still_writing_is_exported_cut_off(store,
     patient = LogExporter(objects, store, utc_now, sleep=lambda s: None, max_wait_seconds=0.0)
     result = patient.export("train-1", 1)
     assert result.cut_off_workers == (0,)
-    assert text(bucket, "jobs/train-1/attempt-1/worker-0.log") == b"still going\n" + cut_off_line(0)
+    assert text(bucket, "logs/jobs/train-1/attempt-1/worker-0.log") == b"still going\n" + cut_off_line(0)
 
 
 def test_a_preempted_jobs_first_attempt_keeps_its_logs_beside_the_second(store, bucket, objects):
@@ -204,8 +208,8 @@ def test_a_preempted_jobs_first_attempt_keeps_its_logs_beside_the_second(store, 
     second = exporter(objects, store).export("train-1", 2)
     first = exporter(objects, store).export("train-1", 1)
     assert first.cut_off_workers == (0, 1) and second.cut_off_workers == ()
-    assert text(bucket, "jobs/train-1/attempt-1/worker-1.log") == b"a1 0-1\n" + cut_off_line(1)
-    assert text(bucket, "jobs/train-1/attempt-2/worker-1.log") == b"a2 0-1\n"
+    assert text(bucket, "logs/jobs/train-1/attempt-1/worker-1.log") == b"a1 0-1\n" + cut_off_line(1)
+    assert text(bucket, "logs/jobs/train-1/attempt-2/worker-1.log") == b"a2 0-1\n"
     assert store.get("train-1").log_uri == second.log_uri
     assert store.attempt_logs("train-1", 1).log_uri == first.log_uri
 
@@ -217,7 +221,7 @@ def test_workers_of_a_multislice_job_are_numbered_slice_major(store, bucket, obj
     write_chunks(bucket, "train-1", 1, "1-0", [b"from slice 1\n"], complete=True)
     result = exporter(objects, store).export("train-1", 1)
     assert list(result.worker_logs) == [2]
-    assert text(bucket, "jobs/train-1/attempt-1/attempt.log") == b"[worker 2] from slice 1\n"
+    assert text(bucket, "logs/jobs/train-1/attempt-1/attempt.log") == b"[worker 2] from slice 1\n"
 
 
 def test_nothing_is_exported_for_a_missing_job_a_running_attempt_or_one_without_output(store, bucket, objects):
@@ -368,3 +372,62 @@ def test_the_reconciler_asks_again_for_an_export_whose_request_was_lost(
     now[0] += timedelta(seconds=EXPORT_WINDOW_S)
     reconciler_for(service).tick()
     assert exports.requests == [("train-1", 1)]  # past the window: left alone
+
+
+def test_a_job_on_its_own_account_exports_under_that_accounts_logs_prefix(store, bucket, objects):
+    """service_account: chunks and exported logs under logs/accounts/{email}/jobs/{id}/."""
+    email = "team-a@proj.iam.gserviceaccount.com"
+    a_job(store, service_account=email)
+    move(store, "train-1", *run(1), PREEMPTED)
+    prefix = f"logs/accounts/{email}/jobs/train-1/attempt-1/"
+    bucket.blob(prefix + "chunks/slice-0-worker-0/000000.log").upload_from_string(b"mine\n")
+    result = exporter(objects, store).export("train-1", 1)
+    assert result.log_uri == f"gs://{bucket.name}/{prefix}attempt.log"
+    assert text(bucket, prefix + "worker-0.log") == b"mine\n" + cut_off_line(0)
+
+
+def code_tarball(bucket, custom_time: datetime | None = None) -> str:
+    """An uploaded code tarball (as the CLI leaves it, custom time and all): its gs:// URI."""
+    blob = bucket.blob("code/0123456789abcdef.tar.gz")
+    blob.custom_time = custom_time
+    blob.upload_from_string(b"tarball", content_type="application/gzip")
+    return f"gs://{bucket.name}/{blob.name}"
+
+
+def test_each_attempts_end_marks_the_jobs_code_as_used_now(store, bucket, objects):
+    """The export of an ended attempt moves the code tarball's custom time to the clock's now,
+    even for an attempt without output, so the code rule keeps what may still resume."""
+    uploaded = datetime(2025, 1, 1, tzinfo=timezone.utc)
+    a_job(store, code_uri=code_tarball(bucket, uploaded))
+    move(store, "train-1", *run(1), PREEMPTED)
+    ended = datetime(2025, 2, 1, tzinfo=timezone.utc)
+    result = LogExporter(objects, store, lambda: ended, sleep=lambda seconds: None, settle_seconds=0).export(
+        "train-1", 1
+    )
+    assert result.reason == "attempt 1 has no output"
+    assert bucket.get_blob("code/0123456789abcdef.tar.gz").custom_time == ended
+
+
+def test_a_running_attempt_leaves_the_code_alone_and_an_earlier_time_never_moves_it_back(store, bucket, objects):
+    """Before the attempt ends nothing is marked; a clock behind the custom time changes nothing."""
+    later = datetime(2025, 6, 1, tzinfo=timezone.utc)
+    a_job(store, code_uri=code_tarball(bucket, later))
+    move(store, "train-1", *run(1))
+    earlier = LogExporter(objects, store, lambda: NOW, sleep=lambda seconds: None, settle_seconds=0)
+    assert earlier.export("train-1", 1).reason == "attempt 1 has not ended"
+    move(store, "train-1", PREEMPTED)
+    earlier.export("train-1", 1)
+    assert bucket.get_blob("code/0123456789abcdef.tar.gz").custom_time == later
+
+
+def test_code_outside_the_buckets_code_prefix_is_not_touched_and_missing_code_is_no_error(store, bucket, objects):
+    """A code_uri in another bucket or prefix is not ours to keep; a deleted tarball stays deleted."""
+    bucket.blob("elsewhere/train.tar.gz").upload_from_string(b"theirs")
+    assert not objects.mark_code_used(f"gs://{bucket.name}/elsewhere/train.tar.gz", NOW)
+    assert not objects.mark_code_used("gs://other-bucket/code/0123456789abcdef.tar.gz", NOW)
+    assert bucket.get_blob("elsewhere/train.tar.gz").custom_time is None
+    a_job(store, code_uri=f"gs://{bucket.name}/code/fedcba9876543210.tar.gz")
+    move(store, "train-1", *run(1), *succeed(1))
+    write_chunks(bucket, "train-1", 1, "0-0", [b"done\n"], complete=True)
+    assert exporter(objects, store).export("train-1", 1).log_uri is not None
+    assert bucket.get_blob("code/fedcba9876543210.tar.gz") is None

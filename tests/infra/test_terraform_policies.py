@@ -78,7 +78,8 @@ def test_every_function_runs_as_its_own_account(tf: Terraform) -> None:
 
 def test_the_tpu_vm_account_may_only_report_and_keep_output(tf: Terraform) -> None:
     """The TPU VMs' account publishes to worker-events and preemption and uses objects under
-    jobs/; with every job account it reads code/ and its own secrets; nothing else anywhere."""
+    logs/jobs/ and checkpoints/jobs/; with every job account it reads code/, its own secrets and
+    the images of var.image_repositories; nothing else anywhere."""
     member = "${google_service_account.tpu_vm.member}"
     grants = {(kind, name) for (kind, name), body in tf.resources.items() if body.get("member") == member}
     assert grants == {
@@ -87,20 +88,26 @@ def test_the_tpu_vm_account_may_only_report_and_keep_output(tf: Terraform) -> No
     }
     # Grants to every job account, tpu_vm among them (local.job_accounts).
     every = {
-        (kind, name) for (kind, name), body in tf.resources.items() if body.get("for_each") == "${local.job_accounts}"
+        (kind, name)
+        for (kind, name), body in tf.resources.items()
+        if body.get("for_each") == "${local.job_accounts}" or "local.job_accounts[" in str(body.get("member"))
     }
     assert every == {
         ("google_storage_managed_folder_iam_member", "job_account_code"),
         ("google_project_iam_member", "job_account_secrets"),
+        ("google_artifact_registry_repository_iam_member", "job_account_images"),
     }
     assert sorted(tf.locals["tpu_vm_publishes"]) == sorted([topology.WORKER_EVENTS, topology.PREEMPTION])
     publisher = tf.resource("google_pubsub_topic_iam_member", "tpu_vm_publisher")
     assert (publisher["for_each"], publisher["role"]) == ("${toset(local.tpu_vm_publishes)}", "roles/pubsub.publisher")
     jobs = tf.resource("google_storage_managed_folder_iam_member", "tpu_vm_jobs")
-    assert (jobs["managed_folder"], jobs["role"]) == (
-        "${google_storage_managed_folder.jobs.name}",
+    assert (jobs["for_each"], jobs["managed_folder"], jobs["role"]) == (
+        "${google_storage_managed_folder.jobs}",
+        "${each.value.name}",
         "roles/storage.objectUser",
     )
+    folders = tf.resource("google_storage_managed_folder", "jobs")
+    assert (folders["for_each"], folders["name"]) == ("${toset(local.job_object_kinds)}", "${each.key}/jobs/")
     # At project level only the conditional secretAccessor (tests/infra/test_trust.py), never unconditioned.
     project_grants = [body for body in tf.of_kind("google_project_iam_member").values() if "tpu_vm" in str(body)]
     assert project_grants == []

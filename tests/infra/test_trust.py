@@ -153,16 +153,23 @@ def test_every_job_account_may_report_and_be_attached_by_the_job_engine(tf: Terr
     assert (default["for_each"], default["role"]) == ("${local.job_engine_functions}", "roles/iam.serviceAccountUser")
 
 
-def test_each_vm_account_uses_only_its_own_prefix_of_the_logs_bucket(tf: Terraform) -> None:
-    """Managed folders jobs/ (tpu_vm), accounts/{email}/ (each named account) and code/ (read by
-    all); objectUser only on one's own folder; no bucket-wide grant but export_logs'."""
+def test_each_vm_account_uses_only_its_own_prefixes_of_the_logs_bucket(tf: Terraform) -> None:
+    """Managed folders logs/jobs/ and checkpoints/jobs/ (tpu_vm), logs/accounts/{email}/ and
+    checkpoints/accounts/{email}/ (each named account) and code/ (read by all); objectUser only
+    on one's own folders; no bucket-wide grant but export_logs'."""
     folders = tf.of_kind("google_storage_managed_folder")
     assert {name: folder["name"] for name, folder in folders.items()} == {
-        "jobs": "jobs/",
+        "jobs": "${each.key}/jobs/",
         "code": "code/",
-        "account": "accounts/${each.value.email}/",
+        "account": "${each.value.kind}/accounts/${google_service_account.job[each.value.account].email}/",
     }
-    assert folders["account"]["for_each"] == "${google_service_account.job}"
+    assert tf.locals["job_object_kinds"] == ["logs", "checkpoints"]
+    assert folders["jobs"]["for_each"] == "${toset(local.job_object_kinds)}"
+    assert folders["account"]["for_each"] == "${local.job_account_folders}"
+    assert tf.locals["job_account_folders"] == (
+        "${{for pair in setproduct(keys(var.job_service_accounts), local.job_object_kinds) : "
+        '"${pair[0]}/${pair[1]}" => {account = pair[0], kind = pair[1]}}}'
+    )
     for folder in folders.values():
         assert folder["bucket"] == "${google_storage_bucket.logs.name}"
         assert folder["force_destroy"] is True  # removes the folder's grants, never its objects
@@ -170,17 +177,18 @@ def test_each_vm_account_uses_only_its_own_prefix_of_the_logs_bucket(tf: Terrafo
     grants = tf.of_kind("google_storage_managed_folder_iam_member")
     assert set(grants) == {"tpu_vm_jobs", "job_account_folder", "job_account_code"}
     jobs = grants["tpu_vm_jobs"]
+    assert jobs["for_each"] == "${google_storage_managed_folder.jobs}"
     assert (jobs["managed_folder"], jobs["role"], jobs["member"]) == (
-        "${google_storage_managed_folder.jobs.name}",
+        "${each.value.name}",
         "roles/storage.objectUser",
         TPU_VM,
     )
     own = grants["job_account_folder"]
-    assert own["for_each"] == "${google_service_account.job}"
+    assert own["for_each"] == "${local.job_account_folders}"
     assert (own["managed_folder"], own["role"], own["member"]) == (
         "${google_storage_managed_folder.account[each.key].name}",
         "roles/storage.objectUser",
-        "${each.value.member}",
+        "${google_service_account.job[each.value.account].member}",
     )
     code = grants["job_account_code"]
     assert code["for_each"] == "${local.job_accounts}"
@@ -203,18 +211,57 @@ def test_each_vm_account_uses_only_its_own_prefix_of_the_logs_bucket(tf: Terrafo
         assert not tf.of_kind(kind), kind
 
 
-def test_each_job_writes_inside_the_folder_its_account_may_use(tf: Terraform) -> None:
-    """The prefix the code gives a job's objects (tpujobs.domain.naming.job_prefix) lies inside
-    the managed folder its account holds objectUser on: jobs/ for the default account,
-    accounts/{email}/ for a named one."""
-    folders = tf.of_kind("google_storage_managed_folder")
+def _folder(tf: Terraform, name: str, kind: str, email: str | None = None) -> str:
+    """A managed folder's name as Terraform makes it, for one kind (and one account's email)."""
+    template = tf.of_kind("google_storage_managed_folder")[name]["name"]
+    values = {"each.key": kind} if email is None else {"each.value.kind": kind}
+    if email is not None:
+        values["google_service_account.job[each.value.account].email"] = email
+    return render(template, values)
+
+
+def test_each_job_writes_inside_the_folders_its_account_may_use(tf: Terraform) -> None:
+    """The prefixes the code gives a job's logs and checkpoints (tpujobs.domain.naming) lie
+    inside the managed folders its account holds objectUser on: logs/jobs/ and checkpoints/jobs/
+    for the default account, logs/accounts/{email}/ and checkpoints/accounts/{email}/ for a named
+    one; never inside another account's, never in code/."""
     email = f"{PREFIX}team-a@proj.iam.gserviceaccount.com"
-    own = render(folders["account"]["name"], {"each.value.email": email})
-    assert naming.job_prefix("train-1", email).startswith(own)
-    assert naming.job_prefix("train-1", None).startswith(folders["jobs"]["name"])
-    assert not naming.job_prefix("train-1", None).startswith("accounts/")
-    other = render(folders["account"]["name"], {"each.value.email": f"{PREFIX}team-b@proj.iam.gserviceaccount.com"})
-    assert not naming.job_prefix("train-1", email).startswith(other)
+    other = f"{PREFIX}team-b@proj.iam.gserviceaccount.com"
+    for kind, prefix_of in (("logs", naming.job_prefix), ("checkpoints", naming.checkpoint_prefix)):
+        assert prefix_of("train-1", email).startswith(_folder(tf, "account", kind, email)), kind
+        assert prefix_of("train-1", None).startswith(_folder(tf, "jobs", kind)), kind
+        assert not prefix_of("train-1", None).startswith(_folder(tf, "account", kind, "")), kind
+        assert not prefix_of("train-1", email).startswith(_folder(tf, "account", kind, other)), kind
+        for account in (None, email):
+            assert not prefix_of("train-1", account).startswith("code/"), (kind, account)
+    assert naming.code_object("ab" * 32).startswith(tf.of_kind("google_storage_managed_folder")["code"]["name"])
+
+
+def test_every_vm_account_may_pull_images_from_the_listed_repositories_only(tf: Terraform) -> None:
+    """roles/artifactregistry.reader on each repository of var.image_repositories, for every VM
+    account (local.job_accounts); nothing project-wide, nothing that writes."""
+    variable = tf.variables["image_repositories"]
+    assert variable["default"] == []
+    assert tf.locals["image_pulls"] == (
+        "${{for pair in setproduct(keys(local.job_accounts), var.image_repositories) : "
+        '"${pair[0]}/${pair[1]}" => {account = pair[0], location = split("/", pair[1])[0], '
+        'repository = split("/", pair[1])[1]}}}'
+    )
+    pull = tf.resource("google_artifact_registry_repository_iam_member", "job_account_images")
+    assert pull["for_each"] == "${local.image_pulls}"
+    assert (pull["project"], pull["location"], pull["repository"], pull["role"], pull["member"]) == (
+        "${var.project}",
+        "${each.value.location}",
+        "${each.value.repository}",
+        "roles/artifactregistry.reader",
+        "${local.job_accounts[each.value.account].member}",
+    )
+    assert set(tf.of_kind("google_artifact_registry_repository_iam_member")) == {"job_account_images"}
+    pattern = re.compile(block(variable, "validation")["condition"].split('regex("')[1].split('", r)')[0])
+    for good in ("us/trainers", "us-central1/team-a", "europe-west4/r1"):
+        assert pattern.fullmatch(good), good
+    for bad in ("us", "us/Trainers", "us/trainers/extra", "us/-x", "projects/p/locations/us/repositories/r"):
+        assert not pattern.fullmatch(bad), bad
 
 
 def test_job_accounts_read_only_their_own_secret_namespace(tf: Terraform) -> None:

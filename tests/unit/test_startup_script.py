@@ -27,7 +27,6 @@ from test_agent_worker import (
     FakeMetadata,
     GoogleStub,
     a_job,
-    chunk_prefix,
     run_script,
 )
 
@@ -41,8 +40,16 @@ from tpujobs.agent.startup import (
 )
 from tpujobs.config import Settings
 from tpujobs.domain.job import Job
+from tpujobs.domain.naming import job_prefix
 
 BASH = shutil.which("bash")
+
+
+def chunk_prefix(job_id: str = "train-1") -> str:
+    """Where the script's agent uploads worker 0's output of attempt 1 (startup's log_prefix)."""
+    return f"{job_prefix(job_id)}attempt-1/chunks/slice-0-worker-0/"
+
+
 pytestmark = pytest.mark.skipif(BASH is None, reason="needs bash")
 
 SETTINGS = Settings(project=PROJECT, prefix="t-", logs_bucket=BUCKET)
@@ -118,8 +125,8 @@ def test_the_config_carries_the_attempt_the_spec_and_where_things_go() -> None:
         "num_slices": 2,
         "hosts_per_slice": 4,
         "queued_resource": "train-1-a2",
-        "checkpoint_uri": f"gs://{BUCKET}/jobs/train-1/checkpoints/",
-        "log_prefix": f"gs://{BUCKET}/jobs/train-1/attempt-2/",
+        "checkpoint_uri": f"gs://{BUCKET}/checkpoints/jobs/train-1/",
+        "log_prefix": f"gs://{BUCKET}/logs/jobs/train-1/attempt-2/",
         "project": PROJECT,
         "worker_events_topic": "t-tpujobs-worker-events",
         "preemption_topic": "t-tpujobs-preemption",
@@ -187,8 +194,17 @@ def test_the_first_attempt_never_resumes() -> None:
 def test_without_a_logs_bucket_the_deployment_default_is_used() -> None:
     """An empty logs_bucket means {project}-tpujobs-logs, as Settings.from_env makes it."""
     config = agent_config(a_job(), Settings(project="p1"))
-    assert config["log_prefix"] == "gs://p1-tpujobs-logs/jobs/train-1/attempt-1/"
+    assert config["log_prefix"] == "gs://p1-tpujobs-logs/logs/jobs/train-1/attempt-1/"
     assert config["worker_events_topic"] == "tpujobs-worker-events"
+
+
+def test_logs_and_checkpoints_of_a_job_on_its_own_account_are_under_that_account_apart() -> None:
+    """An own account: logs under logs/accounts/{email}/jobs/{id}/, checkpoints under
+    checkpoints/accounts/{email}/jobs/{id}/; neither prefix lies inside the other."""
+    email = f"team-a@{PROJECT}.iam.gserviceaccount.com"
+    config = agent_config(a_job(3, service_account=email), SETTINGS)
+    assert config["log_prefix"] == f"gs://{BUCKET}/logs/accounts/{email}/jobs/train-1/attempt-3/"
+    assert config["checkpoint_uri"] == f"gs://{BUCKET}/checkpoints/accounts/{email}/jobs/train-1/"
 
 
 def test_timings_can_be_shortened_for_the_local_stack() -> None:

@@ -10,6 +10,7 @@ import base64
 import hashlib
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from tpujobs.adapters.google_errors import translated
@@ -63,4 +64,21 @@ class GcsLogBucket:
             if existing is not None and existing.size == len(data) and existing.md5_hash == md5_base64(data):
                 return False
             self._bucket.blob(name).upload_from_string(data, content_type=content_type)
+        return True
+
+    def mark_used(self, name: str, at: datetime) -> bool:
+        """Set the object's custom time to `at` unless it is there already or later (Storage
+        refuses to move a custom time back). The patch holds only if nobody changed the object's
+        metadata since it was read: a concurrent export that won has marked it as used anyway."""
+        from google.api_core.exceptions import NotFound, PreconditionFailed
+
+        with translated(SERVICE, f"mark {name} as used"):
+            blob = self._bucket.get_blob(name)
+            if blob is None or (blob.custom_time is not None and blob.custom_time >= at):
+                return False
+            blob.custom_time = at
+            try:
+                blob.patch(if_metageneration_match=blob.metageneration)
+            except (NotFound, PreconditionFailed):
+                return False
         return True

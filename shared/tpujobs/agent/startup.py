@@ -27,7 +27,7 @@ from tpujobs import topology
 from tpujobs.config import Settings
 from tpujobs.domain import signing
 from tpujobs.domain.job import Job
-from tpujobs.domain.naming import job_prefix
+from tpujobs.domain.naming import checkpoint_prefix, job_prefix
 from tpujobs.domain.secrets import secret_version_name
 from tpujobs.ports import HostBoot
 
@@ -62,7 +62,9 @@ def agent_config(job: Job, settings: Settings, timings: AgentTimings | None = No
     timings = timings or AgentTimings(heartbeat_seconds=settings.heartbeat_seconds)
     bucket = settings.logs_bucket or f"{settings.project}-tpujobs-logs"  # as Settings.from_env
     spec = job.spec
-    prefix = job_prefix(job.job_id, spec.service_account)  # the only one its account may touch
+    # The only prefixes its account may touch; checkpoints apart from logs, out of their retention.
+    logs = job_prefix(job.job_id, spec.service_account)
+    checkpoints = checkpoint_prefix(job.job_id, spec.service_account)
     return {
         "job_id": job.job_id,
         "attempt": job.attempt,
@@ -80,8 +82,8 @@ def agent_config(job: Job, settings: Settings, timings: AgentTimings | None = No
         "num_slices": spec.slices,
         "hosts_per_slice": spec.hosts_per_slice,
         "queued_resource": job.queued_resource,
-        "checkpoint_uri": f"gs://{bucket}/{prefix}checkpoints/",
-        "log_prefix": f"gs://{bucket}/{prefix}attempt-{job.attempt}/",
+        "checkpoint_uri": f"gs://{bucket}/{checkpoints}",
+        "log_prefix": f"gs://{bucket}/{logs}attempt-{job.attempt}/",
         "project": settings.project,
         "worker_events_topic": topology.topic_name(topology.WORKER_EVENTS, settings.prefix),
         "preemption_topic": topology.topic_name(topology.PREEMPTION, settings.prefix),

@@ -41,12 +41,40 @@ def exported_attempt(log_uri: str | None) -> int | None:
     return int(match[1]) if match else None
 
 
-def job_prefix(job_id: str, service_account: str | None = None) -> str:
-    """Where a job keeps its objects in the logs bucket (output chunks, exported logs,
-    checkpoints): `jobs/{id}/` on the deployment's shared account, and
-    `accounts/{email}/jobs/{id}/` on an account of its own, the only prefix that account may
-    touch (infra/ grants it per prefix), so no job of another account can read or change them.
-    """
+# The logs bucket's top-level prefixes, one per kind of object. Each kind has a lifecycle rule of
+# its own (infra/storage.tf) whose `matches_prefix` is exactly one of these, so none may be a
+# prefix of another: deleting old logs must never reach a checkpoint or the code of a job that
+# may still resume (tests/infra/test_storage_lifecycle.py holds the rules to that).
+LOGS_PREFIX = "logs/"  # output chunks and exported logs: deleted logs_retention_days after written
+CHECKPOINTS_PREFIX = "checkpoints/"  # what jobs save to resume from: kept (checkpoint_retention_days, 0 = always)
+CODE_PREFIX = "code/"  # tarballs the CLI uploads, by content: deleted code_retention_days after last use
+STORAGE_PREFIXES = (LOGS_PREFIX, CHECKPOINTS_PREFIX, CODE_PREFIX)
+
+
+def _job_path(job_id: str, service_account: str | None) -> str:
+    """`jobs/{id}/`, or `accounts/{email}/jobs/{id}/` for a job on an account of its own: the
+    only path under each kind's prefix that account may touch (infra/ grants it per managed
+    folder), so no job of another account can read or change its objects."""
     if service_account:
         return f"accounts/{service_account}/jobs/{job_id}/"
     return f"jobs/{job_id}/"
+
+
+def job_prefix(job_id: str, service_account: str | None = None) -> str:
+    """Where a job's logs are (output chunks `attempt-N/chunks/...`, exported `attempt-N/*.log`):
+    `logs/jobs/{id}/`, or `logs/accounts/{email}/jobs/{id}/` on an account of its own. The job's
+    first `log_uri`; its checkpoints are elsewhere (`checkpoint_prefix`), out of the logs' retention."""
+    return LOGS_PREFIX + _job_path(job_id, service_account)
+
+
+def checkpoint_prefix(job_id: str, service_account: str | None = None) -> str:
+    """Where a job saves and resumes its checkpoints (TPUJOBS_CHECKPOINT_URI):
+    `checkpoints/jobs/{id}/`, or `checkpoints/accounts/{email}/jobs/{id}/`."""
+    return CHECKPOINTS_PREFIX + _job_path(job_id, service_account)
+
+
+def code_object(sha256: str) -> str:
+    """The object of an uploaded code tarball, named by its content: `code/{first 16 hex}.tar.gz`."""
+    if not re.fullmatch(r"[0-9a-f]{64}", sha256):
+        raise ValueError(f"code digest must be 64 lower-case hex digits, got {sha256!r}")
+    return f"{CODE_PREFIX}{sha256[:16]}.tar.gz"
