@@ -1058,3 +1058,77 @@ def test_multislice_nodes_carry_megascale_keys_in_tpu_env(clock: FakeClock) -> N
         assert "MEGASCALE_NUM_SLICES: '3'\n" in env
         assert "MEGASCALE_PORT: '8080'\n" in env
         assert f"MEGASCALE_SLICE_ID: '{index}'\n" in env
+
+
+# --- VM options: what the model refuses before queueing --------------------------------------
+
+
+def with_template(template: dict[str, Any], accelerator_type: str = "v4-8") -> QueuedResourceRequest:
+    return QueuedResourceRequest(
+        slices=(
+            SliceRequest(accelerator_type=accelerator_type, runtime_version=RUNTIME, node_id="n", template=template),
+        )
+    )
+
+
+def test_vm_options_that_fit_the_zone_are_kept_on_every_node(clock: FakeClock) -> None:
+    """A network path, a subnetwork of the zone's region, tags and a disk of the zone are queued
+    and carried by the node's template."""
+    template = {
+        "networkConfig": {
+            "network": "projects/host-proj/global/networks/training",
+            "subnetwork": "projects/host-proj/regions/us-central2/subnetworks/tpu",
+            "enableExternalIps": False,
+        },
+        "tags": ["tpu-training"],
+        "dataDisks": [{"sourceDisk": f"projects/{PROJECT}/zones/{ZONE}/disks/d", "mode": "READ_ONLY"}],
+        "acceleratorConfig": {"type": "V4", "topology": "2x2x1"},
+    }
+    sim = simulator(clock)
+    sim.create_queued_resource(PROJECT, ZONE, "qr", with_template(template))
+    clock.tick(3.0)
+    (node,) = sim.nodes_of(sim.get_queued_resource(PROJECT, ZONE, "qr"))
+    assert node.template == template
+
+
+@pytest.mark.parametrize(
+    ("template", "accelerator_type", "words"),
+    [
+        ({"networkConfig": {"network": "global/networks/x"}}, "v4-8", "Invalid value for field 'network'"),
+        (
+            {"networkConfig": {"subnetwork": "projects/host-proj/regions/europe-west4/subnetworks/s"}},
+            "v4-8",
+            "is in region europe-west4, but the node is in zone us-central2-b",
+        ),
+        ({"tags": ["ok", "Not_OK"]}, "v4-8", "Invalid network tag 'Not_OK'"),
+        ({"tags": [f"t{i}" for i in range(65)]}, "v4-8", "at most 64 network tags"),
+        (
+            {"dataDisks": [{"sourceDisk": "projects/p1234/zones/us-central2-a/disks/d", "mode": "READ_ONLY"}]},
+            "v4-8",
+            "is in zone us-central2-a, but the node is in zone us-central2-b",
+        ),
+        (
+            {"dataDisks": [{"sourceDisk": f"projects/{PROJECT}/zones/{ZONE}/disks/d", "mode": "WRITE_MANY"}]},
+            "v4-8",
+            "Invalid disk mode 'WRITE_MANY'",
+        ),
+        (
+            {"dataDisks": [{"sourceDisk": f"projects/{PROJECT}/zones/{ZONE}/disks/d"}]},
+            "v4-32",
+            "attached READ_WRITE to 4 VMs",
+        ),
+        ({"acceleratorConfig": {"type": "V4", "topology": "2x2x2"}}, "v4-32", "names v4-16, but the node's"),
+        ({"acceleratorConfig": {"type": "V5P", "topology": "2x2"}}, "v5p-8", "v5p slices have 3"),
+    ],
+)
+def test_vm_options_the_api_refuses_are_invalid_argument_naming_the_field(
+    clock: FakeClock, template: dict[str, Any], accelerator_type: str, words: str
+) -> None:
+    """Each refusal is INVALID_ARGUMENT with a BadRequest detail, and nothing is queued."""
+    sim = simulator(clock)
+    with pytest.raises(SimulatorError) as refused:
+        sim.create_queued_resource(PROJECT, ZONE, "qr", with_template(template, accelerator_type))
+    assert refused.value.code is Code.INVALID_ARGUMENT and words in refused.value.message
+    (violation,) = refused.value.details[0]["fieldViolations"]
+    assert violation["field"].startswith("queued_resource.tpu.node_spec[0].node.")
+    assert sim.list_queued_resources(PROJECT, ZONE).items == ()

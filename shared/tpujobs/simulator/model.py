@@ -70,7 +70,9 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from tpujobs.domain.accelerators import (
     FAMILIES,
+    BadTopology,
     UnknownAcceleratorType,
+    accelerator_type_of,
     parse_accelerator_type,
 )
 from tpujobs.simulator.errors import (
@@ -78,6 +80,7 @@ from tpujobs.simulator.errors import (
     Code,
     Fault,
     SimulatorError,
+    bad_request,
     project_number,
 )
 
@@ -278,6 +281,112 @@ def check_resource_id(kind: str, value: str) -> None:
             "start with a lowercase letter, hold only lowercase letters, digits and hyphens, "
             "and not end with a hyphen",
         )
+
+
+# The node's VM options as the API checks them, with Compute Engine's names: networks,
+# subnetworks, tags and disks are RFC 1035 labels; a resource may be named by its path, or by
+# its full Compute API URL.
+_LABEL = r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?"
+_COMPUTE_URL = r"(?:https://www\.googleapis\.com/compute/v1/)?"
+_NETWORK = re.compile(rf"{_LABEL}|{_COMPUTE_URL}projects/[^/]+/global/networks/{_LABEL}")
+_SUBNETWORK = re.compile(
+    rf"{_LABEL}|{_COMPUTE_URL}projects/[^/]+/regions/(?P<region>[a-z]+-[a-z]+[0-9]+)/subnetworks/{_LABEL}"
+)
+_DISK = re.compile(rf"{_COMPUTE_URL}projects/[^/]+/zones/(?P<zone>[a-z]+-[a-z]+[0-9]+-[a-z])/disks/{_LABEL}")
+MAX_TAGS = 64  # Compute Engine's limit of network tags on a VM
+# AttachedDisk.DiskMode names; unspecified attaches read-write, as Compute Engine's default.
+_DISK_MODES = frozenset({"READ_WRITE", "READ_ONLY", "DISK_MODE_UNSPECIFIED"})
+
+
+def accelerator_type_of_config(config: Mapping[str, Any], field_path: str) -> str:
+    """The accelerator type an AcceleratorConfig ({type, topology}) names, or INVALID_ARGUMENT:
+    an unknown type, a topology with the wrong number of axes for the family, or a chip count
+    the family is not offered in."""
+    try:
+        return accelerator_type_of(str(config.get("type", "")), str(config.get("topology", "")))
+    except (UnknownAcceleratorType, BadTopology) as exc:
+        raise bad_request(field_path, f"Invalid accelerator_config: {exc}") from exc
+
+
+def check_vm_options(spec: SliceRequest, zone: str, field_path: str) -> None:
+    """Refuse the node options the real API refuses: a malformed network or subnetwork, a
+    subnetwork of another region than the zone, malformed tags, a data disk of another zone or
+    of an unknown mode, a read-write disk on more than one VM, and an accelerator_config that
+    is not the node's accelerator type."""
+    node = spec.template
+    region = zone.rsplit("-", 1)[0]
+    network_config = node.get("networkConfig") or {}
+    if not isinstance(network_config, dict):
+        raise bad_request(f"{field_path}.network_config", "network_config must be an object")
+    network = str(network_config.get("network") or "")
+    if network and not _NETWORK.fullmatch(network):
+        raise bad_request(
+            f"{field_path}.network_config.network",
+            f"Invalid value for field 'network': {network!r}. It must be a network name or "
+            "projects/PROJECT/global/networks/NAME.",
+        )
+    subnetwork = str(network_config.get("subnetwork") or "")
+    match = _SUBNETWORK.fullmatch(subnetwork) if subnetwork else None
+    if subnetwork and match is None:
+        raise bad_request(
+            f"{field_path}.network_config.subnetwork",
+            f"Invalid value for field 'subnetwork': {subnetwork!r}. It must be a subnetwork name or "
+            "projects/PROJECT/regions/REGION/subnetworks/NAME.",
+        )
+    if match is not None and match["region"] and match["region"] != region:
+        raise bad_request(
+            f"{field_path}.network_config.subnetwork",
+            f"Subnetwork {subnetwork!r} is in region {match['region']}, but the node is in zone {zone} "
+            f"of region {region}: a TPU node uses a subnetwork of its zone's region.",
+        )
+    tags = node.get("tags") or []
+    if not isinstance(tags, list) or len(tags) > MAX_TAGS:
+        raise bad_request(f"{field_path}.tags", f"tags must be a list of at most {MAX_TAGS} network tags")
+    for tag in tags:
+        if not isinstance(tag, str) or not re.fullmatch(_LABEL, tag):
+            raise bad_request(
+                f"{field_path}.tags",
+                f"Invalid network tag {tag!r}: it must be 1 to 63 lowercase letters, digits or hyphens, "
+                "start with a letter and not end with a hyphen.",
+            )
+    disks = node.get("dataDisks") or []
+    if not isinstance(disks, list):
+        raise bad_request(f"{field_path}.data_disks", "data_disks must be a list")
+    vms = parse_accelerator_type(spec.accelerator_type).hosts * len(spec.node_ids)
+    for index, disk in enumerate(disks):
+        where = f"{field_path}.data_disks[{index}]"
+        source = str(disk.get("sourceDisk") or "") if isinstance(disk, dict) else ""
+        found = _DISK.fullmatch(source)
+        if found is None:
+            raise bad_request(
+                f"{where}.source_disk",
+                f"Invalid source_disk {source!r}: it must be projects/PROJECT/zones/ZONE/disks/NAME.",
+            )
+        if found["zone"] != zone:
+            raise bad_request(
+                f"{where}.source_disk",
+                f"Disk {source!r} is in zone {found['zone']}, but the node is in zone {zone}: "
+                "a persistent disk attaches only to VMs of its own zone.",
+            )
+        mode = disk.get("mode", "DISK_MODE_UNSPECIFIED")
+        if mode not in _DISK_MODES:
+            raise bad_request(f"{where}.mode", f"Invalid disk mode {mode!r}: it must be READ_WRITE or READ_ONLY.")
+        if mode != "READ_ONLY" and vms > 1:
+            raise bad_request(
+                f"{where}.mode",
+                f"Disk {source!r} is attached READ_WRITE to {vms} VMs: a persistent disk attaches read-write "
+                "to one VM only; attach it READ_ONLY.",
+            )
+    config = node.get("acceleratorConfig")
+    if config is not None:
+        if not isinstance(config, dict):
+            raise bad_request(f"{field_path}.accelerator_config", "accelerator_config must be an object")
+        named = accelerator_type_of_config(config, f"{field_path}.accelerator_config")
+        if named != spec.accelerator_type:
+            raise bad_request(
+                f"{field_path}.accelerator_config",
+                f"accelerator_config names {named}, but the node's accelerator type is {spec.accelerator_type}.",
+            )
 
 
 @dataclass(frozen=True)
@@ -678,7 +787,7 @@ class Simulator:
     ) -> OperationRecord:
         """Queue a request for TPUs; the operation completes once the QR is ACCEPTED."""
         check_resource_id("queued resource id", qr_id)
-        self._check_request(request)
+        self._check_request(request, zone)
         with self._transaction() as now:
             name = f"projects/{project}/locations/{zone}/queuedResources/{qr_id}"
             if (project, zone, qr_id) in self._qrs:
@@ -1359,8 +1468,9 @@ class Simulator:
         self._counters[counter] += 1
         return self._counters[counter]
 
-    def _check_request(self, request: QueuedResourceRequest) -> None:
-        """Refuse what the real API refuses before queueing: bad names, unknown shapes."""
+    def _check_request(self, request: QueuedResourceRequest, zone: str) -> None:
+        """Refuse what the real API refuses before queueing: bad names, unknown shapes, VM
+        options that do not fit (check_vm_options)."""
         if not request.slices:
             raise SimulatorError(Code.INVALID_ARGUMENT, "queued_resource.tpu.node_spec must name at least one node")
         seen: set[str] = set()
@@ -1388,6 +1498,8 @@ class Simulator:
                 raise SimulatorError(Code.INVALID_ARGUMENT, str(exc)) from exc
             if not spec.runtime_version:
                 raise SimulatorError(Code.INVALID_ARGUMENT, "node.runtime_version is required")
+        for index, spec in enumerate(request.slices):
+            check_vm_options(spec, zone, f"queued_resource.tpu.node_spec[{index}].node")
 
     # -- hooks -------------------------------------------------------------------------------
 

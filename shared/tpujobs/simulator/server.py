@@ -61,7 +61,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from tpujobs.simulator import fields
-from tpujobs.simulator.errors import FAULT_METHODS, Fault
+from tpujobs.simulator.errors import FAULT_METHODS, Fault, bad_request
 from tpujobs.simulator.http import ApiServer, JsonRequestHandler
 from tpujobs.simulator.metadata import MetadataReply, MetadataService, metadata_url
 from tpujobs.simulator.model import (
@@ -78,6 +78,7 @@ from tpujobs.simulator.model import (
     SimulatorConfig,
     SimulatorError,
     SliceRequest,
+    accelerator_type_of_config,
 )
 from tpujobs.simulator.workers import WorkerInfo, WorkerPool
 
@@ -160,14 +161,11 @@ def queued_resource_json(qr: QueuedResourceRecord) -> Json:
 
 
 def _node_spec_json(qr: QueuedResourceRecord, spec: SliceRequest) -> Json:
-    out: Json = {
-        "parent": qr.parent,
-        "node": {
-            **spec.template,
-            "acceleratorType": spec.accelerator_type,
-            "runtimeVersion": spec.runtime_version,
-        },
-    }
+    """One node spec as it was asked for: its accelerator_type, or its accelerator_config alone."""
+    node: Json = {**spec.template, "runtimeVersion": spec.runtime_version}
+    if "acceleratorConfig" not in spec.template:
+        node["acceleratorType"] = spec.accelerator_type
+    out: Json = {"parent": qr.parent, "node": node}
     if spec.multislice:
         out["multisliceParams"] = {
             "nodeCount": spec.node_count,
@@ -310,11 +308,18 @@ def _parse_node_spec(value: Any, parent: str) -> SliceRequest:
         raise SimulatorError(Code.INVALID_ARGUMENT, f"node_spec.parent must be {parent!r}, got {spec_parent!r}")
     node = _object(_field(spec, "node"), "node_spec.node")
     accelerator_type = _field(node, "acceleratorType")
-    if not accelerator_type:
-        raise SimulatorError(
-            Code.INVALID_ARGUMENT,
-            "node.accelerator_type is required (the simulator does not read accelerator_config)",
+    config = _field(node, "acceleratorConfig")
+    if accelerator_type and config is not None:
+        raise bad_request(
+            "queued_resource.tpu.node_spec.node.accelerator_config",
+            "Only one of accelerator_type and accelerator_config may be given for a node.",
         )
+    if config is not None:  # the node's type is what the config names: V4 2x2x4 is v4-32
+        config = dict(_object(config, "node.accelerator_config"))
+        config["type"] = _ACCELERATOR_CONFIG_TYPES.get(config.get("type", 0), config.get("type"))
+        accelerator_type = accelerator_type_of_config(config, "queued_resource.tpu.node_spec.node.accelerator_config")
+    if not accelerator_type:
+        raise SimulatorError(Code.INVALID_ARGUMENT, "node.accelerator_type or node.accelerator_config is required")
     multislice = _field(spec, "multisliceParams")
     prefix, count = "", 0
     if multislice is not None:
