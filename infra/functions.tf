@@ -118,6 +118,13 @@ locals {
     # The TPU VMs run as this account: worker events, preemption notices, logs; nothing else.
     # Always set, so a queued resource never runs as the Compute Engine default account.
     TPUJOBS_TPU_SERVICE_ACCOUNT = google_service_account.tpu_vm.email
+    # VM options for specs that leave them out (vm_defaults.tf); empty: no default.
+    TPUJOBS_DEFAULT_NETWORK         = var.default_network
+    TPUJOBS_DEFAULT_SUBNETWORK      = var.default_subnetwork
+    TPUJOBS_DEFAULT_INTERNAL_IPS    = var.default_internal_ips ? "true" : ""
+    TPUJOBS_DEFAULT_TAGS            = join(",", var.default_tags)
+    TPUJOBS_DEFAULT_DATA_DISKS      = join(",", [for disk in var.default_data_disks : "${disk.source_disk}:${disk.mode}"])
+    TPUJOBS_DEFAULT_RUNTIME_VERSION = var.default_runtime_version
   }
 
   # Only the job-engine functions: the accounts of var.job_service_accounts, which they (and no
