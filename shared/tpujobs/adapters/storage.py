@@ -6,16 +6,20 @@ PermanentError, saying which object failed.
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import hashlib
-import io
-import tarfile
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tpujobs.adapters.google_errors import translated
+from tpujobs.domain.naming import code_object
 
 if TYPE_CHECKING:
     from google.cloud import storage
+
+    from tpujobs.adapters.code_dir import CodePackage
 
 SERVICE = "Cloud Storage"  # how errors name the service: "Cloud Storage failed to ..."
 
@@ -34,38 +38,46 @@ def build_client(project: str) -> storage.Client:
 
 
 def pack_directory(directory: Path) -> bytes:
-    """A gzip tarball of `directory`'s files, the same bytes for the same content.
+    """A gzip tarball of `directory`'s files, the same bytes for the same content, packed by the
+    rules of `adapters.code_dir` (.gitignore, .tpujobsignore, never .git)."""
+    from tpujobs.adapters import code_dir  # the CLI's: the functions that build clients never pack
 
-    Names are relative, owners and times are zeroed, and the order is sorted, so the
-    upload's name (its hash) changes only when the code does.
-    """
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
-        for path in sorted(p for p in directory.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
-            info = tar.gettarinfo(str(path), arcname=str(path.relative_to(directory)))
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            info.mtime = 0
-            with path.open("rb") as handle:
-                tar.addfile(info, handle)
-    return buffer.getvalue()
+    return code_dir.pack(directory).data
 
 
 def upload_code_dir(client: storage.Client, bucket: str, directory: Path) -> tuple[str, str]:
-    """Upload a job's code directory once per content: its gs:// URI (for `code_uri`) and the
-    tarball's SHA-256 (for `code_sha256`, which the agent checks before it unpacks).
+    """Pack and upload a job's code directory: its gs:// URI (for `code_uri`) and the tarball's
+    SHA-256 (for `code_sha256`, which the agent checks before it unpacks)."""
+    from tpujobs.adapters import code_dir
+
+    package = code_dir.pack(directory)
+    return upload_code_package(client, bucket, package, datetime.now(timezone.utc)), package.sha256
+
+
+def upload_code_package(client: storage.Client, bucket: str, package: CodePackage, now: datetime) -> str:
+    """Upload a packed code directory once per content, under `code/` (`naming.code_object`);
+    its gs:// URI.
 
     An object already under that name is kept only if it holds exactly these bytes: anything
-    else there (planted, or cut short) is replaced.
+    else there (planted, or cut short) is replaced. Either way its custom time becomes `now`:
+    the bucket deletes code `code_retention_days` after its custom time (infra/storage.tf), so
+    a tarball submitted again is kept as long as a fresh one. Storage refuses to move a custom
+    time back, so one already later stays.
     """
-    import base64
+    from google.api_core.exceptions import PreconditionFailed
 
-    data = pack_directory(directory)
-    digest = hashlib.sha256(data).hexdigest()
-    name = f"code/{digest[:16]}.tar.gz"
+    data = package.data
+    name = code_object(package.sha256)
     md5 = base64.b64encode(hashlib.md5(data).digest()).decode("ascii")  # what Storage reports
     with translated(SERVICE, f"upload gs://{bucket}/{name}"):
         blob = client.bucket(bucket).get_blob(name)
         if blob is None or blob.md5_hash != md5:
-            client.bucket(bucket).blob(name).upload_from_string(data, content_type="application/gzip")
-    return f"gs://{bucket}/{name}", digest
+            fresh = client.bucket(bucket).blob(name)
+            fresh.custom_time = now
+            fresh.upload_from_string(data, content_type="application/gzip")
+        elif blob.custom_time is None or blob.custom_time < now:
+            blob.custom_time = now
+            # Changed meanwhile: by another submission of the same code, which set its time.
+            with contextlib.suppress(PreconditionFailed):
+                blob.patch(if_metageneration_match=blob.metageneration)
+    return f"gs://{bucket}/{name}"

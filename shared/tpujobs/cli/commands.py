@@ -7,6 +7,7 @@ configured, else Firestore. What is printed is `cli.tables`' business.
 
 from __future__ import annotations
 
+import os
 import re
 import time
 import uuid
@@ -165,7 +166,7 @@ def submit(
         return
     config = settings()
     if code_dir is not None:
-        spec["code_uri"], spec["code_sha256"] = upload_code(config, (file.parent / code_dir).resolve())
+        spec.update(upload_code(config, (file.parent / code_dir).resolve()))
     message_id = None
     url = api_url()
     if url:  # the jobs API: the owner is who calls, verified; a refusal is its answer
@@ -183,15 +184,30 @@ def submit(
         follow(config, job_id, until=lambda job: job.state.is_terminal, message_id=message_id)
 
 
-def upload_code(config: Settings, directory: Path) -> tuple[str, str]:
-    """Upload a local code directory to the logs bucket; its gs:// URI and SHA-256."""
-    from tpujobs.adapters.storage import build_client, upload_code_dir
+def upload_code(config: Settings, directory: Path) -> dict[str, Any]:
+    """Pack a local code directory (.gitignore, .tpujobsignore, never .git; the size limit
+    checked before anything is uploaded) and upload it to the logs bucket: the spec fields it
+    sets, `code_uri` and `code_sha256`, and `code_git_commit` and `code_git_dirty` when the
+    directory is in a git checkout."""
+    from tpujobs.adapters.code_dir import CodeDirError, max_code_bytes, pack
+    from tpujobs.adapters.storage import build_client, upload_code_package
 
-    if not directory.is_dir():
-        raise typer.BadParameter(f"code_dir {directory} is not a directory")
-    uri, digest = upload_code_dir(build_client(config.project), config.logs_bucket, directory)
-    out.print(f"Uploaded {shown(directory)} to {shown(uri)} (sha256 {shown(digest[:12])}...)")
-    return uri, digest
+    try:
+        package = pack(directory, max_code_bytes(os.environ))
+    except CodeDirError as error:
+        raise Stop(str(error), code=2) from None
+    uri = upload_code_package(build_client(config.project), config.logs_bucket, package, datetime.now(timezone.utc))
+    fields: dict[str, Any] = {"code_uri": uri, "code_sha256": package.sha256}
+    origin = ""
+    if package.git_commit is not None:
+        fields["code_git_commit"] = package.git_commit
+        fields["code_git_dirty"] = package.git_dirty
+        origin = f", git {package.git_commit[:12]}{' with uncommitted changes' if package.git_dirty else ''}"
+    out.print(
+        f"Uploaded {shown(directory)} ({len(package.files)} files{shown(origin)}) to {shown(uri)} "
+        f"(sha256 {shown(package.sha256[:12])}...)"
+    )
+    return fields
 
 
 _CREDENTIAL_NAME = re.compile(r".*(_TOKEN|_KEY)$|.*(SECRET|PASSWORD).*")
