@@ -49,3 +49,11 @@ def test_the_cli_reports_a_broken_example_with_the_specs_sentence(tmp_path: Path
     with pytest.raises(Stop) as stopped:
         checked_spec(broken, [])
     assert "subnetwork" in str(stopped.value) and "region us-central1" in str(stopped.value)
+
+
+def test_set_gives_vm_options_their_yaml_types() -> None:
+    """`--set internal_ips=true` is a boolean and `--set tags=[a,b]` a list, as in the file."""
+    spec, _ = checked_spec(
+        EXAMPLES / "hello.yaml", ["network=training", "internal_ips=true", "tags=[tpu-training, allow-ssh]"]
+    )
+    assert (spec["network"], spec["internal_ips"], spec["tags"]) == ("training", True, ["tpu-training", "allow-ssh"])

@@ -53,6 +53,10 @@ _TYPED_FIELDS = {
     "zones",
     "on_demand_after_preemptions",
     "preemption_window_minutes",
+    "internal_ips",
+    "tags",
+    "data_disks",
+    "boot_disk_size_gb",
 }  # --set values parsed as YAML, not text
 
 Owner = Annotated[
