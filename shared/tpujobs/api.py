@@ -230,7 +230,7 @@ class JobsApi:
             raise ApiError(400, "'request_id' must be 1 to 128 letters, digits, '.', '_' or '-'.")
         digest = hashlib.sha256(f"{caller}\n{request_id}".encode()).hexdigest()
         try:
-            spec = parse_spec({**request, "owner": caller}, message_id=f"api-{digest}")
+            spec = self.service.completed(parse_spec({**request, "owner": caller}, message_id=f"api-{digest}"))
         except SpecError as error:
             raise ApiError(400, f"Invalid spec: {error}") from None
         refusal = self.service.submission_refusal(spec, owner_verified=True)

@@ -37,7 +37,7 @@ from tpujobs.domain.admission import (
 from tpujobs.domain.job import Job, JobEvent, Source, SubmittedVia, new_job, worker_key
 from tpujobs.domain.naming import job_prefix, parse_queued_resource_name, queued_resource_name
 from tpujobs.domain.retry import BACKOFF_CAP_SECONDS
-from tpujobs.domain.spec import JobSpec, SpecError, decode_spec
+from tpujobs.domain.spec import JobSpec, SpecError, decode_spec, with_deployment_defaults
 from tpujobs.domain.states import QUOTA_EXHAUSTED, EventKind, JobState
 from tpujobs.domain.transitions import Decision, Ignored, Observation
 from tpujobs.errors import PermanentError, QuotaExhausted, TransientError
@@ -162,6 +162,11 @@ class JobService:
 
     # -- submission ------------------------------------------------------------------
 
+    def completed(self, spec: JobSpec) -> JobSpec:
+        """The spec with the deployment's VM defaults (network, tags, ...) where its author gave
+        none, so the stored spec says what was requested; SpecError if they do not fit it."""
+        return with_deployment_defaults(spec, self.settings.vm_defaults, default_zone=self.settings.default_zone)
+
     def submit(self, message: InboundMessage) -> SubmitOutcome:
         """A job spec on tpujobs-submit becomes one job and one queued-resource request, at most
         once. Its `owner` is a claim nobody checked: the job records `owner_verified: false`."""
@@ -169,7 +174,7 @@ class JobService:
             self.reject(message, message.undecodable)
             return SubmitOutcome("rejected", None, message.undecodable)
         try:
-            spec = decode_spec(message.data, message_id=message.message_id)
+            spec = self.completed(decode_spec(message.data, message_id=message.message_id))
         except SpecError as error:
             self.reject(message, str(error))
             return SubmitOutcome("rejected", None, str(error))
