@@ -114,3 +114,36 @@ def tpu_client(simulator_url: str):
     from tpujobs.adapters.tpu import build_client
 
     return build_client(simulator_url)
+
+
+@pytest.fixture(scope="session")
+def local_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`host:port` of a registry on loopback (Debian's docker-registry) for the session, with
+    Docker Engine answering (dockerd started when none does and this user may). Where Docker
+    cannot run, every test that needs it fails with the sentence saying what to install or
+    start: it never passes or skips silently."""
+    from tpujobs.dev import containers
+
+    root = tmp_path_factory.mktemp("registry")
+    started: list[processes.ManagedProcess] = []
+    try:
+        handle = containers.start_dockerd(root / "dockerd.log")
+    except containers.ContainerToolError as error:
+        pytest.fail(f"Docker cannot run here: {error}", pytrace=False)
+    if handle is not None:
+        started.append(processes.adopt("dockerd", handle, root / "dockerd.log"))
+    problem = containers.docker_problem()
+    port = processes.free_port()
+    config = root / "registry.yml"
+    config.write_text(containers.registry_config(root / "data", processes.LOOPBACK, port))
+    try:
+        if problem is not None:
+            raise processes.StackError(problem)
+        started += processes.start([processes.registry(port, config)], root)
+    except processes.StackError as error:
+        processes.stop(started)
+        pytest.fail(f"Docker cannot run here: {error}", pytrace=False)
+    try:
+        yield f"{processes.LOOPBACK}:{port}"
+    finally:
+        processes.stop(started)

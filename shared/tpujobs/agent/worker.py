@@ -7,13 +7,32 @@ and the startup script embeds this file whole.
 What it does, in order:
   1. learns which worker and slice it is, and its attempt's report key
      (`instance/attributes/tpujobs-report-key`), from the metadata server; without a valid
-     key it does not start, since nothing it said would be believed;
+     key it does not start, since nothing it said would be believed; every MEGASCALE_* key
+     of `tpu-env` (what a multislice TPU VM is told about its slices) is kept, unchanged;
   2. reads the job's secrets from Secret Manager with the VM's own token; their values go
      into the environment of setup and command and nowhere else;
   3. fetches the code (a gs:// tarball, checked against the job's code_sha256 before it is
      unpacked safely, or every object under a gs:// prefix);
-  4. runs `setup` once per host, then `command`, each with `bash -c` in its own process group
-     and the job's environment (`job_environment`: the spec's env and secrets, TPUJOBS_ variables);
+  4. without an image: runs `setup` once per host, then `command`, each with `bash -c` in its
+     own process group and the job's environment (`job_environment`: the spec's env and
+     secrets, the MEGASCALE_* values, TPUJOBS_ variables);
+     with an image (`image` in the config): pulls it as `image_pull_policy` says (`always`;
+     `if-missing`: only when `docker image inspect` finds nothing), logging in to Google's
+     registries with the host's own token in a private config directory of that pull alone;
+     then runs setup and command in ONE container (`docker run`, so setup's changes to the
+     container's files are there for the command), the way TPU VMs run containers:
+     privileged, host network and IPC, /dev mounted, docker's init forwarding signals to the
+     command's whole process group, the code directory (when there is code) mounted at the
+     image's working directory (/workspace when it names none). The job's variables pass by
+     name only (`-e NAME`, the value in the docker CLI's own environment), so no secret is
+     ever on a command line or on disk; the host's other variables stay out. Setup runs in
+     every attempt's container, since each starts fresh from the image (the once-per-host
+     marker is neither read nor written). The container is named after the job, attempt,
+     slice and worker, labelled with them, and removed (`docker rm -f`) on every way out.
+     A pull that fails ends the attempt with a sentence naming the image and why (not found,
+     access denied, no network, or docker's own words) in the `exited` report's `detail`;
+     nothing of the job runs then. The `started` report carries the image's registry digest
+     (`image_digest`); the container's exit code is the command's;
   5. streams their merged output to Cloud Storage in numbered chunk objects (and to its own
      stdout), so little is lost when the host dies;
   6. reports started (when setup or the command starts), heartbeat, checkpoint and exited
@@ -22,7 +41,15 @@ What it does, in order:
   7. on SIGTERM, `instance/preempted` turning TRUE or `instance/maintenance-event` turning
      TERMINATE_ON_HOST_MAINTENANCE (both waited on with `wait_for_change`), publishes one
      preemption notice first, then stops the command (SIGTERM to its group, SIGKILL after
-     the grace period), flushes the output and reports nothing more.
+     the grace period; in a container through `docker kill --signal TERM`, then `docker
+     kill`), flushes the output and reports nothing more.
+
+Containers on a simulated host: the local simulator's hosts cannot run privileged containers
+(the sandbox refuses them), so it sets TPUJOBS_CONTAINER_PRIVILEGED=0 in their environment
+and the agent then drops `--privileged`, and only that; a real VM has no such variable. A
+simulated host also has SIMULATED_TPU_VM, its mark: the agent labels the container with it
+(`tpujobs.host`), and the simulator removes the host's containers when it kills the host, as
+a real VM's containers die with it.
 
 A VM runs its startup script at every boot, so after a reboot (repair, maintenance, reset)
 the agent starts again for the same attempt. Its first start leaves a record beside the
@@ -86,10 +113,13 @@ ACCOUNT_METADATA = "instance/service-accounts/default/email"
 SECRET_VERSION = re.compile(r"projects/[^/\s]+/secrets/[^/\s]+/versions/[^/\s]+")
 ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
 SHA256_HEX = re.compile(r"[0-9a-fA-F]{64}")
+PASSABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # an environment variable a container can be given
+TPU_ENV_METADATA = "instance/attributes/tpu-env"
 
 MAX_CHUNK_BYTES = 256 * 1024
 MAX_PENDING_BYTES = 64 * 1024 * 1024  # output kept while uploads fail; older output is dropped
 MAX_LINE_BYTES = 64 * 1024  # longer lines are not scanned for checkpoint markers
+TAIL_BYTES = 4096  # of the output kept to read docker's own last words
 MAX_DETAIL_CHARS = 1024  # of a checkpoint report's detail, as tpujobs.reports accepts
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 AGENT_FAILED = 1  # the exit code reported when the agent fails the attempt (e.g. no code)
@@ -586,9 +616,28 @@ def slice_id_from_node_id(node_id: str, queued_resource: str) -> int:
     return int(match.group(1))
 
 
-def discover_identity(metadata: Metadata, config: dict[str, Any]) -> tuple[int, int]:
-    """(worker id, slice id) of this host, from the metadata server."""
-    tpu_env = parse_tpu_env(metadata.get_optional("instance/attributes/tpu-env") or "")
+def read_tpu_env(metadata: Metadata) -> dict[str, str]:
+    """This host's `tpu-env` attribute as a dict ({} when the server has none)."""
+    return parse_tpu_env(metadata.get_optional(TPU_ENV_METADATA) or "")
+
+
+def megascale_environment(tpu_env: dict[str, str]) -> dict[str, str]:
+    """Every MEGASCALE_* key of `tpu-env`, unchanged: what a multislice TPU VM is told about
+    its slices (coordinator address, slice id, number of slices, port). Nothing is invented:
+    a single slice has none, and a key the metadata lacks stays unset."""
+    return {
+        name: value
+        for name, value in tpu_env.items()
+        if name.startswith("MEGASCALE_") and PASSABLE_NAME.fullmatch(name)
+    }
+
+
+def discover_identity(
+    metadata: Metadata, config: dict[str, Any], tpu_env: dict[str, str] | None = None
+) -> tuple[int, int]:
+    """(worker id, slice id) of this host, from the metadata server (and `tpu-env`, if read already)."""
+    if tpu_env is None:
+        tpu_env = read_tpu_env(metadata)
     number = metadata.get_optional("instance/attributes/agent-worker-number")
     if number is None:
         number = tpu_env.get("WORKER_ID")
@@ -636,6 +685,15 @@ def load_config(path: str) -> dict[str, Any]:
             raise AgentError(
                 f"config key 'secrets': {env_name} must name projects/P/secrets/S/versions/V, got {version[:200]!r}"
             )
+    image = config.setdefault("image", None)
+    if image is not None and not (isinstance(image, str) and IMAGE_REFERENCE.fullmatch(image)):
+        shown = image[:200] if isinstance(image, str) else image
+        raise AgentError(f"config key 'image' must be a container image reference or null, got {shown!r}")
+    policy = config.setdefault("image_pull_policy", None)
+    if policy is not None and policy not in PULL_POLICIES:
+        raise AgentError(f"config key 'image_pull_policy' must be one of {', '.join(PULL_POLICIES)} or null")
+    if image is not None and policy is None:
+        config["image_pull_policy"] = default_pull_policy(image)
     digest = config.setdefault("code_sha256", None)
     if digest is not None and not (isinstance(digest, str) and SHA256_HEX.fullmatch(digest)):
         raise AgentError(f"config key 'code_sha256' must be 64 hex digits or null, got {digest!r}")
@@ -652,13 +710,16 @@ def job_environment(
     worker_id: int,
     slice_id: int,
     secret_values: dict[str, str] | None = None,
+    megascale: dict[str, str] | None = None,
 ) -> dict[str, str]:
-    """The command's environment: the host's, the spec's env, its secrets, then TPUJOBS_ variables.
+    """The command's environment: the host's, its MEGASCALE_* values from `tpu-env`, the spec's
+    env, its secrets, then TPUJOBS_ variables.
 
     The host's own TPUJOBS_ variables (the simulator's TPUJOBS_WORKDIR, TPUJOBS_METADATA_URL)
     are left out: the prefix is reserved, and the job sees exactly the TPUJOBS_ variables set here.
     """
     env = {name: value for name, value in base.items() if not name.startswith("TPUJOBS_")}
+    env.update(megascale or {})
     env.update(config["env"])
     env.update(secret_values or {})
     env.update(
@@ -920,6 +981,7 @@ class OutputPump(threading.Thread):
         self.fd = fd
         self.shipper = shipper
         self.on_checkpoint = on_checkpoint
+        self.tail = b""  # the output's last bytes: where docker says why it could not run a container
 
     def run(self) -> None:
         partial = b""
@@ -931,6 +993,7 @@ class OutputPump(threading.Thread):
             if not data:
                 break
             self.shipper.write(data)
+            self.tail = (self.tail + data)[-TAIL_BYTES:]
             lines = (partial + data).split(b"\n")
             partial = lines.pop()
             if len(partial) > MAX_LINE_BYTES:
@@ -1185,6 +1248,345 @@ def signal_group(pgid: int, number: int) -> None:
         os.killpg(pgid, number)
 
 
+# --- containers -----------------------------------------------------------------------
+
+DOCKER_CLI = "/usr/bin/docker"  # where TPU VM images install it; else the one on PATH
+# Conservative: no whitespace, no leading `-` (so never an option); the spec validates the grammar.
+IMAGE_REFERENCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@-]{0,1023}")
+IMAGE_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+PULL_POLICIES = ("always", "if-missing")
+DEFAULT_CONTAINER_WORKDIR = "/workspace"  # the code's mount point when the image names none
+PRIVILEGED_VARIABLE = "TPUJOBS_CONTAINER_PRIVILEGED"  # "0" on the host: no --privileged (the simulator)
+SIMULATED_HOST_VARIABLE = "SIMULATED_TPU_VM"  # set only on a simulated host: its mark
+LABEL_PREFIX = "tpujobs."
+HOST_LABEL = LABEL_PREFIX + "host"  # the simulated host's mark: the simulator removes these containers
+DOCKER_FAILED = frozenset({125, 126, 127})  # docker run's own failures (or the command's, rarely)
+MAX_DOCKER_WORDS = 400  # of docker's own words quoted in a sentence
+PULL_SECONDS = 3600.0  # the longest one pull may take
+DOCKER_SECONDS = 120.0  # the longest any other docker call may take
+# Registries that take the host's own access token (Artifact Registry, Container Registry).
+GOOGLE_REGISTRY = re.compile(r"(?:[a-z0-9-]+\.)*(?:pkg\.dev|gcr\.io)")
+
+# Runs in the container as `sh -c WRAPPER tpujobs SETUP COMMAND`: setup (if any), then exec
+# the command, each with bash when the image has it, else sh; one container, so the command
+# sees whatever setup changed. SETUP and COMMAND arrive as arguments, never as wrapper text.
+WRAPPER = """\
+if command -v bash >/dev/null 2>&1; then shell=bash; else shell=sh; fi
+if [ -n "$1" ]; then
+  "$shell" -c "$1"
+  code=$?
+  if [ "$code" -ne 0 ]; then
+    echo "[tpujobs-agent] setup exited with $code; the command does not run"
+    exit "$code"
+  fi
+fi
+exec "$shell" -c "$2"
+"""
+
+# Why a pull failed, by docker's words: the first row whose pattern matches names it. The
+# image's own name is blanked out first, so an image called `timeout-test` is not "no network".
+PULL_PROBLEMS = (
+    (
+        "no network",
+        re.compile(
+            r"connection refused|no such host|dial tcp|i/o timeout|timeout exceeded|handshake timeout"
+            r"|context deadline exceeded|network is unreachable|no route to host|connection reset",
+            re.IGNORECASE,
+        ),
+    ),
+    ("access denied", re.compile(r"denied|unauthori[sz]ed|forbidden|\b40[13]\b", re.IGNORECASE)),
+    ("not found", re.compile(r"manifest unknown|name unknown|not found|does not exist|\b404\b", re.IGNORECASE)),
+)
+
+
+class ImageProblem(AgentError):
+    """The job's image cannot be pulled or run: the attempt ends with `code`, and the sentence
+    goes into the job's output and the `exited` report's detail."""
+
+    def __init__(self, sentence: str, code: int = AGENT_FAILED) -> None:
+        super().__init__(sentence)
+        self.code = code
+
+
+def default_pull_policy(image: str) -> str:
+    """As Kubernetes (and JobSpec.pull_policy): `always` for an untagged or `:latest` image, else `if-missing`."""
+    if "@" in image:
+        return "if-missing"
+    last = image.rsplit("/", 1)[-1]
+    return "if-missing" if ":" in last and not last.endswith(":latest") else "always"
+
+
+def image_repository(image: str) -> str:
+    """The reference without its tag or digest: registry.example/team/trainer."""
+    name = image.split("@", 1)[0]
+    head, _, last = name.rpartition("/")
+    if ":" in last:
+        last = last.rsplit(":", 1)[0]
+    return f"{head}/{last}" if head else last
+
+
+def registry_host(image: str) -> str:
+    """The registry an image is pulled from: its first component when that names a host."""
+    first, slash, _ = image.partition("/")
+    if slash and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return "docker.io"
+
+
+def docker_words(text: str) -> str:
+    """Docker's output on one line, bounded."""
+    words = " ".join(text.split())
+    return words if len(words) <= MAX_DOCKER_WORDS else words[: MAX_DOCKER_WORDS - 3] + "..."
+
+
+def pull_problem(image: str, said: str) -> str:
+    """The one sentence a failed pull is reported with: why (not found, access denied, no
+    network), then docker's own words; docker's words alone when the reason is not known."""
+    words = docker_words(said)
+    scrubbed = words
+    names = {image, image_repository(image), image_repository(image).rsplit("/", 1)[-1]}
+    for name in sorted(names, key=len, reverse=True):  # whole names only: `t` is not in `not found`
+        scrubbed = re.sub(r"(?<![A-Za-z0-9_.-])" + re.escape(name) + r"(?![A-Za-z0-9_-])", "<image>", scrubbed)
+    for why, pattern in PULL_PROBLEMS:
+        if pattern.search(scrubbed):
+            return f"cannot pull the image {image}: {why} (docker said: {words})"
+    return f"cannot pull the image {image}: docker said: {words or 'nothing'}"
+
+
+def docker_failure(tail: bytes) -> str | None:
+    """The line in which docker (or the container's init) said it could not run the container,
+    from the end of the output, else None: a 125, 126 or 127 without one is the command's own."""
+    for raw in reversed(tail.decode("utf-8", "replace").splitlines()):
+        line = raw.strip()
+        if line.startswith("docker: ") or line.startswith("[FATAL tini") or "Error response from daemon" in line:
+            return docker_words(line)
+    return None
+
+
+def container_name(config: dict[str, Any], slice_id: int, worker_id: int) -> str:
+    """The container of one attempt on one worker host: deterministic, so anyone can find it."""
+    return f"tpujobs-{safe_name(config['job_id'])}-a{int(config['attempt'])}-s{slice_id}-w{worker_id}"
+
+
+def container_labels(config: dict[str, Any], slice_id: int, worker_id: int, host_mark: str) -> list[str]:
+    """`key=value` labels: the job, attempt, slice, worker, and a simulated host's mark."""
+    labels = {
+        "job": safe_name(config["job_id"]),
+        "attempt": str(int(config["attempt"])),
+        "slice": str(slice_id),
+        "worker": str(worker_id),
+    }
+    if host_mark:
+        labels["host"] = re.sub(r"[^A-Za-z0-9_./-]", "_", host_mark)
+    return [f"{LABEL_PREFIX}{key}={value}" for key, value in labels.items()]
+
+
+def container_environment(
+    job_env: dict[str, str],
+    host_environ: dict[str, str],
+    config: dict[str, Any],
+    secret_names: list[str],
+    megascale: dict[str, str],
+) -> tuple[list[str], dict[str, str], list[str]]:
+    """(names passed with `-e NAME`, the docker CLI's environment, names left out).
+
+    Passed: the TPUJOBS_ variables, MEGASCALE_* from tpu-env, the spec's env and the secrets;
+    their values travel in the docker CLI's own environment, so no value is ever on a command
+    line or on disk. The host's other variables stay out of the container. Names beginning
+    with DOCKER_ are left out: the docker CLI itself obeys them (DOCKER_HOST, DOCKER_CONFIG),
+    so the job's values would steer the agent's docker; so are names no shell could set.
+    """
+    wanted = set(config["env"]) | set(secret_names) | set(megascale)
+    wanted |= {name for name in job_env if name.startswith("TPUJOBS_")}
+    left_out = sorted(n for n in wanted if n.startswith("DOCKER_") or not PASSABLE_NAME.fullmatch(n))
+    names = sorted(wanted - set(left_out))
+    cli_env = {name: value for name, value in host_environ.items() if not name.startswith("TPUJOBS_")}
+    cli_env.update({name: job_env[name] for name in names})
+    return names, cli_env, left_out
+
+
+def docker_run_argv(
+    docker: str,
+    image: str,
+    name: str,
+    labels: list[str],
+    env_names: list[str],
+    setup: str | None,
+    command: str,
+    privileged: bool = True,
+    mount: tuple[str, str] | None = None,
+) -> list[str]:
+    """`docker run` as TPU VMs run containers: privileged (unless told otherwise), host network
+    and IPC, /dev mounted, docker's init (tini) as PID 1 forwarding signals to the command's
+    whole process group; `mount` is (code directory, working directory in the container).
+    The image's ENTRYPOINT and CMD are not used: the wrapper runs setup and command."""
+    argv = [docker, "run", "--rm", "--name", name, "--init", "--sig-proxy=false"]
+    argv += ["--network", "host", "--ipc", "host", "-v", "/dev:/dev", "-e", "TINI_KILL_PROCESS_GROUP=1"]
+    if privileged:
+        argv.append("--privileged")
+    for label in labels:
+        argv += ["--label", label]
+    for env_name in env_names:
+        argv += ["-e", env_name]
+    if mount is not None:
+        source, target = mount
+        for path in (source, target):
+            if ":" in path or "," in path or not path.startswith("/"):
+                raise ImageProblem(
+                    f"the path {path!r} cannot be mounted into a container (it must be absolute, no ':' or ',')"
+                )
+        argv += ["-v", f"{source}:{target}", "-w", target]
+    argv += ["--entrypoint", "sh", image, "-c", WRAPPER, "tpujobs", setup or "", command]
+    return argv
+
+
+class Docker:
+    """The host's docker CLI as the agent uses it: pull (with the host's token for Google's
+    registries), inspect, kill and remove. Every call is an argv list with the host's own
+    environment; nothing goes through a shell."""
+
+    def __init__(self, binary: str, environ: dict[str, str], tokens: TokenSource | None = None) -> None:
+        self.binary = binary
+        self.environ = {name: value for name, value in environ.items() if not name.startswith("TPUJOBS_")}
+        self.tokens = tokens
+
+    @classmethod
+    def find(cls, environ: dict[str, str], tokens: TokenSource | None = None) -> Docker | None:
+        """The docker CLI of this host, or None when it has none."""
+        binary = DOCKER_CLI if os.access(DOCKER_CLI, os.X_OK) else shutil.which("docker", path=environ.get("PATH"))
+        return cls(binary, environ, tokens) if binary else None
+
+    def call(
+        self, *args: str, stdin: bytes | None = None, timeout: float = DOCKER_SECONDS
+    ) -> subprocess.CompletedProcess[bytes]:
+        """One docker command, its output captured; a CLI that cannot start or hangs is returncode 125."""
+        try:
+            return subprocess.run(
+                [self.binary, *args],
+                input=stdin,
+                stdin=None if stdin is not None else subprocess.DEVNULL,
+                capture_output=True,
+                env=self.environ,
+                timeout=timeout,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as error:
+            return subprocess.CompletedProcess([self.binary, *args], 125, b"", str(error).encode())
+
+    @staticmethod
+    def said(done: subprocess.CompletedProcess[bytes]) -> str:
+        return ((done.stderr or b"") + b"\n" + (done.stdout or b"")).decode("utf-8", "replace").strip()
+
+    def has_image(self, image: str) -> bool:
+        return self.call("image", "inspect", "--format", "{{.Id}}", image).returncode == 0
+
+    def ensure(self, image: str, policy: str, stop: threading.Event) -> bool:
+        """The image is here, pulled as `policy` says (`always`; `if-missing`: only when absent).
+        True when a pull ran; ImageProblem with a sentence when it failed."""
+        if policy == "if-missing" and self.has_image(image):
+            return False
+        self.pull(image, stop)
+        return True
+
+    def pull(self, image: str, stop: threading.Event) -> None:
+        """docker pull, stopped early when `stop` is set. A Google registry gets the host's token
+        in a private config directory of this pull's own, removed after it; the token goes to
+        docker on stdin only."""
+        config_dir = self._login(image)
+        try:
+            args = ([] if config_dir is None else ["--config", config_dir]) + ["pull", "--quiet", image]
+            process = subprocess.Popen(
+                [self.binary, *args],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env=self.environ,
+            )
+            deadline = time.monotonic() + PULL_SECONDS
+            while True:
+                try:  # output read before a timeout is kept: the last call returns all of it
+                    output = process.communicate(timeout=0.5)[0] or b""
+                    break
+                except subprocess.TimeoutExpired:
+                    if stop.is_set() or time.monotonic() >= deadline:
+                        process.kill()
+            if stop.is_set():
+                return  # a preemption notice: nothing is to run
+            if time.monotonic() >= deadline and process.returncode != 0:
+                raise ImageProblem(f"cannot pull the image {image}: the pull took over {PULL_SECONDS:g} s")
+            if process.returncode != 0:
+                raise ImageProblem(pull_problem(image, output.decode("utf-8", "replace")))
+        except OSError as error:
+            raise ImageProblem(f"cannot pull the image {image}: docker did not start ({error})") from None
+        finally:
+            if config_dir is not None:
+                shutil.rmtree(config_dir, ignore_errors=True)
+
+    def _login(self, image: str) -> str | None:
+        """A fresh private docker config directory logged in to the image's Google registry with
+        the host's access token; None for any other registry (no login)."""
+        host = registry_host(image)
+        if self.tokens is None or not GOOGLE_REGISTRY.fullmatch(host):
+            return None
+        try:
+            token = self.tokens.token()
+        except (AgentError, OSError, http.client.HTTPException) as error:
+            raise ImageProblem(f"cannot pull the image {image}: access denied (no access token: {error})") from None
+        config_dir = tempfile.mkdtemp(prefix="tpujobs-docker-")  # 0700: readable by this user only
+        done = self.call(
+            "--config",
+            config_dir,
+            "login",
+            "--username",
+            "oauth2accesstoken",
+            "--password-stdin",
+            f"https://{host}",
+            stdin=token.encode("utf-8"),
+        )
+        if done.returncode != 0:
+            shutil.rmtree(config_dir, ignore_errors=True)
+            raise ImageProblem(pull_problem(image, self.said(done)))
+        return config_dir
+
+    def digest(self, image: str) -> str | None:
+        """The digest of the image as its registry knows it (`sha256:...`), or None."""
+        if "@" in image:
+            given = image.rsplit("@", 1)[1]
+            return given if IMAGE_DIGEST.fullmatch(given) else None
+        done = self.call("image", "inspect", "--format", "{{json .RepoDigests}}", image)
+        try:
+            entries = json.loads(done.stdout or b"null") if done.returncode == 0 else None
+        except ValueError:
+            entries = None
+        repository = image_repository(image)
+        for entry in entries or []:
+            name, _, digest = str(entry).partition("@")
+            if name == repository and IMAGE_DIGEST.fullmatch(digest):
+                return digest
+        return None
+
+    def working_dir(self, image: str) -> str:
+        """The image's WorkingDir, or /workspace when it names none (or `/`)."""
+        done = self.call("image", "inspect", "--format", "{{json .Config.WorkingDir}}", image)
+        try:
+            found = json.loads(done.stdout or b'""') if done.returncode == 0 else ""
+        except ValueError:
+            found = ""
+        found = found if isinstance(found, str) else ""
+        return found if found.startswith("/") and found.rstrip("/") else DEFAULT_CONTAINER_WORKDIR
+
+    def kill(self, name: str, signal_name: str = "KILL") -> bool:
+        """Sends the signal to the container's init (which passes it to the command's group)."""
+        return self.call("kill", "--signal", signal_name, name, timeout=30.0).returncode == 0
+
+    def remove(self, name: str) -> None:
+        """The container is gone, whatever it was doing; one that never existed is fine."""
+        done = self.call("rm", "--force", name)
+        said = self.said(done)
+        if done.returncode != 0 and "No such container" not in said:
+            log(f"could not remove container {name}: {docker_words(said)}")
+
+
 # --- the attempt's record on this host -------------------------------------------------
 
 
@@ -1333,10 +1735,15 @@ class Agent:
         environ: dict[str, str],
         echo: Any = None,
         secret_reader: SecretReader | None = None,
+        tokens: TokenSource | None = None,
+        megascale: dict[str, str] | None = None,
+        docker: Docker | None = None,
     ) -> None:
         self._lock = threading.Lock()
         self._current: subprocess.Popen[bytes] | None = None
+        self._container: str | None = None  # the running container's name, in an image
         self._term_sent_at: float | None = None
+        self._term_delivered = False  # the container got its SIGTERM (docker kill succeeded)
         self._started = False
         self._finished = False
         self.config = config
@@ -1346,9 +1753,10 @@ class Agent:
         self.storage = storage
         self.workdir = workdir
         self.environ = environ
-        self.secret_reader = secret_reader or SecretReader(
-            GoogleApi.secrets_from_env(environ, TokenSource(metadata)), metadata
-        )
+        tokens = tokens or TokenSource(metadata)
+        self.secret_reader = secret_reader or SecretReader(GoogleApi.secrets_from_env(environ, tokens), metadata)
+        self.megascale = dict(megascale or {})
+        self.docker = docker if docker is not None or not config.get("image") else Docker.find(environ, tokens)
         self.grace = float(config["grace_seconds"])
         identity = {
             "job_id": config["job_id"],
@@ -1378,10 +1786,14 @@ class Agent:
                 log(f"preemption notice ({reason}) after the command ended")
                 return
             self.reporter.silence()
+            container = self._container
             if self._current is not None:
-                signal_group(self._current.pid, signal.SIGTERM)
+                if container is None:
+                    signal_group(self._current.pid, signal.SIGTERM)
                 self._term_sent_at = time.monotonic()
         self.note(f"preemption notice ({reason}): stopping the command, SIGKILL after {self.grace:g} s")
+        if container is not None and self.docker is not None:
+            self._term_delivered = self.docker.kill(container, "TERM")  # _wait tries again if not
 
     def run(self) -> int:
         """Everything, start to end; the command's exit code.
@@ -1403,6 +1815,9 @@ class Agent:
         except Refused as refusal:  # no restart can fix it: say so, and run nothing
             self.note(str(refusal))
             return self._finish(AGENT_FAILED, aborted=str(refusal))
+        except ImageProblem as problem:  # an error under the job's rules, with the reason
+            self.note(str(problem))
+            return self._finish(problem.code, detail=str(problem))
         except Exception as error:  # a bug or a full disk must still end in a report
             self.note(f"the agent failed: {error!r}")
             code = AGENT_FAILED
@@ -1442,10 +1857,12 @@ class Agent:
         return AGENT_STARTED_AGAIN
 
     def _attempt(self) -> int:
-        """Read the secrets, fetch the code, run setup (once per host), run the command.
+        """Read the secrets, fetch the code, run setup (once per host), run the command; or,
+        with an image, setup and command in one container of it (`_contained`).
 
         Returns their exit code; raises Refused, before anything of the job runs, when a
-        secret cannot be read or the code is not what was submitted.
+        secret cannot be read or the code is not what was submitted, and ImageProblem when
+        the image cannot be pulled or run.
         """
         code_dir = os.path.join(self.workdir, "code")
         os.makedirs(code_dir, exist_ok=True)
@@ -1460,7 +1877,9 @@ class Agent:
             except (AgentError, OSError, http.client.HTTPException, tarfile.TarError) as error:
                 self.note(f"could not fetch the code from {self.config['code_uri']}: {error}")
                 code = AGENT_FAILED
-        env = job_environment(self.environ, self.config, self.worker_id, self.slice_id, secret_values)
+        env = job_environment(self.environ, self.config, self.worker_id, self.slice_id, secret_values, self.megascale)
+        if self.config.get("image"):
+            return code or self._contained(self.config["image"], code_dir, env, sorted(secret_values))
         marker = os.path.join(
             os.path.dirname(os.path.abspath(self.workdir)),
             f".setup-done-{safe_name(self.config['job_id'])}",
@@ -1469,26 +1888,76 @@ class Agent:
             if os.path.exists(marker):
                 log("setup already ran on this host for this job; skipping it")
             else:
-                code = self._run(self.config["setup"], code_dir, env, "setup")
+                code = self._run(["bash", "-c", self.config["setup"]], code_dir, env, "setup")
                 if code == 0 and not self.preemption.noticed.is_set():
                     with open(marker, "w", encoding="utf-8") as handle:
                         handle.write(rfc3339() + "\n")
                 elif code != 0:
                     log(f"setup exited with {code}; the command does not run")
         if code == 0:
-            code = self._run(self.config["command"], code_dir, env, "command")
+            code = self._run(["bash", "-c", self.config["command"]], code_dir, env, "command")
         return code
 
-    def _run(self, script: str, cwd: str, env: dict[str, str], what: str) -> int:
-        """Runs `bash -c script` in its own process group until it and its group are gone;
-        `what` (setup or command) is recorded with its pid, for a later start to find."""
+    def _contained(self, image: str, code_dir: str, env: dict[str, str], secret_names: list[str]) -> int:
+        """Setup and command in one container of `image`, pulled as the config's policy says;
+        the container's exit code. The container is removed on every way out of here."""
+        if self.docker is None:
+            raise ImageProblem(f"cannot run the image {image}: this host has no docker CLI")
+        docker = self.docker
+        name = container_name(self.config, self.slice_id, self.worker_id)
+        try:
+            if docker.ensure(image, self.config["image_pull_policy"], self.preemption.noticed):
+                log(f"pulled the image {image}")
+            if self.preemption.noticed.is_set():
+                return 128 + int(signal.SIGTERM)
+            digest = docker.digest(image)
+            mount = None
+            if self.config.get("code_uri"):
+                mount = (os.path.abspath(code_dir), docker.working_dir(image))
+            names, cli_env, left_out = container_environment(
+                env, self.environ, self.config, secret_names, self.megascale
+            )
+            if left_out:
+                self.note(f"not passed into the container (the docker CLI obeys DOCKER_*): {', '.join(left_out)}")
+            privileged = self.environ.get(PRIVILEGED_VARIABLE, "1").strip() != "0"
+            labels = container_labels(
+                self.config, self.slice_id, self.worker_id, self.environ.get(SIMULATED_HOST_VARIABLE, "")
+            )
+            argv = docker_run_argv(
+                docker.binary, image, name, labels, names, self.config.get("setup"), self.config["command"],
+                privileged, mount,
+            )  # fmt: skip
+            log(f"running setup and command in {image} ({digest or 'no registry digest'}) as container {name}")
+            started = {"image_digest": digest} if digest else {}
+            pump_tail: list[OutputPump] = []
+            code = self._run(argv, code_dir, cli_env, "command", container=name, started=started, pumps=pump_tail)
+            said = docker_failure(pump_tail[0].tail) if code in DOCKER_FAILED and pump_tail else None
+            if said is not None:
+                raise ImageProblem(f"docker could not run the image {image}: {said}", code)
+            return code
+        finally:
+            docker.remove(name)
+
+    def _run(
+        self,
+        argv: list[str],
+        cwd: str,
+        env: dict[str, str],
+        what: str,
+        container: str | None = None,
+        started: dict[str, Any] | None = None,
+        pumps: list[OutputPump] | None = None,
+    ) -> int:
+        """Runs argv (`bash -c script`, or `docker run` of `container`) in its own process group
+        until it and its group are gone; `what` (setup or command) is recorded with its pid,
+        for a later start to find. `started` joins the first `started` report."""
         with self._lock:
             if self.preemption.noticed.is_set():
                 return 128 + int(signal.SIGTERM)
             read_fd, write_fd = os.pipe()
             try:
                 process = subprocess.Popen(
-                    ["bash", "-c", script],
+                    argv,
                     cwd=cwd,
                     env=env,
                     stdin=subprocess.DEVNULL,
@@ -1498,21 +1967,27 @@ class Agent:
                 )
             except OSError as error:
                 os.close(read_fd)
-                self.note(f"cannot start bash: {error}")
+                self.note(f"cannot start {os.path.basename(argv[0])}: {error}")
                 return 127
             finally:
                 os.close(write_fd)
             self._current = process
+            self._container = container
+            self._term_delivered = False
         pump = OutputPump(read_fd, self.shipper, self._checkpoint)
         pump.start()
+        if pumps is not None:
+            pumps.append(pump)
         if not self._started:
             self._started = True
-            self.reporter.report("started")
+            self.reporter.report("started", **(started or {}))
             threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True).start()
         running = {"what": what, "pid": process.pid, "start": process_start(process.pid)}
+        if container is not None:
+            running["container"] = container
         self.record.update(running={**running, "boot": self.boot, "at": rfc3339()})
         try:
-            returncode = self._wait(process)
+            returncode = self._wait(process, container)
             self._clear_group(process.pid)
         except BaseException:  # KeyboardInterrupt or a bug: leave nothing running
             signal_group(process.pid, signal.SIGKILL)
@@ -1520,20 +1995,40 @@ class Agent:
         pump.join(2.0)  # a process that left the group may hold the pipe open: do not wait for it
         with self._lock:
             self._current = None
+            self._container = None
         return exit_status(returncode)
 
-    def _wait(self, process: subprocess.Popen[bytes]) -> int:
-        killed = False
+    def _wait(self, process: subprocess.Popen[bytes], container: str | None = None) -> int:
+        """The exit of `process`; after a preemption notice, SIGKILL once the grace is over. In a
+        container the signals go through `docker kill` (a SIGTERM that found no container yet
+        is sent again); a docker CLI still there long after the SIGKILL is killed itself."""
+        docker = self.docker if container is not None else None
+        killed_at: float | None = None
+        tried_term = time.monotonic()
         while True:
             try:
                 return process.wait(timeout=0.1)
             except subprocess.TimeoutExpired:
                 pass
             sent = self._term_sent_at
-            if not killed and sent is not None and time.monotonic() - sent >= self.grace:
+            now = time.monotonic()
+            if sent is None:
+                continue
+            term_again = not self._term_delivered and killed_at is None and now - tried_term >= 0.5
+            if docker is not None and container is not None and term_again:
+                tried_term = now
+                self._term_delivered = docker.kill(container, "TERM")
+            if killed_at is None and now - sent >= self.grace:
                 log(f"the command outlived the {self.grace:g} s grace period: SIGKILL")
+                killed_at = now
+                if docker is not None and container is not None:
+                    docker.kill(container, "KILL")
+                else:
+                    signal_group(process.pid, signal.SIGKILL)
+            elif docker is not None and killed_at is not None and now - killed_at >= DOCKER_SECONDS / 4:
+                log(f"the docker CLI of container {container} outlived its SIGKILL: killing the CLI")
                 signal_group(process.pid, signal.SIGKILL)
-                killed = True
+                killed_at = now
 
     def _clear_group(self, pgid: int) -> None:
         """Whatever the command left running in its group: SIGTERM, then SIGKILL after grace."""
@@ -1559,8 +2054,9 @@ class Agent:
     def _checkpoint(self, step: int, detail: str) -> None:
         self.reporter.report("checkpoint", step=step, detail=detail)
 
-    def _finish(self, code: int, aborted: str | None = None) -> int:
-        """The last report: `exited` with the code, or `aborted` with why nothing ran."""
+    def _finish(self, code: int, aborted: str | None = None, detail: str | None = None) -> int:
+        """The last report: `exited` with the code (and `detail` when the agent itself ended
+        the attempt, an image it could not pull), or `aborted` with why nothing ran."""
         self.stop_watching.set()
         with self._lock:
             self._finished = True
@@ -1568,6 +2064,8 @@ class Agent:
         self.shipper.close(None if preempted else code)
         if not preempted and aborted is not None:
             self.reporter.report("aborted", detail=aborted[:MAX_DETAIL_CHARS])
+        elif not preempted and detail is not None:
+            self.reporter.report("exited", exit_code=code, detail=detail[:MAX_DETAIL_CHARS])
         elif not preempted:
             self.reporter.report("exited", exit_code=code)
         self.reporter.close()
@@ -1600,7 +2098,8 @@ def main(argv: list[str] | None = None) -> int:
     metadata = Metadata(environ.get("TPUJOBS_METADATA_URL") or DEFAULT_METADATA_URL)
     try:
         config = load_config(args[0])
-        worker_id, slice_id = discover_identity(metadata, config)
+        tpu_env = read_tpu_env(metadata)
+        worker_id, slice_id = discover_identity(metadata, config, tpu_env)
         key = read_report_key(metadata)
     except (AgentError, OSError, http.client.HTTPException) as error:
         log(f"cannot start: {error}")
@@ -1632,6 +2131,8 @@ def main(argv: list[str] | None = None) -> int:
         environ,
         echo=echo,
         secret_reader=secret_reader,
+        tokens=tokens,
+        megascale=megascale_environment(tpu_env),
     )
     target.append(agent.preemption.trigger)
     if early:

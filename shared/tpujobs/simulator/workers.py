@@ -26,7 +26,15 @@ or the end of a maintenance keeps it (``work/`` and all), so a program can tell 
 ``worker.log`` then continues, and WorkerInfo.boot counts the boots.
 
 Each worker's environment is the pool's (``os.environ`` unless given) plus
-``TPUJOBS_WORKDIR={scratch}/work`` and ``TPUJOBS_METADATA_URL``, its own metadata server.
+``TPUJOBS_WORKDIR={scratch}/work`` and ``TPUJOBS_METADATA_URL``, its own metadata server,
+``SIMULATED_TPU_VM`` (the host's mark, new at every boot) and
+``TPUJOBS_CONTAINER_PRIVILEGED=0``: this machine refuses privileged containers, so the agent
+runs a job's image without ``--privileged`` here (and only that differs from a real VM).
+
+Containers die with their host, as on a real VM: the agent labels a job's container with the
+host's mark (``tpujobs.host``), and whenever the pool SIGKILLs a host (fail, kill_host,
+reboot, the end of a grace, close) it removes that host's containers (``docker rm -f``), in
+a background thread so the sweep never waits for docker; close() waits for those removals.
 A QR that is ACTIVE when the simulator starts (restored from a state file) gets no processes:
 they were stopped with the previous simulator.
 """
@@ -47,6 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tpujobs.agent.worker import HOST_LABEL, PRIVILEGED_VARIABLE, SIMULATED_HOST_VARIABLE
 from tpujobs.simulator.model import (
     HostAction,
     HostEvent,
@@ -65,7 +74,8 @@ GONE_TIMEOUT_SECONDS = 5.0  # close() waits this long past the grace for groups 
 MetadataUrl = Callable[[NodeRecord, int], str]
 
 
-VM_MARK = "SIMULATED_TPU_VM"  # in the environment of every process of one simulated host
+VM_MARK = SIMULATED_HOST_VARIABLE  # in the environment of every process of one simulated host
+DOCKER_SECONDS = 30.0  # the longest one container removal may take
 
 
 class StopReason:
@@ -191,6 +201,7 @@ class WorkerPool:
         self._closed = False
         self._sweeping = threading.Event()
         self._sweeper: threading.Thread | None = None
+        self._containers = HostContainers()
 
     # -- wiring -------------------------------------------------------------------------
 
@@ -237,6 +248,7 @@ class WorkerPool:
         for worker in remaining:
             if _group_running(worker.pgid):
                 _log.warning("worker group %d of %s did not go away", worker.pgid, worker.key[2])
+        self._containers.wait(DOCKER_SECONDS)
         self._sweeping.set()
         if self._sweeper is not None and self._sweeper is not threading.current_thread():
             self._sweeper.join(timeout=5)
@@ -273,7 +285,7 @@ class WorkerPool:
                 return
             leftovers = self._workers.pop(key, [])  # an earlier QR of the same name
             for leftover in leftovers:
-                _signal(leftover, signal.SIGKILL)
+                self._signal(leftover, signal.SIGKILL)
             if not qr.hosts_boot:
                 _log.info("%s: its hosts never run their startup script (no-boot)", qr.name)
                 return
@@ -337,7 +349,7 @@ class WorkerPool:
         for index in event.workers:
             old = next((w for w in group if (w.slice_index, w.worker) == (event.slice_index, index)), None)
             if old is not None:
-                _signal(old, signal.SIGKILL)  # a host boots only once its old life is over
+                self._signal(old, signal.SIGKILL)  # a host boots only once its old life is over
                 group.remove(old)
             boot = 1 if old is None else old.boot + 1
             try:
@@ -366,6 +378,7 @@ class WorkerPool:
         # Everything started on this "VM" inherits the mark, even in sessions of its own
         # (the agent runs the command in one): killing the VM kills everything marked.
         env[VM_MARK] = f"{qr.qr_id}/{slice_index}/{worker}/{uuid.uuid4().hex}"
+        env[PRIVILEGED_VARIABLE] = "0"  # this machine refuses privileged containers
         with (scratch / "worker.log").open("wb" if boot == 1 else "ab") as log:
             process = subprocess.Popen(
                 [self._bash, str(script_file)],
@@ -391,14 +404,20 @@ class WorkerPool:
             if not worker.stopped_by:
                 worker.stopped_by = reason
             if grace <= 0:
-                _signal(worker, signal.SIGKILL)
+                self._signal(worker, signal.SIGKILL)
                 worker.kill_at = None
                 continue
             if not worker.terminated:
                 worker.terminated = True
-                _signal(worker, signal.SIGTERM)
+                self._signal(worker, signal.SIGTERM)
             due = now + grace
             worker.kill_at = due if worker.kill_at is None else min(worker.kill_at, due)
+
+    def _signal(self, worker: _Worker, sig: signal.Signals) -> None:
+        """_signal, and on SIGKILL (the host dies) its containers are removed too."""
+        _signal(worker, sig)
+        if sig == signal.SIGKILL and worker.mark:
+            self._containers.remove(worker.mark)
 
     def _sweep(self) -> None:
         """Collect exits and send the SIGKILLs that are due."""
@@ -409,7 +428,7 @@ class WorkerPool:
                     worker.process.poll()
                     if worker.kill_at is not None and worker.kill_at <= now:
                         worker.kill_at = None
-                        _signal(worker, signal.SIGKILL)
+                        self._signal(worker, signal.SIGKILL)
                         worker.process.poll()
 
     def _sweep_forever(self) -> None:
@@ -429,6 +448,57 @@ def _signal(worker: _Worker, sig: signal.Signals) -> None:
         for pid in _marked_pids(worker.mark):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
+
+
+class HostContainers:
+    """Removes the containers of simulated hosts that died, by their `tpujobs.host` label.
+
+    Each host's removal runs once, in a thread of its own, so a SIGKILL never waits for
+    docker; nothing happens where this machine has no docker CLI.
+    """
+
+    def __init__(self) -> None:
+        docker = "/usr/bin/docker"
+        self.docker = docker if os.access(docker, os.X_OK) else shutil.which("docker")
+        self._lock = threading.Lock()
+        self._done: set[str] = set()
+        self._threads: list[threading.Thread] = []
+
+    def remove(self, mark: str) -> None:
+        """Starts removing every container labelled with this host's mark (once per mark)."""
+        if self.docker is None:
+            return
+        with self._lock:
+            if mark in self._done:
+                return
+            self._done.add(mark)
+            thread = threading.Thread(target=self._remove, args=(self.docker, mark), daemon=True)
+            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+        thread.start()
+
+    def wait(self, timeout: float) -> None:
+        """Until the removals started so far are done, or `timeout` passes."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            threads = list(self._threads)
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    @staticmethod
+    def _remove(docker: str, mark: str) -> None:
+        try:
+            listed = subprocess.run(
+                [docker, "ps", "--all", "--quiet", "--filter", f"label={HOST_LABEL}={mark}"],
+                capture_output=True, timeout=DOCKER_SECONDS, check=False,
+            )  # fmt: skip
+            ids = listed.stdout.decode("ascii", "replace").split() if listed.returncode == 0 else []
+            if ids:
+                subprocess.run(
+                    [docker, "rm", "--force", *ids], capture_output=True, timeout=DOCKER_SECONDS, check=False
+                )
+                _log.info("removed %d container(s) of simulated host %s", len(ids), mark)
+        except (OSError, subprocess.TimeoutExpired):
+            _log.warning("could not remove the containers of simulated host %s", mark, exc_info=True)
 
 
 def _marked_pids(mark: str) -> list[int]:
