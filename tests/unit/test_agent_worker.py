@@ -366,7 +366,7 @@ def run_script(script: str, workdir: Path, metadata: FakeMetadata, google: Googl
 
 
 def chunk_prefix(attempt: int = 1, slice_id: int = 0, worker_id: int = 0, job_id: str = "train-1") -> str:
-    return f"jobs/{job_id}/attempt-{attempt}/chunks/slice-{slice_id}-worker-{worker_id}/"
+    return f"logs/jobs/{job_id}/attempt-{attempt}/chunks/slice-{slice_id}-worker-{worker_id}/"
 
 
 def assert_all_signed(google: GoogleStub, topic: str, key: bytes = KEY) -> None:
@@ -491,8 +491,8 @@ def a_config(**changes: Any) -> dict[str, Any]:
         "num_slices": 2,
         "hosts_per_slice": 4,
         "queued_resource": "train-1-a2",
-        "checkpoint_uri": f"gs://{BUCKET}/jobs/train-1/checkpoints/",
-        "log_prefix": f"gs://{BUCKET}/jobs/train-1/attempt-2/",
+        "checkpoint_uri": f"gs://{BUCKET}/checkpoints/jobs/train-1/",
+        "log_prefix": f"gs://{BUCKET}/logs/jobs/train-1/attempt-2/",
         "project": PROJECT,
         "worker_events_topic": WORKER_EVENTS,
         "preemption_topic": PREEMPTION,
@@ -555,7 +555,7 @@ def test_the_job_environment_is_the_host_env_then_the_spec_env_then_tpujobs_vari
         "TPUJOBS_JOB_ID": "train-1",
         "TPUJOBS_ATTEMPT": "2",
         "TPUJOBS_RESUME": "1",
-        "TPUJOBS_CHECKPOINT_URI": f"gs://{BUCKET}/jobs/train-1/checkpoints/",
+        "TPUJOBS_CHECKPOINT_URI": f"gs://{BUCKET}/checkpoints/jobs/train-1/",
         "TPUJOBS_WORKER_ID": "3",
         "TPUJOBS_NUM_WORKERS": "4",
         "TPUJOBS_SLICE_ID": "1",
