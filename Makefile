@@ -11,7 +11,7 @@ TERRAFORM ?= terraform
 TF_STATE_BUCKET ?=
 TF_VARS_FILE ?=
 
-.PHONY: venv tools emulator-tools container-tools terraform-tool lint test test-unit test-emulator demo bench clean bundle infra-check infra-fmt infra-test checkov plan apply
+.PHONY: venv tools emulator-tools container-tools docker-engine terraform-tool lint test test-unit test-emulator demo bench clean bundle infra-check infra-fmt infra-test checkov plan apply
 
 # The functions' pinned runtime dependencies are the constraints: tests run what deploys.
 $(STAMP): pyproject.toml functions/requirements.txt
@@ -33,6 +33,11 @@ emulator-tools: venv
 # Jobs' images run on Docker Engine and are pulled from a registry on loopback; the image tests build
 # from a static busybox. Debian's packages, installed with apt-get where missing when run as root (CI
 # is); otherwise it names what to install and fails. A machine that has them all does nothing.
+# Docker Engine answering before the tests, started (as root) and left running like the machine
+# service it is, so that no test worker's teardown stops it under the other.
+docker-engine: venv container-tools
+	$(BIN)/python -m tpujobs.dev.containers
+
 container-tools:
 	@missing=""; \
 	{ command -v docker && command -v dockerd; } >/dev/null 2>&1 || missing="$$missing docker.io"; \
@@ -70,7 +75,7 @@ test-emulator: venv emulator-tools
 # after the infra checks. Two pytest-xdist workers, each with emulators of its own; the end-to-end
 # tests all go to one of them (tests/conftest.py), so the local stack starts once.
 PYTEST_WORKERS ?= 2
-test: venv tools lint infra-check
+test: venv tools lint infra-check docker-engine
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
 
 # Checks of infra/ that need no cloud and no provider download: formatting, checkov (zero failed

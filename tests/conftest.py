@@ -126,12 +126,10 @@ def local_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
     root = tmp_path_factory.mktemp("registry")
     started: list[processes.ManagedProcess] = []
-    try:
-        handle = containers.start_dockerd(root / "dockerd.log")
+    try:  # a dockerd started here is left running: the other test worker may be using it
+        containers.start_dockerd(root / "dockerd.log")
     except containers.ContainerToolError as error:
         pytest.fail(f"Docker cannot run here: {error}", pytrace=False)
-    if handle is not None:
-        started.append(processes.adopt("dockerd", handle, root / "dockerd.log"))
     problem = containers.docker_problem()
     port = processes.free_port()
     config = root / "registry.yml"

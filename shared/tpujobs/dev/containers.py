@@ -12,6 +12,8 @@ Where Docker cannot run, `docker_problem` says what to install or start, in one 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -19,10 +21,13 @@ import subprocess
 import tarfile
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 DOCKER_SOCKET = "/var/run/docker.sock"
+# Held while one process checks for and starts dockerd: two test workers or a test and
+# `tpujobs dev up` starting it at once would race for its pid file and socket.
+DOCKERD_LOCK = "/tmp/tpujobs-dockerd.lock"
 BUSYBOX = "/bin/busybox"
 INSTALL_HINT = "apt-get install docker.io docker-registry busybox-static (as root; make tools does it)"
 
@@ -67,10 +72,27 @@ def docker_problem() -> str | None:
     return "no Docker Engine answers on /var/run/docker.sock; `tpujobs dev up` starts dockerd, or start it yourself"
 
 
+@contextlib.contextmanager
+def _dockerd_lock() -> Iterator[None]:
+    with open(DOCKERD_LOCK, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def start_dockerd(log_path: Path, *, deadline_s: float = 60.0) -> subprocess.Popen[bytes] | None:
     """Starts dockerd when none answers and this process may (root, dockerd installed);
     the process it started, or None when one already answered. ContainerToolError if it cannot."""
     if docker_answers():
+        return None
+    with _dockerd_lock():
+        return _start_dockerd_locked(log_path, deadline_s)
+
+
+def _start_dockerd_locked(log_path: Path, deadline_s: float) -> subprocess.Popen[bytes] | None:
+    if docker_answers():  # another process started it while this one waited for the lock
         return None
     dockerd = shutil.which("dockerd")
     if dockerd is None or os.geteuid() != 0:
@@ -188,3 +210,21 @@ def remove_local_image(reference: str) -> None:
     docker = docker_binary()
     if docker is not None:
         subprocess.run([docker, "image", "rm", "--force", reference], capture_output=True, check=False)
+
+
+def main() -> int:
+    """`python -m tpujobs.dev.containers`: Docker Engine answering before a test run, started
+    (as root) and left running like any machine service, so no test worker stops it under
+    another; a sentence and exit 1 where it cannot run."""
+    try:
+        started = start_dockerd(Path(".tpujobs") / "dockerd.log")
+    except ContainerToolError as error:
+        print(f"Docker Engine cannot run here: {error}")
+        return 1
+    if started is not None:
+        print(f"started dockerd (pid {started.pid}), left running; its log is .tpujobs/dockerd.log")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
