@@ -25,7 +25,6 @@ from typing import Any, ClassVar
 
 import pytest
 from test_agent_emulators import (
-    FAST,
     IGNORE_TERM,
     PREFIX,
     TRAP_TERM,
@@ -41,7 +40,6 @@ from test_simulator_workers import request_for
 
 from tpujobs import topology
 from tpujobs.agent import worker
-from tpujobs.agent.startup import render_startup_script
 from tpujobs.config import Settings
 from tpujobs.dev import processes
 from tpujobs.dev.containers import build_tiny_image, docker_binary
@@ -92,35 +90,6 @@ class HostMetadata(FakeMetadata):
         return values
 
 
-class HostRun(Run):
-    """Run, on a simulated host: its environment also has `host_env` (unprivileged containers,
-    the host's mark, the local Secret Manager)."""
-
-    def __init__(self, job: Job, settings: Settings, workdir: Path, metadata: FakeMetadata, storage_url: str,
-                 host_env: dict[str, str]) -> None:  # fmt: skip
-        self.job = job
-        workdir.mkdir(parents=True, exist_ok=True)
-        script = workdir.parent / f"startup-{workdir.name}.sh"
-        script.write_text(render_startup_script(job, settings, timings=FAST))
-        env = {
-            "PATH": os.environ.get("PATH", ""),
-            "HOME": str(workdir.parent),
-            "TPUJOBS_WORKDIR": str(workdir),
-            "TPUJOBS_METADATA_URL": metadata.base,
-            "PUBSUB_EMULATOR_HOST": os.environ["PUBSUB_EMULATOR_HOST"],
-            "STORAGE_EMULATOR_HOST": storage_url,
-            **host_env,
-        }
-        self.process = subprocess.Popen(
-            ["bash", str(script)],
-            cwd=workdir.parent,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
-
-
 @pytest.fixture
 def host(tmp_path: Path, storage_url: str, bucket, project_id: str) -> Iterator[Any]:
     """`host.start(job, metadata)`: the job's agent on a simulated host; `host.secrets` is its
@@ -139,7 +108,7 @@ def host(tmp_path: Path, storage_url: str, bucket, project_id: str) -> Iterator[
                 worker.SECRETS_ENDPOINT_VARIABLE: self.secrets.url,
                 **host_env,
             }
-            run = HostRun(job, self.settings, tmp_path / f"host-{len(self.runs)}" / "work", metadata, storage_url, env)
+            run = Run(job, self.settings, tmp_path / f"host-{len(self.runs)}" / "work", metadata, storage_url, env)
             self.runs.append(run)
             return run
 

@@ -207,7 +207,17 @@ def a_job(attempt: int = 1, **spec_changes: Any) -> Job:
 class Run:
     """One agent, started through its startup script; always killed (group and all) at the end."""
 
-    def __init__(self, job: Job, settings: Settings, workdir: Path, metadata: FakeMetadata, storage_url: str):
+    def __init__(
+        self,
+        job: Job,
+        settings: Settings,
+        workdir: Path,
+        metadata: FakeMetadata,
+        storage_url: str,
+        host_env: dict[str, str] | None = None,
+    ):
+        """`host_env`: more of the host's environment (a simulated host's: unprivileged containers,
+        its mark, the local Secret Manager)."""
         self.job = job
         workdir.mkdir(parents=True, exist_ok=True)
         script = workdir.parent / f"startup-{workdir.name}.sh"
@@ -219,6 +229,7 @@ class Run:
             "TPUJOBS_METADATA_URL": metadata.base,
             "PUBSUB_EMULATOR_HOST": os.environ["PUBSUB_EMULATOR_HOST"],
             "STORAGE_EMULATOR_HOST": storage_url,
+            **(host_env or {}),
         }
         self.process = subprocess.Popen(
             ["bash", str(script)],
