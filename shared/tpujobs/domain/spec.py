@@ -84,6 +84,56 @@ DiskMode = Literal["read-only", "read-write"]
 PRIORITY_RANK: dict[str, int] = {"very-low": 0, "low": 1, "medium": 2, "high": 3, "very-high": 4}
 
 
+DURATION = re.compile(r"^(?:(?P<h>[0-9]{1,5})h)?(?:(?P<m>[0-9]{1,5})m)?(?:(?P<s>[0-9]{1,7})s)?$")
+MAX_DURATION_SECONDS = 90 * 24 * 3600  # longer than any job a team would leave unattended
+MAX_RETRY_PATTERNS = 20
+MAX_RETRY_PATTERN_CHARS = 256
+MAX_RETRY_EXIT_CODES = 64
+
+
+def parse_duration(text: str) -> int:
+    """Seconds in a duration such as `90s`, `45m`, `2h` or `1h30m`; ValueError with a sentence."""
+    match = DURATION.fullmatch(text) if isinstance(text, str) and text else None
+    if match is None:
+        raise ValueError(f"{text!r} is not a duration such as 90s, 45m, 2h or 1h30m")
+    seconds = int(match["h"] or 0) * 3600 + int(match["m"] or 0) * 60 + int(match["s"] or 0)
+    if seconds <= 0:
+        raise ValueError(f"{text!r} is no time at all: give a positive duration")
+    if seconds > MAX_DURATION_SECONDS:
+        raise ValueError(f"{text!r} is over 90 days")
+    return seconds
+
+
+Duration = Annotated[str, Field(max_length=32)]
+
+
+class RetryOn(BaseModel):
+    """Which errors are worth another attempt: a worker's exit code listed in `exit_codes`, or
+    a line of its last output that a pattern of `output` matches (Python `re.search`)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    exit_codes: Annotated[list[Annotated[int, Field(ge=1, le=255)]], Field(max_length=MAX_RETRY_EXIT_CODES)] = Field(
+        default_factory=list
+    )
+    output: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=MAX_RETRY_PATTERN_CHARS)]],
+        Field(max_length=MAX_RETRY_PATTERNS),
+    ] = Field(default_factory=list)
+
+    @field_validator("output")
+    @classmethod
+    def _patterns_compile(cls, patterns: list[str]) -> list[str]:
+        for pattern in patterns:
+            try:
+                re.compile(pattern)
+            except re.error as error:
+                raise ValueError(
+                    f"retry_on.output pattern {pattern[:64]!r} is not a regular expression: {error}"
+                ) from None
+        return patterns
+
+
 class SpecError(ValueError):
     """A submission that cannot become a job; the message names the field and why."""
 
@@ -165,6 +215,16 @@ class JobSpec(BaseModel):
     on_preemption: RecoveryRule = "resume"
     on_error: RecoveryRule = "fail"
     max_restarts: Annotated[int, Field(ge=0, le=100)] = 5
+    # The whole job's time, across attempts, and one attempt's: past it the job ends FAILED.
+    time_limit: Duration | None = None
+    attempt_time_limit: Duration | None = None
+    # No output line and no checkpoint from any worker of a RUNNING attempt for this long: hung.
+    hang_timeout: Duration | None = None
+    on_hang: RecoveryRule = "fail"
+    # Errors worth another attempt (a listed exit code, or last output a pattern matches), and
+    # what they do; `on_error` is for every other non-zero exit.
+    retry_on: RetryOn | None = None
+    on_retryable_error: RecoveryRule = "resume"
     labels: dict[str, str] = Field(default_factory=dict)
     # Spot only: after this many preemptions within the window, continue on on-demand.
     on_demand_after_preemptions: Annotated[int, Field(ge=1, le=100)] | None = None
@@ -253,6 +313,16 @@ class JobSpec(BaseModel):
     def _topology_form(cls, value: str | None) -> str | None:
         if value is not None and not re.fullmatch(r"[1-9][0-9]{0,2}(x[1-9][0-9]{0,2}){1,2}", value):
             raise ValueError(f"topology {_excerpt(value)} is not of the form AxB or AxBxC, such as 2x2x4")
+        return value
+
+    @field_validator("time_limit", "attempt_time_limit", "hang_timeout")
+    @classmethod
+    def _durations(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None:
+            try:
+                parse_duration(value)
+            except ValueError as error:
+                raise ValueError(f"{info.field_name}: {error}") from None
         return value
 
     @field_validator("image")
@@ -359,6 +429,18 @@ class JobSpec(BaseModel):
         if len(disk_zones) > 1:
             raise ValueError(f"data_disks are in zones {', '.join(disk_zones)}: a job's disks share its one zone")
         check_zones_fit(self, self.preferred_zones)
+
+    @property
+    def time_limit_seconds(self) -> int | None:
+        return parse_duration(self.time_limit) if self.time_limit else None
+
+    @property
+    def attempt_time_limit_seconds(self) -> int | None:
+        return parse_duration(self.attempt_time_limit) if self.attempt_time_limit else None
+
+    @property
+    def hang_timeout_seconds(self) -> int | None:
+        return parse_duration(self.hang_timeout) if self.hang_timeout else None
 
     @property
     def pull_policy(self) -> ImagePullPolicy | None:
