@@ -1,0 +1,194 @@
+"""Time limits and hang detection: when a job has run too long, or an attempt has gone quiet.
+
+Pure: every answer is computed from the job (its spec and its attempts' timestamps) and
+`now`, which the caller passes. Two callers ask: the reconciler on every tick, and the
+agent on the host, which gets its deadline in its config (`agent_deadlines`) so a host
+cut off from its control plane still stops.
+
+What is counted, and from when:
+
+    time_limit          the whole job, across attempts: wall-clock time since its FIRST
+                        attempt's capacity was first held (`held_from`; the queue wait
+                        before it is not the job's doing), including the time between
+                        attempts spent recovering. As Slurm's `--time` counts from start.
+    attempt_time_limit  one attempt: time since that attempt's capacity was held.
+    hang_timeout        a RUNNING attempt none of whose workers printed a line or reported a
+                        checkpoint for that long is hung. Each worker's last sign of progress
+                        is the latest of its last output line (`last_output_at`, sent with
+                        its heartbeats), its last checkpoint and its command's start; a
+                        worker that never reported counts from the attempt's start.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from tpujobs.domain.job import Job
+from tpujobs.domain.states import JobState
+
+TIME_LIMIT = "time_limit"
+ATTEMPT_TIME_LIMIT = "attempt_time_limit"
+LIMITS = (TIME_LIMIT, ATTEMPT_TIME_LIMIT)
+"""The limit names: spec fields, the agent's `exited.limit` and the words of the reason."""
+
+
+@dataclass(frozen=True)
+class LimitReached:
+    """A time limit that has run out: which one, what it was, and how much time was used."""
+
+    limit: str  # TIME_LIMIT or ATTEMPT_TIME_LIMIT
+    limit_seconds: int
+    used_seconds: float
+
+    @property
+    def reason(self) -> str:
+        """The timeline's sentence: it names the limit and the time used."""
+        spelled = _spelled(self.limit_seconds)
+        if self.limit == TIME_LIMIT:
+            return (
+                f"The job's time_limit of {spelled} was reached: it used {self.used_seconds:.0f} s "
+                "since its first attempt's capacity was held"
+            )
+        return f"The attempt's attempt_time_limit of {spelled} was reached: it used {self.used_seconds:.0f} s"
+
+
+@dataclass(frozen=True)
+class WorkerProgress:
+    """The latest sign of progress the control plane knows of one worker of an attempt."""
+
+    worker: str  # "slice-worker"
+    last_output_at: datetime | None = None
+    checkpoint_at: datetime | None = None
+    started_at: datetime | None = None
+
+    def last_progress(self) -> datetime | None:
+        known = [t for t in (self.last_output_at, self.checkpoint_at, self.started_at) if t is not None]
+        return max(known) if known else None
+
+
+@dataclass(frozen=True)
+class Hung:
+    """A RUNNING attempt that went quiet: each silent worker and for how long."""
+
+    attempt: int
+    hang_timeout_seconds: int
+    silent: tuple[tuple[str, float], ...]  # (worker, seconds since its last progress)
+
+    @property
+    def reason(self) -> str:
+        """The timeline's sentence: the silent workers and for how long each."""
+        names = ", ".join(f"{worker} for {quiet:.0f} s" for worker, quiet in self.silent)
+        return (
+            f"Attempt {self.attempt} is hung: no output line and no checkpoint from any worker "
+            f"within its hang_timeout of {_spelled(self.hang_timeout_seconds)} (silent: {names})"
+        )
+
+
+def first_held(job: Job) -> datetime | None:
+    """When the job's capacity was first held, in any attempt; None if never."""
+    held = [u.held_from for u in job.usage if u.held_from is not None]
+    return min(held) if held else None
+
+
+def attempt_held(job: Job) -> datetime | None:
+    """When the current attempt's capacity was held; None if not (yet)."""
+    return next((u.held_from for u in job.usage if u.attempt == job.attempt), None)
+
+
+def limit_reached(job: Job, now: datetime, which: str | None = None) -> LimitReached | None:
+    """The first time limit the job is past at `now` (the whole job's before the attempt's), or
+    None. `which` asks about one limit only. An ended job, or one never started, is past none."""
+    if job.state.is_terminal:
+        return None
+    spec = job.spec
+    checks = (
+        (TIME_LIMIT, spec.time_limit_seconds, first_held(job)),
+        (ATTEMPT_TIME_LIMIT, spec.attempt_time_limit_seconds, attempt_held(job)),
+    )
+    for name, limit, since in checks:
+        if which not in (None, name) or limit is None or since is None:
+            continue
+        used = (now - since).total_seconds()
+        if used >= limit:
+            return LimitReached(name, limit, used)
+    return None
+
+
+def limit_as_reported(job: Job, which: str, now: datetime) -> LimitReached | None:
+    """What the agent's `exited` with `limit` means: that limit, with the time the control
+    plane counts (the agent counts from its own start, a little later than the capacity's).
+    None when the job has no such limit (a report the job's own spec does not back)."""
+    spec = job.spec
+    limit = spec.time_limit_seconds if which == TIME_LIMIT else spec.attempt_time_limit_seconds
+    if which not in LIMITS or limit is None:
+        return None
+    since = first_held(job) if which == TIME_LIMIT else attempt_held(job)
+    used = (now - since).total_seconds() if since is not None else float(limit)
+    return LimitReached(which, limit, max(used, 0.0))
+
+
+def agent_deadlines(job: Job) -> dict[str, object]:
+    """The agent's config keys for the attempt being requested (`job` is that attempt).
+
+    The capacity is not held yet when the startup script is written, so the agent finishes the
+    sum at its own start: its deadline is the earliest of `time_limit_at` (the whole job's,
+    absolute, known once an earlier attempt has held capacity), its start plus
+    `time_limit_seconds` (the first attempt only) and its start plus
+    `attempt_time_limit_seconds`. Null keys: no such limit.
+    """
+    spec = job.spec
+    first = first_held(job)
+    total = spec.time_limit_seconds
+    at = first + timedelta(seconds=total) if first is not None and total is not None else None
+    return {
+        "time_limit_at": at.isoformat().replace("+00:00", "Z") if at is not None else None,
+        "time_limit_seconds": total if first is None else None,
+        "attempt_time_limit_seconds": spec.attempt_time_limit_seconds,
+    }
+
+
+def might_hang(job: Job, now: datetime, last_checkpoint: datetime | None = None) -> bool:
+    """Whether the attempt could be hung, from the job alone: RUNNING, with a hang_timeout, and
+    nothing the job knows (the attempt's start, its last checkpoint) newer than the timeout.
+    Only then are its workers' records worth reading."""
+    timeout = job.spec.hang_timeout_seconds
+    if job.state is not JobState.RUNNING or timeout is None:
+        return False
+    usage = next((u for u in job.usage if u.attempt == job.attempt), None)
+    if usage is None:
+        return False
+    known = [t for t in (usage.held_from, usage.started_at, usage.last_checkpoint_at, last_checkpoint) if t]
+    return bool(known) and (now - max(known)).total_seconds() >= timeout
+
+
+def hung(job: Job, workers: list[WorkerProgress], now: datetime) -> Hung | None:
+    """The attempt is hung when none of its workers still running showed progress within the
+    hang_timeout; None otherwise (or when nothing is running)."""
+    timeout = job.spec.hang_timeout_seconds
+    if job.state is not JobState.RUNNING or timeout is None:
+        return None
+    usage = next((u for u in job.usage if u.attempt == job.attempt), None)
+    start = usage.started_at or usage.held_from if usage is not None else None
+    by_worker = {w.worker: w for w in workers}
+    silent = []
+    for key in job.worker_keys:
+        if key in job.workers_done:
+            continue
+        seen = by_worker.get(key)
+        last = (seen.last_progress() if seen is not None else None) or start
+        if last is None:
+            return None  # nothing to count from
+        quiet = (now - last).total_seconds()
+        if quiet < timeout:
+            return None  # this one moved: the attempt is not hung
+        silent.append((key, quiet))
+    return Hung(job.attempt, timeout, tuple(silent)) if silent else None
+
+
+def _spelled(seconds: int) -> str:
+    """A duration as the spec writes it: 90s, 45m, 2h, 1h30m."""
+    hours, rest = divmod(int(seconds), 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{hours}h" if hours else "", f"{minutes}m" if minutes else "", f"{secs}s" if secs else ""]
+    return "".join(parts) or "0s"
