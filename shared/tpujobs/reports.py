@@ -16,6 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from tpujobs.domain.spec import (
     ID_PATTERN,
+    MAX_RETRY_PATTERNS,
     OWNER_PATTERN,
     ZONE_PATTERN,
     DuplicateKey,
@@ -24,6 +25,9 @@ from tpujobs.domain.spec import (
 )
 
 MAX_REPORT_BYTES = 16 * 1024
+MAX_LAST_LINES = 20  # of a failed command's output, and at most MAX_LAST_LINES_CHARS of text
+MAX_LAST_LINES_CHARS = 4096
+MAX_RETRY_LINE_CHARS = 256
 # An audit-log entry of a queued resource's creation carries its request, startup script and all.
 MAX_AUDIT_ENTRY_BYTES = 1024 * 1024
 TPU_SERVICE = "tpu.googleapis.com"
@@ -53,6 +57,19 @@ def _plausible(moment: datetime | None) -> datetime | None:
     if not EARLIEST <= moment < LATEST:
         raise ValueError("must be between the years 2000 and 2200")
     return moment
+
+
+def _bounded_text(lines: list[str]) -> list[str]:
+    if sum(len(line) for line in lines) > MAX_LAST_LINES_CHARS:
+        raise ValueError(f"must hold at most {MAX_LAST_LINES_CHARS} characters in all")
+    return lines
+
+
+LastLines = Annotated[
+    list[Annotated[str, Field(max_length=MAX_LAST_LINES_CHARS)]],
+    Field(max_length=MAX_LAST_LINES),
+    AfterValidator(_bounded_text),
+]
 
 
 # JSON has no datetime: timestamps arrive as RFC 3339 strings, so this one field is lax.
@@ -96,6 +113,11 @@ class WorkerReport(_Strict):
     step: Step | None = None
     detail: str | None = Field(default=None, max_length=1024)
     image_digest: ImageDigest | None = None
+    # A failed `exited`: the output's last lines (secrets cut out), and which retry_on.output
+    # pattern (its index) the agent found in which of them (`tpujobs.domain.error_classes`).
+    last_lines: LastLines | None = None
+    retry_pattern: Annotated[int, Field(ge=0, lt=MAX_RETRY_PATTERNS)] | None = None
+    retry_line: str | None = Field(default=None, max_length=MAX_RETRY_LINE_CHARS)
 
 
 class PreemptionNotice(_Strict):

@@ -778,7 +778,19 @@ def _worker_observation(report: WorkerReport, worker: str) -> Observation | None
             return Observation(EventKind.WORKER_SUCCEEDED, report.attempt, "agent", exit_code=0, worker=worker)
         # The agent's own words when it ended the attempt itself (an image it could not pull).
         why = f"Worker {worker} exited with {code}: {report.detail}" if report.detail else ""
-        return Observation(EventKind.COMMAND_FAILED, report.attempt, "agent", why, exit_code=code, worker=worker)
+        # The agent's claim that a retry_on.output pattern matched is believed for this job only
+        # (`tpujobs.domain.error_classes`): patterns never run here, where they could stall every team.
+        pattern, line = report.retry_pattern, report.retry_line or ""
+        return Observation(
+            EventKind.COMMAND_FAILED,
+            report.attempt,
+            "agent",
+            why,
+            exit_code=code,
+            worker=worker,
+            retry_pattern=pattern,
+            retry_line=line,
+        )
     if report.kind == "aborted":
         why = report.detail or "the agent could not start the command"
         return Observation(

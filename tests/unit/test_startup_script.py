@@ -133,6 +133,7 @@ def test_the_config_carries_the_attempt_the_spec_and_where_things_go() -> None:
         "heartbeat_seconds": 10,
         "grace_seconds": 30,
         "chunk_seconds": 2,
+        "retry_output": [],
     }
 
 

@@ -90,6 +90,8 @@ def agent_config(job: Job, settings: Settings, timings: AgentTimings | None = No
         "heartbeat_seconds": timings.heartbeat_seconds,
         "grace_seconds": timings.grace_seconds,
         "chunk_seconds": timings.chunk_seconds,
+        # Matched by the agent on its host against a failed command's last lines, never here.
+        "retry_output": list(spec.retry_on.output) if spec.retry_on else [],
     }
 
 

@@ -120,6 +120,11 @@ MAX_CHUNK_BYTES = 256 * 1024
 MAX_PENDING_BYTES = 64 * 1024 * 1024  # output kept while uploads fail; older output is dropped
 MAX_LINE_BYTES = 64 * 1024  # longer lines are not scanned for checkpoint markers
 TAIL_BYTES = 4096  # of the output kept to read docker's own last words
+LAST_LINES = 20  # of the output sent with a failed `exited`, and at most LAST_BYTES of them
+LAST_BYTES = 4096
+MAX_SECRET_BYTES = 64 * 1024  # Secret Manager's largest value: how far back a cut secret may start
+MAX_QUOTED_LINE = 256  # chars of the line a retry_on pattern matched, as tpujobs.reports accepts
+MATCH_SECONDS = 10.0  # for the job's retry_on patterns over its last lines (a child process)
 MAX_DETAIL_CHARS = 1024  # of a checkpoint report's detail, as tpujobs.reports accepts
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 AGENT_FAILED = 1  # the exit code reported when the agent fails the attempt (e.g. no code)
@@ -697,6 +702,9 @@ def load_config(path: str) -> dict[str, Any]:
     digest = config.setdefault("code_sha256", None)
     if digest is not None and not (isinstance(digest, str) and SHA256_HEX.fullmatch(digest)):
         raise AgentError(f"config key 'code_sha256' must be 64 hex digits or null, got {digest!r}")
+    patterns = config.setdefault("retry_output", [])
+    if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
+        raise AgentError("config key 'retry_output' must be a list of strings")
     for key, default in DEFAULTS.items():
         value = config.setdefault(key, default)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
@@ -1009,6 +1017,141 @@ class OutputPump(threading.Thread):
         found = parse_checkpoint(line)
         if found is not None:
             self.on_checkpoint(*found)
+
+
+# --- last lines and error classes -----------------------------------------------------
+# A failed `exited` carries the command's last lines, with every secret value cut out, and
+# which of the job's retry_on.output patterns matched one. The patterns run here, on the
+# job's own host, never in the shared control plane: a pathological pattern can stall only
+# this one job, and only for MATCH_SECONDS.
+
+
+class LastOutput:
+    """The command's newest output bytes: enough to cut out any secret value, even one that
+    began before the LAST_BYTES that are sent, before they are sent (`last_lines`)."""
+
+    def __init__(self, keep: int = LAST_BYTES + MAX_SECRET_BYTES) -> None:
+        self.keep = keep
+        self.dropped = False  # older output was let go: the window's start may cut a secret
+        self._data = bytearray()
+        self._lock = threading.Lock()
+
+    def write(self, data: bytes) -> None:
+        with self._lock:
+            self._data.extend(data)
+            excess = len(self._data) - self.keep
+            if excess > 0:
+                del self._data[:excess]
+                self.dropped = True
+
+    def snapshot(self) -> bytes:
+        with self._lock:
+            return bytes(self._data)
+
+
+class _Tee:
+    """What an output pump writes to: the shipper, and the last output kept for `exited`."""
+
+    def __init__(self, shipper: LogShipper, last: LastOutput) -> None:
+        self.shipper = shipper
+        self.last = last
+
+    def write(self, data: bytes) -> None:
+        self.shipper.write(data)
+        self.last.write(data)
+
+
+def redact(window: bytes, secrets: dict[str, str], dropped: bool = False) -> bytes:
+    """`window` with every secret value replaced by `[secret NAME]`. When older output was
+    dropped (`dropped`), the window's first bytes, as long as the longest value, are left out
+    too: a value cut by the window's start lies wholly within them and cannot be recognised."""
+    names: dict[bytes, str] = {}
+    for name in sorted(secrets):
+        value = os.fsencode(secrets[name])
+        if value:
+            names.setdefault(value, name)
+    values = sorted(names, key=len, reverse=True)  # the longest first: one value may hold another
+    cut = max((len(v) for v in values), default=0) if dropped else 0
+    out = bytearray()
+    pos = 0
+    if values:
+        for found in re.finditer(b"|".join(re.escape(v) for v in values), window):
+            out += window[max(pos, cut) : max(found.start(), cut)]
+            if found.end() > cut:  # wholly in the window, so recognised: its name only
+                out += f"[secret {names[found.group()]}]".encode()
+            pos = found.end()
+    out += window[max(pos, cut) :]
+    return bytes(out)
+
+
+def _printable(text: str) -> str:
+    """A line without control characters (a tab stays), so its JSON stays small and plain."""
+    return "".join(c if c == "\t" or (ord(c) >= 32 and ord(c) != 127) else "?" for c in text)
+
+
+def last_lines(window: bytes, secrets: dict[str, str], dropped: bool = False) -> list[str]:
+    """The output's last lines, oldest first, secret values cut out (`redact`): at most
+    LAST_LINES lines and LAST_BYTES bytes of UTF-8, whichever is less."""
+    lines = redact(window, secrets, dropped).split(b"\n")
+    if lines and lines[-1] == b"":  # the output ended with a newline
+        lines.pop()
+    if dropped and len(lines) > 1:  # the first line is what was left of a longer one
+        lines = lines[1:]
+    kept: list[str] = []
+    room = LAST_BYTES
+    for raw in reversed(lines[-LAST_LINES:]):
+        line = _printable(raw.rstrip(b"\r").decode("utf-8", "replace"))
+        size = len(line.encode("utf-8"))
+        if size > room:
+            if not kept:  # one long last line: its end
+                kept.append(line.encode("utf-8")[-room:].decode("utf-8", "ignore"))
+            break
+        kept.append(line)
+        room -= size
+    return kept[::-1]
+
+
+# Run by a child python3, so a pattern that backtracks without end can be stopped: the
+# first (pattern index, line) with the newest line first, patterns in the spec's order;
+# a pattern this Python cannot compile is skipped.
+MATCHER = """
+import json, re, sys
+asked = json.load(sys.stdin)
+compiled = []
+for index, pattern in enumerate(asked["patterns"]):
+    try:
+        compiled.append((index, re.compile(pattern)))
+    except re.error:
+        pass
+found = None
+for line in reversed(asked["lines"]):
+    found = next(([index, line] for index, pattern in compiled if pattern.search(line)), None)
+    if found:
+        break
+json.dump(found, sys.stdout)
+"""
+
+
+def match_retry_output(
+    patterns: list[str], lines: list[str], timeout: float = MATCH_SECONDS
+) -> tuple[int, str] | str | None:
+    """(index of the first pattern that matches, the line it matched) of the newest line a
+    pattern matches; None when none does; a sentence when the patterns could not be run."""
+    if not patterns or not lines:
+        return None
+    asked = json.dumps({"patterns": patterns, "lines": lines}).encode("utf-8")
+    try:
+        done = subprocess.run(
+            [sys.executable or "python3", "-c", MATCHER], input=asked, capture_output=True, timeout=timeout
+        )
+        found = json.loads(done.stdout.decode("utf-8")) if done.returncode == 0 else None
+    except subprocess.TimeoutExpired:
+        return f"the retry_on.output patterns took over {timeout:g} s on the last lines; none is taken as matched"
+    except (OSError, ValueError) as error:
+        return f"the retry_on.output patterns could not be run: {error}"
+    if isinstance(found, list) and len(found) == 2 and isinstance(found[0], int) and isinstance(found[1], str):
+        return found[0], found[1]
+    return None
 
 
 # --- reports --------------------------------------------------------------------------
@@ -1771,6 +1914,8 @@ class Agent:
             log_prefix += "/"
         self.chunk_prefix = f"{log_prefix}chunks/slice-{slice_id}-worker-{worker_id}/"
         self.shipper = LogShipper(storage, bucket, self.chunk_prefix, float(config["chunk_seconds"]), echo)
+        self.last_output = LastOutput()  # setup's and the command's, for a failed `exited`
+        self.secret_values: dict[str, str] = {}  # to cut out of those last lines
         self.stop_watching = threading.Event()
         self.record = AttemptRecord.beside(workdir, config, slice_id, worker_id)
         self.boot = boot_id()
@@ -1868,6 +2013,7 @@ class Agent:
         os.makedirs(code_dir, exist_ok=True)
         # The values live only here and in the environment of setup and command.
         secret_values = self.secret_reader.read_all(self.config["secrets"])
+        self.secret_values = secret_values
         code = 0
         if self.config.get("code_uri"):
             try:
@@ -1974,7 +2120,7 @@ class Agent:
             self._current = process
             self._container = container
             self._term_delivered = False
-        pump = OutputPump(read_fd, self.shipper, self._checkpoint)
+        pump = OutputPump(read_fd, _Tee(self.shipper, self.last_output), self._checkpoint)  # type: ignore[arg-type]
         pump.start()
         if pumps is not None:
             pumps.append(pump)
@@ -2061,18 +2207,32 @@ class Agent:
         with self._lock:
             self._finished = True
             preempted = self.preemption.noticed.is_set()
+        failed = self._failed_output() if not preempted and aborted is None and code != 0 else {}
         self.shipper.close(None if preempted else code)
         if not preempted and aborted is not None:
             self.reporter.report("aborted", detail=aborted[:MAX_DETAIL_CHARS])
         elif not preempted and detail is not None:
-            self.reporter.report("exited", exit_code=code, detail=detail[:MAX_DETAIL_CHARS])
+            self.reporter.report("exited", exit_code=code, detail=detail[:MAX_DETAIL_CHARS], **failed)
         elif not preempted:
-            self.reporter.report("exited", exit_code=code)
+            self.reporter.report("exited", exit_code=code, **failed)
         self.reporter.close()
         self.preemption.wait(30.0)
         ended = "preempted" if preempted else "aborted" if aborted is not None else "exited"
         self.record.update(ended=ended, exit_code=code, ended_at=rfc3339())  # and said so
         return code
+
+    def _failed_output(self) -> dict[str, Any]:
+        """What a failed `exited` adds: the last lines, secrets cut out, and the retry_on.output
+        pattern (its index) that matched one of them, with that line. The control plane believes
+        the claim for this job only: it can change nothing but the job's own retry."""
+        lines = last_lines(self.last_output.snapshot(), self.secret_values, self.last_output.dropped)
+        extra: dict[str, Any] = {"last_lines": lines}
+        found = match_retry_output(self.config["retry_output"], lines)
+        if isinstance(found, str):
+            self.note(found)
+        elif found is not None:
+            extra.update(retry_pattern=found[0], retry_line=found[1][:MAX_QUOTED_LINE])
+        return extra
 
 
 def read_report_key(metadata: Metadata) -> bytes:

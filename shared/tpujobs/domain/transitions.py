@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from tpujobs.domain import accounting
+from tpujobs.domain.error_classes import classify_error
 from tpujobs.domain.job import Job, JobEvent, Source, SuspectHost
 from tpujobs.domain.naming import queued_resource_name
 from tpujobs.domain.retry import backoff_seconds, rule_on_loss
@@ -31,6 +32,8 @@ class Observation:
     worker: str | None = None  # "slice-worker", for reports of one worker host
     operation: str = ""  # the create's long-running operation, when capacity was requested
     hosts: tuple[tuple[str, str], ...] = ()  # HOSTS_SUSPECT: (node, condition) of each suspect host
+    retry_pattern: int | None = None  # COMMAND_FAILED: the retry_on.output pattern the agent says matched
+    retry_line: str = ""  # COMMAND_FAILED: the last-output line it matched
 
 
 @dataclass(frozen=True)
@@ -176,9 +179,17 @@ def _worker_succeeded(job: Job, seen: Observation, now: datetime) -> _Move | Ign
 
 
 def _command_failed(job: Job, seen: Observation, now: datetime) -> _Move:
-    """A worker's command exited non-zero: `on_error` and the restart budget decide."""
+    """A worker's command exited non-zero: its error class (`retry_on`) picks the rule,
+    `on_retryable_error` or `on_error`, and that rule and the restart budget decide."""
     what = seen.reason or f"The command exited with code {seen.exit_code}{_on_worker(seen)}"
-    move = _ruled_on_loss(job, job.spec.on_error, what, now)
+    rule = job.spec.on_error
+    found = classify_error(job.spec.retry_on, seen.exit_code, seen.retry_pattern, seen.retry_line)
+    if found is not None:
+        who = f"Worker {seen.worker}" if seen.worker else "The command"
+        what = seen.reason or f"{who} exited with {seen.exit_code}"
+        what += f": {'retryable' if found.retryable else 'not retryable'} ({found.why})"
+        rule = job.spec.on_retryable_error if found.retryable else rule
+    move = _ruled_on_loss(job, rule, what, now)
     return replace(move, changes={**move.changes, "exit_code": seen.exit_code})
 
 
