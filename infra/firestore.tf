@@ -77,6 +77,132 @@ locals {
         { path = "created_at", order = "DESCENDING" },
       ]
     }
+    # tpujobs list's filters (FirestoreJobStore.list_jobs): a label is array-contains on label_pairs
+    # (order CONTAINS below becomes array_config), the name prefix a range on name, sorted last.
+    # label_pairs, newest first.
+    jobs_list_contains_labels_created = {
+      collection = "jobs"
+      scope      = "COLLECTION"
+      fields = [
+        { path = "label_pairs", order = "CONTAINS" },
+        { path = "created_at", order = "DESCENDING" },
+      ]
+    }
+    # state and label_pairs, newest first.
+    jobs_list_state_contains_labels_created = {
+      collection = "jobs"
+      scope      = "COLLECTION"
+      fields = [
+        { path = "state", order = "ASCENDING" },
+        { path = "label_pairs", order = "CONTAINS" },
+        { path = "created_at", order = "DESCENDING" },
+      ]
+    }
+    # owner and label_pairs, newest first.
+    jobs_list_owner_contains_labels_created = {
+      collection = "jobs"
+      scope      = "COLLECTION"
+      fields = [
+        { path = "owner", order = "ASCENDING" },
+        { path = "label_pairs", order = "CONTAINS" },
+        { path = "created_at", order = "DESCENDING" },
+      ]
+    }
+    # state and owner and label_pairs, newest first.
+    jobs_list_state_owner_contains_labels_created = {
+      collection = "jobs"
+      scope      = "COLLECTION"
+      fields = [
+        { path = "state", order = "ASCENDING" },
+        { path = "owner", order = "ASCENDING" },
+        { path = "label_pairs", order = "CONTAINS" },
+        { path = "created_at", order = "DESCENDING" },
+      ]
+    }
+    # name prefix, newest first.
+    jobs_list_created_name = {
+      collection = "jobs"
+      scope      = "COLLECTION"
+      fields = [
+        { path = "created_at", order = "DESCENDING" },
+        { path = "name", order = "ASCENDING" },
+      ]
+    }
+    # state and name prefix, newest first.
+    jobs_list_state_created_name = {
+      collection = "jobs"
+      scope      = "COLLECTION"
+      fields = [
+        { path = "state", order = "ASCENDING" },
+        { path = "created_at", order = "DESCENDING" },
+        { path = "name", order = "ASCENDING" },
+      ]
+    }
+    # owner and name prefix, newest first.
+    jobs_list_owner_created_name = {
+      collection = "jobs"
+      scope      = "COLLECTION"
+      fields = [
+        { path = "owner", order = "ASCENDING" },
+        { path = "created_at", order = "DESCENDING" },
+        { path = "name", order = "ASCENDING" },
+      ]
+    }
+    # state and owner and name prefix, newest first.
+    jobs_list_state_owner_created_name = {
+      collection = "jobs"
+      scope      = "COLLECTION"
+      fields = [
+        { path = "state", order = "ASCENDING" },
+        { path = "owner", order = "ASCENDING" },
+        { path = "created_at", order = "DESCENDING" },
+        { path = "name", order = "ASCENDING" },
+      ]
+    }
+    # label_pairs and name prefix, newest first.
+    jobs_list_contains_labels_created_name = {
+      collection = "jobs"
+      scope      = "COLLECTION"
+      fields = [
+        { path = "label_pairs", order = "CONTAINS" },
+        { path = "created_at", order = "DESCENDING" },
+        { path = "name", order = "ASCENDING" },
+      ]
+    }
+    # state and label_pairs and name prefix, newest first.
+    jobs_list_state_contains_labels_created_name = {
+      collection = "jobs"
+      scope      = "COLLECTION"
+      fields = [
+        { path = "state", order = "ASCENDING" },
+        { path = "label_pairs", order = "CONTAINS" },
+        { path = "created_at", order = "DESCENDING" },
+        { path = "name", order = "ASCENDING" },
+      ]
+    }
+    # owner and label_pairs and name prefix, newest first.
+    jobs_list_owner_contains_labels_created_name = {
+      collection = "jobs"
+      scope      = "COLLECTION"
+      fields = [
+        { path = "owner", order = "ASCENDING" },
+        { path = "label_pairs", order = "CONTAINS" },
+        { path = "created_at", order = "DESCENDING" },
+        { path = "name", order = "ASCENDING" },
+      ]
+    }
+    # state and owner and label_pairs and name prefix, newest first.
+    jobs_list_state_owner_contains_labels_created_name = {
+      collection = "jobs"
+      scope      = "COLLECTION"
+      fields = [
+        { path = "state", order = "ASCENDING" },
+        { path = "owner", order = "ASCENDING" },
+        { path = "label_pairs", order = "CONTAINS" },
+        { path = "created_at", order = "DESCENDING" },
+        { path = "name", order = "ASCENDING" },
+      ]
+    }
   }
 }
 
@@ -90,8 +216,9 @@ resource "google_firestore_index" "index" {
   dynamic "fields" {
     for_each = each.value.fields
     content {
-      field_path = fields.value.path
-      order      = fields.value.order
+      field_path   = fields.value.path
+      order        = fields.value.order == "CONTAINS" ? null : fields.value.order
+      array_config = fields.value.order == "CONTAINS" ? "CONTAINS" : null
     }
   }
 }
@@ -103,6 +230,22 @@ resource "google_firestore_index" "index" {
 resource "google_firestore_field" "reports_seen_expire_at" {
   database   = google_firestore_database.default.name
   collection = "reports_seen"
+  field      = "expire_at"
+
+  ttl_config {}
+  index_config {}
+}
+
+# Records that end: a job's document (tpujobs.domain.transitions sets expire_at when the job
+# ends: TPUJOBS_RECORD_RETENTION_DAYS after, 180 by default, and clears it if the job is resumed),
+# a rejection and a dead letter (TPUJOBS_REJECTION_RETENTION_DAYS, TPUJOBS_DEAD_LETTER_RETENTION_DAYS,
+# 30 by default, after they were recorded). Firestore's TTL deletes each at its expire_at, within
+# about a day; not indexed, for the reason above. TTL deletes the job document only: its events,
+# workers and attempts subcollections stay until deleted (the local stack's tick deletes them too).
+resource "google_firestore_field" "expire_at" {
+  for_each   = toset(["jobs", "rejections", "dead_letters"])
+  database   = google_firestore_database.default.name
+  collection = each.key
   field      = "expire_at"
 
   ttl_config {}

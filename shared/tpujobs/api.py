@@ -39,11 +39,14 @@ from urllib.parse import urlsplit
 
 from tpujobs.config import Settings
 from tpujobs.domain.access import may_cancel
+from tpujobs.domain.labels import LabelError
 from tpujobs.domain.spec import ID_PATTERN, DuplicateKey, SpecError, parse_spec, unique_keys
 from tpujobs.domain.states import JobState
+from tpujobs.domain.transitions import Decision
 from tpujobs.errors import TransientError
 from tpujobs.identity import CallerIdentity, Headers, TokenVerifier, Unauthenticated, header
 from tpujobs.identity import InvalidToken as InvalidToken  # what a TokenVerifier raises
+from tpujobs.ports import JobFilter
 
 if TYPE_CHECKING:
     from tpujobs.domain.job import Job
@@ -66,6 +69,7 @@ HANDLERS = {
     "dead_letters": "dead_letters",
     "rejections": "rejections",
     "quotas": "quotas",
+    "label": "label",
 }
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 ACTIONS = tuple(HANDLERS)
@@ -160,22 +164,54 @@ class JobsApi:
     # -- actions ----------------------------------------------------------------------
 
     def list_jobs(self, caller: str, request: dict[str, Any]) -> Response:
-        """Jobs newest first, optionally of one state and one owner; at most `limit`."""
-        _only(request, "list", {"state", "owner", "limit"})
-        state = request.get("state")
-        if state is not None:
-            names = [s.value for s in JobState]
-            if not isinstance(state, str) or state.upper() not in names:
-                raise ApiError(400, f"'state' must be one of {', '.join(names)}.")
-            state = state.upper()
+        """Jobs newest first, at most `limit`, narrowed by `state` (one, or a list: any of them),
+        `owner`, `name_prefix` and `labels` (an object: every label must match)."""
+        _only(request, "list", {"state", "owner", "limit", "name_prefix", "labels"})
+        states = _states(request.get("state"))
         owner = request.get("owner")
         if owner is not None and (not isinstance(owner, str) or not owner):
             raise ApiError(400, "'owner' must be a non-empty string.")
+        prefix = request.get("name_prefix")
+        if prefix is not None and (not isinstance(prefix, str) or not prefix):
+            raise ApiError(400, "'name_prefix' must be a non-empty string: the start of the jobs' names.")
+        labels = request.get("labels") or {}
+        if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
+            raise ApiError(400, "'labels' must be an object of label names to string values.")
         limit = request.get("limit", DEFAULT_LIMIT)
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
             raise ApiError(400, f"'limit' must be a whole number from 1 to {MAX_LIMIT}.")
-        jobs = self.store.list_jobs(state=state, owner=owner, limit=limit)
+        where = JobFilter(states=states, owner=owner, name_prefix=prefix, labels=labels)
+        jobs = self.store.list_jobs(limit=limit, where=where)
         return Response(200, {"jobs": [self.shown(caller, job) for job in jobs]})
+
+    def label(self, caller: str, request: dict[str, Any]) -> Response:
+        """Set (`labels`, an object) and remove (`remove`, a list of keys) a job's labels, if the
+        caller owns the job or is an admin; the labels after. A retry that changes nothing is a 200."""
+        if "owner" in request or "caller" in request:
+            raise ApiError(400, "The caller is never taken from the body: remove 'owner'.")
+        _only(request, "label", {"job_id", "labels", "remove"})
+        put = request.get("labels") or {}
+        if not isinstance(put, dict) or not all(isinstance(v, str) for v in put.values()):
+            raise ApiError(400, "'labels' must be an object of label names to string values.")
+        remove = request.get("remove") or []
+        if not isinstance(remove, list) or not all(isinstance(k, str) for k in remove):
+            raise ApiError(400, "'remove' must be a list of label names.")
+        if not put and not remove:
+            raise ApiError(400, "'labels' or 'remove' is required: what to change.")
+        job = self._job(request)
+        if not may_cancel(job.owner, caller, self.settings.admins):
+            raise ApiError(403, f"{caller} may not label {job.job_id}: only its owner or an admin may.")
+        try:
+            outcome = self.store.relabel(job.job_id, put, remove, caller, self.service.clock)
+        except LabelError as error:
+            raise ApiError(400, f"Invalid labels: {error}.") from None
+        if isinstance(outcome, Decision):
+            self.service.announce(outcome.job, outcome.event)
+            labels = dict(outcome.job.spec.labels)
+        else:
+            after = self.store.get(job.job_id)
+            labels = dict(after.spec.labels) if after is not None else {}
+        return Response(200, {"job_id": job.job_id, "labels": labels, "changed": isinstance(outcome, Decision)})
 
     def describe(self, caller: str, request: dict[str, Any]) -> Response:
         """The job's document, its timeline, and its attempts' exported logs."""
@@ -353,6 +389,15 @@ def quota_document(pools: Any) -> dict[str, Any]:
             }
         )
     return {"pools": rows}
+
+
+def _states(value: Any) -> tuple[str, ...]:
+    """`state` of a list request: a state's name or a list of them, any case; ApiError(400) otherwise."""
+    names = [s.value for s in JobState]
+    given = value if isinstance(value, list) else [] if value is None else [value]
+    if not all(isinstance(v, str) and v.upper() in names for v in given):
+        raise ApiError(400, f"'state' must be one of {', '.join(names)}, or a list of them.")
+    return tuple(dict.fromkeys(v.upper() for v in given))
 
 
 def _limit(request: Mapping[str, Any], default: int) -> int:

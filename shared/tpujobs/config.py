@@ -52,6 +52,11 @@ class Settings:
     # VM options for the specs that leave them out (network, subnetwork, internal IPs, tags,
     # data disks, runtime): `domain.spec.with_deployment_defaults` fills them in at submit.
     vm_defaults: VmDefaults = field(default_factory=VmDefaults)
+    # Records Firestore's TTL deletes (`expire_at`), in days: an ended job (with its timeline)
+    # that long after it ended, a rejection or a dead letter that long after it was recorded.
+    record_retention_days: int = 180
+    rejection_retention_days: int = 30
+    dead_letter_retention_days: int = 30
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -81,7 +86,21 @@ class Settings:
             boot_timeout_seconds=float(env.get("TPUJOBS_BOOT_TIMEOUT_SECONDS") or 600.0),
             unhealthy_grace_seconds=float(env.get("TPUJOBS_UNHEALTHY_GRACE_SECONDS") or 300.0),
             vm_defaults=vm_defaults_from_env(env),
+            record_retention_days=_days("TPUJOBS_RECORD_RETENTION_DAYS", env, 180),
+            rejection_retention_days=_days("TPUJOBS_REJECTION_RETENTION_DAYS", env, 30),
+            dead_letter_retention_days=_days("TPUJOBS_DEAD_LETTER_RETENTION_DAYS", env, 30),
         )
+
+
+def _days(name: str, env: Mapping[str, str], default: int) -> int:
+    """A retention in whole days, at least 1: a record that expires at once would vanish
+    before anyone could read why its job ended."""
+    text = env.get(name, "").strip()
+    if not text:
+        return default
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"{name} must be a whole number of days, at least 1, got {text!r}")
+    return int(text)
 
 
 def _items(text: str) -> tuple[str, ...]:

@@ -94,6 +94,16 @@ class AttemptLogs:
         }
 
 
+@dataclass(frozen=True)
+class JobFilter:
+    """What `list` narrows jobs to: every field given must match (labels: each of them)."""
+
+    states: tuple[str, ...] = ()  # any of these states; empty: every state
+    owner: str | None = None
+    name_prefix: str | None = None  # the job's name starts with it
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
 class JobStore(Protocol):
     def create(self, job: Job, event: JobEvent) -> bool:
         """Create the job and its first event if the job id is new; False if it existed."""
@@ -112,7 +122,10 @@ class JobStore(Protocol):
 
     def events(self, job_id: str) -> list[JobEvent]: ...
 
-    def list_jobs(self, state: str | None = None, owner: str | None = None, limit: int = 100) -> list[Job]: ...
+    def list_jobs(
+        self, state: str | None = None, owner: str | None = None, limit: int = 100, where: JobFilter | None = None
+    ) -> list[Job]:
+        """The newest jobs matching `state`, `owner` and `where`, at most `limit`."""
 
     def list_active(self, page_size: int = 500) -> list[Job]:
         """Every job not yet ended, page after page, with no cap: what the reconciler compares.
@@ -289,6 +302,11 @@ class JobDocuments(JobStore, Protocol):
 
     def rejection(self, message_id: str) -> Rejection | None:
         """The rejection of one message, if it was refused (`tpujobs submit --wait`)."""
+
+    def relabel(
+        self, job_id: str, put: Mapping[str, str], remove: Sequence[str], by: str, clock: Clock
+    ) -> Decision | Ignored:
+        """Set and remove labels, with a timeline entry naming `by` (`domain.labels.relabeled`)."""
 
 
 # --- dead letters (`tpujobs.dead_letters`) --------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING
 
 from tpujobs.config import Settings
@@ -65,7 +65,7 @@ def adapters() -> Adapters:
     return Adapters(
         settings,
         client,
-        FirestoreJobStore(client),
+        FirestoreJobStore(client, rejection_retention=timedelta(days=settings.rejection_retention_days)),
         CloudTpu(build_client(settings.tpu_endpoint), settings.project),
         Publisher.build(settings.project, settings.prefix),
         FirestorePools(client),
@@ -135,7 +135,9 @@ def build_dead_letters(settings: Settings, clock: Clock) -> DeadLetters:
     from tpujobs.dead_letters import DeadLetters
 
     return DeadLetters(
-        FirestoreDeadLetters(firestore.Client(project=settings.project)),
+        FirestoreDeadLetters(
+            firestore.Client(project=settings.project), timedelta(days=settings.dead_letter_retention_days)
+        ),
         settings,
         clock,
         publisher=lambda: PubsubRepublisher.build(settings.project, settings.prefix),

@@ -223,7 +223,13 @@ class JobService:
         logs.bind_job(spec.job_id)
         log_uri = f"gs://{self.settings.logs_bucket}/{job_prefix(spec.job_id, spec.service_account)}"
         job, first_event = new_job(
-            spec, self.settings.default_zone, self.clock(), log_uri, via, owner_verified=via == "api"
+            spec,
+            self.settings.default_zone,
+            self.clock(),
+            log_uri,
+            via,
+            owner_verified=via == "api",
+            record_retention_days=self.settings.record_retention_days,
         )
         if self.store.create(job, first_event):
             self.announce(job, first_event)

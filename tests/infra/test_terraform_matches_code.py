@@ -141,7 +141,11 @@ def test_every_index_the_queries_need_is_declared_and_no_other(tf: Terraform) ->
     assert (resource["collection"], resource["query_scope"]) == ("${each.value.collection}", "${each.value.scope}")
     fields = resource["dynamic"][0]["fields"]
     assert fields["for_each"] == "${each.value.fields}"
-    assert block(fields, "content") == {"field_path": "${fields.value.path}", "order": "${fields.value.order}"}
+    assert block(fields, "content") == {
+        "field_path": "${fields.value.path}",
+        "order": '${fields.value.order == "CONTAINS" ? null : fields.value.order}',
+        "array_config": '${fields.value.order == "CONTAINS" ? "CONTAINS" : null}',
+    }
 
 
 def test_the_firestore_database_is_the_default_native_one(tf: Terraform) -> None:

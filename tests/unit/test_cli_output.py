@@ -17,7 +17,9 @@ from tpujobs.cli.common import Stop, resolve_project
 from tpujobs.domain.job import JobEvent
 from tpujobs.domain.states import EventKind, JobState
 
-LIST_HEADERS = ("JOB", "STATE", "ATTEMPT", "ACCELERATOR", "ZONE", "OWNER", "AGE", "CHIP-H", "GOODPUT")
+LIST_HEADERS = (
+    "JOB", "STATE", "ATTEMPT", "ACCELERATOR", "ZONE", "PRIORITY", "OWNER", "AGE", "CHIP-H", "GOODPUT", "REASON",
+)  # fmt: skip
 VALID = "name: train\nowner: ada@example.com\naccelerator_type: v4-8\ncommand: python train.py\n"
 
 

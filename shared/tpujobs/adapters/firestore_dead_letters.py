@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from tpujobs.adapters.google_errors import translated
@@ -43,8 +43,11 @@ def dead_letter_from_document(document_id: str, data: Mapping[str, Any]) -> Dead
 class FirestoreDeadLetters:
     """The `dead_letters` collection; Firestore errors become TransientError / PermanentError."""
 
-    def __init__(self, client: firestore.Client) -> None:
+    def __init__(self, client: firestore.Client, retention: timedelta = timedelta(days=30)) -> None:
+        """`retention`: how long a dead letter is kept (TPUJOBS_DEAD_LETTER_RETENTION_DAYS): Firestore's
+        TTL deletes it at `expire_at` (infra/firestore.tf)."""
         self._db = client
+        self._retention = retention
 
     def _ref(self, message_id: str) -> firestore.DocumentReference:
         return self._db.collection(DEAD_LETTERS).document(_document_id(message_id))
@@ -59,7 +62,7 @@ class FirestoreDeadLetters:
         from google.api_core.exceptions import AlreadyExists
 
         ref = self._ref(letter.message_id)
-        document = letter.to_document()
+        document = {**letter.to_document(), "expire_at": letter.at + self._retention}
         with _translated("record dead letter"):
             try:
                 ref.create(document)

@@ -13,7 +13,7 @@ the spec is a map, and the fields people filter on are top-level.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import Any
@@ -26,11 +26,12 @@ from tpujobs.adapters.google_errors import translated
 from tpujobs.domain.accounting import AttemptUsage, all_started, checkpoint_reported, image_reported
 from tpujobs.domain.admission import pool_id
 from tpujobs.domain.job import Job, JobEvent, SuspectHost
+from tpujobs.domain.labels import relabeled
 from tpujobs.domain.naming import exported_attempt
 from tpujobs.domain.spec import PRIORITY_RANK, JobSpec
 from tpujobs.domain.states import ACTIVE, JobState
 from tpujobs.domain.transitions import Decision, Ignored, Observation, decide
-from tpujobs.ports import AttemptLogs, Clock, Rejection, SilentWorker, WorkerRecord
+from tpujobs.ports import AttemptLogs, Clock, JobFilter, Rejection, SilentWorker, WorkerRecord
 
 JOBS = "jobs"
 EVENTS = "events"
@@ -79,6 +80,9 @@ def job_to_document(job: Job) -> dict[str, Any]:
         "event_seq": job.event_seq,
         "create_operation": job.create_operation,
         "suspect_hosts": [dataclasses.asdict(host) for host in job.suspect_hosts],
+        "label_pairs": label_pairs(spec.labels),  # `list --label`: array-contains, one index for every key
+        "record_retention_days": job.record_retention_days,
+        "expire_at": job.expire_at,  # Firestore's TTL deletes the document then (infra/firestore.tf)
         **_accounting_fields(job),
         "spec": spec.to_document(),
     }
@@ -145,6 +149,8 @@ def job_from_document(data: dict[str, Any], spec: JobSpec | None = None) -> Job:
         owner_verified=data.get("owner_verified", False),
         create_operation=data.get("create_operation") or "",
         suspect_hosts=tuple(SuspectHost(**host) for host in data.get("suspect_hosts") or ()),
+        record_retention_days=data.get("record_retention_days") or 180,
+        expire_at=data.get("expire_at"),
     )
 
 
@@ -156,12 +162,22 @@ _OUTLINE_TOP = (
     "capacity_state", "resume_next", "workers_done", "next_attempt_at", "created_at", "updated_at",
     "started_at", "ended_at", "exit_code", "log_uri", "event_seq", "usage", "requested_at", "on_demand",
     "submitted_via", "owner_verified", "create_operation", "suspect_hosts",
+    "record_retention_days", "expire_at",
 )  # fmt: skip
 OUTLINE_FIELDS = (
     *_OUTLINE_TOP,
     *(f"spec.{name}" for name in JobSpec.model_fields if name not in OUTLINE_LEAVES_OUT),
 )
 ACTIVE_PAGE_SIZE = 500
+
+
+def label_pairs(labels: Mapping[str, str]) -> list[str]:
+    """Labels as `key=value` strings, sorted: what `list --label` finds with array-contains.
+
+    A map field `spec.labels.KEY == v` ordered by `created_at` needs a composite index per
+    key, which no list can declare ahead of time; one array field needs one index for all.
+    """
+    return sorted(f"{key}={value}" for key, value in labels.items())
 
 
 def job_outline_from_document(data: dict[str, Any]) -> Job:
@@ -200,8 +216,10 @@ def event_from_document(data: dict[str, Any]) -> JobEvent:
 class FirestoreJobStore:
     """JobStore on a Firestore client (the emulator when FIRESTORE_EMULATOR_HOST is set)."""
 
-    def __init__(self, client: firestore.Client) -> None:
+    def __init__(self, client: firestore.Client, rejection_retention: timedelta = timedelta(days=30)) -> None:
+        """`rejection_retention`: how long a rejection is kept (TPUJOBS_REJECTION_RETENTION_DAYS)."""
         self._db = client
+        self._rejection_retention = rejection_retention
 
     def _job_ref(self, job_id: str) -> firestore.DocumentReference:
         return self._db.collection(JOBS).document(job_id)
@@ -323,16 +341,103 @@ class FirestoreJobStore:
             key=lambda d: int(d["id"]) if d["id"].isdigit() else 0,
         )
 
-    def list_jobs(self, state: str | None = None, owner: str | None = None, limit: int = 100) -> list[Job]:
+    def list_jobs(
+        self, state: str | None = None, owner: str | None = None, limit: int = 100, where: JobFilter | None = None
+    ) -> list[Job]:
+        """The newest jobs that match, at most `limit`.
+
+        Firestore filters: state (== or IN), owner, the name prefix (a range on `name`) and the
+        first label (array-contains on `label_pairs`), each combination with its index in
+        `adapters.indexes`. Firestore allows one array-contains per query, so further labels
+        are checked here, on pages of the query, until `limit` jobs match or none are left.
+        """
+        where = where or JobFilter()
+        states = tuple(dict.fromkeys((*where.states, *((state,) if state else ()))))
+        owner = owner or where.owner
         query: Any = self._db.collection(JOBS)
-        if state:
-            query = query.where(filter=firestore.FieldFilter("state", "==", state))
+        if len(states) == 1:
+            query = query.where(filter=firestore.FieldFilter("state", "==", states[0]))
+        elif states:
+            query = query.where(filter=firestore.FieldFilter("state", "in", list(states)))
         if owner:
             query = query.where(filter=firestore.FieldFilter("owner", "==", owner))
+        labels = sorted(where.labels.items())
+        if labels:
+            first = label_pairs(dict(labels[:1]))[0]
+            query = query.where(filter=firestore.FieldFilter("label_pairs", "array_contains", first))
+        if where.name_prefix:
+            query = query.where(filter=firestore.FieldFilter("name", ">=", where.name_prefix))
+            query = query.where(filter=firestore.FieldFilter("name", "<", where.name_prefix + "\uf8ff"))
         # Newest first in the query itself, so `limit` keeps the newest jobs, not any jobs.
-        query = query.order_by("created_at", direction=firestore.Query.DESCENDING).limit(limit)
-        with transient_on_failure("list jobs"):
-            return [job_from_document(doc.to_dict()) for doc in query.stream()]
+        query = query.order_by("created_at", direction=firestore.Query.DESCENDING)
+        if len(labels) < 2:
+            with transient_on_failure("list jobs"):
+                return [job_from_document(doc.to_dict()) for doc in query.limit(limit).stream()]
+        found: list[Job] = []
+        after: Any = None
+        while len(found) < limit:
+            with transient_on_failure("list jobs"):
+                page = list((query if after is None else query.start_after(after)).limit(limit).stream())
+            found += [
+                job
+                for job in (job_from_document(doc.to_dict()) for doc in page)
+                if all(job.spec.labels.get(k) == v for k, v in labels)
+            ]
+            if len(page) < limit:
+                break
+            after = page[-1]
+        return found[:limit]
+
+    def relabel(
+        self, job_id: str, put: Mapping[str, str], remove: Sequence[str], by: str, clock: Clock
+    ) -> Decision | Ignored:
+        """Change the job's labels and record who did, compare-and-set like `apply`, keeping its
+        state (`domain.labels.relabeled`); LabelError when the labels are refused."""
+        ref = self._job_ref(job_id)
+
+        def change(snapshot: firestore.DocumentSnapshot) -> tuple[Decision | Ignored, Write | None]:
+            if not snapshot.exists:
+                return Ignored(f"job {job_id} does not exist"), None
+            outcome = relabeled(job_from_document(snapshot.to_dict() or {}), put, remove, by, clock())
+            if isinstance(outcome, Ignored):
+                return outcome, None
+            batch = self._db.batch()
+            fields = {
+                "spec.labels": dict(outcome.job.spec.labels),
+                "label_pairs": label_pairs(outcome.job.spec.labels),
+                "event_seq": outcome.job.event_seq,
+                "updated_at": outcome.job.updated_at,
+            }
+            batch.update(ref, fields, option=self._db.write_option(last_update_time=snapshot.update_time))
+            batch.create(ref.collection(EVENTS).document(outcome.event.document_id), event_to_document(outcome.event))
+            return outcome, batch.commit
+
+        return compare_and_set(ref, change, what=f"job {job_id}", doing="change labels")
+
+    def prune_expired(self, now: datetime, page_size: int = ACTIVE_PAGE_SIZE) -> list[str]:
+        """Delete what Firestore's TTL would have by `now`: ended jobs past `expire_at` with their
+        timeline, workers and attempts, and expired rejections and signed-report memories.
+
+        The emulator has no TTL, so the local stack calls this on its tick; in production the
+        TTL policies of infra/firestore.tf delete the same documents. Returns the job ids deleted.
+        """
+        expired = firestore.FieldFilter("expire_at", "<=", now)
+        gone: list[str] = []
+        for job_doc in _paged(
+            self._db.collection(JOBS).where(filter=expired).order_by("expire_at"), page_size, "find expired jobs"
+        ):
+            with transient_on_failure("delete an expired job"):
+                for child in (EVENTS, WORKERS, ATTEMPTS):
+                    for doc in job_doc.reference.collection(child).stream():
+                        doc.reference.delete()
+                job_doc.reference.delete()
+            gone.append(job_doc.id)
+        for collection in (REJECTIONS, REPORTS_SEEN):
+            query = self._db.collection(collection).where(filter=expired).order_by("expire_at")
+            for doc in _paged(query, page_size, f"find expired {collection}"):
+                with transient_on_failure(f"delete an expired {collection} document"):
+                    doc.reference.delete()
+        return gone
 
     def list_active(self, page_size: int = ACTIVE_PAGE_SIZE) -> list[Job]:
         """Every job not yet ended, as outlines (OUTLINE_FIELDS), a page at a time in document-id
@@ -484,6 +589,7 @@ class FirestoreJobStore:
                     "message_id": rejection.message_id,
                     # how often this message was seen: more than 1 means it was redelivered
                     "deliveries": firestore.Increment(1),
+                    "expire_at": rejection.at + self._rejection_retention,  # Firestore's TTL deletes it then
                 },
                 merge=True,
             )

@@ -17,12 +17,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 Scope = Literal["COLLECTION", "COLLECTION_GROUP"]
-Order = Literal["ASCENDING", "DESCENDING"]
+Order = Literal["ASCENDING", "DESCENDING", "CONTAINS"]  # CONTAINS: an array field (array-contains)
 
 COLLECTION: Scope = "COLLECTION"  # the query names one collection: db.collection("x")
 COLLECTION_GROUP: Scope = "COLLECTION_GROUP"  # every collection of that id: db.collection_group("x")
 ASCENDING: Order = "ASCENDING"
 DESCENDING: Order = "DESCENDING"
+CONTAINS: Order = "CONTAINS"
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class Index:
 
     collection: str
     scope: Scope
-    fields: tuple[tuple[str, Order], ...]  # (field path, order), as the query filters then sorts
+    fields: tuple[tuple[str, Order], ...]  # (field path, order or CONTAINS), as the query filters then sorts
     query: str = ""  # where the query is, for the reader
 
 
@@ -79,3 +80,25 @@ INDEXES: tuple[Index, ...] = (
         query="FirestoreJobStore.list_jobs(state=..., owner=...): newest first",
     ),
 )
+
+
+def _list_filter_indexes() -> tuple[Index, ...]:
+    """`FirestoreJobStore.list_jobs` with its filters (`tpujobs list`, the API's list): every
+    combination of state (== or IN), owner, the first label (array-contains on `label_pairs`)
+    and the name prefix (a range on `name`), newest first. Equality fields come first, then
+    the sort, then the range field, as Firestore orders a query with a range on another field.
+    The three combinations of state and owner alone are declared above."""
+    equalities = (("state", ASCENDING), ("owner", ASCENDING), ("label_pairs", CONTAINS))
+    found = []
+    for mask in range(1, 16):
+        chosen = tuple(field for bit, field in enumerate(equalities) if mask & (1 << bit))
+        by_name = bool(mask & 8)
+        if not by_name and "label_pairs" not in dict(chosen):
+            continue  # state, owner, or both: declared above
+        fields = (*chosen, ("created_at", DESCENDING), *((("name", ASCENDING),) if by_name else ()))
+        what = " and ".join([name for name, _ in chosen] + (["name prefix"] if by_name else []))
+        found.append(Index("jobs", COLLECTION, fields, query=f"FirestoreJobStore.list_jobs: {what}, newest first"))
+    return tuple(found)
+
+
+INDEXES += _list_filter_indexes()

@@ -40,6 +40,7 @@ from tpujobs.config import Settings
 from tpujobs.domain.job import Job
 from tpujobs.domain.spec import SpecError, derive_job_id, parse_spec
 from tpujobs.domain.states import JobState
+from tpujobs.ports import JobFilter
 from tpujobs.terminal import shown
 from tpujobs.topology import CONTROL, SUBMIT
 
@@ -311,8 +312,14 @@ def cancel(
 
 @app.command("list")
 def list_jobs(
-    state: Annotated[str | None, typer.Option(help="Only jobs in this state.")] = None,
+    state: Annotated[list[str], typer.Option(help="Only jobs in this state (repeat for any of several).")] = [],  # noqa: B006
     owner: Annotated[str | None, typer.Option(help="Only jobs of this owner.")] = None,
+    name: Annotated[str | None, typer.Option(help="Only jobs whose name starts with this.")] = None,
+    label: Annotated[
+        list[str], typer.Option(help="Only jobs with this label, key=value (repeat: every one must match).")
+    ] = [],  # noqa: B006
+    active: Annotated[bool, typer.Option("--active", help="Only jobs not ended: " + ", ".join(ACTIVE_GROUP))] = False,
+    finished: Annotated[bool, typer.Option("--finished", help="Only ended jobs: " + ", ".join(FINISHED_GROUP))] = False,
     limit: Annotated[int, typer.Option(min=1, max=1000, help="At most this many jobs.")] = 50,
     watch: Annotated[
         bool, typer.Option("--watch", "-w", help="Keep the table on screen, refreshed, until Ctrl-C.")
@@ -323,15 +330,14 @@ def list_jobs(
         str | None, typer.Option("--as", help="Who asks, locally, when TPUJOBS_API_URL is set (as --owner elsewhere).")
     ] = None,
 ) -> None:
-    """List jobs, newest first: state, attempt, age, chip-hours, goodput and owner."""
+    """List jobs, newest first: state, attempt, age, chip-hours, goodput, priority, owner and reason."""
     from tpujobs.api_client import listed
 
-    if state and state.upper() not in JobState.__members__:
-        raise typer.BadParameter(f"--state must be one of {', '.join(JobState.__members__)}")
+    where = job_filter(state, owner, name, label, active=active, finished=finished)
     source = reads(settings(), as_who)
 
     def answer() -> dict[str, Any]:
-        return source.jobs(state.upper() if state else None, owner, limit)
+        return source.jobs(where, limit)
 
     if output is not Format.table:
         print_document(answer(), output)
@@ -350,6 +356,42 @@ def list_jobs(
         return shown_now.table(out.width) if isinstance(shown_now, tables.Sheet) else shown_now
 
     watch_screen(screen, interval)
+
+
+ACTIVE_GROUP = ("QUEUED", "PROVISIONING", "RUNNING", "RECOVERING")  # list --active
+FINISHED_GROUP = ("SUCCEEDED", "FAILED", "CANCELLED")  # list --finished
+
+
+def job_filter(
+    states: list[str],
+    owner: str | None,
+    name: str | None,
+    labels: list[str],
+    *,
+    active: bool = False,
+    finished: bool = False,
+) -> JobFilter:
+    """`list`'s options as one filter; typer.BadParameter naming the option that is wrong."""
+    from tpujobs.domain.labels import LabelError, parse_label_pairs
+
+    unknown = [s for s in states if s.upper() not in JobState.__members__]
+    if unknown:
+        raise typer.BadParameter(f"--state {unknown[0]!r} must be one of {', '.join(JobState.__members__)}")
+    if active and finished:
+        raise typer.BadParameter("--active and --finished exclude each other: give one")
+    chosen = [s.upper() for s in states]
+    group = ACTIVE_GROUP if active else FINISHED_GROUP if finished else ()
+    if group and chosen:
+        chosen = [s for s in chosen if s in group]
+        if not chosen:
+            raise typer.BadParameter(f"--state {states[0]} is never {'--active' if active else '--finished'}")
+    try:
+        wanted = parse_label_pairs(labels)
+    except LabelError as error:
+        raise typer.BadParameter(f"--label: {error}") from None
+    if name is not None and not name:
+        raise typer.BadParameter("--name must be the start of a job name, not empty")
+    return JobFilter(states=tuple(chosen or group), owner=owner, name_prefix=name, labels=wanted)
 
 
 def watch_screen(render: Callable[[], Any], interval: float, refreshes: int | None = None) -> None:
@@ -537,3 +579,72 @@ def rejections(
         out.print("No rejections.")
         return
     show(out, tables.rejections_sheet(found))
+
+
+# --- labels ------------------------------------------------------------------------------------
+
+
+@app.command()
+def label(
+    job_id: str,
+    labels: Annotated[list[str] | None, typer.Argument(help="Labels to set, key=value.")] = None,
+    remove: Annotated[list[str], typer.Option("--remove", help="A label to remove (repeatable).")] = [],  # noqa: B006
+    owner: Owner = None,
+) -> None:
+    """Change a job's labels after submission: `tpujobs label JOB team=x --remove old`.
+
+    The job's owner or an admin may, as for cancel: through the jobs API when TPUJOBS_API_URL
+    is set, else straight to Firestore with your credentials. The change is in the timeline,
+    with who made it. Capacity already requested keeps the labels it was created with; the
+    job's next attempt (and `list --label`) uses the new ones.
+    """
+    from tpujobs.domain.labels import LabelError, checked_labels, parse_label_pairs
+
+    try:
+        put = parse_label_pairs(labels or [])
+        checked_labels(put)
+    except LabelError as error:
+        raise typer.BadParameter(str(error)) from None
+    if not put and not remove:
+        raise typer.BadParameter("give labels to set (key=value) or --remove KEY")
+    config = settings()
+    who = caller(owner)
+    url = api_url()
+    if url:
+        request = {"action": "label", "job_id": job_id, "labels": put, "remove": list(remove)}
+        answer = ask_api(config, url, request, who) or {}
+        after, changed = answer.get("labels") or {}, bool(answer.get("changed"))
+    else:
+        after, changed = _label_in_firestore(config, job_id, put, list(remove), who)
+    now = ", ".join(f"{k}={v}" for k, v in sorted(after.items())) or "none"
+    verb = "Labelled" if changed else "Unchanged:"
+    out.print(f"{verb} [bold]{shown(job_id)}[/bold]; its labels: {shown(now)}.")
+
+
+def _label_in_firestore(
+    config: Settings, job_id: str, put: dict[str, str], remove: list[str], who: str
+) -> tuple[dict[str, str], bool]:
+    """Without an API: the owner-or-admin rule checked here, the change written with the
+    caller's own Firestore credentials (IAM is what guards Firestore itself)."""
+    from google.cloud import firestore
+
+    from tpujobs.adapters.firestore_store import FirestoreJobStore
+    from tpujobs.domain.access import may_cancel
+    from tpujobs.domain.labels import LabelError
+    from tpujobs.domain.transitions import Decision
+    from tpujobs.runtime import utc_now
+
+    store = FirestoreJobStore(firestore.Client(project=config.project))
+    job = store.get(job_id)
+    if job is None:
+        raise Stop(f"No job {job_id!r}.")
+    if not may_cancel(job.owner, who, config.admins):
+        raise Stop(f"{who} may not label {job_id}: only its owner or an admin may.")
+    try:
+        outcome = store.relabel(job_id, put, remove, who, utc_now)
+    except LabelError as error:
+        raise Stop(f"Invalid labels: {error}.") from None
+    if isinstance(outcome, Decision):
+        return dict(outcome.job.spec.labels), True
+    after = store.get(job_id)
+    return (dict(after.spec.labels) if after else {}), False

@@ -15,12 +15,13 @@ from typing import Any, Protocol
 
 from tpujobs.cli.common import Refused, api_url, ask_api, caller
 from tpujobs.config import Settings
+from tpujobs.ports import JobFilter
 
 
 class Reads(Protocol):
     """What the CLI reads, as the API's JSON answers."""
 
-    def jobs(self, state: str | None, owner: str | None, limit: int) -> dict[str, Any]: ...
+    def jobs(self, where: JobFilter, limit: int) -> dict[str, Any]: ...
 
     def describe(self, job_id: str) -> dict[str, Any] | None: ...
 
@@ -48,9 +49,15 @@ class ApiReads:
     def _ask(self, request: dict[str, Any], missing_ok: bool = False) -> dict[str, Any] | None:
         return ask_api(self.config, self.url, request, self.who, missing_ok=missing_ok)
 
-    def jobs(self, state: str | None, owner: str | None, limit: int) -> dict[str, Any]:
+    def jobs(self, where: JobFilter, limit: int) -> dict[str, Any]:
         request: dict[str, Any] = {"action": "list", "limit": limit}
-        request.update({k: v for k, v in (("state", state), ("owner", owner)) if v})
+        given = (
+            ("state", list(where.states)),
+            ("owner", where.owner),
+            ("name_prefix", where.name_prefix),
+            ("labels", dict(where.labels)),
+        )
+        request.update({k: v for k, v in given if v})
         return self._ask(request) or {}
 
     def describe(self, job_id: str) -> dict[str, Any] | None:
@@ -93,11 +100,11 @@ class StoreReads:
         self.client = firestore.Client(project=config.project)
         self.store = FirestoreJobStore(self.client)
 
-    def jobs(self, state: str | None, owner: str | None, limit: int) -> dict[str, Any]:
+    def jobs(self, where: JobFilter, limit: int) -> dict[str, Any]:
         from tpujobs.adapters.firestore_store import job_to_document
         from tpujobs.api import to_json
 
-        found = self.store.list_jobs(state=state, owner=owner, limit=limit)
+        found = self.store.list_jobs(limit=limit, where=where)
         return {"jobs": [to_json(job_to_document(job)) for job in found]}
 
     def describe(self, job_id: str) -> dict[str, Any] | None:

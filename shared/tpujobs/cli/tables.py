@@ -154,10 +154,13 @@ def jobs_sheet(jobs: list[Job], now: datetime) -> Sheet:
             Col("ATTEMPT", keep=2, justify="right"),
             Col("ACCELERATOR", keep=4, fit="cut", min_width=8),
             Col("ZONE", keep=5, fit="cut", min_width=8),
+            Col("PRIORITY", keep=6, fit="cut", min_width=8),
             Col("OWNER", keep=3, fit="cut", min_width=8),
             Col("AGE", keep=1, justify="right"),
             Col("CHIP-H", keep=2, justify="right"),
             Col("GOODPUT", keep=2, justify="right"),
+            # Why the job is where it is: the first line, cut to what is left of the width.
+            Col("REASON", keep=2, fit="cut", min_width=12),
         ],
         caption=f"{summary}   as of {when(now)[:19]} UTC",
     )
@@ -169,10 +172,12 @@ def jobs_sheet(jobs: list[Job], now: datetime) -> Sheet:
             job.attempt,
             f"{job.spec.slices} x {job.spec.accelerator_type}",
             job.zone,
+            job.spec.priority,
             job.owner,
             age(job.created_at, now),
             chip_hours(totals.chip_hours),
             share(totals.goodput),
+            one_line(job.state_reason) or None,
         )
     return sheet
 

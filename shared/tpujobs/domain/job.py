@@ -81,6 +81,11 @@ class Job:
     # The long-running operation of the current attempt's create: what it said if it failed.
     create_operation: str = ""
     suspect_hosts: tuple[SuspectHost, ...] = ()  # of the current attempt, first seen when
+    # How long the record is kept once the job ends (the deployment's TPUJOBS_RECORD_RETENTION_DAYS
+    # at submit), and when Firestore's TTL deletes it: set on entering a terminal state, cleared
+    # on leaving one (`transitions._made`).
+    record_retention_days: int = 180
+    expire_at: datetime | None = None
 
     @property
     def capacity(self) -> str:
@@ -147,6 +152,7 @@ def new_job(
     log_uri: str | None = None,
     submitted_via: SubmittedVia = "topic",
     owner_verified: bool = False,
+    record_retention_days: int = 180,
 ) -> tuple[Job, JobEvent]:
     """The QUEUED job a valid spec becomes, and the first entry of its timeline."""
     assert spec.job_id is not None, "parse_spec derives job_id before a job is made"
@@ -170,6 +176,7 @@ def new_job(
         usage=first_attempt(spec.chips, now, zone),
         submitted_via=submitted_via,
         owner_verified=owner_verified,
+        record_retention_days=record_retention_days,
     )
     event = JobEvent(1, now, None, JobState.QUEUED, reason, "submit", 1)
     return job, event

@@ -92,11 +92,19 @@ def _made(job: Job, seen: Observation, move: _Move, now: datetime) -> Decision:
     changes = dict(move.changes)
     if move.to_state.is_terminal:
         changes["ended_at"] = now
+        changes["expire_at"] = record_expiry(job, now)
+    elif job.state.is_terminal:  # leaving a terminal state (resume, rerun): the record is kept again
+        changes["expire_at"] = None
     changes["usage"] = _usage_after(job, seen, move.to_state, changes, now)
     seq = job.event_seq + 1
     event = JobEvent(seq, now, job.state, move.to_state, move.reason, seen.source, job.attempt)
     new = job.evolve(state=move.to_state, state_reason=move.reason, updated_at=now, event_seq=seq, **changes)
     return Decision(new, event)
+
+
+def record_expiry(job: Job, ended_at: datetime) -> datetime:
+    """When an ended job's record goes (Firestore TTL on `expire_at`): its retention after it ended."""
+    return ended_at + timedelta(days=job.record_retention_days)
 
 
 # -- one rule per event -------------------------------------------------------------------
