@@ -113,6 +113,10 @@ class WorkerReport(_Strict):
     step: Step | None = None
     detail: str | None = Field(default=None, max_length=1024)
     image_digest: ImageDigest | None = None
+    # `heartbeat`: when the command last printed a line (progress for `hang_timeout`), if ever.
+    last_output_at: Timestamp = None
+    # `exited`: the agent stopped the command itself because this time limit ran out.
+    limit: Literal["time_limit", "attempt_time_limit"] | None = None
     # A failed `exited`: the output's last lines (secrets cut out), and which retry_on.output
     # pattern (its index) the agent found in which of them (`tpujobs.domain.error_classes`).
     last_lines: LastLines | None = None
@@ -150,9 +154,13 @@ class QrStateReport(_Strict):
 class ControlRequest(_Strict):
     """tpujobs-control: a user's request about a job."""
 
-    action: Literal["cancel"]
+    action: Literal["cancel", "resume", "rerun"]
     job_id: JobId
     owner: Annotated[str, Field(pattern=OWNER_PATTERN)]
+    # resume, rerun: the request's id (default: the message id), so a retry starts nothing, and the
+    # spec fields to change (`domain.restart.OVERRIDABLE`; checked there, each refusal a sentence).
+    request_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{1,128}$")] | None = None
+    overrides: dict[str, Any] = Field(default_factory=dict)
 
 
 class LogExportRequest(_Strict):

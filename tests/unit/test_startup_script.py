@@ -134,6 +134,9 @@ def test_the_config_carries_the_attempt_the_spec_and_where_things_go() -> None:
         "grace_seconds": 30,
         "chunk_seconds": 2,
         "retry_output": [],
+        "time_limit_at": None,
+        "time_limit_seconds": None,
+        "attempt_time_limit_seconds": None,
     }
 
 

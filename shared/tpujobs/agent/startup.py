@@ -25,7 +25,7 @@ from typing import Any
 
 from tpujobs import topology
 from tpujobs.config import Settings
-from tpujobs.domain import signing
+from tpujobs.domain import limits, signing
 from tpujobs.domain.job import Job
 from tpujobs.domain.naming import checkpoint_prefix, job_prefix
 from tpujobs.domain.secrets import secret_version_name
@@ -90,6 +90,8 @@ def agent_config(job: Job, settings: Settings, timings: AgentTimings | None = No
         "heartbeat_seconds": timings.heartbeat_seconds,
         "grace_seconds": timings.grace_seconds,
         "chunk_seconds": timings.chunk_seconds,
+        # time_limit_at, time_limit_seconds, attempt_time_limit_seconds: the agent's own deadline.
+        **limits.agent_deadlines(job),
         # Matched by the agent on its host against a failed command's last lines, never here.
         "retry_output": list(spec.retry_on.output) if spec.retry_on else [],
     }

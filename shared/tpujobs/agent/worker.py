@@ -660,6 +660,32 @@ def discover_identity(
 # --- configuration --------------------------------------------------------------------
 
 
+def parse_rfc3339(text: str) -> float | None:
+    """An RFC 3339 UTC time (`...Z` or `...+00:00`) as epoch seconds; None if it is not one."""
+    try:
+        moment = datetime.datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
+    except ValueError:
+        return None
+    return moment.timestamp() if moment.tzinfo is not None else None
+
+
+def attempt_deadline(config: dict[str, Any], started: float) -> tuple[float, str] | None:
+    """When this attempt must stop (epoch seconds) and the limit that says so, the earliest of:
+    `time_limit_at` (the whole job's, absolute), `started` + `time_limit_seconds` (the first
+    attempt: its capacity was not held yet when the config was written), `started` +
+    `attempt_time_limit_seconds`. None without a limit."""
+    found = []
+    at = config.get("time_limit_at")
+    whole = parse_rfc3339(at) if at else None
+    if whole is not None:
+        found.append((whole, "time_limit"))
+    elif config.get("time_limit_seconds"):
+        found.append((started + float(config["time_limit_seconds"]), "time_limit"))
+    if config.get("attempt_time_limit_seconds"):
+        found.append((started + float(config["attempt_time_limit_seconds"]), "attempt_time_limit"))
+    return min(found) if found else None
+
+
 def load_config(path: str) -> dict[str, Any]:
     """The config JSON written by the startup script, checked, with defaults filled in."""
     try:
@@ -705,6 +731,13 @@ def load_config(path: str) -> dict[str, Any]:
     patterns = config.setdefault("retry_output", [])
     if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
         raise AgentError("config key 'retry_output' must be a list of strings")
+    for key in ("time_limit_seconds", "attempt_time_limit_seconds"):
+        value = config.setdefault(key, None)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+            raise AgentError(f"config key {key!r} must be a positive number or null, got {value!r}")
+    at = config.setdefault("time_limit_at", None)
+    if at is not None and (not isinstance(at, str) or parse_rfc3339(at) is None):
+        raise AgentError(f"config key 'time_limit_at' must be an RFC 3339 time or null, got {str(at)[:64]!r}")
     for key, default in DEFAULTS.items():
         value = config.setdefault(key, default)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
@@ -984,11 +1017,18 @@ class LogShipper:
 class OutputPump(threading.Thread):
     """Reads a child's merged stdout and stderr into the shipper; spots checkpoint lines."""
 
-    def __init__(self, fd: int, shipper: LogShipper, on_checkpoint: Callable[[int, str], None]) -> None:
+    def __init__(
+        self,
+        fd: int,
+        shipper: LogShipper,
+        on_checkpoint: Callable[[int, str], None],
+        on_line: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(name="output-pump", daemon=True)
         self.fd = fd
         self.shipper = shipper
         self.on_checkpoint = on_checkpoint
+        self.on_line = on_line  # told once per read that ends at least one line (progress)
         self.tail = b""  # the output's last bytes: where docker says why it could not run a container
 
     def run(self) -> None:
@@ -1006,6 +1046,8 @@ class OutputPump(threading.Thread):
             partial = lines.pop()
             if len(partial) > MAX_LINE_BYTES:
                 partial = partial[:MAX_LINE_BYTES]
+            if lines and self.on_line is not None:
+                self.on_line()
             for line in lines:
                 self._scan(line)
         if partial:
@@ -1919,6 +1961,8 @@ class Agent:
         self.stop_watching = threading.Event()
         self.record = AttemptRecord.beside(workdir, config, slice_id, worker_id)
         self.boot = boot_id()
+        self._limit: str | None = None  # the time limit that ran out, once the agent acted on it
+        self._last_output_at: float | None = None  # when the command last printed a line
 
     def note(self, message: str) -> None:
         """A line for the agent's stderr and for the job's output."""
@@ -1955,6 +1999,7 @@ class Agent:
             return self._started_again(earlier)
         watch_preempted(self.metadata, self.preemption.trigger, self.stop_watching)
         watch_maintenance(self.metadata, self.preemption.trigger, self.stop_watching)
+        self._watch_deadline()
         try:
             code = self._attempt()
         except Refused as refusal:  # no restart can fix it: say so, and run nothing
@@ -2098,7 +2143,7 @@ class Agent:
         until it and its group are gone; `what` (setup or command) is recorded with its pid,
         for a later start to find. `started` joins the first `started` report."""
         with self._lock:
-            if self.preemption.noticed.is_set():
+            if self.preemption.noticed.is_set() or self._limit is not None:
                 return 128 + int(signal.SIGTERM)
             read_fd, write_fd = os.pipe()
             try:
@@ -2120,7 +2165,7 @@ class Agent:
             self._current = process
             self._container = container
             self._term_delivered = False
-        pump = OutputPump(read_fd, _Tee(self.shipper, self.last_output), self._checkpoint)  # type: ignore[arg-type]
+        pump = OutputPump(read_fd, _Tee(self.shipper, self.last_output), self._checkpoint, self._output_seen)  # type: ignore[arg-type]
         pump.start()
         if pumps is not None:
             pumps.append(pump)
@@ -2193,9 +2238,45 @@ class Agent:
                 self._term_sent_at = None
 
     def _heartbeats(self) -> None:
+        """Alive, and when the command last printed a line: progress for `hang_timeout`, one
+        field per heartbeat rather than a message per line."""
         every = float(self.config["heartbeat_seconds"])
         while not self.stop_watching.wait(every):
-            self.reporter.report("heartbeat")
+            seen = self._last_output_at
+            self.reporter.report("heartbeat", **({"last_output_at": rfc3339(seen)} if seen is not None else {}))
+
+    def _output_seen(self) -> None:
+        self._last_output_at = time.time()
+
+    def _watch_deadline(self) -> None:
+        """At the attempt's deadline (`attempt_deadline`, from now), stop the command as a
+        preemption would: SIGTERM, SIGKILL after the grace; `exited` then names the limit.
+        The host stops on time even when the control plane cannot reach it."""
+        deadline = attempt_deadline(self.config, time.time())
+        if deadline is None:
+            return
+        at, limit = deadline
+        self.note(f"the job's {limit} ends this attempt at {rfc3339(at)}")
+
+        def wait() -> None:
+            if not self.stop_watching.wait(max(0.0, at - time.time())):
+                self._stop_for_limit(limit)
+
+        threading.Thread(target=wait, name="deadline", daemon=True).start()
+
+    def _stop_for_limit(self, limit: str) -> None:
+        with self._lock:
+            if self._finished or self.preemption.noticed.is_set():
+                return
+            self._limit = limit
+            container = self._container
+            if self._current is not None:
+                if container is None:
+                    signal_group(self._current.pid, signal.SIGTERM)
+                self._term_sent_at = time.monotonic()
+        self.note(f"the job's {limit} ran out: stopping the command, SIGKILL after {self.grace:g} s")
+        if container is not None and self.docker is not None:
+            self._term_delivered = self.docker.kill(container, "TERM")  # _wait tries again if not
 
     def _checkpoint(self, step: int, detail: str) -> None:
         self.reporter.report("checkpoint", step=step, detail=detail)
@@ -2208,6 +2289,9 @@ class Agent:
             self._finished = True
             preempted = self.preemption.noticed.is_set()
         failed = self._failed_output() if not preempted and aborted is None and code != 0 else {}
+        if self._limit is not None and aborted is None:  # the agent stopped it: the limit, not an error
+            detail = f"time limit reached: the job's {self._limit} ran out and the agent stopped the command"
+            failed = {**failed, "limit": self._limit}
         self.shipper.close(None if preempted else code)
         if not preempted and aborted is not None:
             self.reporter.report("aborted", detail=aborted[:MAX_DETAIL_CHARS])
