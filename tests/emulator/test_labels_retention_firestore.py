@@ -9,13 +9,14 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from tpujobs.adapters.firestore_dead_letters import FirestoreDeadLetters
 from tpujobs.adapters.firestore_store import ATTEMPTS, EVENTS, JOBS, REJECTIONS, WORKERS, FirestoreJobStore
 from tpujobs.api import CALLER_HEADER, JobsApi
 from tpujobs.domain.job import Job, new_job
 from tpujobs.domain.spec import parse_spec
 from tpujobs.domain.states import EventKind, JobState
 from tpujobs.domain.transitions import Decision, Observation
-from tpujobs.ports import AttemptLogs, JobFilter, Rejection, WorkerRecord
+from tpujobs.ports import AttemptLogs, DeadLetter, JobFilter, Rejection, WorkerRecord
 from tpujobs.testing import inbound as message
 from tpujobs.testing import local_settings
 
@@ -115,7 +116,7 @@ def test_an_ended_job_carries_expire_at_and_pruning_deletes_it_with_its_subcolle
     store: FirestoreJobStore, firestore_client
 ) -> None:
     """Past expire_at the job, its timeline, workers and attempts go; a job not yet expired,
-    a running one and a fresh rejection stay; an old rejection goes."""
+    a running one, a fresh rejection and dead letter stay; old ones go."""
     stored(store, "old-1", 0)
     stored(store, "recent-2", 0)
     stored(store, "running-3", 0)
@@ -128,6 +129,10 @@ def test_an_ended_job_carries_expire_at_and_pruning_deletes_it_with_its_subcolle
     store_with_retention = FirestoreJobStore(firestore_client, rejection_retention=timedelta(days=1))
     store_with_retention.reject(Rejection("m-old", at(0), "bad", "{}", "tpujobs-submit"))
     store_with_retention.reject(Rejection("m-new", at(60 * 24 * 3), "bad", "{}", "tpujobs-submit"))
+    letters = FirestoreDeadLetters(firestore_client, retention=timedelta(days=2))
+    letters.add(DeadLetter("d-old", at(0), "tpujobs-submit", "s", 5, "{}"))
+    letters.add(DeadLetter("d-new", at(60 * 24 * 3), "tpujobs-submit", "s", 5, "{}"))
+    assert firestore_client.collection("dead_letters").document("d-old").get().get("expire_at") == at(60 * 24 * 2)
 
     gone = store.prune_expired(old.expire_at + timedelta(seconds=1))
 
@@ -137,6 +142,7 @@ def test_an_ended_job_carries_expire_at_and_pruning_deletes_it_with_its_subcolle
     assert all(not list(old_ref.collection(child).stream()) for child in (EVENTS, WORKERS, ATTEMPTS))
     assert store.get("recent-2") is not None and store.get("running-3") is not None
     assert [doc.id for doc in firestore_client.collection(REJECTIONS).stream()] == ["m-new"]
+    assert [doc.id for doc in firestore_client.collection("dead_letters").stream()] == ["d-new"]
 
 
 def test_the_api_labels_for_the_owner_or_an_admin_and_lists_with_filters(job_service) -> None:

@@ -186,3 +186,12 @@ def test_list_piped_shows_priority_and_the_whole_reason() -> None:
     text = console.file.getvalue()
     assert "PRIORITY" in text and job.spec.priority in text
     assert "The TPU API refused the request." in text
+
+
+def test_describe_says_when_an_ended_job_record_expires() -> None:
+    ended = move(a_job(), 5, EventKind.CANCEL_REQUESTED)
+    console = Console(file=io.StringIO(), width=200)
+    tables.show(console, tables.describe_tables(ended, [], {}, now=at(10)))
+    text = console.file.getvalue()
+    assert "record expires" in text and "(kept 180 days)" in text
+    assert str((at(5) + timedelta(days=180)).date()) in text

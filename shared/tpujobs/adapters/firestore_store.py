@@ -37,6 +37,7 @@ JOBS = "jobs"
 EVENTS = "events"
 WORKERS = "workers"
 REJECTIONS = "rejections"
+DEAD_LETTERS = "dead_letters"  # written by adapters.firestore_dead_letters; pruned here with the rest
 REPORTS_SEEN = "reports_seen"  # {digest}: the message that first carried a signed report
 REPORT_MEMORY = timedelta(days=8)  # longer than Pub/Sub keeps a message (7 days); TTL on expire_at
 ATTEMPTS = "attempts"  # jobs/{id}/attempts/{N}: where each attempt's exported logs are
@@ -416,7 +417,7 @@ class FirestoreJobStore:
 
     def prune_expired(self, now: datetime, page_size: int = ACTIVE_PAGE_SIZE) -> list[str]:
         """Delete what Firestore's TTL would have by `now`: ended jobs past `expire_at` with their
-        timeline, workers and attempts, and expired rejections and signed-report memories.
+        timeline, workers and attempts, and expired rejections, dead letters and signed-report memories.
 
         The emulator has no TTL, so the local stack calls this on its tick; in production the
         TTL policies of infra/firestore.tf delete the same documents. Returns the job ids deleted.
@@ -432,7 +433,7 @@ class FirestoreJobStore:
                         doc.reference.delete()
                 job_doc.reference.delete()
             gone.append(job_doc.id)
-        for collection in (REJECTIONS, REPORTS_SEEN):
+        for collection in (REJECTIONS, DEAD_LETTERS, REPORTS_SEEN):
             query = self._db.collection(collection).where(filter=expired).order_by("expire_at")
             for doc in _paged(query, page_size, f"find expired {collection}"):
                 with transient_on_failure(f"delete an expired {collection} document"):

@@ -226,6 +226,11 @@ def _fields(job: Job, until: datetime | None) -> Table:
         ("created", when(job.created_at)),
         ("started", when(job.started_at)),
         ("ended", when(job.ended_at)),
+        *(
+            [("record expires", f"{when(job.expire_at)} (kept {job.record_retention_days} days)")]
+            if job.expire_at
+            else []
+        ),
         ("exit code", "-" if job.exit_code is None else job.exit_code),
         (
             "chip-hours",
