@@ -74,6 +74,8 @@ def observation(kind: EventKind, job: Job, **changes: Any) -> Observation:
         fields.update(exit_code=3, source="agent")
     if kind is EventKind.WAITING_FOR_QUOTA:
         fields.update(reason="Waiting for quota: needs 4 v4 chips.", source="submit")
+    if kind is EventKind.TIME_LIMIT_REACHED:
+        fields.update(source="reconciler", reason="The job's time_limit of 5s was reached: it used 6 s.")
     fields.update(changes)
     return Observation(**fields)
 
@@ -147,9 +149,12 @@ def test_every_transition_leads_somewhere() -> None:
     assert all(targets for targets in TRANSITIONS.values())
 
 
-def test_no_transition_starts_from_a_terminal_state() -> None:
-    """Terminal states accept nothing."""
-    assert [pair for pair in TRANSITIONS if pair[0] in TERMINAL] == []
+def test_no_transition_starts_from_a_terminal_state_but_a_users_resume_or_rerun() -> None:
+    """Terminal states accept nothing but a user's resume (FAILED, CANCELLED) or rerun (any)."""
+    restarts = {EventKind.RESUME_REQUESTED, EventKind.RERUN_REQUESTED}
+    assert [pair for pair in TRANSITIONS if pair[0] in TERMINAL and pair[1] not in restarts] == []
+    assert {s for s, k in TRANSITIONS if k is EventKind.RESUME_REQUESTED} == {JobState.FAILED, JobState.CANCELLED}
+    assert {s for s, k in TRANSITIONS if k is EventKind.RERUN_REQUESTED} == TERMINAL
 
 
 def test_every_active_state_can_be_cancelled() -> None:
@@ -202,9 +207,11 @@ def test_an_event_not_in_the_table_is_ignored_and_the_job_is_unchanged(
 
 
 @pytest.mark.parametrize("state", sorted(TERMINAL, key=lambda s: s.value))
-@pytest.mark.parametrize("kind", list(EventKind))
+@pytest.mark.parametrize(
+    "kind", [k for k in EventKind if k not in (EventKind.RESUME_REQUESTED, EventKind.RERUN_REQUESTED)]
+)
 def test_a_terminal_job_ignores_every_event(state: JobState, kind: EventKind) -> None:
-    """Nothing moves a job that has ended, not even a cancel."""
+    """Nothing but a user's resume or rerun moves a job that has ended, not even a cancel."""
     job = make_job(state)
     assert isinstance(decide(job, observation(kind, job), LATER), Ignored)
 

@@ -84,6 +84,7 @@ def job_to_document(job: Job) -> dict[str, Any]:
         "label_pairs": label_pairs(spec.labels),  # `list --label`: array-contains, one index for every key
         "record_retention_days": job.record_retention_days,
         "expire_at": job.expire_at,  # Firestore's TTL deletes the document then (infra/firestore.tf)
+        "restart_requests": list(job.restart_requests),
         **_accounting_fields(job),
         "spec": spec.to_document(),
     }
@@ -152,6 +153,7 @@ def job_from_document(data: dict[str, Any], spec: JobSpec | None = None) -> Job:
         suspect_hosts=tuple(SuspectHost(**host) for host in data.get("suspect_hosts") or ()),
         record_retention_days=data.get("record_retention_days") or 180,
         expire_at=data.get("expire_at"),
+        restart_requests=tuple(data.get("restart_requests") or ()),
     )
 
 

@@ -86,6 +86,9 @@ class Job:
     # on leaving one (`transitions._made`).
     record_retention_days: int = 180
     expire_at: datetime | None = None
+    # Request ids of the resumes and reruns that started an attempt, newest last (at most
+    # `domain.restart.REQUEST_MEMORY`): a retried request finds its id here and starts nothing.
+    restart_requests: tuple[str, ...] = ()
 
     @property
     def capacity(self) -> str:

@@ -37,6 +37,8 @@ class JobState(str, Enum):
 
 TERMINAL: frozenset[JobState] = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 ACTIVE: frozenset[JobState] = frozenset(set(JobState) - TERMINAL)
+RESUMABLE: frozenset[JobState] = frozenset({JobState.FAILED, JobState.CANCELLED})
+"""End states a user may resume from the checkpoint (`tpujobs resume`); any end state may be rerun."""
 
 
 class EventKind(str, Enum):
@@ -84,6 +86,20 @@ class EventKind(str, Enum):
     REPAIR_FAILED = "repair_failed"
     """The reconciler's repair of the job met a permanent error (an API refusing a call): the job
     keeps its state and says why in its reason and timeline, once per distinct reason."""
+    TIME_LIMIT_REACHED = "time_limit_reached"
+    """The job's `time_limit` or the attempt's `attempt_time_limit` ran out (the reconciler's
+    tick, or the agent at its deadline): FAILED, whatever its rules; the reason names the limit
+    and the time used (`tpujobs.domain.limits`)."""
+    HUNG = "hung"
+    """No worker of the RUNNING attempt printed a line or reported a checkpoint within its
+    `hang_timeout`: `on_hang` and the restart budget decide what follows."""
+    RESUME_REQUESTED = "resume_requested"
+    """The owner or an admin asked a FAILED or CANCELLED job to go on (`tpujobs resume`): a new
+    attempt under the same job_id waits QUEUED for admission and resumes from the checkpoint
+    prefix, with a fresh restart budget and the overrides asked for (`domain.restart`)."""
+    RERUN_REQUESTED = "rerun_requested"
+    """The owner or an admin asked an ended job (SUCCEEDED too) to run again from scratch
+    (`tpujobs rerun`): as RESUME_REQUESTED, but the new attempt does not resume."""
 
 
 QUOTA_EXHAUSTED = "QUOTA_EXHAUSTED"
@@ -127,6 +143,11 @@ TRANSITIONS: dict[tuple[JobState, EventKind], frozenset[JobState]] = {
         for state in (JobState.PROVISIONING, JobState.RUNNING, JobState.RECOVERING)
     },
     (JobState.PROVISIONING, EventKind.ZONE_FAILOVER): frozenset({JobState.QUEUED}),
+    **{(state, EventKind.TIME_LIMIT_REACHED): frozenset({JobState.FAILED}) for state in _NOT_DONE},
+    (JobState.RUNNING, EventKind.HUNG): frozenset({JobState.RECOVERING, JobState.FAILED}),
+    # The only ways out of an end state: a user's resume (of a failed or cancelled job) or rerun.
+    **{(state, EventKind.RESUME_REQUESTED): frozenset({JobState.QUEUED}) for state in RESUMABLE},
+    **{(state, EventKind.RERUN_REQUESTED): frozenset({JobState.QUEUED}) for state in TERMINAL},
 }
 """(state, event) -> the states that event may lead to. Absent pairs change nothing."""
 

@@ -11,11 +11,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
-from tpujobs.domain import accounting
+from tpujobs.domain import accounting, limits
 from tpujobs.domain.error_classes import classify_error
 from tpujobs.domain.job import Job, JobEvent, Source, SuspectHost
 from tpujobs.domain.naming import queued_resource_name
+from tpujobs.domain.restart import REQUEST_MEMORY
 from tpujobs.domain.retry import backoff_seconds, rule_on_loss
+from tpujobs.domain.spec import JobSpec
 from tpujobs.domain.states import EventKind, JobState, allowed_targets
 
 
@@ -32,6 +34,9 @@ class Observation:
     worker: str | None = None  # "slice-worker", for reports of one worker host
     operation: str = ""  # the create's long-running operation, when capacity was requested
     hosts: tuple[tuple[str, str], ...] = ()  # HOSTS_SUSPECT: (node, condition) of each suspect host
+    limit: str = ""  # TIME_LIMIT_REACHED: which limit (`tpujobs.domain.limits.LIMITS`)
+    request_id: str = ""  # RESUME_REQUESTED, RERUN_REQUESTED: the user's request, remembered on the job
+    spec: JobSpec | None = None  # RESUME_REQUESTED, RERUN_REQUESTED: the spec with its overrides
     retry_pattern: int | None = None  # COMMAND_FAILED: the retry_on.output pattern the agent says matched
     retry_line: str = ""  # COMMAND_FAILED: the last-output line it matched
 
@@ -297,6 +302,48 @@ def _cancel_requested(job: Job, seen: Observation, now: datetime) -> _Move:
     return _Move(JobState.CANCELLED, seen.reason or "Cancelled.")
 
 
+def _time_limit_reached(job: Job, seen: Observation, now: datetime) -> _Move | Ignored:
+    """A time limit ran out: FAILED, whatever the rules, naming the limit and the time used.
+    The reconciler words its own reason; the agent's report names only the limit."""
+    if seen.reason:
+        return _Move(JobState.FAILED, seen.reason, {"exit_code": seen.exit_code})
+    reached = limits.limit_as_reported(job, seen.limit, now)
+    if reached is None:
+        return Ignored(f"the job has no {seen.limit or 'time limit'} to have reached")
+    by = f" (worker {seen.worker} stopped its command)" if seen.worker else ""
+    return _Move(JobState.FAILED, f"{reached.reason}{by}.", {"exit_code": seen.exit_code})
+
+
+def _hung(job: Job, seen: Observation, now: datetime) -> _Move:
+    """The RUNNING attempt went quiet: `on_hang` and the restart budget decide."""
+    return _ruled_on_loss(job, job.spec.on_hang, seen.reason or f"Attempt {job.attempt} is hung", now)
+
+
+def _restart_requested(job: Job, seen: Observation, now: datetime) -> _Move | Ignored:
+    """A user started an ended job again: the next attempt (a new queued-resource name) waits
+    QUEUED in its first zone, with a fresh restart budget, resuming or not, with the overrides'
+    spec; a request id already remembered starts nothing."""
+    if seen.request_id and seen.request_id in job.restart_requests:
+        return Ignored(f"request {seen.request_id} already started attempt {job.attempt}")
+    resume = seen.kind is EventKind.RESUME_REQUESTED
+    spec = seen.spec or job.spec
+    zone = (spec.preferred_zones or (job.zone,))[0]
+    attempt = job.attempt + 1
+    how = "resumes from its checkpoint" if resume else "starts from scratch"
+    reason = seen.reason or f"{'Resumed' if resume else 'Rerun'}: attempt {attempt} waits in {zone} and {how}."
+    remembered = (*job.restart_requests, seen.request_id)[-REQUEST_MEMORY:] if seen.request_id else job.restart_requests
+    changes = {
+        **_requeued(job, zone),
+        "spec": spec,
+        "restarts": 0,
+        "resume_next": resume,
+        "ended_at": None,
+        "on_demand": job.on_demand and spec.capacity == job.spec.capacity,
+        "restart_requests": remembered,
+    }
+    return _Move(JobState.QUEUED, reason, changes)
+
+
 _Rule = Callable[[Job, Observation, datetime], "_Move | Ignored"]
 _RULES: Mapping[EventKind, _Rule] = {
     EventKind.ADMITTED: _admitted,
@@ -316,6 +363,10 @@ _RULES: Mapping[EventKind, _Rule] = {
     EventKind.ATTEMPT_ABORTED: _attempt_aborted,
     EventKind.CAPACITY_REQUEST_FAILED: _capacity_request_failed,
     EventKind.CANCEL_REQUESTED: _cancel_requested,
+    EventKind.TIME_LIMIT_REACHED: _time_limit_reached,
+    EventKind.HUNG: _hung,
+    EventKind.RESUME_REQUESTED: _restart_requested,
+    EventKind.RERUN_REQUESTED: _restart_requested,
 }
 
 
@@ -339,6 +390,7 @@ def _on_worker(seen: Observation) -> str:
 
 
 _HOLDS_CAPACITY = frozenset({EventKind.WORKERS_STARTED, EventKind.WORKER_SUCCEEDED})
+_RESTARTS = frozenset({EventKind.RESUME_REQUESTED, EventKind.RERUN_REQUESTED})
 
 
 def _usage_after(
@@ -356,6 +408,9 @@ def _usage_after(
         lost = seen.kind is EventKind.CAPACITY_LOST
         kept = bool(changes.get("resume_next", True))  # rerun from scratch throws the work away
         usage = accounting.attempt_ended(usage, job.attempt, now, capacity_lost=lost, work_kept=kept)
+    if seen.kind in _RESTARTS:  # an ended job starts again: its new attempt waits from now
+        attempt, zone = int(changes["attempt"]), str(changes["zone"])  # type: ignore[call-overload]
+        return (*usage, accounting.AttemptUsage(attempt, chips, now, zone=zone))
     if to_state is JobState.QUEUED and "attempt" in changes:  # requeued: evicted, or another zone
         usage = accounting.attempt_ended(usage, job.attempt, now, capacity_lost=seen.kind is EventKind.EVICTED)
         attempt, zone = int(changes["attempt"]), str(changes["zone"])  # type: ignore[call-overload]
