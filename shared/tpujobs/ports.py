@@ -46,6 +46,7 @@ class WorkerRecord:
     checkpoint_step: int | None = None
     checkpoint_at: datetime | None = None
     live: bool | None = None  # True while its command runs; the reconciler watches live ones
+    last_output_at: datetime | None = None  # the command's last output line, as its heartbeat said
 
     def fields(self) -> dict[str, object]:
         return {
@@ -60,6 +61,7 @@ class WorkerRecord:
             "checkpoint_step": self.checkpoint_step,
             "checkpoint_at": self.checkpoint_at,
             "live": self.live,
+            "last_output_at": self.last_output_at,
         }
 
 

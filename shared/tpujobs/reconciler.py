@@ -22,6 +22,9 @@ compares, and repairs through the same service the event functions use:
 - capacity ACTIVE while a host's agent never reported, for longer than the boot timeout
   (from the first host's `started`, else from the capacity becoming ACTIVE), has lost that
   host: paid capacity is never held silently;
+- a job past its `time_limit` or `attempt_time_limit` ends FAILED and its capacity is released;
+- a RUNNING attempt none of whose workers printed a line or reported a checkpoint within its
+  `hang_timeout` is hung, and `on_hang` decides (`tpujobs.domain.limits`);
 - QUEUED and RECOVERING jobs untouched for a while are converged (a crashed handler);
 - a tpujobs queued resource that no live attempt owns is deleted.
 
@@ -41,7 +44,8 @@ Its cost is O(active jobs): one query per 500 active jobs, projected to what is 
 (never a job's env, command or setup, so memory does not grow with what users write), two
 list calls per zone (queued resources and nodes), one query that returns only silent
 workers, whatever the number of finished jobs; and, once per multi-host attempt past its
-boot timeout, one read of its workers' documents.
+boot timeout, one read of its workers' documents; and, per tick, one such read for each RUNNING
+attempt with a `hang_timeout` whose last known sign of progress (start, checkpoint) is older than it.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING
 
+from tpujobs.domain import limits
 from tpujobs.domain.admission import Holder, pool_id
 from tpujobs.domain.job import Job, JobEvent
 from tpujobs.domain.naming import exported_attempt, parse_queued_resource_name
@@ -162,6 +167,8 @@ class Reconciler:
         self._phase(
             report, "find hosts that never reported", lambda: self._find_hosts_that_never_reported(jobs, now, report)
         )
+        self._phase(report, "enforce time limits", lambda: self._enforce_time_limits(jobs, now, report))
+        self._phase(report, "find hung attempts", lambda: self._find_hung_attempts(jobs, now, report))
         self._phase(report, "announce missed changes", lambda: self._announce_missed(now, report))
         self._phase(report, "release unowned resources", lambda: self._release_unowned(seen, live, report))
         return report
@@ -474,6 +481,50 @@ class Reconciler:
         one = silent[0] if len(silent) == 1 else None
         seen = Observation(EventKind.CAPACITY_LOST, job.attempt, "reconciler", reason=what, worker=one)
         service.observe(job.job_id, seen)
+        report.observed.append(f"{job.job_id}: {what}")
+
+    def _enforce_time_limits(self, jobs: list[Job], now: datetime, report: ReconcileReport) -> None:
+        """A job past its `time_limit` or `attempt_time_limit` ends FAILED, naming the limit and
+        the time used; ending releases its capacity (its workers get SIGTERM, then SIGKILL after
+        the grace). Pure arithmetic on the listed jobs: no read, whatever the number of jobs."""
+        for job in jobs:
+            reached = limits.limit_reached(job, now)
+            if reached is not None:
+                enforce = partial(self._end_for_limit, job, reached, report)
+                self._guarded(report, f"enforce its {reached.limit}", enforce, job.job_id)
+
+    def _end_for_limit(self, job: Job, reached: limits.LimitReached, report: ReconcileReport) -> None:
+        what = f"{reached.reason}."
+        seen = Observation(EventKind.TIME_LIMIT_REACHED, job.attempt, "reconciler", reason=what, limit=reached.limit)
+        self.service.observe(job.job_id, seen)
+        report.observed.append(f"{job.job_id}: {what}")
+
+    def _find_hung_attempts(self, jobs: list[Job], now: datetime, report: ReconcileReport) -> None:
+        """A RUNNING attempt none of whose workers printed a line or reported a checkpoint within
+        its `hang_timeout` is hung: `on_hang` decides, within `max_restarts`.
+
+        What it costs: `limits.might_hang` is pure, on the listed job (its attempt's start and
+        last checkpoint), so only an attempt with a hang_timeout and no sign of progress the job
+        itself knows of within it has its workers' documents read (one query, one document per
+        host). A job that keeps printing is read once a tick once its last checkpoint is older
+        than its hang_timeout: the last-output times live on the worker documents, which
+        heartbeats write, never on the job's.
+        """
+        for job in jobs:
+            if limits.might_hang(job, now):
+                check = partial(self._check_hung, job, now, report)
+                self._guarded(report, "check whether it is hung", check, job.job_id)
+
+    def _check_hung(self, job: Job, now: datetime, report: ReconcileReport) -> None:
+        workers = [
+            limits.WorkerProgress(w.worker, w.last_output_at, w.checkpoint_at, w.started_at)
+            for w in self.store.attempt_workers(job.job_id, job.attempt)
+        ]
+        found = limits.hung(job, workers, now)
+        if found is None:
+            return
+        what = f"{found.reason}."
+        self.service.observe(job.job_id, Observation(EventKind.HUNG, job.attempt, "reconciler", reason=what))
         report.observed.append(f"{job.job_id}: {what}")
 
     def _announce_missed(self, now: datetime, report: ReconcileReport) -> None:
