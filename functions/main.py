@@ -75,7 +75,7 @@ def on_qr_state(event: CloudEvent) -> None:
 
 @functions_framework.cloud_event
 def on_control(event: CloudEvent) -> None:
-    """tpujobs-control: a user's cancel request."""
+    """tpujobs-control: a user's cancel, resume or rerun request."""
     _handle(event, "on_control", runtime.job_service().on_control)
 
 

@@ -1,4 +1,4 @@
-"""The `jobs` HTTP function: submit, list, describe and cancel jobs over plain HTTP POST.
+"""The `jobs` HTTP function: submit, list, describe, cancel, resume and rerun jobs over HTTP POST.
 
 For `gcloud functions call jobs --data '{"action": "list"}'`, curl, and the CLI's submit,
 describe and cancel. `submit` is the one path where a job's owner is verified: it is the
@@ -40,6 +40,7 @@ from urllib.parse import urlsplit
 from tpujobs.config import Settings
 from tpujobs.domain.access import may_cancel
 from tpujobs.domain.labels import LabelError
+from tpujobs.domain.restart import RestartAction
 from tpujobs.domain.spec import ID_PATTERN, DuplicateKey, SpecError, parse_spec, unique_keys
 from tpujobs.domain.states import JobState
 from tpujobs.domain.transitions import Decision
@@ -69,8 +70,12 @@ HANDLERS = {
     "dead_letters": "dead_letters",
     "rejections": "rejections",
     "quotas": "quotas",
+    "resume": "resume",
+    "rerun": "rerun",
     "label": "label",
 }
+# What each outcome of a resume or rerun answers (`JobService.restart`).
+RESTART_STATUS = {"started": 200, "duplicate": 200, "missing": 404, "forbidden": 403, "invalid": 400, "refused": 409}
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 ACTIONS = tuple(HANDLERS)
 
@@ -249,6 +254,51 @@ class JobsApi:
         if state is not JobState.CANCELLED:  # it ended otherwise in the meantime
             return self._already_ended(job.job_id, state)
         return Response(200, {"job_id": job.job_id, "state": state.value, "previous_state": job.state.value})
+
+    def resume(self, caller: str, request: dict[str, Any]) -> Response:
+        """A new attempt of a FAILED or CANCELLED job, from its checkpoint (`restart`)."""
+        return self.restart(caller, request, "resume")
+
+    def rerun(self, caller: str, request: dict[str, Any]) -> Response:
+        """A new attempt of an ended job (SUCCEEDED too), from scratch (`restart`)."""
+        return self.restart(caller, request, "rerun")
+
+    def restart(self, caller: str, request: dict[str, Any], action: RestartAction) -> Response:
+        """Resume or rerun, if the caller owns the job or is an admin; idempotent per `request_id`.
+
+        The body: `job_id`, an optional `request_id` (a retried call with the same one starts
+        nothing and answers `"outcome": "duplicate"`) and optional `overrides` (zone, zones,
+        capacity, max_restarts, time_limit). 200 started or duplicate; 400 a bad override; 403
+        not the owner nor an admin, or an override the owner may not use; 404 no such job; 409
+        the job has not ended (or SUCCEEDED, for resume).
+        """
+        if "owner" in request or "caller" in request:
+            raise ApiError(400, f"The caller is never taken from the body: remove 'owner'; the ID token "
+                           f"(locally the {CALLER_HEADER} header) says who asks.")  # fmt: skip
+        _only(request, action, {"job_id", "request_id", "overrides"})
+        job_id = self._job(request).job_id
+        request_id = request.get("request_id") or uuid.uuid4().hex
+        if not isinstance(request_id, str) or not REQUEST_ID.fullmatch(request_id):
+            raise ApiError(400, "'request_id' must be 1 to 128 letters, digits, '.', '_' or '-'.")
+        overrides = request.get("overrides") or {}
+        if not isinstance(overrides, dict):
+            raise ApiError(400, "'overrides' must be an object of fields to change, such as zone or max_restarts.")
+        outcome = self.service.restart(job_id, action, caller, request_id, overrides, verified=True)
+        status = RESTART_STATUS[outcome.kind]
+        if status != 200:
+            raise ApiError(status, outcome.reason)
+        job = outcome.job
+        return Response(
+            200,
+            {
+                "job_id": job_id,
+                "outcome": outcome.kind,
+                "request_id": request_id,
+                "state": job.state.value if job else None,
+                "attempt": job.attempt if job else None,
+                "reason": outcome.reason,
+            },
+        )
 
     def submit(self, caller: str, request: dict[str, Any]) -> Response:
         """Submit a job whose owner is the caller: the one path where the owner is verified.

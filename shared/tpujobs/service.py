@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from tpujobs import logs
 from tpujobs.agent.startup import host_boot
@@ -36,9 +36,10 @@ from tpujobs.domain.admission import (
 )
 from tpujobs.domain.job import Job, JobEvent, Source, SubmittedVia, new_job, worker_key
 from tpujobs.domain.naming import job_prefix, parse_queued_resource_name, queued_resource_name
+from tpujobs.domain.restart import RestartAction, describe_overrides, overridden_spec
 from tpujobs.domain.retry import BACKOFF_CAP_SECONDS
 from tpujobs.domain.spec import JobSpec, SpecError, decode_spec, with_deployment_defaults
-from tpujobs.domain.states import QUOTA_EXHAUSTED, EventKind, JobState
+from tpujobs.domain.states import QUOTA_EXHAUSTED, RESUMABLE, TERMINAL, EventKind, JobState
 from tpujobs.domain.transitions import Decision, Ignored, Observation
 from tpujobs.errors import PermanentError, QuotaExhausted, TransientError
 from tpujobs.inbound import InboundMessage
@@ -113,6 +114,32 @@ class _PoolQueue:
     staying: list[Holder]
     going: frozenset[str]
     waiting: list[Job]
+
+
+@dataclass(frozen=True)
+class RestartOutcome:
+    """What became of one resume or rerun request: started, a duplicate of one that did, or
+    refused (missing job, forbidden caller or override, invalid override, job not ended)."""
+
+    kind: Literal["started", "duplicate", "missing", "forbidden", "invalid", "refused"]
+    job_id: str
+    job: Job | None  # as it is after the request (as it was, when refused)
+    reason: str
+
+
+def restart_refusal(job: Job | None, action: RestartAction) -> str | None:
+    """Why `action` cannot start a new attempt of this job now, as a sentence; None if it can."""
+    if job is None:
+        return "the job no longer exists"
+    allowed = RESUMABLE if action == "resume" else TERMINAL
+    if job.state in allowed:
+        return None
+    if not job.state.is_terminal:
+        return (
+            f"{job.job_id} is {job.state.value} (attempt {job.attempt}): it has not ended, so there is "
+            f"nothing to {action}; cancel it first, or wait for it to end."
+        )
+    return f"{job.job_id} SUCCEEDED: only a FAILED or CANCELLED job can be resumed; rerun it to start again."
 
 
 @dataclass(frozen=True)
@@ -517,9 +544,15 @@ class JobService:
         return self.observe(job_id, seen)
 
     def on_control(self, message: InboundMessage) -> Decision | Ignored | None:
-        """tpujobs-control: a cancel request; only the owner or an admin may cancel."""
+        """tpujobs-control: a cancel, resume or rerun request; only the owner or an admin may ask."""
         request = self._decode(ControlRequest, message)
         if request is None:
+            return None
+        if request.action != "cancel":  # resume, rerun: a retry of the message starts nothing
+            request_id = request.request_id or f"message-{message.message_id}"
+            restart = self.restart(request.job_id, request.action, request.owner, request_id, request.overrides)
+            if restart.kind not in ("started", "duplicate"):
+                self.reject(message, restart.reason)
             return None
         job = self.store.get(request.job_id)
         if job is None:
@@ -533,6 +566,65 @@ class JobService:
     def cancel(self, job_id: str, reason: str) -> Decision | Ignored:
         """Cancel a job (its caller has checked the right to) and release its capacity."""
         return self.observe(job_id, Observation(EventKind.CANCEL_REQUESTED, None, "user", reason=reason))
+
+    def restart(
+        self,
+        job_id: str,
+        action: RestartAction,
+        caller: str,
+        request_id: str,
+        overrides: Mapping[str, Any],
+        *,
+        verified: bool = False,
+    ) -> RestartOutcome:
+        """Resume or rerun an ended job: a new attempt, same job_id, through admission.
+
+        The owner or an admin only (the rule of cancel; `verified`: the jobs API proved the
+        caller). Overrides are checked as the spec is at submit, the owner's privileges and
+        the quota included. `request_id` is remembered on the job in the same commit as the
+        move, so a retried request (or a redelivered message) starts no second attempt.
+        """
+        logs.bind_job(job_id)
+        job = self.store.get(job_id)
+        if job is None:
+            return RestartOutcome("missing", job_id, None, f"job_id {job_id!r}: no such job")
+        if not may_cancel(job.owner, caller, self.settings.admins):
+            return RestartOutcome(
+                "forbidden", job_id, job, f"{caller} may not {action} {job_id}: only its owner or an admin may."
+            )
+        already = f"request {request_id} already started an attempt of {job_id}"
+        if request_id in job.restart_requests:
+            self.converge(job_id)  # the first call may have died after its commit: finish it
+            return RestartOutcome("duplicate", job_id, job, already)
+        refusal = restart_refusal(job, action)
+        if refusal is not None:
+            return RestartOutcome("refused", job_id, job, refusal)
+        try:
+            spec = overridden_spec(job.spec, overrides)
+        except SpecError as error:
+            return RestartOutcome("invalid", job_id, job, f"Invalid override: {error}")
+        if spec != job.spec:
+            owner_verified = job.owner_verified or (verified and caller == job.owner)
+            refused = self.submission_refusal(spec, owner_verified=owner_verified)
+            if refused is not None:
+                return RestartOutcome("forbidden", job_id, job, refused)
+            too_big = self.oversize_refusal(spec)
+            if too_big is not None:
+                return RestartOutcome("invalid", job_id, job, too_big)
+        changed = describe_overrides(job.spec, spec)
+        how = "from its checkpoint" if action == "resume" else "from scratch"
+        reason = f"{action.capitalize()} asked by {caller}{'' if verified else ' (via the topic)'}, {how}" + (
+            f"; overrides: {changed}." if changed else "."
+        )
+        kind = EventKind.RESUME_REQUESTED if action == "resume" else EventKind.RERUN_REQUESTED
+        seen = Observation(kind, None, "user", reason, request_id=request_id, spec=spec)
+        outcome = self.observe(job_id, seen)
+        after = self.store.get(job_id)
+        if isinstance(outcome, Decision):
+            return RestartOutcome("started", job_id, after or outcome.job, reason)
+        if after is not None and request_id in after.restart_requests:  # a concurrent retry won
+            return RestartOutcome("duplicate", job_id, after, already)
+        return RestartOutcome("refused", job_id, after, restart_refusal(after, action) or outcome.reason)
 
     def observe(self, job_id: str, seen: Observation) -> Decision | Ignored:
         """Commit what an observation means for the job, then perform what its state implies."""
@@ -767,7 +859,7 @@ def _worker_record(report: WorkerReport, worker: str, now: datetime, at: datetim
     if report.kind == "checkpoint":
         return replace(record, checkpoint_step=report.step, checkpoint_at=at, live=True)
     if report.kind == "heartbeat":
-        return replace(record, live=True)
+        return replace(record, live=True, last_output_at=report.last_output_at)
     return replace(record, live=False)  # rebooted: the command it ran is gone with the host
 
 
@@ -780,6 +872,10 @@ def _worker_observation(report: WorkerReport, worker: str) -> Observation | None
         return Observation(EventKind.WORKERS_STARTED, report.attempt, "agent", why, worker=worker)
     if report.kind == "exited":
         code = report.exit_code if report.exit_code is not None else -1
+        if report.limit is not None:  # the agent stopped it at its deadline: the limit, even if it exited 0
+            return Observation(
+                EventKind.TIME_LIMIT_REACHED, report.attempt, "agent", exit_code=code, worker=worker, limit=report.limit
+            )
         if code == 0:
             return Observation(EventKind.WORKER_SUCCEEDED, report.attempt, "agent", exit_code=0, worker=worker)
         # The agent's own words when it ended the attempt itself (an image it could not pull).

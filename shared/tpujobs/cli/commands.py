@@ -307,6 +307,107 @@ def cancel(
             )
 
 
+# --- resume and rerun ------------------------------------------------------------------------
+
+_OWNER_HELP = (
+    "Who asks, locally: the job's owner or an admin. Default: $TPUJOBS_OWNER, else your login. "
+    "Deployed, your ID token says who you are and this is ignored."
+)
+
+
+@app.command()
+def resume(
+    job_id: str,
+    owner: Annotated[str | None, typer.Option(help=_OWNER_HELP)] = None,
+    zone: Annotated[str | None, typer.Option(help="Run the new attempt in this zone (replaces zones).")] = None,
+    zones: Annotated[str | None, typer.Option(help="Zones in order of preference, comma separated.")] = None,
+    capacity: Annotated[str | None, typer.Option(help="on-demand, spot or reserved.")] = None,
+    max_restarts: Annotated[int | None, typer.Option(help="The new attempt's restart budget.")] = None,
+    time_limit: Annotated[str | None, typer.Option(help="Replaces the spec's time_limit: 90s, 45m, 2h.")] = None,
+    request_id: Annotated[
+        str | None, typer.Option(help="Send the same id again to retry safely: one attempt is started at most.")
+    ] = None,
+    wait: Annotated[bool, typer.Option(help="Follow the job until it ends again.")] = False,
+) -> None:
+    """Continue a FAILED or CANCELLED job from its checkpoint: a new attempt, same job_id.
+
+    The attempt gets TPUJOBS_RESUME=1 and the job's TPUJOBS_CHECKPOINT_URI, a fresh restart
+    budget, and waits for admission like a new job. Only the owner or an admin may; only
+    --zone/--zones, --capacity, --max-restarts and --time-limit may change.
+    """
+    overrides = _overrides(zone, zones, capacity, max_restarts, time_limit)
+    _restart("resume", job_id, caller(owner), overrides, request_id or uuid.uuid4().hex, wait)
+
+
+@app.command()
+def rerun(
+    job_id: str,
+    owner: Annotated[str | None, typer.Option(help=_OWNER_HELP)] = None,
+    zone: Annotated[str | None, typer.Option(help="Run the new attempt in this zone (replaces zones).")] = None,
+    zones: Annotated[str | None, typer.Option(help="Zones in order of preference, comma separated.")] = None,
+    capacity: Annotated[str | None, typer.Option(help="on-demand, spot or reserved.")] = None,
+    max_restarts: Annotated[int | None, typer.Option(help="The new attempt's restart budget.")] = None,
+    time_limit: Annotated[str | None, typer.Option(help="Replaces the spec's time_limit: 90s, 45m, 2h.")] = None,
+    request_id: Annotated[
+        str | None, typer.Option(help="Send the same id again to retry safely: one attempt is started at most.")
+    ] = None,
+    wait: Annotated[bool, typer.Option(help="Follow the job until it ends again.")] = False,
+) -> None:
+    """Run an ended job (SUCCEEDED, FAILED or CANCELLED) again from scratch, same job_id.
+
+    As `resume`, but the new attempt starts fresh (TPUJOBS_RESUME=0) under the same
+    checkpoint prefix: the command decides what to do with what is there.
+    """
+    overrides = _overrides(zone, zones, capacity, max_restarts, time_limit)
+    _restart("rerun", job_id, caller(owner), overrides, request_id or uuid.uuid4().hex, wait)
+
+
+def _overrides(
+    zone: str | None, zones: str | None, capacity: str | None, max_restarts: int | None, time_limit: str | None
+) -> dict[str, Any]:
+    """The flags given, as the request's `overrides` (the service checks them as a spec)."""
+    given = {
+        "zone": zone,
+        "zones": [z.strip() for z in zones.split(",") if z.strip()] if zones is not None else None,
+        "capacity": capacity,
+        "max_restarts": max_restarts,
+        "time_limit": time_limit,
+    }
+    return {name: value for name, value in given.items() if value is not None}
+
+
+def _restart(action: str, job_id: str, who: str, overrides: dict[str, Any], request_id: str, wait: bool) -> None:
+    """Ask the jobs API (TPUJOBS_API_URL) or, without one, publish to tpujobs-control."""
+    config = settings()
+    url = api_url()
+    request: dict[str, Any] = {"action": action, "job_id": job_id, "request_id": request_id}
+    if overrides:
+        request["overrides"] = overrides
+    done = "Resumed" if action == "resume" else "Rerun"
+    if url:
+        answer = ask_api(config, url, request, who) or {}
+        if answer.get("outcome") == "duplicate":
+            out.print(f"[bold]{shown(job_id)}[/bold]: request {shown(request_id)} had already started its attempt.")
+        else:
+            out.print(
+                f"{done} [bold]{shown(job_id)}[/bold]: attempt {shown(answer.get('attempt'))} is "
+                f"{shown(answer.get('state'))} (request {shown(request_id)})."
+            )
+    else:
+        from tpujobs.adapters.pubsub import Publisher
+
+        message_id = Publisher.build(config.project, config.prefix).publish_json(CONTROL, {**request, "owner": who})
+        out.print(f"Asked to {action} [bold]{shown(job_id)}[/bold] as {shown(who)} (request {shown(request_id)}).")
+        started = follow(config, job_id, until=lambda job: request_id in job.restart_requests, timeout=60)
+        if started is None:
+            raise Stop(
+                f"{job_id} did not start a new attempt for request {request_id} (message {message_id}): "
+                "see `tpujobs rejections` and `tpujobs describe`."
+            )
+    if wait:
+        follow(config, job_id, until=lambda job: job.state.is_terminal and request_id in job.restart_requests)
+
+
 # --- list and describe -------------------------------------------------------------------------
 
 
