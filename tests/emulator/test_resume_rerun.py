@@ -4,16 +4,27 @@ emulator and the TPU simulator: who may, what may change, and one attempt per re
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import pytest
 
 from tpujobs.adapters.firestore_config import FirestoreAccessPolicies
 from tpujobs.agent.startup import agent_config
 from tpujobs.api import CALLER_HEADER, JobsApi
+from tpujobs.domain import limits
 from tpujobs.domain.naming import queued_resource_name
 from tpujobs.domain.states import JobState
 from tpujobs.service import JobService
-from tpujobs.testing import CrashingStore, CrashingTpu, CrashPlan, InjectedCrash, local_settings, signed
+from tpujobs.testing import (
+    CrashingStore,
+    CrashingTpu,
+    CrashPlan,
+    InjectedCrash,
+    OffsetClock,
+    local_settings,
+    reconciler_for,
+    signed,
+)
 from tpujobs.testing import inbound as message
 
 pytestmark = pytest.mark.emulator
@@ -234,3 +245,20 @@ def test_a_resume_killed_at_any_io_step_and_retried_starts_exactly_one_attempt(s
             assert (job.state, job.attempt, job.restart_requests) == (JobState.PROVISIONING, 2, ("r-1",)), (k, when)
             names = queued_resources(tpu_client, project_id)
             assert queued_resource_name(job_id, 2) in names and queued_resource_name(job_id, 3) not in names
+
+
+def test_a_job_resumed_long_after_its_start_is_not_out_of_time_at_the_next_tick(job_service, firestore_client):
+    """time_limit counts again from the resumed attempt's capacity: a day after the job's first
+    start, the reconciler's tick (which reads outlines) leaves the resumed job running, and its
+    limit runs out an hour after the resumed attempt's start."""
+    clock = OffsetClock()
+    service = job_service(clock=clock, admins=(ADMIN,), access=FirestoreAccessPolicies(firestore_client))
+    failed_job(service, "late-1", time_limit="1h")
+    clock.advance(24 * 3600)
+    assert service.restart("late-1", "resume", OWNER, "r-1", {}).kind == "started"
+    payload = {"kind": "started", "job_id": "late-1", "attempt": 2, "slice_id": 0, "worker_id": 0}
+    service.on_worker_report(signed(service, "tpujobs-worker-events", payload))
+    reconciler_for(service).tick()
+    job = service.store.get("late-1")
+    assert (job.state, job.attempt, job.run_first_attempt) == (JobState.RUNNING, 2, 2), job.state_reason
+    assert limits.limit_reached(job, clock() + timedelta(hours=1)) is not None  # and it still runs out

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 
+from tpujobs.domain import limits
 from tpujobs.domain.accounting import AttemptUsage
 from tpujobs.domain.job import Job, new_job
 from tpujobs.domain.naming import queued_resource_name
@@ -190,3 +192,16 @@ def test_a_capacity_override_ends_the_on_demand_fallback_of_the_old_capacity() -
     assert kept.on_demand is True
     changed = overridden_spec(job.spec, {"capacity": "on-demand"})
     assert moved(decide(job, request(EventKind.RESUME_REQUESTED, spec=changed), LATER)).job.on_demand is False
+
+
+def test_the_time_limit_counts_again_from_the_resumed_attempts_capacity() -> None:
+    """A job resumed two days after its first start is not past a 2h time_limit: the clock starts
+    again at the new attempt's capacity, and runs out 2h after it."""
+    job = ended_job(time_limit="2h")
+    after = moved(decide(job, request(EventKind.RESUME_REQUESTED), LATER)).job
+    assert after.run_first_attempt == 4
+    held = LATER + timedelta(minutes=5)
+    running = after.evolve(state=JobState.RUNNING, usage=(*after.usage[:-1], replace(after.usage[-1], held_from=held)))
+    assert limits.limit_reached(running, held + timedelta(minutes=119)) is None
+    reached = limits.limit_reached(running, held + timedelta(minutes=121))
+    assert reached is not None and reached.limit == limits.TIME_LIMIT

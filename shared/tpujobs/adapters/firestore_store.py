@@ -85,6 +85,7 @@ def job_to_document(job: Job) -> dict[str, Any]:
         "record_retention_days": job.record_retention_days,
         "expire_at": job.expire_at,  # Firestore's TTL deletes the document then (infra/firestore.tf)
         "restart_requests": list(job.restart_requests),
+        "run_first_attempt": job.run_first_attempt,
         **_accounting_fields(job),
         "spec": spec.to_document(),
     }
@@ -154,6 +155,7 @@ def job_from_document(data: dict[str, Any], spec: JobSpec | None = None) -> Job:
         record_retention_days=data.get("record_retention_days") or 180,
         expire_at=data.get("expire_at"),
         restart_requests=tuple(data.get("restart_requests") or ()),
+        run_first_attempt=data.get("run_first_attempt", 1),
     )
 
 
@@ -165,7 +167,7 @@ _OUTLINE_TOP = (
     "capacity_state", "resume_next", "workers_done", "next_attempt_at", "created_at", "updated_at",
     "started_at", "ended_at", "exit_code", "log_uri", "event_seq", "usage", "requested_at", "on_demand",
     "submitted_via", "owner_verified", "create_operation", "suspect_hosts",
-    "record_retention_days", "expire_at",
+    "record_retention_days", "expire_at", "run_first_attempt",
 )  # fmt: skip
 OUTLINE_FIELDS = (
     *_OUTLINE_TOP,

@@ -89,6 +89,9 @@ class Job:
     # Request ids of the resumes and reruns that started an attempt, newest last (at most
     # `domain.restart.REQUEST_MEMORY`): a retried request finds its id here and starts nothing.
     restart_requests: tuple[str, ...] = ()
+    # The first attempt since the job was submitted, resumed or rerun: `time_limit` counts from
+    # its capacity (`domain.limits.first_held`), so a job resumed days later is not out of time.
+    run_first_attempt: int = 1
 
     @property
     def capacity(self) -> str:

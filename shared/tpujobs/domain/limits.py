@@ -86,8 +86,9 @@ class Hung:
 
 
 def first_held(job: Job) -> datetime | None:
-    """When the job's capacity was first held, in any attempt; None if never."""
-    held = [u.held_from for u in job.usage if u.held_from is not None]
+    """When the job's capacity was first held, in any attempt since it was submitted or last
+    resumed or rerun (`Job.run_first_attempt`): a resume starts the clock again; None if never."""
+    held = [u.held_from for u in job.usage if u.held_from is not None and u.attempt >= job.run_first_attempt]
     return min(held) if held else None
 
 

@@ -340,6 +340,7 @@ def _restart_requested(job: Job, seen: Observation, now: datetime) -> _Move | Ig
         "ended_at": None,
         "on_demand": job.on_demand and spec.capacity == job.spec.capacity,
         "restart_requests": remembered,
+        "run_first_attempt": attempt,
     }
     return _Move(JobState.QUEUED, reason, changes)
 
