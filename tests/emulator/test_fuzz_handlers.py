@@ -482,7 +482,7 @@ def test_any_queued_resource_observation_is_applied_ignored_or_rejected(service,
 def control_requests(known: list[str]) -> st.SearchStrategy[Any]:
     well_formed = st.fixed_dictionaries(
         {
-            "action": mostly(st.just("cancel"), hostile),
+            "action": mostly(st.sampled_from(["cancel", "resume", "rerun"]), hostile),
             "job_id": job_ids(known),
             "owner": mostly(st.sampled_from([OWNER, ADMIN, "eve@example.com"]), hostile),
         }
@@ -492,13 +492,21 @@ def control_requests(known: list[str]) -> st.SearchStrategy[Any]:
 
 @FUZZ
 @given(data=st.data())
-def test_any_control_request_cancels_or_is_rejected(service, firestore_client, jobs, data) -> None:
-    """Cancels by owners, admins, strangers and of unknown jobs: the job is cancelled, or a rejection says why."""
+def test_any_control_request_cancels_restarts_or_is_rejected(service, firestore_client, jobs, data) -> None:
+    """Cancels, resumes and reruns by owners, admins, strangers and of unknown jobs: the job is
+    cancelled, runs again (a restart of an ended job, by its owner or an admin), or a rejection says why."""
     payload = data.draw(control_requests(jobs), label="payload")
     inbound = as_message("tpujobs-control", payload)
     result = service.on_control(inbound)
     rejected = rejection(firestore_client, inbound.message_id)
     event("rejected" if rejected else type(result).__name__)
+    if result is None and rejected is None:  # a restart: started, or one already started by this request
+        request = decode_report(ControlRequest, inbound.data)
+        restarted = service.store.get(request.job_id)
+        assert request.action in ("resume", "rerun")
+        assert restarted is not None and request.owner in (restarted.owner, ADMIN)
+        assert not restarted.state.is_terminal
+        return
     if result is None:
         assert rejected is not None and rejected["reason"] and rejected["topic"] == "tpujobs-control"
         return
