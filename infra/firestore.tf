@@ -240,10 +240,21 @@ resource "google_firestore_field" "reports_seen_expire_at" {
 # ends: TPUJOBS_RECORD_RETENTION_DAYS after, 180 by default, and clears it if the job is resumed),
 # a rejection and a dead letter (TPUJOBS_REJECTION_RETENTION_DAYS, TPUJOBS_DEAD_LETTER_RETENTION_DAYS,
 # 30 by default, after they were recorded). Firestore's TTL deletes each at its expire_at, within
-# about a day; not indexed, for the reason above. TTL deletes the job document only: its events,
-# workers and attempts subcollections stay until deleted (the local stack's tick deletes them too).
+# about a day. TTL deletes a job's document only, never its events, workers and attempts: the
+# reconciler's tick deletes expired jobs with them first (FirestoreJobStore.prune_expired_jobs),
+# which queries jobs' expire_at, so that one keeps Firestore's default single-field index (written
+# once per job, when it ends: no hotspot). Rejections and dead letters have no subcollections and
+# nothing queries them by expire_at: not indexed, for the reason above.
+resource "google_firestore_field" "job_expire_at" {
+  database   = google_firestore_database.default.name
+  collection = "jobs"
+  field      = "expire_at"
+
+  ttl_config {}
+}
+
 resource "google_firestore_field" "expire_at" {
-  for_each   = toset(["jobs", "rejections", "dead_letters"])
+  for_each   = toset(["rejections", "dead_letters"])
   database   = google_firestore_database.default.name
   collection = each.key
   field      = "expire_at"

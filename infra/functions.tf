@@ -125,6 +125,10 @@ locals {
     TPUJOBS_DEFAULT_TAGS            = join(",", var.default_tags)
     TPUJOBS_DEFAULT_DATA_DISKS      = join(",", [for disk in var.default_data_disks : "${disk.source_disk}:${disk.mode}"])
     TPUJOBS_DEFAULT_RUNTIME_VERSION = var.default_runtime_version
+    # How long ended records are kept before Firestore's TTL (and the reconciler) delete them.
+    TPUJOBS_RECORD_RETENTION_DAYS      = tostring(var.record_retention_days)
+    TPUJOBS_REJECTION_RETENTION_DAYS   = tostring(var.rejection_retention_days)
+    TPUJOBS_DEAD_LETTER_RETENTION_DAYS = tostring(var.dead_letter_retention_days)
   }
 
   # Only the job-engine functions: the accounts of var.job_service_accounts, which they (and no

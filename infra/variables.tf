@@ -138,3 +138,36 @@ variable "reconcile_schedule" {
   type        = string
   default     = "* * * * *"
 }
+
+variable "record_retention_days" {
+  description = "Days an ended job's record (document, timeline, workers, attempts) is kept after it ends (TPUJOBS_RECORD_RETENTION_DAYS); then Firestore's TTL and the reconciler delete it."
+  type        = number
+  default     = 180
+
+  validation {
+    condition     = var.record_retention_days >= 1 && floor(var.record_retention_days) == var.record_retention_days
+    error_message = "record_retention_days is a whole number of days, 1 or more."
+  }
+}
+
+variable "rejection_retention_days" {
+  description = "Days a rejection is kept after it was recorded (TPUJOBS_REJECTION_RETENTION_DAYS)."
+  type        = number
+  default     = 30
+
+  validation {
+    condition     = var.rejection_retention_days >= 1 && floor(var.rejection_retention_days) == var.rejection_retention_days
+    error_message = "rejection_retention_days is a whole number of days, 1 or more."
+  }
+}
+
+variable "dead_letter_retention_days" {
+  description = "Days a dead letter is kept after it was recorded (TPUJOBS_DEAD_LETTER_RETENTION_DAYS)."
+  type        = number
+  default     = 30
+
+  validation {
+    condition     = var.dead_letter_retention_days >= 1 && floor(var.dead_letter_retention_days) == var.dead_letter_retention_days
+    error_message = "dead_letter_retention_days is a whole number of days, 1 or more."
+  }
+}

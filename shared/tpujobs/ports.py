@@ -139,6 +139,10 @@ class JobStore(Protocol):
 
     def ended_between(self, start: datetime, end: datetime, page_size: int = 500) -> list[Job]: ...
 
+    def prune_expired_jobs(self, now: datetime, limit: int = 100) -> list[str]:
+        """Delete up to `limit` ended jobs past their `expire_at`, each with its timeline, workers
+        and attempts (Firestore's TTL would delete the document alone); the job ids deleted."""
+
     def record_worker(self, job_id: str, worker: WorkerRecord) -> None: ...
 
     def attempt_workers(self, job_id: str, attempt: int) -> list[WorkerRecord]:

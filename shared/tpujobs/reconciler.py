@@ -85,6 +85,7 @@ log = logging.getLogger(__name__)
 WAITING_FOR_CAPACITY = frozenset({"CREATING", "ACCEPTED", "WAITING_FOR_RESOURCES"})
 EXPORT_GRACE_S = 60.0  # an export asked for by the handler has had this long to finish
 EXPORT_WINDOW_S = 600.0  # after that, the reconciler asks again for this long
+PRUNE_PER_TICK = 100  # expired jobs deleted per tick: a backlog drains over a few ticks
 ANNOUNCE_AFTER_S = 10.0  # a change newer than this is still being announced by its handler
 
 
@@ -101,6 +102,7 @@ class ReconcileReport:
     released: list[str] = field(default_factory=list)
     announced: list[str] = field(default_factory=list)  # "job#seq" of late status messages
     failed: list[str] = field(default_factory=list)  # "what: error" of items that failed for good
+    pruned: list[str] = field(default_factory=list)  # jobs deleted past their expire_at
 
 
 class Reconciler:
@@ -171,7 +173,13 @@ class Reconciler:
         self._phase(report, "find hung attempts", lambda: self._find_hung_attempts(jobs, now, report))
         self._phase(report, "announce missed changes", lambda: self._announce_missed(now, report))
         self._phase(report, "release unowned resources", lambda: self._release_unowned(seen, live, report))
+        self._phase(report, "delete expired jobs", lambda: self._prune_expired(now, report))
         return report
+
+    def _prune_expired(self, now: datetime, report: ReconcileReport) -> None:
+        """Ended jobs past their `expire_at` go with their timeline, workers and attempts, a
+        bounded number per tick: Firestore's TTL would leave the subcollections behind."""
+        report.pruned += self.store.prune_expired_jobs(now, limit=PRUNE_PER_TICK)
 
     def _phase(self, report: ReconcileReport, doing: str, phase: Callable[[], None]) -> None:
         """Run one phase; whatever escapes it is logged, and the next phase still runs."""

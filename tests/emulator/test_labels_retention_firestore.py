@@ -18,7 +18,7 @@ from tpujobs.domain.states import EventKind, JobState
 from tpujobs.domain.transitions import Decision, Observation
 from tpujobs.ports import AttemptLogs, DeadLetter, JobFilter, Rejection, WorkerRecord
 from tpujobs.testing import inbound as message
-from tpujobs.testing import local_settings
+from tpujobs.testing import local_settings, reconciler_for
 
 pytestmark = pytest.mark.emulator
 
@@ -169,3 +169,35 @@ def test_the_api_labels_for_the_owner_or_an_admin_and_lists_with_filters(job_ser
     assert [j["job_id"] for j in by_name.body["jobs"]] == ["other-2"]
     wrong = call({"action": "list", "state": ["DONE"]})
     assert wrong.status == 400 and "'state'" in wrong.body["error"]
+
+
+def test_prune_expired_jobs_deletes_a_bounded_batch_oldest_first_with_subcollections(
+    store: FirestoreJobStore, firestore_client
+) -> None:
+    """What the production reconciler calls each tick (TTL would leave the subcollections):
+    at most `limit` expired jobs, the earliest expiry first; the rest wait for the next tick."""
+    for index, job_id in enumerate(["first-1", "second-2", "third-3"]):
+        stored(store, job_id, 0)
+        end(store, job_id, 10 + index)
+    stored(store, "running-4", 0)
+    after_all = at(20) + timedelta(days=3)
+
+    assert store.prune_expired_jobs(after_all, limit=2) == ["first-1", "second-2"]
+    assert not list(firestore_client.collection(JOBS).document("first-1").collection(EVENTS).stream())
+    assert store.get("third-3") is not None
+    assert store.prune_expired_jobs(after_all, limit=2) == ["third-3"]
+    assert store.prune_expired_jobs(after_all, limit=2) == []
+    assert store.get("running-4") is not None
+
+
+def test_the_reconcilers_tick_deletes_expired_jobs(job_service, firestore_client) -> None:
+    """The tick's own phase: an ended job past its expire_at is gone after one tick, with its timeline."""
+    service = job_service()
+    stored(service.store, "expired-1", 0)
+    ended = end(service.store, "expired-1", 1)
+    assert ended.expire_at is not None
+    service_later = job_service(clock=lambda: ended.expire_at + timedelta(minutes=1))
+    report = reconciler_for(service_later).tick()
+    assert report.pruned == ["expired-1"]
+    job_ref = firestore_client.collection(JOBS).document("expired-1")
+    assert not job_ref.get().exists and not list(job_ref.collection(EVENTS).stream())

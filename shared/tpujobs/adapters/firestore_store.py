@@ -419,24 +419,41 @@ class FirestoreJobStore:
 
         return compare_and_set(ref, change, what=f"job {job_id}", doing="change labels")
 
-    def prune_expired(self, now: datetime, page_size: int = ACTIVE_PAGE_SIZE) -> list[str]:
-        """Delete what Firestore's TTL would have by `now`: ended jobs past `expire_at` with their
-        timeline, workers and attempts, and expired rejections, dead letters and signed-report memories.
-
-        The emulator has no TTL, so the local stack calls this on its tick; in production the
-        TTL policies of infra/firestore.tf delete the same documents. Returns the job ids deleted.
-        """
-        expired = firestore.FieldFilter("expire_at", "<=", now)
+    def prune_expired_jobs(self, now: datetime, limit: int = 100) -> list[str]:
+        """Delete up to `limit` ended jobs past `expire_at`, oldest expiry first, each with its
+        timeline, workers and attempts: Firestore's TTL deletes a job's document but never its
+        subcollections, so the reconciler's tick gets there first (jobs' `expire_at` keeps its
+        single-field index for this query, infra/firestore.tf). Returns the job ids deleted."""
+        query = (
+            self._db.collection(JOBS)
+            .where(filter=firestore.FieldFilter("expire_at", "<=", now))
+            .order_by("expire_at")
+            .limit(limit)
+        )
         gone: list[str] = []
-        for job_doc in _paged(
-            self._db.collection(JOBS).where(filter=expired).order_by("expire_at"), page_size, "find expired jobs"
-        ):
+        with transient_on_failure("find expired jobs"):
+            expired = list(query.stream())
+        for job_doc in expired:
             with transient_on_failure("delete an expired job"):
                 for child in (EVENTS, WORKERS, ATTEMPTS):
                     for doc in job_doc.reference.collection(child).stream():
                         doc.reference.delete()
                 job_doc.reference.delete()
             gone.append(job_doc.id)
+        return gone
+
+    def prune_expired(self, now: datetime, page_size: int = ACTIVE_PAGE_SIZE) -> list[str]:
+        """Delete what Firestore's TTL would have by `now`: ended jobs past `expire_at` with their
+        timeline, workers and attempts, and expired rejections, dead letters and signed-report memories.
+
+        The emulator has no TTL, so the local stack calls this on its tick; in production the
+        TTL policies of infra/firestore.tf delete the documents (and the reconciler, through
+        `prune_expired_jobs`, the jobs with their subcollections). Returns the job ids deleted.
+        """
+        gone: list[str] = []
+        while batch := self.prune_expired_jobs(now, page_size):
+            gone += batch
+        expired = firestore.FieldFilter("expire_at", "<=", now)
         for collection in (REJECTIONS, DEAD_LETTERS, REPORTS_SEEN):
             query = self._db.collection(collection).where(filter=expired).order_by("expire_at")
             for doc in _paged(query, page_size, f"find expired {collection}"):
