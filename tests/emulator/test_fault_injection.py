@@ -512,30 +512,31 @@ def _half_done(name: str, k: int) -> Callable[[Harness], None]:
 
 _SURVEY = ("store.list_active", "tpu.list_capacity")  # every tick starts by reading what is
 _NEXT_ATTEMPT = ("tpu.release", "tpu.request", "store.apply")
+_PRUNE = "store.prune_expired_jobs"  # every tick ends by deleting expired jobs (none here)
 
 TICKS = [
     TickScenario(  # the notice never came: the tick sees the SUSPENDING resource itself
         "unreported-preemption",
         _preempted,
-        (*_SURVEY, "store.apply", *_NEXT_ATTEMPT, "store.silent_workers"),
+        (*_SURVEY, "store.apply", *_NEXT_ATTEMPT, "store.silent_workers", _PRUNE),
         _RECOVERED,
     ),
     TickScenario(  # submit died after creating the job: the tick admits it
         "queued-job",
         _half_done("submit", 1),
-        (*_SURVEY, "store.get", "tpu.request", "store.apply", "store.silent_workers"),
+        (*_SURVEY, "store.get", "tpu.request", "store.apply", "store.silent_workers", _PRUNE),
         Outcome(JobState.PROVISIONING),
     ),
     TickScenario(  # a loss was committed but its handler died: the tick starts attempt 2
         "recovering-job",
         _half_done("preemption", 3),  # after its commit (the report was checked and remembered first)
-        (*_SURVEY, "store.get", *_NEXT_ATTEMPT, "store.silent_workers"),
+        (*_SURVEY, "store.get", *_NEXT_ATTEMPT, "store.silent_workers", _PRUNE),
         _RECOVERED,
     ),
     TickScenario(  # a cancel was committed but its handler died: the tick frees the capacity
         "ended-job-holding-capacity",
         _half_done("cancel", 2),
-        (*_SURVEY, "store.silent_workers", "store.get", "tpu.release"),
+        (*_SURVEY, "store.silent_workers", "store.get", "tpu.release", _PRUNE),
         Outcome(JobState.CANCELLED),
     ),
 ]
