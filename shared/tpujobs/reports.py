@@ -115,6 +115,9 @@ class WorkerReport(_Strict):
     image_digest: ImageDigest | None = None
     # `heartbeat`: when the command last printed a line (progress for `hang_timeout`), if ever.
     last_output_at: Timestamp = None
+    # `exited`: when the host started the job (setup or command), so an exit handled before its
+    # `started` report (push delivery does not keep order) still counts the chip time between.
+    command_started_at: Timestamp = None
     # `exited`: the agent stopped the command itself because this time limit ran out.
     limit: Literal["time_limit", "attempt_time_limit"] | None = None
     # A failed `exited`: the output's last lines (secrets cut out), and which retry_on.output

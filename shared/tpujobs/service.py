@@ -877,7 +877,14 @@ def _worker_observation(report: WorkerReport, worker: str) -> Observation | None
                 EventKind.TIME_LIMIT_REACHED, report.attempt, "agent", exit_code=code, worker=worker, limit=report.limit
             )
         if code == 0:
-            return Observation(EventKind.WORKER_SUCCEEDED, report.attempt, "agent", exit_code=0, worker=worker)
+            return Observation(
+                EventKind.WORKER_SUCCEEDED,
+                report.attempt,
+                "agent",
+                exit_code=0,
+                worker=worker,
+                held_since=report.command_started_at,
+            )
         # The agent's own words when it ended the attempt itself (an image it could not pull).
         why = f"Worker {worker} exited with {code}: {report.detail}" if report.detail else ""
         # The agent's claim that a retry_on.output pattern matched is believed for this job only
@@ -892,6 +899,7 @@ def _worker_observation(report: WorkerReport, worker: str) -> Observation | None
             worker=worker,
             retry_pattern=pattern,
             retry_line=line,
+            held_since=report.command_started_at,
         )
     if report.kind == "aborted":
         why = report.detail or "the agent could not start the command"

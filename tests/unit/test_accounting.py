@@ -176,3 +176,28 @@ def test_a_second_end_keeps_the_first() -> None:
 def test_account_of_no_attempts_is_zero() -> None:
     totals = account((), at(0))
     assert (totals.chip_hours, totals.lost_chip_hours, totals.goodput) == (0, 0, None)
+
+
+def test_an_exit_handled_before_its_start_counts_the_chip_time_from_the_hosts_start() -> None:
+    """Push delivery keeps no order: an `exited` (with the host's start) before any `started` or
+    ACTIVE still counts the capacity from when the host started the job, not from the exit."""
+    job = move(a_job(slices=1, accelerator="v4-8"), 10, EventKind.ADMITTED, capacity_state="WAITING_FOR_RESOURCES")
+    job = move(job, 30, EventKind.WORKER_SUCCEEDED, worker="0-0", exit_code=0, held_since=at(20))
+    assert job.state is JobState.SUCCEEDED
+    assert job.usage[0].held_from == at(20)
+    assert job.accounting().chip_hours == pytest.approx(4 * 10 / 60)  # v4-8: 4 chips for 10 minutes
+
+
+def test_a_hosts_start_time_cannot_move_chip_time_outside_the_attempt() -> None:
+    """A start before the attempt began to wait counts from the wait; one in the future from now;
+    a failed exit with its start counts its time too."""
+    early = move(a_job(slices=1, accelerator="v4-8"), 10, EventKind.ADMITTED, capacity_state="ACCEPTED")
+    early = move(early, 30, EventKind.WORKER_SUCCEEDED, worker="0-0", exit_code=0, held_since=at(-600))
+    assert early.usage[0].held_from == at(0)  # submitted at minute 0: the attempt's wait began then
+    late = move(a_job(slices=1, accelerator="v4-8"), 10, EventKind.ADMITTED, capacity_state="ACCEPTED")
+    late = move(late, 30, EventKind.WORKER_SUCCEEDED, worker="0-0", exit_code=0, held_since=at(600))
+    assert late.usage[0].held_from == at(30) and late.accounting().chip_hours == 0
+    failed = move(a_job(slices=1, accelerator="v4-8"), 10, EventKind.ADMITTED, capacity_state="ACCEPTED")
+    failed = move(failed, 30, EventKind.COMMAND_FAILED, worker="0-0", exit_code=1, held_since=at(25))
+    assert failed.state is JobState.FAILED
+    assert failed.usage[0].held_from == at(25) and failed.accounting().chip_hours == pytest.approx(4 * 5 / 60)

@@ -903,6 +903,9 @@ def test_the_agent_reports_started_and_exited_and_ships_the_output(
     }
     assert_all_signed(google, WORKER_EVENTS)
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", exited["at"])
+    # When the host started the command, as the started report said: an exit handled first still counts it.
+    started = google.messages(WORKER_EVENTS)[0][0]
+    assert exited["command_started_at"] <= started["at"] <= exited["at"]
     assert google.output(chunk_prefix()) == b"out-1\nerr-1\nout-2\n"
     assert json.loads(google.objects[(BUCKET, chunk_prefix() + "complete.json")])["exit_code"] == 3
     assert "out-1\n" in stdout  # tee'd to the agent's own stdout

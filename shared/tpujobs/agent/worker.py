@@ -1930,6 +1930,7 @@ class Agent:
         self._term_sent_at: float | None = None
         self._term_delivered = False  # the container got its SIGTERM (docker kill succeeded)
         self._started = False
+        self._started_at: str | None = None  # when the first of setup or command started (RFC 3339)
         self._finished = False
         self.config = config
         self.metadata = metadata
@@ -2171,6 +2172,7 @@ class Agent:
             pumps.append(pump)
         if not self._started:
             self._started = True
+            self._started_at = rfc3339()
             self.reporter.report("started", **(started or {}))
             threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True).start()
         running = {"what": what, "pid": process.pid, "start": process_start(process.pid)}
@@ -2289,6 +2291,8 @@ class Agent:
             self._finished = True
             preempted = self.preemption.noticed.is_set()
         failed = self._failed_output() if not preempted and aborted is None and code != 0 else {}
+        if self._started_at is not None:  # an exit handled before its `started` still counts the time
+            failed = {**failed, "command_started_at": self._started_at}
         if self._limit is not None and aborted is None:  # the agent stopped it: the limit, not an error
             detail = f"time limit reached: the job's {self._limit} ran out and the agent stopped the command"
             failed = {**failed, "limit": self._limit}

@@ -39,6 +39,9 @@ class Observation:
     spec: JobSpec | None = None  # RESUME_REQUESTED, RERUN_REQUESTED: the spec with its overrides
     retry_pattern: int | None = None  # COMMAND_FAILED: the retry_on.output pattern the agent says matched
     retry_line: str = ""  # COMMAND_FAILED: the last-output line it matched
+    # A worker's exit: when its host started the job, so capacity counts as held from then
+    # when the exit is handled before the start (never before the attempt began to wait).
+    held_since: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -401,8 +404,8 @@ def _usage_after(
     chips = job.spec.chips
     usage = job.usage or accounting.next_attempt((), job.attempt, chips, job.created_at or now, job.zone)
     active = seen.capacity_state == "ACTIVE" and seen.kind is not EventKind.NEXT_ATTEMPT_REQUESTED
-    if seen.kind in _HOLDS_CAPACITY or active:
-        usage = accounting.capacity_held(usage, job.attempt, now)
+    if seen.kind in _HOLDS_CAPACITY or active or seen.held_since is not None:
+        usage = accounting.capacity_held(usage, job.attempt, _held_since(usage, job.attempt, seen, now))
     if seen.kind in _HOLDS_CAPACITY:  # the boot clock of the attempt's other hosts starts
         usage = accounting.workers_started(usage, job.attempt, now, every=job.total_workers == 1)
     if to_state is JobState.RECOVERING or to_state.is_terminal:
@@ -424,6 +427,18 @@ def _usage_after(
         if seen.capacity_state == "ACTIVE":  # an adopted queued resource that was already up
             usage = accounting.capacity_held(usage, following, now)
     return usage
+
+
+def _held_since(usage: tuple[accounting.AttemptUsage, ...], attempt: int, seen: Observation, now: datetime) -> datetime:
+    """When the attempt's capacity was first held, as far as this observation tells: the host's
+    own start of the job for an exit that overtook its `started` report, kept between the
+    attempt's start of waiting and now (a host's clock, or its word, cannot move chip time
+    outside the attempt); else now."""
+    if seen.held_since is None:
+        return now
+    waiting = next((u.waiting_since for u in usage if u.attempt == attempt), None)
+    floor = max(waiting, seen.held_since) if waiting is not None else seen.held_since
+    return min(floor, now)
 
 
 def _falls_back_to_on_demand(job: Job, now: datetime) -> bool:
