@@ -61,40 +61,20 @@ INDEXES: tuple[Index, ...] = (
         (("pool", ASCENDING), ("state", ASCENDING), ("priority_rank", DESCENDING), ("created_at", ASCENDING)),
         query="FirestorePools.queue: pool == p, state == QUEUED, highest priority then oldest first",
     ),
-    Index(
-        "jobs",
-        COLLECTION,
-        (("state", ASCENDING), ("created_at", DESCENDING)),
-        query="FirestoreJobStore.list_jobs(state=...): newest first",
-    ),
-    Index(
-        "jobs",
-        COLLECTION,
-        (("owner", ASCENDING), ("created_at", DESCENDING)),
-        query="FirestoreJobStore.list_jobs(owner=...): newest first",
-    ),
-    Index(
-        "jobs",
-        COLLECTION,
-        (("state", ASCENDING), ("owner", ASCENDING), ("created_at", DESCENDING)),
-        query="FirestoreJobStore.list_jobs(state=..., owner=...): newest first",
-    ),
 )
 
 
 def _list_filter_indexes() -> tuple[Index, ...]:
     """`FirestoreJobStore.list_jobs` with its filters (`tpujobs list`, the API's list): every
-    combination of state (== or IN), owner, the first label (array-contains on `label_pairs`)
-    and the name prefix (a range on `name`), newest first. Equality fields come first, then
-    the sort, then the range field, as Firestore orders a query with a range on another field.
-    The three combinations of state and owner alone are declared above."""
+    non-empty combination of state (== or IN), owner, the first label (array-contains on
+    `label_pairs`) and the name prefix (a range on `name`), newest first. Equality fields come
+    first, then the sort, then the range field, as Firestore orders a query with a range on
+    another field."""
     equalities = (("state", ASCENDING), ("owner", ASCENDING), ("label_pairs", CONTAINS))
     found = []
-    for mask in range(1, 16):
+    for mask in range(1, 16):  # bits 0-2: the equalities above; bit 3: the name prefix
         chosen = tuple(field for bit, field in enumerate(equalities) if mask & (1 << bit))
         by_name = bool(mask & 8)
-        if not by_name and "label_pairs" not in dict(chosen):
-            continue  # state, owner, or both: declared above
         fields = (*chosen, ("created_at", DESCENDING), *((("name", ASCENDING),) if by_name else ()))
         what = " and ".join([name for name, _ in chosen] + (["name prefix"] if by_name else []))
         found.append(Index("jobs", COLLECTION, fields, query=f"FirestoreJobStore.list_jobs: {what}, newest first"))
