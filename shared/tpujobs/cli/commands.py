@@ -314,20 +314,30 @@ _OWNER_HELP = (
     "Deployed, your ID token says who you are and this is ignored."
 )
 
+# The options resume and rerun share, declared once (typer reads the Annotated metadata of each alias).
+_Owner = Annotated[str | None, typer.Option(help=_OWNER_HELP)]
+_Zone = Annotated[str | None, typer.Option(help="Run the new attempt in this zone (replaces zones).")]
+_Zones = Annotated[str | None, typer.Option(help="Zones in order of preference, comma separated.")]
+_Capacity = Annotated[str | None, typer.Option(help="on-demand, spot or reserved.")]
+_MaxRestarts = Annotated[int | None, typer.Option(help="The new attempt's restart budget.")]
+_TimeLimit = Annotated[str | None, typer.Option(help="Replaces the spec's time_limit: 90s, 45m, 2h.")]
+_RequestId = Annotated[
+    str | None, typer.Option(help="Send the same id again to retry safely: one attempt is started at most.")
+]
+_Wait = Annotated[bool, typer.Option(help="Follow the job until it ends again.")]
+
 
 @app.command()
 def resume(
     job_id: str,
-    owner: Annotated[str | None, typer.Option(help=_OWNER_HELP)] = None,
-    zone: Annotated[str | None, typer.Option(help="Run the new attempt in this zone (replaces zones).")] = None,
-    zones: Annotated[str | None, typer.Option(help="Zones in order of preference, comma separated.")] = None,
-    capacity: Annotated[str | None, typer.Option(help="on-demand, spot or reserved.")] = None,
-    max_restarts: Annotated[int | None, typer.Option(help="The new attempt's restart budget.")] = None,
-    time_limit: Annotated[str | None, typer.Option(help="Replaces the spec's time_limit: 90s, 45m, 2h.")] = None,
-    request_id: Annotated[
-        str | None, typer.Option(help="Send the same id again to retry safely: one attempt is started at most.")
-    ] = None,
-    wait: Annotated[bool, typer.Option(help="Follow the job until it ends again.")] = False,
+    owner: _Owner = None,
+    zone: _Zone = None,
+    zones: _Zones = None,
+    capacity: _Capacity = None,
+    max_restarts: _MaxRestarts = None,
+    time_limit: _TimeLimit = None,
+    request_id: _RequestId = None,
+    wait: _Wait = False,
 ) -> None:
     """Continue a FAILED or CANCELLED job from its checkpoint: a new attempt, same job_id.
 
@@ -342,16 +352,14 @@ def resume(
 @app.command()
 def rerun(
     job_id: str,
-    owner: Annotated[str | None, typer.Option(help=_OWNER_HELP)] = None,
-    zone: Annotated[str | None, typer.Option(help="Run the new attempt in this zone (replaces zones).")] = None,
-    zones: Annotated[str | None, typer.Option(help="Zones in order of preference, comma separated.")] = None,
-    capacity: Annotated[str | None, typer.Option(help="on-demand, spot or reserved.")] = None,
-    max_restarts: Annotated[int | None, typer.Option(help="The new attempt's restart budget.")] = None,
-    time_limit: Annotated[str | None, typer.Option(help="Replaces the spec's time_limit: 90s, 45m, 2h.")] = None,
-    request_id: Annotated[
-        str | None, typer.Option(help="Send the same id again to retry safely: one attempt is started at most.")
-    ] = None,
-    wait: Annotated[bool, typer.Option(help="Follow the job until it ends again.")] = False,
+    owner: _Owner = None,
+    zone: _Zone = None,
+    zones: _Zones = None,
+    capacity: _Capacity = None,
+    max_restarts: _MaxRestarts = None,
+    time_limit: _TimeLimit = None,
+    request_id: _RequestId = None,
+    wait: _Wait = False,
 ) -> None:
     """Run an ended job (SUCCEEDED, FAILED or CANCELLED) again from scratch, same job_id.
 
