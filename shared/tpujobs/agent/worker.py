@@ -1184,7 +1184,11 @@ def match_retry_output(
     asked = json.dumps({"patterns": patterns, "lines": lines}).encode("utf-8")
     try:
         done = subprocess.run(
-            [sys.executable or "python3", "-c", MATCHER], input=asked, capture_output=True, timeout=timeout
+            # -I: neither the working directory (writable by the job) nor PYTHON* variables steer it.
+            [sys.executable or "python3", "-I", "-c", MATCHER],
+            input=asked,
+            capture_output=True,
+            timeout=timeout,
         )
         found = json.loads(done.stdout.decode("utf-8")) if done.returncode == 0 else None
     except subprocess.TimeoutExpired:
