@@ -3,11 +3,11 @@ agent runs the command and reports through the Pub/Sub emulator to the functions
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import pytest
+from stack_reads import checkpoint_state, worker_output
 
 from tpujobs.domain.states import JobState
 from tpujobs.testing import wait_for
@@ -25,19 +25,8 @@ def workers_of(env, queued_resource: str) -> list[dict]:
     return env["control"].workers(env["zone"], queued_resource)
 
 
-def output(env, job_id: str, attempt: int, worker: str = "0-0") -> str:
-    slice_id, worker_id = worker.split("-")
-    prefix = f"logs/jobs/{job_id}/attempt-{attempt}/chunks/slice-{slice_id}-worker-{worker_id}/"
-    blobs = sorted(
-        (b for b in env["storage"].list_blobs(env["bucket"], prefix=prefix) if b.name.endswith(".log")),
-        key=lambda b: b.name,
-    )
-    return "".join(b.download_as_text() for b in blobs)
-
-
 def checkpoint_step(env, job_id: str) -> int:
-    blob = env["storage"].bucket(env["bucket"]).blob(f"checkpoints/jobs/{job_id}/state.json")
-    return json.loads(blob.download_as_text())["step"] if blob.exists() else 0
+    return int(checkpoint_state(env, job_id).get("step", 0))
 
 
 def running_attempt(env, job_id: str, attempt: int):
@@ -78,11 +67,11 @@ def test_a_job_preempted_twice_finishes_at_attempt_3_from_its_checkpoints(env, s
     assert job.state is JobState.SUCCEEDED, job.state_reason
     assert (job.attempt, job.restarts, job.exit_code) == (3, 2, 0)
     for attempt, floor in ((2, checkpoints_before[0]), (3, checkpoints_before[1])):
-        text = output(env, job_id, attempt)
+        text = worker_output(env, job_id, attempt)
         resumed = int(text.split("resumes from step ")[1].split()[0])
         assert resumed >= floor > 0, text[:300]
-    assert "finished 40 steps in attempt 3" in output(env, job_id, 3)
-    assert "starts from step 0" in output(env, job_id, 1)
+    assert "finished 40 steps in attempt 3" in worker_output(env, job_id, 3)
+    assert "starts from step 0" in worker_output(env, job_id, 1)
     recoveries = [e for e in env["store"].events(job_id) if e.to_state is JobState.RECOVERING]
     assert len(recoveries) == 2 and all("Preempted" in e.reason for e in recoveries)
 
@@ -103,7 +92,7 @@ def test_a_command_exiting_3_with_on_error_fail_ends_failed_and_keeps_its_output
     job = wait_for(ended)
     assert job.state is JobState.FAILED and job.exit_code == 3
     assert "exited with code 3" in job.state_reason
-    text = wait_for(lambda: output(env, job_id, 1))
+    text = wait_for(lambda: worker_output(env, job_id, 1))
     assert "to-stdout" in text and "to-stderr" in text
 
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from stack_reads import worker_output
 
 from tpujobs.domain.states import JobState
 from tpujobs.logs_export import cut_off_line
@@ -22,15 +23,6 @@ TPUJOBS = Path(sys.executable).with_name("tpujobs")
 
 def read(env, name: str) -> str:
     return env["storage"].bucket(env["bucket"]).blob(name).download_as_text()
-
-
-def chunks(env, job_id: str, attempt: int) -> str:
-    prefix = f"logs/jobs/{job_id}/attempt-{attempt}/chunks/slice-0-worker-0/"
-    blobs = sorted(
-        (b for b in env["storage"].list_blobs(env["bucket"], prefix=prefix) if b.name.endswith(".log")),
-        key=lambda b: b.name,
-    )
-    return "".join(b.download_as_text() for b in blobs)
 
 
 def exported(env, job_id: str, attempt: int):
@@ -114,7 +106,7 @@ def test_a_preempted_job_keeps_attempt_1s_logs_beside_attempt_2s(env, submit_job
         return job if job and job.state is JobState.RUNNING and job.attempt == 1 else None
 
     job = wait_for(running_first)
-    wait_for(lambda: "attempt 1 says hi" in chunks(env, job_id, 1))
+    wait_for(lambda: "attempt 1 says hi" in worker_output(env, job_id, 1))
     env["control"].preempt(env["zone"], job.queued_resource)
     job = ended(env, job_id)
     assert (job.state, job.attempt) == (JobState.SUCCEEDED, 2), job.state_reason

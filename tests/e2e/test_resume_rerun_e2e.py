@@ -3,10 +3,10 @@ checkpoint under the same job_id and succeeds, and a retried request starts noth
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
+from stack_reads import checkpoint_state, worker_output
 
 from tpujobs.domain.naming import queued_resource_name
 from tpujobs.domain.states import JobState
@@ -22,20 +22,6 @@ COMMAND = (
     'if [ "$TPUJOBS_RESUME" = 1 ]; then python3 train.py --steps 12 --step-seconds 0.05 --checkpoint-every 3; '
     "else python3 train.py --steps 6 --step-seconds 0.05 --checkpoint-every 3 && exit 4; fi"
 )
-
-
-def output(env, job_id: str, attempt: int) -> str:
-    prefix = f"logs/jobs/{job_id}/attempt-{attempt}/chunks/slice-0-worker-0/"
-    blobs = sorted(
-        (b for b in env["storage"].list_blobs(env["bucket"], prefix=prefix) if b.name.endswith(".log")),
-        key=lambda b: b.name,
-    )
-    return "".join(b.download_as_text() for b in blobs)
-
-
-def checkpoint(env, job_id: str) -> dict:
-    blob = env["storage"].bucket(env["bucket"]).blob(f"checkpoints/jobs/{job_id}/state.json")
-    return json.loads(blob.download_as_text()) if blob.exists() else {}
 
 
 def ended(env, job_id: str, attempt: int):
@@ -74,7 +60,7 @@ def test_a_failed_job_resumed_continues_from_its_checkpoint_and_succeeds_once(en
     )
     failed = ended(env, job_id, 1)
     assert failed.state is JobState.FAILED and failed.exit_code == 4, failed.state_reason
-    assert checkpoint(env, job_id)["step"] == 6
+    assert checkpoint_state(env, job_id)["step"] == 6
 
     first = cli("resume", job_id, "--owner", OWNER, "--request-id", "resume-once", "--max-restarts", "2")
     assert first.exit_code == 0, first.output
@@ -87,8 +73,8 @@ def test_a_failed_job_resumed_continues_from_its_checkpoint_and_succeeds_once(en
     assert job.spec.max_restarts == 2 and job.restart_requests == ("resume-once",)
     resumes = [e for e in env["store"].events(job_id) if e.from_state is JobState.FAILED]
     assert len(resumes) == 1 and resumes[0].source == "user" and OWNER in resumes[0].reason
-    first_output = wait_for(lambda: output(env, job_id, 1))
-    second_output = wait_for(lambda: next((t for t in [output(env, job_id, 2)] if "finished 12" in t), None))
+    first_output = wait_for(lambda: worker_output(env, job_id, 1))
+    second_output = wait_for(lambda: next((t for t in [worker_output(env, job_id, 2)] if "finished 12" in t), None))
     uri = f"uri=gs://{env['bucket']}/checkpoints/jobs/{job_id}/"
     assert "resume=0" in first_output and uri in first_output
     assert "resume=1" in second_output and uri in second_output

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from stack_reads import worker_output
 
 from tpujobs import topology
 from tpujobs.api import CALLER_HEADER
@@ -154,15 +155,6 @@ def cancel(http: requests.Session, *job_ids: str) -> None:
         assert answer.status_code in (200, 409), answer.text
 
 
-def output(env, job_id: str, attempt: int = 1) -> str:
-    prefix = f"logs/jobs/{job_id}/attempt-{attempt}/chunks/slice-0-worker-0/"
-    blobs = sorted(
-        (b for b in env["storage"].list_blobs(env["bucket"], prefix=prefix) if b.name.endswith(".log")),
-        key=lambda b: b.name,
-    )
-    return "".join(b.download_as_text() for b in blobs)
-
-
 def rejections_about(env, job_id: str) -> list:
     return [r for r in env["store"].rejections(limit=1000) if f'"{job_id}"' in r.payload]
 
@@ -211,7 +203,7 @@ def test_a_jobs_forged_exit_and_preemption_for_another_running_job_change_nothin
                 job = env["store"].get(forger)
                 assert job is None or not job.state.is_terminal, (
                     job.state_reason,
-                    output(env, forger),
+                    worker_output(env, forger),
                 )
                 return None
             return found
@@ -235,7 +227,7 @@ def test_a_jobs_forged_exit_and_preemption_for_another_running_job_change_nothin
             return any(w.get("checkpoint_step") == 777 for w in env["store"].workers(forger))
 
         wait_for(own_checkpoint, timeout=30)
-        wait_for(lambda: "forger: done" in output(env, forger), timeout=30)  # chunks ship every 2 s
+        wait_for(lambda: "forger: done" in worker_output(env, forger), timeout=30)  # chunks ship every 2 s
 
         until = time.monotonic() + 5  # several seconds after both forgeries were handled
         while time.monotonic() < until:
@@ -415,7 +407,7 @@ def test_a_job_whose_secret_does_not_exist_fails_once_naming_the_secret_and_the_
     account = os.environ["TPUJOBS_TPU_SERVICE_ACCOUNT"]
     assert missing in job.state_reason and account in job.state_reason, job.state_reason
     assert JobState.RECOVERING not in [e.to_state for e in env["store"].events(job_id)]
-    assert "never runs" not in output(env, job_id)
+    assert "never runs" not in worker_output(env, job_id)
 
 
 # -- 3. env values -------------------------------------------------------------------------
