@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tpujobs.agent.worker import HOST_LABEL, PRIVILEGED_VARIABLE, SIMULATED_HOST_VARIABLE
+from tpujobs.agent.worker import HOST_LABEL, PRIVILEGED_VARIABLE, SIMULATED_HOST_VARIABLE, Docker
 from tpujobs.simulator.model import (
     HostAction,
     HostEvent,
@@ -458,8 +458,8 @@ class HostContainers:
     """
 
     def __init__(self) -> None:
-        docker = "/usr/bin/docker"
-        self.docker = docker if os.access(docker, os.X_OK) else shutil.which("docker")
+        found = Docker.find(dict(os.environ))  # the same CLI the agent on a host would use
+        self.docker = found.binary if found is not None else None
         self._lock = threading.Lock()
         self._done: set[str] = set()
         self._threads: list[threading.Thread] = []
