@@ -103,6 +103,11 @@ class Simulator:
             lambda: self.control.on_queued_resource(zone, qr_id, verb, body, **query, project=self.project),
         )
 
+    def on_job(self, job_id: str, verb: str, query: dict[str, Any], body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """POST a control verb on the job's current queued resource; (its id, the answer)."""
+        zone, qr_id = self.capacity_of(job_id)
+        return qr_id, self.on_capacity(zone, qr_id, verb, query, body)
+
     def call(self, doing: str, request: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         """Make one control call; a refusal or silence becomes a sentence and exit status 1."""
         try:
@@ -219,8 +224,7 @@ def no_boot(
         answer = sim.call("plan hosts that never boot", lambda: sim.control.no_boot_next(count or 1))
         sim.say(f"the next {answer.get('noBoot', count)} queued resources created get hosts that never boot")
         return
-    zone, qr_id = sim.capacity_of(job_id)
-    sim.on_capacity(zone, qr_id, "no-boot", {}, {})
+    qr_id, _ = sim.on_job(job_id, "no-boot", {}, {})
     sim.say(f"the hosts of {qr_id} (job {job_id}) will never run their startup script")
 
 
@@ -234,10 +238,8 @@ def reboot(
     state_dir: StateDir = None,
 ) -> None:
     """Reset hosts as a VM reset does: processes die at once, the startup script runs again on the same disk."""
-    err = Console(stderr=True)
-    sim = Simulator(state_dir, err)
-    zone, qr_id = sim.capacity_of(job_id)
-    answer = sim.on_capacity(zone, qr_id, "reboot", {"slice": slice_index, "worker": worker}, {})
+    sim = Simulator(state_dir, Console(stderr=True))
+    qr_id, answer = sim.on_job(job_id, "reboot", {"slice": slice_index, "worker": worker}, {})
     which = "every host" if worker is None else f"worker {worker}"
     sim.say(f"rebooting {which} of {qr_id} (job {job_id}): {_nodes(answer)}")
 
@@ -258,10 +260,8 @@ def maintenance(
     state_dir: StateDir = None,
 ) -> None:
     """Host maintenance: instance/maintenance-event turns TERMINATE_ON_HOST_MAINTENANCE, then the hosts go down."""
-    err = Console(stderr=True)
-    sim = Simulator(state_dir, err)
-    zone, qr_id = sim.capacity_of(job_id)
-    answer = sim.on_capacity(zone, qr_id, "maintenance", {"slice": slice_index, "notice": notice}, {})
+    sim = Simulator(state_dir, Console(stderr=True))
+    qr_id, answer = sim.on_job(job_id, "maintenance", {"slice": slice_index, "notice": notice}, {})
     sim.say(f"maintenance announced on {qr_id} (job {job_id}): {_nodes(answer)}")
 
 
@@ -274,11 +274,9 @@ def node_health(
     state_dir: StateDir = None,
 ) -> None:
     """Show a health on the job's nodes (only what the API shows: processes run on)."""
-    err = Console(stderr=True)
-    sim = Simulator(state_dir, err)
-    zone, qr_id = sim.capacity_of(job_id)
+    sim = Simulator(state_dir, Console(stderr=True))
     body = {"health": health.value, "description": description}
-    answer = sim.on_capacity(zone, qr_id, "node-health", {"slice": slice_index}, body)
+    qr_id, answer = sim.on_job(job_id, "node-health", {"slice": slice_index}, body)
     sim.say(f"nodes of {qr_id} (job {job_id}): {_nodes(answer)}")
 
 
@@ -290,10 +288,8 @@ def node_state(
     state_dir: StateDir = None,
 ) -> None:
     """Show a state on the job's nodes (only what the API shows: processes run on)."""
-    err = Console(stderr=True)
-    sim = Simulator(state_dir, err)
-    zone, qr_id = sim.capacity_of(job_id)
-    answer = sim.on_capacity(zone, qr_id, "node-state", {"slice": slice_index}, {"state": state.value})
+    sim = Simulator(state_dir, Console(stderr=True))
+    qr_id, answer = sim.on_job(job_id, "node-state", {"slice": slice_index}, {"state": state.value})
     sim.say(f"nodes of {qr_id} (job {job_id}): {_nodes(answer)}")
 
 
