@@ -478,7 +478,8 @@ class Reconciler:
                 "worker agent reported: the hosts never booted the agent"
             )
         else:
-            first = any(u.attempt == job.attempt and u.started_at for u in job.usage)
+            usage = job.usage_of()
+            first = usage is not None and usage.started_at is not None
             after = "the first host started" if first else "the capacity became ACTIVE"
             names = ", ".join(silent)
             whose = "its host is" if len(silent) == 1 else "their hosts are"

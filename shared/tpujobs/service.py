@@ -421,7 +421,7 @@ class JobService:
 
     def _left_attempt(self, job: Job) -> None:
         """A job sent back to QUEUED (evicted, or moving zone): free what its last attempt held."""
-        previous = next((u for u in job.usage if u.attempt == job.attempt - 1), None)
+        previous = job.usage_of(job.attempt - 1)
         zone = (previous.zone if previous else "") or job.zone
         self.tpu.release(zone, queued_resource_name(job.job_id, job.attempt - 1))
         old_pool = pool_id(job.spec, zone)

@@ -107,6 +107,11 @@ class Job:
     def evolve(self, **changes: Any) -> Job:
         return replace(self, **changes)
 
+    def usage_of(self, attempt: int | None = None) -> AttemptUsage | None:
+        """The timestamps of `attempt` (default: the current one); None if it has none yet."""
+        wanted = self.attempt if attempt is None else attempt
+        return next((u for u in self.usage if u.attempt == wanted), None)
+
     @property
     def total_workers(self) -> int:
         """Worker hosts of one attempt: hosts per slice times slices."""
@@ -127,7 +132,7 @@ class Job:
         """
         if self.state not in (JobState.PROVISIONING, JobState.RUNNING):
             return None
-        usage = next((u for u in self.usage if u.attempt == self.attempt), None)
+        usage = self.usage_of()
         if usage is None or usage.all_started_at is not None or usage.ended_at is not None:
             return None
         return usage.started_at or usage.held_from

@@ -94,7 +94,8 @@ def first_held(job: Job) -> datetime | None:
 
 def attempt_held(job: Job) -> datetime | None:
     """When the current attempt's capacity was held; None if not (yet)."""
-    return next((u.held_from for u in job.usage if u.attempt == job.attempt), None)
+    usage = job.usage_of()
+    return usage.held_from if usage is not None else None
 
 
 def limit_reached(job: Job, now: datetime, which: str | None = None) -> LimitReached | None:
@@ -156,7 +157,7 @@ def might_hang(job: Job, now: datetime, last_checkpoint: datetime | None = None)
     timeout = job.spec.hang_timeout_seconds
     if job.state is not JobState.RUNNING or timeout is None:
         return False
-    usage = next((u for u in job.usage if u.attempt == job.attempt), None)
+    usage = job.usage_of()
     if usage is None:
         return False
     known = [t for t in (usage.held_from, usage.started_at, usage.last_checkpoint_at, last_checkpoint) if t]
@@ -169,7 +170,7 @@ def hung(job: Job, workers: list[WorkerProgress], now: datetime) -> Hung | None:
     timeout = job.spec.hang_timeout_seconds
     if job.state is not JobState.RUNNING or timeout is None:
         return None
-    usage = next((u for u in job.usage if u.attempt == job.attempt), None)
+    usage = job.usage_of()
     start = usage.started_at or usage.held_from if usage is not None else None
     by_worker = {w.worker: w for w in workers}
     silent = []

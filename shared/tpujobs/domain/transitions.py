@@ -461,7 +461,7 @@ def next_zone(job: Job) -> str | None:
 def _never_ran_here(job: Job, seen: Observation) -> bool:
     """A queued resource that FAILED while provisioning, before any capacity was held here,
     of a job with another zone to go to: that is a failover, not a loss."""
-    current = next((u for u in job.usage if u.attempt == job.attempt), None)
+    current = job.usage_of()
     return (
         job.state is JobState.PROVISIONING
         and seen.capacity_state == "FAILED"
