@@ -37,14 +37,6 @@ def build_client(project: str) -> storage.Client:
     return storage.Client(project=project)
 
 
-def pack_directory(directory: Path) -> bytes:
-    """A gzip tarball of `directory`'s files, the same bytes for the same content, packed by the
-    rules of `adapters.code_dir` (.gitignore, .tpujobsignore, never .git)."""
-    from tpujobs.adapters import code_dir  # the CLI's: the functions that build clients never pack
-
-    return code_dir.pack(directory).data
-
-
 def upload_code_dir(client: storage.Client, bucket: str, directory: Path) -> tuple[str, str]:
     """Pack and upload a job's code directory: its gs:// URI (for `code_uri`) and the tarball's
     SHA-256 (for `code_sha256`, which the agent checks before it unpacks)."""
