@@ -1411,6 +1411,16 @@ def watch_maintenance(metadata: Metadata, on_notice: Callable[[str], None], stop
 # --- processes ------------------------------------------------------------------------
 
 
+def proc_stat(pid: int | str) -> list[str]:
+    """The fields of /proc/PID/stat after the command name (state first), or [] when the
+    process is gone or there is no /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as handle:
+            return handle.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
 def group_alive(pgid: int) -> bool:
     """Whether any live (non-zombie) process is in the process group."""
     if not os.path.exists("/proc/self/stat"):
@@ -1422,11 +1432,7 @@ def group_alive(pgid: int) -> bool:
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
+        fields = proc_stat(entry)
         if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
             return True
     return False
@@ -1792,11 +1798,7 @@ def process_start(pid: int) -> str:
     """When a live process started, in clock ticks since boot (/proc/PID/stat field 22), or ""
     when it is gone, a zombie, or there is no /proc. With the pid and the boot id it names
     one process, whatever pids are reused later."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return ""
+    fields = proc_stat(pid)
     return fields[19] if len(fields) > 19 and fields[0] != "Z" else ""
 
 
