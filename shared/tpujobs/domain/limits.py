@@ -103,13 +103,11 @@ def limit_reached(job: Job, now: datetime, which: str | None = None) -> LimitRea
     None. `which` asks about one limit only. An ended job, or one never started, is past none."""
     if job.state.is_terminal:
         return None
-    spec = job.spec
-    checks = (
-        (TIME_LIMIT, spec.time_limit_seconds, first_held(job)),
-        (ATTEMPT_TIME_LIMIT, spec.attempt_time_limit_seconds, attempt_held(job)),
-    )
-    for name, limit, since in checks:
-        if which not in (None, name) or limit is None or since is None:
+    for name in LIMITS:
+        if which not in (None, name):
+            continue
+        limit, since = _limit_and_since(job, name)
+        if limit is None or since is None:
             continue
         used = (now - since).total_seconds()
         if used >= limit:
@@ -121,13 +119,20 @@ def limit_as_reported(job: Job, which: str, now: datetime) -> LimitReached | Non
     """What the agent's `exited` with `limit` means: that limit, with the time the control
     plane counts (the agent counts from its own start, a little later than the capacity's).
     None when the job has no such limit (a report the job's own spec does not back)."""
-    spec = job.spec
-    limit = spec.time_limit_seconds if which == TIME_LIMIT else spec.attempt_time_limit_seconds
-    if which not in LIMITS or limit is None:
+    if which not in LIMITS:
         return None
-    since = first_held(job) if which == TIME_LIMIT else attempt_held(job)
+    limit, since = _limit_and_since(job, which)
+    if limit is None:
+        return None
     used = (now - since).total_seconds() if since is not None else float(limit)
     return LimitReached(which, limit, max(used, 0.0))
+
+
+def _limit_and_since(job: Job, which: str) -> tuple[int | None, datetime | None]:
+    """The spec's seconds for the limit `which`, and since when it counts (None: not yet)."""
+    if which == TIME_LIMIT:
+        return job.spec.time_limit_seconds, first_held(job)
+    return job.spec.attempt_time_limit_seconds, attempt_held(job)
 
 
 def agent_deadlines(job: Job) -> dict[str, object]:
@@ -150,7 +155,7 @@ def agent_deadlines(job: Job) -> dict[str, object]:
     }
 
 
-def might_hang(job: Job, now: datetime, last_checkpoint: datetime | None = None) -> bool:
+def might_hang(job: Job, now: datetime) -> bool:
     """Whether the attempt could be hung, from the job alone: RUNNING, with a hang_timeout, and
     nothing the job knows (the attempt's start, its last checkpoint) newer than the timeout.
     Only then are its workers' records worth reading."""
@@ -160,7 +165,7 @@ def might_hang(job: Job, now: datetime, last_checkpoint: datetime | None = None)
     usage = job.usage_of()
     if usage is None:
         return False
-    known = [t for t in (usage.held_from, usage.started_at, usage.last_checkpoint_at, last_checkpoint) if t]
+    known = [t for t in (usage.held_from, usage.started_at, usage.last_checkpoint_at) if t]
     return bool(known) and (now - max(known)).total_seconds() >= timeout
 
 
