@@ -13,7 +13,7 @@ the spec is a map, and the fields people filter on are top-level.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import Any
@@ -379,18 +379,14 @@ class FirestoreJobStore:
             with transient_on_failure("list jobs"):
                 return [job_from_document(doc.to_dict()) for doc in query.limit(limit).stream()]
         found: list[Job] = []
-        after: Any = None
-        while len(found) < limit:
-            with transient_on_failure("list jobs"):
-                page = list((query if after is None else query.start_after(after)).limit(limit).stream())
+        for page in _pages(query, limit, "list jobs"):  # limit >= 1 (the CLI and the API check)
             found += [
                 job
                 for job in (job_from_document(doc.to_dict()) for doc in page)
                 if all(job.spec.labels.get(k) == v for k, v in labels)
             ]
-            if len(page) < limit:
+            if len(found) >= limit:
                 break
-            after = page[-1]
         return found[:limit]
 
     def relabel(
@@ -689,13 +685,18 @@ def transient_on_failure(doing: str) -> AbstractContextManager[None]:
 
 def _paged(query: Any, page_size: int, doing: str) -> list[Any]:
     """Every document the query matches, `page_size` at a time: never a cap that would hide
-    the rest. The query must be ordered (the last document of a page is the next cursor)."""
-    found: list[Any] = []
+    the rest."""
+    return [doc for page in _pages(query, page_size, doing) for doc in page]
+
+
+def _pages(query: Any, page_size: int, doing: str) -> Iterator[list[Any]]:
+    """The query's documents a page at a time, each page read only when asked for. The query
+    must be ordered (the last document of a page is the next cursor)."""
     after: Any = None
     while True:
         with transient_on_failure(doing):
             page = list((query if after is None else query.start_after(after)).limit(page_size).stream())
-        found.extend(page)
+        yield page
         if len(page) < page_size:
-            return found
+            return
         after = page[-1]
