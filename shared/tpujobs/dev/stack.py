@@ -372,16 +372,14 @@ def docker_engine(log_dir: Path, say: Report) -> list[ManagedProcess]:
     """The machine's Docker Engine: the dockerd this call started, to be stopped by `down`, or
     none (one already answered, or Docker cannot run here: then a warning, and the rest starts)."""
     try:
-        handle = containers.start_dockerd(log_dir / "dockerd.log") if containers.docker_binary() else None
+        if containers.docker_binary() is None:
+            raise containers.ContainerToolError(str(containers.docker_problem()))
+        handle = containers.start_dockerd(log_dir / "dockerd.log")
     except containers.ContainerToolError as error:
         say(f"warning: {error}; jobs with an image will fail when their hosts pull it")
         return []
-    if handle is None:
-        problem = containers.docker_problem()
-        if problem is not None:
-            say(f"warning: {problem}; jobs with an image will fail when their hosts pull it")
-        else:
-            say("using the Docker Engine that already runs (left running by `tpujobs dev down`)")
+    if handle is None:  # start_dockerd asked it: one already answers
+        say("using the Docker Engine that already runs (left running by `tpujobs dev down`)")
         return []
     dockerd = processes.adopt("dockerd", handle, log_dir / "dockerd.log")
     say(f"started dockerd (pid {dockerd.pid}); `tpujobs dev down` stops it")
