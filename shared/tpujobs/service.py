@@ -39,7 +39,7 @@ from tpujobs.domain.naming import job_prefix, parse_queued_resource_name, queued
 from tpujobs.domain.restart import RestartAction, describe_overrides, overridden_spec
 from tpujobs.domain.retry import BACKOFF_CAP_SECONDS
 from tpujobs.domain.spec import JobSpec, SpecError, decode_spec, with_deployment_defaults
-from tpujobs.domain.states import QUOTA_EXHAUSTED, RESUMABLE, TERMINAL, EventKind, JobState
+from tpujobs.domain.states import ATTEMPT_LIVE, QUOTA_EXHAUSTED, RESUMABLE, TERMINAL, EventKind, JobState
 from tpujobs.domain.transitions import Decision, Ignored, Observation
 from tpujobs.errors import PermanentError, QuotaExhausted, TransientError
 from tpujobs.inbound import InboundMessage
@@ -75,8 +75,7 @@ log = logging.getLogger(__name__)
 CAPACITY_PENDING = frozenset({"CREATING", "ACCEPTED", "WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE"})
 CAPACITY_GONE = frozenset({"SUSPENDING", "SUSPENDED", "FAILED"})
 
-# An attempt whose job moves from one of these to one of those has ended: export its output.
-_ATTEMPT_LIVE = frozenset({JobState.PROVISIONING, JobState.RUNNING})
+# An attempt whose job moves from ATTEMPT_LIVE to one of these has ended: export its output.
 _ATTEMPT_OVER = frozenset(
     {JobState.RECOVERING, JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.QUEUED}
 )
@@ -87,7 +86,7 @@ QUEUE_PEEK = 5  # queued jobs read per round: the head, and claims still being f
 def _sent_back_to_queue(decision: Decision) -> bool:
     """Sent back to QUEUED from a live attempt: evicted, or moved to the next zone."""
     event = decision.event
-    return event.to_state is JobState.QUEUED and event.from_state in _ATTEMPT_LIVE | {JobState.RECOVERING}
+    return event.to_state is JobState.QUEUED and event.from_state in ATTEMPT_LIVE | {JobState.RECOVERING}
 
 
 def ended_attempt(decision: Decision) -> int | None:
@@ -98,7 +97,7 @@ def ended_attempt(decision: Decision) -> int | None:
     ends nothing: the attempt it names ended earlier, or never ran.
     """
     event = decision.event
-    if event.from_state not in _ATTEMPT_LIVE or event.to_state not in _ATTEMPT_OVER:
+    if event.from_state not in ATTEMPT_LIVE or event.to_state not in _ATTEMPT_OVER:
         return None
     if event.to_state is JobState.CANCELLED and decision.job.started_at is None:
         return None

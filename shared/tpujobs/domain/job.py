@@ -13,7 +13,7 @@ from typing import Any, Literal
 from tpujobs.domain.accounting import Accounting, AttemptUsage, account, first_attempt
 from tpujobs.domain.naming import queued_resource_name
 from tpujobs.domain.spec import JobSpec
-from tpujobs.domain.states import JobState
+from tpujobs.domain.states import ATTEMPT_LIVE, JobState
 
 Source = Literal["submit", "tpu", "agent", "reconciler", "user"]
 SubmittedVia = Literal["topic", "api"]  # tpujobs-submit, or the jobs API's submit action
@@ -130,7 +130,7 @@ class Job:
         capacity is not held yet, or every host is known to have reported (`all_started_at`).
         The boot timeout counts from this moment (`tpujobs.reconciler`).
         """
-        if self.state not in (JobState.PROVISIONING, JobState.RUNNING):
+        if self.state not in ATTEMPT_LIVE:
             return None
         usage = self.usage_of()
         if usage is None or usage.all_started_at is not None or usage.ended_at is not None:

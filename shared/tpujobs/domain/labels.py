@@ -16,10 +16,8 @@ from pydantic import ValidationError
 
 from tpujobs.domain.job import Job, JobEvent
 from tpujobs.domain.spec import JobSpec
-from tpujobs.domain.states import JobState
+from tpujobs.domain.states import ATTEMPT_LIVE
 from tpujobs.domain.transitions import Decision, Ignored
-
-HOLDS_CAPACITY = frozenset({JobState.PROVISIONING, JobState.RUNNING})
 
 
 class LabelError(ValueError):
@@ -63,7 +61,7 @@ def relabeled(job: Job, put: Mapping[str, str], remove: Sequence[str], by: str, 
     said = [f"{k}={v}" + (f" (was {before[k]})" if k in before else "") for k, v in put.items() if before.get(k) != v]
     said += [f"removed {k}" for k in remove if k in before]
     reason = f"Labels changed by {by}: {', '.join(said)}."
-    if job.state in HOLDS_CAPACITY:
+    if job.state in ATTEMPT_LIVE:
         reason += f" The capacity of attempt {job.attempt} keeps its old labels; the next attempt gets these."
     seq = job.event_seq + 1
     event = JobEvent(seq, now, job.state, job.state, reason, "user", job.attempt)

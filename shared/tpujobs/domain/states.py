@@ -39,6 +39,8 @@ TERMINAL: frozenset[JobState] = frozenset({JobState.SUCCEEDED, JobState.FAILED, 
 ACTIVE: frozenset[JobState] = frozenset(set(JobState) - TERMINAL)
 RESUMABLE: frozenset[JobState] = frozenset({JobState.FAILED, JobState.CANCELLED})
 """End states a user may resume from the checkpoint (`tpujobs resume`); any end state may be rerun."""
+ATTEMPT_LIVE: frozenset[JobState] = frozenset({JobState.PROVISIONING, JobState.RUNNING})
+"""States whose current attempt has asked for or holds capacity: its hosts are expected to report."""
 
 
 class EventKind(str, Enum):
@@ -108,8 +110,6 @@ is exhausted: no queued resource exists, the reason quotes Google, and the recon
 every tick until the quota frees up (or the zone wait moves the job to its next zone)."""
 
 
-_NOT_DONE = (JobState.QUEUED, JobState.PROVISIONING, JobState.RUNNING, JobState.RECOVERING)
-
 TRANSITIONS: dict[tuple[JobState, EventKind], frozenset[JobState]] = {
     (JobState.QUEUED, EventKind.ADMITTED): frozenset({JobState.PROVISIONING}),
     (JobState.QUEUED, EventKind.CAPACITY_REQUEST_FAILED): frozenset({JobState.FAILED}),
@@ -119,7 +119,7 @@ TRANSITIONS: dict[tuple[JobState, EventKind], frozenset[JobState]] = {
     (JobState.PROVISIONING, EventKind.REQUESTED_AGAIN): frozenset({JobState.PROVISIONING}),
     (JobState.PROVISIONING, EventKind.HOSTS_SUSPECT): frozenset({JobState.PROVISIONING}),
     (JobState.RUNNING, EventKind.HOSTS_SUSPECT): frozenset({JobState.RUNNING}),
-    **{(state, EventKind.REPAIR_FAILED): frozenset({state}) for state in _NOT_DONE},
+    **{(state, EventKind.REPAIR_FAILED): frozenset({state}) for state in ACTIVE},
     (JobState.PROVISIONING, EventKind.CAPACITY_CHANGED): frozenset({JobState.PROVISIONING}),
     (JobState.PROVISIONING, EventKind.WORKERS_STARTED): frozenset({JobState.RUNNING}),
     # A worker may finish before its `started` report arrives: exits count from PROVISIONING too.
@@ -135,7 +135,7 @@ TRANSITIONS: dict[tuple[JobState, EventKind], frozenset[JobState]] = {
     ),
     (JobState.RUNNING, EventKind.CAPACITY_LOST): frozenset({JobState.RECOVERING, JobState.FAILED}),
     (JobState.RECOVERING, EventKind.NEXT_ATTEMPT_REQUESTED): frozenset({JobState.PROVISIONING}),
-    **{(state, EventKind.CANCEL_REQUESTED): frozenset({JobState.CANCELLED}) for state in _NOT_DONE},
+    **{(state, EventKind.CANCEL_REQUESTED): frozenset({JobState.CANCELLED}) for state in ACTIVE},
     (JobState.QUEUED, EventKind.WAITING_FOR_QUOTA): frozenset({JobState.QUEUED}),
     (JobState.QUEUED, EventKind.QUOTA_EXCEEDED): frozenset({JobState.QUEUED, JobState.FAILED}),
     **{
@@ -143,7 +143,7 @@ TRANSITIONS: dict[tuple[JobState, EventKind], frozenset[JobState]] = {
         for state in (JobState.PROVISIONING, JobState.RUNNING, JobState.RECOVERING)
     },
     (JobState.PROVISIONING, EventKind.ZONE_FAILOVER): frozenset({JobState.QUEUED}),
-    **{(state, EventKind.TIME_LIMIT_REACHED): frozenset({JobState.FAILED}) for state in _NOT_DONE},
+    **{(state, EventKind.TIME_LIMIT_REACHED): frozenset({JobState.FAILED}) for state in ACTIVE},
     (JobState.RUNNING, EventKind.HUNG): frozenset({JobState.RECOVERING, JobState.FAILED}),
     # The only ways out of an end state: a user's resume (of a failed or cancelled job) or rerun.
     **{(state, EventKind.RESUME_REQUESTED): frozenset({JobState.QUEUED}) for state in RESUMABLE},
