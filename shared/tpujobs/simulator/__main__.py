@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from tpujobs.simulator.http import serve_until_signalled
-from tpujobs.simulator.model import SimulatorConfig
+from tpujobs.simulator.model import SimulatorConfig, error_code
 from tpujobs.simulator.server import SimulatorServer
 
 
@@ -108,10 +108,7 @@ def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
         deleting_seconds=args.deleting_seconds,
         capacity=dict(args.capacity),
         api_error_rate=args.api_error_rate,
-        api_error_codes=tuple(
-            int(code) if code.strip().isdigit() else code.strip().upper() for code in args.api_error_code
-        )
-        or SimulatorConfig().api_error_codes,
+        api_error_codes=tuple(error_code(code) for code in args.api_error_code) or SimulatorConfig().api_error_codes,
         seed=args.seed,
         preemption_grace_seconds=args.preemption_grace_seconds,
         delete_grace_seconds=args.delete_grace_seconds,

@@ -251,9 +251,7 @@ class SimulatorConfig:
             codes = values["api_error_codes"]
             if isinstance(codes, (str, int)):
                 codes = [codes]
-            values["api_error_codes"] = tuple(
-                int(c) if str(c).strip().isdigit() else str(c).strip().upper() for c in codes
-            )
+            values["api_error_codes"] = tuple(error_code(c) for c in codes)
         for name in known - {"capacity", "seed", "default_page_size", "api_error_codes"}:
             if name in values:
                 values[name] = float(values[name])
@@ -265,6 +263,13 @@ class SimulatorConfig:
             "capacity": dict(self.capacity),
             "api_error_codes": list(self.api_error_codes),
         }
+
+
+def error_code(value: int | str) -> int | str:
+    """One of `api_error_codes` as written on the command line or in JSON: digits are an HTTP
+    status, anything else a google.rpc.Code name (checked by SimulatorConfig)."""
+    text = str(value).strip()
+    return int(text) if text.isdigit() else text.upper()
 
 
 def pool_key(family: str, zone: str) -> str:
