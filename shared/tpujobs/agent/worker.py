@@ -745,6 +745,12 @@ def load_config(path: str) -> dict[str, Any]:
     return config
 
 
+def host_variables(environ: dict[str, str]) -> dict[str, str]:
+    """The host's environment without its TPUJOBS_ variables (the simulator's TPUJOBS_WORKDIR,
+    TPUJOBS_METADATA_URL): the prefix is reserved for what the agent itself sets."""
+    return {name: value for name, value in environ.items() if not name.startswith("TPUJOBS_")}
+
+
 def job_environment(
     base: dict[str, str],
     config: dict[str, Any],
@@ -759,7 +765,7 @@ def job_environment(
     The host's own TPUJOBS_ variables (the simulator's TPUJOBS_WORKDIR, TPUJOBS_METADATA_URL)
     are left out: the prefix is reserved, and the job sees exactly the TPUJOBS_ variables set here.
     """
-    env = {name: value for name, value in base.items() if not name.startswith("TPUJOBS_")}
+    env = host_variables(base)
     env.update(megascale or {})
     env.update(config["env"])
     env.update(secret_values or {})
@@ -1595,7 +1601,7 @@ def container_environment(
     wanted |= {name for name in job_env if name.startswith("TPUJOBS_")}
     left_out = sorted(n for n in wanted if n.startswith("DOCKER_") or not PASSABLE_NAME.fullmatch(n))
     names = sorted(wanted - set(left_out))
-    cli_env = {name: value for name, value in host_environ.items() if not name.startswith("TPUJOBS_")}
+    cli_env = host_variables(host_environ)
     cli_env.update({name: job_env[name] for name in names})
     return names, cli_env, left_out
 
@@ -1642,7 +1648,7 @@ class Docker:
 
     def __init__(self, binary: str, environ: dict[str, str], tokens: TokenSource | None = None) -> None:
         self.binary = binary
-        self.environ = {name: value for name, value in environ.items() if not name.startswith("TPUJOBS_")}
+        self.environ = host_variables(environ)
         self.tokens = tokens
 
     @classmethod
