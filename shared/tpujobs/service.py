@@ -447,11 +447,8 @@ class JobService:
         is done with (redelivering it would only end in the dead-letter topic); the reconciler
         asks again every tick, within the zone wait like any wait for capacity.
         """
-        reason = ""
         try:
-            status = self.tpu.request(job, host_boot(job, self.settings))
-        except QuotaExhausted as error:
-            status, reason = CapacityStatus(job.queued_resource, job.zone, QUOTA_EXHAUSTED), quota_reason(job, error)
+            status, reason = self._request_capacity(job)
         except PermanentError as error:
             self._commit(
                 job.job_id,
@@ -465,6 +462,15 @@ class JobService:
             return SubmitOutcome("provisioning", job.job_id, outcome.event.reason)
         self._release_if_orphaned(job)
         return SubmitOutcome("duplicate", job.job_id, outcome.reason)
+
+    def _request_capacity(self, job: Job) -> tuple[CapacityStatus, str]:
+        """Request the attempt's queued resource: its status, and the reason to record ("" for
+        the usual words). A full TPU quota is a wait, not an error: `QUOTA_EXHAUSTED`, quoting
+        Google. PermanentError when the TPU API refused for good."""
+        try:
+            return self.tpu.request(job, host_boot(job, self.settings)), ""
+        except QuotaExhausted as error:
+            return CapacityStatus(job.queued_resource, job.zone, QUOTA_EXHAUSTED), quota_reason(job, error)
 
     # -- what happens to a running job ----------------------------------------------
 
@@ -716,12 +722,8 @@ class JobService:
                 self.sleep(min(wait, BACKOFF_CAP_SECONDS))
         self.tpu.release(job.zone, job.queued_resource)
         following = job.as_next_attempt()
-        reason = ""
         try:
-            status = self.tpu.request(following, host_boot(following, self.settings))
-        except QuotaExhausted as error:  # the next attempt waits for quota (`_admit`)
-            status = CapacityStatus(following.queued_resource, following.zone, QUOTA_EXHAUSTED)
-            reason = quota_reason(following, error)
+            status, reason = self._request_capacity(following)  # a full quota: it waits, as at `_admit`
         except PermanentError as error:
             self._commit(
                 job.job_id,
