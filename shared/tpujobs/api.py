@@ -179,14 +179,9 @@ class JobsApi:
         prefix = request.get("name_prefix")
         if prefix is not None and (not isinstance(prefix, str) or not prefix):
             raise ApiError(400, "'name_prefix' must be a non-empty string: the start of the jobs' names.")
-        labels = request.get("labels") or {}
-        if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
-            raise ApiError(400, "'labels' must be an object of label names to string values.")
-        limit = request.get("limit", DEFAULT_LIMIT)
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
-            raise ApiError(400, f"'limit' must be a whole number from 1 to {MAX_LIMIT}.")
+        labels = _labels(request)
         where = JobFilter(states=states, owner=owner, name_prefix=prefix, labels=labels)
-        jobs = self.store.list_jobs(limit=limit, where=where)
+        jobs = self.store.list_jobs(limit=_limit(request, DEFAULT_LIMIT), where=where)
         return Response(200, {"jobs": [self.shown(caller, job) for job in jobs]})
 
     def label(self, caller: str, request: dict[str, Any]) -> Response:
@@ -195,9 +190,7 @@ class JobsApi:
         if "owner" in request or "caller" in request:
             raise ApiError(400, "The caller is never taken from the body: remove 'owner'.")
         _only(request, "label", {"job_id", "labels", "remove"})
-        put = request.get("labels") or {}
-        if not isinstance(put, dict) or not all(isinstance(v, str) for v in put.values()):
-            raise ApiError(400, "'labels' must be an object of label names to string values.")
+        put = _labels(request)
         remove = request.get("remove") or []
         if not isinstance(remove, list) or not all(isinstance(k, str) for k in remove):
             raise ApiError(400, "'remove' must be a list of label names.")
@@ -448,6 +441,14 @@ def _states(value: Any) -> tuple[str, ...]:
     if not all(isinstance(v, str) and v.upper() in names for v in given):
         raise ApiError(400, f"'state' must be one of {', '.join(names)}, or a list of them.")
     return tuple(dict.fromkeys(v.upper() for v in given))
+
+
+def _labels(request: Mapping[str, Any]) -> dict[str, str]:
+    """`labels` of a request: an object of names to strings (none: empty); ApiError(400) otherwise."""
+    labels = request.get("labels") or {}
+    if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
+        raise ApiError(400, "'labels' must be an object of label names to string values.")
+    return labels
 
 
 def _limit(request: Mapping[str, Any], default: int) -> int:
