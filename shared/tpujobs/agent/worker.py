@@ -1988,14 +1988,25 @@ class Agent:
                 log(f"preemption notice ({reason}) after the command ended")
                 return
             self.reporter.silence()
-            container = self._container
-            if self._current is not None:
-                if container is None:
-                    signal_group(self._current.pid, signal.SIGTERM)
-                self._term_sent_at = time.monotonic()
+            container = self._sigterm_locked()
         self.note(f"preemption notice ({reason}): stopping the command, SIGKILL after {self.grace:g} s")
+        self._sigterm_container(container)
+
+    def _sigterm_locked(self) -> str | None:
+        """SIGTERM to the running command's group (the lock held), and its grace starts; in a
+        container, the container's name: its SIGTERM goes through `_sigterm_container`."""
+        container = self._container
+        if self._current is not None:
+            if container is None:
+                signal_group(self._current.pid, signal.SIGTERM)
+            self._term_sent_at = time.monotonic()
+        return container
+
+    def _sigterm_container(self, container: str | None) -> None:
+        """`docker kill --signal TERM`, never under the lock (docker may be slow); `_wait`
+        tries again if it found no container yet."""
         if container is not None and self.docker is not None:
-            self._term_delivered = self.docker.kill(container, "TERM")  # _wait tries again if not
+            self._term_delivered = self.docker.kill(container, "TERM")
 
     def run(self) -> int:
         """Everything, start to end; the command's exit code.
@@ -2222,7 +2233,7 @@ class Agent:
             term_again = not self._term_delivered and killed_at is None and now - tried_term >= 0.5
             if docker is not None and container is not None and term_again:
                 tried_term = now
-                self._term_delivered = docker.kill(container, "TERM")
+                self._sigterm_container(container)
             if killed_at is None and now - sent >= self.grace:
                 log(f"the command outlived the {self.grace:g} s grace period: SIGKILL")
                 killed_at = now
@@ -2283,14 +2294,9 @@ class Agent:
             if self._finished or self.preemption.noticed.is_set():
                 return
             self._limit = limit
-            container = self._container
-            if self._current is not None:
-                if container is None:
-                    signal_group(self._current.pid, signal.SIGTERM)
-                self._term_sent_at = time.monotonic()
+            container = self._sigterm_locked()
         self.note(f"the job's {limit} ran out: stopping the command, SIGKILL after {self.grace:g} s")
-        if container is not None and self.docker is not None:
-            self._term_delivered = self.docker.kill(container, "TERM")  # _wait tries again if not
+        self._sigterm_container(container)
 
     def _checkpoint(self, step: int, detail: str) -> None:
         self.reporter.report("checkpoint", step=step, detail=detail)
