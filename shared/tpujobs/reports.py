@@ -149,9 +149,8 @@ class QrStateReport(_Strict):
     zone: Annotated[str, Field(pattern=ZONE_PATTERN)]
     state: Annotated[str, Field(pattern=r"^[A-Z_]{1,40}$")]
     detail: str = Field(default="", max_length=1024)
-    unhealthy_hosts: Annotated[int, Field(ge=0, le=100_000)] = (
-        0  # hosts whose node is TERMINATED, PREEMPTED or unhealthy
-    )
+    # Hosts whose node is TERMINATED, PREEMPTED or unhealthy.
+    unhealthy_hosts: Annotated[int, Field(ge=0, le=100_000)] = 0
 
 
 class ControlRequest(_Strict):
