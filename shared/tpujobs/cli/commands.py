@@ -67,6 +67,14 @@ Owner = Annotated[
         "Deployed, your ID token says who you are and this is ignored."
     ),
 ]
+# Who asks to change a job (cancel, resume, rerun): its owner or an admin.
+OwnerOrAdmin = Annotated[
+    str | None,
+    typer.Option(
+        help="Who asks, locally: the job's owner or an admin. Default: $TPUJOBS_OWNER, else your login. "
+        "Deployed, your ID token says who you are and this is ignored."
+    ),
+]
 
 
 def _version(value: bool) -> None:
@@ -263,13 +271,7 @@ def follow(
 @app.command()
 def cancel(
     job_id: str,
-    owner: Annotated[
-        str | None,
-        typer.Option(
-            help="Who asks, locally: the job's owner or an admin. Default: $TPUJOBS_OWNER, else your "
-            "login. Deployed, your ID token says who you are and this is ignored."
-        ),
-    ] = None,
+    owner: OwnerOrAdmin = None,
     wait: Annotated[bool, typer.Option(help="Without an API URL: wait until the job is CANCELLED.")] = True,
 ) -> None:
     """Cancel a job: its queued resource is deleted and its workers stop.
@@ -309,13 +311,7 @@ def cancel(
 
 # --- resume and rerun ------------------------------------------------------------------------
 
-_OWNER_HELP = (
-    "Who asks, locally: the job's owner or an admin. Default: $TPUJOBS_OWNER, else your login. "
-    "Deployed, your ID token says who you are and this is ignored."
-)
-
 # The options resume and rerun share, declared once (typer reads the Annotated metadata of each alias).
-_Owner = Annotated[str | None, typer.Option(help=_OWNER_HELP)]
 _Zone = Annotated[str | None, typer.Option(help="Run the new attempt in this zone (replaces zones).")]
 _Zones = Annotated[str | None, typer.Option(help="Zones in order of preference, comma separated.")]
 _Capacity = Annotated[str | None, typer.Option(help="on-demand, spot or reserved.")]
@@ -330,7 +326,7 @@ _Wait = Annotated[bool, typer.Option(help="Follow the job until it ends again.")
 @app.command()
 def resume(
     job_id: str,
-    owner: _Owner = None,
+    owner: OwnerOrAdmin = None,
     zone: _Zone = None,
     zones: _Zones = None,
     capacity: _Capacity = None,
@@ -352,7 +348,7 @@ def resume(
 @app.command()
 def rerun(
     job_id: str,
-    owner: _Owner = None,
+    owner: OwnerOrAdmin = None,
     zone: _Zone = None,
     zones: _Zones = None,
     capacity: _Capacity = None,
