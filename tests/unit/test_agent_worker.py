@@ -1890,6 +1890,23 @@ def test_the_container_environment_passes_the_jobs_names_only_and_keeps_the_host
     assert "TPUJOBS_WORKDIR" not in cli_env
 
 
+def test_a_jobs_home_reaches_the_container_but_the_cli_keeps_the_hosts_docker_config() -> None:
+    """A config under the job's HOME could switch the CLI's context to another daemon: the CLI
+    is pointed at the host's config directory; without a job HOME nothing is added."""
+    host = {"PATH": "/usr/bin", "HOME": "/root"}
+    config = a_config(env={"HOME": "/workspace"})
+    job_env = worker.job_environment(host, config, 0, 0)
+    names, cli_env, _ = worker.container_environment(job_env, host, config, [], {})
+    assert "HOME" in names
+    assert (cli_env["HOME"], cli_env["DOCKER_CONFIG"]) == ("/workspace", "/root/.docker")
+    plain = a_config(env={})
+    _, cli_env, _ = worker.container_environment(worker.job_environment(host, plain, 0, 0), host, plain, [], {})
+    assert "DOCKER_CONFIG" not in cli_env
+    own = {**host, "DOCKER_CONFIG": "/etc/docker-cli"}
+    _, cli_env, _ = worker.container_environment(worker.job_environment(own, config, 0, 0), own, config, [], {})
+    assert cli_env["DOCKER_CONFIG"] == "/etc/docker-cli"
+
+
 def test_docker_run_is_built_as_tpu_vms_run_containers_with_no_value_on_its_command_line() -> None:
     """Privileged, host network and IPC, /dev, docker's init forwarding to the group, names and
     labels, the code mount; setup and command as arguments after the wrapper, never inside it."""

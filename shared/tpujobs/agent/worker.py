@@ -1595,7 +1595,9 @@ def container_environment(
     their values travel in the docker CLI's own environment, so no value is ever on a command
     line or on disk. The host's other variables stay out of the container. Names beginning
     with DOCKER_ are left out: the docker CLI itself obeys them (DOCKER_HOST, DOCKER_CONFIG),
-    so the job's values would steer the agent's docker; so are names no shell could set.
+    so the job's values would steer the agent's docker; so are names no shell could set. A
+    job's HOME passes, but the CLI keeps the host's config directory (DOCKER_CONFIG), since
+    a config under the job's HOME could name another daemon.
     """
     wanted = set(config["env"]) | set(secret_names) | set(megascale)
     wanted |= {name for name in job_env if name.startswith("TPUJOBS_")}
@@ -1603,6 +1605,9 @@ def container_environment(
     names = sorted(wanted - set(left_out))
     cli_env = host_variables(host_environ)
     cli_env.update({name: job_env[name] for name in names})
+    if "HOME" in names and "DOCKER_CONFIG" not in cli_env:
+        # The CLI reads its config (which daemon, through contexts) from $HOME/.docker: the host's.
+        cli_env["DOCKER_CONFIG"] = os.path.join(host_environ.get("HOME") or os.path.expanduser("~"), ".docker")
     return names, cli_env, left_out
 
 
