@@ -39,7 +39,7 @@ from tpujobs.domain.naming import job_prefix, parse_queued_resource_name, queued
 from tpujobs.domain.restart import RestartAction, describe_overrides, overridden_spec
 from tpujobs.domain.retry import BACKOFF_CAP_SECONDS
 from tpujobs.domain.spec import JobSpec, SpecError, decode_spec, with_deployment_defaults
-from tpujobs.domain.states import ATTEMPT_LIVE, QUOTA_EXHAUSTED, RESUMABLE, TERMINAL, EventKind, JobState
+from tpujobs.domain.states import ATTEMPT_LIVE, QUOTA_EXHAUSTED, EventKind, JobState, allowed_targets
 from tpujobs.domain.transitions import Decision, Ignored, Observation
 from tpujobs.errors import PermanentError, QuotaExhausted, TransientError
 from tpujobs.inbound import InboundMessage
@@ -126,12 +126,17 @@ class RestartOutcome:
     reason: str
 
 
+_RESTART_EVENTS: dict[RestartAction, EventKind] = {
+    "resume": EventKind.RESUME_REQUESTED,
+    "rerun": EventKind.RERUN_REQUESTED,
+}
+
+
 def restart_refusal(job: Job | None, action: RestartAction) -> str | None:
     """Why `action` cannot start a new attempt of this job now, as a sentence; None if it can."""
     if job is None:
         return "the job no longer exists"
-    allowed = RESUMABLE if action == "resume" else TERMINAL
-    if job.state in allowed:
+    if allowed_targets(job.state, _RESTART_EVENTS[action]):  # the transition table decides
         return None
     if not job.state.is_terminal:
         return (
@@ -621,7 +626,7 @@ class JobService:
         reason = f"{action.capitalize()} asked by {caller}{'' if verified else ' (via the topic)'}, {how}" + (
             f"; overrides: {changed}." if changed else "."
         )
-        kind = EventKind.RESUME_REQUESTED if action == "resume" else EventKind.RERUN_REQUESTED
+        kind = _RESTART_EVENTS[action]
         seen = Observation(kind, None, "user", reason, request_id=request_id, spec=spec)
         outcome = self.observe(job_id, seen)
         after = self.store.get(job_id)
