@@ -12,10 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
-from pydantic import ValidationError
-
 from tpujobs.domain.job import Job, JobEvent
-from tpujobs.domain.spec import JobSpec
+from tpujobs.domain.spec import check_labels
 from tpujobs.domain.states import ATTEMPT_LIVE
 from tpujobs.domain.transitions import Decision, Ignored
 
@@ -36,12 +34,11 @@ def parse_label_pairs(pairs: Sequence[str]) -> dict[str, str]:
 
 
 def checked_labels(labels: Mapping[str, str]) -> dict[str, str]:
-    """`labels` if a spec would accept them (the same validator), else LabelError saying why."""
+    """`labels` if a spec would accept them (the same check), else LabelError saying why."""
     try:
-        return dict(JobSpec.model_validate({**_MINIMAL_SPEC, "labels": dict(labels)}).labels)
-    except ValidationError as error:
-        first = error.errors()[0]
-        raise LabelError(str(first["msg"]).removeprefix("Value error, ")) from None
+        return check_labels(dict(labels))
+    except ValueError as error:
+        raise LabelError(str(error)) from None
 
 
 def relabeled(job: Job, put: Mapping[str, str], remove: Sequence[str], by: str, now: datetime) -> Decision | Ignored:
@@ -67,7 +64,3 @@ def relabeled(job: Job, put: Mapping[str, str], remove: Sequence[str], by: str, 
     event = JobEvent(seq, now, job.state, job.state, reason, "user", job.attempt)
     spec = job.spec.model_copy(update={"labels": after})
     return Decision(job.evolve(spec=spec, event_seq=seq, updated_at=now), event)
-
-
-# The fewest fields a spec needs, so that only the labels' own rules can refuse it.
-_MINIMAL_SPEC = {"name": "labels", "owner": "labels@example.com", "accelerator_type": "v4-8", "command": "true"}

@@ -374,18 +374,7 @@ class JobSpec(BaseModel):
     @field_validator("labels")
     @classmethod
     def _gcp_labels(cls, labels: dict[str, str]) -> dict[str, str]:
-        if len(labels) > MAX_LABELS:
-            raise ValueError(f"labels has {len(labels)} entries; at most {MAX_LABELS} are allowed")
-        for key, value in labels.items():
-            if not LABEL_KEY.fullmatch(key):
-                raise ValueError(
-                    f"label key {key[:64]!r} must be lowercase letters, digits, _ or -, starting with a letter"
-                )
-            if key.startswith(RESERVED_LABEL_PREFIX):
-                raise ValueError(f"label key {key!r} uses the reserved prefix tpujobs")
-            if not LABEL_VALUE.fullmatch(value):
-                raise ValueError(f"label value of {key} must be at most 63 lowercase letters, digits, _ or -")
-        return labels
+        return check_labels(labels)
 
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:
@@ -475,6 +464,22 @@ class JobSpec(BaseModel):
     def to_document(self) -> dict[str, Any]:
         """The spec as stored on the job document: every field, defaults included."""
         return self.model_dump(mode="json")
+
+
+def check_labels(labels: dict[str, str]) -> dict[str, str]:
+    """`labels` if GCP and tpujobs accept them (a spec's, or a later change's); ValueError naming the label."""
+    if len(labels) > MAX_LABELS:
+        raise ValueError(f"labels has {len(labels)} entries; at most {MAX_LABELS} are allowed")
+    for key, value in labels.items():
+        if not LABEL_KEY.fullmatch(key):
+            raise ValueError(
+                f"label key {key[:64]!r} must be lowercase letters, digits, _ or -, starting with a letter"
+            )
+        if key.startswith(RESERVED_LABEL_PREFIX):
+            raise ValueError(f"label key {key!r} uses the reserved prefix tpujobs")
+        if not LABEL_VALUE.fullmatch(value):
+            raise ValueError(f"label value of {key} must be at most 63 lowercase letters, digits, _ or -")
+    return labels
 
 
 def check_zones_fit(spec: JobSpec, zones: Iterable[str]) -> None:
