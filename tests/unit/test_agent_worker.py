@@ -1073,6 +1073,28 @@ def test_after_the_preemption_notice_only_checkpoints_are_still_reported() -> No
     assert published[-1] == "checkpoint" and "exited" not in published
 
 
+def test_checkpoints_waiting_to_be_published_coalesce_to_the_latest() -> None:
+    """A command printing checkpoint lines in a loop while a publish is slow queues one report,
+    the latest step, in its place among the others: it cannot flood the topic."""
+    published: list[tuple[str, Any]] = []
+    first_publish_may_end = threading.Event()
+
+    class SlowRecorder:
+        def publish(self, topic, payload, attributes, **_):
+            first_publish_may_end.wait(5.0)
+            published.append((payload["kind"], payload.get("step")))
+
+    identity = {"job_id": "j", "attempt": 1, "slice_id": 0, "worker_id": 0}
+    reporter = worker.Reporter(SlowRecorder(), "tpujobs-worker-events", identity)
+    reporter.report("started")  # being published (slowly) while the rest is queued
+    for step in range(1, 1001):
+        reporter.report("checkpoint", step=step, detail="")
+    reporter.report("exited", exit_code=0)
+    first_publish_may_end.set()
+    reporter.close(timeout=5.0)
+    assert published == [("started", None), ("checkpoint", 1000), ("exited", None)]
+
+
 # --- signing --------------------------------------------------------------------------
 
 

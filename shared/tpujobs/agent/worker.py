@@ -1210,13 +1210,22 @@ def match_retry_output(
 
 
 class Reporter:
-    """Worker events, published in order from one thread so a slow publish never stalls the job."""
+    """Worker events, published in order from one thread so a slow publish never stalls the job.
+
+    Checkpoints coalesce: while one waits to be published, a newer one replaces it (the latest
+    step is what counts), so a command printing TPUJOBS_CHECKPOINT lines in a loop queues one
+    report, not one per line, and cannot flood the topic or the agent's memory.
+    """
+
+    _CHECKPOINT_SLOT = object()  # in the queue: publish the latest pending checkpoint here
 
     def __init__(self, publisher: Publisher, topic: str, identity: dict[str, Any]) -> None:
         self.publisher = publisher
         self.topic = topic
         self.identity = identity  # job_id, attempt, slice_id, worker_id
         self._queue: queue.Queue[Any] = queue.Queue()
+        self._slot_lock = threading.Lock()
+        self._pending_checkpoint: dict[str, Any] | None = None
         self._silenced = threading.Event()
         self._thread = threading.Thread(target=self._run, name="reporter", daemon=True)
         self._thread.start()
@@ -1231,8 +1240,17 @@ class Reporter:
     AFTER_SILENCE = frozenset({"checkpoint"})
 
     def report(self, kind: str, **extra: Any) -> None:
-        if not self._silenced.is_set() or kind in self.AFTER_SILENCE:
-            self._queue.put(self.message(kind, **extra))
+        if self._silenced.is_set() and kind not in self.AFTER_SILENCE:
+            return
+        payload = self.message(kind, **extra)
+        if kind != "checkpoint":
+            self._queue.put(payload)
+            return
+        with self._slot_lock:
+            waiting = self._pending_checkpoint is not None
+            self._pending_checkpoint = payload
+        if not waiting:
+            self._queue.put(self._CHECKPOINT_SLOT)
 
     def silence(self) -> None:
         """Nothing more is published but checkpoints, not even what is queued."""
@@ -1247,6 +1265,9 @@ class Reporter:
             payload = self._queue.get()
             if payload is None:
                 return
+            if payload is self._CHECKPOINT_SLOT:
+                with self._slot_lock:
+                    payload, self._pending_checkpoint = self._pending_checkpoint, None
             if self._silenced.is_set() and payload["kind"] not in self.AFTER_SILENCE:
                 continue
             attributes = {
