@@ -15,6 +15,7 @@ from typing import Protocol
 from tpujobs.domain.access import AccessPolicies
 from tpujobs.domain.admission import Holder
 from tpujobs.domain.job import Job, JobEvent
+from tpujobs.domain.spec import JobSpec
 from tpujobs.domain.transitions import Decision, Ignored, Observation
 
 Clock = Callable[[], datetime]
@@ -187,7 +188,8 @@ class CapacityStatus:
     state: str  # the QueuedResource state name: WAITING_FOR_RESOURCES, ACTIVE, ...
     detail: str = ""  # the error of a FAILED resource
     unhealthy_hosts: int = 0  # hosts of its nodes that are lost (`adapters.tpu.NODE_STATES`)
-    job_label: str | None = None  # the `tpujobs-job` label: set on every resource tpujobs made
+    job_label: str | None = None  # the `tpujobs-job` label: set on every resource tpujobs made for a job
+    pool_label: str | None = None  # the `tpujobs-pool` label: set on every warm-pool unit's resource
     # (node, condition) of its nodes in a condition that is often transient: lost past the grace
     suspect_hosts: tuple[tuple[str, str], ...] = ()
     operation: str = ""  # from `request`: the create's long-running operation, if one was made
@@ -200,6 +202,18 @@ class HostBoot:
 
     service_account: str
     metadata: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class UnitRequest:
+    """One warm-pool unit's queued resource: its name, zone, the pool's shape (a spec that says
+    the accelerator, slices, capacity, reservation, runtime, image, account and VM options)
+    and its labels (`tpujobs-pool`, `tpujobs-unit`)."""
+
+    name: str
+    zone: str
+    spec: JobSpec
+    labels: Mapping[str, str]
 
 
 class Tpu(Protocol):
@@ -217,6 +231,13 @@ class Tpu(Protocol):
         """Delete the queued resource and its nodes (force); absent is fine."""
 
     def list_capacity(self, zone: str) -> Sequence[CapacityStatus]: ...
+
+    def request_unit(self, unit: UnitRequest, boot: HostBoot) -> CapacityStatus:
+        """Ask for a warm-pool unit's queued resource, or adopt it, as `request` does for a job."""
+
+    def write_metadata(self, zone: str, queued_resource: str, slices: int, metadata: Mapping[str, str]) -> None:
+        """Replace the metadata of every node of the queued resource (UpdateNode, update_mask
+        `metadata`), waiting for each operation: how a unit's agents learn their assignment."""
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,27 @@ def parse_queued_resource_name(name: str) -> tuple[str, int] | None:
     return match["job"], int(match["attempt"])
 
 
+def unit_queued_resource_name(pool: str, index: int, generation: int) -> str:
+    """The queued resource of one warm-pool unit's `generation`-th request: `{pool}-u{i}-g{n}`.
+    A job's names end in `-a{N}`, a unit's in `-g{N}`: the two never collide."""
+    if index < 0 or generation < 1:
+        raise ValueError(f"unit index must be 0 or more and generation 1 or more, got {index}, {generation}")
+    name = f"{pool}-u{index}-g{generation}"
+    if len(name) > MAX_TPU_RESOURCE_ID or not TPU_RESOURCE_ID.fullmatch(name):
+        raise ValueError(f"{name!r} is not a valid TPU resource id")
+    return name
+
+
+def parse_unit_queued_resource_name(name: str) -> tuple[str, int, int] | None:
+    """(pool, unit index, generation) of a unit's queued resource, or None for any other."""
+    match = re.fullmatch(
+        r"(?P<pool>[a-z]([-a-z0-9]*[a-z0-9])?)-u(?P<unit>0|[1-9][0-9]{0,2})-g(?P<gen>[1-9][0-9]{0,8})", name
+    )
+    if not match:
+        return None
+    return match["pool"], int(match["unit"]), int(match["gen"])
+
+
 def node_id(queued_resource: str, slice_index: int, slices: int) -> str:
     """The TPU node of one slice: the queued resource's name, suffixed per slice in multislice."""
     return queued_resource if slices == 1 else f"{queued_resource}-{slice_index}"

@@ -37,6 +37,7 @@ MAX_LABELS = 48  # GCP allows 64; tpujobs keeps some for its own labels
 MAX_ZONES = 8
 
 ID_PATTERN = r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$"
+POOL_NAME_PATTERN = r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$"  # a warm pool; its units' TPU names grow from it
 OWNER_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}$"
 ZONE_PATTERN = r"^[a-z]+-[a-z]+[0-9]+-[a-z]$"
 RUNTIME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
@@ -81,6 +82,7 @@ Priority = Literal["very-low", "low", "medium", "high", "very-high"]
 RecoveryRule = Literal["resume", "rerun", "fail"]
 ImagePullPolicy = Literal["always", "if-missing"]
 DiskMode = Literal["read-only", "read-write"]
+PoolFallback = Literal["wait", "provision"]
 PRIORITY_RANK: dict[str, int] = {"very-low": 0, "low": 1, "medium": 2, "high": 3, "very-high": 4}
 
 
@@ -242,6 +244,10 @@ class JobSpec(BaseModel):
     # AxB or AxBxC: sent as AcceleratorConfig(type, topology) instead of accelerator_type, which
     # still names the slice (its chips must match the topology's).
     topology: str | None = None
+    # A warm pool to run on (`tpujobs pool create`): a free unit of that pool, whose shape must be
+    # the job's; `pool_fallback: provision` lets the job leave for fresh capacity rather than wait.
+    pool: Annotated[str, Field(pattern=POOL_NAME_PATTERN)] | None = None
+    pool_fallback: PoolFallback = "wait"
 
     @field_validator("accelerator_type")
     @classmethod
