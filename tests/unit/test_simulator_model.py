@@ -832,7 +832,7 @@ def test_planned_faults_can_be_listed_and_cleared(clock: FakeClock) -> None:
         {"code": 504, "status": "DEADLINE_EXCEEDED", "quota": False, "applied": True, "message": ""}
     ]
     assert sim.clear_faults() == {
-        "errors": {m: [] for m in ("create", "get", "list", "delete")},
+        "errors": {m: [] for m in ("create", "get", "list", "delete", "update")},
         "noBoot": 0,
     }
     assert sim.next_fault("delete") is None

@@ -73,7 +73,7 @@ class SimulatorControl:
         applied: bool = False,
         message: str = "",
     ) -> dict[str, Any]:
-        """The next `count` TPU API calls of `method` (create, get, list, delete) answer `code`."""
+        """The next `count` TPU API calls of `method` (create, get, list, delete, update) answer `code`."""
         body = {"method": method, "code": code, "count": count, "quota": quota, "applied": applied, "message": message}
         return self.call("POST", "faults/errors", body)
 

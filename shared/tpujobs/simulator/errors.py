@@ -34,7 +34,7 @@ INJECTED = " (injected by the tpujobs simulator)"
 
 # The TPU API calls a fault can be aimed at; operations are never faulted by method, so a
 # long-running operation can always be polled to its end.
-FAULT_METHODS = ("create", "get", "list", "delete")
+FAULT_METHODS = ("create", "get", "list", "delete", "update")
 
 
 def project_number(project: str) -> int:

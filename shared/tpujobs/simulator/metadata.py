@@ -9,7 +9,10 @@ Each simulated worker gets its own base URL instead, in ``TPUJOBS_METADATA_URL``
 Like GCE, every request must carry ``Metadata-Flavor: Google`` (else 403), answers are
 text (the token is JSON) with ``Metadata-Flavor: Google`` and an ``ETag``, and
 ``?wait_for_change=true`` (with ``timeout_sec`` and ``last_etag``) holds the request until
-the value changes: the way an agent waits on ``instance/preempted``.
+the value changes: the way an agent waits on ``instance/preempted``, or a warm-pool agent on
+``instance/attributes/tpujobs-assignment``. The ETag is a hash of the answer, as GCE's is of
+the content, so a write of the same value changes nothing and wakes no one. A held request
+sleeps on the simulator's change notice (``Changes``) and re-reads only when state changed.
 
 Paths served (under the base):
 
@@ -49,6 +52,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 from urllib.parse import quote, unquote
 
 from tpujobs.simulator.errors import TPU_SERVICE, project_number
@@ -182,6 +186,17 @@ def _flag(query: Mapping[str, list[str]], name: str) -> str:
     return query.get(name, [""])[-1]
 
 
+class Changes(Protocol):
+    """What a held request sleeps on: the simulator's change counter (``Simulator`` has it)."""
+
+    def generation(self) -> int: ...
+
+    def wait_for_change(self, seen: int, timeout: float) -> int: ...
+
+
+STOP_CHECK_SECONDS = 1.0  # a held request looks at `stopping` at least this often
+
+
 class MetadataService:
     """Answers metadata requests from the simulator's current nodes."""
 
@@ -190,10 +205,13 @@ class MetadataService:
         get_node: Callable[[str, str, str], NodeRecord],
         *,
         stopping: threading.Event | None = None,
+        changes: Changes | None = None,
         poll_seconds: float = 0.05,
     ) -> None:
+        """Without *changes*, a held request re-reads every *poll_seconds* instead."""
         self._get_node = get_node  # Simulator.get_node: raises SimulatorError when gone
         self._stopping = stopping or threading.Event()
+        self._changes = changes
         self._poll_seconds = poll_seconds
 
     @staticmethod
@@ -207,6 +225,7 @@ class MetadataService:
         match = _PATH.fullmatch(path)
         if match is None:
             return MetadataReply(404, f"no metadata server at {path}\n")
+        seen_generation = self._changes.generation() if self._changes is not None else 0
         reply = self._once(match)
         if _flag(query, "wait_for_change").lower() != "true" or reply.status != 200:
             return reply
@@ -219,7 +238,14 @@ class MetadataService:
             return MetadataReply(400, "timeout_sec must be a number\n")
         deadline = time.monotonic() + min(max(timeout, 0.0), MAX_WAIT_SECONDS)
         seen = reply.etag
-        while time.monotonic() < deadline and not self._stopping.wait(self._poll_seconds):
+        while not self._stopping.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            if self._changes is not None:  # read before _once, so no change slips between
+                seen_generation = self._changes.wait_for_change(seen_generation, min(remaining, STOP_CHECK_SECONDS))
+            elif self._stopping.wait(min(remaining, self._poll_seconds)):
+                break
             reply = self._once(match)
             if reply.status != 200 or reply.etag != seen:
                 return reply

@@ -41,6 +41,9 @@ Nodes of an ACTIVE QR have timed steps of their own (``tpujobs dev fault``):
           --notice--> REPAIRING, UNHEALTHY_MAINTENANCE            on_hosts SHUTDOWN
           --maintenance_seconds--> READY, event NONE              on_hosts BOOT
 
+``update_node`` (the API's UpdateNode) replaces a READY node's description, tags, labels,
+metadata or external-IP setting at once; its hosts' metadata servers answer the new values,
+and every change of state wakes the metadata requests held on it (``wait_for_change``).
 ``set_node_health`` and ``set_node_state`` only change what the API shows. ``no_boot`` gives
 QRs hosts that never run their startup script. ``inject_errors`` plans the errors the next
 calls of one API method answer with (``errors.Fault``); ``api_error_rate`` rolls dice for all.
@@ -61,7 +64,7 @@ import random
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
@@ -344,16 +347,7 @@ def check_vm_options(spec: SliceRequest, zone: str, field_path: str) -> None:
             f"Subnetwork {subnetwork!r} is in region {match['region']}, but the node is in zone {zone} "
             f"of region {region}: a TPU node uses a subnetwork of its zone's region.",
         )
-    tags = node.get("tags") or []
-    if not isinstance(tags, list) or len(tags) > MAX_TAGS:
-        raise bad_request(f"{field_path}.tags", f"tags must be a list of at most {MAX_TAGS} network tags")
-    for tag in tags:
-        if not isinstance(tag, str) or not re.fullmatch(_LABEL, tag):
-            raise bad_request(
-                f"{field_path}.tags",
-                f"Invalid network tag {tag!r}: it must be 1 to 63 lowercase letters, digits or hyphens, "
-                "start with a letter and not end with a hyphen.",
-            )
+    check_tags(node.get("tags") or [], f"{field_path}.tags")
     disks = node.get("dataDisks") or []
     if not isinstance(disks, list):
         raise bad_request(f"{field_path}.data_disks", "data_disks must be a list")
@@ -392,6 +386,117 @@ def check_vm_options(spec: SliceRequest, zone: str, field_path: str) -> None:
                 f"{field_path}.accelerator_config",
                 f"accelerator_config names {named}, but the node's accelerator type is {spec.accelerator_type}.",
             )
+
+
+def check_tags(tags: Any, field_path: str) -> None:
+    """Network tags as Compute Engine takes them: at most MAX_TAGS RFC 1035 labels."""
+    if not isinstance(tags, list) or len(tags) > MAX_TAGS:
+        raise bad_request(field_path, f"tags must be a list of at most {MAX_TAGS} network tags")
+    for tag in tags:
+        if not isinstance(tag, str) or not re.fullmatch(_LABEL, tag):
+            raise bad_request(
+                field_path,
+                f"Invalid network tag {tag!r}: it must be 1 to 63 lowercase letters, digits or hyphens, "
+                "start with a letter and not end with a hyphen.",
+            )
+
+
+# UpdateNode's update_mask: the Node fields it may change (UpdateNodeRequest's docstring), as
+# JSON paths, each with the proto path its refusals name. A map or list the mask names is
+# replaced whole, and one the body leaves out is cleared, as proto field masks do.
+UPDATABLE_NODE_FIELDS = {
+    "description": "description",
+    "tags": "tags",
+    "labels": "labels",
+    "metadata": "metadata",
+    "networkConfig.enableExternalIps": "network_config.enable_external_ips",
+}
+# Compute Engine's limits on instance metadata and labels, which TPU VMs inherit.
+_METADATA_KEY = re.compile(r"[a-zA-Z0-9_-]{1,128}")
+MAX_METADATA_BYTES = 512 * 1024  # all keys and values together
+_LABEL_KEY = re.compile(r"[a-z][a-z0-9_-]{0,62}")
+_LABEL_VALUE = re.compile(r"[a-z0-9_-]{0,63}")
+MAX_LABELS = 64
+
+
+def check_metadata(metadata: Any, field_path: str) -> None:
+    """Refuse metadata GCE refuses: keys of letters, digits, '-' and '_' up to 128 characters,
+    string values, at most MAX_METADATA_BYTES in all."""
+    if not isinstance(metadata, dict):
+        raise bad_request(field_path, "metadata must be a map of strings to strings")
+    size = 0
+    for key, value in metadata.items():
+        if not _METADATA_KEY.fullmatch(key):
+            raise bad_request(
+                field_path,
+                f"Invalid metadata key {key!r}: it must be 1 to 128 letters, digits, hyphens or underscores.",
+            )
+        if not isinstance(value, str):
+            raise bad_request(field_path, f"The value of metadata key {key!r} must be a string.")
+        size += len(key.encode("utf-8")) + len(value.encode("utf-8"))
+    if size > MAX_METADATA_BYTES:
+        raise bad_request(field_path, f"Metadata is {size} bytes; it may hold at most {MAX_METADATA_BYTES} bytes.")
+
+
+def check_labels(labels: Any, field_path: str) -> None:
+    """Refuse labels GCE refuses: at most MAX_LABELS, keys and values of lowercase letters,
+    digits, '-' and '_' up to 63 characters, keys starting with a letter."""
+    if not isinstance(labels, dict) or len(labels) > MAX_LABELS:
+        raise bad_request(field_path, f"labels must be a map of at most {MAX_LABELS} strings to strings")
+    for key, value in labels.items():
+        if not _LABEL_KEY.fullmatch(key):
+            raise bad_request(
+                field_path,
+                f"Invalid label key {key!r}: it must be 1 to 63 lowercase letters, digits, hyphens or "
+                "underscores, and start with a letter.",
+            )
+        if not isinstance(value, str) or not _LABEL_VALUE.fullmatch(value):
+            raise bad_request(
+                field_path,
+                f"Invalid value {value!r} of label {key!r}: it must be 0 to 63 lowercase letters, digits, "
+                "hyphens or underscores.",
+            )
+
+
+def updated_template(template: Mapping[str, Any], mask: Sequence[str], node: Mapping[str, Any]) -> dict[str, Any]:
+    """*template* with the fields *mask* names taken from *node* (camelCase JSON), checked as
+    UpdateNode checks them; INVALID_ARGUMENT for an empty mask, a field it cannot update, or a
+    value the API refuses."""
+    supported = ", ".join(UPDATABLE_NODE_FIELDS.values())
+    if not mask:
+        raise bad_request("update_mask", f"update_mask is required: name the node fields to update ({supported}).")
+    out = dict(template)
+    for path in mask:
+        if path not in UPDATABLE_NODE_FIELDS:
+            raise bad_request(
+                "update_mask", f"Field {path!r} of a node cannot be updated; update_mask may name {supported}."
+            )
+        where = f"node.{UPDATABLE_NODE_FIELDS[path]}"
+        if path == "networkConfig.enableExternalIps":
+            sent = node.get("networkConfig") or {}
+            if not isinstance(sent, dict):
+                raise bad_request("node.network_config", "network_config must be an object.")
+            network_config = dict(out.get("networkConfig") or {})
+            value = sent.get("enableExternalIps", False)
+            if not isinstance(value, bool):
+                raise bad_request(where, "enable_external_ips must be true or false.")
+            network_config["enableExternalIps"] = value
+            out["networkConfig"] = network_config
+            continue
+        if path not in node:  # named but not sent: cleared
+            out.pop(path, None)
+            continue
+        value = node[path]
+        if path == "metadata":
+            check_metadata(value, where)
+        elif path == "labels":
+            check_labels(value, where)
+        elif path == "tags":
+            check_tags(value, where)
+        elif not isinstance(value, str):
+            raise bad_request(where, "description must be a string.")
+        out[path] = value
+    return out
 
 
 @dataclass(frozen=True)
@@ -540,17 +645,19 @@ class NodeRecord:
 
 @dataclass(frozen=True)
 class OperationRecord:
-    """A long-running operation. Done with *result* (create), with nothing (delete) or an error."""
+    """A long-running operation. Done with *result* (create), *node* (update), with nothing
+    (delete) or an error."""
 
     project: str
     zone: str
     operation_id: str
-    verb: str  # "create" or "delete"
-    target: str  # the queued resource's name
+    verb: str  # "create", "delete" or "update"
+    target: str  # the queued resource's name; the node's for an update
     create_time: float  # wall clock
     end_time: float | None = None
     done: bool = False
     result: QueuedResourceRecord | None = None  # the QR when a create completed
+    node: NodeRecord | None = None  # the node as an update left it
     error_code: int = 0
     error_message: str = ""
 
@@ -672,6 +779,10 @@ class Simulator:
         self._operations: dict[tuple[str, str, str], OperationRecord] = {}
         self._counters = {"queue": 0, "operation": 0, "node": 0, "address": 0}
         self._dirty = False
+        # Bumped and announced whenever state changes, so a held metadata request
+        # (wait_for_change) wakes at once instead of polling.
+        self._changed = threading.Condition(threading.Lock())
+        self._generation = 0
         self.on_active: list[Hook] = []  # a QR became ACTIVE: start its workers
         self.on_stopped: list[Hook] = []  # a QR was preempted, failed or is being deleted
         self.on_host_failed: list[HostHook] = []  # kill_host: one worker host died silently
@@ -706,7 +817,7 @@ class Simulator:
             raise fault.error(project, zone)
 
     def inject_errors(self, method: str, fault: Fault, count: int = 1) -> dict[str, Any]:
-        """The next *count* calls of *method* (create, get, list, delete) answer with *fault*,
+        """The next *count* calls of *method* (create, get, list, delete, update) answer with *fault*,
         after any planned before; returns every planned fault (``faults()``)."""
         if method not in FAULT_METHODS:
             raise SimulatorError(
@@ -763,6 +874,27 @@ class Simulator:
             },
             "noBoot": self._no_boot_budget,
         }
+
+    # -- change notices (the metadata server's wait_for_change) ---------------------------
+
+    def generation(self) -> int:
+        """A number that grows whenever any queued resource, node or operation changes."""
+        with self._changed:
+            return self._generation
+
+    def wait_for_change(self, seen: int, timeout: float) -> int:
+        """Block until the generation is no longer *seen*, *timeout* passes or ``wake_waiters``
+        is called; returns the generation then. Callers re-read what they watch: a wake-up
+        says only that something may have changed."""
+        with self._changed:
+            if self._generation == seen:
+                self._changed.wait(max(timeout, 0.0))
+            return self._generation
+
+    def wake_waiters(self) -> None:
+        """Wake every ``wait_for_change`` (the server stopping)."""
+        with self._changed:
+            self._changed.notify_all()
 
     # -- time ----------------------------------------------------------------------------
 
@@ -1183,6 +1315,32 @@ class Simulator:
                 )
             return node
 
+    def update_node(
+        self, project: str, zone: str, node_id: str, mask: Sequence[str], node: Mapping[str, Any]
+    ) -> OperationRecord:
+        """UpdateNode: the fields *mask* names (camelCase JSON paths, UPDATABLE_NODE_FIELDS) take
+        *node*'s values at once; the operation is done, with the node as its response. The
+        metadata server answers the new metadata from then on. A node that is not READY is
+        FAILED_PRECONDITION, as the API refuses to change a node that is being created,
+        repaired, preempted or deleted."""
+        with self._transaction():
+            found = self._nodes.get((project, zone, node_id))
+            name = f"projects/{project}/locations/{zone}/nodes/{node_id}"
+            template = updated_template(found.template if found else {}, mask, node)
+            if found is None:
+                raise SimulatorError(Code.NOT_FOUND, f"Resource '{name}' was not found")
+            if found.state is not NodeState.READY:
+                raise SimulatorError(
+                    Code.FAILED_PRECONDITION,
+                    f"Cannot update node {name}: it is {found.state.value}, and only a READY node can be updated.",
+                )
+            changed = dataclasses.replace(found, template=template)
+            self._put_node(changed)
+            operation = self._new_operation(project, zone, "update", name)
+            finished = dataclasses.replace(operation, done=True, end_time=self._wall_clock(), node=changed)
+            self._operations[(project, zone, operation.operation_id)] = finished
+            return finished
+
     def list_nodes(self, project: str, zone: str, page_size: int = 0, page_token: str = "") -> Page[NodeRecord]:
         with self._transaction():
             found = [n for n in self._nodes.values() if _in_location(n, project, zone)]
@@ -1539,9 +1697,14 @@ class Simulator:
     # -- persistence ------------------------------------------------------------------------
 
     def _save_if_changed(self) -> None:
-        if self._dirty and self._store is not None:
+        if not self._dirty:
+            return
+        if self._store is not None:
             self._store.save(self._snapshot())
         self._dirty = False
+        with self._changed:
+            self._generation += 1
+            self._changed.notify_all()
 
     def _snapshot(self) -> dict[str, Any]:
         """All state as JSON; clock times are saved with the clock's reading to rebase on load."""
@@ -1655,9 +1818,16 @@ def _node_from_json(data: Mapping[str, Any], shift: float) -> NodeRecord:
 def _operation_to_json(op: OperationRecord) -> dict[str, Any]:
     data = dataclasses.asdict(op)
     data["result"] = None if op.result is None else _qr_to_json(op.result)
+    data["node"] = None if op.node is None else _node_to_json(op.node)
     return data
 
 
 def _operation_from_json(data: Mapping[str, Any], shift: float) -> OperationRecord:
-    result = data["result"]
-    return OperationRecord(**{**data, "result": None if result is None else _qr_from_json(result, shift)})
+    result, node = data["result"], data.get("node")
+    return OperationRecord(
+        **{
+            **data,
+            "result": None if result is None else _qr_from_json(result, shift),
+            "node": None if node is None else _node_from_json(node, shift),
+        }
+    )

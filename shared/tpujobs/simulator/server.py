@@ -28,7 +28,7 @@ picks one node of a multislice, else all; the stable API ``tpujobs dev fault`` d
     POST /simulator/v1/config                           JSON changes to SimulatorConfig
     GET  /simulator/v1/faults                           planned errors and no-boot budget
     POST /simulator/v1/faults:clear                     forget them
-    POST /simulator/v1/faults/errors      body {"method": "create|get|list|delete",
+    POST /simulator/v1/faults/errors      body {"method": "create|get|list|delete|update",
                                           "code": 503 or "UNAVAILABLE", "count": 1,
                                           "quota": false, "applied": false, "message": ""}
     POST /simulator/v1/faults/no-boot     body {"count": K}: the next K QRs created never boot
@@ -89,6 +89,7 @@ Query = Mapping[str, list[str]]
 
 TYPE_PREFIX = "type.googleapis.com/"
 QUEUED_RESOURCE_TYPE = TYPE_PREFIX + "google.cloud.tpu.v2.QueuedResource"
+NODE_TYPE = TYPE_PREFIX + "google.cloud.tpu.v2.Node"
 OPERATION_METADATA_TYPE = TYPE_PREFIX + "google.cloud.tpu.v2.OperationMetadata"
 EMPTY_TYPE = TYPE_PREFIX + "google.protobuf.Empty"
 
@@ -237,6 +238,8 @@ def operation_json(op: OperationRecord) -> Json:
         out["error"] = {"code": op.error_code, "message": op.error_message}
     elif op.result is not None:
         out["response"] = {"@type": QUEUED_RESOURCE_TYPE, **queued_resource_json(op.result)}
+    elif op.node is not None:
+        out["response"] = {"@type": NODE_TYPE, **node_json(op.node)}
     else:
         out["response"] = {"@type": EMPTY_TYPE}
     return out
@@ -262,6 +265,12 @@ def _camel(key: str) -> str:
     """The REST API accepts proto field names too; compare keys in camelCase."""
     head, *rest = key.split("_")
     return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+def _camel_path(path: str) -> str:
+    """A field mask path in camelCase, each part converted: network_config.enable_external_ips
+    is networkConfig.enableExternalIps."""
+    return ".".join(_camel(part.strip()) for part in path.strip().split("."))
 
 
 def _field(message: Mapping[str, Any], name: str) -> Any:
@@ -438,7 +447,7 @@ class SimulatorApi:
     ) -> None:
         self.simulator = simulator
         self.worker_pool = worker_pool
-        self.metadata_service = MetadataService(simulator.get_node, stopping=stopping)
+        self.metadata_service = MetadataService(simulator.get_node, stopping=stopping, changes=simulator)
         qrs, nodes, operations = "/queuedResources", "/nodes", "/operations"
         self._tpu_routes = [
             _TpuRoute("POST", qrs, self._create_queued_resource, "create", "Operation"),
@@ -447,6 +456,7 @@ class SimulatorApi:
             _TpuRoute("DELETE", f"{qrs}/{_ID}", self._delete_queued_resource, "delete", "Operation"),
             _TpuRoute("GET", nodes, self._list_nodes, "list", "ListNodesResponse"),
             _TpuRoute("GET", f"{nodes}/{_ID}", self._get_node, "get", "Node"),
+            _TpuRoute("PATCH", f"{nodes}/{_ID}", self._update_node, "update", "Operation"),
             _TpuRoute("GET", operations, self._list_operations, None, "ListOperationsResponse"),
             _TpuRoute("GET", f"{operations}/{_ID}", self._get_operation, None, "Operation"),
         ]
@@ -549,6 +559,13 @@ class SimulatorApi:
 
     def _get_node(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         return 200, node_json(self.simulator.get_node(params["project"], params["zone"], params["id"]))
+
+    def _update_node(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
+        """PATCH v2/{name=projects/*/locations/*/nodes/*}?updateMask=a,b with a Node body."""
+        mask = [_camel_path(path) for path in _query_str(query, "updateMask").split(",") if path.strip()]
+        node = {_camel(key): value for key, value in _object(_json_body(body), "the request body (a Node)").items()}
+        operation = self.simulator.update_node(params["project"], params["zone"], params["id"], mask, node)
+        return 200, operation_json(operation)
 
     def _list_operations(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         page = self.simulator.list_operations(
@@ -827,6 +844,7 @@ class SimulatorServer:
         if self._http is None or self._stopping.is_set():
             return
         self._stopping.set()  # ends the ticker and metadata waits; HTTP serves on meanwhile
+        self.simulator.wake_waiters()
         try:
             if self.worker_pool is not None:
                 self.worker_pool.close()
