@@ -2,14 +2,16 @@
 
 Locally the same client talks REST to the simulator (`TPUJOBS_TPU_ENDPOINT`). Names are
 deterministic, so ALREADY_EXISTS on create means an earlier delivery already asked for
-this attempt: the resource is ours and is adopted, never bought twice. (Labels name the
-job and attempt too, so anyone can trace a resource back.)
+this attempt (or this warm-pool unit's generation): the resource is ours and is adopted,
+never bought twice. (Labels name the job and attempt, or the pool and unit, so anyone can
+trace a resource back.) A warm-pool unit's agents get their assignments through their nodes'
+metadata, which `write_metadata` replaces with UpdateNode.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Literal
 
@@ -18,10 +20,12 @@ from google.api_core.retry import Retry
 from google.rpc import code_pb2
 
 from tpujobs.adapters.google_errors import transient_retry, translated
+from tpujobs.domain import naming
 from tpujobs.domain.accelerators import FAMILIES, parse_accelerator_type
 from tpujobs.domain.job import Job
+from tpujobs.domain.spec import JobSpec
 from tpujobs.errors import PermanentError, QuotaExhausted, TransientError
-from tpujobs.ports import CapacityStatus, HostBoot
+from tpujobs.ports import CapacityStatus, HostBoot, UnitRequest
 
 if TYPE_CHECKING:
     from google.cloud import tpu_v2
@@ -56,13 +60,32 @@ CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 
 
 def queued_resource_for(job: Job, project: str, boot: HostBoot) -> tpu_v2.QueuedResource:
-    """The QueuedResource of the job's current attempt: tier, slices, labels, the VM options
-    (network, tags, data disks, topology) and the boot of its TPU VMs: their metadata and their
-    own account. Without one they would run as the Compute default account, which has project
-    Editor: that is refused, never requested."""
+    """The QueuedResource of the job's current attempt (`_queued_resource`), labelled with
+    the job and attempt, in the capacity the attempt asks for (a fallback may switch it)."""
+    return _queued_resource(job.spec, job.queued_resource, job.zone, job.capacity, job_labels(job), project, boot)
+
+
+def unit_queued_resource(unit: UnitRequest, project: str, boot: HostBoot) -> tpu_v2.QueuedResource:
+    """The QueuedResource of one warm-pool unit (`_queued_resource`): the pool's shape, labelled
+    with the pool and unit only (no `tpujobs-job`: no job owns it)."""
+    return _queued_resource(unit.spec, unit.name, unit.zone, unit.spec.capacity, dict(unit.labels), project, boot)
+
+
+def _queued_resource(
+    spec: JobSpec,
+    name: str,
+    zone: str,
+    capacity: str,
+    labels: Mapping[str, str],
+    project: str,
+    boot: HostBoot,
+) -> tpu_v2.QueuedResource:
+    """The QueuedResource `name` in `zone`: tier, slices, labels, the VM options (network, tags,
+    data disks, topology) and the boot of its TPU VMs: their metadata and their own account.
+    Without one they would run as the Compute default account, which has project Editor: that
+    is refused, never requested."""
     from google.cloud import tpu_v2
 
-    spec = job.spec
     if not boot.service_account:
         raise PermanentError(
             "no service account for the TPU VMs: set TPUJOBS_TPU_SERVICE_ACCOUNT (infra/ does); "
@@ -70,11 +93,11 @@ def queued_resource_for(job: Job, project: str, boot: HostBoot) -> tpu_v2.Queued
         )
     node = tpu_v2.Node(
         runtime_version=spec.runtime_version,
-        labels=job_labels(job),
+        labels=dict(labels),
         metadata=dict(boot.metadata),
         # `reserved`: any matching reservation of the project (gcloud's --reserved); with a
         # named one, reservation_name below says which.
-        scheduling_config=tpu_v2.SchedulingConfig(spot=job.capacity == "spot", reserved=job.capacity == "reserved"),
+        scheduling_config=tpu_v2.SchedulingConfig(spot=capacity == "spot", reserved=capacity == "reserved"),
         service_account=tpu_v2.ServiceAccount(email=boot.service_account, scope=[CLOUD_PLATFORM_SCOPE]),
         tags=list(spec.tags),
         data_disks=[
@@ -92,22 +115,22 @@ def queued_resource_for(job: Job, project: str, boot: HostBoot) -> tpu_v2.Queued
         node.network_config = tpu_v2.NetworkConfig(
             network=spec.network or "", subnetwork=spec.subnetwork or "", enable_external_ips=not spec.internal_ips
         )
-    node_spec = tpu_v2.QueuedResource.Tpu.NodeSpec(parent=f"projects/{project}/locations/{job.zone}", node=node)
+    node_spec = tpu_v2.QueuedResource.Tpu.NodeSpec(parent=f"projects/{project}/locations/{zone}", node=node)
     if spec.slices == 1:
-        node_spec.node_id = job.queued_resource
-    else:
+        node_spec.node_id = name
+    else:  # nodes {name}-0 .. {name}-(N-1), as naming.node_id says
         node_spec.multislice_params = tpu_v2.QueuedResource.Tpu.NodeSpec.MultisliceParams(
-            node_count=spec.slices, node_id_prefix=job.queued_resource
+            node_count=spec.slices, node_id_prefix=name
         )
     resource = tpu_v2.QueuedResource(tpu=tpu_v2.QueuedResource.Tpu(node_spec=[node_spec]))
-    if job.capacity == "spot":
+    if capacity == "spot":
         resource.spot = tpu_v2.QueuedResource.Spot()
-    elif job.capacity == "reserved":
+    elif capacity == "reserved":
         # Reserved capacity is the guaranteed tier (v2alpha1 said it as guaranteed.reserved;
         # v2 moved `reserved` to the node's SchedulingConfig, set above).
         resource.guaranteed = tpu_v2.QueuedResource.Guaranteed()
         if spec.reservation:
-            resource.reservation_name = _reservation_path(spec.reservation, project, job.zone)
+            resource.reservation_name = _reservation_path(spec.reservation, project, zone)
     return resource
 
 
@@ -139,13 +162,20 @@ class CloudTpu:
         """Create the attempt's queued resource, or adopt it; read what the create's operation
         said. A create refused for TPU quota raises QuotaExhausted (a TransientError) whose words
         are Google's own, for the job's reason."""
-        resource = queued_resource_for(job, self._project, boot)
+        return self._create(job.zone, job.queued_resource, queued_resource_for(job, self._project, boot))
+
+    def request_unit(self, unit: UnitRequest, boot: HostBoot) -> CapacityStatus:
+        """Create a warm-pool unit's queued resource, or adopt it, exactly as `request` does."""
+        return self._create(unit.zone, unit.name, unit_queued_resource(unit, self._project, boot))
+
+    def _create(self, zone: str, name: str, resource: tpu_v2.QueuedResource) -> CapacityStatus:
+        """Create the queued resource `name`, or adopt it when it already exists."""
         try:
-            with _translated(f"request queued resource {job.queued_resource}"):
+            with _translated(f"request queued resource {name}"):
                 created = self._client.create_queued_resource(
-                    parent=self._parent(job.zone),
+                    parent=self._parent(zone),
                     queued_resource=resource,
-                    queued_resource_id=job.queued_resource,
+                    queued_resource_id=name,
                     retry=self._retry,
                     timeout=CALL_TIMEOUT_S,
                 )
@@ -155,7 +185,7 @@ class CloudTpu:
             # REST maps ALREADY_EXISTS (and ABORTED) to a bare 409 Conflict: look before adopting.
             if not isinstance(error.__cause__, api_exceptions.Conflict):
                 raise
-            existing = self.status(job.zone, job.queued_resource)
+            existing = self.status(zone, name)
             if existing is None:
                 raise TransientError(f"{error}; no such resource exists, so retry") from error
             return existing
@@ -163,12 +193,32 @@ class CloudTpu:
         # resource's own state is what we mirror, and the operation's name is kept, so a create
         # that fails later can say why (`create_error`).
         operation = created.operation
-        status = self.status(job.zone, job.queued_resource)
+        status = self.status(zone, name)
         if status is None and operation.done and operation.HasField("error"):
             said = _operation_error(operation)
-            return CapacityStatus(job.queued_resource, job.zone, "FAILED", said, operation=operation.name)
-        status = status or CapacityStatus(job.queued_resource, job.zone, "CREATING")
+            return CapacityStatus(name, zone, "FAILED", said, operation=operation.name)
+        status = status or CapacityStatus(name, zone, "CREATING")
         return dataclasses.replace(status, operation=operation.name)
+
+    def write_metadata(self, zone: str, queued_resource: str, slices: int, metadata: Mapping[str, str]) -> None:
+        """Replace the whole metadata of every node of `queued_resource` (UpdateNode with
+        update_mask `metadata`), one node after another, each waited for until its operation
+        is done, so the agents' metadata servers answer the new values on return. A node that
+        does not exist, or is not READY (being created, repaired, preempted, deleted), raises
+        PermanentError with Google's words; blips are retried, then TransientError."""
+        from google.cloud import tpu_v2
+        from google.protobuf import field_mask_pb2
+
+        for index in range(slices):
+            node_id = naming.node_id(queued_resource, index, slices)
+            with _translated(f"write the metadata of node {node_id}"):
+                operation = self._client.update_node(
+                    node=tpu_v2.Node(name=f"{self._parent(zone)}/nodes/{node_id}", metadata=dict(metadata)),
+                    update_mask=field_mask_pb2.FieldMask(paths=["metadata"]),
+                    retry=self._retry,
+                    timeout=CALL_TIMEOUT_S,
+                )
+                operation.result(timeout=CALL_TIMEOUT_S, retry=self._retry)
 
     def status(self, zone: str, name: str) -> CapacityStatus | None:
         try:
@@ -342,8 +392,16 @@ def _status(resource: tpu_v2.QueuedResource, zone: str, unhealthy_hosts: int = 0
     if state == "FAILED":
         detail = resource.state.failed_data.error.message
     specs = resource.tpu.node_spec
-    label = specs[0].node.labels.get("tpujobs-job") if specs else None
-    return CapacityStatus(resource.name.rsplit("/", 1)[-1], zone, state, detail, unhealthy_hosts, label)
+    labels = specs[0].node.labels if specs else {}
+    return CapacityStatus(
+        resource.name.rsplit("/", 1)[-1],
+        zone,
+        state,
+        detail,
+        unhealthy_hosts,
+        job_label=labels.get("tpujobs-job"),
+        pool_label=labels.get("tpujobs-pool"),
+    )
 
 
 def _translated(doing: str) -> AbstractContextManager[None]:
