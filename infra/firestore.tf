@@ -51,6 +51,17 @@ locals {
         { path = "created_at", order = "ASCENDING" },
       ]
     }
+    # A warm pool's queue: its QUEUED jobs, highest priority then oldest first.
+    jobs_warm_pool_state_priority_created = {
+      collection = "jobs"
+      scope      = "COLLECTION"
+      fields = [
+        { path = "warm_pool", order = "ASCENDING" },
+        { path = "state", order = "ASCENDING" },
+        { path = "priority_rank", order = "DESCENDING" },
+        { path = "created_at", order = "ASCENDING" },
+      ]
+    }
     # tpujobs list / the jobs API: by state, by owner, or both; newest first.
     jobs_state_created = {
       collection = "jobs"

@@ -17,6 +17,7 @@ from tpujobs.domain.admission import Holder
 from tpujobs.domain.job import Job, JobEvent
 from tpujobs.domain.spec import JobSpec
 from tpujobs.domain.transitions import Decision, Ignored, Observation
+from tpujobs.domain.warm_pools import Pool
 
 Clock = Callable[[], datetime]
 
@@ -295,6 +296,30 @@ class Pools(Protocol):
     def pools(self) -> list[str]: ...
 
     def active_in(self, pool: str) -> list[Job]: ...
+
+
+class WarmPoolStore(Protocol):
+    """Warm pools (`pools/{name}`): every change a compare-and-set on the pool's document."""
+
+    def get(self, name: str) -> Pool | None: ...
+
+    def create(self, pool: Pool) -> bool:
+        """Write a new pool; False when the name is taken."""
+
+    def update(self, name: str, change: Callable[[Pool], Pool | None]) -> tuple[Pool, Pool] | None:
+        """Apply `change` to a fresh read until the write commits: (before, after); None when the
+        pool does not exist; `change` returning None (or the same pool) writes nothing."""
+
+    def delete(self, seen: Pool) -> bool:
+        """Delete the pool if it is still as `seen`; False when it changed since."""
+
+    def list_pools(self) -> list[Pool]: ...
+
+    def queue(self, name: str, limit: int = 10) -> list[Job]:
+        """The QUEUED jobs waiting for the pool, in its order: priority, then submission."""
+
+    def jobs_on(self, name: str) -> list[Job]:
+        """Every job not ended that runs on, or waits for, the pool."""
 
 
 class AccessPolicyReader(Protocol):

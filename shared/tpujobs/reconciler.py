@@ -63,6 +63,7 @@ from tpujobs.domain.job import Job, JobEvent
 from tpujobs.domain.naming import exported_attempt, parse_queued_resource_name
 from tpujobs.domain.states import QUOTA_EXHAUSTED, EventKind, JobState
 from tpujobs.domain.transitions import Decision, Observation, next_zone
+from tpujobs.domain.warm_pools import QUOTA_HELD, Pool
 from tpujobs.errors import PermanentError, TransientError
 from tpujobs.ports import (
     CapacityStatus,
@@ -75,6 +76,7 @@ from tpujobs.ports import (
     Tpu,
 )
 from tpujobs.service import CAPACITY_GONE, JobService
+from tpujobs.warm_pools import parse_unit_holder
 
 if TYPE_CHECKING:
     from tpujobs.config import Settings
@@ -136,10 +138,13 @@ class Reconciler:
         report = ReconcileReport()
         jobs = self.store.list_active()  # without it nothing can be compared: its error ends the tick
         report.jobs = len(jobs)
-        # Every zone an active job may have used: an attempt that moved zone leaves one behind.
+        warm_pools = self._read_warm_pools(report)
+        # Every zone an active job may have used (an attempt that moved zone leaves one behind),
+        # and every zone of a warm pool.
         zones = sorted(
             {job.zone for job in jobs}
             | {zone for job in jobs for zone in job.spec.preferred_zones}
+            | {zone for pool in warm_pools for zone in (*pool.zones, *(u.zone for u in pool.units))}
             | {self.settings.default_zone}
         )
         seen: dict[tuple[str, str], CapacityStatus] = {}
@@ -164,6 +169,7 @@ class Reconciler:
 
         live = {job.job_id: job for job in jobs}
         self._phase(report, "repair the pools", lambda: self._repair_pools(report))
+        self._phase(report, "repair the warm pools", lambda: self._repair_warm_pools(warm_pools, seen, live, report))
         self._phase(report, "ask again for exports", lambda: self._request_missing_exports(jobs, now, report))
         self._phase(report, "find silent workers", lambda: self._find_silent_workers(live, now, report))
         self._phase(
@@ -175,6 +181,52 @@ class Reconciler:
         self._phase(report, "release unowned resources", lambda: self._release_unowned(seen, live, report))
         self._phase(report, "delete expired jobs", lambda: self._prune_expired(now, report))
         return report
+
+    def _read_warm_pools(self, report: ReconcileReport) -> list[Pool]:
+        """Every warm pool, read once a tick; none when the service has no pools or the read
+        failed (then the pools wait for the next tick, and the jobs' repair goes on)."""
+        warm = self.service.warm
+        if warm is None:
+            return []
+        try:
+            return warm.store.list_pools()
+        except Exception as error:
+            log.warning("reconcile: could not read the warm pools this tick: %s", error)
+            report.failed.append(f"read the warm pools: {error}")
+            return []
+
+    def _repair_warm_pools(
+        self,
+        warm_pools: list[Pool],
+        seen: dict[tuple[str, str], CapacityStatus],
+        live: dict[str, Job],
+        report: ReconcileReport,
+    ) -> None:
+        """Each warm pool made what its document says (`WarmPoolService.repair`): units asked
+        for, ready, lost, told, released; a unit whose job is gone freed, a job whose unit is gone
+        lost; then the queue filled. Then unit queued resources no pool owns are released."""
+        warm = self.service.warm
+        if warm is None:
+            return
+        by_name = {name: status for (_, name), status in seen.items()}
+        for pool in warm_pools:
+            repair = partial(self._repair_warm_pool, pool, by_name, live, report)
+            self._guarded(report, f"repair warm pool {pool.name}", repair)
+        known = {pool.name: pool for pool in warm_pools}
+        leftovers = partial(self._release_unit_leftovers, by_name, known, report)
+        self._guarded(report, "release warm-pool leftovers", leftovers)
+
+    def _repair_warm_pool(
+        self, pool: Pool, seen: dict[str, CapacityStatus], live: dict[str, Job], report: ReconcileReport
+    ) -> None:
+        assert self.service.warm is not None
+        report.observed += self.service.warm.repair(pool, seen, live)
+
+    def _release_unit_leftovers(
+        self, seen: dict[str, CapacityStatus], known: dict[str, Pool], report: ReconcileReport
+    ) -> None:
+        assert self.service.warm is not None
+        report.released += self.service.warm.release_leftovers(seen, known)
 
     def _prune_expired(self, now: datetime, report: ReconcileReport) -> None:
         """Ended jobs past their `expire_at` go with their timeline, workers and attempts, a
@@ -219,12 +271,15 @@ class Reconciler:
     def _repair(self, job: Job, status: CapacityStatus | None, stuck_before: datetime, report: ReconcileReport) -> None:
         service = self.service
         if job.state in (JobState.QUEUED, JobState.RECOVERING):
-            if job.state is JobState.QUEUED and pool_id(job.spec, job.zone) in self._limited:
+            limited = pool_id(job.spec, job.zone) in self._limited and not job.warm_pool
+            if job.state is JobState.QUEUED and limited:
                 return  # waits for quota: its pool is admitted once, in _repair_pools
             if job.updated_at is None or job.updated_at < stuck_before:
                 service.converge(job.job_id)
                 report.converged.append(job.job_id)
             return
+        if job.warm_pool:
+            return  # on a warm pool's unit (or waiting for one): the warm pools' phase compares it
         if status is None:
             if job.state is JobState.PROVISIONING:
                 self._provision_missing(job, report)
@@ -397,8 +452,15 @@ class Reconciler:
         service.admit_waiting(pool)
 
     def _stale(self, holder: Holder, pool: str) -> bool:
-        """A claim whose job ended, vanished, moved pool or was requeued (an older attempt's).
-        Only holders not among the pool's active jobs get here: one read each."""
+        """A claim whose job ended, vanished, moved pool or was requeued (an older attempt's);
+        a warm pool's unit that no longer asks for or holds capacity. Only holders not among the
+        pool's active jobs get here: one read each."""
+        unit_of = parse_unit_holder(holder.job_id)
+        if unit_of is not None:
+            warm = self.service.warm
+            found = warm.store.get(unit_of[0]) if warm is not None else None
+            unit = found.unit(unit_of[1]) if found is not None else None
+            return unit is None or unit.state not in QUOTA_HELD
         job = self.store.get(holder.job_id)
         return (
             job is None

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from tpujobs.adapters.firestore_config import FirestoreAccessPolicies
     from tpujobs.adapters.firestore_pools import FirestorePools
     from tpujobs.adapters.firestore_store import FirestoreJobStore
+    from tpujobs.adapters.firestore_warm_pools import FirestoreWarmPools
     from tpujobs.adapters.pubsub import Publisher
     from tpujobs.adapters.tpu import CloudTpu
     from tpujobs.api import JobsApi
@@ -47,6 +48,7 @@ class Adapters:
     publisher: Publisher  # tpujobs-status and tpujobs-log-export
     pools: FirestorePools
     access: FirestoreAccessPolicies
+    warm_pools: FirestoreWarmPools
 
 
 @functools.cache
@@ -57,6 +59,7 @@ def adapters() -> Adapters:
     from tpujobs.adapters.firestore_config import FirestoreAccessPolicies
     from tpujobs.adapters.firestore_pools import FirestorePools
     from tpujobs.adapters.firestore_store import FirestoreJobStore
+    from tpujobs.adapters.firestore_warm_pools import FirestoreWarmPools
     from tpujobs.adapters.pubsub import Publisher
     from tpujobs.adapters.tpu import CloudTpu, build_client
 
@@ -70,6 +73,7 @@ def adapters() -> Adapters:
         Publisher.build(settings.project, settings.prefix),
         FirestorePools(client),
         FirestoreAccessPolicies(client),
+        FirestoreWarmPools(client),
     )
 
 
@@ -86,6 +90,7 @@ def job_service() -> JobService:
         exports=a.publisher,
         pools=a.pools,
         access=a.access,
+        warm_pools=a.warm_pools,
     )
 
 

@@ -35,7 +35,12 @@ from tpujobs.domain.admission import (
     waiting_reason,
 )
 from tpujobs.domain.job import Job, JobEvent, Source, SubmittedVia, new_job, worker_key
-from tpujobs.domain.naming import job_prefix, parse_queued_resource_name, queued_resource_name
+from tpujobs.domain.naming import (
+    job_prefix,
+    parse_queued_resource_name,
+    parse_unit_queued_resource_name,
+    queued_resource_name,
+)
 from tpujobs.domain.restart import RestartAction, describe_overrides, overridden_spec
 from tpujobs.domain.retry import BACKOFF_CAP_SECONDS
 from tpujobs.domain.spec import JobSpec, SpecError, decode_spec, with_deployment_defaults
@@ -55,6 +60,7 @@ from tpujobs.ports import (
     StatusChange,
     StatusPublisher,
     Tpu,
+    WarmPoolStore,
     WorkerRecord,
 )
 from tpujobs.reports import (
@@ -68,6 +74,7 @@ from tpujobs.reports import (
     audit_log_target,
     decode_report,
 )
+from tpujobs.warm_pools import WarmPoolService
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +176,7 @@ class JobService:
         exports: LogExportRequests | None = None,
         pools: Pools | None = None,
         access: AccessPolicyReader | None = None,
+        warm_pools: WarmPoolStore | None = None,
     ) -> None:
         self.store = store
         self.tpu = tpu
@@ -179,6 +187,8 @@ class JobService:
         self.exports = exports
         self.pools = pools  # None: no quotas, every job is admitted at once
         self.access = access  # None: no access policies (a service built by hand for a test)
+        # Warm pools (`tpujobs pool`): None when the service was built without their store.
+        self.warm = WarmPoolService(warm_pools, self) if warm_pools is not None else None
 
     # -- rejections ------------------------------------------------------------------
 
@@ -235,6 +245,12 @@ class JobService:
         known = self.settings.job_service_accounts
         if account and known and account not in known:
             return f"{account} is not one of this deployment's job accounts ({', '.join(known)}): infra/ creates them"
+        if spec.pool is not None:
+            if self.warm is None:
+                return f"this deployment has no warm pools, so pool {spec.pool!r} cannot be used"
+            refused = self.warm.refusal(spec, owner_verified=owner_verified)
+            if refused is not None:
+                return refused
         if self.access is None:  # no policy store (a service built by hand): everything allowed
             return None
         return submission_refusal(
@@ -290,7 +306,10 @@ class JobService:
         return SubmitOutcome("rejected", spec.job_id, refusal)
 
     def admit(self, job: Job) -> SubmitOutcome:
-        """A QUEUED job: request its capacity now if its pool has no quota, else in queue order."""
+        """A QUEUED job: request its capacity now if its pool has no quota, else in queue order;
+        a job of a warm pool takes a free unit in that pool's order instead."""
+        if job.warm_pool and self.warm is not None:
+            return self.warm.admit(job)
         pool = pool_id(job.spec, job.zone)
         limit = self._quota(pool)
         if limit is None:
@@ -424,10 +443,13 @@ class JobService:
             self._left_attempt(outcome.job)
 
     def _left_attempt(self, job: Job) -> None:
-        """A job sent back to QUEUED (evicted, or moving zone): free what its last attempt held."""
+        """A job sent back to QUEUED (evicted, or moving zone): free what its last attempt held.
+        An attempt on a warm pool's unit had no queued resource of its own (the pool's service
+        takes it off the unit)."""
         previous = job.usage_of(job.attempt - 1)
         zone = (previous.zone if previous else "") or job.zone
-        self.tpu.release(zone, queued_resource_name(job.job_id, job.attempt - 1))
+        if previous is None or not previous.pool:
+            self.tpu.release(zone, queued_resource_name(job.job_id, job.attempt - 1))
         old_pool = pool_id(job.spec, zone)
         if old_pool != pool_id(job.spec, job.zone):
             self._drop_hold(job.job_id, old_pool)
@@ -435,6 +457,10 @@ class JobService:
     def _free_chips(self, job: Job) -> None:
         """An ended job gives its chips back, and the next waiting jobs get them at once."""
         self._drop_hold(job.job_id, pool_id(job.spec, job.zone))
+
+    def drop_hold(self, job_id: str, pool: str) -> None:
+        """Take a holder (a job, or a warm pool's unit) off an admission pool, and admit what fits."""
+        self._drop_hold(job_id, pool)
 
     def _drop_hold(self, job_id: str, pool: str) -> None:
         """Take a job's hold off a pool, in the same write as the next admission if any."""
@@ -536,6 +562,9 @@ class JobService:
     ) -> Decision | Ignored | None:
         """Turn a queued resource's TPU state into the observation it means for its job."""
         owner = parse_queued_resource_name(queued_resource)
+        if owner is None and self.warm is not None and parse_unit_queued_resource_name(queued_resource):
+            self.warm.observe_unit(queued_resource, state, detail, unhealthy_hosts)
+            return Ignored(f"{queued_resource} is a warm pool's unit: its pool was told")
         if owner is None:
             return Ignored(f"{queued_resource} is not a tpujobs queued resource")
         job_id, attempt = owner
@@ -648,6 +677,11 @@ class JobService:
             self.converge(job_id)  # nothing changed, but earlier work may be unfinished
         return outcome
 
+    def record(self, job_id: str, seen: Observation) -> Decision | Ignored:
+        """Commit an observation (and announce it) without acting on the job's new state: for a
+        caller that does what the state asks itself (the warm pools' service)."""
+        return self._commit(job_id, seen)
+
     def _commit(self, job_id: str, seen: Observation) -> Decision | Ignored:
         """Commit an observation; announce the change it made, if any."""
         outcome = self.store.apply(job_id, seen, self.clock)
@@ -716,7 +750,9 @@ class JobService:
         elif job.state is JobState.RECOVERING:
             self._start_next_attempt(job)
         elif job.state.is_terminal:
-            if job.queued_resource:
+            if job.warm_pool and self.warm is not None:
+                self.warm.job_ended(job)  # its unit goes back to the pool; it had no resource of its own
+            elif job.queued_resource:
                 self.tpu.release(job.zone, job.queued_resource)
             self._free_chips(job)
 
@@ -725,6 +761,9 @@ class JobService:
             wait = (job.next_attempt_at - self.clock()).total_seconds()
             if wait > 0:
                 self.sleep(min(wait, BACKOFF_CAP_SECONDS))
+        if job.warm_pool and self.warm is not None:
+            self.warm.recover(job)  # off its unit, and into the pool's queue
+            return
         self.tpu.release(job.zone, job.queued_resource)
         following = job.as_next_attempt()
         try:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tpujobs.adapters.firestore_store import FirestoreJobStore
+from tpujobs.adapters.firestore_warm_pools import FirestoreWarmPools
 from tpujobs.adapters.tpu import CloudTpu
 from tpujobs.dev import processes, wiring
 from tpujobs.runtime import utc_now
@@ -57,6 +58,7 @@ def job_service(firestore_client, tpu_client, project_id, simulator_url) -> Call
             clock,
             sleep,
             access=access,
+            warm_pools=FirestoreWarmPools(firestore_client),
         )
 
     return build

@@ -1,7 +1,7 @@
 """What admins allow, read from three documents they edit in the Firestore console.
 
-- `config/policies`: `high_priority` and `reserved_capacity` (lists of e-mails or
-  `group:NAME`), and `trust_topic_owners` (bool, default false).
+- `config/policies`: `high_priority`, `reserved_capacity` and `pools` (who may create warm
+  pools) (lists of e-mails or `group:NAME`), and `trust_topic_owners` (bool, default false).
 - `config/groups`: NAME -> list of e-mails.
 - `config/service_accounts`: e-mail or `group:NAME` -> list of service accounts its jobs may
   run as.
@@ -42,6 +42,7 @@ class FirestoreAccessPolicies:
         return AccessPolicies(
             high_priority=_names(policies.get("high_priority"), "config/policies.high_priority"),
             reserved_capacity=_names(policies.get("reserved_capacity"), "config/policies.reserved_capacity"),
+            pools=_names(policies.get("pools"), "config/policies.pools"),
             trust_topic_owners=trust is True,
             groups=_lists(found.get(GROUPS, {}), "config/groups"),
             service_accounts=_lists(found.get(SERVICE_ACCOUNTS, {}), "config/service_accounts"),

@@ -66,7 +66,10 @@ def job_to_document(job: Job) -> dict[str, Any]:
         "capacity": spec.capacity,
         "priority": spec.priority,
         "priority_rank": PRIORITY_RANK[spec.priority],  # the admission queue orders by it
-        "pool": pool_id(spec, job.zone),  # family@zone: where its chips come from
+        # family@zone: where its chips come from; none on a warm pool, whose unit holds them
+        "pool": "" if job.warm_pool else pool_id(spec, job.zone),
+        "warm_pool": job.warm_pool,  # the warm pool it runs on or waits for: the pool's queue reads it
+        "warm_pool_unit": job.warm_pool_unit,
         "on_demand": job.on_demand,
         "requested_at": job.requested_at,
         "resume_next": job.resume_next,
@@ -156,6 +159,8 @@ def job_from_document(data: dict[str, Any], spec: JobSpec | None = None) -> Job:
         expire_at=data.get("expire_at"),
         restart_requests=tuple(data.get("restart_requests") or ()),
         run_first_attempt=data.get("run_first_attempt", 1),
+        warm_pool=data.get("warm_pool") or "",
+        warm_pool_unit=data.get("warm_pool_unit") or "",
     )
 
 
@@ -167,7 +172,7 @@ _OUTLINE_TOP = (
     "capacity_state", "resume_next", "workers_done", "next_attempt_at", "created_at", "updated_at",
     "started_at", "ended_at", "exit_code", "log_uri", "event_seq", "usage", "requested_at", "on_demand",
     "submitted_via", "owner_verified", "create_operation", "suspect_hosts",
-    "record_retention_days", "expire_at", "run_first_attempt",
+    "record_retention_days", "expire_at", "run_first_attempt", "warm_pool", "warm_pool_unit",
 )  # fmt: skip
 OUTLINE_FIELDS = (
     *_OUTLINE_TOP,

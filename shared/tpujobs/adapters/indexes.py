@@ -61,6 +61,12 @@ INDEXES: tuple[Index, ...] = (
         (("pool", ASCENDING), ("state", ASCENDING), ("priority_rank", DESCENDING), ("created_at", ASCENDING)),
         query="FirestorePools.queue: pool == p, state == QUEUED, highest priority then oldest first",
     ),
+    Index(
+        "jobs",
+        COLLECTION,
+        (("warm_pool", ASCENDING), ("state", ASCENDING), ("priority_rank", DESCENDING), ("created_at", ASCENDING)),
+        query="FirestoreWarmPools.queue: warm_pool == p, state == QUEUED, highest priority then oldest first",
+    ),
 )
 
 

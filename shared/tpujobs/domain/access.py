@@ -34,6 +34,7 @@ class AccessPolicies:
 
     high_priority: tuple[str, ...] = ()  # may submit priority `high` and `very-high`
     reserved_capacity: tuple[str, ...] = ()  # may submit capacity `reserved`
+    pools: tuple[str, ...] = ()  # may create warm pools (`tpujobs pool create`), and manage their own
     # The topic path's `owner` is a claim nobody checked; only with this does it count for the
     # two lists above and for service accounts. Off unless an admin turns it on.
     trust_topic_owners: bool = False

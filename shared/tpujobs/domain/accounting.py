@@ -61,6 +61,7 @@ class AttemptUsage:
     all_started_at: datetime | None = None  # every host known to have reported: boot is over
     image_digest: str | None = None  # the container image that ran (the first host's pull)
     other_image_digest: str | None = None  # another digest a host of the same attempt pulled
+    pool: str = ""  # the warm pool whose unit the attempt ran on ("" for capacity of its own)
 
     def held_seconds(self, now: datetime) -> float:
         if self.held_from is None:
@@ -176,6 +177,11 @@ def all_started(usage: tuple[AttemptUsage, ...], attempt: int, at: datetime) -> 
     if not any(u.attempt == attempt for u in usage):
         return None
     return _amend(usage, attempt, lambda u: replace(u, all_started_at=at))
+
+
+def on_pool(usage: tuple[AttemptUsage, ...], attempt: int, pool: str, zone: str) -> tuple[AttemptUsage, ...]:
+    """The attempt runs on a unit of warm pool `pool`, in `zone`."""
+    return _amend(usage, attempt, lambda u: replace(u, pool=pool, zone=zone))
 
 
 def attempt_moved(usage: tuple[AttemptUsage, ...], attempt: int, zone: str) -> tuple[AttemptUsage, ...]:

@@ -92,6 +92,11 @@ class Job:
     # The first attempt since the job was submitted, resumed or rerun: `time_limit` counts from
     # its capacity (`domain.limits.first_held`), so a job resumed days later is not out of time.
     run_first_attempt: int = 1
+    # The warm pool (`tpujobs pool`) the current attempt runs on or waits for ("" for fresh
+    # capacity), and the unit's queued resource it was given; the pool document says which job
+    # each unit runs, these say it from the job's side (and `tpujobs list` shows the pool).
+    warm_pool: str = ""
+    warm_pool_unit: str = ""
 
     @property
     def capacity(self) -> str:
@@ -169,7 +174,8 @@ def new_job(
     assert spec.job_id is not None, "parse_spec derives job_id before a job is made"
     zone = (spec.preferred_zones or (default_zone,))[0]
     by = spec.owner if owner_verified else f"{spec.owner} (unverified, via the topic)"
-    reason = f"Submitted by {by}: {spec.slices} x {spec.accelerator_type} ({spec.capacity}) in {zone}."
+    where = f"on pool {spec.pool}" if spec.pool else f"({spec.capacity}) in {zone}"
+    reason = f"Submitted by {by}: {spec.slices} x {spec.accelerator_type} {where}."
     job = Job(
         job_id=spec.job_id,
         name=spec.name,
@@ -188,6 +194,7 @@ def new_job(
         submitted_via=submitted_via,
         owner_verified=owner_verified,
         record_retention_days=record_retention_days,
+        warm_pool=spec.pool or "",
     )
     event = JobEvent(1, now, None, JobState.QUEUED, reason, "submit", 1)
     return job, event

@@ -37,7 +37,7 @@ MAX_LABELS = 48  # GCP allows 64; tpujobs keeps some for its own labels
 MAX_ZONES = 8
 
 ID_PATTERN = r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$"
-POOL_NAME_PATTERN = r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$"  # a warm pool; its units' TPU names grow from it
+POOL_NAME_PATTERN = ID_PATTERN  # a warm pool (2 to 40 characters); its units' TPU names grow from it
 OWNER_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}$"
 ZONE_PATTERN = r"^[a-z]+-[a-z]+[0-9]+-[a-z]$"
 RUNTIME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"

@@ -99,6 +99,16 @@ class EventKind(str, Enum):
     """The owner or an admin asked a FAILED or CANCELLED job to go on (`tpujobs resume`): a new
     attempt under the same job_id waits QUEUED for admission and resumes from the checkpoint
     prefix, with a fresh restart budget and the overrides asked for (`domain.restart`)."""
+    WAITING_FOR_POOL = "waiting_for_pool"
+    """No unit of the job's warm pool is free: the job stays QUEUED in the pool's own queue
+    (priority, then age), saying what it waits for."""
+    POOL_REQUEUED = "pool_requeued"
+    """A RECOVERING job on a warm pool: its next attempt waits QUEUED in the pool's queue for a
+    free unit (the next one free, or its own once it is back), resuming by its rules."""
+    LEFT_POOL = "left_pool"
+    """The job leaves its warm pool for capacity of its own (`pool_fallback: provision`): no unit
+    was free, or the pool was deleted. QUEUED for admission as any job; a live attempt ends
+    first and the next one resumes by `on_preemption`."""
     RERUN_REQUESTED = "rerun_requested"
     """The owner or an admin asked an ended job (SUCCEEDED too) to run again from scratch
     (`tpujobs rerun`): as RESUME_REQUESTED, but the new attempt does not resume."""
@@ -145,6 +155,9 @@ TRANSITIONS: dict[tuple[JobState, EventKind], frozenset[JobState]] = {
     (JobState.PROVISIONING, EventKind.ZONE_FAILOVER): frozenset({JobState.QUEUED}),
     **{(state, EventKind.TIME_LIMIT_REACHED): frozenset({JobState.FAILED}) for state in ACTIVE},
     (JobState.RUNNING, EventKind.HUNG): frozenset({JobState.RECOVERING, JobState.FAILED}),
+    (JobState.QUEUED, EventKind.WAITING_FOR_POOL): frozenset({JobState.QUEUED}),
+    (JobState.RECOVERING, EventKind.POOL_REQUEUED): frozenset({JobState.QUEUED}),
+    **{(state, EventKind.LEFT_POOL): frozenset({JobState.QUEUED}) for state in ACTIVE},
     # The only ways out of an end state: a user's resume (of a failed or cancelled job) or rerun.
     **{(state, EventKind.RESUME_REQUESTED): frozenset({JobState.QUEUED}) for state in RESUMABLE},
     **{(state, EventKind.RERUN_REQUESTED): frozenset({JobState.QUEUED}) for state in TERMINAL},

@@ -42,6 +42,9 @@ class Observation:
     # A worker's exit: when its host started the job, so capacity counts as held from then
     # when the exit is handled before the start (never before the attempt began to wait).
     held_since: datetime | None = None
+    # ADMITTED onto a warm pool: the unit's queued resource and its zone (capacity already ACTIVE).
+    unit: str = ""
+    zone: str = ""
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,9 @@ def _admitted(job: Job, seen: Observation, now: datetime) -> _Move:
         "create_operation": seen.operation,
         "suspect_hosts": (),
     }
+    if seen.unit:  # a warm pool's unit: held already, its agents start the attempt
+        reason = seen.reason or f"Assigned to unit {seen.unit} of pool {job.warm_pool} in {seen.zone or job.zone}."
+        changes.update(warm_pool_unit=seen.unit, zone=seen.zone or job.zone)
     return _Move(JobState.PROVISIONING, reason, changes)
 
 
@@ -305,6 +311,34 @@ def _cancel_requested(job: Job, seen: Observation, now: datetime) -> _Move:
     return _Move(JobState.CANCELLED, seen.reason or "Cancelled.")
 
 
+def _waiting_for_pool(job: Job, seen: Observation, now: datetime) -> _Move | Ignored:
+    """No unit of the pool is free: the job stays QUEUED, saying for what, once."""
+    if seen.reason == job.state_reason:
+        return Ignored("the job already says it waits for that")
+    return _Move(JobState.QUEUED, seen.reason or f"Waiting for a free unit of pool {job.warm_pool}.")
+
+
+def _pool_requeued(job: Job, seen: Observation, now: datetime) -> _Move:
+    """A recovering job on a warm pool: its next attempt waits in the pool's queue for a unit."""
+    how = "resume from its checkpoint" if job.resume_next else "start from scratch"
+    reason = seen.reason or f"Attempt {job.attempt + 1} waits for a unit of pool {job.warm_pool} and will {how}."
+    return _Move(JobState.QUEUED, reason, {**_requeued(job, job.zone), "warm_pool_unit": ""})
+
+
+def _left_pool(job: Job, seen: Observation, now: datetime) -> _Move:
+    """The job leaves its warm pool for capacity of its own; a live attempt ends here, and the next
+    resumes as a preemption's would (`on_preemption`)."""
+    zone = (job.spec.preferred_zones or (job.zone,))[0]
+    what = seen.reason or f"Pool {job.warm_pool} has no free unit"
+    changes: dict[str, object] = {"warm_pool": "", "warm_pool_unit": "", "zone": zone}
+    if job.state is JobState.QUEUED:
+        return _Move(JobState.QUEUED, f"{what}; the job asks for capacity of its own in {zone}.", changes)
+    resume = job.resume_next if job.state is JobState.RECOVERING else job.spec.on_preemption == "resume"
+    how = "resume from its checkpoint" if resume else "start from scratch"
+    reason = f"{what}; attempt {job.attempt + 1} asks for capacity of its own in {zone} and will {how}."
+    return _Move(JobState.QUEUED, reason, {**_requeued(job, zone), **changes, "resume_next": resume})
+
+
 def _time_limit_reached(job: Job, seen: Observation, now: datetime) -> _Move | Ignored:
     """A time limit ran out: FAILED, whatever the rules, naming the limit and the time used.
     The reconciler words its own reason; the agent's report names only the limit."""
@@ -344,6 +378,8 @@ def _restart_requested(job: Job, seen: Observation, now: datetime) -> _Move | Ig
         "on_demand": job.on_demand and spec.capacity == job.spec.capacity,
         "restart_requests": remembered,
         "run_first_attempt": attempt,
+        "warm_pool": spec.pool or "",  # back to its pool's queue, if it asks for one
+        "warm_pool_unit": "",
     }
     return _Move(JobState.QUEUED, reason, changes)
 
@@ -369,6 +405,9 @@ _RULES: Mapping[EventKind, _Rule] = {
     EventKind.CANCEL_REQUESTED: _cancel_requested,
     EventKind.TIME_LIMIT_REACHED: _time_limit_reached,
     EventKind.HUNG: _hung,
+    EventKind.WAITING_FOR_POOL: _waiting_for_pool,
+    EventKind.POOL_REQUEUED: _pool_requeued,
+    EventKind.LEFT_POOL: _left_pool,
     EventKind.RESUME_REQUESTED: _restart_requested,
     EventKind.RERUN_REQUESTED: _restart_requested,
 }
@@ -404,6 +443,8 @@ def _usage_after(
     chips = job.spec.chips
     usage = job.usage or accounting.next_attempt((), job.attempt, chips, job.created_at or now, job.zone)
     active = seen.capacity_state == "ACTIVE" and seen.kind is not EventKind.NEXT_ATTEMPT_REQUESTED
+    if seen.kind is EventKind.ADMITTED and seen.unit:  # on a warm pool's unit, in its zone
+        usage = accounting.on_pool(usage, job.attempt, job.warm_pool, str(changes.get("zone") or job.zone))
     if seen.kind in _HOLDS_CAPACITY or active or seen.held_since is not None:
         usage = accounting.capacity_held(usage, job.attempt, _held_since(usage, job.attempt, seen, now))
     if seen.kind in _HOLDS_CAPACITY:  # the boot clock of the attempt's other hosts starts
