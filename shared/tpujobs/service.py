@@ -258,8 +258,9 @@ class JobService:
         )
 
     def oversize_refusal(self, spec: JobSpec) -> str | None:
-        """Why a job bigger than the quota of every zone it may run in could never run, or None."""
-        if self.pools is None:
+        """Why a job bigger than the quota of every zone it may run in could never run, or None.
+        A job of a warm pool asks for no chips of its own: the pool's units hold them."""
+        if self.pools is None or spec.pool is not None:
             return None
         zones = spec.preferred_zones or (self.settings.default_zone,)
         return refusal_when_oversized(spec, zones, self.pools.quotas())
