@@ -4,6 +4,15 @@ Started by the startup script as `python3 agent.py config.json`, from the attemp
 directory. Standard library only and Python 3.8+, because it runs on stock TPU VM images
 and the startup script embeds this file whole.
 
+Pool mode (`python3 agent.py --pool config.json`, from a warm pool unit's startup script):
+a long-lived agent that waits on the node metadata's `tpujobs-assignment` (with
+`wait_for_change`) and runs each assigned attempt as below, one at a time, each in a fresh
+`jobs/{job}/attempt-{n}/work` directory, signed with the attempt's key from the assignment.
+An assignment that changes while a job runs withdraws it: stopped as a preemption stops it,
+with nothing published. After each job every process still descended from the pool agent
+(a child subreaper, so a job's double-forked daemons are among them) is killed and the work
+directory deleted. `PoolAgent` has the table of what each assignment does.
+
 What it does, in order:
   1. learns which worker and slice it is, and its attempt's report key
      (`instance/attributes/tpujobs-report-key`), from the metadata server; without a valid
@@ -74,6 +83,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import ctypes
 import datetime
 import hashlib
 import hmac
@@ -686,8 +696,8 @@ def attempt_deadline(config: dict[str, Any], started: float) -> tuple[float, str
     return min(found) if found else None
 
 
-def load_config(path: str) -> dict[str, Any]:
-    """The config JSON written by the startup script, checked, with defaults filled in."""
+def read_json_object(path: str) -> dict[str, Any]:
+    """A config file written by the startup script: one JSON object."""
     try:
         with open(path, encoding="utf-8") as handle:
             config = json.load(handle)
@@ -695,10 +705,47 @@ def load_config(path: str) -> dict[str, Any]:
         raise AgentError(f"cannot read the config {path}: {error}") from None
     if not isinstance(config, dict):
         raise AgentError("the config is not a JSON object")
-    for key, kind in REQUIRED.items():
+    return config
+
+
+def check_required(config: dict[str, Any], required: dict[str, type]) -> None:
+    """Every required key is there, with its type (a bool is no int)."""
+    for key, kind in required.items():
         value = config.get(key)
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise AgentError(f"config key {key!r} must be {kind.__name__}, got {value!r}")
+
+
+def check_image(config: dict[str, Any]) -> None:
+    """`image` and `image_pull_policy`, checked; an image without a policy gets the default one."""
+    image = config.setdefault("image", None)
+    if image is not None and not (isinstance(image, str) and IMAGE_REFERENCE.fullmatch(image)):
+        shown = image[:200] if isinstance(image, str) else image
+        raise AgentError(f"config key 'image' must be a container image reference or null, got {shown!r}")
+    policy = config.setdefault("image_pull_policy", None)
+    if policy is not None and policy not in PULL_POLICIES:
+        raise AgentError(f"config key 'image_pull_policy' must be one of {', '.join(PULL_POLICIES)} or null")
+    if image is not None and policy is None:
+        config["image_pull_policy"] = default_pull_policy(image)
+
+
+def check_timings(config: dict[str, Any]) -> None:
+    """heartbeat_seconds, grace_seconds and chunk_seconds: positive numbers, defaults filled in."""
+    for key, default in DEFAULTS.items():
+        value = config.setdefault(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise AgentError(f"config key {key!r} must be a positive number, got {value!r}")
+
+
+def load_config(path: str) -> dict[str, Any]:
+    """The config JSON written by the startup script, checked, with defaults filled in."""
+    return check_config(read_json_object(path))
+
+
+def check_config(config: dict[str, Any]) -> dict[str, Any]:
+    """An attempt's config (from the startup script, or a pool unit's assignment), checked,
+    with defaults filled in."""
+    check_required(config, REQUIRED)
     for key in ("setup", "code_uri"):
         if config.get(key) is not None and not isinstance(config[key], str):
             raise AgentError(f"config key {key!r} must be a string or null")
@@ -716,15 +763,7 @@ def load_config(path: str) -> dict[str, Any]:
             raise AgentError(
                 f"config key 'secrets': {env_name} must name projects/P/secrets/S/versions/V, got {version[:200]!r}"
             )
-    image = config.setdefault("image", None)
-    if image is not None and not (isinstance(image, str) and IMAGE_REFERENCE.fullmatch(image)):
-        shown = image[:200] if isinstance(image, str) else image
-        raise AgentError(f"config key 'image' must be a container image reference or null, got {shown!r}")
-    policy = config.setdefault("image_pull_policy", None)
-    if policy is not None and policy not in PULL_POLICIES:
-        raise AgentError(f"config key 'image_pull_policy' must be one of {', '.join(PULL_POLICIES)} or null")
-    if image is not None and policy is None:
-        config["image_pull_policy"] = default_pull_policy(image)
+    check_image(config)
     digest = config.setdefault("code_sha256", None)
     if digest is not None and not (isinstance(digest, str) and SHA256_HEX.fullmatch(digest)):
         raise AgentError(f"config key 'code_sha256' must be 64 hex digits or null, got {digest!r}")
@@ -738,10 +777,7 @@ def load_config(path: str) -> dict[str, Any]:
     at = config.setdefault("time_limit_at", None)
     if at is not None and (not isinstance(at, str) or parse_rfc3339(at) is None):
         raise AgentError(f"config key 'time_limit_at' must be an RFC 3339 time or null, got {str(at)[:64]!r}")
-    for key, default in DEFAULTS.items():
-        value = config.setdefault(key, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise AgentError(f"config key {key!r} must be a positive number, got {value!r}")
+    check_timings(config)
     return config
 
 
@@ -1227,6 +1263,7 @@ class Reporter:
         self._slot_lock = threading.Lock()
         self._pending_checkpoint: dict[str, Any] | None = None
         self._silenced = threading.Event()
+        self._muted = threading.Event()  # nothing at all, not even checkpoints (a withdrawn job)
         self._thread = threading.Thread(target=self._run, name="reporter", daemon=True)
         self._thread.start()
 
@@ -1240,7 +1277,7 @@ class Reporter:
     AFTER_SILENCE = frozenset({"checkpoint"})
 
     def report(self, kind: str, **extra: Any) -> None:
-        if self._silenced.is_set() and kind not in self.AFTER_SILENCE:
+        if self._quiet(kind):
             return
         payload = self.message(kind, **extra)
         if kind != "checkpoint":
@@ -1252,9 +1289,15 @@ class Reporter:
         if not waiting:
             self._queue.put(self._CHECKPOINT_SLOT)
 
-    def silence(self) -> None:
-        """Nothing more is published but checkpoints, not even what is queued."""
+    def silence(self, everything: bool = False) -> None:
+        """Nothing more is published but checkpoints (with `everything`, not even those), not even
+        what is queued."""
+        if everything:
+            self._muted.set()
         self._silenced.set()
+
+    def _quiet(self, kind: str) -> bool:
+        return self._muted.is_set() or (self._silenced.is_set() and kind not in self.AFTER_SILENCE)
 
     def close(self, timeout: float = 30.0) -> None:
         self._queue.put(None)
@@ -1268,7 +1311,7 @@ class Reporter:
             if payload is self._CHECKPOINT_SLOT:
                 with self._slot_lock:
                     payload, self._pending_checkpoint = self._pending_checkpoint, None
-            if self._silenced.is_set() and payload["kind"] not in self.AFTER_SILENCE:
+            if self._quiet(payload["kind"]):
                 continue
             attributes = {
                 "job_id": str(payload["job_id"]),
@@ -1298,10 +1341,11 @@ class Preemption:
         self.noticed = threading.Event()
         self._lock = threading.Lock()
         self._retry: threading.Thread | None = None
+        self._stood_down = False  # the job was withdrawn: no notice is ever sent for it
 
     def trigger(self, reason: str) -> None:
         with self._lock:
-            if self.noticed.is_set():
+            if self.noticed.is_set() or self._stood_down:
                 return
             self.noticed.set()
         payload = {**self.identity, "reason": reason, "at": rfc3339(), "nonce": token_hex(16)}
@@ -1313,6 +1357,14 @@ class Preemption:
             self._retry = threading.Thread(target=self._publish_again, args=(payload, attributes), daemon=True)
             self._retry.start()
         self.on_notice(reason)
+
+    def stand_down(self) -> bool:
+        """No notice from now on; False when one was already triggered (that stop stands)."""
+        with self._lock:
+            if self.noticed.is_set():
+                return False
+            self._stood_down = True
+            return True
 
     def _publish_again(self, payload: dict[str, Any], attributes: dict[str, str]) -> None:
         try:
@@ -1521,6 +1573,17 @@ PULL_PROBLEMS = (
 )
 
 
+class AnyOf:
+    """Set when any of its events is: the one stop of a pull that a preemption notice or a
+    withdrawal (pool mode) ends."""
+
+    def __init__(self, *events: threading.Event) -> None:
+        self.events = events
+
+    def is_set(self) -> bool:
+        return any(event.is_set() for event in self.events)
+
+
 class ImageProblem(AgentError):
     """The job's image cannot be pulled or run: the attempt ends with `code`, and the sentence
     goes into the job's output and the `exited` report's detail."""
@@ -1707,7 +1770,7 @@ class Docker:
     def has_image(self, image: str) -> bool:
         return self.call("image", "inspect", "--format", "{{.Id}}", image).returncode == 0
 
-    def ensure(self, image: str, policy: str, stop: threading.Event) -> bool:
+    def ensure(self, image: str, policy: str, stop: threading.Event | AnyOf) -> bool:
         """The image is here, pulled as `policy` says (`always`; `if-missing`: only when absent).
         True when a pull ran; ImageProblem with a sentence when it failed."""
         if policy == "if-missing" and self.has_image(image):
@@ -1715,7 +1778,7 @@ class Docker:
         self.pull(image, stop)
         return True
 
-    def pull(self, image: str, stop: threading.Event) -> None:
+    def pull(self, image: str, stop: threading.Event | AnyOf) -> None:
         """docker pull, stopped early when `stop` is set. A Google registry gets the host's token
         in a private config directory of this pull's own, removed after it; the token goes to
         docker on stdin only."""
@@ -2002,6 +2065,8 @@ class Agent:
         self.boot = boot_id()
         self._limit: str | None = None  # the time limit that ran out, once the agent acted on it
         self._last_output_at: float | None = None  # when the command last printed a line
+        self.withdrawn = threading.Event()  # pool mode: the unit was given other work (`withdraw`)
+        self.started_again = False  # this attempt had started on this host before: nothing ran
 
     def note(self, message: str) -> None:
         """A line for the agent's stderr and for the job's output."""
@@ -2017,6 +2082,25 @@ class Agent:
             container = self._sigterm_locked()
         self.note(f"preemption notice ({reason}): stopping the command, SIGKILL after {self.grace:g} s")
         self._sigterm_container(container)
+
+    def withdraw(self, reason: str) -> bool:
+        """Pool mode: the control plane gave the unit other work (or none), so this attempt stops
+        as a preemption would stop it (SIGTERM, SIGKILL after the grace) but says nothing more:
+        no notice, no `exited`, not even a checkpoint, since the job has already moved on. An end
+        already known, or a preemption notice already sent, stands as it is (False)."""
+        with self._lock:
+            if self._finished or not self.preemption.stand_down():
+                return False
+            self.withdrawn.set()
+            self.reporter.silence(everything=True)
+            container = self._sigterm_locked()
+        self.note(f"withdrawn ({reason}): stopping the command, SIGKILL after {self.grace:g} s")
+        self._sigterm_container(container)
+        return True
+
+    def _stopping(self) -> bool:
+        """Whether nothing more of the job may start: a notice, a withdrawal or a time limit."""
+        return self.preemption.noticed.is_set() or self.withdrawn.is_set() or self._limit is not None
 
     def _sigterm_locked(self) -> str | None:
         """SIGTERM to the running command's group (the lock held), and its grace starts; in a
@@ -2083,10 +2167,11 @@ class Agent:
         the job's output is left as the first start wrote it."""
         with self._lock:
             self._finished = True  # a notice now has nothing to stop or silence
+            self.started_again = True
         self.stop_watching.set()
         self.shipper.close(None)  # nothing was written: no chunk, no completion marker
         where = f"attempt {self.config['attempt']} (worker {self.slice_id}-{self.worker_id})"
-        if earlier.get("ended") in ("exited", "aborted"):
+        if earlier.get("ended") in ("exited", "aborted", "withdrawn"):
             log(f"{where} already ended on this host and said so ({earlier['ended']}); nothing to do")
         else:
             detail = started_again_detail(earlier, self.boot)
@@ -2130,7 +2215,7 @@ class Agent:
                 log("setup already ran on this host for this job; skipping it")
             else:
                 code = self._run(["bash", "-c", self.config["setup"]], code_dir, env, "setup")
-                if code == 0 and not self.preemption.noticed.is_set():
+                if code == 0 and not self.preemption.noticed.is_set() and not self.withdrawn.is_set():
                     with open(marker, "w", encoding="utf-8") as handle:
                         handle.write(rfc3339() + "\n")
                 elif code != 0:
@@ -2147,9 +2232,9 @@ class Agent:
         docker = self.docker
         name = container_name(self.config, self.slice_id, self.worker_id)
         try:
-            if docker.ensure(image, self.config["image_pull_policy"], self.preemption.noticed):
+            if docker.ensure(image, self.config["image_pull_policy"], AnyOf(self.preemption.noticed, self.withdrawn)):
                 log(f"pulled the image {image}")
-            if self.preemption.noticed.is_set():
+            if self.preemption.noticed.is_set() or self.withdrawn.is_set():
                 return 128 + int(signal.SIGTERM)
             digest = docker.digest(image)
             mount = None
@@ -2193,7 +2278,7 @@ class Agent:
         until it and its group are gone; `what` (setup or command) is recorded with its pid,
         for a later start to find. `started` joins the first `started` report."""
         with self._lock:
-            if self.preemption.noticed.is_set() or self._limit is not None:
+            if self._stopping():
                 return 128 + int(signal.SIGTERM)
             read_fd, write_fd = os.pipe()
             try:
@@ -2317,7 +2402,7 @@ class Agent:
 
     def _stop_for_limit(self, limit: str) -> None:
         with self._lock:
-            if self._finished or self.preemption.noticed.is_set():
+            if self._finished or self.preemption.noticed.is_set() or self.withdrawn.is_set():
                 return
             self._limit = limit
             container = self._sigterm_locked()
@@ -2329,11 +2414,13 @@ class Agent:
 
     def _finish(self, code: int, aborted: str | None = None, detail: str | None = None) -> int:
         """The last report: `exited` with the code (and `detail` when the agent itself ended
-        the attempt, an image it could not pull), or `aborted` with why nothing ran."""
+        the attempt, an image it could not pull), or `aborted` with why nothing ran; nothing
+        after a preemption notice or a withdrawal."""
         self.stop_watching.set()
         with self._lock:
             self._finished = True
-            preempted = self.preemption.noticed.is_set()
+            withdrawn = self.withdrawn.is_set()
+            preempted = self.preemption.noticed.is_set() or withdrawn  # either way, no end is told
         failed = self._failed_output() if not preempted and aborted is None and code != 0 else {}
         if self._started_at is not None:  # an exit handled before its `started` still counts the time
             failed = {**failed, "command_started_at": self._started_at}
@@ -2349,7 +2436,9 @@ class Agent:
             self.reporter.report("exited", exit_code=code, **failed)
         self.reporter.close()
         self.preemption.wait(30.0)
-        ended = "preempted" if preempted else "aborted" if aborted is not None else "exited"
+        ended = (
+            "withdrawn" if withdrawn else "preempted" if preempted else "aborted" if aborted is not None else "exited"
+        )
         self.record.update(ended=ended, exit_code=code, ended_at=rfc3339())  # and said so
         return code
 
@@ -2378,10 +2467,441 @@ def read_report_key(metadata: Metadata) -> bytes:
         raise AgentError(f"{error}: no report would be believed") from None
 
 
+# --- pool mode ------------------------------------------------------------------------
+# A warm pool's unit runs one long-lived agent per host (`python3 agent.py --pool CONFIG`): it
+# waits on the node metadata's `tpujobs-assignment` and runs each assigned attempt with the
+# Agent above, exactly as a normal attempt runs, one at a time, each in a fresh directory.
+
+ASSIGNMENT_METADATA = "instance/attributes/tpujobs-assignment"
+POOL_REQUIRED = {
+    "mode": str,
+    "pool": str,
+    "unit": int,
+    "queued_resource": str,
+    "project": str,
+    "num_slices": int,
+    "hosts_per_slice": int,
+    "worker_events_topic": str,
+    "preemption_topic": str,
+}
+PR_SET_CHILD_SUBREAPER = 36  # prctl(2): orphans below this process are re-parented to it, not to init
+CLEAN_ROUNDS = 50  # of killing what a job left (a process forking while it is killed needs more than one)
+
+# What the pool agent does with an assignment (the parsed `tpujobs-assignment`), while idle or
+# while one job runs: the one table of its behaviour.
+#   stale (seq below the highest seen in this boot) or unusable   ignored, logged
+#   idle ({"seq": N}) while idle                                   nothing
+#   idle while a job runs                                          the job is withdrawn
+#   the running job's (job_id, attempt) again                      nothing: it keeps running
+#   another job while idle                                         it starts (unless it already ran in this boot)
+#   another job while one runs                                     the running one is withdrawn, then it starts
+# After each job (ended, withdrawn, or not run again after a reboot), every process still
+# descended from the pool agent is killed and the job's work directory is deleted.
+
+
+def become_subreaper() -> bool:
+    """This process adopts its orphaned descendants (Linux), so a daemon a job double-forked is
+    still found below it and killed at the job's end; False where that cannot be had."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError, TypeError):
+        return False
+
+
+def descendants(root: int) -> list[int]:
+    """Live (non-zombie) processes descended from `root`, by their parent links in /proc."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if entry.isdigit():
+            fields = proc_stat(entry)
+            if len(fields) > 1 and fields[0] != "Z" and fields[1].isdigit():
+                children.setdefault(int(fields[1]), []).append(int(entry))
+    found: list[int] = []
+    todo = list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        if pid != root and pid not in found:
+            found.append(pid)
+            todo.extend(children.get(pid, []))
+    return found
+
+
+def reap_children() -> None:
+    """Collects every exited child (orphans adopted as a subreaper among them). Only while no
+    job runs: it would take a running child's exit status from the code waiting for it."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def kill_descendants(root: int) -> int:
+    """SIGKILL to every process still descended from `root`, until none is left (bounded);
+    how many were killed."""
+    killed: set[int] = set()
+    for _ in range(CLEAN_ROUNDS):
+        found = descendants(root)
+        if not found:
+            break
+        for pid in found:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+            killed.add(pid)
+        reap_children()
+        time.sleep(0.02)  # their own children are re-parented to `root` as they die
+    reap_children()
+    return len(killed)
+
+
+def load_pool_config(path: str) -> dict[str, Any]:
+    """The pool-mode config written by a unit's startup script, checked, with defaults filled in."""
+    config = read_json_object(path)
+    check_required(config, POOL_REQUIRED)
+    if config["mode"] != "pool":
+        raise AgentError(f"config key 'mode' must be 'pool', got {config['mode'][:20]!r}")
+    check_image(config)
+    check_timings(config)
+    return config
+
+
+def parse_assignment(text: str) -> dict[str, Any]:
+    """A `tpujobs-assignment` value: {"seq": N} (idle), or with job_id, attempt, report_key and
+    config (the attempt's). AgentError with a sentence naming the field; it never quotes the
+    text, which holds the attempt's report key."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise AgentError("the assignment is not JSON") from None
+    if not isinstance(data, dict):
+        raise AgentError("the assignment is not a JSON object")
+    seq = data.get("seq")
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+        raise AgentError("the assignment's 'seq' must be a whole number, 0 or more")
+    if data.get("job_id") is None:
+        return {"seq": seq}
+    job_id, attempt, config = data.get("job_id"), data.get("attempt"), data.get("config")
+    if not isinstance(job_id, str) or not job_id:
+        raise AgentError(f"assignment seq {seq}: 'job_id' must be a non-empty string")
+    if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 1:
+        raise AgentError(f"assignment seq {seq}: 'attempt' must be a whole number, 1 or more")
+    if not isinstance(data.get("report_key"), str):
+        raise AgentError(f"assignment seq {seq}: 'report_key' must be a string")
+    if not isinstance(config, dict):
+        raise AgentError(f"assignment seq {seq}: 'config' must be a JSON object")
+    if config.get("job_id") != job_id or config.get("attempt") != attempt:
+        raise AgentError(f"assignment seq {seq}: 'config' is for another job or attempt than 'job_id' and 'attempt'")
+    return data
+
+
+class PoolJob:
+    """One attempt the pool agent runs: its Agent, where, and the thread running it."""
+
+    def __init__(self, seq: int, key: tuple[str, int], agent: Agent, attempt_dir: str) -> None:
+        self.seq = seq
+        self.key = key  # (job_id, attempt)
+        self.agent = agent
+        self.attempt_dir = attempt_dir  # holds the record (kept) and the work directory (deleted)
+        self.workdir = agent.workdir
+        self.code: int | None = None
+
+    def name(self) -> str:
+        return f"job {self.key[0]} attempt {self.key[1]}"
+
+
+class PoolAgent:
+    """The long-lived agent of one host of a warm pool's unit (see the table above)."""
+
+    def __init__(
+        self,
+        config: dict[str, Any],
+        worker_id: int,
+        slice_id: int,
+        metadata: Metadata,
+        pubsub: GoogleApi,
+        storage: Storage,
+        workdir: str,
+        environ: dict[str, str],
+        echo: Any = None,
+        secret_reader: SecretReader | None = None,
+        tokens: TokenSource | None = None,
+        megascale: dict[str, str] | None = None,
+    ) -> None:
+        self.config = config
+        self.worker_id = worker_id
+        self.slice_id = slice_id
+        self.metadata = metadata
+        self.pubsub = pubsub
+        self.storage = storage
+        self.workdir = workdir
+        self.environ = environ
+        self.echo = echo
+        self.tokens = tokens or TokenSource(metadata)
+        self.secret_reader = secret_reader or SecretReader(GoogleApi.secrets_from_env(environ, self.tokens), metadata)
+        self.megascale = dict(megascale or {})
+        self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self.stop_watching = threading.Event()
+        self._lock = threading.Lock()
+        self.running: PoolJob | None = None
+        self.terminating = False  # SIGTERM: no new job; the agent ends once none runs
+        self.highest_seq = -1
+        self.pending: dict[str, Any] | None = None  # what runs once the withdrawn job is gone
+        self.handled: set[tuple[str, int]] = set()  # attempts started in this boot
+        self._last_text: str | None = None
+
+    def prepull(self) -> None:
+        """The pool's image, pulled once as its policy says, so the first job starts warm; a
+        failure is only logged (the job's own pull says why, in its report)."""
+        image = self.config.get("image")
+        if not image:
+            return
+        docker = Docker.find(self.environ, self.tokens)
+        if docker is None:
+            log(f"the pool's image {image} is not pulled ahead: this host has no docker CLI")
+            return
+        try:
+            pulled = docker.ensure(image, self.config["image_pull_policy"], threading.Event())
+            log(f"the pool's image {image} is {'pulled' if pulled else 'already here'}")
+        except ImageProblem as problem:
+            log(f"the pool's image is not pulled ahead: {problem}")
+
+    def on_sigterm(self, reason: str) -> None:
+        """SIGTERM (the VM is stopping): the running job's Agent sends its preemption notice,
+        under its own key; with none running nothing is sent. No job starts after it."""
+        with self._lock:
+            self.terminating = True
+            running = self.running
+        if running is not None:
+            running.agent.preemption.trigger(reason)
+        self.events.put(("sigterm", reason))
+
+    def run(self) -> int:
+        """Waits for assignments and runs them until a SIGTERM finds no job running; 0."""
+        log(
+            f"pool {self.config['pool']} unit {self.config['unit']} ({self.config['queued_resource']}): "
+            f"slice {self.slice_id} worker {self.worker_id}, waiting for assignments in {self.workdir}"
+        )
+
+        def seen(value: str) -> bool:
+            self.events.put(("assignment", value))
+            return False
+
+        watch_metadata(self.metadata, ASSIGNMENT_METADATA, seen, self.stop_watching)
+        try:
+            while True:
+                kind, value = self.events.get()
+                try:
+                    if kind == "assignment":
+                        self._assigned(value)
+                    elif kind == "ended":
+                        self._ended(value)
+                except Exception as error:  # the unit must outlive any one assignment
+                    log(f"the pool agent failed on an {kind} event: {error!r}")
+                with self._lock:
+                    if self.terminating and self.running is None:
+                        log("SIGTERM: no job runs; the pool agent stops")
+                        return 0
+        finally:
+            self.stop_watching.set()
+
+    def _assigned(self, text: str) -> None:
+        if text == self._last_text:  # the same value again (a wait that timed out)
+            return
+        self._last_text = text
+        try:
+            assignment = parse_assignment(text)
+        except AgentError as error:
+            log(f"assignment ignored: {error}")
+            return
+        seq = assignment["seq"]
+        if seq < self.highest_seq:
+            log(f"assignment seq {seq} ignored: seq {self.highest_seq} was seen already (a late write)")
+            return
+        self.highest_seq = seq
+        key = (assignment["job_id"], assignment["attempt"]) if "job_id" in assignment else None
+        running = self.running
+        if running is not None:
+            if key == running.key:  # written again: it keeps running (or, withdrawn, goes on going)
+                if running.agent.withdrawn.is_set():
+                    self.pending = None
+                return
+            self.pending = assignment if key is not None else None
+            if running.agent.withdraw(f"assignment seq {seq} replaces it"):
+                log(f"{running.name()}: withdrawn, assignment seq {seq} replaces it")
+            return
+        if key is not None:
+            self._start(assignment)
+
+    def _start(self, assignment: dict[str, Any]) -> None:
+        key = (assignment["job_id"], assignment["attempt"])
+        where = f"job {key[0]} attempt {key[1]}"
+        if key in self.handled:
+            log(f"{where} already ran on this unit in this boot; not run again")
+            return
+        with self._lock:
+            if self.terminating:
+                log(f"{where} not started: the pool agent is stopping (SIGTERM)")
+                return
+        self.handled.add(key)
+        try:
+            publisher_key = parse_report_key(assignment["report_key"])
+        except AgentError as error:
+            log(f"{where} not started: {error}: no report would be believed")
+            return
+        publisher = Publisher(self.pubsub, str(self.config["project"]), publisher_key)
+        config = dict(assignment["config"])
+        if not config.get("image") and self.config.get("image"):
+            config["image"] = self.config["image"]  # the pool's, when the job names none
+            config["image_pull_policy"] = self.config["image_pull_policy"]
+        try:
+            config = check_config(config)
+        except AgentError as error:
+            self._refuse(assignment, publisher, f"the assignment's config is unusable: {error}")
+            return
+        attempt_dir = os.path.join(self.workdir, "jobs", safe_name(key[0]), f"attempt-{int(key[1])}")
+        workdir = os.path.join(attempt_dir, "work")
+        record = AttemptRecord.beside(workdir, config, self.slice_id, self.worker_id)
+        if not os.path.exists(record.path):  # a first start: whatever is there is not this attempt's
+            shutil.rmtree(workdir, ignore_errors=True)
+        os.makedirs(workdir, exist_ok=True)
+        agent = Agent(
+            config,
+            self.worker_id,
+            self.slice_id,
+            self.metadata,
+            publisher,
+            self.storage,
+            workdir,
+            self.environ,
+            echo=self.echo,
+            secret_reader=self.secret_reader,
+            tokens=self.tokens,
+            megascale=self.megascale,
+        )
+        job = PoolJob(int(assignment["seq"]), key, agent, attempt_dir)
+        with self._lock:
+            self.running = job
+            terminating = self.terminating
+        if terminating:  # a SIGTERM came meanwhile: this attempt is lost here, and says so
+            agent.preemption.trigger("SIGTERM")
+        log(f"{where}: started (assignment seq {job.seq}) in {workdir}")
+        threading.Thread(target=self._run_job, args=(job,), name=f"job {key[0]}", daemon=True).start()
+
+    def _run_job(self, job: PoolJob) -> None:
+        try:
+            job.code = job.agent.run()
+        except BaseException as error:  # whatever happened, the unit is cleaned for the next job
+            log(f"{job.name()}: the agent failed: {error!r}")
+            job.code = AGENT_FAILED
+        self.events.put(("ended", job))
+
+    def _refuse(self, assignment: dict[str, Any], publisher: Publisher, sentence: str) -> None:
+        """An attempt that cannot even start here: one signed `aborted` with why, so it is not
+        left waiting for a `started` that never comes."""
+        log(f"job {assignment['job_id']} attempt {assignment['attempt']} not started: {sentence}")
+        identity = {
+            "job_id": assignment["job_id"],
+            "attempt": assignment["attempt"],
+            "slice_id": self.slice_id,
+            "worker_id": self.worker_id,
+        }
+        reporter = Reporter(publisher, str(self.config["worker_events_topic"]), identity)
+        reporter.report("aborted", detail=sentence[:MAX_DETAIL_CHARS])
+        reporter.close()
+
+    def _ended(self, job: PoolJob) -> None:
+        """The job's Agent is done: the unit is cleaned, then what was assigned meanwhile starts."""
+        with self._lock:
+            self.running = None
+        killed = kill_descendants(os.getpid())
+        if job.agent.started_again:
+            self._stop_earlier_start(job)
+        shutil.rmtree(job.workdir, ignore_errors=True)
+        ended = job.agent.record.read().get("ended")
+        if job.agent.started_again:
+            how = "not run again (it had started on this unit before)"
+        elif ended == "withdrawn":
+            how = f"withdrawn with exit code {job.code}"
+        else:
+            how = f"ended ({ended or 'unrecorded'}) with exit code {job.code}"
+        extra = f"; {killed} leftover process{'es' if killed != 1 else ''} killed" if killed else ""
+        log(f"{job.name()}: {how}{extra}; its work directory is deleted")
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            self._start(pending)
+
+    def _stop_earlier_start(self, job: PoolJob) -> None:
+        """After the pool agent itself was restarted (not the VM), what an earlier start of the
+        attempt left running on this unit (its command's group, its container) is stopped too:
+        the next job gets the unit clean."""
+        running = job.agent.record.read().get("running")
+        if not isinstance(running, dict) or not still_running(running, boot_id()):
+            return
+        log(f"{job.name()}: stopping what its earlier start left running (pid {running.get('pid')})")
+        signal_group(int(running["pid"]), signal.SIGKILL)
+        container = running.get("container")
+        docker = Docker.find(self.environ, self.tokens) if isinstance(container, str) else None
+        if docker is not None and isinstance(container, str):
+            docker.remove(container)
+
+
+def pool_main(path: str) -> int:
+    """`python3 agent.py --pool CONFIG`: the long-lived agent of one host of a pool unit."""
+    early: list[str] = []  # a SIGTERM before the pool agent exists is acted on once it does
+    target: list[Callable[[str], None]] = [early.append]
+    watch_sigterm(lambda reason: target[-1](reason))
+    if not become_subreaper():
+        log("cannot become a child subreaper: a daemon a job double-forks may outlive the job")
+    environ = dict(os.environ)
+    metadata = Metadata(environ.get("TPUJOBS_METADATA_URL") or DEFAULT_METADATA_URL)
+    try:
+        config = load_pool_config(path)
+        tpu_env = read_tpu_env(metadata)
+        worker_id, slice_id = discover_identity(metadata, config, tpu_env)
+    except (AgentError, OSError, http.client.HTTPException) as error:
+        log(f"cannot start: {error}")
+        return AGENT_CANNOT_START
+    tokens = TokenSource(metadata)
+    pubsub = GoogleApi.from_env("PUBSUB_EMULATOR_HOST", PUBSUB_API, environ, tokens)
+    storage = Storage(GoogleApi.from_env("STORAGE_EMULATOR_HOST", STORAGE_API, environ, tokens))
+    if pubsub.tokens is not None or storage.api.tokens is not None:
+        try:
+            tokens.token()  # fetched now, so a preemption notice never waits for it
+        except (AgentError, OSError, http.client.HTTPException, ValueError, KeyError) as error:
+            log(f"no access token yet: {error}")
+    pool = PoolAgent(
+        config,
+        worker_id,
+        slice_id,
+        metadata,
+        pubsub,
+        storage,
+        os.getcwd(),
+        environ,
+        echo=getattr(sys.stdout, "buffer", None),
+        tokens=tokens,
+        megascale=megascale_environment(tpu_env),
+    )
+    pool.prepull()
+    target.append(pool.on_sigterm)
+    if early:
+        pool.on_sigterm(early[0])
+    return pool.run()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        log("usage: python3 agent.py CONFIG_JSON")
+    if args[:1] == ["--pool"] and len(args) == 2:
+        return pool_main(args[1])
+    if len(args) != 1 or args[0].startswith("--"):
+        log("usage: python3 agent.py CONFIG_JSON, or python3 agent.py --pool POOL_CONFIG_JSON")
         return AGENT_CANNOT_START
     early: list[str] = []  # a SIGTERM before the agent exists is acted on once it does
     target: list[Callable[[str], None]] = [early.append]
