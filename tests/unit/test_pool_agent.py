@@ -41,6 +41,7 @@ from tpujobs.agent.startup import assignment_text, idle_assignment_text, render_
 from tpujobs.config import Settings
 from tpujobs.domain import signing
 from tpujobs.domain.job import Job
+from tpujobs.domain.spec import JobSpec
 from tpujobs.testing import wait_for
 
 BASH = shutil.which("bash")
@@ -76,11 +77,13 @@ class UnitHost:
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
-    def start(self, python_dir: Path | None = None) -> subprocess.Popen[bytes]:
-        """Runs the unit's startup script (with `python_dir`'s python3 first on PATH, if given)."""
+    def start(self, python_dir: Path | None = None, shape: JobSpec | None = None) -> subprocess.Popen[bytes]:
+        """Runs the unit's startup script (with `python_dir`'s python3 first on PATH, if given)
+        for a pool of `shape` (a plain v4-8 by default)."""
         self.starts += 1
         script = self.root / "startup.sh"
-        script.write_text(render_unit_startup_script("demo", 0, UNIT, a_job().spec, SETTINGS, timings=FAST))
+        shape = shape or a_job().spec
+        script.write_text(render_unit_startup_script("demo", 0, UNIT, shape, SETTINGS, timings=FAST))
         env = {
             "PATH": (f"{python_dir}:" if python_dir else "") + os.environ.get("PATH", ""),
             "HOME": str(self.root),
@@ -342,3 +345,22 @@ def test_an_idle_assignment_is_its_seq_alone() -> None:
     """{"seq": N} (and a null job_id) is idle."""
     assert worker.parse_assignment(idle_assignment_text(4)) == {"seq": 4}
     assert worker.parse_assignment('{"seq": 4, "job_id": null}') == {"seq": 4}
+
+
+def test_a_job_without_an_image_runs_in_the_pools_image_which_was_pulled_ahead(
+    tmp_path: Path, host: UnitHost, metadata: FakeMetadata, google: GoogleStub
+) -> None:
+    """The pool's image is pulled once at boot (a failure only logged) and is the image of a job that names none: here
+    it cannot be pulled, so the job ends with the sentence naming the pool's image, and the command never runs."""
+    pool_image = "127.0.0.1:9/tpujobs-test/pool-image:1"  # nothing listens on port 9
+    runs = tmp_path / "runs"
+    job = a_job(job_id="plain-1", command=f"echo run >> {runs}")
+    process = host.start(shape=a_job(image=pool_image).spec)
+    wait_for(lambda: host.said("waiting for assignments"))
+    assert "the pool's image is not pulled ahead" in host.stderr() or "no docker CLI" in host.stderr()
+    assign(metadata, 1, job)
+    wait_for(lambda: "exited" in kinds_of(google, job))
+    exited = reports_of(google, job)[-1]
+    assert exited["exit_code"] != 0 and pool_image in exited["detail"]
+    assert not runs.exists()
+    assert process.poll() is None
