@@ -1,4 +1,5 @@
-"""The `jobs` HTTP function: submit, list, describe, cancel, resume and rerun jobs over HTTP POST.
+"""The `jobs` HTTP function: submit, list, describe, cancel, resume and rerun jobs over HTTP POST,
+and create, list, describe, resize and delete warm pools (`pool-*`).
 
 For `gcloud functions call jobs --data '{"action": "list"}'`, curl, and the CLI's submit,
 describe and cancel. `submit` is the one path where a job's owner is verified: it is the
@@ -13,13 +14,17 @@ trusted without one only where the deployment vouches for Cloud Run's check
 `X-Tpujobs-Caller`, since there is no Google to sign tokens. The rule of who may cancel is
 the domain's (`domain.access.may_cancel`), the same as on `tpujobs-control`; the same rule
 decides who sees the values of a job's `spec.env` in `list` and `describe` (others see the
-names, each value replaced by `<hidden>`).
+names, each value replaced by `<hidden>`). A warm pool is created by an admin or an owner
+`config/policies.pools` allows, resized and deleted by its owner or an admin
+(`tpujobs.warm_pools` checks); anyone may list and describe pools, but which jobs run on a
+pool and wait for it is shown only to its owner, the users it names and admins.
 
 Status codes: 200 done; 400 a body that is not a JSON object with a known `action` and
 valid fields (for submit: a valid spec that fits the quota); 401 no identity or one that
 does not verify; 403 not the owner nor an admin, or a privilege the caller may not use;
-404 no such job; 405 not POST; 409 cancelling a job that already SUCCEEDED or FAILED
-(cancelling a CANCELLED job again is a 200 that changes nothing, so retries are safe);
+404 no such job or pool; 405 not POST; 409 cancelling a job that already SUCCEEDED or FAILED
+(cancelling a CANCELLED job again is a 200 that changes nothing, so retries are safe), or
+creating a pool whose name is taken;
 503 Firestore or Google's certificates unreachable for now: try again; 500 anything else, logged.
 """
 
@@ -41,18 +46,22 @@ from tpujobs.config import Settings
 from tpujobs.domain.access import may_cancel
 from tpujobs.domain.labels import LabelError
 from tpujobs.domain.restart import RestartAction
-from tpujobs.domain.spec import ID_PATTERN, DuplicateKey, SpecError, parse_spec, unique_keys
+from tpujobs.domain.spec import ID_PATTERN, POOL_NAME_PATTERN, DuplicateKey, SpecError, parse_spec, unique_keys
 from tpujobs.domain.states import JobState
 from tpujobs.domain.transitions import Decision
+from tpujobs.domain.warm_pools import MAX_UNITS, POOL_REQUEST_FIELDS, may_use
 from tpujobs.errors import TransientError
 from tpujobs.identity import CallerIdentity, Headers, TokenVerifier, Unauthenticated, header
 from tpujobs.identity import InvalidToken as InvalidToken  # what a TokenVerifier raises
 from tpujobs.ports import JobFilter
+from tpujobs.warm_pools import pool_summary
 
 if TYPE_CHECKING:
     from tpujobs.domain.job import Job
+    from tpujobs.domain.warm_pools import Pool
     from tpujobs.ports import DeadLetterStore, JobDocuments
     from tpujobs.service import JobService
+    from tpujobs.warm_pools import PoolOutcome, WarmPoolService
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +82,18 @@ HANDLERS = {
     "resume": "resume",
     "rerun": "rerun",
     "label": "label",
+    "pool-create": "pool_create",
+    "pool-list": "pool_list",
+    "pool-describe": "pool_describe",
+    "pool-resize": "pool_resize",
+    "pool-delete": "pool_delete",
 }
 # What each outcome of a resume or rerun answers (`JobService.restart`).
 RESTART_STATUS = {"started": 200, "duplicate": 200, "missing": 404, "forbidden": 403, "invalid": 400, "refused": 409}
+# What each outcome of a pool's create, resize or delete answers (`WarmPoolService`).
+POOL_STATUS = {"done": 200, "missing": 404, "forbidden": 403, "invalid": 400, "exists": 409}
+POOL_CREATE_FIELDS = frozenset(POOL_REQUEST_FIELDS - {"owner"})  # the owner is the caller
+WAITING_SHOWN = 100  # waiting jobs a pool's answer names (or counts)
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 ACTIONS = tuple(HANDLERS)
 
@@ -129,7 +147,7 @@ class JobsApi:
             caller = self.caller(headers, url)
             request = parse_body(body)
             action = request.pop("action")
-            log.info("%s asks to %s %s", caller, action, request.get("job_id", ""))
+            log.info("%s asks to %s %s", caller, action, request.get("job_id") or request.get("name") or "")
             answer: Callable[[str, dict[str, Any]], Response] = getattr(self, HANDLERS[action])
             return answer(caller, request)
         except ApiError as error:
@@ -325,6 +343,71 @@ class JobsApi:
         state = job.state.value if job is not None else None
         return Response(200, {"job_id": spec.job_id, "state": state, "outcome": outcome.kind, "reason": outcome.reason})
 
+    # -- warm pools: `tpujobs pool` ------------------------------------------------------
+
+    def pool_create(self, caller: str, request: dict[str, Any]) -> Response:
+        """Create a pool the caller owns (admins, or owners `config/policies.pools` allows; the
+        service checks): 200 with the pool, 400 invalid, 403 not allowed, 409 the name is taken."""
+        if "owner" in request:
+            raise ApiError(400, "The caller is never taken from the body: remove 'owner'; the caller owns the pool.")
+        _only(request, "pool-create", set(POOL_CREATE_FIELDS))
+        return self._pool_answer(caller, self.warm.create(request, caller, verified=True))
+
+    def pool_list(self, caller: str, request: dict[str, Any]) -> Response:
+        """Every pool by name, each as `pool-describe` shows it to the caller."""
+        _only(request, "pool-list", set())
+        found = sorted(self.warm.store.list_pools(), key=lambda pool: pool.name)
+        return Response(200, {"pools": [self._summary(caller, pool) for pool in found]})
+
+    def pool_describe(self, caller: str, request: dict[str, Any]) -> Response:
+        """One pool: settings, units, its queue and its chip-hours (any caller; `_summary` says
+        who sees which jobs)."""
+        _only(request, "pool-describe", {"name"})
+        name = _pool_name(request)
+        pool = self.warm.store.get(name)
+        if pool is None:
+            raise ApiError(404, f"No pool {name!r}.")
+        return Response(200, {"pool": self._summary(caller, pool)})
+
+    def pool_resize(self, caller: str, request: dict[str, Any]) -> Response:
+        """Ask for `count` units (the pool's owner or an admin): new ones are requested at once,
+        surplus ones go once no job is on them."""
+        _only(request, "pool-resize", {"name", "count"})
+        name = _pool_name(request)
+        count = request.get("count")
+        if isinstance(count, bool) or not isinstance(count, int):
+            raise ApiError(400, f"'count' is required: the number of units, a whole number from 1 to {MAX_UNITS}.")
+        return self._pool_answer(caller, self.warm.resize(name, count, caller))
+
+    def pool_delete(self, caller: str, request: dict[str, Any]) -> Response:
+        """Delete a pool (its owner or an admin): its jobs are cancelled or moved, its units
+        released; `pool` is null once the document is gone."""
+        _only(request, "pool-delete", {"name"})
+        return self._pool_answer(caller, self.warm.delete(_pool_name(request), caller))
+
+    @property
+    def warm(self) -> WarmPoolService:
+        """The service's warm pools; 503 when this deployment was built without them."""
+        if self.service.warm is None:
+            raise ApiError(503, "This deployment's API was built without warm pools.")
+        return self.service.warm
+
+    def _summary(self, caller: str, pool: Pool) -> dict[str, Any]:
+        """The pool as `caller` may see it: which jobs run on it and wait for it only for its
+        owner, the users it names (an e-mail or a group the caller is in) and admins."""
+        policies = self.service.access.policies() if self.service.access is not None else None
+        members = policies.members(caller) if policies is not None else frozenset({caller})
+        show_jobs = may_use(pool, caller, tuple(self.settings.admins), members)
+        waiting = self.warm.store.queue(pool.name, WAITING_SHOWN)
+        return dict(to_json(pool_summary(pool, self.service.clock(), waiting, show_jobs=show_jobs)))
+
+    def _pool_answer(self, caller: str, outcome: PoolOutcome) -> Response:
+        status = POOL_STATUS[outcome.kind]
+        if status != 200:
+            raise ApiError(status, outcome.reason)
+        shown = self._summary(caller, outcome.pool) if outcome.pool is not None else None
+        return Response(200, {"outcome": outcome.kind, "reason": outcome.reason, "pool": shown})
+
     # -- admin reads: the CLI's dead-letters, rejections and quota show -----------------
 
     def dead_letters(self, caller: str, request: dict[str, Any]) -> Response:
@@ -449,6 +532,16 @@ def _labels(request: Mapping[str, Any]) -> dict[str, str]:
     if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
         raise ApiError(400, "'labels' must be an object of label names to string values.")
     return labels
+
+
+def _pool_name(request: Mapping[str, Any]) -> str:
+    """`name` of a pool request; a string no pool can have is a 404, as a job id is."""
+    name = request.get("name")
+    if not isinstance(name, str) or not name:
+        raise ApiError(400, "'name' is required: the pool's name as a string.")
+    if not re.match(POOL_NAME_PATTERN, name):
+        raise ApiError(404, f"No pool {name!r}.")
+    return name
 
 
 def _limit(request: Mapping[str, Any], default: int) -> int:
