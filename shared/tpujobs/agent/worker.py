@@ -11,7 +11,7 @@ a long-lived agent that waits on the node metadata's `tpujobs-assignment` (with
 An assignment that changes while a job runs withdraws it: stopped as a preemption stops it,
 with nothing published. After each job every process still descended from the pool agent
 (a child subreaper, so a job's double-forked daemons are among them) is killed and the work
-directory deleted. `PoolAgent` has the table of what each assignment does.
+directory deleted. The "pool mode" section below has the table of what each assignment does.
 
 What it does, in order:
   1. learns which worker and slice it is, and its attempt's report key
