@@ -12,17 +12,19 @@ import re
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tpujobs.domain.spec import (
     ID_PATTERN,
     MAX_RETRY_PATTERNS,
     OWNER_PATTERN,
+    POOL_NAME_PATTERN,
     ZONE_PATTERN,
     DuplicateKey,
     require_unicode_text,
     unique_keys,
 )
+from tpujobs.domain.warm_pools import MAX_UNITS
 
 MAX_REPORT_BYTES = 16 * 1024
 MAX_LAST_LINES = 20  # of a failed command's output, and at most MAX_LAST_LINES_CHARS of text
@@ -165,6 +167,58 @@ class ControlRequest(_Strict):
     overrides: dict[str, Any] = Field(default_factory=dict)
 
 
+PoolName = Annotated[str, Field(pattern=POOL_NAME_PATTERN)]
+Owner = Annotated[str, Field(pattern=OWNER_PATTERN)]
+
+
+class _PoolControl(BaseModel):
+    """A warm pool's request on tpujobs-control: unlike the agents' reports, a field it does not
+    know is an error, so a misspelt `count` is refused, not ignored. `owner` is a claim (the
+    topic checks no one): `tpujobs.warm_pools` decides what it may do."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    owner: Owner
+
+
+class PoolCreateRequest(_PoolControl):
+    """`{"action": "pool-create", "owner", "pool": {name, accelerator_type, ...}}`: the pool's
+    fields as the jobs API's pool-create takes them (checked by `domain.warm_pools`)."""
+
+    action: Literal["pool-create"]
+    pool: dict[str, Any]
+
+    @field_validator("pool")
+    @classmethod
+    def _owner_is_the_message_s(cls, pool: dict[str, Any]) -> dict[str, Any]:
+        if "owner" in pool:
+            raise ValueError("must not name an owner: the message's owner owns the pool")
+        return pool
+
+
+class PoolResizeRequest(_PoolControl):
+    """`{"action": "pool-resize", "owner", "name", "count"}`."""
+
+    action: Literal["pool-resize"]
+    name: PoolName
+    count: Annotated[int, Field(ge=1, le=MAX_UNITS)]
+
+
+class PoolDeleteRequest(_PoolControl):
+    """`{"action": "pool-delete", "owner", "name"}`."""
+
+    action: Literal["pool-delete"]
+    name: PoolName
+
+
+PoolControlRequest = PoolCreateRequest | PoolResizeRequest | PoolDeleteRequest
+POOL_CONTROL: dict[str, type[PoolControlRequest]] = {
+    "pool-create": PoolCreateRequest,
+    "pool-resize": PoolResizeRequest,
+    "pool-delete": PoolDeleteRequest,
+}
+
+
 class LogExportRequest(_Strict):
     """tpujobs-log-export: put one ended attempt's output chunks together (`tpujobs.logs_export`)."""
 
@@ -173,10 +227,23 @@ class LogExportRequest(_Strict):
 
 
 Report = TypeVar("Report", bound=_Strict)
+Model = TypeVar("Model", bound=BaseModel)
+
+
+def decode_control(raw: bytes | None) -> ControlRequest | PoolControlRequest:
+    """A tpujobs-control message: a job's request, or a warm pool's (by its `action`)."""
+    data = _message_object(raw)
+    pool_model = POOL_CONTROL.get(str(data.get("action")))
+    return _validated(pool_model, data) if pool_model is not None else _validated(ControlRequest, data)
 
 
 def decode_report(model: type[Report], raw: bytes | None) -> Report:
     """One inbound message as `model`, or ReportError with the reason."""
+    return _validated(model, _message_object(raw))
+
+
+def _message_object(raw: bytes | None) -> dict[str, Any]:
+    """The message as a JSON object of Unicode text, or ReportError saying why not."""
     if raw is None:
         raise ReportError("the message has no data")
     if len(raw) > MAX_REPORT_BYTES:
@@ -195,6 +262,10 @@ def decode_report(model: type[Report], raw: bytes | None) -> Report:
         require_unicode_text(data)
     except ValueError as error:
         raise ReportError(str(error)) from None
+    return data
+
+
+def _validated(model: type[Model], data: dict[str, Any]) -> Model:
     try:
         return model.model_validate(data)
     except ValidationError as error:

@@ -65,6 +65,9 @@ from tpujobs.ports import (
 )
 from tpujobs.reports import (
     ControlRequest,
+    PoolControlRequest,
+    PoolCreateRequest,
+    PoolResizeRequest,
     PreemptionNotice,
     QrStateReport,
     Report,
@@ -72,6 +75,7 @@ from tpujobs.reports import (
     SignedReport,
     WorkerReport,
     audit_log_target,
+    decode_control,
     decode_report,
 )
 from tpujobs.warm_pools import WarmPoolService
@@ -584,10 +588,15 @@ class JobService:
         return self.observe(job_id, seen)
 
     def on_control(self, message: InboundMessage) -> Decision | Ignored | None:
-        """tpujobs-control: a cancel, resume or rerun request; only the owner or an admin may ask."""
-        request = self._decode(ControlRequest, message)
-        if request is None:
+        """tpujobs-control: a cancel, resume or rerun request, which only the owner or an admin may
+        ask; or a warm pool's create, resize or delete (`_on_pool_control`)."""
+        try:
+            request = decode_control(message.data)
+        except ReportError as error:
+            self.reject(message, message.undecodable or str(error))
             return None
+        if not isinstance(request, ControlRequest):
+            return self._on_pool_control(message, request)
         if request.action != "cancel":  # resume, rerun: a retry of the message starts nothing
             request_id = request.request_id or f"message-{message.message_id}"
             restart = self.restart(request.job_id, request.action, request.owner, request_id, request.overrides)
@@ -602,6 +611,30 @@ class JobService:
             self.reject(message, f"owner {request.owner!r} may not cancel a job of {job.owner!r}")
             return None
         return self.cancel(request.job_id, f"Cancelled by {request.owner}.")
+
+    def _on_pool_control(self, message: InboundMessage, request: PoolControlRequest) -> Ignored | None:
+        """A pool's request on the topic, where `owner` is a claim: `WarmPoolService` refuses to
+        create for an unverified owner unless config/policies trusts topic owners, and resizes or
+        deletes only for the pool's owner or an admin. A refusal is a rejection with the reason.
+        A redelivered message changes nothing: a create finds its own pool (same owner), a delete
+        finds none."""
+        if self.warm is None:
+            self.reject(message, "this deployment has no warm pools")
+            return None
+        if isinstance(request, PoolCreateRequest):
+            outcome = self.warm.create(dict(request.pool), request.owner, verified=False)
+        elif isinstance(request, PoolResizeRequest):
+            outcome = self.warm.resize(request.name, request.count, request.owner)
+        else:
+            outcome = self.warm.delete(request.name, request.owner)
+        again = (outcome.kind == "exists" and outcome.pool is not None and outcome.pool.owner == request.owner) or (
+            outcome.kind == "missing" and request.action == "pool-delete"
+        )
+        if again:
+            return Ignored(f"{request.action}: {outcome.reason}; nothing to do")
+        if outcome.kind != "done":
+            self.reject(message, outcome.reason)
+        return None
 
     def cancel(self, job_id: str, reason: str) -> Decision | Ignored:
         """Cancel a job (its caller has checked the right to) and release its capacity."""
