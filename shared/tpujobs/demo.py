@@ -6,6 +6,8 @@ preempts it midway through the TPU simulator, and shows live how the job recover
 its checkpoint and finishes. Then it prints the timeline and where the logs are. It
 exits non-zero if the story does not happen: no preemption, no recovery, no resume
 from a checkpoint, or no success.
+
+`tpujobs demo --pool` tells another story instead, on a warm pool (`tpujobs.demo_pool`).
 """
 
 from __future__ import annotations
@@ -36,8 +38,12 @@ STEPS = 60
 def demo(
     keep: Annotated[bool, typer.Option(help="Leave the local stack running afterwards.")] = False,
     timeout: Annotated[float, typer.Option(help="Seconds the whole story may take.")] = 110.0,
+    pool: Annotated[
+        bool, typer.Option("--pool", help="Instead: run three jobs on a warm pool and show how fast each starts.")
+    ] = False,
 ) -> None:
-    """Run a job, preempt it midway, and watch it recover from its checkpoint and finish."""
+    """Run a job, preempt it midway, and watch it recover from its checkpoint and finish
+    (with --pool: run three quick jobs on a warm pool, printing each one's start latency)."""
     from tpujobs.dev import stack
 
     err = Console(stderr=True)
@@ -50,7 +56,12 @@ def demo(
         running = dict(state.env)
     os.environ.update(running)
     try:
-        ok = _story(Settings.from_env(), timeout, state_dir)
+        if pool:
+            from tpujobs.demo_pool import story
+
+            ok = story(Settings.from_env(), running, timeout)
+        else:
+            ok = _story(Settings.from_env(), timeout, state_dir)
     finally:
         if started_here and not keep:
             err.print("Stopping the local stack this demo started (--keep leaves it running).")
