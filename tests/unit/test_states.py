@@ -185,6 +185,8 @@ def test_an_event_in_the_table_moves_the_job_to_an_allowed_target(pair: tuple[Jo
     """For each (state, event) of the table, decide() moves the job to one of its targets."""
     state, kind = pair
     job = make_job(state, on_error=rule, on_preemption=rule)
+    if kind in (EventKind.WAITING_FOR_POOL, EventKind.POOL_REQUEUED, EventKind.LEFT_POOL):
+        job = job.evolve(warm_pool="team-pool")  # the events of a job on a warm pool
     decision = moved(decide(job, observation(kind, job), LATER))
     assert decision.job.state in TRANSITIONS[pair]
     assert decision.event.from_state is state
@@ -444,7 +446,7 @@ def test_a_terminal_transition_sets_ended_at(state: JobState, kind: EventKind, t
 def test_a_move_writes_the_next_event_at_now(pair: tuple[JobState, EventKind]) -> None:
     """Each move's event has seq event_seq + 1, the time given, and the job's attempt."""
     state, kind = pair
-    job = make_job(state).evolve(event_seq=41)
+    job = make_job(state).evolve(event_seq=41, warm_pool="team-pool" if kind is EventKind.LEFT_POOL else "")
     decision = moved(decide(job, observation(kind, job), LATER))
     assert decision.event.seq == decision.job.event_seq == 42
     assert decision.event.at == decision.job.updated_at == LATER

@@ -313,9 +313,10 @@ def _cancel_requested(job: Job, seen: Observation, now: datetime) -> _Move:
 
 def _waiting_for_pool(job: Job, seen: Observation, now: datetime) -> _Move | Ignored:
     """No unit of the pool is free: the job stays QUEUED, saying for what, once."""
-    if seen.reason == job.state_reason:
+    reason = seen.reason or f"Waiting for a free unit of pool {job.warm_pool}."
+    if reason == job.state_reason:
         return Ignored("the job already says it waits for that")
-    return _Move(JobState.QUEUED, seen.reason or f"Waiting for a free unit of pool {job.warm_pool}.")
+    return _Move(JobState.QUEUED, reason)
 
 
 def _pool_requeued(job: Job, seen: Observation, now: datetime) -> _Move:
@@ -325,9 +326,11 @@ def _pool_requeued(job: Job, seen: Observation, now: datetime) -> _Move:
     return _Move(JobState.QUEUED, reason, {**_requeued(job, job.zone), "warm_pool_unit": ""})
 
 
-def _left_pool(job: Job, seen: Observation, now: datetime) -> _Move:
+def _left_pool(job: Job, seen: Observation, now: datetime) -> _Move | Ignored:
     """The job leaves its warm pool for capacity of its own; a live attempt ends here, and the next
-    resumes as a preemption's would (`on_preemption`)."""
+    resumes as a preemption's would (`on_preemption`). A job on no pool has nothing to leave."""
+    if not job.warm_pool:
+        return Ignored("the job is on no warm pool")
     zone = (job.spec.preferred_zones or (job.zone,))[0]
     what = seen.reason or f"Pool {job.warm_pool} has no free unit"
     changes: dict[str, object] = {"warm_pool": "", "warm_pool_unit": "", "zone": zone}
