@@ -710,7 +710,7 @@ def pool_summary(pool: Pool, now: datetime, waiting: list[Job], *, show_jobs: bo
         "owner": pool.owner,
         "users": list(pool.users),
         "state": pool.state.value,
-        "reason": pool.reason,
+        "reason": pool.reason if show_jobs else "(hidden: it may name a job)",
         "accelerator_type": pool.accelerator_type,
         "slices": pool.slices,
         "chips_per_unit": pool.chips_per_unit,
