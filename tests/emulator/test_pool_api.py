@@ -7,13 +7,18 @@ service with the Firestore pool store and the access policies read as production
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 from datetime import datetime, timezone
 
 import pytest
+from test_cli_describe_api import serving
+from typer.testing import CliRunner
 
 from tpujobs.adapters.firestore_config import FirestoreAccessPolicies
 from tpujobs.api import CALLER_HEADER, JobsApi
+from tpujobs.cli import app
 from tpujobs.domain.states import JobState
 from tpujobs.domain.warm_pools import UnitState
 from tpujobs.service import JobService
@@ -253,3 +258,53 @@ def test_a_job_may_not_ask_for_a_pool_that_does_not_exist(api):
     """Submitting onto an unknown pool is refused before anything is written (the service's rule)."""
     status, body = submit(api, ADA, "lost-1", pool="nowhere")
     assert status == 403 and "no pool named nowhere" in body["error"]
+
+
+# --- `tpujobs pool` and `tpujobs list` through the API -----------------------------------------
+
+
+def tpujobs(monkeypatch, tmp_path, url: str, *args: str):
+    """The CLI pointed at the API only (another project: Firestore cannot answer it), piped."""
+    monkeypatch.setenv("TPUJOBS_STATE_DIR", str(tmp_path))
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "no-such-project")
+    monkeypatch.setenv("TPUJOBS_LOCAL_STACK", "1")
+    monkeypatch.setenv("TPUJOBS_API_URL", url)
+    return CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
+
+
+def timeless(answer: dict) -> list[dict]:
+    """A pool-list answer less the chip-hours, which grow between two reads."""
+    return [{k: v for k, v in pool.items() if "chip_hours" not in k and k != "last_day"} for pool in answer["pools"]]
+
+
+def test_the_cli_manages_pools_through_the_api_as_the_caller(api, service, allowed, monkeypatch, tmp_path):
+    """create, list, describe, resize and delete as Ada; Eve's resize is refused with the API's
+    sentence; `tpujobs list` shows the pool a job runs on; -o json is the API's answer."""
+    with serving(api) as (url, callers):
+        run = functools.partial(tpujobs, monkeypatch, tmp_path, url)
+        created = run("pool", "create", "demo", "--accelerator", "v4-8", "--count", "1", "--owner", ADA)
+        assert created.exit_code == 0, created.output
+        assert "Created pool demo: 1 x 1 x v4-8" in created.output and callers == [ADA]
+        ready(service)
+        assert submit(api, ADA, "ada-1")[0] == 200
+        described = run("pool", "describe", "demo", "--owner", ADA)
+        assert described.exit_code == 0 and "ada-1 (attempt 1)" in described.output
+        hidden = run("pool", "describe", "demo", "--owner", EVE)
+        assert hidden.exit_code == 0 and "(hidden)" in hidden.output and "ada-1" not in hidden.output
+        as_json = run("pool", "list", "-o", "json", "--owner", ADA)
+        assert timeless(json.loads(as_json.output)) == timeless(call(api, ADA, "pool-list")[1])
+        listed = run("list", "--as", ADA)
+        rows = [[cell.strip() for cell in re.split(r"[│┃]", line)[1:-1]] for line in listed.output.splitlines()]
+        header = next(row for row in rows if row and row[0] == "JOB")
+        row = next(row for row in rows if row and row[0] == "ada-1")
+        assert "POOL" in header and row[header.index("POOL")] == "demo"
+        refused = run("pool", "resize", "demo", "--count", "2", "--owner", EVE)
+        assert refused.exit_code == 1 and "Not allowed: eve@example.com may not resize pool demo" in refused.output
+        resized = run("pool", "resize", "demo", "--count", "2", "--owner", ADA)
+        assert resized.exit_code == 0 and "holds 2 unit(s)" in resized.output
+        missing = run("pool", "describe", "nothing", "--owner", ADA)
+        assert missing.exit_code == 1 and "No pool 'nothing'" in missing.output
+        deleted = run("pool", "delete", "demo", "--owner", ADA)
+        assert deleted.exit_code == 0 and "Deleted pool demo" in deleted.output
+    assert service.store.get("ada-1").state is JobState.CANCELLED
+    assert service.warm.store.get("demo") is None

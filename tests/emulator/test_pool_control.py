@@ -5,10 +5,20 @@ owners; a refusal is a rejection with the reason; a redelivered message changes 
 
 from __future__ import annotations
 
-import pytest
+import functools
+import threading
+from collections.abc import Iterator
 
+import pytest
+from google.api_core.exceptions import DeadlineExceeded
+from typer.testing import CliRunner
+
+from tpujobs import topology
 from tpujobs.adapters.firestore_config import FirestoreAccessPolicies
+from tpujobs.cli import app
+from tpujobs.dev import wiring
 from tpujobs.domain.warm_pools import PoolState
+from tpujobs.inbound import InboundMessage
 from tpujobs.service import JobService
 from tpujobs.testing import inbound
 
@@ -140,3 +150,88 @@ def test_job_actions_still_go_to_the_job_rules(service):
     """A cancel of a missing job is rejected as before: the pool models take only pool actions."""
     message, _ = control(service, {"action": "cancel", "owner": ADA, "job_id": "no-such-job"})
     assert "no such job" in rejection(service, message)
+
+
+# --- `tpujobs pool` without an API: published to tpujobs-control, followed in Firestore ---------
+
+
+@pytest.fixture
+def relay(emulators, project_id, service) -> Iterator[None]:
+    """tpujobs-control on the Pub/Sub emulator, each message handed to `service.on_control` as
+    the deployed function is: what the CLI publishes takes effect while it follows it."""
+    host = emulators["PUBSUB_EMULATOR_HOST"]
+    publisher, subscriber = wiring.publisher_client(host), wiring.subscriber_client(host)
+    topic = publisher.create_topic(name=publisher.topic_path(project_id, topology.topic_name(topology.CONTROL, "")))
+    subscription = subscriber.subscription_path(project_id, "control-relay")
+    subscriber.create_subscription(name=subscription, topic=topic.name, ack_deadline_seconds=10)
+    stop = threading.Event()
+
+    def deliver() -> None:
+        while not stop.is_set():
+            try:
+                answer = subscriber.pull(subscription=subscription, max_messages=10, timeout=1.0)
+            except DeadlineExceeded:
+                continue
+            for received in answer.received_messages:
+                message = received.message
+                service.on_control(InboundMessage(message.message_id, topic.name, message.data))
+                subscriber.acknowledge(subscription=subscription, ack_ids=[received.ack_id])
+
+    thread = threading.Thread(target=deliver, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        publisher.transport.close()
+        subscriber.transport.close()
+
+
+def tpujobs(monkeypatch, tmp_path, project_id, *args: str):
+    """The CLI with no jobs API: writes go to tpujobs-control, reads to Firestore."""
+    monkeypatch.setenv("TPUJOBS_STATE_DIR", str(tmp_path))
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", project_id)
+    monkeypatch.delenv("TPUJOBS_API_URL", raising=False)
+    monkeypatch.delenv("TPUJOBS_PREFIX", raising=False)
+    return CliRunner().invoke(app, list(args), env={"COLUMNS": "160"})
+
+
+def test_the_cli_creates_resizes_and_deletes_a_pool_through_the_topic(
+    service, firestore_client, relay, monkeypatch, tmp_path, project_id
+):
+    """With trusted topic owners, each verb is published, acted on, and its outcome printed."""
+    policies(firestore_client, trust_topic_owners=True)
+    run = functools.partial(tpujobs, monkeypatch, tmp_path, project_id)
+    created = run("pool", "create", "demo", "--accelerator", "v4-8", "--owner", ADA, "--user", EVE)
+    assert created.exit_code == 0, created.output
+    assert "Created pool demo: 1 x 1 x v4-8" in created.output
+    assert service.warm.store.get("demo").users == (EVE,)
+    listed = run("pool", "list")
+    assert listed.exit_code == 0 and "demo" in listed.output and "1 x 1 x v4-8" in listed.output
+    resized = run("pool", "resize", "demo", "--count", "2", "--owner", ADA)
+    assert resized.exit_code == 0, resized.output
+    assert service.warm.store.get("demo").count == 2
+    described = run("pool", "describe", "demo")
+    assert described.exit_code == 0 and "demo-u1-g1" in described.output
+    deleted = run("pool", "delete", "demo", "--owner", ADA)
+    assert deleted.exit_code == 0, deleted.output
+    assert service.warm.store.get("demo") is None and queued_resources(service) == set()
+
+
+def test_the_cli_says_why_the_topic_refused(service, firestore_client, relay, monkeypatch, tmp_path, project_id):
+    """Without trusted topic owners: exit 1 with the rejection's reason; a resize by someone
+    else likewise; a missing pool is said at once, before anything is published."""
+    policies(firestore_client)
+    run = functools.partial(tpujobs, monkeypatch, tmp_path, project_id)
+    refused = run("pool", "create", "demo", "--accelerator", "v4-8", "--owner", ADA)
+    assert refused.exit_code == 1 and "Refused: creating a pool needs a verified caller" in refused.output
+    policies(firestore_client, trust_topic_owners=True)
+    assert run("pool", "create", "demo", "--accelerator", "v4-8", "--owner", ADA).exit_code == 0
+    refused = run("pool", "resize", "demo", "--count", "3", "--owner", EVE)
+    assert refused.exit_code == 1 and "may not resize pool demo" in refused.output
+    assert service.warm.store.get("demo").count == 1
+    missing = run("pool", "delete", "nothing", "--owner", ADA)
+    assert missing.exit_code == 1 and "No pool 'nothing'" in missing.output
+    taken = run("pool", "create", "demo", "--accelerator", "v4-8", "--owner", ADA)
+    assert taken.exit_code == 1 and "already exists" in taken.output

@@ -10,12 +10,17 @@ admin read the API refused falls back to, with the caller's own credentials.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tpujobs.cli.common import Refused, api_url, ask_api, caller
 from tpujobs.config import Settings
 from tpujobs.ports import JobFilter
+
+if TYPE_CHECKING:
+    from tpujobs.adapters.firestore_warm_pools import FirestoreWarmPools
+    from tpujobs.domain.warm_pools import Pool
 
 
 class Reads(Protocol):
@@ -32,6 +37,10 @@ class Reads(Protocol):
     def rejection(self, message_id: str) -> dict[str, Any] | None: ...
 
     def quotas(self) -> dict[str, Any]: ...
+
+    def pools(self) -> dict[str, Any]: ...
+
+    def pool(self, name: str) -> dict[str, Any] | None: ...
 
 
 def reads(config: Settings, owner: str | None = None) -> Reads:
@@ -75,6 +84,12 @@ class ApiReads:
 
     def quotas(self) -> dict[str, Any]:
         return self._as_admin({"action": "quotas"}, lambda store: store.quotas())
+
+    def pools(self) -> dict[str, Any]:
+        return self._ask({"action": "pool-list"}) or {}
+
+    def pool(self, name: str) -> dict[str, Any] | None:
+        return self._ask({"action": "pool-describe", "name": name}, missing_ok=True)
 
     def _as_admin(self, request: dict[str, Any], directly: Callable[[StoreReads], dict[str, Any]]) -> dict[str, Any]:
         """An admin read through the API; refused (not in TPUJOBS_ADMINS), Firestore read with the
@@ -143,3 +158,26 @@ class StoreReads:
         from tpujobs.api import quota_document
 
         return quota_document(FirestorePools(self.client))
+
+    def pools(self) -> dict[str, Any]:
+        from tpujobs.adapters.firestore_warm_pools import FirestoreWarmPools
+
+        store = FirestoreWarmPools(self.client)
+        return {"pools": [self._pool(store, pool) for pool in sorted(store.list_pools(), key=lambda p: p.name)]}
+
+    def pool(self, name: str) -> dict[str, Any] | None:
+        from tpujobs.adapters.firestore_warm_pools import FirestoreWarmPools
+        from tpujobs.domain.spec import POOL_NAME_PATTERN
+
+        store = FirestoreWarmPools(self.client)
+        found = store.get(name) if re.match(POOL_NAME_PATTERN, name) else None  # no such name exists
+        return None if found is None else {"pool": self._pool(store, found)}
+
+    @staticmethod
+    def _pool(store: FirestoreWarmPools, pool: Pool) -> dict[str, Any]:
+        """The pool as the API shows it to those who may see its jobs: reading Firestore, you can."""
+        from tpujobs.api import WAITING_SHOWN, to_json
+        from tpujobs.runtime import utc_now
+        from tpujobs.warm_pools import pool_summary
+
+        return dict(to_json(pool_summary(pool, utc_now(), store.queue(pool.name, WAITING_SHOWN))))

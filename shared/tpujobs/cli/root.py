@@ -1,14 +1,17 @@
-"""The whole `tpujobs` command tree: the job verbs, then the groups mounted on them."""
+"""The whole `tpujobs` command tree: the job verbs, then the groups mounted on them (dev, pool,
+quota, secret)."""
 
 from __future__ import annotations
 
 from tpujobs.cli.commands import app, describe_tables, jobs_table, watch_screen
+from tpujobs.cli.pools import pool_app
 from tpujobs.demo import demo
 from tpujobs.dev.cli import dev_app
 from tpujobs.quota_cli import quota_app
 from tpujobs.secret_cli import secret_app
 
 app.add_typer(dev_app, name="dev", help="The local stack: emulators, TPU simulator, functions.")
+app.add_typer(pool_app, name="pool", help="Warm pools: capacity held under a name, for jobs that start in seconds.")
 app.add_typer(quota_app, name="quota", help="Chip quotas per accelerator family and zone.")
 app.add_typer(secret_app, name="secret", help="Secrets for a job's `secrets` field, in Secret Manager.")
 app.command()(demo)

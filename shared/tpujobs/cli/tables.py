@@ -1,4 +1,4 @@
-"""What the CLI prints for people and for scripts: jobs, a job's story, dead letters, rejections.
+"""What the CLI prints for people and for scripts: jobs, a job's story, dead letters, rejections, pools.
 
 Every table is a `Sheet`: columns in order of importance and plain-text cells. In a terminal
 it becomes a Rich table fitted to the width: each column is as wide as its content, the least
@@ -147,6 +147,7 @@ def jobs_sheet(jobs: list[Job], now: datetime) -> Sheet:
     """One row per job; chip-hours count a running attempt up to `now`."""
     counts = {s: sum(job.state is s for job in jobs) for s in JobState}
     summary = "  ".join(f"{s.value} {n}" for s, n in counts.items() if n)
+    pooled = any(job_pool(job) for job in jobs)  # a POOL column only where some job ran on one
     sheet = Sheet(
         [
             Col("JOB"),  # what people copy into other commands: never cut
@@ -154,6 +155,7 @@ def jobs_sheet(jobs: list[Job], now: datetime) -> Sheet:
             Col("ATTEMPT", keep=2, justify="right"),
             Col("ACCELERATOR", keep=4, fit="cut", min_width=8),
             Col("ZONE", keep=5, fit="cut", min_width=8),
+            *([Col("POOL", keep=5, fit="cut", min_width=6)] if pooled else []),
             Col("PRIORITY", keep=6, fit="cut", min_width=8),
             Col("OWNER", keep=3, fit="cut", min_width=8),
             Col("AGE", keep=1, justify="right"),
@@ -172,6 +174,7 @@ def jobs_sheet(jobs: list[Job], now: datetime) -> Sheet:
             job.attempt,
             f"{job.spec.slices} x {job.spec.accelerator_type}",
             job.zone,
+            *([job_pool(job) or None] if pooled else []),
             job.spec.priority,
             job.owner,
             age(job.created_at, now),
@@ -180,6 +183,11 @@ def jobs_sheet(jobs: list[Job], now: datetime) -> Sheet:
             one_line(job.state_reason) or None,
         )
     return sheet
+
+
+def job_pool(job: Job) -> str:
+    """The warm pool the job runs on or waits for, else the one its last attempt ran on ("" for none)."""
+    return job.warm_pool or (job.usage[-1].pool if job.usage else "")
 
 
 def jobs_table(jobs: list[Job], now: datetime, width: int = WIDE) -> Table:
@@ -216,8 +224,9 @@ def _fields(job: Job, until: datetime | None) -> Table:
         ("owner", job.owner),
         ("accelerator", f"{spec.slices} x {spec.accelerator_type} ({spec.chips} chips, {spec.capacity})"),
         ("zone", job.zone),
+        *_pool_rows(job),
         ("attempt", f"{job.attempt} (restarts {job.restarts} of {spec.max_restarts})"),
-        ("queued resource", f"{job.queued_resource} [{job.capacity_state or '-'}]"),
+        ("queued resource", f"{job.warm_pool_unit or job.queued_resource} [{job.capacity_state or '-'}]"),
         ("command", spec.command),
         *_image_rows(job),
         ("rules", f"on_preemption={spec.on_preemption} on_error={spec.on_error}"),
@@ -248,6 +257,14 @@ def _fields(job: Job, until: datetime | None) -> Table:
     return fields
 
 
+def _pool_rows(job: Job) -> list[tuple[str, object]]:
+    """The warm pool the job asks for, and whether it may leave it (its unit is its queued resource)."""
+    if not job.spec.pool:
+        return []
+    left = "" if job.warm_pool else "; left it for capacity of its own"
+    return [("pool", f"{job.spec.pool} (pool_fallback: {job.spec.pool_fallback}{left})")]
+
+
 def _image_rows(job: Job) -> list[tuple[str, object]]:
     """The image and its pull policy, the digest each attempt ran, and the code's git commit,
     for those the job has. A digest is whole (it is what to pull again), so it gets its own row."""
@@ -268,10 +285,12 @@ def _image_rows(job: Job) -> list[tuple[str, object]]:
 
 def attempts_sheet(job: Job, logs: dict[int, Any], until: datetime | None) -> Sheet:
     """One row per attempt: where it waited and held capacity, what it cost, where its logs are."""
+    pooled = any(usage.pool for usage in job.usage)  # the pool beside the zone, where one was used
     sheet = Sheet(
         [
             Col("#", justify="right"),
             Col("ZONE", keep=4, fit="cut", min_width=8),
+            *([Col("POOL", keep=4, fit="cut", min_width=6)] if pooled else []),
             Col("WAITED", keep=2, justify="right"),
             Col("HELD FROM (UTC)", keep=3),
             Col("ENDED (UTC)", keep=3),
@@ -291,6 +310,7 @@ def attempts_sheet(job: Job, logs: dict[int, Any], until: datetime | None) -> Sh
         sheet.add(
             usage.attempt,
             usage.zone or job.zone,
+            *([usage.pool or None] if pooled else []),
             duration(usage.queue_wait_seconds(at)),
             when(usage.held_from)[5:19] if usage.held_from else "-",
             when(usage.ended_at)[5:19] if usage.ended_at else "-",
@@ -404,6 +424,142 @@ def quotas_sheet(pools: list[dict[str, Any]]) -> Sheet:
             pool.get("held"),
             pool.get("holders"),
             pool.get("waiting"),
+        )
+    return sheet
+
+
+# --- warm pools (`tpujobs pool`; the API's `pool_summary` documents) ---------------------------
+
+# Unit states in the order the UNITS cell counts them, and the word it uses for each.
+UNIT_WORDS = {"IDLE": "idle", "BUSY": "busy", "REQUESTED": "requested", "WAITING_FOR_QUOTA": "quota-wait",
+              "RELEASED": "released"}  # fmt: skip
+UNIT_STYLE = {"IDLE": "green", "BUSY": "cyan", "REQUESTED": "yellow", "WAITING_FOR_QUOTA": "yellow", "RELEASED": "dim"}
+
+
+def pool_shape(pool: dict[str, Any]) -> str:
+    """count x slices x accelerator: `2 x 1 x v4-32`."""
+    return f"{pool.get('count')} x {pool.get('slices')} x {pool.get('accelerator_type')}"
+
+
+def unit_counts(units: list[dict[str, Any]]) -> str:
+    """How many units are in each state, those in none left out: `1 idle, 2 busy`."""
+    counts = {state: sum(u.get("state") == state for u in units) for state in UNIT_WORDS}
+    return ", ".join(f"{n} {UNIT_WORDS[state]}" for state, n in counts.items() if n) or "none"
+
+
+def waiting_count(pool: dict[str, Any]) -> int:
+    """The pool's waiting jobs: named (a list) for those who may see them, else counted."""
+    waiting = pool.get("waiting")
+    return len(waiting) if isinstance(waiting, list) else int(waiting or 0)
+
+
+def pools_sheet(pools: list[dict[str, Any]]) -> Sheet:
+    """`tpujobs pool list`: one row per pool, its units by state and its last day's utilisation."""
+    sheet = Sheet(
+        [
+            Col("NAME"),  # what people copy into other commands: never cut
+            Col("OWNER", keep=3, fit="cut", min_width=8),
+            Col("SHAPE"),
+            Col("UNITS", fit="cut", min_width=10),
+            Col("WAITING", keep=1, justify="right"),
+            Col("UTIL(24h)", keep=1, justify="right"),
+            Col("STATE", keep=2),
+        ]
+    )
+    for pool in pools:
+        day = pool.get("last_day") or {}
+        sheet.add(
+            pool.get("name"),
+            pool.get("owner"),
+            pool_shape(pool),
+            unit_counts(pool.get("units") or []),
+            waiting_count(pool),
+            share(day.get("utilisation")),
+            pool.get("state"),
+        )
+    return sheet
+
+
+def pool_tables(pool: dict[str, Any], now: datetime, width: int = WIDE) -> RenderableType:
+    """`tpujobs pool describe`: its settings and chip-hours, its units, and the jobs waiting."""
+    grid = Table.grid(padding=(1, 0))
+    grid.add_row(_pool_fields(pool))
+    grid.add_row(units_sheet(pool.get("units") or [], now).table(width))
+    waiting = pool.get("waiting")
+    if isinstance(waiting, list):
+        line = f"Waiting, in the pool's order: {', '.join(waiting)}" if waiting else "No job waits."
+    else:
+        line = f"{waiting or 0} job(s) wait (only the pool's owner, its users and admins see which)."
+    grid.add_row(Text(uncontrolled(line)))
+    return grid
+
+
+def _pool_fields(pool: dict[str, Any]) -> Table:
+    day = pool.get("last_day") or {}
+    capacity = str(pool.get("capacity"))
+    if pool.get("reservation"):
+        capacity += f" (reservation {pool['reservation']})"
+    idle = pool.get("idle_minutes")
+    rows: list[tuple[str, object]] = [
+        ("state", pool.get("state")),
+        ("reason", pool.get("reason")),
+        ("owner", pool.get("owner")),
+        ("users", ", ".join(pool.get("users") or []) or "-"),
+        ("shape", f"{pool_shape(pool)} ({pool.get('chips_per_unit')} chips a unit)"),
+        ("capacity", capacity),
+        ("zones", ", ".join(pool.get("zones") or [])),
+        ("image", pool.get("image") or "-"),
+        ("idle units", f"released after {idle} idle minute(s)" if idle else "kept while the pool lives"),
+        ("service account", pool.get("service_account") or "the deployment's"),
+        ("created", when(parse_time(pool.get("created_at")))),
+        (
+            "chip-hours",
+            f"{chip_hours(pool.get('busy_chip_hours') or 0.0)} busy (charged to its jobs), "
+            f"{chip_hours(pool.get('idle_chip_hours') or 0.0)} idle (the pool's own)",
+        ),
+        (
+            "last day",
+            f"{chip_hours(day.get('busy_chip_hours') or 0.0)} busy, {chip_hours(day.get('idle_chip_hours') or 0.0)} "
+            f"idle: utilisation {share(day.get('utilisation'))}",
+        ),
+    ]
+    fields = Table(show_header=False, box=None, title=f"Pool {uncontrolled(pool.get('name'))}", title_justify="left")
+    fields.add_column(style="bold", no_wrap=True)
+    fields.add_column(overflow="fold")
+    for name, value in rows:
+        fields.add_row(name, Text(uncontrolled("-" if value is None else value)))
+    return fields
+
+
+def units_sheet(units: list[dict[str, Any]], now: datetime) -> Sheet:
+    """One row per unit: its state, queued resource, zone, the job on it and since when."""
+    sheet = Sheet(
+        [
+            Col("#", justify="right"),
+            Col("STATE", style=lambda value: UNIT_STYLE.get(value.split()[0], "")),
+            Col("QUEUED RESOURCE"),
+            Col("ZONE", keep=3, fit="cut", min_width=8),
+            Col("CAPACITY", keep=4, fit="cut", min_width=8),
+            Col("JOB", keep=1),
+            Col("SINCE (UTC)", keep=2),
+            Col("FOR", keep=2, justify="right"),
+        ],
+        title="Units",
+    )
+    for unit in units:
+        since = parse_time(unit.get("since"))
+        job = unit.get("job_id")
+        if job and unit.get("attempt"):
+            job = f"{job} (attempt {unit['attempt']})"
+        sheet.add(
+            unit.get("index"),
+            f"{unit.get('state')}{' (removing)' if unit.get('removing') else ''}",
+            unit.get("queued_resource"),
+            unit.get("zone"),
+            unit.get("capacity_state"),
+            job,
+            when(since)[:19],
+            age(since, now),
         )
     return sheet
 
