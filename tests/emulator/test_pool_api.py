@@ -17,12 +17,15 @@ from test_cli_describe_api import serving
 from typer.testing import CliRunner
 
 from tpujobs.adapters.firestore_config import FirestoreAccessPolicies
+from tpujobs.adapters.firestore_store import FirestoreJobStore
+from tpujobs.adapters.tpu import CloudTpu
 from tpujobs.api import CALLER_HEADER, JobsApi
 from tpujobs.cli import app
 from tpujobs.domain.states import JobState
 from tpujobs.domain.warm_pools import UnitState
+from tpujobs.runtime import utc_now
 from tpujobs.service import JobService
-from tpujobs.testing import local_settings, wait_for
+from tpujobs.testing import inbound, local_settings, wait_for
 
 pytestmark = pytest.mark.emulator
 
@@ -308,3 +311,16 @@ def test_the_cli_manages_pools_through_the_api_as_the_caller(api, service, allow
         assert deleted.exit_code == 0 and "Deleted pool demo" in deleted.output
     assert service.store.get("ada-1").state is JobState.CANCELLED
     assert service.warm.store.get("demo") is None
+
+
+def test_a_deployment_built_without_warm_pools_says_so(firestore_client, tpu_client, project_id):
+    """No pool store: every pool action is a 503 naming why, and a pool message is rejected."""
+    settings = local_settings(project=project_id, default_zone=ZONE, local_stack=True)
+    bare = JobService(FirestoreJobStore(firestore_client), CloudTpu(tpu_client, project_id), settings, utc_now)
+    api = JobsApi(bare, bare.store, settings)
+    for action, body in (("pool-list", {}), ("pool-describe", {"name": "demo"}), ("pool-delete", {"name": "demo"})):
+        status, answer = call(api, ADMIN, action, **body)
+        assert status == 503 and "without warm pools" in answer["error"]
+    message = inbound("tpujobs-control", {"action": "pool-delete", "owner": ADMIN, "name": "demo"})
+    bare.on_control(message)
+    assert bare.store.rejection(message.message_id).reason == "this deployment has no warm pools"
