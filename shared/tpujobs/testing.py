@@ -3,11 +3,11 @@
 - `wait_for`: poll until something is true, across processes.
 - `local_settings`: settings with a fresh report-signing key and a TPU VM account, as the
   local stack has them; `signed`: a report or notice signed as the attempt's agent signs it.
-- `CrashPlan`, `CrashingStore`, `CrashingTpu`: fault injection at the ports. The wrappers
-  delegate every port call to a real adapter and count it as one I/O step; the plan makes
-  the process "die" (raise `InjectedCrash`) just before or just after the k-th step, so a
-  test can walk a handler through every place it could be killed and check that
-  redelivery and the reconciler still finish its work.
+- `CrashPlan`, `CrashingStore`, `CrashingTpu`, `CrashingPools`, `CrashingWarmPools`: fault
+  injection at the ports. The wrappers delegate every port call to a real adapter and count
+  it as one I/O step; the plan makes the process "die" (raise `InjectedCrash`) just before
+  or just after the k-th step, so a test can walk a handler through every place it could be
+  killed and check that redelivery and the reconciler still finish its work.
 """
 
 from __future__ import annotations
@@ -246,6 +246,18 @@ class CrashingPools:
 
     def __getattr__(self, name: str) -> Any:
         return _counted(self._plan, f"pools.{name}", getattr(self._pools, name))
+
+
+class CrashingWarmPools:
+    """The warm-pool store (`ports.WarmPoolStore`), every call one step of `plan`: an `update`
+    is one step (its compare-and-set commits whole, or not at all)."""
+
+    def __init__(self, store: Any, plan: CrashPlan) -> None:
+        self._store = store
+        self._plan = plan
+
+    def __getattr__(self, name: str) -> Any:
+        return _counted(self._plan, f"warm.{name}", getattr(self._store, name))
 
 
 def _counted(plan: CrashPlan, name: str, attribute: Any) -> Any:
