@@ -257,8 +257,6 @@ def parse_pool_request(data: dict[str, Any], default_zone: str) -> tuple[PoolReq
         shape = parse_spec(fields)
     except SpecError as error:
         raise PoolError(str(error).replace("job spec", "pool")) from None
-    if shape.topology:
-        raise PoolError("a pool takes accelerator_type, not topology")
     zones = shape.preferred_zones or (default_zone,)
     request = PoolRequest(
         name=name,
