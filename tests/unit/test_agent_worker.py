@@ -111,8 +111,9 @@ def etag(value: str) -> str:
 class FakeMetadata(_Server):
     """A GCE metadata server for one worker host; `preempted` flips instance/preempted and
     `maintenance_event` sets instance/maintenance-event. Like GCE it answers with an ETag and
-    holds a `wait_for_change` request until the value's ETag differs from `last_etag` (or
-    `timeout_sec` passes); with `hold` False it answers at once, as a server that cannot wait.
+    holds a `wait_for_change` request until the value's ETag differs from `last_etag` (without
+    one: until the value changes), or `timeout_sec` passes; with `hold` False it answers at
+    once, as a server that cannot wait.
     """
 
     handler = _MetadataHandler
@@ -139,9 +140,9 @@ class FakeMetadata(_Server):
         self.requests: list[str] = []
 
     def wait_for_change(self, key: str, value: str, query: dict[str, list[str]]) -> str | None:
-        """The value once its ETag differs from last_etag (at once without one), or at timeout_sec."""
-        last = query.get("last_etag", [""])[0]
-        if not last or last != etag(value):
+        """The value once its ETag differs from last_etag (without one: once it changes), or at timeout_sec."""
+        last = query.get("last_etag", [""])[0] or etag(value)
+        if last != etag(value):
             return value
         deadline = time.monotonic() + float(query.get("timeout_sec", ["60"])[0])
         while time.monotonic() < deadline and not self.closing.wait(0.02):

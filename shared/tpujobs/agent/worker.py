@@ -349,11 +349,11 @@ class Metadata:
 
     def wait_for_change(self, path: str, last_etag: str, wait_seconds: float) -> tuple[str, str]:
         """(value, ETag), held by the server until the value's ETag differs from `last_etag`
-        or `wait_seconds` pass (GCE's `?wait_for_change=true`); no `last_etag`: at once."""
-        query = {"wait_for_change": "true", "timeout_sec": str(max(1, int(wait_seconds)))}
-        if last_etag:
-            query["last_etag"] = last_etag
-        url = f"{self.base_url}/{path}?{urllib.parse.urlencode(query)}"
+        or `wait_seconds` pass (GCE's `?wait_for_change=true`); no `last_etag`: at once, by a
+        plain GET (a wait without one is held until the next change, and would miss a value
+        written before it, such as a pool unit's first assignment)."""
+        query = {"wait_for_change": "true", "timeout_sec": str(max(1, int(wait_seconds))), "last_etag": last_etag}
+        url = f"{self.base_url}/{path}" + (f"?{urllib.parse.urlencode(query)}" if last_etag else "")
         request = urllib.request.Request(url, headers={"Metadata-Flavor": "Google"})
         try:
             with _DIRECT.open(request, timeout=wait_seconds + 10) as response:
