@@ -536,7 +536,7 @@ class Reconciler:
         waited = (now - since).total_seconds()
         if not heard and job.state is JobState.PROVISIONING:
             what = (
-                f"Queued resource {job.queued_resource} has been ACTIVE for {waited:.0f} s and no "
+                f"Queued resource {job.warm_pool_unit or job.queued_resource} has been ACTIVE for {waited:.0f} s and no "
                 "worker agent reported: the hosts never booted the agent"
             )
         else:
