@@ -535,8 +535,9 @@ class Reconciler:
             return
         waited = (now - since).total_seconds()
         if not heard and job.state is JobState.PROVISIONING:
+            capacity = job.warm_pool_unit or job.queued_resource  # a pool's unit, or its own
             what = (
-                f"Queued resource {job.warm_pool_unit or job.queued_resource} has been ACTIVE for {waited:.0f} s and no "
+                f"Queued resource {capacity} has been ACTIVE for {waited:.0f} s and no "
                 "worker agent reported: the hosts never booted the agent"
             )
         else:
