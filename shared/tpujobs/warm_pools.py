@@ -706,22 +706,8 @@ def pool_summary(pool: Pool, now: datetime, waiting: list[Job], *, show_jobs: bo
     day = pools.usage_since(pool, now - pools.RECENT_WINDOW, now)
     total = pools.total_usage(pool, now)
     return {
-        "name": pool.name,
-        "owner": pool.owner,
-        "users": list(pool.users),
-        "state": pool.state.value,
+        **pools.settings_of(pool),
         "reason": pool.reason if show_jobs else "(hidden: it may name a job)",
-        "accelerator_type": pool.accelerator_type,
-        "slices": pool.slices,
-        "chips_per_unit": pool.chips_per_unit,
-        "count": pool.count,
-        "capacity": pool.capacity,
-        "reservation": pool.reservation,
-        "zones": list(pool.zones),
-        "image": pool.image,
-        "idle_minutes": pool.idle_minutes,
-        "service_account": pool.service_account,
-        "created_at": pool.created_at,
         "units": [
             {
                 "index": u.index,

@@ -19,7 +19,7 @@ from tpujobs.adapters.firestore_cas import compare_and_set, wrote
 from tpujobs.adapters.firestore_store import JOBS, job_from_document, transient_on_failure
 from tpujobs.domain.job import Job
 from tpujobs.domain.states import JobState
-from tpujobs.domain.warm_pools import Pool, PoolState, Stretch, Unit, UnitState
+from tpujobs.domain.warm_pools import Pool, PoolState, Stretch, Unit, UnitState, settings_of
 
 POOLS = "pools"
 
@@ -27,22 +27,7 @@ POOLS = "pools"
 def pool_to_document(pool: Pool) -> dict[str, Any]:
     """A pool as its document: settings, units (with their queued resource spelled out) and usage."""
     return {
-        "name": pool.name,
-        "owner": pool.owner,
-        "users": list(pool.users),
-        "state": pool.state.value,
-        "reason": pool.reason,
-        "accelerator_type": pool.accelerator_type,
-        "slices": pool.slices,
-        "chips_per_unit": pool.chips_per_unit,
-        "count": pool.count,
-        "capacity": pool.capacity,
-        "reservation": pool.reservation,
-        "zones": list(pool.zones),
-        "image": pool.image,
-        "idle_minutes": pool.idle_minutes,
-        "service_account": pool.service_account,
-        "created_at": pool.created_at,
+        **settings_of(pool),
         "updated_at": pool.updated_at,
         "units": [
             {

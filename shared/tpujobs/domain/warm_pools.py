@@ -179,6 +179,28 @@ class Pool:
         return parse_spec(fields)
 
 
+def settings_of(pool: Pool) -> dict[str, Any]:
+    """The pool's settings and state as plain fields: what its document and its API answer share."""
+    return {
+        "name": pool.name,
+        "owner": pool.owner,
+        "users": list(pool.users),
+        "state": pool.state.value,
+        "reason": pool.reason,
+        "accelerator_type": pool.accelerator_type,
+        "slices": pool.slices,
+        "chips_per_unit": pool.chips_per_unit,
+        "count": pool.count,
+        "capacity": pool.capacity,
+        "reservation": pool.reservation,
+        "zones": list(pool.zones),
+        "image": pool.image,
+        "idle_minutes": pool.idle_minutes,
+        "service_account": pool.service_account,
+        "created_at": pool.created_at,
+    }
+
+
 class PoolError(ValueError):
     """A pool request or change that cannot be honoured; the message is the sentence to show."""
 
