@@ -21,13 +21,21 @@ from tpujobs.domain import naming, secrets
 # permissions of their own, the node permissions cover them (Google's Cloud TPU roles page
 # lists tpu.* with no tpu.queuedResources.* permission; queuedResources.reset needs
 # tpu.nodes.reset). Operations: what create and delete answer with.
-TPU_PERMISSIONS = ["tpu.nodes.create", "tpu.nodes.delete", "tpu.nodes.get", "tpu.nodes.list", "tpu.operations.get"]
+TPU_PERMISSIONS = [
+    "tpu.nodes.create",
+    "tpu.nodes.delete",
+    "tpu.nodes.get",
+    "tpu.nodes.list",
+    "tpu.nodes.update",
+    "tpu.operations.get",
+]
 TPU_CALLS = {
     "create_queued_resource",
     "get_queued_resource",
     "delete_queued_resource",
     "list_queued_resources",
     "list_nodes",
+    "update_node",  # tpu.nodes.update: a warm pool unit's assignment (write_metadata)
     "get_operation",  # tpu.operations.get: the error of a create that failed (create_error)
 }
 FORBIDDEN_ROLES = {"roles/tpu.admin", "roles/owner", "roles/editor", "roles/viewer", "roles/secretmanager.admin"}
