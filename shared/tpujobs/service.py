@@ -785,18 +785,21 @@ class JobService:
             self._start_next_attempt(job)
         elif job.state.is_terminal:
             if job.warm_pool and self.warm is not None:
-                self.warm.job_ended(job)  # its unit goes back to the pool; it had no resource of its own
+                self.warm.leave_attempt(job)  # its unit goes back to the pool; it had no resource of its own
             elif job.queued_resource:
                 self.tpu.release(job.zone, job.queued_resource)
             self._free_chips(job)
 
     def _start_next_attempt(self, job: Job) -> None:
+        warm = self.warm if job.warm_pool else None
+        if warm is not None:  # the unit goes back (or, lost, is asked for again) now, not after the backoff
+            warm.leave_attempt(job)
         if job.next_attempt_at is not None:
             wait = (job.next_attempt_at - self.clock()).total_seconds()
             if wait > 0:
                 self.sleep(min(wait, BACKOFF_CAP_SECONDS))
-        if job.warm_pool and self.warm is not None:
-            self.warm.recover(job)  # off its unit, and into the pool's queue
+        if warm is not None:
+            warm.requeue(job)  # the next attempt waits in the pool's queue
             return
         self.tpu.release(job.zone, job.queued_resource)
         following = job.as_next_attempt()

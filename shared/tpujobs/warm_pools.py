@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Literal
 from tpujobs import logs
 from tpujobs.agent.startup import assignment_text, idle_assignment_text, render_unit_startup_script, unit_metadata
 from tpujobs.domain import warm_pools as pools
-from tpujobs.domain.admission import Holder, chips_held, fits, pool_id, quota_of
+from tpujobs.domain.admission import Holder, chips_held, fits, never_fits, pool_id, quota_of
 from tpujobs.domain.job import Job
 from tpujobs.domain.naming import parse_unit_queued_resource_name
 from tpujobs.domain.spec import JobSpec, SpecError, with_deployment_defaults
@@ -127,9 +127,8 @@ class WarmPoolService:
 
     def _never_fits(self, count: int, shape: JobSpec, zones: tuple[str, ...]) -> str | None:
         quotas = self.jobs.pools.quotas() if self.jobs.pools is not None else {}
-        for zone in zones:
-            limit = quota_of(quotas, pool_id(shape, zone))
-            if limit is None or count * shape.chips <= limit:
+        for zone in zones:  # a quota of 0 is a pause, not a size (`admission.never_fits`)
+            if not never_fits(quota_of(quotas, pool_id(shape, zone)), count * shape.chips):
                 return None
         return (
             f"{count} unit(s) of {shape.chips} chips need {count * shape.chips} chips, more than the quota of "
@@ -315,12 +314,14 @@ class WarmPoolService:
             self.store.update(name, lambda p: pools.seen_capacity(p, index, status.state))
 
     def _unit_lost(self, pool: Pool, unit: Unit, what: str) -> None:
-        """A unit's capacity is gone. The job on it, if any, recovers by its rules (which takes it
-        off the unit, lost); an idle or requested unit is asked for again at once."""
+        """A unit's capacity is gone: it is asked for again at once (the pool document first, so
+        nothing waits on the job's handling), then the job that was on it, if any, recovers by its
+        rules. A crash in between leaves a job live on a unit that no longer runs it, which the
+        reconciler's repair loses."""
         if unit.state is UnitState.BUSY and unit.job_id is not None and unit.attempt is not None:
+            self.leave_unit(unit.job_id, unit.attempt, unit.queued_resource(pool.name), lost=True)
             seen = Observation(EventKind.CAPACITY_LOST, unit.attempt, "tpu", f"Preempted: {what}")
             self.jobs.observe(unit.job_id, seen)
-            self.leave_unit(unit.job_id, unit.attempt, unit.queued_resource(pool.name), lost=True)
             return
         self._replace(pool.name, unit, what)
 
@@ -534,18 +535,16 @@ class WarmPoolService:
         else:
             self.fill(name)
 
-    def job_ended(self, job: Job) -> None:
-        """A terminal job's last attempt leaves its unit (a capacity loss loses the unit)."""
+    def leave_attempt(self, job: Job) -> None:
+        """An ended or recovering job's current attempt leaves its unit; an attempt that ended with
+        its capacity lost loses the unit too (asked for again at once)."""
         if not job.warm_pool_unit:
             return
         usage = job.usage_of()
         self.leave_unit(job.job_id, job.attempt, job.warm_pool_unit, lost=bool(usage and usage.capacity_lost))
 
-    def recover(self, job: Job) -> None:
-        """A RECOVERING job of a pool: off its unit, then its next attempt into the pool's queue."""
-        if job.warm_pool_unit:
-            usage = job.usage_of()
-            self.leave_unit(job.job_id, job.attempt, job.warm_pool_unit, lost=bool(usage and usage.capacity_lost))
+    def requeue(self, job: Job) -> None:
+        """A RECOVERING job of a pool, off its unit: its next attempt waits in the pool's queue."""
         self.jobs.observe(job.job_id, Observation(EventKind.POOL_REQUEUED, job.attempt, "tpu"))
 
     # -- the reconciler's repair ------------------------------------------------------------------

@@ -269,19 +269,19 @@ SCENARIOS = [
         steps=(
             "warm.get",  # the pool, for the unit the state names
             "warm.get",  # read again to decide what the state means: lost
-            "store.apply",  # the job's capacity is lost: RECOVERING
-            "warm.get",  # its recovery takes it off the unit,
-            "warm.update",  # which is asked for again as g2 (committed first),
+            "warm.get",  # the unit leaves its job first, lost:
+            "warm.update",  # asked for again as g2 (committed first),
             "tpu.release",  # g1 released,
             "tpu.request_unit",  # g2 created,
             "warm.get",
             "warm.update",  # and its TPU state mirrored
             *_READ_QUEUE,  # nobody waits yet
+            "store.apply",  # then the job's capacity is lost: RECOVERING
+            "warm.get",  # its recovery's leave_attempt: already off the unit
             "store.apply",  # the next attempt QUEUED in the pool
             *_READ_QUEUE,
             *_TAKE,  # onto the other unit
             *_READ_QUEUE,
-            "warm.get",  # the loss's own leave_unit: already off
         ),
         done={"j1": (JobState.PROVISIONING, 2, True)},
     ),
