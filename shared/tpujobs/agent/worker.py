@@ -2604,12 +2604,11 @@ def parse_assignment(text: str) -> dict[str, Any]:
 class PoolJob:
     """One attempt the pool agent runs: its Agent, where, and the thread running it."""
 
-    def __init__(self, seq: int, key: tuple[str, int], agent: Agent, attempt_dir: str) -> None:
+    def __init__(self, seq: int, key: tuple[str, int], agent: Agent) -> None:
         self.seq = seq
         self.key = key  # (job_id, attempt)
         self.agent = agent
-        self.attempt_dir = attempt_dir  # holds the record (kept) and the work directory (deleted)
-        self.workdir = agent.workdir
+        self.workdir = agent.workdir  # deleted after the job; its record beside it is kept
         self.code: int | None = None
 
     def name(self) -> str:
@@ -2785,7 +2784,7 @@ class PoolAgent:
             tokens=self.tokens,
             megascale=self.megascale,
         )
-        job = PoolJob(int(assignment["seq"]), key, agent, attempt_dir)
+        job = PoolJob(int(assignment["seq"]), key, agent)
         with self._lock:
             self.running = job
             terminating = self.terminating
