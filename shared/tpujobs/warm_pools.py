@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from functools import partial
@@ -86,6 +86,12 @@ class WarmPoolService:
     @property
     def _now(self) -> datetime:
         return self.jobs.clock()
+
+    def _change(self, name: str, change: Callable[[Pool], Pool | None]) -> tuple[Pool, Pool] | None:
+        """Apply `change` to the pool (a compare-and-set): (before, after) when it wrote something,
+        None when the pool is gone or the change left it as it was."""
+        changed = self.store.update(name, change)
+        return None if changed is None or changed[0] == changed[1] else changed
 
     # -- managing pools (the jobs API, tpujobs-control, the CLI) ---------------------------
 
@@ -203,10 +209,10 @@ class WarmPoolService:
             if unit.state is not UnitState.WAITING_FOR_QUOTA or pool.reason != waiting:
                 self.store.update(name, lambda p: pools.waiting_for_quota(p, index, self._now, waiting))
             return
-        changed = self.store.update(
+        changed = self._change(
             name, lambda p: pools.requested(p, index, self._now, target) if _same(p.unit(index), unit) else None
         )
-        if changed is None or changed[0] == changed[1]:
+        if changed is None:
             return
         self._create(changed[1], index)
 
@@ -304,10 +310,10 @@ class WarmPoolService:
         elif unit.state is UnitState.REQUESTED and status is not None and status.state in CAPACITY_GONE:
             self._unit_lost(pool, unit, f"{qr} is {status.state}" + (f": {status.detail}" if status.detail else ""))
         elif unit.state is UnitState.REQUESTED and status is not None and status.state == "ACTIVE":
-            changed = self.store.update(
+            changed = self._change(
                 name, lambda p: pools.active(p, index, self._now) if _same(p.unit(index), unit) else None
             )
-            if changed is not None and changed[0] != changed[1]:
+            if changed is not None:
                 log.info("pool %s: unit %d ready (%s)", name, index, qr)
                 self.fill(name)
         elif status is not None and status.state != unit.capacity_state:
@@ -328,11 +334,11 @@ class WarmPoolService:
     def _replace(self, name: str, unit: Unit, what: str) -> None:
         """Release the unit's lost queued resource and ask for its next generation (or, for a unit
         being removed, let it go)."""
-        changed = self.store.update(
+        changed = self._change(
             name, lambda p: pools.lost(p, unit.index, self._now, f"Unit {unit.index} lost: {what}.")
             if _same(p.unit(unit.index), unit) else None,
         )  # fmt: skip
-        if changed is None or changed[0] == changed[1]:
+        if changed is None:
             return
         before, after = changed
         log.info("pool %s: unit %d lost (%s)", name, unit.index, what)
@@ -360,10 +366,10 @@ class WarmPoolService:
             log.info("pool %s deleted", name)
 
     def _release(self, name: str, unit: Unit, why: str) -> None:
-        changed = self.store.update(
+        changed = self._change(
             name, lambda p: pools.released(p, unit.index, self._now, why) if _same(p.unit(unit.index), unit) else None
         )
-        if changed is None or changed[0] == changed[1]:
+        if changed is None:
             return
         if unit.state in pools.QUOTA_HELD:  # it had asked for capacity: give it and its chips back
             self.jobs.tpu.release(unit.zone, unit.queued_resource(name))
@@ -448,8 +454,8 @@ class WarmPoolService:
             if free is None:
                 self._wake(pool)
                 return placed
-            changed = self.store.update(name, partial(_assign, index=free.index, job=head, now=self._now))
-            if changed is None or changed[0] == changed[1]:
+            changed = self._change(name, partial(_assign, index=free.index, job=head, now=self._now))
+            if changed is None:
                 continue  # someone took the unit first: read again
             after = changed[1].unit(free.index)
             if after is not None and self._place(changed[1], after, head):
@@ -524,10 +530,10 @@ class WarmPoolService:
             self.fill(name)
             return
         why = f"Unit {index} is free again: {job_id} (attempt {attempt}) left it."
-        changed = self.store.update(
+        changed = self._change(
             name, lambda p: pools.freed(p, index, self._now, why) if _same(p.unit(index), unit) else None
         )
-        if changed is None or changed[0] == changed[1]:
+        if changed is None:
             return
         self.tell(name, index)
         if unit.removing or changed[1].state is not PoolState.ACTIVE:
