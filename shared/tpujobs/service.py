@@ -21,7 +21,7 @@ from tpujobs import logs
 from tpujobs.agent.startup import host_boot
 from tpujobs.config import Settings
 from tpujobs.domain import signing
-from tpujobs.domain.access import may_cancel, submission_refusal
+from tpujobs.domain.access import AccessPolicies, may_cancel, submission_refusal
 from tpujobs.domain.admission import (
     Holder,
     chips_held,
@@ -240,26 +240,29 @@ class JobService:
         """
         return self._accept(spec, "api", lambda reason: None)
 
-    def submission_refusal(self, spec: JobSpec, *, owner_verified: bool) -> str | None:
+    def submission_refusal(
+        self, spec: JobSpec, *, owner_verified: bool, policies: AccessPolicies | None = None
+    ) -> str | None:
         """Why this owner may not submit this spec (privileged priority, reserved capacity, a
-        service account; `domain.access.submission_refusal`), or None."""
+        service account; `domain.access.submission_refusal`; a warm pool it may not use), or
+        None. `policies`: the access policies when the caller has read them already."""
         account = spec.service_account
         if account and account == self.settings.tpu_service_account:
             return f"{account} is the deployment's default account: leave service_account out to use it"
         known = self.settings.job_service_accounts
         if account and known and account not in known:
             return f"{account} is not one of this deployment's job accounts ({', '.join(known)}): infra/ creates them"
+        if policies is None and self.access is not None:  # read once, for the pool and the rest
+            policies = self.access.policies()
         if spec.pool is not None:
             if self.warm is None:
                 return f"this deployment has no warm pools, so pool {spec.pool!r} cannot be used"
-            refused = self.warm.refusal(spec, owner_verified=owner_verified)
+            refused = self.warm.refusal(spec, owner_verified=owner_verified, policies=policies)
             if refused is not None:
                 return refused
-        if self.access is None:  # no policy store (a service built by hand): everything allowed
+        if policies is None:  # no policy store (a service built by hand): everything allowed
             return None
-        return submission_refusal(
-            spec, owner_verified=owner_verified, admins=self.settings.admins, policies=self.access.policies()
-        )
+        return submission_refusal(spec, owner_verified=owner_verified, admins=self.settings.admins, policies=policies)
 
     def oversize_refusal(self, spec: JobSpec) -> str | None:
         """Why a job bigger than the quota of every zone it may run in could never run, or None.

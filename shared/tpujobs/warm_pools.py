@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Literal
 from tpujobs import logs
 from tpujobs.agent.startup import assignment_text, idle_assignment_text, render_unit_startup_script, unit_metadata
 from tpujobs.domain import warm_pools as pools
+from tpujobs.domain.access import AccessPolicies
 from tpujobs.domain.admission import Holder, chips_held, fits, never_fits, pool_id, quota_of
 from tpujobs.domain.job import Job
 from tpujobs.domain.naming import parse_unit_queued_resource_name
@@ -129,7 +130,7 @@ class WarmPoolService:
         if caller not in settings.admins and (policies is None or not policies.members(caller) & set(policies.pools)):
             return f"{caller} may not create pools: an admin allows it in config/policies.pools"
         # Reserved capacity and a service account need what a job of the caller would need.
-        return self.jobs.submission_refusal(shape, owner_verified=True)
+        return self.jobs.submission_refusal(shape, owner_verified=True, policies=policies)
 
     def _never_fits(self, count: int, shape: JobSpec, zones: tuple[str, ...]) -> str | None:
         quotas = self.jobs.pools.quotas() if self.jobs.pools is not None else {}
@@ -377,10 +378,10 @@ class WarmPoolService:
 
     # -- jobs on units ----------------------------------------------------------------------------
 
-    def refusal(self, spec: JobSpec, *, owner_verified: bool) -> str | None:
+    def refusal(self, spec: JobSpec, *, owner_verified: bool, policies: AccessPolicies | None) -> str | None:
         """Why a job may not ask for its `pool`: none by that name, being deleted, its shape or
         account differs, or its owner is not the pool's (nor a user it names, nor an admin).
-        A topic's owner is a claim, so only a verified owner counts (unless trusted)."""
+        A topic's owner is a claim, so only a verified owner counts (unless `policies` trust it)."""
         if spec.pool is None:
             return None
         pool = self.store.get(spec.pool)
@@ -391,7 +392,6 @@ class WarmPoolService:
         misfit = pools.misfit(spec, pool)
         if misfit is not None:
             return misfit
-        policies = self.jobs.access.policies() if self.jobs.access is not None else None
         if not owner_verified and not (policies is not None and policies.trust_topic_owners):
             return (
                 f"a job on pool {spec.pool} needs a verified owner: its jobs share the pool's VMs, so submit "
