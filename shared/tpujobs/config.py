@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from tpujobs.domain.spec import VmDefaults
+from tpujobs.domain.vm_defaults import VmDefaults
 
 DEFAULT_PROJECT = "tpujobs-local"
 DEFAULT_ZONE = "us-central2-b"

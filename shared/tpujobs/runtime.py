@@ -1,20 +1,24 @@
 """The production wiring: real clients, built lazily and once per function instance.
 
-Nothing is built at import time, so a cold start pays only for what the invoked
-function uses. This is the one place that picks adapters for ports: the service, the
-reconciler, the HTTP API, dead letters and log export get theirs passed in. Tests build
-the same objects themselves, on the emulators.
+Nothing is built, and nothing heavy imported, at import time, so a cold start pays only for
+what the invoked function uses: the service and its validation models load with the first
+message, each Google client library with the first adapter that needs it, and the TPU and
+Pub/Sub clients only at their first call (a worker's heartbeat never loads tpu_v2). This is the
+one place that picks adapters for ports: the service, the reconciler, the HTTP API, dead
+letters and log export get theirs passed in. Tests build the same objects themselves, on the
+emulators.
 """
 
 from __future__ import annotations
 
 import functools
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from tpujobs.config import Settings
-from tpujobs.service import JobService
 
 if TYPE_CHECKING:
     from google.cloud import firestore
@@ -30,11 +34,38 @@ if TYPE_CHECKING:
     from tpujobs.logs_export import LogExporter, LogObjects
     from tpujobs.ports import Clock
     from tpujobs.reconciler import Reconciler
+    from tpujobs.service import JobService
+
+Built = TypeVar("Built")
 
 
 def utc_now() -> datetime:
     """The only clock tpujobs reads; everything below the service gets time passed in."""
     return datetime.now(timezone.utc)
+
+
+class OnFirstUse(Generic[Built]):
+    """Stands for an object built at its first attribute access, once, whichever thread asks.
+
+    The engine's adapters are built together, but a handler may never call some of them: the
+    TPU client's library alone takes about 0.45 s to import, and a worker's report needs it
+    only when the report ends an attempt."""
+
+    def __init__(self, build: Callable[[], Built]) -> None:
+        self._build = build
+        self._built: Built | None = None
+        self._lock = threading.Lock()
+
+    def built(self) -> Built:
+        """The object, built now if no one asked before."""
+        if self._built is None:
+            with self._lock:
+                if self._built is None:
+                    self._built = self._build()
+        return self._built
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.built(), name)
 
 
 @dataclass(frozen=True)
@@ -69,8 +100,8 @@ def adapters() -> Adapters:
         settings,
         client,
         FirestoreJobStore(client, rejection_retention=timedelta(days=settings.rejection_retention_days)),
-        CloudTpu(build_client(settings.tpu_endpoint), settings.project),
-        Publisher.build(settings.project, settings.prefix),
+        cast(CloudTpu, OnFirstUse(lambda: CloudTpu(build_client(settings.tpu_endpoint), settings.project))),
+        cast(Publisher, OnFirstUse(lambda: Publisher.build(settings.project, settings.prefix))),
         FirestorePools(client),
         FirestoreAccessPolicies(client),
         FirestoreWarmPools(client),
@@ -80,6 +111,8 @@ def adapters() -> Adapters:
 @functools.cache
 def job_service() -> JobService:
     """The JobService of this process."""
+    from tpujobs.service import JobService
+
     a = adapters()
     return JobService(
         a.store,

@@ -12,7 +12,6 @@ import hashlib
 import json
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -28,6 +27,7 @@ from pydantic_core import ErrorDetails
 
 from tpujobs.domain.accelerators import BadTopology, UnknownAcceleratorType, check_topology, parse_accelerator_type
 from tpujobs.domain.secrets import check_secret_ref
+from tpujobs.domain.vm_defaults import VmDefaults
 
 MAX_SPEC_BYTES = 64 * 1024
 MAX_COMMAND_CHARS = 32 * 1024
@@ -511,31 +511,6 @@ def check_zones_fit(spec: JobSpec, zones: Iterable[str]) -> None:
                 f"data_disks: {disk.source_disk} is in zone {disk.zone}, but the job runs in {zones[0]}: "
                 "a persistent disk attaches only to VMs of its own zone"
             )
-
-
-@dataclass(frozen=True)
-class VmDefaults:
-    """A deployment's VM options for the specs that leave them out (Settings, from the
-    TPUJOBS_DEFAULT_* variables), so a team sets its network once. Empty: no default."""
-
-    network: str = ""
-    subnetwork: str = ""
-    internal_ips: bool | None = None
-    tags: tuple[str, ...] = ()
-    data_disks: tuple[tuple[str, str], ...] = ()  # (source_disk, mode)
-    runtime_version: str = ""
-
-    def spec_fields(self) -> dict[str, Any]:
-        """The defaults that are set, as spec fields (JSON values)."""
-        fields: dict[str, Any] = {
-            "network": self.network or None,
-            "subnetwork": self.subnetwork or None,
-            "internal_ips": self.internal_ips,
-            "tags": list(self.tags) or None,
-            "data_disks": [{"source_disk": s, "mode": m} for s, m in self.data_disks] or None,
-            "runtime_version": self.runtime_version or None,
-        }
-        return {name: value for name, value in fields.items() if value is not None}
 
 
 def with_deployment_defaults(spec: JobSpec, defaults: VmDefaults, *, default_zone: str = "") -> JobSpec:
