@@ -90,6 +90,7 @@ CAPACITY_GONE = frozenset({"SUSPENDING", "SUSPENDED", "FAILED"})
 _ATTEMPT_OVER = frozenset(
     {JobState.RECOVERING, JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.QUEUED}
 )
+Quotas = Mapping[str, Mapping[str, int]]  # config/quotas: zone -> family -> chips
 ADMISSION_ROUNDS = 50  # admissions (or lost races) one call may make before leaving the rest
 QUEUE_PEEK = 5  # queued jobs read per round: the head, and claims still being finished
 
@@ -227,10 +228,12 @@ class JobService:
         if refusal is not None:
             self.reject(message, refusal)
             return SubmitOutcome("rejected", spec.job_id, refusal)
-        refused = self._refused_as_oversized(message, spec)
+        # The quotas are read once, for the size check and admission alike (a round trip a job).
+        quotas = self.pools.quotas() if self.pools is not None and spec.pool is None else None
+        refused = self._refused_as_oversized(message, spec, quotas)
         if refused is not None:
             return refused
-        return self._accept(spec, "topic", lambda reason: self.reject(message, reason))
+        return self._accept(spec, "topic", lambda reason: self.reject(message, reason), quotas)
 
     def submit_verified(self, spec: JobSpec) -> SubmitOutcome:
         """A job spec from the jobs API, whose `owner` is the caller its ID token proved.
@@ -264,16 +267,20 @@ class JobService:
             return None
         return submission_refusal(spec, owner_verified=owner_verified, admins=self.settings.admins, policies=policies)
 
-    def oversize_refusal(self, spec: JobSpec) -> str | None:
+    def oversize_refusal(self, spec: JobSpec, quotas: Quotas | None = None) -> str | None:
         """Why a job bigger than the quota of every zone it may run in could never run, or None.
-        A job of a warm pool asks for no chips of its own: the pool's units hold them."""
+        A job of a warm pool asks for no chips of its own: the pool's units hold them.
+        `quotas`: the quotas when the caller has read them already."""
         if self.pools is None or spec.pool is not None:
             return None
         zones = spec.preferred_zones or (self.settings.default_zone,)
-        return refusal_when_oversized(spec, zones, self.pools.quotas())
+        return refusal_when_oversized(spec, zones, self.pools.quotas() if quotas is None else quotas)
 
-    def _accept(self, spec: JobSpec, via: SubmittedVia, refuse: Callable[[str], None]) -> SubmitOutcome:
-        """Create the job (once per job_id) and admit it; a job_id taken by another spec is refused."""
+    def _accept(
+        self, spec: JobSpec, via: SubmittedVia, refuse: Callable[[str], None], quotas: Quotas | None = None
+    ) -> SubmitOutcome:
+        """Create the job (once per job_id) and admit it; a job_id taken by another spec is refused.
+        `quotas`: as read by the caller for this submission, else admission reads them."""
         assert spec.job_id is not None
         logs.bind_job(spec.job_id)
         log_uri = f"gs://{self.settings.logs_bucket}/{job_prefix(spec.job_id, spec.service_account)}"
@@ -300,26 +307,29 @@ class JobService:
             if existing.state is not JobState.QUEUED:
                 return SubmitOutcome("duplicate", job.job_id, f"job is already {existing.state.value}")
             job = existing  # an earlier delivery stopped half-way: finish its work
-        return self.admit(job)
+        return self.admit(job, quotas)
 
     # -- admission -------------------------------------------------------------------
 
-    def _refused_as_oversized(self, message: InboundMessage, spec: JobSpec) -> SubmitOutcome | None:
+    def _refused_as_oversized(
+        self, message: InboundMessage, spec: JobSpec, quotas: Quotas | None = None
+    ) -> SubmitOutcome | None:
         """Refuse, as a rejection, a job bigger than the quota of every zone it may run in:
         it could never run, and waiting at the head of a queue it would stop the jobs behind it."""
-        refusal = self.oversize_refusal(spec)
+        refusal = self.oversize_refusal(spec, quotas)
         if refusal is None:
             return None
         self.reject(message, refusal)
         return SubmitOutcome("rejected", spec.job_id, refusal)
 
-    def admit(self, job: Job) -> SubmitOutcome:
+    def admit(self, job: Job, quotas: Quotas | None = None) -> SubmitOutcome:
         """A QUEUED job: request its capacity now if its pool has no quota, else in queue order;
-        a job of a warm pool takes a free unit in that pool's order instead."""
+        a job of a warm pool takes a free unit in that pool's order instead. `quotas`: as the
+        caller read them for this job (a submission reads them once), else read here."""
         if job.warm_pool and self.warm is not None:
             return self.warm.admit(job)
         pool = pool_id(job.spec, job.zone)
-        limit = self._quota(pool)
+        limit = self._quota(pool) if quotas is None else quota_of(quotas, pool)
         if limit is None:
             return self._admit(job)
         if never_fits(limit, job.spec.chips):

@@ -13,6 +13,8 @@ the spec is a map, and the fields people filter on are top-level.
 from __future__ import annotations
 
 import dataclasses
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
@@ -21,7 +23,7 @@ from typing import Any
 from google.api_core import exceptions as api_exceptions
 from google.cloud import firestore
 
-from tpujobs.adapters.firestore_cas import FIRESTORE, Write, compare_and_set
+from tpujobs.adapters.firestore_cas import FIRESTORE, Write, compare_and_set, wrote
 from tpujobs.adapters.google_errors import translated
 from tpujobs.domain.accounting import AttemptUsage, all_started, checkpoint_reported, image_reported
 from tpujobs.domain.admission import pool_id
@@ -230,6 +232,7 @@ class FirestoreJobStore:
         """`rejection_retention`: how long a rejection is kept (TPUJOBS_REJECTION_RETENTION_DAYS)."""
         self._db = client
         self._rejection_retention = rejection_retention
+        self._created = _JustCreated()
 
     def _job_ref(self, job_id: str) -> firestore.DocumentReference:
         return self._db.collection(JOBS).document(job_id)
@@ -243,9 +246,10 @@ class FirestoreJobStore:
         batch.create(ref.collection(EVENTS).document(event.document_id), event_to_document(event))
         with transient_on_failure("create job"):
             try:
-                batch.commit()
+                results = batch.commit()
             except api_exceptions.AlreadyExists:
                 return False
+        self._created.put(job, results[0].update_time)  # the next `apply` needs no read
         return True
 
     def get(self, job_id: str) -> Job | None:
@@ -260,8 +264,20 @@ class FirestoreJobStore:
         A lost race re-reads and decides again (the observation may now be stale). This is
         optimistic on purpose: Firestore's read-write transactions take locks, and two
         handlers of one job holding read locks deadlock until "Transaction lock timeout".
+
+        The first change to a job this store has just created (a submission's admission)
+        skips the read: the create's update time is the precondition. If anyone wrote in
+        between, or the decision is to ignore, it reads and decides as usual.
         """
         ref = self._job_ref(job_id)
+        created = self._created.take(job_id)
+        if created is not None:
+            job, version = created
+            outcome = decide(job, seen, clock())
+            if isinstance(outcome, Decision) and wrote(
+                self._change_batch(ref, outcome, version).commit, f"commit a change (job {job_id})"
+            ):
+                return outcome
 
         def change(snapshot: firestore.DocumentSnapshot) -> tuple[Decision | Ignored, Write | None]:
             if not snapshot.exists:
@@ -269,19 +285,18 @@ class FirestoreJobStore:
             outcome = decide(job_from_document(snapshot.to_dict() or {}), seen, clock())
             if isinstance(outcome, Ignored):
                 return outcome, None
-            batch = self._db.batch()
-            batch.update(
-                ref,
-                job_to_document(outcome.job),
-                option=self._db.write_option(last_update_time=snapshot.update_time),
-            )
-            batch.create(
-                ref.collection(EVENTS).document(outcome.event.document_id),
-                event_to_document(outcome.event),
-            )
-            return outcome, batch.commit
+            return outcome, self._change_batch(ref, outcome, snapshot.update_time).commit
 
         return compare_and_set(ref, change, what=f"job {job_id}", doing="commit a change")
+
+    def _change_batch(
+        self, ref: firestore.DocumentReference, outcome: Decision, version: datetime
+    ) -> firestore.WriteBatch:
+        """The job as decided, if still at `version` (its update time), and its new event."""
+        batch = self._db.batch()
+        batch.update(ref, job_to_document(outcome.job), option=self._db.write_option(last_update_time=version))
+        batch.create(ref.collection(EVENTS).document(outcome.event.document_id), event_to_document(outcome.event))
+        return batch
 
     def record_checkpoint(self, job_id: str, attempt: int, at: datetime) -> bool:
         """Note a checkpoint of `attempt` on the job's usage, if newer; no timeline entry.
@@ -663,6 +678,29 @@ class FirestoreJobStore:
         with transient_on_failure("read a rejection"):
             doc = self._db.collection(REJECTIONS).document(_document_id(message_id)).get()
         return _rejection(doc.id, doc.to_dict() or {}) if doc.exists else None
+
+
+class _JustCreated:
+    """The jobs this store created lately, with the update time of the create: what a read
+    right after it would return. Taken once, by the job's first `apply`; bounded, since a
+    job whose admission waits for quota is never taken. Thread-safe: a function instance
+    handles many requests at once."""
+
+    LIMIT = 512
+
+    def __init__(self) -> None:
+        self._jobs: OrderedDict[str, tuple[Job, datetime]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def put(self, job: Job, version: datetime) -> None:
+        with self._lock:
+            self._jobs[job.job_id] = (job, version)
+            while len(self._jobs) > self.LIMIT:
+                self._jobs.popitem(last=False)
+
+    def take(self, job_id: str) -> tuple[Job, datetime] | None:
+        with self._lock:
+            return self._jobs.pop(job_id, None)
 
 
 def _rejection(document_id: str, data: dict[str, Any]) -> Rejection:
