@@ -2,13 +2,19 @@
 
 Each job is timed from just before its spec is published to `tpujobs-submit` until the
 `at` of its PROVISIONING event, which the submit function stamps when it commits the
-transition (same machine, same clock): no polling interval is in the number.
+transition (same machine, same clock): no polling interval is in the number. While a run
+is under way the bench only counts the run's PROVISIONING jobs (one aggregation query every
+half second); the events are read once every job is there, so the bench's own reads do not
+compete with the functions for the Firestore emulator.
 
 Two runs:
-  sequential  one job at a time: the latency a user sees on a quiet system
-  burst       all N published at once: throughput, and latency under load
+  sequential  one job at a time (-s jobs): the latency a user sees on a quiet system
+  burst       all N published at once (-n jobs): throughput, span and latency under load
 
-    .venv/bin/python bench/submit.py [-n 200] [--repeats 3]
+and the Firestore round trips of one submission, counted on a gRPC channel under the real
+client (the service in this process, wired like the function, on the stack's emulators).
+
+    .venv/bin/python bench/submit.py [-n 1000] [-s 10] [--repeats 1]
 
 It starts the local stack in a temporary directory (or uses the one named by the
 environment) and stops what it started.
@@ -17,28 +23,31 @@ environment) and stops what it started.
 from __future__ import annotations
 
 import argparse
+import collections
+import dataclasses
 import json
+import secrets
 import statistics
 import sys
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from datetime import datetime, timezone
+from typing import Any
 
 from tpujobs.config import Settings
 from tpujobs.dev import stack
 from tpujobs.simulator.client import SimulatorControl
-from tpujobs.topology import SUBMIT
+from tpujobs.topology import SUBMIT, topic_name
+
+TARGET = "1,000 jobs PROVISIONING within 30 s, median latency < 10 s"
+ANCHOR = "SkyPilot: scheduling gaps > 20 s at 1,000 jobs"
+TARGET_SPAN_S = 30.0
+TARGET_MEDIAN_S = 10.0
 
 
-def spec(job_id: str) -> dict[str, object]:
-    return {
-        "job_id": job_id,
-        "name": "bench",
-        "owner": "bench@example.com",
-        "accelerator_type": "v4-8",
-        "command": "true",
-    }
+def spec(job_id: str, name: str) -> dict[str, object]:
+    return {"job_id": job_id, "name": name, "owner": "bench@example.com", "accelerator_type": "v4-8", "command": "true"}
 
 
 def simulator_config(endpoint: str, changes: dict[str, object]) -> dict[str, object]:
@@ -54,90 +63,189 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
 
 
-def provisioned_at(firestore_client, job_id: str, deadline: float) -> tuple[datetime, datetime]:
-    """When the function started on the job (its QUEUED event) and when it was PROVISIONING."""
-    events = firestore_client.collection("jobs").document(job_id).collection("events")
+def wait_provisioning(firestore_client: Any, name: str, n: int, timeout_s: float) -> None:
+    """Until the n jobs named `name` are PROVISIONING (counted by the emulator, not read)."""
+    from google.cloud import firestore
+
+    query = (
+        firestore_client.collection("jobs")
+        .where(filter=firestore.FieldFilter("name", "==", name))
+        .where(filter=firestore.FieldFilter("state", "==", "PROVISIONING"))
+        .count()
+    )
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        doc = events.document("0002-provisioning").get()
-        if doc.exists:
-            return events.document("0001-queued").get().to_dict()["at"], doc.to_dict()["at"]
-        time.sleep(0.02)
-    raise TimeoutError(f"{job_id} did not reach PROVISIONING")
+        if query.get()[0][0].value >= n:
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"not every job of {name} reached PROVISIONING within {timeout_s:.0f} s")
 
 
-def run(mode: str, n: int, publisher, firestore_client) -> dict[str, float]:
-    """Latencies (ms) of n submissions, one by one or all at once."""
-    run_id = uuid.uuid4().hex[:6]
-    job_ids = [f"bench-{run_id}-{i}" for i in range(n)]
+def event_times(firestore_client: Any, job_ids: list[str]) -> dict[str, tuple[datetime, datetime]]:
+    """Each job's QUEUED and PROVISIONING `at`, read in batches once the run is over."""
+    found: dict[str, dict[str, datetime]] = collections.defaultdict(dict)
+    jobs = firestore_client.collection("jobs")
+    refs = [
+        jobs.document(j).collection("events").document(e) for j in job_ids for e in ("0001-queued", "0002-provisioning")
+    ]
+    for start in range(0, len(refs), 300):
+        for doc in firestore_client.get_all(refs[start : start + 300]):
+            if doc.exists:
+                found[doc.reference.parent.parent.id][doc.id] = doc.to_dict()["at"]
+    missing = [j for j in job_ids if len(found[j]) < 2]
+    if missing:
+        raise RuntimeError(f"{len(missing)} jobs lack their QUEUED or PROVISIONING event, e.g. {missing[0]}")
+    return {j: (found[j]["0001-queued"], found[j]["0002-provisioning"]) for j in job_ids}
+
+
+def run(mode: str, n: int, publisher: Any, topic: str, firestore_client: Any) -> dict[str, float]:
+    """Latencies (s) of n submissions, one by one or all at once, and the run's span."""
+    name = f"bench-{uuid.uuid4().hex[:6]}"
+    job_ids = [f"{name}-{i}" for i in range(n)]
     published: dict[str, datetime] = {}
 
-    def publish(job_id: str) -> None:
+    def publish(job_id: str) -> Any:
         published[job_id] = datetime.now(timezone.utc)
-        publisher.publish_bytes(SUBMIT, json.dumps(spec(job_id)).encode())
+        return publisher.publish(topic, json.dumps(spec(job_id, name)).encode())
 
-    started = time.monotonic()
     if mode == "sequential":
-        for job_id in job_ids:
-            publish(job_id)
-            provisioned_at(firestore_client, job_id, time.monotonic() + 60)
+        for i, job_id in enumerate(job_ids):
+            publish(job_id).result(timeout=30)
+            wait_provisioning(firestore_client, name, i + 1, 60)
     else:
-        with ThreadPoolExecutor(16) as pool:
-            list(pool.map(publish, job_ids))
-    deadline = time.monotonic() + 300
-    done = {job_id: provisioned_at(firestore_client, job_id, deadline) for job_id in job_ids}
-    latencies = [(done[j][1] - published[j]).total_seconds() * 1000 for j in job_ids]
-    # where the time goes: Pub/Sub push delivery, then the function's own work
-    delivery = [(done[j][0] - published[j]).total_seconds() * 1000 for j in job_ids]
-    handling = [(done[j][1] - done[j][0]).total_seconds() * 1000 for j in job_ids]
+        for future in [publish(job_id) for job_id in job_ids]:  # all in flight at once
+            future.result(timeout=60)
+        wait_provisioning(firestore_client, name, n, 600)
+    done = event_times(firestore_client, job_ids)
+    latencies = [(done[j][1] - published[j]).total_seconds() for j in job_ids]
+    # where the time goes: publish -> the function starts (Pub/Sub push delivery and queueing
+    # for a free thread), then the function's own work
+    delivery = [(done[j][0] - published[j]).total_seconds() for j in job_ids]
+    handling = [(done[j][1] - done[j][0]).total_seconds() for j in job_ids]
     span = (max(at for _, at in done.values()) - min(published.values())).total_seconds()
     return {
-        "delivery_ms": statistics.median(delivery),
-        "handling_ms": statistics.median(handling),
-        "median_ms": statistics.median(latencies),
-        "p95_ms": percentile(latencies, 0.95),
-        "max_ms": max(latencies),
+        "delivery_s": statistics.median(delivery),
+        "handling_s": statistics.median(handling),
+        "median_s": statistics.median(latencies),
+        "p95_s": percentile(latencies, 0.95),
+        "max_s": max(latencies),
         "jobs_per_s": n / span,
-        "wall_s": time.monotonic() - started,
+        "span_s": span,
     }
+
+
+def round_trips(settings: Settings) -> dict[str, int]:
+    """Firestore calls of one fresh submission, by gRPC method: the service wired as
+    `runtime.job_service()` wires it, in this process, on a counted channel of the real client."""
+    import grpc
+    from google.cloud import firestore
+
+    from tpujobs.adapters.firestore_config import FirestoreAccessPolicies
+    from tpujobs.adapters.firestore_pools import FirestorePools
+    from tpujobs.adapters.firestore_store import FirestoreJobStore
+    from tpujobs.adapters.firestore_warm_pools import FirestoreWarmPools
+    from tpujobs.adapters.pubsub import Publisher
+    from tpujobs.adapters.tpu import CloudTpu, build_client
+    from tpujobs.runtime import utc_now
+    from tpujobs.service import JobService
+    from tpujobs.testing import inbound
+
+    calls: collections.Counter[str] = collections.Counter()
+
+    class Counter(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+        def intercept_unary_unary(self, proceed: Callable[..., Any], details: Any, request: Any) -> Any:
+            calls[details.method.rsplit("/", 1)[-1]] += 1
+            return proceed(details, request)
+
+        intercept_unary_stream = intercept_unary_unary
+
+    class CountedClient(firestore.Client):
+        def _emulator_channel(self, transport: Any) -> Any:
+            return grpc.intercept_channel(super()._emulator_channel(transport), Counter())
+
+    # The functions' signing key is theirs alone: this in-process service signs with a key of its own.
+    settings = dataclasses.replace(settings, report_key=secrets.token_urlsafe(48))
+    client = CountedClient(project=settings.project)
+    publisher = Publisher.build(settings.project, settings.prefix)
+    service = JobService(
+        FirestoreJobStore(client),
+        CloudTpu(build_client(settings.tpu_endpoint), settings.project),
+        settings,
+        utc_now,
+        status=publisher,
+        exports=publisher,
+        pools=FirestorePools(client),
+        access=FirestoreAccessPolicies(client),
+        warm_pools=FirestoreWarmPools(client),
+    )
+    service.submit(inbound(SUBMIT, spec(f"bench-rt-{uuid.uuid4().hex[:6]}", "bench-rt")))  # the client's first calls
+    calls.clear()
+    outcome = service.submit(inbound(SUBMIT, spec(f"bench-rt-{uuid.uuid4().hex[:6]}", "bench-rt")))
+    if outcome.kind != "provisioning":
+        raise RuntimeError(f"the counted submission ended {outcome.kind}: {outcome.reason}")
+    return dict(calls)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("-n", type=int, default=200, help="jobs per run (default 200)")
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each mode (default 3)")
+    parser.add_argument("-n", type=int, default=1000, help="jobs in a burst (default 1000)")
+    parser.add_argument("-s", "--sequential", type=int, default=10, help="jobs submitted one by one (default 10)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each mode (default 1)")
     args = parser.parse_args()
+    if args.n < 1 or args.sequential < 0 or args.repeats < 1:
+        parser.error("-n and --repeats must be at least 1, and -s at least 0")
 
     with stack.running():
-        from google.cloud import firestore
-
-        from tpujobs.adapters.pubsub import Publisher
+        from google.cloud import firestore, pubsub_v1
 
         settings = Settings.from_env()
-        publisher = Publisher.build(settings.project, settings.prefix)
+        publisher = pubsub_v1.PublisherClient()
+        topic = publisher.topic_path(settings.project, topic_name(SUBMIT, settings.prefix))
         client = firestore.Client(project=settings.project)
         # Measure submission only: capacity stays PROVISIONING, so no simulated worker hosts
         # start and compete with the functions for this machine's cores (real VMs would not).
         saved = simulator_config(settings.tpu_endpoint, {"provisioning_seconds": 3600})
-        run("sequential", 5, publisher, client)  # warm-up: first requests pay for imports
-        results: dict[str, list[dict[str, float]]] = {"sequential": [], "burst": []}
-        for repeat in range(args.repeats):
-            for mode in results:
-                result = run(mode, args.n, publisher, client)
-                results[mode].append(result)
-                print(
-                    f"{mode:<10} run {repeat + 1}: median {result['median_ms']:.0f} ms, "
-                    f"p95 {result['p95_ms']:.0f} ms, {result['jobs_per_s']:.1f} jobs/s "
-                    f"(delivery {result['delivery_ms']:.0f} ms, handling {result['handling_ms']:.0f} ms)",
-                    file=sys.stderr,
-                )
-        print(f"\nsubmit: publish -> PROVISIONING, n={args.n}, {args.repeats} runs each (medians of runs)")
+        try:
+            run("sequential", 4, publisher, topic, client)  # warm-up: first requests pay for imports
+            rounds = round_trips(settings)
+            modes = {"sequential": args.sequential, "burst": args.n} if args.sequential else {"burst": args.n}
+            results: dict[str, list[dict[str, float]]] = {mode: [] for mode in modes}
+            for repeat in range(args.repeats):
+                for mode, n in modes.items():
+                    result = run(mode, n, publisher, topic, client)
+                    results[mode].append(result)
+                    print(
+                        f"{mode:<10} run {repeat + 1} (n={n}): median {result['median_s']:.2f} s, "
+                        f"p95 {result['p95_s']:.2f} s, max {result['max_s']:.2f} s, span {result['span_s']:.1f} s, "
+                        f"{result['jobs_per_s']:.1f} jobs/s (delivery {result['delivery_s']:.2f} s, "
+                        f"handling {result['handling_s']:.3f} s)",
+                        file=sys.stderr,
+                    )
+        finally:
+            simulator_config(settings.tpu_endpoint, {"provisioning_seconds": saved["provisioning_seconds"]})
+        print(f"\nsubmit: publish -> PROVISIONING, {args.repeats} run(s) each (medians of runs)")
         for mode, runs in results.items():
-            med = statistics.median(r["median_ms"] for r in runs)
-            p95 = statistics.median(r["p95_ms"] for r in runs)
-            rate = statistics.median(r["jobs_per_s"] for r in runs)
-            print(f"  {mode:<10} median {med:6.0f} ms   p95 {p95:6.0f} ms   throughput {rate:5.1f} jobs/s")
-        print("  target: median <= 150 ms")
-        simulator_config(settings.tpu_endpoint, {"provisioning_seconds": saved["provisioning_seconds"]})
+            figures = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+            print(
+                f"  {mode:<10} n={modes[mode]:<5} throughput {figures['jobs_per_s']:6.1f} jobs/s   "
+                f"span {figures['span_s']:6.1f} s   latency median {figures['median_s']:6.2f} s   "
+                f"p95 {figures['p95_s']:6.2f} s   max {figures['max_s']:6.2f} s"
+            )
+            print(
+                f"  {'':<10} where: publish -> function starts {figures['delivery_s']:.2f} s (median), "
+                f"the function's work {1000 * figures['handling_s']:.0f} ms (median)"
+            )
+        total = sum(rounds.values())
+        detail = ", ".join(f"{method} {count}" for method, count in sorted(rounds.items()))
+        print(f"  Firestore round trips per submission: {total} ({detail})")
+        print(f"  target: {TARGET}")
+        print(f"  anchor: {ANCHOR}")
+        burst = results["burst"]
+        span = statistics.median(r["span_s"] for r in burst)
+        median = statistics.median(r["median_s"] for r in burst)
+        if args.n >= 1000:
+            met = span <= TARGET_SPAN_S * args.n / 1000 and median < TARGET_MEDIAN_S
+            print(f"  target {'met' if met else 'NOT met'}: span {span:.1f} s, median {median:.2f} s")
     return 0
 
 

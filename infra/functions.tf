@@ -12,6 +12,8 @@ locals {
       account    = "submit"
       timeout    = 60
       max        = 20
+      concurrent = 8
+      cpu        = "1"
       job_engine = true # creates and deletes queued resources
       publishes  = ["tpujobs-status", "tpujobs-log-export"]
       firestore  = "roles/datastore.user"
@@ -23,6 +25,8 @@ locals {
       account    = "worker-event"
       timeout    = 60
       max        = 20
+      concurrent = 8
+      cpu        = "1"
       job_engine = true
       publishes  = ["tpujobs-status", "tpujobs-log-export"]
       firestore  = "roles/datastore.user"
@@ -34,6 +38,8 @@ locals {
       account    = "preemption"
       timeout    = 60
       max        = 10
+      concurrent = 8
+      cpu        = "1"
       job_engine = true
       publishes  = ["tpujobs-status", "tpujobs-log-export"]
       firestore  = "roles/datastore.user"
@@ -45,6 +51,8 @@ locals {
       account    = "qr-state"
       timeout    = 60
       max        = 10
+      concurrent = 8
+      cpu        = "1"
       job_engine = true
       publishes  = ["tpujobs-status", "tpujobs-log-export"]
       firestore  = "roles/datastore.user"
@@ -56,6 +64,8 @@ locals {
       account    = "control"
       timeout    = 60
       max        = 5
+      concurrent = 8
+      cpu        = "1"
       job_engine = true
       publishes  = ["tpujobs-status", "tpujobs-log-export"]
       firestore  = "roles/datastore.user"
@@ -67,6 +77,8 @@ locals {
       account    = "reconcile"
       timeout    = 300
       max        = 1 # one tick at a time
+      concurrent = 1
+      cpu        = "1"
       job_engine = true
       publishes  = ["tpujobs-status", "tpujobs-log-export"]
       firestore  = "roles/datastore.user"
@@ -78,6 +90,8 @@ locals {
       account    = "dead-letter"
       timeout    = 60
       max        = 2
+      concurrent = 8
+      cpu        = "1"
       job_engine = false
       publishes  = [] # replays are published by the CLI, with its user's rights
       firestore  = "roles/datastore.user"
@@ -89,6 +103,8 @@ locals {
       account    = "export-logs"
       timeout    = 540
       max        = 5
+      concurrent = 1
+      cpu        = "1"
       job_engine = false
       publishes  = []
       firestore  = "roles/datastore.user"
@@ -100,6 +116,8 @@ locals {
       account    = "jobs"
       timeout    = 60
       max        = 10
+      concurrent = 8
+      cpu        = "1"
       job_engine = true # a cancel is done in-process and releases the capacity
       publishes  = ["tpujobs-status", "tpujobs-log-export"]
       firestore  = "roles/datastore.user"
@@ -183,16 +201,25 @@ resource "google_cloudfunctions2_function" "function" {
     }
   }
 
+  # Requests per instance, and its CPU (Cloud Run allows more than one request only with at
+  # least 1 CPU). Google's guidance (cloud.google.com/functions/docs/configuring/concurrency):
+  # start at about 8, and give Python as many THREADS as the concurrency. Measured locally
+  # (bench/submit.py, README "Bursts"): a submission waits about 80 ms on Firestore, Pub/Sub
+  # and the TPU API and uses about 20 ms of CPU, so one CPU keeps about 4 busy and 8 leaves
+  # room for the slower calls; 20 instances of 8 take a 1,000-job burst in a few seconds. A
+  # reconcile shard or a log export holds hundreds of jobs or a whole log at once: one each.
   service_config {
-    available_memory               = "512Mi"
-    available_cpu                  = "1"
-    timeout_seconds                = each.value.timeout
-    min_instance_count             = 0 # nothing runs, nothing is paid, at idle
-    max_instance_count             = each.value.max
-    service_account_email          = google_service_account.function[each.key].email
-    all_traffic_on_latest_revision = true
+    available_memory                 = "512Mi"
+    available_cpu                    = each.value.cpu
+    max_instance_request_concurrency = each.value.concurrent
+    timeout_seconds                  = each.value.timeout
+    min_instance_count               = 0 # nothing runs, nothing is paid, at idle
+    max_instance_count               = each.value.max
+    service_account_email            = google_service_account.function[each.key].email
+    all_traffic_on_latest_revision   = true
     environment_variables = merge(
       local.function_env,
+      { THREADS = tostring(each.value.concurrent) }, # functions-framework's gunicorn threads
       each.value.job_engine ? local.job_engine_env : {},
       each.key == "jobs" ? local.api_env : {},
     )

@@ -396,7 +396,8 @@ def test_environment_goes_to_the_functions_that_use_it(tf: Terraform) -> None:
     TPUJOBS_API_PLATFORM_AUTH=1."""
     config = block(tf.resource("google_cloudfunctions2_function", "function"), "service_config")
     assert config["environment_variables"] == (
-        "${merge(local.function_env, each.value.job_engine ? local.job_engine_env : {}, "
+        "${merge(local.function_env, {THREADS = tostring(each.value.concurrent)}, "
+        "each.value.job_engine ? local.job_engine_env : {}, "
         'each.key == "jobs" ? local.api_env : {})}'
     )
     assert tf.locals["function_env"]["TPUJOBS_TPU_SERVICE_ACCOUNT"] == "${google_service_account.tpu_vm.email}"
