@@ -13,13 +13,13 @@ resource "google_firestore_database" "default" {
 
 locals {
   firestore_indexes = {
-    # The reconciler's silent workers: live == true and last_report_at < t, across jobs.
-    workers_live_last_report_at = {
+    # The reconciler's silent workers: live == true and silent_after < now, across jobs.
+    workers_live_silent_after = {
       collection = "workers"
       scope      = "COLLECTION_GROUP"
       fields = [
         { path = "live", order = "ASCENDING" },
-        { path = "last_report_at", order = "ASCENDING" },
+        { path = "silent_after", order = "ASCENDING" },
       ]
     }
     # The reconciler's failed announcements: announced == false and at < t, across jobs.

@@ -40,9 +40,18 @@ class Settings:
     # The deployment's report-signing master key (a secret, from Secret Manager): each attempt's
     # key is derived from it (`tpujobs.domain.signing`). Never printed, so not in repr.
     report_key: str = field(default="", repr=False)
-    heartbeat_seconds: float = 10.0  # how often every worker's agent reports that it is alive
+    # How often a host (worker 0 for a multi-host slice) reports that it is alive: every
+    # heartbeat_seconds during an attempt's first heartbeat_fast_window_seconds, then every
+    # heartbeat_sparse_seconds (at most half the timeout, or detection gets slower).
+    heartbeat_seconds: float = 10.0
+    heartbeat_sparse_seconds: float = 30.0
+    heartbeat_fast_window_seconds: float = 300.0
     # A worker silent this long is lost: several missed heartbeats, never just one.
     heartbeat_timeout_seconds: float = 60.0
+    # A multi-host slice's peers tell worker 0 they are alive every peer_seconds over the
+    # slice's network; one it heard and then did not hear for peer_timeout_seconds is lost.
+    peer_seconds: float = 2.0
+    peer_timeout_seconds: float = 10.0
     # Capacity ACTIVE this long with a host whose agent never reported (counted from the first
     # host's `started`, else from the capacity becoming ACTIVE) is a lost host: never held silently.
     boot_timeout_seconds: float = 600.0
@@ -82,7 +91,11 @@ class Settings:
             ),
             report_key=env.get("TPUJOBS_REPORT_KEY", ""),
             heartbeat_seconds=float(env.get("TPUJOBS_HEARTBEAT_SECONDS") or 10.0),
+            heartbeat_sparse_seconds=float(env.get("TPUJOBS_HEARTBEAT_SPARSE_SECONDS") or 30.0),
+            heartbeat_fast_window_seconds=float(env.get("TPUJOBS_HEARTBEAT_FAST_WINDOW_SECONDS") or 300.0),
             heartbeat_timeout_seconds=float(env.get("TPUJOBS_HEARTBEAT_TIMEOUT_SECONDS") or 60.0),
+            peer_seconds=float(env.get("TPUJOBS_PEER_SECONDS") or 2.0),
+            peer_timeout_seconds=float(env.get("TPUJOBS_PEER_TIMEOUT_SECONDS") or 10.0),
             boot_timeout_seconds=float(env.get("TPUJOBS_BOOT_TIMEOUT_SECONDS") or 600.0),
             unhealthy_grace_seconds=float(env.get("TPUJOBS_UNHEALTHY_GRACE_SECONDS") or 300.0),
             vm_defaults=vm_defaults_from_env(env),

@@ -49,6 +49,9 @@ class WorkerRecord:
     checkpoint_at: datetime | None = None
     live: bool | None = None  # True while its command runs; the reconciler watches live ones
     last_output_at: datetime | None = None  # the command's last output line, as its heartbeat said
+    # When the host is silent unless it reports again; only ever moved later (a late, reordered
+    # report cannot bring it back). A host worker 0 speaks for gets SPOKEN_FOR: never.
+    silent_after: datetime | None = None
 
     def fields(self) -> dict[str, object]:
         return {
@@ -64,6 +67,7 @@ class WorkerRecord:
             "checkpoint_at": self.checkpoint_at,
             "live": self.live,
             "last_output_at": self.last_output_at,
+            "silent_after": self.silent_after,
         }
 
 
@@ -155,7 +159,7 @@ class JobStore(Protocol):
         over for it; False when already noted (or the attempt is unknown)."""
 
     def silent_workers(self, before: datetime, page_size: int = 500) -> list[SilentWorker]:
-        """Live workers, of any job, that have not reported since `before`."""
+        """Live workers, of any job, whose `silent_after` deadline is earlier than `before` (now)."""
 
     def retire_worker(self, job_id: str, attempt: int, worker: str) -> None:
         """Stop watching a worker (its attempt is over)."""

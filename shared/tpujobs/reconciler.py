@@ -470,13 +470,15 @@ class Reconciler:
         )
 
     def _find_silent_workers(self, live: dict[str, Job], now: datetime, report: ReconcileReport) -> None:
-        """A RUNNING attempt whose worker stopped reporting for longer than the timeout is lost.
+        """A RUNNING attempt whose worker is past its `silent_after` deadline is lost.
 
-        The timeout spans several heartbeats, so one late or lost heartbeat never counts;
-        workers of attempts that are over are retired, so each is looked at once.
+        Each report that marks a host live moves its deadline to at least the heartbeat timeout
+        and two of its own heartbeat periods later (`service.silent_after`), so one late or
+        lost heartbeat never counts; a host worker 0 of its slice speaks for has no deadline
+        here (worker 0 reports it at once: `peer_silent`); workers of attempts that are over
+        are retired, so each is looked at once.
         """
-        timeout = self.settings.heartbeat_timeout_seconds
-        for silent in self.store.silent_workers(now - timedelta(seconds=timeout)):
+        for silent in self.store.silent_workers(now):
             doing = f"act on the silence of worker {silent.worker} of attempt {silent.attempt}"
             self._guarded(report, doing, partial(self._silent_worker, silent, live, now, report), silent.job_id)
 

@@ -102,9 +102,16 @@ class WorkerReport(_Strict):
     `started` may carry `image_digest`: the container image the host runs the command in, as
     it pulled it. `exited` may carry `detail` when the agent itself ended the attempt (an image
     it could not pull): the job's reason then says so.
+    `peer_silent`: worker 0 of a multi-host slice heard nothing over the slice's network for
+    its peer timeout from `peer_worker_id`, a peer it had heard (`agent/worker.py`, SliceLink).
+
+    Liveness (`started`, `heartbeat`): `next_report_seconds` says when this host reports next,
+    so the service knows when it is silent; `watch: slice` says worker 0 of its slice speaks
+    for it from now on (its heartbeats stop). Neither: an agent from before both, whose
+    heartbeats come every `heartbeat_seconds` of the deployment.
     """
 
-    kind: Literal["started", "heartbeat", "exited", "checkpoint", "aborted", "rebooted"]
+    kind: Literal["started", "heartbeat", "exited", "checkpoint", "aborted", "rebooted", "peer_silent"]
     job_id: JobId
     attempt: Attempt
     slice_id: Index
@@ -127,6 +134,13 @@ class WorkerReport(_Strict):
     last_lines: LastLines | None = None
     retry_pattern: Annotated[int, Field(ge=0, lt=MAX_RETRY_PATTERNS)] | None = None
     retry_line: str | None = Field(default=None, max_length=MAX_RETRY_LINE_CHARS)
+    next_report_seconds: Annotated[float, Field(gt=0, le=3600, strict=False)] | None = None
+    watch: Literal["slice"] | None = None
+    # Worker 0's `heartbeat`: its slice's latest checkpoint time (`step` is its step) and how
+    # many of its peers it hears.
+    checkpoint_at: Timestamp = None
+    peers_heard: Annotated[int, Field(ge=0, le=100_000)] | None = None
+    peer_worker_id: Annotated[int, Field(ge=1, le=100_000)] | None = None
 
 
 class PreemptionNotice(_Strict):

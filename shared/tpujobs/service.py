@@ -14,7 +14,7 @@ import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from typing import Any, Literal
 
 from tpujobs import logs
@@ -529,10 +529,12 @@ class JobService:
         report = self._decode(WorkerReport, message)
         if report is None or not self._believed(report, message):
             return None
+        if report.kind == "peer_silent":
+            return self._peer_silent(report, message)
         now = self.clock()
         at = report.at or now
         worker = worker_key(report.slice_id, report.worker_id)
-        record = _worker_record(report, worker, now, at)
+        record = replace(_worker_record(report, worker, now, at), silent_after=silent_after(report, now, self.settings))
         seen = _worker_observation(report, worker)
         outcome = None if seen is None else self.observe(report.job_id, seen)
         if report.kind == "checkpoint":
@@ -545,6 +547,23 @@ class JobService:
         # between would leave a worker marked done whose exit the job never counted.
         self.store.record_worker(report.job_id, record)
         return outcome
+
+    def _peer_silent(self, report: WorkerReport, message: InboundMessage) -> Decision | Ignored | None:
+        """Worker 0 of a slice heard nothing from one of its peers for its peer timeout: that
+        host is lost, as a silent worker is (found here in seconds, not at a reconcile tick).
+        Only worker 0 speaks for a slice, and only of a peer the job has."""
+        job = self.store.get(report.job_id)
+        peer = report.peer_worker_id
+        hosts = job.spec.hosts_per_slice if job is not None else 0
+        if report.worker_id != 0 or peer is None or peer >= hosts:
+            who = "only worker 0 of a slice reports its peers" if report.worker_id != 0 else f"no peer {peer}"
+            self.reject(message, f"Report for {report.job_id} attempt {report.attempt} refused: peer_worker_id: {who}.")
+            return None
+        worker = worker_key(report.slice_id, peer)
+        said = report.detail or f"worker {worker_key(report.slice_id, 0)} stopped hearing it"
+        why = f"Worker {worker} of attempt {report.attempt} went silent ({said}); the host is lost"
+        seen = Observation(EventKind.CAPACITY_LOST, report.attempt, "agent", why, worker=worker)
+        return self.observe(report.job_id, seen)
 
     def on_preemption(self, message: InboundMessage) -> Decision | Ignored | None:
         """tpujobs-preemption: a worker's notice that its capacity is going away, at once."""
@@ -953,9 +972,32 @@ def _worker_record(report: WorkerReport, worker: str, now: datetime, at: datetim
         return replace(record, exited_at=at, exit_code=report.exit_code, live=False)
     if report.kind == "checkpoint":
         return replace(record, checkpoint_step=report.step, checkpoint_at=at, live=True)
-    if report.kind == "heartbeat":
-        return replace(record, live=True, last_output_at=report.last_output_at)
+    if report.kind == "heartbeat":  # worker 0's adds its slice's latest checkpoint
+        return replace(
+            record, live=True, last_output_at=report.last_output_at, checkpoint_step=report.step,
+            checkpoint_at=report.checkpoint_at if report.step is not None else None,
+        )  # fmt: skip
     return replace(record, live=False)  # rebooted: the command it ran is gone with the host
+
+
+# A host's record says it is silent SILENT_PERIODS of its own periods after its last word, and
+# never sooner than the deployment's heartbeat_timeout_seconds; a host worker 0 of its slice
+# speaks for is never silent by its record (SPOKEN_FOR): worker 0 reports it (`peer_silent`).
+SILENT_PERIODS = 2
+SPOKEN_FOR = datetime(2200, 1, 1, tzinfo=timezone.utc)
+
+
+def silent_after(report: WorkerReport, now: datetime, settings: Settings) -> datetime | None:
+    """The `silent_after` a report sets on its worker's record (None: leaves it as it was),
+    counted from `now`, when the service heard it. A report without `next_report_seconds`
+    or `watch` comes from an agent from before them: its heartbeats are every
+    `heartbeat_seconds`, so its record keeps today's timeout."""
+    if report.kind not in ("started", "heartbeat"):
+        return None
+    if report.watch == "slice":
+        return SPOKEN_FOR
+    period = report.next_report_seconds or settings.heartbeat_seconds
+    return now + timedelta(seconds=max(settings.heartbeat_timeout_seconds, SILENT_PERIODS * period))
 
 
 def _worker_observation(report: WorkerReport, worker: str) -> Observation | None:

@@ -17,7 +17,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from google.api_core import exceptions as api_exceptions
@@ -507,9 +507,13 @@ class FirestoreJobStore:
         """Merge what one worker host reported into `jobs/{id}/workers/a{attempt}-{worker}`.
 
         Kept apart from the job document so heartbeats never contend with transitions.
+        `silent_after` is stored as seconds since the epoch under Firestore's maximum transform,
+        so a reordered older report never brings a deadline back (the transform takes numbers).
         """
         ref = self._job_ref(job_id).collection(WORKERS).document(f"a{worker.attempt}-{worker.worker}")
-        fields = {k: v for k, v in worker.fields().items() if v is not None}
+        fields: dict[str, Any] = {k: v for k, v in worker.fields().items() if v is not None}
+        if worker.silent_after is not None:
+            fields["silent_after"] = firestore.Maximum(worker.silent_after.timestamp())
         with transient_on_failure("record worker report"):
             ref.set(fields, merge=True)
 
@@ -520,16 +524,21 @@ class FirestoreJobStore:
         with transient_on_failure("read an attempt's workers"):
             docs = [doc.to_dict() or {} for doc in query.stream()]
         names = {f.name for f in dataclasses.fields(WorkerRecord)}
+        for d in docs:  # stored as epoch seconds (record_worker)
+            if isinstance(d.get("silent_after"), (int, float)):
+                d["silent_after"] = datetime.fromtimestamp(d["silent_after"], tz=timezone.utc)
         return [WorkerRecord(**{k: v for k, v in d.items() if k in names}) for d in docs if "worker" in d]
 
     def silent_workers(self, before: datetime, page_size: int = ACTIVE_PAGE_SIZE) -> list[SilentWorker]:
-        # One collection-group query on (live, last_report_at), paged: it returns only the
-        # silent ones, so a tick reads nothing for healthy workers and nothing of finished jobs.
+        # One collection-group query on (live, silent_after), paged: it returns only the silent
+        # ones, so a tick reads nothing for healthy workers, for hosts worker 0 speaks for, nor
+        # of finished jobs. A record without `silent_after` (written before it existed) gets
+        # one from its next heartbeat.
         query = (
             self._db.collection_group(WORKERS)
             .where(filter=firestore.FieldFilter("live", "==", True))
-            .where(filter=firestore.FieldFilter("last_report_at", "<", before))
-            .order_by("last_report_at")
+            .where(filter=firestore.FieldFilter("silent_after", "<", before.timestamp()))
+            .order_by("silent_after")
             .order_by("__name__")
         )
         docs = _paged(query, page_size, "find silent workers")

@@ -40,8 +40,8 @@ INDEXES: tuple[Index, ...] = (
     Index(
         "workers",
         COLLECTION_GROUP,
-        (("live", ASCENDING), ("last_report_at", ASCENDING)),
-        query="FirestoreJobStore.silent_workers: live == true, last_report_at < t",
+        (("live", ASCENDING), ("silent_after", ASCENDING)),
+        query="FirestoreJobStore.silent_workers: live == true, silent_after < now",
     ),
     Index(
         "events",

@@ -47,9 +47,36 @@ DECODE = "import base64,sys; sys.stdout.buffer.write(base64.b64decode(sys.stdin.
 class AgentTimings:
     """How often the agent reports and ships output, and how long a stopped command may take."""
 
-    heartbeat_seconds: float = 10
+    heartbeat_seconds: float = 10  # during the attempt's first heartbeat_fast_window_seconds
     grace_seconds: float = 30  # between SIGTERM and SIGKILL on preemption
     chunk_seconds: float = 2
+    heartbeat_sparse_seconds: float = 30  # after that window
+    heartbeat_fast_window_seconds: float = 300
+    peer_seconds: float = 2  # a multi-host slice's peers to worker 0, over the slice's network
+    peer_timeout_seconds: float = 10  # a peer worker 0 heard and then did not hear this long is lost
+
+    @classmethod
+    def of(cls, settings: Settings) -> AgentTimings:
+        """The deployment's periods (grace and chunks keep their defaults)."""
+        return cls(
+            heartbeat_seconds=settings.heartbeat_seconds,
+            heartbeat_sparse_seconds=settings.heartbeat_sparse_seconds,
+            heartbeat_fast_window_seconds=settings.heartbeat_fast_window_seconds,
+            peer_seconds=settings.peer_seconds,
+            peer_timeout_seconds=settings.peer_timeout_seconds,
+        )
+
+    def config(self) -> dict[str, float]:
+        """The agent config's timing keys (`check_timings` in worker.py fills in any missing)."""
+        return {
+            "heartbeat_seconds": self.heartbeat_seconds,
+            "heartbeat_sparse_seconds": self.heartbeat_sparse_seconds,
+            "heartbeat_fast_window_seconds": self.heartbeat_fast_window_seconds,
+            "peer_seconds": self.peer_seconds,
+            "peer_timeout_seconds": self.peer_timeout_seconds,
+            "grace_seconds": self.grace_seconds,
+            "chunk_seconds": self.chunk_seconds,
+        }
 
 
 @functools.lru_cache(maxsize=1)
@@ -63,7 +90,7 @@ def agent_source() -> str:
 
 def agent_config(job: Job, settings: Settings, timings: AgentTimings | None = None) -> dict[str, Any]:
     """What the agent on every worker host of the job's current attempt needs to know."""
-    timings = timings or AgentTimings(heartbeat_seconds=settings.heartbeat_seconds)
+    timings = timings or AgentTimings.of(settings)
     bucket = settings.logs_bucket or f"{settings.project}-tpujobs-logs"  # as Settings.from_env
     spec = job.spec
     # The only prefixes its account may touch; checkpoints apart from logs, out of their retention.
@@ -91,9 +118,7 @@ def agent_config(job: Job, settings: Settings, timings: AgentTimings | None = No
         "project": settings.project,
         "worker_events_topic": topology.topic_name(topology.WORKER_EVENTS, settings.prefix),
         "preemption_topic": topology.topic_name(topology.PREEMPTION, settings.prefix),
-        "heartbeat_seconds": timings.heartbeat_seconds,
-        "grace_seconds": timings.grace_seconds,
-        "chunk_seconds": timings.chunk_seconds,
+        **timings.config(),
         # time_limit_at, time_limit_seconds, attempt_time_limit_seconds: the agent's own deadline.
         **limits.agent_deadlines(job),
         # Matched by the agent on its host against a failed command's last lines, never here.
@@ -194,7 +219,7 @@ def pool_agent_config(
         raise ValueError(f"pool: {pool_name[:64]!r} is not a pool name (a-z, 0-9 and -, at most 40 characters)")
     if isinstance(unit_index, bool) or not isinstance(unit_index, int) or unit_index < 0:
         raise ValueError(f"unit_index: must be a whole number, 0 or more, got {unit_index!r}")
-    timings = timings or AgentTimings(heartbeat_seconds=settings.heartbeat_seconds)
+    timings = timings or AgentTimings.of(settings)
     return {
         "mode": "pool",
         "pool": pool_name,
@@ -208,6 +233,7 @@ def pool_agent_config(
         "image_pull_policy": shape.pull_policy,
         "worker_events_topic": topology.topic_name(topology.WORKER_EVENTS, settings.prefix),
         "preemption_topic": topology.topic_name(topology.PREEMPTION, settings.prefix),
+        # The unit's own; each job's come in its assignment's config (`agent_config`).
         "heartbeat_seconds": timings.heartbeat_seconds,
         "grace_seconds": timings.grace_seconds,
         "chunk_seconds": timings.chunk_seconds,

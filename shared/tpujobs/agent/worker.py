@@ -141,7 +141,16 @@ AGENT_FAILED = 1  # the exit code reported when the agent fails the attempt (e.g
 AGENT_CANNOT_START = 2  # bad config or unknown identity: nothing can be reported
 CHECKPOINT_LINE = re.compile(rb"^[ \t]*TPUJOBS_CHECKPOINT[ \t]+step=([0-9]+)(.*)$")
 AGENT_STARTED_AGAIN = 3  # the attempt had already started on this host: lost, nothing run
-DEFAULTS = {"heartbeat_seconds": 10, "grace_seconds": 30, "chunk_seconds": 2}
+DEFAULTS = {
+    "heartbeat_seconds": 10,  # during an attempt's first heartbeat_fast_window_seconds on a host
+    "heartbeat_sparse_seconds": 30,  # after that
+    "heartbeat_fast_window_seconds": 300,
+    "peer_seconds": 2,  # a peer's beat to worker 0 of its slice, over the slice's network
+    "peer_timeout_seconds": 10,  # worker 0 reports a peer it heard and then did not hear this long
+    "grace_seconds": 30,
+    "chunk_seconds": 2,
+}
+POOL_TIMINGS = frozenset({"heartbeat_seconds", "grace_seconds", "chunk_seconds"})
 PREEMPTED_METADATA = "instance/preempted"
 MAINTENANCE_METADATA = "instance/maintenance-event"
 TERMINATE_ON_MAINTENANCE = "TERMINATE_ON_HOST_MAINTENANCE"
@@ -472,6 +481,11 @@ class Publisher:
         self.project = project
         self._key = key
 
+    @property
+    def key(self) -> bytes:
+        """The attempt's key, which also signs the datagrams of its slice (`SliceLink`)."""
+        return self._key
+
     def publish(
         self,
         topic: str,
@@ -729,12 +743,21 @@ def check_image(config: dict[str, Any]) -> None:
         config["image_pull_policy"] = default_pull_policy(image)
 
 
-def check_timings(config: dict[str, Any]) -> None:
-    """heartbeat_seconds, grace_seconds and chunk_seconds: positive numbers, defaults filled in."""
+def check_timings(config: dict[str, Any], pool: bool = False) -> None:
+    """The DEFAULTS' periods: positive numbers, defaults filled in (a config written before
+    a key existed gets its default); `peer_port` a port number. A pool unit's config has only
+    POOL_TIMINGS: each job it runs brings its own."""
     for key, default in DEFAULTS.items():
+        if pool and key not in POOL_TIMINGS:
+            continue
         value = config.setdefault(key, default)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise AgentError(f"config key {key!r} must be a positive number, got {value!r}")
+    if pool:
+        return
+    port = config.setdefault("peer_port", PEER_PORT)
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise AgentError(f"config key 'peer_port' must be a port number, got {port!r}")
 
 
 def load_config(path: str) -> dict[str, Any]:
@@ -1240,6 +1263,343 @@ def match_retry_output(
     if isinstance(found, list) and len(found) == 2 and isinstance(found[0], int) and isinstance(found[1], str):
         return found[0], found[1]
     return None
+
+
+# --- one host speaks for its slice ----------------------------------------------------
+#
+# In a slice of several hosts, worker 0 alone publishes heartbeats: the others tell it they
+# are alive over the slice's own network, in small UDP datagrams, and it says so for them
+# (one invocation and one Firestore write per slice per period, not per host). The table of
+# what each side sends and does:
+#
+#   datagram  from        to          when                        what the receiver does
+#   beat      worker k>0  worker 0    every peer_seconds          notes k alive, with its last output
+#                                                                 and checkpoint; answers `ack`
+#   ack       worker 0    worker k    for every accepted beat     k knows worker 0 speaks for it: it
+#                                                                 stops its own heartbeats (sticky)
+#   bye       worker k>0  worker 0    when k's agent ends         k is not reported silent
+#
+# A peer worker 0 heard and then hears nothing from for peer_timeout_seconds is reported at
+# once in a signed `peer_silent` report naming it (the service's CAPACITY_LOST for that host).
+# A peer never acknowledged (worker 0 not up yet, a firewall, a port taken) publishes its own
+# heartbeats as a single host does, so nothing depends on the slice network being there.
+#
+# Every datagram is `v1=<hex HMAC-SHA256 under the attempt's report key> <JSON>`, and names
+# the job, attempt, slice and worker, a sequence number that only grows and the sender's
+# time; a receiver drops any datagram that is unsigned, for another attempt or slice, older
+# than PEER_SKEW_SECONDS or not newer than the last it took from that sender, so another
+# team's VM on the same network can neither forge nor replay a peer's liveness.
+
+PEER_PORT = 8479  # UDP, on each host's own address: where worker 0 of a slice hears its peers
+ENDPOINTS_METADATA = "instance/attributes/worker-network-endpoints"  # id:host:ip,... worker 0 first
+ADDRESS_METADATA = "instance/network-interfaces/0/ip"
+PEER_MAX_BYTES = 2048
+PEER_SKEW_SECONDS = 30.0  # a datagram's `at` may differ this much from the receiver's clock
+PEER_KINDS = frozenset({"beat", "bye", "ack"})
+
+
+class PeerRefused(AgentError):
+    """A datagram that is not a peer's word for this attempt and slice; the message says why."""
+
+
+def heartbeat_period(elapsed: float, config: dict[str, Any]) -> float:
+    """Seconds until the next heartbeat: `heartbeat_seconds` during the attempt's first
+    `heartbeat_fast_window_seconds` on this host (a host that fails at start fails early),
+    `heartbeat_sparse_seconds` after (a long run costs a third of the invocations)."""
+    if elapsed < float(config["heartbeat_fast_window_seconds"]):
+        return float(config["heartbeat_seconds"])
+    return float(config["heartbeat_sparse_seconds"])
+
+
+def worker_address(endpoints: str, worker: int) -> str | None:
+    """The address of `worker` in `worker-network-endpoints` (`x:y:10.0.0.2,x:y:10.0.0.3`,
+    worker 0 first, the IP last in each entry, as JAX's cloud_tpu_cluster reads it)."""
+    entries = [entry.strip() for entry in endpoints.split(",") if entry.strip()]
+    if not 0 <= worker < len(entries):
+        return None
+    address = entries[worker].rsplit(":", 1)[-1]
+    return address if re.fullmatch(r"[0-9]{1,3}(?:\.[0-9]{1,3}){3}", address) else None
+
+
+def seal(key: bytes, fields: dict[str, Any]) -> bytes:
+    """A signed datagram: `v1=<hex HMAC> ` and the compact JSON it covers."""
+    data = encode_payload(fields)
+    return sign(key, data).encode("ascii") + b" " + data
+
+
+def unseal(key: bytes, datagram: bytes) -> dict[str, Any]:
+    """The fields of a datagram signed with `key`; PeerRefused when it is not one."""
+    if len(datagram) > PEER_MAX_BYTES:
+        raise PeerRefused(f"the datagram is {len(datagram)} bytes, more than {PEER_MAX_BYTES}")
+    signature, sep, data = datagram.partition(b" ")
+    if not sep or not hmac.compare_digest(signature, sign(key, data).encode("ascii")):
+        raise PeerRefused("the datagram is not signed with this attempt's key")
+    try:
+        fields = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise PeerRefused("the datagram is not JSON") from None
+    if not isinstance(fields, dict) or fields.get("kind") not in PEER_KINDS:
+        raise PeerRefused("the datagram is not a beat, an ack or a bye")
+    return fields
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _whole(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def check_peer_fields(fields: dict[str, Any], identity: dict[str, Any], sender: int, last_seq: int, now: float) -> int:
+    """The datagram's sequence number, if it is `sender`'s word for this attempt and slice,
+    timely and newer than `last_seq`; PeerRefused naming the field otherwise."""
+    for name in ("job_id", "attempt", "slice_id"):
+        if fields.get(name) != identity[name]:
+            raise PeerRefused(f"field {name!r} is not this host's {identity[name]!r}")
+    if fields.get("worker_id") != sender:
+        raise PeerRefused(f"field 'worker_id' is not {sender}")
+    at = _number(fields.get("at"))
+    if at is None or abs(now - at) > PEER_SKEW_SECONDS:
+        raise PeerRefused(f"field 'at' is not within {PEER_SKEW_SECONDS:g} s of this host's clock (a replay?)")
+    seq = _whole(fields.get("seq"))
+    if seq is None or seq <= last_seq:
+        raise PeerRefused("field 'seq' is not newer than the last one taken (a replay)")
+    return seq
+
+
+class SliceWatch:
+    """Worker 0's view of its peers (pure: times are passed in), fed by `accept`.
+
+    A peer is watched from its first accepted beat until its bye, or until it is reported
+    silent (once). Its last output and checkpoint join worker 0's heartbeat.
+    """
+
+    def __init__(self, identity: dict[str, Any], hosts: int, timeout: float) -> None:
+        self.identity = identity
+        self.hosts = hosts
+        self.timeout = timeout
+        self.peers: dict[int, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+
+    def accept(self, fields: dict[str, Any], now: float, clock: float) -> int:
+        """The sequence number to acknowledge, if the datagram is a peer's beat or bye (`now`:
+        wall time, `clock`: monotonic); PeerRefused otherwise."""
+        sender = _whole(fields.get("worker_id"))
+        if fields.get("kind") not in ("beat", "bye") or sender is None or not 0 < sender < self.hosts:
+            raise PeerRefused(f"field 'worker_id' names no peer of this slice of {self.hosts} hosts")
+        with self._lock:
+            peer = self.peers.get(sender, {"seq": -1, "reported": False})
+            seq = check_peer_fields(fields, self.identity, sender, peer["seq"], now)
+            peer.update(seq=seq, heard=clock, gone=fields["kind"] == "bye")
+            for name in ("last_output_at", "checkpoint_at"):
+                value = _number(fields.get(name))
+                if value is not None:
+                    peer[name] = max(value, peer.get(name, value))
+            step = _whole(fields.get("checkpoint_step"))
+            if step is not None and step >= peer.get("checkpoint_step", -1):
+                peer["checkpoint_step"] = step
+            self.peers[sender] = peer
+        return seq
+
+    def silent(self, clock: float) -> list[tuple[int, float]]:
+        """Peers heard, not gone, and quiet past the timeout: (worker, seconds quiet), each once."""
+        found = []
+        with self._lock:
+            for worker, peer in sorted(self.peers.items()):
+                quiet = clock - peer["heard"]
+                if not peer["gone"] and not peer["reported"] and quiet > self.timeout:
+                    peer["reported"] = True
+                    found.append((worker, quiet))
+        return found
+
+    def watching(self) -> int:
+        """How many peers are heard and not yet gone nor reported."""
+        with self._lock:
+            return sum(1 for peer in self.peers.values() if not peer["gone"] and not peer["reported"])
+
+    def progress(self) -> dict[str, Any]:
+        """The peers' latest last output (epoch s), checkpoint step and its time, and how many
+        are heard: what worker 0's heartbeat adds for its slice."""
+        with self._lock:
+            peers = list(self.peers.values())
+        found: dict[str, Any] = {"peers_heard": sum(1 for p in peers if not p["gone"] and not p["reported"])}
+        outputs = [p["last_output_at"] for p in peers if "last_output_at" in p]
+        if outputs:
+            found["last_output_at"] = max(outputs)
+        steps = [(p["checkpoint_step"], p.get("checkpoint_at") or 0.0) for p in peers if "checkpoint_step" in p]
+        if steps:
+            found["checkpoint_step"], found["checkpoint_at"] = max(steps)
+        return found
+
+
+class PeerState:
+    """A peer's side (pure): the sequence numbers it sent, and whether worker 0 acknowledged one."""
+
+    def __init__(self, identity: dict[str, Any]) -> None:
+        self.identity = identity
+        self.seq = -1
+        self.acked_seq = -1
+        self._lock = threading.Lock()
+
+    def next_seq(self, now: float) -> int:
+        """A number larger than any sent before, even by an earlier agent on this host."""
+        with self._lock:
+            self.seq = max(self.seq + 1, int(now * 1000))
+            return self.seq
+
+    def accept_ack(self, fields: dict[str, Any], now: float) -> bool:
+        """Whether the datagram is worker 0's ack of a beat this host sent (the first such ack
+        makes worker 0 its speaker); PeerRefused when it is not one."""
+        if fields.get("kind") != "ack":
+            raise PeerRefused("a peer takes only acks")
+        seq = check_peer_fields(fields, self.identity, 0, self.acked_seq, now)
+        with self._lock:
+            if seq > self.seq:
+                raise PeerRefused("field 'seq' acknowledges a beat this host never sent")
+            first = self.acked_seq < 0
+            self.acked_seq = seq
+        return first
+
+    @property
+    def watched(self) -> bool:
+        return self.acked_seq >= 0
+
+
+def _datagram_socket(address: str, port: int) -> Any:
+    import socket  # only hosts of multi-host slices open one
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        sock.bind((address, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.settimeout(0.5)
+    return sock
+
+
+class SliceLink:
+    """The slice's own network, for one host of a multi-host slice: worker 0 listens on
+    PEER_PORT of its address and answers; a peer sends beats and reads acks. `progress` is a
+    callable giving the host's last output and checkpoint (epoch seconds, step)."""
+
+    def __init__(
+        self,
+        key: bytes,
+        identity: dict[str, Any],
+        config: dict[str, Any],
+        metadata: Metadata,
+        progress: Callable[[], dict[str, Any]],
+        on_silent: Callable[[int, float], None],
+        on_watched: Callable[[], None],
+        on_peer_checkpoint: Callable[[int, int], None],
+    ) -> None:
+        self._key = key
+        self.identity = identity
+        self.worker_id = int(identity["worker_id"])
+        self.port = int(config["peer_port"])
+        self.every = float(config["peer_seconds"])
+        self.metadata = metadata
+        self.progress = progress
+        self.on_silent = on_silent
+        self.on_watched = on_watched
+        self.on_peer_checkpoint = on_peer_checkpoint
+        self.watch = SliceWatch(identity, int(config["hosts_per_slice"]), float(config["peer_timeout_seconds"]))
+        self.peer = PeerState(identity)
+        self.stop = threading.Event()
+        self._sock: Any = None
+        self._speaker: tuple[str, int] | None = None
+        self._thread = threading.Thread(target=self._run, name="slice-link", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _open(self) -> bool:
+        """The socket: worker 0 on its own address and PEER_PORT, a peer on any port of its own."""
+        try:
+            own = self.metadata.get(ADDRESS_METADATA).strip()
+            if self.worker_id != 0:
+                speaker = worker_address(self.metadata.get_optional(ENDPOINTS_METADATA) or "", 0)
+                if speaker is None:
+                    log(f"no worker 0 address in {ENDPOINTS_METADATA}: this host reports its own heartbeats")
+                    return False
+                self._speaker = (speaker, self.port)
+            self._sock = _datagram_socket(own, self.port if self.worker_id == 0 else 0)
+        except (AgentError, OSError, http.client.HTTPException) as error:
+            log(f"the slice link is not open ({error}): every host of the slice reports its own heartbeats")
+            return False
+        return True
+
+    def _run(self) -> None:
+        if not self._open():
+            return
+        try:
+            if self.worker_id == 0:
+                self._listen()
+            else:
+                self._beat()
+        finally:
+            self._sock.close()
+
+    def _send(self, kind: str, address: tuple[str, int], **extra: Any) -> None:
+        seq = extra.pop("seq", None)
+        now = time.time()
+        fields = {"kind": kind, **self.identity, "at": now, "seq": self.peer.next_seq(now) if seq is None else seq}
+        fields.update({k: v for k, v in extra.items() if v is not None})
+        with contextlib.suppress(OSError):  # a lost datagram is one of many
+            self._sock.sendto(seal(self._key, fields), address)
+
+    def _listen(self) -> None:
+        while not self.stop.is_set():
+            try:
+                datagram, sender = self._sock.recvfrom(PEER_MAX_BYTES + 1)
+            except OSError:  # the timeout, or a socket error: look at the silent ones
+                datagram = b""
+            if datagram:
+                try:
+                    fields = unseal(self._key, datagram)
+                    seq = self.watch.accept(fields, time.time(), time.monotonic())
+                except PeerRefused as refusal:
+                    log(f"a datagram from {sender[0]} refused: {refusal}")
+                else:
+                    self._send("ack", sender, seq=seq)
+                    step = _whole(fields.get("checkpoint_step"))
+                    if step is not None:
+                        self.on_peer_checkpoint(int(fields["worker_id"]), step)
+            for worker, quiet in self.watch.silent(time.monotonic()):
+                self.on_silent(worker, quiet)
+
+    def _beat(self) -> None:
+        assert self._speaker is not None
+        while not self.stop.is_set():
+            self._send("beat", self._speaker, **self.progress())
+            until = time.monotonic() + self.every
+            while not self.stop.is_set() and time.monotonic() < until:
+                try:
+                    datagram, _ = self._sock.recvfrom(PEER_MAX_BYTES + 1)
+                except OSError:
+                    continue
+                try:
+                    first = self.peer.accept_ack(unseal(self._key, datagram), time.time())
+                except PeerRefused as refusal:
+                    log(f"a datagram refused: {refusal}")
+                    continue
+                if first:
+                    log("worker 0 speaks for this host: its own heartbeats stop")
+                    self.on_watched()
+
+    def bye(self) -> None:
+        """A peer's last word (sent three times: datagrams get lost), then the link closes."""
+        if self.worker_id != 0 and self._speaker is not None and self._sock is not None:
+            for _ in range(3):
+                self._send("bye", self._speaker)
+        self.close()
+
+    def close(self) -> None:
+        self.stop.set()
+        if self._thread.is_alive():
+            self._thread.join(2.0)
 
 
 # --- reports --------------------------------------------------------------------------
@@ -2067,6 +2427,16 @@ class Agent:
         self._last_output_at: float | None = None  # when the command last printed a line
         self.withdrawn = threading.Event()  # pool mode: the unit was given other work (`withdraw`)
         self.started_again = False  # this attempt had started on this host before: nothing ran
+        self.stop_beating = threading.Event()  # heartbeats end (worker 0 may outlive its command)
+        self.link: SliceLink | None = None  # a host of a multi-host slice: its slice's network
+        if int(config["hosts_per_slice"]) > 1:
+            self.link = SliceLink(
+                publisher.key, identity, config, metadata, self._progress, self._peer_silent,
+                self._watched, self._peer_checkpoint,
+            )  # fmt: skip
+        self._watched_said = False  # a peer told the service that worker 0 speaks for it
+        self._checkpoint_at: tuple[int, float] | None = None  # this host's last checkpoint (step, epoch s)
+        self._checkpoint_told = -1  # worker 0: the highest checkpoint step it published
 
     def note(self, message: str) -> None:
         """A line for the agent's stderr and for the job's output."""
@@ -2134,6 +2504,8 @@ class Agent:
         watch_preempted(self.metadata, self.preemption.trigger, self.stop_watching)
         watch_maintenance(self.metadata, self.preemption.trigger, self.stop_watching)
         self._watch_deadline()
+        if self.link is not None:  # before the command: worker 0 may speak for it from its `started`
+            self.link.start()
         try:
             code = self._attempt()
         except Refused as refusal:  # no restart can fix it: say so, and run nothing
@@ -2305,9 +2677,10 @@ class Agent:
         if pumps is not None:
             pumps.append(pump)
         if not self._started:
-            self._started = True
-            self._started_at = rfc3339()
-            self.reporter.report("started", **(started or {}))
+            with self._lock:  # against `_watched`: the service hears `watch` once, in order
+                self._started = True
+                self._started_at = rfc3339()
+                self.reporter.report("started", **(started or {}), **self._liveness(0.0))
             threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True).start()
         running = {"what": what, "pid": process.pid, "start": process_start(process.pid)}
         if container is not None:
@@ -2374,12 +2747,81 @@ class Agent:
                 self._term_sent_at = None
 
     def _heartbeats(self) -> None:
-        """Alive, and when the command last printed a line: progress for `hang_timeout`, one
-        field per heartbeat rather than a message per line."""
-        every = float(self.config["heartbeat_seconds"])
-        while not self.stop_watching.wait(every):
-            seen = self._last_output_at
-            self.reporter.report("heartbeat", **({"last_output_at": rfc3339(seen)} if seen is not None else {}))
+        """Alive, and when the command last printed a line and saved a checkpoint: progress for
+        `hang_timeout`, one field per heartbeat rather than a message per line. Each says when
+        the next comes (`heartbeat_period`); worker 0 of a multi-host slice adds its peers'
+        progress, and a peer worker 0 speaks for says nothing."""
+        began = time.monotonic()
+        every = heartbeat_period(0.0, self.config)
+        while not self.stop_beating.wait(every):
+            if self._spoken_for():
+                continue
+            every = heartbeat_period(time.monotonic() - began, self.config)
+            self.reporter.report("heartbeat", **self._liveness(every), **self._slice_progress())
+
+    def _spoken_for(self) -> bool:
+        """A peer whose beats worker 0 acknowledged: worker 0's heartbeats carry its liveness."""
+        return self.link is not None and self.link.worker_id != 0 and self.link.peer.watched
+
+    def _liveness(self, elapsed: float) -> dict[str, Any]:
+        """What a report that marks this host live adds: `watch: slice` when worker 0 speaks
+        for it (the service then never finds it silent itself), else when it reports next."""
+        if self._spoken_for():
+            self._watched_said = True
+            return {"watch": "slice"}
+        return {"next_report_seconds": heartbeat_period(elapsed, self.config)}
+
+    def _watched(self) -> None:
+        """A peer's first ack from worker 0: once the service heard `started`, tell it now (the
+        report says worker 0 watches it); before, `started` itself says so."""
+        with self._lock:
+            if not self._started or self._watched_said:
+                return
+            self._watched_said = True
+            self.reporter.report("heartbeat", watch="slice", **self._slice_progress())
+
+    def _progress(self) -> dict[str, Any]:
+        """This host's progress for its beats to worker 0 (epoch seconds)."""
+        found: dict[str, Any] = {"last_output_at": self._last_output_at}
+        if self._checkpoint_at is not None:
+            found["checkpoint_step"], found["checkpoint_at"] = self._checkpoint_at
+        return found
+
+    def _slice_progress(self) -> dict[str, Any]:
+        """A heartbeat's progress: this host's, and on worker 0 the latest of its slice's."""
+        seen = self._last_output_at
+        step = self._checkpoint_at
+        found: dict[str, Any] = {}
+        if self.link is not None and self.link.worker_id == 0:
+            peers = self.link.watch.progress()
+            found["peers_heard"] = peers["peers_heard"]
+            if "last_output_at" in peers:
+                seen = max(seen or 0.0, peers["last_output_at"])
+            if "checkpoint_step" in peers and (step is None or peers["checkpoint_step"] > step[0]):
+                step = (peers["checkpoint_step"], peers["checkpoint_at"])
+        if seen is not None:
+            found["last_output_at"] = rfc3339(seen)
+        if step is not None:
+            found["step"] = step[0]
+            if step[1]:
+                found["checkpoint_at"] = rfc3339(step[1])
+        return found
+
+    def _peer_silent(self, worker: int, quiet: float) -> None:
+        """Worker 0: a peer it heard went quiet. Said at once, in a report of its own."""
+        where = f"{self.slice_id}-{worker}"
+        self.note(f"worker {where} sent nothing over the slice network for {quiet:.0f} s: reporting it silent")
+        detail = f"worker {self.slice_id}-0 heard nothing from it over the slice network for {quiet:.0f} s"
+        self.reporter.report("peer_silent", peer_worker_id=worker, detail=detail)
+
+    def _peer_checkpoint(self, worker: int, step: int) -> None:
+        """Worker 0: a peer's checkpoint newer than any it published goes out as its slice's
+        (coalesced by the reporter), so the job's usage learns it without the peer's report."""
+        with self._lock:
+            if step <= self._checkpoint_told:
+                return
+            self._checkpoint_told = step
+        self.reporter.report("checkpoint", step=step, detail=f"saved by worker {self.slice_id}-{worker}")
 
     def _output_seen(self) -> None:
         self._last_output_at = time.time()
@@ -2410,6 +2852,14 @@ class Agent:
         self._sigterm_container(container)
 
     def _checkpoint(self, step: int, detail: str) -> None:
+        """A checkpoint line: reported, except by a peer worker 0 speaks for (its beats carry the
+        step to worker 0, which reports the slice's newest) until a preemption notice, when
+        the host's own report may be the last word."""
+        self._checkpoint_at = (step, time.time())
+        if self._spoken_for() and not self.preemption.noticed.is_set():
+            return
+        with self._lock:
+            self._checkpoint_told = max(self._checkpoint_told, step)
         self.reporter.report("checkpoint", step=step, detail=detail)
 
     def _finish(self, code: int, aborted: str | None = None, detail: str | None = None) -> int:
@@ -2434,6 +2884,7 @@ class Agent:
             self.reporter.report("exited", exit_code=code, detail=detail[:MAX_DETAIL_CHARS], **failed)
         elif not preempted:
             self.reporter.report("exited", exit_code=code, **failed)
+        self._leave_slice(speaks=not preempted and aborted is None and code == 0 and self._limit is None)
         self.reporter.close()
         self.preemption.wait(30.0)
         ended = (
@@ -2441,6 +2892,22 @@ class Agent:
         )
         self.record.update(ended=ended, exit_code=code, ended_at=rfc3339())  # and said so
         return code
+
+    def _leave_slice(self, speaks: bool) -> None:
+        """The heartbeats end, and the slice link: a peer says bye; worker 0 whose command
+        succeeded first goes on speaking for the peers it still hears, until each said bye or
+        was reported silent (a stop ends that wait), so a peer that hangs after worker 0's end
+        is still found at once."""
+        link = self.link
+        if link is not None and link.worker_id != 0:
+            link.bye()
+        elif link is not None and speaks and link.watch.watching():
+            self.note(f"the command ended; worker 0 speaks for {link.watch.watching()} peers until they end")
+            while link.watch.watching() and not (self.preemption.noticed.is_set() or self.withdrawn.is_set()):
+                time.sleep(0.5)
+        if link is not None:
+            link.close()
+        self.stop_beating.set()
 
     def _failed_output(self) -> dict[str, Any]:
         """What a failed `exited` adds: the last lines, secrets cut out, and the retry_on.output
@@ -2568,7 +3035,7 @@ def load_pool_config(path: str) -> dict[str, Any]:
     if config["mode"] != "pool":
         raise AgentError(f"config key 'mode' must be 'pool', got {config['mode'][:20]!r}")
     check_image(config)
-    check_timings(config)
+    check_timings(config, pool=True)
     return config
 
 

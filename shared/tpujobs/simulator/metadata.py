@@ -27,6 +27,9 @@ Paths served (under the base):
     instance/attributes/accelerator-type     v4-16 and the like
     instance/attributes/tpu-env              KEY: 'value' lines, as on TPU VMs; a node of a
                                              multislice request adds MEGASCALE_* keys
+    instance/attributes/worker-network-endpoints  unknown:unknown:{ip} of each worker, worker 0
+                                             first (each on its own loopback address, so a
+                                             fixed port works on one machine)
     instance/attributes/{key}                the node's own metadata (startup-script,
                                              tpujobs-report-key, ...)
     instance/service-accounts/               default/ and {email}/, one a line
@@ -126,6 +129,8 @@ def attributes(node: NodeRecord, worker: int) -> dict[str, str]:
         "accelerator-type": node.accelerator_type,
         "agent-worker-number": str(worker),
         "tpu-env": tpu_env(node, worker),
+        # As on TPU VMs: every worker of the node, worker 0 first, `id:host:ip` each.
+        "worker-network-endpoints": ",".join(f"unknown:unknown:{ip}" for ip in node.host_addresses),
     }
 
 

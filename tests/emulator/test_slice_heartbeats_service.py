@@ -1,0 +1,168 @@
+"""Heartbeats that scale with slices: the service's side, on the Firestore emulator.
+
+Worker 0 of a multi-host slice heartbeats for its slice (one worker document written), each
+live report sets the host's `silent_after` deadline that the reconciler's one query reads,
+and worker 0's `peer_silent` loses that peer's host at once.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from tpujobs.domain.states import JobState
+from tpujobs.service import SPOKEN_FOR, JobService
+from tpujobs.testing import inbound as message
+from tpujobs.testing import reconciler_for, signed
+
+pytestmark = pytest.mark.emulator
+SPEC = {"job_id": "train-1", "name": "train", "owner": "ada@example.com", "command": "x"}
+
+
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = datetime.now(timezone.utc)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+def beat(service: JobService, kind: str, worker: int, job_id: str = "train-1", **extra: object) -> None:
+    payload = {"kind": kind, "job_id": job_id, "attempt": 1, "slice_id": 0, "worker_id": worker, **extra}
+    service.on_worker_report(signed(service, "tpujobs-worker-events", payload))
+
+
+def running_job(service: JobService) -> None:
+    """A single-host job (v4-8), RUNNING at attempt 1, its `started` from an agent from before."""
+    spec = {**SPEC, "accelerator_type": "v4-8"}
+    assert service.submit(message("tpujobs-submit", spec)).kind == "provisioning"
+    beat(service, "started", 0)
+    assert service.store.get("train-1").state is JobState.RUNNING
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def service(job_service, clock) -> JobService:
+    return job_service(clock=clock, heartbeat_timeout_seconds=60.0, heartbeat_seconds=10.0, stuck_after_seconds=30.0)
+
+
+def records(service: JobService, job_id: str = "train-1", attempt: int = 1) -> dict[str, object]:
+    return {w.worker: w for w in service.store.attempt_workers(job_id, attempt)}
+
+
+def peer_started(service: JobService, clock: Clock) -> str:
+    """A v4-16 job (one slice of 2 hosts) RUNNING; worker 1's `started` says worker 0 speaks for it."""
+    spec = {**SPEC, "accelerator_type": "v4-16"}
+    assert service.submit(message("tpujobs-submit", spec)).kind == "provisioning"
+    beat(service, "started", 0, next_report_seconds=10)
+    beat(service, "started", 1, watch="slice")
+    assert service.store.get("train-1").state is JobState.RUNNING
+    return "train-1"
+
+
+def test_a_slice_heartbeat_writes_worker_0s_document_alone_with_the_slices_progress(service, clock):
+    """Worker 0's heartbeat moves its own deadline (the longer of the timeout and two of its periods) and carries the
+    slice's latest output and checkpoint; the peer's document is as its `started` left it."""
+    peer_started(service, clock)
+    before = records(service)["0-1"]
+    clock.advance(20)
+    printed, saved = clock.now - timedelta(seconds=3), clock.now - timedelta(seconds=8)
+    beat(
+        service, "heartbeat", 0, next_report_seconds=45, peers_heard=1, step=12,
+        last_output_at=printed.isoformat(), checkpoint_at=saved.isoformat(),
+    )  # fmt: skip
+    found = records(service)
+    zero = found["0-0"]
+    assert zero.silent_after == clock.now + timedelta(seconds=90)  # 2 x 45 s > 60 s
+    assert (zero.last_output_at, zero.checkpoint_step, zero.checkpoint_at) == (printed, 12, saved)
+    assert found["0-1"] == before
+    assert found["0-1"].silent_after == SPOKEN_FOR
+
+
+def test_a_sparse_heartbeat_keeps_the_timeout_and_a_host_spoken_for_is_never_silent_by_its_record(service, clock):
+    """Every 30 s, worker 0 is silent 60 s after its last word, as before; worker 1, spoken for, never by its record,
+    even 10 minutes on."""
+    peer_started(service, clock)
+    for _ in range(20):
+        clock.advance(30)
+        beat(service, "heartbeat", 0, next_report_seconds=30)
+    assert reconciler_for(service).tick().observed == []
+    clock.advance(59)
+    assert service.store.silent_workers(clock.now) == []
+    clock.advance(2)
+    assert [w.worker for w in service.store.silent_workers(clock.now)] == ["0-0"]
+
+
+def test_a_reordered_older_report_never_brings_a_deadline_back(service, clock):
+    """Once worker 0 speaks for a host, a heartbeat of its own handled later (push keeps no order) leaves it so."""
+    peer_started(service, clock)
+    beat(service, "heartbeat", 1, next_report_seconds=10)  # from before the ack, handled after
+    clock.advance(3600)
+    assert records(service)["0-1"].silent_after == SPOKEN_FOR
+    assert [w.worker for w in service.store.silent_workers(clock.now)] == ["0-0"]
+
+
+def test_a_heartbeat_from_an_agent_from_before_keeps_todays_timeout(service, clock):
+    """No `next_report_seconds`, no `watch`: silent after heartbeat_timeout_seconds, as before."""
+    running_job(service)
+    clock.advance(30)
+    beat(service, "heartbeat", 0)
+    assert records(service)["0-0"].silent_after == clock.now + timedelta(seconds=60)
+
+
+def test_worker_0s_peer_silent_loses_that_host_at_once(service, clock):
+    """peer_silent -> CAPACITY_LOST for the peer named: the attempt recovers, by the agent's word, naming the host."""
+    peer_started(service, clock)
+    beat(service, "peer_silent", 0, peer_worker_id=1, detail="worker 0-0 heard nothing from it for 11 s")
+    job = service.store.get("train-1")
+    assert (job.state, job.attempt) == (JobState.PROVISIONING, 2)
+    lost = [e for e in service.store.events("train-1") if e.to_state is JobState.RECOVERING]
+    assert len(lost) == 1 and lost[0].source == "agent"
+    assert "Worker 0-1" in lost[0].reason and "heard nothing from it for 11 s" in lost[0].reason
+
+
+def rejected(service: JobService, sent) -> str | None:
+    found = next((r for r in service.store.rejections() if r.message_id == sent.message_id), None)
+    return None if found is None else found.reason
+
+
+@pytest.mark.parametrize(
+    ("worker", "peer", "says"),
+    [
+        (1, 1, "only worker 0"),  # a peer speaks for no one
+        (0, 2, "no peer 2"),  # a v4-16 slice has hosts 0 and 1
+    ],
+)
+def test_a_peer_silent_from_a_peer_or_about_no_such_peer_is_refused(service, clock, worker, peer, says):
+    """The job stays RUNNING at attempt 1; the rejection names peer_worker_id and why."""
+    peer_started(service, clock)
+    payload = {"kind": "peer_silent", "job_id": "train-1", "attempt": 1, "slice_id": 0, "worker_id": worker}
+    sent = signed(service, "tpujobs-worker-events", {**payload, "peer_worker_id": peer})
+    assert service.on_worker_report(sent) is None
+    job = service.store.get("train-1")
+    assert (job.state, job.attempt) == (JobState.RUNNING, 1)
+    reason = rejected(service, sent)
+    assert reason is not None and "peer_worker_id" in reason and says in reason
+
+
+def test_a_forged_peer_silent_is_refused(service, clock):
+    """Signed with no key of the attempt's: refused, nothing lost."""
+    peer_started(service, clock)
+    sent = signed(
+        service, "tpujobs-worker-events",
+        {"kind": "peer_silent", "job_id": "train-1", "attempt": 1, "slice_id": 0, "worker_id": 0, "peer_worker_id": 1},
+    )  # fmt: skip
+    sent = type(sent)(sent.message_id, sent.topic, sent.data, {"tpujobs-signature": "v1=" + "0" * 64})
+    assert service.on_worker_report(sent) is None
+    assert service.store.get("train-1").state is JobState.RUNNING
+    assert rejected(service, sent) is not None
