@@ -41,9 +41,13 @@ TransientError so Pub/Sub redelivers; once the attempt ended MAX_WAIT_SECONDS ag
 what there is, with the cut-off line. The limits keep the waiting within the few deliveries a
 push subscription makes before it dead-letters (`dev.wiring.MAX_DELIVERY_ATTEMPTS`).
 
-Everything of one attempt is read into memory (chunks are downloaded by a few threads): fine
-for the output of training jobs, which is mostly progress lines; a job that writes gigabytes
-to its output should write them to files of its own.
+Nothing is held whole: each output object is written through a streaming upload, fed chunk by
+chunk as the chunks are read (a few downloads ahead, `LogBucket.read_each`). attempt.log is
+the workers' streams one after the other, so its memory is one worker's chunk, a few read
+ahead and the upload's buffer, whatever the size of the log or the number of workers (a
+1,024-host attempt's log is never in memory). The price is reading the chunks twice per
+object written: once to hash the bytes (an object already holding them is not uploaded
+again), once to upload them.
 """
 
 from __future__ import annotations
@@ -52,9 +56,10 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from tpujobs import logs
@@ -116,26 +121,49 @@ def cut_off_line(worker: int) -> bytes:
 
 def worker_log(output: bytes, cut_off: bool, worker: int) -> bytes:
     """A worker's exported log: its output, and the cut-off line on a line of its own."""
-    if not cut_off:
-        return output
-    newline = b"\n" if output and not output.endswith(b"\n") else b""
-    return output + newline + cut_off_line(worker)
+    return b"".join(worker_log_parts([output], cut_off, worker))
+
+
+def worker_log_parts(output: Iterable[bytes], cut_off: bool, worker: int) -> Iterator[bytes]:
+    """`worker_log` as a stream: the output's pieces as they come, then the cut-off line."""
+    last = b""
+    for piece in output:
+        if piece:
+            last = piece[-1:]
+            yield piece
+    if cut_off:
+        yield (b"\n" if last not in (b"", b"\n") else b"") + cut_off_line(worker)
 
 
 def prefixed_lines(worker: int, text: bytes) -> bytes:
     """Every line of `text` as `[worker K] line`; a last line without a newline gets one."""
-    if not text:
-        return b""
+    return b"".join(prefixed_parts(worker, [text]))
+
+
+def prefixed_parts(worker: int, pieces: Iterable[bytes]) -> Iterator[bytes]:
+    """`prefixed_lines` as a stream: a line split across two pieces comes out whole, once its
+    end has come (only that line's start is held meanwhile)."""
     prefix = f"[worker {worker}] ".encode()
-    lines = text.split(b"\n")
-    if lines[-1] == b"":
-        lines.pop()
-    return b"".join(prefix + line + b"\n" for line in lines)
+    start = b""
+    for piece in pieces:
+        lines = (start + piece).split(b"\n")
+        start = lines.pop()
+        if lines:
+            yield b"".join(prefix + line + b"\n" for line in lines)
+    if start:
+        yield prefix + start + b"\n"
 
 
 def combined_log(worker_logs: Mapping[int, bytes]) -> bytes:
     """The attempt's log: each worker's lines, prefixed, worker 0 first."""
-    return b"".join(prefixed_lines(k, worker_logs[k]) for k in sorted(worker_logs))
+    return b"".join(combined_parts((k, [worker_logs[k]]) for k in sorted(worker_logs)))
+
+
+def combined_parts(workers: Iterable[tuple[int, Iterable[bytes]]]) -> Iterator[bytes]:
+    """`combined_log` as a stream, from each worker's log as a stream, in worker order: one
+    worker's stream is read at a time, so the combined log costs the memory of one piece."""
+    for worker, pieces in workers:
+        yield from prefixed_parts(worker, pieces)
 
 
 # --- what the bucket holds -------------------------------------------------------------
@@ -219,9 +247,20 @@ class LogObjects:
         """The chunks' bytes, concatenated in the order given (a vanished chunk counts as empty)."""
         return b"".join(data or b"" for data in self.bucket.read_all([chunk.name for chunk in chunks]))
 
+    def chunk_stream(self, chunks: list[Chunk]) -> Iterator[bytes]:
+        """The chunks' bytes one chunk at a time, in the order given, read as they are asked
+        for (a few ahead); a vanished chunk counts as empty."""
+        for data in self.bucket.read_each([chunk.name for chunk in chunks]):
+            yield data or b""
+
     def write_if_changed(self, name: str, data: bytes) -> bool:
         """Upload unless the object already holds exactly these bytes; whether it uploaded."""
         return self.bucket.write_if_changed(name, data, CONTENT_TYPE)
+
+    def write_stream_if_changed(self, name: str, stream: Callable[[], Iterable[bytes]]) -> bool:
+        """`write_if_changed` for bytes made by `stream()`, called twice (hash, then upload):
+        never held whole."""
+        return self.bucket.write_stream_if_changed(name, stream, CONTENT_TYPE)
 
     def mark_code_used(self, code_uri: str | None, at: datetime) -> bool:
         """Move the custom time of a job's code tarball forward to `at`, if the tarball is one
@@ -313,23 +352,19 @@ class LogExporter:
             return ExportResult(job_id, attempt, reason=f"attempt {attempt} has no output")
 
         hosts = job.spec.hosts_per_slice
-        texts: dict[int, bytes] = {}
-        cut_off: list[int] = []
-        for (slice_id, worker_id), output in sorted(outputs.items()):
-            k = worker_number(slice_id, worker_id, hosts)
-            if not output.is_complete:
-                cut_off.append(k)
-            texts[k] = worker_log(self.objects.chunks_text(output.sorted_chunks()), not output.is_complete, k)
+        # (slice, worker) order is K order: K = slice * hosts_per_slice + worker.
+        workers = [(worker_number(s, w, hosts), output) for (s, w), output in sorted(outputs.items())]
+        cut_off = [k for k, output in workers if not output.is_complete]
 
         written = []
         worker_uris = {}
-        for k, text in sorted(texts.items()):
+        for k, output in workers:
             name = worker_log_name(job_id, attempt, k, job.spec.service_account)
-            if self.objects.write_if_changed(name, text):
+            if self.objects.write_stream_if_changed(name, partial(self._worker_stream, k, output)):
                 written.append(name)
             worker_uris[k] = self.objects.uri(name)
         name = attempt_log_name(job_id, attempt, job.spec.service_account)
-        if self.objects.write_if_changed(name, combined_log(texts)):
+        if self.objects.write_stream_if_changed(name, partial(self._combined_stream, workers)):
             written.append(name)
         result = ExportResult(
             job_id,
@@ -345,13 +380,21 @@ class LogExporter:
         )
         log.info(
             "exported %d worker log(s) of %s attempt %d (%d uploaded, cut off: %s)",
-            len(texts),
+            len(workers),
             job_id,
             attempt,
             len(written),
             ", ".join(map(str, cut_off)) or "none",
         )
         return result
+
+    def _worker_stream(self, k: int, output: WorkerOutput) -> Iterator[bytes]:
+        """Worker K's exported log as a stream of its chunks, read as they are needed."""
+        return worker_log_parts(self.objects.chunk_stream(output.sorted_chunks()), not output.is_complete, k)
+
+    def _combined_stream(self, workers: list[tuple[int, WorkerOutput]]) -> Iterator[bytes]:
+        """attempt.log as a stream: each worker's stream in turn, opened only when reached."""
+        return combined_parts((k, self._worker_stream(k, output)) for k, output in workers)
 
     def _keep_code(self, job: Job) -> None:
         """Mark the job's code as used now, so the code lifecycle rule keeps it while the job

@@ -7,7 +7,7 @@ benchmarks use the same adapters against the emulators and the TPU simulator.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
@@ -121,7 +121,7 @@ class JobStore(Protocol):
     def apply(self, job_id: str, seen: Observation, clock: Clock) -> Decision | Ignored:
         """Decide and commit in one transaction: compare-and-set on the job, plus its event."""
 
-    def record_checkpoint(self, job_id: str, attempt: int, at: datetime) -> bool:
+    def record_checkpoint(self, job_id: str, attempt: int, at: datetime, step: int | None = None) -> bool:
         """Note a newer checkpoint of an attempt for its accounting; False when not newer."""
 
     def record_image_digest(self, job_id: str, attempt: int, digest: str) -> bool:
@@ -153,6 +153,12 @@ class JobStore(Protocol):
 
     def attempt_workers(self, job_id: str, attempt: int) -> list[WorkerRecord]:
         """The latest word of each host of one attempt that ever reported (one document each)."""
+
+    def attempt_workers_heard(self, job_id: str, attempt: int) -> int:
+        """How many hosts of the attempt have a record (reported anything): a count, no reads."""
+
+    def attempt_workers_succeeded(self, job_id: str, attempt: int) -> int:
+        """How many hosts of the attempt exited 0, by their records: the job's success count."""
 
     def record_all_started(self, job_id: str, attempt: int, at: datetime) -> bool:
         """Note on the attempt's usage that every host has reported, so the boot check is
@@ -457,8 +463,16 @@ class LogBucket(Protocol):
     def read_all(self, names: Sequence[str]) -> list[bytes | None]:
         """Each object's bytes, in the order named (downloaded side by side); None for a missing one."""
 
+    def read_each(self, names: Sequence[str]) -> Iterator[bytes | None]:
+        """Each object's bytes in the order named, read as asked for (a few ahead), so the
+        caller holds a few objects, never all; None for a missing one."""
+
     def write_if_changed(self, name: str, data: bytes, content_type: str) -> bool:
         """Upload unless the object already holds exactly these bytes; whether it uploaded."""
+
+    def write_stream_if_changed(self, name: str, stream: Callable[[], Iterable[bytes]], content_type: str) -> bool:
+        """`write_if_changed` for the bytes `stream()` makes, called once to hash them and once
+        to upload them (a streaming upload): the object is never held whole in memory."""
 
     def mark_used(self, name: str, at: datetime) -> bool:
         """Move the object's custom time forward to `at` (lifecycle rules count from it); whether

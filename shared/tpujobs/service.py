@@ -536,17 +536,66 @@ class JobService:
         worker = worker_key(report.slice_id, report.worker_id)
         record = replace(_worker_record(report, worker, now, at), silent_after=silent_after(report, now, self.settings))
         seen = _worker_observation(report, worker)
-        outcome = None if seen is None else self.observe(report.job_id, seen)
+        counted = _counted_on_workers(seen)
+        if counted:  # the job counts these hosts from their records: the record comes first
+            self.store.record_worker(report.job_id, record)
+        outcome = None if seen is None else self._observe_host(report.job_id, seen)
         if report.kind == "checkpoint":
-            self.store.record_checkpoint(report.job_id, report.attempt, at)
+            self.store.record_checkpoint(report.job_id, report.attempt, at, report.step)
         if report.kind == "started" and report.image_digest is not None:
             # The first host's digest is the attempt's; another host's different one (its tag
             # moved between two pulls) is kept beside it, so `describe` shows both.
             self.store.record_image_digest(report.job_id, report.attempt, report.image_digest)
         # The worker's record comes after the job's commit: had it come first, a crash in
         # between would leave a worker marked done whose exit the job never counted.
-        self.store.record_worker(report.job_id, record)
+        if not counted:
+            self.store.record_worker(report.job_id, record)
         return outcome
+
+    # -- hosts counted on their records (a job of 1,000 hosts) ---------------------------
+
+    def _observe_host(self, job_id: str, seen: Observation) -> Decision | Ignored:
+        """One host's word: a `started` or an exit 0 is counted on the worker records, so the
+        job document changes once per attempt for them, not once per host; the rest at once."""
+        if seen.kind is EventKind.WORKERS_STARTED:
+            return self._host_started(job_id, seen)
+        if seen.kind is EventKind.WORKER_SUCCEEDED:
+            return self._host_succeeded(job_id, seen)
+        return self.observe(job_id, seen)
+
+    def _host_started(self, job_id: str, seen: Observation) -> Decision | Ignored:
+        """The first `started` moves the job to RUNNING; the others write only their worker's
+        record, and the one that completes the count notes `all_started_at` on the job."""
+        job = self.store.get(job_id)
+        if job is not None and job.state is JobState.RUNNING and job.attempt == seen.attempt:
+            outcome: Decision | Ignored = Ignored(f"attempt {job.attempt} is RUNNING already")
+        else:  # PROVISIONING (or stale, ended: observed as before, which finishes earlier work)
+            outcome = self.observe(job_id, seen)
+            job = outcome.job if isinstance(outcome, Decision) else None
+        if job is not None and job.state is JobState.RUNNING and job.attempt == seen.attempt:
+            self._note_all_started(job)
+        return outcome
+
+    def _note_all_started(self, job: Job) -> None:
+        """Note on the attempt's usage that every host has reported, when its records say so
+        (one count query; `record_all_started` writes only the first time)."""
+        usage = job.usage_of()
+        if usage is None or usage.all_started_at is not None:
+            return
+        if self.store.attempt_workers_heard(job.job_id, job.attempt) >= job.total_workers:
+            self.store.record_all_started(job.job_id, job.attempt, self.clock())
+
+    def _host_succeeded(self, job_id: str, seen: Observation) -> Decision | Ignored:
+        """An exit 0, counted from the records of the attempt's hosts (this one's is written):
+        the job is written when the count is complete (SUCCEEDED) or to leave PROVISIONING;
+        redelivered or reordered exits count once each, since a record is one per host."""
+        assert seen.attempt is not None
+        done = self.store.attempt_workers_succeeded(job_id, seen.attempt)
+        job = self.store.get(job_id)
+        live = job is not None and job.state is JobState.RUNNING and job.attempt == seen.attempt
+        if job is not None and live and done < job.total_workers:
+            return Ignored(f"worker {seen.worker} exited 0; {done} of {job.total_workers} workers are done")
+        return self.observe(job_id, replace(seen, workers_done_count=done))
 
     def _peer_silent(self, report: WorkerReport, message: InboundMessage) -> Decision | Ignored | None:
         """Worker 0 of a slice heard nothing from one of its peers for its peer timeout: that
@@ -998,6 +1047,11 @@ def silent_after(report: WorkerReport, now: datetime, settings: Settings) -> dat
         return SPOKEN_FOR
     period = report.next_report_seconds or settings.heartbeat_seconds
     return now + timedelta(seconds=max(settings.heartbeat_timeout_seconds, SILENT_PERIODS * period))
+
+
+def _counted_on_workers(seen: Observation | None) -> bool:
+    """A `started` or an exit 0: the job counts these from the worker records (`_observe_host`)."""
+    return seen is not None and seen.kind in (EventKind.WORKERS_STARTED, EventKind.WORKER_SUCCEEDED)
 
 
 def _worker_observation(report: WorkerReport, worker: str) -> Observation | None:

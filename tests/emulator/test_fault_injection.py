@@ -302,9 +302,17 @@ SCENARIOS = [
         "tpujobs-worker-events",
         _exit(0),
         setup=_running,
-        steps=_EXIT_STEPS,
+        # An exit 0 is counted on the worker records: its own record first, then the count.
+        steps=(
+            *_BELIEVED,
+            "store.record_worker",
+            "store.attempt_workers_succeeded",
+            "store.get",
+            "store.apply",
+            "tpu.release",
+        ),
         done=Outcome(JobState.SUCCEEDED, exit_code=0),
-        commit=3,
+        commit=6,
         untouched=Outcome(JobState.RUNNING),
     ),
     Scenario(
@@ -611,12 +619,11 @@ OUTPUT = [b"step 1 loss 2.0\n", b"step 2 loss 1.0\n"]
 EXPORT_STEPS = (
     "store.get",  # the job: has the attempt ended?
     "objects.worker_outputs",  # list the chunks, read complete.json
-    "objects.chunks_text",  # the one worker's chunks
-    "objects.write_if_changed",  # worker-0.log
-    "objects.write_if_changed",  # attempt.log
+    "objects.write_stream_if_changed",  # worker-0.log, streamed from the one worker's chunks
+    "objects.write_stream_if_changed",  # attempt.log, streamed from them again
     "store.record_attempt_logs",  # the commit: attempts/1 and the job's log_uri
 )
-_OBJECT_IO = ("worker_outputs", "read", "chunks_text", "write_if_changed")
+_OBJECT_IO = ("worker_outputs", "read", "chunks_text", "write_if_changed", "write_stream_if_changed")
 
 
 @dataclass

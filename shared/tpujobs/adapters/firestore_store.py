@@ -298,14 +298,16 @@ class FirestoreJobStore:
         batch.create(ref.collection(EVENTS).document(outcome.event.document_id), event_to_document(outcome.event))
         return batch
 
-    def record_checkpoint(self, job_id: str, attempt: int, at: datetime) -> bool:
+    def record_checkpoint(self, job_id: str, attempt: int, at: datetime, step: int | None = None) -> bool:
         """Note a checkpoint of `attempt` on the job's usage, if newer; no timeline entry.
 
         A checkpoint of an attempt that already ended still counts (a job saving on SIGTERM
-        reports after the preemption notice), and of the many workers reporting one
-        checkpoint only the first write changes anything.
+        reports after the preemption notice). Of the many workers reporting one step only the
+        first writes (`checkpoint_reported` compares steps); the others read and write nothing,
+        and two at once race on the compare-and-set, never both writing.
         """
-        return self._amend_usage(job_id, lambda usage: checkpoint_reported(usage, attempt, at), "note a checkpoint")
+        change = lambda usage: checkpoint_reported(usage, attempt, at, step)  # noqa: E731
+        return self._amend_usage(job_id, change, "note a checkpoint")
 
     def record_image_digest(self, job_id: str, attempt: int, digest: str) -> bool:
         """Note the image digest a host of `attempt` ran; the first is the attempt's, a different
@@ -529,6 +531,22 @@ class FirestoreJobStore:
                 d["silent_after"] = datetime.fromtimestamp(d["silent_after"], tz=timezone.utc)
         return [WorkerRecord(**{k: v for k, v in d.items() if k in names}) for d in docs if "worker" in d]
 
+    def attempt_workers_heard(self, job_id: str, attempt: int) -> int:
+        """How many hosts of the attempt have a record: one aggregation query, no documents read."""
+        query = self._job_ref(job_id).collection(WORKERS).where(filter=firestore.FieldFilter("attempt", "==", attempt))
+        return _count(query, "count an attempt's workers")
+
+    def attempt_workers_succeeded(self, job_id: str, attempt: int) -> int:
+        """How many hosts of the attempt exited 0 by their records: the job's success count,
+        kept off the job document so 1,000 exits are not 1,000 writes of one document."""
+        query = (
+            self._job_ref(job_id)
+            .collection(WORKERS)
+            .where(filter=firestore.FieldFilter("attempt", "==", attempt))
+            .where(filter=firestore.FieldFilter("exit_code", "==", 0))
+        )
+        return _count(query, "count an attempt's finished workers")
+
     def silent_workers(self, before: datetime, page_size: int = ACTIVE_PAGE_SIZE) -> list[SilentWorker]:
         # One collection-group query on (live, silent_after), paged: it returns only the silent
         # ones, so a tick reads nothing for healthy workers, for hosts worker 0 speaks for, nor
@@ -546,6 +564,7 @@ class FirestoreJobStore:
             SilentWorker(doc.reference.parent.parent.id, d["attempt"], d["worker"], d["last_report_at"])
             for doc in docs
             for d in [doc.to_dict() or {}]
+            if d.get("exited_at") is None  # a `started` handled after its exit made it live again
         ]
 
     def mark_announced(self, job_id: str, event: JobEvent) -> None:
@@ -733,6 +752,13 @@ def transient_on_failure(doing: str) -> AbstractContextManager[None]:
     when worth retrying, PermanentError when not, naming what was being done. An outcome a
     caller expects (AlreadyExists on create) is caught inside the block."""
     return translated(FIRESTORE, doing)
+
+
+def _count(query: Any, doing: str) -> int:
+    """The number of documents the query matches, by Firestore's count aggregation."""
+    with transient_on_failure(doing):
+        result = query.count(alias="n").get()
+    return int(result[0][0].value)
 
 
 def _paged(query: Any, page_size: int, doing: str) -> list[Any]:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -21,6 +22,9 @@ if TYPE_CHECKING:
 
 SERVICE = "Cloud Storage"
 DOWNLOAD_THREADS = 8  # an attempt's chunks are many small objects: fetch a few at a time
+# A streamed upload sends (and holds) this much at a time: a multiple of 256 KiB, as resumable
+# uploads require; the library's default of 100 MiB would be the memory an export is bounded by.
+UPLOAD_CHUNK_BYTES = 256 * 1024
 
 
 def md5_base64(data: bytes) -> str:
@@ -57,6 +61,40 @@ class GcsLogBucket:
             return [self.read(name) for name in names]
         with ThreadPoolExecutor(max_workers=DOWNLOAD_THREADS) as pool:
             return list(pool.map(self.read, names))
+
+    def read_each(self, names: Sequence[str]) -> Iterator[bytes | None]:
+        """Each object's bytes in the order named, as the caller asks for them, with at most
+        DOWNLOAD_THREADS downloads ahead: memory of a few objects, never of all of them."""
+        if len(names) <= 1:
+            yield from (self.read(name) for name in names)
+            return
+        with ThreadPoolExecutor(max_workers=DOWNLOAD_THREADS) as pool:
+            ahead: deque[Future[bytes | None]] = deque()
+            for name in names:
+                ahead.append(pool.submit(self.read, name))
+                if len(ahead) >= DOWNLOAD_THREADS:
+                    yield ahead.popleft().result()
+            while ahead:
+                yield ahead.popleft().result()
+
+    def write_stream_if_changed(self, name: str, stream: Callable[[], Iterable[bytes]], content_type: str) -> bool:
+        """Upload the bytes `stream()` makes unless the object holds exactly them; whether it
+        uploaded. The stream is made twice, to hash it and to upload it through a resumable
+        upload, UPLOAD_CHUNK_BYTES at a time: never whole in memory."""
+        digest, size = hashlib.md5(usedforsecurity=False), 0
+        for piece in stream():
+            digest.update(piece)
+            size += len(piece)
+        md5 = base64.b64encode(digest.digest()).decode("ascii")
+        with translated(SERVICE, f"write {name}"):
+            existing = self._bucket.get_blob(name)
+            if existing is not None and existing.size == size and existing.md5_hash == md5:
+                return False
+            blob = self._bucket.blob(name, chunk_size=UPLOAD_CHUNK_BYTES)
+            with blob.open("wb", content_type=content_type) as out:
+                for piece in stream():
+                    out.write(piece)
+        return True
 
     def write_if_changed(self, name: str, data: bytes, content_type: str) -> bool:
         with translated(SERVICE, f"write {name}"):

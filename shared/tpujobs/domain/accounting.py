@@ -10,7 +10,9 @@ section says the same in prose. Per attempt (one queued resource):
     ended_at            when the attempt ended (success, failure, loss, cancel); the
                         capacity is released at that moment
     last_checkpoint_at  the latest checkpoint a worker of the attempt reported (the
-                        `TPUJOBS_CHECKPOINT step=N` line), even one reported after the end
+                        `TPUJOBS_CHECKPOINT step=N` line), even one reported after the end;
+                        `last_checkpoint_step` its N: the same step from another host is
+                        not newer, so it writes nothing
     started_at          when the first worker of the attempt said it started the command
     all_started_at      when every host of the attempt was known to have reported (the
                         reconciler stops looking for hosts that never booted); these two
@@ -62,6 +64,7 @@ class AttemptUsage:
     image_digest: str | None = None  # the container image that ran (the first host's pull)
     other_image_digest: str | None = None  # another digest a host of the same attempt pulled
     pool: str = ""  # the warm pool whose unit the attempt ran on ("" for capacity of its own)
+    last_checkpoint_step: int | None = None  # the step of `last_checkpoint_at`, when the host said it
 
     def held_seconds(self, now: datetime) -> float:
         if self.held_from is None:
@@ -189,13 +192,24 @@ def attempt_moved(usage: tuple[AttemptUsage, ...], attempt: int, zone: str) -> t
     return _amend(usage, attempt, lambda u: replace(u, zone=zone))
 
 
-def checkpoint_reported(usage: tuple[AttemptUsage, ...], attempt: int, at: datetime) -> tuple[AttemptUsage, ...] | None:
-    """The usage with a newer checkpoint for `attempt`, or None when it changes nothing."""
+def checkpoint_reported(
+    usage: tuple[AttemptUsage, ...], attempt: int, at: datetime, step: int | None = None
+) -> tuple[AttemptUsage, ...] | None:
+    """The usage with a newer checkpoint for `attempt`, or None when it changes nothing.
+
+    Newer by its step when both are known: every host of a slice reports the same step a few
+    moments apart, and only the first of them changes the job (one write per checkpoint, not
+    one per host); by its time otherwise.
+    """
     for u in usage:
         if u.attempt == attempt:
-            if u.last_checkpoint_at is not None and u.last_checkpoint_at >= at:
+            if step is not None and u.last_checkpoint_step is not None:
+                if step <= u.last_checkpoint_step:
+                    return None
+            elif u.last_checkpoint_at is not None and u.last_checkpoint_at >= at:
                 return None
-            return _amend(usage, attempt, lambda u: replace(u, last_checkpoint_at=at))
+            kept = u.last_checkpoint_step if step is None else step
+            return tuple(replace(v, last_checkpoint_at=at, last_checkpoint_step=kept) if v is u else v for v in usage)
     return None
 
 

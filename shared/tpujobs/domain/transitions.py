@@ -45,6 +45,10 @@ class Observation:
     # ADMITTED onto a warm pool: the unit's queued resource and its zone (capacity already ACTIVE).
     unit: str = ""
     zone: str = ""
+    # WORKER_SUCCEEDED: how many hosts of the attempt have exited 0 by their worker documents,
+    # this one included (`JobService` counts them, so the job is not written once per host);
+    # None: the job counts the worker itself, in `workers_done`.
+    workers_done_count: int | None = None
 
 
 @dataclass(frozen=True)
@@ -189,6 +193,8 @@ def _workers_started(job: Job, seen: Observation, now: datetime) -> _Move:
 def _worker_succeeded(job: Job, seen: Observation, now: datetime) -> _Move | Ignored:
     """One worker exited 0, counted once; the job succeeds when every worker of the attempt has."""
     worker = seen.worker or "?"
+    if seen.workers_done_count is not None:
+        return _counted_success(job, seen, worker, seen.workers_done_count, now)
     if worker in job.workers_done:
         return Ignored(f"worker {worker} of attempt {job.attempt} was already counted")
     done = (*job.workers_done, worker)
@@ -198,6 +204,26 @@ def _worker_succeeded(job: Job, seen: Observation, now: datetime) -> _Move | Ign
         return _Move(JobState.RUNNING, reason, changes)
     reason = seen.reason or f"Every worker of attempt {job.attempt} exited 0."
     return _Move(JobState.SUCCEEDED, reason, {**changes, "exit_code": 0})
+
+
+def _counted_success(job: Job, seen: Observation, worker: str, done: int, now: datetime) -> _Move | Ignored:
+    """An exit 0 counted on the worker documents: the job changes only when the count is
+    complete (SUCCEEDED), or to leave PROVISIONING; any other exit changes nothing, so a job of
+    1,000 hosts is written once for their exits, not 1,000 times."""
+    changes: dict[str, object] = {"started_at": job.started_at or now}
+    if done >= job.total_workers:
+        reason = seen.reason or f"Every worker of attempt {job.attempt} exited 0 ({job.total_workers} of them)."
+        return _Move(JobState.SUCCEEDED, reason, {**changes, "exit_code": 0})
+    if job.state is JobState.RUNNING:
+        return Ignored(f"worker {worker} exited 0; {done} of {job.total_workers} workers are done")
+    reason = seen.reason or f"Worker {worker} exited 0; {done} of {job.total_workers} workers are done."
+    return _Move(JobState.RUNNING, reason, changes)
+
+
+def _every_worker_done(job: Job, seen: Observation) -> bool:
+    """This exit completes the attempt's count: every host exited 0, so every host started."""
+    count = seen.workers_done_count
+    return seen.kind is EventKind.WORKER_SUCCEEDED and count is not None and count >= job.total_workers
 
 
 def _command_failed(job: Job, seen: Observation, now: datetime) -> _Move:
@@ -451,7 +477,8 @@ def _usage_after(
     if seen.kind in _HOLDS_CAPACITY or active or seen.held_since is not None:
         usage = accounting.capacity_held(usage, job.attempt, _held_since(usage, job.attempt, seen, now))
     if seen.kind in _HOLDS_CAPACITY:  # the boot clock of the attempt's other hosts starts
-        usage = accounting.workers_started(usage, job.attempt, now, every=job.total_workers == 1)
+        every = job.total_workers == 1 or _every_worker_done(job, seen)
+        usage = accounting.workers_started(usage, job.attempt, now, every=every)
     if to_state is JobState.RECOVERING or to_state.is_terminal:
         lost = seen.kind is EventKind.CAPACITY_LOST
         kept = bool(changes.get("resume_next", True))  # rerun from scratch throws the work away
