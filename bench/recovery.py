@@ -18,7 +18,19 @@ Two paths:
           The ticks are read from a pull subscription of the bench's own on the reconcile
           topic, which splits the latency into the wait for the tick and the handling.
 
-    .venv/bin/python bench/recovery.py [--trials 20]
+  hung-peer   a hung host of a 2-host slice (v4-16): the agent of worker 1 is frozen (SIGSTOP)
+          while its node stays healthy, so no TPU state and no notice say anything; only
+          silence tells. Worker 0 of the slice hears nothing from it over the slice's network
+          and reports it (`peer_silent`) after the peer timeout (TPUJOBS_PEER_TIMEOUT_SECONDS,
+          10 s); before that design, the reconciler found its worker record silent after the
+          heartbeat timeout (60 s), at its next tick.
+  hung-single the same for the one host of a v4-8 (its agent frozen): the reconciler finds its
+          record past `silent_after` (the heartbeat timeout, 60 s) at its next tick, as before.
+
+    .venv/bin/python bench/recovery.py [--trials 20] [--paths notice,silent,hung-peer,hung-single]
+
+To compare with an earlier commit, run the same file there: `git worktree add /tmp/before
+COMMIT`, then `PYTHONPATH=/tmp/before/shared .venv/bin/python bench/recovery.py --paths ...`.
 
 It starts the local stack in a temporary directory (or uses the one named by the
 environment) and stops what it started. Trials run one at a time: concurrent jobs would
@@ -30,7 +42,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import random
+import signal
 import statistics
 import sys
 import threading
@@ -51,6 +65,10 @@ OWNER = "bench@example.com"
 LOCAL_TICK_S = stack.RECONCILE_INTERVAL_S
 PRODUCTION_TICK_S = 60.0  # Cloud Scheduler's shortest interval
 TARGET_NOTICE_MEDIAN_S = 0.5
+PATHS = ("notice", "silent", "hung-peer", "hung-single")
+TARGET_HUNG_PEER_S = 20.0
+TARGET_HUNG_SINGLE_S = 60.0 + LOCAL_TICK_S + 2.0
+HUNG_TIMEOUT_S = 180.0  # a hung host is found in about a minute at worst (the heartbeat timeout)
 ANCHORS = (
     "SkyPilot managed jobs poll job status every 15 s; dstack every 10 s with a 2-minute "
     "grace; hand-run monitors every 10-30 min"
@@ -149,14 +167,14 @@ class Bench:
 
     # -- jobs ----------------------------------------------------------------------------
 
-    def _submit(self, job_id: str) -> None:
+    def _submit(self, job_id: str, accelerator_type: str = "v4-8") -> None:
         self.publisher.publish_json(
             SUBMIT,
             {
                 "job_id": job_id,
                 "name": "bench-recovery",
                 "owner": OWNER,
-                "accelerator_type": "v4-8",
+                "accelerator_type": accelerator_type,
                 "capacity": "spot",
                 "command": "sleep 600",
                 "on_preemption": "resume",
@@ -186,21 +204,34 @@ class Bench:
 
         wait_for(settled, timeout=30, interval=0.1, what=f"{job_id} cancelled and its capacity released")
 
+    def _freeze_agent(self, queued_resource: str, worker: int) -> float:
+        """SIGSTOP the agent of one host (the startup script execs it: the script's pid); its
+        command runs on and its node stays healthy. The time just before."""
+        found = [w for w in self.simulator.workers(self.zone, queued_resource) if w["worker"] == worker]
+        if not found or not found[0]["alive"]:
+            raise RuntimeError(f"no live worker {worker} of {queued_resource}")
+        lost = time.time()
+        os.kill(int(found[0]["pid"]), signal.SIGSTOP)
+        return lost
+
     def trial(self, path: str) -> Trial:
         job_id = f"rec-{path}-{uuid.uuid4().hex[:8]}"
-        self._submit(job_id)
+        self._submit(job_id, "v4-16" if path == "hung-peer" else "v4-8")
         try:
             job = self._running(job_id)
             if path == "notice":
                 lost = time.time()
                 self.simulator.preempt(self.zone, job.queued_resource)
+            elif path.startswith("hung"):
+                time.sleep(3.0 + random.uniform(0, LOCAL_TICK_S))  # the peers have met; a random phase of the tick
+                lost = self._freeze_agent(job.queued_resource, 1 if path == "hung-peer" else 0)
             else:
                 time.sleep(random.uniform(0, LOCAL_TICK_S))  # a random phase of the tick
                 lost = time.time()
                 self.simulator.kill_host(self.zone, job.queued_resource, worker=0, slice_index=0)
             requested = wait_for(
                 lambda: self._requested_at(f"{job_id}-a2"),
-                timeout=30 + LOCAL_TICK_S,
+                timeout=HUNG_TIMEOUT_S if path.startswith("hung") else 30 + LOCAL_TICK_S,
                 what=f"{job_id}-a2 to be requested",
             )
         finally:
@@ -224,10 +255,39 @@ def spread(values: list[float]) -> str:
     )
 
 
+def report_hung(results: dict[str, list[Trial]]) -> None:
+    """The hung-host paths: their spread, who noticed, and the target (not slower than before)."""
+    for path in ("hung-peer", "hung-single"):
+        trials = results.get(path)
+        if not trials:
+            continue
+        what = "worker 1 of a v4-16 frozen" if path == "hung-peer" else "the one host of a v4-8 frozen"
+        print(f"\n  {path:<11} ({what})  {spread([t.latency for t in trials])}")
+        sources = sorted({t.source for t in trials})
+        to_event = statistics.median(t.recovering for t in trials)
+        print(f"          RECOVERING after {to_event:.3f} s (median), recorded by {', '.join(sources)}")
+    print(
+        "\n  hung hosts: before slice heartbeats, both were found by the reconciler after the heartbeat "
+        "timeout (60 s) + its tick; now a peer is found by worker 0 after the peer timeout (10 s)"
+    )
+    for path, bound, what in (
+        ("hung-peer", TARGET_HUNG_PEER_S, "the peer timeout (10 s) + handling"),
+        ("hung-single", TARGET_HUNG_SINGLE_S, "the heartbeat timeout (60 s) + the local tick: no slower than before"),
+    ):
+        if results.get(path):
+            median = statistics.median(t.latency for t in results[path])
+            verdict = "met" if median <= bound else "NOT met"
+            print(f"  target: {path} median <= {bound:g} s ({what}): {verdict} ({median:.1f} s)")
+
+
 def report(results: dict[str, list[Trial]]) -> None:
-    notice, silent = results["notice"], results["silent"]
     print("\nrecovery: capacity lost -> next attempt requested ({job}-a2 create time in the simulator)")
     print("  one trial at a time, a new job each; one warm-up trial per path not counted\n")
+    report_hung(results)
+    notice, silent = results.get("notice"), results.get("silent")
+    if not notice or not silent:
+        print(f"\n  anchors: {ANCHORS}")
+        return
 
     latencies = [t.latency for t in notice]
     print(f"  notice  (:preempt, the worker's notice)      {spread(latencies)}")
@@ -276,9 +336,13 @@ def report(results: dict[str, list[Trial]]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, default=20, help="trials per path (default 20)")
+    parser.add_argument("--paths", default=",".join(PATHS), help=f"comma list of {', '.join(PATHS)}")
     args = parser.parse_args()
     if args.trials < 1:
         parser.error("--trials must be at least 1")
+    paths = [p.strip() for p in args.paths.split(",") if p.strip()]
+    if not paths or any(p not in PATHS for p in paths):
+        parser.error(f"--paths must name some of {', '.join(PATHS)}")
 
     ticks = None
     with stack.running() as env:
@@ -289,10 +353,11 @@ def main() -> int:
             topic = Publisher.build(settings.project, settings.prefix).topic_path(RECONCILE)
             ticks = Ticks(settings.project, topic)
             bench = Bench(settings, env, ticks)
-            results: dict[str, list[Trial]] = {"notice": [], "silent": []}
+            results: dict[str, list[Trial]] = {path: [] for path in paths}
             started = time.monotonic()
             for path, trials in results.items():
-                bench.trial(path)  # warm-up: the first requests of each function pay for clients
+                if not path.startswith("hung"):  # a minute each: the notice and silent paths warm up for them
+                    bench.trial(path)  # warm-up: the first requests of each function pay for clients
                 for i in range(args.trials):
                     trial = bench.trial(path)
                     trials.append(trial)

@@ -175,6 +175,7 @@ def test_the_heartbeat_is_frequent_first_and_sparse_later() -> None:
         }
     )
     assert [worker.heartbeat_period(t, config) for t in (0.0, 299.0, 300.0, 86_400.0)] == [10, 10, 30, 30]
+    assert worker.heartbeat_period(0.0, {**config, "heartbeat_fast_window_seconds": 0}) == 30  # sparse at once
     assert (config["peer_seconds"], config["peer_timeout_seconds"], config["peer_port"]) == (2, 10, worker.PEER_PORT)
 
 

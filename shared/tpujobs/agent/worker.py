@@ -751,8 +751,12 @@ def check_timings(config: dict[str, Any], pool: bool = False) -> None:
         if pool and key not in POOL_TIMINGS:
             continue
         value = config.setdefault(key, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise AgentError(f"config key {key!r} must be a positive number, got {value!r}")
+        zero_ok = key == "heartbeat_fast_window_seconds"  # 0: sparse from the start
+        number = not isinstance(value, bool) and isinstance(value, (int, float))
+        if not number or value < 0 or (value == 0 and not zero_ok):
+            raise AgentError(
+                f"config key {key!r} must be {'0 or more' if zero_ok else 'a positive number'}, got {value!r}"
+            )
     if pool:
         return
     port = config.setdefault("peer_port", PEER_PORT)
@@ -2680,7 +2684,7 @@ class Agent:
             with self._lock:  # against `_watched`: the service hears `watch` once, in order
                 self._started = True
                 self._started_at = rfc3339()
-                self.reporter.report("started", **(started or {}), **self._liveness(0.0))
+                self.reporter.report("started", **(started or {}), **self._liveness(heartbeat_period(0.0, self.config)))
             threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True).start()
         running = {"what": what, "pid": process.pid, "start": process_start(process.pid)}
         if container is not None:
@@ -2763,13 +2767,13 @@ class Agent:
         """A peer whose beats worker 0 acknowledged: worker 0's heartbeats carry its liveness."""
         return self.link is not None and self.link.worker_id != 0 and self.link.peer.watched
 
-    def _liveness(self, elapsed: float) -> dict[str, Any]:
+    def _liveness(self, period: float) -> dict[str, Any]:
         """What a report that marks this host live adds: `watch: slice` when worker 0 speaks
         for it (the service then never finds it silent itself), else when it reports next."""
         if self._spoken_for():
             self._watched_said = True
             return {"watch": "slice"}
-        return {"next_report_seconds": heartbeat_period(elapsed, self.config)}
+        return {"next_report_seconds": period}
 
     def _watched(self) -> None:
         """A peer's first ack from worker 0: once the service heard `started`, tell it now (the
