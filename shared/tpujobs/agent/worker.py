@@ -46,7 +46,10 @@ What it does, in order:
      stdout), so little is lost when the host dies;
   6. reports started (when setup or the command starts), heartbeat, checkpoint and exited
      to the worker-events topic, or `aborted` with a sentence when a secret cannot be read
-     or the code is not what was submitted (then nothing of the job runs);
+     or the code is not what was submitted (then nothing of the job runs); in a multi-host
+     slice worker 0 heartbeats for the slice and reports a quiet peer (`peer_silent`), the
+     others tell it they are alive over the slice's network (see "one host speaks for its
+     slice" below); a heartbeat says when the next comes (`heartbeat_period`);
   7. on SIGTERM, `instance/preempted` turning TRUE or `instance/maintenance-event` turning
      TERMINATE_ON_HOST_MAINTENANCE (both waited on with `wait_for_change`), publishes one
      preemption notice first, then stops the command (SIGTERM to its group, SIGKILL after
