@@ -81,9 +81,9 @@ def on_control(event: CloudEvent) -> None:
 
 @functions_framework.cloud_event
 def reconcile(event: CloudEvent) -> None:
-    """tpujobs-reconcile: the scheduler's tick; compare what is with what should be, repair."""
-    with _traced(event):
-        runtime.reconciler().tick()
+    """tpujobs-reconcile: the scheduler's tick cuts the work into shards and publishes them on the
+    same topic; each shard message compares and repairs its part (a malformed one is recorded)."""
+    _handle(event, "reconcile", runtime.reconciler().handle)
 
 
 @functions_framework.cloud_event

@@ -62,6 +62,15 @@ locals {
         { path = "created_at", order = "ASCENDING" },
       ]
     }
+    # A reconcile shard: the active jobs of one zone in a range of ids (zone ==, state in, __name__ range).
+    jobs_zone_state = {
+      collection = "jobs"
+      scope      = "COLLECTION"
+      fields = [
+        { path = "zone", order = "ASCENDING" },
+        { path = "state", order = "ASCENDING" },
+      ]
+    }
     # tpujobs list / the jobs API: by state, by owner, or both; newest first.
     jobs_state_created = {
       collection = "jobs"

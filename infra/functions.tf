@@ -76,11 +76,16 @@ locals {
       topic      = "tpujobs-reconcile"
       account    = "reconcile"
       timeout    = 300
-      max        = 1 # one tick at a time
+      # A tick fans out: the coordinator publishes one message per shard (at most
+      # TPUJOBS_RECONCILE_SHARD_SIZE active jobs of one zone) on this same topic, and each runs
+      # in its own instance. 20 runs a 10,000-job tick (10 zones: about 20 shards of 500) in
+      # one wave; more shards wait in Pub/Sub for a free instance. Every repair is idempotent
+      # and compare-and-set, so overlapping ticks or a redelivered shard are safe.
+      max        = 20
       concurrent = 1
       cpu        = "1"
       job_engine = true
-      publishes  = ["tpujobs-status", "tpujobs-log-export"]
+      publishes  = ["tpujobs-status", "tpujobs-log-export", "tpujobs-reconcile"]
       firestore  = "roles/datastore.user"
       logs       = null
     }

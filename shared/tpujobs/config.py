@@ -58,6 +58,9 @@ class Settings:
     # A node whose health is TIMEOUT or UNHEALTHY_TENSORFLOW, or whose state is RESTARTING or
     # UNKNOWN (`adapters.tpu.NODE_STATES`), often recovers: its host is lost only past this.
     unhealthy_grace_seconds: float = 300.0
+    # A reconcile tick is cut into shards of at most this many active jobs of one zone, each
+    # handled by its own invocation (`tpujobs.domain.shards`): the bound on one invocation's work.
+    reconcile_shard_size: int = 500
     # VM options for the specs that leave them out (network, subnetwork, internal IPs, tags,
     # data disks, runtime): `domain.spec.with_deployment_defaults` fills them in at submit.
     vm_defaults: VmDefaults = field(default_factory=VmDefaults)
@@ -98,6 +101,7 @@ class Settings:
             peer_timeout_seconds=float(env.get("TPUJOBS_PEER_TIMEOUT_SECONDS") or 10.0),
             boot_timeout_seconds=float(env.get("TPUJOBS_BOOT_TIMEOUT_SECONDS") or 600.0),
             unhealthy_grace_seconds=float(env.get("TPUJOBS_UNHEALTHY_GRACE_SECONDS") or 300.0),
+            reconcile_shard_size=_count("TPUJOBS_RECONCILE_SHARD_SIZE", env, 500),
             vm_defaults=vm_defaults_from_env(env),
             record_retention_days=_days("TPUJOBS_RECORD_RETENTION_DAYS", env, 180),
             rejection_retention_days=_days("TPUJOBS_REJECTION_RETENTION_DAYS", env, 30),
@@ -113,6 +117,16 @@ def _days(name: str, env: Mapping[str, str], default: int) -> int:
         return default
     if not text.isdigit() or int(text) < 1:
         raise ValueError(f"{name} must be a whole number of days, at least 1, got {text!r}")
+    return int(text)
+
+
+def _count(name: str, env: Mapping[str, str], default: int) -> int:
+    """A whole number, at least 1."""
+    text = env.get(name, "").strip()
+    if not text:
+        return default
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"{name} must be a whole number, at least 1, got {text!r}")
     return int(text)
 
 

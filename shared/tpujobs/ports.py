@@ -15,6 +15,7 @@ from typing import Protocol
 from tpujobs.domain.access import AccessPolicies
 from tpujobs.domain.admission import Holder
 from tpujobs.domain.job import Job, JobEvent
+from tpujobs.domain.shards import Placement, Shard
 from tpujobs.domain.spec import JobSpec
 from tpujobs.domain.transitions import Decision, Ignored, Observation
 from tpujobs.domain.warm_pools import Pool
@@ -142,6 +143,17 @@ class JobStore(Protocol):
         fields that grow with what a user writes), so the tick's memory grows with the number of
         active jobs, never with their size. Read the job (`get`) before requesting capacity.
         """
+
+    def active_placements(self, page_size: int = 500) -> list[Placement]:
+        """Where every job not yet ended is (its zone, the zones it may use, its warm-pool unit),
+        and nothing else, page after page with no cap: the reconcile coordinator's read."""
+
+    def active_in_shard(self, zone: str, after: str, through: str, page_size: int = 500) -> list[Job]:
+        """The jobs not yet ended in `zone` whose ids are in (after, through] ("" an open end),
+        projected like `list_active`, page after page with no cap: one reconcile shard's read."""
+
+    def outlines(self, job_ids: Sequence[str], page_size: int = 500) -> list[Job]:
+        """These jobs, projected like `list_active`, read by id in batches; missing ones left out."""
 
     def ended_between(self, start: datetime, end: datetime, page_size: int = 500) -> list[Job]: ...
 
@@ -275,6 +287,11 @@ class StatusChange:
             "at": self.at.isoformat(timespec="milliseconds"),
             "seq": self.seq,
         }
+
+
+class ReconcileShards(Protocol):
+    def publish_shards(self, shards: Sequence[Shard]) -> None:
+        """Hand each shard of a reconcile tick to its own invocation (tpujobs-reconcile)."""
 
 
 class LogExportRequests(Protocol):

@@ -40,12 +40,29 @@ where its owner looks, once per distinct error); anything unexpected is logged, 
 item and the next phase still run. Only the listing of active jobs, without which nothing
 can be compared, ends a tick.
 
-Its cost is O(active jobs): one query per 500 active jobs, projected to what is compared
-(never a job's env, command or setup, so memory does not grow with what users write), two
-list calls per zone (queued resources and nodes), one query that returns only silent
-workers, whatever the number of finished jobs; and, once per multi-host attempt past its
-boot timeout, one read of its workers' documents; and, per tick, one such read for each RUNNING
-attempt with a `hang_timeout` whose last known sign of progress (start, checkpoint) is older than it.
+A tick fans out (`tpujobs.domain.shards`). The scheduler's message starts the COORDINATOR: it
+reads where every active job is (zone and preferred zones, nothing else), cuts each zone's job
+ids into shards of at most `reconcile_shard_size` that cover the whole id space, and publishes
+one message per shard on tpujobs-reconcile; then it runs the phases that are not per job: the
+quota pools, the warm pools (reading only the jobs on their units, and listing only their
+zones), the exports of ended jobs, silent workers, missed announcements and pruning. Each SHARD
+message is its own invocation, in parallel with the others: it reads its jobs (zone and id
+range), lists its zone once, and runs every per-job phase for them, then releases the zone's
+unowned queued resources whose job id falls in its range (the first shard of a zone also the
+warm-pool unit leftovers). A shard's failure is its own, and redelivery repeats it (every
+repair is idempotent). A job whose zone changed between the coordinator's read and its
+shard's read is in neither shard's read this tick, and is picked up by the next one.
+`tick()` runs the coordinator and every shard in this process, one after another.
+
+Its cost is O(active jobs), and nothing per finished job: the coordinator reads each active job
+once, projected to three fields (a few dozen bytes, whatever the spec), one query per 500; each
+shard reads its jobs once more, projected to what is compared (never a job's env, command or
+setup, so memory does not grow with what users write), and makes two list calls for its zone
+(queued resources and nodes); one query returns only silent workers. On top: once per
+multi-host attempt past its boot timeout, one read of its workers' documents; and, per tick,
+one such read for each RUNNING attempt with a `hang_timeout` whose last known sign of progress
+(start, checkpoint) is older than it. One invocation holds at most one zone's listing and one
+shard's jobs.
 """
 
 from __future__ import annotations
@@ -58,19 +75,23 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from tpujobs.domain import limits
+from tpujobs.domain import shards as sharding
 from tpujobs.domain.admission import Holder, pool_id
 from tpujobs.domain.job import Job, JobEvent
-from tpujobs.domain.naming import exported_attempt, parse_queued_resource_name
+from tpujobs.domain.naming import exported_attempt, parse_queued_resource_name, parse_unit_queued_resource_name
+from tpujobs.domain.shards import Placement, Shard, ShardError
 from tpujobs.domain.states import QUOTA_EXHAUSTED, EventKind, JobState
 from tpujobs.domain.transitions import Decision, Observation, next_zone
 from tpujobs.domain.warm_pools import QUOTA_HELD, Pool
 from tpujobs.errors import PermanentError, TransientError
+from tpujobs.inbound import InboundMessage
 from tpujobs.ports import (
     CapacityStatus,
     Clock,
     JobStore,
     LogExportRequests,
     Pools,
+    ReconcileShards,
     SilentWorker,
     StatusPublisher,
     Tpu,
@@ -105,6 +126,19 @@ class ReconcileReport:
     announced: list[str] = field(default_factory=list)  # "job#seq" of late status messages
     failed: list[str] = field(default_factory=list)  # "what: error" of items that failed for good
     pruned: list[str] = field(default_factory=list)  # jobs deleted past their expire_at
+    shards: list[str] = field(default_factory=list)  # the shards published (coordinator) or run (shard, tick())
+    tpu_lists: int = 0  # zone listings asked for (each is two TPU list calls: queued resources, nodes)
+    jobs_read: int = 0  # job documents the listings returned (the coordinator's placements, a shard's jobs)
+
+    def merge(self, other: ReconcileReport) -> None:
+        """Add what a shard saw and did (`tick()` runs them all in one process); `jobs` stays
+        the coordinator's count of active jobs."""
+        self.zones_listed += other.zones_listed
+        self.zones_skipped += [zone for zone in other.zones_skipped if zone not in self.zones_skipped]
+        self.tpu_lists += other.tpu_lists
+        self.jobs_read += other.jobs_read
+        for name in ("observed", "re_requested", "converged", "released", "announced", "failed", "pruned"):
+            getattr(self, name).extend(getattr(other, name))
 
 
 class Reconciler:
@@ -120,10 +154,12 @@ class Reconciler:
         pools: Pools | None = None,
         exports: LogExportRequests | None = None,
         status: StatusPublisher | None = None,
+        shards: ReconcileShards | None = None,
     ) -> None:
         """Reads through the ports it is given; repairs through `service`, the one that acts
         for the event functions (so give it the same ports: `runtime` does).
-        No `pools`: admission is off; no `exports` or `status`: nothing to ask again."""
+        No `pools`: admission is off; no `exports` or `status`: nothing to ask again; no
+        `shards`: a tick runs its shards in this process."""
         self.service = service
         self.store = store
         self.tpu = tpu
@@ -132,55 +168,135 @@ class Reconciler:
         self.pools = pools
         self.exports = exports
         self.status = status
-        self._limited: set[str] = set()  # pools with a quota, read once per tick
+        self.shards = shards
 
     def tick(self) -> ReconcileReport:
+        """The whole tick in this process: the coordinator, then each of its shards in turn."""
+        return self.coordinate(inline=True)
+
+    def handle(self, message: InboundMessage) -> ReconcileReport:
+        """A message on tpujobs-reconcile: a shard runs its shard; a malformed shard message is
+        recorded (`rejections`) and acknowledged, never redelivered; anything else is the
+        scheduler's tick, whatever its body."""
+        try:
+            shard = sharding.decode(message.data)
+        except ShardError as error:
+            self.service.reject(message, str(error))
+            return ReconcileReport(failed=[f"shard message {message.message_id}: {error}"])
+        if shard is not None:
+            return self.run_shard(shard)
+        return self.coordinate(inline=self.shards is None)
+
+    def coordinate(self, inline: bool = False) -> ReconcileReport:
+        """Cut the tick into shards and publish them (`inline`: run them here, in turn), then run
+        the phases that are not per job. The read of where active jobs are, without which
+        nothing can be shared out, ends the tick on error (the message is redelivered), and so
+        does a failed publish."""
         report = ReconcileReport()
-        jobs = self.store.list_active()  # without it nothing can be compared: its error ends the tick
-        report.jobs = len(jobs)
+        placements = self.store.active_placements()
+        report.jobs = report.jobs_read = len(placements)
+        now = self.clock()
         warm_pools = self._read_warm_pools(report)
-        # Every zone an active job may have used (an attempt that moved zone leaves one behind),
-        # and every zone of a warm pool.
-        zones = sorted(
-            {job.zone for job in jobs}
-            | {zone for job in jobs for zone in job.spec.preferred_zones}
+        plan = self._plan(placements, warm_pools, now, report)
+        report.shards = [shard.name for shard in plan]
+        if inline:
+            for shard in plan:
+                report.merge(self.run_shard(shard))
+        else:
+            assert self.shards is not None, "a coordinator without a shard publisher runs them inline"
+            self.shards.publish_shards(plan)
+        limited = self._read_limited(report)
+        self._phase(report, "repair the pools", lambda: self._repair_pools(limited, report))
+        self._phase(report, "repair the warm pools", lambda: self._repair_warm_pools(placements, report))
+        self._phase(report, "ask again for exports", lambda: self._request_ended_exports(now, report))
+        live = _ReadOnDemand(self.store)  # the jobs of silent workers, read when asked for
+        self._phase(report, "find silent workers", lambda: self._find_silent_workers(live, now, report))
+        self._phase(report, "announce missed changes", lambda: self._announce_missed(now, report))
+        self._phase(report, "delete expired jobs", lambda: self._prune_expired(now, report))
+        log.info("reconcile: %d active jobs, %d shards %s", report.jobs, len(plan), "run" if inline else "published")
+        return report
+
+    def _plan(
+        self, placements: list[Placement], warm_pools: list[Pool], now: datetime, report: ReconcileReport
+    ) -> list[Shard]:
+        """The tick's shards: every zone an active job is in, cut by job id; every other zone an
+        active job may have used (an attempt that moved zone leaves one behind), every zone of a
+        warm pool, and the default zone, whole."""
+        also = (
+            {zone for placement in placements for zone in placement.preferred_zones}
             | {zone for pool in warm_pools for zone in (*pool.zones, *(u.zone for u in pool.units))}
             | {self.settings.default_zone}
         )
-        seen: dict[tuple[str, str], CapacityStatus] = {}
-        for zone in zones:
-            try:
-                for status in self.tpu.list_capacity(zone):
-                    seen[(zone, status.name)] = status
-                report.zones_listed += 1
-            except Exception as error:  # whatever it was, this zone's jobs wait for the next tick
-                log.warning("reconcile: skipping zone %s this tick: %s", zone, error)
-                report.zones_skipped.append(zone)
+        placed = [placement for placement in placements if sharding.ZONE.fullmatch(placement.zone)]
+        for placement in placements:
+            if not sharding.ZONE.fullmatch(placement.zone):
+                report.failed.append(f"{placement.job_id}: no zone to reconcile it in ({placement.zone!r})")
+        also = {zone for zone in also if sharding.ZONE.fullmatch(zone)}
+        tick = now.isoformat(timespec="milliseconds")
+        return sharding.plan(placed, also, self.settings.reconcile_shard_size, tick)
 
+    def run_shard(self, shard: Shard) -> ReconcileReport:
+        """One shard: its jobs compared with its zone's listing and repaired, phase by phase,
+        then the zone's unowned queued resources whose job falls in its range released. The
+        read of its jobs ends it on error (the message is redelivered); a zone whose listing
+        failed has its repairs and releases left for the next tick, its other phases run."""
+        report = ReconcileReport(shards=[shard.name])
+        jobs = self.store.active_in_shard(shard.zone, shard.after, shard.through)
+        report.jobs = report.jobs_read = len(jobs)
+        seen = self._list_zone(shard.zone, report)
         now = self.clock()
         stuck_before = now - timedelta(seconds=self.settings.stuck_after_seconds)
-        self._limited = set()
-        self._phase(report, "read the quotas", self._read_limited_pools)
-        for job in jobs:
-            if job.zone in report.zones_skipped:
-                continue
-            repair = partial(self._repair, job, seen.get((job.zone, job.queued_resource)), stuck_before, report)
-            self._guarded(report, "repair the job", repair, job.job_id)
-
-        live = {job.job_id: job for job in jobs}
-        self._phase(report, "repair the pools", lambda: self._repair_pools(report))
-        self._phase(report, "repair the warm pools", lambda: self._repair_warm_pools(warm_pools, seen, live, report))
+        queued = any(job.state is JobState.QUEUED for job in jobs)
+        limited = self._read_limited(report) if queued else set()  # only a QUEUED job's repair asks
+        if seen is not None:
+            for job in jobs:
+                status = seen.get(job.queued_resource)
+                repair = partial(self._repair, job, status, stuck_before, limited, report)
+                self._guarded(report, "repair the job", repair, job.job_id)
         self._phase(report, "ask again for exports", lambda: self._request_missing_exports(jobs, now, report))
-        self._phase(report, "find silent workers", lambda: self._find_silent_workers(live, now, report))
         self._phase(
             report, "find hosts that never reported", lambda: self._find_hosts_that_never_reported(jobs, now, report)
         )
         self._phase(report, "enforce time limits", lambda: self._enforce_time_limits(jobs, now, report))
         self._phase(report, "find hung attempts", lambda: self._find_hung_attempts(jobs, now, report))
-        self._phase(report, "announce missed changes", lambda: self._announce_missed(now, report))
-        self._phase(report, "release unowned resources", lambda: self._release_unowned(seen, live, report))
-        self._phase(report, "delete expired jobs", lambda: self._prune_expired(now, report))
+        if seen is not None:
+            live = {job.job_id: job for job in jobs}
+            mine = {(shard.zone, name): status for name, status in seen.items() if _owner_in(shard, name)}
+            self._phase(report, "release unowned resources", lambda: self._release_unowned(mine, live, report))
+            if not shard.after:  # a zone's unit leftovers: its first shard's
+                units = {name: status for name, status in seen.items() if parse_unit_queued_resource_name(name)}
+                leftovers = partial(self._release_unit_leftovers, units, report)
+                self._guarded(report, "release warm-pool leftovers", leftovers)
+        log.info("reconcile: shard %s of tick %s: %d jobs", shard.name, shard.tick or "-", report.jobs)
         return report
+
+    def _list_zone(self, zone: str, report: ReconcileReport) -> dict[str, CapacityStatus] | None:
+        """The zone's capacity by queued-resource name; None when its listing failed (then
+        nothing of the zone is compared this tick, so an API error never looks like a loss)."""
+        report.tpu_lists += 1
+        try:
+            seen = {status.name: status for status in self.tpu.list_capacity(zone)}
+        except Exception as error:  # whatever it was, this zone's jobs wait for the next tick
+            log.warning("reconcile: skipping zone %s this tick: %s", zone, error)
+            if zone not in report.zones_skipped:
+                report.zones_skipped.append(zone)
+            return None
+        report.zones_listed += 1
+        return seen
+
+    def _read_limited(self, report: ReconcileReport) -> set[str]:
+        """The pools that have a quota now (`family@zone`); none when admission is off or the
+        quotas unreadable (then QUEUED jobs are converged one by one, which admits them in
+        their pool's order)."""
+        limited: set[str] = set()
+
+        def read() -> None:
+            if self.pools is not None:
+                quotas = self.pools.quotas()
+                limited.update(f"{family}@{zone}" for zone, limits in quotas.items() for family in limits)
+
+        self._phase(report, "read the quotas", read)
+        return limited
 
     def _read_warm_pools(self, report: ReconcileReport) -> list[Pool]:
         """Every warm pool, read once a tick; none when the service has no pools or the read
@@ -195,26 +311,27 @@ class Reconciler:
             report.failed.append(f"read the warm pools: {error}")
             return []
 
-    def _repair_warm_pools(
-        self,
-        warm_pools: list[Pool],
-        seen: dict[tuple[str, str], CapacityStatus],
-        live: dict[str, Job],
-        report: ReconcileReport,
-    ) -> None:
+    def _repair_warm_pools(self, placements: list[Placement], report: ReconcileReport) -> None:
         """Each warm pool made what its document says (`WarmPoolService.repair`): units asked
         for, ready, lost, told, released; a unit whose job is gone freed, a job whose unit is gone
-        lost; then the queue filled. Then unit queued resources no pool owns are released."""
+        lost; then the queue filled. It reads only the jobs that were on a unit (by id, in
+        batches), never the whole active set, and lists only the pools' zones. The jobs are read
+        BEFORE the pools, as shards may be placing jobs on units meanwhile: a job newer than its
+        pool's document could look lost from a unit that does run it; a pool newer than its job
+        only finishes a placement (`WarmPoolService.repair`). The unit queued resources no pool
+        owns are released by the first shard of their zone."""
         warm = self.service.warm
         if warm is None:
             return
-        by_name = {name: status for (_, name), status in seen.items()}
+        ids = sorted(placement.job_id for placement in placements if placement.warm_pool_unit)
+        live = {job.job_id: job for job in self.store.outlines(ids) if not job.state.is_terminal} if ids else {}
+        warm_pools = self._read_warm_pools(report)
+        seen: dict[str, CapacityStatus] = {}
+        for zone in sorted({zone for pool in warm_pools for zone in (*pool.zones, *(u.zone for u in pool.units))}):
+            seen.update(self._list_zone(zone, report) or {})
         for pool in warm_pools:
-            repair = partial(self._repair_warm_pool, pool, by_name, live, report)
+            repair = partial(self._repair_warm_pool, pool, seen, live, report)
             self._guarded(report, f"repair warm pool {pool.name}", repair)
-        known = {pool.name: pool for pool in warm_pools}
-        leftovers = partial(self._release_unit_leftovers, by_name, known, report)
-        self._guarded(report, "release warm-pool leftovers", leftovers)
 
     def _repair_warm_pool(
         self, pool: Pool, seen: dict[str, CapacityStatus], live: dict[str, Job], report: ReconcileReport
@@ -222,11 +339,14 @@ class Reconciler:
         assert self.service.warm is not None
         report.observed += self.service.warm.repair(pool, seen, live)
 
-    def _release_unit_leftovers(
-        self, seen: dict[str, CapacityStatus], known: dict[str, Pool], report: ReconcileReport
-    ) -> None:
-        assert self.service.warm is not None
-        report.released += self.service.warm.release_leftovers(seen, known)
+    def _release_unit_leftovers(self, units: dict[str, CapacityStatus], report: ReconcileReport) -> None:
+        """Delete the unit queued resources of one zone that no pool owns now (the pools read
+        once, and each pool again before a release: `WarmPoolService.release_leftovers`)."""
+        warm = self.service.warm
+        if warm is None or not units:
+            return
+        known = {pool.name: pool for pool in warm.store.list_pools()}
+        report.released += warm.release_leftovers(units, known)
 
     def _prune_expired(self, now: datetime, report: ReconcileReport) -> None:
         """Ended jobs past their `expire_at` go with their timeline, workers and attempts, a
@@ -268,11 +388,18 @@ class Reconciler:
             log.exception("reconcile: %s failed unexpectedly", what)
             report.failed.append(f"{what}: {error!r}")
 
-    def _repair(self, job: Job, status: CapacityStatus | None, stuck_before: datetime, report: ReconcileReport) -> None:
+    def _repair(
+        self,
+        job: Job,
+        status: CapacityStatus | None,
+        stuck_before: datetime,
+        limited: set[str],
+        report: ReconcileReport,
+    ) -> None:
         service = self.service
         if job.state in (JobState.QUEUED, JobState.RECOVERING):
-            limited = pool_id(job.spec, job.zone) in self._limited and not job.warm_pool
-            if job.state is JobState.QUEUED and limited:
+            waits = pool_id(job.spec, job.zone) in limited and not job.warm_pool
+            if job.state is JobState.QUEUED and waits:
                 return  # waits for quota: its pool is admitted once, in _repair_pools
             if job.updated_at is None or job.updated_at < stuck_before:
                 service.converge(job.job_id)
@@ -372,7 +499,14 @@ class Reconciler:
             service.observe(job.job_id, Observation(EventKind.CAPACITY_LOST, job.attempt, "reconciler", reason=what))
             report.observed.append(f"{job.job_id}: {what}")
 
-    def _request_missing_exports(self, active: list[Job], now: datetime, report: ReconcileReport) -> None:
+    def _request_ended_exports(self, now: datetime, report: ReconcileReport) -> None:
+        """The coordinator's part of `_request_missing_exports`: the jobs that ended in the
+        window (one paged, projected query); each shard does its own active jobs."""
+        if self.exports is not None:
+            oldest, newest = _export_window(now)
+            self._request_missing_exports(self.store.ended_between(oldest, newest), now, report)
+
+    def _request_missing_exports(self, jobs: list[Job], now: datetime, report: ReconcileReport) -> None:
         """Ask again for the export of attempts that ended a while ago and are not exported.
 
         The handler that ended an attempt asks once, best effort. Here each attempt that
@@ -383,10 +517,8 @@ class Reconciler:
         service = self.service
         if self.exports is None:
             return
-        newest = now - timedelta(seconds=EXPORT_GRACE_S)
-        oldest = newest - timedelta(seconds=EXPORT_WINDOW_S)
-        ended = self.store.ended_between(oldest, newest)
-        for job in [*active, *ended]:
+        oldest, newest = _export_window(now)
+        for job in jobs:
             exported = exported_attempt(job.log_uri) or 0
             for usage in job.usage:
                 due = usage.ended_at is not None and oldest <= usage.ended_at < newest
@@ -405,15 +537,7 @@ class Reconciler:
             and next_zone(job) is not None
         )
 
-    def _read_limited_pools(self) -> None:
-        """The pools that have a quota now; none when admission is off or the quotas unreadable
-        (then QUEUED jobs are converged one by one, which admits them in their pool's order)."""
-        pools = self.pools
-        if pools is not None:
-            quotas = pools.quotas()
-            self._limited = {f"{family}@{zone}" for zone, limits in quotas.items() for family in limits}
-
-    def _repair_pools(self, report: ReconcileReport) -> None:
+    def _repair_pools(self, limited: set[str], report: ReconcileReport) -> None:
         """Make each limited pool's holders match its jobs, then admit what fits.
 
         A holder whose job ended, vanished, moved to another pool or was requeued (a claim
@@ -423,7 +547,7 @@ class Reconciler:
         pools = self.pools
         if pools is None:
             return
-        for pool in sorted(set(pools.pools()) | self._limited):
+        for pool in sorted(set(pools.pools()) | limited):
             self._guarded(report, f"repair pool {pool}", partial(self._repair_pool, pool, report))
 
     def _repair_pool(self, pool: str, report: ReconcileReport) -> None:
@@ -647,6 +771,37 @@ class Reconciler:
         if job is None:
             return True
         return owner[1] < job.attempt
+
+
+def _export_window(now: datetime) -> tuple[datetime, datetime]:
+    """[oldest, newest): when an attempt ended for its export to be asked for again now."""
+    newest = now - timedelta(seconds=EXPORT_GRACE_S)
+    return newest - timedelta(seconds=EXPORT_WINDOW_S), newest
+
+
+def _owner_in(shard: Shard, name: str) -> bool:
+    """Whether a queued resource's job (by its name) falls in the shard's range."""
+    owner = parse_queued_resource_name(name)
+    return owner is not None and shard.holds(owner[0])
+
+
+class _ReadOnDemand(dict[str, Job]):
+    """The live jobs the coordinator's silent-worker phase asks about, each read when first
+    asked for (one read per job with a silent worker, never the active set); an ended job
+    is not live."""
+
+    def __init__(self, store: JobStore) -> None:
+        super().__init__()
+        self._store = store
+        self._read: set[str] = set()
+
+    def get(self, job_id: str, default: Job | None = None) -> Job | None:  # type: ignore[override]
+        if job_id not in self._read:
+            self._read.add(job_id)
+            job = self._store.get(job_id)
+            if job is not None and not job.state.is_terminal:
+                self[job_id] = job
+        return super().get(job_id, default)
 
 
 def _where(job: Job) -> tuple[JobState, int, datetime | None]:

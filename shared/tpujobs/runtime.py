@@ -76,7 +76,7 @@ class Adapters:
     firestore: firestore.Client
     store: FirestoreJobStore
     tpu: CloudTpu
-    publisher: Publisher  # tpujobs-status and tpujobs-log-export
+    publisher: Publisher  # tpujobs-status, tpujobs-log-export and the reconcile shards
     pools: FirestorePools
     access: FirestoreAccessPolicies
     warm_pools: FirestoreWarmPools
@@ -129,7 +129,8 @@ def job_service() -> JobService:
 
 @functools.cache
 def reconciler() -> Reconciler:
-    """The Reconciler of this process: the event handlers' service, and the same ports."""
+    """The Reconciler of this process: the event handlers' service, and the same ports; its
+    tick publishes its shards on tpujobs-reconcile, each for an invocation of its own."""
     from tpujobs.reconciler import Reconciler
 
     a = adapters()
@@ -142,6 +143,7 @@ def reconciler() -> Reconciler:
         pools=a.pools,
         exports=a.publisher,
         status=a.publisher,
+        shards=a.publisher,
     )
 
 

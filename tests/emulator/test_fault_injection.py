@@ -518,7 +518,9 @@ def _half_done(name: str, k: int) -> Callable[[Harness], None]:
     return setup
 
 
-_SURVEY = ("store.list_active", "tpu.list_capacity")  # every tick starts by reading what is
+# Every tick starts by reading what is: where the active jobs are (the coordinator), then the
+# one shard's jobs and its zone's listing (tick() runs the shards in this process).
+_SURVEY = ("store.active_placements", "store.active_in_shard", "tpu.list_capacity")
 _NEXT_ATTEMPT = ("tpu.release", "tpu.request", "store.apply")
 _PRUNE = "store.prune_expired_jobs"  # every tick ends by deleting expired jobs (none here)
 
@@ -544,7 +546,7 @@ TICKS = [
     TickScenario(  # a cancel was committed but its handler died: the tick frees the capacity
         "ended-job-holding-capacity",
         _half_done("cancel", 2),
-        (*_SURVEY, "store.silent_workers", "store.get", "tpu.release", _PRUNE),
+        (*_SURVEY, "store.get", "tpu.release", "store.silent_workers", _PRUNE),  # the shard releases
         Outcome(JobState.CANCELLED),
     ),
 ]

@@ -290,14 +290,18 @@ SCENARIOS = [
         setup=_requested_unit_now_active_and_a_job_waiting,
         deliver=_tick,
         steps=(
-            "store.list_active",
+            "store.active_placements",  # the coordinator: where the active jobs are
             "warm.list_pools",
+            "store.active_in_shard",  # the zone's one shard, run in this process by tick()
             "tpu.list_capacity",
             "store.get",  # the waiting job converged: still no unit ready
             *_READ_QUEUE,
             "store.get",
             "warm.get",
             "store.apply",  # its reason, unchanged
+            "warm.list_pools",  # the zone's first shard: the unit's queued resource is its pool's
+            "warm.list_pools",  # the coordinator's warm pools, read again after the shards
+            "tpu.list_capacity",  # and their zone listed
             "warm.get",  # the pool's repair: the unit's QR is ACTIVE,
             "warm.update",  # so the unit is IDLE
             *_READ_QUEUE,

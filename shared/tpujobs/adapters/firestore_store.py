@@ -30,6 +30,7 @@ from tpujobs.domain.admission import pool_id
 from tpujobs.domain.job import Job, JobEvent, SuspectHost
 from tpujobs.domain.labels import relabeled
 from tpujobs.domain.naming import exported_attempt
+from tpujobs.domain.shards import Placement
 from tpujobs.domain.spec import PRIORITY_RANK, JobSpec
 from tpujobs.domain.states import ACTIVE, JobState
 from tpujobs.domain.transitions import Decision, Ignored, Observation, decide
@@ -181,6 +182,8 @@ OUTLINE_FIELDS = (
     *(f"spec.{name}" for name in JobSpec.model_fields if name not in OUTLINE_LEAVES_OUT),
 )
 ACTIVE_PAGE_SIZE = 500
+# The reconcile coordinator's projection (`active_placements`): where a job is, nothing else.
+PLACEMENT_FIELDS = ("zone", "spec.zone", "spec.zones", "warm_pool_unit")
 
 
 def label_pairs(labels: Mapping[str, str]) -> list[str]:
@@ -491,6 +494,52 @@ class FirestoreJobStore:
         pages = _paged(query, page_size, "list active jobs")
         return [job_outline_from_document(doc.to_dict() or {}) for doc in pages]
 
+    def active_placements(self, page_size: int = ACTIVE_PAGE_SIZE) -> list[Placement]:
+        """Where every job not yet ended is (PLACEMENT_FIELDS only: some dozens of bytes a job,
+        whatever its spec), paged in document-id order with no cap: the reconcile coordinator
+        cuts the tick into shards from it."""
+        query = (
+            self._db.collection(JOBS)
+            .where(filter=firestore.FieldFilter("state", "in", [state.value for state in ACTIVE]))
+            .select(PLACEMENT_FIELDS)
+            .order_by("__name__")
+        )
+        found: list[Placement] = []
+        for page in _pages(query, page_size, "list where active jobs are"):
+            found += [_placement(doc.id, doc.to_dict() or {}) for doc in page]
+        return found
+
+    def active_in_shard(self, zone: str, after: str, through: str, page_size: int = ACTIVE_PAGE_SIZE) -> list[Job]:
+        """The jobs not yet ended in `zone` whose ids are in (after, through] ("" an open end), as
+        outlines (OUTLINE_FIELDS), paged in document-id order with no cap: one reconcile shard's
+        read. Index: jobs (zone, state) (adapters/indexes.py)."""
+        jobs = self._db.collection(JOBS)
+        query = jobs.where(filter=firestore.FieldFilter("state", "in", [state.value for state in ACTIVE])).where(
+            filter=firestore.FieldFilter("zone", "==", zone)
+        )
+        if after:
+            query = query.where(filter=firestore.FieldFilter("__name__", ">", jobs.document(after)))
+        if through:
+            query = query.where(filter=firestore.FieldFilter("__name__", "<=", jobs.document(through)))
+        query = query.select(OUTLINE_FIELDS).order_by("__name__")
+        found: list[Job] = []
+        for page in _pages(query, page_size, f"list the active jobs of zone {zone}"):
+            found += [job_outline_from_document(doc.to_dict() or {}) for doc in page]
+        return found
+
+    def outlines(self, job_ids: Sequence[str], page_size: int = ACTIVE_PAGE_SIZE) -> list[Job]:
+        """These jobs as outlines (OUTLINE_FIELDS), read by id `page_size` at a time; the ones
+        that do not exist are left out."""
+        jobs = self._db.collection(JOBS)
+        found: list[Job] = []
+        ids = list(dict.fromkeys(job_ids))
+        for start in range(0, len(ids), page_size):
+            refs = [jobs.document(job_id) for job_id in ids[start : start + page_size]]
+            with transient_on_failure("read jobs by id"):
+                snapshots = list(self._db.get_all(refs, field_paths=OUTLINE_FIELDS))
+            found += [job_outline_from_document(s.to_dict() or {}) for s in snapshots if s.exists]
+        return found
+
     def ended_between(self, start: datetime, end: datetime, page_size: int = ACTIVE_PAGE_SIZE) -> list[Job]:
         """Jobs that ended in [start, end), as outlines and paged like `list_active`: the
         reconciler checks their last export."""
@@ -729,6 +778,13 @@ class _JustCreated:
     def take(self, job_id: str) -> tuple[Job, datetime] | None:
         with self._lock:
             return self._jobs.pop(job_id, None)
+
+
+def _placement(job_id: str, data: dict[str, Any]) -> Placement:
+    """A job's place from its PLACEMENT_FIELDS: the zones it may use as `JobSpec.preferred_zones` says."""
+    spec = data.get("spec") or {}
+    zones = tuple(spec.get("zones") or ()) or ((spec["zone"],) if spec.get("zone") else ())
+    return Placement(job_id, data.get("zone") or "", zones, data.get("warm_pool_unit") or "")
 
 
 def _rejection(document_id: str, data: dict[str, Any]) -> Rejection:

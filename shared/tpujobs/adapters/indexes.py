@@ -67,6 +67,12 @@ INDEXES: tuple[Index, ...] = (
         (("warm_pool", ASCENDING), ("state", ASCENDING), ("priority_rank", DESCENDING), ("created_at", ASCENDING)),
         query="FirestoreWarmPools.queue: warm_pool == p, state == QUEUED, highest priority then oldest first",
     ),
+    Index(
+        "jobs",
+        COLLECTION,
+        (("zone", ASCENDING), ("state", ASCENDING)),
+        query="FirestoreJobStore.active_in_shard: zone == z, state IN active, a range of document ids",
+    ),
 )
 
 

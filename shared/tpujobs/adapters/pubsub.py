@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from google.api_core import exceptions as api_exceptions
 
 from tpujobs.adapters.google_errors import translated
+from tpujobs.domain.shards import Shard
 from tpujobs.errors import PermanentError, TransientError
 from tpujobs.ports import StatusChange
-from tpujobs.topology import LOG_EXPORT, STATUS, topic_name
+from tpujobs.topology import LOG_EXPORT, RECONCILE, STATUS, topic_name
 
 if TYPE_CHECKING:
     from google.cloud import pubsub_v1
@@ -85,6 +86,30 @@ class Publisher:
 
     def publish_json(self, base_topic: str, payload: Any, attributes: Mapping[str, str] | None = None) -> str:
         return self.publish_bytes(base_topic, json.dumps(payload).encode("utf-8"), attributes)
+
+    def publish_shards(self, shards: Sequence[Shard]) -> None:
+        """The shards of a reconcile tick on tpujobs-reconcile, each for its own invocation:
+        all handed to the client at once (it batches them), then each one waited for."""
+        from google.api_core import gapic_v1  # loaded by the Pub/Sub client already
+
+        name = topic_name(RECONCILE, self._prefix)
+        with translated("Pub/Sub", f"publish reconcile shards to {name}"):
+            try:
+                futures = [
+                    self._client.publish(
+                        self.topic_path(RECONCILE),
+                        json.dumps(shard.message()).encode("utf-8"),
+                        ordering_key="",
+                        retry=gapic_v1.method.DEFAULT,
+                        timeout=gapic_v1.method.DEFAULT,
+                        zone=shard.zone,
+                    )
+                    for shard in shards
+                ]
+                for future in futures:
+                    future.result(timeout=30)
+            except api_exceptions.NotFound as error:
+                raise PermanentError(f"topic {name} does not exist: {error}") from error
 
     def request_export(self, job_id: str, attempt: int) -> None:
         """Ask `export_logs` to put an ended attempt's output together (tpujobs-log-export)."""

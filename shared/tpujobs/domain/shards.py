@@ -1,0 +1,126 @@
+"""How one reconcile tick is split: per zone, then per range of job ids.
+
+The coordinator reads where every active job is (its zone, and the zones it may have used)
+and cuts each zone's sorted job ids into shards of at most `size` jobs. A shard is a zone
+and a half-open range of job ids, (after, through]; "" is an open end. The shards of one
+zone cover the WHOLE id space (the first starts after "", the last runs to the end), so a
+queued resource of that zone, named after its job (`naming.parse_queued_resource_name`),
+belongs to exactly one shard, even when its job is no longer active. A zone that may hold
+leftovers but has no active job gets one whole-range shard.
+
+Job ids are ASCII (`spec.ID_PATTERN`), so Python's string order is Firestore's document-id
+order: a shard's range query and `Shard.holds` agree.
+
+A shard travels as JSON on tpujobs-reconcile, beside the scheduler's ticks:
+`{"shard": {"zone": Z, "after": A, "through": B, "tick": T}}`. Any message without a
+"shard" key is a tick; one with a malformed "shard" is refused with a sentence naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+SHARD_KEY = "shard"
+ZONE = re.compile(r"[a-z][a-z0-9-]{0,62}")
+JOB_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,199}")  # an open end is ""
+TICK = re.compile(r"[0-9A-Za-z:.+-]{0,64}")  # the coordinator's time, ISO 8601: for logs only
+FIELDS = ("zone", "after", "through", "tick")
+
+
+class ShardError(ValueError):
+    """A shard message that cannot be used: the sentence names the field."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one active job is, as far as sharding needs: read with nothing else."""
+
+    job_id: str
+    zone: str  # the zone of its current attempt
+    preferred_zones: tuple[str, ...] = ()  # the zones it may have used (an attempt that moved leaves one behind)
+    warm_pool_unit: str = ""  # the unit it runs on, if on a warm pool (the coordinator compares those)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """The jobs of `zone` whose ids are in (after, through]; "" is an open end."""
+
+    zone: str
+    after: str = ""  # exclusive: "" is from the first id
+    through: str = ""  # inclusive: "" is to the last id
+    tick: str = ""  # the coordinator's tick, for logs
+
+    def holds(self, job_id: str) -> bool:
+        """Whether `job_id` is in this shard's range (the zone is the caller's to check)."""
+        return job_id > self.after and (not self.through or job_id <= self.through)
+
+    @property
+    def name(self) -> str:
+        return f"{self.zone}({self.after or '-'}..{self.through or '-'}]"
+
+    def message(self) -> dict[str, dict[str, str]]:
+        """The JSON object published on tpujobs-reconcile."""
+        return {SHARD_KEY: {"zone": self.zone, "after": self.after, "through": self.through, "tick": self.tick}}
+
+
+def plan(placements: Iterable[Placement], also: Iterable[str], size: int, tick: str = "") -> list[Shard]:
+    """The shards of one tick: each zone of an active job cut into ranges of at most `size` ids
+    that together cover every id; each zone of `also` (preferred zones, warm pools, the default
+    zone) without an active job gets one range covering everything. Sorted by zone, then range."""
+    if size < 1:
+        raise ValueError(f"shard size must be at least 1, got {size}")
+    by_zone: dict[str, list[str]] = {}
+    for placement in placements:
+        by_zone.setdefault(placement.zone, []).append(placement.job_id)
+    for zone in also:
+        by_zone.setdefault(zone, [])
+    shards = []
+    for zone in sorted(by_zone):
+        ids = sorted(set(by_zone[zone]))
+        bounds = ids[size - 1 : -1 : size]  # the last id of each full shard but the final one
+        starts = ["", *bounds]
+        ends = [*bounds, ""]
+        shards += [Shard(zone, after, through, tick) for after, through in zip(starts, ends, strict=True)]
+    return shards
+
+
+def decode(data: bytes | None) -> Shard | None:
+    """The shard a message carries; None for anything else (a scheduler's tick, whatever its
+    body); ShardError when it has a "shard" that is not one."""
+    if data is None:
+        return None
+    try:
+        payload = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return None  # not JSON: not a shard, so a tick
+    if not isinstance(payload, dict) or SHARD_KEY not in payload:
+        return None
+    body = payload[SHARD_KEY]
+    if not isinstance(body, dict):
+        raise ShardError(f"field 'shard' must be an object with {', '.join(FIELDS)}, got {_excerpt(body)}")
+    unknown = sorted(set(body) - set(FIELDS))
+    if unknown:
+        raise ShardError(f"field 'shard.{unknown[0]}' is not a shard field (expected {', '.join(FIELDS)})")
+    zone = body.get("zone")
+    if not isinstance(zone, str) or not ZONE.fullmatch(zone):
+        raise ShardError(f"field 'shard.zone' must be a zone name like us-central2-b, got {_excerpt(zone)}")
+    after, through, tick = (body.get(key, "") for key in ("after", "through", "tick"))
+    for key, value, pattern, what in (
+        ("after", after, JOB_ID, 'a job id or ""'),
+        ("through", through, JOB_ID, 'a job id or ""'),
+        ("tick", tick, TICK, "an ISO 8601 time"),
+    ):
+        if not isinstance(value, str) or (value and not pattern.fullmatch(value)):
+            raise ShardError(f"field 'shard.{key}' must be {what}, got {_excerpt(value)}")
+    assert isinstance(after, str) and isinstance(through, str) and isinstance(tick, str)
+    if after and through and through <= after:
+        raise ShardError(f"field 'shard.through' ({through}) must come after 'shard.after' ({after})")
+    return Shard(zone, after, through, tick)
+
+
+def _excerpt(value: object) -> str:
+    text = json.dumps(value) if not isinstance(value, bytes) else repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
