@@ -255,9 +255,19 @@ SCENARIOS = [
         "exit-hands-the-unit-on",
         setup=_with_exit_message,
         deliver=lambda service, w, message: service.on_worker_report(message),
-        steps=(*_BELIEVED, "store.apply", *_FREE, *_READ_QUEUE, *_TAKE, *_READ_QUEUE, "store.record_worker"),
+        steps=(
+            *_BELIEVED,
+            "store.record_worker",  # the host's exit 0 on its record first,
+            "store.attempt_workers_succeeded",  # then its attempt's hosts counted: all done,
+            "store.get",
+            "store.apply",  # so the job SUCCEEDED
+            *_FREE,
+            *_READ_QUEUE,
+            *_TAKE,
+            *_READ_QUEUE,
+        ),
         done={"j1": (JobState.SUCCEEDED, 1, False), "j2": (JobState.PROVISIONING, 1, True)},
-        commit=3,
+        commit=6,
         untouched={"j1": (JobState.RUNNING, 1, True), "j2": (JobState.QUEUED, 1, False)},
     ),
     Scenario(

@@ -533,5 +533,5 @@ def test_every_function_in_main_decodes_as_itself() -> None:
         and getattr(call.func, "id", None) == "_handle"
         and isinstance(call.args[1], ast.Constant)
     }
-    cloudevent_decoders = {r.target for r in topology.FUNCTIONS if r.topic is not None} - {"reconcile"}
+    cloudevent_decoders = {r.target for r in topology.FUNCTIONS if r.topic is not None}
     assert calls == {target: target for target in cloudevent_decoders}
