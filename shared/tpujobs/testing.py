@@ -104,6 +104,19 @@ def wait_for(
         time.sleep(interval)
 
 
+class ManualClock:
+    """A clock the test moves by hand: it stands still until `advance(s)`."""
+
+    def __init__(self) -> None:
+        self.now = datetime.now(timezone.utc)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
 class OffsetClock:
     """The wall clock plus a lead the test adds to: `advance(s)` stands in for sleeping s seconds.
 

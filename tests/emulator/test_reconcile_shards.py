@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -16,7 +15,7 @@ from tpujobs.domain.states import EventKind, JobState
 from tpujobs.domain.transitions import Observation
 from tpujobs.reconciler import Reconciler
 from tpujobs.service import JobService
-from tpujobs.testing import inbound, reconciler_for
+from tpujobs.testing import ManualClock, inbound, reconciler_for
 from tpujobs.topology import RECONCILE
 
 pytestmark = pytest.mark.emulator
@@ -26,17 +25,7 @@ OTHER = "us-east5-a"
 SHARD_SIZE = 2
 
 
-class Clock:
-    """A clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = datetime.now(timezone.utc)
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += timedelta(seconds=seconds)
+Clock = ManualClock
 
 
 class Collected:

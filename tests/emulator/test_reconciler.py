@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 
 import pytest
 
@@ -14,25 +14,15 @@ from tpujobs.domain.states import EventKind, JobState
 from tpujobs.domain.transitions import Observation
 from tpujobs.service import JobService
 from tpujobs.simulator.client import SimulatorControl
+from tpujobs.testing import ManualClock, reconciler_for, signed
 from tpujobs.testing import inbound as message
-from tpujobs.testing import reconciler_for, signed
 
 pytestmark = pytest.mark.emulator
 
 ZONE = "us-central2-b"
 
 
-class Clock:
-    """A clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = datetime.now(timezone.utc)
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += timedelta(seconds=seconds)
+Clock = ManualClock
 
 
 @pytest.fixture

@@ -7,30 +7,20 @@ and worker 0's `peer_silent` loses that peer's host at once.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 
 import pytest
 
 from tpujobs.domain.states import JobState
 from tpujobs.service import SPOKEN_FOR, JobService
+from tpujobs.testing import ManualClock, reconciler_for, signed
 from tpujobs.testing import inbound as message
-from tpujobs.testing import reconciler_for, signed
 
 pytestmark = pytest.mark.emulator
 SPEC = {"job_id": "train-1", "name": "train", "owner": "ada@example.com", "command": "x"}
 
 
-class Clock:
-    """A clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = datetime.now(timezone.utc)
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += timedelta(seconds=seconds)
+Clock = ManualClock
 
 
 def beat(service: JobService, kind: str, worker: int, job_id: str = "train-1", **extra: object) -> None:
