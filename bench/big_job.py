@@ -40,6 +40,7 @@ from tpujobs.testing import inbound, local_settings, signed
 
 PROJECT = "bench-big"
 EVENTS = "tpujobs-worker-events"
+UPLOAD_THREADS = 2  # seeding the storage emulator's chunks
 THREADS = 16
 DOC_LIMIT = 1024 * 1024  # Firestore: 1 MiB a document
 INDEX_LIMIT = 40_000  # Firestore: index entries a document
@@ -129,7 +130,9 @@ def export_peak(store: FirestoreJobStore, storage_url: str, workers: int, chunks
     piece = line * (chunk_kib * 1024 // len(line))
     uploads = [(f"{prefix}slice-{k}-worker-0/{seq:06d}.log", piece) for k in range(workers) for seq in range(chunks)]
     uploads += [(f"{prefix}slice-{k}-worker-0/complete.json", b'{"chunks": %d}' % chunks) for k in range(workers)]
-    with ThreadPoolExecutor(THREADS) as pool:
+    # gcp-storage-emulator serves one request at a time: more than a few uploads at once only
+    # queue connections past its backlog (16 threads timed out connecting on 4,096 chunks).
+    with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
         list(pool.map(lambda item: bucket.blob(item[0]).upload_from_string(item[1]), uploads))
     exporter = LogExporter(LogObjects(GcsLogBucket(client, bucket.name)), store, utc_now,
                            sleep=lambda s: None, settle_seconds=0.0)  # fmt: skip
