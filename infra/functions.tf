@@ -72,10 +72,10 @@ locals {
       logs       = null
     }
     reconcile = {
-      signature  = "cloudevent"
-      topic      = "tpujobs-reconcile"
-      account    = "reconcile"
-      timeout    = 300
+      signature = "cloudevent"
+      topic     = "tpujobs-reconcile"
+      account   = "reconcile"
+      timeout   = 300
       # A tick fans out: the coordinator publishes one message per shard (at most
       # TPUJOBS_RECONCILE_SHARD_SIZE active jobs of one zone) on this same topic, and each runs
       # in its own instance. 20 runs a 10,000-job tick (10 zones: about 20 shards of 500) in
