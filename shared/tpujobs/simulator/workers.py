@@ -441,13 +441,19 @@ class WorkerPool:
 
 def _signal(worker: _Worker, sig: signal.Signals) -> None:
     """SIGTERM goes to the startup script's group (the agent passes it on, as on a VM);
-    SIGKILL is the VM dying: it takes every process of the host, whatever its session."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(worker.pgid, sig)
-    if sig == signal.SIGKILL and worker.mark:
+    SIGKILL is the VM dying: it takes every process of the host, whatever its session.
+
+    The group is signalled by id only while its leader, the script, is not reaped yet: until
+    then the id is the script's, after that the kernel may give it to any new session (a CI
+    machine starting test stacks reuses ids within minutes), and a late SIGKILL would end a
+    stranger. What is left of the host after that is found by its mark."""
+    if worker.process.returncode is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(worker.pgid, sig)
+    if worker.mark and (sig == signal.SIGKILL or worker.process.returncode is not None):
         for pid in _marked_pids(worker.mark):
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, sig)
 
 
 class HostContainers:
