@@ -60,7 +60,7 @@ class Counted:
 
         def call(*args: Any, **kwargs: Any) -> Any:
             result = method(*args, **kwargs)
-            if name in ("queue", "active_in", "list", "list_active"):
+            if name in ("queue", "active_in", "list", "active_placements", "active_in_shard", "outlines"):
                 self._counts["reads"] += max(1, len(result))
             elif name == "apply":
                 self._counts["reads"] += 1

@@ -136,24 +136,21 @@ class JobStore(Protocol):
     ) -> list[Job]:
         """The newest jobs matching `state`, `owner` and `where`, at most `limit`."""
 
-    def list_active(self, page_size: int = 500) -> list[Job]:
-        """Every job not yet ended, page after page, with no cap: what the reconciler compares.
-
-        Projected: each job's spec lacks its env, secrets, setup, command, code and labels (the
-        fields that grow with what a user writes), so the tick's memory grows with the number of
-        active jobs, never with their size. Read the job (`get`) before requesting capacity.
-        """
-
     def active_placements(self, page_size: int = 500) -> list[Placement]:
         """Where every job not yet ended is (its zone, the zones it may use, its warm-pool unit),
         and nothing else, page after page with no cap: the reconcile coordinator's read."""
 
     def active_in_shard(self, zone: str, after: str, through: str, page_size: int = 500) -> list[Job]:
         """The jobs not yet ended in `zone` whose ids are in (after, through] ("" an open end),
-        projected like `list_active`, page after page with no cap: one reconcile shard's read."""
+        page after page with no cap: one reconcile shard's read, what it compares.
+
+        Projected: each job's spec lacks its env, secrets, setup, command, code and labels (the
+        fields that grow with what a user writes), so a shard's memory grows with the number of
+        its jobs, never with their size. Read the job (`get`) before requesting capacity.
+        """
 
     def outlines(self, job_ids: Sequence[str], page_size: int = 500) -> list[Job]:
-        """These jobs, projected like `list_active`, read by id in batches; missing ones left out."""
+        """These jobs, projected like `active_in_shard`, read by id in batches; missing ones left out."""
 
     def ended_between(self, start: datetime, end: datetime, page_size: int = 500) -> list[Job]: ...
 

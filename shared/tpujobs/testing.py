@@ -205,9 +205,6 @@ class CrashingStore:
     def list_jobs(self, state: str | None = None, owner: str | None = None, limit: int = 100) -> list[Job]:
         return self._plan.step("store.list_jobs", lambda: self._store.list_jobs(state, owner, limit))
 
-    def list_active(self, page_size: int = 500) -> list[Job]:
-        return self._plan.step("store.list_active", lambda: self._store.list_active(page_size))
-
     def record_worker(self, job_id: str, worker: WorkerRecord) -> None:
         self._plan.step("store.record_worker", lambda: self._store.record_worker(job_id, worker))
 

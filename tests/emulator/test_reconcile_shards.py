@@ -227,7 +227,7 @@ def test_more_jobs_than_a_page_are_all_sharded_and_read(service):
     assert [j.job_id for j in service.store.active_in_shard(ZONE, "job-3", "", page_size=1)] == ["job-4"]
     assert [j.job_id for j in service.store.active_in_shard(OTHER, "", "", page_size=2)] == []
     outline = service.store.active_in_shard(ZONE, "", "job-0")[0]
-    assert outline.spec.env == {} and outline.state is JobState.PROVISIONING  # projected, like list_active
+    assert outline.spec.env == {} and outline.state is JobState.PROVISIONING  # projected to OUTLINE_FIELDS
 
 
 def test_a_ticks_reads_grow_with_active_jobs_not_finished_ones(service):

@@ -143,8 +143,18 @@ class CountingStore:
     def __getattr__(self, name):
         return getattr(self._store, name)
 
-    def list_active(self, page_size: int = 500):
-        jobs = self._store.list_active(page_size)
+    def active_placements(self, page_size: int = 500):
+        found = self._store.active_placements(page_size)
+        self.read += len(found)
+        return found
+
+    def active_in_shard(self, zone, after, through, page_size: int = 500):
+        jobs = self._store.active_in_shard(zone, after, through, page_size)
+        self.read += len(jobs)
+        return jobs
+
+    def outlines(self, job_ids, page_size: int = 500):
+        jobs = self._store.outlines(job_ids, page_size)
         self.read += len(jobs)
         return jobs
 
@@ -408,7 +418,7 @@ def test_an_unexpected_error_in_one_phase_is_logged_and_the_next_phase_runs(serv
 
 
 class SmallPages:
-    """The real store, listing active jobs two to a page and counting the pages' queries."""
+    """The real store, listing active jobs two to a page (the coordinator's and the shards' reads)."""
 
     def __init__(self, store: FirestoreJobStore) -> None:
         self._store = store
@@ -416,8 +426,11 @@ class SmallPages:
     def __getattr__(self, name):
         return getattr(self._store, name)
 
-    def list_active(self, page_size: int = 500):
-        return self._store.list_active(2)
+    def active_placements(self, page_size: int = 500):
+        return self._store.active_placements(2)
+
+    def active_in_shard(self, zone, after, through, page_size: int = 500):
+        return self._store.active_in_shard(zone, after, through, 2)
 
 
 def test_more_active_jobs_than_a_page_are_all_reconciled(service):
@@ -426,7 +439,7 @@ def test_more_active_jobs_than_a_page_are_all_reconciled(service):
     for job_id in names:
         submitted(service, job_id)
         vanish(service, f"{job_id}-a1")
-    assert {j.job_id for j in service.store.list_active(2)} == set(names)
+    assert {p.job_id for p in service.store.active_placements(2)} == set(names)
     service.store = SmallPages(service.store)
 
     report = reconciler_for(service).tick()
@@ -465,7 +478,7 @@ def test_the_listing_leaves_env_command_and_setup_out_and_keeps_everything_compa
     submitted(service, "heavy", env=env, command=f"echo {big}", setup=f"echo {big}", labels={"team": "a"},
               zones=[ZONE, "us-east5-a"], priority="high", max_restarts=7)  # fmt: skip
     full = service.store.get("heavy")
-    (outline,) = service.store.list_active()
+    (outline,) = service.store.active_in_shard(ZONE, "", "")
 
     assert outline.spec.env == {} and outline.spec.setup is None and outline.spec.labels == {}
     with pytest.raises(AttributeError):

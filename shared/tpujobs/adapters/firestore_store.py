@@ -167,7 +167,7 @@ def job_from_document(data: dict[str, Any], spec: JobSpec | None = None) -> Job:
     )
 
 
-# The reconciler's projection of a job document (`list_active`): every field but the spec's
+# The reconciler's projection of a job document (`active_in_shard`, `outlines`): every field but the spec's
 # that grow with what a user writes. A spec field added later is projected unless named here.
 OUTLINE_LEAVES_OUT = frozenset({"env", "secrets", "setup", "command", "code_uri", "code_sha256", "labels"})
 _OUTLINE_TOP = (
@@ -482,18 +482,6 @@ class FirestoreJobStore:
                     doc.reference.delete()
         return gone
 
-    def list_active(self, page_size: int = ACTIVE_PAGE_SIZE) -> list[Job]:
-        """Every job not yet ended, as outlines (OUTLINE_FIELDS), a page at a time in document-id
-        order: one query per `page_size` jobs, and no cap (a cap would hide jobs from the tick)."""
-        query = (
-            self._db.collection(JOBS)
-            .where(filter=firestore.FieldFilter("state", "in", [state.value for state in ACTIVE]))
-            .select(OUTLINE_FIELDS)
-            .order_by("__name__")  # the document id: a total order to page by
-        )
-        pages = _paged(query, page_size, "list active jobs")
-        return [job_outline_from_document(doc.to_dict() or {}) for doc in pages]
-
     def active_placements(self, page_size: int = ACTIVE_PAGE_SIZE) -> list[Placement]:
         """Where every job not yet ended is (PLACEMENT_FIELDS only: some dozens of bytes a job,
         whatever its spec), paged in document-id order with no cap: the reconcile coordinator
@@ -541,7 +529,7 @@ class FirestoreJobStore:
         return found
 
     def ended_between(self, start: datetime, end: datetime, page_size: int = ACTIVE_PAGE_SIZE) -> list[Job]:
-        """Jobs that ended in [start, end), as outlines and paged like `list_active`: the
+        """Jobs that ended in [start, end), as outlines and paged like `active_in_shard`: the
         reconciler checks their last export."""
         query = (
             self._db.collection(JOBS)
