@@ -527,10 +527,11 @@ class JobService:
         """tpujobs-worker-events: started, heartbeat, exited, checkpoint, aborted or rebooted,
         from one worker host, believed only when signed with its attempt's key (`_believed`)."""
         report = self._decode(WorkerReport, message)
-        if report is None or not self._believed(report, message):
+        job = None if report is None else self._believed(report, message)
+        if report is None or job is None:
             return None
         if report.kind == "peer_silent":
-            return self._peer_silent(report, message)
+            return self._peer_silent(report, job, message)
         now = self.clock()
         at = report.at or now
         worker = worker_key(report.slice_id, report.worker_id)
@@ -539,41 +540,43 @@ class JobService:
         counted = _counted_on_workers(seen)
         if counted:  # the job counts these hosts from their records: the record comes first
             self.store.record_worker(report.job_id, record)
-        outcome = None if seen is None else self._observe_host(report.job_id, seen)
+        outcome = None if seen is None else self._observe_host(job, seen)
         if report.kind == "checkpoint":
             self.store.record_checkpoint(report.job_id, report.attempt, at, report.step)
         if report.kind == "started" and report.image_digest is not None:
             # The first host's digest is the attempt's; another host's different one (its tag
             # moved between two pulls) is kept beside it, so `describe` shows both.
             self.store.record_image_digest(report.job_id, report.attempt, report.image_digest)
-        # The worker's record comes after the job's commit: had it come first, a crash in
-        # between would leave a worker marked done whose exit the job never counted.
+        # Any other record comes after the job's commit: had it come first, a crash in between
+        # would leave a worker marked (exited, rebooted) whose word the job never took. A counted
+        # one comes first, since the count reads it; a redelivery counts again.
         if not counted:
             self.store.record_worker(report.job_id, record)
         return outcome
 
     # -- hosts counted on their records (a job of 1,000 hosts) ---------------------------
 
-    def _observe_host(self, job_id: str, seen: Observation) -> Decision | Ignored:
-        """One host's word: a `started` or an exit 0 is counted on the worker records, so the
-        job document changes once per attempt for them, not once per host; the rest at once."""
+    def _observe_host(self, job: Job, seen: Observation) -> Decision | Ignored:
+        """One host's word about `job` (as read when the report was believed): a `started` or an
+        exit 0 is counted on the worker records, so the job document changes once per attempt
+        for them, not once per host; the rest at once."""
         if seen.kind is EventKind.WORKERS_STARTED:
-            return self._host_started(job_id, seen)
+            return self._host_started(job, seen)
         if seen.kind is EventKind.WORKER_SUCCEEDED:
-            return self._host_succeeded(job_id, seen)
-        return self.observe(job_id, seen)
+            return self._host_succeeded(job, seen)
+        return self.observe(job.job_id, seen)
 
-    def _host_started(self, job_id: str, seen: Observation) -> Decision | Ignored:
+    def _host_started(self, job: Job, seen: Observation) -> Decision | Ignored:
         """The first `started` moves the job to RUNNING; the others write only their worker's
         record, and the one that completes the count notes `all_started_at` on the job."""
-        job = self.store.get(job_id)
-        if job is not None and job.state is JobState.RUNNING and job.attempt == seen.attempt:
+        running: Job | None = job
+        if job.state is JobState.RUNNING and job.attempt == seen.attempt:
             outcome: Decision | Ignored = Ignored(f"attempt {job.attempt} is RUNNING already")
         else:  # PROVISIONING (or stale, ended: observed as before, which finishes earlier work)
-            outcome = self.observe(job_id, seen)
-            job = outcome.job if isinstance(outcome, Decision) else None
-        if job is not None and job.state is JobState.RUNNING and job.attempt == seen.attempt:
-            self._note_all_started(job)
+            outcome = self.observe(job.job_id, seen)
+            running = outcome.job if isinstance(outcome, Decision) else None
+        if running is not None and running.state is JobState.RUNNING and running.attempt == seen.attempt:
+            self._note_all_started(running)
         return outcome
 
     def _note_all_started(self, job: Job) -> None:
@@ -585,26 +588,24 @@ class JobService:
         if self.store.attempt_workers_heard(job.job_id, job.attempt) >= job.total_workers:
             self.store.record_all_started(job.job_id, job.attempt, self.clock())
 
-    def _host_succeeded(self, job_id: str, seen: Observation) -> Decision | Ignored:
+    def _host_succeeded(self, job: Job, seen: Observation) -> Decision | Ignored:
         """An exit 0, counted from the records of the attempt's hosts (this one's is written):
         the job is written when the count is complete (SUCCEEDED) or to leave PROVISIONING;
-        redelivered or reordered exits count once each, since a record is one per host."""
+        redelivered or reordered exits count once each, since a record is one per host. The
+        count decides, so `job` may be as read before this host's record was written."""
         assert seen.attempt is not None
-        done = self.store.attempt_workers_succeeded(job_id, seen.attempt)
-        job = self.store.get(job_id)
-        live = job is not None and job.state is JobState.RUNNING and job.attempt == seen.attempt
-        if job is not None and live and done < job.total_workers:
+        done = self.store.attempt_workers_succeeded(job.job_id, seen.attempt)
+        live = job.state is JobState.RUNNING and job.attempt == seen.attempt
+        if live and done < job.total_workers:
             return Ignored(f"worker {seen.worker} exited 0; {done} of {job.total_workers} workers are done")
-        return self.observe(job_id, replace(seen, workers_done_count=done))
+        return self.observe(job.job_id, replace(seen, workers_done_count=done))
 
-    def _peer_silent(self, report: WorkerReport, message: InboundMessage) -> Decision | Ignored | None:
+    def _peer_silent(self, report: WorkerReport, job: Job, message: InboundMessage) -> Decision | Ignored | None:
         """Worker 0 of a slice heard nothing from one of its peers for its peer timeout: that
         host is lost, as a silent worker is (found here in seconds, not at a reconcile tick).
         Only worker 0 speaks for a slice, and only of a peer the job has."""
-        job = self.store.get(report.job_id)
         peer = report.peer_worker_id
-        hosts = job.spec.hosts_per_slice if job is not None else 0
-        if report.worker_id != 0 or peer is None or peer >= hosts:
+        if report.worker_id != 0 or peer is None or not 0 < peer < job.spec.hosts_per_slice:
             who = "only worker 0 of a slice reports its peers" if report.worker_id != 0 else f"no peer {peer}"
             self.reject(message, f"Report for {report.job_id} attempt {report.attempt} refused: peer_worker_id: {who}.")
             return None
@@ -617,7 +618,7 @@ class JobService:
     def on_preemption(self, message: InboundMessage) -> Decision | Ignored | None:
         """tpujobs-preemption: a worker's notice that its capacity is going away, at once."""
         notice = self._decode(PreemptionNotice, message)
-        if notice is None or not self._believed(notice, message):
+        if notice is None or self._believed(notice, message) is None:
             return None
         worker = worker_key(notice.slice_id, notice.worker_id)
         reason = f"Preempted: worker {worker} of attempt {notice.attempt} got notice ({notice.reason})"
@@ -961,8 +962,9 @@ class JobService:
         if current is None or current.state.is_terminal or current.queued_resource != requested.queued_resource:
             self.tpu.release(requested.zone, requested.queued_resource)
 
-    def _believed(self, report: SignedReport, message: InboundMessage) -> bool:
-        """Whether a report or notice is what the hosts of the attempt it names said.
+    def _believed(self, report: SignedReport, message: InboundMessage) -> Job | None:
+        """The job, as read to check it, when a report or notice is what the hosts of the
+        attempt it names said; else None.
 
         Signed with that attempt's key, from a host the job has, timed within the attempt,
         and not a replay (the same signed bytes under another message id; a redelivery
@@ -971,7 +973,7 @@ class JobService:
         job = self.store.get(report.job_id)
         if job is None:
             self.reject(message, f"job_id {report.job_id!r}: no such job")
-            return False
+            return None
         signature = message.attributes.get(signing.SIGNATURE_ATTRIBUTE)
         now = self.clock()
         problem = signing.report_problem(
@@ -994,8 +996,8 @@ class JobService:
                 problem = f"it is a replay: the same signed report arrived before as message {first}"
         if problem is not None:
             self.reject(message, f"Report for {report.job_id} attempt {report.attempt} refused: {problem}.")
-            return False
-        return True
+            return None
+        return job
 
     def _decode(self, model: type[Report], message: InboundMessage) -> Report | None:
         """The message as `model`; None after recording a rejection when it is not one."""

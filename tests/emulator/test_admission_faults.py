@@ -121,7 +121,7 @@ def handle(service: JobService, delivered: InboundMessage) -> None:
 
 
 SCENARIOS = {"ending": ending, "evicting": evicting}
-STEPS = {"ending": 14, "evicting": 9}  # I/O steps of each uncrashed handler (checked below)
+STEPS = {"ending": 13, "evicting": 9}  # I/O steps of each uncrashed handler (checked below)
 CRASH_POINTS = [(name, k) for name, steps in STEPS.items() for k in range(1, steps + 1)]
 
 
@@ -163,9 +163,9 @@ def test_a_killed_admission_is_finished_by_redelivery(harness, name, k, when):
 
 
 @pytest.mark.parametrize("when", ["before", "after"])
-@pytest.mark.parametrize("k", range(7, STEPS["ending"] + 1))
+@pytest.mark.parametrize("k", range(6, STEPS["ending"] + 1))
 def test_an_ending_killed_after_its_commit_is_finished_by_the_reconciler(harness, k, when):
-    """The exit is committed (step 6, the apply, went through, after the report was checked and
+    """The exit is committed (step 5, the apply, went through, after the report was checked and
     remembered, the worker recorded and its slice counted): the tick needs no message."""
     delivered, job_ids = ending(harness)
     plan = CrashPlan(at=k, when=when)

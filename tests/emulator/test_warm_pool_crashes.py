@@ -263,7 +263,6 @@ SCENARIOS = [
             *_BELIEVED,
             "store.record_worker",  # the host's exit 0 on its record first,
             "store.attempt_workers_succeeded",  # then its attempt's hosts counted: all done,
-            "store.get",
             "store.apply",  # so the job SUCCEEDED
             *_FREE,
             *_READ_QUEUE,
@@ -271,7 +270,7 @@ SCENARIOS = [
             *_READ_QUEUE,
         ),
         done={"j1": (JobState.SUCCEEDED, 1, False), "j2": (JobState.PROVISIONING, 1, True)},
-        commit=6,
+        commit=5,
         untouched={"j1": (JobState.RUNNING, 1, True), "j2": (JobState.QUEUED, 1, False)},
     ),
     Scenario(
