@@ -605,7 +605,7 @@ class JobService:
         host is lost, as a silent worker is (found here in seconds, not at a reconcile tick).
         Only worker 0 speaks for a slice, and only of a peer the job has."""
         peer = report.peer_worker_id
-        if report.worker_id != 0 or peer is None or not 0 < peer < job.spec.hosts_per_slice:
+        if report.worker_id != 0 or peer is None or peer >= job.spec.hosts_per_slice:  # >= 1: the schema
             who = "only worker 0 of a slice reports its peers" if report.worker_id != 0 else f"no peer {peer}"
             self.reject(message, f"Report for {report.job_id} attempt {report.attempt} refused: peer_worker_id: {who}.")
             return None

@@ -131,7 +131,7 @@ def rejected(service: JobService, sent) -> str | None:
     [
         (1, 1, "only worker 0"),  # a peer speaks for no one
         (0, 2, "no peer 2"),  # a v4-16 slice has hosts 0 and 1
-        (0, 0, "no peer 0"),  # worker 0 is no peer of its own
+        (0, 0, "greater than or equal to 1"),  # worker 0 is no peer of its own (the schema says so)
     ],
 )
 def test_a_peer_silent_from_a_peer_or_about_no_such_peer_is_refused(service, clock, worker, peer, says):
