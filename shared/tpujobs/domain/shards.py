@@ -23,9 +23,11 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from tpujobs.domain.spec import ID_PATTERN, ZONE_PATTERN
+
 SHARD_KEY = "shard"
-ZONE = re.compile(r"[a-z][a-z0-9-]{0,62}")
-JOB_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,199}")  # an open end is ""
+ZONE = re.compile(ZONE_PATTERN)  # as a spec names a zone
+JOB_ID = re.compile(ID_PATTERN)  # an open end is ""
 TICK = re.compile(r"[0-9A-Za-z:.+-]{0,64}")  # the coordinator's time, ISO 8601: for logs only
 FIELDS = ("zone", "after", "through", "tick")
 
