@@ -119,13 +119,9 @@ def cut_off_line(worker: int) -> bytes:
     ).encode()
 
 
-def worker_log(output: bytes, cut_off: bool, worker: int) -> bytes:
-    """A worker's exported log: its output, and the cut-off line on a line of its own."""
-    return b"".join(worker_log_parts([output], cut_off, worker))
-
-
 def worker_log_parts(output: Iterable[bytes], cut_off: bool, worker: int) -> Iterator[bytes]:
-    """`worker_log` as a stream: the output's pieces as they come, then the cut-off line."""
+    """A worker's exported log, as a stream: its output's pieces as they come, then, when it
+    was cut off, the cut-off line on a line of its own."""
     last = b""
     for piece in output:
         if piece:
@@ -253,13 +249,9 @@ class LogObjects:
         for data in self.bucket.read_each([chunk.name for chunk in chunks]):
             yield data or b""
 
-    def write_if_changed(self, name: str, data: bytes) -> bool:
-        """Upload unless the object already holds exactly these bytes; whether it uploaded."""
-        return self.bucket.write_if_changed(name, data, CONTENT_TYPE)
-
     def write_stream_if_changed(self, name: str, stream: Callable[[], Iterable[bytes]]) -> bool:
-        """`write_if_changed` for bytes made by `stream()`, called twice (hash, then upload):
-        never held whole."""
+        """Upload the bytes `stream()` makes unless the object holds exactly them; whether it
+        uploaded. `stream()` is called twice (hash, then upload): never held whole."""
         return self.bucket.write_stream_if_changed(name, stream, CONTENT_TYPE)
 
     def mark_code_used(self, code_uri: str | None, at: datetime) -> bool:

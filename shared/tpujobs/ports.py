@@ -481,12 +481,10 @@ class LogBucket(Protocol):
         """Each object's bytes in the order named, read as asked for (a few ahead), so the
         caller holds a few objects, never all; None for a missing one."""
 
-    def write_if_changed(self, name: str, data: bytes, content_type: str) -> bool:
-        """Upload unless the object already holds exactly these bytes; whether it uploaded."""
-
     def write_stream_if_changed(self, name: str, stream: Callable[[], Iterable[bytes]], content_type: str) -> bool:
-        """`write_if_changed` for the bytes `stream()` makes, called once to hash them and once
-        to upload them (a streaming upload): the object is never held whole in memory."""
+        """Upload the bytes `stream()` makes unless the object already holds exactly them; whether
+        it uploaded. `stream()` is called once to hash them and once to upload them (a streaming
+        upload): the object is never held whole in memory."""
 
     def mark_used(self, name: str, at: datetime) -> bool:
         """Move the object's custom time forward to `at` (lifecycle rules count from it); whether

@@ -18,7 +18,7 @@ from tpujobs.logs_export import (
     combined_log,
     cut_off_line,
     prefixed_lines,
-    worker_log,
+    worker_log_parts,
     worker_number,
 )
 from tpujobs.reports import LogExportRequest, ReportError, decode_report
@@ -66,6 +66,12 @@ def test_prefixed_lines_prefix_every_line_and_end_the_last_one():
     assert prefixed_lines(0, b"") == b""
 
 
+def worker_log(*pieces_then_cut_off_and_worker) -> bytes:
+    """A worker's exported log, whole, from the stream `worker_log_parts` makes of `pieces`."""
+    *pieces, cut_off, worker = pieces_then_cut_off_and_worker
+    return b"".join(worker_log_parts(pieces, cut_off, worker))
+
+
 def test_a_cut_off_worker_log_ends_with_the_cut_off_line_on_a_line_of_its_own():
     """The cut-off line follows the output after a newline, whether or not the output ended one."""
     line = cut_off_line(1)
@@ -74,6 +80,7 @@ def test_a_cut_off_worker_log_ends_with_the_cut_off_line_on_a_line_of_its_own():
     assert worker_log(b"whole\n", True, 1) == b"whole\n" + line
     assert worker_log(b"", True, 1) == line
     assert worker_log(b"no marker needed", False, 1) == b"no marker needed"
+    assert worker_log(b"half a", b" li", b"", True, 1) == b"half a li\n" + line  # pieces, an empty last one
 
 
 def test_the_combined_log_keeps_each_workers_lines_together_worker_0_first():

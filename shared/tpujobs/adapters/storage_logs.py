@@ -27,11 +27,6 @@ DOWNLOAD_THREADS = 8  # an attempt's chunks are many small objects: fetch a few 
 UPLOAD_CHUNK_BYTES = 256 * 1024
 
 
-def md5_base64(data: bytes) -> str:
-    """An object's MD5 as Cloud Storage reports it (`md5Hash`)."""
-    return base64.b64encode(hashlib.md5(data, usedforsecurity=False).digest()).decode("ascii")
-
-
 class GcsLogBucket:
     """One bucket through google-cloud-storage (the emulator when STORAGE_EMULATOR_HOST is set)."""
 
@@ -94,14 +89,6 @@ class GcsLogBucket:
             with blob.open("wb", content_type=content_type) as out:
                 for piece in stream():
                     out.write(piece)
-        return True
-
-    def write_if_changed(self, name: str, data: bytes, content_type: str) -> bool:
-        with translated(SERVICE, f"write {name}"):
-            existing = self._bucket.get_blob(name)
-            if existing is not None and existing.size == len(data) and existing.md5_hash == md5_base64(data):
-                return False
-            self._bucket.blob(name).upload_from_string(data, content_type=content_type)
         return True
 
     def mark_used(self, name: str, at: datetime) -> bool:
