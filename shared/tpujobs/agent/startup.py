@@ -22,7 +22,7 @@ import json
 import re
 import shlex
 import textwrap
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -67,16 +67,9 @@ class AgentTimings:
         )
 
     def config(self) -> dict[str, float]:
-        """The agent config's timing keys (`check_timings` in worker.py fills in any missing)."""
-        return {
-            "heartbeat_seconds": self.heartbeat_seconds,
-            "heartbeat_sparse_seconds": self.heartbeat_sparse_seconds,
-            "heartbeat_fast_window_seconds": self.heartbeat_fast_window_seconds,
-            "peer_seconds": self.peer_seconds,
-            "peer_timeout_seconds": self.peer_timeout_seconds,
-            "grace_seconds": self.grace_seconds,
-            "chunk_seconds": self.chunk_seconds,
-        }
+        """The agent config's timing keys, named as the fields are (`check_timings` in worker.py
+        fills in any missing)."""
+        return asdict(self)
 
 
 @functools.lru_cache(maxsize=1)
