@@ -112,21 +112,16 @@ class Settings:
 def _days(name: str, env: Mapping[str, str], default: int) -> int:
     """A retention in whole days, at least 1: a record that expires at once would vanish
     before anyone could read why its job ended."""
-    text = env.get(name, "").strip()
-    if not text:
-        return default
-    if not text.isdigit() or int(text) < 1:
-        raise ValueError(f"{name} must be a whole number of days, at least 1, got {text!r}")
-    return int(text)
+    return _count(name, env, default, "number of days")
 
 
-def _count(name: str, env: Mapping[str, str], default: int) -> int:
+def _count(name: str, env: Mapping[str, str], default: int, what: str = "number") -> int:
     """A whole number, at least 1."""
     text = env.get(name, "").strip()
     if not text:
         return default
     if not text.isdigit() or int(text) < 1:
-        raise ValueError(f"{name} must be a whole number, at least 1, got {text!r}")
+        raise ValueError(f"{name} must be a whole {what}, at least 1, got {text!r}")
     return int(text)
 
 
