@@ -622,6 +622,11 @@ class Reconciler:
             return
         quiet = (now - silent.last_report_at).total_seconds()
         what = f"Worker {silent.worker} of attempt {silent.attempt} sent nothing for {quiet:.0f} s; the host is lost"
+        if silent.after_its_exit:  # its peers, spoken for by it alone, are heard by no one now
+            what = (
+                f"Worker {silent.worker} of attempt {silent.attempt} sent nothing for {quiet:.0f} s after its "
+                "command ended, while it spoke for the peers of its slice; the host is lost"
+            )
         seen = Observation(EventKind.CAPACITY_LOST, silent.attempt, "reconciler", reason=what, worker=silent.worker)
         service.observe(silent.job_id, seen)
         report.observed.append(f"{silent.job_id}: {what}")
@@ -715,7 +720,7 @@ class Reconciler:
 
     def _check_hung(self, job: Job, now: datetime, report: ReconcileReport) -> None:
         workers = [
-            limits.WorkerProgress(w.worker, w.last_output_at, w.checkpoint_at, w.started_at)
+            limits.WorkerProgress(w.worker, w.last_output_at, w.checkpoint_at, w.started_at, w.exit_code)
             for w in self.store.attempt_workers(job.job_id, job.attempt)
         ]
         found = limits.hung(job, workers, now)

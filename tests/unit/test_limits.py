@@ -183,6 +183,21 @@ def test_a_worker_that_finished_is_not_silent() -> None:
     assert found is not None and found.silent == (("0-1", 31.0),)
 
 
+def test_a_worker_whose_record_says_it_exited_0_is_not_silent() -> None:
+    """A job of many hosts counts exits on the worker records (`workers_done` stays empty):
+    worker 0-0 exited 0 long ago, 0-1 printed 31 s ago with a 30 s timeout; only 0-1 is quiet,
+    and while 0-1 moves the attempt is not hung."""
+    job = running(hang_timeout="30s")
+    assert job.workers_done == ()
+    done = limits.WorkerProgress("0-0", last_output_at=at(5), exit_code=0)
+    found = limits.hung(job, [done, limits.WorkerProgress("0-1", last_output_at=at(62))], at(93))
+    assert found is not None and found.silent == (("0-1", 31.0),)
+    assert limits.hung(job, [done, limits.WorkerProgress("0-1", last_output_at=at(80))], at(93)) is None
+    failed = limits.WorkerProgress("0-0", last_output_at=at(5), exit_code=3)  # not done: counted as quiet
+    found = limits.hung(job, [failed, limits.WorkerProgress("0-1", last_output_at=at(62))], at(93))
+    assert found is not None and [w for w, _ in found.silent] == ["0-0", "0-1"]
+
+
 def test_workers_are_read_only_once_the_job_itself_shows_no_progress_within_the_timeout() -> None:
     """might_hang is the cheap gate: no hang_timeout, not RUNNING, or a recent start: no read."""
     assert not limits.might_hang(running(), at(10_000))

@@ -61,6 +61,7 @@ class WorkerProgress:
     last_output_at: datetime | None = None
     checkpoint_at: datetime | None = None
     started_at: datetime | None = None
+    exit_code: int | None = None  # the command's, once this host's `exited` was heard
 
     def last_progress(self) -> datetime | None:
         known = [t for t in (self.last_output_at, self.checkpoint_at, self.started_at) if t is not None]
@@ -180,9 +181,9 @@ def hung(job: Job, workers: list[WorkerProgress], now: datetime) -> Hung | None:
     by_worker = {w.worker: w for w in workers}
     silent = []
     for key in job.worker_keys:
-        if key in job.workers_done:
-            continue
         seen = by_worker.get(key)
+        if key in job.workers_done or (seen is not None and seen.exit_code == 0):
+            continue  # it finished: done, not quiet (a job counts exits on the records or in workers_done)
         last = (seen.last_progress() if seen is not None else None) or start
         if last is None:
             return None  # nothing to count from
