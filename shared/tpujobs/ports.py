@@ -53,6 +53,9 @@ class WorkerRecord:
     # When the host is silent unless it reports again; only ever moved later (a late, reordered
     # report cannot bring it back). A host worker 0 speaks for gets SPOKEN_FOR: never.
     silent_after: datetime | None = None
+    # Worker 0 whose command exited 0 while it still spoke for peers of its slice: its record
+    # stays live (and watched for silence) until those peers end, since no one else hears them.
+    speaks_for_peers: bool | None = None
 
     def fields(self) -> dict[str, object]:
         return {
@@ -69,6 +72,7 @@ class WorkerRecord:
             "live": self.live,
             "last_output_at": self.last_output_at,
             "silent_after": self.silent_after,
+            "speaks_for_peers": self.speaks_for_peers,
         }
 
 
@@ -80,6 +84,7 @@ class SilentWorker:
     attempt: int
     worker: str
     last_report_at: datetime
+    after_its_exit: bool = False  # worker 0 that ended its command and still spoke for its peers
 
 
 @dataclass(frozen=True)

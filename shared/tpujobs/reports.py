@@ -108,7 +108,9 @@ class WorkerReport(_Strict):
     Liveness (`started`, `heartbeat`): `next_report_seconds` says when this host reports next,
     so the service knows when it is silent; `watch: slice` says worker 0 of its slice speaks
     for it from now on (its heartbeats stop). Neither: an agent from before both, whose
-    heartbeats come every `heartbeat_seconds` of the deployment.
+    heartbeats come every `heartbeat_seconds` of the deployment. Worker 0's `exited` 0 with
+    `peers_heard` (and `next_report_seconds`): its command ended, but it goes on heartbeating
+    for those peers until they end, so its record stays live (`service.speaks_after_exit`).
     """
 
     kind: Literal["started", "heartbeat", "exited", "checkpoint", "aborted", "rebooted", "peer_silent"]

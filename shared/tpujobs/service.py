@@ -1020,7 +1020,10 @@ def _worker_record(report: WorkerReport, worker: str, now: datetime, at: datetim
     if report.kind == "started":
         return replace(record, started_at=at, live=True)
     if report.kind in ("exited", "aborted"):
-        return replace(record, exited_at=at, exit_code=report.exit_code, live=False)
+        speaking = speaks_after_exit(report)  # live on, watched, for the peers only it hears
+        return replace(
+            record, exited_at=at, exit_code=report.exit_code, live=speaking, speaks_for_peers=speaking or None
+        )
     if report.kind == "checkpoint":
         return replace(record, checkpoint_step=report.step, checkpoint_at=at, live=True)
     if report.kind == "heartbeat":  # worker 0's adds its slice's latest checkpoint
@@ -1043,12 +1046,26 @@ def silent_after(report: WorkerReport, now: datetime, settings: Settings) -> dat
     counted from `now`, when the service heard it. A report without `next_report_seconds`
     or `watch` comes from an agent from before them: its heartbeats are every
     `heartbeat_seconds`, so its record keeps today's timeout."""
-    if report.kind not in ("started", "heartbeat"):
+    if report.kind not in ("started", "heartbeat") and not speaks_after_exit(report):
         return None
     if report.watch == "slice":
         return SPOKEN_FOR
     period = report.next_report_seconds or settings.heartbeat_seconds
     return now + timedelta(seconds=max(settings.heartbeat_timeout_seconds, SILENT_PERIODS * period))
+
+
+def speaks_after_exit(report: WorkerReport) -> bool:
+    """Worker 0 whose command exited 0 while it still heard peers of its slice (`peers_heard`):
+    it goes on heartbeating for them until they end, so its record stays live and is found
+    silent like any host's; otherwise a worker 0 that died then would leave its peers,
+    spoken for and never silent by their own records, watched by no one."""
+    return (
+        report.kind == "exited"
+        and report.exit_code == 0
+        and report.limit is None
+        and report.worker_id == 0
+        and bool(report.peers_heard)
+    )
 
 
 def _counted_on_workers(seen: Observation | None) -> bool:

@@ -51,3 +51,30 @@ def test_a_frozen_peer_agent_is_reported_by_worker_0_and_its_attempt_recovered(e
     assert len(lost) == 1, [e.reason for e in lost]
     assert lost[0].source == "agent" and "Worker 0-1 of attempt 1 went silent" in lost[0].reason, lost[0].reason
     env["publisher"].publish_json(CONTROL, {"action": "cancel", "job_id": job_id, "owner": "ada@example.com"})
+
+
+def test_worker_0_that_succeeds_first_stays_watched_while_its_peer_runs(env, submit_job):
+    """Worker 0's command ends first: its `exited` 0 says it still hears worker 1, so its record stays live with a
+    deadline (worker 1, spoken for, has none of its own); the job succeeds when worker 1 ends."""
+    command = 'if [ "$TPUJOBS_WORKER_ID" = 0 ]; then sleep 6; else sleep 25; fi'
+    job_id = submit_job(prefix="speaker-ends", accelerator_type="v4-16", command=command)
+
+    def speaking():
+        records = {w.worker: w for w in env["store"].attempt_workers(job_id, 1)}
+        zero = records.get("0-0")
+        return records if zero is not None and zero.exit_code == 0 else None
+
+    speaking.__doc__ = f"{job_id}: worker 0-0 exited"
+    records = wait_for(speaking, timeout=120)
+    zero = records["0-0"]
+    assert (zero.live, zero.speaks_for_peers) == (True, True), zero
+    assert zero.silent_after is not None and zero.silent_after < SPOKEN_FOR
+    assert records["0-1"].silent_after == SPOKEN_FOR and records["0-1"].exit_code is None
+    assert env["store"].get(job_id).state is JobState.RUNNING
+
+    def ended():
+        found = env["store"].get(job_id)
+        return found if found is not None and found.state.is_terminal else None
+
+    ended.__doc__ = f"{job_id} ended"
+    assert wait_for(ended, timeout=120).state is JobState.SUCCEEDED

@@ -157,3 +157,42 @@ def test_a_forged_peer_silent_is_refused(service, clock):
     assert service.on_worker_report(sent) is None
     assert service.store.get("train-1").state is JobState.RUNNING
     assert rejected(service, sent) is not None
+
+
+def test_worker_0_that_succeeds_while_it_speaks_for_peers_stays_watched_until_silent(service, clock):
+    """Worker 0's `exited` 0 with `peers_heard`: its record stays live with a deadline its later heartbeats move, so a
+    worker 0 that dies then is found silent and its host lost, the reason saying why: its peer is not left unwatched."""
+    peer_started(service, clock)
+    clock.advance(5)
+    beat(service, "exited", 0, exit_code=0, peers_heard=1, next_report_seconds=10)
+    zero = records(service)["0-0"]
+    assert (zero.live, zero.exit_code, zero.speaks_for_peers) == (True, 0, True)
+    assert zero.silent_after == clock.now + timedelta(seconds=60)
+    assert service.store.get("train-1").state is JobState.RUNNING  # worker 1 still runs
+    clock.advance(50)
+    beat(service, "heartbeat", 0, next_report_seconds=10, peers_heard=1)
+    clock.advance(59)
+    assert reconciler_for(service).tick().observed == []
+    clock.advance(2)
+    observed = reconciler_for(service).tick().observed
+    assert len(observed) == 1 and "0-0 of attempt 1 sent nothing for 61 s after its command ended" in observed[0]
+    assert service.store.get("train-1").attempt == 2
+
+
+@pytest.mark.parametrize(
+    ("worker", "extra"),
+    [
+        (0, {"exit_code": 0}),  # heard no peer: it ends
+        (0, {"exit_code": 0, "peers_heard": 0, "next_report_seconds": 10}),
+        (0, {"exit_code": 1, "peers_heard": 1, "next_report_seconds": 10}),  # failed: the job ends anyway
+        (1, {"exit_code": 0, "peers_heard": 1, "next_report_seconds": 10}),  # a peer speaks for no one
+    ],
+)
+def test_any_other_exit_ends_the_hosts_record(service, clock, worker, extra):
+    """Only worker 0's success while it hears peers keeps its record live: any other exit is never found silent."""
+    peer_started(service, clock)
+    beat(service, "exited", worker, **extra)
+    record = records(service)[f"0-{worker}"]
+    assert (record.live, record.speaks_for_peers) == (False, None)
+    clock.advance(3600)
+    assert f"0-{worker}" not in [w.worker for w in service.store.silent_workers(clock.now)]

@@ -596,13 +596,16 @@ class FirestoreJobStore:
             .order_by("silent_after")
             .order_by("__name__")
         )
-        docs = _paged(query, page_size, "find silent workers")
-        return [
-            SilentWorker(doc.reference.parent.parent.id, d["attempt"], d["worker"], d["last_report_at"])
-            for doc in docs
-            for d in [doc.to_dict() or {}]
-            if d.get("exited_at") is None  # a `started` handled after its exit made it live again
-        ]
+        found = []
+        for doc in _paged(query, page_size, "find silent workers"):
+            d = doc.to_dict() or {}
+            exited = d.get("exited_at") is not None
+            # An exited host is live again only by a `started` handled after its exit, unless
+            # it is worker 0 that went on speaking for its peers (`service.speaks_after_exit`).
+            if not exited or d.get("speaks_for_peers"):
+                job_id = doc.reference.parent.parent.id
+                found.append(SilentWorker(job_id, d["attempt"], d["worker"], d["last_report_at"], exited))
+        return found
 
     def mark_announced(self, job_id: str, event: JobEvent) -> None:
         ref = self._job_ref(job_id).collection(EVENTS).document(event.document_id)

@@ -2435,6 +2435,7 @@ class Agent:
         self.withdrawn = threading.Event()  # pool mode: the unit was given other work (`withdraw`)
         self.started_again = False  # this attempt had started on this host before: nothing ran
         self.stop_beating = threading.Event()  # heartbeats end (worker 0 may outlive its command)
+        self._period = heartbeat_period(0.0, config)  # seconds to the next heartbeat, as the last one said
         self.link: SliceLink | None = None  # a host of a multi-host slice: its slice's network
         if int(config["hosts_per_slice"]) > 1:
             self.link = SliceLink(
@@ -2759,11 +2760,10 @@ class Agent:
         the next comes (`heartbeat_period`); worker 0 of a multi-host slice adds its peers'
         progress, and a peer worker 0 speaks for says nothing."""
         began = time.monotonic()
-        every = heartbeat_period(0.0, self.config)
-        while not self.stop_beating.wait(every):
+        while not self.stop_beating.wait(self._period):
             if self._spoken_for():
                 continue
-            every = heartbeat_period(time.monotonic() - began, self.config)
+            self._period = every = heartbeat_period(time.monotonic() - began, self.config)
             self.reporter.report("heartbeat", **self._liveness(every), **self._slice_progress())
 
     def _spoken_for(self) -> bool:
@@ -2890,7 +2890,7 @@ class Agent:
         elif not preempted and detail is not None:
             self.reporter.report("exited", exit_code=code, detail=detail[:MAX_DETAIL_CHARS], **failed)
         elif not preempted:
-            self.reporter.report("exited", exit_code=code, **failed)
+            self.reporter.report("exited", exit_code=code, **failed, **self._still_speaking(code))
         self._leave_slice(speaks=not preempted and aborted is None and code == 0 and self._limit is None)
         self.reporter.close()
         self.preemption.wait(30.0)
@@ -2899,6 +2899,16 @@ class Agent:
         )
         self.record.update(ended=ended, exit_code=code, ended_at=rfc3339())  # and said so
         return code
+
+    def _still_speaking(self, code: int) -> dict[str, Any]:
+        """What worker 0's `exited` 0 adds while it still hears peers: how many, and when it
+        reports next, so the service keeps its record live and watched (`_leave_slice` keeps
+        the heartbeats going) and a worker 0 that dies then is found like any silent host."""
+        link = self.link
+        if code != 0 or self._limit is not None or link is None or link.worker_id != 0:
+            return {}
+        peers = link.watch.watching()
+        return {"peers_heard": peers, "next_report_seconds": self._period} if peers else {}
 
     def _leave_slice(self, speaks: bool) -> None:
         """The heartbeats end, and the slice link: a peer says bye; worker 0 whose command
