@@ -163,14 +163,14 @@ class Harness:
             real.sleep,
         )
 
-    def submit(self) -> None:
-        outcome = self.service.submit(InboundMessage("setup-submit", "tpujobs-submit", json.dumps(SPEC).encode()))
+    def submit(self, spec: dict[str, Any] = SPEC) -> None:
+        outcome = self.service.submit(InboundMessage("setup-submit", "tpujobs-submit", json.dumps(spec).encode()))
         assert outcome.kind == "provisioning", outcome
 
-    def started(self) -> None:
-        payload = {"kind": "started", "job_id": JOB, "attempt": 1, "slice_id": 0, "worker_id": 0}
+    def started(self, worker_id: int = 0, **extra: Any) -> None:
+        payload = {"kind": "started", "job_id": JOB, "attempt": 1, "slice_id": 0, "worker_id": worker_id, **extra}
         self.service.on_worker_report(
-            signed(self.service, "tpujobs-worker-events", payload, message_id="setup-started")
+            signed(self.service, "tpujobs-worker-events", payload, message_id=f"setup-started-{worker_id}")
         )
         assert self.service.store.get(JOB).state is JobState.RUNNING
 
@@ -243,6 +243,13 @@ class Scenario:
 def _running(h: Harness) -> None:
     h.submit()
     h.started()
+
+
+def _slice_running(h: Harness) -> None:
+    """A v4-16 (one slice of two hosts) RUNNING; worker 0 speaks for worker 1."""
+    h.submit({**SPEC, "accelerator_type": "v4-16"})
+    h.started(0, next_report_seconds=10)
+    h.started(1, watch="slice")
 
 
 def _preempted(h: Harness) -> None:
@@ -333,6 +340,19 @@ SCENARIOS = [
         setup=_preempted,
         steps=(*_BELIEVED, *_LOSS_STEPS),
         done=_RECOVERED,
+    ),
+    Scenario(
+        "peer-silent",
+        "on_worker_report",
+        "tpujobs-worker-events",
+        {"kind": "peer_silent", "job_id": JOB, "attempt": 1, "slice_id": 0, "worker_id": 0, "peer_worker_id": 1},
+        setup=_slice_running,
+        # The node is healthy, so only worker 0's word says the host is lost: nothing repairs a
+        # report lost before its commit (worker 1 is spoken for, never silent by its record).
+        steps=(*_BELIEVED, *_LOSS_STEPS),
+        done=_RECOVERED,
+        commit=3,
+        untouched=Outcome(JobState.RUNNING),
     ),
     Scenario(
         "qr-suspended",
