@@ -89,6 +89,7 @@ class _Strict(BaseModel):
 # A fresh random value in every signed report: two reports never have the same bytes, so
 # the same signature seen under two message ids is a replay (`tpujobs.domain.signing`).
 Nonce = Annotated[str, Field(pattern=r"^[0-9a-f]{16,64}$")]
+PeerId = Annotated[int, Field(ge=1, le=100_000)]  # a peer of worker 0 in its slice, never worker 0
 
 
 class WorkerReport(_Strict):
@@ -142,7 +143,11 @@ class WorkerReport(_Strict):
     # many of its peers it hears.
     checkpoint_at: Timestamp = None
     peers_heard: Annotated[int, Field(ge=0, le=100_000)] | None = None
-    peer_worker_id: Annotated[int, Field(ge=1, le=100_000)] | None = None
+    peer_worker_id: PeerId | None = None
+    # Worker 0's `heartbeat`: the peers it reported silent (`peer_silent`) and never heard a bye
+    # from since. The service takes the first as `peer_silent` again, so a report lost for good
+    # (dead-lettered) still loses the host at worker 0's next heartbeat.
+    peers_silent: Annotated[list[PeerId], Field(min_length=1, max_length=64)] | None = None
 
 
 class PreemptionNotice(_Strict):

@@ -541,6 +541,8 @@ class JobService:
         if counted:  # the job counts these hosts from their records: the record comes first
             self.store.record_worker(report.job_id, record)
         outcome = None if seen is None else self._observe_host(job, seen)
+        if report.peers_silent and job.state is JobState.RUNNING and job.attempt == report.attempt:
+            outcome = self._peer_silent_again(report, job, message)
         if report.kind == "checkpoint":
             self.store.record_checkpoint(report.job_id, report.attempt, at, report.step)
         if report.kind == "started" and report.image_digest is not None:
@@ -614,6 +616,14 @@ class JobService:
         why = f"Worker {worker} of attempt {report.attempt} went silent ({said}); the host is lost"
         seen = Observation(EventKind.CAPACITY_LOST, report.attempt, "agent", why, worker=worker)
         return self.observe(report.job_id, seen)
+
+    def _peer_silent_again(self, report: WorkerReport, job: Job, message: InboundMessage) -> Decision | Ignored | None:
+        """Worker 0's heartbeat names a peer it reported silent while the attempt still runs:
+        that `peer_silent` never took effect (lost, or dead-lettered), so it is taken now."""
+        peer = report.peers_silent[0] if report.peers_silent else None
+        said = f"worker {worker_key(report.slice_id, 0)} reported it silent and has not heard it since"
+        again = report.model_copy(update={"kind": "peer_silent", "peer_worker_id": peer, "detail": said})
+        return self._peer_silent(again, job, message)
 
     def on_preemption(self, message: InboundMessage) -> Decision | Ignored | None:
         """tpujobs-preemption: a worker's notice that its capacity is going away, at once."""

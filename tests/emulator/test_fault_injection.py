@@ -347,8 +347,9 @@ SCENARIOS = [
         "tpujobs-worker-events",
         {"kind": "peer_silent", "job_id": JOB, "attempt": 1, "slice_id": 0, "worker_id": 0, "peer_worker_id": 1},
         setup=_slice_running,
-        # The node is healthy, so only worker 0's word says the host is lost: nothing repairs a
-        # report lost before its commit (worker 1 is spoken for, never silent by its record).
+        # The node is healthy, so only worker 0's word says the host is lost: a report lost
+        # before its commit leaves the job as it was until worker 0's next heartbeat names the
+        # peer again (`peers_silent`; worker 1 is spoken for, never silent by its own record).
         steps=(*_BELIEVED, *_LOSS_STEPS),
         done=_RECOVERED,
         commit=3,

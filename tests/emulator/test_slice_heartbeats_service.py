@@ -196,3 +196,32 @@ def test_any_other_exit_ends_the_hosts_record(service, clock, worker, extra):
     assert (record.live, record.speaks_for_peers) == (False, None)
     clock.advance(3600)
     assert f"0-{worker}" not in [w.worker for w in service.store.silent_workers(clock.now)]
+
+
+def test_a_peer_silent_lost_for_good_is_taken_from_worker_0s_next_heartbeat(service, clock):
+    """The `peer_silent` never arrived (dead-lettered): worker 0's heartbeat still names the peer (`peers_silent`),
+    and the service loses that host from it; the same heartbeat for an attempt that is over changes nothing."""
+    peer_started(service, clock)
+    clock.advance(20)
+    beat(service, "heartbeat", 0, next_report_seconds=10, peers_heard=0, peers_silent=[1])
+    job = service.store.get("train-1")
+    assert (job.state, job.attempt) == (JobState.PROVISIONING, 2)
+    lost = [e for e in service.store.events("train-1") if e.to_state is JobState.RECOVERING]
+    assert len(lost) == 1 and "Worker 0-1 of attempt 1 went silent" in lost[0].reason
+    assert "reported it silent and has not heard it since" in lost[0].reason
+    beat(service, "heartbeat", 0, next_report_seconds=10, peers_heard=0, peers_silent=[1])  # attempt 1 is over
+    after = service.store.get("train-1")
+    assert (after.attempt, after.updated_at) == (job.attempt, job.updated_at)
+    assert service.store.rejections() == []
+
+
+def test_a_peers_silent_from_a_peer_is_refused(service, clock):
+    """Only worker 0 speaks for a slice: a peer's heartbeat naming another peer loses nothing and is recorded."""
+    peer_started(service, clock)
+    sent = signed(
+        service, "tpujobs-worker-events",
+        {"kind": "heartbeat", "job_id": "train-1", "attempt": 1, "slice_id": 0, "worker_id": 1, "peers_silent": [1]},
+    )  # fmt: skip
+    service.on_worker_report(sent)
+    assert service.store.get("train-1").attempt == 1
+    assert "only worker 0" in (rejected(service, sent) or "")

@@ -109,6 +109,20 @@ def test_a_peer_that_said_bye_is_never_reported_silent() -> None:
     assert watch.watching() == 0
 
 
+def test_worker_0s_heartbeat_repeats_the_peers_it_reported_silent_until_their_bye() -> None:
+    """A peer reported silent is named in every heartbeat after (`peers_silent`), so a lost `peer_silent` is said
+    again; one that said bye since is not."""
+    watch = a_watch(timeout=10.0)
+    watch.accept(beat(worker_id=1, seq=1), NOW, clock=100.0)
+    watch.accept(beat(worker_id=3, seq=1), NOW, clock=100.0)
+    assert "peers_silent" not in watch.progress()
+    assert watch.silent(clock=111.0) == [(1, 11.0), (3, 11.0)]
+    assert watch.progress()["peers_silent"] == [1, 3]
+    assert watch.progress()["peers_silent"] == [1, 3]  # every heartbeat, not once
+    watch.accept(beat(worker_id=3, seq=2, kind="bye"), NOW, clock=112.0)
+    assert watch.progress() == {"peers_heard": 0, "peers_silent": [1]}
+
+
 def test_a_peer_never_heard_is_not_worker_0s_to_report() -> None:
     """Worker 0 reports only peers it heard: one it never heard reports its own heartbeats."""
     assert a_watch(hosts=4, timeout=1.0).silent(clock=1e9) == []

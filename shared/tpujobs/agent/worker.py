@@ -1426,11 +1426,15 @@ class SliceWatch:
             return sum(1 for peer in self.peers.values() if not peer["gone"] and not peer["reported"])
 
     def progress(self) -> dict[str, Any]:
-        """The peers' latest last output (epoch s), checkpoint step and its time, and how many
-        are heard: what worker 0's heartbeat adds for its slice."""
+        """The peers' latest last output (epoch s), checkpoint step and its time, how many are
+        heard, and which were reported silent: what worker 0's heartbeat adds for its slice."""
         with self._lock:
             peers = list(self.peers.values())
         found: dict[str, Any] = {"peers_heard": sum(1 for p in peers if not p["gone"] and not p["reported"])}
+        with self._lock:  # reported and never a bye since: said again, so a lost report is not lost for good
+            reported = sorted(w for w, p in self.peers.items() if p["reported"] and not p["gone"])
+        if reported:
+            found["peers_silent"] = reported
         outputs = [p["last_output_at"] for p in peers if "last_output_at" in p]
         if outputs:
             found["last_output_at"] = max(outputs)
@@ -2802,6 +2806,8 @@ class Agent:
         if self.link is not None and self.link.worker_id == 0:
             peers = self.link.watch.progress()
             found["peers_heard"] = peers["peers_heard"]
+            if "peers_silent" in peers:
+                found["peers_silent"] = peers["peers_silent"]
             if "last_output_at" in peers:
                 seen = max(seen or 0.0, peers["last_output_at"])
             if "checkpoint_step" in peers and (step is None or peers["checkpoint_step"] > step[0]):
