@@ -9,6 +9,7 @@ agent's word, not by the reconciler's silent-worker query (whose timeout is a mi
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 
 import pytest
@@ -53,10 +54,15 @@ def test_a_frozen_peer_agent_is_reported_by_worker_0_and_its_attempt_recovered(e
     env["publisher"].publish_json(CONTROL, {"action": "cancel", "job_id": job_id, "owner": "ada@example.com"})
 
 
-def test_worker_0_that_succeeds_first_stays_watched_while_its_peer_runs(env, submit_job):
+def test_worker_0_that_succeeds_first_stays_watched_while_its_peer_runs(env, submit_job, tmp_path):
     """Worker 0's command ends first: its `exited` 0 says it still hears worker 1, so its record stays live with a
     deadline (worker 1, spoken for, has none of its own); the job succeeds when worker 1 ends."""
-    command = 'if [ "$TPUJOBS_WORKER_ID" = 0 ]; then sleep 6; else sleep 25; fi'
+    flag = shlex.quote(str(tmp_path / "worker-1-runs"))
+    # Worker 0 ends 5 s after worker 1's command began (its agent beats to worker 0 every 2 s from before it).
+    command = (
+        f'if [ "$TPUJOBS_WORKER_ID" = 0 ]; then while [ ! -e {flag} ]; do sleep 0.2; done; sleep 5; '
+        f"else touch {flag}; sleep 20; fi"
+    )
     job_id = submit_job(prefix="speaker-ends", accelerator_type="v4-16", command=command)
 
     def speaking():
