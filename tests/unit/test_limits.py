@@ -198,6 +198,19 @@ def test_a_worker_whose_record_says_it_exited_0_is_not_silent() -> None:
     assert found is not None and [w for w, _ in found.silent] == ["0-0", "0-1"]
 
 
+def test_worker_0_that_outlived_its_command_still_carries_its_slices_progress() -> None:
+    """Worker 0 exited 0 and speaks on for peer 0-1, which writes nothing itself (its record has only its start):
+    worker 0's heartbeats put the slice's last output on its record, so the attempt is not hung while 0-1 prints;
+    once that goes quiet too, only 0-1 is named."""
+    job = running(hang_timeout="30s")
+    peer = limits.WorkerProgress("0-1", started_at=at(10))
+    printing = limits.WorkerProgress("0-0", last_output_at=at(90), exit_code=0)
+    assert limits.hung(job, [printing, peer], at(100)) is None
+    quiet = limits.WorkerProgress("0-0", last_output_at=at(60), exit_code=0)
+    found = limits.hung(job, [quiet, peer], at(100))
+    assert found is not None and found.silent == (("0-1", 90.0),)
+
+
 def test_workers_are_read_only_once_the_job_itself_shows_no_progress_within_the_timeout() -> None:
     """might_hang is the cheap gate: no hang_timeout, not RUNNING, or a recent start: no read."""
     assert not limits.might_hang(running(), at(10_000))

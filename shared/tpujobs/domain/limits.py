@@ -182,15 +182,20 @@ def hung(job: Job, workers: list[WorkerProgress], now: datetime) -> Hung | None:
     silent = []
     for key in job.worker_keys:
         seen = by_worker.get(key)
-        if key in job.workers_done or (seen is not None and seen.exit_code == 0):
-            continue  # it finished: done, not quiet (a job counts exits on the records or in workers_done)
+        # Exited 0 (counted on its record, or in `workers_done`): done, never silent itself. Its
+        # record may still show the attempt moving: worker 0 that outlives its command carries
+        # its slice's progress in its heartbeats, for peers it speaks for that write nothing.
+        done = key in job.workers_done or (seen is not None and seen.exit_code == 0)
         last = (seen.last_progress() if seen is not None else None) or start
         if last is None:
+            if done:
+                continue
             return None  # nothing to count from
         quiet = (now - last).total_seconds()
         if quiet < timeout:
             return None  # this one moved: the attempt is not hung
-        silent.append((key, quiet))
+        if not done:
+            silent.append((key, quiet))
     return Hung(job.attempt, timeout, tuple(silent)) if silent else None
 
 
