@@ -1430,9 +1430,9 @@ class SliceWatch:
         heard, and which were reported silent: what worker 0's heartbeat adds for its slice."""
         with self._lock:
             peers = list(self.peers.values())
-        found: dict[str, Any] = {"peers_heard": sum(1 for p in peers if not p["gone"] and not p["reported"])}
-        with self._lock:  # reported and never a bye since: said again, so a lost report is not lost for good
+            # Reported and never a bye since: said again, so a lost report is not lost for good.
             reported = sorted(w for w, p in self.peers.items() if p["reported"] and not p["gone"])
+        found: dict[str, Any] = {"peers_heard": sum(1 for p in peers if not p["gone"] and not p["reported"])}
         if reported:
             found["peers_silent"] = reported
         outputs = [p["last_output_at"] for p in peers if "last_output_at" in p]
