@@ -28,7 +28,7 @@ venv: $(STAMP)
 tools: venv emulator-tools container-tools terraform-tool
 
 emulator-tools: venv
-	$(BIN)/python -c "from tpujobs.dev.processes import require_gcloud_emulators as r; r()"
+	$(BIN)/python -c "from tpujobs.local.processes import require_gcloud_emulators as r; r()"
 
 # Jobs' images run on Docker Engine and are pulled from a registry on loopback; the image tests build
 # from a static busybox. Debian's packages, installed with apt-get where missing when run as root (CI
@@ -36,7 +36,7 @@ emulator-tools: venv
 # Docker Engine answering before the tests, started (as root) and left running like the machine
 # service it is, so that no test worker's teardown stops it under the other.
 docker-engine: venv container-tools
-	$(BIN)/python -m tpujobs.dev.containers
+	$(BIN)/python -m tpujobs.local.containers
 
 container-tools:
 	@missing=""; \

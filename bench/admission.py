@@ -35,10 +35,10 @@ from tpujobs.adapters.firestore_pools import FirestorePools
 from tpujobs.adapters.firestore_store import FirestoreJobStore
 from tpujobs.adapters.tpu import CloudTpu, build_client
 from tpujobs.domain.states import JobState
-from tpujobs.inbound import InboundMessage
-from tpujobs.service import JobService
-from tpujobs.simulator import SimulatorConfig, SimulatorServer
-from tpujobs.testing import local_settings, signed
+from tpujobs.engine.inbound import InboundMessage
+from tpujobs.engine.job_service import JobService
+from tpujobs.local.simulator import SimulatorConfig, SimulatorServer
+from tpujobs.local.testing import local_settings, signed
 
 ZONE = "us-central2-b"
 QUOTA_CHIPS = 40  # ten v4-8 jobs

@@ -31,12 +31,12 @@ from typing import Any
 from tpujobs.adapters.firestore_store import JOBS, FirestoreJobStore
 from tpujobs.adapters.storage_logs import GcsLogBucket
 from tpujobs.adapters.tpu import CloudTpu, build_client
-from tpujobs.dev import processes, wiring
 from tpujobs.domain.states import EventKind
 from tpujobs.domain.transitions import Observation
-from tpujobs.logs_export import LogExporter, LogObjects
-from tpujobs.service import JobService
-from tpujobs.testing import inbound, local_settings, signed
+from tpujobs.engine.job_service import JobService
+from tpujobs.engine.output_export import LogExporter, LogObjects
+from tpujobs.local import processes, wiring
+from tpujobs.local.testing import inbound, local_settings, signed
 
 PROJECT = "bench-big"
 EVENTS = "tpujobs-worker-events"
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk-kib", type=int, default=16)
     args = parser.parse_args(argv)
 
-    from tpujobs.simulator import SimulatorConfig, SimulatorServer
+    from tpujobs.local.simulator import SimulatorConfig, SimulatorServer
 
     logs = Path(tempfile.mkdtemp(prefix="bench-big-"))
     fs_port, gcs_port = processes.free_port(), processes.free_port()

@@ -41,9 +41,9 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from tpujobs.dev import stack
-from tpujobs.dev.processes import LOOPBACK, free_port
-from tpujobs.topology import SUBMIT, WORKER_EVENTS, push_subscription_name, route_of_target, topic_name
+from tpujobs.engine.topology import SUBMIT, WORKER_EVENTS, push_subscription_name, route_of_target, topic_name
+from tpujobs.local import stack
+from tpujobs.local.processes import LOOPBACK, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 FUNCTIONS = ROOT / "functions"
@@ -235,11 +235,11 @@ def main() -> int:
 def heartbeat(job_id: str) -> tuple[bytes, dict[str, str]]:
     """A heartbeat of the job's attempt 1 from host 0-0, signed as its agent signs it (the key
     derived from this process's TPUJOBS_REPORT_KEY, which the function processes share)."""
-    from tpujobs import runtime
-    from tpujobs.testing import signed
+    from tpujobs.local.testing import signed
+    from tpujobs.runtime import instances
 
     payload = {"kind": "heartbeat", "job_id": job_id, "attempt": 1, "slice_id": 0, "worker_id": 0}
-    message = signed(runtime.job_service(), WORKER_EVENTS, payload)
+    message = signed(instances.job_service(), WORKER_EVENTS, payload)
     assert message.data is not None
     return message.data, dict(message.attributes)
 

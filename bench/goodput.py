@@ -59,12 +59,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tpujobs.config import Settings
-from tpujobs.dev import stack
 from tpujobs.domain.accounting import AttemptUsage, account
 from tpujobs.domain.states import JobState
-from tpujobs.simulator.client import SimulatorControl
-from tpujobs.topology import SUBMIT
+from tpujobs.engine.settings import Settings
+from tpujobs.engine.topology import SUBMIT
+from tpujobs.local import stack
+from tpujobs.local.simulator.client import SimulatorControl
 
 OWNER = "bench@example.com"
 ACCELERATOR = "v4-8"  # one worker host, 4 chips
@@ -277,7 +277,8 @@ class Bench:
 
         from tpujobs.adapters.firestore_store import FirestoreJobStore
         from tpujobs.adapters.pubsub import Publisher
-        from tpujobs.adapters.storage import build_client, upload_code_dir
+        from tpujobs.adapters.storage import build_client
+        from tpujobs.cli.code_upload import upload_code_dir
 
         self.args = args
         self.db = firestore.Client(project=settings.project)

@@ -101,10 +101,10 @@ def main() -> int:
     hosts_per_slice = parse_accelerator_type(args.accelerator).hosts
     os.environ["TPUJOBS_HEARTBEAT_FAST_WINDOW_SECONDS"] = f"{args.fast_window:g}"
 
-    from tpujobs.config import Settings
-    from tpujobs.dev import stack
-    from tpujobs.testing import wait_for
-    from tpujobs.topology import CONTROL, SUBMIT, WORKER_EVENTS
+    from tpujobs.engine.settings import Settings
+    from tpujobs.engine.topology import CONTROL, SUBMIT, WORKER_EVENTS
+    from tpujobs.local import stack
+    from tpujobs.local.testing import wait_for
 
     counter = None
     with stack.running() as _env:

@@ -28,7 +28,7 @@ figure is the floor of a pull, what the agent and docker add around the bytes.
     .venv/bin/python bench/images.py [--trials 10] [--json]
 
 It starts the local stack in a temporary directory (or uses the one named by the
-environment) and stops what it started. It needs Docker Engine (see tpujobs.dev.containers).
+environment) and stops what it started. It needs Docker Engine (see tpujobs.local.containers).
 Trials run one at a time: concurrent jobs would share the machine's cores and the engine.
 """
 
@@ -44,12 +44,12 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tpujobs.config import Settings
-from tpujobs.dev import containers, stack
 from tpujobs.domain.states import JobState
-from tpujobs.simulator.client import SimulatorControl
-from tpujobs.testing import wait_for
-from tpujobs.topology import CONTROL, SUBMIT
+from tpujobs.engine.settings import Settings
+from tpujobs.engine.topology import CONTROL, SUBMIT
+from tpujobs.local import containers, stack
+from tpujobs.local.simulator.client import SimulatorControl
+from tpujobs.local.testing import wait_for
 
 OWNER = "bench@example.com"
 VARIANTS = ("host", "cached", "pulled")

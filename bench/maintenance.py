@@ -30,10 +30,10 @@ import uuid
 from dataclasses import dataclass
 
 from recovery import Bench, spread  # the bench folder's own helpers
-from tpujobs.config import Settings
-from tpujobs.dev import stack
 from tpujobs.domain.states import JobState
-from tpujobs.testing import wait_for
+from tpujobs.engine.settings import Settings
+from tpujobs.local import stack
+from tpujobs.local.testing import wait_for
 
 NOTICE_S = 60.0  # the maintenance notice: the VM would stop only after it
 MAINTENANCE_REASON = "TERMINATE_ON_HOST_MAINTENANCE"

@@ -49,11 +49,11 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tpujobs.config import Settings
-from tpujobs.demo_pool import LocalPools
-from tpujobs.dev import stack
+from tpujobs.cli.demo_pool import LocalPools
 from tpujobs.domain.states import JobState
-from tpujobs.testing import wait_for
+from tpujobs.engine.settings import Settings
+from tpujobs.local import stack
+from tpujobs.local.testing import wait_for
 
 OWNER = "bench@example.com"
 VARIANTS = ("warm", "fresh")

@@ -1,6 +1,6 @@
 """Reconcile at scale: one fanned-out tick at 100, 1,000 and 10,000 active jobs in 10 zones.
 
-A tick is a coordinator and its shards (tpujobs/reconciler.py): the coordinator reads where
+A tick is a coordinator and its shards (tpujobs/engine/reconciler.py): the coordinator reads where
 every active job is, cuts each zone into shards of at most --shard-size jobs and runs the
 phases that are not per job; each shard reads its jobs, lists its zone and repairs. In
 production each shard is its own function invocation; here the coordinator runs first, then
@@ -79,17 +79,17 @@ from tpujobs.adapters.tpu import (
     build_client,
     queued_resource_for,
 )
-from tpujobs.agent.startup import host_boot
-from tpujobs.config import Settings
-from tpujobs.dev import processes
 from tpujobs.domain.job import Job, JobEvent, Source, new_job
 from tpujobs.domain.shards import Shard
 from tpujobs.domain.spec import JobSpec
 from tpujobs.domain.states import JobState
-from tpujobs.ports import WorkerRecord
-from tpujobs.reconciler import Reconciler, ReconcileReport
-from tpujobs.service import JobService
-from tpujobs.simulator import (
+from tpujobs.engine.job_service import JobService
+from tpujobs.engine.ports import WorkerRecord
+from tpujobs.engine.reconciler import Reconciler, ReconcileReport
+from tpujobs.engine.settings import Settings
+from tpujobs.engine.startup_script import host_boot
+from tpujobs.local import processes
+from tpujobs.local.simulator import (
     Initiator,
     NodeRecord,
     NodeState,
@@ -99,11 +99,11 @@ from tpujobs.simulator import (
     SimulatorConfig,
     SimulatorServer,
 )
-from tpujobs.simulator.model import FIRST_NODE_NUMBER, FIRST_WORKER_ADDRESS, STATE_FILE_VERSION
-from tpujobs.simulator.server import (
+from tpujobs.local.simulator.model import FIRST_NODE_NUMBER, FIRST_WORKER_ADDRESS, STATE_FILE_VERSION
+from tpujobs.local.simulator.server import (
     parse_queued_resource,
 )
-from tpujobs.testing import local_settings, reconciler_for
+from tpujobs.local.testing import local_settings, reconciler_for
 
 OWNER = "bench@example.com"
 BATCH = 500  # Firestore's limit of writes in one batch

@@ -54,12 +54,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from tpujobs.config import Settings
-from tpujobs.dev import stack
 from tpujobs.domain.states import JobState
-from tpujobs.simulator.client import SimulatorControl
-from tpujobs.testing import wait_for
-from tpujobs.topology import CONTROL, RECONCILE, SUBMIT
+from tpujobs.engine.settings import Settings
+from tpujobs.engine.topology import CONTROL, RECONCILE, SUBMIT
+from tpujobs.local import stack
+from tpujobs.local.simulator.client import SimulatorControl
+from tpujobs.local.testing import wait_for
 
 OWNER = "bench@example.com"
 LOCAL_TICK_S = stack.RECONCILE_INTERVAL_S

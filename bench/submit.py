@@ -35,10 +35,10 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
-from tpujobs.config import Settings
-from tpujobs.dev import stack
-from tpujobs.simulator.client import SimulatorControl
-from tpujobs.topology import SUBMIT, topic_name
+from tpujobs.engine.settings import Settings
+from tpujobs.engine.topology import SUBMIT, topic_name
+from tpujobs.local import stack
+from tpujobs.local.simulator.client import SimulatorControl
 
 TARGET = "1,000 jobs PROVISIONING within 30 s, median latency < 10 s"
 ANCHOR = "SkyPilot: scheduling gaps > 20 s at 1,000 jobs"
@@ -146,9 +146,9 @@ def round_trips(settings: Settings) -> dict[str, int]:
     from tpujobs.adapters.firestore_warm_pools import FirestoreWarmPools
     from tpujobs.adapters.pubsub import Publisher
     from tpujobs.adapters.tpu import CloudTpu, build_client
-    from tpujobs.runtime import utc_now
-    from tpujobs.service import JobService
-    from tpujobs.testing import inbound
+    from tpujobs.engine.job_service import JobService
+    from tpujobs.local.testing import inbound
+    from tpujobs.runtime.instances import utc_now
 
     calls: collections.Counter[str] = collections.Counter()
 

@@ -16,17 +16,18 @@ import flask
 import functions_framework
 from cloudevents.http.event import CloudEvent
 
-from tpujobs import logs, runtime
-from tpujobs.config import Settings
-from tpujobs.inbound import InboundMessage, from_cloud_event, subscription_of
+from tpujobs.engine import process_log
+from tpujobs.engine.inbound import InboundMessage, from_cloud_event, subscription_of
+from tpujobs.engine.settings import Settings
+from tpujobs.runtime import instances
 
-logs.configure()
+process_log.configure()
 
 
-def _traced(event: CloudEvent) -> logs.Handling:
+def _traced(event: CloudEvent) -> process_log.Handling:
     """Every log line while handling `event` carries its trace (W3C traceparent)."""
     project = os.environ.get("GOOGLE_CLOUD_PROJECT", "")
-    return logs.handling(trace=logs.trace_from_traceparent(event.get("traceparent"), project))
+    return process_log.handling(trace=process_log.trace_from_traceparent(event.get("traceparent"), project))
 
 
 def _handle(event: CloudEvent, target: str, handler: Callable[[InboundMessage], object]) -> None:
@@ -34,7 +35,7 @@ def _handle(event: CloudEvent, target: str, handler: Callable[[InboundMessage], 
 
     A push to the bare function URL (production's, and the local stack's) names no topic:
     functions-framework drops the envelope's subscription when it builds the CloudEvent, so
-    it is read from the request body here, and the topic from its name (tpujobs.inbound).
+    it is read from the request body here, and the topic from its name (tpujobs.engine.inbound).
     """
     body = flask.request.get_json(silent=True) if flask.has_request_context() else None
     message = from_cloud_event(
@@ -52,56 +53,58 @@ def _handle(event: CloudEvent, target: str, handler: Callable[[InboundMessage], 
 @functions_framework.cloud_event
 def submit_job(event: CloudEvent) -> None:
     """tpujobs-submit: a job spec becomes a job document and a queued-resource request."""
-    _handle(event, "submit_job", runtime.job_service().submit)
+    _handle(event, "submit_job", instances.job_service().submit)
 
 
 @functions_framework.cloud_event
 def on_worker_event(event: CloudEvent) -> None:
     """tpujobs-worker-events: workers started, beat, exited or checkpointed."""
-    _handle(event, "on_worker_event", runtime.job_service().on_worker_report)
+    _handle(event, "on_worker_event", instances.job_service().on_worker_report)
 
 
 @functions_framework.cloud_event
 def on_preemption(event: CloudEvent) -> None:
     """tpujobs-preemption: a worker got its preemption notice; recover by the job's rules."""
-    _handle(event, "on_preemption", runtime.job_service().on_preemption)
+    _handle(event, "on_preemption", instances.job_service().on_preemption)
 
 
 @functions_framework.cloud_event
 def on_qr_state(event: CloudEvent) -> None:
     """tpujobs-qr-state: a queued resource was observed in some state."""
-    _handle(event, "on_qr_state", runtime.job_service().on_qr_state)
+    _handle(event, "on_qr_state", instances.job_service().on_qr_state)
 
 
 @functions_framework.cloud_event
 def on_control(event: CloudEvent) -> None:
     """tpujobs-control: a user's cancel, resume or rerun request."""
-    _handle(event, "on_control", runtime.job_service().on_control)
+    _handle(event, "on_control", instances.job_service().on_control)
 
 
 @functions_framework.cloud_event
 def reconcile(event: CloudEvent) -> None:
     """tpujobs-reconcile: the scheduler's tick cuts the work into shards and publishes them on the
     same topic; each shard message compares and repairs its part (a malformed one is recorded)."""
-    _handle(event, "reconcile", runtime.reconciler().handle)
+    _handle(event, "reconcile", instances.reconciler().handle)
 
 
 @functions_framework.cloud_event
 def record_dead_letter(event: CloudEvent) -> None:
     """tpujobs-dead-letter: keep a message that failed too many deliveries, to read and replay."""
-    _handle(event, "record_dead_letter", runtime.dead_letters().record)
+    _handle(event, "record_dead_letter", instances.dead_letters().record)
 
 
 @functions_framework.cloud_event
 def export_logs(event: CloudEvent) -> None:
     """tpujobs-log-export: an ended attempt's output chunks become worker-K.log and attempt.log."""
-    _handle(event, "export_logs", runtime.log_exporter().handle)
+    _handle(event, "export_logs", instances.log_exporter().handle)
 
 
 @functions_framework.http
 def jobs(request: flask.Request) -> tuple[str, int, dict[str, str]]:
-    """HTTP POST {"action": "list" | "describe" | "cancel", ...}: see tpujobs.api."""
+    """HTTP POST {"action": "list" | "describe" | "cancel", ...}: see tpujobs.engine.api."""
     project = os.environ.get("GOOGLE_CLOUD_PROJECT", "")
-    with logs.handling(trace=logs.trace_from_traceparent(request.headers.get("traceparent"), project)):
-        answer = runtime.jobs_api().handle(request.method, request.url, request.headers, request.get_data(cache=False))
+    with process_log.handling(trace=process_log.trace_from_traceparent(request.headers.get("traceparent"), project)):
+        answer = instances.jobs_api().handle(
+            request.method, request.url, request.headers, request.get_data(cache=False)
+        )
     return json.dumps(answer.body), answer.status, {"Content-Type": "application/json", **answer.headers}

@@ -1,4 +1,4 @@
-# One 2nd-gen function per target in functions/main.py (tpujobs.topology.FUNCTIONS), each
+# One 2nd-gen function per target in functions/main.py (tpujobs.engine.topology.FUNCTIONS), each
 # with its own service account. A cloudevent function is reached only by its topic's push
 # subscription (pubsub.tf), not by an Eventarc trigger: the subscription's name must be
 # `{prefix}{topic}--{target}` (topology.push_subscription_name), because record_dead_letter
@@ -130,7 +130,7 @@ locals {
     }
   }
 
-  # What every function reads with tpujobs.config.Settings.from_env. Never a secret here, and
+  # What every function reads with tpujobs.engine.settings.Settings.from_env. Never a secret here, and
   # never TPUJOBS_LOCAL_STACK or TPUJOBS_TPU_ENDPOINT: those belong to the local stack only.
   function_env = {
     GOOGLE_CLOUD_PROJECT = var.project

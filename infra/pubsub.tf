@@ -1,5 +1,5 @@
-# Every topic tpujobs uses (tpujobs.topology.ALL_TOPICS) and one push subscription per
-# cloudevent function, wired as `tpujobs dev up` wires the emulator (tpujobs.dev.wiring).
+# Every topic tpujobs uses (tpujobs.engine.topology.ALL_TOPICS) and one push subscription per
+# cloudevent function, wired as `tpujobs dev up` wires the emulator (tpujobs.local.wiring).
 locals {
   topics = [
     "tpujobs-submit",

@@ -1,5 +1,5 @@
 # The deployment's VM options for the job specs that leave them out, so a team sets its network
-# once (tpujobs.config.vm_defaults_from_env reads them; domain.spec.with_deployment_defaults
+# once (tpujobs.engine.settings.vm_defaults_from_env reads them; domain.spec.with_deployment_defaults
 # fills them in at submit, and a spec that gives an option, even empty, keeps its own).
 # Each is passed to every function as a TPUJOBS_DEFAULT_* variable (functions.tf).
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tpujobs.dev import processes
+from tpujobs.local import processes
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -101,7 +101,7 @@ def firestore_client(project_id: str):
 def simulator_url(tmp_path: Path) -> Iterator[str]:
     """A TPU simulator of this test's own, in-process, with quick provisioning and no worker
     processes (tests of the workers start their own)."""
-    from tpujobs.simulator import SimulatorConfig, SimulatorServer
+    from tpujobs.local.simulator import SimulatorConfig, SimulatorServer
 
     config = SimulatorConfig(waiting_seconds=0.05, provisioning_seconds=0.1)
     with SimulatorServer(config, run_workers=False) as server:
@@ -122,7 +122,7 @@ def local_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     Docker Engine answering (dockerd started when none does and this user may). Where Docker
     cannot run, every test that needs it fails with the sentence saying what to install or
     start: it never passes or skips silently."""
-    from tpujobs.dev import containers
+    from tpujobs.local import containers
 
     root = tmp_path_factory.mktemp("registry")
     started: list[processes.ManagedProcess] = []

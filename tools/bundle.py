@@ -1,8 +1,10 @@
 """Build the deployable function source: dist/function/ and dist/function.zip.
 
 Cloud Functions builds from a directory with `main.py` and `requirements.txt` at its root.
-Ours is functions/main.py, the tpujobs package beside it (so `from tpujobs import ...` needs
-no install step), and functions/requirements.txt, the exact pins the tests ran with.
+Ours is functions/main.py, the layers of the tpujobs package that the functions import beside
+it (so `from tpujobs import ...` needs no install step), and functions/requirements.txt, the
+exact pins the tests ran with. The user's terminal (`cli/`) and the local stand-ins (`local/`)
+never deploy.
 
 The zip is reproducible: sorted entries, fixed timestamps and modes. Terraform names the
 uploaded object by the zip's MD5, so an unchanged tree redeploys nothing and a changed one
@@ -23,6 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 FIXED_TIME = (1980, 1, 1, 0, 0, 0)  # the earliest time a zip entry can carry
 SKIPPED = ("__pycache__", ".pyc", ".pyo")
+DEPLOYED = ("agent", "domain", "engine", "adapters", "runtime")  # the layers below local/ and cli/
 
 
 def _wanted(path: Path) -> bool:
@@ -30,15 +33,17 @@ def _wanted(path: Path) -> bool:
 
 
 def _sources(root: Path) -> dict[str, Path]:
-    """Bundle path -> source file: main.py, requirements.txt and every file of tpujobs."""
+    """Bundle path -> source file: main.py, requirements.txt and every file of the deployed layers."""
     files = {
         "main.py": root / "functions" / "main.py",
         "requirements.txt": root / "functions" / "requirements.txt",
     }
     package = root / "shared" / "tpujobs"
     for path in sorted(package.rglob("*")):
-        if path.is_file() and _wanted(path.relative_to(package)):
-            files[f"tpujobs/{path.relative_to(package).as_posix()}"] = path
+        relative = path.relative_to(package)
+        deployed = len(relative.parts) == 1 or relative.parts[0] in DEPLOYED
+        if path.is_file() and deployed and _wanted(relative):
+            files[f"tpujobs/{relative.as_posix()}"] = path
     return files
 
 

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tpujobs.config import Settings
-from tpujobs.dev import stack
+from tpujobs.engine.settings import Settings
+from tpujobs.local import stack
 
 PROJECT = "tpujobs-e2e"
 
@@ -40,7 +40,7 @@ def env(local_stack):
     from tpujobs.adapters.pubsub import Publisher
     from tpujobs.adapters.storage import build_client as storage_client
     from tpujobs.adapters.tpu import build_client as tpu_client
-    from tpujobs.simulator.client import SimulatorControl
+    from tpujobs.local.simulator.client import SimulatorControl
 
     project = local_stack["GOOGLE_CLOUD_PROJECT"]
     return {
@@ -58,7 +58,7 @@ def env(local_stack):
 
 def submit(env: dict, prefix: str = "e2e", **spec: object) -> str:
     """Publish a spot v4-16 job (two worker hosts) with `spec`'s fields; its new job id."""
-    from tpujobs.topology import SUBMIT
+    from tpujobs.engine.topology import SUBMIT
 
     job_id = f"{prefix}-{uuid.uuid4().hex[:6]}"
     payload = {

@@ -11,7 +11,7 @@ from typing import Any
 from typer.testing import CliRunner
 
 from tpujobs.cli import app
-from tpujobs.testing import wait_for
+from tpujobs.local.testing import wait_for
 
 OWNER = "ada@example.com"
 

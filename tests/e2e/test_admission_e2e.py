@@ -11,8 +11,8 @@ from google.cloud import firestore
 
 from tpujobs.adapters.firestore_pools import FirestorePools
 from tpujobs.domain.states import JobState
-from tpujobs.testing import wait_for
-from tpujobs.topology import CONTROL
+from tpujobs.engine.topology import CONTROL
+from tpujobs.local.testing import wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -7,9 +7,9 @@ import os
 import pytest
 import requests
 
-from tpujobs.api import CALLER_HEADER
 from tpujobs.domain.states import JobState
-from tpujobs.testing import wait_for
+from tpujobs.engine.api import CALLER_HEADER
+from tpujobs.local.testing import wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from tpujobs import topology
-from tpujobs.dev import stack, wiring
-from tpujobs.testing import wait_for
+from tpujobs.engine import topology
+from tpujobs.local import stack, wiring
+from tpujobs.local.testing import wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tpujobs import topology
-from tpujobs.config import Settings
-from tpujobs.dev import processes, stack, wiring
-from tpujobs.testing import wait_for
+from tpujobs.engine import topology
+from tpujobs.engine.settings import Settings
+from tpujobs.local import processes, stack, wiring
+from tpujobs.local.testing import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -134,7 +134,7 @@ def test_the_registry_answers_at_tpujobs_registry_with_its_data_under_the_state_
 def test_dockerd_is_the_stacks_only_when_up_started_it(running: stack.StackState) -> None:
     """Recorded, it is up's own and serves; not recorded, an engine that already answered is used
     (and `down`, stopping only what is recorded, leaves it running)."""
-    from tpujobs.dev import containers
+    from tpujobs.local import containers
 
     assert containers.docker_problem() is None, containers.docker_problem()
     recorded = [p for p in running.processes if p.name == "dockerd"]
@@ -143,7 +143,7 @@ def test_dockerd_is_the_stacks_only_when_up_started_it(running: stack.StackState
 
 def test_where_docker_cannot_run_up_says_why_and_starts_the_rest(monkeypatch: pytest.MonkeyPatch) -> None:
     """No docker CLI: a warning with docker_problem's sentence, no dockerd recorded."""
-    from tpujobs.dev import containers
+    from tpujobs.local import containers
 
     monkeypatch.setattr(containers, "docker_binary", lambda: None)
     said: list[str] = []

@@ -23,8 +23,8 @@ from typer.testing import CliRunner
 
 from tpujobs.cli import app
 from tpujobs.domain.states import JobState
-from tpujobs.testing import wait_for
-from tpujobs.topology import CONTROL
+from tpujobs.engine.topology import CONTROL
+from tpujobs.local.testing import wait_for
 
 pytestmark = pytest.mark.e2e
 

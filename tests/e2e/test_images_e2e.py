@@ -18,8 +18,8 @@ import pytest
 from typer.testing import CliRunner
 
 from tpujobs.cli import app
-from tpujobs.dev import containers
-from tpujobs.testing import wait_for
+from tpujobs.local import containers
+from tpujobs.local.testing import wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -12,7 +12,7 @@ from google.cloud import firestore
 
 from tpujobs.adapters.firestore_store import EVENTS, JOBS
 from tpujobs.domain.states import JobState
-from tpujobs.testing import wait_for
+from tpujobs.local.testing import wait_for
 
 pytestmark = pytest.mark.e2e
 

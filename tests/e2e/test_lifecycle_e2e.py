@@ -10,7 +10,7 @@ import pytest
 from stack_reads import checkpoint_state, worker_output
 
 from tpujobs.domain.states import JobState
-from tpujobs.testing import wait_for
+from tpujobs.local.testing import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -40,7 +40,7 @@ def running_attempt(env, job_id: str, attempt: int):
 
 def test_a_job_preempted_twice_finishes_at_attempt_3_from_its_checkpoints(env, submit_job):
     """Two preemptions: attempts 2 and 3 resume from the last checkpoint and the job SUCCEEDS."""
-    from tpujobs.adapters.storage import upload_code_dir
+    from tpujobs.cli.code_upload import upload_code_dir
 
     code_uri, digest = upload_code_dir(env["storage"], env["bucket"], EXAMPLE)
     job_id = submit_job(

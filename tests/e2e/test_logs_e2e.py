@@ -13,8 +13,8 @@ import pytest
 from stack_reads import worker_output
 
 from tpujobs.domain.states import JobState
-from tpujobs.logs_export import cut_off_line
-from tpujobs.testing import wait_for
+from tpujobs.engine.output_export import cut_off_line
+from tpujobs.local.testing import wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 
 from tpujobs.agent.worker import parse_tpu_env
 from tpujobs.cli import app
-from tpujobs.simulator import metadata_url
-from tpujobs.testing import wait_for
+from tpujobs.local.simulator import metadata_url
+from tpujobs.local.testing import wait_for
 
 pytestmark = pytest.mark.e2e
 

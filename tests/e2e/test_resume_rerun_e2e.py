@@ -10,7 +10,7 @@ from stack_reads import checkpoint_state, worker_output
 
 from tpujobs.domain.naming import queued_resource_name
 from tpujobs.domain.states import JobState
-from tpujobs.testing import wait_for
+from tpujobs.local.testing import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -45,7 +45,7 @@ def test_a_failed_job_resumed_continues_from_its_checkpoint_and_succeeds_once(en
     """FAILED at attempt 1 after checkpointing step 6; `tpujobs resume` (sent twice with one
     request id) starts attempt 2 only, with TPUJOBS_RESUME=1 and the same checkpoint URI; it
     resumes from step 6 and SUCCEEDS under the same job_id."""
-    from tpujobs.adapters.storage import upload_code_dir
+    from tpujobs.cli.code_upload import upload_code_dir
 
     code_uri, digest = upload_code_dir(env["storage"], env["bucket"], EXAMPLE)
     job_id = submit_job(

@@ -15,9 +15,9 @@ import signal
 import pytest
 
 from tpujobs.domain.states import JobState
-from tpujobs.service import SPOKEN_FOR
-from tpujobs.testing import wait_for
-from tpujobs.topology import CONTROL
+from tpujobs.engine.job_service import SPOKEN_FOR
+from tpujobs.engine.topology import CONTROL
+from tpujobs.local.testing import wait_for
 
 pytestmark = pytest.mark.e2e
 

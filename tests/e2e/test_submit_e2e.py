@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tpujobs.simulator.client import SimulatorControl
-from tpujobs.testing import wait_for
-from tpujobs.topology import SUBMIT
+from tpujobs.engine.topology import SUBMIT
+from tpujobs.local.simulator.client import SimulatorControl
+from tpujobs.local.testing import wait_for
 
 pytestmark = pytest.mark.e2e
 

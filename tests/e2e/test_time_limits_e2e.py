@@ -8,7 +8,7 @@ import pytest
 from owner_cli import ended, events, submitted
 
 from tpujobs.domain.states import JobState
-from tpujobs.testing import wait_for
+from tpujobs.local.testing import wait_for
 
 pytestmark = pytest.mark.e2e
 

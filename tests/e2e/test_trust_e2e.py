@@ -22,10 +22,10 @@ import pytest
 import requests
 from stack_reads import worker_output
 
-from tpujobs import topology
-from tpujobs.api import CALLER_HEADER
 from tpujobs.domain.states import JobState
-from tpujobs.testing import wait_for
+from tpujobs.engine import topology
+from tpujobs.engine.api import CALLER_HEADER
+from tpujobs.local.testing import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -122,7 +122,7 @@ def cli(*args: str, input: str | None = None) -> str:
 
 def submit_with(env, prefix: str, spec: dict) -> str:
     """As conftest's `submit_job`, for specs with an `env` field (which its keywords cannot take)."""
-    from tpujobs.topology import SUBMIT
+    from tpujobs.engine.topology import SUBMIT
 
     job_id = f"{prefix}-{uuid.uuid4().hex[:6]}"
     payload = {"job_id": job_id, "name": "e2e", "owner": OWNER, "capacity": "spot", **spec}

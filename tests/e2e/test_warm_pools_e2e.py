@@ -14,10 +14,10 @@ from collections.abc import Iterator
 import pytest
 from stack_reads import worker_output
 
-from tpujobs.config import Settings
-from tpujobs.demo_pool import LocalPools
+from tpujobs.cli.demo_pool import LocalPools
 from tpujobs.domain.states import ATTEMPT_LIVE, JobState
-from tpujobs.testing import wait_for
+from tpujobs.engine.settings import Settings
+from tpujobs.local.testing import wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -16,10 +16,10 @@ import pytest
 from tpujobs.adapters.firestore_store import FirestoreJobStore
 from tpujobs.adapters.firestore_warm_pools import FirestoreWarmPools
 from tpujobs.adapters.tpu import CloudTpu
-from tpujobs.dev import processes, wiring
-from tpujobs.runtime import utc_now
-from tpujobs.service import JobService
-from tpujobs.testing import local_settings
+from tpujobs.engine.job_service import JobService
+from tpujobs.local import processes, wiring
+from tpujobs.local.testing import local_settings
+from tpujobs.runtime.instances import utc_now
 
 ZONE = "us-central2-b"
 

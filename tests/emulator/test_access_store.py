@@ -15,8 +15,8 @@ from tpujobs.adapters.firestore_store import JOBS, REJECTIONS, FirestoreJobStore
 from tpujobs.adapters.tpu import CloudTpu
 from tpujobs.domain.access import AccessPolicies, submission_refusal
 from tpujobs.domain.spec import parse_spec
-from tpujobs.service import JobService
-from tpujobs.testing import inbound, local_settings
+from tpujobs.engine.job_service import JobService
+from tpujobs.local.testing import inbound, local_settings
 
 pytestmark = pytest.mark.emulator
 

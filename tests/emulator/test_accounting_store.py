@@ -11,9 +11,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from tpujobs.domain.states import JobState
-from tpujobs.service import JobService
-from tpujobs.testing import inbound as message
-from tpujobs.testing import signed
+from tpujobs.engine.job_service import JobService
+from tpujobs.local.testing import inbound as message
+from tpujobs.local.testing import signed
 
 pytestmark = pytest.mark.emulator
 

@@ -18,10 +18,10 @@ from tpujobs.adapters.firestore_pools import FirestorePools
 from tpujobs.adapters.firestore_store import FirestoreJobStore
 from tpujobs.adapters.tpu import CloudTpu, build_client
 from tpujobs.domain.states import JobState
-from tpujobs.service import JobService
-from tpujobs.simulator import SimulatorConfig, SimulatorServer
-from tpujobs.testing import OffsetClock, local_settings, reconciler_for, signed
-from tpujobs.testing import inbound as message
+from tpujobs.engine.job_service import JobService
+from tpujobs.local.simulator import SimulatorConfig, SimulatorServer
+from tpujobs.local.testing import OffsetClock, local_settings, reconciler_for, signed
+from tpujobs.local.testing import inbound as message
 
 pytestmark = pytest.mark.emulator
 
@@ -263,7 +263,7 @@ def test_a_pool_with_quota_zero_admits_when_the_quota_is_raised(service, pools):
 
 def test_a_tick_admits_a_waiting_pool_once_not_once_per_waiting_job(service, pools, firestore_client):
     """Waiting jobs are old, so a tick finds them 'stuck'; it must not admit per job."""
-    from tpujobs.testing import CrashingPools, CrashingStore, CrashPlan
+    from tpujobs.local.testing import CrashingPools, CrashingStore, CrashPlan
 
     pools.set_quota(ZONE, "v4", 4)
     for n in range(6):

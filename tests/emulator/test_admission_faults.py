@@ -2,7 +2,7 @@
 
 Two handlers that move chips: a job ending (its hold goes, the next waiting job is
 admitted) and a high-priority submission that evicts. Each runs on ports that crash just
-before or just after their k-th call (`tpujobs.testing`); then either the same message is
+before or just after their k-th call (`tpujobs.local.testing`); then either the same message is
 delivered again, or it is lost and only `Reconciler.tick()` runs. Afterwards the pool
 holds no more chips than its quota, every job holding capacity is counted in the pool,
 the waiting job got in, and no queued resource leaked.
@@ -18,9 +18,9 @@ from tpujobs.adapters.firestore_pools import FirestorePools
 from tpujobs.adapters.firestore_store import FirestoreJobStore
 from tpujobs.adapters.tpu import CloudTpu, build_client
 from tpujobs.domain.states import JobState
-from tpujobs.inbound import InboundMessage
-from tpujobs.service import JobService
-from tpujobs.testing import (
+from tpujobs.engine.inbound import InboundMessage
+from tpujobs.engine.job_service import JobService
+from tpujobs.local.testing import (
     CrashingPools,
     CrashingStore,
     CrashingTpu,

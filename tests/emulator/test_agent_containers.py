@@ -38,16 +38,16 @@ from test_agent_emulators import (
 from test_simulator_workers import FAST as SIMULATOR_FAST
 from test_simulator_workers import request_for
 
-from tpujobs import topology
 from tpujobs.agent import worker
-from tpujobs.config import Settings
-from tpujobs.dev import processes
-from tpujobs.dev.containers import build_tiny_image, docker_binary
 from tpujobs.domain.job import Job
 from tpujobs.domain.secrets import secret_id
-from tpujobs.simulator import QrState, SimulatorServer
-from tpujobs.simulator.secret_manager import SecretManagerServer
-from tpujobs.testing import wait_for
+from tpujobs.engine import topology
+from tpujobs.engine.settings import Settings
+from tpujobs.local import processes
+from tpujobs.local.containers import build_tiny_image, docker_binary
+from tpujobs.local.simulator import QrState, SimulatorServer
+from tpujobs.local.simulator.secret_manager import SecretManagerServer
+from tpujobs.local.testing import wait_for
 
 pytestmark = pytest.mark.emulator
 

@@ -25,14 +25,14 @@ from typing import Any
 
 import pytest
 
-from tpujobs import topology
-from tpujobs.agent.startup import AgentTimings, render_startup_script
-from tpujobs.config import Settings
-from tpujobs.dev import processes
 from tpujobs.domain import signing
 from tpujobs.domain.job import Job, new_job
 from tpujobs.domain.spec import parse_spec
-from tpujobs.testing import wait_for
+from tpujobs.engine import topology
+from tpujobs.engine.settings import Settings
+from tpujobs.engine.startup_script import AgentTimings, render_startup_script
+from tpujobs.local import processes
+from tpujobs.local.testing import wait_for
 
 pytestmark = pytest.mark.emulator
 

@@ -1,4 +1,4 @@
-"""The `jobs` HTTP function's logic (tpujobs.api) on the Firestore emulator and the TPU simulator.
+"""The `jobs` HTTP function's logic (tpujobs.engine.api) on the Firestore emulator and the TPU simulator.
 
 Requests are given to `JobsApi.handle` as functions/main.py passes them; one test goes
 through functions-framework itself. Production identity is a Google ID token: here its
@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from tpujobs import runtime
-from tpujobs.api import CALLER_HEADER, InvalidToken, JobsApi
-from tpujobs.config import Settings
 from tpujobs.domain.states import JobState
-from tpujobs.errors import TransientError
-from tpujobs.service import JobService
-from tpujobs.testing import inbound as message
-from tpujobs.testing import local_settings, signed
+from tpujobs.engine.api import CALLER_HEADER, InvalidToken, JobsApi
+from tpujobs.engine.errors import TransientError
+from tpujobs.engine.job_service import JobService
+from tpujobs.engine.settings import Settings
+from tpujobs.local.testing import inbound as message
+from tpujobs.local.testing import local_settings, signed
+from tpujobs.runtime import instances
 
 pytestmark = pytest.mark.emulator
 
@@ -428,7 +428,7 @@ def test_the_http_target_answers_json_through_functions_framework(local, service
     from functions_framework import create_app
 
     submit(service, "train-1")
-    monkeypatch.setattr(runtime, "jobs_api", lambda: local)
+    monkeypatch.setattr(instances, "jobs_api", lambda: local)
     client = create_app("jobs", str(FUNCTIONS), "http").test_client()
     answer = client.post("/", json={"action": "cancel", "job_id": "train-1"}, headers={CALLER_HEADER: STRANGER})
     assert answer.status_code == 403 and answer.content_type == "application/json"

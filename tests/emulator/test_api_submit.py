@@ -14,9 +14,9 @@ from tpujobs.adapters.firestore_config import FirestoreAccessPolicies
 from tpujobs.adapters.firestore_pools import FirestorePools
 from tpujobs.adapters.firestore_store import FirestoreJobStore
 from tpujobs.adapters.tpu import CloudTpu
-from tpujobs.api import CALLER_HEADER, JobsApi
-from tpujobs.service import JobService
-from tpujobs.testing import local_settings
+from tpujobs.engine.api import CALLER_HEADER, JobsApi
+from tpujobs.engine.job_service import JobService
+from tpujobs.local.testing import local_settings
 
 pytestmark = pytest.mark.emulator
 

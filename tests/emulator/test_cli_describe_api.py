@@ -1,7 +1,7 @@
 """`tpujobs describe`, `list`, `rejections`, `dead-letters` and `quota show` through the `jobs`
 HTTP function when TPUJOBS_API_URL is set, and from Firestore when not.
 
-The API (tpujobs.api on the Firestore emulator and the TPU simulator) is served on 127.0.0.1
+The API (tpujobs.engine.api on the Firestore emulator and the TPU simulator) is served on 127.0.0.1
 as the local stack serves it, trusting the X-Tpujobs-Caller header. The CLI is pointed at
 another project, so the only way it can find the job is the API.
 """
@@ -21,11 +21,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from tpujobs import api_client
-from tpujobs.api import CALLER_HEADER, JobsApi
-from tpujobs.cli import app
-from tpujobs.service import JobService
-from tpujobs.testing import inbound, local_settings
+from tpujobs.cli import api_client, app
+from tpujobs.engine.api import CALLER_HEADER, JobsApi
+from tpujobs.engine.job_service import JobService
+from tpujobs.local.testing import inbound, local_settings
 
 pytestmark = pytest.mark.emulator
 
@@ -236,7 +235,7 @@ def test_admins_read_rejections_dead_letters_and_quotas_through_the_api(
     refused by the API and reads with their own credentials (here: another, empty project)."""
     from tpujobs.adapters.firestore_dead_letters import FirestoreDeadLetters
     from tpujobs.adapters.firestore_pools import FirestorePools
-    from tpujobs.ports import DeadLetter
+    from tpujobs.engine.ports import DeadLetter
 
     api_url, _ = admin_api
     service.submit(inbound("tpujobs-submit", {"name": "train", "owner": OWNER}, message_id="4242"))

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tpujobs.adapters.code_dir import pack
-from tpujobs.adapters.storage import upload_code_package
+from tpujobs.cli.code_packer import pack
+from tpujobs.cli.code_upload import upload_code_package
 from tpujobs.cli.commands import upload_code
-from tpujobs.config import Settings
+from tpujobs.engine.settings import Settings
 
 pytestmark = pytest.mark.emulator
 

@@ -19,13 +19,13 @@ from typing import Any
 
 import pytest
 
-from tpujobs import dead_letters as letters
-from tpujobs import topology
 from tpujobs.adapters.firestore_dead_letters import DEAD_LETTERS, FirestoreDeadLetters
 from tpujobs.adapters.pubsub_republisher import PubsubRepublisher
-from tpujobs.dev import wiring
-from tpujobs.inbound import InboundMessage, from_cloud_event
-from tpujobs.testing import local_settings, wait_for
+from tpujobs.engine import dead_letters as letters
+from tpujobs.engine import topology
+from tpujobs.engine.inbound import InboundMessage, from_cloud_event
+from tpujobs.local import wiring
+from tpujobs.local.testing import local_settings, wait_for
 
 pytestmark = pytest.mark.emulator
 
@@ -122,7 +122,7 @@ def pull_one(subscriber, subscription: str, timeout: float = 60.0):
 
 def as_delivered(message, project_id: str) -> InboundMessage:
     """A pulled dead letter as `record_dead_letter` gets it: the push envelope's CloudEvent data,
-    decoded by `tpujobs.inbound` exactly as the function does."""
+    decoded by `tpujobs.engine.inbound` exactly as the function does."""
     source = f"//pubsub.googleapis.com/projects/{project_id}/topics/{PREFIX}{topology.DEAD_LETTER}"
     data = {
         "message": {

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tpujobs.adapters.firestore_store import JOBS, REJECTIONS
-from tpujobs.testing import inbound
+from tpujobs.local.testing import inbound
 
 pytestmark = pytest.mark.emulator
 

@@ -3,7 +3,7 @@
 The service's promise (service.py) is that a handler may die anywhere and lose nothing:
 the redelivered message or the reconciler finishes the work, because the commit comes
 first and every action is idempotent. Here each handler runs on ports wrapped by
-`tpujobs.testing.CrashingStore`/`CrashingTpu`, which raise `InjectedCrash` just before
+`tpujobs.local.testing.CrashingStore`/`CrashingTpu`, which raise `InjectedCrash` just before
 or just after the k-th port call (after: the call took effect, then the process died).
 Then one of two things repairs it, on the real ports:
 
@@ -71,21 +71,21 @@ from typing import Any
 
 import pytest
 
-from tpujobs import dead_letters, runtime, topology
 from tpujobs.adapters.firestore_dead_letters import DEAD_LETTERS
 from tpujobs.adapters.firestore_store import REJECTIONS, FirestoreJobStore
 from tpujobs.adapters.pubsub import Publisher
 from tpujobs.adapters.storage_logs import GcsLogBucket
 from tpujobs.adapters.tpu import CloudTpu
-from tpujobs.api import CALLER_HEADER, JobsApi
-from tpujobs.dev import wiring
 from tpujobs.domain.states import JobState
-from tpujobs.inbound import InboundMessage
-from tpujobs.logs_export import LogExporter, LogObjects, attempt_log_name, worker_log_name
-from tpujobs.reconciler import EXPORT_GRACE_S
-from tpujobs.service import JobService
-from tpujobs.simulator.client import SimulatorControl
-from tpujobs.testing import (
+from tpujobs.engine import dead_letters, topology
+from tpujobs.engine.api import CALLER_HEADER, JobsApi
+from tpujobs.engine.inbound import InboundMessage
+from tpujobs.engine.job_service import JobService
+from tpujobs.engine.output_export import LogExporter, LogObjects, attempt_log_name, worker_log_name
+from tpujobs.engine.reconciler import EXPORT_GRACE_S
+from tpujobs.local import wiring
+from tpujobs.local.simulator.client import SimulatorControl
+from tpujobs.local.testing import (
     CrashingStore,
     CrashingTpu,
     CrashPlan,
@@ -96,6 +96,7 @@ from tpujobs.testing import (
     signed,
     wait_for,
 )
+from tpujobs.runtime import instances
 
 pytestmark = pytest.mark.emulator
 
@@ -775,7 +776,7 @@ def _dead_letter(project_id: str) -> InboundMessage:
 
 def _recorder(project_id: str, plan: CrashPlan | None = None) -> dead_letters.DeadLetters:
     """The recorder `record_dead_letter` builds, on the emulator; its store crashing as planned."""
-    recorder = runtime.build_dead_letters(local_settings(project=project_id), lambda: RECORDED_AT)
+    recorder = instances.build_dead_letters(local_settings(project=project_id), lambda: RECORDED_AT)
     if plan is not None:
         recorder = copy.copy(recorder)
         recorder.store = CrashingPort(

@@ -11,7 +11,7 @@ from google.api_core import exceptions
 
 from tpujobs.adapters.firestore_cas import CAS_ATTEMPTS, compare_and_set, wrote
 from tpujobs.adapters.firestore_store import transient_on_failure
-from tpujobs.errors import PermanentError, TransientError
+from tpujobs.engine.errors import PermanentError, TransientError
 
 pytestmark = pytest.mark.emulator
 

@@ -12,8 +12,8 @@ from tpujobs.domain.job import new_job
 from tpujobs.domain.spec import parse_spec
 from tpujobs.domain.states import EventKind, JobState
 from tpujobs.domain.transitions import Decision, Ignored, Observation
-from tpujobs.errors import TransientError
-from tpujobs.ports import Rejection
+from tpujobs.engine.errors import TransientError
+from tpujobs.engine.ports import Rejection
 
 pytestmark = pytest.mark.emulator
 

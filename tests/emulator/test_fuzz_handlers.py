@@ -28,8 +28,9 @@ from tpujobs.adapters.firestore_store import REJECTIONS
 from tpujobs.domain.spec import SpecError, decode_spec
 from tpujobs.domain.states import JobState
 from tpujobs.domain.transitions import Decision, Ignored
-from tpujobs.inbound import InboundMessage, from_cloud_event
-from tpujobs.reports import (
+from tpujobs.engine.inbound import InboundMessage, from_cloud_event
+from tpujobs.engine.job_service import JobService
+from tpujobs.engine.reports import (
     ControlRequest,
     PreemptionNotice,
     QrStateReport,
@@ -37,8 +38,7 @@ from tpujobs.reports import (
     WorkerReport,
     decode_report,
 )
-from tpujobs.service import JobService
-from tpujobs.testing import signed
+from tpujobs.local.testing import signed
 
 pytestmark = pytest.mark.emulator
 

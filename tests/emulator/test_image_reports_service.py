@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from tpujobs.domain.states import JobState
-from tpujobs.service import JobService
-from tpujobs.testing import inbound, signed
+from tpujobs.engine.job_service import JobService
+from tpujobs.local.testing import inbound, signed
 
 pytestmark = pytest.mark.emulator
 

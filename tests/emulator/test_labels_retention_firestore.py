@@ -11,14 +11,14 @@ import pytest
 
 from tpujobs.adapters.firestore_dead_letters import FirestoreDeadLetters
 from tpujobs.adapters.firestore_store import ATTEMPTS, EVENTS, JOBS, REJECTIONS, WORKERS, FirestoreJobStore
-from tpujobs.api import CALLER_HEADER, JobsApi
 from tpujobs.domain.job import Job, new_job
 from tpujobs.domain.spec import parse_spec
 from tpujobs.domain.states import EventKind, JobState
 from tpujobs.domain.transitions import Decision, Observation
-from tpujobs.ports import AttemptLogs, DeadLetter, JobFilter, Rejection, WorkerRecord
-from tpujobs.testing import inbound as message
-from tpujobs.testing import local_settings, reconciler_for
+from tpujobs.engine.api import CALLER_HEADER, JobsApi
+from tpujobs.engine.ports import AttemptLogs, DeadLetter, JobFilter, Rejection, WorkerRecord
+from tpujobs.local.testing import inbound as message
+from tpujobs.local.testing import local_settings, reconciler_for
 
 pytestmark = pytest.mark.emulator
 

@@ -12,10 +12,10 @@ import pytest
 
 from tpujobs.adapters.firestore_store import REJECTIONS
 from tpujobs.domain.states import JobState
-from tpujobs.service import JobService
-from tpujobs.simulator.client import SimulatorControl
-from tpujobs.testing import inbound as message
-from tpujobs.testing import reconciler_for, signed, wait_for
+from tpujobs.engine.job_service import JobService
+from tpujobs.local.simulator.client import SimulatorControl
+from tpujobs.local.testing import inbound as message
+from tpujobs.local.testing import reconciler_for, signed, wait_for
 
 pytestmark = pytest.mark.emulator
 
@@ -248,7 +248,7 @@ def test_reports_of_an_unknown_job_change_nothing(service):
 def test_the_reconciler_repairs_missing_capacity_and_releases_orphans(service, tpu_client, project_id):
     """Missing queued resource re-requested; one of a finished job deleted; others' resources untouched."""
     from tpujobs.adapters.tpu import queued_resource_for
-    from tpujobs.agent.startup import host_boot
+    from tpujobs.engine.startup_script import host_boot
 
     submit(service, "lost-qr")
     service.tpu.release(ZONE, "lost-qr-a1")  # someone deleted it behind our back

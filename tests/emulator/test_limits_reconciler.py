@@ -8,9 +8,9 @@ import pytest
 from test_reconciler import ZONE, Clock, beat
 
 from tpujobs.domain.states import JobState
-from tpujobs.service import JobService
-from tpujobs.testing import inbound as message
-from tpujobs.testing import reconciler_for
+from tpujobs.engine.job_service import JobService
+from tpujobs.local.testing import inbound as message
+from tpujobs.local.testing import reconciler_for
 
 pytestmark = pytest.mark.emulator
 

@@ -15,12 +15,12 @@ from tpujobs.domain.job import new_job
 from tpujobs.domain.spec import parse_spec
 from tpujobs.domain.states import EventKind, JobState
 from tpujobs.domain.transitions import Decision, Observation
-from tpujobs.errors import TransientError
-from tpujobs.inbound import InboundMessage
-from tpujobs.logs_export import LogExporter, LogObjects, LogReader, cut_off_line
-from tpujobs.service import JobService
-from tpujobs.testing import inbound as message
-from tpujobs.testing import local_settings, reconciler_for, signed
+from tpujobs.engine.errors import TransientError
+from tpujobs.engine.inbound import InboundMessage
+from tpujobs.engine.job_service import JobService
+from tpujobs.engine.output_export import LogExporter, LogObjects, LogReader, cut_off_line
+from tpujobs.local.testing import inbound as message
+from tpujobs.local.testing import local_settings, reconciler_for, signed
 
 pytestmark = pytest.mark.emulator
 
@@ -340,7 +340,7 @@ def test_the_reconciler_asks_again_for_an_export_whose_request_was_lost(
     only, until the export is recorded; a job without output is not asked for forever."""
     from datetime import timedelta
 
-    from tpujobs.reconciler import EXPORT_GRACE_S, EXPORT_WINDOW_S
+    from tpujobs.engine.reconciler import EXPORT_GRACE_S, EXPORT_WINDOW_S
 
     now = [utc_now()]
     service = service_with(BrokenExports(), firestore_client, tpu_client, project_id, simulator_url)

@@ -19,13 +19,13 @@ from typer.testing import CliRunner
 from tpujobs.adapters.firestore_config import FirestoreAccessPolicies
 from tpujobs.adapters.firestore_store import FirestoreJobStore
 from tpujobs.adapters.tpu import CloudTpu
-from tpujobs.api import CALLER_HEADER, JobsApi
 from tpujobs.cli import app
+from tpujobs.domain.pools import UnitState
 from tpujobs.domain.states import JobState
-from tpujobs.domain.warm_pools import UnitState
-from tpujobs.runtime import utc_now
-from tpujobs.service import JobService
-from tpujobs.testing import inbound, local_settings, wait_for
+from tpujobs.engine.api import CALLER_HEADER, JobsApi
+from tpujobs.engine.job_service import JobService
+from tpujobs.local.testing import inbound, local_settings, wait_for
+from tpujobs.runtime.instances import utc_now
 
 pytestmark = pytest.mark.emulator
 

@@ -13,14 +13,14 @@ import pytest
 from google.api_core.exceptions import DeadlineExceeded
 from typer.testing import CliRunner
 
-from tpujobs import topology
 from tpujobs.adapters.firestore_config import FirestoreAccessPolicies
 from tpujobs.cli import app
-from tpujobs.dev import wiring
-from tpujobs.domain.warm_pools import PoolState
-from tpujobs.inbound import InboundMessage
-from tpujobs.service import JobService
-from tpujobs.testing import inbound
+from tpujobs.domain.pools import PoolState
+from tpujobs.engine import topology
+from tpujobs.engine.inbound import InboundMessage
+from tpujobs.engine.job_service import JobService
+from tpujobs.local import wiring
+from tpujobs.local.testing import inbound
 
 pytestmark = pytest.mark.emulator
 

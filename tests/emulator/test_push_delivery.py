@@ -21,9 +21,10 @@ from typing import Any
 
 import pytest
 
-from tpujobs import runtime, topology
-from tpujobs.dev import wiring
-from tpujobs.testing import wait_for
+from tpujobs.engine import topology
+from tpujobs.local import wiring
+from tpujobs.local.testing import wait_for
+from tpujobs.runtime import instances
 
 pytestmark = pytest.mark.emulator
 
@@ -68,7 +69,7 @@ def subscription_message_id(body: bytes) -> str:
 
 def clear_runtime() -> None:
     """Forget every client and service runtime built once per process: the next test has its own."""
-    for built_once in vars(runtime).values():
+    for built_once in vars(instances).values():
         if callable(getattr(built_once, "cache_clear", None)):
             built_once.cache_clear()
 

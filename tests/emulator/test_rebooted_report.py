@@ -17,9 +17,9 @@ import pytest
 
 from tpujobs.domain import signing
 from tpujobs.domain.states import JobState
-from tpujobs.inbound import InboundMessage
-from tpujobs.service import JobService
-from tpujobs.testing import inbound, signed
+from tpujobs.engine.inbound import InboundMessage
+from tpujobs.engine.job_service import JobService
+from tpujobs.local.testing import inbound, signed
 
 pytestmark = pytest.mark.emulator
 

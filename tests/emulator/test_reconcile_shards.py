@@ -13,10 +13,10 @@ from tpujobs.adapters.pubsub import Publisher
 from tpujobs.domain.shards import Shard
 from tpujobs.domain.states import EventKind, JobState
 from tpujobs.domain.transitions import Observation
-from tpujobs.reconciler import Reconciler
-from tpujobs.service import JobService
-from tpujobs.testing import ManualClock, inbound, reconciler_for
-from tpujobs.topology import RECONCILE
+from tpujobs.engine.job_service import JobService
+from tpujobs.engine.reconciler import Reconciler
+from tpujobs.engine.topology import RECONCILE
+from tpujobs.local.testing import ManualClock, inbound, reconciler_for
 
 pytestmark = pytest.mark.emulator
 

@@ -12,10 +12,10 @@ from tpujobs.adapters.google_errors import transient_retry
 from tpujobs.adapters.tpu import CloudTpu
 from tpujobs.domain.states import EventKind, JobState
 from tpujobs.domain.transitions import Observation
-from tpujobs.service import JobService
-from tpujobs.simulator.client import SimulatorControl
-from tpujobs.testing import ManualClock, reconciler_for, signed
-from tpujobs.testing import inbound as message
+from tpujobs.engine.job_service import JobService
+from tpujobs.local.simulator.client import SimulatorControl
+from tpujobs.local.testing import ManualClock, reconciler_for, signed
+from tpujobs.local.testing import inbound as message
 
 pytestmark = pytest.mark.emulator
 
@@ -208,7 +208,7 @@ def test_the_reconcilers_listing_leaves_the_startup_scripts_behind(service, tpu_
 
 def active_but_silent(service: JobService, job_id: str = "train-1") -> None:
     """Submitted; its queued resource went ACTIVE and a tick saw it; no agent ever reported."""
-    from tpujobs.testing import wait_for
+    from tpujobs.local.testing import wait_for
 
     spec = {"job_id": job_id, "name": "train", "owner": "ada@example.com", "accelerator_type": "v4-16", "command": "x"}
     assert service.submit(message("tpujobs-submit", spec)).kind == "provisioning"
@@ -626,7 +626,7 @@ def test_a_job_waiting_for_tpu_quota_moves_to_its_next_zone_after_the_zone_wait(
 
 def running_active(service: JobService) -> None:
     """A one-host job RUNNING on capacity the simulator shows ACTIVE (its nodes READY, HEALTHY)."""
-    from tpujobs.testing import wait_for
+    from tpujobs.local.testing import wait_for
 
     running_job(service, accelerator="v4-8")
     wait_for(lambda: service.tpu.status(ZONE, "train-1-a1").state == "ACTIVE", timeout=10)

@@ -9,13 +9,13 @@ from datetime import timedelta
 import pytest
 
 from tpujobs.adapters.firestore_config import FirestoreAccessPolicies
-from tpujobs.agent.startup import agent_config
-from tpujobs.api import CALLER_HEADER, JobsApi
 from tpujobs.domain import limits
 from tpujobs.domain.naming import queued_resource_name
 from tpujobs.domain.states import JobState
-from tpujobs.service import JobService
-from tpujobs.testing import (
+from tpujobs.engine.api import CALLER_HEADER, JobsApi
+from tpujobs.engine.job_service import JobService
+from tpujobs.engine.startup_script import agent_config
+from tpujobs.local.testing import (
     CrashingStore,
     CrashingTpu,
     CrashPlan,
@@ -25,7 +25,7 @@ from tpujobs.testing import (
     reconciler_for,
     signed,
 )
-from tpujobs.testing import inbound as message
+from tpujobs.local.testing import inbound as message
 
 pytestmark = pytest.mark.emulator
 
@@ -215,7 +215,7 @@ def test_on_the_topic_an_explicit_request_id_makes_two_messages_one_attempt(serv
 
 
 def crashing(service: JobService, plan: CrashPlan) -> JobService:
-    """The same service on ports that die at the plan's step (tpujobs.testing)."""
+    """The same service on ports that die at the plan's step (tpujobs.local.testing)."""
     return JobService(
         CrashingStore(service.store, plan),
         CrashingTpu(service.tpu, plan),

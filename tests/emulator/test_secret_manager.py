@@ -20,8 +20,8 @@ from google.cloud import secretmanager
 from typer.testing import CliRunner
 
 from tpujobs.adapters.secrets import Secrets, build_client
-from tpujobs.errors import PermanentError, TransientError
-from tpujobs.simulator.secret_manager import SecretManagerServer, crc32c
+from tpujobs.engine.errors import PermanentError, TransientError
+from tpujobs.local.simulator.secret_manager import SecretManagerServer, crc32c
 
 pytestmark = pytest.mark.emulator
 
@@ -372,9 +372,9 @@ def test_values_are_never_logged(
 
 
 def test_the_module_serves_until_sigterm() -> None:
-    """`python -m tpujobs.simulator.secret_manager --port 0` says where it listens, exits on SIGTERM."""
+    """`python -m tpujobs.local.simulator.secret_manager --port 0` says where it listens, exits on SIGTERM."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "tpujobs.simulator.secret_manager", "--port", "0"],
+        [sys.executable, "-m", "tpujobs.local.simulator.secret_manager", "--port", "0"],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -448,7 +448,7 @@ def test_set_refuses_a_bad_name_or_account_with_a_sentence(secrets: Secrets) -> 
 
 def test_an_unreachable_secret_manager_is_transient() -> None:
     """Nothing listening: TransientError, worth retrying."""
-    from tpujobs.dev.processes import free_port
+    from tpujobs.local.processes import free_port
 
     gone = Secrets(build_client(f"http://127.0.0.1:{free_port()}"), PROJECT, PREFIX)
     with pytest.raises(TransientError, match=r"unreachable|failed"):
@@ -544,7 +544,7 @@ def test_secret_list_prints_a_table_of_names_accounts_and_versions(cli_env: dict
 
 def test_cli_errors_are_sentences_not_tracebacks(cli_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     """Secret Manager unreachable: exit 1 with what failed."""
-    from tpujobs.dev.processes import free_port
+    from tpujobs.local.processes import free_port
 
     port = free_port()
     monkeypatch.setenv("TPUJOBS_SECRETS_ENDPOINT", f"http://127.0.0.1:{port}")

@@ -25,10 +25,10 @@ from hypothesis import strategies as st
 
 from tpujobs.domain.naming import parse_queued_resource_name
 from tpujobs.domain.states import TERMINAL, TRANSITIONS, JobState
-from tpujobs.inbound import InboundMessage
-from tpujobs.service import JobService
-from tpujobs.simulator.client import SimulatorControl
-from tpujobs.testing import reconciler_for
+from tpujobs.engine.inbound import InboundMessage
+from tpujobs.engine.job_service import JobService
+from tpujobs.local.simulator.client import SimulatorControl
+from tpujobs.local.testing import reconciler_for
 
 pytestmark = pytest.mark.emulator
 

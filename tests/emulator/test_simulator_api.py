@@ -19,9 +19,9 @@ from google.cloud import tpu_v2
 from google.longrunning import operations_pb2
 from google.protobuf import empty_pb2, json_format
 
-from tpujobs.simulator import Code, SimulatorConfig, SimulatorServer
-from tpujobs.simulator.client import SimulatorControl
-from tpujobs.testing import wait_for
+from tpujobs.local.simulator import Code, SimulatorConfig, SimulatorServer
+from tpujobs.local.simulator.client import SimulatorControl
+from tpujobs.local.testing import wait_for
 
 pytestmark = pytest.mark.emulator
 
@@ -371,9 +371,9 @@ def test_everything_the_simulator_renders_is_valid_tpu_api_json(
 
 
 def test_command_line_prints_its_url_serves_and_stops_on_sigterm() -> None:
-    """python -m tpujobs.simulator prints one listening line, answers health and exits 0 on SIGTERM."""
+    """python -m tpujobs.local.simulator prints one listening line, answers health and exits 0 on SIGTERM."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "tpujobs.simulator", "--port", "0", "--capacity", f"v4@{ZONE}=32"],
+        [sys.executable, "-m", "tpujobs.local.simulator", "--port", "0", "--capacity", f"v4@{ZONE}=32"],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -659,7 +659,7 @@ def test_error_bodies_parse_strictly_as_google_rpc_status(server: SimulatorServe
 
 def test_the_local_stacks_simulator_deletes_slowly_pages_small_and_warns_briefly() -> None:
     """The command line `tpujobs dev up` runs: deleting_seconds 3, default_page_size 2, a 5 s notice."""
-    from tpujobs.dev import processes
+    from tpujobs.local import processes
 
     argv = [*processes.simulator(0).argv, "--no-workers"]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)

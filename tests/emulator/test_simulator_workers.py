@@ -28,9 +28,9 @@ import pytest
 from typer.testing import CliRunner
 
 from tpujobs.agent.worker import parse_tpu_env, slice_id_from_node_id
-from tpujobs.dev import stack
-from tpujobs.dev.cli import dev_app
-from tpujobs.simulator import (
+from tpujobs.cli.dev_stack import dev_app
+from tpujobs.local import stack
+from tpujobs.local.simulator import (
     QrState,
     QueuedResourceRequest,
     SimulatorConfig,
@@ -39,8 +39,8 @@ from tpujobs.simulator import (
     WorkerInfo,
     metadata_url,
 )
-from tpujobs.simulator.client import SimulatorControl
-from tpujobs.testing import wait_for
+from tpujobs.local.simulator.client import SimulatorControl
+from tpujobs.local.testing import wait_for
 
 pytestmark = pytest.mark.emulator
 
@@ -356,12 +356,12 @@ def test_a_made_up_workers_root_is_removed_when_the_server_stops() -> None:
 
 
 def test_sigterm_to_the_simulator_process_stops_its_workers(tmp_path: Path) -> None:
-    """python -m tpujobs.simulator with --workers-root: on SIGTERM it exits 0, its workers gone."""
+    """python -m tpujobs.local.simulator with --workers-root: on SIGTERM it exits 0, its workers gone."""
     process = subprocess.Popen(
         [
             sys.executable,
             "-m",
-            "tpujobs.simulator",
+            "tpujobs.local.simulator",
             "--port=0",
             f"--workers-root={tmp_path}",
             "--waiting-seconds=0.01",

@@ -12,9 +12,9 @@ from datetime import timedelta
 import pytest
 
 from tpujobs.domain.states import JobState
-from tpujobs.service import SPOKEN_FOR, JobService
-from tpujobs.testing import ManualClock, reconciler_for, signed
-from tpujobs.testing import inbound as message
+from tpujobs.engine.job_service import SPOKEN_FOR, JobService
+from tpujobs.local.testing import ManualClock, reconciler_for, signed
+from tpujobs.local.testing import inbound as message
 
 pytestmark = pytest.mark.emulator
 SPEC = {"job_id": "train-1", "name": "train", "owner": "ada@example.com", "command": "x"}

@@ -10,11 +10,11 @@ import pytest
 from tpujobs.adapters.firestore_store import FirestoreJobStore
 from tpujobs.adapters.pubsub import Publisher
 from tpujobs.adapters.tpu import CloudTpu
-from tpujobs.errors import TransientError
-from tpujobs.service import JobService
-from tpujobs.testing import inbound as message
-from tpujobs.testing import local_settings, reconciler_for, signed
-from tpujobs.topology import STATUS
+from tpujobs.engine.errors import TransientError
+from tpujobs.engine.job_service import JobService
+from tpujobs.engine.topology import STATUS
+from tpujobs.local.testing import inbound as message
+from tpujobs.local.testing import local_settings, reconciler_for, signed
 
 pytestmark = pytest.mark.emulator
 

@@ -18,7 +18,7 @@ from tpujobs.domain.job import new_job
 from tpujobs.domain.spec import parse_spec
 from tpujobs.domain.states import EventKind
 from tpujobs.domain.transitions import Decision, Observation
-from tpujobs.logs_export import LogExporter, LogObjects, combined_log
+from tpujobs.engine.output_export import LogExporter, LogObjects, combined_log
 
 pytestmark = [pytest.mark.emulator, pytest.mark.timeout(600)]  # 2,700 objects through tracemalloc
 

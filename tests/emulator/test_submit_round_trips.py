@@ -25,10 +25,10 @@ from tpujobs.adapters.firestore_warm_pools import FirestoreWarmPools
 from tpujobs.adapters.pubsub import Publisher
 from tpujobs.adapters.tpu import CloudTpu
 from tpujobs.domain.states import JobState
-from tpujobs.runtime import utc_now
-from tpujobs.service import JobService
-from tpujobs.testing import inbound, local_settings
-from tpujobs.topology import STATUS, SUBMIT
+from tpujobs.engine.job_service import JobService
+from tpujobs.engine.topology import STATUS, SUBMIT
+from tpujobs.local.testing import inbound, local_settings
+from tpujobs.runtime.instances import utc_now
 
 pytestmark = pytest.mark.emulator
 

@@ -10,10 +10,10 @@ import pytest
 
 from tpujobs.adapters.firestore_store import REJECTIONS
 from tpujobs.domain.states import JobState
-from tpujobs.errors import PermanentError, TransientError
-from tpujobs.inbound import InboundMessage
-from tpujobs.service import JobService
-from tpujobs.simulator.client import SimulatorControl
+from tpujobs.engine.errors import PermanentError, TransientError
+from tpujobs.engine.inbound import InboundMessage
+from tpujobs.engine.job_service import JobService
+from tpujobs.local.simulator.client import SimulatorControl
 
 pytestmark = pytest.mark.emulator
 
@@ -112,9 +112,9 @@ def test_a_submission_that_stopped_half_way_is_finished_by_redelivery(service, t
 
 def test_an_existing_queued_resource_is_adopted_not_bought_twice(service, tpu_client, project_id):
     """If the request reached the TPU API before a crash, ALREADY_EXISTS is taken as ours."""
-    from tpujobs.agent.startup import host_boot
     from tpujobs.domain.job import new_job
     from tpujobs.domain.spec import parse_spec
+    from tpujobs.engine.startup_script import host_boot
 
     job, event = new_job(parse_spec(a_spec()), ZONE, utc_now())
     service.store.create(job, event)

@@ -18,8 +18,8 @@ import pytest
 
 from tpujobs.adapters.firestore_store import JOBS
 from tpujobs.domain.states import JobState
-from tpujobs.service import JobService
-from tpujobs.testing import inbound, signed
+from tpujobs.engine.job_service import JobService
+from tpujobs.local.testing import inbound, signed
 
 pytestmark = pytest.mark.emulator
 

@@ -16,9 +16,9 @@ from tpujobs.adapters.google_errors import transient_retry
 from tpujobs.adapters.tpu import CloudTpu
 from tpujobs.domain.job import Job, new_job
 from tpujobs.domain.spec import parse_spec
-from tpujobs.errors import PermanentError, QuotaExhausted, TransientError
-from tpujobs.ports import HostBoot
-from tpujobs.simulator.client import SimulatorControl
+from tpujobs.engine.errors import PermanentError, QuotaExhausted, TransientError
+from tpujobs.engine.ports import HostBoot
+from tpujobs.local.simulator.client import SimulatorControl
 
 pytestmark = pytest.mark.emulator
 

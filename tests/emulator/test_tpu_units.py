@@ -17,12 +17,12 @@ from tpujobs.adapters.google_errors import transient_retry
 from tpujobs.adapters.tpu import CloudTpu, build_client
 from tpujobs.domain import naming
 from tpujobs.domain.spec import JobSpec, parse_spec
-from tpujobs.errors import PermanentError, TransientError
-from tpujobs.ports import HostBoot, UnitRequest
-from tpujobs.simulator import SimulatorConfig, SimulatorServer
-from tpujobs.simulator.client import SimulatorControl
-from tpujobs.simulator.metadata import metadata_url
-from tpujobs.testing import wait_for
+from tpujobs.engine.errors import PermanentError, TransientError
+from tpujobs.engine.ports import HostBoot, UnitRequest
+from tpujobs.local.simulator import SimulatorConfig, SimulatorServer
+from tpujobs.local.simulator.client import SimulatorControl
+from tpujobs.local.simulator.metadata import metadata_url
+from tpujobs.local.testing import wait_for
 
 pytestmark = pytest.mark.emulator
 

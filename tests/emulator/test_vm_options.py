@@ -15,8 +15,8 @@ from tpujobs.adapters.firestore_store import JOBS
 from tpujobs.adapters.tpu import CloudTpu
 from tpujobs.domain.job import Job, new_job
 from tpujobs.domain.spec import VmDefaults, parse_spec, with_deployment_defaults
-from tpujobs.ports import HostBoot
-from tpujobs.testing import inbound
+from tpujobs.engine.ports import HostBoot
+from tpujobs.local.testing import inbound
 
 pytestmark = pytest.mark.emulator
 

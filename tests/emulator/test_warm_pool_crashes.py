@@ -1,9 +1,9 @@
 """Warm-pool assignment and release killed at each of their I/O steps in turn, then repaired.
 
-The pool document is the one record of which job a unit runs (`tpujobs.warm_pools`): a unit is
+The pool document is the one record of which job a unit runs (`tpujobs.engine.pool_service`): a unit is
 claimed for a job by a compare-and-set, the job is committed PROVISIONING on it, then the unit's
 agents are told through its node metadata; leaving a unit is the same in reverse. Here each
-handler runs on ports wrapped by `tpujobs.testing.CrashingStore`/`CrashingTpu`/
+handler runs on ports wrapped by `tpujobs.local.testing.CrashingStore`/`CrashingTpu`/
 `CrashingWarmPools`, which raise `InjectedCrash` just before or just after the k-th port call
 (after: the call took effect, then the instance died). Then one of two things repairs it, on the
 real ports:
@@ -33,14 +33,14 @@ from typing import Any
 
 import pytest
 
-from tpujobs.domain import warm_pools as pools
+from tpujobs.domain import pools
 from tpujobs.domain.naming import parse_unit_queued_resource_name
+from tpujobs.domain.pools import UnitState
 from tpujobs.domain.spec import parse_spec
 from tpujobs.domain.states import JobState
-from tpujobs.domain.warm_pools import UnitState
-from tpujobs.service import JobService, SubmitOutcome
-from tpujobs.simulator.client import SimulatorControl
-from tpujobs.testing import (
+from tpujobs.engine.job_service import JobService, SubmitOutcome
+from tpujobs.local.simulator.client import SimulatorControl
+from tpujobs.local.testing import (
     CrashingStore,
     CrashingTpu,
     CrashingWarmPools,
@@ -227,7 +227,7 @@ def _tick(service: JobService, w: World, _: Any) -> object:
     return reconciler_for(service).tick()
 
 
-# Named runs of I/O steps, as `tpujobs.warm_pools` makes them.
+# Named runs of I/O steps, as `tpujobs.engine.pool_service` makes them.
 _READ_QUEUE = ("warm.get", "warm.queue")  # `fill`: the pool and the head of its queue
 # `fill` gives the head a unit (a compare-and-set), `_place` commits the job PROVISIONING on it,
 # `tell` reads the pool, writes the unit's node metadata and marks the unit told.

@@ -16,15 +16,15 @@ import pytest
 
 from tpujobs.adapters.firestore_pools import FirestorePools
 from tpujobs.adapters.firestore_warm_pools import FirestoreWarmPools
-from tpujobs.domain import warm_pools as pools
+from tpujobs.domain import pools
+from tpujobs.domain.pools import Pool, UnitState
 from tpujobs.domain.spec import parse_spec
 from tpujobs.domain.states import EventKind, JobState
 from tpujobs.domain.transitions import Observation
-from tpujobs.domain.warm_pools import Pool, UnitState
-from tpujobs.ports import HostBoot, UnitRequest
-from tpujobs.service import JobService, SubmitOutcome
-from tpujobs.simulator.client import SimulatorControl
-from tpujobs.testing import OffsetClock, reconciler_for, signed, wait_for
+from tpujobs.engine.job_service import JobService, SubmitOutcome
+from tpujobs.engine.ports import HostBoot, UnitRequest
+from tpujobs.local.simulator.client import SimulatorControl
+from tpujobs.local.testing import OffsetClock, reconciler_for, signed, wait_for
 
 pytestmark = pytest.mark.emulator
 

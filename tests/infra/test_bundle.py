@@ -50,15 +50,22 @@ def test_the_tests_ran_on_the_pinned_versions() -> None:
 
 
 def test_the_bundle_holds_main_the_package_and_the_pins(bundle_dir: Path) -> None:
-    """main.py at the root as functions/main.py, every module of tpujobs, requirements.txt; no caches."""
+    """main.py at the root as functions/main.py, every module of the deployed layers, requirements.txt;
+    no caches, and nothing of the terminal's or the local stack's code."""
     function = bundle_dir / "function"
     assert (function / "main.py").read_bytes() == (ROOT / "functions" / "main.py").read_bytes()
     assert (function / "requirements.txt").read_bytes() == REQUIREMENTS.read_bytes()
     package = ROOT / "shared" / "tpujobs"
-    wanted = {p.relative_to(package).as_posix() for p in package.rglob("*.py") if "__pycache__" not in p.parts}
+    deployed = ("agent", "domain", "engine", "adapters", "runtime")
+    wanted = {
+        p.relative_to(package).as_posix()
+        for p in package.rglob("*.py")
+        if "__pycache__" not in p.parts and (p.parent == package or p.relative_to(package).parts[0] in deployed)
+    }
     bundled = {p.relative_to(function / "tpujobs").as_posix() for p in (function / "tpujobs").rglob("*.py")}
     assert wanted == bundled
     assert (function / "tpujobs" / "py.typed").exists()
+    assert not (function / "tpujobs" / "cli").exists() and not (function / "tpujobs" / "local").exists()
     assert not list(function.rglob("__pycache__")) and not list(function.rglob("*.pyc"))
 
 

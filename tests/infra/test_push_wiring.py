@@ -1,5 +1,5 @@
 """The local stack's push subscriptions have production's shape: infra/pubsub.tf, evaluated
-for one deployment, builds the very Subscription that `tpujobs.dev.wiring` creates in the
+for one deployment, builds the very Subscription that `tpujobs.local.wiring` creates in the
 emulator, but for the minimum backoff (1 s locally, 10 s deployed).
 
 Terraform is read as data (terraform_config); the few expressions the push subscription
@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from terraform_config import Terraform, block, render
 
-from tpujobs import topology
-from tpujobs.dev import wiring
+from tpujobs.engine import topology
+from tpujobs.local import wiring
 
 PROJECT = "my-project"
 PREFIX = "t1-"

@@ -7,11 +7,11 @@ from typing import Any
 
 from terraform_config import Terraform, block, render
 
-from tpujobs import topology
 from tpujobs.adapters.indexes import INDEXES
-from tpujobs.config import Settings
-from tpujobs.dead_letters import source_topic
-from tpujobs.dev import wiring
+from tpujobs.engine import topology
+from tpujobs.engine.dead_letters import source_topic
+from tpujobs.engine.settings import Settings
+from tpujobs.local import wiring
 
 ROUTES = {route.target: route for route in topology.FUNCTIONS}
 PREFIX = "dev-"  # any valid prefix: names must come out as the code builds them

@@ -7,7 +7,7 @@ import re
 
 from terraform_config import ROOT, Terraform, block
 
-from tpujobs import topology
+from tpujobs.engine import topology
 
 # What a function's body calls in functions/main.py decides the rights its account needs.
 ENGINE = ("runtime.job_service()", "runtime.reconciler()", "runtime.jobs_api()")  # Firestore, TPU, status

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from terraform_config import ROOT, Terraform, block, render
 
-from tpujobs import topology
 from tpujobs.adapters import firestore_store
-from tpujobs.config import Settings
 from tpujobs.domain import naming, secrets
+from tpujobs.engine import topology
+from tpujobs.engine.settings import Settings
 
 # What shared/tpujobs/adapters/tpu.py calls, as Cloud TPU checks it: queued resources have no
 # permissions of their own, the node permissions cover them (Google's Cloud TPU roles page

@@ -32,14 +32,14 @@ from typing import Any
 import google_crc32c
 import pytest
 
-from tpujobs import reports
 from tpujobs.agent import worker
-from tpujobs.agent.startup import AgentTimings, render_startup_script
-from tpujobs.config import Settings
 from tpujobs.domain import signing
 from tpujobs.domain.job import Job, new_job
 from tpujobs.domain.spec import parse_spec
-from tpujobs.testing import wait_for
+from tpujobs.engine import reports
+from tpujobs.engine.settings import Settings
+from tpujobs.engine.startup_script import AgentTimings, render_startup_script
+from tpujobs.local.testing import wait_for
 
 BASH = shutil.which("bash")
 NOW = datetime(2025, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
@@ -1385,7 +1385,7 @@ def test_the_local_secret_manager_lets_a_vm_read_its_own_accounts_secrets_only(
     tmp_path: Path, google: GoogleStub
 ) -> None:
     """With the simulator's token, simulated:EMAIL, the VM reads its namespace and is refused another's."""
-    local = pytest.importorskip("tpujobs.simulator.secret_manager")
+    local = pytest.importorskip("tpujobs.local.simulator.secret_manager")
     value = b"hf_local_" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:16].encode()
     server = local.SecretManagerServer(prefix="t-")
     for secret_id, data in [("t-tpujobs_tpujobs-tpu-vm_hf-token", value), ("t-tpujobs_other-acct_x", b"y")]:

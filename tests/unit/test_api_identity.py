@@ -29,9 +29,9 @@ from google.auth import crypt
 from google.auth import jwt as google_jwt
 
 from tpujobs.adapters.google_id_tokens import GoogleIdTokens
-from tpujobs.api import JobsApi, Response
-from tpujobs.config import Settings
-from tpujobs.identity import SERVERLESS_AUTHORIZATION, SIGNATURE_REMOVED
+from tpujobs.engine.api import JobsApi, Response
+from tpujobs.engine.identity import SERVERLESS_AUTHORIZATION, SIGNATURE_REMOVED
+from tpujobs.engine.settings import Settings
 
 URL = "https://us-central1-p.cloudfunctions.net/jobs"  # the function's URL: the default audience
 ADA = "ada@example.com"

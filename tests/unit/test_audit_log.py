@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tpujobs.inbound import from_cloud_event
-from tpujobs.reports import audit_log_target
+from tpujobs.engine.inbound import from_cloud_event
+from tpujobs.engine.reports import audit_log_target
 
 NAME = "projects/p/locations/us-central2-b/queuedResources/train-1-a2"
 

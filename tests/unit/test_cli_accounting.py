@@ -10,7 +10,7 @@ from test_accounting import a_job, at, move, preempted_job
 from tpujobs.cli import commands as cli
 from tpujobs.domain.accounting import checkpoint_reported
 from tpujobs.domain.states import EventKind
-from tpujobs.ports import AttemptLogs
+from tpujobs.engine.ports import AttemptLogs
 
 
 def rendered(renderable) -> str:

@@ -1,4 +1,4 @@
-"""code_dir packing (tpujobs.adapters.code_dir) on real directories and real git repositories:
+"""code_dir packing (tpujobs.cli.code_packer) on real directories and real git repositories:
 which files go, the git commit and dirty flag, the size limit, and a tarball that is the same
 bytes for the same tree."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tpujobs.adapters import code_dir
-from tpujobs.adapters.code_dir import CodeDirError, max_code_bytes, pack, select_files
+from tpujobs.cli import code_packer as code_dir
+from tpujobs.cli.code_packer import CodeDirError, max_code_bytes, pack, select_files
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
 

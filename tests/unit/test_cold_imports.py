@@ -20,7 +20,16 @@ FIRESTORE = "google.cloud.firestore"
 PUBSUB = "google.cloud.pubsub_v1"
 TPU = "google.cloud.tpu_v2"
 STORAGE = "google.cloud.storage"
-WATCHED = (PYDANTIC, FIRESTORE, PUBSUB, TPU, STORAGE, "tpujobs.service", "tpujobs.reports", "tpujobs.domain.spec")
+WATCHED = (
+    PYDANTIC,
+    FIRESTORE,
+    PUBSUB,
+    TPU,
+    STORAGE,
+    "tpujobs.engine.job_service",
+    "tpujobs.engine.reports",
+    "tpujobs.domain.spec",
+)
 
 
 def loaded_after(code: str) -> set[str]:
@@ -50,18 +59,18 @@ def test_importing_functions_main_loads_no_validation_models_nor_clients():
 
 # Each builder, what it must load, and what it must not (a later call may load more).
 BUILDERS = [
-    ("job_service", {FIRESTORE, "tpujobs.service"}, {TPU, PUBSUB, STORAGE}),
-    ("reconciler", {FIRESTORE, "tpujobs.service"}, {TPU, PUBSUB, STORAGE}),
-    ("jobs_api", {FIRESTORE, "tpujobs.service"}, {TPU, PUBSUB, STORAGE}),
-    ("dead_letters", {FIRESTORE}, {TPU, PUBSUB, STORAGE, "tpujobs.service"}),
-    ("log_exporter", {FIRESTORE, STORAGE}, {TPU, PUBSUB, "tpujobs.service"}),
+    ("job_service", {FIRESTORE, "tpujobs.engine.job_service"}, {TPU, PUBSUB, STORAGE}),
+    ("reconciler", {FIRESTORE, "tpujobs.engine.job_service"}, {TPU, PUBSUB, STORAGE}),
+    ("jobs_api", {FIRESTORE, "tpujobs.engine.job_service"}, {TPU, PUBSUB, STORAGE}),
+    ("dead_letters", {FIRESTORE}, {TPU, PUBSUB, STORAGE, "tpujobs.engine.job_service"}),
+    ("log_exporter", {FIRESTORE, STORAGE}, {TPU, PUBSUB, "tpujobs.engine.job_service"}),
 ]
 
 
 @pytest.mark.parametrize(("builder", "needs", "never"), BUILDERS, ids=[b[0] for b in BUILDERS])
 def test_building_a_target_loads_only_its_own_clients(builder, needs, never):
     """runtime.<builder>() imports its own client libraries and none that only other targets use."""
-    loaded = loaded_after(f"from tpujobs import runtime\nruntime.{builder}()")
+    loaded = loaded_after(f"from tpujobs.runtime import instances\ninstances.{builder}()")
     assert needs <= loaded, f"{builder} did not build with {sorted(needs - loaded)}"
     assert not loaded & never, f"{builder} loaded {sorted(loaded & never)}"
 
@@ -69,8 +78,8 @@ def test_building_a_target_loads_only_its_own_clients(builder, needs, never):
 def test_the_tpu_and_pubsub_clients_are_built_at_their_first_use():
     """The engine's TPU and Pub/Sub adapters load their libraries when first touched, not before."""
     loaded = loaded_after(
-        "from tpujobs import runtime\n"
-        "a = runtime.adapters()\n"
+        "from tpujobs.runtime import instances\n"
+        "a = instances.adapters()\n"
         "assert 'google.cloud.tpu_v2' not in sys.modules\n"
         "a.tpu.request, a.publisher.announce"
     )
@@ -81,7 +90,7 @@ def test_an_adapter_built_on_first_use_is_built_once_whoever_asks():
     """OnFirstUse calls its builder once, however many threads reach it at the same time."""
     import threading
 
-    from tpujobs.runtime import OnFirstUse
+    from tpujobs.runtime.instances import OnFirstUse
 
     calls: list[int] = []
     gate = threading.Barrier(8)

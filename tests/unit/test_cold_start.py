@@ -26,7 +26,7 @@ def test_every_route_has_its_target_in_functions_main():
     """topology.FUNCTIONS and functions/main.py name the same targets."""
     import ast
 
-    from tpujobs.topology import FUNCTIONS as ROUTES
+    from tpujobs.engine.topology import FUNCTIONS as ROUTES
 
     tree = ast.parse((FUNCTIONS / "main.py").read_text(encoding="utf-8"))
     targets = {

@@ -81,7 +81,7 @@ def test_the_domain_package_has_modules_to_check() -> None:
         "states.py",
         "job.py",
         "transitions.py",
-        "retry.py",
+        "restart_rules.py",
         "naming.py",
     }
     assert expected <= names

@@ -17,7 +17,7 @@ from tpujobs.domain.job import Job, new_job
 from tpujobs.domain.spec import RetryOn, SpecError, parse_spec
 from tpujobs.domain.states import EventKind, JobState
 from tpujobs.domain.transitions import Decision, Observation, decide
-from tpujobs.reports import ReportError, WorkerReport, decode_report
+from tpujobs.engine.reports import ReportError, WorkerReport, decode_report
 
 NOW = datetime(2025, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
 LATER = NOW + timedelta(minutes=7)

@@ -21,8 +21,8 @@ from test_agent_worker import (
 )
 
 from tpujobs.agent import worker
-from tpujobs.agent.startup import agent_config, render_startup_script
-from tpujobs.reports import WorkerReport, decode_report
+from tpujobs.engine.reports import WorkerReport, decode_report
+from tpujobs.engine.startup_script import agent_config, render_startup_script
 
 # --- last lines -------------------------------------------------------------------------
 

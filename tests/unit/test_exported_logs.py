@@ -10,7 +10,8 @@ from tpujobs.domain.job import Job, new_job
 from tpujobs.domain.spec import parse_spec
 from tpujobs.domain.states import EventKind, JobState
 from tpujobs.domain.transitions import Decision, Observation, decide
-from tpujobs.logs_export import (
+from tpujobs.engine.job_service import ended_attempt
+from tpujobs.engine.output_export import (
     Chunk,
     LogReader,
     WorkerOutput,
@@ -21,8 +22,7 @@ from tpujobs.logs_export import (
     worker_log_parts,
     worker_number,
 )
-from tpujobs.reports import LogExportRequest, ReportError, decode_report
-from tpujobs.service import ended_attempt
+from tpujobs.engine.reports import LogExportRequest, ReportError, decode_report
 
 NOW = datetime(2025, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tpujobs.dev import processes
-from tpujobs.topology import FUNCTIONS
+from tpujobs.engine.topology import FUNCTIONS
+from tpujobs.local import processes
 
 ROUTES = {route.target: route for route in FUNCTIONS}
 

@@ -37,8 +37,8 @@ from tpujobs.domain.spec import (
     decode_spec,
     parse_spec,
 )
-from tpujobs.inbound import InboundMessage, from_cloud_event
-from tpujobs.reports import (
+from tpujobs.engine.inbound import InboundMessage, from_cloud_event
+from tpujobs.engine.reports import (
     ControlRequest,
     PreemptionNotice,
     QrStateReport,

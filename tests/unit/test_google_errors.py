@@ -26,7 +26,7 @@ from tpujobs.adapters.google_errors import (
     translate,
     translated,
 )
-from tpujobs.errors import PermanentError, QuotaExhausted, TransientError
+from tpujobs.engine.errors import PermanentError, QuotaExhausted, TransientError
 
 TPU = "tpu.googleapis.com"
 ZONE = "us-central2-b"

@@ -17,7 +17,7 @@ from tpujobs.cli import commands as cli
 from tpujobs.domain.accounting import image_reported
 from tpujobs.domain.spec import parse_spec
 from tpujobs.domain.states import EventKind
-from tpujobs.reports import ReportError, WorkerReport, decode_report
+from tpujobs.engine.reports import ReportError, WorkerReport, decode_report
 
 DIGEST = "sha256:" + "ab" * 32
 OTHER = "sha256:" + "cd" * 32

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from tpujobs import topology
 from tpujobs.domain.spec import decode_spec
-from tpujobs.inbound import InboundMessage, from_cloud_event, subscription_of
+from tpujobs.engine import topology
+from tpujobs.engine.inbound import InboundMessage, from_cloud_event, subscription_of
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 SUBMIT_SOURCE = "//pubsub.googleapis.com/projects/p/topics/tpujobs-submit"
@@ -371,7 +371,7 @@ import os
 
 import flask
 
-from tpujobs.inbound import from_cloud_event, subscription_of
+from tpujobs.engine.inbound import from_cloud_event, subscription_of
 
 EVENTS = []
 RECEIVED = []

@@ -15,10 +15,10 @@ from typer.testing import CliRunner
 
 from tpujobs.cli import app, tables
 from tpujobs.cli.commands import ACTIVE_GROUP, FINISHED_GROUP, job_filter
-from tpujobs.config import Settings
 from tpujobs.domain.labels import LabelError, parse_label_pairs, relabeled
 from tpujobs.domain.states import TERMINAL, TRANSITIONS, EventKind, JobState
 from tpujobs.domain.transitions import Decision, Ignored, Observation, decide
+from tpujobs.engine.settings import Settings
 
 
 def labelled(**labels: str):

@@ -11,7 +11,7 @@ import pytest
 from test_agent_worker import FAST, SETTINGS, WORKER_EVENTS, FakeMetadata, GoogleStub, a_config, a_job, run_script
 
 from tpujobs.agent import worker
-from tpujobs.agent.startup import agent_config, render_startup_script
+from tpujobs.engine.startup_script import agent_config, render_startup_script
 
 START = 1_740_830_400.0  # 2025-03-01T12:00:00Z
 

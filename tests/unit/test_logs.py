@@ -6,19 +6,19 @@ import contextvars
 import json
 import logging
 
-from tpujobs import logs
+from tpujobs.engine import process_log
 
 
 def record(message: str = "moved", level: int = logging.INFO) -> logging.LogRecord:
-    return logging.LogRecord("tpujobs.service", level, __file__, 1, message, None, None)
+    return logging.LogRecord("tpujobs.engine.job_service", level, __file__, 1, message, None, None)
 
 
 def test_a_record_on_gcp_is_one_json_object_with_severity_labels_and_trace():
     """severity, message, the job as a label and the trace as Cloud Logging names them."""
-    trace = logs.trace_from_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "proj")
-    with logs.handling(trace=trace):
-        logs.bind_job("train-1")
-        entry = json.loads(logs.CloudLoggingFormatter().format(record("job moved", logging.WARNING)))
+    trace = process_log.trace_from_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "proj")
+    with process_log.handling(trace=trace):
+        process_log.bind_job("train-1")
+        entry = json.loads(process_log.CloudLoggingFormatter().format(record("job moved", logging.WARNING)))
     assert entry["severity"] == "WARNING" and entry["message"] == "job moved"
     assert entry["logging.googleapis.com/labels"] == {"component": "tpujobs", "job_id": "train-1"}
     assert entry["logging.googleapis.com/trace"] == "projects/proj/traces/4bf92f3577b34da6a3ce929d0e0e4736"
@@ -28,9 +28,9 @@ def test_the_job_label_does_not_leak_past_the_event_that_set_it():
     """After `handling` ends, records carry no job: a worker thread's next event starts clean."""
 
     def one_thread() -> dict:
-        with logs.handling():
-            logs.bind_job("train-1")
-        return json.loads(logs.CloudLoggingFormatter().format(record()))
+        with process_log.handling():
+            process_log.bind_job("train-1")
+        return json.loads(process_log.CloudLoggingFormatter().format(record()))
 
     entry = contextvars.Context().run(one_thread)  # a fresh thread's context, whatever ran before
     assert "job_id" not in entry["logging.googleapis.com/labels"]
@@ -39,28 +39,28 @@ def test_the_job_label_does_not_leak_past_the_event_that_set_it():
 
 def test_locally_a_record_is_one_readable_line():
     """Time, level, job and message on one line."""
-    with logs.handling(job_id="train-2"):
-        line = logs.LocalFormatter().format(record("queued resource requested"))
+    with process_log.handling(job_id="train-2"):
+        line = process_log.LocalFormatter().format(record("queued resource requested"))
     assert line.endswith("INFO    job=train-2 queued resource requested")
     assert "\n" not in line
 
 
 def test_a_malformed_traceparent_gives_no_trace():
     """Anything but a W3C traceparent is ignored rather than logged as a bogus trace."""
-    assert logs.trace_from_traceparent("garbage", "p") is None
-    assert logs.trace_from_traceparent(None, "p") is None
+    assert process_log.trace_from_traceparent("garbage", "p") is None
+    assert process_log.trace_from_traceparent(None, "p") is None
 
 
 def test_configure_picks_json_on_cloud_functions_and_lines_in_the_local_stack():
     """K_SERVICE means Cloud Functions; the local stack always prints lines."""
     root = logging.getLogger()
     try:
-        logs.configure({"K_SERVICE": "submit-job"})
+        process_log.configure({"K_SERVICE": "submit-job"})
         mine = [h for h in root.handlers if getattr(h, "_tpujobs", False)]
-        assert len(mine) == 1 and isinstance(mine[0].formatter, logs.CloudLoggingFormatter)
-        logs.configure({"K_SERVICE": "submit-job", "TPUJOBS_LOCAL_STACK": "1"})
+        assert len(mine) == 1 and isinstance(mine[0].formatter, process_log.CloudLoggingFormatter)
+        process_log.configure({"K_SERVICE": "submit-job", "TPUJOBS_LOCAL_STACK": "1"})
         mine = [h for h in root.handlers if getattr(h, "_tpujobs", False)]
-        assert len(mine) == 1 and isinstance(mine[0].formatter, logs.LocalFormatter)
+        assert len(mine) == 1 and isinstance(mine[0].formatter, process_log.LocalFormatter)
     finally:
         for handler in [h for h in root.handlers if getattr(h, "_tpujobs", False)]:
             root.removeHandler(handler)

@@ -19,7 +19,7 @@ from tpujobs.domain.naming import (
     parse_queued_resource_name,
     queued_resource_name,
 )
-from tpujobs.domain.retry import BACKOFF_CAP_SECONDS, backoff_seconds, rule_on_loss
+from tpujobs.domain.restart_rules import BACKOFF_CAP_SECONDS, backoff_seconds, rule_on_loss
 from tpujobs.domain.spec import ID_PATTERN
 from tpujobs.domain.states import JobState
 

@@ -37,12 +37,12 @@ from test_agent_worker import (
 )
 
 from tpujobs.agent import worker
-from tpujobs.agent.startup import assignment_text, idle_assignment_text, render_unit_startup_script
-from tpujobs.config import Settings
 from tpujobs.domain import signing
 from tpujobs.domain.job import Job
 from tpujobs.domain.spec import JobSpec
-from tpujobs.testing import wait_for
+from tpujobs.engine.settings import Settings
+from tpujobs.engine.startup_script import assignment_text, idle_assignment_text, render_unit_startup_script
+from tpujobs.local.testing import wait_for
 
 BASH = shutil.which("bash")
 pytestmark = pytest.mark.skipif(BASH is None or not os.path.exists("/proc/self/stat"), reason="needs bash and /proc")

@@ -14,12 +14,12 @@ from rich.console import Console
 from test_accounting import a_job, at, move
 from typer.testing import CliRunner
 
-from tpujobs.api import to_json
 from tpujobs.cli import app, tables
-from tpujobs.domain import warm_pools as pools
+from tpujobs.domain import pools
 from tpujobs.domain.job import Job
 from tpujobs.domain.states import EventKind
-from tpujobs.warm_pools import pool_summary
+from tpujobs.engine.api import to_json
+from tpujobs.engine.pool_service import pool_summary
 
 T0 = datetime(2026, 3, 1, 9, 0, tzinfo=timezone.utc)
 HOUR = timedelta(hours=1)

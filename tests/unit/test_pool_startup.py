@@ -11,7 +11,9 @@ import pytest
 from test_agent_worker import ACCOUNT, BUCKET, FAST, PROJECT, a_job
 
 from tpujobs.agent import worker
-from tpujobs.agent.startup import (
+from tpujobs.domain import signing
+from tpujobs.engine.settings import Settings
+from tpujobs.engine.startup_script import (
     CONFIG_DELIMITER,
     STARTUP_SCRIPT_KEY,
     agent_config,
@@ -22,8 +24,6 @@ from tpujobs.agent.startup import (
     render_unit_startup_script,
     unit_metadata,
 )
-from tpujobs.config import Settings
-from tpujobs.domain import signing
 
 SETTINGS = Settings(
     project=PROJECT, prefix="t-", logs_bucket=BUCKET, tpu_service_account=ACCOUNT, report_key="pool-tests-" + "k" * 40

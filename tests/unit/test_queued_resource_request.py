@@ -8,12 +8,12 @@ import pytest
 from google.cloud import tpu_v2
 
 from tpujobs.adapters.tpu import CLOUD_PLATFORM_SCOPE, queued_resource_for
-from tpujobs.agent.startup import host_boot
 from tpujobs.domain.job import new_job
 from tpujobs.domain.spec import parse_spec
-from tpujobs.errors import PermanentError
-from tpujobs.ports import HostBoot
-from tpujobs.testing import local_settings
+from tpujobs.engine.errors import PermanentError
+from tpujobs.engine.ports import HostBoot
+from tpujobs.engine.startup_script import host_boot
+from tpujobs.local.testing import local_settings
 
 SA = "tpu-vm@p.iam.gserviceaccount.com"
 

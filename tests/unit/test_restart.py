@@ -12,7 +12,7 @@ from tpujobs.domain import limits
 from tpujobs.domain.accounting import AttemptUsage
 from tpujobs.domain.job import Job, new_job
 from tpujobs.domain.naming import queued_resource_name
-from tpujobs.domain.restart import REQUEST_MEMORY, describe_overrides, overridden_spec
+from tpujobs.domain.restart_overrides import REQUEST_MEMORY, describe_overrides, overridden_spec
 from tpujobs.domain.spec import JobSpec, SpecError, parse_spec
 from tpujobs.domain.states import EventKind, JobState
 from tpujobs.domain.transitions import Decision, Ignored, Observation, decide

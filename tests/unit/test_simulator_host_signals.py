@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tpujobs.simulator import workers
+from tpujobs.local.simulator import workers
 
 
 def host(process: subprocess.Popen[bytes], mark: str = "") -> SimpleNamespace:

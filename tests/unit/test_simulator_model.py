@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tpujobs.simulator import (
+from tpujobs.local.simulator import (
     Code,
     Fault,
     Initiator,
@@ -27,8 +27,8 @@ from tpujobs.simulator import (
     SliceRequest,
     StateStore,
 )
-from tpujobs.simulator.metadata import MetadataService, lookup, metadata_url, tpu_env
-from tpujobs.simulator.model import compute_default_account, project_number
+from tpujobs.local.simulator.metadata import MetadataService, lookup, metadata_url, tpu_env
+from tpujobs.local.simulator.model import compute_default_account, project_number
 
 PROJECT = "proj"
 ZONE = "us-central2-b"

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tpujobs.simulator import (
+from tpujobs.local.simulator import (
     Code,
     Fault,
     JsonStateFile,
@@ -21,8 +21,8 @@ from tpujobs.simulator import (
     SliceRequest,
     StateStore,
 )
-from tpujobs.simulator.metadata import MetadataReply, MetadataService, lookup, metadata_url
-from tpujobs.simulator.server import SimulatorApi
+from tpujobs.local.simulator.metadata import MetadataReply, MetadataService, lookup, metadata_url
+from tpujobs.local.simulator.server import SimulatorApi
 
 PROJECT = "proj"
 ZONE = "us-central2-b"

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from tpujobs import reports
 from tpujobs.agent import worker
-from tpujobs.testing import wait_for
+from tpujobs.engine import reports
+from tpujobs.local.testing import wait_for
 
 KEY = hashlib.sha256(b"the attempt key of the tests").digest()
 OTHER_KEY = hashlib.sha256(b"another attempt's key").digest()

@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 
-from tpujobs.config import Settings
 from tpujobs.domain.accelerators import (
     FAMILIES,
     BadTopology,
@@ -24,6 +23,7 @@ from tpujobs.domain.spec import (
     parse_spec,
     with_deployment_defaults,
 )
+from tpujobs.engine.settings import Settings
 
 BASE: dict[str, Any] = {
     "job_id": "vm-1",

@@ -26,8 +26,6 @@ import pytest
 from hypothesis import HealthCheck, example, given, reject, settings
 from hypothesis import strategies as st
 
-from tpujobs.agent.startup import DECODE, agent_config, agent_source, render_startup_script
-from tpujobs.config import Settings
 from tpujobs.domain.job import Job, new_job
 from tpujobs.domain.spec import (
     MAX_COMMAND_CHARS,
@@ -40,6 +38,8 @@ from tpujobs.domain.spec import (
     decode_spec,
     parse_spec,
 )
+from tpujobs.engine.settings import Settings
+from tpujobs.engine.startup_script import DECODE, agent_config, agent_source, render_startup_script
 
 BASH = shutil.which("bash")
 pytestmark = pytest.mark.skipif(BASH is None, reason="needs bash")

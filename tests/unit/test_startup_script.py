@@ -30,17 +30,17 @@ from test_agent_worker import (
     run_script,
 )
 
-from tpujobs.agent import startup
-from tpujobs.agent.startup import (
+from tpujobs.domain.job import Job
+from tpujobs.domain.naming import job_prefix
+from tpujobs.engine import startup_script as startup
+from tpujobs.engine.settings import Settings
+from tpujobs.engine.startup_script import (
     AGENT_DELIMITER,
     AgentTimings,
     agent_config,
     agent_source,
     render_startup_script,
 )
-from tpujobs.config import Settings
-from tpujobs.domain.job import Job
-from tpujobs.domain.naming import job_prefix
 
 BASH = shutil.which("bash")
 

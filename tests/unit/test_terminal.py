@@ -10,9 +10,9 @@ from rich.console import Console
 from test_accounting import a_job, at, move
 
 from tpujobs import cli
+from tpujobs.cli.terminal import shown, uncontrolled
 from tpujobs.domain.job import JobEvent
 from tpujobs.domain.states import EventKind, JobState
-from tpujobs.terminal import shown, uncontrolled
 
 MARKUP = "[bold red]x[/]"
 CLEAR = "\x1b[2J"

@@ -10,7 +10,7 @@ from google.cloud import tpu_v2
 from tpujobs.adapters.tpu import queued_resource_for
 from tpujobs.domain.job import Job, new_job
 from tpujobs.domain.spec import parse_spec
-from tpujobs.ports import HostBoot
+from tpujobs.engine.ports import HostBoot
 
 BOOT = HostBoot("tpu-vm@p.iam.gserviceaccount.com", {"startup-script": "#!/bin/bash"})
 NETWORK = "projects/net-host/global/networks/training"

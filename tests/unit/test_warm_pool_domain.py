@@ -1,4 +1,4 @@
-"""The warm-pool domain (`tpujobs.domain.warm_pools`): every change of a unit's state, resizing,
+"""The warm-pool domain (`tpujobs.domain.pools`): every change of a unit's state, resizing,
 deleting, idle release, busy and idle accounting, and the checks on requests and jobs. Pure: `now`
 is passed in, and every change returns a new pool."""
 
@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from tpujobs.domain import warm_pools as pools
+from tpujobs.domain import pools
+from tpujobs.domain.pools import Pool, PoolError, PoolState, UnitState
 from tpujobs.domain.spec import JobSpec, parse_spec
-from tpujobs.domain.warm_pools import Pool, PoolError, PoolState, UnitState
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=timezone.utc)
 OWNER = "ada@example.com"

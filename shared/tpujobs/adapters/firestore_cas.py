@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, TypeVar
 from google.api_core import exceptions as api_exceptions
 
 from tpujobs.adapters.google_errors import translated
-from tpujobs.errors import TransientError
+from tpujobs.engine.errors import TransientError
 
 if TYPE_CHECKING:
     from google.cloud import firestore

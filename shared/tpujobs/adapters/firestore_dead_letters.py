@@ -1,4 +1,4 @@
-"""The `dead_letters` collection on Firestore (`tpujobs.dead_letters` says what it holds and why).
+"""The `dead_letters` collection on Firestore (`tpujobs.engine.dead_letters` says what it holds and why).
 
 Flat fields the Firestore console reads well, id = the dead-lettered message's id. Firestore's
 errors become TransientError / PermanentError through the one table (adapters/google_errors.py).
@@ -12,8 +12,8 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from tpujobs.adapters.google_errors import translated
-from tpujobs.errors import PermanentError
-from tpujobs.ports import DeadLetter
+from tpujobs.engine.errors import PermanentError
+from tpujobs.engine.ports import DeadLetter
 
 if TYPE_CHECKING:
     from google.cloud import firestore

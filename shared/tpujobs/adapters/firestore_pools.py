@@ -21,7 +21,7 @@ from tpujobs.adapters.firestore_store import JOBS, job_from_document, transient_
 from tpujobs.domain.admission import Holder
 from tpujobs.domain.job import Job
 from tpujobs.domain.states import JobState
-from tpujobs.ports import PoolView as PoolView  # the port's view; its version is the update time
+from tpujobs.engine.ports import PoolView as PoolView  # the port's view; its version is the update time
 
 CONFIG = "config"
 QUOTAS = "quotas"

@@ -34,7 +34,7 @@ from tpujobs.domain.shards import Placement
 from tpujobs.domain.spec import PRIORITY_RANK, JobSpec
 from tpujobs.domain.states import ACTIVE, JobState
 from tpujobs.domain.transitions import Decision, Ignored, Observation, decide
-from tpujobs.ports import AttemptLogs, Clock, JobFilter, Rejection, SilentWorker, WorkerRecord
+from tpujobs.engine.ports import AttemptLogs, Clock, JobFilter, Rejection, SilentWorker, WorkerRecord
 
 JOBS = "jobs"
 EVENTS = "events"

@@ -1,4 +1,4 @@
-"""Warm pools on Firestore: `pools/{name}`, one document per pool (`tpujobs.domain.warm_pools`).
+"""Warm pools on Firestore: `pools/{name}`, one document per pool (`tpujobs.domain.pools`).
 
 The document holds the pool's settings, its units (state, queued resource, job, assignment
 counter) and its recent busy and idle stretches, flat and with real timestamps, so it reads
@@ -18,8 +18,8 @@ from google.cloud import firestore
 from tpujobs.adapters.firestore_cas import compare_and_set, wrote
 from tpujobs.adapters.firestore_store import JOBS, job_from_document, transient_on_failure
 from tpujobs.domain.job import Job
+from tpujobs.domain.pools import Pool, PoolState, Stretch, Unit, UnitState, settings_of
 from tpujobs.domain.states import JobState
-from tpujobs.domain.warm_pools import Pool, PoolState, Stretch, Unit, UnitState, settings_of
 
 POOLS = "pools"
 

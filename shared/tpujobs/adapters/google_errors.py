@@ -40,7 +40,7 @@ from google.api_core.retry import Retry
 from google.auth import exceptions as auth_exceptions
 from google.rpc import code_pb2
 
-from tpujobs.errors import PermanentError, QuotaExhausted, TransientError
+from tpujobs.engine.errors import PermanentError, QuotaExhausted, TransientError
 
 # google.rpc.Code names whose failure may not happen again (google/rpc/code.proto, AIP-194).
 TRANSIENT_CODES = frozenset(

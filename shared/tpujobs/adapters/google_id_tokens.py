@@ -1,6 +1,6 @@
 """Google ID tokens verified with google-auth, Google's certificates cached as they allow.
 
-`GoogleIdTokens` is the `tpujobs.identity.TokenVerifier` of the deployed `jobs` function:
+`GoogleIdTokens` is the `tpujobs.engine.identity.TokenVerifier` of the deployed `jobs` function:
 google-auth's `id_token.verify_token` checks the signature against the certificates at
 `certs_url`, the expiry and issue time (with a small clock skew) and the audience; the issuer
 is checked here, as `verify_oauth2_token` would (that one cannot take another certificates URL).
@@ -21,8 +21,8 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tpujobs.errors import TransientError
-from tpujobs.identity import CLOCK_SKEW_SECONDS, GOOGLE_ISSUERS, InvalidToken, without
+from tpujobs.engine.errors import TransientError
+from tpujobs.engine.identity import CLOCK_SKEW_SECONDS, GOOGLE_ISSUERS, InvalidToken, without
 
 GOOGLE_CERTS_URL = "https://www.googleapis.com/oauth2/v1/certs"  # google-auth's default
 CERTS_TIMEOUT_SECONDS = 10.0  # google-auth's own default is 120 s: longer than the function's

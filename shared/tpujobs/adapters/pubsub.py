@@ -10,9 +10,9 @@ from google.api_core import exceptions as api_exceptions
 
 from tpujobs.adapters.google_errors import translated
 from tpujobs.domain.shards import Shard
-from tpujobs.errors import PermanentError, TransientError
-from tpujobs.ports import StatusChange
-from tpujobs.topology import LOG_EXPORT, RECONCILE, STATUS, topic_name
+from tpujobs.engine.errors import PermanentError, TransientError
+from tpujobs.engine.ports import StatusChange
+from tpujobs.engine.topology import LOG_EXPORT, RECONCILE, STATUS, topic_name
 
 if TYPE_CHECKING:
     from google.cloud import pubsub_v1

@@ -1,13 +1,13 @@
-"""Publishing a dead letter again, exactly as it was (`tpujobs.dead_letters`)."""
+"""Publishing a dead letter again, exactly as it was (`tpujobs.engine.dead_letters`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from tpujobs import topology
 from tpujobs.adapters.google_errors import translated
-from tpujobs.errors import PermanentError
+from tpujobs.engine import topology
+from tpujobs.engine.errors import PermanentError
 
 if TYPE_CHECKING:
     from google.pubsub_v1 import PublisherClient

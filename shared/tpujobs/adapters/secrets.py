@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING
 from google.api_core import exceptions as api_exceptions
 
 from tpujobs.adapters.google_errors import translated
-from tpujobs.config import Settings
 from tpujobs.domain.secrets import account_id, parse_secret_id, secret_id
-from tpujobs.errors import PermanentError
+from tpujobs.engine.errors import PermanentError
+from tpujobs.engine.settings import Settings
 
 if TYPE_CHECKING:
     from google.cloud import secretmanager

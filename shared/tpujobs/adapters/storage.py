@@ -6,20 +6,10 @@ PermanentError, saying which object failed.
 
 from __future__ import annotations
 
-import base64
-import contextlib
-import hashlib
-from datetime import datetime, timezone
-from pathlib import Path
 from typing import TYPE_CHECKING
-
-from tpujobs.adapters.google_errors import translated
-from tpujobs.domain.naming import code_object
 
 if TYPE_CHECKING:
     from google.cloud import storage
-
-    from tpujobs.adapters.code_dir import CodePackage
 
 SERVICE = "Cloud Storage"  # how errors name the service: "Cloud Storage failed to ..."
 
@@ -35,41 +25,3 @@ def build_client(project: str) -> storage.Client:
 
         return storage.Client(project=project, credentials=AnonymousCredentials())
     return storage.Client(project=project)
-
-
-def upload_code_dir(client: storage.Client, bucket: str, directory: Path) -> tuple[str, str]:
-    """Pack and upload a job's code directory: its gs:// URI (for `code_uri`) and the tarball's
-    SHA-256 (for `code_sha256`, which the agent checks before it unpacks)."""
-    from tpujobs.adapters import code_dir
-
-    package = code_dir.pack(directory)
-    return upload_code_package(client, bucket, package, datetime.now(timezone.utc)), package.sha256
-
-
-def upload_code_package(client: storage.Client, bucket: str, package: CodePackage, now: datetime) -> str:
-    """Upload a packed code directory once per content, under `code/` (`naming.code_object`);
-    its gs:// URI.
-
-    An object already under that name is kept only if it holds exactly these bytes: anything
-    else there (planted, or cut short) is replaced. Either way its custom time becomes `now`:
-    the bucket deletes code `code_retention_days` after its custom time (infra/storage.tf), so
-    a tarball submitted again is kept as long as a fresh one. Storage refuses to move a custom
-    time back, so one already later stays.
-    """
-    from google.api_core.exceptions import PreconditionFailed
-
-    data = package.data
-    name = code_object(package.sha256)
-    md5 = base64.b64encode(hashlib.md5(data).digest()).decode("ascii")  # what Storage reports
-    with translated(SERVICE, f"upload gs://{bucket}/{name}"):
-        blob = client.bucket(bucket).get_blob(name)
-        if blob is None or blob.md5_hash != md5:
-            fresh = client.bucket(bucket).blob(name)
-            fresh.custom_time = now
-            fresh.upload_from_string(data, content_type="application/gzip")
-        elif blob.custom_time is None or blob.custom_time < now:
-            blob.custom_time = now
-            # Changed meanwhile: by another submission of the same code, which set its time.
-            with contextlib.suppress(PreconditionFailed):
-                blob.patch(if_metageneration_match=blob.metageneration)
-    return f"gs://{bucket}/{name}"

@@ -1,4 +1,4 @@
-"""The logs bucket on Cloud Storage: what `tpujobs.logs_export` reads and writes.
+"""The logs bucket on Cloud Storage: what `tpujobs.engine.output_export` reads and writes.
 
 Errors go through the one table (adapters/google_errors.py): retryable ones and lost
 connections -> TransientError; the rest, a missing bucket among them -> PermanentError.
@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from tpujobs.adapters.google_errors import translated
-from tpujobs.ports import StoredObject
+from tpujobs.engine.ports import StoredObject
 
 if TYPE_CHECKING:
     from google.cloud import storage

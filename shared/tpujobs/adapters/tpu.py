@@ -24,8 +24,8 @@ from tpujobs.domain import naming
 from tpujobs.domain.accelerators import FAMILIES, parse_accelerator_type
 from tpujobs.domain.job import Job
 from tpujobs.domain.spec import JobSpec
-from tpujobs.errors import PermanentError, QuotaExhausted, TransientError
-from tpujobs.ports import CapacityStatus, HostBoot, UnitRequest
+from tpujobs.engine.errors import PermanentError, QuotaExhausted, TransientError
+from tpujobs.engine.ports import CapacityStatus, HostBoot, UnitRequest
 
 if TYPE_CHECKING:
     from google.cloud import tpu_v2

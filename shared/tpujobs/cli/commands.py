@@ -36,13 +36,13 @@ from tpujobs.cli.common import (
 )
 from tpujobs.cli.reads import reads
 from tpujobs.cli.tables import describe_tables, jobs_table, show
-from tpujobs.config import Settings
+from tpujobs.cli.terminal import shown
 from tpujobs.domain.job import Job
 from tpujobs.domain.spec import SpecError, derive_job_id, parse_spec
 from tpujobs.domain.states import JobState
-from tpujobs.ports import JobFilter
-from tpujobs.terminal import shown
-from tpujobs.topology import CONTROL, SUBMIT
+from tpujobs.engine.ports import JobFilter
+from tpujobs.engine.settings import Settings
+from tpujobs.engine.topology import CONTROL, SUBMIT
 
 __all__ = ["app", "describe_tables", "jobs_table", "watch_screen"]
 
@@ -202,8 +202,9 @@ def upload_code(config: Settings, directory: Path) -> dict[str, Any]:
     checked before anything is uploaded) and upload it to the logs bucket: the spec fields it
     sets, `code_uri` and `code_sha256`, and `code_git_commit` and `code_git_dirty` when the
     directory is in a git checkout."""
-    from tpujobs.adapters.code_dir import CodeDirError, max_code_bytes, pack
-    from tpujobs.adapters.storage import build_client, upload_code_package
+    from tpujobs.adapters.storage import build_client
+    from tpujobs.cli.code_packer import CodeDirError, max_code_bytes, pack
+    from tpujobs.cli.code_upload import upload_code_package
 
     try:
         package = pack(directory, max_code_bytes(os.environ))
@@ -243,7 +244,7 @@ def follow(
 ) -> Job | None:
     """Print the job's new timeline entries until `until(job)` holds. A message that was refused
     (its rejection recorded) ends it with the reason, exit 1."""
-    from tpujobs.api_client import described
+    from tpujobs.cli.api_client import described
 
     source = reads(config, owner)
     seen = 0
@@ -436,7 +437,7 @@ def list_jobs(
     ] = None,
 ) -> None:
     """List jobs, newest first: state, attempt, age, chip-hours, goodput, priority, owner and reason."""
-    from tpujobs.api_client import listed
+    from tpujobs.cli.api_client import listed
 
     where = job_filter(state, owner, name, label, active=active, finished=finished)
     source = reads(settings(), as_who)
@@ -522,7 +523,7 @@ def describe(job_id: str, owner: Owner = None, output: Output = Format.table) ->
     for `tpujobs cancel`, and env values are shown only to the job's owner or an admin.
     Without it, Firestore is read directly.
     """
-    from tpujobs.api_client import described
+    from tpujobs.cli.api_client import described
 
     answer = reads(settings(), owner).describe(job_id)
     if answer is None:
@@ -562,8 +563,8 @@ def show_logs(
     from google.cloud import firestore
 
     from tpujobs.adapters.firestore_store import FirestoreJobStore
-    from tpujobs.logs_export import LogReader, attempt_has_ended
-    from tpujobs.runtime import build_log_objects
+    from tpujobs.engine.output_export import LogReader, attempt_has_ended
+    from tpujobs.runtime.instances import build_log_objects
 
     store = FirestoreJobStore(firestore.Client(project=config.project))
     job = store.get(job_id)
@@ -591,7 +592,7 @@ def show_logs(
 
 def _print_links(config: Settings, job_id: str, attempt: int | None, owner: str | None) -> None:
     """Each exported attempt's log and per-worker logs, one gs:// link a line."""
-    from tpujobs.api_client import described
+    from tpujobs.cli.api_client import described
 
     answer = reads(config, owner).describe(job_id)
     if answer is None:
@@ -651,9 +652,9 @@ def dead_letters(
 
 
 def _replay(config: Settings, message_id: str) -> None:
-    from tpujobs import dead_letters as letters
-    from tpujobs.errors import PermanentError, TransientError
-    from tpujobs.runtime import build_dead_letters, utc_now
+    from tpujobs.engine import dead_letters as letters
+    from tpujobs.engine.errors import PermanentError, TransientError
+    from tpujobs.runtime.instances import build_dead_letters, utc_now
 
     try:
         letter, new_id = build_dead_letters(config, utc_now).replay(message_id)
@@ -737,7 +738,7 @@ def _label_in_firestore(
     from tpujobs.domain.access import may_cancel
     from tpujobs.domain.labels import LabelError
     from tpujobs.domain.transitions import Decision
-    from tpujobs.runtime import utc_now
+    from tpujobs.runtime.instances import utc_now
 
     store = FirestoreJobStore(firestore.Client(project=config.project))
     job = store.get(job_id)

@@ -23,8 +23,8 @@ import yaml
 from rich.console import Console
 from typer.core import TyperGroup
 
-from tpujobs.config import Settings
-from tpujobs.terminal import shown, uncontrolled
+from tpujobs.cli.terminal import shown, uncontrolled
+from tpujobs.engine.settings import Settings
 
 out = Console()
 err = Console(stderr=True)
@@ -83,7 +83,7 @@ def as_sentence(error: BaseException) -> str | None:
     from google.api_core import exceptions as api
     from google.auth import exceptions as auth
 
-    from tpujobs.errors import PermanentError, TransientError
+    from tpujobs.engine.errors import PermanentError, TransientError
 
     project = _chosen.get("project") or "this project"
     if isinstance(error, auth.DefaultCredentialsError):
@@ -158,7 +158,7 @@ def resolve_project(flag: str | None, environ: Mapping[str, str], stack: Mapping
 def settings() -> Settings:
     """Settings for this invocation: the resolved project, with the local stack's environment
     filled in where unset when the stack serves that project."""
-    from tpujobs.dev.stack import stack_environment
+    from tpujobs.local.stack import stack_environment
 
     stack = stack_environment()
     project = resolve_project(_chosen.get("project"), os.environ, stack)
@@ -187,8 +187,8 @@ def ask_api(
 ) -> dict[str, Any] | None:
     """POST one request to the `jobs` function as `who` (locally the caller header, deployed an
     ID token); its JSON answer (None for a 404 when `missing_ok`), or Stop with the API's reason."""
-    from tpujobs import api_client
-    from tpujobs.api import CALLER_HEADER
+    from tpujobs.cli import api_client
+    from tpujobs.engine.api import CALLER_HEADER
 
     headers = {CALLER_HEADER: who} if config.local_stack else {"Authorization": f"Bearer {id_token(url)}"}
     try:

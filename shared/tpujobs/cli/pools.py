@@ -4,7 +4,7 @@ Like the job verbs: with TPUJOBS_API_URL set, every verb asks the `jobs` API, wh
 is verified (the one way to create a pool unless config/policies trusts topic owners). Without
 it, create, resize and delete are published to tpujobs-control and followed in Firestore until
 they take effect or are refused (the rejection's reason is printed), and list and describe
-read Firestore. Who may do what is the service's rule (`tpujobs.warm_pools`), never the CLI's:
+read Firestore. Who may do what is the service's rule (`tpujobs.engine.pool_service`), never the CLI's:
 the CLI checks a new pool's fields only to say what is wrong before anything is sent.
 """
 
@@ -21,9 +21,9 @@ import typer
 from tpujobs.cli import tables
 from tpujobs.cli.common import Format, Output, Stop, api_url, ask_api, caller, out, print_document, settings
 from tpujobs.cli.reads import StoreReads, reads
-from tpujobs.config import Settings
-from tpujobs.terminal import shown
-from tpujobs.topology import CONTROL
+from tpujobs.cli.terminal import shown
+from tpujobs.engine.settings import Settings
+from tpujobs.engine.topology import CONTROL
 
 pool_app = typer.Typer(
     help="Warm pools: TPU capacity held under a name; jobs with `pool: NAME` start on it in seconds.",
@@ -112,7 +112,7 @@ def create(
 
 def _checked(fields: dict[str, Any], who: str, config: Settings) -> None:
     """The pool's fields checked as the service checks them: exit 2 with its sentence if not valid."""
-    from tpujobs.domain.warm_pools import PoolError, parse_pool_request
+    from tpujobs.domain.pools import PoolError, parse_pool_request
 
     try:
         parse_pool_request({**fields, "owner": who}, config.default_zone)

@@ -1,6 +1,6 @@
 """Where the CLI reads from: the `jobs` API when one is configured, else Firestore directly.
 
-Both give the same JSON documents (the API's answers: `tpujobs.api.to_json` of the stored
+Both give the same JSON documents (the API's answers: `tpujobs.engine.api.to_json` of the stored
 documents), so `-o json` prints the same thing either way and the tables read one shape.
 Through the API a user needs no Firestore access of their own and sees what the API lets
 them see (env values only for their own jobs; dead letters, rejections and quotas only as
@@ -15,12 +15,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tpujobs.cli.common import Refused, api_url, ask_api, caller
-from tpujobs.config import Settings
-from tpujobs.ports import JobFilter
+from tpujobs.engine.ports import JobFilter
+from tpujobs.engine.settings import Settings
 
 if TYPE_CHECKING:
     from tpujobs.adapters.firestore_warm_pools import FirestoreWarmPools
-    from tpujobs.domain.warm_pools import Pool
+    from tpujobs.domain.pools import Pool
 
 
 class Reads(Protocol):
@@ -117,14 +117,14 @@ class StoreReads:
 
     def jobs(self, where: JobFilter, limit: int) -> dict[str, Any]:
         from tpujobs.adapters.firestore_store import job_to_document
-        from tpujobs.api import to_json
+        from tpujobs.engine.api import to_json
 
         found = self.store.list_jobs(limit=limit, where=where)
         return {"jobs": [to_json(job_to_document(job)) for job in found]}
 
     def describe(self, job_id: str) -> dict[str, Any] | None:
         from tpujobs.adapters.firestore_store import job_to_document
-        from tpujobs.api import to_json
+        from tpujobs.engine.api import to_json
 
         job = self.store.get(job_id)
         if job is None:
@@ -136,26 +136,26 @@ class StoreReads:
         }
 
     def dead_letters(self, topic: str | None, limit: int) -> dict[str, Any]:
-        from tpujobs.api import dead_letter_document
-        from tpujobs.runtime import build_dead_letters, utc_now
+        from tpujobs.engine.api import dead_letter_document
+        from tpujobs.runtime.instances import build_dead_letters, utc_now
 
         found = build_dead_letters(self.config, utc_now).list_dead_letters(topic=topic, limit=limit)
         return {"dead_letters": [dead_letter_document(letter) for letter in found]}
 
     def rejections(self, limit: int) -> dict[str, Any]:
-        from tpujobs.api import rejection_document
+        from tpujobs.engine.api import rejection_document
 
         return {"rejections": [rejection_document(r) for r in self.store.recent_rejections(limit=limit)]}
 
     def rejection(self, message_id: str) -> dict[str, Any] | None:
-        from tpujobs.api import rejection_document
+        from tpujobs.engine.api import rejection_document
 
         found = self.store.rejection(message_id)
         return None if found is None else rejection_document(found)
 
     def quotas(self) -> dict[str, Any]:
         from tpujobs.adapters.firestore_pools import FirestorePools
-        from tpujobs.api import quota_document
+        from tpujobs.engine.api import quota_document
 
         return quota_document(FirestorePools(self.client))
 
@@ -176,8 +176,8 @@ class StoreReads:
     @staticmethod
     def _pool(store: FirestoreWarmPools, pool: Pool) -> dict[str, Any]:
         """The pool as the API shows it to those who may see its jobs: reading Firestore, you can."""
-        from tpujobs.api import WAITING_SHOWN, to_json
-        from tpujobs.runtime import utc_now
-        from tpujobs.warm_pools import pool_summary
+        from tpujobs.engine.api import WAITING_SHOWN, to_json
+        from tpujobs.engine.pool_service import pool_summary
+        from tpujobs.runtime.instances import utc_now
 
         return dict(to_json(pool_summary(pool, utc_now(), store.queue(pool.name, WAITING_SHOWN))))

@@ -4,11 +4,11 @@ quota, secret)."""
 from __future__ import annotations
 
 from tpujobs.cli.commands import app, describe_tables, jobs_table, watch_screen
+from tpujobs.cli.demo import demo
+from tpujobs.cli.dev_stack import dev_app
 from tpujobs.cli.pools import pool_app
-from tpujobs.demo import demo
-from tpujobs.dev.cli import dev_app
-from tpujobs.quota_cli import quota_app
-from tpujobs.secret_cli import secret_app
+from tpujobs.cli.quotas import quota_app
+from tpujobs.cli.secrets import secret_app
 
 app.add_typer(dev_app, name="dev", help="The local stack: emulators, TPU simulator, functions.")
 app.add_typer(pool_app, name="pool", help="Warm pools: capacity held under a name, for jobs that start in seconds.")

@@ -21,10 +21,10 @@ from rich.console import Console, RenderableType
 from rich.table import Column, Table
 from rich.text import Text
 
-from tpujobs.api_client import parse_time
+from tpujobs.cli.api_client import parse_time
+from tpujobs.cli.terminal import uncontrolled
 from tpujobs.domain.job import Job, JobEvent
 from tpujobs.domain.states import JobState
-from tpujobs.terminal import uncontrolled
 
 STATE_STYLE = {
     JobState.QUEUED: "yellow",

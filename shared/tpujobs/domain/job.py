@@ -133,7 +133,7 @@ class Job:
 
         None when there is nothing to wait for: the job is not PROVISIONING or RUNNING, its
         capacity is not held yet, or every host is known to have reported (`all_started_at`).
-        The boot timeout counts from this moment (`tpujobs.reconciler`).
+        The boot timeout counts from this moment (`tpujobs.engine.reconciler`).
         """
         if self.state not in ATTEMPT_LIVE:
             return None

@@ -15,8 +15,8 @@ from tpujobs.domain import accounting, limits
 from tpujobs.domain.error_classes import classify_error
 from tpujobs.domain.job import Job, JobEvent, Source, SuspectHost
 from tpujobs.domain.naming import queued_resource_name
-from tpujobs.domain.restart import REQUEST_MEMORY
-from tpujobs.domain.retry import backoff_seconds, rule_on_loss
+from tpujobs.domain.restart_overrides import REQUEST_MEMORY
+from tpujobs.domain.restart_rules import backoff_seconds, rule_on_loss
 from tpujobs.domain.spec import JobSpec
 from tpujobs.domain.states import EventKind, JobState, allowed_targets
 

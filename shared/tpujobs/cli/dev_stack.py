@@ -1,0 +1,132 @@
+"""`tpujobs dev up | down | env | preempt | fault ...`: the local stack from the shell.
+
+Progress goes to stderr and only `export` lines to stdout, so `eval "$(tpujobs dev up)"`
+both starts the stack and points the shell at it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+from rich.console import Console
+
+from tpujobs.engine.settings import Settings
+from tpujobs.local import faults, stack
+from tpujobs.local.processes import StackError
+
+dev_app = typer.Typer(
+    help="The local stack: emulators, TPU simulator and functions on loopback.",
+    no_args_is_help=True,
+)
+dev_app.add_typer(faults.fault_app, name="fault")
+
+StateDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--state-dir",
+        help="Where stack.json and the logs live (default: $TPUJOBS_STATE_DIR or ./.tpujobs).",
+    ),
+]
+
+
+@dev_app.command()
+def up(
+    state_dir: StateDir = None,
+    functions_source: Annotated[
+        Path | None,
+        typer.Option(help="The functions file to serve (default: $TPUJOBS_FUNCTIONS_SOURCE or functions/main.py)."),
+    ] = None,
+) -> None:
+    """Start the local stack (or find it running) and print its export lines.
+
+    Images: the machine's Docker Engine (dockerd started if none answers) and a registry, TPUJOBS_REGISTRY.
+    """
+    err = Console(stderr=True)
+    try:
+        state = stack.up(
+            state_dir or stack.default_state_dir(),
+            Settings.from_env(),
+            functions_source=functions_source,
+            report=_progress(err),
+        )
+    except StackError as error:
+        _fail(err, "tpujobs dev up failed", error)
+    for line in stack.env_lines(state):
+        typer.echo(line)
+
+
+@dev_app.command()
+def down(state_dir: StateDir = None) -> None:
+    """Stop what `tpujobs dev up` started; emulators it reused keep running."""
+    err = Console(stderr=True)
+    try:
+        stack.down(state_dir or stack.default_state_dir(), report=_progress(err))
+    except StackError as error:
+        _fail(err, "tpujobs dev down failed", error)
+
+
+@dev_app.command()
+def env(state_dir: StateDir = None) -> None:
+    """Print the export lines of the running local stack."""
+    err = Console(stderr=True)
+    directory = state_dir or stack.default_state_dir()
+    try:
+        state = stack.load(directory)
+    except StackError as error:
+        _fail(err, "tpujobs dev env failed", error)
+    if state is None:
+        _fail(err, "no local stack", f"nothing recorded in {directory}; run `tpujobs dev up`")
+    if not stack.is_alive(state):
+        _fail(
+            err,
+            "the local stack is not running",
+            f"some process recorded in {directory / stack.STACK_FILE} is gone; run `tpujobs dev up` to restart it",
+        )
+    for line in stack.env_lines(state):
+        typer.echo(line)
+
+
+@dev_app.command()
+def preempt(
+    job_id: Annotated[str, typer.Argument(help="The job whose queued resource to preempt.")],
+    silent: Annotated[
+        bool,
+        typer.Option(
+            "--silent",
+            help="Kill worker host 0 of slice 0 without notice instead "
+            "(no SIGTERM, metadata stays FALSE, QR stays ACTIVE): the polling path.",
+        ),
+    ] = False,
+    state_dir: StateDir = None,
+) -> None:
+    """Preempt a job's current queued resource in the TPU simulator, as Google reclaims spot TPUs."""
+    err = Console(stderr=True)
+    sim = faults.Simulator(state_dir, err)
+    zone, qr_id = sim.capacity_of(job_id)
+    verb, query = ("kill-host", {"slice": 0, "worker": 0}) if silent else ("preempt", {})
+    answer = sim.on_capacity(zone, qr_id, verb, query, {})
+    if silent:
+        sim.say(
+            f"killed worker 0 of node {answer.get('name', qr_id)} without notice "
+            f"(node {answer.get('state')}, job {job_id})"
+        )
+    else:
+        state = answer.get("state", {}).get("state")
+        sim.say(f"preempted {answer.get('name', qr_id)} ({state}, job {job_id})")
+
+
+def _progress(err: Console) -> Callable[[str], None]:
+    def say(line: str) -> None:
+        err.print("dev:", style="dim", end=" ")
+        err.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    return say
+
+
+def _fail(err: Console, what: str, why: object) -> NoReturn:
+    err.print(f"{what}:", style="bold red", end=" ")
+    err.print(str(why), markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(1)

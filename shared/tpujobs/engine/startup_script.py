@@ -1,0 +1,289 @@
+"""The startup script each TPU VM runs at boot: it writes the worker agent and its config, then runs it.
+
+Nothing from a spec is ever parsed by the shell. Every value lives in the config JSON,
+which the script carries base64-encoded in a quoted heredoc and decodes with python3; the
+agent's source (`worker.py`, standard library only) travels in a quoted heredoc too. The
+only job values the shell sees are in the default work directory, made file-name safe and
+quoted besides. The local simulator runs the same script per worker host, with
+`TPUJOBS_WORKDIR`, `TPUJOBS_METADATA_URL` and the emulator hosts in its environment.
+
+The service renders the script for the attempt it is requesting: the `Job` passed in
+already carries that attempt's number, queued resource and resume flag.
+
+A warm pool's unit boots the same way into the pool-mode agent (`render_unit_startup_script`),
+which then runs the attempts written to its `tpujobs-assignment` metadata (`assignment_text`).
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import re
+import shlex
+import textwrap
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from tpujobs.domain import limits, signing
+from tpujobs.domain.job import Job
+from tpujobs.domain.naming import checkpoint_prefix, job_prefix
+from tpujobs.domain.secrets import secret_version_name
+from tpujobs.domain.spec import POOL_NAME_PATTERN, JobSpec
+from tpujobs.engine import topology
+from tpujobs.engine.ports import HostBoot
+from tpujobs.engine.settings import Settings
+
+STARTUP_SCRIPT_KEY = "startup-script"  # the metadata key a TPU VM runs at every boot
+AGENT_DELIMITER = "TPUJOBS_AGENT_EOF"
+CONFIG_DELIMITER = "TPUJOBS_CONFIG_EOF"
+AGENT_SOURCE = Path(__file__).resolve().parent.parent / "agent" / "worker.py"
+DEFAULT_WORKDIR_ROOT = "/var/lib/tpujobs"
+DECODE = "import base64,sys; sys.stdout.buffer.write(base64.b64decode(sys.stdin.buffer.read()))"
+
+
+@dataclass(frozen=True)
+class AgentTimings:
+    """How often the agent reports and ships output, and how long a stopped command may take."""
+
+    heartbeat_seconds: float = 10  # during the attempt's first heartbeat_fast_window_seconds
+    grace_seconds: float = 30  # between SIGTERM and SIGKILL on preemption
+    chunk_seconds: float = 2
+    heartbeat_sparse_seconds: float = 30  # after that window
+    heartbeat_fast_window_seconds: float = 300
+    peer_seconds: float = 2  # a multi-host slice's peers to worker 0, over the slice's network
+    peer_timeout_seconds: float = 10  # a peer worker 0 heard and then did not hear this long is lost
+
+    @classmethod
+    def of(cls, settings: Settings) -> AgentTimings:
+        """The deployment's periods (grace and chunks keep their defaults)."""
+        return cls(
+            heartbeat_seconds=settings.heartbeat_seconds,
+            heartbeat_sparse_seconds=settings.heartbeat_sparse_seconds,
+            heartbeat_fast_window_seconds=settings.heartbeat_fast_window_seconds,
+            peer_seconds=settings.peer_seconds,
+            peer_timeout_seconds=settings.peer_timeout_seconds,
+        )
+
+    def config(self) -> dict[str, float]:
+        """The agent config's timing keys, named as the fields are (`check_timings` in worker.py
+        fills in any missing)."""
+        return asdict(self)
+
+
+@functools.lru_cache(maxsize=1)
+def agent_source() -> str:
+    """The worker agent's source, checked to be safe inside the quoted heredoc."""
+    source = AGENT_SOURCE.read_text(encoding="utf-8")
+    if AGENT_DELIMITER in source:
+        raise RuntimeError(f"{AGENT_SOURCE} contains the heredoc delimiter {AGENT_DELIMITER}")
+    return source if source.endswith("\n") else source + "\n"
+
+
+def agent_config(job: Job, settings: Settings, timings: AgentTimings | None = None) -> dict[str, Any]:
+    """What the agent on every worker host of the job's current attempt needs to know."""
+    timings = timings or AgentTimings.of(settings)
+    bucket = settings.logs_bucket or f"{settings.project}-tpujobs-logs"  # as Settings.from_env
+    spec = job.spec
+    # The only prefixes its account may touch; checkpoints apart from logs, out of their retention.
+    logs = job_prefix(job.job_id, spec.service_account)
+    checkpoints = checkpoint_prefix(job.job_id, spec.service_account)
+    return {
+        "job_id": job.job_id,
+        "attempt": job.attempt,
+        "resume": bool(job.resume_next) and job.attempt > 1,
+        "command": spec.command,
+        "setup": spec.setup,
+        "code_uri": spec.code_uri,
+        "env": dict(spec.env),
+        # Names only: the agent reads the values on the host, as the VM's own account.
+        "secrets": secret_versions(job, settings),
+        "code_sha256": spec.code_sha256,
+        # The container image setup and command run in, and when to pull it (None: on the VM).
+        "image": spec.image,
+        "image_pull_policy": spec.pull_policy,
+        "num_slices": spec.slices,
+        "hosts_per_slice": spec.hosts_per_slice,
+        "queued_resource": job.queued_resource,
+        "checkpoint_uri": f"gs://{bucket}/{checkpoints}",
+        "log_prefix": f"gs://{bucket}/{logs}attempt-{job.attempt}/",
+        "project": settings.project,
+        "worker_events_topic": topology.topic_name(topology.WORKER_EVENTS, settings.prefix),
+        "preemption_topic": topology.topic_name(topology.PREEMPTION, settings.prefix),
+        **timings.config(),
+        # time_limit_at, time_limit_seconds, attempt_time_limit_seconds: the agent's own deadline.
+        **limits.agent_deadlines(job),
+        # Matched by the agent on its host against a failed command's last lines, never here.
+        "retry_output": list(spec.retry_on.output) if spec.retry_on else [],
+    }
+
+
+def secret_versions(job: Job, settings: Settings) -> dict[str, str]:
+    """{env name: projects/P/secrets/S/versions/V} of the job's secrets, for its VMs' account.
+
+    A short NAME lives in the namespace of the account the job's VMs run as (its
+    `service_account`, else the deployment's), so that account alone may read it.
+    """
+    account = job.spec.service_account or settings.tpu_service_account
+    return {
+        name: secret_version_name(ref, settings.project, settings.prefix, account)
+        for name, ref in sorted(job.spec.secrets.items())
+    }
+
+
+def default_workdir(job: Job) -> str:
+    """Where the attempt runs on a TPU VM: /var/lib/tpujobs/{job}/attempt-{n}."""
+    segment = re.sub(r"[^a-z0-9-]", "_", job.job_id) or "_"
+    return f"{DEFAULT_WORKDIR_ROOT}/{segment}/attempt-{int(job.attempt)}"
+
+
+def render_startup_script(job: Job, settings: Settings, *, timings: AgentTimings | None = None) -> str:
+    """A bash script for every worker host of the job's current attempt: it runs the agent."""
+    return _agent_script(agent_config(job, settings, timings), default_workdir(job), "config.json")
+
+
+def _agent_script(config_data: dict[str, Any], workdir: str, arguments: str) -> str:
+    """The script that writes the agent and its config into `workdir` (or $TPUJOBS_WORKDIR)
+    and runs `python3 agent.py ARGUMENTS` there."""
+    # Raw UTF-8, not \u escapes: non-ASCII text would otherwise grow sixfold before base64
+    # and a large accepted spec could pass GCE's 256 KiB limit on a metadata value.
+    config = json.dumps(config_data, sort_keys=True, ensure_ascii=False).encode("utf-8")
+    encoded = "\n".join(textwrap.wrap(base64.b64encode(config).decode("ascii"), 76))
+    return (
+        "#!/bin/bash\n"
+        "# Generated by tpujobs: writes the worker agent and its config, then runs the agent.\n"
+        "set -euo pipefail\n"
+        f"default_workdir={shlex.quote(workdir)}\n"
+        'workdir="${TPUJOBS_WORKDIR:-$default_workdir}"\n'
+        'mkdir -p "$workdir"\n'
+        'cd "$workdir"\n'
+        f"cat > agent.py <<'{AGENT_DELIMITER}'\n"
+        f"{agent_source()}"
+        f"{AGENT_DELIMITER}\n"
+        f"python3 -c {shlex.quote(DECODE)} > config.json <<'{CONFIG_DELIMITER}'\n"
+        f"{encoded}\n"
+        f"{CONFIG_DELIMITER}\n"
+        "chmod 600 config.json\n"
+        'echo "tpujobs: starting the worker agent in $workdir"\n'
+        f"exec python3 agent.py {arguments}\n"
+    )
+
+
+def host_boot(job: Job, settings: Settings, *, timings: AgentTimings | None = None) -> HostBoot:
+    """How the TPU VMs of the job's current attempt boot: the account they run as (the job's
+    own, else the deployment's) and their metadata, the startup script and the report key.
+
+    The key signs every report of this attempt's hosts (`tpujobs.domain.signing`); it is
+    derived, never stored, and sits in its own metadata entry so that `signing.scrub` can
+    cut it from any text that quotes the request (the TPU audit log).
+    """
+    assert job.created_at is not None, "a stored job has a creation time"
+    key = signing.attempt_key(settings.report_key, job.job_id, job.created_at, job.attempt)
+    metadata = {
+        STARTUP_SCRIPT_KEY: render_startup_script(job, settings, timings=timings),
+        signing.KEY_ATTRIBUTE: signing.key_text(key),
+    }
+    return HostBoot(job.spec.service_account or settings.tpu_service_account, metadata)
+
+
+# --- warm pools -----------------------------------------------------------------------
+# A pool unit's nodes boot into the pool-mode agent (`python3 agent.py --pool config.json`),
+# which waits on the `tpujobs-assignment` metadata entry: `{"seq": N}` when the unit is idle,
+# else one attempt to run, with that attempt's report key (there is no `tpujobs-report-key`
+# entry on a unit). The control plane writes both entries at once with UpdateNode, which
+# replaces the whole metadata map (`unit_metadata`).
+
+ASSIGNMENT_KEY = "tpujobs-assignment"
+POOL_WORKDIR = f"{DEFAULT_WORKDIR_ROOT}/pool"
+
+
+def pool_agent_config(
+    pool_name: str,
+    unit_index: int,
+    queued_resource: str,
+    shape: JobSpec,
+    settings: Settings,
+    timings: AgentTimings | None = None,
+) -> dict[str, Any]:
+    """What the pool-mode agent on every host of one unit needs to know: the unit and its shape
+    (`shape`: the pool's accelerator type, slices and image), where to report."""
+    if not re.fullmatch(POOL_NAME_PATTERN, pool_name):
+        raise ValueError(f"pool: {pool_name[:64]!r} is not a pool name (a-z, 0-9 and -, at most 40 characters)")
+    if isinstance(unit_index, bool) or not isinstance(unit_index, int) or unit_index < 0:
+        raise ValueError(f"unit_index: must be a whole number, 0 or more, got {unit_index!r}")
+    timings = timings or AgentTimings.of(settings)
+    return {
+        "mode": "pool",
+        "pool": pool_name,
+        "unit": unit_index,
+        "queued_resource": queued_resource,
+        "project": settings.project,
+        "num_slices": shape.slices,
+        "hosts_per_slice": shape.hosts_per_slice,
+        # Pulled once at boot; a job that names no image runs in this one.
+        "image": shape.image,
+        "image_pull_policy": shape.pull_policy,
+        "worker_events_topic": topology.topic_name(topology.WORKER_EVENTS, settings.prefix),
+        "preemption_topic": topology.topic_name(topology.PREEMPTION, settings.prefix),
+        # The unit's own; each job's come in its assignment's config (`agent_config`).
+        "heartbeat_seconds": timings.heartbeat_seconds,
+        "grace_seconds": timings.grace_seconds,
+        "chunk_seconds": timings.chunk_seconds,
+    }
+
+
+def render_unit_startup_script(
+    pool_name: str,
+    unit_index: int,
+    queued_resource: str,
+    shape: JobSpec,
+    settings: Settings,
+    *,
+    timings: AgentTimings | None = None,
+) -> str:
+    """A bash script for every host of a pool unit: it runs the pool-mode agent in
+    /var/lib/tpujobs/pool (or $TPUJOBS_WORKDIR), at every boot."""
+    config = pool_agent_config(pool_name, unit_index, queued_resource, shape, settings, timings)
+    return _agent_script(config, POOL_WORKDIR, "--pool config.json")
+
+
+def assignment_text(
+    job: Job,
+    settings: Settings,
+    seq: int,
+    unit_queued_resource: str,
+    *,
+    timings: AgentTimings | None = None,
+) -> str:
+    """The `tpujobs-assignment` value that runs the job's current attempt on a unit: the config
+    a normal attempt's hosts get (its `queued_resource` the unit's, so a host finds its slice
+    from NODE_ID), and the attempt's report key, derived as `host_boot` derives it."""
+    assert job.created_at is not None, "a stored job has a creation time"
+    config = agent_config(job, settings, timings)
+    config["queued_resource"] = unit_queued_resource
+    key = signing.attempt_key(settings.report_key, job.job_id, job.created_at, job.attempt)
+    assignment = {
+        "seq": _seq(seq),
+        "job_id": job.job_id,
+        "attempt": job.attempt,
+        "report_key": signing.key_text(key),
+        "config": config,
+    }
+    return json.dumps(assignment, sort_keys=True, ensure_ascii=False)
+
+
+def idle_assignment_text(seq: int) -> str:
+    """The `tpujobs-assignment` value of an idle unit: `{"seq": N}`."""
+    return json.dumps({"seq": _seq(seq)})
+
+
+def _seq(seq: int) -> int:
+    if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
+        raise ValueError(f"seq: must be a whole number, 0 or more, got {seq!r}")
+    return seq
+
+
+def unit_metadata(startup_script: str, assignment: str) -> dict[str, str]:
+    """A unit node's whole metadata map (UpdateNode replaces all of it): both entries, always."""
+    return {STARTUP_SCRIPT_KEY: startup_script, ASSIGNMENT_KEY: assignment}

@@ -1,0 +1,308 @@
+"""`tpujobs dev fault ...`: make the local TPU simulator as unkind as Google, one fault at a time.
+
+Each verb is one call of the simulator's control API (``/simulator/v1/...``, see
+``tpujobs.local.simulator.server``), so a test can do the same over HTTP. Verbs that name a JOB
+read the job's current queued resource and zone from the local Firestore, as ``tpujobs dev
+preempt`` does; ``error`` and ``no-boot --count`` need only the simulator.
+
+    error --method M --code C [--count K] [--quota] [--applied]   the next K calls of M fail
+    no-boot [JOB] [--count K]          hosts turn ACTIVE but never run their startup script
+    reboot JOB [--slice S] [--worker W]          a VM reset: processes die, the script reruns
+    maintenance JOB [--slice S] [--notice SEC]   TERMINATE_ON_HOST_MAINTENANCE, then down
+    node-health JOB HEALTH [--description T]     what the API shows as the nodes' health
+    node-state JOB STATE                         what the API shows as the nodes' state
+    show | clear                                 the planned errors and no-boot budget
+
+Progress and results go to stderr as sentences; nothing is printed to stdout but ``show``'s JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+from collections.abc import Callable
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+
+from tpujobs.local import stack
+from tpujobs.local.simulator.client import SimulatorControl
+from tpujobs.local.simulator.errors import FAULT_METHODS, Fault
+from tpujobs.local.simulator.model import NODE_HEALTHS, NodeState
+
+fault_app = typer.Typer(
+    help="Faults of the local TPU simulator: API errors, hosts that never boot, reboots, "
+    "maintenance, node health and state.",
+    no_args_is_help=True,
+)
+
+StateDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--state-dir",
+        help="Where stack.json and the logs live (default: $TPUJOBS_STATE_DIR or ./.tpujobs).",
+    ),
+]
+JobId = Annotated[str, typer.Argument(help="The job whose current queued resource it hits.")]
+Slice = Annotated[
+    int | None,
+    typer.Option("--slice", min=0, help="Only this slice (node) of a multislice (default: all)."),
+]
+
+Method = Enum("Method", {name: name for name in FAULT_METHODS}, type=str)  # type: ignore[misc]
+Health = Enum("Health", {name: name for name in NODE_HEALTHS}, type=str)  # type: ignore[misc]
+
+
+class Simulator:
+    """The local stack's simulator control API, and its Firestore for job lookups."""
+
+    def __init__(self, state_dir: Path | None, err: Console) -> None:
+        directory = state_dir or stack.default_state_dir()
+        self.err = err
+        self.env = stack.stack_environment(directory)
+        if not self.env:
+            fail(err, "no local stack", f"none is running from {directory}; run `tpujobs dev up`")
+        self.project = self.env.get("GOOGLE_CLOUD_PROJECT", "")
+        self.endpoint = self.env.get("TPUJOBS_TPU_ENDPOINT", "").rstrip("/")
+        if not self.project or not self.endpoint:
+            fail(err, "the local stack is incomplete", "GOOGLE_CLOUD_PROJECT or TPUJOBS_TPU_ENDPOINT unset")
+        self.control = SimulatorControl(self.endpoint)
+
+    def capacity_of(self, job_id: str) -> tuple[str, str]:
+        """(zone, queued resource id) of the job's current attempt, from Firestore."""
+        os.environ.update(self.env)  # the Firestore client finds the emulator here
+        try:
+            job = job_document(self.project, job_id)
+        except Exception as error:  # the emulator is gone or refuses: say so, not a traceback
+            fail(self.err, "could not read the job", f"{type(error).__name__}: {error}")
+        if job is None:
+            fail(
+                self.err,
+                "no such job",
+                f"{job_id!r} is not in the jobs collection of project {self.project}",
+            )
+        qr_id, zone = str(job.get("queued_resource") or ""), str(job.get("zone") or "")
+        if not qr_id or not zone:
+            fail(
+                self.err,
+                "no capacity to hit",
+                f"job {job_id} (state {job.get('state')}) has no queued resource yet",
+            )
+        return zone, qr_id
+
+    def on_capacity(
+        self, zone: str, qr_id: str, verb: str, query: dict[str, Any], body: dict[str, Any]
+    ) -> dict[str, Any]:
+        """POST a control verb on one queued resource (``{zone}/{id}:{verb}``)."""
+        return self.call(
+            f"{verb} {qr_id}",
+            lambda: self.control.on_queued_resource(zone, qr_id, verb, body, **query, project=self.project),
+        )
+
+    def on_job(self, job_id: str, verb: str, query: dict[str, Any], body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """POST a control verb on the job's current queued resource; (its id, the answer)."""
+        zone, qr_id = self.capacity_of(job_id)
+        return qr_id, self.on_capacity(zone, qr_id, verb, query, body)
+
+    def call(self, doing: str, request: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """Make one control call; a refusal or silence becomes a sentence and exit status 1."""
+        try:
+            return request()
+        except urllib.error.HTTPError as error:
+            fail(self.err, f"the simulator refused to {doing}", error_message(error))
+        except OSError as error:
+            fail(self.err, "the TPU simulator does not answer", f"{self.endpoint}: {error}")
+
+    def say(self, line: str) -> None:
+        self.err.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def job_document(project: str, job_id: str) -> dict[str, Any] | None:
+    from google.cloud import firestore  # slow to import: only the verbs naming a job need it
+
+    snapshot = firestore.Client(project=project).collection("jobs").document(job_id).get(timeout=10)
+    return snapshot.to_dict() if snapshot.exists else None
+
+
+def error_message(error: urllib.error.HTTPError) -> str:
+    try:
+        return str(json.load(error)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return f"HTTP {error.code}"
+
+
+def fail(err: Console, what: str, why: object) -> NoReturn:
+    err.print(f"{what}:", style="bold red", end=" ")
+    err.print(str(why), markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(1)
+
+
+def _nodes(answer: dict[str, Any]) -> str:
+    return ", ".join(
+        f"{node.get('name', '?').rsplit('/', 1)[-1]} {node.get('state')}"
+        + (f" {node['health']}" if node.get("health") else "")
+        for node in answer.get("nodes", [])
+    )
+
+
+@fault_app.command()
+def error(
+    method: Annotated[Method, typer.Option("--method", help="The TPU API call to fail: create, get, list or delete.")],
+    code: Annotated[
+        str,
+        typer.Option(
+            "--code",
+            help="An HTTP status (400..599) or a google.rpc.Code name (UNKNOWN, CANCELLED, "
+            "DEADLINE_EXCEEDED, UNAVAILABLE, DATA_LOSS, ...), sent as Google's REST frontends do.",
+        ),
+    ],
+    count: Annotated[int, typer.Option("--count", min=1, help="How many calls in a row fail.")] = 1,
+    quota: Annotated[
+        bool,
+        typer.Option(
+            "--quota",
+            help="A 429 that is a quota running out (ErrorInfo RESOURCE_QUOTA_EXCEEDED and a "
+            "QuotaFailure) instead of a rate limit.",
+        ),
+    ] = False,
+    applied: Annotated[
+        bool,
+        typer.Option(
+            "--applied",
+            help="The call takes effect and only its answer is the error, as when a deadline "
+            "expires after the service acted.",
+        ),
+    ] = False,
+    message: Annotated[str, typer.Option("--message", help="The error message (default: Google's).")] = "",
+    state_dir: StateDir = None,
+) -> None:
+    """The next calls of one TPU API method answer with an error, as Google sends it."""
+    err = Console(stderr=True)
+    try:
+        fault = Fault.parse(code, quota=quota, applied=applied, message=message)
+    except ValueError as exc:
+        fail(err, "bad --code", exc)
+    sim = Simulator(state_dir, err)
+    body = {
+        "method": method.value,
+        "code": fault.http_status if code.strip().isdigit() else fault.code.name,
+        "count": count,
+        "quota": quota,
+        "applied": applied,
+        "message": message,
+    }
+    sim.call("plan the errors", lambda: sim.control.plan_errors(**body))
+    kind = " (quota)" if quota else ""
+    sim.say(
+        f"the next {count} {method.value} call{'s' if count > 1 else ''} answer "
+        f"{fault.http_status} {fault.code.name}{kind}{', after taking effect' if applied else ''}"
+    )
+
+
+@fault_app.command("no-boot")
+def no_boot(
+    job_id: Annotated[
+        str | None,
+        typer.Argument(help="A job whose capacity is not ACTIVE yet (default: the next --count queued resources)."),
+    ] = None,
+    count: Annotated[
+        int | None,
+        typer.Option("--count", min=1, help="The next K queued resources created (default: 1)."),
+    ] = None,
+    state_dir: StateDir = None,
+) -> None:
+    """Capacity turns ACTIVE but its hosts never run the startup script, so no agent reports."""
+    err = Console(stderr=True)
+    if job_id is not None and count is not None:
+        fail(err, "no-boot takes a JOB or --count", "not both")
+    sim = Simulator(state_dir, err)
+    if job_id is None:
+        answer = sim.call("plan hosts that never boot", lambda: sim.control.no_boot_next(count or 1))
+        sim.say(f"the next {answer.get('noBoot', count)} queued resources created get hosts that never boot")
+        return
+    qr_id, _ = sim.on_job(job_id, "no-boot", {}, {})
+    sim.say(f"the hosts of {qr_id} (job {job_id}) will never run their startup script")
+
+
+@fault_app.command()
+def reboot(
+    job_id: JobId,
+    worker: Annotated[
+        int | None, typer.Option("--worker", min=0, help="Only this worker host (default: every host).")
+    ] = None,
+    slice_index: Slice = None,
+    state_dir: StateDir = None,
+) -> None:
+    """Reset hosts as a VM reset does: processes die at once, the startup script runs again on the same disk."""
+    sim = Simulator(state_dir, Console(stderr=True))
+    qr_id, answer = sim.on_job(job_id, "reboot", {"slice": slice_index, "worker": worker}, {})
+    which = "every host" if worker is None else f"worker {worker}"
+    sim.say(f"rebooting {which} of {qr_id} (job {job_id}): {_nodes(answer)}")
+
+
+@fault_app.command()
+def maintenance(
+    job_id: JobId,
+    notice: Annotated[
+        float | None,
+        typer.Option(
+            "--notice",
+            min=0,
+            help="Seconds between the maintenance event and the hosts going down "
+            "(default: the simulator's maintenance_notice_seconds).",
+        ),
+    ] = None,
+    slice_index: Slice = None,
+    state_dir: StateDir = None,
+) -> None:
+    """Host maintenance: instance/maintenance-event turns TERMINATE_ON_HOST_MAINTENANCE, then the hosts go down."""
+    sim = Simulator(state_dir, Console(stderr=True))
+    qr_id, answer = sim.on_job(job_id, "maintenance", {"slice": slice_index, "notice": notice}, {})
+    sim.say(f"maintenance announced on {qr_id} (job {job_id}): {_nodes(answer)}")
+
+
+@fault_app.command("node-health")
+def node_health(
+    job_id: JobId,
+    health: Annotated[Health, typer.Argument(help="The Node.Health the API shows.", case_sensitive=False)],
+    description: Annotated[str, typer.Option("--description", help="The healthDescription shown.")] = "",
+    slice_index: Slice = None,
+    state_dir: StateDir = None,
+) -> None:
+    """Show a health on the job's nodes (only what the API shows: processes run on)."""
+    sim = Simulator(state_dir, Console(stderr=True))
+    body = {"health": health.value, "description": description}
+    qr_id, answer = sim.on_job(job_id, "node-health", {"slice": slice_index}, body)
+    sim.say(f"nodes of {qr_id} (job {job_id}): {_nodes(answer)}")
+
+
+@fault_app.command("node-state")
+def node_state(
+    job_id: JobId,
+    state: Annotated[NodeState, typer.Argument(help="The Node.State the API shows.", case_sensitive=False)],
+    slice_index: Slice = None,
+    state_dir: StateDir = None,
+) -> None:
+    """Show a state on the job's nodes (only what the API shows: processes run on)."""
+    sim = Simulator(state_dir, Console(stderr=True))
+    qr_id, answer = sim.on_job(job_id, "node-state", {"slice": slice_index}, {"state": state.value})
+    sim.say(f"nodes of {qr_id} (job {job_id}): {_nodes(answer)}")
+
+
+@fault_app.command()
+def show(state_dir: StateDir = None) -> None:
+    """Print the planned errors and the no-boot budget as JSON."""
+    sim = Simulator(state_dir, Console(stderr=True))
+    typer.echo(json.dumps(sim.call("show the faults", sim.control.faults), indent=2))
+
+
+@fault_app.command()
+def clear(state_dir: StateDir = None) -> None:
+    """Forget the planned errors and the no-boot budget (random errors stay as configured)."""
+    sim = Simulator(state_dir, Console(stderr=True))
+    sim.call("clear the faults", sim.control.clear_faults)
+    sim.say("no planned errors and no hosts that never boot")

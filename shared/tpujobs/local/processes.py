@@ -1,0 +1,668 @@
+"""Start, probe and stop the background services of the local stack.
+
+Each service runs in its own session (so its process group holds every child it forks:
+gcloud starts a shell that starts Java, functions-framework starts gunicorn workers), logs
+to a file, and counts as started only once it answers a probe. Stopping signals the whole
+group, but only after checking that the recorded pid is still the process we started:
+`tpujobs dev down` may run days later, when the kernel has handed that pid to someone else.
+
+A service is described by a `ServiceSpec` (pure data plus a probe), started with `start`
+(all at once, then waits for each; all or nothing) and stopped with `stop`. Tests use the
+same functions to run just the emulators they need:
+
+    procs = start([firestore_emulator(free_port()), pubsub_emulator(free_port(), project)], log_dir)
+    ...
+    stop(procs)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tpujobs.engine.topology import FunctionRoute
+from tpujobs.local import containers
+
+LOOPBACK = "127.0.0.1"
+
+INSTALL_HINT = (
+    "The local stack needs the Google Cloud CLI with the Firestore and Pub/Sub emulators, "
+    "and Java 17 or newer. On Debian or Ubuntu (with Google's apt repository): "
+    "`apt-get install google-cloud-cli google-cloud-cli-firestore-emulator "
+    "google-cloud-cli-pubsub-emulator openjdk-17-jre-headless`; with a gcloud installed from "
+    "the tarball: `gcloud components install beta cloud-firestore-emulator pubsub-emulator` "
+    "and a Java 17+ runtime on PATH. Or start the emulators yourself (for example "
+    "`firebase emulators:start`) and export FIRESTORE_EMULATOR_HOST and PUBSUB_EMULATOR_HOST."
+)
+
+
+class StackError(RuntimeError):
+    """The local stack could not do what was asked; the message says why and what to do."""
+
+
+class MissingToolError(StackError):
+    """A program the local stack needs is not installed."""
+
+
+class ServiceStartError(StackError):
+    """A service exited or did not answer in time; the message quotes the end of its log."""
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    """How to run one service and how to tell that it is ready."""
+
+    name: str
+    argv: tuple[str, ...]
+    port: int
+    ready: Callable[[], bool]
+    deadline_s: float = 30.0
+    env: Mapping[str, str] | None = None  # the whole environment; None: inherit ours
+    diagnose: Callable[[str], str | None] | None = None  # log tail -> a better message
+
+
+@dataclass(frozen=True)
+class ManagedProcess:
+    """A service we started: enough to find it again, check it is still ours, and stop it."""
+
+    name: str
+    pid: int
+    port: int
+    log_path: Path
+    argv: tuple[str, ...]
+    start_time: int | None = None  # kernel start time in clock ticks (Linux); None elsewhere
+    boot_id: str | None = None  # with pid and start_time, names one process for good (Linux)
+    handle: subprocess.Popen[bytes] | None = field(default=None, compare=False, repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "pid": self.pid,
+            "port": self.port,
+            "log_path": str(self.log_path),
+            "argv": list(self.argv),
+            "start_time": self.start_time,
+            "boot_id": self.boot_id,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ManagedProcess:
+        return cls(
+            name=data["name"],
+            pid=int(data["pid"]),
+            port=int(data["port"]),
+            log_path=Path(data["log_path"]),
+            argv=tuple(data["argv"]),
+            start_time=data.get("start_time"),
+            boot_id=data.get("boot_id"),
+        )
+
+
+# --- probes ---------------------------------------------------------------------------
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port nobody listens on right now (the caller should bind it soon)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def http_get(url: str, timeout_s: float = 1.0) -> tuple[int, bytes] | None:
+    """Status and body of GET url, or None when nothing answers. Never goes through a proxy."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=timeout_s) as response:
+            return int(response.status), response.read()
+    except urllib.error.HTTPError as error:
+        return int(error.code), error.read()
+    except (OSError, ValueError):
+        return None
+
+
+def answers_http(url: str) -> Callable[[], bool]:
+    """A probe: anything at all answers GET url (any status)."""
+    return lambda: http_get(url) is not None
+
+
+def answers_ok(url: str, body: bytes | None = None) -> Callable[[], bool]:
+    """A probe: GET url answers 200 (and, if given, a body starting with `body`)."""
+
+    def probe() -> bool:
+        got = http_get(url)
+        return got is not None and got[0] == 200 and (body is None or got[1].startswith(body))
+
+    return probe
+
+
+def emulator_url(host_port: str) -> str:
+    """`host:port` or `http://host:port` as an http URL without a trailing slash."""
+    value = host_port.strip().rstrip("/")
+    return value if "://" in value else f"http://{value}"
+
+
+# --- the services ---------------------------------------------------------------------
+
+
+def firestore_emulator(port: int, *, deadline_s: float = 60.0) -> ServiceSpec:
+    """The gcloud Firestore emulator (Java; a few seconds to start)."""
+    return ServiceSpec(
+        name="firestore",
+        argv=(
+            _gcloud(),
+            "emulators",
+            "firestore",
+            "start",
+            f"--host-port={LOOPBACK}:{port}",
+        ),
+        port=port,
+        ready=answers_ok(f"http://{LOOPBACK}:{port}/", b"Ok"),
+        deadline_s=deadline_s,
+        env=_gcloud_env(),
+        diagnose=_diagnose_gcloud,
+    )
+
+
+def pubsub_emulator(port: int, project: str, *, deadline_s: float = 60.0) -> ServiceSpec:
+    """The gcloud Pub/Sub emulator (Java; a few seconds to start)."""
+    return ServiceSpec(
+        name="pubsub",
+        argv=(
+            _gcloud(),
+            "beta",
+            "emulators",
+            "pubsub",
+            "start",
+            f"--host-port={LOOPBACK}:{port}",
+            f"--project={project}",
+        ),
+        port=port,
+        ready=answers_http(f"http://{LOOPBACK}:{port}/"),
+        deadline_s=deadline_s,
+        env=_gcloud_env(),
+        diagnose=_diagnose_gcloud,
+    )
+
+
+def storage_emulator(port: int, *, deadline_s: float = 30.0) -> ServiceSpec:
+    """gcp-storage-emulator, in memory: enough of the JSON API for google-cloud-storage."""
+    return ServiceSpec(
+        name="storage",
+        argv=(
+            _venv_script("gcp-storage-emulator"),
+            "start",
+            f"--host={LOOPBACK}",
+            f"--port={port}",
+            "--in-memory",
+        ),
+        port=port,
+        ready=answers_http(f"http://{LOOPBACK}:{port}/"),
+        deadline_s=deadline_s,
+    )
+
+
+# The local stack's simulator settings that differ from SimulatorConfig's defaults.
+LOCAL_SIMULATOR = {
+    "deleting-seconds": 3.0,
+    "default-page-size": 2,
+    "maintenance-notice-seconds": 5.0,
+}
+
+
+def simulator(
+    port: int,
+    *,
+    env: Mapping[str, str] | None = None,
+    state_file: Path | None = None,
+    workers_root: Path | None = None,
+    deadline_s: float = 30.0,
+) -> ServiceSpec:
+    """The local TPU API (tpujobs.local.simulator); worker hosts run under `workers_root`.
+
+    It is as unkind as Google where that costs a test little: deleting takes a few seconds
+    (the DELETING state and the chips it still holds are seen), lists come two to a page (so
+    every caller must follow nextPageToken), and a maintenance gives a short notice.
+    """
+    argv = [sys.executable, "-m", "tpujobs.local.simulator", "--host", LOOPBACK, "--port", str(port)]
+    argv += [f"--{name}={value}" for name, value in LOCAL_SIMULATOR.items()]
+    if state_file is not None:
+        argv += ["--state-file", str(state_file)]
+    if workers_root is not None:
+        argv += ["--workers-root", str(workers_root)]
+    return ServiceSpec(
+        name="simulator",
+        argv=tuple(argv),
+        port=port,
+        ready=answers_ok(f"http://{LOOPBACK}:{port}/simulator/v1/health"),
+        deadline_s=deadline_s,
+        env=env,
+    )
+
+
+def secret_manager(
+    port: int,
+    *,
+    prefix: str = "",
+    env: Mapping[str, str] | None = None,
+    state_file: Path | None = None,
+    deadline_s: float = 30.0,
+) -> ServiceSpec:
+    """The local Secret Manager (tpujobs.local.simulator.secret_manager); `prefix` is TPUJOBS_PREFIX,
+    which starts the secret ids each VM account may read."""
+    argv = [
+        sys.executable,
+        "-m",
+        "tpujobs.local.simulator.secret_manager",
+        "--host",
+        LOOPBACK,
+        "--port",
+        str(port),
+        f"--prefix={prefix}",  # one argument even when empty: /proc/PID/cmdline drops empty ones
+    ]
+    if state_file is not None:
+        argv += ["--state-file", str(state_file)]
+    return ServiceSpec(
+        name="secret-manager",
+        argv=tuple(argv),
+        port=port,
+        ready=answers_ok(f"http://{LOOPBACK}:{port}/health"),
+        deadline_s=deadline_s,
+        env=env,
+    )
+
+
+# Processes and threads of each function under functions-framework (its gunicorn's WORKERS and
+# THREADS; its own defaults are 1 process and 4 threads per core). Measured (bench/submit.py,
+# 2 cores): the Pub/Sub emulator pushes each subscription from exactly 2 loops, each posting one
+# message and waiting for the answer (PushLoop in its jar), so a cloudevent function never has
+# more than 2 requests at once; a 300-job burst ran at 21.7 jobs/s with 1 process and 16.0 with 2
+# (the second process only adds its imports and memory). 4 threads leave room for a slow call;
+# the HTTP API (`jobs`) is called by any number of clients. A WORKERS or THREADS already in the
+# function's environment wins, to measure other values.
+FUNCTION_CONCURRENCY: dict[str, tuple[int, int]] = {"jobs": (1, 8)}
+DEFAULT_FUNCTION_CONCURRENCY = (1, 4)
+
+
+def function(
+    route: FunctionRoute,
+    port: int,
+    *,
+    source: Path,
+    env: Mapping[str, str] | None = None,
+    deadline_s: float = 30.0,
+) -> ServiceSpec:
+    """One target of functions/main.py under functions-framework, with its processes and
+    threads (FUNCTION_CONCURRENCY)."""
+    workers, threads = FUNCTION_CONCURRENCY.get(route.target, DEFAULT_FUNCTION_CONCURRENCY)
+    environment = dict(os.environ if env is None else env)
+    environment.setdefault("WORKERS", str(workers))
+    environment.setdefault("THREADS", str(threads))
+    return ServiceSpec(
+        name=f"function-{route.target}",
+        argv=(
+            _venv_script("functions-framework"),
+            "--source",
+            str(source),
+            "--target",
+            route.target,
+            "--signature-type",
+            route.signature,
+            "--host",
+            LOOPBACK,
+            "--port",
+            str(port),
+        ),
+        port=port,
+        ready=answers_http(f"http://{LOOPBACK}:{port}/"),
+        deadline_s=deadline_s,
+        env=environment,
+    )
+
+
+def registry(port: int, config_path: Path, *, deadline_s: float = 30.0) -> ServiceSpec:
+    """Debian's docker-registry on loopback, plain HTTP (`containers.registry_config` says where
+    it keeps its data); ready when its API root answers. MissingToolError when not installed."""
+    try:
+        argv = containers.registry_command(config_path)
+    except containers.ContainerToolError as error:
+        raise MissingToolError(str(error)) from error
+    return ServiceSpec(
+        name="registry",
+        argv=tuple(argv),
+        port=port,
+        ready=answers_ok(f"http://{LOOPBACK}:{port}/v2/"),
+        deadline_s=deadline_s,
+    )
+
+
+def scheduler(interval_s: float, *, env: Mapping[str, str] | None = None) -> ServiceSpec:
+    """The local Cloud Scheduler: reconcile ticks every `interval_s` (tpujobs.local.scheduler)."""
+    return ServiceSpec(
+        name="scheduler",
+        argv=(sys.executable, "-m", "tpujobs.local.scheduler", "--interval", str(interval_s)),
+        port=0,
+        ready=lambda: True,
+        env=env,
+    )
+
+
+# --- starting -------------------------------------------------------------------------
+
+
+def start(
+    specs: Sequence[ServiceSpec],
+    log_dir: Path,
+    *,
+    on_ready: Callable[[ManagedProcess], None] | None = None,
+) -> list[ManagedProcess]:
+    """Start every service at once, then wait for each to answer.
+
+    All or nothing: if one fails, the others are stopped before the error is raised.
+    """
+    log_dir.mkdir(parents=True, exist_ok=True)
+    started: list[ManagedProcess] = []
+    try:
+        pairs = []
+        for spec in specs:
+            process = _spawn(spec, log_dir)
+            started.append(process)
+            pairs.append((spec, process))
+        for spec, process in pairs:
+            _wait_ready(spec, process)
+            if on_ready is not None:
+                on_ready(process)
+    except BaseException:
+        stop(started)
+        raise
+    return started
+
+
+def _spawn(spec: ServiceSpec, log_dir: Path) -> ManagedProcess:
+    log_path = log_dir / f"{spec.name}.log"
+    env = dict(os.environ if spec.env is None else spec.env)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    with log_path.open("wb") as log:
+        try:
+            handle = subprocess.Popen(
+                spec.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # its own process group: stop reaches every child
+            )
+        except FileNotFoundError as error:
+            raise MissingToolError(f"cannot start {spec.name}: {spec.argv[0]} not found. {INSTALL_HINT}") from error
+    return ManagedProcess(
+        name=spec.name,
+        pid=handle.pid,
+        port=spec.port,
+        log_path=log_path,
+        argv=spec.argv,
+        start_time=process_start_time(handle.pid),
+        boot_id=_boot_id(),
+        handle=handle,
+    )
+
+
+def adopt(name: str, handle: subprocess.Popen[bytes], log_path: Path) -> ManagedProcess:
+    """A process started elsewhere in its own session (dockerd, by `containers.start_dockerd`),
+    recorded like the services `start` starts, so `stop` finds it, and only it, again."""
+    args = handle.args
+    argv = tuple(str(part) for part in args) if isinstance(args, (list, tuple)) else (str(args),)
+    return ManagedProcess(
+        name=name,
+        pid=handle.pid,
+        port=0,
+        log_path=log_path,
+        argv=argv,
+        start_time=process_start_time(handle.pid),
+        boot_id=_boot_id(),
+        handle=handle,
+    )
+
+
+def _wait_ready(spec: ServiceSpec, process: ManagedProcess, poll_s: float = 0.1) -> None:
+    deadline = time.monotonic() + spec.deadline_s
+    while True:
+        # Exited first: if it lost its port, whoever holds the port would answer the probe.
+        code = process.handle.poll() if process.handle is not None else None
+        exited = code is not None if process.handle is not None else not is_running(process)
+        if not exited and spec.ready():
+            return
+        if exited:
+            tail = log_tail(process.log_path)
+            hint = spec.diagnose(tail) if spec.diagnose is not None else None
+            message = f"{spec.name} exited (code {code}) before answering"
+            if hint is not None:
+                raise MissingToolError(f"{message}: {hint}\n--- {process.log_path} ---\n{tail}")
+            raise ServiceStartError(f"{message}.\n--- {process.log_path} ---\n{tail}")
+        if time.monotonic() > deadline:
+            raise ServiceStartError(
+                f"{spec.name} (pid {process.pid}, port {spec.port}) did not answer within "
+                f"{spec.deadline_s:.0f} s.\n--- {process.log_path} ---\n{log_tail(process.log_path)}"
+            )
+        time.sleep(poll_s)
+
+
+def log_tail(path: Path, lines: int = 25) -> str:
+    """The last lines of a log file, for error messages."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
+
+
+# --- is it still ours, and stopping -----------------------------------------------------
+
+
+def is_running(process: ManagedProcess) -> bool:
+    """The recorded pid is alive and is still the process we started (not a reused pid).
+
+    On Linux, boot id + pid + start time name one process for good (it may rename itself);
+    without them, its command line must still end with the arguments we gave it.
+    """
+    stat = _proc_stat(process.pid)
+    if stat is None:
+        if Path("/proc/self/stat").exists():
+            return False
+        return _ps_matches(process)  # no /proc (macOS): ask ps
+    state, _pgrp, start_time = stat
+    if state == "Z":
+        return False
+    if process.start_time is not None and start_time != process.start_time:
+        return False
+    same_boot = process.boot_id is not None and process.boot_id == _boot_id()
+    if process.start_time is not None and same_boot:
+        return True
+    return _cmdline_matches(process)
+
+
+def stop(processes: Iterable[ManagedProcess], grace_s: float = 10.0) -> list[ManagedProcess]:
+    """SIGTERM each process group we still own, wait up to grace_s, then SIGKILL what is left.
+
+    A pid that is no longer ours is left alone. Returns the processes that were signalled.
+    """
+    signalled = [p for p in processes if is_running(p)]
+    for process in signalled:
+        _signal_group(process.pid, signal.SIGTERM)
+    leftovers = _wait_gone(signalled, grace_s)
+    for process in leftovers:
+        _signal_group(process.pid, signal.SIGKILL)
+    _wait_gone(leftovers, 5.0)
+    return signalled
+
+
+def _wait_gone(processes: Sequence[ManagedProcess], timeout_s: float) -> list[ManagedProcess]:
+    deadline = time.monotonic() + timeout_s
+    remaining = list(processes)
+    while remaining:
+        for process in remaining:
+            _reap(process)
+        remaining = [p for p in remaining if _group_alive(p.pid)]
+        if not remaining or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    return remaining
+
+
+def _reap(process: ManagedProcess) -> None:
+    """Collect the exit status if the process is our child, so it does not linger as a zombie."""
+    if process.handle is not None:
+        process.handle.poll()
+        return
+    with contextlib.suppress(ChildProcessError):  # not our child: init reaps it
+        os.waitpid(process.pid, os.WNOHANG)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Some process of the group is still alive (zombies do not count)."""
+    proc = Path("/proc")
+    if not (proc / "self" / "stat").exists():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    for entry in proc.iterdir():
+        if entry.name.isdigit():
+            stat = _proc_stat(int(entry.name))
+            if stat is not None and stat[1] == pgid and stat[0] != "Z":
+                return True
+    return False
+
+
+def _proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, process group, start time) from /proc/PID/stat, or None."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw.rsplit(")", 1)[1].split()  # the command name may hold spaces and parens
+    return fields[0], int(fields[2]), int(fields[19])
+
+
+def process_start_time(pid: int) -> int | None:
+    """When pid started, in clock ticks since boot (Linux), or None: with the pid, its identity."""
+    stat = _proc_stat(pid)
+    return None if stat is None else stat[2]
+
+
+def _boot_id() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+
+
+def _cmdline_matches(process: ManagedProcess) -> bool:
+    """/proc/PID/cmdline ends with our arguments (argv[0] may differ: scripts re-exec)."""
+    try:
+        raw = Path(f"/proc/{process.pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    cmdline = [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+    expected = list(process.argv[1:])
+    return bool(cmdline) and cmdline[len(cmdline) - len(expected) :] == expected
+
+
+def _ps_matches(process: ManagedProcess) -> bool:
+    try:
+        out = subprocess.run(
+            ["ps", "-o", "args=", "-p", str(process.pid)],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+    except OSError:
+        return False
+    return bool(out) and out.endswith(" ".join(process.argv[1:]))
+
+
+# --- tools ----------------------------------------------------------------------------
+
+
+def _venv_script(name: str) -> str:
+    """A console script installed next to this interpreter, else the one on PATH."""
+    beside = Path(sys.executable).parent / name
+    if beside.exists():
+        return str(beside)
+    return shutil.which(name) or name
+
+
+def _gcloud() -> str:
+    return shutil.which("gcloud") or "gcloud"
+
+
+def _gcloud_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["CLOUDSDK_CORE_DISABLE_PROMPTS"] = "1"  # fail instead of asking to install components
+    return env
+
+
+def require_gcloud_emulators(components: Iterable[str] = ("firestore", "pubsub")) -> None:
+    """Fail fast, before starting anything, when gcloud, Java or an emulator is missing."""
+    wanted = set(components)
+    if not wanted:
+        return
+    gcloud = shutil.which("gcloud")
+    if gcloud is None:
+        raise MissingToolError(f"gcloud is not on PATH. {INSTALL_HINT}")
+    java = shutil.which("java")
+    if java is None:
+        raise MissingToolError(f"java is not on PATH (the emulators are Java). {INSTALL_HINT}")
+    major = _java_major(java)
+    if major is not None and major < 11:
+        raise MissingToolError(f"{java} is Java {major}; the emulators need 17+. {INSTALL_HINT}")
+    sdk = Path(gcloud).resolve().parent.parent
+    platform = sdk / "platform"
+    if not (sdk / "lib" / "gcloud.py").exists() or not platform.is_dir():
+        return  # an unusual layout: let the start command tell us what is missing
+    needed = {"firestore": "cloud-firestore-emulator", "pubsub": "pubsub-emulator"}
+    missing = [needed[c] for c in sorted(wanted) if not (platform / needed[c]).is_dir()]
+    installed = sdk / ".install"  # component manifests; absent in some distributions
+    if "pubsub" in wanted and installed.is_dir() and not (installed / "beta.manifest").exists():
+        missing.append("beta")
+    if missing:
+        raise MissingToolError(f"gcloud at {sdk} lacks the components {', '.join(missing)}. {INSTALL_HINT}")
+
+
+def _java_major(java: str) -> int | None:
+    try:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
+    if match is None:
+        return None
+    major = int(match.group(1))
+    return int(match.group(2) or 0) if major == 1 else major  # "1.8.0" is Java 8
+
+
+def _diagnose_gcloud(log: str) -> str | None:
+    """Turn a gcloud emulator failure into an install instruction, when that is the cause."""
+    lowered = log.lower()
+    if "unsupportedclassversionerror" in lowered or ("java" in lowered and "not found" in lowered):
+        return f"the emulator needs a newer Java. {INSTALL_HINT}"
+    if "component" in lowered and ("not installed" in lowered or "requires the installation" in lowered):
+        return f"an emulator component is missing. {INSTALL_HINT}"
+    return None

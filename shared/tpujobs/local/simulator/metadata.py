@@ -1,0 +1,267 @@
+"""A GCE-style metadata server per simulated worker host, served by the simulator's HTTP server.
+
+Why: on a real TPU VM the worker agent learns who it is (worker number, node, accelerator
+type) and whether it is being preempted from ``http://metadata.google.internal/computeMetadata/v1``.
+Each simulated worker gets its own base URL instead, in ``TPUJOBS_METADATA_URL``:
+
+    http://HOST:PORT/simulator/v1/metadata/{project}/{zone}/{node_id}/{worker}/computeMetadata/v1
+
+Like GCE, every request must carry ``Metadata-Flavor: Google`` (else 403), answers are
+text (the token is JSON) with ``Metadata-Flavor: Google`` and an ``ETag``, and
+``?wait_for_change=true`` (with ``timeout_sec`` and ``last_etag``) holds the request until
+the value changes: the way an agent waits on ``instance/preempted``, or a warm-pool agent on
+``instance/attributes/tpujobs-assignment``. The ETag is a hash of the answer, as GCE's is of
+the content, so a write of the same value changes nothing and wakes no one. A held request
+sleeps on the simulator's change notice (``Changes``) and re-reads only when state changed.
+
+Paths served (under the base):
+
+    instance/preempted                       TRUE once the node was preempted, else FALSE
+    instance/maintenance-event               NONE, or TERMINATE_ON_HOST_MAINTENANCE from the
+                                             notice of a maintenance until it ends
+    instance/hostname                        t1v-n-{node number, hex}-w-{worker}
+    instance/zone                            projects/{project}/zones/{zone}
+    instance/network-interfaces/0/ip         the worker's address in the node's endpoints
+    instance/attributes/                     the attribute names, one a line
+    instance/attributes/agent-worker-number  the worker index within its node
+    instance/attributes/accelerator-type     v4-16 and the like
+    instance/attributes/tpu-env              KEY: 'value' lines, as on TPU VMs; a node of a
+                                             multislice request adds MEGASCALE_* keys
+    instance/attributes/worker-network-endpoints  unknown:unknown:{ip} of each worker, worker 0
+                                             first (each on its own loopback address, so a
+                                             fixed port works on one machine)
+    instance/attributes/{key}                the node's own metadata (startup-script,
+                                             tpujobs-report-key, ...)
+    instance/service-accounts/               default/ and {email}/, one a line
+    instance/service-accounts/{a}/           email, scopes, token (a: default or the email)
+    instance/service-accounts/{a}/email      the node's account: serviceAccount.email of the
+                                             create request, else the Compute default
+    instance/service-accounts/{a}/scopes     the cloud-platform scope
+    instance/service-accounts/{a}/token      {"access_token": "simulated:{email}", ...}
+    project/project-id                       the project
+
+The token names the account, so the local Secret Manager (``simulator.secret_manager``)
+knows which VM account asks and grants it what IAM would grant that account.
+
+Everything but ``MetadataService.answer``'s waiting is pure, so it tests without sockets.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+from urllib.parse import quote, unquote
+
+from tpujobs.local.simulator.errors import TPU_SERVICE, project_number
+from tpujobs.local.simulator.model import MEGASCALE_PORT, NodeRecord, SimulatorError
+
+METADATA_ROOT = "/simulator/v1/metadata/"
+_PATH = re.compile(
+    re.escape(METADATA_ROOT)
+    + r"(?P<project>[^/]+)/(?P<zone>[^/]+)/(?P<node_id>[^/]+)/(?P<worker>[0-9]+)"
+    + r"/computeMetadata/v1/(?P<key>.*)"
+)
+TEXT = "text/plain; charset=utf-8"
+JSON_TYPE = "application/json"
+MAX_WAIT_SECONDS = 600.0  # wait_for_change is capped, so a forgotten request ends
+DEFAULT_WAIT_SECONDS = 60.0
+TOKEN_PREFIX = "simulated:"  # a simulated access token is this and the account's email
+CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+_FLAVOR_MISSING = "Missing required header: Metadata-Flavor: Google\n"
+
+
+def metadata_url(server_url: str, project: str, zone: str, node_id: str, worker: int) -> str:
+    """The base URL a worker's TPUJOBS_METADATA_URL names: ends in /computeMetadata/v1."""
+    parts = "/".join(quote(part, safe="") for part in (project, zone, node_id))
+    return f"{server_url.rstrip('/')}{METADATA_ROOT}{parts}/{worker}/computeMetadata/v1"
+
+
+@dataclass(frozen=True)
+class MetadataReply:
+    """One answer of the metadata server."""
+
+    status: int
+    body: str
+    content_type: str = TEXT
+    etag: str = ""
+
+
+def tpu_env(node: NodeRecord, worker: int) -> str:
+    """The tpu-env attribute: sorted ``KEY: 'value'`` lines, as TPU VMs carry it.
+
+    A node of a multislice request also carries what JAX's cloud_tpu_cluster and libtpu read
+    from it to join the slices: MEGASCALE_COORDINATOR_ADDRESS (worker 0 of slice 0, with the
+    port), MEGASCALE_NUM_SLICES, MEGASCALE_PORT and MEGASCALE_SLICE_ID.
+    """
+    values = {
+        "ACCELERATOR_TYPE": node.accelerator_type,
+        "CONSUMER_PROJECT_ID": node.project,
+        "CONSUMER_PROJECT_NUMBER": str(project_number(node.project)),
+        "NODE_ID": node.node_id,
+        "PREEMPTIBLE": "true" if node.preemptible else "false",
+        "RUNTIME_VERSION": node.runtime_version,
+        "SERVICE_NAME": TPU_SERVICE,
+        "WORKER_ID": str(worker),
+        "ZONE": node.zone,
+    }
+    if node.num_slices:
+        values.update(
+            {
+                "MEGASCALE_COORDINATOR_ADDRESS": node.coordinator_address,
+                "MEGASCALE_NUM_SLICES": str(node.num_slices),
+                "MEGASCALE_PORT": str(MEGASCALE_PORT),
+                "MEGASCALE_SLICE_ID": str(node.slice_id),
+            }
+        )
+    return "".join(f"{key}: '{value}'\n" for key, value in sorted(values.items()))
+
+
+def attributes(node: NodeRecord, worker: int) -> dict[str, str]:
+    """instance/attributes/*: the node's metadata, then the keys the TPU service sets itself."""
+    return {
+        **node.metadata,
+        "accelerator-type": node.accelerator_type,
+        "agent-worker-number": str(worker),
+        "tpu-env": tpu_env(node, worker),
+        # As on TPU VMs: every worker of the node, worker 0 first, `id:host:ip` each.
+        "worker-network-endpoints": ",".join(f"unknown:unknown:{ip}" for ip in node.host_addresses),
+    }
+
+
+def token(email: str) -> dict[str, object]:
+    """The access token answer of a VM that runs as `email`."""
+    return {"access_token": TOKEN_PREFIX + email, "expires_in": 3600, "token_type": "Bearer"}
+
+
+def service_accounts(node: NodeRecord) -> dict[str, str]:
+    """instance/service-accounts/*: the node's one account, as `default` and by its email."""
+    email = node.service_account
+    values = {"instance/service-accounts/": f"default/\n{email}/\n"}
+    for alias in ("default", email):
+        base = f"instance/service-accounts/{alias}/"
+        values[base] = "email\nscopes\ntoken\n"
+        values[base + "email"] = email
+        values[base + "scopes"] = CLOUD_PLATFORM_SCOPE + "\n"
+    return values
+
+
+def lookup(node: NodeRecord, worker: int, key: str) -> MetadataReply:
+    """The answer for one path under computeMetadata/v1 of one worker; 404 when unknown."""
+    attrs = attributes(node, worker)
+    values: dict[str, str] = {
+        "instance/preempted": "TRUE" if node.preempted else "FALSE",
+        "instance/maintenance-event": node.maintenance_event,
+        "instance/hostname": f"t1v-n-{node.number:x}-w-{worker}",
+        "instance/zone": f"projects/{node.project}/zones/{node.zone}",
+        "instance/network-interfaces/0/ip": node.host_addresses[worker],
+        "instance/attributes/": "".join(f"{name}\n" for name in sorted(attrs)),
+        "project/project-id": node.project,
+        **{f"instance/attributes/{name}": value for name, value in attrs.items()},
+        **service_accounts(node),
+    }
+    if key in (
+        "instance/service-accounts/default/token",
+        f"instance/service-accounts/{node.service_account}/token",
+    ):
+        return _reply(json.dumps(token(node.service_account)), JSON_TYPE)
+    if key in values:
+        return _reply(values[key], TEXT)
+    return MetadataReply(404, f"no metadata at {key!r}\n")
+
+
+def _reply(body: str, content_type: str) -> MetadataReply:
+    etag = hashlib.sha256(body.encode("utf-8")).hexdigest()[:16]
+    return MetadataReply(200, body, content_type, etag)
+
+
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    for key, value in headers.items():
+        if key.lower() == name.lower():
+            return value
+    return None
+
+
+def _flag(query: Mapping[str, list[str]], name: str) -> str:
+    return query.get(name, [""])[-1]
+
+
+class Changes(Protocol):
+    """What a held request sleeps on: the simulator's change counter (``Simulator`` has it)."""
+
+    def generation(self) -> int: ...
+
+    def wait_for_change(self, seen: int, timeout: float) -> int: ...
+
+
+STOP_CHECK_SECONDS = 1.0  # a held request looks at `stopping` at least this often
+
+
+class MetadataService:
+    """Answers metadata requests from the simulator's current nodes."""
+
+    def __init__(
+        self,
+        get_node: Callable[[str, str, str], NodeRecord],
+        *,
+        stopping: threading.Event | None = None,
+        changes: Changes | None = None,
+        poll_seconds: float = 0.05,
+    ) -> None:
+        """Without *changes*, a held request re-reads every *poll_seconds* instead."""
+        self._get_node = get_node  # Simulator.get_node: raises SimulatorError when gone
+        self._stopping = stopping or threading.Event()
+        self._changes = changes
+        self._poll_seconds = poll_seconds
+
+    @staticmethod
+    def handles(path: str) -> bool:
+        return path.startswith(METADATA_ROOT)
+
+    def answer(self, path: str, query: Mapping[str, list[str]], headers: Mapping[str, str]) -> MetadataReply:
+        """One request; with wait_for_change=true, held until the answer differs or time runs out."""
+        if _header(headers, "Metadata-Flavor") != "Google":
+            return MetadataReply(403, _FLAVOR_MISSING)
+        match = _PATH.fullmatch(path)
+        if match is None:
+            return MetadataReply(404, f"no metadata server at {path}\n")
+        seen_generation = self._changes.generation() if self._changes is not None else 0
+        reply = self._once(match)
+        if _flag(query, "wait_for_change").lower() != "true" or reply.status != 200:
+            return reply
+        last_etag = _flag(query, "last_etag")
+        if last_etag and last_etag != reply.etag:
+            return reply
+        try:
+            timeout = float(_flag(query, "timeout_sec") or DEFAULT_WAIT_SECONDS)
+        except ValueError:
+            return MetadataReply(400, "timeout_sec must be a number\n")
+        deadline = time.monotonic() + min(max(timeout, 0.0), MAX_WAIT_SECONDS)
+        seen = reply.etag
+        while not self._stopping.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            if self._changes is not None:  # read before _once, so no change slips between
+                seen_generation = self._changes.wait_for_change(seen_generation, min(remaining, STOP_CHECK_SECONDS))
+            elif self._stopping.wait(min(remaining, self._poll_seconds)):
+                break
+            reply = self._once(match)
+            if reply.status != 200 or reply.etag != seen:
+                return reply
+        return reply
+
+    def _once(self, match: re.Match[str]) -> MetadataReply:
+        worker = int(match["worker"])
+        try:
+            node = self._get_node(unquote(match["project"]), unquote(match["zone"]), unquote(match["node_id"]))
+        except SimulatorError as error:
+            return MetadataReply(404, error.message + "\n")
+        if worker >= len(node.host_addresses):
+            return MetadataReply(404, f"node {node.node_id} has workers 0..{len(node.host_addresses) - 1}\n")
+        return lookup(node, worker, match["key"])

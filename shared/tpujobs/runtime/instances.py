@@ -1,0 +1,219 @@
+"""The production wiring: real clients, built lazily and once per function instance.
+
+Nothing is built, and nothing heavy imported, at import time, so a cold start pays only for
+what the invoked function uses: the service and its validation models load with the first
+message, each Google client library with the first adapter that needs it, and the TPU and
+Pub/Sub clients only at their first call (a worker's heartbeat never loads tpu_v2). This is the
+one place that picks adapters for ports: the service, the reconciler, the HTTP API, dead
+letters and log export get theirs passed in. Tests build the same objects themselves, on the
+emulators.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+
+from tpujobs.engine.settings import Settings
+
+if TYPE_CHECKING:
+    from google.cloud import firestore
+
+    from tpujobs.adapters.firestore_config import FirestoreAccessPolicies
+    from tpujobs.adapters.firestore_pools import FirestorePools
+    from tpujobs.adapters.firestore_store import FirestoreJobStore
+    from tpujobs.adapters.firestore_warm_pools import FirestoreWarmPools
+    from tpujobs.adapters.pubsub import Publisher
+    from tpujobs.adapters.tpu import CloudTpu
+    from tpujobs.engine.api import JobsApi
+    from tpujobs.engine.dead_letters import DeadLetters
+    from tpujobs.engine.job_service import JobService
+    from tpujobs.engine.output_export import LogExporter, LogObjects
+    from tpujobs.engine.ports import Clock
+    from tpujobs.engine.reconciler import Reconciler
+
+Built = TypeVar("Built")
+
+
+def utc_now() -> datetime:
+    """The only clock tpujobs reads; everything below the service gets time passed in."""
+    return datetime.now(timezone.utc)
+
+
+class OnFirstUse(Generic[Built]):
+    """Stands for an object built at its first attribute access, once, whichever thread asks.
+
+    The engine's adapters are built together, but a handler may never call some of them: the
+    TPU client's library alone takes about 0.45 s to import, and a worker's report needs it
+    only when the report ends an attempt."""
+
+    def __init__(self, build: Callable[[], Built]) -> None:
+        self._build = build
+        self._built: Built | None = None
+        self._lock = threading.Lock()
+
+    def built(self) -> Built:
+        """The object, built now if no one asked before."""
+        if self._built is None:
+            with self._lock:
+                if self._built is None:
+                    self._built = self._build()
+        return self._built
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.built(), name)
+
+
+@dataclass(frozen=True)
+class Adapters:
+    """The adapters of the engine (the service, the reconciler, the API), shared by all three."""
+
+    settings: Settings
+    firestore: firestore.Client
+    store: FirestoreJobStore
+    tpu: CloudTpu
+    publisher: Publisher  # tpujobs-status, tpujobs-log-export and the reconcile shards
+    pools: FirestorePools
+    access: FirestoreAccessPolicies
+    warm_pools: FirestoreWarmPools
+
+
+@functools.cache
+def adapters() -> Adapters:
+    """This process's adapters, on clients configured from the environment."""
+    from google.cloud import firestore
+
+    from tpujobs.adapters.firestore_config import FirestoreAccessPolicies
+    from tpujobs.adapters.firestore_pools import FirestorePools
+    from tpujobs.adapters.firestore_store import FirestoreJobStore
+    from tpujobs.adapters.firestore_warm_pools import FirestoreWarmPools
+    from tpujobs.adapters.pubsub import Publisher
+    from tpujobs.adapters.tpu import CloudTpu, build_client
+
+    settings = Settings.from_env()
+    client = firestore.Client(project=settings.project)
+    return Adapters(
+        settings,
+        client,
+        FirestoreJobStore(client, rejection_retention=timedelta(days=settings.rejection_retention_days)),
+        cast(CloudTpu, OnFirstUse(lambda: CloudTpu(build_client(settings.tpu_endpoint), settings.project))),
+        cast(Publisher, OnFirstUse(lambda: Publisher.build(settings.project, settings.prefix))),
+        FirestorePools(client),
+        FirestoreAccessPolicies(client),
+        FirestoreWarmPools(client),
+    )
+
+
+@functools.cache
+def job_service() -> JobService:
+    """The JobService of this process."""
+    from tpujobs.engine.job_service import JobService
+
+    a = adapters()
+    return JobService(
+        a.store,
+        a.tpu,
+        a.settings,
+        utc_now,
+        status=a.publisher,
+        exports=a.publisher,
+        pools=a.pools,
+        access=a.access,
+        warm_pools=a.warm_pools,
+    )
+
+
+@functools.cache
+def reconciler() -> Reconciler:
+    """The Reconciler of this process: the event handlers' service, and the same ports; its
+    tick publishes its shards on tpujobs-reconcile, each for an invocation of its own."""
+    from tpujobs.engine.reconciler import Reconciler
+
+    a = adapters()
+    return Reconciler(
+        job_service(),
+        a.store,
+        a.tpu,
+        a.settings,
+        utc_now,
+        pools=a.pools,
+        exports=a.publisher,
+        status=a.publisher,
+        shards=a.publisher,
+    )
+
+
+@functools.cache
+def jobs_api() -> JobsApi:
+    """The `jobs` HTTP API of this process: its ID tokens checked with Google's certificates
+    (cached in the verifier), its dead letters for admins."""
+    from tpujobs.adapters.firestore_dead_letters import FirestoreDeadLetters
+    from tpujobs.adapters.google_id_tokens import GoogleIdTokens
+    from tpujobs.engine.api import JobsApi
+
+    a = adapters()
+    return JobsApi(
+        job_service(),
+        a.store,
+        a.settings,
+        verify_token=GoogleIdTokens(a.settings.api_certs_url),
+        dead_letters=FirestoreDeadLetters(a.firestore),
+    )
+
+
+def build_dead_letters(settings: Settings, clock: Clock) -> DeadLetters:
+    """DeadLetters on real clients (the emulators when their variables are set): Firestore now,
+    the Pub/Sub republisher on the first replay (the function never replays)."""
+    from google.cloud import firestore
+
+    from tpujobs.adapters.firestore_dead_letters import FirestoreDeadLetters
+    from tpujobs.adapters.pubsub_republisher import PubsubRepublisher
+    from tpujobs.engine.dead_letters import DeadLetters
+
+    return DeadLetters(
+        FirestoreDeadLetters(
+            firestore.Client(project=settings.project), timedelta(days=settings.dead_letter_retention_days)
+        ),
+        settings,
+        clock,
+        publisher=lambda: PubsubRepublisher.build(settings.project, settings.prefix),
+    )
+
+
+@functools.cache
+def dead_letters() -> DeadLetters:
+    """The dead-letter recorder of this process."""
+    return build_dead_letters(Settings.from_env(), utc_now)
+
+
+def build_log_objects(settings: Settings) -> LogObjects:
+    """The logs bucket (`settings.logs_bucket`) on a Storage client from the environment."""
+    from tpujobs.adapters.storage import build_client
+    from tpujobs.adapters.storage_logs import GcsLogBucket
+    from tpujobs.engine.output_export import LogObjects
+
+    return LogObjects(GcsLogBucket(build_client(settings.project), settings.logs_bucket))
+
+
+def build_log_exporter(settings: Settings, clock: Clock) -> LogExporter:
+    """A LogExporter on real clients (the emulators when their variables are set)."""
+    from google.cloud import firestore
+
+    from tpujobs.adapters.firestore_store import FirestoreJobStore
+    from tpujobs.engine.output_export import LogExporter
+
+    return LogExporter(
+        build_log_objects(settings),
+        FirestoreJobStore(firestore.Client(project=settings.project)),
+        clock,
+    )
+
+
+@functools.cache
+def log_exporter() -> LogExporter:
+    """The log exporter of this process."""
+    return build_log_exporter(Settings.from_env(), utc_now)
