@@ -10,8 +10,8 @@ from terraform_config import ROOT, Terraform, block
 from tpujobs.engine import topology
 
 # What a function's body calls in functions/main.py decides the rights its account needs.
-ENGINE = ("runtime.job_service()", "runtime.reconciler()", "runtime.jobs_api()")  # Firestore, TPU, status
-LOG_EXPORTER = "runtime.log_exporter()"  # Firestore and the logs bucket
+ENGINE = ("instances.job_service()", "instances.reconciler()", "instances.jobs_api()")  # Firestore, TPU, status
+LOG_EXPORTER = "instances.log_exporter()"  # Firestore and the logs bucket
 PRIMITIVE_ROLES = {"roles/owner", "roles/editor", "roles/viewer"}
 
 
@@ -34,7 +34,7 @@ def test_only_functions_that_run_the_job_service_may_touch_tpus(tf: Terraform) -
         runs_engine = any(call in bodies[target] for call in ENGINE)
         assert function["job_engine"] is runs_engine, target
         publishes = {topology.STATUS, topology.LOG_EXPORT} if runs_engine else set()
-        if "runtime.reconciler()" in bodies[target]:  # a tick publishes its shards on its own topic
+        if "instances.reconciler()" in bodies[target]:  # a tick publishes its shards on its own topic
             publishes.add(topology.RECONCILE)
         assert set(function["publishes"]) == publishes, target
     tpu = tf.resource("google_project_iam_member", "function_tpu")
