@@ -209,7 +209,7 @@ resource "google_cloudfunctions2_function" "function" {
   # Requests per instance, and its CPU (Cloud Run allows more than one request only with at
   # least 1 CPU). Google's guidance (cloud.google.com/functions/docs/configuring/concurrency):
   # start at about 8, and give Python as many THREADS as the concurrency. Measured locally
-  # (bench/submit.py, README "Bursts"): a submission waits about 80 ms on Firestore, Pub/Sub
+  # (bench/submit.py, docs/scale.md "Bursts"): a submission waits about 80 ms on Firestore, Pub/Sub
   # and the TPU API and uses about 20 ms of CPU, so one CPU keeps about 4 busy and 8 leaves
   # room for the slower calls; 20 instances of 8 take a 1,000-job burst in a few seconds. A
   # reconcile shard or a log export holds hundreds of jobs or a whole log at once: one each.

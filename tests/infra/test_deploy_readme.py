@@ -1,4 +1,5 @@
-"""The README's deploy section says what infra/ needs: its variables, APIs, targets, outputs."""
+"""The deploy section of the docs (docs/operations.md) says what infra/ needs: its variables, APIs,
+targets, outputs. The README links to it."""
 
 from __future__ import annotations
 
@@ -8,23 +9,24 @@ import pytest
 from terraform_config import ROOT, Terraform
 from test_cloudbuild import makefile_targets
 
+PAGE = ROOT / "docs" / "operations.md"
 HEADING = "## Deploying to a real project"
 
 
 @pytest.fixture(scope="module")
 def section() -> str:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert HEADING in text, f"README.md has no section {HEADING!r}"
+    text = PAGE.read_text(encoding="utf-8")
+    assert HEADING in text, f"{PAGE.name} has no section {HEADING!r}"
     rest = text.split(HEADING, 1)[1]
     return re.split(r"^## ", rest, flags=re.MULTILINE)[0]
 
 
 def test_every_required_variable_is_explained(section: str, tf: Terraform) -> None:
-    """A variable without a default must be set, so the README names it."""
+    """A variable without a default must be set, so the deploy section names it."""
     required = [name for name, variable in tf.variables.items() if "default" not in variable]
     assert required, "expected at least `project` to be required"
     for name in required:
-        assert f"`{name}`" in section, f"variable {name} has no default and the README does not mention it"
+        assert f"`{name}`" in section, f"variable {name} has no default and the deploy section does not mention it"
 
 
 def test_every_variable_is_mentioned(section: str, tf: Terraform) -> None:

@@ -121,7 +121,7 @@ def test_every_enum_has_a_class_docstring(enum: type) -> None:
 
 
 def test_every_state_value_is_its_name_as_stored_in_firestore() -> None:
-    """The stored value is the upper-case name, as the README's state table lists it."""
+    """The stored value is the upper-case name, as the state table of docs/records.md lists it."""
     assert [s.value for s in JobState] == [
         "QUEUED",
         "PROVISIONING",
