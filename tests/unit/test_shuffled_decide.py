@@ -152,7 +152,7 @@ def fold(job: Job, order: list[Observation]) -> tuple[Job, list[JobEvent]]:
     return job, timeline
 
 
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(deliveries())
 @example(
     (
@@ -184,7 +184,7 @@ def test_shuffled_duplicated_observations_only_ever_make_legal_moves(
     event(f"ends {final.state.value} at attempt {final.attempt}")  # --hypothesis-show-statistics
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(job=jobs, order=st.lists(any_observation, max_size=30))
 def test_arbitrary_observation_streams_never_raise_and_only_make_legal_moves(
     job: Job, order: list[Observation]
