@@ -11,7 +11,7 @@ TERRAFORM ?= terraform
 TF_STATE_BUCKET ?=
 TF_VARS_FILE ?=
 
-.PHONY: venv tools emulator-tools container-tools docker-engine terraform-tool lint test test-unit test-emulator demo bench clean bundle infra-check infra-fmt infra-test checkov plan apply
+.PHONY: venv tools emulator-tools container-tools docker-engine terraform-tool lint docs test test-unit test-emulator demo bench clean bundle infra-check infra-fmt infra-test checkov plan apply
 
 # The functions' pinned runtime dependencies are the constraints: tests run what deploys.
 $(STAMP): pyproject.toml functions/requirements.txt
@@ -65,6 +65,11 @@ lint: venv
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/mypy
 
+# The docs site (mkdocs.yml, docs/) into site/: --strict turns every warning (a broken link or anchor,
+# a page outside the nav) into a failure. Offline: no plugin fetches anything at build time.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
 test-unit: venv
 	$(BIN)/pytest tests/unit -q
 
@@ -72,10 +77,11 @@ test-emulator: venv emulator-tools
 	$(BIN)/pytest -q -m "emulator or e2e"
 
 # Every test: unit, emulator (Firestore, Pub/Sub, TPU simulator) and end to end (the local stack),
-# after the infra checks. Two pytest-xdist workers, each with emulators of its own; the end-to-end
-# tests all go to one of them (tests/conftest.py), so the local stack starts once.
-PYTEST_WORKERS ?= 2
-test: venv tools lint infra-check docker-engine
+# after the infra checks. pytest-xdist workers, each with emulators of its own; each group of
+# end-to-end tests goes whole to one worker with a local stack of its own (tests/conftest.py). The
+# e2e tests mostly wait on the stack, so one worker more than this machine's 2 cores keeps them busy.
+PYTEST_WORKERS ?= 3
+test: venv tools lint docs infra-check docker-engine
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
 
 # Checks of infra/ that need no cloud and no provider download: formatting, checkov (zero failed
@@ -122,4 +128,4 @@ bench: venv emulator-tools
 	$(BIN)/python bench/submit.py
 
 clean:
-	rm -rf $(VENV) $(CHECKOV_VENV) .pytest_cache .ruff_cache .mypy_cache .hypothesis .tpujobs dist
+	rm -rf $(VENV) $(CHECKOV_VENV) .pytest_cache .ruff_cache .mypy_cache .hypothesis .tpujobs dist site

@@ -1,15 +1,19 @@
 """Shared fixtures: the real emulators for the session, a fresh project per test.
 
-The Firestore and Pub/Sub emulators start once per session (or are reused when the
-environment names running ones); each test gets its own project id, which the
-emulators keep apart, so tests never see each other's documents or topics.
+The Firestore and Pub/Sub emulators start once per session, booting in the background while
+the tests that need none run (or are reused when the environment names running ones); each
+test gets its own project id, which the emulators keep apart, so tests never see each other's
+documents or topics. The test order and the e2e groups of pytest-xdist are set here too.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -24,15 +28,32 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ.pop("COLUMNS", None)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`make test`), every end-to-end test goes to one worker: the local
-    stack is started once, not once per worker. Everything else spreads freely; each worker
-    starts emulators of its own, on free ports."""
+    """The test files that need no emulators first: they run while the emulators boot.
+
+    Under pytest-xdist (`make test`), each group of end-to-end tests runs on one worker, with a
+    local stack of its own: "e2e", unless its file names another with an `xdist_group` mark
+    (test_google_behaviours_e2e.py does: its faults are the whole stack's, and it is a third of
+    the e2e time). The groups, the largest first, go to workers of their own while the rest
+    spreads over every worker; the e2e tests mostly wait, so a worker more than the cores
+    (PYTEST_WORKERS in the Makefile) keeps the cores busy.
+
+    First of the hooks: xdist's worker reads the groups in a hook of its own, registered after
+    this file, so a mark added later would group nothing (it did not: every worker took e2e
+    tests and started a stack)."""
+    booting = {item.path for item in items if "emulators" in getattr(item, "fixturenames", ())}
+    items.sort(key=lambda item: item.path in booting)  # whole files, so a module's fixtures are made once
     if not config.pluginmanager.hasplugin("xdist"):
         return
     for item in items:
-        if item.get_closest_marker("e2e") is not None:
+        if item.get_closest_marker("e2e") is not None and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group("e2e"))
+
+
+EMULATOR_VARIABLES = ("FIRESTORE_EMULATOR_HOST", "PUBSUB_EMULATOR_HOST")
+Booted = tuple[dict[str, str], list[processes.ManagedProcess]]  # their addresses; what was started
+_BOOT = pytest.StashKey["Future[Booted]"]()
 
 
 def _answering(variable: str) -> str | None:
@@ -57,25 +78,63 @@ def _start_missing(hosts: dict[str, str | None], log_dir: Path) -> list[processe
     return processes.start(specs, log_dir)
 
 
-@pytest.fixture(scope="session")
-def emulators(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """FIRESTORE_EMULATOR_HOST and PUBSUB_EMULATOR_HOST of running emulators, started if needed."""
-    wanted = ("FIRESTORE_EMULATOR_HOST", "PUBSUB_EMULATOR_HOST")
-    found = {variable: _answering(variable) for variable in wanted}
+def _boot() -> Booted:
+    """Emulators that answer: those the environment names, else started on free ports."""
+    found = {variable: _answering(variable) for variable in EMULATOR_VARIABLES}
+    if all(found.values()):
+        return {variable: str(address) for variable, address in found.items()}, []
+    log_dir = Path(tempfile.mkdtemp(prefix="tpujobs-test-emulators-"))  # removed when they stop
     hosts = dict(found)
     try:
-        started = _start_missing(hosts, tmp_path_factory.mktemp("emulator-logs"))
+        started = _start_missing(hosts, log_dir)
     except processes.ServiceStartError:
         # A port chosen free can be taken before the emulator binds it: once more, on new ports.
         hosts = dict(found)
-        started = _start_missing(hosts, tmp_path_factory.mktemp("emulator-logs"))
-    ready = {variable: str(address) for variable, address in hosts.items()}
+        started = _start_missing(hosts, log_dir)
+    return {variable: str(address) for variable, address in hosts.items()}, started
+
+
+def _booting(config: pytest.Config) -> Future[Booted]:
+    """The session's emulators, booting in a thread of their own (started on the first call)."""
+    if _BOOT not in config.stash:
+        pool = ThreadPoolExecutor(1, thread_name_prefix="emulators")
+        config.stash[_BOOT] = pool.submit(_boot)
+        pool.shutdown(wait=False)  # its one task goes on
+    return config.stash[_BOOT]
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Boot the emulators as soon as the tests are known, when one of them needs them: the Java
+    emulators take 15 s or more to answer, which the tests that need none (first in the order,
+    `pytest_collection_modifyitems`) run through."""
+    if any("emulators" in getattr(item, "fixturenames", ()) for item in session.items):
+        _booting(session.config)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop the emulators this session started, once every fixture that used them is done."""
+    boot = session.config.stash.get(_BOOT, None)
+    if boot is None:
+        return
+    try:
+        _, started = boot.result()
+    except Exception:  # it never started: what went wrong was the emulators fixture's error
+        return
+    processes.stop(started)
+    if started:
+        shutil.rmtree(started[0].log_path.parent, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def emulators(pytestconfig: pytest.Config) -> Iterator[dict[str, str]]:
+    """FIRESTORE_EMULATOR_HOST and PUBSUB_EMULATOR_HOST of running emulators, started if needed
+    (booting since collection ended; stopped when the session ends), exported for the session."""
+    ready, _ = _booting(pytestconfig).result()
     saved = {name: os.environ.get(name) for name in ready}
     os.environ.update(ready)
     try:
         yield ready
     finally:
-        processes.stop(started)
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
@@ -145,3 +204,23 @@ def local_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield f"{processes.LOOPBACK}:{port}"
     finally:
         processes.stop(started)
+
+
+@pytest.fixture(scope="session")
+def storage_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A storage emulator for the session (per xdist worker); each test makes buckets of its own."""
+    port = processes.free_port()
+    started = processes.start([processes.storage_emulator(port)], tmp_path_factory.mktemp("storage-emulator"))
+    try:
+        yield f"http://{processes.LOOPBACK}:{port}"
+    finally:
+        processes.stop(started)
+
+
+@pytest.fixture
+def bucket(storage_url: str, project_id: str):
+    """A fresh bucket in the storage emulator, created with google-cloud-storage."""
+    from tpujobs.local import wiring
+
+    client = wiring.storage_client(storage_url, project_id)
+    return client.create_bucket(f"logs-{uuid.uuid4().hex[:10]}")

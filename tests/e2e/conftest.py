@@ -1,4 +1,4 @@
-"""One local stack for every end-to-end test, on the session's emulators."""
+"""One local stack per worker for its end-to-end tests (its group: tests/conftest.py), on the session's emulators."""
 
 from __future__ import annotations
 
@@ -12,13 +12,21 @@ from tpujobs.engine.settings import Settings
 from tpujobs.local import stack
 
 PROJECT = "tpujobs-e2e"
+# Waits the local stack has its own values for, shorter here: what the tests show is the same
+# (a host never booted is lost after the boot timeout; a passing condition that lasts past the
+# grace loses the host), waited out sooner. Each is still many times what it stands for takes
+# on a loaded machine (an agent's boot, a reconciler tick and a CLI call to end a condition).
+E2E_WAITS = {
+    "TPUJOBS_BOOT_TIMEOUT_SECONDS": "30",  # `tpujobs dev up`: 45 s
+    "TPUJOBS_UNHEALTHY_GRACE_SECONDS": "10",  # `tpujobs dev up`: 20 s
+}
 
 
 @pytest.fixture(scope="session")
 def local_stack(emulators, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """The whole local stack, as `tpujobs dev up` starts it; its environment is exported."""
+    """The whole local stack, as `tpujobs dev up` starts it (with E2E_WAITS); its environment is exported."""
     state_dir = tmp_path_factory.mktemp("stack")
-    environ = {**os.environ, **emulators}
+    environ = {**os.environ, **emulators, **E2E_WAITS}
     state = stack.up(state_dir, Settings(project=PROJECT), environ=environ)
     saved = dict(os.environ)
     os.environ.update(state.env)
