@@ -33,8 +33,8 @@ from tpujobs.adapters.storage_logs import GcsLogBucket
 from tpujobs.adapters.tpu import CloudTpu, build_client
 from tpujobs.domain.states import EventKind
 from tpujobs.domain.transitions import Observation
-from tpujobs.engine.job_service import JobService
 from tpujobs.engine.output_export import LogExporter, LogObjects
+from tpujobs.engine.services import Engine
 from tpujobs.local import processes, wiring
 from tpujobs.local.testing import inbound, local_settings, signed
 
@@ -53,7 +53,7 @@ def utc_now() -> datetime:
 
 def agent_rss_mib() -> float:
     """Resident memory of one Python process that loaded the agent and waits (an idle host)."""
-    code = "import tpujobs.agent.worker, time; time.sleep(3)"
+    code = "import tpujobs.agent.main, time; time.sleep(3)"
     child = subprocess.Popen([sys.executable, "-c", code])
     try:
         time.sleep(1.5)
@@ -66,7 +66,7 @@ def agent_rss_mib() -> float:
         child.wait()
 
 
-def drive(service: JobService, firestore: Any, job_id: str, slices: int, accelerator: str) -> dict[str, Any]:
+def drive(service: Engine, firestore: Any, job_id: str, slices: int, accelerator: str) -> dict[str, Any]:
     versions: set[datetime] = set()
     watch = (
         firestore.collection(JOBS)
@@ -75,7 +75,7 @@ def drive(service: JobService, firestore: Any, job_id: str, slices: int, acceler
     )
     spec = {"job_id": job_id, "name": "big", "owner": "ada@example.com", "accelerator_type": accelerator,
             "slices": slices, "command": "python train.py"}  # fmt: skip
-    assert service.submit(inbound("tpujobs-submit", spec)).kind == "provisioning"
+    assert service.submission.submit(inbound("tpujobs-submit", spec)).kind == "provisioning"
     job = service.store.get(job_id)
     assert job is not None
     hosts = [(s, w) for s in range(slices) for w in range(job.spec.hosts_per_slice)]
@@ -87,7 +87,7 @@ def drive(service: JobService, firestore: Any, job_id: str, slices: int, acceler
         messages = [signed(service, EVENTS, p) for p in payloads]
         began = time.perf_counter()
         with ThreadPoolExecutor(THREADS) as pool:
-            list(pool.map(service.on_worker_report, messages))
+            list(pool.map(service.worker_events.on_worker_report, messages))
         return len(messages) / (time.perf_counter() - began)
 
     rates = {
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         with SimulatorServer(config, run_workers=False) as simulator:
             settings = local_settings(project=PROJECT, default_zone="us-central2-b", tpu_endpoint=simulator.url,
                                       logs_bucket="logs")  # fmt: skip
-            service = JobService(store, CloudTpu(build_client(simulator.url), PROJECT), settings, utc_now,
+            service = Engine(store, CloudTpu(build_client(simulator.url), PROJECT), settings, utc_now,
                                  lambda s: None)  # fmt: skip
             figures = drive(service, client, f"big-{uuid.uuid4().hex[:6]}", args.slices, args.accelerator)
         size, peak, took = export_peak(

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tpujobs.agent.worker import parse_tpu_env
+from tpujobs.agent.config import parse_tpu_env
 from tpujobs.cli import app
 from tpujobs.local.simulator import metadata_url
 from tpujobs.local.testing import wait_for

@@ -38,7 +38,9 @@ from test_agent_emulators import (
 from test_simulator_workers import FAST as SIMULATOR_FAST
 from test_simulator_workers import request_for
 
-from tpujobs.agent import worker
+from tpujobs.agent.basics import AGENT_FAILED
+from tpujobs.agent.containers import LABEL_PREFIX, PRIVILEGED_VARIABLE, SIMULATED_HOST_VARIABLE
+from tpujobs.agent.rest import SECRETS_ENDPOINT_VARIABLE
 from tpujobs.domain.job import Job
 from tpujobs.domain.secrets import secret_id
 from tpujobs.engine import topology
@@ -103,9 +105,9 @@ def host(tmp_path: Path, storage_url: str, bucket, project_id: str) -> Iterator[
 
         def start(self, job: Job, metadata: FakeMetadata, **host_env: str) -> Run:
             env = {
-                worker.PRIVILEGED_VARIABLE: "0",
-                worker.SIMULATED_HOST_VARIABLE: self.mark,
-                worker.SECRETS_ENDPOINT_VARIABLE: self.secrets.url,
+                PRIVILEGED_VARIABLE: "0",
+                SIMULATED_HOST_VARIABLE: self.mark,
+                SECRETS_ENDPOINT_VARIABLE: self.secrets.url,
                 **host_env,
             }
             run = Run(job, self.settings, tmp_path / f"host-{len(self.runs)}" / "work", metadata, storage_url, env)
@@ -158,7 +160,7 @@ def a_contained_job(image: str, **spec: Any) -> Job:
 
 def containers_of(job: Job) -> list[str]:
     """Every container, running or not, labelled with the job."""
-    listed = docker("ps", "--all", "--quiet", "--filter", f"label={worker.LABEL_PREFIX}job={job.job_id}")
+    listed = docker("ps", "--all", "--quiet", "--filter", f"label={LABEL_PREFIX}job={job.job_id}")
     return listed.split()
 
 
@@ -329,7 +331,7 @@ def test_a_missing_image_ends_the_attempt_with_not_found_naming_it_and_runs_noth
     reference = f"{local_registry}/tpujobs-test/never-pushed-{uuid.uuid4().hex[:8]}:1"
     job = a_contained_job(reference, setup="echo setup-ran", command="echo command-ran")
     code, stderr = host.start(job, metadata).wait(60)
-    assert code == worker.AGENT_FAILED, stderr
+    assert code == AGENT_FAILED, stderr
     detail = exited_report(events)["detail"]
     assert detail.startswith(f"cannot pull the image {reference}: not found"), detail
     output = output_of(bucket, job)
@@ -345,7 +347,7 @@ def test_an_unreachable_registry_ends_the_attempt_with_no_network(
     reference = f"{processes.LOOPBACK}:{processes.free_port()}/tpujobs-test/unreachable:1"
     job = a_contained_job(reference, command="echo command-ran")
     code, stderr = host.start(job, metadata).wait(60)
-    assert code == worker.AGENT_FAILED, stderr
+    assert code == AGENT_FAILED, stderr
     detail = exited_report(events)["detail"]
     assert detail.startswith(f"cannot pull the image {reference}: no network"), detail
     assert b"command-ran" not in output_of(bucket, job)

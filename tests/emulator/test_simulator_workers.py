@@ -27,7 +27,7 @@ from unittest import mock
 import pytest
 from typer.testing import CliRunner
 
-from tpujobs.agent.worker import parse_tpu_env, slice_id_from_node_id
+from tpujobs.agent.config import parse_tpu_env, slice_id_from_node_id
 from tpujobs.cli.dev_stack import dev_app
 from tpujobs.local import stack
 from tpujobs.local.simulator import (

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tpujobs.engine.inbound import from_cloud_event
-from tpujobs.engine.reports import audit_log_target
+from tpujobs.engine.qr_state_reports import audit_log_target
 
 NAME = "projects/p/locations/us-central2-b/queuedResources/train-1-a2"
 

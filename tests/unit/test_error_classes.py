@@ -17,7 +17,8 @@ from tpujobs.domain.job import Job, new_job
 from tpujobs.domain.spec import RetryOn, SpecError, parse_spec
 from tpujobs.domain.states import EventKind, JobState
 from tpujobs.domain.transitions import Decision, Observation, decide
-from tpujobs.engine.reports import ReportError, WorkerReport, decode_report
+from tpujobs.engine.messages import ReportError, decode_report
+from tpujobs.engine.worker_reports import WorkerReport
 
 NOW = datetime(2025, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
 LATER = NOW + timedelta(minutes=7)

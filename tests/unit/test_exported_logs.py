@@ -10,7 +10,9 @@ from tpujobs.domain.job import Job, new_job
 from tpujobs.domain.spec import parse_spec
 from tpujobs.domain.states import EventKind, JobState
 from tpujobs.domain.transitions import Decision, Observation, decide
-from tpujobs.engine.job_service import ended_attempt
+from tpujobs.engine.export_requests import LogExportRequest
+from tpujobs.engine.jobs.journal import ended_attempt
+from tpujobs.engine.messages import ReportError, decode_report
 from tpujobs.engine.output_export import (
     Chunk,
     LogReader,
@@ -22,7 +24,6 @@ from tpujobs.engine.output_export import (
     worker_log_parts,
     worker_number,
 )
-from tpujobs.engine.reports import LogExportRequest, ReportError, decode_report
 
 NOW = datetime(2025, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
 

@@ -37,18 +37,14 @@ from tpujobs.domain.spec import (
     decode_spec,
     parse_spec,
 )
+from tpujobs.engine.control_requests import ControlRequest
 from tpujobs.engine.inbound import InboundMessage, from_cloud_event
-from tpujobs.engine.reports import (
-    ControlRequest,
-    PreemptionNotice,
-    QrStateReport,
-    ReportError,
-    WorkerReport,
-    decode_report,
-)
+from tpujobs.engine.messages import ReportError, decode_report
+from tpujobs.engine.qr_state_reports import QrStateReport
+from tpujobs.engine.worker_reports import PreemptionNotice, WorkerReport
 
 FUZZ = settings(
-    max_examples=400,
+    max_examples=150,
     deadline=None,
     suppress_health_check=[
         HealthCheck.too_slow,
@@ -56,7 +52,7 @@ FUZZ = settings(
         HealthCheck.large_base_example,
     ],
 )
-PER_MODEL = settings(FUZZ, max_examples=300)  # four models each: 300 apiece keeps the file quick
+PER_MODEL = settings(FUZZ, max_examples=100)  # four models each: 100 apiece keeps the file quick
 MODELS = (WorkerReport, PreemptionNotice, QrStateReport, ControlRequest)
 MESSAGE_ID = "4711000000000001"
 SOURCE = "//pubsub.googleapis.com/projects/p/topics/tpujobs-submit"
@@ -334,7 +330,7 @@ def test_a_valid_spec_round_trips_through_its_document(data: dict[str, Any], mes
     assert document["job_id"] == spec.job_id and re.fullmatch(ID_PATTERN, spec.job_id or "")
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     field=st.sampled_from(["command", "setup", "env", "code_uri"]),
     text=st.text(any_char, min_size=1, max_size=20),

@@ -17,7 +17,8 @@ from tpujobs.cli import commands as cli
 from tpujobs.domain.accounting import image_reported
 from tpujobs.domain.spec import parse_spec
 from tpujobs.domain.states import EventKind
-from tpujobs.engine.reports import ReportError, WorkerReport, decode_report
+from tpujobs.engine.messages import ReportError, decode_report
+from tpujobs.engine.worker_reports import WorkerReport
 
 DIGEST = "sha256:" + "ab" * 32
 OTHER = "sha256:" + "cd" * 32

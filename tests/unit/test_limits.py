@@ -12,7 +12,8 @@ from tpujobs.domain.job import Job, new_job
 from tpujobs.domain.spec import parse_spec
 from tpujobs.domain.states import EventKind, JobState
 from tpujobs.domain.transitions import Decision, Ignored, Observation, decide
-from tpujobs.engine.reports import WorkerReport, decode_report
+from tpujobs.engine.messages import decode_report
+from tpujobs.engine.worker_reports import WorkerReport
 
 T0 = datetime(2025, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
 ZONE = "us-central2-b"

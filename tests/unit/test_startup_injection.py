@@ -39,7 +39,7 @@ from tpujobs.domain.spec import (
     parse_spec,
 )
 from tpujobs.engine.settings import Settings
-from tpujobs.engine.startup_script import DECODE, agent_config, agent_source, render_startup_script
+from tpujobs.engine.startup_script import DECODE, UNPACK, agent_config, agent_zipapp, render_startup_script
 
 BASH = shutil.which("bash")
 pytestmark = pytest.mark.skipif(BASH is None, reason="needs bash")
@@ -152,7 +152,7 @@ FAKE_PYTHON = """#!{bash}
 # and, instead of running the agent, keeps the config it was given.
 {{ printf '%s\\0' "$#"; printf '%s\\0' "$@"; }} >> '{record}/argv'
 if [ "$1" = "-c" ]; then exec '{python}' -I -S "$@"; fi
-if [ "$1" = "agent.py" ]; then cp "$2" '{record}/config.json'; fi
+if [ "$1" = "agent.pyz" ]; then cp "$2" '{record}/config.json'; fi
 exit 0
 """
 
@@ -215,7 +215,7 @@ def run_script(script: str, tmp: Path) -> tuple[subprocess.CompletedProcess[str]
 def test_hostile_spec_values_run_no_command_and_reach_the_agent_exactly(
     fields: dict[str, Any],
 ) -> None:
-    """bash runs only python3 -c DECODE and python3 agent.py config.json; the config is the spec's, byte for byte."""
+    """bash runs only python3 -c UNPACK, -c DECODE and python3 agent.pyz config.json; the spec's config, exactly."""
     with tempfile.TemporaryDirectory(prefix="tpujobs-inject-") as name:
         tmp = Path(name)
         mark = str(tmp / "pwned-absolute")
@@ -225,7 +225,7 @@ def test_hostile_spec_values_run_no_command_and_reach_the_agent_exactly(
         assert result.returncode == 0, result.stderr
         assert result.stderr == ""
         assert result.stdout == f"tpujobs: starting the worker agent in {workdir}\n"
-        assert calls(record) == [["-c", DECODE], ["agent.py", "config.json"]]
+        assert calls(record) == [["-c", UNPACK], ["-c", DECODE], ["agent.pyz", "config.json"]]
 
         made = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*"))
         assert [p for p in made if "pwned" in p] == []
@@ -239,11 +239,11 @@ def test_hostile_spec_values_run_no_command_and_reach_the_agent_exactly(
                 "record/config.json",
                 "startup.sh",
                 "work",
-                "work/agent.py",
+                "work/agent.pyz",
                 "work/config.json",
             ]
         )
-        assert (workdir / "agent.py").read_text(encoding="utf-8") == agent_source()
+        assert (workdir / "agent.pyz").read_bytes() == agent_zipapp()
 
         received = json.loads((record / "config.json").read_bytes())
         spec = job.spec

@@ -14,23 +14,47 @@ API answer or log can show it. The job's creation time makes a later job that re
 `job_id` get other keys. `scrub` removes a key from any text (the metadata value of a
 queued resource can reach the audit-log sink, and rejections keep payloads).
 
+The key's derivation and text, the signature and the report's encoding are the agent's wire
+contract (`tpujobs.agent.wire`), imported here so that both sides write it once.
+
 Pure: no clock, no I/O.
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import hmac
 import re
 from datetime import datetime, timedelta
 
+from tpujobs.agent.wire import (
+    KEY_ATTRIBUTE,
+    KEY_PREFIX,
+    SIGNATURE_ATTRIBUTE,
+    SIGNATURE_PREFIX,
+    derive_key,
+    key_text,
+    sign,
+)
 from tpujobs.domain.job import Job
 
-KEY_ATTRIBUTE = "tpujobs-report-key"  # the node metadata key the agent reads its key from
-SIGNATURE_ATTRIBUTE = "tpujobs-signature"  # the Pub/Sub message attribute that carries it
-KEY_PREFIX = "tpujobs-key-v1:"
-SIGNATURE_PREFIX = "v1="
+__all__ = [  # the wire's names among them, for the engine
+    "CLOCK_SKEW",
+    "KEY_ATTRIBUTE",
+    "KEY_PREFIX",
+    "MIN_MASTER_KEY_CHARS",
+    "SIGNATURE_ATTRIBUTE",
+    "SIGNATURE_PREFIX",
+    "MissingMasterKey",
+    "attempt_key",
+    "key_text",
+    "report_digest",
+    "report_problem",
+    "scrub",
+    "scrub_bytes",
+    "sign",
+    "signature_problem",
+]
 MIN_MASTER_KEY_CHARS = 32
 # A host's clock may run a little ahead or behind ours (NTP keeps TPU VMs close).
 CLOCK_SKEW = timedelta(seconds=60)
@@ -52,18 +76,7 @@ def attempt_key(master: str, job_id: str, created_at: datetime, attempt: int) ->
             f"TPUJOBS_REPORT_KEY must hold at least {MIN_MASTER_KEY_CHARS} characters of a random secret"
         )
     created = int(created_at.timestamp() * 1_000_000)  # microseconds: what Firestore keeps
-    info = f"tpujobs attempt key v1\x00{job_id}\x00{created}\x00{int(attempt)}".encode()
-    return hmac.new(master.encode("utf-8"), info, hashlib.sha256).digest()
-
-
-def key_text(key: bytes) -> str:
-    """The key as the metadata value the agent reads: `tpujobs-key-v1:` and base64url."""
-    return KEY_PREFIX + base64.urlsafe_b64encode(key).decode("ascii").rstrip("=")
-
-
-def sign(key: bytes, data: bytes) -> str:
-    """The signature attribute of a message whose data is `data`."""
-    return SIGNATURE_PREFIX + hmac.new(key, data, hashlib.sha256).hexdigest()
+    return derive_key(master, job_id, created, attempt)
 
 
 def signature_problem(key: bytes, data: bytes, signature: str | None) -> str | None:

@@ -1,14 +1,14 @@
 """The startup script each TPU VM runs at boot: it writes the worker agent and its config, then runs it.
 
-Nothing from a spec is ever parsed by the shell. Every value lives in the config JSON,
-which the script carries base64-encoded in a quoted heredoc and decodes with python3; the
-agent's source (`worker.py`, standard library only) travels in a quoted heredoc too. The
-only job values the shell sees are in the default work directory, made file-name safe and
-quoted besides. The local simulator runs the same script per worker host, with
+The agent (`tpujobs.agent`, standard library only) travels as a zipapp built here from the
+package's own files, deterministically (sorted entries, fixed times and modes), compressed
+whole with bz2 and base64-encoded in a quoted heredoc; python3 unpacks it to `agent.pyz`. The
+config JSON travels base64-encoded the same way, so nothing from a spec is ever parsed by the
+shell: the only job values the shell sees are in the default work directory, made file-name
+safe and quoted besides. A VM re-runs its startup script at every boot, and the script writes
+the same files again; the agent's boot record (`agent/boot_record.py`) keeps a second start
+from running the attempt twice. The local simulator runs the same script per worker host, with
 `TPUJOBS_WORKDIR`, `TPUJOBS_METADATA_URL` and the emulator hosts in its environment.
-
-The service renders the script for the attempt it is requesting: the `Job` passed in
-already carries that attempt's number, queued resource and resume flag.
 
 A warm pool's unit boots the same way into the pool-mode agent (`render_unit_startup_script`),
 which then runs the attempts written to its `tpujobs-assignment` metadata (`assignment_text`).
@@ -17,15 +17,19 @@ which then runs the attempts written to its `tpujobs-assignment` metadata (`assi
 from __future__ import annotations
 
 import base64
+import bz2
 import functools
+import io
 import json
 import re
 import shlex
 import textwrap
+import zipfile
 from dataclasses import asdict, dataclass
-from pathlib import Path
+from importlib import resources
 from typing import Any
 
+from tpujobs import agent
 from tpujobs.domain import limits, signing
 from tpujobs.domain.job import Job
 from tpujobs.domain.naming import checkpoint_prefix, job_prefix
@@ -38,9 +42,13 @@ from tpujobs.engine.settings import Settings
 STARTUP_SCRIPT_KEY = "startup-script"  # the metadata key a TPU VM runs at every boot
 AGENT_DELIMITER = "TPUJOBS_AGENT_EOF"
 CONFIG_DELIMITER = "TPUJOBS_CONFIG_EOF"
-AGENT_SOURCE = Path(__file__).resolve().parent.parent / "agent" / "worker.py"
 DEFAULT_WORKDIR_ROOT = "/var/lib/tpujobs"
 DECODE = "import base64,sys; sys.stdout.buffer.write(base64.b64decode(sys.stdin.buffer.read()))"
+UNPACK = "import base64,bz2,sys; sys.stdout.buffer.write(bz2.decompress(base64.b64decode(sys.stdin.buffer.read())))"
+AGENT_FILE = "agent.pyz"
+ZIPAPP_PACKAGE = "tpujobs_agent"  # the agent package's name inside the zipapp
+ZIPAPP_MAIN = f"import sys\nfrom {ZIPAPP_PACKAGE}.main import main\n\nsys.exit(main())\n"
+FIXED_TIME = (1980, 1, 1, 0, 0, 0)  # the earliest time a zip entry can carry
 
 
 @dataclass(frozen=True)
@@ -67,18 +75,48 @@ class AgentTimings:
         )
 
     def config(self) -> dict[str, float]:
-        """The agent config's timing keys, named as the fields are (`check_timings` in worker.py
+        """The agent config's timing keys, named as the fields are (`check_timings` in agent/config.py
         fills in any missing)."""
         return asdict(self)
 
 
+def agent_files() -> dict[str, bytes]:
+    """{file name: bytes} of the agent package's modules, read through the package itself, so
+    it works from a checkout, an install and the deployed function bundle alike."""
+    return {
+        entry.name: entry.read_bytes()
+        for entry in resources.files(agent).iterdir()
+        if entry.is_file() and entry.name.endswith(".py")
+    }
+
+
 @functools.lru_cache(maxsize=1)
-def agent_source() -> str:
-    """The worker agent's source, checked to be safe inside the quoted heredoc."""
-    source = AGENT_SOURCE.read_text(encoding="utf-8")
-    if AGENT_DELIMITER in source:
-        raise RuntimeError(f"{AGENT_SOURCE} contains the heredoc delimiter {AGENT_DELIMITER}")
-    return source if source.endswith("\n") else source + "\n"
+def agent_zipapp() -> bytes:
+    """The agent as a zipapp: `__main__.py` and the package as `tpujobs_agent/`. Sorted entries,
+    fixed times and modes, stored: the same source gives the same bytes (the whole is compressed
+    once, for transport, by `agent_blob`). Built once per process."""
+    entries = {"__main__.py": ZIPAPP_MAIN.encode("utf-8")}
+    entries.update({f"{ZIPAPP_PACKAGE}/{name}": data for name, data in agent_files().items()})
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name in sorted(entries):
+            info = zipfile.ZipInfo(name, FIXED_TIME)
+            info.create_system = 3  # Unix, so the mode below is read as one
+            info.external_attr = 0o644 << 16
+            info.compress_type = zipfile.ZIP_STORED
+            archive.writestr(info, entries[name])
+    return buffer.getvalue()
+
+
+@functools.lru_cache(maxsize=1)
+def agent_blob() -> str:
+    """The zipapp compressed whole (bz2 shrinks the modules together far better than a zip's
+    entry-by-entry deflate) and base64-encoded in lines of 76, as the heredoc carries it."""
+    return _base64_lines(bz2.compress(agent_zipapp(), 9))
+
+
+def _base64_lines(data: bytes) -> str:
+    return "\n".join(textwrap.wrap(base64.b64encode(data).decode("ascii"), 76))
 
 
 def agent_config(job: Job, settings: Settings, timings: AgentTimings | None = None) -> dict[str, Any]:
@@ -145,11 +183,9 @@ def render_startup_script(job: Job, settings: Settings, *, timings: AgentTimings
 
 def _agent_script(config_data: dict[str, Any], workdir: str, arguments: str) -> str:
     """The script that writes the agent and its config into `workdir` (or $TPUJOBS_WORKDIR)
-    and runs `python3 agent.py ARGUMENTS` there."""
-    # Raw UTF-8, not \u escapes: non-ASCII text would otherwise grow sixfold before base64
-    # and a large accepted spec could pass GCE's 256 KiB limit on a metadata value.
+    and runs `python3 agent.pyz ARGUMENTS` there."""
+    # Raw UTF-8, not \u escapes: non-ASCII text would otherwise grow sixfold before base64.
     config = json.dumps(config_data, sort_keys=True, ensure_ascii=False).encode("utf-8")
-    encoded = "\n".join(textwrap.wrap(base64.b64encode(config).decode("ascii"), 76))
     return (
         "#!/bin/bash\n"
         "# Generated by tpujobs: writes the worker agent and its config, then runs the agent.\n"
@@ -158,15 +194,17 @@ def _agent_script(config_data: dict[str, Any], workdir: str, arguments: str) -> 
         'workdir="${TPUJOBS_WORKDIR:-$default_workdir}"\n'
         'mkdir -p "$workdir"\n'
         'cd "$workdir"\n'
-        f"cat > agent.py <<'{AGENT_DELIMITER}'\n"
-        f"{agent_source()}"
+        # Beside it, then renamed over it: an agent still running from an earlier start keeps its file.
+        f"python3 -c {shlex.quote(UNPACK)} > {AGENT_FILE}.new <<'{AGENT_DELIMITER}'\n"
+        f"{agent_blob()}\n"
         f"{AGENT_DELIMITER}\n"
+        f"mv -f {AGENT_FILE}.new {AGENT_FILE}\n"
         f"python3 -c {shlex.quote(DECODE)} > config.json <<'{CONFIG_DELIMITER}'\n"
-        f"{encoded}\n"
+        f"{_base64_lines(config)}\n"
         f"{CONFIG_DELIMITER}\n"
         "chmod 600 config.json\n"
         'echo "tpujobs: starting the worker agent in $workdir"\n'
-        f"exec python3 agent.py {arguments}\n"
+        f"exec python3 {AGENT_FILE} {arguments}\n"
     )
 
 
@@ -188,7 +226,7 @@ def host_boot(job: Job, settings: Settings, *, timings: AgentTimings | None = No
 
 
 # --- warm pools -----------------------------------------------------------------------
-# A pool unit's nodes boot into the pool-mode agent (`python3 agent.py --pool config.json`),
+# A pool unit's nodes boot into the pool-mode agent (`python3 agent.pyz --pool config.json`),
 # which waits on the `tpujobs-assignment` metadata entry: `{"seq": N}` when the unit is idle,
 # else one attempt to run, with that attempt's report key (there is no `tpujobs-report-key`
 # entry on a unit). The control plane writes both entries at once with UpdateNode, which

@@ -1,8 +1,8 @@
 """The pool-mode worker agent (a warm pool's unit), run for real by its unit's startup script.
 
-Each test starts `python3 agent.py --pool config.json` through `render_unit_startup_script`,
+Each test starts `python3 agent.pyz --pool config.json` through `render_unit_startup_script`,
 against the fake metadata server and the recording Pub/Sub and Storage stand-in of
-test_agent_worker.py; assignments are written to the fake metadata's `tpujobs-assignment`
+agent_stubs.py; assignments are written to the fake metadata's `tpujobs-assignment`
 as the control plane writes a unit node's metadata, and the agent waits on it with
 `wait_for_change`. Jobs are real bash processes.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_agent_worker import (
+from agent_stubs import (
     ACCOUNT,
     BUCKET,
     FAST,
@@ -36,7 +36,9 @@ from test_agent_worker import (
     read_record,
 )
 
-from tpujobs.agent import worker
+from tpujobs.agent.basics import AgentError
+from tpujobs.agent.pool import parse_assignment
+from tpujobs.agent.processes import group_alive
 from tpujobs.domain import signing
 from tpujobs.domain.job import Job
 from tpujobs.domain.spec import JobSpec
@@ -232,12 +234,12 @@ def test_withdrawing_a_job_kills_its_group_and_its_double_forked_daemon_and_publ
     wait_for(lambda: b"ready" in google.output(chunk_prefix(job_id="busy-1")) and "running" in host.record(busy))
     daemon = int(daemon_file.read_text())
     group = host.record(busy)["running"]["pid"]
-    assert not gone(daemon) and worker.group_alive(group)
+    assert not gone(daemon) and group_alive(group)
 
     assign(metadata, 2, after)
     wait_for(lambda: "exited" in kinds_of(google, after))
     assert gone(daemon)
-    assert not worker.group_alive(group)
+    assert not group_alive(group)
     assert "1 leftover process killed" in host.stderr()
     assert host.record(busy)["ended"] == "withdrawn"
     assert set(kinds_of(google, busy)) <= {"started", "heartbeat"}
@@ -336,15 +338,15 @@ def test_a_restarted_agent_reports_an_attempt_that_was_running_as_rebooted_and_s
 )
 def test_an_unusable_assignment_is_refused_naming_the_field_without_quoting_the_key(text: str, field: str) -> None:
     """Each malformed assignment is one sentence naming what is wrong; the report key's value never appears."""
-    with pytest.raises(worker.AgentError, match=field) as refused:
-        worker.parse_assignment(text.replace('"k"', '"tpujobs-key-v1:secretvalue"'))
+    with pytest.raises(AgentError, match=field) as refused:
+        parse_assignment(text.replace('"k"', '"tpujobs-key-v1:secretvalue"'))
     assert "secretvalue" not in str(refused.value)
 
 
 def test_an_idle_assignment_is_its_seq_alone() -> None:
     """{"seq": N} (and a null job_id) is idle."""
-    assert worker.parse_assignment(idle_assignment_text(4)) == {"seq": 4}
-    assert worker.parse_assignment('{"seq": 4, "job_id": null}') == {"seq": 4}
+    assert parse_assignment(idle_assignment_text(4)) == {"seq": 4}
+    assert parse_assignment('{"seq": 4, "job_id": null}') == {"seq": 4}
 
 
 def test_a_job_without_an_image_runs_in_the_pools_image_which_was_pulled_ahead(

@@ -8,9 +8,12 @@ import json
 from pathlib import Path
 
 import pytest
-from test_agent_worker import ACCOUNT, BUCKET, FAST, PROJECT, a_job
+from agent_stubs import ACCOUNT, BUCKET, FAST, PROJECT, a_job
 
-from tpujobs.agent import worker
+from tpujobs.agent.basics import AgentError
+from tpujobs.agent.config import check_config
+from tpujobs.agent.pool import load_pool_config, parse_assignment
+from tpujobs.agent.rest import parse_report_key
 from tpujobs.domain import signing
 from tpujobs.engine.settings import Settings
 from tpujobs.engine.startup_script import (
@@ -71,15 +74,15 @@ def test_a_bad_pool_name_or_unit_index_is_refused_naming_it(pool: str, unit: int
 
 
 def test_the_unit_startup_script_runs_the_pool_agent_in_the_pool_directory() -> None:
-    """Default /var/lib/tpujobs/pool (or $TPUJOBS_WORKDIR); ends `exec python3 agent.py --pool config.json`; the
+    """Default /var/lib/tpujobs/pool (or $TPUJOBS_WORKDIR); ends `exec python3 agent.pyz --pool config.json`; the
     config read back is the pool config, which the agent accepts; a job's script is unchanged by it."""
     script = render_unit_startup_script("demo", 2, UNIT, a_job().spec, SETTINGS, timings=FAST)
     assert "default_workdir=/var/lib/tpujobs/pool\n" in script
     assert 'workdir="${TPUJOBS_WORKDIR:-$default_workdir}"\n' in script
     assert script.endswith("chmod 600 config.json\n" + 'echo "tpujobs: starting the worker agent in $workdir"\n'
-                           "exec python3 agent.py --pool config.json\n")  # fmt: skip
+                           "exec python3 agent.pyz --pool config.json\n")  # fmt: skip
     assert embedded_config(script) == pool_agent_config("demo", 2, UNIT, a_job().spec, SETTINGS, FAST)
-    assert render_startup_script(a_job(), SETTINGS).endswith("exec python3 agent.py config.json\n")
+    assert render_startup_script(a_job(), SETTINGS).endswith("exec python3 agent.pyz config.json\n")
 
 
 def test_the_pool_agent_accepts_the_config_the_script_writes(tmp_path: Path) -> None:
@@ -87,10 +90,10 @@ def test_the_pool_agent_accepts_the_config_the_script_writes(tmp_path: Path) -> 
     config = pool_agent_config("demo", 0, UNIT, a_job(image="registry.example/t:latest").spec, SETTINGS, FAST)
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
-    assert worker.load_pool_config(str(path)) == config
+    assert load_pool_config(str(path)) == config
     path.write_text(json.dumps({**config, "mode": "job"}))
-    with pytest.raises(worker.AgentError, match="'mode'"):
-        worker.load_pool_config(str(path))
+    with pytest.raises(AgentError, match="'mode'"):
+        load_pool_config(str(path))
 
 
 def test_an_assignment_carries_the_attempts_config_on_the_unit_and_its_report_key() -> None:
@@ -104,10 +107,10 @@ def test_an_assignment_carries_the_attempts_config_on_the_unit_and_its_report_ke
     assert (assignment["seq"], assignment["job_id"], assignment["attempt"]) == (8, "train-1", 3)
     key = signing.attempt_key(SETTINGS.report_key, job.job_id, job.created_at, 3)
     assert assignment["report_key"] == signing.key_text(key)
-    assert worker.parse_report_key(assignment["report_key"]) == key
+    assert parse_report_key(assignment["report_key"]) == key
     assert assignment["config"] == {**agent_config(job, SETTINGS, FAST), "queued_resource": UNIT}
-    assert worker.parse_assignment(text) == assignment
-    worker.check_config(dict(assignment["config"]))
+    assert parse_assignment(text) == assignment
+    check_config(dict(assignment["config"]))
 
 
 def test_an_idle_assignment_is_the_seq_alone_and_a_bad_seq_is_refused() -> None:

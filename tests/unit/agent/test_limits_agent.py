@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_agent_worker import FAST, SETTINGS, WORKER_EVENTS, FakeMetadata, GoogleStub, a_config, a_job, run_script
+from agent_stubs import FAST, SETTINGS, WORKER_EVENTS, FakeMetadata, GoogleStub, a_config, a_job, run_script
 
-from tpujobs.agent import worker
+from tpujobs.agent.basics import AgentError, rfc3339
+from tpujobs.agent.config import attempt_deadline, load_config
 from tpujobs.engine.startup_script import agent_config, render_startup_script
 
 START = 1_740_830_400.0  # 2025-03-01T12:00:00Z
@@ -31,10 +32,10 @@ def api() -> Iterator[GoogleStub]:
 def test_the_deadline_is_the_earliest_limit_and_says_which() -> None:
     """time_limit_at is absolute; the relative limits count from the agent's start."""
     config = {"time_limit_at": "2025-03-01T12:10:00Z", "attempt_time_limit_seconds": 300}
-    assert worker.attempt_deadline(config, START) == (START + 300, "attempt_time_limit")
-    assert worker.attempt_deadline({**config, "attempt_time_limit_seconds": 900}, START) == (START + 600, "time_limit")
-    assert worker.attempt_deadline({"time_limit_seconds": 60}, START) == (START + 60, "time_limit")
-    assert worker.attempt_deadline({}, START) is None
+    assert attempt_deadline(config, START) == (START + 300, "attempt_time_limit")
+    assert attempt_deadline({**config, "attempt_time_limit_seconds": 900}, START) == (START + 600, "time_limit")
+    assert attempt_deadline({"time_limit_seconds": 60}, START) == (START + 60, "time_limit")
+    assert attempt_deadline({}, START) is None
 
 
 def test_the_startup_config_carries_the_limits_the_agent_needs() -> None:
@@ -64,8 +65,8 @@ def test_a_bad_limit_in_the_config_is_refused_naming_the_key(
 
     path = tmp_path / "config.json"
     path.write_text(json.dumps(a_config(**changes)))
-    with pytest.raises(worker.AgentError, match=named):
-        worker.load_config(str(path))
+    with pytest.raises(AgentError, match=named):
+        load_config(str(path))
 
 
 def test_at_its_deadline_the_agent_stops_the_command_and_reports_the_limit(
@@ -88,7 +89,7 @@ def test_heartbeats_say_when_the_command_last_printed_and_a_silent_one_says_noth
 ) -> None:
     """A command that prints once then sleeps: heartbeats carry that line's time; a silent one's carry none."""
     job = a_job(command="echo one; sleep 1.2")
-    before = worker.rfc3339()  # the line may be read before the started report is stamped
+    before = rfc3339()  # the line may be read before the started report is stamped
     code, _, stderr = run_script(render_startup_script(job, SETTINGS, timings=FAST), tmp_path / "w", host, api)
     assert code == 0, stderr
     beats = [p for p, _ in api.messages(WORKER_EVENTS) if p["kind"] == "heartbeat"]

@@ -1,4 +1,4 @@
-"""One host speaks for its slice: the agent's peer protocol (`agent/worker.py`, SliceLink).
+"""One host speaks for its slice: the agent's peer protocol (`agent/slice_link.py`, SliceLink).
 
 The pure parts (signing, SliceWatch, PeerState, the heartbeat schedule) are tested with
 times passed in; the sockets once, on two loopback addresses, as two hosts of a slice.
@@ -13,8 +13,26 @@ from typing import Any
 
 import pytest
 
-from tpujobs.agent import worker
-from tpujobs.engine import reports
+from tpujobs.agent.basics import AgentError
+from tpujobs.agent.config import REQUIRED, check_config
+from tpujobs.agent.slice_link import (
+    ADDRESS_METADATA,
+    ENDPOINTS_METADATA,
+    PEER_MAX_BYTES,
+    PEER_PORT,
+    PEER_SKEW_SECONDS,
+    PeerRefused,
+    PeerState,
+    SliceLink,
+    SliceWatch,
+    heartbeat_period,
+    seal,
+    unseal,
+    worker_address,
+)
+from tpujobs.agent.wire import encode_payload
+from tpujobs.engine.messages import ReportError, decode_report
+from tpujobs.engine.worker_reports import WorkerReport
 from tpujobs.local.testing import wait_for
 
 KEY = hashlib.sha256(b"the attempt key of the tests").digest()
@@ -27,8 +45,8 @@ def beat(worker_id: int = 1, seq: int = 1, at: float = NOW, kind: str = "beat", 
     return {"kind": kind, **IDENTITY, "worker_id": worker_id, "seq": seq, "at": at, **extra}
 
 
-def a_watch(hosts: int = 4, timeout: float = 10.0) -> worker.SliceWatch:
-    return worker.SliceWatch({**IDENTITY, "worker_id": 0}, hosts, timeout)
+def a_watch(hosts: int = 4, timeout: float = 10.0) -> SliceWatch:
+    return SliceWatch({**IDENTITY, "worker_id": 0}, hosts, timeout)
 
 
 # --- signing --------------------------------------------------------------------------
@@ -36,22 +54,22 @@ def a_watch(hosts: int = 4, timeout: float = 10.0) -> worker.SliceWatch:
 
 def test_a_sealed_datagram_opens_with_its_key_only() -> None:
     """seal/unseal round-trip; another attempt's key, or a changed byte, is refused."""
-    datagram = worker.seal(KEY, beat())
-    assert worker.unseal(KEY, datagram) == beat()
-    with pytest.raises(worker.PeerRefused, match="not signed"):
-        worker.unseal(OTHER_KEY, datagram)
-    with pytest.raises(worker.PeerRefused, match="not signed"):
-        worker.unseal(KEY, datagram.replace(b'"seq":1', b'"seq":9'))
-    with pytest.raises(worker.PeerRefused, match="not signed"):
-        worker.unseal(KEY, b"unsigned")
+    datagram = seal(KEY, beat())
+    assert unseal(KEY, datagram) == beat()
+    with pytest.raises(PeerRefused, match="not signed"):
+        unseal(OTHER_KEY, datagram)
+    with pytest.raises(PeerRefused, match="not signed"):
+        unseal(KEY, datagram.replace(b'"seq":1', b'"seq":9'))
+    with pytest.raises(PeerRefused, match="not signed"):
+        unseal(KEY, b"unsigned")
 
 
 def test_a_datagram_of_another_kind_or_too_big_is_refused() -> None:
     """Only beat, ack and bye; nothing past PEER_MAX_BYTES."""
-    with pytest.raises(worker.PeerRefused, match="beat, an ack or a bye"):
-        worker.unseal(KEY, worker.seal(KEY, beat(kind="heartbeat")))
-    with pytest.raises(worker.PeerRefused, match="bytes"):
-        worker.unseal(KEY, worker.seal(KEY, beat(pad="x" * worker.PEER_MAX_BYTES)))
+    with pytest.raises(PeerRefused, match="beat, an ack or a bye"):
+        unseal(KEY, seal(KEY, beat(kind="heartbeat")))
+    with pytest.raises(PeerRefused, match="bytes"):
+        unseal(KEY, seal(KEY, beat(pad="x" * PEER_MAX_BYTES)))
 
 
 # --- worker 0: SliceWatch -------------------------------------------------------------
@@ -61,9 +79,9 @@ def test_worker_0_takes_a_peers_beat_and_refuses_its_replay() -> None:
     """A beat is taken once: the same sequence number again (a replayed datagram) is refused."""
     watch = a_watch()
     assert watch.accept(beat(seq=5), NOW, clock=100.0) == 5
-    with pytest.raises(worker.PeerRefused, match="'seq'"):
+    with pytest.raises(PeerRefused, match="'seq'"):
         watch.accept(beat(seq=5), NOW, clock=101.0)
-    with pytest.raises(worker.PeerRefused, match="'seq'"):
+    with pytest.raises(PeerRefused, match="'seq'"):
         watch.accept(beat(seq=4), NOW, clock=101.0)
     assert watch.accept(beat(seq=6), NOW, clock=102.0) == 6
 
@@ -71,7 +89,7 @@ def test_worker_0_takes_a_peers_beat_and_refuses_its_replay() -> None:
 @pytest.mark.parametrize(
     ("fields", "field"),
     [
-        (beat(at=NOW - worker.PEER_SKEW_SECONDS - 1), "'at'"),  # an old datagram: a replay
+        (beat(at=NOW - PEER_SKEW_SECONDS - 1), "'at'"),  # an old datagram: a replay
         (beat(at=None), "'at'"),
         ({**beat(), "attempt": 1}, "'attempt'"),  # another attempt's host
         ({**beat(), "slice_id": 0}, "'slice_id'"),  # another slice's host
@@ -84,7 +102,7 @@ def test_worker_0_takes_a_peers_beat_and_refuses_its_replay() -> None:
 )
 def test_worker_0_refuses_a_datagram_that_is_not_a_peers_word_now(fields: dict[str, Any], field: str) -> None:
     """Each refusal names the field that is wrong."""
-    with pytest.raises(worker.PeerRefused, match=field):
+    with pytest.raises(PeerRefused, match=field):
         a_watch().accept(fields, NOW, clock=100.0)
 
 
@@ -148,16 +166,16 @@ def test_worker_0s_heartbeat_carries_the_slices_latest_progress() -> None:
 def test_a_peer_takes_an_ack_only_of_a_beat_it_sent() -> None:
     """The first ack says worker 0 speaks for it; an ack of a beat never sent, a replayed ack, or a forged one
     (worker 1 posing as worker 0) is refused."""
-    peer = worker.PeerState({**IDENTITY, "worker_id": 1})
+    peer = PeerState({**IDENTITY, "worker_id": 1})
     seq = peer.next_seq(NOW)
     assert not peer.watched
-    with pytest.raises(worker.PeerRefused, match="never sent"):
+    with pytest.raises(PeerRefused, match="never sent"):
         peer.accept_ack(beat(worker_id=0, seq=seq + 1, kind="ack"), NOW)
-    with pytest.raises(worker.PeerRefused, match="'worker_id'"):
+    with pytest.raises(PeerRefused, match="'worker_id'"):
         peer.accept_ack(beat(worker_id=1, seq=seq, kind="ack"), NOW)
     assert peer.accept_ack(beat(worker_id=0, seq=seq, kind="ack"), NOW) is True
     assert peer.watched
-    with pytest.raises(worker.PeerRefused, match="'seq'"):
+    with pytest.raises(PeerRefused, match="'seq'"):
         peer.accept_ack(beat(worker_id=0, seq=seq, kind="ack"), NOW)
     later = peer.next_seq(NOW)
     assert peer.accept_ack(beat(worker_id=0, seq=later, kind="ack"), NOW) is False  # not the first
@@ -165,10 +183,10 @@ def test_a_peer_takes_an_ack_only_of_a_beat_it_sent() -> None:
 
 def test_a_peers_sequence_numbers_only_grow_even_across_agents() -> None:
     """Counted from the wall clock in ms, so a later agent on the host never reuses an earlier one's numbers."""
-    first = worker.PeerState(IDENTITY)
+    first = PeerState(IDENTITY)
     numbers = [first.next_seq(NOW) for _ in range(3)]
     assert numbers == sorted(set(numbers))
-    assert worker.PeerState(IDENTITY).next_seq(NOW + 1) > numbers[-1]
+    assert PeerState(IDENTITY).next_seq(NOW + 1) > numbers[-1]
 
 
 # --- the schedule and the endpoints ---------------------------------------------------
@@ -176,9 +194,9 @@ def test_a_peers_sequence_numbers_only_grow_even_across_agents() -> None:
 
 def test_the_heartbeat_is_frequent_first_and_sparse_later() -> None:
     """heartbeat_seconds during the fast window, heartbeat_sparse_seconds after it."""
-    config = worker.check_config(
+    config = check_config(
         {
-            **{k: "x" for k, kind in worker.REQUIRED.items() if kind is str},
+            **{k: "x" for k, kind in REQUIRED.items() if kind is str},
             "attempt": 1,
             "resume": False,
             "num_slices": 1,
@@ -188,49 +206,47 @@ def test_the_heartbeat_is_frequent_first_and_sparse_later() -> None:
             "heartbeat_fast_window_seconds": 300,
         }
     )
-    assert [worker.heartbeat_period(t, config) for t in (0.0, 299.0, 300.0, 86_400.0)] == [10, 10, 30, 30]
-    assert worker.heartbeat_period(0.0, {**config, "heartbeat_fast_window_seconds": 0}) == 30  # sparse at once
-    assert (config["peer_seconds"], config["peer_timeout_seconds"], config["peer_port"]) == (2, 10, worker.PEER_PORT)
+    assert [heartbeat_period(t, config) for t in (0.0, 299.0, 300.0, 86_400.0)] == [10, 10, 30, 30]
+    assert heartbeat_period(0.0, {**config, "heartbeat_fast_window_seconds": 0}) == 30  # sparse at once
+    assert (config["peer_seconds"], config["peer_timeout_seconds"], config["peer_port"]) == (2, 10, PEER_PORT)
 
 
 @pytest.mark.parametrize("key", ["heartbeat_sparse_seconds", "peer_timeout_seconds", "peer_port"])
 def test_a_bad_period_or_port_is_refused_by_name(key: str) -> None:
     """A period that is not a positive number, or a port that is not one, names its key."""
-    config = {k: "x" for k, kind in worker.REQUIRED.items() if kind is str}
+    config = {k: "x" for k, kind in REQUIRED.items() if kind is str}
     config.update(attempt=1, resume=False, num_slices=1, hosts_per_slice=2, **{key: 0})
-    with pytest.raises(worker.AgentError, match=key):
-        worker.check_config(config)
+    with pytest.raises(AgentError, match=key):
+        check_config(config)
 
 
 def test_worker_0s_address_is_the_first_of_the_worker_network_endpoints() -> None:
     """As TPU VMs list them (`id:host:ip`, worker 0 first); anything else is no address."""
     endpoints = "unknown:unknown:10.0.0.11,unknown:unknown:10.0.0.12"
-    assert worker.worker_address(endpoints, 0) == "10.0.0.11"
-    assert worker.worker_address(endpoints, 1) == "10.0.0.12"
-    assert worker.worker_address(endpoints, 2) is None
-    assert worker.worker_address("", 0) is None
-    assert worker.worker_address("a:b:not-an-ip", 0) is None
+    assert worker_address(endpoints, 0) == "10.0.0.11"
+    assert worker_address(endpoints, 1) == "10.0.0.12"
+    assert worker_address(endpoints, 2) is None
+    assert worker_address("", 0) is None
+    assert worker_address("a:b:not-an-ip", 0) is None
 
 
 def test_the_service_reads_the_new_report_fields() -> None:
     """peer_silent names its peer; started and heartbeat say when they come next or that worker 0 speaks for them."""
     base = {"job_id": "train-1", "attempt": 2, "slice_id": 0, "worker_id": 0, "at": "2027-01-01T00:00:00Z"}
-    silent = reports.decode_report(
-        reports.WorkerReport,
-        worker.encode_payload({**base, "kind": "peer_silent", "peer_worker_id": 3, "nonce": "ab" * 16}),
+    silent = decode_report(
+        WorkerReport,
+        encode_payload({**base, "kind": "peer_silent", "peer_worker_id": 3, "nonce": "ab" * 16}),
     )
     assert (silent.kind, silent.peer_worker_id) == ("peer_silent", 3)
-    beat_ = reports.decode_report(
-        reports.WorkerReport,
-        worker.encode_payload(
-            {**base, "kind": "heartbeat", "next_report_seconds": 30, "peers_heard": 3, "nonce": "cd" * 16}
-        ),
+    beat_ = decode_report(
+        WorkerReport,
+        encode_payload({**base, "kind": "heartbeat", "next_report_seconds": 30, "peers_heard": 3, "nonce": "cd" * 16}),
     )
     assert (beat_.next_report_seconds, beat_.peers_heard, beat_.watch) == (30.0, 3, None)
-    with pytest.raises(reports.ReportError, match="watch"):
-        reports.decode_report(
-            reports.WorkerReport,
-            worker.encode_payload({**base, "kind": "started", "watch": "self", "nonce": "ef" * 16}),
+    with pytest.raises(ReportError, match="watch"):
+        decode_report(
+            WorkerReport,
+            encode_payload({**base, "kind": "started", "watch": "self", "nonce": "ef" * 16}),
         )
 
 
@@ -241,7 +257,7 @@ class Metadata:
     """The two metadata paths the link reads, for one host."""
 
     def __init__(self, address: str, endpoints: str) -> None:
-        self.values = {worker.ADDRESS_METADATA: address, worker.ENDPOINTS_METADATA: endpoints}
+        self.values = {ADDRESS_METADATA: address, ENDPOINTS_METADATA: endpoints}
 
     def get(self, path: str, timeout: float | None = None) -> str:
         return self.values[path]
@@ -265,7 +281,7 @@ class Host:
         self.watched = threading.Event()
         address = f"127.0.0.{worker_id + 1}"
         config = {"peer_port": port, "peer_seconds": 0.05, "hosts_per_slice": 2, "peer_timeout_seconds": 0.5}
-        self.link = worker.SliceLink(
+        self.link = SliceLink(
             key,
             {**IDENTITY, "worker_id": worker_id},
             config,

@@ -3,7 +3,7 @@
 Spec validation forbids most hostile values, so the hostile jobs here are built with
 `Job.evolve` and `model_copy` directly: the script must be safe even if validation were
 bypassed. Hostile scripts are run for real, with a fake metadata server and the recording
-Pub/Sub and Storage stand-in of test_agent_worker.py, and must create no file but the
+Pub/Sub and Storage stand-in of agent_stubs.py, and must create no file but the
 agent's own, and carry every value through to the agent literally.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_agent_worker import (
+from agent_stubs import (
     BUCKET,
     FAST,
     PROJECT,
@@ -30,6 +30,7 @@ from test_agent_worker import (
     run_script,
 )
 
+from tpujobs.agent.config import load_config
 from tpujobs.domain.job import Job
 from tpujobs.domain.naming import job_prefix
 from tpujobs.engine import startup_script as startup
@@ -37,8 +38,9 @@ from tpujobs.engine.settings import Settings
 from tpujobs.engine.startup_script import (
     AGENT_DELIMITER,
     AgentTimings,
+    agent_blob,
     agent_config,
-    agent_source,
+    agent_zipapp,
     render_startup_script,
 )
 
@@ -180,7 +182,6 @@ def test_the_code_digest_recorded_with_the_job_reaches_the_agent() -> None:
 
 def test_the_rendered_config_passes_the_agents_own_checks(tmp_path: Path) -> None:
     """What agent_config writes, secrets and digest included, is what load_config accepts."""
-    from tpujobs.agent import worker
 
     settings = Settings(
         project=PROJECT, logs_bucket=BUCKET, tpu_service_account=f"vm-acct@{PROJECT}.iam.gserviceaccount.com"
@@ -188,7 +189,7 @@ def test_the_rendered_config_passes_the_agents_own_checks(tmp_path: Path) -> Non
     job = a_job(secrets={"HF_TOKEN": "hf-token"}, code_uri="gs://code-bucket/c.tar.gz", code_sha256="0" * 64)
     path = tmp_path / "config.json"
     path.write_text(json.dumps(agent_config(job, settings)))
-    loaded = worker.load_config(str(path))
+    loaded = load_config(str(path))
     assert loaded["secrets"] == agent_config(job, settings)["secrets"]
     assert loaded["code_sha256"] == "0" * 64
 
@@ -230,7 +231,7 @@ def test_the_script_starts_with_a_bash_shebang_and_strict_mode_and_execs_the_age
     script = render_startup_script(a_job(), SETTINGS)
     assert script.startswith("#!/bin/bash\n")
     assert "\nset -euo pipefail\n" in script
-    assert script.endswith("\nexec python3 agent.py config.json\n")
+    assert script.endswith("\nexec python3 agent.pyz config.json\n")
 
 
 def test_the_script_of_a_valid_job_passes_bash_syntax_check(tmp_path: Path) -> None:
@@ -241,11 +242,11 @@ def test_the_script_of_a_valid_job_passes_bash_syntax_check(tmp_path: Path) -> N
     assert result.returncode == 0, result.stderr
 
 
-def test_the_script_embeds_the_agent_source_and_the_config_verbatim() -> None:
-    """The heredoc holds worker.py byte for byte; the base64 block decodes to agent_config."""
+def test_the_script_embeds_the_agent_zipapp_and_the_config_verbatim() -> None:
+    """The agent's heredoc holds the zipapp's blob whole; the config's base64 block decodes to agent_config."""
     job = a_job(env={"X": "1"})
     script = render_startup_script(job, SETTINGS)
-    assert f"<<'{AGENT_DELIMITER}'\n{agent_source()}{AGENT_DELIMITER}\n" in script
+    assert f"<<'{AGENT_DELIMITER}'\n{agent_blob()}\n{AGENT_DELIMITER}\n" in script
     assert embedded_config(script) == agent_config(job, SETTINGS)
 
 
@@ -254,26 +255,6 @@ def test_the_default_work_directory_is_per_job_and_attempt_and_file_name_safe() 
     assert startup.default_workdir(a_job(3)) == "/var/lib/tpujobs/train-1/attempt-3"
     hostile = a_job().evolve(job_id="../../etc x")
     assert startup.default_workdir(hostile) == "/var/lib/tpujobs/______etc_x/attempt-1"
-
-
-def test_an_agent_source_holding_the_heredoc_delimiter_is_refused(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """If worker.py ever contained the delimiter, rendering fails instead of cutting the heredoc."""
-    bad = tmp_path / "worker.py"
-    bad.write_text(f"print(1)\n{AGENT_DELIMITER}\nprint(2)\n")
-    monkeypatch.setattr(startup, "AGENT_SOURCE", bad)
-    agent_source.cache_clear()
-    try:
-        with pytest.raises(RuntimeError, match=AGENT_DELIMITER):
-            render_startup_script(a_job(), SETTINGS)
-    finally:
-        agent_source.cache_clear()
-
-
-def test_the_real_agent_source_does_not_contain_the_delimiter() -> None:
-    """worker.py can travel in the quoted heredoc."""
-    assert AGENT_DELIMITER not in agent_source()
 
 
 def test_a_largest_spec_still_fits_in_a_metadata_value() -> None:
@@ -368,9 +349,9 @@ def test_the_literal_hostile_value_from_the_brief_touches_nothing_in_tmp(
 def test_the_script_writes_only_the_agent_its_config_and_the_code_directory(
     tmp_path: Path, metadata: FakeMetadata, google: GoogleStub
 ) -> None:
-    """The work dir holds agent.py, config.json (private) and code/; agent.py is worker.py."""
+    """The work dir holds agent.pyz, config.json (private) and code/; agent.pyz is the zipapp."""
     run_hostile(a_job(), tmp_path, metadata, google)
     workdir = tmp_path / "work"
-    assert sorted(p.name for p in workdir.iterdir()) == ["agent.py", "code", "config.json"]
-    assert (workdir / "agent.py").read_text() == agent_source()
+    assert sorted(p.name for p in workdir.iterdir()) == ["agent.pyz", "code", "config.json"]
+    assert (workdir / "agent.pyz").read_bytes() == agent_zipapp()
     assert oct(os.stat(workdir / "config.json").st_mode & 0o777) == "0o600"

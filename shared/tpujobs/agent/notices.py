@@ -1,0 +1,130 @@
+"""What tells the agent to stop: SIGTERM, and the metadata server's `instance/preempted` and
+`instance/maintenance-event`, each waited on with `wait_for_change`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+
+from .basics import HttpError, log
+from .rest import Metadata
+
+PREEMPTED_METADATA = "instance/preempted"
+MAINTENANCE_METADATA = "instance/maintenance-event"
+TERMINATE_ON_MAINTENANCE = "TERMINATE_ON_HOST_MAINTENANCE"
+WATCH_WAIT_SECONDS = 60.0  # how long one wait_for_change request may be held
+WATCH_FLOOR_SECONDS = 0.5  # the least time between two requests answered unchanged
+
+
+def watch_sigterm(on_signal: Callable[[str], None]) -> None:
+    """SIGTERM calls on_signal from a thread at once, even while the main thread is blocked.
+
+    Must be called from the main thread. The C-level handler writes the signal number to a
+    pipe (`signal.set_wakeup_fd`); a thread waiting on the pipe acts on it.
+    """
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    signal.signal(signal.SIGTERM, lambda number, frame: None)
+    signal.set_wakeup_fd(write_fd)
+
+    def wait() -> None:
+        while True:
+            try:
+                data = os.read(read_fd, 64)
+            except OSError:
+                return
+            if not data:
+                return
+            if int(signal.SIGTERM) in data:
+                on_signal("SIGTERM")
+
+    threading.Thread(target=wait, name="sigterm", daemon=True).start()
+
+
+def watch_metadata(
+    metadata: Metadata,
+    path: str,
+    on_value: Callable[[str], bool],
+    stop: threading.Event,
+    wait_seconds: float = WATCH_WAIT_SECONDS,
+    floor: float = WATCH_FLOOR_SECONDS,
+) -> threading.Thread:
+    """Calls on_value with every value a metadata key takes, until it returns True or `stop`.
+
+    Waits with `wait_for_change`, so a change is seen as the server announces it. An answer
+    that comes back unchanged sooner than `floor` (a server that does not hold requests) is
+    followed by a pause of `floor`, so the watch never spins; an unanswered request is
+    tried again a second later (ten for a key the server does not have), never taken for a
+    value.
+    """
+
+    def watch() -> None:
+        etag = ""
+        while not stop.is_set():
+            asked = time.monotonic()
+            try:
+                value, new_etag = metadata.wait_for_change(path, etag, wait_seconds)
+            except HttpError as error:
+                stop.wait(10.0 if error.status == 404 else 1.0)
+                continue
+            except Exception:  # connection refused, reset, timeout: not a value
+                stop.wait(1.0)
+                continue
+            if on_value(value.strip()):
+                return
+            quick = time.monotonic() - asked < floor
+            if quick and (not new_etag or new_etag == etag):
+                stop.wait(floor)
+            etag = new_etag
+
+    thread = threading.Thread(target=watch, name=f"watch {path}", daemon=True)
+    thread.start()
+    return thread
+
+
+def watch_preempted(metadata: Metadata, on_preempted: Callable[[str], None], stop: threading.Event) -> threading.Thread:
+    """On `instance/preempted` turning TRUE, calls on_preempted once."""
+
+    def seen(value: str) -> bool:
+        if value.upper() != "TRUE":
+            return False
+        on_preempted(f"metadata: {PREEMPTED_METADATA}")
+        return True
+
+    return watch_metadata(metadata, PREEMPTED_METADATA, seen, stop)
+
+
+def maintenance_notice(value: str) -> str | None:
+    """The preemption notice's reason for an `instance/maintenance-event` value, else None.
+
+    TERMINATE_ON_HOST_MAINTENANCE: the VM is about to be stopped for host maintenance, so
+    the attempt is lost like a preempted one. NONE: nothing is announced. A TPU VM is never
+    live-migrated, so MIGRATE_ON_HOST_MAINTENANCE should not appear; if it did, the VM
+    would keep running, so it stops nothing, and neither does a value Google may add later
+    (a wrong notice would throw away a healthy attempt; a VM that really stops is still
+    seen by the reconciler).
+    """
+    if value.strip().upper() == TERMINATE_ON_MAINTENANCE:
+        return f"metadata: {MAINTENANCE_METADATA} is {TERMINATE_ON_MAINTENANCE} (host maintenance)"
+    return None
+
+
+def watch_maintenance(metadata: Metadata, on_notice: Callable[[str], None], stop: threading.Event) -> threading.Thread:
+    """On `instance/maintenance-event` announcing termination, calls on_notice once."""
+    logged: set[str] = set()
+
+    def seen(value: str) -> bool:
+        reason = maintenance_notice(value)
+        if reason is not None:
+            on_notice(reason)
+            return True
+        if value.upper() != "NONE" and value not in logged and len(logged) < 10:
+            logged.add(value)
+            log(f"{MAINTENANCE_METADATA} is {value[:80]!r}: no action for it on a TPU VM")
+        return False
+
+    return watch_metadata(metadata, MAINTENANCE_METADATA, seen, stop)
