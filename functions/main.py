@@ -1,4 +1,4 @@
-"""Every Cloud Functions target of tpujobs. Each one decodes its event and calls the service.
+"""Every Cloud Functions target of tpujobs. Each one decodes its event and calls the service of its use case.
 
 Deployed with `--source functions/` (the bundle also carries the tpujobs package), and run
 locally by `tpujobs dev up` under functions-framework with Pub/Sub push subscriptions.
@@ -53,31 +53,31 @@ def _handle(event: CloudEvent, target: str, handler: Callable[[InboundMessage], 
 @functions_framework.cloud_event
 def submit_job(event: CloudEvent) -> None:
     """tpujobs-submit: a job spec becomes a job document and a queued-resource request."""
-    _handle(event, "submit_job", instances.job_service().submit)
+    _handle(event, "submit_job", instances.engine().submission.submit)
 
 
 @functions_framework.cloud_event
 def on_worker_event(event: CloudEvent) -> None:
     """tpujobs-worker-events: workers started, beat, exited or checkpointed."""
-    _handle(event, "on_worker_event", instances.job_service().on_worker_report)
+    _handle(event, "on_worker_event", instances.engine().worker_events.on_worker_report)
 
 
 @functions_framework.cloud_event
 def on_preemption(event: CloudEvent) -> None:
     """tpujobs-preemption: a worker got its preemption notice; recover by the job's rules."""
-    _handle(event, "on_preemption", instances.job_service().on_preemption)
+    _handle(event, "on_preemption", instances.engine().capacity_events.on_preemption)
 
 
 @functions_framework.cloud_event
 def on_qr_state(event: CloudEvent) -> None:
     """tpujobs-qr-state: a queued resource was observed in some state."""
-    _handle(event, "on_qr_state", instances.job_service().on_qr_state)
+    _handle(event, "on_qr_state", instances.engine().capacity_events.on_qr_state)
 
 
 @functions_framework.cloud_event
 def on_control(event: CloudEvent) -> None:
     """tpujobs-control: a user's cancel, resume or rerun request."""
-    _handle(event, "on_control", instances.job_service().on_control)
+    _handle(event, "on_control", instances.engine().controls.on_control)
 
 
 @functions_framework.cloud_event

@@ -146,7 +146,8 @@ def _reservation_path(reservation: str, project: str, zone: str) -> str:
 
 
 class CloudTpu:
-    """The Tpu port on a `tpu_v2.TpuClient`."""
+    """The Capacity port (`engine.ports.Capacity`) on a `tpu_v2.TpuClient`: each holding is a
+    queued resource, named as the engine names it."""
 
     def __init__(self, client: tpu_v2.TpuClient, project: str, *, retry: Retry | None = None) -> None:
         """`retry` wraps every call (the client retries nothing by itself): by default
@@ -200,8 +201,8 @@ class CloudTpu:
         status = status or CapacityStatus(name, zone, "CREATING")
         return dataclasses.replace(status, operation=operation.name)
 
-    def write_metadata(self, zone: str, queued_resource: str, slices: int, metadata: Mapping[str, str]) -> None:
-        """Replace the whole metadata of every node of `queued_resource` (UpdateNode with
+    def write_metadata(self, zone: str, name: str, slices: int, metadata: Mapping[str, str]) -> None:
+        """Replace the whole metadata of every node of the queued resource `name` (UpdateNode with
         update_mask `metadata`), one node after another, each waited for until its operation
         is done, so the agents' metadata servers answer the new values on return. A node that
         does not exist, or is not READY (being created, repaired, preempted, deleted), raises
@@ -210,7 +211,7 @@ class CloudTpu:
         from google.protobuf import field_mask_pb2
 
         for index in range(slices):
-            node_id = naming.node_id(queued_resource, index, slices)
+            node_id = naming.node_id(name, index, slices)
             with _translated(f"write the metadata of node {node_id}"):
                 operation = self._client.update_node(
                     node=tpu_v2.Node(name=f"{self._parent(zone)}/nodes/{node_id}", metadata=dict(metadata)),

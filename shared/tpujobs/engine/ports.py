@@ -1,7 +1,7 @@
 """The small interfaces the service needs from the outside world.
 
-Adapters in `tpujobs.adapters` implement them with Google's libraries; tests and the
-benchmarks use the same adapters against the emulators and the TPU simulator.
+Adapters in `tpujobs.adapters` implement them with Google's libraries, and `tpujobs.local.fakes`
+in memory; `tests/contract` runs one suite against both, so a fake cannot drift.
 """
 
 from __future__ import annotations
@@ -118,7 +118,9 @@ class JobFilter:
     labels: Mapping[str, str] = field(default_factory=dict)
 
 
-class JobStore(Protocol):
+class JobRecords(Protocol):
+    """A job and its timeline: every change a compare-and-set on the job, its event in the same commit."""
+
     def create(self, job: Job, event: JobEvent) -> bool:
         """Create the job and its first event if the job id is new; False if it existed."""
 
@@ -134,7 +136,42 @@ class JobStore(Protocol):
         """Note on the attempt's usage the image digest a host ran (`accounting.image_reported`);
         False when that changes nothing."""
 
+    def record_all_started(self, job_id: str, attempt: int, at: datetime) -> bool:
+        """Note on the attempt's usage that every host has reported, so the boot check is
+        over for it; False when already noted (or the attempt is unknown)."""
+
     def events(self, job_id: str) -> list[JobEvent]: ...
+
+    def mark_announced(self, job_id: str, event: JobEvent) -> None:
+        """Record that the change was published on tpujobs-status."""
+
+    def unannounced_events(self, before: datetime, page_size: int = 500) -> list[tuple[str, JobEvent]]:
+        """(job_id, event) of changes committed before `before` and not yet announced."""
+
+
+class WorkerRecords(Protocol):
+    """The latest word of each worker host, kept apart from the job so heartbeats never contend with transitions."""
+
+    def record_worker(self, job_id: str, worker: WorkerRecord) -> None: ...
+
+    def attempt_workers(self, job_id: str, attempt: int) -> list[WorkerRecord]:
+        """The latest word of each host of one attempt that ever reported (one document each)."""
+
+    def attempt_workers_heard(self, job_id: str, attempt: int) -> int:
+        """How many hosts of the attempt have a record (reported anything): a count, no reads."""
+
+    def attempt_workers_succeeded(self, job_id: str, attempt: int) -> int:
+        """How many hosts of the attempt exited 0, by their records: the job's success count."""
+
+    def silent_workers(self, before: datetime, page_size: int = 500) -> list[SilentWorker]:
+        """Live workers, of any job, whose `silent_after` deadline is earlier than `before` (now)."""
+
+    def retire_worker(self, job_id: str, attempt: int, worker: str) -> None:
+        """Stop watching a worker (its attempt is over)."""
+
+
+class JobQueries(Protocol):
+    """Reads over many jobs: listing, and the reconciler's paged, projected reads."""
 
     def list_jobs(
         self, state: str | None = None, owner: str | None = None, limit: int = 100, where: JobFilter | None = None
@@ -159,42 +196,27 @@ class JobStore(Protocol):
 
     def ended_between(self, start: datetime, end: datetime, page_size: int = 500) -> list[Job]: ...
 
+
+class Retention(Protocol):
+    """What is deleted when its time is up."""
+
     def prune_expired_jobs(self, now: datetime, limit: int = 100) -> list[str]:
         """Delete up to `limit` ended jobs past their `expire_at`, each with its timeline, workers
         and attempts (Firestore's TTL would delete the document alone); the job ids deleted."""
 
-    def record_worker(self, job_id: str, worker: WorkerRecord) -> None: ...
 
-    def attempt_workers(self, job_id: str, attempt: int) -> list[WorkerRecord]:
-        """The latest word of each host of one attempt that ever reported (one document each)."""
-
-    def attempt_workers_heard(self, job_id: str, attempt: int) -> int:
-        """How many hosts of the attempt have a record (reported anything): a count, no reads."""
-
-    def attempt_workers_succeeded(self, job_id: str, attempt: int) -> int:
-        """How many hosts of the attempt exited 0, by their records: the job's success count."""
-
-    def record_all_started(self, job_id: str, attempt: int, at: datetime) -> bool:
-        """Note on the attempt's usage that every host has reported, so the boot check is
-        over for it; False when already noted (or the attempt is unknown)."""
-
-    def silent_workers(self, before: datetime, page_size: int = 500) -> list[SilentWorker]:
-        """Live workers, of any job, whose `silent_after` deadline is earlier than `before` (now)."""
-
-    def retire_worker(self, job_id: str, attempt: int, worker: str) -> None:
-        """Stop watching a worker (its attempt is over)."""
-
-    def mark_announced(self, job_id: str, event: JobEvent) -> None:
-        """Record that the change was published on tpujobs-status."""
-
-    def unannounced_events(self, before: datetime, page_size: int = 500) -> list[tuple[str, JobEvent]]:
-        """(job_id, event) of changes committed before `before` and not yet announced."""
+class MessageRecords(Protocol):
+    """Messages refused, and the signed reports seen (a replay is known by its digest)."""
 
     def reject(self, rejection: Rejection) -> None:
         """Record a rejection once per message id."""
 
     def remember_report(self, digest: str, message_id: str, job_id: str, attempt: int, now: datetime) -> str:
         """Remember a signed report by its digest; the id of the first message that carried it."""
+
+
+class AttemptLogStore(Protocol):
+    """Where each attempt's exported output is."""
 
     def record_attempt_logs(self, job_id: str, logs: AttemptLogs) -> None:
         """Keep where an attempt's exported logs are (merged into `jobs/{id}/attempts/{N}`),
@@ -204,9 +226,16 @@ class JobStore(Protocol):
         """The attempt's exported logs, as recorded; None before its export."""
 
 
+class JobStore(JobRecords, WorkerRecords, JobQueries, Retention, MessageRecords, AttemptLogStore, Protocol):
+    """The whole job store: what a caller that needs every part of it takes."""
+
+
 @dataclass(frozen=True)
 class CapacityStatus:
-    """What the TPU API says about one queued resource."""
+    """What the capacity backend says about one holding of TPU slices (a job attempt's, or a
+    warm-pool unit's). `state` is named as the TPU API names a queued resource's state, for
+    every backend for now: a backend that says it otherwise translates (`CAPACITY_PENDING`,
+    `CAPACITY_GONE` group them by what they mean)."""
 
     name: str
     zone: str
@@ -231,7 +260,7 @@ class HostBoot:
 
 @dataclass(frozen=True)
 class UnitRequest:
-    """One warm-pool unit's queued resource: its name, zone, the pool's shape (a spec that says
+    """One warm-pool unit's slices to ask for: its name, zone, the pool's shape (a spec that says
     the accelerator, slices, capacity, reservation, runtime, image, account and VM options)
     and its labels (`tpujobs-pool`, `tpujobs-unit`)."""
 
@@ -241,28 +270,46 @@ class UnitRequest:
     labels: Mapping[str, str]
 
 
-class Tpu(Protocol):
+# Capacity states grouped by what they mean for the job or unit holding it.
+CAPACITY_PENDING = frozenset({"CREATING", "ACCEPTED", "WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE"})
+CAPACITY_GONE = frozenset({"SUSPENDING", "SUSPENDED", "FAILED"})
+
+
+class Capacity(Protocol):
+    """TPU slices asked for, watched and given back, whichever Google backend holds them.
+
+    A holding is named (deterministically, so a retried request adopts what an earlier one got)
+    and lives in a zone: a job attempt's slices, or a warm-pool unit's. `adapters.tpu` holds
+    them as the TPU API's queued resources; another backend (Compute Engine's TPU VMs) plugs in
+    behind the same methods. `local.fakes.capacity` holds them in memory.
+    """
+
     def request(self, job: Job, boot: HostBoot) -> CapacityStatus:
-        """Ask for the queued resource of the job's current attempt, its TPU VMs booting as
-        `boot` says (`agent.startup.host_boot`); an existing one is adopted."""
-
-    def status(self, zone: str, name: str) -> CapacityStatus | None: ...
-
-    def create_error(self, operation: str) -> str | None:
-        """What a create's long-running operation said if it failed; None while it runs, once it
-        succeeded, or when the API no longer knows it."""
-
-    def release(self, zone: str, name: str) -> None:
-        """Delete the queued resource and its nodes (force); absent is fine."""
-
-    def list_capacity(self, zone: str) -> Sequence[CapacityStatus]: ...
+        """Ask for the slices of the job's current attempt (named `job.queued_resource`), its
+        hosts booting as `boot` says (`startup_script.host_boot`); an existing holding is adopted."""
 
     def request_unit(self, unit: UnitRequest, boot: HostBoot) -> CapacityStatus:
-        """Ask for a warm-pool unit's queued resource, or adopt it, as `request` does for a job."""
+        """Ask for a warm-pool unit's slices, or adopt them, as `request` does for a job."""
 
-    def write_metadata(self, zone: str, queued_resource: str, slices: int, metadata: Mapping[str, str]) -> None:
-        """Replace the metadata of every node of the queued resource (UpdateNode, update_mask
-        `metadata`), waiting for each operation: how a unit's agents learn their assignment."""
+    def status(self, zone: str, name: str) -> CapacityStatus | None:
+        """What the holding `name` is now; None when it does not exist."""
+
+    def create_error(self, operation: str) -> str | None:
+        """What a request's long-running operation said if it failed; None while it runs, once
+        it succeeded, or when the backend no longer knows it."""
+
+    def release(self, zone: str, name: str) -> None:
+        """Give the holding and its hosts back (forced); absent is fine."""
+
+    def list_capacity(self, zone: str) -> Sequence[CapacityStatus]:
+        """Every holding of the zone, with the health of its hosts (`unhealthy_hosts`, `suspect_hosts`)."""
+
+    def write_metadata(self, zone: str, name: str, slices: int, metadata: Mapping[str, str]) -> None:
+        """Replace the metadata of every host of the holding, waiting until each has it: how a
+        unit's agents learn their assignment."""
+
+
+Tpu = Capacity  # the name the reconciler's modules still import
 
 
 @dataclass(frozen=True)

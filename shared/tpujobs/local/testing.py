@@ -26,20 +26,20 @@ from tpujobs.domain.job import Job, JobEvent
 from tpujobs.domain.transitions import Decision, Ignored, Observation
 from tpujobs.engine.inbound import InboundMessage
 from tpujobs.engine.ports import (
+    Capacity,
     CapacityStatus,
     Clock,
     HostBoot,
     JobStore,
     Rejection,
     SilentWorker,
-    Tpu,
     WorkerRecord,
 )
 from tpujobs.engine.settings import DEFAULT_PROJECT, Settings
 
 if TYPE_CHECKING:
-    from tpujobs.engine.job_service import JobService
     from tpujobs.engine.reconciler import Reconciler
+    from tpujobs.engine.services import Engine
 
 T = TypeVar("T")
 
@@ -65,8 +65,8 @@ def local_settings(**overrides: Any) -> Settings:
 
 
 def signed(service: Any, topic: str, payload: dict[str, Any], message_id: str | None = None) -> InboundMessage:
-    """A worker report or preemption notice as the attempt's agent sends it to `service` (a
-    JobService): with a time (the service's clock, unless the payload has `at`) and a fresh
+    """A worker report or preemption notice as the attempt's agent sends it to `service` (an
+    `engine.services.Engine`): with a time (the service's clock, unless the payload has `at`) and a fresh
     nonce, signed with the key of the attempt it names, derived for the job as stored (a job
     that does not exist gets a key of nobody's)."""
     job = service.store.get(str(payload.get("job_id", "")))
@@ -225,9 +225,10 @@ class CrashingStore:
 
 
 class CrashingTpu:
-    """A Tpu whose every call is one step of `plan`, made on the real `tpu`."""
+    """A Capacity port whose every call is one step of `plan` (named `tpu.<method>`), made on
+    the real `tpu`."""
 
-    def __init__(self, tpu: Tpu, plan: CrashPlan) -> None:
+    def __init__(self, tpu: Capacity, plan: CrashPlan) -> None:
         self._tpu = tpu
         self._plan = plan
 
@@ -281,7 +282,7 @@ def _counted(plan: CrashPlan, name: str, attribute: Any) -> Any:
     return call
 
 
-def reconciler_for(service: JobService) -> Reconciler:
+def reconciler_for(service: Engine) -> Reconciler:
     """A Reconciler on the very ports a hand-built `service` uses, as `runtime` wires both."""
     from tpujobs.engine.reconciler import Reconciler
 
@@ -294,4 +295,6 @@ def reconciler_for(service: JobService) -> Reconciler:
         pools=service.pools,
         exports=service.exports,
         status=service.status,
+        warm=service.warm,
+        warm_pools=service.warm.store if service.warm is not None else None,
     )

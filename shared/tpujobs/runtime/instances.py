@@ -4,7 +4,7 @@ Nothing is built, and nothing heavy imported, at import time, so a cold start pa
 what the invoked function uses: the service and its validation models load with the first
 message, each Google client library with the first adapter that needs it, and the TPU and
 Pub/Sub clients only at their first call (a worker's heartbeat never loads tpu_v2). This is the
-one place that picks adapters for ports: the service, the reconciler, the HTTP API, dead
+one place that picks adapters for ports: the engine's services, the reconciler, the HTTP API, dead
 letters and log export get theirs passed in. Tests build the same objects themselves, on the
 emulators.
 """
@@ -31,10 +31,10 @@ if TYPE_CHECKING:
     from tpujobs.adapters.tpu import CloudTpu
     from tpujobs.engine.api import JobsApi
     from tpujobs.engine.dead_letters import DeadLetters
-    from tpujobs.engine.job_service import JobService
     from tpujobs.engine.output_export import LogExporter, LogObjects
     from tpujobs.engine.ports import Clock
     from tpujobs.engine.reconciler import Reconciler
+    from tpujobs.engine.services import Engine
 
 Built = TypeVar("Built")
 
@@ -109,12 +109,13 @@ def adapters() -> Adapters:
 
 
 @functools.cache
-def job_service() -> JobService:
-    """The JobService of this process."""
-    from tpujobs.engine.job_service import JobService
+def engine() -> Engine:
+    """The Engine of this process: every use case's service, each on the adapters it uses;
+    building it creates no client (the adapters build theirs at first use)."""
+    from tpujobs.engine.services import Engine
 
     a = adapters()
-    return JobService(
+    return Engine(
         a.store,
         a.tpu,
         a.settings,
@@ -129,13 +130,14 @@ def job_service() -> JobService:
 
 @functools.cache
 def reconciler() -> Reconciler:
-    """The Reconciler of this process: the event handlers' service, and the same ports; its
-    tick publishes its shards on tpujobs-reconcile, each for an invocation of its own."""
+    """The Reconciler of this process: it repairs through the engine's services, on the same
+    ports; its tick publishes its shards on tpujobs-reconcile, each for an invocation of its own."""
     from tpujobs.engine.reconciler import Reconciler
 
     a = adapters()
+    jobs = engine()
     return Reconciler(
-        job_service(),
+        jobs,
         a.store,
         a.tpu,
         a.settings,
@@ -144,6 +146,8 @@ def reconciler() -> Reconciler:
         exports=a.publisher,
         status=a.publisher,
         shards=a.publisher,
+        warm=jobs.warm,
+        warm_pools=a.warm_pools,
     )
 
 
@@ -157,7 +161,7 @@ def jobs_api() -> JobsApi:
 
     a = adapters()
     return JobsApi(
-        job_service(),
+        engine(),
         a.store,
         a.settings,
         verify_token=GoogleIdTokens(a.settings.api_certs_url),

@@ -1,0 +1,48 @@
+"""The capacity of a job's attempts: asked for with the hosts' boot, given back when nobody owns it."""
+
+from __future__ import annotations
+
+from tpujobs.domain.job import Job
+from tpujobs.domain.states import QUOTA_EXHAUSTED
+from tpujobs.engine.errors import QuotaExhausted
+from tpujobs.engine.ports import Capacity, CapacityStatus, JobRecords
+from tpujobs.engine.settings import Settings
+from tpujobs.engine.startup_script import host_boot
+
+
+def quota_reason(job: Job, error: QuotaExhausted) -> str:
+    """What a job waiting for TPU quota says, quoting Google."""
+    said = str(error).rstrip(". ")
+    return f"TPU quota exhausted in {job.zone}: {said}; waiting, asked again at every reconciler tick."
+
+
+class AttemptCapacity:
+    """Requests and releases the slices of a job's attempts on the capacity port."""
+
+    def __init__(self, capacity: Capacity, store: JobRecords, settings: Settings) -> None:
+        self.capacity = capacity
+        self.store = store
+        self.settings = settings
+
+    def request(self, job: Job) -> CapacityStatus:
+        """Ask for the current attempt's slices, its hosts booting the agent; QuotaExhausted
+        when the TPU quota is full, PermanentError when refused for good."""
+        return self.capacity.request(job, host_boot(job, self.settings))
+
+    def request_or_wait(self, job: Job) -> tuple[CapacityStatus, str]:
+        """`request`, with a full TPU quota as a wait, not an error: its status, and the reason
+        to record ("" for the usual words; `QUOTA_EXHAUSTED` quoting Google)."""
+        try:
+            return self.request(job), ""
+        except QuotaExhausted as error:
+            return CapacityStatus(job.queued_resource, job.zone, QUOTA_EXHAUSTED), quota_reason(job, error)
+
+    def release(self, zone: str, name: str) -> None:
+        """Give back the holding `name` (absent is fine)."""
+        self.capacity.release(zone, name)
+
+    def release_if_orphaned(self, requested: Job) -> None:
+        """After a request lost its race (a cancel, another handler), free what nobody owns."""
+        current = self.store.get(requested.job_id)
+        if current is None or current.state.is_terminal or current.queued_resource != requested.queued_resource:
+            self.capacity.release(requested.zone, requested.queued_resource)

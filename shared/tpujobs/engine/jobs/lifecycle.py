@@ -1,0 +1,190 @@
+"""A job's attempts, acted on: commit what an observation means, then do what the state asks.
+
+The order is always the same: commit the decision in one transaction, then perform the actions
+the job's new state implies (`converge`). A crash in between leaves a job whose record says
+what should happen next; the redelivered message or the reconciler calls `converge` again and
+finishes it, because every action is idempotent: capacity names are deterministic and
+releasing what is gone is fine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from tpujobs.domain import signing
+from tpujobs.domain.job import Job
+from tpujobs.domain.restart_rules import BACKOFF_CAP_SECONDS
+from tpujobs.domain.states import ATTEMPT_LIVE, QUOTA_EXHAUSTED, EventKind, JobState
+from tpujobs.domain.transitions import Decision, Ignored, Observation
+from tpujobs.engine import process_log
+from tpujobs.engine.errors import PermanentError, QuotaExhausted
+from tpujobs.engine.jobs.admission import Admission, Quotas, SubmitOutcome, failed_at_once
+from tpujobs.engine.jobs.attempts import AttemptCapacity, quota_reason
+from tpujobs.engine.jobs.journal import JobJournal, cancellation
+from tpujobs.engine.ports import CapacityStatus, Clock, JobRecords
+
+
+class WarmPoolJobs(Protocol):
+    """What the lifecycle asks of the warm pools for a job of a pool (`warm_pools.PoolJobs`)."""
+
+    def admit(self, job: Job) -> SubmitOutcome:
+        """A QUEUED job of a pool: a free unit now, in the pool's order, or it waits."""
+
+    def leave_attempt(self, job: Job) -> None:
+        """An ended or recovering job's current attempt leaves its unit."""
+
+
+def _sent_back_to_queue(decision: Decision) -> bool:
+    """Sent back to QUEUED from a live attempt: evicted, or moved to the next zone."""
+    event = decision.event
+    return event.to_state is JobState.QUEUED and event.from_state in ATTEMPT_LIVE | {JobState.RECOVERING}
+
+
+class JobLifecycle:
+    """Observes jobs and converges them: admission, the next attempt, release at the end."""
+
+    def __init__(
+        self,
+        store: JobRecords,
+        clock: Clock,
+        sleep: Callable[[float], None],
+        journal: JobJournal,
+        attempts: AttemptCapacity,
+        admission: Admission,
+        warm: WarmPoolJobs | None = None,
+    ) -> None:
+        self.store = store
+        self.clock = clock
+        self.sleep = sleep
+        self.journal = journal
+        self.attempts = attempts
+        self.admission = admission
+        self.warm = warm  # None: no warm pools in this deployment
+
+    def observe(self, job_id: str, seen: Observation) -> Decision | Ignored:
+        """Commit what an observation means for the job, then perform what its state implies."""
+        process_log.bind_job(job_id)
+        outcome = self.journal.commit(job_id, seen)
+        if isinstance(outcome, Decision):
+            if _sent_back_to_queue(outcome):
+                self.admission.left_attempt(outcome.job)
+            self._act(outcome.job)  # the job as just committed: no need to read it again
+        else:
+            self.converge(job_id)  # nothing changed, but earlier work may be unfinished
+        return outcome
+
+    def converge(self, job_id: str) -> None:
+        """Do what the job's state asks for; safe to repeat, whoever calls it and however often.
+
+        QUEUED: request capacity. RECOVERING: release the lost attempt's capacity and
+        request the next. Ended: release the capacity. Anything else waits for events.
+        """
+        job = self.store.get(job_id)
+        if job is not None:
+            self._act(job)
+
+    def cancel(self, job_id: str, reason: str) -> Decision | Ignored:
+        """Cancel a job (its caller has checked the right to) and release its capacity."""
+        return self.observe(job_id, cancellation(reason))
+
+    def admit(self, job: Job, quotas: Quotas | None = None) -> SubmitOutcome:
+        """A QUEUED job: capacity of its own through admission, or a unit of its warm pool."""
+        if job.warm_pool and self.warm is not None:
+            return self.warm.admit(job)
+        return self.admission.admit(job, quotas)
+
+    def _act(self, job: Job) -> None:
+        if job.state is JobState.QUEUED:
+            self.admit(job)
+        elif job.state is JobState.RECOVERING:
+            self._start_next_attempt(job)
+        elif job.state.is_terminal:
+            if job.warm_pool and self.warm is not None:
+                self.warm.leave_attempt(job)  # its unit goes back to the pool; it had no resource of its own
+            elif job.queued_resource:
+                self.attempts.release(job.zone, job.queued_resource)
+            self.admission.free_chips(job)
+
+    def _start_next_attempt(self, job: Job) -> None:
+        warm = self.warm if job.warm_pool else None
+        if warm is not None:  # the unit goes back (or, lost, is asked for again) now, not after the backoff
+            warm.leave_attempt(job)
+        if job.next_attempt_at is not None:
+            wait = (job.next_attempt_at - self.clock()).total_seconds()
+            if wait > 0:
+                self.sleep(min(wait, BACKOFF_CAP_SECONDS))
+        if warm is not None:  # the next attempt waits in the pool's queue
+            self.observe(job.job_id, Observation(EventKind.POOL_REQUEUED, job.attempt, "tpu"))
+            return
+        self.attempts.release(job.zone, job.queued_resource)
+        following = job.as_next_attempt()
+        try:
+            status, reason = self.attempts.request_or_wait(following)  # a full quota: it waits, as at admission
+        except PermanentError as error:
+            self.journal.commit(
+                job.job_id,
+                Observation(EventKind.CAPACITY_REQUEST_FAILED, job.attempt, "tpu", reason=str(error)),
+            )
+            return
+        seen = Observation(
+            EventKind.NEXT_ATTEMPT_REQUESTED, job.attempt, "tpu", reason, status.state, operation=status.operation
+        )
+        outcome = self.journal.commit(job.job_id, seen)
+        if isinstance(outcome, Ignored):
+            self.attempts.release_if_orphaned(following)
+        else:
+            self._observe_failed_at_once(job.job_id, following.attempt, status)
+
+    def _observe_failed_at_once(self, job_id: str, attempt: int, status: CapacityStatus) -> None:
+        failed = failed_at_once(attempt, status)
+        if failed is not None:
+            self.observe(job_id, failed)
+
+    # -- what the reconciler asks of the lifecycle ----------------------------------------
+
+    def request_again(self, job_id: str) -> Decision | Ignored | None:
+        """Ask again for a PROVISIONING job's capacity, missing or refused for quota.
+
+        Read first: the reconciler's listing is an outline, without the command and env the
+        hosts boot with. Within the zone wait only (the reconciler checks): `requested_at`
+        stays the first request's, so this never loops for ever. Refused for quota: it waits
+        on, saying so once; refused for good: FAILED, as at admission.
+        """
+        job = self.store.get(job_id)
+        if job is None or job.state is not JobState.PROVISIONING:
+            return None
+        try:
+            status = self.attempts.request(job)
+        except QuotaExhausted as error:
+            seen = Observation(EventKind.REQUESTED_AGAIN, job.attempt, "reconciler",
+                               quota_reason(job, error), QUOTA_EXHAUSTED)  # fmt: skip
+            return self.journal.commit(job_id, seen)
+        except PermanentError as error:
+            seen = Observation(EventKind.CAPACITY_REQUEST_FAILED, job.attempt, "tpu", reason=str(error))
+            return self.observe(job_id, seen)
+        reason = ""
+        if job.capacity_state == QUOTA_EXHAUSTED:
+            reason = f"The TPU quota in {job.zone} has room now: queued resource {job.queued_resource} requested."
+        seen = Observation(EventKind.REQUESTED_AGAIN, job.attempt, "reconciler", reason, status.state,
+                           operation=status.operation)  # fmt: skip
+        outcome = self.journal.commit(job_id, seen)
+        if isinstance(outcome, Ignored):
+            self.attempts.release_if_orphaned(job)
+        else:
+            self._observe_failed_at_once(job_id, job.attempt, status)
+        return outcome
+
+    def note_suspect_hosts(
+        self, job_id: str, attempt: int, hosts: tuple[tuple[str, str], ...], reason: str
+    ) -> Decision | Ignored:
+        """Remember which hosts of the attempt are in a grace-gated condition, and since when
+        (`Job.suspect_hosts`); the same hosts in the same conditions again write nothing."""
+        seen = Observation(EventKind.HOSTS_SUSPECT, attempt, "reconciler", reason, hosts=hosts)
+        return self.journal.commit(job_id, seen)
+
+    def note_repair_failure(self, job_id: str, doing: str, error: Exception) -> Decision | Ignored:
+        """Record on the job that the reconciler's repair met a permanent error: its reason and
+        timeline say so (once per distinct error), its state stays, and the tick goes on."""
+        reason = signing.scrub(f"The reconciler could not {doing}: {error}. It tries again at every tick.")
+        return self.journal.commit(job_id, Observation(EventKind.REPAIR_FAILED, None, "reconciler", reason=reason))

@@ -1,0 +1,111 @@
+"""A submitted spec becomes one job, at most once, and is admitted.
+
+Both ways in, tpujobs-submit (whose `owner` is a claim) and the jobs API (whose owner is the
+caller its ID token proved), go through the same vetting (`Vetting.vet`) and the same accept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tpujobs.domain.job import SubmittedVia, new_job
+from tpujobs.domain.naming import job_prefix
+from tpujobs.domain.spec import JobSpec, SpecError, decode_spec
+from tpujobs.domain.states import JobState
+from tpujobs.engine import process_log
+from tpujobs.engine.inbound import InboundMessage
+from tpujobs.engine.jobs.admission import Quotas, SubmitOutcome
+from tpujobs.engine.jobs.journal import JobJournal
+from tpujobs.engine.jobs.lifecycle import JobLifecycle
+from tpujobs.engine.jobs.rejections import Rejections
+from tpujobs.engine.jobs.vetting import Verdict, Vetting
+from tpujobs.engine.ports import Clock, JobRecords
+from tpujobs.engine.settings import Settings
+
+
+class Submission:
+    """Creates a job from a vetted spec (once per job_id) and hands it to admission."""
+
+    def __init__(
+        self,
+        store: JobRecords,
+        settings: Settings,
+        clock: Clock,
+        vetting: Vetting,
+        journal: JobJournal,
+        rejections: Rejections,
+        lifecycle: JobLifecycle,
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.clock = clock
+        self.vetting = vetting
+        self.journal = journal
+        self.rejections = rejections
+        self.lifecycle = lifecycle
+
+    def completed(self, spec: JobSpec) -> JobSpec:
+        """The spec with the deployment's VM defaults (`Vetting.completed`)."""
+        return self.vetting.completed(spec)
+
+    def vet(self, spec: JobSpec, *, owner_verified: bool) -> Verdict:
+        """The one vetting of a submission (`Vetting.vet`), for the jobs API to answer with."""
+        return self.vetting.vet(spec, owner_verified=owner_verified)
+
+    def submit(self, message: InboundMessage) -> SubmitOutcome:
+        """A job spec on tpujobs-submit becomes one job and one capacity request, at most once.
+        Its `owner` is a claim nobody checked: the job records `owner_verified: false`."""
+        if message.data is None:
+            self.rejections.reject(message, message.undecodable)
+            return SubmitOutcome("rejected", None, message.undecodable)
+        try:
+            spec = self.completed(decode_spec(message.data, message_id=message.message_id))
+        except SpecError as error:
+            self.rejections.reject(message, str(error))
+            return SubmitOutcome("rejected", None, str(error))
+        verdict = self.vet(spec, owner_verified=False)
+        if verdict.refusal is not None:
+            self.rejections.reject(message, verdict.refusal)
+            return SubmitOutcome("rejected", spec.job_id, verdict.refusal)
+        return self._accept(spec, "topic", lambda reason: self.rejections.reject(message, reason), verdict.quotas)
+
+    def submit_verified(self, spec: JobSpec, quotas: Quotas | None = None) -> SubmitOutcome:
+        """A job spec from the jobs API, whose `owner` is the caller its ID token proved.
+
+        The caller has vetted it (`vet`) and answers with the verdict, so a refusal here never
+        becomes a rejection document. `quotas`: as the vetting read them.
+        """
+        return self._accept(spec, "api", lambda reason: None, quotas)
+
+    def _accept(
+        self, spec: JobSpec, via: SubmittedVia, refuse: Callable[[str], None], quotas: Quotas | None = None
+    ) -> SubmitOutcome:
+        """Create the job (once per job_id) and admit it; a job_id taken by another spec is refused.
+        `quotas`: as read by the caller for this submission, else admission reads them."""
+        assert spec.job_id is not None
+        process_log.bind_job(spec.job_id)
+        log_uri = f"gs://{self.settings.logs_bucket}/{job_prefix(spec.job_id, spec.service_account)}"
+        job, first_event = new_job(
+            spec,
+            self.settings.default_zone,
+            self.clock(),
+            log_uri,
+            via,
+            owner_verified=via == "api",
+            record_retention_days=self.settings.record_retention_days,
+        )
+        if self.store.create(job, first_event):
+            self.journal.announce(job, first_event)
+        else:
+            existing = self.store.get(job.job_id)
+            if existing is None:  # deleted between the two reads: treat as new next time
+                return SubmitOutcome("duplicate", job.job_id, "job vanished during submission")
+            if existing.spec != spec:
+                refuse(
+                    f"job_id {job.job_id!r} already exists with a different spec; "
+                    "a job_id names one job, so this submission was ignored"
+                )
+            if existing.state is not JobState.QUEUED:
+                return SubmitOutcome("duplicate", job.job_id, f"job is already {existing.state.value}")
+            job = existing  # an earlier delivery stopped half-way: finish its work
+        return self.lifecycle.admit(job, quotas)

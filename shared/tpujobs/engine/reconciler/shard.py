@@ -1,0 +1,247 @@
+"""One shard of a tick: its jobs (one zone, one range of ids) compared with the zone's capacity.
+
+Each job is repaired on its own, phase by phase: capacity missing, lost, waiting too long or in a
+doubtful state; then the attempt checks and the exports asked again; then the zone's unowned
+queued resources in its range released. Redelivery repeats a shard: every repair is idempotent.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from functools import partial
+from typing import TYPE_CHECKING
+
+from tpujobs.domain.admission import pool_id
+from tpujobs.domain.job import Job
+from tpujobs.domain.naming import parse_queued_resource_name, parse_unit_queued_resource_name
+from tpujobs.domain.shards import Shard
+from tpujobs.domain.states import QUOTA_EXHAUSTED, EventKind, JobState
+from tpujobs.domain.transitions import Decision, Observation, next_zone
+from tpujobs.engine.ports import CAPACITY_GONE, CapacityStatus, Clock, JobStore, Pools, Tpu
+from tpujobs.engine.reconciler.attempts import AttemptChecks
+from tpujobs.engine.reconciler.collaborators import JobRepairs
+from tpujobs.engine.reconciler.exports import ExportPhase
+from tpujobs.engine.reconciler.pools import PoolPhases
+from tpujobs.engine.reconciler.reads import list_zone, read_limited
+from tpujobs.engine.reconciler.report import Guard, ReconcileReport, log
+
+if TYPE_CHECKING:
+    from tpujobs.engine.settings import Settings
+
+# Queued-resource states that mean "no capacity yet" (a zone failover may end the wait).
+WAITING_FOR_CAPACITY = frozenset({"CREATING", "ACCEPTED", "WAITING_FOR_RESOURCES"})
+
+
+class ShardRun:
+    """Runs shards: reads each one's jobs and zone, and repairs every difference."""
+
+    def __init__(
+        self,
+        jobs: JobRepairs,
+        store: JobStore,
+        tpu: Tpu,
+        settings: Settings,
+        clock: Clock,
+        pools: Pools | None,
+        guard: Guard,
+        phases: tuple[AttemptChecks, ExportPhase, PoolPhases],
+    ) -> None:
+        self.jobs = jobs
+        self.store = store
+        self.tpu = tpu
+        self.settings = settings
+        self.clock = clock
+        self.pools = pools
+        self.guard = guard
+        self.attempts, self.exports, self.pool_phases = phases
+
+    def run(self, shard: Shard) -> ReconcileReport:
+        """One shard: its jobs compared with its zone's listing and repaired, phase by phase,
+        then the zone's unowned queued resources whose job falls in its range released. The
+        read of its jobs ends it on error (the message is redelivered); a zone whose listing
+        failed has its repairs and releases left for the next tick, its other phases run."""
+        report = ReconcileReport(shards=[shard.name])
+        jobs = self.store.active_in_shard(shard.zone, shard.after, shard.through)
+        report.jobs = report.jobs_read = len(jobs)
+        seen = list_zone(self.tpu, shard.zone, report)
+        now = self.clock()
+        stuck_before = now - timedelta(seconds=self.settings.stuck_after_seconds)
+        queued = any(job.state is JobState.QUEUED for job in jobs)
+        limited = read_limited(self.pools, self.guard, report) if queued else set()  # only a QUEUED job's repair asks
+        phase = partial(self.guard.phase, report)
+        if seen is not None:
+            for job in jobs:
+                repair = partial(self._repair, job, seen.get(job.queued_resource), stuck_before, limited, report)
+                self.guard.item(report, "repair the job", repair, job.job_id)
+        phase("ask again for exports", lambda: self.exports.request_missing(jobs, now, report))
+        phase("find hosts that never reported", lambda: self.attempts.find_hosts_that_never_reported(jobs, now, report))
+        phase("enforce time limits", lambda: self.attempts.enforce_time_limits(jobs, now, report))
+        phase("find hung attempts", lambda: self.attempts.find_hung_attempts(jobs, now, report))
+        if seen is not None:
+            live = {job.job_id: job for job in jobs}
+            mine = {(shard.zone, name): status for name, status in seen.items() if _owner_in(shard, name)}
+            phase("release unowned resources", lambda: self._release_unowned(mine, live, report))
+            if not shard.after:  # a zone's unit leftovers: its first shard's
+                units = {name: status for name, status in seen.items() if parse_unit_queued_resource_name(name)}
+                leftovers = partial(self.pool_phases.release_unit_leftovers, units, report)
+                self.guard.item(report, "release warm-pool leftovers", leftovers)
+        log.info("reconcile: shard %s of tick %s: %d jobs", shard.name, shard.tick or "-", report.jobs)
+        return report
+
+    def _repair(
+        self,
+        job: Job,
+        status: CapacityStatus | None,
+        stuck_before: datetime,
+        limited: set[str],
+        report: ReconcileReport,
+    ) -> None:
+        jobs = self.jobs
+        if job.state in (JobState.QUEUED, JobState.RECOVERING):
+            waits = pool_id(job.spec, job.zone) in limited and not job.warm_pool
+            if job.state is JobState.QUEUED and waits:
+                return  # waits for quota: its pool is admitted once, in the pools' phase
+            if job.updated_at is None or job.updated_at < stuck_before:
+                jobs.converge(job.job_id)
+                report.converged.append(job.job_id)
+            return
+        if job.warm_pool:
+            return  # on a warm pool's unit (or waiting for one): the warm pools' phase compares it
+        if status is None:
+            if job.state is JobState.PROVISIONING:
+                self._provision_missing(job, report)
+            elif self.tpu.status(job.zone, job.queued_resource) is None:  # confirm first
+                what = f"queued resource {job.queued_resource} no longer exists"
+                jobs.observe_capacity(job.queued_resource, "SUSPENDED", what, source="reconciler")
+                report.observed.append(f"{job.job_id}: {what}")
+            return
+        lost = status.state in CAPACITY_GONE or status.unhealthy_hosts > 0
+        changed = job.state is JobState.PROVISIONING and status.state != job.capacity_state
+        if self._waited_too_long(job, status):
+            waited = (self.clock() - job.requested_at).total_seconds() if job.requested_at else 0
+            what = f"Queued resource {job.queued_resource} waited {waited / 60:.0f} min for capacity"
+            jobs.observe(job.job_id, Observation(EventKind.ZONE_FAILOVER, job.attempt, "reconciler", reason=what))
+            report.observed.append(f"{job.job_id}: {what}")
+            return
+        if lost or changed:
+            jobs.observe_capacity(status.name, status.state, status.detail, status.unhealthy_hosts, source="reconciler")
+            report.observed.append(f"{job.job_id}: {status.state}")
+        if not lost and (status.suspect_hosts or job.suspect_hosts):
+            self._watch_suspect_hosts(job, status, report)
+
+    def _provision_missing(self, job: Job, report: ReconcileReport) -> None:
+        """A PROVISIONING job without its queued resource: ask again, within the zone wait.
+
+        Waiting for TPU quota, nothing was made: ask again (the quota may have room now) until
+        the zone wait moves the job to its next zone; in its last zone it waits on, saying so.
+        Otherwise the create was made: read the resource again (it may be newer than the
+        listing), then what its operation said. A failed create is a failed provisioning, under
+        the job's rules; a resource still missing is asked for again until the zone wait is
+        over, then moves the job to its next zone or ends the attempt by its rules. So a job is
+        never asked for again and again for ever.
+        """
+        quota = job.capacity_state == QUOTA_EXHAUSTED
+        if not quota and self.tpu.status(job.zone, job.queued_resource) is not None:
+            return  # created since the listing: the next tick compares it
+        failed = None if quota else self.tpu.create_error(job.create_operation)
+        if failed:
+            what = f"Queued resource {job.queued_resource} was never created: {failed}"
+            seen = Observation(EventKind.CAPACITY_LOST, job.attempt, "reconciler", what, "FAILED")
+            self.jobs.observe(job.job_id, seen)
+            report.observed.append(f"{job.job_id}: {what}")
+            return
+        waited = (self.clock() - job.requested_at).total_seconds() if job.requested_at else 0.0
+        if waited > self.settings.zone_wait_seconds and (not quota or next_zone(job) is not None):
+            if quota:
+                what = f"The TPU quota had no room for {waited / 60:.0f} min"
+                seen = Observation(EventKind.ZONE_FAILOVER, job.attempt, "reconciler", reason=what)
+            else:
+                what = (
+                    f"Queued resource {job.queued_resource} never appeared "
+                    f"in the {waited / 60:.0f} min after its request"
+                )
+                seen = Observation(EventKind.CAPACITY_LOST, job.attempt, "reconciler", what, "FAILED")
+            self.jobs.observe(job.job_id, seen)
+            report.observed.append(f"{job.job_id}: {what}")
+            return
+        outcome = self.jobs.request_again(job.job_id)
+        report.re_requested.append(job.queued_resource)
+        if isinstance(outcome, Decision):
+            report.observed.append(f"{job.job_id}: {outcome.event.reason}")
+
+    def _watch_suspect_hosts(self, job: Job, status: CapacityStatus, report: ReconcileReport) -> None:
+        """Remember since when each host has been in a condition that often passes; a host whose
+        condition outlasts the grace is lost, under the job's rules like any lost host."""
+        grace = self.settings.unhealthy_grace_seconds
+        hosts = tuple(sorted(status.suspect_hosts))
+        if hosts != tuple((h.node, h.condition) for h in job.suspect_hosts):
+            if hosts:
+                said = "; ".join(f"node {node} is {condition}" for node, condition in hosts)
+                reason = f"Watching: {said}; a host is lost if its condition lasts {grace:.0f} s."
+            else:
+                reason = f"Every host of attempt {job.attempt} is back to a definite, healthy state."
+            outcome = self.jobs.note_suspect_hosts(job.job_id, job.attempt, hosts, reason)
+            if isinstance(outcome, Decision):
+                job = outcome.job  # with the times each was first seen
+                report.observed.append(f"{job.job_id}: {reason}")
+        now = self.clock()
+        still = {node for node, _ in hosts}  # never a host this listing shows recovered
+        lost = [h for h in job.hosts_lost_after(grace, now) if h.node in still]
+        if lost:
+            said = ", ".join(
+                f"node {h.node} has been {h.condition} for {(now - h.first_seen_at).total_seconds():.0f} s"
+                for h in lost
+            )
+            what = f"{said[0].upper()}{said[1:]}, past the {grace:.0f} s grace: the host is lost"
+            self.jobs.observe(job.job_id, Observation(EventKind.CAPACITY_LOST, job.attempt, "reconciler", reason=what))
+            report.observed.append(f"{job.job_id}: {what}")
+
+    def _waited_too_long(self, job: Job, status: CapacityStatus) -> bool:
+        """Still waiting for capacity past the limit, with another zone of `zones` to try."""
+        return (
+            job.state is JobState.PROVISIONING
+            and status.state in WAITING_FOR_CAPACITY
+            and job.requested_at is not None
+            and (self.clock() - job.requested_at).total_seconds() > self.settings.zone_wait_seconds
+            and next_zone(job) is not None
+        )
+
+    def _release_unowned(
+        self, seen: dict[tuple[str, str], CapacityStatus], live: dict[str, Job], report: ReconcileReport
+    ) -> None:
+        """Delete each tpujobs queued resource that no live attempt owns, read again first."""
+        for (zone, name), status in seen.items():
+            release = partial(self._release_if_unowned, zone, status, live, report)
+            self.guard.item(report, f"release {name}", release)
+
+    def _release_if_unowned(
+        self, zone: str, status: CapacityStatus, live: dict[str, Job], report: ReconcileReport
+    ) -> None:
+        if status.state == "DELETING":
+            return  # already going (deletion takes minutes): asking again costs a read and a call a tick
+        if _unowned(status, live) and _unowned(status, self._fresh(status)):
+            self.tpu.release(zone, status.name)
+            report.released.append(status.name)
+
+    def _fresh(self, status: CapacityStatus) -> dict[str, Job]:
+        """The owner's job read again: it may have started after the listing of active jobs."""
+        owner = parse_queued_resource_name(status.name)
+        job = self.store.get(owner[0]) if owner else None
+        return {job.job_id: job} if job is not None and not job.state.is_terminal else {}
+
+
+def _unowned(status: CapacityStatus, live: dict[str, Job]) -> bool:
+    """A tpujobs resource whose job ended or is gone, or that belongs to an older attempt."""
+    owner = parse_queued_resource_name(status.name)
+    if status.job_label is None or owner is None or owner[0] != status.job_label:
+        return False  # not made by tpujobs: never touch it
+    job = live.get(owner[0])
+    if job is None:
+        return True
+    return owner[1] < job.attempt
+
+
+def _owner_in(shard: Shard, name: str) -> bool:
+    """Whether a queued resource's job (by its name) falls in the shard's range."""
+    owner = parse_queued_resource_name(name)
+    return owner is not None and shard.holds(owner[0])

@@ -1,0 +1,125 @@
+"""Managing warm pools (the jobs API, tpujobs-control, the CLI): create, resize, delete."""
+
+from __future__ import annotations
+
+import logging
+
+from tpujobs.domain import pools
+from tpujobs.domain.admission import never_fits, pool_id, quota_of
+from tpujobs.domain.pools import PoolError, PoolState
+from tpujobs.domain.spec import JobSpec, SpecError, with_deployment_defaults
+from tpujobs.engine.jobs.vetting import Vetting
+from tpujobs.engine.ports import AccessPolicyReader, Clock, WarmPoolStore
+from tpujobs.engine.settings import Settings
+from tpujobs.engine.warm_pools.jobs import PoolJobs
+from tpujobs.engine.warm_pools.outcomes import PoolOutcome
+from tpujobs.engine.warm_pools.quota import UnitQuota
+from tpujobs.engine.warm_pools.units import PoolUnits
+
+log = logging.getLogger(__name__)
+
+
+class PoolManagement:
+    """Pools created, resized and deleted for their owners or admins, within the quota."""
+
+    def __init__(
+        self,
+        store: WarmPoolStore,
+        settings: Settings,
+        clock: Clock,
+        access: AccessPolicyReader | None,
+        vetting: Vetting,
+        quota: UnitQuota,
+        units: PoolUnits,
+        pool_jobs: PoolJobs,
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.clock = clock
+        self.access = access
+        self.vetting = vetting
+        self.quota = quota
+        self.units = units
+        self.pool_jobs = pool_jobs
+
+    def create(self, data: dict[str, object], caller: str, *, verified: bool) -> PoolOutcome:
+        """`pool create`: admins, or owners `config/policies.pools` allows; the quota must be able
+        to hold every unit. The units are asked for at once."""
+        try:
+            request, shape = pools.parse_pool_request({**data, "owner": caller}, self.settings.default_zone)
+            shape = with_deployment_defaults(shape, self.settings.vm_defaults, default_zone=self.settings.default_zone)
+        except (PoolError, SpecError) as error:
+            return PoolOutcome("invalid", None, f"Invalid pool: {error}")
+        refused = self._creation_refusal(caller, verified, shape)
+        if refused is not None:
+            return PoolOutcome("forbidden", None, refused)
+        too_big = self._never_fits(request.count, shape, request.zones)
+        if too_big is not None:
+            return PoolOutcome("invalid", None, too_big)
+        pool = pools.new_pool(request, self.clock())
+        if not self.store.create(pool):
+            existing = self.store.get(request.name)
+            return PoolOutcome("exists", existing, f"a pool named {request.name} already exists")
+        log.info("pool %s created by %s: %d unit(s)", pool.name, caller, pool.count)
+        self.units.request_units(pool.name)
+        return PoolOutcome("done", self.store.get(pool.name), pool.reason)
+
+    def _creation_refusal(self, caller: str, verified: bool, shape: JobSpec) -> str | None:
+        policies = self.access.policies() if self.access is not None else None
+        if not caller:
+            return "a pool needs an owner"
+        trusted = verified or (policies is not None and policies.trust_topic_owners)
+        if not trusted:
+            return "creating a pool needs a verified caller: use the jobs API (tpujobs pool with TPUJOBS_API_URL)"
+        if caller not in self.settings.admins and (
+            policies is None or not policies.members(caller) & set(policies.pools)
+        ):
+            return f"{caller} may not create pools: an admin allows it in config/policies.pools"
+        # Reserved capacity and a service account need what a job of the caller would need.
+        return self.vetting.refusal(shape, owner_verified=True, policies=policies)
+
+    def _never_fits(self, count: int, shape: JobSpec, zones: tuple[str, ...]) -> str | None:
+        quotas = self.quota.quotas()
+        for zone in zones:  # a quota of 0 is a pause, not a size (`admission.never_fits`)
+            if not never_fits(quota_of(quotas, pool_id(shape, zone)), count * shape.chips):
+                return None
+        return (
+            f"{count} unit(s) of {shape.chips} chips need {count * shape.chips} chips, more than the quota of "
+            f"{', '.join(pool_id(shape, z) for z in zones)}: ask an admin to raise it, or ask for fewer units"
+        )
+
+    def resize(self, name: str, count: int, caller: str) -> PoolOutcome:
+        """`pool resize`: new units are asked for at once; surplus units go once no job is on them."""
+        pool = self.store.get(name)
+        if pool is None:
+            return PoolOutcome("missing", None, f"no pool named {name}")
+        if not pools.may_manage(pool, caller, self.settings.admins):
+            return PoolOutcome("forbidden", pool, f"{caller} may not resize pool {name}: only its owner or an admin")
+        if pool.state is not PoolState.ACTIVE:
+            return PoolOutcome("invalid", pool, f"pool {name} is being deleted")
+        if count > pool.count:
+            too_big = self._never_fits(count, pool.shape(), pool.zones)
+            if too_big is not None:
+                return PoolOutcome("invalid", pool, too_big)
+        try:
+            self.store.update(name, lambda p: pools.resized(p, count, self.clock()))
+        except PoolError as error:
+            return PoolOutcome("invalid", pool, f"Invalid resize: {error}")
+        self.units.request_units(name)
+        self.units.settle_units(name)
+        return PoolOutcome("done", self.store.get(name), f"Pool {name} resized to {count} unit(s).")
+
+    def delete(self, name: str, caller: str) -> PoolOutcome:
+        """`pool delete`: jobs on it are cancelled, or moved to capacity of their own
+        (`pool_fallback: provision`); units are released; the document goes with the last."""
+        pool = self.store.get(name)
+        if pool is None:
+            return PoolOutcome("missing", None, f"no pool named {name}")
+        if not pools.may_manage(pool, caller, self.settings.admins):
+            return PoolOutcome("forbidden", pool, f"{caller} may not delete pool {name}: only its owner or an admin")
+        self.store.update(
+            name, lambda p: pools.deleting(p, self.clock(), caller) if p.state is PoolState.ACTIVE else None
+        )
+        self.pool_jobs.settle_jobs_of_deleted(name, f"Pool {name} was deleted by {caller}")
+        self.units.settle_units(name)
+        return PoolOutcome("done", self.store.get(name), f"Pool {name} is being deleted.")

@@ -1,0 +1,153 @@
+"""The capacity port (`engine.ports.Capacity`) in memory: holdings whose state a test sets.
+
+A request makes a holding in `initial_state` (or adopts the one of that name, as the TPU API
+adapter does), a release removes it; `set_state`, `vanish` and `refuse_next` stand in for what
+Google does meanwhile (preemption, a failed create, a full quota). Every call is recorded in
+`calls`, in order, so a test can assert what the engine asked for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from tpujobs.domain.job import Job
+from tpujobs.domain.naming import node_id
+from tpujobs.engine.errors import PermanentError
+from tpujobs.engine.ports import CapacityStatus, HostBoot, UnitRequest
+
+
+@dataclass
+class Holding:
+    """One holding as the fake keeps it: its status, how its hosts boot, and its slices."""
+
+    status: CapacityStatus
+    boot: HostBoot
+    slices: int
+    labels: Mapping[str, str] = field(default_factory=dict)
+    metadata: dict[str, Mapping[str, str]] = field(default_factory=dict)  # node -> its metadata
+
+
+class InMemoryCapacity:
+    """Holdings by (zone, name); every method as `engine.ports.Capacity` says."""
+
+    def __init__(self, initial_state: str = "ACCEPTED") -> None:
+        self.initial_state = initial_state
+        self.holdings: dict[tuple[str, str], Holding] = {}
+        self.calls: list[tuple[str, ...]] = []
+        self.failed_operations: dict[str, str] = {}  # operation -> what it said (`create_error`)
+        self._refusals: list[Exception] = []
+        self._operations = itertools.count(1)
+        self._lock = threading.Lock()
+
+    # -- what a test does --------------------------------------------------------------------
+
+    def refuse_next(self, error: Exception) -> None:
+        """The next request raises `error` (QuotaExhausted, PermanentError, TransientError)."""
+        self._refusals.append(error)
+
+    def set_state(
+        self,
+        name: str,
+        state: str,
+        detail: str = "",
+        unhealthy_hosts: int = 0,
+        suspect_hosts: tuple[tuple[str, str], ...] = (),
+    ) -> CapacityStatus:
+        """Google moved the holding `name` (in whichever zone) to `state`."""
+        with self._lock:
+            holding = self._named(name)
+            holding.status = dataclasses.replace(
+                holding.status, state=state, detail=detail, unhealthy_hosts=unhealthy_hosts, suspect_hosts=suspect_hosts
+            )
+            return holding.status
+
+    def vanish(self, name: str) -> None:
+        """The holding is gone without tpujobs releasing it (deleted by hand, reclaimed)."""
+        with self._lock:
+            holding = self._named(name)
+            del self.holdings[(holding.status.zone, name)]
+
+    def held(self, zone: str | None = None) -> list[str]:
+        """The names held now (in `zone`), sorted."""
+        return sorted(name for (z, name) in self.holdings if zone is None or z == zone)
+
+    def requested(self) -> list[str]:
+        """The names asked for (`request`, `request_unit`), in order, repeats included."""
+        return [call[2] for call in self.calls if call[0] in ("request", "request_unit")]
+
+    def released(self) -> list[str]:
+        """The names given back (`release`), in order, repeats included."""
+        return [call[2] for call in self.calls if call[0] == "release"]
+
+    # -- the port -----------------------------------------------------------------------------
+
+    def request(self, job: Job, boot: HostBoot) -> CapacityStatus:
+        labels = {**job.spec.labels, "tpujobs-job": job.job_id, "tpujobs-attempt": str(job.attempt)}
+        return self._create("request", job.zone, job.queued_resource, boot, job.spec.slices, labels)
+
+    def request_unit(self, unit: UnitRequest, boot: HostBoot) -> CapacityStatus:
+        return self._create("request_unit", unit.zone, unit.name, boot, unit.spec.slices, dict(unit.labels))
+
+    def status(self, zone: str, name: str) -> CapacityStatus | None:
+        with self._lock:
+            self.calls.append(("status", zone, name))
+            holding = self.holdings.get((zone, name))
+            return holding.status if holding is not None else None
+
+    def create_error(self, operation: str) -> str | None:
+        with self._lock:
+            self.calls.append(("create_error", operation))
+            return self.failed_operations.get(operation)
+
+    def release(self, zone: str, name: str) -> None:
+        with self._lock:
+            self.calls.append(("release", zone, name))
+            self.holdings.pop((zone, name), None)
+
+    def list_capacity(self, zone: str) -> Sequence[CapacityStatus]:
+        with self._lock:
+            self.calls.append(("list_capacity", zone))
+            return [h.status for (z, _), h in sorted(self.holdings.items()) if z == zone]
+
+    def write_metadata(self, zone: str, name: str, slices: int, metadata: Mapping[str, str]) -> None:
+        with self._lock:
+            self.calls.append(("write_metadata", zone, name))
+            holding = self.holdings.get((zone, name))
+            if holding is None or holding.status.state != "ACTIVE":
+                state = "missing" if holding is None else holding.status.state
+                raise PermanentError(f"fake capacity: the nodes of {name} are not READY ({state})")
+            for index in range(slices):
+                holding.metadata[node_id(name, index, slices)] = dict(metadata)
+
+    # -- inside --------------------------------------------------------------------------------
+
+    def _create(
+        self, call: str, zone: str, name: str, boot: HostBoot, slices: int, labels: Mapping[str, str]
+    ) -> CapacityStatus:
+        with self._lock:
+            self.calls.append((call, zone, name))
+            if self._refusals:
+                raise self._refusals.pop(0)
+            existing = self.holdings.get((zone, name))
+            if existing is not None:  # an earlier request made it: adopted, never bought twice
+                return existing.status
+            status = CapacityStatus(
+                name,
+                zone,
+                self.initial_state,
+                job_label=labels.get("tpujobs-job"),
+                pool_label=labels.get("tpujobs-pool"),
+                operation=f"operations/fake-{next(self._operations)}",
+            )
+            self.holdings[(zone, name)] = Holding(status, boot, slices, dict(labels))
+            return status
+
+    def _named(self, name: str) -> Holding:
+        found = [h for (_, n), h in self.holdings.items() if n == name]
+        if not found:
+            raise KeyError(f"fake capacity holds no {name}")
+        return found[0]
