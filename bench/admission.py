@@ -36,7 +36,7 @@ from tpujobs.adapters.firestore_store import FirestoreJobStore
 from tpujobs.adapters.tpu import CloudTpu, build_client
 from tpujobs.domain.states import JobState
 from tpujobs.engine.inbound import InboundMessage
-from tpujobs.engine.job_service import JobService
+from tpujobs.engine.services import Engine
 from tpujobs.local.simulator import SimulatorConfig, SimulatorServer
 from tpujobs.local.testing import local_settings, signed
 
@@ -96,7 +96,7 @@ def main() -> int:
         pools = FirestorePools(client)
         pools.set_quota(ZONE, "v4", QUOTA_CHIPS)
         settings = local_settings(project=project, default_zone=ZONE, tpu_endpoint=simulator.url, logs_bucket="logs")
-        service = JobService(
+        service = Engine(
             Counted(FirestoreJobStore(client), counts),
             CloudTpu(build_client(simulator.url), project),
             settings,
@@ -106,7 +106,7 @@ def main() -> int:
         )
         started = time.perf_counter()
         for n in range(args.jobs):
-            service.submit(
+            service.submission.submit(
                 message(
                     "tpujobs-submit",
                     {
@@ -129,7 +129,7 @@ def main() -> int:
             before_ids = {j.job_id for j in service.store.list_jobs(state="PROVISIONING", limit=100)}
             counts.clear()
             t0 = time.perf_counter()
-            service.on_worker_report(
+            service.worker_events.on_worker_report(
                 signed(
                     service,
                     "tpujobs-worker-events",
@@ -215,7 +215,7 @@ def transactions_on_one_document(client: firestore.Client, writers: int) -> dict
     return outcome
 
 
-def concurrent_endings(service: JobService, running: list[str], writers: int, counts: Counter) -> dict[str, int]:
+def concurrent_endings(service: Engine, running: list[str], writers: int, counts: Counter) -> dict[str, int]:
     """`writers` running jobs end at the same moment; each handler admits the next job."""
     pool = f"v4@{ZONE}"
     ending = running[:writers]
@@ -225,7 +225,7 @@ def concurrent_endings(service: JobService, running: list[str], writers: int, co
 
     def end(job_id: str) -> None:
         try:
-            service.on_worker_report(
+            service.worker_events.on_worker_report(
                 signed(
                     service,
                     "tpujobs-worker-events",

@@ -239,7 +239,7 @@ def heartbeat(job_id: str) -> tuple[bytes, dict[str, str]]:
     from tpujobs.runtime import instances
 
     payload = {"kind": "heartbeat", "job_id": job_id, "attempt": 1, "slice_id": 0, "worker_id": 0}
-    message = signed(instances.job_service(), WORKER_EVENTS, payload)
+    message = signed(instances.engine(), WORKER_EVENTS, payload)
     assert message.data is not None
     return message.data, dict(message.attributes)
 

@@ -1,6 +1,6 @@
 """Reconcile at scale: one fanned-out tick at 100, 1,000 and 10,000 active jobs in 10 zones.
 
-A tick is a coordinator and its shards (tpujobs/engine/reconciler.py): the coordinator reads where
+A tick is a coordinator and its shards (tpujobs/engine/reconciler/): the coordinator reads where
 every active job is, cuts each zone into shards of at most --shard-size jobs and runs the
 phases that are not per job; each shard reads its jobs, lists its zone and repairs. In
 production each shard is its own function invocation; here the coordinator runs first, then
@@ -83,9 +83,9 @@ from tpujobs.domain.job import Job, JobEvent, Source, new_job
 from tpujobs.domain.shards import Shard
 from tpujobs.domain.spec import JobSpec
 from tpujobs.domain.states import JobState
-from tpujobs.engine.job_service import JobService
 from tpujobs.engine.ports import WorkerRecord
 from tpujobs.engine.reconciler import Reconciler, ReconcileReport
+from tpujobs.engine.services import Engine
 from tpujobs.engine.settings import Settings
 from tpujobs.engine.startup_script import host_boot
 from tpujobs.local import processes
@@ -524,7 +524,7 @@ def measure(fleet: Fleet, tpu_url: str, ticks: int, shard_size: int, parallel: i
     store = CountingStore(FirestoreJobStore(fleet.client))
     client = CountingClient(build_client(tpu_url))
     now = fleet.now
-    service = JobService(store, CloudTpu(client, settings.project), settings, lambda: now, lambda seconds: None)
+    service = Engine(store, CloudTpu(client, settings.project), settings, lambda: now, lambda seconds: None)
     reconciler = reconciler_for(service)
 
     steady(one_tick(reconciler, parallel)[0], fleet.active, client)  # warm-up: connections, first reads
@@ -576,7 +576,8 @@ def instance_base_mib() -> float:
     code = (
         "import resource, functions_framework\n"
         "from google.cloud import firestore, pubsub_v1\n"
-        "from tpujobs import reconciler, runtime\n"
+        "from tpujobs.engine import reconciler\n"
+        "from tpujobs.runtime import instances\n"
         "from tpujobs.adapters import firestore_store, pubsub, tpu\n"
         "firestore.Client(project='p'); pubsub_v1.PublisherClient(); tpu.build_client('http://127.0.0.1:9')\n"
         "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"

@@ -136,7 +136,7 @@ def run(mode: str, n: int, publisher: Any, topic: str, firestore_client: Any) ->
 
 def round_trips(settings: Settings) -> dict[str, int]:
     """Firestore calls of one fresh submission, by gRPC method: the service wired as
-    `runtime.job_service()` wires it, in this process, on a counted channel of the real client."""
+    `runtime.instances.engine()` wires it, in this process, on a counted channel of the real client."""
     import grpc
     from google.cloud import firestore
 
@@ -146,7 +146,7 @@ def round_trips(settings: Settings) -> dict[str, int]:
     from tpujobs.adapters.firestore_warm_pools import FirestoreWarmPools
     from tpujobs.adapters.pubsub import Publisher
     from tpujobs.adapters.tpu import CloudTpu, build_client
-    from tpujobs.engine.job_service import JobService
+    from tpujobs.engine.services import Engine
     from tpujobs.local.testing import inbound
     from tpujobs.runtime.instances import utc_now
 
@@ -167,7 +167,7 @@ def round_trips(settings: Settings) -> dict[str, int]:
     settings = dataclasses.replace(settings, report_key=secrets.token_urlsafe(48))
     client = CountedClient(project=settings.project)
     publisher = Publisher.build(settings.project, settings.prefix)
-    service = JobService(
+    service = Engine(
         FirestoreJobStore(client),
         CloudTpu(build_client(settings.tpu_endpoint), settings.project),
         settings,
@@ -178,9 +178,11 @@ def round_trips(settings: Settings) -> dict[str, int]:
         access=FirestoreAccessPolicies(client),
         warm_pools=FirestoreWarmPools(client),
     )
-    service.submit(inbound(SUBMIT, spec(f"bench-rt-{uuid.uuid4().hex[:6]}", "bench-rt")))  # the client's first calls
+    service.submission.submit(
+        inbound(SUBMIT, spec(f"bench-rt-{uuid.uuid4().hex[:6]}", "bench-rt"))
+    )  # the client's first calls
     calls.clear()
-    outcome = service.submit(inbound(SUBMIT, spec(f"bench-rt-{uuid.uuid4().hex[:6]}", "bench-rt")))
+    outcome = service.submission.submit(inbound(SUBMIT, spec(f"bench-rt-{uuid.uuid4().hex[:6]}", "bench-rt")))
     if outcome.kind != "provisioning":
         raise RuntimeError(f"the counted submission ended {outcome.kind}: {outcome.reason}")
     return dict(calls)

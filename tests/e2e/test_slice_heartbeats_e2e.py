@@ -15,7 +15,7 @@ import signal
 import pytest
 
 from tpujobs.domain.states import JobState
-from tpujobs.engine.job_service import SPOKEN_FOR
+from tpujobs.engine.jobs.worker_records import SPOKEN_FOR
 from tpujobs.engine.topology import CONTROL
 from tpujobs.local.testing import wait_for
 

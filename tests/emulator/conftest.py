@@ -1,4 +1,4 @@
-"""Fixtures the emulator test modules share: a job service on the emulators, the storage emulator.
+"""Fixtures the emulator test modules share: a job service on the emulators.
 
 The session's Firestore and Pub/Sub emulators and the per-test TPU simulator come from
 tests/conftest.py; what is here builds on them. A module keeps a fixture of its own only when
@@ -7,8 +7,7 @@ it is genuinely its own (a hand-moved clock, a service with pools).
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -16,8 +15,7 @@ import pytest
 from tpujobs.adapters.firestore_store import FirestoreJobStore
 from tpujobs.adapters.firestore_warm_pools import FirestoreWarmPools
 from tpujobs.adapters.tpu import CloudTpu
-from tpujobs.engine.job_service import JobService
-from tpujobs.local import processes, wiring
+from tpujobs.engine.services import Engine
 from tpujobs.local.testing import local_settings
 from tpujobs.runtime.instances import utc_now
 
@@ -29,8 +27,8 @@ def _no_sleep(seconds: float) -> None:
 
 
 @pytest.fixture
-def job_service(firestore_client, tpu_client, project_id, simulator_url) -> Callable[..., JobService]:
-    """`job_service(**settings)`: a JobService on the Firestore emulator and this test's simulator.
+def job_service(firestore_client, tpu_client, project_id, simulator_url) -> Callable[..., Engine]:
+    """`job_service(**settings)`: the engine (`services.Engine`) on the Firestore emulator and this test's simulator.
 
     Its settings are the local stack's (zone us-central2-b, logs bucket "logs") with
     `settings` on top; `clock`, `sleep` (default: none), `tpu` and `access` replace the defaults.
@@ -43,7 +41,7 @@ def job_service(firestore_client, tpu_client, project_id, simulator_url) -> Call
         tpu: CloudTpu | None = None,
         access: Any = None,
         **settings: Any,
-    ) -> JobService:
+    ) -> Engine:
         merged = {
             "project": project_id,
             "default_zone": ZONE,
@@ -51,7 +49,7 @@ def job_service(firestore_client, tpu_client, project_id, simulator_url) -> Call
             "logs_bucket": "logs",
             **settings,
         }
-        return JobService(
+        return Engine(
             FirestoreJobStore(firestore_client),
             tpu or CloudTpu(tpu_client, project_id),
             local_settings(**merged),
@@ -62,21 +60,3 @@ def job_service(firestore_client, tpu_client, project_id, simulator_url) -> Call
         )
 
     return build
-
-
-@pytest.fixture(scope="session")
-def storage_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A storage emulator for the session (per xdist worker); each test makes buckets of its own."""
-    port = processes.free_port()
-    started = processes.start([processes.storage_emulator(port)], tmp_path_factory.mktemp("storage-emulator"))
-    try:
-        yield f"http://{processes.LOOPBACK}:{port}"
-    finally:
-        processes.stop(started)
-
-
-@pytest.fixture
-def bucket(storage_url: str, project_id: str):
-    """A fresh bucket in the storage emulator, created with google-cloud-storage."""
-    client = wiring.storage_client(storage_url, project_id)
-    return client.create_bucket(f"logs-{uuid.uuid4().hex[:10]}")

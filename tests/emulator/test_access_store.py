@@ -15,7 +15,7 @@ from tpujobs.adapters.firestore_store import JOBS, REJECTIONS, FirestoreJobStore
 from tpujobs.adapters.tpu import CloudTpu
 from tpujobs.domain.access import AccessPolicies, submission_refusal
 from tpujobs.domain.spec import parse_spec
-from tpujobs.engine.job_service import JobService
+from tpujobs.engine.services import Engine
 from tpujobs.local.testing import inbound, local_settings
 
 pytestmark = pytest.mark.emulator
@@ -49,7 +49,7 @@ def configure(client, name: str, document: dict[str, Any]) -> None:
 
 
 @pytest.fixture
-def service(job_service, firestore_client) -> JobService:
+def service(job_service, firestore_client) -> Engine:
     return job_service(logs_bucket=BUCKET, sleep=time.sleep, access=FirestoreAccessPolicies(firestore_client))
 
 
@@ -155,7 +155,7 @@ def test_only_the_boolean_true_trusts_topic_owners(firestore_client, trust):
 def test_a_very_high_topic_submission_is_a_rejection_and_no_job(service, firestore_client, tpu_client, project_id):
     """By default the topic's owner is a claim: very-high is refused, recorded, and nothing is created."""
     configure(firestore_client, "policies", {"high_priority": [OWNER]})
-    outcome = service.submit(inbound("tpujobs-submit", a_spec(priority="very-high"), "301"))
+    outcome = service.submission.submit(inbound("tpujobs-submit", a_spec(priority="very-high"), "301"))
     assert outcome.kind == "rejected" and outcome.job_id == "train-1"
     docs = rejections(firestore_client)
     assert len(docs) == 1
@@ -171,7 +171,7 @@ def test_a_very_high_topic_submission_is_a_rejection_and_no_job(service, firesto
 def test_a_trusted_topic_and_a_listed_owner_accept_very_high_unverified(service, firestore_client):
     """With trust_topic_owners and the owner listed, the job is made, marked as the topic's claim."""
     configure(firestore_client, "policies", {"trust_topic_owners": True, "high_priority": [OWNER]})
-    outcome = service.submit(inbound("tpujobs-submit", a_spec(priority="very-high")))
+    outcome = service.submission.submit(inbound("tpujobs-submit", a_spec(priority="very-high")))
     assert outcome.kind in {"provisioning", "queued"}
     document = job_document(firestore_client, "train-1")
     assert document is not None
@@ -187,7 +187,7 @@ def test_a_trusted_topic_still_refuses_an_unlisted_owner(service, firestore_clie
         "policies",
         {"trust_topic_owners": True, "high_priority": ["bob@example.com"]},
     )
-    outcome = service.submit(inbound("tpujobs-submit", a_spec(priority="high")))
+    outcome = service.submission.submit(inbound("tpujobs-submit", a_spec(priority="high")))
     assert outcome.kind == "rejected"
     assert rejections(firestore_client)[0]["reason"] == (
         f"{OWNER} may not use priority 'high': an admin allows it in high_priority"
@@ -197,7 +197,7 @@ def test_a_trusted_topic_still_refuses_an_unlisted_owner(service, firestore_clie
 
 def test_submit_verified_records_the_api_and_a_verified_owner(service, firestore_client):
     """A spec from the jobs API becomes a job with submitted_via "api" and owner_verified true."""
-    outcome = service.submit_verified(parse_spec(a_spec()))
+    outcome = service.submission.submit_verified(parse_spec(a_spec()))
     assert outcome.kind in {"provisioning", "queued"}
     document = job_document(firestore_client, "train-1")
     assert document is not None
@@ -216,8 +216,8 @@ def test_a_service_account_allowed_only_to_someone_else_is_refused(service, fire
     )
     spec = parse_spec(a_spec(service_account=OTHER_ACCOUNT))
     expected = f"{OWNER} may not use service account {OTHER_ACCOUNT}: an admin allows it in config/service_accounts"
-    assert service.submission_refusal(spec, owner_verified=True) == expected
-    outcome = service.submit(inbound("tpujobs-submit", a_spec(service_account=OTHER_ACCOUNT)))
+    assert service.vetting.refusal(spec, owner_verified=True) == expected
+    outcome = service.submission.submit(inbound("tpujobs-submit", a_spec(service_account=OTHER_ACCOUNT)))
     assert outcome.kind == "rejected"
     assert [doc["reason"] for doc in rejections(firestore_client)] == [expected]
     assert job_document(firestore_client, "train-1") is None
@@ -230,8 +230,8 @@ def test_an_allowed_service_account_keeps_the_job_under_its_own_prefix(
     configure(firestore_client, "groups", {"research": ["bob@example.com", OWNER]})
     configure(firestore_client, "service_accounts", {"group:research": [ACCOUNT]})
     spec = parse_spec(a_spec(service_account=ACCOUNT))
-    assert service.submission_refusal(spec, owner_verified=True) is None
-    outcome = service.submit_verified(spec)
+    assert service.vetting.refusal(spec, owner_verified=True) is None
+    outcome = service.submission.submit_verified(spec)
     assert outcome.kind in {"provisioning", "queued"}
     document = job_document(firestore_client, "train-1")
     assert document["log_uri"] == f"gs://{BUCKET}/logs/accounts/{ACCOUNT}/jobs/train-1/"
@@ -242,7 +242,7 @@ def test_an_allowed_service_account_keeps_the_job_under_its_own_prefix(
 
 def test_a_job_without_a_service_account_keeps_the_shared_prefix(service, firestore_client):
     """No service_account: the deployment's account, and the shared logs/jobs/{id}/ prefix."""
-    service.submit_verified(parse_spec(a_spec()))
+    service.submission.submit_verified(parse_spec(a_spec()))
     document = job_document(firestore_client, "train-1")
     assert document["log_uri"] == f"gs://{BUCKET}/logs/jobs/train-1/"
 
@@ -259,13 +259,13 @@ def test_a_topic_message_claiming_an_admin_owner_is_refused_while_the_topic_is_u
         logs_bucket=BUCKET,
         admins=(admin,),
     )
-    service = JobService(
+    service = Engine(
         FirestoreJobStore(firestore_client),
         CloudTpu(tpu_client, project_id),
         settings,
         utc_now,
         access=FirestoreAccessPolicies(firestore_client),
     )
-    outcome = service.submit(inbound("tpujobs-submit", a_spec(owner=admin, priority="very-high")))
+    outcome = service.submission.submit(inbound("tpujobs-submit", a_spec(owner=admin, priority="very-high")))
     assert outcome.kind == "rejected"
     assert job_document(firestore_client, "train-1") is None

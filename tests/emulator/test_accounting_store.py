@@ -11,7 +11,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from tpujobs.domain.states import JobState
-from tpujobs.engine.job_service import JobService
+from tpujobs.engine.services import Engine
 from tpujobs.local.testing import inbound as message
 from tpujobs.local.testing import signed
 
@@ -37,16 +37,16 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def service(job_service, clock) -> JobService:
+def service(job_service, clock) -> Engine:
     return job_service(clock=clock)
 
 
-def report(service: JobService, kind: str, attempt: int, worker: int, minute: float, **extra) -> None:
+def report(service: Engine, kind: str, attempt: int, worker: int, minute: float, **extra) -> None:
     """A report sent at `minute`, which is when it arrives: the clock moves on to it if behind."""
     service.clock.minutes = max(service.clock.minutes, minute)
     at = (T0 + timedelta(minutes=minute)).isoformat()
     payload = {"kind": kind, "job_id": "acct-1", "attempt": attempt, "slice_id": 0, "worker_id": worker, "at": at}
-    service.on_worker_report(signed(service, "tpujobs-worker-events", {**payload, **extra}))
+    service.worker_events.on_worker_report(signed(service, "tpujobs-worker-events", {**payload, **extra}))
 
 
 def test_the_document_carries_chip_hours_lost_time_and_goodput(service, clock, firestore_client):
@@ -60,14 +60,14 @@ def test_the_document_carries_chip_hours_lost_time_and_goodput(service, clock, f
         "capacity": "spot",
         "command": "python train.py",
     }
-    assert service.submit(message("tpujobs-submit", spec)).kind == "provisioning"
+    assert service.submission.submit(message("tpujobs-submit", spec)).kind == "provisioning"
     clock.minutes = 20
     report(service, "started", 1, 0, 20)
     report(service, "checkpoint", 1, 0, 50, step=100)
     report(service, "checkpoint", 1, 1, 50, step=100)  # the same checkpoint from the other host
     report(service, "checkpoint", 1, 0, 40, step=80)  # an older one, delivered late
     clock.minutes = 80
-    service.on_preemption(
+    service.capacity_events.on_preemption(
         signed(service, "tpujobs-preemption", {"job_id": "acct-1", "attempt": 1, "slice_id": 0, "worker_id": 0})
     )
     job = service.store.get("acct-1")
@@ -102,11 +102,11 @@ def test_a_checkpoint_reported_after_the_preemption_notice_still_counts(service,
         "capacity": "spot",
         "command": "python train.py",
     }
-    service.submit(message("tpujobs-submit", spec))
+    service.submission.submit(message("tpujobs-submit", spec))
     report(service, "started", 1, 0, 0)
     report(service, "checkpoint", 1, 0, 30, step=10)
     clock.minutes = 60
-    service.on_preemption(
+    service.capacity_events.on_preemption(
         signed(service, "tpujobs-preemption", {"job_id": "acct-1", "attempt": 1, "slice_id": 0, "worker_id": 0})
     )
     assert service.store.get("acct-1").accounting().lost_seconds == pytest.approx(30 * 60)

@@ -19,7 +19,7 @@ from tpujobs.adapters.firestore_store import FirestoreJobStore
 from tpujobs.adapters.tpu import CloudTpu, build_client
 from tpujobs.domain.states import JobState
 from tpujobs.engine.inbound import InboundMessage
-from tpujobs.engine.job_service import JobService
+from tpujobs.engine.services import Engine
 from tpujobs.local.testing import (
     CrashingPools,
     CrashingStore,
@@ -54,10 +54,10 @@ class Harness:
         self.pools = FirestorePools(firestore_client)
         self.tpu = CloudTpu(self.client, project_id)
 
-    def service(self, plan: CrashPlan | None = None) -> JobService:
+    def service(self, plan: CrashPlan | None = None) -> Engine:
         if plan is None:
-            return JobService(self.store, self.tpu, self.settings, utc_now, lambda _: None, pools=self.pools)
-        return JobService(
+            return Engine(self.store, self.tpu, self.settings, utc_now, lambda _: None, pools=self.pools)
+        return Engine(
             CrashingStore(self.store, plan),
             CrashingTpu(self.tpu, plan),
             self.settings,
@@ -99,7 +99,7 @@ def ending(harness: Harness) -> tuple[InboundMessage, list[str]]:
     harness.pools.set_quota(ZONE, "v4", 8)
     service = harness.service()
     for job_id in ("ja", "jb", "jc"):
-        service.submit(inbound("tpujobs-submit", message_id=f"submit-{job_id}", payload=spec(job_id)))
+        service.submission.submit(inbound("tpujobs-submit", message_id=f"submit-{job_id}", payload=spec(job_id)))
     exited = {"kind": "exited", "job_id": "ja", "attempt": 1, "slice_id": 0, "worker_id": 0, "exit_code": 0}
     return signed(service, "tpujobs-worker-events", exited, message_id="exit-ja"), ["ja", "jb", "jc"]
 
@@ -108,16 +108,16 @@ def evicting(harness: Harness) -> tuple[InboundMessage, list[str]]:
     """ja and jb (low) run; submitting ju (high) should evict one and admit ju."""
     harness.pools.set_quota(ZONE, "v4", 8)
     service = harness.service()
-    service.submit(inbound("tpujobs-submit", message_id="submit-ja", payload=spec("ja", "low")))
-    service.submit(inbound("tpujobs-submit", message_id="submit-jb", payload=spec("jb", "low")))
+    service.submission.submit(inbound("tpujobs-submit", message_id="submit-ja", payload=spec("ja", "low")))
+    service.submission.submit(inbound("tpujobs-submit", message_id="submit-jb", payload=spec("jb", "low")))
     return inbound("tpujobs-submit", message_id="submit-ju", payload=spec("ju", "high")), ["ja", "jb", "ju"]
 
 
-def handle(service: JobService, delivered: InboundMessage) -> None:
+def handle(service: Engine, delivered: InboundMessage) -> None:
     if delivered.topic == "tpujobs-submit":
-        service.submit(delivered)
+        service.submission.submit(delivered)
     else:
-        service.on_worker_report(delivered)
+        service.worker_events.on_worker_report(delivered)
 
 
 SCENARIOS = {"ending": ending, "evicting": evicting}

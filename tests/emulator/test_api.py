@@ -18,7 +18,7 @@ import pytest
 from tpujobs.domain.states import JobState
 from tpujobs.engine.api import CALLER_HEADER, InvalidToken, JobsApi
 from tpujobs.engine.errors import TransientError
-from tpujobs.engine.job_service import JobService
+from tpujobs.engine.services import Engine
 from tpujobs.engine.settings import Settings
 from tpujobs.local.testing import inbound as message
 from tpujobs.local.testing import local_settings, signed
@@ -57,7 +57,7 @@ class FakeVerifier:
 
 
 @pytest.fixture
-def service(job_service) -> JobService:
+def service(job_service) -> Engine:
     return job_service(admins=(ADMIN,))
 
 
@@ -80,7 +80,7 @@ def production(service, verifier) -> JobsApi:
     return JobsApi(service, service.store, local_settings(local_stack=False, admins=(ADMIN,)), verify_token=verifier)
 
 
-def submit(service: JobService, job_id: str, owner: str = OWNER, **changes) -> str:
+def submit(service: Engine, job_id: str, owner: str = OWNER, **changes) -> str:
     spec = {
         "job_id": job_id,
         "name": "train",
@@ -89,15 +89,15 @@ def submit(service: JobService, job_id: str, owner: str = OWNER, **changes) -> s
         "command": "python train.py",
         **changes,
     }
-    assert service.submit(message("tpujobs-submit", spec)).kind == "provisioning"
+    assert service.submission.submit(message("tpujobs-submit", spec)).kind == "provisioning"
     return job_id
 
 
-def fail(service: JobService, job_id: str) -> None:
+def fail(service: Engine, job_id: str) -> None:
     """The job's only worker starts and exits 1: FAILED (on_error defaults to fail)."""
     for kind, extra in (("started", {}), ("exited", {"exit_code": 1})):
         payload = {"kind": kind, "job_id": job_id, "attempt": 1, "slice_id": 0, "worker_id": 0, **extra}
-        service.on_worker_report(signed(service, "tpujobs-worker-events", payload))
+        service.worker_events.on_worker_report(signed(service, "tpujobs-worker-events", payload))
     assert service.store.get(job_id).state is JobState.FAILED
 
 
@@ -111,7 +111,7 @@ def call(app: JobsApi, body, caller: str | None = None, token: str | None = None
     return app.handle(method, URL, headers, raw)
 
 
-def state_of(service: JobService, job_id: str) -> JobState:
+def state_of(service: Engine, job_id: str) -> JobState:
     return service.store.get(job_id).state
 
 
@@ -278,10 +278,10 @@ def test_the_control_topic_applies_the_same_rule(service, firestore_client):
     """tpujobs-control: a stranger is rejected, an admin cancels (domain.access.may_cancel)."""
     submit(service, "train-1")
     refused = message("tpujobs-control", {"action": "cancel", "job_id": "train-1", "owner": STRANGER})
-    assert service.on_control(refused) is None
+    assert service.controls.on_control(refused) is None
     assert firestore_client.collection("rejections").document(refused.message_id).get().exists
     assert state_of(service, "train-1") is JobState.PROVISIONING
-    service.on_control(message("tpujobs-control", {"action": "cancel", "job_id": "train-1", "owner": ADMIN}))
+    service.controls.on_control(message("tpujobs-control", {"action": "cancel", "job_id": "train-1", "owner": ADMIN}))
     assert state_of(service, "train-1") is JobState.CANCELLED
 
 

@@ -15,7 +15,7 @@ from tpujobs.adapters.firestore_pools import FirestorePools
 from tpujobs.adapters.firestore_store import FirestoreJobStore
 from tpujobs.adapters.tpu import CloudTpu
 from tpujobs.engine.api import CALLER_HEADER, JobsApi
-from tpujobs.engine.job_service import JobService
+from tpujobs.engine.services import Engine
 from tpujobs.local.testing import local_settings
 
 pytestmark = pytest.mark.emulator
@@ -36,7 +36,7 @@ def api(firestore_client, tpu_client, project_id, simulator_url) -> JobsApi:
         project=project_id, default_zone=ZONE, tpu_endpoint=simulator_url, logs_bucket="logs", admins=(ADMIN,),
         local_stack=True,
     )  # fmt: skip
-    service = JobService(
+    service = Engine(
         FirestoreJobStore(firestore_client),
         CloudTpu(tpu_client, project_id),
         settings,

@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 from tpujobs.cli import api_client, app
 from tpujobs.engine.api import CALLER_HEADER, JobsApi
-from tpujobs.engine.job_service import JobService
+from tpujobs.engine.services import Engine
 from tpujobs.local.testing import inbound, local_settings
 
 pytestmark = pytest.mark.emulator
@@ -37,7 +37,7 @@ def utc_now() -> datetime:
 
 
 @pytest.fixture
-def service(job_service) -> JobService:
+def service(job_service) -> Engine:
     return job_service(sleep=time.sleep)
 
 
@@ -89,7 +89,7 @@ def describe(monkeypatch, tmp_path, *args: str, api_url: str | None, project: st
     return CliRunner().invoke(app, ["describe", *args], env={"COLUMNS": "160"})
 
 
-def ended_job(service: JobService, firestore_client) -> str:
+def ended_job(service: Engine, firestore_client) -> str:
     """A job that asked for capacity, was cancelled, and whose attempt's logs were exported."""
     spec = {
         "job_id": "train-1",
@@ -98,7 +98,7 @@ def ended_job(service: JobService, firestore_client) -> str:
         "accelerator_type": "v4-8",
         "command": "python t.py",
     }
-    service.submit(inbound("tpujobs-submit", spec))
+    service.submission.submit(inbound("tpujobs-submit", spec))
     service.cancel("train-1", f"Cancelled by {OWNER}.")
     firestore_client.collection("jobs").document("train-1").collection("attempts").document("1").set(
         {
@@ -192,8 +192,8 @@ def admin_api(service, firestore_client) -> Iterator[tuple[str, list[str]]]:
     from tpujobs.adapters.firestore_dead_letters import FirestoreDeadLetters
     from tpujobs.adapters.firestore_pools import FirestorePools
 
-    with_pools = JobService(
-        service.store, service.tpu, service.settings, utc_now, pools=FirestorePools(firestore_client)
+    with_pools = Engine(
+        service.store, service.capacity, service.settings, utc_now, pools=FirestorePools(firestore_client)
     )
     settings = local_settings(local_stack=True, admins=(ADMIN,))
     jobs = JobsApi(with_pools, with_pools.store, settings, dead_letters=FirestoreDeadLetters(firestore_client))
@@ -212,7 +212,7 @@ def test_list_over_the_api_prints_what_firestore_prints(service, api, project_id
             "accelerator_type": "v4-8",
             "command": "x",
         }
-        service.submit(inbound("tpujobs-submit", spec))
+        service.submission.submit(inbound("tpujobs-submit", spec))
     direct = tpujobs(monkeypatch, tmp_path, "list", api_url=None, project=project_id)
     over_api = tpujobs(monkeypatch, tmp_path, "list", "--as", OWNER, api_url=api_url, project="no-such-project")
     assert direct.exit_code == 0 and over_api.exit_code == 0, over_api.output
@@ -238,7 +238,7 @@ def test_admins_read_rejections_dead_letters_and_quotas_through_the_api(
     from tpujobs.engine.ports import DeadLetter
 
     api_url, _ = admin_api
-    service.submit(inbound("tpujobs-submit", {"name": "train", "owner": OWNER}, message_id="4242"))
+    service.submission.submit(inbound("tpujobs-submit", {"name": "train", "owner": OWNER}, message_id="4242"))
     FirestoreDeadLetters(firestore_client).add(
         DeadLetter("777", utc_now(), "tpujobs-submit", "projects/p/subscriptions/s", 5, '{"broken": true}')
     )
@@ -264,8 +264,8 @@ def test_admins_read_rejections_dead_letters_and_quotas_through_the_api(
 
 def test_rejections_from_firestore_come_newest_first_with_their_reasons(service, project_id, monkeypatch, tmp_path):
     """Without an API: the `rejections` collection, newest first."""
-    service.submit(inbound("tpujobs-submit", b"not json", message_id="1001"))
-    service.submit(inbound("tpujobs-submit", {"name": "x"}, message_id="1002"))
+    service.submission.submit(inbound("tpujobs-submit", b"not json", message_id="1001"))
+    service.submission.submit(inbound("tpujobs-submit", {"name": "x"}, message_id="1002"))
     result = tpujobs(monkeypatch, tmp_path, "rejections", "-o", "json", api_url=None, project=project_id)
     found = json.loads(result.stdout)["rejections"]
     assert [r["message_id"] for r in found] == ["1002", "1001"]
@@ -277,7 +277,9 @@ def test_submit_wait_stops_with_the_reason_when_the_message_was_refused(service,
     from tpujobs.cli.commands import follow
     from tpujobs.cli.common import Stop
 
-    service.submit(inbound("tpujobs-submit", {"name": "train", "owner": OWNER, "command": "x"}, message_id="5150"))
+    service.submission.submit(
+        inbound("tpujobs-submit", {"name": "train", "owner": OWNER, "command": "x"}, message_id="5150")
+    )
     monkeypatch.setenv("TPUJOBS_STATE_DIR", str(tmp_path))
     monkeypatch.delenv("TPUJOBS_API_URL", raising=False)
     with pytest.raises(Stop) as stopped:

@@ -42,7 +42,7 @@ The reconciler is a handler too (Cloud Scheduler runs it): the last tests kill a
 each of its I/O steps while it repairs something only it can see, and the next tick
 must finish the repair with the same invariants.
 
-The status publisher (`JobService(status=...)`) is not wrapped: these services have
+The status publisher (`Engine(status=...)`) is not wrapped: these services have
 none, so announcing makes no I/O here.
 
 Three handlers are not the job service's Pub/Sub handlers, and are crashed the same way:
@@ -67,6 +67,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
+from operator import attrgetter
 from typing import Any
 
 import pytest
@@ -80,9 +81,9 @@ from tpujobs.domain.states import JobState
 from tpujobs.engine import dead_letters, topology
 from tpujobs.engine.api import CALLER_HEADER, JobsApi
 from tpujobs.engine.inbound import InboundMessage
-from tpujobs.engine.job_service import JobService
 from tpujobs.engine.output_export import LogExporter, LogObjects, attempt_log_name, worker_log_name
 from tpujobs.engine.reconciler import EXPORT_GRACE_S
+from tpujobs.engine.services import Engine
 from tpujobs.local import wiring
 from tpujobs.local.simulator.client import SimulatorControl
 from tpujobs.local.testing import (
@@ -147,16 +148,16 @@ class Outcome:
 class Harness:
     """One test's world: the real service on the emulator and its own TPU simulator."""
 
-    service: JobService
+    service: Engine
     firestore_client: Any
     tpu_client: Any
     project_id: str
     simulator_url: str
 
-    def crashing(self, plan: CrashPlan) -> JobService:
+    def crashing(self, plan: CrashPlan) -> Engine:
         """The same service, on ports that crash where `plan` says."""
         real = self.service
-        return JobService(
+        return Engine(
             CrashingStore(real.store, plan),
             CrashingTpu(real.tpu, plan),
             real.settings,
@@ -165,12 +166,14 @@ class Harness:
         )
 
     def submit(self, spec: dict[str, Any] = SPEC) -> None:
-        outcome = self.service.submit(InboundMessage("setup-submit", "tpujobs-submit", json.dumps(spec).encode()))
+        outcome = self.service.submission.submit(
+            InboundMessage("setup-submit", "tpujobs-submit", json.dumps(spec).encode())
+        )
         assert outcome.kind == "provisioning", outcome
 
     def started(self, worker_id: int = 0, **extra: Any) -> None:
         payload = {"kind": "started", "job_id": JOB, "attempt": 1, "slice_id": 0, "worker_id": worker_id, **extra}
-        self.service.on_worker_report(
+        self.service.worker_events.on_worker_report(
             signed(self.service, "tpujobs-worker-events", payload, message_id=f"setup-started-{worker_id}")
         )
         assert self.service.store.get(JOB).state is JobState.RUNNING
@@ -180,7 +183,7 @@ class Harness:
 
         def preemptible() -> bool:
             """the queued resource to be PROVISIONING or ACTIVE"""
-            status = self.service.tpu.status(ZONE, name)
+            status = self.service.capacity.status(ZONE, name)
             return status is not None and status.state in ("PROVISIONING", "ACTIVE")
 
         wait_for(preemptible, timeout=10)
@@ -213,7 +216,7 @@ class Scenario:
     """One handler, the job it finds, the message it gets, and where that must lead."""
 
     name: str
-    handler: str  # the JobService method the function target calls
+    handler: str  # the engine's service method the function target calls ("controls.on_control")
     topic: str
     payload: dict[str, Any]
     setup: Callable[[Harness], None]
@@ -221,8 +224,8 @@ class Scenario:
     done: Outcome  # after the message was handled
     commit: int | None = None  # the step that records the message; None: the TPU shows it anyway
     untouched: Outcome | None = None  # as the setup left it: a message lost before its commit
-    # How the message reaches the service; None: the JobService method `handler`.
-    via: Callable[[JobService, InboundMessage], object] | None = None
+    # How the message reaches the service; None: the method `handler` names.
+    via: Callable[[Engine, InboundMessage], object] | None = None
 
     def message(self, h: Harness) -> InboundMessage:
         """The one message of the test: a redelivery carries the same id and bytes. Worker
@@ -231,10 +234,10 @@ class Scenario:
             return signed(h.service, self.topic, self.payload, message_id="4242")
         return InboundMessage("4242", self.topic, json.dumps(self.payload).encode())
 
-    def deliver(self, service: JobService, message: InboundMessage) -> object:
+    def deliver(self, service: Engine, message: InboundMessage) -> object:
         if self.via is not None:
             return self.via(service, message)
-        return getattr(service, self.handler)(message)
+        return attrgetter(self.handler)(service)(message)
 
     def reconcilable(self, k: int, when: When) -> bool:
         """Whether the reconciler alone can finish after a crash around step k."""
@@ -268,7 +271,7 @@ SIGNED_TOPICS = ("tpujobs-worker-events", "tpujobs-preemption")
 _RECOVERED = Outcome(JobState.PROVISIONING, attempt=2, recoveries=1)
 
 
-def _http_cancel(service: JobService, message: InboundMessage) -> object:
+def _http_cancel(service: Engine, message: InboundMessage) -> object:
     """The `jobs` function's cancel: the message's bytes as the POST body, the owner as the
     caller (the local stack's header); every answer, a retry's too, says CANCELLED."""
     api = JobsApi(service, service.store, replace(service.settings, local_stack=True), verify_token=_no_tokens)
@@ -295,7 +298,7 @@ def _exit(code: int) -> dict[str, Any]:
 SCENARIOS = [
     Scenario(
         "submit",
-        "submit",
+        "submission.submit",
         "tpujobs-submit",
         SPEC,
         setup=lambda h: None,
@@ -306,7 +309,7 @@ SCENARIOS = [
     ),
     Scenario(
         "exited-0",
-        "on_worker_report",
+        "worker_events.on_worker_report",
         "tpujobs-worker-events",
         _exit(0),
         setup=_running,
@@ -324,7 +327,7 @@ SCENARIOS = [
     ),
     Scenario(
         "exited-3",
-        "on_worker_report",
+        "worker_events.on_worker_report",
         "tpujobs-worker-events",
         _exit(3),
         setup=_running,
@@ -335,7 +338,7 @@ SCENARIOS = [
     ),
     Scenario(
         "preemption",
-        "on_preemption",
+        "capacity_events.on_preemption",
         "tpujobs-preemption",
         {"job_id": JOB, "attempt": 1, "slice_id": 0, "worker_id": 0, "reason": "SIGTERM"},
         setup=_preempted,
@@ -344,7 +347,7 @@ SCENARIOS = [
     ),
     Scenario(
         "peer-silent",
-        "on_worker_report",
+        "worker_events.on_worker_report",
         "tpujobs-worker-events",
         {"kind": "peer_silent", "job_id": JOB, "attempt": 1, "slice_id": 0, "worker_id": 0, "peer_worker_id": 1},
         setup=_slice_running,
@@ -358,7 +361,7 @@ SCENARIOS = [
     ),
     Scenario(
         "qr-suspended",
-        "on_qr_state",
+        "capacity_events.on_qr_state",
         "tpujobs-qr-state",
         {"queued_resource": f"{JOB}-a1", "zone": ZONE, "state": "SUSPENDED"},
         setup=_preempted,
@@ -367,7 +370,7 @@ SCENARIOS = [
     ),
     Scenario(
         "cancel",
-        "on_control",
+        "controls.on_control",
         "tpujobs-control",
         {"action": "cancel", "job_id": JOB, "owner": OWNER},
         setup=_running,
@@ -413,7 +416,7 @@ def harness(firestore_client, tpu_client, project_id, simulator_url) -> Harness:
         logs_bucket="logs",
         stuck_after_seconds=0.0,  # the reconciler finishes half-done work at once
     )
-    service = JobService(
+    service = Engine(
         FirestoreJobStore(firestore_client),
         CloudTpu(tpu_client, project_id),
         settings,
@@ -672,7 +675,7 @@ class ExportWorld:
 def exports(harness: Harness, storage_url: str, emulators: dict[str, str]) -> ExportWorld:
     harness.submit()
     harness.started()
-    harness.service.on_worker_report(
+    harness.service.worker_events.on_worker_report(
         signed(harness.service, "tpujobs-worker-events", _exit(0), message_id="setup-exited")
     )
     assert harness.service.store.get(JOB).state is JobState.SUCCEEDED
@@ -731,9 +734,9 @@ def test_the_reconciler_asks_again_for_an_export_killed_at_any_io_step(
     topic = publisher.create_topic(name=publisher.topic_path(h.project_id, topology.LOG_EXPORT)).name
     watch = subscriber.subscription_path(h.project_id, "log-export-watch")
     subscriber.create_subscription(name=watch, topic=topic)
-    later = JobService(
+    later = Engine(
         h.service.store,
-        h.service.tpu,
+        h.service.capacity,
         h.service.settings,
         lambda: utc_now() + timedelta(seconds=EXPORT_GRACE_S + 30),
         sleep=lambda seconds: None,

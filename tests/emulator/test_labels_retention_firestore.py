@@ -156,7 +156,7 @@ def test_the_api_labels_for_the_owner_or_an_admin_and_lists_with_filters(job_ser
 
     for job_id in ("lab-1", "other-2"):
         spec = {"job_id": job_id, "name": job_id.split("-")[0], "owner": OWNER, "accelerator_type": "v4-8"}
-        assert service.submit(message("tpujobs-submit", {**spec, "command": "true"})).kind == "provisioning"
+        assert service.submission.submit(message("tpujobs-submit", {**spec, "command": "true"})).kind == "provisioning"
     refused = call({"action": "label", "job_id": "lab-1", "labels": {"team": "x"}}, who="eve@example.com")
     assert refused.status == 403
     bad = call({"action": "label", "job_id": "lab-1", "labels": {"Team": "x"}})

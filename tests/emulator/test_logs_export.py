@@ -17,8 +17,8 @@ from tpujobs.domain.states import EventKind, JobState
 from tpujobs.domain.transitions import Decision, Observation
 from tpujobs.engine.errors import TransientError
 from tpujobs.engine.inbound import InboundMessage
-from tpujobs.engine.job_service import JobService
 from tpujobs.engine.output_export import LogExporter, LogObjects, LogReader, cut_off_line
+from tpujobs.engine.services import Engine
 from tpujobs.local.testing import inbound as message
 from tpujobs.local.testing import local_settings, reconciler_for, signed
 
@@ -273,18 +273,24 @@ class RecordedExports:
         self.requests.append((job_id, attempt))
 
 
-class BrokenExports:
+class BrokenExports(RecordedExports):
+    """Pub/Sub is down until `broken` is set false; then the requests are recorded."""
+
+    broken = True
+
     def request_export(self, job_id: str, attempt: int) -> None:
-        raise TransientError("Pub/Sub is down")
+        if self.broken:
+            raise TransientError("Pub/Sub is down")
+        super().request_export(job_id, attempt)
 
 
-def service_with(exports, firestore_client, tpu_client, project_id, simulator_url) -> JobService:
+def service_with(exports, firestore_client, tpu_client, project_id, simulator_url, clock=utc_now) -> Engine:
     settings = local_settings(project=project_id, tpu_endpoint=simulator_url, logs_bucket="logs")
-    return JobService(
+    return Engine(
         FirestoreJobStore(firestore_client),
         CloudTpu(tpu_client, project_id),
         settings,
-        utc_now,
+        clock,
         lambda seconds: None,
         exports=exports,
     )
@@ -301,13 +307,15 @@ def test_the_service_requests_an_export_when_an_attempt_ends(firestore_client, t
         "accelerator_type": "v4-8",
         "command": "x",
     }
-    assert service.submit(message("tpujobs-submit", spec)).kind == "provisioning"
+    assert service.submission.submit(message("tpujobs-submit", spec)).kind == "provisioning"
     identity = {"job_id": "train-1", "slice_id": 0, "worker_id": 0}
-    service.on_worker_report(signed(service, "tpujobs-worker-events", {**identity, "kind": "started", "attempt": 1}))
+    service.worker_events.on_worker_report(
+        signed(service, "tpujobs-worker-events", {**identity, "kind": "started", "attempt": 1})
+    )
     assert exports.requests == []
-    service.on_preemption(signed(service, "tpujobs-preemption", {**identity, "attempt": 1}))
+    service.capacity_events.on_preemption(signed(service, "tpujobs-preemption", {**identity, "attempt": 1}))
     assert service.store.get("train-1").attempt == 2
-    service.on_worker_report(
+    service.worker_events.on_worker_report(
         signed(service, "tpujobs-worker-events", {**identity, "kind": "exited", "attempt": 2, "exit_code": 0})
     )
     assert service.store.get("train-1").state is JobState.SUCCEEDED
@@ -324,10 +332,10 @@ def test_a_failed_export_request_does_not_fail_the_handler(firestore_client, tpu
         "accelerator_type": "v4-8",
         "command": "x",
     }
-    service.submit(message("tpujobs-submit", spec))
+    service.submission.submit(message("tpujobs-submit", spec))
     identity = {"job_id": "train-1", "slice_id": 0, "worker_id": 0, "attempt": 1}
-    service.on_worker_report(signed(service, "tpujobs-worker-events", {**identity, "kind": "started"}))
-    service.on_control(
+    service.worker_events.on_worker_report(signed(service, "tpujobs-worker-events", {**identity, "kind": "started"}))
+    service.controls.on_control(
         message("tpujobs-control", {"action": "cancel", "job_id": "train-1", "owner": "ada@example.com"})
     )
     assert service.store.get("train-1").state is JobState.CANCELLED
@@ -343,8 +351,8 @@ def test_the_reconciler_asks_again_for_an_export_whose_request_was_lost(
     from tpujobs.engine.reconciler import EXPORT_GRACE_S, EXPORT_WINDOW_S
 
     now = [utc_now()]
-    service = service_with(BrokenExports(), firestore_client, tpu_client, project_id, simulator_url)
-    service.clock = lambda: now[0]
+    exports = BrokenExports()
+    service = service_with(exports, firestore_client, tpu_client, project_id, simulator_url, lambda: now[0])
     spec = {
         "job_id": "train-1",
         "name": "train",
@@ -352,16 +360,17 @@ def test_the_reconciler_asks_again_for_an_export_whose_request_was_lost(
         "accelerator_type": "v4-8",
         "command": "x",
     }
-    service.submit(message("tpujobs-submit", spec))
+    service.submission.submit(message("tpujobs-submit", spec))
     identity = {"job_id": "train-1", "slice_id": 0, "worker_id": 0}
-    service.on_worker_report(signed(service, "tpujobs-worker-events", {**identity, "kind": "started", "attempt": 1}))
-    service.on_worker_report(
+    service.worker_events.on_worker_report(
+        signed(service, "tpujobs-worker-events", {**identity, "kind": "started", "attempt": 1})
+    )
+    service.worker_events.on_worker_report(
         signed(service, "tpujobs-worker-events", {**identity, "kind": "exited", "attempt": 1, "exit_code": 0})
     )
     assert service.store.get("train-1").state is JobState.SUCCEEDED
 
-    exports = RecordedExports()
-    service.exports = exports
+    exports.broken = False
     reconciler_for(service).tick()
     assert exports.requests == []  # too early: the handler's own request may still be on its way
 

@@ -23,7 +23,7 @@ from tpujobs.cli import app
 from tpujobs.domain.pools import UnitState
 from tpujobs.domain.states import JobState
 from tpujobs.engine.api import CALLER_HEADER, JobsApi
-from tpujobs.engine.job_service import JobService
+from tpujobs.engine.services import Engine
 from tpujobs.local.testing import inbound, local_settings, wait_for
 from tpujobs.runtime.instances import utc_now
 
@@ -37,7 +37,7 @@ ADMIN = "root@example.com"
 
 
 @pytest.fixture
-def service(job_service, firestore_client) -> JobService:
+def service(job_service, firestore_client) -> Engine:
     return job_service(admins=(ADMIN,), access=FirestoreAccessPolicies(firestore_client))
 
 
@@ -65,14 +65,14 @@ def create(api: JobsApi, caller: str = ADA, **fields):
     return call(api, caller, "pool-create", **pool)
 
 
-def ready(service: JobService, name: str = "demo") -> None:
+def ready(service: Engine, name: str = "demo") -> None:
     """Every unit of the pool is IDLE: the simulator made its capacity ACTIVE and the pool saw it."""
 
     def all_idle() -> bool:
         pool = service.warm.store.get(name)
         for unit in pool.units:
             if unit.state is UnitState.REQUESTED:
-                status = service.tpu.status(unit.zone, unit.queued_resource(name))
+                status = service.capacity.status(unit.zone, unit.queued_resource(name))
                 if status is not None:
                     service.warm.observe_unit(status.name, status.state)
         pool = service.warm.store.get(name)
@@ -86,8 +86,8 @@ def submit(api: JobsApi, caller: str, job_id: str, pool: str = "demo"):
     return call(api, caller, "submit", job_id=job_id, name="train", accelerator_type="v4-8", command="true", pool=pool)
 
 
-def queued_resources(service: JobService) -> set[str]:
-    return {status.name for status in service.tpu.list_capacity(ZONE) if status.state != "DELETING"}
+def queued_resources(service: Engine) -> set[str]:
+    return {status.name for status in service.capacity.list_capacity(ZONE) if status.state != "DELETING"}
 
 
 # --- create ------------------------------------------------------------------------------------
@@ -316,11 +316,11 @@ def test_the_cli_manages_pools_through_the_api_as_the_caller(api, service, allow
 def test_a_deployment_built_without_warm_pools_says_so(firestore_client, tpu_client, project_id):
     """No pool store: every pool action is a 503 naming why, and a pool message is rejected."""
     settings = local_settings(project=project_id, default_zone=ZONE, local_stack=True)
-    bare = JobService(FirestoreJobStore(firestore_client), CloudTpu(tpu_client, project_id), settings, utc_now)
+    bare = Engine(FirestoreJobStore(firestore_client), CloudTpu(tpu_client, project_id), settings, utc_now)
     api = JobsApi(bare, bare.store, settings)
     for action, body in (("pool-list", {}), ("pool-describe", {"name": "demo"}), ("pool-delete", {"name": "demo"})):
         status, answer = call(api, ADMIN, action, **body)
         assert status == 503 and "without warm pools" in answer["error"]
     message = inbound("tpujobs-control", {"action": "pool-delete", "owner": ADMIN, "name": "demo"})
-    bare.on_control(message)
+    bare.controls.on_control(message)
     assert bare.store.rejection(message.message_id).reason == "this deployment has no warm pools"

@@ -18,7 +18,7 @@ from tpujobs.cli import app
 from tpujobs.domain.pools import PoolState
 from tpujobs.engine import topology
 from tpujobs.engine.inbound import InboundMessage
-from tpujobs.engine.job_service import JobService
+from tpujobs.engine.services import Engine
 from tpujobs.local import wiring
 from tpujobs.local.testing import inbound
 
@@ -32,7 +32,7 @@ POOL = {"name": "demo", "accelerator_type": "v4-8", "count": 1}
 
 
 @pytest.fixture
-def service(job_service, firestore_client) -> JobService:
+def service(job_service, firestore_client) -> Engine:
     return job_service(admins=(ADMIN,), access=FirestoreAccessPolicies(firestore_client))
 
 
@@ -40,19 +40,19 @@ def policies(firestore_client, **fields) -> None:
     firestore_client.collection("config").document("policies").set({"pools": [ADA], **fields})
 
 
-def control(service: JobService, payload: dict, message_id: str | None = None):
+def control(service: Engine, payload: dict, message_id: str | None = None):
     """Deliver one tpujobs-control message; the message and what on_control returned."""
     message = inbound("tpujobs-control", payload, message_id)
-    return message, service.on_control(message)
+    return message, service.controls.on_control(message)
 
 
-def rejection(service: JobService, message) -> str | None:
+def rejection(service: Engine, message) -> str | None:
     found = service.store.rejection(message.message_id)
     return None if found is None else found.reason
 
 
-def queued_resources(service: JobService) -> set[str]:
-    return {status.name for status in service.tpu.list_capacity(ZONE) if status.state != "DELETING"}
+def queued_resources(service: Engine) -> set[str]:
+    return {status.name for status in service.capacity.list_capacity(ZONE) if status.state != "DELETING"}
 
 
 def test_an_unverified_owner_may_not_create_a_pool_on_the_topic(service, firestore_client):
@@ -174,7 +174,7 @@ def relay(emulators, project_id, service) -> Iterator[None]:
                 continue
             for received in answer.received_messages:
                 message = received.message
-                service.on_control(InboundMessage(message.message_id, topic.name, message.data))
+                service.controls.on_control(InboundMessage(message.message_id, topic.name, message.data))
                 subscriber.acknowledge(subscription=subscription, ack_ids=[received.ack_id])
 
     thread = threading.Thread(target=deliver, daemon=True)

@@ -13,8 +13,8 @@ from tpujobs.adapters.pubsub import Publisher
 from tpujobs.domain.shards import Shard
 from tpujobs.domain.states import EventKind, JobState
 from tpujobs.domain.transitions import Observation
-from tpujobs.engine.job_service import JobService
 from tpujobs.engine.reconciler import Reconciler
+from tpujobs.engine.services import Engine
 from tpujobs.engine.topology import RECONCILE
 from tpujobs.local.testing import ManualClock, inbound, reconciler_for
 
@@ -65,17 +65,17 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def service(job_service, clock) -> JobService:
+def service(job_service, clock) -> Engine:
     return job_service(clock=clock, reconcile_shard_size=SHARD_SIZE, stuck_after_seconds=30.0)
 
 
-def submitted(service: JobService, job_id: str, zone: str = ZONE) -> None:
+def submitted(service: Engine, job_id: str, zone: str = ZONE) -> None:
     body = {"job_id": job_id, "name": "train", "owner": "ada@example.com", "accelerator_type": "v4-8",
             "command": "x", "zone": zone}  # fmt: skip
-    assert service.submit(inbound("tpujobs-submit", body)).kind == "provisioning"
+    assert service.submission.submit(inbound("tpujobs-submit", body)).kind == "provisioning"
 
 
-def coordinator(service: JobService) -> tuple[Reconciler, Collected]:
+def coordinator(service: Engine) -> tuple[Reconciler, Collected]:
     collected = Collected()
     reconciler = reconciler_for(service)
     reconciler.shards = collected
@@ -120,13 +120,13 @@ def test_a_tick_in_one_process_runs_every_shard_and_repairs_each_job(service):
     names = [f"job-{n}" for n in range(5)]
     for job_id in names:
         submitted(service, job_id)
-        service.tpu.release(ZONE, f"{job_id}-a1")
+        service.capacity.release(ZONE, f"{job_id}-a1")
 
     report = reconciler_for(service).tick()
 
     assert report.jobs == 5 and len(report.shards) == 3 and report.tpu_lists == 3
     assert sorted(report.re_requested) == [f"{job_id}-a1" for job_id in names]
-    assert all(service.tpu.status(ZONE, f"{job_id}-a1") is not None for job_id in names)
+    assert all(service.capacity.status(ZONE, f"{job_id}-a1") is not None for job_id in names)
 
 
 def test_a_leftover_queued_resource_is_released_by_exactly_one_shard(service, clock):
@@ -138,7 +138,7 @@ def test_a_leftover_queued_resource_is_released_by_exactly_one_shard(service, cl
     submitted(service, "job-d")
     service.store.apply("job-d", Observation(EventKind.CANCEL_REQUESTED, None, "user", "cancelled"), clock)
     assert service.store.get("job-d").state is JobState.CANCELLED
-    assert service.tpu.status(ZONE, "job-d-a1") is not None
+    assert service.capacity.status(ZONE, "job-d-a1") is not None
     reconciler, collected = coordinator(service)
     reconciler.coordinate()
     zone_shards = [shard for shard in collected.shards if shard.zone == ZONE]
@@ -148,7 +148,7 @@ def test_a_leftover_queued_resource_is_released_by_exactly_one_shard(service, cl
 
     assert sorted(name for name, gone in released.items() if gone) == [zone_shards[1].name]
     assert released[zone_shards[1].name] == ["job-d-a1"]
-    status = service.tpu.status(ZONE, "job-d-a1")
+    status = service.capacity.status(ZONE, "job-d-a1")
     assert status is None or status.state == "DELETING"
 
 
@@ -159,7 +159,7 @@ def test_a_shard_published_on_pubsub_is_decoded_and_run(service, project_id):
 
     for job_id in ("job-a", "job-b", "job-c"):
         submitted(service, job_id)
-        service.tpu.release(ZONE, f"{job_id}-a1")
+        service.capacity.release(ZONE, f"{job_id}-a1")
     publisher = pubsub_v1.PublisherClient()
     subscriber = pubsub_v1.SubscriberClient()
     topic = publisher.create_topic(name=publisher.topic_path(project_id, RECONCILE)).name
@@ -203,7 +203,7 @@ def test_a_malformed_shard_message_is_recorded_and_acknowledged(service, body, f
     field, and handled without raising (so acknowledged, never redelivered in a loop); no job is
     touched."""
     submitted(service, "job-a")
-    service.tpu.release(ZONE, "job-a-a1")
+    service.capacity.release(ZONE, "job-a-a1")
     message = inbound(RECONCILE, body)
 
     report = reconciler_for(service).handle(message)
@@ -211,7 +211,7 @@ def test_a_malformed_shard_message_is_recorded_and_acknowledged(service, body, f
     (rejection,) = service.store.recent_rejections()
     assert rejection.message_id == message.message_id and f"'{field}'" in rejection.reason
     assert report.shards == [] and report.re_requested == [] and report.failed
-    assert service.tpu.status(ZONE, "job-a-a1") is None
+    assert service.capacity.status(ZONE, "job-a-a1") is None
 
 
 def test_more_jobs_than_a_page_are_all_sharded_and_read(service):

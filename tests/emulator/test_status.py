@@ -1,20 +1,21 @@
-"""Every state change is announced on tpujobs-status, in order, through the Pub/Sub emulator."""
+"""Every state change is announced on tpujobs-status, in order, through the Pub/Sub emulator:
+its ordering key and attributes. (The order and the reconciler's late announcements, on the
+fakes: tests/unit/engine/test_engine_status.py.)"""
 
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 
 import pytest
 
 from tpujobs.adapters.firestore_store import FirestoreJobStore
 from tpujobs.adapters.pubsub import Publisher
 from tpujobs.adapters.tpu import CloudTpu
-from tpujobs.engine.errors import TransientError
-from tpujobs.engine.job_service import JobService
+from tpujobs.engine.services import Engine
 from tpujobs.engine.topology import STATUS
 from tpujobs.local.testing import inbound as message
-from tpujobs.local.testing import local_settings, reconciler_for, signed
+from tpujobs.local.testing import local_settings, signed
 
 pytestmark = pytest.mark.emulator
 
@@ -48,9 +49,9 @@ def pull_all(subscriber, path: str, expected: int) -> list:
     return received
 
 
-def build(firestore_client, tpu_client, project_id, simulator_url, status) -> JobService:
+def build(firestore_client, tpu_client, project_id, simulator_url, status) -> Engine:
     settings = local_settings(project=project_id, default_zone=ZONE, tpu_endpoint=simulator_url, logs_bucket="logs")
-    return JobService(
+    return Engine(
         FirestoreJobStore(firestore_client),
         CloudTpu(tpu_client, project_id),
         settings,
@@ -60,7 +61,7 @@ def build(firestore_client, tpu_client, project_id, simulator_url, status) -> Jo
     )
 
 
-def lifecycle(service: JobService) -> None:
+def lifecycle(service: Engine) -> None:
     spec = {
         "job_id": "train-1",
         "name": "train",
@@ -68,14 +69,14 @@ def lifecycle(service: JobService) -> None:
         "accelerator_type": "v4-8",
         "command": "x",
     }
-    service.submit(message("tpujobs-submit", spec))
+    service.submission.submit(message("tpujobs-submit", spec))
     report = {"job_id": "train-1", "slice_id": 0, "worker_id": 0}
-    service.on_worker_report(signed(service, "tpujobs-worker-events", {**report, "kind": "started", "attempt": 1}))
-    service.on_preemption(signed(service, "tpujobs-preemption", {**report, "attempt": 1}))
-    service.on_worker_report(signed(service, "tpujobs-worker-events", {**report, "kind": "started", "attempt": 2}))
-    service.on_worker_report(
-        signed(service, "tpujobs-worker-events", {**report, "kind": "exited", "attempt": 2, "exit_code": 0})
-    )
+    worker_events = "tpujobs-worker-events"
+    service.worker_events.on_worker_report(signed(service, worker_events, {**report, "kind": "started", "attempt": 1}))
+    service.capacity_events.on_preemption(signed(service, "tpujobs-preemption", {**report, "attempt": 1}))
+    service.worker_events.on_worker_report(signed(service, worker_events, {**report, "kind": "started", "attempt": 2}))
+    exited = {**report, "kind": "exited", "attempt": 2, "exit_code": 0}
+    service.worker_events.on_worker_report(signed(service, worker_events, exited))
 
 
 def test_a_full_lifecycle_is_announced_in_order_with_filterable_attributes(
@@ -100,29 +101,3 @@ def test_a_full_lifecycle_is_announced_in_order_with_filterable_attributes(
     attributes = dict(received[-1].attributes)
     assert attributes == {"job_id": "train-1", "owner": "ada@example.com", "to_state": "SUCCEEDED"}
     assert all(m.ordering_key == "train-1" for m in received)
-
-
-class _Down:
-    """tpujobs-status unreachable: every announcement fails for now."""
-
-    def announce(self, change) -> None:
-        raise TransientError("Pub/Sub is down")
-
-
-def test_an_announcement_that_failed_is_made_by_the_reconciler(
-    firestore_client, tpu_client, project_id, simulator_url, status_subscription
-):
-    """Changes committed while Pub/Sub was down are announced by a later tick, none lost."""
-    subscriber, path = status_subscription
-    down = build(firestore_client, tpu_client, project_id, simulator_url, _Down())
-    lifecycle(down)
-    later = datetime.now(timezone.utc) + timedelta(minutes=1)
-    up = build(firestore_client, tpu_client, project_id, simulator_url, Publisher.build(project_id))
-    up.clock = lambda: later
-    report = reconciler_for(up).tick()
-    timeline = up.store.events("train-1")
-    assert len(report.announced) == len(timeline) == 7
-    received = pull_all(subscriber, path, len(timeline))
-    assert sorted(json.loads(m.data)["seq"] for m in received) == list(range(1, 8))
-    assert up.store.unannounced_events(later) == []
-    assert reconciler_for(up).tick().announced == []  # once only

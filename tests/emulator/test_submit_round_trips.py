@@ -2,7 +2,7 @@
 
 A burst of 1,000 submissions is 1,000 times this count against one Firestore, so each
 round trip a submission needs is worth knowing and each one it does not need is worth
-removing. The service is wired as `runtime.job_service()` wires it (status and export
+removing. The engine is wired as `runtime.instances.engine()` wires it (status and export
 publisher, admission pools, access policies, warm pools), on the Firestore and Pub/Sub
 emulators and the TPU simulator; only the channel under the Firestore client is wrapped,
 by a gRPC interceptor that notes each call's method and lets it through.
@@ -25,7 +25,7 @@ from tpujobs.adapters.firestore_warm_pools import FirestoreWarmPools
 from tpujobs.adapters.pubsub import Publisher
 from tpujobs.adapters.tpu import CloudTpu
 from tpujobs.domain.states import JobState
-from tpujobs.engine.job_service import JobService
+from tpujobs.engine.services import Engine
 from tpujobs.engine.topology import STATUS, SUBMIT
 from tpujobs.local.testing import inbound, local_settings
 from tpujobs.runtime.instances import utc_now
@@ -81,15 +81,15 @@ def counter() -> CallCounter:
 
 
 @pytest.fixture
-def service(counter, project_id, tpu_client, simulator_url) -> Iterator[JobService]:
-    """A JobService wired like runtime.job_service(), on the counted client."""
+def service(counter, project_id, tpu_client, simulator_url) -> Iterator[Engine]:
+    """An Engine wired like runtime.instances.engine(), on the counted client."""
     from google.cloud import pubsub_v1
 
     pubsub_v1.PublisherClient().create_topic(name=f"projects/{project_id}/topics/{STATUS}")
     client = CountedClient(counter, project=project_id)
     publisher = Publisher.build(project_id)
     settings = local_settings(project=project_id, default_zone=ZONE, tpu_endpoint=simulator_url, logs_bucket="logs")
-    yield JobService(
+    yield Engine(
         FirestoreJobStore(client),
         CloudTpu(tpu_client, project_id),
         settings,
@@ -110,7 +110,7 @@ def a_spec(job_id: str) -> dict[str, Any]:
 def test_a_submission_reaches_provisioning_within_its_round_trip_budget(service, counter):
     """A fresh submission becomes PROVISIONING, announced twice, in at most MOST_CALLS Firestore calls."""
     counter.calls.clear()
-    outcome = service.submit(inbound(SUBMIT, a_spec("burst-1")))
+    outcome = service.submission.submit(inbound(SUBMIT, a_spec("burst-1")))
     calls = dict(counter.calls)
     assert outcome.kind == "provisioning", outcome
     for method, most in MOST_CALLS.items():
@@ -127,9 +127,9 @@ def test_a_submission_reaches_provisioning_within_its_round_trip_budget(service,
 def test_a_redelivered_submission_changes_nothing_and_stays_cheap(service, counter):
     """Redelivering a submission that reached PROVISIONING writes nothing and reads little."""
     message = inbound(SUBMIT, a_spec("burst-2"))
-    assert service.submit(message).kind == "provisioning"
+    assert service.submission.submit(message).kind == "provisioning"
     counter.calls.clear()
-    again = service.submit(message)
+    again = service.submission.submit(message)
     calls = dict(counter.calls)
     assert again.kind == "duplicate", again
     assert calls.get("Commit", 0) == 1, calls  # the create that finds the job there, and nothing else

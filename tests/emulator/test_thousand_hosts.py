@@ -18,7 +18,7 @@ import pytest
 
 from tpujobs.adapters.firestore_store import JOBS
 from tpujobs.domain.states import JobState
-from tpujobs.engine.job_service import JobService
+from tpujobs.engine.services import Engine
 from tpujobs.local.testing import inbound, signed
 
 pytestmark = pytest.mark.emulator
@@ -46,7 +46,7 @@ class WriteCounter:
 
 
 @pytest.fixture
-def service(job_service) -> JobService:
+def service(job_service) -> Engine:
     return job_service()
 
 
@@ -63,11 +63,11 @@ def report(kind: str, slice_id: int, worker_id: int, at: datetime, **fields: Any
             "at": at.isoformat(), **fields}  # fmt: skip
 
 
-def deliver(service: JobService, payloads: list[dict[str, Any]]) -> None:
+def deliver(service: Engine, payloads: list[dict[str, Any]]) -> None:
     """Sign each as its host's agent does, then hand them all to the service at once."""
     messages = [signed(service, EVENTS, payload) for payload in payloads]
     with ThreadPoolExecutor(DELIVERY_THREADS) as pool:
-        list(pool.map(service.on_worker_report, messages))
+        list(pool.map(service.worker_events.on_worker_report, messages))
 
 
 def hosts() -> list[tuple[int, int]]:
@@ -75,12 +75,12 @@ def hosts() -> list[tuple[int, int]]:
 
 
 def test_a_64_by_16_attempt_writes_its_job_a_bounded_number_of_times_and_succeeds(
-    service: JobService, job_writes: WriteCounter, firestore_client
+    service: Engine, job_writes: WriteCounter, firestore_client
 ):
     """1,024 starts, checkpoints and exits: SUCCEEDED, all_started_at noted, the job written O(1) times."""
     spec = {"job_id": JOB, "name": "big", "owner": "ada@example.com", "accelerator_type": "v4-128",
             "slices": SLICES, "command": "python train.py"}  # fmt: skip
-    assert service.submit(inbound("tpujobs-submit", spec)).kind == "provisioning"
+    assert service.submission.submit(inbound("tpujobs-submit", spec)).kind == "provisioning"
     job = service.store.get(JOB)
     assert job.total_workers == SLICES * HOSTS == 1024
 

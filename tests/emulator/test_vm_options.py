@@ -259,7 +259,7 @@ def test_a_submission_without_vm_options_gets_the_deployments_defaults_stored_an
     service = job_service(vm_defaults=defaults)
     spec = {"job_id": "vm-defaults", "name": "vm", "owner": "ada@example.com", "command": "true", "tags": ["mine"]}
     spec["accelerator_type"] = "v4-8"
-    outcome = service.submit(inbound("tpujobs-submit", spec, "701"))
+    outcome = service.submission.submit(inbound("tpujobs-submit", spec, "701"))
     assert outcome.job_id == "vm-defaults", outcome
     stored = firestore_client.collection(JOBS).document("vm-defaults").get().to_dict()["spec"]
     assert (stored["network"], stored["subnetwork"], stored["internal_ips"]) == (NETWORK, SUBNET, True)
@@ -277,7 +277,7 @@ def test_defaults_that_do_not_fit_the_spec_are_a_rejection_naming_them(job_servi
     service = job_service(vm_defaults=VmDefaults(network=NETWORK, subnetwork=SUBNET))
     spec = {"job_id": "vm-far", "name": "vm", "owner": "ada@example.com", "command": "true", "zone": "europe-west4-a"}
     spec["accelerator_type"] = "v4-8"
-    outcome = service.submit(inbound("tpujobs-submit", spec, "702"))
+    outcome = service.submission.submit(inbound("tpujobs-submit", spec, "702"))
     assert outcome.kind == "rejected"
     assert "subnetwork" in outcome.reason and "default" in outcome.reason, outcome.reason
     assert firestore_client.collection(JOBS).document("vm-far").get().exists is False

@@ -38,7 +38,8 @@ from tpujobs.domain.naming import parse_unit_queued_resource_name
 from tpujobs.domain.pools import UnitState
 from tpujobs.domain.spec import parse_spec
 from tpujobs.domain.states import JobState
-from tpujobs.engine.job_service import JobService, SubmitOutcome
+from tpujobs.engine.jobs.admission import SubmitOutcome
+from tpujobs.engine.services import Engine
 from tpujobs.local.simulator.client import SimulatorControl
 from tpujobs.local.testing import (
     CrashingStore,
@@ -67,7 +68,7 @@ TELL_AFTER_S = 6  # past `warm_pools.TELL_AFTER`: the reconciler tells a unit's 
 class World:
     """One test's world: the real service on the emulator, its own simulator, a clock it moves."""
 
-    service: JobService
+    service: Engine
     clock: OffsetClock
     tpu_client: Any
     project_id: str
@@ -78,10 +79,10 @@ class World:
         assert self.service.warm is not None
         return self.service.warm
 
-    def crashing(self, plan: CrashPlan) -> JobService:
+    def crashing(self, plan: CrashPlan) -> Engine:
         """The same service, on ports that crash where `plan` says."""
         real = self.service
-        return JobService(
+        return Engine(
             CrashingStore(real.store, plan),
             CrashingTpu(real.tpu, plan),
             real.settings,
@@ -122,7 +123,7 @@ class World:
         return {name for name in names if parse_unit_queued_resource_name(name)}
 
 
-def spec_of(service: JobService, job_id: str) -> Any:
+def spec_of(service: Engine, job_id: str) -> Any:
     data = {
         "job_id": job_id,
         "name": "train",
@@ -132,16 +133,18 @@ def spec_of(service: JobService, job_id: str) -> Any:
         "pool": POOL,
         "on_preemption": "resume",
     }
-    return service.completed(parse_spec(data))
+    return service.submission.completed(parse_spec(data))
 
 
-def submit(service: JobService, job_id: str) -> SubmitOutcome:
-    return service.submit_verified(spec_of(service, job_id))
+def submit(service: Engine, job_id: str) -> SubmitOutcome:
+    return service.submission.submit_verified(spec_of(service, job_id))
 
 
 def started(w: World, job_id: str) -> None:
     payload = {"kind": "started", "job_id": job_id, "attempt": 1, "slice_id": 0, "worker_id": 0}
-    w.service.on_worker_report(signed(w.service, "tpujobs-worker-events", payload, message_id=f"started-{job_id}"))
+    w.service.worker_events.on_worker_report(
+        signed(w.service, "tpujobs-worker-events", payload, message_id=f"started-{job_id}")
+    )
     assert w.job(job_id).state is JobState.RUNNING
 
 
@@ -154,7 +157,7 @@ class Scenario:
 
     name: str
     setup: Callable[[World], Any]  # builds the world; returns what `deliver` needs (a message)
-    deliver: Callable[[JobService, World, Any], object]  # the call, on the given service
+    deliver: Callable[[Engine, World, Any], object]  # the call, on the given service
     steps: tuple[str, ...]  # its port calls, in order, when nothing crashes
     done: dict[str, tuple[JobState, int, bool] | None]  # job -> (state, attempt, on a unit) once repaired
     commit: int | None = None  # the step that records the call; None: the TPU or the pool shows it
@@ -191,7 +194,7 @@ def _two_units_one_preempted(w: World) -> None:
 
     def suspended() -> bool:
         """the unit's queued resource to be SUSPENDED"""
-        status = w.service.tpu.status(ZONE, "demo-u0-g1")
+        status = w.service.capacity.status(ZONE, "demo-u0-g1")
         return status is not None and status.state == "SUSPENDED"
 
     wait_for(suspended, timeout=10)
@@ -207,7 +210,7 @@ def _requested_unit_now_active_and_a_job_waiting(w: World) -> None:
 
     def active() -> bool:
         """the unit's queued resource to be ACTIVE"""
-        status = w.service.tpu.status(ZONE, "demo-u0-g1")
+        status = w.service.capacity.status(ZONE, "demo-u0-g1")
         return status is not None and status.state == "ACTIVE"
 
     wait_for(active, timeout=10)
@@ -223,7 +226,7 @@ def _with_exit_message(w: World) -> Any:
     return _exit_message(w)
 
 
-def _tick(service: JobService, w: World, _: Any) -> object:
+def _tick(service: Engine, w: World, _: Any) -> object:
     return reconciler_for(service).tick()
 
 
@@ -258,7 +261,7 @@ SCENARIOS = [
     Scenario(
         "exit-hands-the-unit-on",
         setup=_with_exit_message,
-        deliver=lambda service, w, message: service.on_worker_report(message),
+        deliver=lambda service, w, message: service.worker_events.on_worker_report(message),
         steps=(
             *_BELIEVED,
             "store.record_worker",  # the host's exit 0 on its record first,
@@ -276,7 +279,7 @@ SCENARIOS = [
     Scenario(
         "unit-lost-job-moves",
         setup=_two_units_one_preempted,
-        deliver=lambda service, w, _: service.on_qr_state(
+        deliver=lambda service, w, _: service.capacity_events.on_qr_state(
             inbound("tpujobs-qr-state", {"queued_resource": "demo-u0-g1", "zone": ZONE, "state": "SUSPENDED"}, "4242")
         ),
         steps=(

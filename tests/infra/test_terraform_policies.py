@@ -10,7 +10,7 @@ from terraform_config import ROOT, Terraform, block
 from tpujobs.engine import topology
 
 # What a function's body calls in functions/main.py decides the rights its account needs.
-ENGINE = ("instances.job_service()", "instances.reconciler()", "instances.jobs_api()")  # Firestore, TPU, status
+ENGINE = ("instances.engine()", "instances.reconciler()", "instances.jobs_api()")  # Firestore, TPU, status
 LOG_EXPORTER = "instances.log_exporter()"  # Firestore and the logs bucket
 PRIMITIVE_ROLES = {"roles/owner", "roles/editor", "roles/viewer"}
 

@@ -26,8 +26,8 @@ WATCHED = (
     PUBSUB,
     TPU,
     STORAGE,
-    "tpujobs.engine.job_service",
-    "tpujobs.engine.reports",
+    "tpujobs.engine.services",
+    "tpujobs.engine.messages",
     "tpujobs.domain.spec",
 )
 
@@ -59,11 +59,11 @@ def test_importing_functions_main_loads_no_validation_models_nor_clients():
 
 # Each builder, what it must load, and what it must not (a later call may load more).
 BUILDERS = [
-    ("job_service", {FIRESTORE, "tpujobs.engine.job_service"}, {TPU, PUBSUB, STORAGE}),
-    ("reconciler", {FIRESTORE, "tpujobs.engine.job_service"}, {TPU, PUBSUB, STORAGE}),
-    ("jobs_api", {FIRESTORE, "tpujobs.engine.job_service"}, {TPU, PUBSUB, STORAGE}),
-    ("dead_letters", {FIRESTORE}, {TPU, PUBSUB, STORAGE, "tpujobs.engine.job_service"}),
-    ("log_exporter", {FIRESTORE, STORAGE}, {TPU, PUBSUB, "tpujobs.engine.job_service"}),
+    ("engine", {FIRESTORE, "tpujobs.engine.services"}, {TPU, PUBSUB, STORAGE}),
+    ("reconciler", {FIRESTORE, "tpujobs.engine.services"}, {TPU, PUBSUB, STORAGE}),
+    ("jobs_api", {FIRESTORE, "tpujobs.engine.services"}, {TPU, PUBSUB, STORAGE}),
+    ("dead_letters", {FIRESTORE}, {TPU, PUBSUB, STORAGE, "tpujobs.engine.services"}),
+    ("log_exporter", {FIRESTORE, STORAGE}, {TPU, PUBSUB, "tpujobs.engine.services"}),
 ]
 
 

@@ -19,7 +19,7 @@ from tpujobs.domain import pools
 from tpujobs.domain.job import Job
 from tpujobs.domain.states import EventKind
 from tpujobs.engine.api import to_json
-from tpujobs.engine.pool_service import pool_summary
+from tpujobs.engine.warm_pools.summary import pool_summary
 
 T0 = datetime(2026, 3, 1, 9, 0, tzinfo=timezone.utc)
 HOUR = timedelta(hours=1)

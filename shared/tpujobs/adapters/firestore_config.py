@@ -13,9 +13,10 @@ typo in the console never allows more than was meant.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from tpujobs.adapters.firestore_store import transient_on_failure
+from tpujobs.adapters.firestore_reads import transient_on_failure
 from tpujobs.domain.access import AccessPolicies
 
 if TYPE_CHECKING:
@@ -37,16 +38,22 @@ class FirestoreAccessPolicies:
         refs = [self._db.collection(CONFIG).document(name) for name in (POLICIES, GROUPS, SERVICE_ACCOUNTS)]
         with transient_on_failure("read config/policies, groups and service_accounts"):
             found = {snapshot.id: snapshot.to_dict() or {} for snapshot in self._db.get_all(refs)}
-        policies = found.get(POLICIES, {})
-        trust = policies.get("trust_topic_owners", False)
-        return AccessPolicies(
-            high_priority=_names(policies.get("high_priority"), "config/policies.high_priority"),
-            reserved_capacity=_names(policies.get("reserved_capacity"), "config/policies.reserved_capacity"),
-            pools=_names(policies.get("pools"), "config/policies.pools"),
-            trust_topic_owners=trust is True,
-            groups=_lists(found.get(GROUPS, {}), "config/groups"),
-            service_accounts=_lists(found.get(SERVICE_ACCOUNTS, {}), "config/service_accounts"),
-        )
+        return policies_from_documents(found)
+
+
+def policies_from_documents(found: Mapping[str, Mapping[str, Any]]) -> AccessPolicies:
+    """What the three documents allow (`found`: document id -> its fields; an absent one is
+    empty), a field of the wrong type ignored. Pure: the in-memory fake reads with it too."""
+    policies = found.get(POLICIES, {})
+    trust = policies.get("trust_topic_owners", False)
+    return AccessPolicies(
+        high_priority=_names(policies.get("high_priority"), "config/policies.high_priority"),
+        reserved_capacity=_names(policies.get("reserved_capacity"), "config/policies.reserved_capacity"),
+        pools=_names(policies.get("pools"), "config/policies.pools"),
+        trust_topic_owners=trust is True,
+        groups=_lists(found.get(GROUPS, {}), "config/groups"),
+        service_accounts=_lists(found.get(SERVICE_ACCOUNTS, {}), "config/service_accounts"),
+    )
 
 
 def _names(value: Any, where: str) -> tuple[str, ...]:
@@ -58,5 +65,5 @@ def _names(value: Any, where: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _lists(document: dict[str, Any], where: str) -> dict[str, tuple[str, ...]]:
+def _lists(document: Mapping[str, Any], where: str) -> dict[str, tuple[str, ...]]:
     return {key: _names(value, f"{where}.{key}") for key, value in document.items()}

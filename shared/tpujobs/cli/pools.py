@@ -4,7 +4,7 @@ Like the job verbs: with TPUJOBS_API_URL set, every verb asks the `jobs` API, wh
 is verified (the one way to create a pool unless config/policies trusts topic owners). Without
 it, create, resize and delete are published to tpujobs-control and followed in Firestore until
 they take effect or are refused (the rejection's reason is printed), and list and describe
-read Firestore. Who may do what is the service's rule (`tpujobs.engine.pool_service`), never the CLI's:
+read Firestore. Who may do what is the service's rule (`tpujobs.engine.warm_pools`), never the CLI's:
 the CLI checks a new pool's fields only to say what is wrong before anything is sent.
 """
 

@@ -177,7 +177,7 @@ class StoreReads:
     def _pool(store: FirestoreWarmPools, pool: Pool) -> dict[str, Any]:
         """The pool as the API shows it to those who may see its jobs: reading Firestore, you can."""
         from tpujobs.engine.api import WAITING_SHOWN, to_json
-        from tpujobs.engine.pool_service import pool_summary
+        from tpujobs.engine.warm_pools.summary import pool_summary
         from tpujobs.runtime.instances import utc_now
 
         return dict(to_json(pool_summary(pool, utc_now(), store.queue(pool.name, WAITING_SHOWN))))

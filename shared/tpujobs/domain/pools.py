@@ -7,8 +7,8 @@ and waits again. A job with `pool: NAME` takes a free unit instead of asking for
 it starts in seconds; the pool's queue (priority, then age) decides who gets the next one.
 
 Everything here is pure: a `Pool` is an immutable value, each change returns a new one, and
-`now` is passed in. The service (`tpujobs.engine.pool_service`) reads the pool document, applies one
-change and writes it back as a compare-and-set; the pool document (`pools/{name}`) is the one
+`now` is passed in. The services (`tpujobs.engine.warm_pools`) read the pool document, apply one
+change and write it back as a compare-and-set; the pool document (`pools/{name}`) is the one
 place that says which job a unit runs, so no unit ever runs two jobs and no job two units.
 
 A pool is one trust domain: its jobs run one after another on the same VMs, as root, so one

@@ -46,7 +46,7 @@ class Observation:
     unit: str = ""
     zone: str = ""
     # WORKER_SUCCEEDED: how many hosts of the attempt have exited 0 by their worker documents,
-    # this one included (`JobService` counts them, so the job is not written once per host);
+    # this one included (`engine.jobs.worker_events` counts them, so the job is not written once per host);
     # None: the job counts the worker itself, in `workers_done`.
     workers_done_count: int | None = None
 

@@ -1,7 +1,7 @@
 """Exported logs: an ended attempt's output chunks, put together per worker and combined.
 
 While an attempt runs, each worker's agent uploads its output in numbered chunks
-(`agent/worker.py`, `LogShipper`):
+(`agent/output.py`, `LogShipper`):
 
     gs://BUCKET/logs/jobs/JOB/attempt-N/chunks/slice-S-worker-W/000000.log, 000001.log, ...
     gs://BUCKET/logs/jobs/JOB/attempt-N/chunks/slice-S-worker-W/complete.json   (clean end only)
@@ -67,9 +67,10 @@ from tpujobs.domain.naming import CODE_PREFIX, job_prefix
 from tpujobs.domain.states import JobState
 from tpujobs.engine import process_log
 from tpujobs.engine.errors import PermanentError, TransientError
+from tpujobs.engine.export_requests import LogExportRequest
 from tpujobs.engine.inbound import InboundMessage
+from tpujobs.engine.messages import ReportError, decode_report
 from tpujobs.engine.ports import AttemptLogs, Clock, JobStore, LogBucket, Rejection
-from tpujobs.engine.reports import LogExportRequest, ReportError, decode_report
 
 log = logging.getLogger(__name__)
 

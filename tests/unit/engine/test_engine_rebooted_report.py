@@ -1,10 +1,10 @@
-"""The `rebooted` report on the Firestore emulator and the TPU simulator: a host lost, if signed.
+"""The `rebooted` report on the fakes and the TPU simulator: a host lost, if signed.
 
 A VM that reboots runs its startup script again, and the agent, finding that its attempt
 had already started on that host, reports `rebooted` instead of running the command twice.
-The service takes it as the loss of that host (CAPACITY_LOST: the job resumes by its rules),
+The engine takes it as the loss of that host (CAPACITY_LOST: the job resumes by its rules),
 but only when it is signed by the attempt it names; anything else changes nothing and is
-recorded in `rejections`, like every other report (tests/emulator/test_signed_reports.py).
+recorded in `rejections`, like every other report (test_engine_signed_reports.py).
 """
 
 from __future__ import annotations
@@ -14,16 +14,13 @@ import secrets
 from datetime import datetime, timezone
 
 import pytest
+from engine_harness import Engine
 
 from tpujobs.domain import signing
 from tpujobs.domain.states import JobState
 from tpujobs.engine.inbound import InboundMessage
-from tpujobs.engine.job_service import JobService
 from tpujobs.local.testing import inbound, signed
 
-pytestmark = pytest.mark.emulator
-
-ZONE = "us-central2-b"
 EVENTS = "tpujobs-worker-events"
 DETAIL = (
     "the agent first started 12:00Z, before the host rebooted; "
@@ -36,11 +33,11 @@ def utc_now() -> datetime:
 
 
 @pytest.fixture
-def service(job_service) -> JobService:
-    return job_service()
+def jobs(engine) -> Engine:
+    return engine()
 
 
-def running(service: JobService, job_id: str = "train-1", **changes: object) -> str:
+def running(jobs: Engine, job_id: str = "train-1", **changes: object) -> str:
     """A v4-16 job (two hosts) submitted, its worker 0 `started`, signed: RUNNING at attempt 1."""
     spec = {
         "job_id": job_id,
@@ -51,10 +48,10 @@ def running(service: JobService, job_id: str = "train-1", **changes: object) -> 
         "max_restarts": 3,
         **changes,
     }
-    assert service.submit(inbound("tpujobs-submit", spec)).kind == "provisioning"
+    assert jobs.handle(inbound("tpujobs-submit", spec)).kind == "provisioning"
     started = {"kind": "started", "job_id": job_id, "attempt": 1, "slice_id": 0, "worker_id": 0}
-    service.on_worker_report(signed(service, EVENTS, started))
-    assert service.store.get(job_id).state is JobState.RUNNING
+    jobs.handle(signed(jobs, EVENTS, started))
+    assert jobs.store.get(job_id).state is JobState.RUNNING
     return job_id
 
 
@@ -69,9 +66,9 @@ def rebooted(job_id: str = "train-1", attempt: int = 1, worker: int = 1) -> dict
     }
 
 
-def key_of(service: JobService, job_id: str, attempt: int) -> bytes:
-    job = service.store.get(job_id)
-    return signing.attempt_key(service.settings.report_key, job_id, job.created_at, attempt)
+def key_of(jobs: Engine, job_id: str, attempt: int) -> bytes:
+    job = jobs.store.get(job_id)
+    return signing.attempt_key(jobs.settings.report_key, job_id, job.created_at, attempt)
 
 
 def signed_with(key: bytes, payload: dict) -> InboundMessage:
@@ -82,22 +79,22 @@ def signed_with(key: bytes, payload: dict) -> InboundMessage:
     )
 
 
-def snapshot(service: JobService, job_id: str = "train-1") -> tuple:
-    job = service.store.get(job_id)
-    return job.state, job.attempt, job.restarts, job.queued_resource, len(service.store.events(job_id))
+def snapshot(jobs: Engine, job_id: str = "train-1") -> tuple:
+    job = jobs.store.get(job_id)
+    return job.state, job.attempt, job.restarts, job.queued_resource, len(jobs.store.events(job_id))
 
 
-def rejection_of(service: JobService, message: InboundMessage):
-    return next((r for r in service.store.rejections() if r.message_id == message.message_id), None)
+def rejection_of(jobs: Engine, message: InboundMessage):
+    return next((r for r in jobs.store.rejections() if r.message_id == message.message_id), None)
 
 
-def test_a_signed_rebooted_report_loses_the_host_and_the_job_resumes_at_the_next_attempt(service):
+def test_a_signed_rebooted_report_loses_the_host_and_the_job_resumes_at_the_next_attempt(jobs):
     """on_preemption=resume: RECOVERING with a reason saying which host rebooted and what it found, then attempt 2
     requested."""
-    running(service)
-    outcome = service.on_worker_report(signed(service, EVENTS, rebooted()))
+    running(jobs)
+    outcome = jobs.handle(signed(jobs, EVENTS, rebooted()))
     assert outcome is not None
-    job = service.store.get("train-1")
+    job = jobs.store.get("train-1")
     assert (job.state, job.attempt, job.restarts, job.queued_resource) == (
         JobState.PROVISIONING,
         2,
@@ -105,27 +102,27 @@ def test_a_signed_rebooted_report_loses_the_host_and_the_job_resumes_at_the_next
         "train-1-a2",
     )
     assert job.resume_next
-    lost = next(e for e in service.store.events("train-1") if e.to_state is JobState.RECOVERING)
+    lost = next(e for e in jobs.store.events("train-1") if e.to_state is JobState.RECOVERING)
     assert lost.source == "agent" and lost.attempt == 1
     assert lost.reason.startswith(f"Rebooted: worker 0-1 of attempt 1 started over ({DETAIL})")
-    assert service.store.rejections() == []
+    assert jobs.store.rejections() == []
 
 
-def test_a_rebooted_host_of_a_job_that_must_not_restart_fails_it(service):
+def test_a_rebooted_host_of_a_job_that_must_not_restart_fails_it(jobs):
     """on_preemption=fail: a rebooted host is a lost host, so the job ends FAILED saying why."""
-    running(service, on_preemption="fail")
-    service.on_worker_report(signed(service, EVENTS, rebooted()))
-    job = service.store.get("train-1")
+    running(jobs, on_preemption="fail")
+    jobs.handle(signed(jobs, EVENTS, rebooted()))
+    job = jobs.store.get("train-1")
     assert job.state is JobState.FAILED and "Rebooted: worker 0-1" in job.state_reason
 
 
 FORGERIES = {
-    "unsigned": lambda service: inbound(
+    "unsigned": lambda jobs: inbound(
         EVENTS, {"at": utc_now().isoformat(), "nonce": secrets.token_hex(16), **rebooted()}
     ),
-    "another_jobs_key": lambda service: signed_with(key_of(service, "train-2", 1), rebooted()),
-    "another_attempts_key": lambda service: signed_with(key_of(service, "train-1", 2), rebooted()),
-    "a_host_the_job_lacks": lambda service: signed(service, EVENTS, rebooted(worker=2)),
+    "another_jobs_key": lambda jobs: signed_with(key_of(jobs, "train-2", 1), rebooted()),
+    "another_attempts_key": lambda jobs: signed_with(key_of(jobs, "train-1", 2), rebooted()),
+    "a_host_the_job_lacks": lambda jobs: signed(jobs, EVENTS, rebooted(worker=2)),
 }
 REASONS = {
     "unsigned": "the report is unsigned",
@@ -136,36 +133,36 @@ REASONS = {
 
 
 @pytest.mark.parametrize("forgery", FORGERIES, ids=FORGERIES)
-def test_a_rebooted_report_not_signed_by_its_attempt_changes_nothing_and_is_rejected(service, forgery):
+def test_a_rebooted_report_not_signed_by_its_attempt_changes_nothing_and_is_rejected(jobs, forgery):
     """Unsigned, another job's or attempt's key, a host the job lacks: the job runs on; the rejection says why."""
-    running(service, "train-1")
-    running(service, "train-2")
-    before = snapshot(service)
-    forged = FORGERIES[forgery](service)
-    assert service.on_worker_report(forged) is None
-    assert snapshot(service) == before
-    assert REASONS[forgery] in rejection_of(service, forged).reason
+    running(jobs, "train-1")
+    running(jobs, "train-2")
+    before = snapshot(jobs)
+    forged = FORGERIES[forgery](jobs)
+    assert jobs.handle(forged) is None
+    assert snapshot(jobs) == before
+    assert REASONS[forgery] in rejection_of(jobs, forged).reason
 
 
-def test_a_redelivered_rebooted_report_restarts_the_job_once(service):
+def test_a_redelivered_rebooted_report_restarts_the_job_once(jobs):
     """Pub/Sub delivers the same message again: still attempt 2, one restart, no rejection."""
-    running(service)
-    message = signed(service, EVENTS, rebooted())
-    service.on_worker_report(message)
-    before = snapshot(service)
-    service.on_worker_report(InboundMessage(message.message_id, EVENTS, message.data, dict(message.attributes)))
-    assert snapshot(service) == before and before[1:3] == (2, 1)
-    assert service.store.rejections() == []
+    running(jobs)
+    message = signed(jobs, EVENTS, rebooted())
+    jobs.handle(message)
+    before = snapshot(jobs)
+    jobs.handle(InboundMessage(message.message_id, EVENTS, message.data, dict(message.attributes)))
+    assert snapshot(jobs) == before and before[1:3] == (2, 1)
+    assert jobs.store.rejections() == []
 
 
-def test_a_late_rebooted_report_of_an_earlier_attempt_does_not_touch_the_next(service):
+def test_a_late_rebooted_report_of_an_earlier_attempt_does_not_touch_the_next(jobs):
     """A host of attempt 1 rebooting after the job moved on to attempt 2: believed, but nothing changes."""
-    running(service)
-    service.on_worker_report(signed(service, EVENTS, rebooted(worker=0)))
+    running(jobs)
+    jobs.handle(signed(jobs, EVENTS, rebooted(worker=0)))
     started = {"kind": "started", "job_id": "train-1", "attempt": 2, "slice_id": 0, "worker_id": 0}
-    service.on_worker_report(signed(service, EVENTS, started))
-    before = snapshot(service)
+    jobs.handle(signed(jobs, EVENTS, started))
+    before = snapshot(jobs)
     assert before[:3] == (JobState.RUNNING, 2, 1)
-    service.on_worker_report(signed(service, EVENTS, rebooted(worker=1)))
-    assert snapshot(service) == before
-    assert service.store.rejections() == []
+    jobs.handle(signed(jobs, EVENTS, rebooted(worker=1)))
+    assert snapshot(jobs) == before
+    assert jobs.store.rejections() == []

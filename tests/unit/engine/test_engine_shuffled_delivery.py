@@ -3,7 +3,7 @@
 Pub/Sub promises at-least-once delivery and no order across topics, so the submission, the
 agents' started and exited reports of two attempts, their preemption notices, queued-resource
 observations and maybe a cancel can reach the handlers in any interleaving, twice or thrice.
-Whatever the order, on the Firestore emulator, the TPU simulator and the real TPU client:
+Whatever the order, on the fakes, the TPU simulator and the real TPU client:
 
 - every event of the job's timeline is a move the transition table allows (for some event),
   with consecutive sequence numbers, and its attempts never go back;
@@ -20,19 +20,15 @@ from datetime import datetime, timezone
 from typing import Any
 
 import pytest
+from engine_harness import ZONE, Engine
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from tpujobs.domain.naming import parse_queued_resource_name
 from tpujobs.domain.states import TERMINAL, TRANSITIONS, JobState
 from tpujobs.engine.inbound import InboundMessage
-from tpujobs.engine.job_service import JobService
 from tpujobs.local.simulator.client import SimulatorControl
-from tpujobs.local.testing import reconciler_for
 
-pytestmark = pytest.mark.emulator
-
-ZONE = "us-central2-b"
 OWNER = "ada@example.com"
 ALLOWED = {(before, after) for (before, _), targets in TRANSITIONS.items() for after in targets}
 QR_STATES = ["WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE", "ACTIVE", "SUSPENDED", "FAILED"]
@@ -45,9 +41,9 @@ def utc_now() -> datetime:
 
 
 @pytest.fixture
-def service(job_service) -> JobService:
-    """ONE JobService for the whole test function; sleeps (restart backoff) return at once."""
-    return job_service(admins=("root@example.com",), stuck_after_seconds=0.0)
+def jobs(engine) -> Engine:
+    """ONE engine for the whole test function; sleeps (restart backoff) return at once."""
+    return engine(admins=("root@example.com",), stuck_after_seconds=0.0)
 
 
 Delivery = tuple[str, str, dict[str, Any]]  # (topic, message id, payload)
@@ -96,15 +92,6 @@ def job_messages(draw: st.DrawFn) -> tuple[str, dict[str, Any], list[Delivery]]:
     return job_id, spec, draw(st.permutations(deliveries))
 
 
-HANDLERS = {
-    "tpujobs-submit": "submit",
-    "tpujobs-worker-events": "on_worker_report",
-    "tpujobs-preemption": "on_preemption",
-    "tpujobs-qr-state": "on_qr_state",
-    "tpujobs-control": "on_control",
-}
-
-
 def simulator_state(simulator_url: str) -> dict[str, Any]:
     return SimulatorControl(simulator_url).state()
 
@@ -120,21 +107,19 @@ def owned_by(job_id: str, name: str) -> bool:
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(case=job_messages())
-def test_any_delivery_order_keeps_the_timeline_legal_and_capacity_single(service, simulator_url, case) -> None:
+def test_any_delivery_order_keeps_the_timeline_legal_and_capacity_single(jobs, simulator_url, case) -> None:
     """Duplicated, shuffled messages then two reconciler ticks: legal timeline, one create per attempt, no leak."""
     job_id, spec, deliveries = case
     for topic, message_id, payload in deliveries:
-        inbound = InboundMessage(message_id, topic, json.dumps(payload).encode())
-        getattr(service, HANDLERS[topic])(inbound)  # nothing may raise, TransientError included
-    reconciler = reconciler_for(service)
+        jobs.handle(InboundMessage(message_id, topic, json.dumps(payload).encode()))  # nothing may raise
     for _ in range(2):
-        reconciler.tick()
+        jobs.tick()
 
-    job = service.store.get(job_id)
+    job = jobs.store.get(job_id)
     assert job is not None, "the submission was delivered at least once"
     assert job.spec.on_preemption == spec["on_preemption"] and job.restarts <= spec["max_restarts"]
     assert job.attempt <= 1 + job.restarts
-    timeline = service.store.events(job_id)
+    timeline = jobs.store.events(job_id)
     assert [e.seq for e in timeline] == list(range(1, len(timeline) + 1)) and len(timeline) == job.event_seq
     assert (timeline[0].from_state, timeline[0].to_state) == (None, JobState.QUEUED)
     illegal = [(e.seq, e.from_state, e.to_state) for e in timeline[1:] if (e.from_state, e.to_state) not in ALLOWED]
@@ -166,4 +151,4 @@ def test_any_delivery_order_keeps_the_timeline_legal_and_capacity_single(service
     event(f"ends {job.state.value} at attempt {job.attempt}")
 
     if job.state not in TERMINAL:  # keep later examples' reconciler ticks small
-        service.cancel(job_id, "Cancelled at the end of the example.")
+        jobs.cancel(job_id, "Cancelled at the end of the example.")

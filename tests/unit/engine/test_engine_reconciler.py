@@ -1,43 +1,38 @@
-"""The reconciler's guards: silent workers, flapping, and a cost that ignores finished jobs."""
+"""The reconciler on the fakes and the TPU simulator: silent workers, flapping, the boot timeout,
+a tick that one job's failure never stops, paged reads, creates followed through, TPU quota, and
+node conditions that often pass."""
 
 from __future__ import annotations
 
-import dataclasses
 from datetime import timedelta
+from typing import Any
 
 import pytest
+from engine_harness import PROJECT, ZONE, Engine
 
-from tpujobs.adapters.firestore_store import FirestoreJobStore
-from tpujobs.adapters.google_errors import transient_retry
-from tpujobs.adapters.tpu import CloudTpu
 from tpujobs.domain.states import EventKind, JobState
 from tpujobs.domain.transitions import Observation
-from tpujobs.engine.job_service import JobService
 from tpujobs.local.simulator.client import SimulatorControl
-from tpujobs.local.testing import ManualClock, reconciler_for, signed
-from tpujobs.local.testing import inbound as message
-
-pytestmark = pytest.mark.emulator
-
-ZONE = "us-central2-b"
-
-
-Clock = ManualClock
+from tpujobs.local.testing import ManualClock
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> ManualClock:
+    return ManualClock()
 
 
 @pytest.fixture
-def service(job_service, tpu_client, project_id, clock) -> JobService:
-    # Some tests fail every TPU call 25 times over: a short in-call retry keeps each tick quick.
-    tpu = CloudTpu(tpu_client, project_id, retry=transient_retry(deadline_s=0.2))
-    return job_service(clock=clock, tpu=tpu, heartbeat_timeout_seconds=60.0, stuck_after_seconds=30.0)
+def make(engine, clock):
+    """`make(**settings)`: the engine on a hand-moved clock, heartbeats timing out after 60 s."""
+    return lambda **settings: engine(clock=clock, heartbeat_timeout_seconds=60.0, stuck_after_seconds=30.0, **settings)
 
 
-def running_job(service: JobService, job_id: str = "train-1", accelerator: str = "v4-16") -> str:
+@pytest.fixture
+def jobs(make) -> Engine:
+    return make()
+
+
+def running_job(jobs: Engine, job_id: str = "train-1", accelerator: str = "v4-16") -> str:
     spec = {
         "job_id": job_id,
         "name": "train",
@@ -45,88 +40,82 @@ def running_job(service: JobService, job_id: str = "train-1", accelerator: str =
         "accelerator_type": accelerator,
         "command": "x",
     }
-    assert service.submit(message("tpujobs-submit", spec)).kind == "provisioning"
+    assert jobs.submit(spec).kind == "provisioning"
     workers = 2 if accelerator == "v4-16" else 1
     for worker in range(workers):
-        beat(service, "started", worker, job_id=job_id)
-    assert service.store.get(job_id).state is JobState.RUNNING
+        beat(jobs, "started", worker, job_id=job_id)
+    assert jobs.store.get(job_id).state is JobState.RUNNING
     return job_id
 
 
-def beat(service: JobService, kind: str, worker: int, attempt: int = 1, job_id: str = "train-1", **extra) -> None:
-    payload = {"kind": kind, "job_id": job_id, "attempt": attempt, "slice_id": 0, "worker_id": worker, **extra}
-    service.on_worker_report(signed(service, "tpujobs-worker-events", payload))
+def beat(jobs: Engine, kind: str, worker: int, attempt: int = 1, job_id: str = "train-1", **extra) -> None:
+    jobs.report(kind, attempt, worker=worker, job_id=job_id, **extra)
 
 
 def configure(simulator_url: str, **config) -> None:
     SimulatorControl(simulator_url).configure(**config)
 
 
-def test_a_missed_heartbeat_does_not_start_a_recovery(service, clock):
+def test_a_missed_heartbeat_does_not_start_a_recovery(jobs, clock):
     """Silent for 45 s with a 60 s timeout (several heartbeats of 10 s missed): still RUNNING."""
-    running_job(service)
+    running_job(jobs)
     clock.advance(45)
-    beat(service, "heartbeat", 0)  # worker 0 beats on; worker 1 has been quiet for 45 s
-    report = reconciler_for(service).tick()
-    job = service.store.get("train-1")
+    beat(jobs, "heartbeat", 0)  # worker 0 beats on; worker 1 has been quiet for 45 s
+    report = jobs.tick()
+    job = jobs.store.get("train-1")
     assert (job.state, job.attempt) == (JobState.RUNNING, 1)
     assert report.observed == []
 
 
-def test_a_worker_silent_past_the_timeout_is_a_lost_host(service, clock):
+def test_a_worker_silent_past_the_timeout_is_a_lost_host(jobs, clock):
     """Silent for longer than the timeout: the attempt is lost and the next one requested."""
-    running_job(service)
+    running_job(jobs)
     clock.advance(61)
-    beat(service, "heartbeat", 0)
-    reconciler_for(service).tick()
-    job = service.store.get("train-1")
+    beat(jobs, "heartbeat", 0)
+    jobs.tick()
+    job = jobs.store.get("train-1")
     assert (job.state, job.attempt) == (JobState.PROVISIONING, 2)
-    lost = [e for e in service.store.events("train-1") if e.to_state is JobState.RECOVERING]
+    lost = [e for e in jobs.store.events("train-1") if e.to_state is JobState.RECOVERING]
     assert len(lost) == 1 and lost[0].source == "reconciler" and "Worker 0-1" in lost[0].reason
 
 
-def test_a_finished_worker_is_not_missed(service, clock):
+def test_a_finished_worker_is_not_missed(jobs, clock):
     """A worker that exited 0 stops beating while the others run: that is not a loss."""
-    running_job(service)
-    beat(service, "exited", 1, exit_code=0)
+    running_job(jobs)
+    beat(jobs, "exited", 1, exit_code=0)
     for _ in range(3):
         clock.advance(30)
-        beat(service, "heartbeat", 0)
-        reconciler_for(service).tick()
-    job = service.store.get("train-1")
+        beat(jobs, "heartbeat", 0)
+        jobs.tick()
+    job = jobs.store.get("train-1")
     assert (job.state, job.attempt) == (JobState.RUNNING, 1)
 
 
-def test_workers_of_an_attempt_that_is_over_are_retired_once(service, clock, firestore_client):
+def test_workers_of_an_attempt_that_is_over_are_retired_once(jobs, clock):
     """After a recovery, the old attempt's silent workers are retired, not counted as losses."""
-    running_job(service)
-    service.on_preemption(
-        signed(service, "tpujobs-preemption", {"job_id": "train-1", "attempt": 1, "reason": "SIGTERM"})
-    )
-    assert service.store.get("train-1").attempt == 2
+    running_job(jobs)
+    jobs.preempt(1)
+    assert jobs.store.get("train-1").attempt == 2
     clock.advance(120)
-    reconciler_for(service).tick()
-    assert service.store.silent_workers(clock()) == []  # both old workers retired
-    assert service.store.get("train-1").attempt == 2
-    recoveries = [e for e in service.store.events("train-1") if e.to_state is JobState.RECOVERING]
+    jobs.tick()
+    assert jobs.store.silent_workers(clock()) == []  # both old workers retired
+    assert jobs.store.get("train-1").attempt == 2
+    recoveries = [e for e in jobs.store.events("train-1") if e.to_state is JobState.RECOVERING]
     assert len(recoveries) == 1 and recoveries[0].source == "agent"
 
 
 @pytest.mark.parametrize("rate", [1.0, 0.5])
-def test_twenty_five_failing_status_reads_start_no_recovery(service, simulator_url, tpu_client, project_id, rate):
+def test_twenty_five_failing_status_reads_start_no_recovery(jobs, simulator_url, rate):
     """SkyPilot #10155: 25 status-fetch failures gave 24 needless recoveries. Here: none (each call
     retried for 0.2 s, not the default 10 s, so 25 ticks of failures stay quick)."""
-    from tpujobs.adapters.google_errors import transient_retry
-
-    running_job(service)
-    service.tpu = CloudTpu(tpu_client, project_id, retry=transient_retry(deadline_s=0.2))
+    running_job(jobs)
     configure(simulator_url, api_error_rate=rate, seed=7)
     for _ in range(25):
-        reconciler_for(service).tick()
+        jobs.tick()
     configure(simulator_url, api_error_rate=0.0)
-    job = service.store.get("train-1")
+    job = jobs.store.get("train-1")
     assert (job.state, job.attempt, job.restarts) == (JobState.RUNNING, 1, 0)
-    assert [e.to_state for e in service.store.events("train-1")] == [
+    assert [e.to_state for e in jobs.store.events("train-1")] == [
         JobState.QUEUED,
         JobState.PROVISIONING,
         JobState.RUNNING,
@@ -136,7 +125,7 @@ def test_twenty_five_failing_status_reads_start_no_recovery(service, simulator_u
 class CountingStore:
     """The real store, counting the documents each tick reads."""
 
-    def __init__(self, store: FirestoreJobStore) -> None:
+    def __init__(self, store: Any) -> None:
         self._store = store
         self.read = 0
 
@@ -168,31 +157,30 @@ class CountingStore:
         return self._store.get(job_id)
 
 
-def test_a_tick_reads_active_jobs_only_whatever_the_history(service, clock):
+def test_a_tick_reads_active_jobs_only_whatever_the_history(jobs, clock):
     """Twenty finished jobs with finished workers add no reads to a tick: O(active jobs)."""
-    running_job(service, "live-job", accelerator="v4-8")
-    counting = CountingStore(service.store)
-    service.store = counting
-    reconciler_for(service).tick()
+    running_job(jobs, "live-job", accelerator="v4-8")
+    counting = CountingStore(jobs.store)
+    jobs.tick(store=counting)
     baseline = counting.read
     for index in range(20):
         job_id = f"done-{index}"
-        running_job(service, job_id, accelerator="v4-8")
-        beat(service, "exited", 0, job_id=job_id, exit_code=0)
-        assert service.store.get(job_id).state is JobState.SUCCEEDED
+        running_job(jobs, job_id, accelerator="v4-8")
+        beat(jobs, "exited", 0, job_id=job_id, exit_code=0)
+        assert jobs.store.get(job_id).state is JobState.SUCCEEDED
     clock.advance(600)  # everything is long silent now
-    beat(service, "heartbeat", 0, job_id="live-job")
+    beat(jobs, "heartbeat", 0, job_id="live-job")
     counting.read = 0
-    reconciler_for(service).tick()
+    jobs.tick(store=counting)
     assert counting.read == baseline
 
 
-def test_the_reconcilers_listing_leaves_the_startup_scripts_behind(service, tpu_client, project_id):
+def test_the_reconcilers_listing_leaves_the_startup_scripts_behind(jobs, tpu_client):
     """The list calls ask for a field mask: labels and states come, the 46 KB scripts do not."""
     from tpujobs.adapters.tpu import QUEUED_RESOURCE_FIELDS
 
-    running_job(service, accelerator="v4-8")
-    parent = f"projects/{project_id}/locations/{ZONE}"
+    running_job(jobs, accelerator="v4-8")
+    parent = f"projects/{PROJECT}/locations/{ZONE}"
     full = next(iter(tpu_client.list_queued_resources(parent=parent)))
     assert len(full.tpu.node_spec[0].node.metadata["startup-script"]) > 10_000
     masked = next(
@@ -200,50 +188,50 @@ def test_the_reconcilers_listing_leaves_the_startup_scripts_behind(service, tpu_
     )
     assert "startup-script" not in masked.tpu.node_spec[0].node.metadata
     assert masked.tpu.node_spec[0].node.labels["tpujobs-job"] == "train-1"
-    assert [status.job_label for status in service.tpu.list_capacity(ZONE)] == ["train-1"]
+    assert [status.job_label for status in jobs.tpu.list_capacity(ZONE)] == ["train-1"]
 
 
 # --- paid capacity is never held silently: the boot timeout ----------------------------
 
 
-def active_but_silent(service: JobService, job_id: str = "train-1") -> None:
+def active_but_silent(jobs: Engine, job_id: str = "train-1") -> None:
     """Submitted; its queued resource went ACTIVE and a tick saw it; no agent ever reported."""
     from tpujobs.local.testing import wait_for
 
     spec = {"job_id": job_id, "name": "train", "owner": "ada@example.com", "accelerator_type": "v4-16", "command": "x"}
-    assert service.submit(message("tpujobs-submit", spec)).kind == "provisioning"
-    wait_for(lambda: service.tpu.status(ZONE, f"{job_id}-a1").state == "ACTIVE", timeout=10)
-    reconciler_for(service).tick()
-    job = service.store.get(job_id)
+    assert jobs.submit(spec).kind == "provisioning"
+    wait_for(lambda: jobs.tpu.status(ZONE, f"{job_id}-a1").state == "ACTIVE", timeout=10)
+    jobs.tick()
+    job = jobs.store.get(job_id)
     assert (job.state, job.capacity_state) == (JobState.PROVISIONING, "ACTIVE")
 
 
-def test_capacity_active_with_no_agent_past_the_boot_timeout_is_a_lost_host(service, clock):
+def test_capacity_active_with_no_agent_past_the_boot_timeout_is_a_lost_host(jobs, clock):
     """ACTIVE for 599 s without a word: nothing yet; for 612 s: lost, the next attempt asked for."""
-    assert service.settings.boot_timeout_seconds == 600  # the default
-    active_but_silent(service)
+    assert jobs.settings.boot_timeout_seconds == 600  # the default
+    active_but_silent(jobs)
     clock.advance(599)
-    reconciler_for(service).tick()
-    assert (service.store.get("train-1").state, service.store.get("train-1").attempt) == (JobState.PROVISIONING, 1)
+    jobs.tick()
+    assert (jobs.store.get("train-1").state, jobs.store.get("train-1").attempt) == (JobState.PROVISIONING, 1)
 
     clock.advance(13)
-    report = reconciler_for(service).tick()
+    report = jobs.tick()
 
-    job = service.store.get("train-1")
+    job = jobs.store.get("train-1")
     assert (job.state, job.attempt, job.restarts) == (JobState.PROVISIONING, 2, 1)
-    (lost,) = [e for e in service.store.events("train-1") if e.to_state is JobState.RECOVERING]
+    (lost,) = [e for e in jobs.store.events("train-1") if e.to_state is JobState.RECOVERING]
     assert lost.source == "reconciler"
     assert lost.reason.startswith(
         "Queued resource train-1-a1 has been ACTIVE for 612 s and no worker agent reported: "
         "the hosts never booted the agent"
     )
     assert report.observed and "never booted the agent" in report.observed[0]
-    assert "train-1-a1" not in {s.name for s in service.tpu.list_capacity(ZONE) if s.state != "DELETING"}
+    assert "train-1-a1" not in {s.name for s in jobs.tpu.list_capacity(ZONE) if s.state != "DELETING"}
 
 
-def test_a_host_that_never_said_started_is_lost_naming_it(service, clock):
+def test_a_host_that_never_said_started_is_lost_naming_it(make, clock):
     """Worker 0-0 started and beats on; worker 0-1 never said a word: lost after the boot timeout."""
-    service.settings = dataclasses.replace(service.settings, boot_timeout_seconds=120.0)
+    jobs = make(boot_timeout_seconds=120.0)
     spec = {
         "job_id": "train-1",
         "name": "train",
@@ -251,22 +239,22 @@ def test_a_host_that_never_said_started_is_lost_naming_it(service, clock):
         "accelerator_type": "v4-16",
         "command": "x",
     }
-    service.submit(message("tpujobs-submit", spec))
-    beat(service, "started", 0)
-    assert service.store.get("train-1").state is JobState.RUNNING
+    jobs.submit(spec)
+    beat(jobs, "started", 0)
+    assert jobs.store.get("train-1").state is JobState.RUNNING
     for seconds in (50, 50):  # within the timeout, with heartbeats: nothing happens
         clock.advance(seconds)
-        beat(service, "heartbeat", 0)
-        reconciler_for(service).tick()
-    assert (service.store.get("train-1").state, service.store.get("train-1").attempt) == (JobState.RUNNING, 1)
+        beat(jobs, "heartbeat", 0)
+        jobs.tick()
+    assert (jobs.store.get("train-1").state, jobs.store.get("train-1").attempt) == (JobState.RUNNING, 1)
 
     clock.advance(21)
-    beat(service, "heartbeat", 0)
-    reconciler_for(service).tick()
+    beat(jobs, "heartbeat", 0)
+    jobs.tick()
 
-    job = service.store.get("train-1")
+    job = jobs.store.get("train-1")
     assert (job.state, job.attempt) == (JobState.PROVISIONING, 2)
-    (lost,) = [e for e in service.store.events("train-1") if e.to_state is JobState.RECOVERING]
+    (lost,) = [e for e in jobs.store.events("train-1") if e.to_state is JobState.RECOVERING]
     assert lost.source == "reconciler"
     assert lost.reason.startswith(
         "Worker 0-1 of attempt 1 never reported, 121 s after the first host started: its host is lost"
@@ -276,7 +264,7 @@ def test_a_host_that_never_said_started_is_lost_naming_it(service, clock):
 class BootReads:
     """The real store, counting the boot check's reads of worker documents and its notes."""
 
-    def __init__(self, store: FirestoreJobStore) -> None:
+    def __init__(self, store: Any) -> None:
         self._store = store
         self.worker_reads: list[str] = []
         self.noted: list[str] = []
@@ -293,28 +281,27 @@ class BootReads:
         return self._store.record_all_started(job_id, attempt, at)
 
 
-def test_an_attempt_whose_hosts_all_started_is_read_once_and_a_single_host_never(service, clock):
+def test_an_attempt_whose_hosts_all_started_is_read_once_and_a_single_host_never(make, clock):
     """Past the timeout, a two-host attempt noted by its last `started` and a one-host job (noted
     by its own `started`) have no worker documents read by any tick."""
-    service.settings = dataclasses.replace(service.settings, boot_timeout_seconds=120.0)
-    running_job(service, "multi")
-    running_job(service, "single", accelerator="v4-8")
-    assert service.store.get("single").usage[0].all_started_at is not None
-    counting = BootReads(service.store)
-    service.store = counting
+    jobs = make(boot_timeout_seconds=120.0)
+    running_job(jobs, "multi")
+    running_job(jobs, "single", accelerator="v4-8")
+    assert jobs.store.get("single").usage[0].all_started_at is not None
+    counting = BootReads(jobs.store)
     for _ in range(4):
         clock.advance(50)
         for worker in (0, 1):
-            beat(service, "heartbeat", worker, job_id="multi")
-        beat(service, "heartbeat", 0, job_id="single")
-        reconciler_for(service).tick()
+            beat(jobs, "heartbeat", worker, job_id="multi")
+        beat(jobs, "heartbeat", 0, job_id="single")
+        jobs.tick(store=counting)
 
-    # The last `started` of the two hosts noted it already (`JobService._host_started`): no read.
+    # The last `started` of the two hosts noted it already (a worker's `started` report): no read.
     assert counting.worker_reads == [] and counting.noted == []
-    multi = service.store.get("multi")
+    multi = jobs.store.get("multi")
     assert (multi.state, multi.attempt) == (JobState.RUNNING, 1)
     assert multi.usage[0].all_started_at is not None
-    assert service.store.get("single").state is JobState.RUNNING
+    assert jobs.store.get("single").state is JobState.RUNNING
 
 
 # --- nothing one job does stops the tick ------------------------------------------------
@@ -330,7 +317,7 @@ def fault(simulator_url: str, method: str, code: int | str, count: int = 1, quot
     control(simulator_url, "faults/errors", {"method": method, "code": code, "count": count, "quota": quota})
 
 
-def submitted(service: JobService, job_id: str, **spec) -> None:
+def submitted(jobs: Engine, job_id: str, **spec) -> None:
     body = {
         "job_id": job_id,
         "name": "train",
@@ -339,52 +326,52 @@ def submitted(service: JobService, job_id: str, **spec) -> None:
         "command": "x",
         **spec,
     }
-    assert service.submit(message("tpujobs-submit", body)).kind == "provisioning"
+    assert jobs.submit(body).kind == "provisioning"
 
 
-def vanish(service: JobService, name: str, zone: str = ZONE) -> None:
+def vanish(jobs: Engine, name: str, zone: str = ZONE) -> None:
     """Someone deleted the queued resource behind tpujobs' back."""
-    service.tpu.release(zone, name)
-    assert service.tpu.status(zone, name) is None
+    jobs.tpu.release(zone, name)
+    assert jobs.tpu.status(zone, name) is None
 
 
-def test_a_permanent_error_in_one_jobs_repair_is_noted_on_it_and_the_tick_goes_on(service, clock, simulator_url):
+def test_a_permanent_error_in_one_jobs_repair_is_noted_on_it_and_the_tick_goes_on(jobs, clock, simulator_url):
     """The TPU API refuses (403) the read that would confirm a-lost's vanished capacity: a-lost says
     so in its reason and timeline and waits; c-missing is still asked for again, b-silent's silent
     worker is still found, and the next tick repairs a-lost."""
     for job_id in ("a-lost", "b-silent"):
-        running_job(service, job_id, accelerator="v4-8")
-    submitted(service, "c-missing")
-    vanish(service, "a-lost-a1")
-    vanish(service, "c-missing-a1")
+        running_job(jobs, job_id, accelerator="v4-8")
+    submitted(jobs, "c-missing")
+    vanish(jobs, "a-lost-a1")
+    vanish(jobs, "c-missing-a1")
     clock.advance(61)
-    beat(service, "heartbeat", 0, job_id="a-lost")  # b-silent's worker says nothing for 61 s
+    beat(jobs, "heartbeat", 0, job_id="a-lost")  # b-silent's worker says nothing for 61 s
     fault(simulator_url, "get", 403)  # the first read of the tick: a-lost's confirmation
 
-    report = reconciler_for(service).tick()
+    report = jobs.tick()
 
-    a_lost = service.store.get("a-lost")
+    a_lost = jobs.store.get("a-lost")
     assert (a_lost.state, a_lost.attempt) == (JobState.RUNNING, 1)
     assert a_lost.state_reason.startswith(
         "The reconciler could not repair the job: TPU API refused to read queued resource a-lost-a1"
     )
-    (noted,) = [e for e in service.store.events("a-lost") if e.source == "reconciler"]
+    (noted,) = [e for e in jobs.store.events("a-lost") if e.source == "reconciler"]
     assert (noted.from_state, noted.to_state, noted.reason) == (JobState.RUNNING, JobState.RUNNING, a_lost.state_reason)
     assert len(report.failed) == 1 and report.failed[0].startswith("a-lost: repair the job: ")
     assert report.re_requested == ["c-missing-a1"]
-    assert service.tpu.status(ZONE, "c-missing-a1") is not None
-    assert service.store.get("b-silent").attempt == 2  # the later phase ran
+    assert jobs.tpu.status(ZONE, "c-missing-a1") is not None
+    assert jobs.store.get("b-silent").attempt == 2  # the later phase ran
 
-    beat(service, "heartbeat", 0, job_id="a-lost")
-    second = reconciler_for(service).tick()
+    beat(jobs, "heartbeat", 0, job_id="a-lost")
+    second = jobs.tick()
     assert second.failed == []
-    assert (service.store.get("a-lost").state, service.store.get("a-lost").attempt) == (JobState.PROVISIONING, 2)
+    assert (jobs.store.get("a-lost").state, jobs.store.get("a-lost").attempt) == (JobState.PROVISIONING, 2)
 
 
 class Exploding:
     """The real store, but one of its queries fails with an error nobody expected."""
 
-    def __init__(self, store: FirestoreJobStore, method: str) -> None:
+    def __init__(self, store: Any, method: str) -> None:
         self._store = store
         self._method = method
 
@@ -398,19 +385,19 @@ class Exploding:
         return getattr(self._store, name)
 
 
-def test_an_unexpected_error_in_one_phase_is_logged_and_the_next_phase_runs(service, clock, caplog):
+def test_an_unexpected_error_in_one_phase_is_logged_and_the_next_phase_runs(make, clock, caplog):
     """The silent-worker query raises something unforeseen: the tick logs it with its traceback and
     still finds the hosts that never booted, in the phase after it."""
-    service.settings = dataclasses.replace(service.settings, boot_timeout_seconds=120.0)
-    active_but_silent(service, "never-booted")
+    jobs = make(boot_timeout_seconds=120.0)
+    active_but_silent(jobs, "never-booted")
     clock.advance(121)
-    service.store = Exploding(service.store, "silent_workers")
+    exploding = Exploding(jobs.store, "silent_workers")
 
-    report = reconciler_for(service).tick()
+    report = jobs.tick(store=exploding)
 
     assert report.failed == ["find silent workers: silent_workers exploded"]
     assert any(r.exc_info and "could not find silent workers" in r.getMessage() for r in caplog.records)
-    job = service.store.get("never-booted")
+    job = jobs.store.get("never-booted")
     assert (job.state, job.attempt) == (JobState.PROVISIONING, 2)  # the boot check ran after it
 
 
@@ -420,7 +407,7 @@ def test_an_unexpected_error_in_one_phase_is_logged_and_the_next_phase_runs(serv
 class SmallPages:
     """The real store, listing active jobs two to a page (the coordinator's and the shards' reads)."""
 
-    def __init__(self, store: FirestoreJobStore) -> None:
+    def __init__(self, store: Any) -> None:
         self._store = store
 
     def __getattr__(self, name):
@@ -433,59 +420,36 @@ class SmallPages:
         return self._store.active_in_shard(zone, after, through, 2)
 
 
-def test_more_active_jobs_than_a_page_are_all_reconciled(service):
+def test_more_active_jobs_than_a_page_are_all_reconciled(jobs):
     """Five PROVISIONING jobs lost their queued resources; pages of two: all five are asked for again."""
     names = [f"job-{n}" for n in range(5)]
     for job_id in names:
-        submitted(service, job_id)
-        vanish(service, f"{job_id}-a1")
-    assert {p.job_id for p in service.store.active_placements(2)} == set(names)
-    service.store = SmallPages(service.store)
-
-    report = reconciler_for(service).tick()
+        submitted(jobs, job_id)
+        vanish(jobs, f"{job_id}-a1")
+    assert {p.job_id for p in jobs.store.active_placements(2)} == set(names)
+    report = jobs.tick(store=SmallPages(jobs.store))
 
     assert report.jobs == 5
     assert sorted(report.re_requested) == [f"{job_id}-a1" for job_id in names]
-    assert all(service.tpu.status(ZONE, f"{job_id}-a1") is not None for job_id in names)
+    assert all(jobs.tpu.status(ZONE, f"{job_id}-a1") is not None for job_id in names)
 
 
-def test_every_query_of_a_tick_pages_past_a_page_of_results(service, clock):
+def test_every_query_of_a_tick_pages_past_a_page_of_results(jobs, clock):
     """Ended jobs (for their exports) and silent workers, two to a page: each query finds all
     five, and ended jobs come as outlines (no env), like the active ones."""
     names = [f"done-{n}" for n in range(5)]
     start = clock()
     for job_id in names:
-        running_job(service, job_id, accelerator="v4-8")
-        beat(service, "heartbeat", 0, job_id=job_id)
+        running_job(jobs, job_id, accelerator="v4-8")
+        beat(jobs, "heartbeat", 0, job_id=job_id)
     clock.advance(120)  # every worker silent for longer than the timeout
-    silent = service.store.silent_workers(clock(), 2)
+    silent = jobs.store.silent_workers(clock(), 2)
     assert sorted(w.job_id for w in silent) == names
     for job_id in names:
-        service.cancel(job_id, "done")
-    ended = service.store.ended_between(start, clock() + timedelta(seconds=1), 2)
+        jobs.cancel(job_id, "done")
+    ended = jobs.store.ended_between(start, clock() + timedelta(seconds=1), 2)
     assert sorted(job.job_id for job in ended) == names
     assert all(job.spec.env == {} and job.state is JobState.CANCELLED for job in ended)
-
-
-def test_the_listing_leaves_env_command_and_setup_out_and_keeps_everything_compared(service):
-    """A job with 56 KB of env, command and setup (a spec may have 64 KB): the outline has none of them, and every other
-    field (the spec's too) is the job's own; a spec field added later is projected by default."""
-    from tpujobs.adapters.firestore_store import OUTLINE_LEAVES_OUT
-    from tpujobs.domain.spec import JobSpec
-
-    env = {f"BLOB_{n}": "x" * 8000 for n in range(4)}
-    big = "x" * 12_000
-    submitted(service, "heavy", env=env, command=f"echo {big}", setup=f"echo {big}", labels={"team": "a"},
-              zones=[ZONE, "us-east5-a"], priority="high", max_restarts=7)  # fmt: skip
-    full = service.store.get("heavy")
-    (outline,) = service.store.active_in_shard(ZONE, "", "")
-
-    assert outline.spec.env == {} and outline.spec.setup is None and outline.spec.labels == {}
-    with pytest.raises(AttributeError):
-        outline.spec.command  # noqa: B018 - absent, so it can never boot hosts
-    for name in set(JobSpec.model_fields) - OUTLINE_LEAVES_OUT:
-        assert getattr(outline.spec, name) == getattr(full.spec, name), name
-    assert dataclasses.replace(outline, spec=full.spec) == full
 
 
 # --- creates followed through -------------------------------------------------------------
@@ -503,42 +467,40 @@ def created(simulator_url: str, project_id: str, job_id: str) -> list[str]:
     ]
 
 
-def test_a_resource_already_being_deleted_is_not_deleted_again_at_every_tick(service, simulator_url):
+def test_a_resource_already_being_deleted_is_not_deleted_again_at_every_tick(jobs, simulator_url):
     """Deletion takes minutes: a cancelled job's resource still DELETING is left to finish, while one
     nobody deleted yet is released."""
     configure(simulator_url, deleting_seconds=60.0)
     try:
-        submitted(service, "gone")
-        service.cancel("gone", "done")  # releases: the resource is DELETING for a minute
-        assert service.tpu.status(ZONE, "gone-a1").state == "DELETING"
-        submitted(service, "left")
-        service.store.apply("left", Observation(EventKind.CANCEL_REQUESTED, None, "user", reason="x"), service.clock)
+        submitted(jobs, "gone")
+        jobs.cancel("gone", "done")  # releases: the resource is DELETING for a minute
+        assert jobs.tpu.status(ZONE, "gone-a1").state == "DELETING"
+        submitted(jobs, "left")
+        jobs.store.apply("left", Observation(EventKind.CANCEL_REQUESTED, None, "user", reason="x"), jobs.clock)
 
-        report = reconciler_for(service).tick()
+        report = jobs.tick()
     finally:
         configure(simulator_url, deleting_seconds=0.0)
     assert report.released == ["left-a1"]
 
 
-def test_a_create_whose_operation_failed_moves_the_job_to_its_next_zone_saying_why(
-    service, simulator_url, tpu_client, project_id
-):
+def test_a_create_whose_operation_failed_moves_the_job_to_its_next_zone_saying_why(jobs, simulator_url, tpu_client):
     """The queued resource was deleted before it was accepted, so its create operation ended with
     ABORTED and nothing exists: the tick reads the operation and the job moves to its next zone."""
     configure(simulator_url, accept_seconds=60.0)  # the create stays CREATING, its operation running
-    submitted(service, "train-1", zones=[ZONE, "us-east5-a"])
-    assert service.store.get("train-1").create_operation
-    name = f"projects/{project_id}/locations/{ZONE}/queuedResources/train-1-a1"
+    submitted(jobs, "train-1", zones=[ZONE, "us-east5-a"])
+    assert jobs.store.get("train-1").create_operation
+    name = f"projects/{PROJECT}/locations/{ZONE}/queuedResources/train-1-a1"
     tpu_client.delete_queued_resource(request={"name": name, "force": True})
     configure(simulator_url, accept_seconds=0.0)
 
-    report = reconciler_for(service).tick()
+    report = jobs.tick()
 
-    job = service.store.get("train-1")
+    job = jobs.store.get("train-1")
     assert (job.state, job.attempt, job.zone) == (JobState.PROVISIONING, 2, "us-east5-a")
     (moved,) = [
         e
-        for e in service.store.events("train-1")
+        for e in jobs.store.events("train-1")
         if e.from_state is JobState.PROVISIONING and e.to_state is JobState.QUEUED
     ]
     assert moved.reason.startswith("Queued resource train-1-a1 was never created: operation ")
@@ -547,75 +509,72 @@ def test_a_create_whose_operation_failed_moves_the_job_to_its_next_zone_saying_w
 
 
 def test_a_queued_resource_that_never_appears_is_asked_for_within_the_zone_wait_then_ends_by_the_rules(
-    service, clock, simulator_url, project_id
+    jobs, clock, simulator_url
 ):
     """Deleted behind tpujobs' back twice: asked for again once within the zone wait; past it, with no
     zone left and no restart left, the job FAILS saying so; no tick asks again after that."""
-    submitted(service, "train-1", max_restarts=0)
-    vanish(service, "train-1-a1")
-    first = reconciler_for(service).tick()
+    submitted(jobs, "train-1", max_restarts=0)
+    vanish(jobs, "train-1-a1")
+    first = jobs.tick()
     assert first.re_requested == ["train-1-a1"]
-    (again,) = [e for e in service.store.events("train-1") if e.source == "reconciler"]
+    (again,) = [e for e in jobs.store.events("train-1") if e.source == "reconciler"]
     assert again.reason == f"Queued resource train-1-a1 was missing; requested again in {ZONE}."
-    vanish(service, "train-1-a1")
+    vanish(jobs, "train-1-a1")
     clock.advance(601)
 
-    second = reconciler_for(service).tick()
-    third = reconciler_for(service).tick()
+    second = jobs.tick()
+    third = jobs.tick()
 
-    job = service.store.get("train-1")
+    job = jobs.store.get("train-1")
     assert job.state is JobState.FAILED
     assert job.state_reason.startswith("Queued resource train-1-a1 never appeared in the 10 min after its request")
     assert second.re_requested == [] and third.re_requested == []
-    assert created(simulator_url, project_id, "train-1") == ["train-1-a1", "train-1-a1"]
+    assert created(simulator_url, PROJECT, "train-1") == ["train-1-a1", "train-1-a1"]
 
 
 # --- TPU quota: the job waits, saying so ---------------------------------------------------
 
 
-def test_a_job_refused_for_tpu_quota_waits_provisioning_and_is_asked_for_again(
-    service, simulator_url, firestore_client
-):
+def test_a_job_refused_for_tpu_quota_waits_provisioning_and_is_asked_for_again(jobs, simulator_url):
     """A 429 whose details say the TPU quota ran out: the submission is done with (no error, no
     rejection), the job PROVISIONING says what Google said; a tick still refused writes nothing; the
     first tick with room creates the queued resource."""
-    from tpujobs.adapters.firestore_store import REJECTIONS
     from tpujobs.domain.states import QUOTA_EXHAUSTED
 
     fault(simulator_url, "create", 429, count=2, quota=True)
-    submitted(service, "train-1")
-    job = service.store.get("train-1")
+    submitted(jobs, "train-1")
+    job = jobs.store.get("train-1")
     assert (job.state, job.capacity_state) == (JobState.PROVISIONING, QUOTA_EXHAUSTED)
     assert job.state_reason.startswith(f"TPU quota exhausted in {ZONE}: Quota 'TPUSPerProjectPerZone' exhausted")
     assert job.state_reason.endswith("; waiting, asked again at every reconciler tick.")
-    assert service.tpu.status(ZONE, "train-1-a1") is None
-    assert list(firestore_client.collection(REJECTIONS).stream()) == []
-    events = len(service.store.events("train-1"))
+    assert jobs.tpu.status(ZONE, "train-1-a1") is None
+    assert jobs.rejections() == []
+    events = len(jobs.store.events("train-1"))
 
-    still = reconciler_for(service).tick()
-    assert still.re_requested == ["train-1-a1"] and len(service.store.events("train-1")) == events
-    room = reconciler_for(service).tick()
+    still = jobs.tick()
+    assert still.re_requested == ["train-1-a1"] and len(jobs.store.events("train-1")) == events
+    room = jobs.tick()
 
-    job = service.store.get("train-1")
+    job = jobs.store.get("train-1")
     assert room.re_requested == ["train-1-a1"] and job.capacity_state != QUOTA_EXHAUSTED
     assert job.state_reason == f"The TPU quota in {ZONE} has room now: queued resource train-1-a1 requested."
-    assert service.tpu.status(ZONE, "train-1-a1") is not None
+    assert jobs.tpu.status(ZONE, "train-1-a1") is not None
 
 
-def test_a_job_waiting_for_tpu_quota_moves_to_its_next_zone_after_the_zone_wait(service, clock, simulator_url):
+def test_a_job_waiting_for_tpu_quota_moves_to_its_next_zone_after_the_zone_wait(jobs, clock, simulator_url):
     """Still no quota 10 minutes on, with another zone in `zones`: attempt 2 is requested there."""
     fault(simulator_url, "create", 429, count=2, quota=True)
-    submitted(service, "train-1", zones=[ZONE, "us-east5-a"])
-    reconciler_for(service).tick()
+    submitted(jobs, "train-1", zones=[ZONE, "us-east5-a"])
+    jobs.tick()
     clock.advance(601)
 
-    reconciler_for(service).tick()
+    jobs.tick()
 
-    job = service.store.get("train-1")
+    job = jobs.store.get("train-1")
     assert (job.state, job.attempt, job.zone) == (JobState.PROVISIONING, 2, "us-east5-a")
     (moved,) = [
         e
-        for e in service.store.events("train-1")
+        for e in jobs.store.events("train-1")
         if e.from_state is JobState.PROVISIONING and e.to_state is JobState.QUEUED
     ]
     assert moved.reason == f"The TPU quota had no room for 10 min in {ZONE}; attempt 2 moves to us-east5-a."
@@ -624,12 +583,12 @@ def test_a_job_waiting_for_tpu_quota_moves_to_its_next_zone_after_the_zone_wait(
 # --- node states and health that often pass -----------------------------------------------
 
 
-def running_active(service: JobService) -> None:
+def running_active(jobs: Engine) -> None:
     """A one-host job RUNNING on capacity the simulator shows ACTIVE (its nodes READY, HEALTHY)."""
     from tpujobs.local.testing import wait_for
 
-    running_job(service, accelerator="v4-8")
-    wait_for(lambda: service.tpu.status(ZONE, "train-1-a1").state == "ACTIVE", timeout=10)
+    running_job(jobs, accelerator="v4-8")
+    wait_for(lambda: jobs.tpu.status(ZONE, "train-1-a1").state == "ACTIVE", timeout=10)
 
 
 @pytest.mark.parametrize(
@@ -642,32 +601,32 @@ def running_active(service: JobService) -> None:
     ],
 )
 def test_a_node_condition_that_often_passes_is_a_lost_host_only_past_the_grace(
-    service, clock, simulator_url, verb, body, condition
+    jobs, clock, simulator_url, verb, body, condition
 ):
     """Seen at once, remembered on the job with its time; gone within the grace: forgotten, nothing
     lost; seen again and lasting past the grace: the host is lost and attempt 2 is requested."""
-    assert service.settings.unhealthy_grace_seconds == 300  # the default
-    running_active(service)
+    assert jobs.settings.unhealthy_grace_seconds == 300  # the default
+    running_active(jobs)
     control(simulator_url, f"queuedResources/{ZONE}/train-1-a1:{verb}", body)
 
     def tick_after(seconds: float):
         clock.advance(seconds)
-        beat(service, "heartbeat", 0)
-        return reconciler_for(service).tick()
+        beat(jobs, "heartbeat", 0)
+        return jobs.tick()
 
     tick_after(0)
-    job = service.store.get("train-1")
+    job = jobs.store.get("train-1")
     ((node, seen_as, since),) = [(h.node, h.condition, h.first_seen_at) for h in job.suspect_hosts]
     assert (job.state, node, seen_as, since) == (JobState.RUNNING, "train-1-a1", condition, clock())
     assert job.state_reason == f"Watching: node train-1-a1 is {condition}; a host is lost if its condition lasts 300 s."
-    events = len(service.store.events("train-1"))
+    events = len(jobs.store.events("train-1"))
     tick_after(50)
-    assert len(service.store.events("train-1")) == events  # the same condition again writes nothing
+    assert len(jobs.store.events("train-1")) == events  # the same condition again writes nothing
 
     control(simulator_url, f"queuedResources/{ZONE}/train-1-a1:node-state", {"state": "READY"})
     control(simulator_url, f"queuedResources/{ZONE}/train-1-a1:node-health", {"health": "HEALTHY"})
     tick_after(50)
-    job = service.store.get("train-1")
+    job = jobs.store.get("train-1")
     assert (job.state, job.suspect_hosts) == (JobState.RUNNING, ())
     assert job.state_reason == "Every host of attempt 1 is back to a definite, healthy state."
 
@@ -676,13 +635,13 @@ def test_a_node_condition_that_often_passes_is_a_lost_host_only_past_the_grace(
     tick_after(50)
     for _ in range(5):
         tick_after(50)  # 300 s since it was seen again: not yet past the grace
-    assert (service.store.get("train-1").state, service.store.get("train-1").attempt) == (JobState.RUNNING, 1)
+    assert (jobs.store.get("train-1").state, jobs.store.get("train-1").attempt) == (JobState.RUNNING, 1)
 
     tick_after(1)
 
-    job = service.store.get("train-1")
+    job = jobs.store.get("train-1")
     assert (job.state, job.attempt, job.suspect_hosts) == (JobState.PROVISIONING, 2, ())
-    (lost,) = [e for e in service.store.events("train-1") if e.to_state is JobState.RECOVERING]
+    (lost,) = [e for e in jobs.store.events("train-1") if e.to_state is JobState.RECOVERING]
     assert lost.reason.startswith(
         f"Node train-1-a1 has been {condition} for 301 s, past the 300 s grace: the host is lost"
     )
@@ -693,12 +652,12 @@ def test_a_node_condition_that_often_passes_is_a_lost_host_only_past_the_grace(
     [("node-health", {"health": "UNHEALTHY_MAINTENANCE"}), ("node-state", {"state": "PREEMPTED"}),
      ("node-state", {"state": "TERMINATED"})],
 )  # fmt: skip
-def test_a_node_state_that_means_the_host_is_gone_is_lost_at_once(service, simulator_url, verb, body):
+def test_a_node_state_that_means_the_host_is_gone_is_lost_at_once(jobs, simulator_url, verb, body):
     """No grace for a host that is certainly gone: the first tick that sees it starts attempt 2."""
-    running_active(service)
+    running_active(jobs)
     control(simulator_url, f"queuedResources/{ZONE}/train-1-a1:{verb}", body)
 
-    reconciler_for(service).tick()
+    jobs.tick()
 
-    job = service.store.get("train-1")
+    job = jobs.store.get("train-1")
     assert (job.state, job.attempt) == (JobState.PROVISIONING, 2)

@@ -1,0 +1,45 @@
+"""A recording publisher: what the engine would have sent on Pub/Sub, kept in lists a test reads.
+
+It stands for `adapters.pubsub.Publisher` in all three of its roles (`StatusPublisher`,
+`ReconcileShards`, `LogExportRequests`). `failing` makes every send raise TransientError, as the
+adapter does when Pub/Sub cannot be reached.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+from tpujobs.domain.shards import Shard
+from tpujobs.engine.errors import TransientError
+from tpujobs.engine.ports import StatusChange
+
+
+class RecordingPublisher:
+    """Every announcement, shard and export request, in the order sent."""
+
+    def __init__(self) -> None:
+        self.announced: list[StatusChange] = []
+        self.shards: list[Shard] = []
+        self.exports: list[tuple[str, int]] = []  # (job id, attempt)
+        self.failing = False
+        self._lock = threading.Lock()
+
+    def _send(self, what: str) -> None:
+        if self.failing:
+            raise TransientError(f"Pub/Sub could not be reached to {what}")
+
+    def announce(self, change: StatusChange) -> None:
+        self._send("announce a change")
+        with self._lock:
+            self.announced.append(change)
+
+    def publish_shards(self, shards: Sequence[Shard]) -> None:
+        self._send("publish reconcile shards")
+        with self._lock:
+            self.shards += shards
+
+    def request_export(self, job_id: str, attempt: int) -> None:
+        self._send("request an export")
+        with self._lock:
+            self.exports.append((job_id, attempt))
