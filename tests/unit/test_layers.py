@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
 import grimp
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "shared" / "tpujobs"
@@ -56,3 +56,16 @@ def test_no_module_imports_another_in_a_loop() -> None:
         if module < imported and graph.chain_exists(imported, module)
     )
     assert loops == []
+
+
+def test_no_class_is_over_300_lines() -> None:
+    """A class past 300 lines does more than one thing: split it along its seams."""
+    import ast
+
+    too_long = sorted(
+        (node.end_lineno - node.lineno + 1, f"{path.relative_to(PACKAGE)}:{node.name}")
+        for path in PACKAGE.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+        if isinstance(node, ast.ClassDef) and node.end_lineno is not None and node.end_lineno - node.lineno + 1 > 300
+    )
+    assert too_long == []
