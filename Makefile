@@ -71,7 +71,7 @@ docs: venv
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 test-unit: venv
-	$(BIN)/pytest tests/unit -q
+	$(BIN)/pytest tests/unit tests/contract -m "not emulator" -q
 
 test-emulator: venv emulator-tools
 	$(BIN)/pytest -q -m "emulator or e2e"

@@ -267,7 +267,7 @@ def test_stop_leaves_alone_a_pid_that_is_no_longer_the_recorded_process(tmp_path
         started = processes.ManagedProcess(
             name="ours", pid=other.pid, port=0, log_path=tmp_path / "ours.log", argv=("sleep", "60")
         )
-        later_start = replace(started, start_time=(processes.process_start_time(other.pid) or 0) + 1)
+        later_start = replace(started, create_time=(processes.process_create_time(other.pid) or 0) + 1)
         other_command = replace(started, argv=("gcloud", "emulators", "firestore", "start"))
         wait_for(lambda: processes.is_running(started), timeout=5)  # once `sleep` has exec'd
         assert not processes.is_running(later_start)

@@ -3,11 +3,14 @@ adapter and `tpujobs secret`, as the CLI, the agent and production call Secret M
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import stat
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -261,6 +264,46 @@ def test_a_deleted_secret_is_gone_with_its_versions(
         client.access_secret_version(name=f"{secret}/versions/1")
     make_secret(client, "tok")
     assert list(client.list_secret_versions(parent=secret)) == []
+
+
+def _post(server: SecretManagerServer, path: str, body: bytes) -> tuple[int, dict[str, Any]]:
+    request = urllib.request.Request(f"{server.url}/v1/{PARENT}/{path}", data=body, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            return answer.status, json.load(answer)
+    except urllib.error.HTTPError as refused:
+        return refused.code, json.load(refused)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"replication": {"automatic": {}}, "colour": "blue"}',
+        b'{"replication": {"automatic": {}}, "labels": {"team": 7}}',
+        b'{"replication": "automatic"}',
+        b'{"replication": {"automatic": {}, "userManaged": {"replicas": [{"location": "x"}]}}}',
+    ],
+)
+def test_a_secret_with_an_unknown_field_or_a_wrong_type_is_400_invalid_argument(
+    server: SecretManagerServer, body: bytes
+) -> None:
+    """The body is read as the client library's own Secret (json_format), as Google reads it."""
+    status, answer = _post(server, "secrets?secretId=tok", body)
+    assert (status, answer["error"]["status"]) == (400, "INVALID_ARGUMENT")
+    assert _post(server, "secrets?secretId=tok", b'{"replication": {"automatic": {}}}')[0] == 200
+
+
+@pytest.mark.parametrize(
+    "payload", [{"payload": VALUE.decode()}, {"payload": {"data": VALUE.decode(), "colour": 1}}, [VALUE.decode()]]
+)
+def test_a_version_body_that_is_no_request_is_refused_without_quoting_it(
+    server: SecretManagerServer, payload: Any
+) -> None:
+    """A bad AddSecretVersionRequest is 400 INVALID_ARGUMENT, and its message never holds the value."""
+    assert _post(server, "secrets?secretId=tok", b'{"replication": {"automatic": {}}}')[0] == 200
+    status, answer = _post(server, "secrets/tok:addVersion", json.dumps(payload).encode())
+    assert (status, answer["error"]["status"]) == (400, "INVALID_ARGUMENT")
+    assert VALUE.decode()[:6] not in answer["error"]["message"]
 
 
 # -- who may read what ---------------------------------------------------------------------

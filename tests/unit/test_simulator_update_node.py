@@ -3,6 +3,7 @@ metadata request (wait_for_change) sees the change at once, and only a real one.
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 from typing import Any
@@ -196,6 +197,35 @@ def test_the_api_answers_a_patch_with_a_done_operation_whose_response_is_the_nod
     status, answer = api.handle("PATCH", path, {"updateMask": ["metadata"]}, b"{}")
     assert (status, answer["error"]["status"]) == (503, "UNAVAILABLE")
     assert dict(sim.get_node(PROJECT, ZONE, "demo-u0-g1").metadata) == {"tpujobs-assignment": '{"seq": 2}'}
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("PATCH", "nodes/demo-u0-g1?metadata", b'{"metadata": {"k": "v"}, "colour": "blue"}'),
+        ("PATCH", "nodes/demo-u0-g1?metadata", b'{"metadata": {"k": 1}}'),
+        ("PATCH", "nodes/demo-u0-g1?metadata", b"[1, 2]"),
+        ("POST", "queuedResources?qr", b'{"tpu": {"nodeSpec": [{"node": {"acceleratorTyp": "v4-8"}}]}}'),
+        ("POST", "queuedResources?qr", b'{"tpu": {"nodeSpec": "v4-8"}}'),
+        ("POST", "queuedResources?qr", b'{"tpu": {"nodeSpec": [SPEC]}, "spot": {}, "guaranteed": {}}'),
+    ],
+)
+def test_a_body_with_an_unknown_field_or_a_wrong_type_is_400_invalid_argument(
+    clock: FakeClock, method: str, path: str, body: bytes
+) -> None:
+    """The body is read as the client library's own message (json_format): an unknown field, a
+    value of the wrong type or a body that is no object is refused as Google refuses it."""
+    sim = simulator(clock)
+    unit(sim, clock)
+    node = {"acceleratorType": "v4-8", "runtimeVersion": "r"}
+    spec = {"parent": f"projects/{PROJECT}/locations/{ZONE}", "nodeId": "n1", "node": node}
+    body = body.replace(b"SPEC", json.dumps(spec).encode())
+    route, _, param = path.partition("?")
+    query = {"updateMask": [param]} if method == "PATCH" else {"queuedResourceId": [param]}
+    status, answer = SimulatorApi(sim).handle(method, f"/v2/projects/{PROJECT}/locations/{ZONE}/{route}", query, body)
+    assert (status, answer["error"]["status"]) == (400, "INVALID_ARGUMENT")
+    assert dict(sim.get_node(PROJECT, ZONE, "demo-u0-g1").metadata) != {"k": "v"}
+    assert len(sim.state().queued_resources) == 1
 
 
 def test_an_update_survives_a_restart_from_the_state_file(clock: FakeClock, tmp_path: Path) -> None:

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from tpujobs.engine.topology import FunctionRoute
 from tpujobs.local import containers
 
@@ -83,8 +85,9 @@ class ManagedProcess:
     port: int
     log_path: Path
     argv: tuple[str, ...]
-    start_time: int | None = None  # kernel start time in clock ticks (Linux); None elsewhere
-    boot_id: str | None = None  # with pid and start_time, names one process for good (Linux)
+    # When it started (psutil's create_time, seconds since the epoch): with the pid, it names one
+    # process for good, across reboots too. None: unknown (a state file from before psutil).
+    create_time: float | None = None
     handle: subprocess.Popen[bytes] | None = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
@@ -94,8 +97,7 @@ class ManagedProcess:
             "port": self.port,
             "log_path": str(self.log_path),
             "argv": list(self.argv),
-            "start_time": self.start_time,
-            "boot_id": self.boot_id,
+            "create_time": self.create_time,
         }
 
     @classmethod
@@ -106,8 +108,7 @@ class ManagedProcess:
             port=int(data["port"]),
             log_path=Path(data["log_path"]),
             argv=tuple(data["argv"]),
-            start_time=data.get("start_time"),
-            boot_id=data.get("boot_id"),
+            create_time=data.get("create_time"),
         )
 
 
@@ -270,7 +271,7 @@ def secret_manager(
         LOOPBACK,
         "--port",
         str(port),
-        f"--prefix={prefix}",  # one argument even when empty: /proc/PID/cmdline drops empty ones
+        f"--prefix={prefix}",  # one argument even when empty: a command line read back may drop empty ones
     ]
     if state_file is not None:
         argv += ["--state-file", str(state_file)]
@@ -412,8 +413,7 @@ def _spawn(spec: ServiceSpec, log_dir: Path) -> ManagedProcess:
         port=spec.port,
         log_path=log_path,
         argv=spec.argv,
-        start_time=process_start_time(handle.pid),
-        boot_id=_boot_id(),
+        create_time=process_create_time(handle.pid),
         handle=handle,
     )
 
@@ -429,8 +429,7 @@ def adopt(name: str, handle: subprocess.Popen[bytes], log_path: Path) -> Managed
         port=0,
         log_path=log_path,
         argv=argv,
-        start_time=process_start_time(handle.pid),
-        boot_id=_boot_id(),
+        create_time=process_create_time(handle.pid),
         handle=handle,
     )
 
@@ -473,23 +472,20 @@ def log_tail(path: Path, lines: int = 25) -> str:
 def is_running(process: ManagedProcess) -> bool:
     """The recorded pid is alive and is still the process we started (not a reused pid).
 
-    On Linux, boot id + pid + start time name one process for good (it may rename itself);
-    without them, its command line must still end with the arguments we gave it.
+    Its pid and start time name one process for good (it may rename itself); without a start
+    time, its command line must still end with the arguments we gave it.
     """
-    stat = _proc_stat(process.pid)
-    if stat is None:
-        if Path("/proc/self/stat").exists():
+    try:
+        found = psutil.Process(process.pid)
+        if found.status() == psutil.STATUS_ZOMBIE:
             return False
-        return _ps_matches(process)  # no /proc (macOS): ask ps
-    state, _pgrp, start_time = stat
-    if state == "Z":
+        if process.create_time is not None:
+            return found.create_time() == process.create_time
+        cmdline = found.cmdline()
+    except psutil.Error:
         return False
-    if process.start_time is not None and start_time != process.start_time:
-        return False
-    same_boot = process.boot_id is not None and process.boot_id == _boot_id()
-    if process.start_time is not None and same_boot:
-        return True
-    return _cmdline_matches(process)
+    expected = list(process.argv[1:])  # argv[0] may differ: scripts re-exec
+    return bool(cmdline) and cmdline[len(cmdline) - len(expected) :] == expected
 
 
 def stop(processes: Iterable[ManagedProcess], grace_s: float = 10.0) -> list[ManagedProcess]:
@@ -513,7 +509,7 @@ def _wait_gone(processes: Sequence[ManagedProcess], timeout_s: float) -> list[Ma
     while remaining:
         for process in remaining:
             _reap(process)
-        remaining = [p for p in remaining if _group_alive(p.pid)]
+        remaining = [p for p in remaining if group_running(p.pid)]
         if not remaining or time.monotonic() > deadline:
             break
         time.sleep(0.05)
@@ -534,68 +530,23 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
 
 
-def _group_alive(pgid: int) -> bool:
-    """Some process of the group is still alive (zombies do not count)."""
-    proc = Path("/proc")
-    if not (proc / "self" / "stat").exists():
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return False
-        return True
-    for entry in proc.iterdir():
-        if entry.name.isdigit():
-            stat = _proc_stat(int(entry.name))
-            if stat is not None and stat[1] == pgid and stat[0] != "Z":
+def group_running(pgid: int) -> bool:
+    """Some process of the group still runs; zombies waiting to be reaped do not count."""
+    for candidate in psutil.process_iter(["status"]):
+        if candidate.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        with contextlib.suppress(OSError):  # gone meanwhile
+            if os.getpgid(candidate.pid) == pgid:
                 return True
     return False
 
 
-def _proc_stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, process group, start time) from /proc/PID/stat, or None."""
+def process_create_time(pid: int) -> float | None:
+    """When pid started (seconds since the epoch), or None if it is gone: with the pid, its identity."""
     try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
         return None
-    fields = raw.rsplit(")", 1)[1].split()  # the command name may hold spaces and parens
-    return fields[0], int(fields[2]), int(fields[19])
-
-
-def process_start_time(pid: int) -> int | None:
-    """When pid started, in clock ticks since boot (Linux), or None: with the pid, its identity."""
-    stat = _proc_stat(pid)
-    return None if stat is None else stat[2]
-
-
-def _boot_id() -> str | None:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return None
-
-
-def _cmdline_matches(process: ManagedProcess) -> bool:
-    """/proc/PID/cmdline ends with our arguments (argv[0] may differ: scripts re-exec)."""
-    try:
-        raw = Path(f"/proc/{process.pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-    cmdline = [part.decode(errors="replace") for part in raw.split(b"\0") if part]
-    expected = list(process.argv[1:])
-    return bool(cmdline) and cmdline[len(cmdline) - len(expected) :] == expected
-
-
-def _ps_matches(process: ManagedProcess) -> bool:
-    try:
-        out = subprocess.run(
-            ["ps", "-o", "args=", "-p", str(process.pid)],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.strip()
-    except OSError:
-        return False
-    return bool(out) and out.endswith(" ".join(process.argv[1:]))
 
 
 # --- tools ----------------------------------------------------------------------------

@@ -4,10 +4,12 @@ Why: the control plane must be tested against the real ``tpu_v2`` client without
 Google project or TPUs. The simulator speaks the v2 REST API closely enough for that client,
 moves queued resources through their real states on a clock, rations chips per pool, and lets
 tests preempt, fail, kill, reboot and maintain hosts, change what nodes show and inject API
-errors (``tpujobs dev fault``). ``model`` holds the rules, ``server`` the HTTP, ``errors``
+errors (``tpujobs dev fault``). ``model`` holds the rules (its parts: ``queued_resources``,
+``nodes``, ``fault_plan``, ``clockwork``, over ``world``; data in ``records``, request checks in
+``checks``), ``server`` the HTTP (routes in ``http``, bodies read by ``messages``), ``errors``
 Google's error bodies, ``fields`` its field masks, ``workers`` runs each worker host's startup
 script as a local process and ``metadata`` answers those processes as GCE's metadata server
-would.
+would; ``secret_manager`` is a local Secret Manager.
 """
 
 from tpujobs.local.simulator.errors import Code, Fault

@@ -1,8 +1,8 @@
 """The HTTP plumbing the local stand-ins for Google (TPU simulator, Secret Manager) share.
 
 Each serves its own API object; what they have in common is how a request is read and a
-JSON answer sent, on keep-alive connections, and how a `python -m` entry point serves until
-it is told to stop.
+JSON answer sent, on keep-alive connections, how a path finds its handler (werkzeug's routing),
+and how a `python -m` entry point serves until it is told to stop.
 """
 
 from __future__ import annotations
@@ -15,12 +15,45 @@ from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import FrameType
 from typing import Any, Generic, TypeVar
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from werkzeug.exceptions import HTTPException
+from werkzeug.routing import BaseConverter, Map, Rule
 
 _log = logging.getLogger(__name__)
 
 Query = dict[str, list[str]]
 Api = TypeVar("Api")
+Endpoint = TypeVar("Endpoint")
+
+
+class _Id(BaseConverter):
+    """`<id:name>`: one path segment without a colon, so `{name}:verb` leaves the verb out."""
+
+    regex = "[^/:]+"
+
+
+class Routes(Generic[Endpoint]):
+    """A REST API's paths, as werkzeug rules (`/v1/projects/<id:project>/secrets`), each with
+    its method and endpoint; a path matches whole, and its parameters come percent-decoded."""
+
+    def __init__(self, rules: list[tuple[str, str, Endpoint]]) -> None:
+        self._endpoints = [endpoint for _, _, endpoint in rules]
+        routes = Map(
+            [Rule(path, methods=[method], endpoint=index) for index, (method, path, _) in enumerate(rules)],
+            converters={"id": _Id},
+            strict_slashes=False,  # a trailing slash is another path, never a redirect
+            merge_slashes=False,
+        )
+        self._adapter = routes.bind("localhost")
+
+    def match(self, method: str, path: str) -> tuple[Endpoint, dict[str, str]] | None:
+        """The endpoint and parameters of `method path`, or None when no rule has both."""
+        try:
+            index, params = self._adapter.match(path, method=method)
+        except HTTPException:  # NotFound, or MethodNotAllowed: the caller says which is which
+            return None
+        return self._endpoints[index], {key: unquote(value) for key, value in params.items()}
 
 
 class ApiServer(ThreadingHTTPServer, Generic[Api]):

@@ -60,10 +60,12 @@ from datetime import datetime, timezone
 from enum import Enum
 from types import TracebackType
 from typing import Any
-from urllib.parse import unquote
+
+from google.cloud import secretmanager_v1
 
 from tpujobs.domain.secrets import NAMESPACE_MARK, SECRET_ID_PATTERN, account_id
-from tpujobs.local.simulator.http import ApiServer, JsonRequestHandler, serve_until_signalled
+from tpujobs.local.simulator.http import ApiServer, JsonRequestHandler, Routes, serve_until_signalled
+from tpujobs.local.simulator.messages import BadBody, canonical, json_object
 from tpujobs.local.simulator.model import JsonStateFile
 
 _log = logging.getLogger(__name__)
@@ -260,63 +262,32 @@ def version_json(secret: SecretRecord, version: VersionRecord) -> Json:
 # -- JSON in ------------------------------------------------------------------------------
 
 
-def _camel(key: str) -> str:
-    """The REST API accepts proto field names too; compare keys in camelCase."""
-    head, *rest = key.split("_")
-    return head + "".join(part[:1].upper() + part[1:] for part in rest)
-
-
-def _field(message: Mapping[str, Any], name: str) -> Any:
-    for key, value in message.items():
-        if _camel(key) == name:
-            return value
-    return None
-
-
-def _object(value: Any, what: str) -> Mapping[str, Any]:
-    if not isinstance(value, dict):
-        raise SecretManagerError(Code.INVALID_ARGUMENT, f"{what} must be a JSON object.")
-    return value
-
-
-def _json_body(body: bytes) -> Any:
-    try:
-        return json.loads(body or b"{}")
-    except ValueError:
-        # The body may hold a secret value: the message never quotes it.
-        raise SecretManagerError(Code.INVALID_ARGUMENT, "The request body is not JSON.") from None
-
-
-def parse_replication(value: Any) -> Json:
-    """Secret.replication: exactly one of automatic and userManaged (with replicas)."""
-    if value is None:
+def parse_replication(replication: Json | None) -> Json:
+    """Secret.replication (canonical JSON): exactly one of automatic and userManaged (with replicas)."""
+    if replication is None:
         raise SecretManagerError(Code.INVALID_ARGUMENT, "Secret.replication is required: automatic or user_managed.")
-    replication = _object(value, "Secret.replication")
-    automatic = _field(replication, "automatic")
-    user_managed = _field(replication, "userManaged")
+    automatic = replication.get("automatic")
+    user_managed = replication.get("userManaged")
     if (automatic is None) == (user_managed is None):
         raise SecretManagerError(
             Code.INVALID_ARGUMENT,
             "Secret.replication must set exactly one of automatic and user_managed.",
         )
     if automatic is not None:
-        return {"automatic": dict(_object(automatic, "replication.automatic"))}
-    replicas = _field(_object(user_managed, "replication.user_managed"), "replicas")
-    if not isinstance(replicas, list) or not replicas:
+        return {"automatic": automatic}
+    replicas = replication["userManaged"].get("replicas")
+    if not replicas:
         raise SecretManagerError(Code.INVALID_ARGUMENT, "replication.user_managed.replicas must not be empty.")
     out = []
     for replica in replicas:
-        location = _field(_object(replica, "each replica"), "location")
-        if not isinstance(location, str) or not location:
+        location = replica.get("location")
+        if not location:
             raise SecretManagerError(Code.INVALID_ARGUMENT, "Each replica needs a location.")
         out.append({"location": location})
     return {"userManaged": {"replicas": out}}
 
 
-def parse_labels(value: Any) -> dict[str, str]:
-    if value is None:
-        return {}
-    labels = _object(value, "Secret.labels")
+def parse_labels(labels: dict[str, str]) -> dict[str, str]:
     if len(labels) > MAX_LABELS:
         raise SecretManagerError(Code.INVALID_ARGUMENT, f"A secret has at most {MAX_LABELS} labels, got {len(labels)}.")
     for key, label in labels.items():
@@ -326,35 +297,37 @@ def parse_labels(value: Any) -> dict[str, str]:
                 f"Label key {key[:70]!r} must start with a lowercase letter and hold at most 63 "
                 "lowercase letters, digits, _ or -.",
             )
-        if not isinstance(label, str) or not _LABEL_VALUE.fullmatch(label):
+        if not _LABEL_VALUE.fullmatch(label):
             raise SecretManagerError(
                 Code.INVALID_ARGUMENT,
                 f"The value of label {key!r} must be at most 63 lowercase letters, digits, _ or -.",
             )
-    return {str(k): str(v) for k, v in labels.items()}
+    return labels
 
 
-def parse_annotations(value: Any) -> dict[str, str]:
-    if value is None:
-        return {}
-    annotations = _object(value, "Secret.annotations")
-    if any(not isinstance(v, str) for v in annotations.values()):
-        raise SecretManagerError(Code.INVALID_ARGUMENT, "Annotation values must be strings.")
+def parse_annotations(annotations: dict[str, str]) -> dict[str, str]:
     size = sum(len(k.encode()) + len(v.encode()) for k, v in annotations.items())
     if size >= 16 * 1024:
         raise SecretManagerError(Code.INVALID_ARGUMENT, "The annotations of a secret must total less than 16 KiB.")
-    return dict(annotations)
+    return annotations
 
 
-def parse_payload(body: Any) -> tuple[bytes, int | None]:
-    """AddSecretVersionRequest's payload: the data and the client's CRC32C, if it sent one."""
-    payload = _field(_object(body, "The request body"), "payload")
+def parse_payload(body: bytes) -> tuple[bytes, int | None]:
+    """AddSecretVersionRequest's payload: the data and the client's CRC32C, if it sent one.
+    Errors never quote the body, and the data is decoded as strictly as Google does (json_format
+    would skip stray characters)."""
+    try:
+        request = canonical(body, secretmanager_v1.AddSecretVersionRequest.pb(), "AddSecretVersionRequest")
+    except BadBody:
+        raise SecretManagerError(  # json_format's message may quote the body: never the secret
+            Code.INVALID_ARGUMENT,
+            "The request body is not an AddSecretVersionRequest: payload.data must be base64 text, "
+            "payload.data_crc32c a number.",
+        ) from None
+    payload = request.get("payload")
     if payload is None:
         raise SecretManagerError(Code.INVALID_ARGUMENT, "payload is required.")
-    payload = _object(payload, "payload")
-    raw = _field(payload, "data") or ""
-    if not isinstance(raw, str):
-        raise SecretManagerError(Code.INVALID_ARGUMENT, "payload.data must be base64 text.")
+    raw = json_object(body, "The request body")["payload"].get("data") or ""
     try:
         padded = raw + "=" * (-len(raw) % 4)
         data = base64.b64decode(padded.replace("-", "+").replace("_", "/"), validate=True)
@@ -365,13 +338,8 @@ def parse_payload(body: Any) -> tuple[bytes, int | None]:
             Code.INVALID_ARGUMENT,
             f"payload.data is {len(data)} bytes; a secret version holds at most 64 KiB.",
         )
-    checksum = _field(payload, "dataCrc32c")
-    if checksum is None:
-        return data, None
-    try:
-        return data, int(checksum)
-    except (TypeError, ValueError):
-        raise SecretManagerError(Code.INVALID_ARGUMENT, "payload.data_crc32c must be a number.") from None
+    checksum = payload.get("dataCrc32c")
+    return data, None if checksum is None else int(checksum)
 
 
 def _query_str(query: Query, name: str) -> str:
@@ -649,9 +617,9 @@ class SecretManager:
 
 # -- routing and access control -----------------------------------------------------------
 
-_PROJECT = r"/v1/projects/(?P<project>[^/:]+)"
-_SECRET = _PROJECT + r"/secrets/(?P<secret>[^/:]+)"
-_VERSION_PATH = _SECRET + r"/versions/(?P<version>[^/:]+)"
+_PROJECT = "/v1/projects/<id:project>"
+_SECRET = _PROJECT + "/secrets/<id:secret>"
+_VERSION_PATH = _SECRET + "/versions/<id:version>"
 
 Handler = Callable[[dict[str, str], Query, bytes], Json]
 
@@ -669,8 +637,6 @@ class Caller:
 
 @dataclass(frozen=True)
 class _Route:
-    method: str
-    pattern: re.Pattern[str]
     permission: str
     resource: str  # "project", "secret" or "version": what the permission is checked on
     handler: Handler
@@ -695,22 +661,23 @@ class SecretManagerApi:
             ("POST", _VERSION_PATH + ":enable", "versions.enable", "version", self._enable),
             ("POST", _VERSION_PATH + ":destroy", "versions.destroy", "version", self._destroy),
         ]
-        self._routes = [
-            _Route(method, re.compile(path), f"secretmanager.{perm}", resource, handler)
-            for method, path, perm, resource, handler in routes
-        ]
+        self._routes = Routes(
+            [
+                (method, path, _Route(f"secretmanager.{perm}", resource, handler))
+                for method, path, perm, resource, handler in routes
+            ]
+        )
 
     def handle(self, method: str, path: str, query: Query, headers: Mapping[str, str], body: bytes) -> tuple[int, Json]:
         """The HTTP status and JSON answer to one request; errors become Google's error JSON."""
         try:
             if method == "GET" and path == "/health":
                 return 200, {"ok": True}
-            for route in self._routes:
-                match = route.pattern.fullmatch(path)
-                if match and route.method == method:
-                    params = {key: unquote(value) for key, value in match.groupdict().items()}
-                    self._authorize(route, params, self.caller(headers))
-                    return 200, route.handler(params, query, body)
+            found = self._routes.match(method, path)
+            if found is not None:
+                route, params = found
+                self._authorize(route, params, self.caller(headers))
+                return 200, route.handler(params, query, body)
             if path.startswith("/v1/"):
                 raise SecretManagerError(
                     Code.UNIMPLEMENTED,
@@ -719,6 +686,9 @@ class SecretManagerApi:
             raise SecretManagerError(Code.NOT_FOUND, f"No such endpoint: {method} {path}.")
         except SecretManagerError as error:
             return error.code.http_status, error_json(error)
+        except BadBody as exc:
+            refused = SecretManagerError(Code.INVALID_ARGUMENT, str(exc))
+            return refused.code.http_status, error_json(refused)
         except Exception as exc:  # answer like a server, and keep serving; never the body
             _log.error("local Secret Manager failed on %s %s: %s", method, path, type(exc).__name__)
             return 500, error_json(
@@ -768,13 +738,13 @@ class SecretManagerApi:
     # -- handlers -------------------------------------------------------------------------
 
     def _create(self, params: dict[str, str], query: Query, body: bytes) -> Json:
-        secret = _object(_json_body(body), "The request body (a Secret)")
+        secret = canonical(body, secretmanager_v1.Secret.pb(), "Secret")
         return self.service.create(
             params["project"],
             _query_str(query, "secretId"),
-            parse_replication(_field(secret, "replication")),
-            parse_labels(_field(secret, "labels")),
-            parse_annotations(_field(secret, "annotations")),
+            parse_replication(secret.get("replication")),
+            parse_labels(secret.get("labels", {})),
+            parse_annotations(secret.get("annotations", {})),
         )
 
     def _list(self, params: dict[str, str], query: Query, body: bytes) -> Json:
@@ -792,7 +762,7 @@ class SecretManagerApi:
         return self.service.delete(params["project"], params["secret"])
 
     def _add_version(self, params: dict[str, str], query: Query, body: bytes) -> Json:
-        data, checksum = parse_payload(_json_body(body))
+        data, checksum = parse_payload(body)
         return self.service.add_version(params["project"], params["secret"], data, checksum)
 
     def _list_versions(self, params: dict[str, str], query: Query, body: bytes) -> Json:

@@ -46,23 +46,24 @@ picks one node of a multislice, else all; the stable API ``tpujobs dev fault`` d
 
 from __future__ import annotations
 
-import json
 import logging
-import re
 import shutil
 import tempfile
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from os import PathLike
 from pathlib import Path
 from types import TracebackType
 from typing import Any
-from urllib.parse import unquote
+
+from google.cloud import tpu_v2
 
 from tpujobs.local.simulator import fields
 from tpujobs.local.simulator.errors import FAULT_METHODS, Fault, bad_request
-from tpujobs.local.simulator.http import ApiServer, JsonRequestHandler
+from tpujobs.local.simulator.http import ApiServer, JsonRequestHandler, Routes
+from tpujobs.local.simulator.messages import BadBody, camel, canonical, json_object
 from tpujobs.local.simulator.metadata import MetadataReply, MetadataService, metadata_url
 from tpujobs.local.simulator.model import (
     WORKER_PORT,
@@ -121,17 +122,8 @@ _NODE_OUTPUT_ONLY = frozenset(
         "multisliceNode",
     }
 )
-# The enums a node template may carry, integer -> name, so responses always use names.
-_DISK_MODES = {0: "DISK_MODE_UNSPECIFIED", 1: "READ_WRITE", 2: "READ_ONLY"}
-_ACCELERATOR_CONFIG_TYPES = {
-    0: "TYPE_UNSPECIFIED",
-    2: "V2",
-    4: "V3",
-    7: "V4",
-    9: "V5LITE_POD",
-    10: "V5P",
-    11: "V6E",
-}
+# What a node template (the caller's node fields, echoed on every node) leaves out.
+_NOT_TEMPLATE = _NODE_OUTPUT_ONLY | {"acceleratorType", "runtimeVersion"}
 
 
 # -- JSON out ---------------------------------------------------------------------------------
@@ -261,114 +253,51 @@ def error_json(error: SimulatorError) -> Json:
 # -- JSON in ----------------------------------------------------------------------------------
 
 
-def _camel(key: str) -> str:
-    """The REST API accepts proto field names too; compare keys in camelCase."""
-    head, *rest = key.split("_")
-    return head + "".join(part[:1].upper() + part[1:] for part in rest)
-
-
-def _camel_path(path: str) -> str:
-    """A field mask path in camelCase, each part converted: network_config.enable_external_ips
-    is networkConfig.enableExternalIps."""
-    return ".".join(_camel(part.strip()) for part in path.strip().split("."))
-
-
-def _field(message: Mapping[str, Any], name: str) -> Any:
-    """A field by its camelCase name, or by the snake_case name the API also accepts."""
-    for key, value in message.items():
-        if _camel(key) == name:
-            return value
-    return None
-
-
-def _object(value: Any, what: str) -> Mapping[str, Any]:
-    if not isinstance(value, dict):
-        raise SimulatorError(Code.INVALID_ARGUMENT, f"{what} must be a JSON object")
-    return value
-
-
-def parse_queued_resource(body: Any, parent: str) -> QueuedResourceRequest:
-    """The create request body as the model's request; shape errors are INVALID_ARGUMENT."""
-    resource = _object(body, "the request body (a QueuedResource)")
-    tpu = _field(resource, "tpu")
+def parse_queued_resource(resource: Mapping[str, Any], parent: str) -> QueuedResourceRequest:
+    """A create request's QueuedResource, as canonical JSON (`messages.canonical`), as the
+    model's request; what the message type allows but the simulator cannot serve is INVALID_ARGUMENT."""
+    tpu = resource.get("tpu")
     if tpu is None:
         raise SimulatorError(Code.INVALID_ARGUMENT, "queued_resource.tpu is required: the simulator offers TPU nodes")
-    specs = _field(_object(tpu, "queued_resource.tpu"), "nodeSpec")
-    if not isinstance(specs, list) or not specs:
+    specs = tpu.get("nodeSpec")
+    if not specs:
         raise SimulatorError(Code.INVALID_ARGUMENT, "queued_resource.tpu.node_spec must name at least one node")
-    spot = _field(resource, "spot")
-    guaranteed = _field(resource, "guaranteed")
-    if spot is not None and guaranteed is not None:
-        raise SimulatorError(Code.INVALID_ARGUMENT, "queued_resource may set spot or guaranteed, not both")
-    queueing_policy = _field(resource, "queueingPolicy")
-    return QueuedResourceRequest(
+    return QueuedResourceRequest(  # spot and guaranteed are one oneof: json_format refuses both
         slices=tuple(_parse_node_spec(spec, parent) for spec in specs),
-        spot=spot is not None,
-        guaranteed=None if guaranteed is None else dict(_object(guaranteed, "guaranteed")),
-        reservation_name=str(_field(resource, "reservationName") or ""),
-        queueing_policy=(None if queueing_policy is None else dict(_object(queueing_policy, "queueing_policy"))),
+        spot="spot" in resource,
+        guaranteed=resource.get("guaranteed"),
+        reservation_name=resource.get("reservationName", ""),
+        queueing_policy=resource.get("queueingPolicy"),
     )
 
 
-def _parse_node_spec(value: Any, parent: str) -> SliceRequest:
-    spec = _object(value, "each node_spec")
-    spec_parent = _field(spec, "parent")
+def _parse_node_spec(spec: Mapping[str, Any], parent: str) -> SliceRequest:
+    spec_parent = spec.get("parent")
     if spec_parent != parent:
         raise SimulatorError(Code.INVALID_ARGUMENT, f"node_spec.parent must be {parent!r}, got {spec_parent!r}")
-    node = _object(_field(spec, "node"), "node_spec.node")
-    accelerator_type = _field(node, "acceleratorType")
-    config = _field(node, "acceleratorConfig")
+    node = spec.get("node")
+    if node is None:
+        raise SimulatorError(Code.INVALID_ARGUMENT, "node_spec.node is required")
+    accelerator_type = node.get("acceleratorType", "")
+    config = node.get("acceleratorConfig")
     if accelerator_type and config is not None:
         raise bad_request(
             "queued_resource.tpu.node_spec.node.accelerator_config",
             "Only one of accelerator_type and accelerator_config may be given for a node.",
         )
     if config is not None:  # the node's type is what the config names: V4 2x2x4 is v4-32
-        config = dict(_object(config, "node.accelerator_config"))
-        config["type"] = _ACCELERATOR_CONFIG_TYPES.get(config.get("type", 0), config.get("type"))
         accelerator_type = accelerator_type_of_config(config, "queued_resource.tpu.node_spec.node.accelerator_config")
     if not accelerator_type:
         raise SimulatorError(Code.INVALID_ARGUMENT, "node.accelerator_type or node.accelerator_config is required")
-    multislice = _field(spec, "multisliceParams")
-    prefix, count = "", 0
-    if multislice is not None:
-        params = _object(multislice, "node_spec.multislice_params")
-        prefix = str(_field(params, "nodeIdPrefix") or "")
-        try:
-            count = int(_field(params, "nodeCount") or 0)
-        except (TypeError, ValueError) as exc:
-            raise SimulatorError(Code.INVALID_ARGUMENT, "multislice_params.node_count must be a number") from exc
+    multislice = spec.get("multisliceParams")
     return SliceRequest(
-        accelerator_type=str(accelerator_type),
-        runtime_version=str(_field(node, "runtimeVersion") or ""),
-        node_id=str(_field(spec, "nodeId") or ""),
-        node_id_prefix=prefix,
-        node_count=count,
-        template=_node_template(node),
+        accelerator_type=accelerator_type,
+        runtime_version=node.get("runtimeVersion", ""),
+        node_id=spec.get("nodeId", ""),
+        node_id_prefix="" if multislice is None else multislice.get("nodeIdPrefix", ""),
+        node_count=0 if multislice is None else multislice.get("nodeCount", 0),
+        template={key: value for key, value in node.items() if key not in _NOT_TEMPLATE},
     )
-
-
-def _node_template(node: Mapping[str, Any]) -> Json:
-    """The caller's node fields the simulator echoes on every node, with enums as names."""
-    template = {
-        _camel(key): value
-        for key, value in node.items()
-        if _camel(key) not in _NODE_OUTPUT_ONLY | {"acceleratorType", "runtimeVersion"}
-    }
-    if isinstance(template.get("dataDisks"), list):
-        template["dataDisks"] = [
-            {**disk, "mode": _DISK_MODES.get(disk["mode"], disk["mode"])}
-            if isinstance(disk, dict) and "mode" in disk
-            else disk
-            for disk in template["dataDisks"]
-        ]
-    config = template.get("acceleratorConfig")
-    if isinstance(config, dict) and "type" in config:
-        template["acceleratorConfig"] = {
-            **config,
-            "type": _ACCELERATOR_CONFIG_TYPES.get(config["type"], config["type"]),
-        }
-    return template
 
 
 def _query_int(query: Query, name: str) -> int:
@@ -412,28 +341,32 @@ def _query_bool(query: Query, name: str) -> bool:
 
 # -- routing ----------------------------------------------------------------------------------
 
-_LOCATION = r"/v2/projects/(?P<project>[^/]+)/locations/(?P<zone>[^/]+)"
-_ID = r"(?P<id>[^/:]+)"
+_LOCATION = "/v2/projects/<project>/locations/<zone>"
+_ID = "<id:id>"
 _CONTROL = "/simulator/v1"
 Handler = Callable[[dict[str, str], Query, bytes], tuple[int, Json]]
 
 
-class _TpuRoute:
+@dataclass(frozen=True)
+class _TpuMethod:
     """One TPU API method: what a fault aimed at it is called, and what message it answers."""
 
-    def __init__(self, method: str, pattern: str, handler: Handler, fault_method: str | None, response: str) -> None:
-        self.method = method
-        self.pattern = re.compile(_LOCATION + pattern)
-        self.handler = handler
-        self.fault_method = fault_method  # one of FAULT_METHODS, or None for operations
-        self.response = response  # a fields.RESPONSES name, to check field masks against
+    handler: Handler
+    fault_method: str | None  # one of FAULT_METHODS, or None for operations
+    response: str  # a fields.RESPONSES name, to check field masks against
 
 
-def _control_route(method: str, pattern: str, handler: Handler) -> tuple[str, re.Pattern[str], Handler]:
-    return method, re.compile(_CONTROL + pattern), handler
+def _tpu_route(
+    method: str, path: str, handler: Handler, fault_method: str | None, response: str
+) -> tuple[str, str, _TpuMethod]:
+    return method, _LOCATION + path, _TpuMethod(handler, fault_method, response)
 
 
-_QR = r"/queuedResources/(?P<zone>[^/]+)/" + _ID
+def _control_route(method: str, path: str, handler: Handler) -> tuple[str, str, Handler]:
+    return method, _CONTROL + path, handler
+
+
+_QR = "/queuedResources/<zone>/" + _ID
 
 
 class SimulatorApi:
@@ -449,36 +382,40 @@ class SimulatorApi:
         self.worker_pool = worker_pool
         self.metadata_service = MetadataService(simulator.get_node, stopping=stopping, changes=simulator)
         qrs, nodes, operations = "/queuedResources", "/nodes", "/operations"
-        self._tpu_routes = [
-            _TpuRoute("POST", qrs, self._create_queued_resource, "create", "Operation"),
-            _TpuRoute("GET", qrs, self._list_queued_resources, "list", "ListQueuedResourcesResponse"),
-            _TpuRoute("GET", f"{qrs}/{_ID}", self._get_queued_resource, "get", "QueuedResource"),
-            _TpuRoute("DELETE", f"{qrs}/{_ID}", self._delete_queued_resource, "delete", "Operation"),
-            _TpuRoute("GET", nodes, self._list_nodes, "list", "ListNodesResponse"),
-            _TpuRoute("GET", f"{nodes}/{_ID}", self._get_node, "get", "Node"),
-            _TpuRoute("PATCH", f"{nodes}/{_ID}", self._update_node, "update", "Operation"),
-            _TpuRoute("GET", operations, self._list_operations, None, "ListOperationsResponse"),
-            _TpuRoute("GET", f"{operations}/{_ID}", self._get_operation, None, "Operation"),
-        ]
-        self._control_routes = [
-            _control_route("GET", "/health", self._health),
-            _control_route("GET", "/state", self._state),
-            _control_route("GET", "/config", self._get_config),
-            _control_route("POST", "/config", self._set_config),
-            _control_route("GET", "/faults", self._get_faults),
-            _control_route("POST", "/faults:clear", self._clear_faults),
-            _control_route("POST", "/faults/errors", self._inject_errors),
-            _control_route("POST", "/faults/no-boot", self._no_boot_next),
-            _control_route("POST", _QR + ":preempt", self._preempt),
-            _control_route("POST", _QR + ":fail", self._fail),
-            _control_route("POST", _QR + ":kill-host", self._kill_host),
-            _control_route("POST", _QR + ":no-boot", self._no_boot),
-            _control_route("POST", _QR + ":reboot", self._reboot),
-            _control_route("POST", _QR + ":maintenance", self._maintenance),
-            _control_route("POST", _QR + ":node-health", self._node_health),
-            _control_route("POST", _QR + ":node-state", self._node_state),
-            _control_route("GET", _QR + ":workers", self._workers),
-        ]
+        self._tpu_routes = Routes(
+            [
+                _tpu_route("POST", qrs, self._create_queued_resource, "create", "Operation"),
+                _tpu_route("GET", qrs, self._list_queued_resources, "list", "ListQueuedResourcesResponse"),
+                _tpu_route("GET", f"{qrs}/{_ID}", self._get_queued_resource, "get", "QueuedResource"),
+                _tpu_route("DELETE", f"{qrs}/{_ID}", self._delete_queued_resource, "delete", "Operation"),
+                _tpu_route("GET", nodes, self._list_nodes, "list", "ListNodesResponse"),
+                _tpu_route("GET", f"{nodes}/{_ID}", self._get_node, "get", "Node"),
+                _tpu_route("PATCH", f"{nodes}/{_ID}", self._update_node, "update", "Operation"),
+                _tpu_route("GET", operations, self._list_operations, None, "ListOperationsResponse"),
+                _tpu_route("GET", f"{operations}/{_ID}", self._get_operation, None, "Operation"),
+            ]
+        )
+        self._control_routes = Routes(
+            [
+                _control_route("GET", "/health", self._health),
+                _control_route("GET", "/state", self._state),
+                _control_route("GET", "/config", self._get_config),
+                _control_route("POST", "/config", self._set_config),
+                _control_route("GET", "/faults", self._get_faults),
+                _control_route("POST", "/faults:clear", self._clear_faults),
+                _control_route("POST", "/faults/errors", self._inject_errors),
+                _control_route("POST", "/faults/no-boot", self._no_boot_next),
+                _control_route("POST", _QR + ":preempt", self._preempt),
+                _control_route("POST", _QR + ":fail", self._fail),
+                _control_route("POST", _QR + ":kill-host", self._kill_host),
+                _control_route("POST", _QR + ":no-boot", self._no_boot),
+                _control_route("POST", _QR + ":reboot", self._reboot),
+                _control_route("POST", _QR + ":maintenance", self._maintenance),
+                _control_route("POST", _QR + ":node-health", self._node_health),
+                _control_route("POST", _QR + ":node-state", self._node_state),
+                _control_route("GET", _QR + ":workers", self._workers),
+            ]
+        )
 
     def handle(self, method: str, path: str, query: Query, body: bytes, field_mask: str = "") -> tuple[int, Json]:
         """The HTTP status and JSON answer to one request; errors become Google's error JSON.
@@ -487,27 +424,27 @@ class SimulatorApi:
         mask checked, then runs; control calls ignore both.
         """
         try:
-            for route in self._tpu_routes:
-                match = route.pattern.fullmatch(path)
-                if match and route.method == method:
-                    params = {key: unquote(value) for key, value in match.groupdict().items()}
-                    return self._call_tpu(route, params, query, body, field_mask)
-            for route_method, pattern, handler in self._control_routes:
-                match = pattern.fullmatch(path)
-                if match and route_method == method:
-                    params = {key: unquote(value) for key, value in match.groupdict().items()}
-                    return handler(params, query, body)
+            tpu = self._tpu_routes.match(method, path)
+            if tpu is not None:
+                return self._call_tpu(*tpu, query, body, field_mask)
+            control = self._control_routes.match(method, path)
+            if control is not None:
+                handler, params = control
+                return handler(params, query, body)
             if path.startswith("/v2/"):
                 raise SimulatorError(Code.UNIMPLEMENTED, f"the tpujobs simulator does not implement {method} {path}")
             raise SimulatorError(Code.NOT_FOUND, f"no such endpoint: {method} {path}")
         except SimulatorError as error:
             return error.http_status, error_json(error)
+        except BadBody as exc:
+            refused = SimulatorError(Code.INVALID_ARGUMENT, str(exc))
+            return refused.http_status, error_json(refused)
         except Exception as exc:  # answer like a server, and keep serving
             _log.exception("simulator failed on %s %s", method, path)
             return 500, error_json(SimulatorError(Code.INTERNAL, f"simulator bug: {exc!r}"))
 
     def _call_tpu(
-        self, route: _TpuRoute, params: dict[str, str], query: Query, body: bytes, field_mask: str
+        self, route: _TpuMethod, params: dict[str, str], query: Query, body: bytes, field_mask: str
     ) -> tuple[int, Json]:
         fault = self.simulator.next_fault(route.fault_method)
         if fault is not None and not fault.applied:
@@ -528,7 +465,7 @@ class SimulatorApi:
 
     def _create_queued_resource(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         parent = f"projects/{params['project']}/locations/{params['zone']}"
-        request = parse_queued_resource(_json_body(body), parent)
+        request = parse_queued_resource(canonical(body, tpu_v2.QueuedResource.pb(), "QueuedResource"), parent)
         operation = self.simulator.create_queued_resource(
             params["project"], params["zone"], _query_str(query, "queuedResourceId"), request
         )
@@ -562,8 +499,8 @@ class SimulatorApi:
 
     def _update_node(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         """PATCH v2/{name=projects/*/locations/*/nodes/*}?updateMask=a,b with a Node body."""
-        mask = [_camel_path(path) for path in _query_str(query, "updateMask").split(",") if path.strip()]
-        node = {_camel(key): value for key, value in _object(_json_body(body), "the request body (a Node)").items()}
+        mask = [camel(path) for path in _query_str(query, "updateMask").split(",") if path.strip()]
+        node = canonical(body, tpu_v2.Node.pb(), "Node")
         operation = self.simulator.update_node(params["project"], params["zone"], params["id"], mask, node)
         return 200, operation_json(operation)
 
@@ -598,7 +535,7 @@ class SimulatorApi:
         return 200, self.simulator.config.to_json()
 
     def _set_config(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
-        changes = _object(_json_body(body), "the config")
+        changes = json_object(body, "the config")
         try:
             config = self.simulator.config.updated(changes)
         except (TypeError, ValueError) as exc:
@@ -611,7 +548,7 @@ class SimulatorApi:
         return 200, queued_resource_json(qr)
 
     def _fail(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
-        details = _object(_json_body(body) if body.strip() else {}, "the failure")
+        details = json_object(body.strip(), "the failure")
         code = details.get("code") or Code.INTERNAL.grpc_code
         if not isinstance(code, int):
             raise SimulatorError(Code.INVALID_ARGUMENT, f"code must be a google.rpc.Code number, got {code!r}")
@@ -641,7 +578,7 @@ class SimulatorApi:
         return 200, self.simulator.clear_faults()
 
     def _inject_errors(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
-        request = _object(_json_body(body), "the fault")
+        request = json_object(body, "the fault")
         unknown = sorted(set(request) - {"method", "code", "count", "quota", "applied", "message"})
         if unknown:
             raise SimulatorError(Code.INVALID_ARGUMENT, f"unknown fault fields: {', '.join(unknown)}")
@@ -669,7 +606,7 @@ class SimulatorApi:
         return 200, self.simulator.inject_errors(method, fault, _whole(request.get("count", 1), "count"))
 
     def _no_boot_next(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
-        request = _object(_json_body(body), "the fault")
+        request = json_object(body, "the fault")
         return 200, self.simulator.no_boot(_whole(request.get("count", 1), "count"))
 
     def _no_boot(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
@@ -700,7 +637,7 @@ class SimulatorApi:
         return 200, {"nodes": [node_json(node) for node in nodes]}
 
     def _node_health(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
-        request = _object(_json_body(body), "the node health")
+        request = json_object(body, "the node health")
         nodes = self.simulator.set_node_health(
             params["id"],
             str(request.get("health") or ""),
@@ -711,7 +648,7 @@ class SimulatorApi:
         return 200, {"nodes": [node_json(node) for node in nodes]}
 
     def _node_state(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
-        request = _object(_json_body(body), "the node state")
+        request = json_object(body, "the node state")
         nodes = self.simulator.set_node_state(
             params["id"],
             str(request.get("state") or ""),
@@ -727,13 +664,6 @@ class SimulatorApi:
             params["id"], zone=params["zone"], project=_query_str(query, "project") or None
         )
         return 200, {"workers": [worker_json(w) for w in found]}
-
-
-def _json_body(body: bytes) -> Any:
-    try:
-        return json.loads(body or b"{}")
-    except ValueError as exc:
-        raise SimulatorError(Code.INVALID_ARGUMENT, f"the request body is not JSON: {exc}") from exc
 
 
 # -- the server -------------------------------------------------------------------------------

@@ -55,7 +55,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tpujobs.agent.worker import HOST_LABEL, PRIVILEGED_VARIABLE, SIMULATED_HOST_VARIABLE, Docker
+import psutil
+
+from tpujobs.agent.containers import HOST_LABEL, PRIVILEGED_VARIABLE, SIMULATED_HOST_VARIABLE, Docker
+from tpujobs.local.processes import group_running
 from tpujobs.local.simulator.model import (
     HostAction,
     HostEvent,
@@ -508,22 +511,12 @@ class HostContainers:
 
 
 def _marked_pids(mark: str) -> list[int]:
-    """Processes whose environment carries VM_MARK=mark (Linux /proc; none elsewhere)."""
-    needle = f"{VM_MARK}={mark}".encode()
-    found: list[int] = []
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return found
-    for entry in os.scandir(proc):
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = Path(entry.path, "environ").read_bytes()
-        except OSError:
-            continue
-        if needle in environ.split(b"\0"):
-            found.append(int(entry.name))
-    return found
+    """Processes whose environment carries VM_MARK=mark (those whose environment we may read)."""
+    return [
+        candidate.pid
+        for candidate in psutil.process_iter(["environ"])
+        if (candidate.info["environ"] or {}).get(VM_MARK) == mark
+    ]
 
 
 def _group_exists(pgid: int) -> bool:
@@ -539,19 +532,4 @@ def _group_exists(pgid: int) -> bool:
 
 def _group_running(pgid: int) -> bool:
     """Whether any process of the group still runs; zombies waiting for init do not count."""
-    if not _group_exists(pgid):
-        return False
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return True  # no /proc (macOS): a zombie counts as running
-    for entry in os.scandir(proc):
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = Path(entry.path, "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()  # state, ppid, pgrp, ...
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
-            return True
-    return False
+    return _group_exists(pgid) and group_running(pgid)

@@ -1,0 +1,227 @@
+"""Time in the simulator: every call first advances the world to now, applying due
+transitions of queued resources and nodes in time order, and admitting waiting ones to free chips."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from tpujobs.domain.accelerators import parse_accelerator_type
+from tpujobs.local.simulator.errors import Code
+from tpujobs.local.simulator.records import (
+    FIRST_NODE_NUMBER,
+    FIRST_WORKER_ADDRESS,
+    MAINTENANCE_NONE,
+    MEGASCALE_PORT,
+    HostAction,
+    NodeRecord,
+    NodeState,
+    NodeStep,
+    QrState,
+    QueuedResourceRecord,
+    settled,
+)
+from tpujobs.local.simulator.world import World
+
+
+class Clockwork(World):
+    """The timed transitions (callers hold the lock, except `advance`) and chip admission."""
+
+    def advance(self) -> None:
+        """Apply every transition due by now; the server's ticker calls this."""
+        with self._transaction():
+            pass
+
+    @contextmanager
+    def _transaction(self) -> Iterator[float]:
+        """Hold the lock with the world advanced to now; then save, and run hooks outside the lock."""
+        try:
+            with self._lock:
+                now = self._clock()
+                self._advance(now)
+                try:
+                    yield now
+                finally:
+                    self._save_if_changed()
+        finally:
+            self._run_hooks()
+
+    def _advance(self, now: float) -> None:
+        """Apply due transitions of QRs and nodes one at a time, earliest first, admitting
+        after each."""
+        while True:
+            due: list[tuple[float, int, int, QueuedResourceRecord | NodeRecord]] = [
+                (qr.next_at, 0, qr.queue_number, qr)
+                for qr in self._qrs.values()
+                if qr.next_at is not None and qr.next_at <= now
+            ]
+            due.extend(
+                (node.next_at, 1, node.number, node)
+                for node in self._nodes.values()
+                if node.next_at is not None and node.next_at <= now
+            )
+            if not due:
+                break
+            at, _, _, item = min(due, key=lambda entry: entry[:3])
+            if isinstance(item, QueuedResourceRecord):
+                self._step(item, at)
+            else:
+                self._step_node(item, at)
+            self._admit(at)
+        self._admit(now)
+
+    def _step(self, qr: QueuedResourceRecord, at: float) -> None:
+        """The timed transition of one QR, at the time it was due."""
+        if qr.state is QrState.CREATING:
+            accepted = self._put_qr(dataclasses.replace(qr, state=QrState.ACCEPTED, next_at=at))
+            self._finish_create(accepted)
+        elif qr.state is QrState.ACCEPTED:
+            self._put_qr(
+                dataclasses.replace(
+                    qr,
+                    state=QrState.WAITING_FOR_RESOURCES,
+                    next_at=at + self._config.waiting_seconds,
+                )
+            )
+        elif qr.state is QrState.WAITING_FOR_RESOURCES:
+            self._put_qr(dataclasses.replace(qr, next_at=None))  # now it waits only for chips
+        elif qr.state is QrState.PROVISIONING:
+            for node in self._nodes_of(qr):
+                self._put_node(dataclasses.replace(node, state=NodeState.READY, health="HEALTHY"))
+            active = self._put_qr(dataclasses.replace(qr, state=QrState.ACTIVE, next_at=None))
+            self._queue_hooks(self.on_active, active)
+        elif qr.state is QrState.SUSPENDING:
+            self._put_qr(dataclasses.replace(qr, state=QrState.SUSPENDED, next_at=None))
+        elif qr.state is QrState.DELETING:
+            self._remove(qr)
+        else:  # pragma: no cover - no other state schedules a transition
+            raise AssertionError(f"{qr.name} has a timed transition in state {qr.state}")
+
+    def _step_node(self, node: NodeRecord, at: float) -> None:
+        """The timed transition of one node (reboot, maintenance), at the time it was due."""
+        qr = self._qrs.get((node.project, node.zone, node.qr_id))
+        nodes = self._nodes_of(qr) if qr is not None else []
+        if qr is None or qr.state is not QrState.ACTIVE or node not in nodes:
+            self._put_node(settled(node))  # its QR moved on; the QR's own rules apply
+            return
+        index = nodes.index(node)
+        every_host = tuple(range(len(node.host_addresses)))
+        if node.step is NodeStep.REBOOTED:
+            failed = tuple(w for w in node.failed_workers if w not in node.rebooting_workers)
+            self._put_node(
+                settled(
+                    node,
+                    state=NodeState.REPAIRING if failed else NodeState.READY,
+                    health="UNHEALTHY_MAINTENANCE" if failed else "HEALTHY",
+                    health_description=node.health_description if failed else "",
+                    failed_workers=failed,
+                )
+            )
+            self._queue_host_event(qr, index, node.rebooting_workers, HostAction.BOOT)
+        elif node.step is NodeStep.MAINTENANCE_STARTS:
+            self._put_node(
+                dataclasses.replace(
+                    node,
+                    state=NodeState.REPAIRING,
+                    health="UNHEALTHY_MAINTENANCE",
+                    health_description=(
+                        "Host maintenance (simulated by tpujobs): the hosts were terminated "
+                        "for it and restart when it ends"
+                    ),
+                    next_at=at + self._config.maintenance_seconds,
+                    step=NodeStep.MAINTENANCE_ENDS,
+                )
+            )
+            self._queue_host_event(qr, index, every_host, HostAction.SHUTDOWN)
+        elif node.step is NodeStep.MAINTENANCE_ENDS:
+            self._put_node(
+                settled(
+                    node,
+                    state=NodeState.READY,
+                    health="HEALTHY",
+                    health_description="",
+                    maintenance_event=MAINTENANCE_NONE,
+                    failed_workers=(),
+                )
+            )
+            self._queue_host_event(qr, index, every_host, HostAction.BOOT)
+        else:  # pragma: no cover - no other step schedules a transition
+            raise AssertionError(f"{node.name} has a timed transition with no step")
+
+    def _admit(self, at: float) -> None:
+        """Start provisioning waiting QRs whose chips are free, strictly in order of arrival per pool."""
+        waiting = sorted(
+            (qr for qr in self._qrs.values() if qr.state is QrState.WAITING_FOR_RESOURCES and qr.next_at is None),
+            key=lambda r: r.queue_number,
+        )
+        if not waiting:
+            return
+        free = self._free_chips()
+        blocked: set[str] = set()  # pools where an earlier QR is still waiting
+        for qr in waiting:
+            wanted = qr.demand()
+            fits = all(pool not in free or free[pool] >= chips for pool, chips in wanted.items())
+            if blocked.isdisjoint(wanted) and fits:
+                for pool, chips in wanted.items():
+                    if pool in free:
+                        free[pool] -= chips
+                self._provision(qr, at)
+            else:
+                blocked.update(wanted)
+
+    def _free_chips(self) -> dict[str, int]:
+        free = dict(self._config.capacity)
+        for qr in self._qrs.values():
+            if qr.holds_capacity:
+                for pool, chips in qr.demand().items():
+                    if pool in free:
+                        free[pool] -= chips
+        return free
+
+    def _provision(self, qr: QueuedResourceRecord, at: float) -> None:
+        wall = self._wall_clock()
+        for spec in qr.request.slices:
+            hosts = parse_accelerator_type(spec.accelerator_type).hosts
+            coordinator = ""
+            for slice_id, node_id in enumerate(spec.node_ids):
+                addresses = tuple(str(FIRST_WORKER_ADDRESS + self._count("address")) for _ in range(hosts))
+                if spec.multislice and slice_id == 0:
+                    coordinator = f"{addresses[0]}:{MEGASCALE_PORT}"
+                self._put_node(
+                    NodeRecord(
+                        project=qr.project,
+                        zone=qr.zone,
+                        node_id=node_id,
+                        qr_id=qr.qr_id,
+                        number=FIRST_NODE_NUMBER + self._count("node"),
+                        accelerator_type=spec.accelerator_type,
+                        runtime_version=spec.runtime_version,
+                        template=spec.template,
+                        state=NodeState.CREATING,
+                        host_addresses=addresses,
+                        create_time=wall,
+                        multislice=spec.multislice,
+                        spot=qr.request.spot,
+                        slice_id=slice_id if spec.multislice else 0,
+                        num_slices=spec.node_count if spec.multislice else 0,
+                        coordinator_address=coordinator,
+                    )
+                )
+        self._put_qr(
+            dataclasses.replace(
+                qr,
+                state=QrState.PROVISIONING,
+                next_at=at + self._config.provisioning_seconds,
+                holds_capacity=True,
+            )
+        )
+
+    def _remove(self, qr: QueuedResourceRecord) -> None:
+        for node in self._nodes_of(qr):
+            del self._nodes[(node.project, node.zone, node.node_id)]
+        del self._qrs[(qr.project, qr.zone, qr.qr_id)]
+        self._dirty = True
+        self._finish_create(qr, error=(Code.ABORTED.grpc_code, f"{qr.name} was deleted before it was accepted"))
+        key = (qr.project, qr.zone, qr.delete_operation)
+        self._operations[key] = dataclasses.replace(self._operations[key], done=True, end_time=self._wall_clock())

@@ -1,0 +1,297 @@
+"""The TPU API's nodes and what happens to their hosts: get, list and update a node; kill,
+reboot or maintain its hosts; change the health or state it shows (tpujobs dev fault)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tpujobs.local.simulator.checks import updated_template
+from tpujobs.local.simulator.clockwork import Clockwork
+from tpujobs.local.simulator.errors import Code, SimulatorError
+from tpujobs.local.simulator.records import (
+    MAINTENANCE_TERMINATE,
+    NODE_HEALTHS,
+    HostAction,
+    NodeRecord,
+    NodeState,
+    NodeStep,
+    OperationRecord,
+    Page,
+    QrState,
+    QueuedResourceRecord,
+)
+from tpujobs.local.simulator.world import in_location, paged
+
+
+class Nodes(Clockwork):
+    """Nodes, their hosts and what they show."""
+
+    def get_node(self, project: str, zone: str, node_id: str) -> NodeRecord:
+        with self._transaction():
+            node = self._nodes.get((project, zone, node_id))
+            if node is None:
+                raise SimulatorError(
+                    Code.NOT_FOUND,
+                    f"Resource 'projects/{project}/locations/{zone}/nodes/{node_id}' was not found",
+                )
+            return node
+
+    def list_nodes(self, project: str, zone: str, page_size: int = 0, page_token: str = "") -> Page[NodeRecord]:
+        with self._transaction():
+            found = [n for n in self._nodes.values() if in_location(n, project, zone)]
+        return paged(found, page_size or self._config.default_page_size, page_token)
+
+    def nodes_of(self, qr: QueuedResourceRecord) -> tuple[NodeRecord, ...]:
+        """The nodes a QR has now, in the order its node specs name them; for hooks."""
+        with self._lock:
+            return tuple(self._nodes_of(qr))
+
+    def update_node(
+        self, project: str, zone: str, node_id: str, mask: Sequence[str], node: Mapping[str, Any]
+    ) -> OperationRecord:
+        """UpdateNode: the fields *mask* names (camelCase JSON paths, UPDATABLE_NODE_FIELDS) take
+        *node*'s values at once; the operation is done, with the node as its response. The
+        metadata server answers the new metadata from then on. A node that is not READY is
+        FAILED_PRECONDITION, as the API refuses to change a node that is being created,
+        repaired, preempted or deleted."""
+        with self._transaction():
+            found = self._nodes.get((project, zone, node_id))
+            name = f"projects/{project}/locations/{zone}/nodes/{node_id}"
+            template = updated_template(found.template if found else {}, mask, node)
+            if found is None:
+                raise SimulatorError(Code.NOT_FOUND, f"Resource '{name}' was not found")
+            if found.state is not NodeState.READY:
+                raise SimulatorError(
+                    Code.FAILED_PRECONDITION,
+                    f"Cannot update node {name}: it is {found.state.value}, and only a READY node can be updated.",
+                )
+            changed = dataclasses.replace(found, template=template)
+            self._put_node(changed)
+            operation = self._new_operation(project, zone, "update", name)
+            finished = dataclasses.replace(operation, done=True, end_time=self._wall_clock(), node=changed)
+            self._operations[(project, zone, operation.operation_id)] = finished
+            return finished
+
+    def kill_host(
+        self,
+        qr_id: str,
+        slice_index: int,
+        worker: int,
+        *,
+        zone: str | None = None,
+        project: str | None = None,
+    ) -> NodeRecord:
+        """One worker host of an ACTIVE QR dies without notice: its node turns REPAIRING.
+
+        The QR stays ACTIVE and the metadata says nothing; on_host_failed hooks kill the
+        worker's processes. *slice_index* counts nodes in the order the node specs name them.
+        """
+        with self._transaction():
+            qr = self._resolve(qr_id, zone, project)
+            if qr.state is not QrState.ACTIVE:
+                raise SimulatorError(
+                    Code.FAILED_PRECONDITION,
+                    f"Queued resource {qr.name} is {qr.state.value}; only an ACTIVE one has hosts to kill",
+                )
+            nodes = self._nodes_of(qr)
+            if not 0 <= slice_index < len(nodes):
+                raise SimulatorError(
+                    Code.INVALID_ARGUMENT,
+                    f"{qr.name} has slices 0..{len(nodes) - 1}, not {slice_index}",
+                )
+            node = nodes[slice_index]
+            if not 0 <= worker < len(node.host_addresses):
+                raise SimulatorError(
+                    Code.INVALID_ARGUMENT,
+                    f"node {node.node_id} has workers 0..{len(node.host_addresses) - 1}, not {worker}",
+                )
+            failed = tuple(sorted({*node.failed_workers, worker}))
+            workers = ", ".join(str(w) for w in failed)
+            repairing = dataclasses.replace(
+                node,
+                state=NodeState.REPAIRING,
+                failed_workers=failed,
+                health="UNHEALTHY_MAINTENANCE",
+                health_description=(
+                    f"Worker {workers} of this node failed (hardware failure simulated by "
+                    "tpujobs); the node is being repaired"
+                ),
+            )
+            self._put_node(repairing)
+            self._queue_hooks(self.on_host_failed, qr, slice_index, worker)
+            return repairing
+
+    def reboot(
+        self,
+        qr_id: str,
+        slice_index: int | None = None,
+        worker: int | None = None,
+        *,
+        zone: str | None = None,
+        project: str | None = None,
+    ) -> tuple[NodeRecord, ...]:
+        """Reset hosts as a VM reset does: their processes die at once (on_hosts RESET), the
+        node is RESTARTING for reboot_seconds, then READY and the hosts boot again from the
+        same disk (on_hosts BOOT). No slice: every slice; no worker: every host of the slice."""
+        with self._transaction() as now:
+            qr, chosen = self._active_nodes(qr_id, slice_index, zone, project, "reboot")
+            plan = [(index, node, self._workers_of(node, worker)) for index, node in chosen]
+            for _, node, _ in plan:
+                if node.step in (NodeStep.MAINTENANCE_STARTS, NodeStep.MAINTENANCE_ENDS):
+                    raise SimulatorError(
+                        Code.FAILED_PRECONDITION,
+                        f"node {node.node_id} is under host maintenance; it cannot reboot now",
+                    )
+            changed = []
+            for index, node, workers in plan:
+                restarting = dataclasses.replace(
+                    node,
+                    state=NodeState.RESTARTING,
+                    health="",
+                    health_description="",
+                    next_at=now + self._config.reboot_seconds,
+                    step=NodeStep.REBOOTED,
+                    rebooting_workers=tuple(sorted({*node.rebooting_workers, *workers})),
+                )
+                self._put_node(restarting)
+                changed.append(restarting)
+                self._queue_host_event(qr, index, workers, HostAction.RESET)
+            return tuple(changed)
+
+    def maintenance(
+        self,
+        qr_id: str,
+        slice_index: int | None = None,
+        notice_seconds: float | None = None,
+        *,
+        zone: str | None = None,
+        project: str | None = None,
+    ) -> tuple[NodeRecord, ...]:
+        """Host maintenance as GCE announces it to a VM that terminates for it: the nodes'
+        instance/maintenance-event turns TERMINATE_ON_HOST_MAINTENANCE now; after the notice
+        (default maintenance_notice_seconds) the node is REPAIRING with health
+        UNHEALTHY_MAINTENANCE and its hosts shut down (on_hosts SHUTDOWN); maintenance_seconds
+        later it is READY, the event NONE, and the hosts boot again (on_hosts BOOT)."""
+        notice = self._config.maintenance_notice_seconds if notice_seconds is None else notice_seconds
+        if notice < 0:
+            raise SimulatorError(Code.INVALID_ARGUMENT, f"the notice must not be negative, got {notice}")
+        with self._transaction() as now:
+            _, chosen = self._active_nodes(qr_id, slice_index, zone, project, "go into maintenance")
+            for _, node in chosen:
+                if node.step is not NodeStep.NONE:
+                    raise SimulatorError(
+                        Code.FAILED_PRECONDITION,
+                        f"node {node.node_id} is already {node.state.value} "
+                        f"({node.step.value}); try again when it is READY",
+                    )
+            changed = []
+            for _, node in chosen:
+                announced = dataclasses.replace(
+                    node,
+                    maintenance_event=MAINTENANCE_TERMINATE,
+                    next_at=now + notice,
+                    step=NodeStep.MAINTENANCE_STARTS,
+                )
+                self._put_node(announced)
+                changed.append(announced)
+            return tuple(changed)
+
+    def set_node_health(
+        self,
+        qr_id: str,
+        health: str,
+        description: str = "",
+        slice_index: int | None = None,
+        *,
+        zone: str | None = None,
+        project: str | None = None,
+    ) -> tuple[NodeRecord, ...]:
+        """Show *health* (a Node.Health name) and *description* on a QR's nodes; nothing else
+        changes: processes run on, and the next transition of the node sets its own health."""
+        name = str(health).strip().upper()
+        if name not in NODE_HEALTHS:
+            raise SimulatorError(
+                Code.INVALID_ARGUMENT,
+                f"health must be one of {', '.join(NODE_HEALTHS)}, got {health!r}",
+            )
+        with self._transaction():
+            qr = self._resolve(qr_id, zone, project)
+            changed = []
+            for _, node in self._chosen_nodes(qr, slice_index):
+                shown = dataclasses.replace(
+                    node,
+                    health="" if name == "HEALTH_UNSPECIFIED" else name,
+                    health_description=description,
+                )
+                self._put_node(shown)
+                changed.append(shown)
+            return tuple(changed)
+
+    def set_node_state(
+        self,
+        qr_id: str,
+        state: str,
+        slice_index: int | None = None,
+        *,
+        zone: str | None = None,
+        project: str | None = None,
+    ) -> tuple[NodeRecord, ...]:
+        """Show *state* (a Node.State name) on a QR's nodes; nothing else changes: processes
+        run on, and a reboot or maintenance under way still ends as it would."""
+        try:
+            wanted = NodeState(str(state).strip().upper())
+        except ValueError:
+            names = ", ".join(member.value for member in NodeState)
+            raise SimulatorError(Code.INVALID_ARGUMENT, f"state must be one of {names}, got {state!r}") from None
+        with self._transaction():
+            qr = self._resolve(qr_id, zone, project)
+            changed = []
+            for _, node in self._chosen_nodes(qr, slice_index):
+                shown = dataclasses.replace(node, state=wanted)
+                self._put_node(shown)
+                changed.append(shown)
+            return tuple(changed)
+
+    def _active_nodes(
+        self,
+        qr_id: str,
+        slice_index: int | None,
+        zone: str | None,
+        project: str | None,
+        doing: str,
+    ) -> tuple[QueuedResourceRecord, list[tuple[int, NodeRecord]]]:
+        qr = self._resolve(qr_id, zone, project)
+        if qr.state is not QrState.ACTIVE:
+            raise SimulatorError(
+                Code.FAILED_PRECONDITION,
+                f"Queued resource {qr.name} is {qr.state.value}; only an ACTIVE one has hosts to {doing}",
+            )
+        return qr, self._chosen_nodes(qr, slice_index)
+
+    def _chosen_nodes(self, qr: QueuedResourceRecord, slice_index: int | None) -> list[tuple[int, NodeRecord]]:
+        """(slice index, node) of one slice, or of every slice when *slice_index* is None."""
+        nodes = list(enumerate(self._nodes_of(qr)))
+        if not nodes:
+            raise SimulatorError(Code.FAILED_PRECONDITION, f"Queued resource {qr.name} has no nodes")
+        if slice_index is None:
+            return nodes
+        if not 0 <= slice_index < len(nodes):
+            raise SimulatorError(
+                Code.INVALID_ARGUMENT,
+                f"{qr.name} has slices 0..{len(nodes) - 1}, not {slice_index}",
+            )
+        return [nodes[slice_index]]
+
+    @staticmethod
+    def _workers_of(node: NodeRecord, worker: int | None) -> tuple[int, ...]:
+        hosts = len(node.host_addresses)
+        if worker is None:
+            return tuple(range(hosts))
+        if not 0 <= worker < hosts:
+            raise SimulatorError(
+                Code.INVALID_ARGUMENT,
+                f"node {node.node_id} has workers 0..{hosts - 1}, not {worker}",
+            )
+        return (worker,)

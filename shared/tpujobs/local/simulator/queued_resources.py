@@ -1,0 +1,234 @@
+"""The TPU API's queued resources and operations: create, get, list, delete, and what the
+service does to them (preempt, fail)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tpujobs.domain.accelerators import UnknownAcceleratorType, parse_accelerator_type
+from tpujobs.local.simulator.checks import check_resource_id, check_vm_options
+from tpujobs.local.simulator.clockwork import Clockwork
+from tpujobs.local.simulator.errors import Code, SimulatorError
+from tpujobs.local.simulator.records import (
+    LIVE_STATES,
+    PREEMPTIBLE_STATES,
+    Initiator,
+    NodeState,
+    OperationRecord,
+    Page,
+    QrState,
+    QueuedResourceRecord,
+    QueuedResourceRequest,
+    SimulatorState,
+    settled,
+)
+from tpujobs.local.simulator.world import in_location, paged
+
+
+class QueuedResources(Clockwork):
+    """Queued resources and their operations, as the TPU API serves them."""
+
+    def create_queued_resource(
+        self, project: str, zone: str, qr_id: str, request: QueuedResourceRequest
+    ) -> OperationRecord:
+        """Queue a request for TPUs; the operation completes once the QR is ACCEPTED."""
+        check_resource_id("queued resource id", qr_id)
+        self._check_request(request, zone)
+        with self._transaction() as now:
+            name = f"projects/{project}/locations/{zone}/queuedResources/{qr_id}"
+            if (project, zone, qr_id) in self._qrs:
+                raise SimulatorError(Code.ALREADY_EXISTS, f"Resource '{name}' already exists")
+            taken = {
+                node_id
+                for qr in self._qrs.values()
+                if (qr.project, qr.zone) == (project, zone)
+                for node_id in qr.node_ids
+            }
+            for node_id in (n for spec in request.slices for n in spec.node_ids):
+                if node_id in taken:
+                    raise SimulatorError(
+                        Code.ALREADY_EXISTS,
+                        f"Resource 'projects/{project}/locations/{zone}/nodes/{node_id}' already exists",
+                    )
+            operation = self._new_operation(project, zone, "create", name)
+            hosts_boot = self._no_boot_budget == 0
+            if not hosts_boot:
+                self._no_boot_budget -= 1
+            self._put_qr(
+                QueuedResourceRecord(
+                    project=project,
+                    zone=zone,
+                    qr_id=qr_id,
+                    request=request,
+                    state=QrState.CREATING,
+                    initiator=Initiator.USER,
+                    create_time=self._wall_clock(),
+                    queue_number=self._count("queue"),
+                    next_at=now + self._config.accept_seconds,
+                    create_operation=operation.operation_id,
+                    hosts_boot=hosts_boot,
+                )
+            )
+            return operation
+
+    def get_queued_resource(self, project: str, zone: str, qr_id: str) -> QueuedResourceRecord:
+        with self._transaction():
+            return self._find_qr(project, zone, qr_id)
+
+    def list_queued_resources(
+        self, project: str, zone: str, page_size: int = 0, page_token: str = ""
+    ) -> Page[QueuedResourceRecord]:
+        """Queued resources by name; zone "-" lists every zone, as the real API allows."""
+        with self._transaction():
+            found = [qr for qr in self._qrs.values() if in_location(qr, project, zone)]
+        return paged(found, page_size or self._config.default_page_size, page_token)
+
+    def delete_queued_resource(self, project: str, zone: str, qr_id: str, force: bool = False) -> OperationRecord:
+        """Start deleting; without force, a QR that still has nodes is refused."""
+        with self._transaction() as now:
+            qr = self._find_qr(project, zone, qr_id)
+            if qr.state is QrState.DELETING:
+                return self._operations[(project, zone, qr.delete_operation)]
+            if self._nodes_of(qr) and not force:
+                raise SimulatorError(
+                    Code.FAILED_PRECONDITION,
+                    f"Queued resource {qr.name} in state {qr.state.value} has nodes; "
+                    "delete them first or set force to true",
+                )
+            operation = self._new_operation(project, zone, "delete", qr.name)
+            for node in self._nodes_of(qr):
+                self._put_node(settled(node, state=NodeState.DELETING, health=""))
+            deleting = self._put_qr(
+                dataclasses.replace(
+                    qr,
+                    state=QrState.DELETING,
+                    initiator=Initiator.USER,
+                    next_at=now + self._config.deleting_seconds,
+                    delete_operation=operation.operation_id,
+                )
+            )
+            self._queue_hooks(self.on_stopped, deleting)
+            self._admit(now)
+            return operation
+
+    def preempt(self, qr_id: str, *, zone: str | None = None, project: str | None = None) -> QueuedResourceRecord:
+        """Take a QR's TPUs back as the service does to spot capacity: SUSPENDING, nodes PREEMPTED.
+
+        The nodes' metadata says preempted=TRUE before on_stopped hooks run, so a worker that
+        gets the SIGTERM and asks the metadata server already reads TRUE, as on GCE. The QR
+        keeps its chips (they count against the quota) until it is deleted.
+        """
+        with self._transaction() as now:
+            qr = self._resolve(qr_id, zone, project)
+            if qr.state not in PREEMPTIBLE_STATES:
+                raise SimulatorError(
+                    Code.FAILED_PRECONDITION,
+                    f"Queued resource {qr.name} is {qr.state.value}; only PROVISIONING or ACTIVE ones can be preempted",
+                )
+            for node in self._nodes_of(qr):
+                self._put_node(settled(node, state=NodeState.PREEMPTED, preempted=True, health=""))
+            suspending = self._put_qr(
+                dataclasses.replace(
+                    qr,
+                    state=QrState.SUSPENDING,
+                    initiator=Initiator.SERVICE,
+                    next_at=now + self._config.suspending_seconds,
+                )
+            )
+            self._queue_hooks(self.on_stopped, suspending)
+            self._admit(now)
+            return suspending
+
+    def fail(
+        self,
+        qr_id: str,
+        message: str,
+        *,
+        zone: str | None = None,
+        project: str | None = None,
+        code: int = Code.INTERNAL.grpc_code,
+    ) -> QueuedResourceRecord:
+        """Give up on a live QR as the service does (say, a stockout): FAILED, its nodes removed;
+        chips it held stay held (against the quota) until it is deleted."""
+        with self._transaction() as now:
+            qr = self._resolve(qr_id, zone, project)
+            if qr.state not in LIVE_STATES:
+                raise SimulatorError(
+                    Code.FAILED_PRECONDITION,
+                    f"Queued resource {qr.name} is {qr.state.value}; only live ones can fail",
+                )
+            for node in self._nodes_of(qr):
+                del self._nodes[(node.project, node.zone, node.node_id)]
+            failed = self._put_qr(
+                dataclasses.replace(
+                    qr,
+                    state=QrState.FAILED,
+                    initiator=Initiator.SERVICE,
+                    next_at=None,
+                    error_code=code,
+                    error_message=message,
+                )
+            )
+            self._finish_create(failed, error=(code, message))
+            self._queue_hooks(self.on_stopped, failed)
+            self._admit(now)
+            return failed
+
+    def get_operation(self, project: str, zone: str, operation_id: str) -> OperationRecord:
+        with self._transaction():
+            operation = self._operations.get((project, zone, operation_id))
+            if operation is None:
+                raise SimulatorError(
+                    Code.NOT_FOUND,
+                    f"Resource 'projects/{project}/locations/{zone}/operations/{operation_id}' was not found",
+                )
+            return operation
+
+    def list_operations(
+        self, project: str, zone: str, page_size: int = 0, page_token: str = ""
+    ) -> Page[OperationRecord]:
+        with self._transaction():
+            found = [op for op in self._operations.values() if in_location(op, project, zone)]
+        return paged(found, page_size or self._config.default_page_size, page_token)
+
+    def state(self) -> SimulatorState:
+        """Everything, sorted by name: for the state endpoint and for tests."""
+        with self._transaction():
+            return SimulatorState(
+                queued_resources=tuple(sorted(self._qrs.values(), key=lambda r: r.name)),
+                nodes=tuple(sorted(self._nodes.values(), key=lambda n: n.name)),
+                operations=tuple(sorted(self._operations.values(), key=lambda o: o.name)),
+            )
+
+    def _check_request(self, request: QueuedResourceRequest, zone: str) -> None:
+        """Refuse what the real API refuses before queueing: bad names, unknown shapes, VM
+        options that do not fit (check_vm_options)."""
+        if not request.slices:
+            raise SimulatorError(Code.INVALID_ARGUMENT, "queued_resource.tpu.node_spec must name at least one node")
+        seen: set[str] = set()
+        for spec in request.slices:
+            if spec.multislice == bool(spec.node_id):
+                raise SimulatorError(
+                    Code.INVALID_ARGUMENT,
+                    "each node_spec needs exactly one of node_id or multislice_params",
+                )
+            if spec.multislice:
+                check_resource_id("node_id_prefix", spec.node_id_prefix)
+                if spec.node_count < 1:
+                    raise SimulatorError(
+                        Code.INVALID_ARGUMENT,
+                        f"multislice_params.node_count must be at least 1, got {spec.node_count}",
+                    )
+            for node_id in spec.node_ids:
+                check_resource_id("node id", node_id)
+                if node_id in seen:
+                    raise SimulatorError(Code.INVALID_ARGUMENT, f"node id {node_id!r} is named twice")
+                seen.add(node_id)
+            try:
+                parse_accelerator_type(spec.accelerator_type)
+            except UnknownAcceleratorType as exc:
+                raise SimulatorError(Code.INVALID_ARGUMENT, str(exc)) from exc
+            if not spec.runtime_version:
+                raise SimulatorError(Code.INVALID_ARGUMENT, "node.runtime_version is required")
+        for index, spec in enumerate(request.slices):
+            check_vm_options(spec, zone, f"queued_resource.tpu.node_spec[{index}].node")
