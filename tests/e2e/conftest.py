@@ -17,7 +17,7 @@ PROJECT = "tpujobs-e2e"
 # grace loses the host), waited out sooner. Each is still many times what it stands for takes
 # on a loaded machine (an agent's boot, a reconciler tick and a CLI call to end a condition).
 E2E_WAITS = {
-    "TPUJOBS_BOOT_TIMEOUT_SECONDS": "30",  # `tpujobs dev up`: 45 s
+    "TPUJOBS_BOOT_TIMEOUT_SECONDS": "45",  # as `tpujobs dev up`: a warm-pool unit booting under load needs it
     "TPUJOBS_UNHEALTHY_GRACE_SECONDS": "10",  # `tpujobs dev up`: 20 s
 }
 

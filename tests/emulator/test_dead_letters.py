@@ -200,7 +200,7 @@ def test_a_message_that_fails_five_pushes_is_dead_lettered_and_recorded_with_its
     assert original_time is not None
     assert abs(original_time - published_at) < timedelta(seconds=5)
 
-    letter = service.journal.commit(as_delivered(dead, project_id))
+    letter = service.record(as_delivered(dead, project_id))
 
     assert letter is not None
     doc = stored(firestore_client, dead.message_id)
@@ -224,7 +224,7 @@ def test_replay_republishes_the_original_bytes_and_attributes_and_marks_replayed
         subscriber, project_id, topic_path(publisher, project_id, topology.SUBMIT), "submit-watch"
     )
     data = b'{"job_id": "again"}\xff'
-    service.journal.commit(a_dead_letter(project_id, data, "9001", owner="ada", topic="an attribute"))
+    service.record(a_dead_letter(project_id, data, "9001", owner="ada", topic="an attribute"))
 
     letter, new_id = service.replay("9001")
 
@@ -243,10 +243,10 @@ def test_a_redelivered_dead_letter_leaves_the_record_and_its_replay_alone(
 ):
     """Recording the same dead letter twice keeps one document and does not clear replayed_at."""
     message = a_dead_letter(project_id, b"{}", "9002")
-    service.journal.commit(message)
+    service.record(message)
     service.replay("9002")
 
-    service.journal.commit(message)
+    service.record(message)
 
     assert stored(firestore_client, "9002")["replayed_at"] == NOW
     assert len(list(firestore_client.collection(DEAD_LETTERS).stream())) == 1
@@ -260,7 +260,7 @@ def test_an_attribute_firestore_refuses_as_a_map_key_is_kept_as_json_and_replaye
     watch = pull_subscription(
         subscriber, project_id, topic_path(publisher, project_id, topology.SUBMIT), "submit-watch"
     )
-    service.journal.commit(a_dead_letter(project_id, b"{}", "9003", __x__="1"))
+    service.record(a_dead_letter(project_id, b"{}", "9003", __x__="1"))
 
     doc = stored(firestore_client, "9003")
     assert doc["attributes"] == {}
@@ -271,7 +271,7 @@ def test_an_attribute_firestore_refuses_as_a_map_key_is_kept_as_json_and_replaye
 
 def test_a_message_that_is_no_dead_letter_is_recorded_without_origin_and_not_replayed(service, firestore_client):
     """Bad input never raises: undecodable data or missing attributes are recorded as such."""
-    service.journal.commit(InboundMessage("9004", "tpujobs-dead-letter", None, {}, "message data is not valid base64"))
+    service.record(InboundMessage("9004", "tpujobs-dead-letter", None, {}, "message data is not valid base64"))
 
     doc = stored(firestore_client, "9004")
     assert doc["topic"] == "" and doc["delivery_attempts"] is None and doc["data"] is None
@@ -303,7 +303,7 @@ def test_the_list_is_newest_first_and_filters_by_topic(firestore_client, project
         {**control.attributes, letters.SOURCE_SUBSCRIPTION: f"{PREFIX}tpujobs-control--on_control"},
     )
     for message in (a_dead_letter(project_id, b"{}", "1"), a_dead_letter(project_id, b"{}", "2"), control):
-        service.journal.commit(message)
+        service.record(message)
 
     assert [letter.message_id for letter in service.list_dead_letters()] == ["3", "2", "1"]
     assert [letter.message_id for letter in service.list_dead_letters(topic=topology.SUBMIT)] == ["2", "1"]
