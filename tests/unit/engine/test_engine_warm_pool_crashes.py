@@ -1,38 +1,24 @@
 """Warm-pool assignment and release killed at each of their I/O steps in turn, then repaired.
 
-The pool document is the one record of which job a unit runs (`tpujobs.engine.pool_service`): a unit is
-claimed for a job by a compare-and-set, the job is committed PROVISIONING on it, then the unit's
-agents are told through its node metadata; leaving a unit is the same in reverse. Here each
-handler runs on ports wrapped by `tpujobs.local.testing.CrashingStore`/`CrashingTpu`/
-`CrashingWarmPools`, which raise `InjectedCrash` just before or just after the k-th port call
-(after: the call took effect, then the instance died). Then one of two things repairs it, on the
-real ports:
-
-- redelivered: the same message (or call) arrives again, then reconciler ticks;
-- reconciled: the message is lost, and only `Reconciler.tick()` runs.
-
-After either, the invariants hold: no unit BUSY with a job that is not live on it, no job live
-on a unit that does not run it, no job on two units, every unit's agents told what the document
-says, every unit queued resource the simulator holds is a current unit generation (no leak), and
-the job ends up where the scenario says (assigned to a unit, or ended).
-
-Crash points only redelivery can repair: before the job's own commit (`store.create` of a
-submit, `store.apply` of a cancel or an exit report), where the message is the only record; a
-lost message there leaves the world exactly as the setup left it, and consistent.
-
-Each scenario lists its port calls (`steps`) when nothing crashes; a test checks the list against
-an uncrashed run, so a change to a handler's I/O shows up here first.
+Each handler runs on in-memory stores and the TPU simulator, on ports (`local.testing.Crashing*`)
+that raise `InjectedCrash` just before or after the k-th call. Then redelivery plus reconciler
+ticks, or ticks alone, must reach the scenario's end with the invariants kept: no unit BUSY with
+a job not live on it, no job on two units, every unit's agents told, no leaked queued resource.
+A crash before the job's own commit with the call lost must leave the world as it was. Each
+scenario lists its port calls (`steps`); a test checks the list against an uncrashed run.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
+from tpujobs.adapters.tpu import CloudTpu
 from tpujobs.domain import pools
 from tpujobs.domain.naming import parse_unit_queued_resource_name
 from tpujobs.domain.pools import UnitState
@@ -40,6 +26,7 @@ from tpujobs.domain.spec import parse_spec
 from tpujobs.domain.states import JobState
 from tpujobs.engine.jobs.admission import SubmitOutcome
 from tpujobs.engine.services import Engine
+from tpujobs.local.fakes import InMemoryJobStore, InMemoryWarmPools
 from tpujobs.local.simulator.client import SimulatorControl
 from tpujobs.local.testing import (
     CrashingStore,
@@ -50,17 +37,18 @@ from tpujobs.local.testing import (
     OffsetClock,
     When,
     inbound,
+    local_settings,
     reconciler_for,
     signed,
     wait_for,
 )
 
-pytestmark = pytest.mark.emulator
-
+PROJECT = "test-project"
 ZONE = "us-central2-b"
 ADMIN = "root@example.com"
 OWNER = "ada@example.com"
 POOL = "demo"
+SLOW_PROVISIONING_S = 1.0  # far longer than a handler's calls take here, and short beside `settle`
 TELL_AFTER_S = 6  # past `warm_pools.TELL_AFTER`: the reconciler tells a unit's agents again
 
 
@@ -201,10 +189,14 @@ def _two_units_one_preempted(w: World) -> None:
     # The lost unit's next generation is not ACTIVE before the handler's last step, even on a
     # loaded machine (else the handler fills the queue once more, and its steps would follow the
     # timing, not the code), and is ACTIVE well within `settle`'s wait.
-    SimulatorControl(w.simulator_url).configure(provisioning_seconds=2.0)
+    SimulatorControl(w.simulator_url).configure(provisioning_seconds=SLOW_PROVISIONING_S)
 
 
 def _requested_unit_now_active_and_a_job_waiting(w: World) -> None:
+    # The unit is still provisioning when j1 arrives, even on a loaded machine.
+    simulator = SimulatorControl(w.simulator_url)
+    quick = simulator.config()["provisioning_seconds"]
+    simulator.configure(provisioning_seconds=SLOW_PROVISIONING_S)
     create(w, count=1)
     assert submit(w.service, "j1").kind == "queued"
 
@@ -214,6 +206,7 @@ def _requested_unit_now_active_and_a_job_waiting(w: World) -> None:
         return status is not None and status.state == "ACTIVE"
 
     wait_for(active, timeout=10)
+    simulator.configure(provisioning_seconds=quick)
 
 
 def _exit_message(w: World) -> Any:
@@ -336,11 +329,28 @@ SCENARIOS = [
 
 
 @pytest.fixture
-def world(job_service, tpu_client, project_id, simulator_url) -> World:
+def world(tpu_client, simulator_url) -> World:
+    """The engine on in-memory stores and this test's simulator, behind the real TPU adapter."""
     clock = OffsetClock()
-    # stuck_after_seconds 0: the reconciler finishes half-done QUEUED/RECOVERING work at once.
-    service = job_service(clock=clock, admins=(ADMIN,), stuck_after_seconds=0.0)
-    return World(service, clock, tpu_client, project_id, simulator_url)
+    store = InMemoryJobStore()
+    settings = local_settings(
+        project=PROJECT,
+        default_zone=ZONE,
+        tpu_endpoint=simulator_url,
+        logs_bucket="logs",
+        report_key=secrets.token_urlsafe(48),
+        admins=(ADMIN,),
+        stuck_after_seconds=0.0,  # the reconciler finishes half-done QUEUED/RECOVERING work at once
+    )
+    service = Engine(
+        store,
+        CloudTpu(tpu_client, PROJECT),
+        settings,
+        clock,
+        lambda seconds: None,  # restart backoff returns at once: the test moves time itself
+        warm_pools=InMemoryWarmPools(store),
+    )
+    return World(service, clock, tpu_client, PROJECT, simulator_url)
 
 
 def _crash_points(reconcilable: bool | None = None) -> list[Any]:
