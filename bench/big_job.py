@@ -29,11 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from tpujobs.adapters.firestore_store import JOBS, FirestoreJobStore
-from tpujobs.adapters.storage_logs import GcsLogBucket
+from tpujobs.adapters.output_bucket import GcsOutputBucket
 from tpujobs.adapters.tpu import CloudTpu, build_client
 from tpujobs.domain.states import EventKind
 from tpujobs.domain.transitions import Observation
-from tpujobs.engine.output_export import LogExporter, LogObjects
+from tpujobs.engine.output_export import OutputExporter, OutputObjects
 from tpujobs.engine.services import Engine
 from tpujobs.local import processes, wiring
 from tpujobs.local.testing import inbound, local_settings, signed
@@ -134,7 +134,7 @@ def export_peak(store: FirestoreJobStore, storage_url: str, workers: int, chunks
     # queue connections past its backlog (16 threads timed out connecting on 4,096 chunks).
     with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
         list(pool.map(lambda item: bucket.blob(item[0]).upload_from_string(item[1]), uploads))
-    exporter = LogExporter(LogObjects(GcsLogBucket(client, bucket.name)), store, utc_now,
+    exporter = OutputExporter(OutputObjects(GcsOutputBucket(client, bucket.name)), store, utc_now,
                            sleep=lambda s: None, settle_seconds=0.0)  # fmt: skip
     tracemalloc.start()
     began = time.perf_counter()

@@ -96,7 +96,7 @@ def record_dead_letter(event: CloudEvent) -> None:
 @functions_framework.cloud_event
 def export_logs(event: CloudEvent) -> None:
     """tpujobs-log-export: an ended attempt's output chunks become worker-K.log and attempt.log."""
-    _handle(event, "export_logs", instances.log_exporter().handle)
+    _handle(event, "export_logs", instances.output_exporter().handle)
 
 
 @functions_framework.http

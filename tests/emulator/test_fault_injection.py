@@ -50,7 +50,7 @@ Three handlers are not the job service's Pub/Sub handlers, and are crashed the s
 - the HTTP cancel (`JobsApi.cancel`, the `jobs` function), a scenario above whose delivery is
   an HTTP request and whose redelivery is the caller's retry. A retry after the commit finds
   the job CANCELLED, releases the capacity a crash left held, and answers 200.
-- `export_logs` (`LogExporter.handle`), on the storage emulator: every crash point is repaired
+- `export_logs` (`OutputExporter.handle`), on the storage emulator: every crash point is repaired
   by redelivery, and by the reconciler, which asks again (`tpujobs-log-export`, through the
   Pub/Sub emulator) for the export of an attempt that ended a minute or more ago and is not
   recorded as exported; a redelivery after either rewrites nothing.
@@ -74,14 +74,14 @@ import pytest
 
 from tpujobs.adapters.firestore_dead_letters import DEAD_LETTERS
 from tpujobs.adapters.firestore_store import REJECTIONS, FirestoreJobStore
+from tpujobs.adapters.output_bucket import GcsOutputBucket
 from tpujobs.adapters.pubsub import Publisher
-from tpujobs.adapters.storage_logs import GcsLogBucket
 from tpujobs.adapters.tpu import CloudTpu
 from tpujobs.domain.states import JobState
 from tpujobs.engine import dead_letters, topology
 from tpujobs.engine.api import CALLER_HEADER, JobsApi
 from tpujobs.engine.inbound import InboundMessage
-from tpujobs.engine.output_export import LogExporter, LogObjects, attempt_log_name, worker_log_name
+from tpujobs.engine.output_export import OutputExporter, OutputObjects, attempt_log_name, worker_log_name
 from tpujobs.engine.reconciler import EXPORT_GRACE_S
 from tpujobs.engine.services import Engine
 from tpujobs.local import wiring
@@ -657,14 +657,14 @@ class ExportWorld:
     """The harness's job, ended, with its output in a bucket of the storage emulator."""
 
     harness: Harness
-    objects: LogObjects
+    objects: OutputObjects
     emulator_host: str
 
-    def exporter(self, plan: CrashPlan | None = None) -> LogExporter:
+    def exporter(self, plan: CrashPlan | None = None) -> OutputExporter:
         store, objects = self.harness.service.store, self.objects
         if plan is not None:
             store, objects = CrashingStore(store, plan), CrashingPort("objects", objects, plan, _OBJECT_IO)
-        return LogExporter(objects, store, utc_now, sleep=lambda seconds: None, settle_seconds=0.0)
+        return OutputExporter(objects, store, utc_now, sleep=lambda seconds: None, settle_seconds=0.0)
 
     def request(self) -> InboundMessage:
         payload = {"job_id": JOB, "attempt": 1}
@@ -684,7 +684,9 @@ def exports(harness: Harness, storage_url: str, emulators: dict[str, str]) -> Ex
     for seq, piece in enumerate(OUTPUT):
         bucket.blob(f"{chunks}{seq:06d}.log").upload_from_string(piece)
     bucket.blob(chunks + "complete.json").upload_from_string(json.dumps({"exit_code": 0, "chunks": 2}))
-    return ExportWorld(harness, LogObjects(GcsLogBucket(bucket.client, bucket.name)), emulators["PUBSUB_EMULATOR_HOST"])
+    return ExportWorld(
+        harness, OutputObjects(GcsOutputBucket(bucket.client, bucket.name)), emulators["PUBSUB_EMULATOR_HOST"]
+    )
 
 
 def assert_exported(world: ExportWorld, context: str) -> None:

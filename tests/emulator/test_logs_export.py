@@ -1,5 +1,5 @@
 """Log export on the storage and Firestore emulators: chunk objects written as the agent
-writes them, jobs moved by the real store, then `LogExporter` and `tpujobs logs` read them."""
+writes them, jobs moved by the real store, then `OutputExporter` and `tpujobs logs` read them."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 import pytest
 
 from tpujobs.adapters.firestore_store import FirestoreJobStore
-from tpujobs.adapters.storage_logs import GcsLogBucket
+from tpujobs.adapters.output_bucket import GcsOutputBucket
 from tpujobs.adapters.tpu import CloudTpu
 from tpujobs.domain.job import new_job
 from tpujobs.domain.spec import parse_spec
@@ -17,7 +17,7 @@ from tpujobs.domain.states import EventKind, JobState
 from tpujobs.domain.transitions import Decision, Observation
 from tpujobs.engine.errors import TransientError
 from tpujobs.engine.inbound import InboundMessage
-from tpujobs.engine.output_export import LogExporter, LogObjects, LogReader, cut_off_line
+from tpujobs.engine.output_export import LogReader, OutputExporter, OutputObjects, cut_off_line
 from tpujobs.engine.services import Engine
 from tpujobs.local.testing import inbound as message
 from tpujobs.local.testing import local_settings, reconciler_for, signed
@@ -37,14 +37,14 @@ def store(firestore_client) -> FirestoreJobStore:
 
 
 @pytest.fixture
-def objects(bucket) -> LogObjects:
-    return LogObjects(GcsLogBucket(bucket.client, bucket.name))
+def objects(bucket) -> OutputObjects:
+    return OutputObjects(GcsOutputBucket(bucket.client, bucket.name))
 
 
-def exporter(objects: LogObjects, store: FirestoreJobStore, **timing: float) -> LogExporter:
+def exporter(objects: OutputObjects, store: FirestoreJobStore, **timing: float) -> OutputExporter:
     """An exporter that treats chunks as settled at once unless the test says otherwise."""
     timing = {"settle_seconds": 0.0, **timing}
-    return LogExporter(objects, store, utc_now, sleep=lambda seconds: None, **timing)
+    return OutputExporter(objects, store, utc_now, sleep=lambda seconds: None, **timing)
 
 
 def a_job(store: FirestoreJobStore, job_id: str = "train-1", **spec) -> str:
@@ -180,7 +180,7 @@ def test_a_worker_still_writing_makes_the_export_wait_then_retry(store, bucket, 
     move(store, "train-1", *run(1), PREEMPTED)
     write_chunks(bucket, "train-1", 1, "0-0", [b"still going\n"], complete=False)
     slept: list[float] = []
-    waiting = LogExporter(objects, store, utc_now, sleep=slept.append, wait_in_call_seconds=0.0)
+    waiting = OutputExporter(objects, store, utc_now, sleep=slept.append, wait_in_call_seconds=0.0)
     with pytest.raises(TransientError, match="still writing"):
         waiting.export("train-1", 1)
     assert bucket.get_blob("logs/jobs/train-1/attempt-1/attempt.log") is None
@@ -191,7 +191,7 @@ def test_once_the_wait_is_over_a_worker_still_writing_is_exported_cut_off(store,
     a_job(store)
     move(store, "train-1", *run(1), PREEMPTED)
     write_chunks(bucket, "train-1", 1, "0-0", [b"still going\n"], complete=False)
-    patient = LogExporter(objects, store, utc_now, sleep=lambda s: None, max_wait_seconds=0.0)
+    patient = OutputExporter(objects, store, utc_now, sleep=lambda s: None, max_wait_seconds=0.0)
     result = patient.export("train-1", 1)
     assert result.cut_off_workers == (0,)
     assert text(bucket, "logs/jobs/train-1/attempt-1/worker-0.log") == b"still going\n" + cut_off_line(0)
@@ -410,7 +410,7 @@ def test_each_attempts_end_marks_the_jobs_code_as_used_now(store, bucket, object
     a_job(store, code_uri=code_tarball(bucket, uploaded))
     move(store, "train-1", *run(1), PREEMPTED)
     ended = datetime(2025, 2, 1, tzinfo=timezone.utc)
-    result = LogExporter(objects, store, lambda: ended, sleep=lambda seconds: None, settle_seconds=0).export(
+    result = OutputExporter(objects, store, lambda: ended, sleep=lambda seconds: None, settle_seconds=0).export(
         "train-1", 1
     )
     assert result.reason == "attempt 1 has no output"
@@ -422,7 +422,7 @@ def test_a_running_attempt_leaves_the_code_alone_and_an_earlier_time_never_moves
     later = datetime(2025, 6, 1, tzinfo=timezone.utc)
     a_job(store, code_uri=code_tarball(bucket, later))
     move(store, "train-1", *run(1))
-    earlier = LogExporter(objects, store, lambda: NOW, sleep=lambda seconds: None, settle_seconds=0)
+    earlier = OutputExporter(objects, store, lambda: NOW, sleep=lambda seconds: None, settle_seconds=0)
     assert earlier.export("train-1", 1).reason == "attempt 1 has not ended"
     move(store, "train-1", PREEMPTED)
     earlier.export("train-1", 1)

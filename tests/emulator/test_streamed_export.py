@@ -14,12 +14,12 @@ from datetime import datetime, timezone
 import pytest
 
 from tpujobs.adapters.firestore_store import FirestoreJobStore
-from tpujobs.adapters.storage_logs import GcsLogBucket
+from tpujobs.adapters.output_bucket import GcsOutputBucket
 from tpujobs.domain.job import new_job
 from tpujobs.domain.spec import parse_spec
 from tpujobs.domain.states import EventKind
 from tpujobs.domain.transitions import Decision, Observation
-from tpujobs.engine.output_export import LogExporter, LogObjects, combined_log
+from tpujobs.engine.output_export import OutputExporter, OutputObjects, combined_log
 
 pytestmark = [pytest.mark.emulator, pytest.mark.timeout(300)]  # 110 objects through tracemalloc
 
@@ -55,7 +55,7 @@ def test_exporting_8_workers_holds_a_few_chunks_in_memory_not_the_log(firestore_
         for seq in range(CHUNKS):
             bucket.blob(f"{chunks}{seq:06d}.log").upload_from_string(chunk(k, seq))
         bucket.blob(chunks + "complete.json").upload_from_string(b'{"exit_code": 0, "chunks": %d}' % CHUNKS)
-    exporter = LogExporter(LogObjects(GcsLogBucket(bucket.client, bucket.name)), store, utc_now,
+    exporter = OutputExporter(OutputObjects(GcsOutputBucket(bucket.client, bucket.name)), store, utc_now,
                            sleep=lambda seconds: None, settle_seconds=0.0)  # fmt: skip
 
     tracemalloc.start()

@@ -11,7 +11,7 @@ from tpujobs.engine import topology
 
 # What a function's body calls in functions/main.py decides the rights its account needs.
 ENGINE = ("instances.engine()", "instances.reconciler()", "instances.jobs_api()")  # Firestore, TPU, status
-LOG_EXPORTER = "instances.log_exporter()"  # Firestore and the logs bucket
+LOG_EXPORTER = "instances.output_exporter()"  # Firestore and the logs bucket
 PRIMITIVE_ROLES = {"roles/owner", "roles/editor", "roles/viewer"}
 
 

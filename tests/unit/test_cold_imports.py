@@ -63,7 +63,7 @@ BUILDERS = [
     ("reconciler", {FIRESTORE, "tpujobs.engine.services"}, {TPU, PUBSUB, STORAGE}),
     ("jobs_api", {FIRESTORE, "tpujobs.engine.services"}, {TPU, PUBSUB, STORAGE}),
     ("dead_letters", {FIRESTORE}, {TPU, PUBSUB, STORAGE, "tpujobs.engine.services"}),
-    ("log_exporter", {FIRESTORE, STORAGE}, {TPU, PUBSUB, "tpujobs.engine.services"}),
+    ("output_exporter", {FIRESTORE, STORAGE}, {TPU, PUBSUB, "tpujobs.engine.services"}),
 ]
 
 

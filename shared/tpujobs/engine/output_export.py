@@ -42,7 +42,7 @@ what there is, with the cut-off line. The limits keep the waiting within the few
 push subscription makes before it dead-letters (`dev.wiring.MAX_DELIVERY_ATTEMPTS`).
 
 Nothing is held whole: each output object is written through a streaming upload, fed chunk by
-chunk as the chunks are read (a few downloads ahead, `LogBucket.read_each`). attempt.log is
+chunk as the chunks are read (a few downloads ahead, `OutputBucket.read_each`). attempt.log is
 the workers' streams one after the other, so its memory is one worker's chunk, a few read
 ahead and the upload's buffer, whatever the size of the log or the number of workers (a
 1,024-host attempt's log is never in memory). The price is reading the chunks twice per
@@ -70,7 +70,7 @@ from tpujobs.engine.errors import PermanentError, TransientError
 from tpujobs.engine.export_requests import LogExportRequest
 from tpujobs.engine.inbound import InboundMessage
 from tpujobs.engine.messages import ReportError, decode_report
-from tpujobs.engine.ports import AttemptLogs, Clock, JobStore, LogBucket, Rejection
+from tpujobs.engine.ports import AttemptLogs, Clock, JobStore, OutputBucket, Rejection
 
 log = logging.getLogger(__name__)
 
@@ -202,11 +202,11 @@ class WorkerOutput:
         return self.newest is None or (now - self.newest).total_seconds() >= settle_seconds
 
 
-class LogObjects:
-    """An attempt's output in the logs bucket (a `LogBucket` port: `adapters.storage_logs`):
+class OutputObjects:
+    """An attempt's output in the logs bucket (a `OutputBucket` port: `adapters.output_bucket`):
     its chunk objects worker by worker, and the logs exported from them."""
 
-    def __init__(self, bucket: LogBucket) -> None:
+    def __init__(self, bucket: OutputBucket) -> None:
         self.bucket = bucket
 
     def uri(self, name: str) -> str:
@@ -288,12 +288,12 @@ def attempt_has_ended(job: Job, attempt: int) -> bool:
     )
 
 
-class LogExporter:
+class OutputExporter:
     """Puts ended attempts' output together, on a storage client, the job store and a clock."""
 
     def __init__(
         self,
-        objects: LogObjects,
+        objects: OutputObjects,
         store: JobStore,
         clock: Clock,
         sleep: Callable[[float], None] = time.sleep,
@@ -443,7 +443,7 @@ class LogReader:
     """What `tpujobs logs` shows: an attempt's exported log, else its chunks as they are;
     or, following a running attempt, its new output as it arrives."""
 
-    def __init__(self, objects: LogObjects, store: JobStore, sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(self, objects: OutputObjects, store: JobStore, sleep: Callable[[float], None] = time.sleep) -> None:
         self.objects = objects
         self.store = store
         self.sleep = sleep

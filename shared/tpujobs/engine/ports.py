@@ -515,7 +515,7 @@ class StoredObject:
     updated: datetime | None
 
 
-class LogBucket(Protocol):
+class OutputBucket(Protocol):
     """The logs bucket: chunks the agents upload, and the logs exported from them."""
 
     def uri(self, name: str) -> str:

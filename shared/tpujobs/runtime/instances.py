@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from tpujobs.adapters.tpu import CloudTpu
     from tpujobs.engine.api import JobsApi
     from tpujobs.engine.dead_letters import DeadLetters
-    from tpujobs.engine.output_export import LogExporter, LogObjects
+    from tpujobs.engine.output_export import OutputExporter, OutputObjects
     from tpujobs.engine.ports import Clock
     from tpujobs.engine.reconciler import Reconciler
     from tpujobs.engine.services import Engine
@@ -194,23 +194,23 @@ def dead_letters() -> DeadLetters:
     return build_dead_letters(Settings.from_env(), utc_now)
 
 
-def build_log_objects(settings: Settings) -> LogObjects:
+def build_log_objects(settings: Settings) -> OutputObjects:
     """The logs bucket (`settings.logs_bucket`) on a Storage client from the environment."""
+    from tpujobs.adapters.output_bucket import GcsOutputBucket
     from tpujobs.adapters.storage import build_client
-    from tpujobs.adapters.storage_logs import GcsLogBucket
-    from tpujobs.engine.output_export import LogObjects
+    from tpujobs.engine.output_export import OutputObjects
 
-    return LogObjects(GcsLogBucket(build_client(settings.project), settings.logs_bucket))
+    return OutputObjects(GcsOutputBucket(build_client(settings.project), settings.logs_bucket))
 
 
-def build_log_exporter(settings: Settings, clock: Clock) -> LogExporter:
-    """A LogExporter on real clients (the emulators when their variables are set)."""
+def build_log_exporter(settings: Settings, clock: Clock) -> OutputExporter:
+    """A OutputExporter on real clients (the emulators when their variables are set)."""
     from google.cloud import firestore
 
     from tpujobs.adapters.firestore_store import FirestoreJobStore
-    from tpujobs.engine.output_export import LogExporter
+    from tpujobs.engine.output_export import OutputExporter
 
-    return LogExporter(
+    return OutputExporter(
         build_log_objects(settings),
         FirestoreJobStore(firestore.Client(project=settings.project)),
         clock,
@@ -218,6 +218,6 @@ def build_log_exporter(settings: Settings, clock: Clock) -> LogExporter:
 
 
 @functools.cache
-def log_exporter() -> LogExporter:
+def output_exporter() -> OutputExporter:
     """The log exporter of this process."""
     return build_log_exporter(Settings.from_env(), utc_now)

@@ -10,7 +10,7 @@ from tpujobs.local.fakes.access import InMemoryAccessPolicies
 from tpujobs.local.fakes.capacity import InMemoryCapacity
 from tpujobs.local.fakes.dead_letters import InMemoryDeadLetters, RecordingRepublisher
 from tpujobs.local.fakes.job_store import InMemoryJobStore
-from tpujobs.local.fakes.log_bucket import InMemoryLogBucket
+from tpujobs.local.fakes.output_bucket import InMemoryOutputBucket
 from tpujobs.local.fakes.pools import InMemoryPools, InMemoryWarmPools
 from tpujobs.local.fakes.publishers import RecordingPublisher
 
@@ -19,7 +19,7 @@ __all__ = [
     "InMemoryCapacity",
     "InMemoryDeadLetters",
     "InMemoryJobStore",
-    "InMemoryLogBucket",
+    "InMemoryOutputBucket",
     "InMemoryPools",
     "InMemoryWarmPools",
     "RecordingPublisher",

@@ -1,4 +1,4 @@
-"""The logs bucket in memory: `GcsLogBucket` without Cloud Storage."""
+"""The logs bucket in memory: `GcsOutputBucket` without Cloud Storage."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from datetime import datetime, timezone
 from tpujobs.engine.ports import StoredObject
 
 
-class InMemoryLogBucket:
-    """`ports.LogBucket` in memory: objects with their update and custom times, listed by name;
+class InMemoryOutputBucket:
+    """`ports.OutputBucket` in memory: objects with their update and custom times, listed by name;
     `clock` (default: the wall clock) stamps each upload's update time."""
 
     def __init__(self, name: str = "logs", clock: Callable[[], datetime] | None = None) -> None:

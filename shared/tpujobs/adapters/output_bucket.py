@@ -27,7 +27,7 @@ DOWNLOAD_THREADS = 8  # an attempt's chunks are many small objects: fetch a few 
 UPLOAD_CHUNK_BYTES = 256 * 1024
 
 
-class GcsLogBucket:
+class GcsOutputBucket:
     """One bucket through google-cloud-storage (the emulator when STORAGE_EMULATOR_HOST is set)."""
 
     def __init__(self, client: storage.Client, bucket: str) -> None:

@@ -1,4 +1,4 @@
-"""The contract of `ports.LogBucket`: the in-memory bucket and `GcsLogBucket` on the storage emulator.
+"""The contract of `ports.OutputBucket`: the in-memory bucket and `GcsOutputBucket` on the storage emulator.
 
 The agents upload their chunks outside the port (`put` here stands for them); the export reads,
 lists, writes its logs only when they changed, and marks the chunks it used.
@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from contract_data import T0
 
-from tpujobs.local.fakes import InMemoryLogBucket
+from tpujobs.local.fakes import InMemoryOutputBucket
 
 
 @dataclass
 class Bucket:
-    """A LogBucket, and how a test uploads an object beside the port."""
+    """A OutputBucket, and how a test uploads an object beside the port."""
 
     port: Any
     put: Callable[[str, bytes], None]
@@ -28,13 +28,13 @@ class Bucket:
 @pytest.fixture(params=["memory", pytest.param("storage", marks=pytest.mark.emulator)])
 def logs(request: pytest.FixtureRequest) -> Bucket:
     if request.param == "memory":
-        fake = InMemoryLogBucket("logs")
+        fake = InMemoryOutputBucket("logs")
         return Bucket(fake, fake.put)
-    from tpujobs.adapters.storage_logs import GcsLogBucket
+    from tpujobs.adapters.output_bucket import GcsOutputBucket
 
     bucket = request.getfixturevalue("bucket")
     return Bucket(
-        GcsLogBucket(bucket.client, bucket.name), lambda name, data: bucket.blob(name).upload_from_string(data)
+        GcsOutputBucket(bucket.client, bucket.name), lambda name, data: bucket.blob(name).upload_from_string(data)
     )
 
 
