@@ -1,28 +1,11 @@
 """The one table that turns a Google client error into TransientError or PermanentError.
 
-Every adapter (TPU, Firestore, Pub/Sub, Storage, Secret Manager) wraps its calls in
-`translated(service, doing)`, and the TPU client retries with `transient_retry`, whose
-predicate is the same table. It reads the status a call failed with, whichever transport
-carried it:
-
-- the gRPC status where the exception has one (`grpc_status_code`; the REST transport sets
-  it from the HTTP status too), else the `status` of Google's JSON error body, else the
-  HTTP status (google/rpc/code.proto gives each gRPC code its HTTP rendering);
-- transient: CANCELLED (499), UNKNOWN, INTERNAL, DATA_LOSS (500), UNAVAILABLE (503),
-  DEADLINE_EXCEEDED (504), RESOURCE_EXHAUSTED (429) and ABORTED (409 over REST: AIP-194 says
-  retry it at a higher level, which a redelivered message is; Firestore answers it to
-  contended writes); every other 5xx but 501, and 408, 429; plus failures to reach the API
-  at all: OSError (requests' connection errors and timeouts are OSErrors), urllib3's,
-  google.auth's TransportError and retryable auth errors, and api_core's RetryError;
-- permanent: everything else Google raises, a bare REST 409 included: REST renders
-  ALREADY_EXISTS and ABORTED alike, so adapters that expect ALREADY_EXISTS (adopting a
-  queued resource, a compare-and-set losing a race) catch it themselves inside the block;
-- QuotaExhausted (a TransientError): a RESOURCE_EXHAUSTED whose details say a quota ran out
-  (ErrorInfo reason RESOURCE_QUOTA_EXCEEDED, a QuotaFailure detail; with no details, a
-  message naming a quota). A rate limit (ErrorInfo RATE_LIMIT_EXCEEDED, a per-minute quota)
-  stays a plain TransientError: retrying soon helps it, and never helps a quota.
-
-Anything else (a bug, a ValueError of our own) is not Google's and passes through unchanged.
+Every adapter wraps its calls in `translated(service, doing)`, and the TPU client retries with
+`transient_retry`, whose predicate is the same table. It reads the gRPC status where the error has one,
+else the `status` of Google's JSON error body, else the HTTP status, so both transports translate alike.
+A bare REST 409 is permanent (REST renders ALREADY_EXISTS and ABORTED alike): adapters that expect
+ALREADY_EXISTS catch it themselves. Anything not Google's passes through unchanged.
+See docs/architecture.md#errors-and-retries.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """Google ID tokens verified with google-auth, Google's certificates cached as they allow.
 
 `GoogleIdTokens` is the `tpujobs.engine.identity.TokenVerifier` of the deployed `jobs` function:
-google-auth's `id_token.verify_token` checks the signature against the certificates at
-`certs_url`, the expiry and issue time (with a small clock skew) and the audience; the issuer
-is checked here, as `verify_oauth2_token` would (that one cannot take another certificates URL).
-
-The certificates are fetched through a CacheControl session, as google-auth's documentation of
-`google.oauth2.id_token` recommends: a response is reused while its `Cache-Control: max-age`
-says it is fresh, so a warm instance verifies tokens without a request to Google. The session
-is built on first use and kept for the life of the object (one per function instance).
-
-`certs_url` must serve Google's `{key id: X.509 PEM}` format (Google's default does): the JWK
-Set format goes through PyJWT in google-auth, which is not installed and ignores the skew.
-Library errors become `InvalidToken` (401) or `TransientError` (503) here.
+google-auth's `verify_token` checks signature, expiry and audience, and the issuer is checked here. The
+certificates come through a CacheControl session, as google-auth recommends, so a warm instance verifies
+without asking Google. `certs_url` must serve Google's `{key id: X.509 PEM}` format (the JWK Set format
+needs PyJWT, not installed). Library errors become `InvalidToken` (401) or `TransientError` (503).
 """
 
 from __future__ import annotations

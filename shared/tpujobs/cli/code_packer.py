@@ -1,32 +1,10 @@
 """A job's `code_dir`, packed as the hosts will unpack it: the files a team means to ship, and
 nothing else, in a tarball whose bytes depend only on those files.
 
-Which files (the rules, in order):
-
-1. Never `.git` (a directory, or a submodule's `.git` file), never `__pycache__`.
-2. In a git checkout, the files git itself would consider: `git ls-files --cached --others
-   --exclude-standard` run in the directory, so every `.gitignore` level, `.git/info/exclude`
-   and the user's global excludes count exactly as git counts them, and a tracked file is packed
-   even where a pattern would ignore it (as `git archive` would). A submodule or a nested
-   repository is asked the same of its own files.
-3. Outside a checkout, the same `.gitignore` files (every level, each relative to its own
-   directory, the deeper one deciding) through `pathspec`'s GitIgnoreSpec: a well-kept
-   implementation of git's matching that needs no git at all. An ignored directory is not
-   entered, so nothing under it can be re-included, as in git.
-4. Then `.tpujobsignore` at the directory's root (gitignore syntax, relative to the root) takes
-   away more: what a team keeps in git but never needs on a TPU host (data samples, notebooks).
-   It only removes; a file under a directory it ignores is removed whatever a `!` says.
-
-Symbolic links are packed as links, and one that leads outside the directory is refused here,
-as the hosts would refuse it. Other special files (sockets, pipes) are skipped.
-
-The size limit (`TPUJOBS_MAX_CODE_MB`, 512 MiB by default) counts the bytes of the files to
-pack, what every host unpacks, so it is checked before anything is read; the archive itself is
-checked again after packing.
-
-The tarball is deterministic: entries sorted by name, owners and times zeroed, modes reduced to
-0644 or 0755, and the gzip header without a time or name, so the same tree gives the same
-SHA-256 and the same object name, on any machine.
+Which files: never `.git` or `__pycache__`; in a git checkout, what `git ls-files --cached --others
+--exclude-standard` lists; outside one, the same `.gitignore` rules through `pathspec`; then
+`.tpujobsignore` removes more. A link leading outside is refused, and the size limit is checked before
+anything is read. The rules and their reasons: docs/spec.md#packing-code_dir.
 """
 
 from __future__ import annotations

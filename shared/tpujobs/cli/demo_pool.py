@@ -1,17 +1,9 @@
 """`tpujobs demo --pool`: a warm pool on the local stack, three jobs on it, and how fast each starts.
 
-It creates a warm pool of two v4-8 units through the jobs API (as `tpujobs pool create` does),
-waits until both units are ACTIVE and their agents idle, then submits three quick jobs on it one
-after another, as `tpujobs submit` does with the API. For each it prints the start latency: from
-just before the submit to the agent's own stamp of its `started` report (what bench/images.py
-and bench/pools.py measure). Then it shows the pool's utilisation, deletes the pool and checks
-that its capacity is gone. It exits non-zero if the story does not happen: a unit that never
-becomes idle, a job that does not succeed on the pool, a queued resource made for a job, or a
-pool that leaves capacity behind.
-
-`LocalPools` is the story's toolkit, shared with the end-to-end tests and bench/pools.py: the
-local stack's jobs API as one caller, plus what only the local stack offers (the simulator's
-queued resources, and an admin's `config/policies` edit that lets the caller create pools).
+It creates a pool of two v4-8 units through the jobs API, waits until both are idle, submits three quick
+jobs on it one after another and prints each one's start latency (as bench/pools.py measures it), then
+deletes the pool and checks that its capacity is gone; it exits non-zero where any of that does not
+happen. `LocalPools` is the story's toolkit, shared with the end-to-end tests and bench/pools.py.
 """
 
 from __future__ import annotations

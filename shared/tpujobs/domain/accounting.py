@@ -1,40 +1,10 @@
 """What a job's capacity cost and how much of it preemption threw away.
 
-Pure arithmetic on timestamps that the transitions record; the README's "Accounting"
-section says the same in prose. Per attempt (one queued resource):
-
-    waiting_since       when the attempt began to wait for capacity: the submission for
-                        attempt 1, the end of the previous attempt for the others
-    held_from           the first sign its capacity was active: the queued resource seen
-                        ACTIVE, or a worker starting the command
-    ended_at            when the attempt ended (success, failure, loss, cancel); the
-                        capacity is released at that moment
-    last_checkpoint_at  the latest checkpoint a worker of the attempt reported (the
-                        `TPUJOBS_CHECKPOINT step=N` line), even one reported after the end;
-                        `last_checkpoint_step` its N: the same step from another host is
-                        not newer, so it writes nothing
-    started_at          when the first worker of the attempt said it started the command
-    all_started_at      when every host of the attempt was known to have reported (the
-                        reconciler stops looking for hosts that never booted); these two
-                        count no cost, they bound the boot timeout
-    image_digest        the digest (sha256:...) of the container image the attempt's hosts
-                        ran, as the first host that reported one pulled it; None without an
-                        image. A host that pulled another digest (the tag moved between two
-                        pulls) leaves the first one here and its own in `other_image_digest`,
-                        so the attempt is shown as having run two different images
-
-    chip_hours          chips x (ended_at - held_from), in hours; chips = chips per slice
-                        of the accelerator type x slices
-    queue_wait_seconds  held_from - waiting_since (to ended_at when capacity never came)
-    lost_seconds        only for an attempt whose capacity was lost (preemption, hardware,
-                        a host gone silent): ended_at - max(held_from, last_checkpoint_at)
-                        when the job resumes from its checkpoint, ended_at - held_from when
-                        it reruns from scratch; never below zero
-
-Per job: the sums over attempts, and goodput = (chip_hours - lost_chip_hours) / chip_hours,
-the share of the paid chip time whose work was kept (None while nothing was held). An
-attempt still running counts up to `now`, which the caller passes: the document's numbers
-are as of its last change, `tpujobs list` counts up to the moment it reads.
+Pure arithmetic on the timestamps the transitions record in each attempt's usage (`waiting_since`,
+`held_from`, `ended_at`, `last_checkpoint_at`): chip-hours from capacity held to the attempt's end, the
+queue wait, the time a lost attempt threw away since its last checkpoint, and the job's goodput. A running
+attempt counts up to `now`, which the caller passes.
+The fields and formulas: docs/records.md#accounting-chip-hours-lost-time-goodput.
 """
 
 from __future__ import annotations

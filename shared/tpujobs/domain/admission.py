@@ -1,22 +1,10 @@
 """Quotas and admission: which waiting job gets chips next, and whom a high-priority job evicts.
 
-A pool is one accelerator family in one zone ("v4@us-central2-b"); its quota is a number of
-chips, set at run time in Firestore (`config/quotas`: zone -> family -> chips). A pool with
-no quota has no limit. Jobs that hold chips of a limited pool are listed in that pool's
-document, one entry per job: the pool document changes only when chips change hands
-(admission, a job's end, an eviction), never on the events of a running job.
-
-The queue of a pool is its QUEUED jobs, highest priority first, then oldest first. It is
-strict: a job that does not fit stops the jobs behind it, so a big job is never starved by
-a stream of small ones. A job of priority `high` or `very-high` that does not fit may evict
-jobs of lower priority, lowest first and newest first among equals, until it fits; jobs
-whose rules say `on_preemption: fail` are never evicted, since they could not come back.
-
-A job that asks for more chips than a pool's whole quota could never be admitted there, and
-as the head of the queue it would stop every job behind it. Submission refuses a job that
-fits in none of its zones (`refusal_when_oversized`); a quota lowered later under a waiting
-job moves it on to its next zone, or fails it (`never_fits`), and the queue goes on. A quota
-of 0 pauses a pool: its jobs wait.
+A pool is one accelerator family in one zone ("v4@us-central2-b") with a quota of chips from
+`config/quotas` (none: no limit). Its holders are listed in its own document, which changes only when
+chips change hands, never on a running job's events. Its queue is strict (priority, then age); a `high` or
+`very-high` job that does not fit evicts lower priorities, lowest and newest first, never an
+`on_preemption: fail` job. A job too big for all its zones is refused at submit. See docs/quotas.md.
 """
 
 from __future__ import annotations

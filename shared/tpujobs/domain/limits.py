@@ -1,22 +1,10 @@
 """Time limits and hang detection: when a job has run too long, or an attempt has gone quiet.
 
-Pure: every answer is computed from the job (its spec and its attempts' timestamps) and
-`now`, which the caller passes. Two callers ask: the reconciler on every tick, and the
-agent on the host, which gets its deadline in its config (`agent_deadlines`) so a host
-cut off from its control plane still stops.
-
-What is counted, and from when:
-
-    time_limit          the whole job, across attempts: wall-clock time since its FIRST
-                        attempt's capacity was first held (`held_from`; the queue wait
-                        before it is not the job's doing), including the time between
-                        attempts spent recovering. As Slurm's `--time` counts from start.
-    attempt_time_limit  one attempt: time since that attempt's capacity was held.
-    hang_timeout        a RUNNING attempt none of whose workers printed a line or reported a
-                        checkpoint for that long is hung. Each worker's last sign of progress
-                        is the latest of its last output line (`last_output_at`, sent with
-                        its heartbeats), its last checkpoint and its command's start; a
-                        worker that never reported counts from the attempt's start.
+Pure: every answer is computed from the job (its spec and its attempts' timestamps) and `now`, which the
+caller passes. Two callers ask: the reconciler on every tick, and the agent on the host, which gets its
+deadline in its config (`agent_deadlines`) so a host cut off from its control plane still stops.
+What each limit counts, and from when:
+docs/recovery.md#time-limits-and-hang-detection-time_limit-attempt_time_limit-hang_timeout-on_hang.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """Warm pools: capacity held under a name, and the jobs that run on it one after another.
 
-A pool holds `count` units. A unit is one queued resource of the pool's shape (accelerator
-type, slices, capacity) whose TPU VMs run the agent in pool mode: it waits for an assignment
-in its node metadata, runs that job attempt exactly as a fresh attempt would run, cleans up,
-and waits again. A job with `pool: NAME` takes a free unit instead of asking for capacity, so
-it starts in seconds; the pool's queue (priority, then age) decides who gets the next one.
-
-Everything here is pure: a `Pool` is an immutable value, each change returns a new one, and
-`now` is passed in. The services (`tpujobs.engine.warm_pools`) read the pool document, apply one
-change and write it back as a compare-and-set; the pool document (`pools/{name}`) is the one
-place that says which job a unit runs, so no unit ever runs two jobs and no job two units.
-
-A pool is one trust domain: its jobs run one after another on the same VMs, as root, so one
-job could leave something behind for the next. Only its owner, the users it names and admins
-may run jobs on it (`may_use`), and it runs as one service account.
+A pool holds `count` units, each one queued resource whose VMs run the agent in pool mode, waiting for an
+assignment. Everything here is pure: a `Pool` is an immutable value, each change returns a new one, and
+`now` is passed in; the services (`tpujobs.engine.warm_pools`) write it back as a compare-and-set, and the
+pool document is the one place that says which job a unit runs. A pool is one trust domain: only those
+`may_use` admits run jobs on it. See docs/pools.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """Where a job's secrets live in Secret Manager: one namespace of secret ids per service account.
 
-Why a naming rule: the TPU VMs of a job read its secrets with their own token, and IAM
-grants each VM account `secretAccessor` only on the secrets whose id starts with
-
-    {prefix}tpujobs_{account_id}_
-
-(`prefix` is the deployment's TPUJOBS_PREFIX, `account_id` the local part of the account's
-email). So a job names a secret by a short NAME, `tpujobs secret set NAME --account EMAIL`
-creates `{prefix}tpujobs_{account_id}_{NAME}`, and a job that runs as another account cannot
-read it. A full resource name (`projects/P/secrets/S[/versions/V]`) is passed through as
-given: IAM alone decides whether the job's account may read it.
-
-A service account id is `[a-z][a-z0-9-]{4,28}[a-z0-9]`: it holds no `_`, so the first `_`
-after `tpujobs_` ends it, and `parse_secret_id` can tell the account and NAME apart again.
+IAM grants each TPU VM account `secretAccessor` only on the ids that start `{prefix}tpujobs_{account_id}_`,
+so a job names a secret by a short NAME, kept as `{prefix}tpujobs_{account_id}_{NAME}`, and a job that runs
+as another account cannot read it. A full resource name (`projects/P/secrets/S[/versions/V]`) is passed
+through: IAM alone decides. An account id holds no `_`, so `parse_secret_id` can split the id again.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """How one reconcile tick is split: per zone, then per range of job ids.
 
-The coordinator reads where every active job is (its zone, and the zones it may have used)
-and cuts each zone's sorted job ids into shards of at most `size` jobs. A shard is a zone
-and a half-open range of job ids, (after, through]; "" is an open end. The shards of one
-zone cover the WHOLE id space (the first starts after "", the last runs to the end), so a
-queued resource of that zone, named after its job (`naming.parse_queued_resource_name`),
-belongs to exactly one shard, even when its job is no longer active. A zone that may hold
-leftovers but has no active job gets one whole-range shard.
-
-Job ids are ASCII (`spec.ID_PATTERN`), so Python's string order is Firestore's document-id
-order: a shard's range query and `Shard.holds` agree.
-
-A shard travels as JSON on tpujobs-reconcile, beside the scheduler's ticks:
-`{"shard": {"zone": Z, "after": A, "through": B, "tick": T}}`. Any message without a
-"shard" key is a tick; one with a malformed "shard" is refused with a sentence naming the field.
+A shard is a zone and a half-open range of job ids, (after, through], "" an open end. The shards of one
+zone cover the whole id space, so each queued resource of the zone, named after its job, belongs to
+exactly one shard, even when its job is no longer active. Job ids are ASCII, so Python's string order is
+Firestore's document-id order. A shard travels on tpujobs-reconcile as `{"shard": {...}}`; any message
+without a "shard" key is a tick. See docs/architecture.md#the-reconciler.
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
 """Signed worker reports: each attempt's hosts hold a key that signs what they say.
 
-Every TPU VM of a deployment may publish to the worker-events and preemption topics, and
-a job's own code can take the VM's token. What keeps one job from speaking for another is
-a key per attempt: the control plane derives it from the deployment's master key (held in
-Secret Manager, mounted into the functions as `TPUJOBS_REPORT_KEY`) and hands it to that
-attempt's hosts in their metadata (`tpujobs-report-key`). The agent signs the exact bytes
-of every report with HMAC-SHA256 and sends the signature as a message attribute. A job's
-code can read its own key, so it can forge reports only for itself.
-
-The key is stored nowhere: it is derived again (HMAC of the job id, its creation time and
-the attempt number under the master key) whenever a report is checked, so no document,
-API answer or log can show it. The job's creation time makes a later job that reuses a
-`job_id` get other keys. `scrub` removes a key from any text (the metadata value of a
-queued resource can reach the audit-log sink, and rejections keep payloads).
-
-The key's derivation and text, the signature and the report's encoding are the agent's wire
-contract (`tpujobs.agent.wire`), imported here so that both sides write it once.
-
-Pure: no clock, no I/O.
+The key is derived per attempt from the deployment's master key (HMAC of the job id, its creation time and
+the attempt number), handed to that attempt's hosts in their metadata, and stored nowhere: it is derived
+again whenever a report is checked. A job's code can read its own key, so it can forge reports only for
+itself; `scrub` removes a key from any text that is kept. The wire contract is `tpujobs.agent.wire`,
+which both sides import. Pure: no clock, no I/O. See docs/security.md.
 """
 
 from __future__ import annotations

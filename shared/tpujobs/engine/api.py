@@ -1,22 +1,9 @@
 """The `jobs` HTTP function's front door: request -> caller identity -> action -> JSON answer.
 
-For `gcloud functions call jobs --data '{"action": "list"}'`, curl, and the CLI. The actions
-live by topic in `tpujobs.engine.jobs_api` (jobs, warm pools, admin records), each request a
-pydantic model (`jobs_api.requests`); `submit` is here, the one path where a job's owner is
-verified: it is the caller (a body `owner` that differs is a 403), and privileges are checked
-against it.
-
-The caller's identity never comes from the body. In production it is the `email` of the Google
-ID token that Cloud Run checked (`tpujobs.engine.identity` says how and why); in the local stack
-only, it is the header `X-Tpujobs-Caller`, since there is no Google to sign tokens.
-
-Status codes: 200 done; 400 a body that is not a JSON object with a known `action` and valid
-fields (for submit: a valid spec that fits the quota); 401 no identity or one that does not
-verify; 403 not the owner nor an admin, or a privilege the caller may not use; 404 no such job
-or pool; 405 not POST; 409 cancelling a job that already SUCCEEDED or FAILED (cancelling a
-CANCELLED job again is a 200 that changes nothing, so retries are safe), or creating a pool
-whose name is taken; 503 Firestore or Google's certificates unreachable for now: try again;
-500 anything else, logged.
+The actions live by topic in `tpujobs.engine.jobs_api`, each request a pydantic model; `submit` is here,
+the one path where a job's owner is verified: it is the caller. The caller never comes from the body: it
+is the Google ID token Cloud Run checked (`tpujobs.engine.identity`) or, in the local stack only, the
+header `X-Tpujobs-Caller`. Actions and status codes: docs/cli.md#the-http-api-the-jobs-function.
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
 """Dead letters: messages Pub/Sub gave up delivering, kept readable and replayable.
 
-Every push subscription hands a message to `tpujobs-dead-letter` after MAX_DELIVERY_ATTEMPTS
-failed deliveries (`tpujobs.local.wiring`; Terraform in production). The dead-letter topic's own
-push subscription delivers to `record_dead_letter`, which keeps each one in the Firestore
-collection `dead_letters` (`adapters.firestore_dead_letters`), id = the dead-lettered message's
-id, in flat fields the Firestore console reads well: `at`, `topic`, `subscription`,
-`delivery_attempts`, `payload` (the data as text, first 4 KiB), `attributes`, `replayed_at`.
-`tpujobs dead-letters` lists them and replays one: the original bytes and attributes go back
-to the original topic (`adapters.pubsub_republisher`).
-
-Pub/Sub gives the dead-lettered copy a new message id and adds four attributes (the emulator
-does too): CloudPubSubDeadLetterSourceDeliveryCount, ...SourceSubscription (the short
-subscription name), ...SourceSubscriptionProject and ...SourceTopicPublishTime. The original
-topic is not among them, so it is read from the subscription's name, which tpujobs builds as
-`{prefix}{topic}--{target}` (`topology.push_subscription_name`).
-
-Recording never raises for bad input: the dead-letter topic's subscription cannot itself
-dead-letter, so a message the recorder refused would come back until it expires. Only
-transient trouble (Firestore unavailable) raises, to be retried with backoff.
+`record_dead_letter` keeps each message the dead-letter topic delivers in the Firestore collection
+`dead_letters` (id: the dead-lettered message's id), reading its original topic back from the source
+subscription's name; `tpujobs dead-letters` lists and replays them. It never raises for bad input: the
+dead-letter subscription cannot itself dead-letter, so a refused message would come back until it
+expires. See docs/operations.md#dead-letters.
 """
 
 from __future__ import annotations

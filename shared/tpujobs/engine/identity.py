@@ -1,24 +1,10 @@
 """Who calls the `jobs` HTTP function: the Google ID token that Cloud Run checked, read as it arrives.
 
-A 2nd-gen Cloud Function is a Cloud Run service. When it requires authentication, Cloud Run
-checks an ID token before the request reaches the container: the one in
-`X-Serverless-Authorization` when that header is present (then `Authorization` is passed
-through as the client sent it, unchecked), else the one in `Authorization`. What the container
-receives may have had its signature removed (`header.payload.`, `header.payload`, or
-`header.payload.SIGNATURE_REMOVED_BY_GOOGLE`), so it cannot be verified again. Sources and
-reasoning: infra/README.md, "The jobs API behind Cloud Run's authentication".
-
-The rules here:
-- `X-Serverless-Authorization`, when present, is the identity; `Authorization` is then ignored.
-- A token that carries a signature is verified (signature, expiry, issuer, audience) by the
-  verifier given, google-auth's in production (`tpujobs.adapters.google_id_tokens`).
-- A token without a signature is taken only where the deployment guarantees that Cloud Run
-  checked it (`Settings.api_platform_auth`, from `TPUJOBS_API_PLATFORM_AUTH=1`, which infra/
-  sets on the jobs function alone, whose IAM admits only `var.invokers`). Its expiry, issuer
-  and email are still checked, from the payload.
-- Either way the caller is the token's `email`, with `email_verified` true.
-
-Pure apart from the verifier it is given: no Google library, and `now` comes from a clock.
+Cloud Run checks the token of `X-Serverless-Authorization` (else `Authorization`) before the request
+arrives, and may strip its signature. So a signed token is verified by the verifier given, and an unsigned
+one is taken only where `Settings.api_platform_auth` says Cloud Run checked it (its expiry, issuer and email
+still checked). The caller is the token's `email`, with `email_verified` true. Pure apart from the verifier.
+Sources: infra/README.md; for readers: docs/cli.md#the-http-api-the-jobs-function.
 """
 
 from __future__ import annotations

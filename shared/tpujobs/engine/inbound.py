@@ -1,22 +1,10 @@
 """Pub/Sub messages as they reach a function, decoded from the CloudEvent, with their topic.
 
-Two shapes arrive, and the topic travels differently in each:
-
-- Production's push subscription (infra/pubsub.tf, and the local stack, which wires the
-  same) posts a push envelope `{"message": {...}, "subscription": "projects/P/subscriptions/S"}`
-  to the function's bare URL. functions-framework converts it to a CloudEvent whose source is
-  `//pubsub.googleapis.com/` (it looks for `projects/P/topics/T` in the URL path and finds
-  none) and whose data is the message alone: the subscription is dropped. The function
-  passes it in from the request body, and the topic is read back from its name,
-  `{prefix}{topic}--{target}` (`topology.route_of_subscription`).
-- An Eventarc CloudEvent carries the topic in its source
-  (`//pubsub.googleapis.com/projects/P/topics/T`) and Eventarc's own subscription in its data.
-
-A message whose topic cannot be told (a subscription that is not this deployment's), or that
-reached a function which does not read its topic, is refused like an undecodable one: `data`
-None and the reason, its bytes kept only for the rejection record. Anything else that cannot
-be decoded becomes an `InboundMessage` with `data=None` and the reason, so the handler records
-it instead of failing the delivery forever.
+A push envelope (production's push subscriptions, and the local stack's) loses its subscription when
+functions-framework makes the CloudEvent, so the function passes it in and the topic is read back from its
+name (`topology.route_of_subscription`); an Eventarc CloudEvent carries its topic in its source. A message
+whose topic cannot be told, or that cannot be decoded, becomes an `InboundMessage` with `data=None` and
+the reason, so the handler records it instead of failing the delivery forever.
 """
 
 from __future__ import annotations

@@ -1,53 +1,10 @@
 """Exported logs: an ended attempt's output chunks, put together per worker and combined.
 
-While an attempt runs, each worker's agent uploads its output in numbered chunks
-(`agent/output.py`, `LogShipper`):
-
-    gs://BUCKET/logs/jobs/JOB/attempt-N/chunks/slice-S-worker-W/000000.log, 000001.log, ...
-    gs://BUCKET/logs/jobs/JOB/attempt-N/chunks/slice-S-worker-W/complete.json   (clean end only)
-
-(`logs/accounts/EMAIL/jobs/JOB/...` for a job on an account of its own: `naming.job_prefix`.)
-
-When the attempt ends (success, failure, preemption, cancel, loss) the service asks for an
-export on `tpujobs-log-export` ({"job_id", "attempt"}), and `export_logs` writes, beside
-the chunks, which stay:
-
-    gs://BUCKET/logs/jobs/JOB/attempt-N/worker-K.log   one worker's chunks, in sequence order
-    gs://BUCKET/logs/jobs/JOB/attempt-N/attempt.log    every worker's lines, each prefixed `[worker K] `
-
-K = slice_id * hosts_per_slice + worker_id, with hosts_per_slice from the job's spec: the
-numbering `tpujobs logs --worker K` uses, the same for every attempt of the job, and equal to
-TPUJOBS_WORKER_ID in a single-slice job. The combined log keeps each worker's lines together,
-worker 0 first: chunks carry no time finer than their two-second upload, so interleaving
-would only pretend to an order, and the bytes would depend on object metadata.
-
-A worker without a valid `complete.json` (its host was preempted, lost or deleted before its
-agent finished) still gets its file, ending with the line `CUT_OFF` says. The attempt's
-export is then recorded on `jobs/{job}/attempts/{N}` (`JobStore.record_attempt_logs`) and the
-job's `log_uri` names the latest exported attempt's combined log; earlier attempts keep theirs.
-
-Each attempt's end also marks the job's code tarball as used (its custom time, now): the
-bucket deletes code `code_retention_days` after its custom time (infra/storage.tf), so the code
-of a job that ran within that time, and so may still resume, is kept.
-
-Idempotent: the same chunks give the same bytes, and an object whose MD5 already matches is
-not uploaded again, so a redelivered request rewrites nothing.
-
-Late chunks: the agent's final flush can land a second or two after the end is recorded, and
-a preempted command may write for a while after its SIGTERM. A worker is settled when its
-`complete.json` is there or its newest object is older than SETTLE_SECONDS. The exporter
-waits in the call (up to WAIT_IN_CALL_SECONDS) for unsettled workers, then raises
-TransientError so Pub/Sub redelivers; once the attempt ended MAX_WAIT_SECONDS ago it exports
-what there is, with the cut-off line. The limits keep the waiting within the few deliveries a
-push subscription makes before it dead-letters (`dev.wiring.MAX_DELIVERY_ATTEMPTS`).
-
-Nothing is held whole: each output object is written through a streaming upload, fed chunk by
-chunk as the chunks are read (a few downloads ahead, `OutputBucket.read_each`). attempt.log is
-the workers' streams one after the other, so its memory is one worker's chunk, a few read
-ahead and the upload's buffer, whatever the size of the log or the number of workers (a
-1,024-host attempt's log is never in memory). The price is reading the chunks twice per
-object written: once to hash the bytes (an object already holding them is not uploaded
-again), once to upload them.
+On `tpujobs-log-export` ({"job_id", "attempt"}), `export_logs` writes `attempt-N/worker-K.log` for each
+worker and `attempt-N/attempt.log` (every worker's lines, worker 0 first) beside the agents' chunks.
+Idempotent and streamed: an object whose MD5 already matches is not uploaded again, and no log is held
+whole. Unsettled workers are waited for, then redelivery is asked for, then what there is gets exported
+with a cut-off line. The protocol and its reasons: docs/architecture.md#exporting-an-attempts-logs.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """The startup script each TPU VM runs at boot: it writes the worker agent and its config, then runs it.
 
-The agent (`tpujobs.agent`, standard library only) travels as a zipapp built here from the
-package's own files, deterministically (sorted entries, fixed times and modes), compressed
-whole with bz2 and base64-encoded in a quoted heredoc; python3 unpacks it to `agent.pyz`. The
-config JSON travels base64-encoded the same way, so nothing from a spec is ever parsed by the
-shell: the only job values the shell sees are in the default work directory, made file-name
-safe and quoted besides. A VM re-runs its startup script at every boot, and the script writes
-the same files again; the agent's boot record (`agent/boot_record.py`) keeps a second start
-from running the attempt twice. The local simulator runs the same script per worker host, with
-`TPUJOBS_WORKDIR`, `TPUJOBS_METADATA_URL` and the emulator hosts in its environment.
-
-A warm pool's unit boots the same way into the pool-mode agent (`render_unit_startup_script`),
-which then runs the attempts written to its `tpujobs-assignment` metadata (`assignment_text`).
+The agent (`tpujobs.agent`, standard library only) travels as a zipapp built here from the package's own
+files, deterministically, compressed with bz2 and base64-encoded in a quoted heredoc; the config JSON
+travels base64-encoded too, so nothing from a spec is ever parsed by the shell. A VM re-runs its startup
+script at every boot, and the script writes the same files again; the agent's boot record
+(`agent/boot_record.py`) keeps a second start from running the attempt twice. A warm pool's unit boots
+the same way into the pool-mode agent (`render_unit_startup_script`).
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """`tpujobs dev fault ...`: make the local TPU simulator as unkind as Google, one fault at a time.
 
-Each verb is one call of the simulator's control API (``/simulator/v1/...``, see
-``tpujobs.local.simulator.server``), so a test can do the same over HTTP. Verbs that name a JOB
-read the job's current queued resource and zone from the local Firestore, as ``tpujobs dev
-preempt`` does; ``error`` and ``no-boot --count`` need only the simulator.
-
-    error --method M --code C [--count K] [--quota] [--applied]   the next K calls of M fail
-    no-boot [JOB] [--count K]          hosts turn ACTIVE but never run their startup script
-    reboot JOB [--slice S] [--worker W]          a VM reset: processes die, the script reruns
-    maintenance JOB [--slice S] [--notice SEC]   TERMINATE_ON_HOST_MAINTENANCE, then down
-    node-health JOB HEALTH [--description T]     what the API shows as the nodes' health
-    node-state JOB STATE                         what the API shows as the nodes' state
-    show | clear                                 the planned errors and no-boot budget
-
-Progress and results go to stderr as sentences; nothing is printed to stdout but ``show``'s JSON.
+Each verb is one call of the simulator's control API (``/simulator/v1/...``), so a test can do the same
+over HTTP. Verbs that name a JOB read its current queued resource and zone from the local Firestore;
+``error`` and ``no-boot --count`` need only the simulator. Progress goes to stderr as sentences; only
+``show`` prints to stdout (JSON). The verbs: docs/local-stack.md#faults-of-the-local-stack.
 """
 
 from __future__ import annotations

@@ -1,35 +1,10 @@
 """Create in the emulators what production gets from Terraform: topics, push subscriptions, bucket.
 
-The table is `tpujobs.engine.topology`: every topic exists, and every cloudevent route gets the push
-subscription infra/pubsub.tf gives it (`route_subscription`): named `{prefix}{topic}--{target}`,
-pushing to the function's bare URL with an OIDC token for that URL, with the function's ack
-deadline, 7 days of retention and no expiry. So the emulator delivers exactly the request
-production does: a push envelope at `/`, which functions-framework turns into a CloudEvent
-without a topic, and the function reads its topic back from the envelope's subscription
-(`tpujobs.engine.inbound`). tests/infra/test_push_wiring.py holds the two wirings to one shape.
-Every step is idempotent, so `tpujobs dev up` can run against emulators that already hold
-them, and re-wiring brings an existing subscription's endpoint and policies up to date.
-
-The OIDC token, measured on the emulator (gcloud 528): it accepts `push_config.oidc_token`,
-stores it and returns it on get, but pushes without an Authorization header. Locally nothing
-checks a push's identity; in production Cloud Run does, before the function runs.
-
-Every push subscription retries a failed delivery with exponential backoff and, after
-MAX_DELIVERY_ATTEMPTS, hands the message to the dead-letter topic, where `record_dead_letter`
-keeps it (`tpujobs.engine.dead_letters`). The dead-letter topic's own subscription retries but never
-dead-letters: it would dead-letter into itself.
-
-What the Pub/Sub emulator (gcloud 528) really does, measured: with a retry policy the second
-delivery comes ~1 s after the first whatever the minimum, later ones after roughly
-max(minimum, ~3 s), growing with larger minimums (10 s gave gaps of 1, 17, 18, 20 s); the
-message is dead-lettered when the next delivery would be due, so with a 1 s minimum a poison
-message reaches the dead-letter topic ~13 s after it was published (~5 s without a retry
-policy). The dead-lettered copy has a new message id, the original data and attributes, and
-CloudPubSubDeadLetterSourceDeliveryCount, ...SourceSubscription (the short name),
-...SourceSubscriptionProject and ...SourceTopicPublishTime, as the real service adds.
-
-Clients are built inside the functions, against the addresses given, never from the process
-environment: the caller says which emulator it means.
+Every cloudevent route of `tpujobs.engine.topology` gets the push subscription infra/pubsub.tf gives it
+(`{prefix}{topic}--{target}`, the function's bare URL, an OIDC token, retries, a dead-letter topic), so
+the emulator delivers exactly production's request; tests/infra/test_push_wiring.py holds the two to one
+shape. Every step is idempotent, and clients are built from the addresses given, never the environment.
+The emulator's measured retries: docs/local-stack.md#the-pubsub-emulators-retries-and-dead-letters-measured.
 """
 
 from __future__ import annotations

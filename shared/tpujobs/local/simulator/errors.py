@@ -1,21 +1,10 @@
 """Google's error model as the simulator answers with it: canonical codes, the HTTP status each
 maps to, and the JSON error body with its typed details.
 
-Why a module of its own: every refusal of the simulated API, and every fault a test injects
-(``Fault``), must look exactly like what Google's REST frontends send, because the code under
-test picks its exception (and its retry) from that. The shapes follow AIP-193 and
-google/rpc/code.proto, error_details.proto and google/api/error_reason.proto as installed with
-googleapis-common-protos:
-
-    {"error": {"code": 429, "message": "...", "status": "RESOURCE_EXHAUSTED",
-               "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo",
-                            "reason": "RATE_LIMIT_EXCEEDED", "domain": "googleapis.com",
-                            "metadata": {...}}]}}
-
-The REST client (google.api_core ``from_http_response``) picks the exception class by the HTTP
-status alone: 500 is ``InternalServerError`` whether ``status`` says INTERNAL, UNKNOWN or
-DATA_LOSS, and 504 is ``GatewayTimeout`` for DEADLINE_EXCEEDED. ``status`` and ``details``
-reach the exception only as ``response`` and ``details``/``reason``/``domain``/``metadata``.
+Every refusal of the simulated API, and every fault a test injects (``Fault``), must look exactly like
+what Google's REST frontends send (AIP-193, google/rpc/code.proto, error_details.proto), because the
+code under test picks its exception, and so its retry, from that; the REST client picks it by the HTTP
+status alone. See docs/local-stack.md#googles-errors-and-field-masks.
 """
 
 from __future__ import annotations

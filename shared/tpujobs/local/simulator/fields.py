@@ -1,17 +1,10 @@
 """Partial responses, as strict as Google's frontends: the ``X-Goog-FieldMask`` header and the
 ``fields`` (or ``$fields``) system parameter.
 
-Why strict: a misspelt path (``queuedResources.stat``) is refused by the real API with 400
-INVALID_ARGUMENT; a lenient simulator would answer with the field missing, which the client
-reads as its default (STATE_UNSPECIFIED) and the code under test acts on a state that no real
-resource ever has. Paths are checked against the response message's own descriptor, taken
-from the installed google-cloud-tpu and longrunning types, so they are exactly the API's.
-
-Syntax: comma-separated dotted paths of JSON (or proto) field names, ``*`` for every field,
-and the ``fields`` parameter's grouping ``queuedResources(name,state)``. A path through a
-repeated field applies to each element; a path may end at a map field or go on to a key.
-A mask that leaves out ``nextPageToken`` loses it, so the client's pager stops after the
-first page, as it does against Google.
+Strict, because a misspelt path is a 400 INVALID_ARGUMENT from the real API, while a lenient simulator
+would leave the field out and the client would act on its default (STATE_UNSPECIFIED), a state no real
+resource has. Paths are checked against the response message's own descriptor. The syntax, and why a
+mask without ``nextPageToken`` stops the pager: docs/local-stack.md#googles-errors-and-field-masks.
 """
 
 from __future__ import annotations

@@ -1,49 +1,10 @@
 """A GCE-style metadata server per simulated worker host, served by the simulator's HTTP server.
 
-Why: on a real TPU VM the worker agent learns who it is (worker number, node, accelerator
-type) and whether it is being preempted from ``http://metadata.google.internal/computeMetadata/v1``.
-Each simulated worker gets its own base URL instead, in ``TPUJOBS_METADATA_URL``:
-
-    http://HOST:PORT/simulator/v1/metadata/{project}/{zone}/{node_id}/{worker}/computeMetadata/v1
-
-Like GCE, every request must carry ``Metadata-Flavor: Google`` (else 403), answers are
-text (the token is JSON) with ``Metadata-Flavor: Google`` and an ``ETag``, and
-``?wait_for_change=true`` (with ``timeout_sec`` and ``last_etag``) holds the request until
-the value changes: the way an agent waits on ``instance/preempted``, or a warm-pool agent on
-``instance/attributes/tpujobs-assignment``. The ETag is a hash of the answer, as GCE's is of
-the content, so a write of the same value changes nothing and wakes no one. A held request
-sleeps on the simulator's change notice (``Changes``) and re-reads only when state changed.
-
-Paths served (under the base):
-
-    instance/preempted                       TRUE once the node was preempted, else FALSE
-    instance/maintenance-event               NONE, or TERMINATE_ON_HOST_MAINTENANCE from the
-                                             notice of a maintenance until it ends
-    instance/hostname                        t1v-n-{node number, hex}-w-{worker}
-    instance/zone                            projects/{project}/zones/{zone}
-    instance/network-interfaces/0/ip         the worker's address in the node's endpoints
-    instance/attributes/                     the attribute names, one a line
-    instance/attributes/agent-worker-number  the worker index within its node
-    instance/attributes/accelerator-type     v4-16 and the like
-    instance/attributes/tpu-env              KEY: 'value' lines, as on TPU VMs; a node of a
-                                             multislice request adds MEGASCALE_* keys
-    instance/attributes/worker-network-endpoints  unknown:unknown:{ip} of each worker, worker 0
-                                             first (each on its own loopback address, so a
-                                             fixed port works on one machine)
-    instance/attributes/{key}                the node's own metadata (startup-script,
-                                             tpujobs-report-key, ...)
-    instance/service-accounts/               default/ and {email}/, one a line
-    instance/service-accounts/{a}/           email, scopes, token (a: default or the email)
-    instance/service-accounts/{a}/email      the node's account: serviceAccount.email of the
-                                             create request, else the Compute default
-    instance/service-accounts/{a}/scopes     the cloud-platform scope
-    instance/service-accounts/{a}/token      {"access_token": "simulated:{email}", ...}
-    project/project-id                       the project
-
-The token names the account, so the local Secret Manager (``simulator.secret_manager``)
-knows which VM account asks and grants it what IAM would grant that account.
-
-Everything but ``MetadataService.answer``'s waiting is pure, so it tests without sockets.
+On a TPU VM the agent learns who it is, and whether it is being preempted, from the metadata server;
+each simulated host gets a base URL of its own in ``TPUJOBS_METADATA_URL`` instead. As on GCE, requests
+need ``Metadata-Flavor: Google``, answers carry an ``ETag`` (a hash of the answer, so rewriting a value
+wakes no one), and ``?wait_for_change=true`` holds a request on the simulator's change notice.
+Everything but ``MetadataService.answer``'s waiting is pure. The paths: docs/local-stack.md#a-hosts-metadata-server.
 """
 
 from __future__ import annotations

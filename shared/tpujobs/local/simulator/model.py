@@ -1,58 +1,11 @@
 """The simulated Cloud TPU service: queued resources, nodes and operations as a state machine.
 
-Why a model apart from the HTTP server: the lifecycle rules (who gets capacity, when a
-queued resource turns ACTIVE, what preemption does) are the part worth testing, and they
-test best with a fake clock and no sockets. The server only translates JSON.
-
-Why time moves lazily: every public call first advances the world to ``clock()``, applying
-due transitions in time order, so a fake clock gives exact, repeatable histories. The
-server's ticker calls ``advance()`` too, so changes (and hooks) happen with nobody asking.
-
-The life of a queued resource (QR); each arrow happens at the time shown:
-
-    CREATING --accept_seconds--> ACCEPTED            the create operation completes
-    ACCEPTED --at once--> WAITING_FOR_RESOURCES
-    WAITING_FOR_RESOURCES --waiting_seconds, then chips free, first come first served-->
-        PROVISIONING                                  nodes appear, CREATING
-    PROVISIONING --provisioning_seconds--> ACTIVE     nodes READY; on_active hooks
-    PROVISIONING, ACTIVE --preempt()--> SUSPENDING    nodes PREEMPTED, their metadata
-                                                      preempted=TRUE; on_stopped hooks
-    SUSPENDING --suspending_seconds--> SUSPENDED
-    ACTIVE --kill_host()--> ACTIVE                    one worker host dies: its node REPAIRING;
-                                                      on_host_failed hooks
-    CREATING..ACTIVE --fail()--> FAILED               nodes gone; on_stopped hooks
-    any state but DELETING --delete--> DELETING       on_stopped hooks
-    DELETING --deleting_seconds--> gone               the delete operation completes
-
-A QR holds the chips of its pools ("family@zone") from PROVISIONING until it is gone: a
-SUSPENDED or FAILED one keeps them, as the real quota does, until someone deletes it.
-Deleting without force is refused while the QR still has nodes, as the real API does.
-
-A failed host (``kill_host``) is shown as the TPU API shows a slice under repair: the node's
-state REPAIRING, its health UNHEALTHY_MAINTENANCE and a health description naming the dead
-worker, while the QR stays ACTIVE (a broken host does not change the queued resource). The
-simulator never finishes the repair; the control plane is expected to notice (by polling, or
-by the missing worker's silence) and delete the QR.
-
-Nodes of an ACTIVE QR have timed steps of their own (``tpujobs dev fault``):
-
-    READY --reboot()--> RESTARTING --reboot_seconds--> READY     on_hosts RESET, then BOOT
-    READY --maintenance()--> READY, instance/maintenance-event TERMINATE_ON_HOST_MAINTENANCE
-          --notice--> REPAIRING, UNHEALTHY_MAINTENANCE            on_hosts SHUTDOWN
-          --maintenance_seconds--> READY, event NONE              on_hosts BOOT
-
-``update_node`` (the API's UpdateNode) replaces a READY node's description, tags, labels,
-metadata or external-IP setting at once; its hosts' metadata servers answer the new values,
-and every change of state wakes the metadata requests held on it (``wait_for_change``).
-``set_node_health`` and ``set_node_state`` only change what the API shows. ``no_boot`` gives
-QRs hosts that never run their startup script. ``inject_errors`` plans the errors the next
-calls of one API method answer with (``errors.Fault``); ``api_error_rate`` rolls dice for all.
-
-The model starts no processes: ``workers.WorkerPool`` listens to the hooks and does that.
-
-Each part is a class of its own module, over the shared state of ``world.World``:
-``queued_resources``, ``nodes``, ``fault_plan`` and ``clockwork`` (time); the records are in
-``records``, a request's checks in ``checks``, the state file in ``state_file``.
+The lifecycle rules (who gets capacity, when a queued resource turns ACTIVE, what a preemption does) live
+here, apart from the HTTP server, so they test on a fake clock without sockets. Time moves lazily: every
+public call first advances the world to ``clock()``, applying due transitions in time order. The model
+starts no processes: ``workers.WorkerPool`` listens to its hooks. Each part (``queued_resources``,
+``nodes``, ``fault_plan``, ``clockwork``) is a module over ``world.World``'s shared state.
+The states and their timings: docs/local-stack.md#the-life-of-a-queued-resource.
 """
 
 from __future__ import annotations

@@ -1,42 +1,10 @@
 """The process side of the simulator: each worker host's startup script as a local process.
 
-Why: the control plane is only tested end to end when something runs on the "TPU VMs" and
-dies the way they die. The pool listens to the model's hooks and does what the cloud does
-to the processes; the model itself never touches one, so its rules still test on a fake clock.
-
-    QR turns ACTIVE       one process per worker host of every node: ``bash startup-script``
-                          in its own session (process group), in
-                          ``{root}/{qr_id}/slice-{S}-worker-{W}/``, output to ``worker.log``
-    preempt               SIGTERM to every group of the QR; SIGKILL preemption_grace_seconds later
-    delete                SIGTERM; SIGKILL delete_grace_seconds later
-    fail                  SIGKILL at once
-    kill_host             SIGKILL to that one worker's group at once, no notice
-    reboot                SIGKILL at once, as a reset cuts the power (no SIGTERM, no grace);
-                          after reboot_seconds the startup script runs again
-    maintenance           at the end of the notice SIGTERM, SIGKILL delete_grace_seconds later
-                          (the VM is stopped for the maintenance); it runs again after it
-    close (shutdown)      SIGTERM to all; SIGKILL delete_grace_seconds later; wait until gone
-
-A script that ends by itself stays ended and its QR stays ACTIVE, like a TPU VM whose program
-finished. Signals go to the whole group, so what a script started dies with it. A QR made with
-``no_boot`` gets no processes at all: its hosts never run their startup script.
-
-A host's scratch directory is its boot disk: a new QR starts with an empty one, and a reboot
-or the end of a maintenance keeps it (``work/`` and all), so a program can tell it ran before;
-``worker.log`` then continues, and WorkerInfo.boot counts the boots.
-
-Each worker's environment is the pool's (``os.environ`` unless given) plus
-``TPUJOBS_WORKDIR={scratch}/work`` and ``TPUJOBS_METADATA_URL``, its own metadata server,
-``SIMULATED_TPU_VM`` (the host's mark, new at every boot) and
-``TPUJOBS_CONTAINER_PRIVILEGED=0``: this machine refuses privileged containers, so the agent
-runs a job's image without ``--privileged`` here (and only that differs from a real VM).
-
-Containers die with their host, as on a real VM: the agent labels a job's container with the
-host's mark (``tpujobs.host``), and whenever the pool SIGKILLs a host (fail, kill_host,
-reboot, the end of a grace, close) it removes that host's containers (``docker rm -f``), in
-a background thread so the sweep never waits for docker; close() waits for those removals.
-A QR that is ACTIVE when the simulator starts (restored from a state file) gets no processes:
-they were stopped with the previous simulator.
+The pool listens to the model's hooks and does to the processes what the cloud does to a VM (SIGTERM,
+then SIGKILL after a grace, on preemption or delete; SIGKILL at once on a failure or a reset), so the
+control plane is tested end to end while the model's rules still test on a fake clock. Each host runs in
+a process group of its own, on a scratch directory that is its boot disk, and its containers are removed
+when it is killed. What each event does: docs/local-stack.md#the-hosts-one-process-per-worker.
 """
 
 from __future__ import annotations
