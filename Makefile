@@ -82,7 +82,7 @@ test-emulator: venv emulator-tools
 # e2e tests mostly wait on the stack, so one worker more than this machine's 2 cores keeps them busy.
 PYTEST_WORKERS ?= 3
 test: venv tools lint docs infra-check docker-engine
-	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=20
 
 # Checks of infra/ that need no cloud and no provider download: formatting, checkov (zero failed
 # checks; skips explained in place) and tests/infra (Terraform against the code, and against the

@@ -139,15 +139,19 @@ def stack_environment(state_dir: Path | None = None, environ: Mapping[str, str] 
 @contextlib.contextmanager
 def running(report: Report | None = None) -> Iterator[dict[str, str]]:
     """The running local stack's environment, exported; one is started in a temporary
-    directory when none runs, and stopped on the way out (what benchmarks want)."""
+    directory when none runs, and stopped on the way out (what benchmarks want), also when
+    the process is told to stop (SIGTERM, as `timeout` sends): a stopped bench leaks nothing."""
+    import signal
     import sys
     import tempfile
 
     env = stack_environment()
     state_dir = None
+    previous = None
     if not env:
         state_dir = Path(tempfile.mkdtemp(prefix="tpujobs-bench-"))
         (report or (lambda line: print(line, file=sys.stderr)))(f"starting a local stack in {state_dir} ...")
+        previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
         env = dict(up(state_dir, Settings.from_env()).env)
     os.environ.update(env)
     try:
@@ -155,6 +159,12 @@ def running(report: Report | None = None) -> Iterator[dict[str, str]]:
     finally:
         if state_dir is not None:
             down(state_dir)
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM as SystemExit, so that `finally` blocks (the stack's `down`) run."""
+    raise SystemExit(128 + signum)
 
 
 def env_lines(state: StackState) -> list[str]:
