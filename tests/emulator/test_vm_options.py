@@ -1,6 +1,7 @@
 """Every network and VM option of a spec reaches the TPU API: requested through CloudTpu.request,
 read back through the real google-cloud-tpu client from the simulator; and the simulator refuses,
-as Google does (400 INVALID_ARGUMENT with a BadRequest detail), the combinations the API refuses."""
+as Google does (400 INVALID_ARGUMENT with a BadRequest detail), the combinations the API refuses.
+The deployment's VM defaults on the submit path are tests/unit/engine/test_engine_vm_defaults.py."""
 
 from __future__ import annotations
 
@@ -11,12 +12,10 @@ import pytest
 from google.api_core import exceptions
 from google.cloud import tpu_v2
 
-from tpujobs.adapters.firestore_store import JOBS
 from tpujobs.adapters.tpu import CloudTpu
 from tpujobs.domain.job import Job, new_job
 from tpujobs.domain.spec import VmDefaults, parse_spec, with_deployment_defaults
 from tpujobs.engine.ports import HostBoot
-from tpujobs.local.testing import inbound
 
 pytestmark = pytest.mark.emulator
 
@@ -245,39 +244,3 @@ def test_a_bad_disk_mode_is_refused(tpu_client: tpu_v2.TpuClient) -> None:
     with pytest.raises(exceptions.BadRequest) as refused:
         create(tpu_client, node)
     assert "Invalid disk mode" in refused.value.message
-
-
-# -- the deployment's defaults, through the real submit path ---------------------------------------
-
-
-def test_a_submission_without_vm_options_gets_the_deployments_defaults_stored_and_requested(
-    job_service, firestore_client, tpu_client
-):
-    """A team sets its network once: a spec that names none is stored and requested with the defaults,
-    while a field the author gave (tags) is kept as given."""
-    defaults = VmDefaults(network=NETWORK, subnetwork=SUBNET, internal_ips=True, tags=("team-a",))
-    service = job_service(vm_defaults=defaults)
-    spec = {"job_id": "vm-defaults", "name": "vm", "owner": "ada@example.com", "command": "true", "tags": ["mine"]}
-    spec["accelerator_type"] = "v4-8"
-    outcome = service.submission.submit(inbound("tpujobs-submit", spec, "701"))
-    assert outcome.job_id == "vm-defaults", outcome
-    stored = firestore_client.collection(JOBS).document("vm-defaults").get().to_dict()["spec"]
-    assert (stored["network"], stored["subnetwork"], stored["internal_ips"]) == (NETWORK, SUBNET, True)
-    assert stored["tags"] == ["mine"]
-    job = service.store.get("vm-defaults")
-    name = f"projects/{service.settings.project}/locations/{job.zone}/queuedResources/{job.queued_resource}"
-    node = tpu_client.get_queued_resource(name=name).tpu.node_spec[0].node
-    assert node.network_config.network == NETWORK
-    assert node.network_config.enable_external_ips is False
-    assert list(node.tags) == ["mine"]
-
-
-def test_defaults_that_do_not_fit_the_spec_are_a_rejection_naming_them(job_service, firestore_client):
-    """A default subnetwork in another region than the job's zone cannot be used: a rejection, no job."""
-    service = job_service(vm_defaults=VmDefaults(network=NETWORK, subnetwork=SUBNET))
-    spec = {"job_id": "vm-far", "name": "vm", "owner": "ada@example.com", "command": "true", "zone": "europe-west4-a"}
-    spec["accelerator_type"] = "v4-8"
-    outcome = service.submission.submit(inbound("tpujobs-submit", spec, "702"))
-    assert outcome.kind == "rejected"
-    assert "subnetwork" in outcome.reason and "default" in outcome.reason, outcome.reason
-    assert firestore_client.collection(JOBS).document("vm-far").get().exists is False

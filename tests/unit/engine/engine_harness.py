@@ -167,6 +167,24 @@ class Engine:
         )
         return replace(self, service=service)
 
+    def crashing_admission(self, plan: CrashPlan) -> Engine:
+        """The same engine with its job store, capacity and quota pools dying at the plan's step:
+        admission's I/O (who holds a pool's chips) counted with the job's own."""
+        from tpujobs.engine.services import Engine as Services
+
+        service = Services(
+            CrashingStore(self.store, plan),
+            CrashingTpu(self.tpu, plan),
+            self.settings,
+            self.service.clock,
+            self.service.sleep,
+            status=self.service.status,
+            exports=self.service.exports,
+            pools=CrashingPools(self.pools, plan),
+            access=self.service.access,
+        )
+        return replace(self, service=service)
+
     def start_next_attempt(self, job: Job) -> None:
         """The recovery of a job as a handler that read it earlier (RECOVERING) would make it."""
         self.service.lifecycle._start_next_attempt(job)
@@ -175,6 +193,14 @@ class Engine:
         """One reconcile tick over every zone; its report. `store`, if given, is what the tick reads
         the jobs through (a wrapper that counts or fails some calls)."""
         return reconciler_for(self.service if store is None else _ReadingThrough(self.service, store)).tick()
+
+    def reconciler(self, store: Any = None, shards: Any = None) -> Any:
+        """The reconciler itself, for a test of its coordinator and shards: `store` as in `tick`;
+        `shards`, if given, is where the coordinator publishes its shards (else it runs them inline)."""
+        reconciler = reconciler_for(self.service if store is None else _ReadingThrough(self.service, store))
+        if shards is not None:
+            reconciler.shards = shards
+        return reconciler
 
     # -- reads -------------------------------------------------------------------------------------
 
