@@ -18,7 +18,6 @@ from cloudevents.http.event import CloudEvent
 
 from tpujobs.engine import process_log
 from tpujobs.engine.inbound import InboundMessage, from_cloud_event, subscription_of
-from tpujobs.engine.settings import Settings
 from tpujobs.runtime import instances
 
 process_log.configure()
@@ -43,7 +42,7 @@ def _handle(event: CloudEvent, target: str, handler: Callable[[InboundMessage], 
         event["source"],
         event.data,
         push_subscription=subscription_of(body),
-        prefix=Settings.from_env().prefix,
+        prefix=instances.settings().prefix,
         target=target,
     )
     with _traced(event):

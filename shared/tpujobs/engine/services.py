@@ -202,7 +202,7 @@ class Engine:
         return self.capacity_events.observe_capacity(queued_resource, state, detail, unhealthy_hosts, source)
 
     def cancel(self, job_id: str, reason: str) -> Decision | Ignored:
-        return self.lifecycle.cancel(job_id, reason)
+        return self.controls.cancel(job_id, reason)
 
     def restart(
         self,

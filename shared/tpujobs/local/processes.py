@@ -475,14 +475,14 @@ def is_running(process: ManagedProcess) -> bool:
     Its pid and start time name one process for good (it may rename itself); without a start
     time, its command line must still end with the arguments we gave it.
     """
+    found = _live(process.pid)
     try:
-        found = psutil.Process(process.pid)
-        if found.status() == psutil.STATUS_ZOMBIE:
+        if found is None:
             return False
         if process.create_time is not None:
             return found.create_time() == process.create_time
         cmdline = found.cmdline()
-    except psutil.Error:
+    except psutil.Error:  # gone meanwhile
         return False
     expected = list(process.argv[1:])  # argv[0] may differ: scripts re-exec
     return bool(cmdline) and cmdline[len(cmdline) - len(expected) :] == expected
@@ -532,19 +532,28 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
 
 def group_running(pgid: int) -> bool:
     """Some process of the group still runs; zombies waiting to be reaped do not count."""
-    for candidate in psutil.process_iter(["status"]):
-        if candidate.info["status"] == psutil.STATUS_ZOMBIE:
-            continue
+    for pid in psutil.pids():
         with contextlib.suppress(OSError):  # gone meanwhile
-            if os.getpgid(candidate.pid) == pgid:
+            if os.getpgid(pid) == pgid and _live(pid) is not None:
                 return True
     return False
 
 
 def process_create_time(pid: int) -> float | None:
     """When pid started (seconds since the epoch), or None if it is gone: with the pid, its identity."""
+    found = _live(pid)
     try:
-        return psutil.Process(pid).create_time()
+        return None if found is None else found.create_time()
+    except psutil.Error:  # gone meanwhile
+        return None
+
+
+def _live(pid: int) -> psutil.Process | None:
+    """The process with this pid while it runs; None once it is gone or a zombie waiting to be reaped.
+    Every psutil look-up here goes through it."""
+    try:
+        found = psutil.Process(pid)
+        return None if found.status() == psutil.STATUS_ZOMBIE else found
     except psutil.Error:
         return None
 

@@ -83,25 +83,45 @@ class Adapters:
 
 
 @functools.cache
-def adapters() -> Adapters:
-    """This process's adapters, on clients configured from the environment."""
+def settings() -> Settings:
+    """This instance's settings, read from the environment once: every message and builder shares them."""
+    return Settings.from_env()
+
+
+@functools.cache
+def firestore_client() -> firestore.Client:
+    """This instance's one Firestore client, which every Firestore adapter built here shares."""
     from google.cloud import firestore
 
+    return firestore.Client(project=settings().project)
+
+
+@functools.cache
+def job_store() -> FirestoreJobStore:
+    """This instance's job store, shared by the engine and the log exporter."""
+    from tpujobs.adapters.firestore_store import FirestoreJobStore
+
+    return FirestoreJobStore(
+        firestore_client(), rejection_retention=timedelta(days=settings().rejection_retention_days)
+    )
+
+
+@functools.cache
+def adapters() -> Adapters:
+    """This process's adapters, on clients configured from the environment."""
     from tpujobs.adapters.firestore_config import FirestoreAccessPolicies
     from tpujobs.adapters.firestore_pools import FirestorePools
-    from tpujobs.adapters.firestore_store import FirestoreJobStore
     from tpujobs.adapters.firestore_warm_pools import FirestoreWarmPools
     from tpujobs.adapters.pubsub import Publisher
     from tpujobs.adapters.tpu import CloudTpu, build_client
 
-    settings = Settings.from_env()
-    client = firestore.Client(project=settings.project)
+    config, client = settings(), firestore_client()
     return Adapters(
-        settings,
+        config,
         client,
-        FirestoreJobStore(client, rejection_retention=timedelta(days=settings.rejection_retention_days)),
-        cast(CloudTpu, OnFirstUse(lambda: CloudTpu(build_client(settings.tpu_endpoint), settings.project))),
-        cast(Publisher, OnFirstUse(lambda: Publisher.build(settings.project, settings.prefix))),
+        job_store(),
+        cast(CloudTpu, OnFirstUse(lambda: CloudTpu(build_client(config.tpu_endpoint), config.project))),
+        cast(Publisher, OnFirstUse(lambda: Publisher.build(config.project, config.prefix))),
         FirestorePools(client),
         FirestoreAccessPolicies(client),
         FirestoreWarmPools(client),
@@ -169,19 +189,19 @@ def jobs_api() -> JobsApi:
     )
 
 
-def build_dead_letters(settings: Settings, clock: Clock) -> DeadLetters:
-    """DeadLetters on real clients (the emulators when their variables are set): Firestore now,
-    the Pub/Sub republisher on the first replay (the function never replays)."""
-    from google.cloud import firestore
-
+def build_dead_letters(settings: Settings, clock: Clock, client: firestore.Client | None = None) -> DeadLetters:
+    """DeadLetters on real clients (the emulators when their variables are set): Firestore now
+    (`client`, else a new one), the Pub/Sub republisher on the first replay (the function never replays)."""
     from tpujobs.adapters.firestore_dead_letters import FirestoreDeadLetters
     from tpujobs.adapters.pubsub_republisher import PubsubRepublisher
     from tpujobs.engine.dead_letters import DeadLetters
 
+    if client is None:
+        from google.cloud import firestore
+
+        client = firestore.Client(project=settings.project)
     return DeadLetters(
-        FirestoreDeadLetters(
-            firestore.Client(project=settings.project), timedelta(days=settings.dead_letter_retention_days)
-        ),
+        FirestoreDeadLetters(client, timedelta(days=settings.dead_letter_retention_days)),
         settings,
         clock,
         publisher=lambda: PubsubRepublisher.build(settings.project, settings.prefix),
@@ -191,7 +211,7 @@ def build_dead_letters(settings: Settings, clock: Clock) -> DeadLetters:
 @functools.cache
 def dead_letters() -> DeadLetters:
     """The dead-letter recorder of this process."""
-    return build_dead_letters(Settings.from_env(), utc_now)
+    return build_dead_letters(settings(), utc_now, firestore_client())
 
 
 def build_log_objects(settings: Settings) -> OutputObjects:
@@ -203,21 +223,9 @@ def build_log_objects(settings: Settings) -> OutputObjects:
     return OutputObjects(GcsOutputBucket(build_client(settings.project), settings.logs_bucket))
 
 
-def build_log_exporter(settings: Settings, clock: Clock) -> OutputExporter:
-    """A OutputExporter on real clients (the emulators when their variables are set)."""
-    from google.cloud import firestore
-
-    from tpujobs.adapters.firestore_store import FirestoreJobStore
-    from tpujobs.engine.output_export import OutputExporter
-
-    return OutputExporter(
-        build_log_objects(settings),
-        FirestoreJobStore(firestore.Client(project=settings.project)),
-        clock,
-    )
-
-
 @functools.cache
 def output_exporter() -> OutputExporter:
-    """The log exporter of this process."""
-    return build_log_exporter(Settings.from_env(), utc_now)
+    """The log exporter of this process, on its logs bucket and job store."""
+    from tpujobs.engine.output_export import OutputExporter
+
+    return OutputExporter(build_log_objects(settings()), job_store(), utc_now)

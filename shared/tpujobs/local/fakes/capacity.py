@@ -1,7 +1,8 @@
 """The capacity port (`engine.ports.Capacity`) in memory: holdings whose state a test sets.
 
 A request makes a holding in `initial_state` (or adopts the one of that name, as the TPU API
-adapter does), a release removes it; `set_state`, `vanish` and `refuse_next` stand in for what
+adapter does: tests/contract/test_contract_capacity.py holds both to one contract), a release
+removes it; `set_state`, `vanish` and `refuse_next` stand in for what
 Google does meanwhile (preemption, a failed create, a full quota). Every call is recorded in
 `calls`, in order, so a test can assert what the engine asked for.
 """
@@ -134,17 +135,17 @@ class InMemoryCapacity:
                 raise self._refusals.pop(0)
             existing = self.holdings.get((zone, name))
             if existing is not None:  # an earlier request made it: adopted, never bought twice
-                return existing.status
+                return existing.status  # with no operation: this request created nothing
             status = CapacityStatus(
                 name,
                 zone,
                 self.initial_state,
                 job_label=labels.get("tpujobs-job"),
                 pool_label=labels.get("tpujobs-pool"),
-                operation=f"operations/fake-{next(self._operations)}",
             )
             self.holdings[(zone, name)] = Holding(status, boot, slices, dict(labels))
-            return status
+            # Only the request that created the holding learns its operation (as from the TPU API).
+            return dataclasses.replace(status, operation=f"operations/fake-{next(self._operations)}")
 
     def _named(self, name: str) -> Holding:
         found = [h for (_, n), h in self.holdings.items() if n == name]

@@ -1,15 +1,13 @@
 """Run the TPU simulator in the foreground: ``python -m tpujobs.local.simulator --port 8471``.
 
-Why a console entry point: the local stack starts the simulator as a child process and waits
-for the one line ``tpujobs-simulator listening on http://HOST:PORT``, which also tells it the
-port when ``--port 0`` let the system choose. SIGTERM and SIGINT stop it cleanly: every
-worker process group it started is stopped before it exits (SIGKILL of the simulator itself
-cannot do that, so stop it with SIGTERM).
+It prints ``tpujobs-simulator listening on http://HOST:PORT`` (the local stack waits for that line)
+and stops every worker it started on SIGTERM or SIGINT; each SimulatorConfig number is an option.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
 
@@ -25,6 +23,24 @@ def _capacity(text: str) -> tuple[str, int]:
     return pool, int(chips)
 
 
+# Help for the config's options that need more than their name; each one is --field-name.
+_HELP = {
+    "api_error_rate": "share of TPU API calls refused with an injected error",
+    "maintenance_notice_seconds": "how long instance/maintenance-event warns before the hosts go down",
+    "maintenance_seconds": "how long hosts stay down for a maintenance before they boot again",
+    "default_page_size": "page size of list calls that name none; 0 answers with everything at once",
+    "preemption_grace_seconds": "preempt: SIGTERM the workers, SIGKILL them this much later",
+    "delete_grace_seconds": "delete and shutdown: SIGTERM the workers, SIGKILL them this much later",
+}
+# Config fields that are no single number, each with its own option below.
+_COLLECTIONS = ("capacity", "api_error_codes")
+
+
+def _numbers() -> list[dataclasses.Field[object]]:
+    """SimulatorConfig's number fields: each is an option of the same name, with the same default."""
+    return [field for field in dataclasses.fields(SimulatorConfig) if field.name not in _COLLECTIONS]
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     defaults = SimulatorConfig()
     parser = argparse.ArgumentParser(
@@ -33,11 +49,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 lets the system choose")
     parser.add_argument("--state-file", help="keep state in this JSON file across restarts")
-    parser.add_argument("--accept-seconds", type=float, default=defaults.accept_seconds)
-    parser.add_argument("--waiting-seconds", type=float, default=defaults.waiting_seconds)
-    parser.add_argument("--provisioning-seconds", type=float, default=defaults.provisioning_seconds)
-    parser.add_argument("--suspending-seconds", type=float, default=defaults.suspending_seconds)
-    parser.add_argument("--deleting-seconds", type=float, default=defaults.deleting_seconds)
+    for field in _numbers():
+        default = getattr(defaults, field.name)
+        option = "--" + field.name.replace("_", "-")
+        parser.add_argument(option, type=type(default), default=default, help=_HELP.get(field.name))
     parser.add_argument(
         "--capacity",
         type=_capacity,
@@ -46,7 +61,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         metavar="FAMILY@ZONE=CHIPS",
         help="chips on offer in one pool, such as v4@us-central2-b=32; repeatable; default unlimited",
     )
-    parser.add_argument("--api-error-rate", type=float, default=defaults.api_error_rate)
     parser.add_argument(
         "--api-error-code",
         action="append",
@@ -55,43 +69,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="what random errors pick from: an HTTP status or a google.rpc.Code name; "
         "repeatable [default: 503 and 429]",
     )
-    parser.add_argument("--reboot-seconds", type=float, default=defaults.reboot_seconds)
-    parser.add_argument(
-        "--maintenance-notice-seconds",
-        type=float,
-        default=defaults.maintenance_notice_seconds,
-        help="how long instance/maintenance-event warns before the hosts go down",
-    )
-    parser.add_argument(
-        "--maintenance-seconds",
-        type=float,
-        default=defaults.maintenance_seconds,
-        help="how long hosts stay down for a maintenance before they boot again",
-    )
-    parser.add_argument(
-        "--default-page-size",
-        type=int,
-        default=defaults.default_page_size,
-        help="page size of list calls that name none; 0 answers with everything at once",
-    )
-    parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument(
         "--workers-root",
         help="scratch directories of worker processes go under DIR/QR_ID/ "
         "[default: a temporary directory, removed on exit]",
         metavar="DIR",
-    )
-    parser.add_argument(
-        "--preemption-grace-seconds",
-        type=float,
-        default=defaults.preemption_grace_seconds,
-        help="preempt: SIGTERM the workers, SIGKILL them this much later",
-    )
-    parser.add_argument(
-        "--delete-grace-seconds",
-        type=float,
-        default=defaults.delete_grace_seconds,
-        help="delete and shutdown: SIGTERM the workers, SIGKILL them this much later",
     )
     parser.add_argument(
         "--no-workers",
@@ -102,22 +84,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
+    codes = tuple(error_code(code) for code in args.api_error_code)
     return SimulatorConfig(
-        accept_seconds=args.accept_seconds,
-        waiting_seconds=args.waiting_seconds,
-        provisioning_seconds=args.provisioning_seconds,
-        suspending_seconds=args.suspending_seconds,
-        deleting_seconds=args.deleting_seconds,
+        **{field.name: getattr(args, field.name) for field in _numbers()},
         capacity=dict(args.capacity),
-        api_error_rate=args.api_error_rate,
-        api_error_codes=tuple(error_code(code) for code in args.api_error_code) or SimulatorConfig().api_error_codes,
-        seed=args.seed,
-        preemption_grace_seconds=args.preemption_grace_seconds,
-        delete_grace_seconds=args.delete_grace_seconds,
-        reboot_seconds=args.reboot_seconds,
-        maintenance_notice_seconds=args.maintenance_notice_seconds,
-        maintenance_seconds=args.maintenance_seconds,
-        default_page_size=args.default_page_size,
+        api_error_codes=codes or SimulatorConfig().api_error_codes,
     )
 
 

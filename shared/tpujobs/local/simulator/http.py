@@ -1,8 +1,5 @@
-"""The HTTP plumbing the local stand-ins for Google (TPU simulator, Secret Manager) share.
-
-Each serves its own API object; what they have in common is how a request is read and a
-JSON answer sent, on keep-alive connections, how a path finds its handler (werkzeug's routing),
-and how a `python -m` entry point serves until it is told to stop.
+"""The HTTP plumbing the local stand-ins for Google (TPU simulator, Secret Manager) share: reading a
+request, routing it (werkzeug), answering JSON or Google's error JSON, and serving until signalled.
 """
 
 from __future__ import annotations
@@ -20,9 +17,13 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from werkzeug.exceptions import HTTPException
 from werkzeug.routing import BaseConverter, Map, Rule
 
+from tpujobs.local.simulator.errors import Code, SimulatorError
+from tpujobs.local.simulator.messages import BadBody
+
 _log = logging.getLogger(__name__)
 
 Query = dict[str, list[str]]
+Json = dict[str, Any]
 Api = TypeVar("Api")
 Endpoint = TypeVar("Endpoint")
 
@@ -54,6 +55,29 @@ class Routes(Generic[Endpoint]):
         except HTTPException:  # NotFound, or MethodNotAllowed: the caller says which is which
             return None
         return self._endpoints[index], {key: unquote(value) for key, value in params.items()}
+
+
+def google_answer(
+    call: Callable[[], tuple[int, Json]], service: str, request: str, *, tell_failures: bool
+) -> tuple[int, Json]:
+    """`call`'s status and JSON, or Google's error JSON for what it raised: a SimulatorError as
+    itself, a BadBody as INVALID_ARGUMENT, anything else as INTERNAL (a bug: logged, and the
+    server keeps serving). `tell_failures`: a bug's message and traceback may be shown; False
+    where they might quote a secret, so only its type is."""
+    try:
+        return call()
+    except SimulatorError as error:
+        refused = error
+    except BadBody as error:
+        refused = SimulatorError(Code.INVALID_ARGUMENT, str(error))
+    except Exception as error:
+        if tell_failures:
+            _log.exception("%s failed on %s", service, request)
+        else:
+            _log.error("%s failed on %s: %s", service, request, type(error).__name__)
+        what = repr(error) if tell_failures else f"{type(error).__name__}."
+        refused = SimulatorError(Code.INTERNAL, f"{service} bug: {what}")
+    return refused.http_status, refused.to_json()
 
 
 class ApiServer(ThreadingHTTPServer, Generic[Api]):

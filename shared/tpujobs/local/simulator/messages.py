@@ -1,14 +1,14 @@
-"""JSON bodies as Google's REST APIs read them, for the TPU simulator and the local Secret Manager.
+"""JSON as Google's REST APIs read and write it, for the TPU simulator and the local Secret Manager.
 
-A request body is parsed by protobuf's `json_format` into the installed client library's own
-message type (`tpu_v2.Node.pb()`, ...), so an unknown field or a wrong type is refused as Google
-refuses it (400 INVALID_ARGUMENT), and handed on as canonical JSON: camelCase names whichever
-spelling the caller used, enums by name, default values left out, as the client sends them.
+A request body is parsed by protobuf's `json_format` into the client library's own message type, so
+a wrong field is refused as Google refuses it, and handed on as canonical (camelCase) JSON.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from datetime import datetime, timezone
 from typing import Any
 
 from google.protobuf import json_format
@@ -50,3 +50,13 @@ def camel(name: str) -> str:
 def _camel_part(name: str) -> str:
     head, *rest = name.split("_")
     return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+def timestamp(wall: float) -> str:
+    """RFC 3339 in UTC, as google.protobuf.Timestamp is written in JSON."""
+    return datetime.fromtimestamp(wall, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def query_str(query: Mapping[str, list[str]], name: str) -> str:
+    """A query parameter's last value ("" when absent), as Google's frontends read a repeated one."""
+    return query.get(name, [""])[-1]

@@ -1,44 +1,7 @@
 """A local Secret Manager: the v1 REST API as google-cloud-secret-manager's REST client calls it.
 
-Why it exists: `tpujobs secret set|list`, the adapter and a job's agent must run against
-the same API locally as in production. Tests and the local stack point the real
-``SecretManagerServiceClient(transport="rest", client_options={"api_endpoint": url},
-credentials=AnonymousCredentials())`` at this server, and the agent on a simulated TPU VM
-calls it with plain HTTP and its host's token. Standard library only, like the TPU simulator.
-
-What it serves (``P`` a project, ``S`` a secret id, ``V`` a version number or ``latest``):
-
-    POST   /v1/projects/P/secrets?secretId=S              createSecret (replication required)
-    GET    /v1/projects/P/secrets                          listSecrets (pageSize, pageToken, filter)
-    GET    /v1/projects/P/secrets/S                        getSecret
-    DELETE /v1/projects/P/secrets/S                        deleteSecret
-    POST   /v1/projects/P/secrets/S:addVersion             addSecretVersion (payload.dataCrc32c checked)
-    GET    /v1/projects/P/secrets/S/versions               listSecretVersions, newest first
-    GET    /v1/projects/P/secrets/S/versions/V             getSecretVersion
-    GET    /v1/projects/P/secrets/S/versions/V:access      accessSecretVersion
-    POST   /v1/projects/P/secrets/S/versions/V:disable | :enable | :destroy
-    GET    /health                                          {"ok": true}, for the local stack's probe
-
-``latest`` is the most recently created version, whatever its state, as the API documents.
-Filters take terms joined by ``AND`` (or a space) and ``OR`` (which binds tighter, as in
-Google's filter language): ``name:SUBSTRING`` (``*`` a wildcard), ``labels.KEY=VALUE``,
-``labels.KEY:VALUE`` and ``labels.KEY:*``; anything else is INVALID_ARGUMENT. Etags are
-returned but not checked, and regional secrets (``locations/``) are not served.
-
-Who may do what, as the deployment's IAM grants it:
-
-* no ``Authorization`` header: the local user (the CLI with anonymous credentials), who may
-  do anything;
-* ``Bearer simulated:EMAIL`` (the token the simulated metadata server hands a TPU VM that runs
-  as service account EMAIL): ``accessSecretVersion`` on the secrets whose id starts with
-  ``{prefix}tpujobs_{account id}_`` and nothing else; any other request is 403
-  PERMISSION_DENIED in Google's words;
-* any other credential: 401 UNAUTHENTICATED.
-
-Errors are Google's JSON ``{"error": {"code", "message", "status"}}``; the REST client picks
-its exception by HTTP status alone. Secret values are never logged, and no error message
-quotes one. With ``--state-file`` the state survives restarts (the file holds the values and
-is written with mode 0600).
+Secrets and versions in memory (or a 0600 state file); a VM's `Bearer simulated:EMAIL` token may
+only access its account's namespace of secrets, no credentials is the local user. Never logs a value.
 """
 
 from __future__ import annotations
@@ -56,7 +19,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from enum import Enum
 from types import TracebackType
 from typing import Any
@@ -64,8 +26,9 @@ from typing import Any
 from google.cloud import secretmanager_v1
 
 from tpujobs.domain.secrets import NAMESPACE_MARK, SECRET_ID_PATTERN, account_id
-from tpujobs.local.simulator.http import ApiServer, JsonRequestHandler, Routes, serve_until_signalled
-from tpujobs.local.simulator.messages import BadBody, canonical, json_object
+from tpujobs.local.simulator.errors import Code, SimulatorError
+from tpujobs.local.simulator.http import ApiServer, JsonRequestHandler, Routes, google_answer, serve_until_signalled
+from tpujobs.local.simulator.messages import BadBody, canonical, json_object, query_str, timestamp
 from tpujobs.local.simulator.model import JsonStateFile
 
 _log = logging.getLogger(__name__)
@@ -89,40 +52,8 @@ UNAUTHENTICATED_MESSAGE = (
 )
 
 
-class Code(Enum):
-    """The google.rpc.Code values this server answers with, and their HTTP statuses."""
-
-    INVALID_ARGUMENT = (3, 400)
-    NOT_FOUND = (5, 404)
-    ALREADY_EXISTS = (6, 409)
-    PERMISSION_DENIED = (7, 403)
-    FAILED_PRECONDITION = (9, 400)
-    UNIMPLEMENTED = (12, 501)
-    INTERNAL = (13, 500)
-    UNAUTHENTICATED = (16, 401)
-
-    def __init__(self, grpc_code: int, http_status: int) -> None:
-        self.grpc_code = grpc_code
-        self.http_status = http_status
-
-
-class SecretManagerError(Exception):
+class SecretManagerError(SimulatorError):
     """A request the local Secret Manager refuses; answered as Google's error JSON."""
-
-    def __init__(self, code: Code, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-def error_json(error: SecretManagerError) -> Json:
-    return {
-        "error": {
-            "code": error.code.http_status,
-            "message": error.message,
-            "status": error.code.name,
-        }
-    }
 
 
 # -- CRC32C (Castagnoli), as payload.dataCrc32c carries it --------------------------------
@@ -213,11 +144,6 @@ class SecretRecord:
 
 
 # -- JSON out -----------------------------------------------------------------------------
-
-
-def timestamp(wall: float) -> str:
-    """RFC 3339 in UTC, as google.protobuf.Timestamp is written in JSON."""
-    return datetime.fromtimestamp(wall, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _etag(*parts: object) -> str:
@@ -342,12 +268,8 @@ def parse_payload(body: bytes) -> tuple[bytes, int | None]:
     return data, None if checksum is None else int(checksum)
 
 
-def _query_str(query: Query, name: str) -> str:
-    return query.get(name, [""])[-1]
-
-
 def _page_size(query: Query) -> int:
-    raw = _query_str(query, "pageSize") or "0"
+    raw = query_str(query, "pageSize") or "0"
     try:
         size = int(raw)
     except ValueError:
@@ -670,30 +592,27 @@ class SecretManagerApi:
 
     def handle(self, method: str, path: str, query: Query, headers: Mapping[str, str], body: bytes) -> tuple[int, Json]:
         """The HTTP status and JSON answer to one request; errors become Google's error JSON."""
-        try:
-            if method == "GET" and path == "/health":
-                return 200, {"ok": True}
-            found = self._routes.match(method, path)
-            if found is not None:
-                route, params = found
-                self._authorize(route, params, self.caller(headers))
-                return 200, route.handler(params, query, body)
-            if path.startswith("/v1/"):
-                raise SecretManagerError(
-                    Code.UNIMPLEMENTED,
-                    f"The local Secret Manager does not implement {method} {path}.",
-                )
-            raise SecretManagerError(Code.NOT_FOUND, f"No such endpoint: {method} {path}.")
-        except SecretManagerError as error:
-            return error.code.http_status, error_json(error)
-        except BadBody as exc:
-            refused = SecretManagerError(Code.INVALID_ARGUMENT, str(exc))
-            return refused.code.http_status, error_json(refused)
-        except Exception as exc:  # answer like a server, and keep serving; never the body
-            _log.error("local Secret Manager failed on %s %s: %s", method, path, type(exc).__name__)
-            return 500, error_json(
-                SecretManagerError(Code.INTERNAL, f"Local Secret Manager bug: {type(exc).__name__}.")
+        return google_answer(
+            lambda: self._route(method, path, headers, query, body),
+            "Local Secret Manager",
+            f"{method} {path}",
+            tell_failures=False,  # a failure's words might quote a secret
+        )
+
+    def _route(self, method: str, path: str, headers: Mapping[str, str], query: Query, body: bytes) -> tuple[int, Json]:
+        if method == "GET" and path == "/health":
+            return 200, {"ok": True}
+        found = self._routes.match(method, path)
+        if found is not None:
+            route, params = found
+            self._authorize(route, params, self.caller(headers))
+            return 200, route.handler(params, query, body)
+        if path.startswith("/v1/"):
+            raise SecretManagerError(
+                Code.UNIMPLEMENTED,
+                f"The local Secret Manager does not implement {method} {path}.",
             )
+        raise SecretManagerError(Code.NOT_FOUND, f"No such endpoint: {method} {path}.")
 
     @staticmethod
     def caller(headers: Mapping[str, str]) -> Caller:
@@ -741,7 +660,7 @@ class SecretManagerApi:
         secret = canonical(body, secretmanager_v1.Secret.pb(), "Secret")
         return self.service.create(
             params["project"],
-            _query_str(query, "secretId"),
+            query_str(query, "secretId"),
             parse_replication(secret.get("replication")),
             parse_labels(secret.get("labels", {})),
             parse_annotations(secret.get("annotations", {})),
@@ -751,8 +670,8 @@ class SecretManagerApi:
         return self.service.list_secrets(
             params["project"],
             _page_size(query),
-            _query_str(query, "pageToken"),
-            _query_str(query, "filter"),
+            query_str(query, "pageToken"),
+            query_str(query, "filter"),
         )
 
     def _get(self, params: dict[str, str], query: Query, body: bytes) -> Json:
@@ -766,10 +685,10 @@ class SecretManagerApi:
         return self.service.add_version(params["project"], params["secret"], data, checksum)
 
     def _list_versions(self, params: dict[str, str], query: Query, body: bytes) -> Json:
-        if _query_str(query, "filter"):
+        if query_str(query, "filter"):
             raise SecretManagerError(Code.INVALID_ARGUMENT, "The local Secret Manager does not filter versions.")
         return self.service.list_versions(
-            params["project"], params["secret"], _page_size(query), _query_str(query, "pageToken")
+            params["project"], params["secret"], _page_size(query), query_str(query, "pageToken")
         )
 
     def _get_version(self, params: dict[str, str], query: Query, body: bytes) -> Json:

@@ -1,47 +1,6 @@
-"""The simulator's HTTP face: the Cloud TPU v2 REST API as google-cloud-tpu's REST client calls it.
-
-Why it exists: tests and the local stack point the real ``tpu_v2.TpuClient`` at this server
-(``client_options={"api_endpoint": url}``, anonymous credentials), so the code under test is
-the code that runs in production, down to paths, JSON field names and error types.
-
-What the client expects, learned from its transports (``tpu_v2/services/tpu/transports``):
-camelCase JSON; enums sent as integers (``$alt=json;enum-encoding=int``) and read as names or
-integers; long-running operations polled at ``/v2/{name=projects/*/locations/*/operations/*}``
-and parsed strictly (an unknown field fails ``operation.result()``); errors as Google's
-``{"error": {"code", "message", "status"}}``. The client picks the exception by HTTP status
-alone, so a 409 raises ``Conflict`` and a 400 ``BadRequest``; the ``status`` field tells
-ALREADY_EXISTS from ABORTED, and INVALID_ARGUMENT from FAILED_PRECONDITION.
-
-Everything here is translation: the rules live in ``model.py``. Control endpoints under
-``/simulator/v1/`` let tests preempt, fail, kill hosts, inject faults and reconfigure; injected
-errors never touch them. ``/simulator/v1/metadata/...`` is each worker's metadata server
-(``metadata.py``), and the server runs the workers themselves (``workers.py``) unless told not to.
-
-TPU API answers honour a field mask (``X-Goog-FieldMask``, ``fields`` or ``$fields``) and refuse
-a path the response has no field for (``fields.py``); lists are paged (``pageSize``,
-``pageToken``, else ``default_page_size``).
-
-Control endpoints (zone and id of the QR; ``?project=P`` when the id is ambiguous; ``slice=S``
-picks one node of a multislice, else all; the stable API ``tpujobs dev fault`` drives):
-
-    GET  /simulator/v1/health | state | config          state includes every QR's workers
-    POST /simulator/v1/config                           JSON changes to SimulatorConfig
-    GET  /simulator/v1/faults                           planned errors and no-boot budget
-    POST /simulator/v1/faults:clear                     forget them
-    POST /simulator/v1/faults/errors      body {"method": "create|get|list|delete|update",
-                                          "code": 503 or "UNAVAILABLE", "count": 1,
-                                          "quota": false, "applied": false, "message": ""}
-    POST /simulator/v1/faults/no-boot     body {"count": K}: the next K QRs created never boot
-    POST /simulator/v1/queuedResources/{zone}/{id}:preempt
-    POST /simulator/v1/queuedResources/{zone}/{id}:fail            body {"code", "message"}
-    POST /simulator/v1/queuedResources/{zone}/{id}:kill-host?slice=S&worker=W
-    POST /simulator/v1/queuedResources/{zone}/{id}:no-boot         before it is ACTIVE
-    POST /simulator/v1/queuedResources/{zone}/{id}:reboot?slice=S&worker=W
-    POST /simulator/v1/queuedResources/{zone}/{id}:maintenance?slice=S&notice=SECONDS
-    POST /simulator/v1/queuedResources/{zone}/{id}:node-health?slice=S
-                                          body {"health": "TIMEOUT", "description": "..."}
-    POST /simulator/v1/queuedResources/{zone}/{id}:node-state?slice=S   body {"state": "UNKNOWN"}
-    GET  /simulator/v1/queuedResources/{zone}/{id}:workers
+"""The simulator's HTTP face: the Cloud TPU v2 REST API as google-cloud-tpu's REST client calls it,
+plus control endpoints under /simulator/v1/ (preempt, fail, faults, config; `client.SimulatorControl`)
+and each worker's metadata server. Everything here is translation: the rules live in `model`.
 """
 
 from __future__ import annotations
@@ -52,7 +11,6 @@ import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from os import PathLike
 from pathlib import Path
 from types import TracebackType
@@ -62,8 +20,8 @@ from google.cloud import tpu_v2
 
 from tpujobs.local.simulator import fields
 from tpujobs.local.simulator.errors import FAULT_METHODS, Fault, bad_request
-from tpujobs.local.simulator.http import ApiServer, JsonRequestHandler, Routes
-from tpujobs.local.simulator.messages import BadBody, camel, canonical, json_object
+from tpujobs.local.simulator.http import ApiServer, JsonRequestHandler, Routes, google_answer
+from tpujobs.local.simulator.messages import camel, canonical, json_object, query_str, timestamp
 from tpujobs.local.simulator.metadata import MetadataReply, MetadataService, metadata_url
 from tpujobs.local.simulator.model import (
     WORKER_PORT,
@@ -127,11 +85,6 @@ _NOT_TEMPLATE = _NODE_OUTPUT_ONLY | {"acceleratorType", "runtimeVersion"}
 
 
 # -- JSON out ---------------------------------------------------------------------------------
-
-
-def timestamp(wall: float) -> str:
-    """RFC 3339 in UTC, as google.protobuf.Timestamp is written in JSON."""
-    return datetime.fromtimestamp(wall, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def queued_resource_json(qr: QueuedResourceRecord) -> Json:
@@ -245,11 +198,6 @@ def _page_json(key: str, page: Page[Any], render: Callable[[Any], Json]) -> Json
     return out
 
 
-def error_json(error: SimulatorError) -> Json:
-    """Google's JSON error body; google.api_core reads the message and details from it."""
-    return error.to_json()
-
-
 # -- JSON in ----------------------------------------------------------------------------------
 
 
@@ -310,12 +258,12 @@ def _query_int(query: Query, name: str) -> int:
 
 def _query_optional_int(query: Query, name: str) -> int | None:
     """An integer parameter, or None when it is absent or empty."""
-    return _query_int(query, name) if _query_str(query, name) else None
+    return _query_int(query, name) if query_str(query, name) else None
 
 
 def _where(params: Mapping[str, str], query: Query) -> dict[str, str | None]:
     """The zone of a control path and the optional ?project= that settle which QR is meant."""
-    return {"zone": params["zone"], "project": _query_str(query, "project") or None}
+    return {"zone": params["zone"], "project": query_str(query, "project") or None}
 
 
 def _flag(request: Mapping[str, Any], name: str) -> bool:
@@ -331,12 +279,8 @@ def _whole(value: Any, name: str) -> int:
     return value
 
 
-def _query_str(query: Query, name: str) -> str:
-    return query.get(name, [""])[-1]
-
-
 def _query_bool(query: Query, name: str) -> bool:
-    return _query_str(query, name).lower() in ("true", "1")
+    return query_str(query, name).lower() in ("true", "1")
 
 
 # -- routing ----------------------------------------------------------------------------------
@@ -423,25 +367,24 @@ class SimulatorApi:
         A TPU API call first meets its faults (planned, then random), then has its field
         mask checked, then runs; control calls ignore both.
         """
-        try:
-            tpu = self._tpu_routes.match(method, path)
-            if tpu is not None:
-                return self._call_tpu(*tpu, query, body, field_mask)
-            control = self._control_routes.match(method, path)
-            if control is not None:
-                handler, params = control
-                return handler(params, query, body)
-            if path.startswith("/v2/"):
-                raise SimulatorError(Code.UNIMPLEMENTED, f"the tpujobs simulator does not implement {method} {path}")
-            raise SimulatorError(Code.NOT_FOUND, f"no such endpoint: {method} {path}")
-        except SimulatorError as error:
-            return error.http_status, error_json(error)
-        except BadBody as exc:
-            refused = SimulatorError(Code.INVALID_ARGUMENT, str(exc))
-            return refused.http_status, error_json(refused)
-        except Exception as exc:  # answer like a server, and keep serving
-            _log.exception("simulator failed on %s %s", method, path)
-            return 500, error_json(SimulatorError(Code.INTERNAL, f"simulator bug: {exc!r}"))
+        return google_answer(
+            lambda: self._route(method, path, query, body, field_mask),
+            "simulator",
+            f"{method} {path}",
+            tell_failures=True,
+        )
+
+    def _route(self, method: str, path: str, query: Query, body: bytes, field_mask: str) -> tuple[int, Json]:
+        tpu = self._tpu_routes.match(method, path)
+        if tpu is not None:
+            return self._call_tpu(*tpu, query, body, field_mask)
+        control = self._control_routes.match(method, path)
+        if control is not None:
+            handler, params = control
+            return handler(params, query, body)
+        if path.startswith("/v2/"):
+            raise SimulatorError(Code.UNIMPLEMENTED, f"the tpujobs simulator does not implement {method} {path}")
+        raise SimulatorError(Code.NOT_FOUND, f"no such endpoint: {method} {path}")
 
     def _call_tpu(
         self, route: _TpuMethod, params: dict[str, str], query: Query, body: bytes, field_mask: str
@@ -467,13 +410,13 @@ class SimulatorApi:
         parent = f"projects/{params['project']}/locations/{params['zone']}"
         request = parse_queued_resource(canonical(body, tpu_v2.QueuedResource.pb(), "QueuedResource"), parent)
         operation = self.simulator.create_queued_resource(
-            params["project"], params["zone"], _query_str(query, "queuedResourceId"), request
+            params["project"], params["zone"], query_str(query, "queuedResourceId"), request
         )
         return 200, operation_json(operation)
 
     def _list_queued_resources(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         page = self.simulator.list_queued_resources(
-            params["project"], params["zone"], _query_int(query, "pageSize"), _query_str(query, "pageToken")
+            params["project"], params["zone"], _query_int(query, "pageSize"), query_str(query, "pageToken")
         )
         return 200, _page_json("queuedResources", page, queued_resource_json)
 
@@ -490,7 +433,7 @@ class SimulatorApi:
 
     def _list_nodes(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         page = self.simulator.list_nodes(
-            params["project"], params["zone"], _query_int(query, "pageSize"), _query_str(query, "pageToken")
+            params["project"], params["zone"], _query_int(query, "pageSize"), query_str(query, "pageToken")
         )
         return 200, _page_json("nodes", page, node_json)
 
@@ -499,14 +442,14 @@ class SimulatorApi:
 
     def _update_node(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         """PATCH v2/{name=projects/*/locations/*/nodes/*}?updateMask=a,b with a Node body."""
-        mask = [camel(path) for path in _query_str(query, "updateMask").split(",") if path.strip()]
+        mask = [camel(path) for path in query_str(query, "updateMask").split(",") if path.strip()]
         node = canonical(body, tpu_v2.Node.pb(), "Node")
         operation = self.simulator.update_node(params["project"], params["zone"], params["id"], mask, node)
         return 200, operation_json(operation)
 
     def _list_operations(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         page = self.simulator.list_operations(
-            params["project"], params["zone"], _query_int(query, "pageSize"), _query_str(query, "pageToken")
+            params["project"], params["zone"], _query_int(query, "pageSize"), query_str(query, "pageToken")
         )
         return 200, _page_json("operations", page, operation_json)
 
@@ -544,7 +487,7 @@ class SimulatorApi:
         return 200, config.to_json()
 
     def _preempt(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
-        qr = self.simulator.preempt(params["id"], zone=params["zone"], project=_query_str(query, "project") or None)
+        qr = self.simulator.preempt(params["id"], zone=params["zone"], project=query_str(query, "project") or None)
         return 200, queued_resource_json(qr)
 
     def _fail(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
@@ -556,7 +499,7 @@ class SimulatorApi:
             params["id"],
             str(details.get("message") or "failed by the tpujobs simulator"),
             zone=params["zone"],
-            project=_query_str(query, "project") or None,
+            project=query_str(query, "project") or None,
             code=code,
         )
         return 200, queued_resource_json(qr)
@@ -567,7 +510,7 @@ class SimulatorApi:
             _query_int(query, "slice"),
             _query_int(query, "worker"),
             zone=params["zone"],
-            project=_query_str(query, "project") or None,
+            project=query_str(query, "project") or None,
         )
         return 200, node_json(node)
 
@@ -623,7 +566,7 @@ class SimulatorApi:
         return 200, {"nodes": [node_json(node) for node in nodes]}
 
     def _maintenance(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
-        notice = _query_str(query, "notice")
+        notice = query_str(query, "notice")
         try:
             notice_seconds = float(notice) if notice else None
         except ValueError as exc:
@@ -660,9 +603,7 @@ class SimulatorApi:
     def _workers(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         if self.worker_pool is None:
             return 200, {"workers": []}
-        found = self.worker_pool.workers(
-            params["id"], zone=params["zone"], project=_query_str(query, "project") or None
-        )
+        found = self.worker_pool.workers(params["id"], zone=params["zone"], project=query_str(query, "project") or None)
         return 200, {"workers": [worker_json(w) for w in found]}
 
 
@@ -685,7 +626,7 @@ class _RequestHandler(JsonRequestHandler):
                     {"Metadata-Flavor": "Google", **({"ETag": reply.etag} if reply.etag else {})},
                 )
                 return
-        mask = self.headers.get("X-Goog-FieldMask") or _query_str(query, "fields") or _query_str(query, "$fields")
+        mask = self.headers.get("X-Goog-FieldMask") or query_str(query, "fields") or query_str(query, "$fields")
         self.send_json(*self.server.api.handle(method, path, query, body, mask))
 
 
