@@ -138,12 +138,39 @@ def test_an_undecodable_message_is_rejected_with_its_reason(jobs):
     assert jobs.store.rejection("9").reason == "message data is not valid base64"
 
 
-def test_a_different_spec_under_an_existing_job_id_is_recorded_and_ignored(jobs):
+def test_a_different_spec_under_an_existing_job_id_is_rejected_not_a_duplicate(jobs):
     """The job_id is the idempotency key: a changed spec under it is refused with a reason."""
     jobs.submit(a_spec(), message_id="1")
-    assert jobs.submit(a_spec(command="python other.py"), message_id="2").kind == "duplicate"
+    outcome = jobs.submit(a_spec(command="python other.py"), message_id="2")
+    assert (outcome.kind, outcome.job_id) == ("rejected", "train-1")
     assert jobs.job().spec.command == "python train.py --steps 100"
-    assert "already exists" in jobs.store.rejection("2").reason
+    assert "is taken by another job" in jobs.store.rejection("2").reason
+
+
+def test_another_owners_job_id_is_rejected_and_their_job_untouched(jobs):
+    """Squatting: Bob's submit under Ada's job_id is no `duplicate`, and changes nothing of hers."""
+    jobs.submit(a_spec(owner="ada@example.com"), message_id="1")
+    held = jobs.job()
+    outcome = jobs.submit(a_spec(owner="bob@example.com"), message_id="2")
+    assert outcome.kind == "rejected" and "taken by another job" in outcome.reason
+    assert "ada" not in outcome.reason  # whose job it is stays unsaid
+    assert jobs.job() == held
+
+
+def test_the_same_owners_identical_resubmit_is_the_only_duplicate(jobs):
+    jobs.submit(a_spec(), message_id="1")
+    assert jobs.submit(a_spec(), message_id="2").kind == "duplicate"
+    assert jobs.rejections() == []
+
+
+def test_the_api_answers_409_to_a_job_id_another_owner_holds(jobs):
+    """Through the API the refusal is a 409 with the reason, which the CLI prints and exits on."""
+    spec = {k: v for k, v in a_spec(owner="ada@example.com").items() if k != "owner"}
+    assert jobs.api({"action": "submit", **spec}, "ada@example.com").status == 200
+    answer = jobs.api({"action": "submit", **spec}, "bob@example.com")
+    assert answer.status == 409 and "taken by another job" in answer.body["error"]
+    again = jobs.api({"action": "submit", **spec}, "ada@example.com")
+    assert (again.status, again.body["outcome"]) == (200, "duplicate")
 
 
 class RefusingTpu:

@@ -80,7 +80,8 @@ class Submission:
     def _accept(
         self, spec: JobSpec, via: SubmittedVia, refuse: Callable[[str], None], quotas: Quotas | None = None
     ) -> SubmitOutcome:
-        """Create the job (once per job_id) and admit it; a job_id taken by another spec is refused.
+        """Create the job (once per job_id) and admit it. Only the same owner's identical spec is a
+        `duplicate`; a job_id held by another owner or another spec is refused (the API's 409).
         `quotas`: as read by the caller for this submission, else admission reads them."""
         assert spec.job_id is not None
         process_log.bind_job(spec.job_id)
@@ -100,11 +101,13 @@ class Submission:
             existing = self.store.get(job.job_id)
             if existing is None:  # deleted between the two reads: treat as new next time
                 return SubmitOutcome("duplicate", job.job_id, "job vanished during submission")
-            if existing.spec != spec:
-                refuse(
-                    f"job_id {job.job_id!r} already exists with a different spec; "
-                    "a job_id names one job, so this submission was ignored"
+            if existing.spec != spec:  # another owner's job, or another job: never answered as ours
+                reason = (
+                    f"job_id {job.job_id!r} is taken by another job (another owner's, or one with a "
+                    "different spec): a job_id names one job, so choose another"
                 )
+                refuse(reason)
+                return SubmitOutcome("rejected", job.job_id, reason)
             if existing.state is not JobState.QUEUED:
                 return SubmitOutcome("duplicate", job.job_id, f"job is already {existing.state.value}")
             job = existing  # an earlier delivery stopped half-way: finish its work
