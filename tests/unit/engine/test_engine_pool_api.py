@@ -186,6 +186,18 @@ def test_describing_a_missing_or_unnamed_pool_is_refused(jobs, body, status, wor
 # --- resize and delete ---------------------------------------------------------------------------
 
 
+def test_an_owner_whose_pool_right_was_taken_away_may_shrink_but_not_grow(jobs):
+    """Growing is more capacity: the owner's rights now decide, not those she had at create."""
+    assert create(jobs)[0] == 200
+    jobs.access.allowed = allowing({})  # an admin took Ada out of pool-makers
+    status, body = call(jobs, ADA, "pool-resize", name="demo", count=3)
+    assert status == 403 and "config/policies.pools" in body["error"]
+    assert count_of(jobs) == 2
+    status, body = call(jobs, ADA, "pool-resize", name="demo", count=1)
+    assert status == 200 and body["pool"]["count"] == 1
+    assert call(jobs, ADMIN, "pool-resize", name="demo", count=2)[0] == 200  # an admin may
+
+
 def test_only_the_owner_or_an_admin_may_resize(jobs):
     """Bob (a user) and Eve are refused and nothing changes; Ada grows it to 3 (a new unit is
     asked for), an admin shrinks it to 1 (the surplus released)."""

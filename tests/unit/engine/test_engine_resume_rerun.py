@@ -152,6 +152,20 @@ def test_reserved_capacity_as_an_override_needs_what_it_needs_at_submit(jobs):
     assert by_admin.status == 403  # the owner's rights decide, whoever asks for the owner's job
 
 
+@pytest.mark.parametrize("action", ["resume", "rerun"])
+def test_a_privilege_taken_away_is_gone_for_a_restart_without_overrides(jobs, action):
+    """Removed from high_priority, the owner cannot resume or rerun an old high job as it was."""
+    allowed = AccessPolicies(high_priority=(OWNER,), trust_topic_owners=True)  # the setup submits on the topic
+    jobs.access.allowed = allowed
+    failed_job(jobs, priority="high")
+    jobs.access.allowed = AccessPolicies(trust_topic_owners=True)
+    answer = call(jobs, {"action": action, "job_id": "train-1"}, OWNER)
+    assert answer.status == 403 and "priority" in answer.body["error"], answer.body
+    assert jobs.store.get("train-1").attempt == 1
+    jobs.access.allowed = allowed
+    assert call(jobs, {"action": action, "job_id": "train-1"}, OWNER).status == 200
+
+
 def test_accepted_overrides_are_recorded_and_used(jobs, tpu_client):
     """A new zone, restart budget and time limit: on the job's spec, in the timeline, and the
     queued resource asked for in that zone."""

@@ -150,8 +150,8 @@ class Controls:
         """Resume or rerun an ended job: a new attempt, same job_id, through admission.
 
         The owner or an admin only (the rule of cancel; `verified`: the jobs API proved the
-        caller). Overrides are checked as the spec is at submit, the owner's privileges and
-        the quota included. `request_id` is remembered on the job in the same commit as the
+        caller). The spec, overridden or not, is vetted as at submit: the owner's current
+        privileges and the quota. `request_id` is remembered on the job in the same commit as the
         move, so a retried request (or a redelivered message) starts no second attempt.
         """
         process_log.bind_job(job_id)
@@ -173,11 +173,12 @@ class Controls:
             spec = overridden_spec(job.spec, overrides)
         except SpecError as error:
             return RestartOutcome("invalid", job_id, job, f"Invalid override: {error}")
-        if spec != job.spec:
-            owner_verified = job.owner_verified or (verified and caller == job.owner)
-            verdict = self.vetting.vet(spec, owner_verified=owner_verified)
-            if verdict.refusal is not None:
-                return RestartOutcome("invalid" if verdict.oversized else "forbidden", job_id, job, verdict.refusal)
+        # The owner's rights as they are now, overrides or not: rights an admin has taken away
+        # since the job ran (priority, reserved capacity, a service account, a pool) are gone.
+        owner_verified = job.owner_verified or (verified and caller == job.owner)
+        verdict = self.vetting.vet(spec, owner_verified=owner_verified)
+        if verdict.refusal is not None:
+            return RestartOutcome("invalid" if verdict.oversized else "forbidden", job_id, job, verdict.refusal)
         changed = describe_overrides(job.spec, spec)
         how = "from its checkpoint" if action == "resume" else "from scratch"
         reason = f"{action.capitalize()} asked by {caller}{'' if verified else ' (via the topic)'}, {how}" + (

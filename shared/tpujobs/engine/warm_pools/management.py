@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from tpujobs.domain import pools
+from tpujobs.domain.access import AccessPolicies
 from tpujobs.domain.admission import never_fits, pool_id, quota_of
 from tpujobs.domain.pools import PoolError, PoolState
 from tpujobs.domain.spec import JobSpec, SpecError, with_deployment_defaults
@@ -71,10 +72,14 @@ class PoolManagement:
         trusted = verified or (policies is not None and policies.trust_topic_owners)
         if not trusted:
             return "creating a pool needs a verified caller: use the jobs API (tpujobs pool with TPUJOBS_API_URL)"
+        return self._rights_refusal(caller, "create pools", shape, policies)
+
+    def _rights_refusal(self, caller: str, what: str, shape: JobSpec, policies: AccessPolicies | None) -> str | None:
+        """Why `caller`'s rights as they are now do not allow more of this pool's capacity."""
         if caller not in self.settings.admins and (
             policies is None or not policies.members(caller) & set(policies.pools)
         ):
-            return f"{caller} may not create pools: an admin allows it in config/policies.pools"
+            return f"{caller} may not {what}: an admin allows it in config/policies.pools"
         # Reserved capacity and a service account need what a job of the caller would need.
         return self.vetting.refusal(shape, owner_verified=True, policies=policies)
 
@@ -97,7 +102,11 @@ class PoolManagement:
             return PoolOutcome("forbidden", pool, f"{caller} may not resize pool {name}: only its owner or an admin")
         if pool.state is not PoolState.ACTIVE:
             return PoolOutcome("invalid", pool, f"pool {name} is being deleted")
-        if count > pool.count:
+        if count > pool.count:  # more capacity: the caller's rights now, not when it was made
+            policies = self.access.policies() if self.access is not None else None
+            refused = self._rights_refusal(caller, f"grow pool {name}", pool.shape(), policies)
+            if refused is not None:
+                return PoolOutcome("forbidden", pool, refused)
             too_big = self._never_fits(count, pool.shape(), pool.zones)
             if too_big is not None:
                 return PoolOutcome("invalid", pool, too_big)
