@@ -8,6 +8,7 @@ and a deployment without warm pools, are tests/emulator/test_pool_api.py.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 from typing import Any
 
@@ -145,6 +146,27 @@ def test_anyone_may_list_and_describe_but_only_the_pools_people_see_its_jobs(job
     assert listed["pools"][0]["units"][0]["job_id"] == "(hidden)"
     status, listed = call(jobs, BOB, "pool-list")
     assert listed["pools"][0]["units"][0]["job_id"] == "bob-1"
+
+
+def test_a_jobs_pool_placement_is_shown_only_to_the_pools_people(jobs):
+    """Eve, nobody to the pool, lists and describes Bob's job without its pool, unit or the
+    sentences that name them; Bob (a user), Ada (its owner) and an admin see them."""
+    assert create(jobs, count=1)[0] == 200
+    ready(jobs)
+    assert submit(jobs, BOB, "bob-1")[0] == 200
+    unit = jobs.job("bob-1").warm_pool_unit
+    assert unit
+    for who in (BOB, ADA, ADMIN):
+        shown = call(jobs, who, "list")[1]["jobs"][0]
+        assert (shown["warm_pool"], shown["warm_pool_unit"], shown["spec"]["pool"]) == ("demo", unit, "demo")
+    _, listed = call(jobs, EVE, "list")
+    _, described = call(jobs, EVE, "describe", job_id="bob-1")
+    for shown in (listed["jobs"][0], described["job"]):
+        assert (shown["warm_pool"], shown["warm_pool_unit"], shown["spec"]["pool"]) == ("<hidden>",) * 3
+        assert shown["job_id"] == "bob-1"
+    seen_by_eve = json.dumps([listed, described])
+    assert unit not in seen_by_eve and '"demo' not in seen_by_eve
+    assert any(unit in e["reason"] for e in call(jobs, BOB, "describe", job_id="bob-1")[1]["events"])
 
 
 def test_a_user_named_through_a_group_sees_the_jobs(jobs):

@@ -7,12 +7,14 @@ value `<hidden>`). Submit is `JobsApi.submit`'s.
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from typing import TYPE_CHECKING, Any
 
 from tpujobs.domain.access import may_cancel
 from tpujobs.domain.labels import LabelError
+from tpujobs.domain.pools import may_use
 from tpujobs.domain.restart_overrides import RestartAction
 from tpujobs.domain.spec import ID_PATTERN
 from tpujobs.domain.states import JobState
@@ -27,7 +29,10 @@ if TYPE_CHECKING:
     from tpujobs.engine.services import Engine
     from tpujobs.engine.settings import Settings
 
-HIDDEN = "<hidden>"  # what other callers see instead of a job's env values
+HIDDEN = "<hidden>"  # what other callers see instead of a job's env values (and pool placement)
+# Fields, at any depth of a job's or an event's document, that name the warm pool or unit it runs on.
+PLACEMENT_FIELDS = frozenset({"warm_pool", "warm_pool_unit", "pool"})
+SENTENCE_FIELDS = frozenset({"reason", "state_reason"})  # sentences that may name them
 # What each outcome of a resume or rerun answers (the restart service's `restart`).
 RESTART_STATUS = {"started": 200, "duplicate": 200, "missing": 404, "forbidden": 403, "invalid": 400, "refused": 409}
 
@@ -42,12 +47,27 @@ class JobActions:
 
     def shown(self, caller: str, job: Job) -> dict[str, Any]:
         """The job's document as `caller` may see it: `spec.env` values only for its owner or an
-        admin (the rule of cancel); anyone else gets the names, each value `<hidden>`."""
-        document = to_json(self.store.job_document(job))
+        admin (the rule of cancel); anyone else gets the names, each value `<hidden>`. Its warm
+        pool placement only for the pool's owner, its users and admins (`_sees_placement`)."""
+        document = dict(to_json(self.store.job_document(job)))
         spec = document.get("spec")
         if isinstance(spec, dict) and spec.get("env") and not may_cancel(job.owner, caller, self.settings.admins):
             spec["env"] = {name: HIDDEN for name in spec["env"]}
-        return dict(document)
+        if job.warm_pool and not self._sees_placement(caller, job.warm_pool):
+            document = hide_placement(document, job)
+        return document
+
+    def _sees_placement(self, caller: str, pool_name: str) -> bool:
+        """Whether `caller` is the pool's owner, one of its users (or in a group it names), or an admin."""
+        if caller in self.settings.admins:
+            return True
+        warm = self.service.warm
+        pool = warm.store.get(pool_name) if warm is not None else None
+        if pool is None:
+            return False
+        access = self.service.access
+        members = access.policies().members(caller) if access is not None else frozenset({caller})
+        return may_use(pool, caller, tuple(self.settings.admins), members)
 
     def list_jobs(self, caller: str, request: ListRequest) -> Response:
         """Jobs newest first, at most `limit`, narrowed by `state` (one, or a list: any of them),
@@ -61,11 +81,14 @@ class JobActions:
     def describe(self, caller: str, request: JobRequest) -> Response:
         """The job's document, its timeline, and its attempts' exported logs."""
         job = self.job(request.job_id)
+        events = [dict(to_json(e)) for e in self.store.event_documents(job.job_id)]
+        if job.warm_pool and not self._sees_placement(caller, job.warm_pool):
+            events = [hide_placement(event, job) for event in events]
         return Response(
             200,
             {
                 "job": self.shown(caller, job),
-                "events": [to_json(e) for e in self.store.event_documents(job.job_id)],
+                "events": events,
                 "attempts": [to_json(a) for a in self.store.attempt_documents(job.job_id)],
             },
         )
@@ -149,6 +172,26 @@ class JobActions:
         if job is None:
             raise ApiError(404, f"No job {job_id!r}.")
         return job
+
+
+def hide_placement(document: dict[str, Any], job: Job) -> dict[str, Any]:
+    """The document (a job's or an event's) with the pool and unit the job runs on hidden: the
+    fields that hold them, and their names in the sentences that say them (reasons)."""
+    names = [name for name in (job.warm_pool_unit, job.warm_pool) if name]  # the unit's name first: it holds the pool's
+
+    def hidden(fields: dict[str, Any]) -> dict[str, Any]:
+        out = {}
+        for key, value in fields.items():
+            if key in PLACEMENT_FIELDS and value:
+                value = HIDDEN
+            elif key in SENTENCE_FIELDS and isinstance(value, str):
+                for name in names:
+                    value = value.replace(name, HIDDEN)
+            out[key] = value
+        return out
+
+    answer: dict[str, Any] = json.loads(json.dumps(document), object_hook=hidden)
+    return answer
 
 
 def _already_ended(job_id: str, state: JobState) -> Response:
