@@ -49,11 +49,14 @@ def demo(
     err = Console(stderr=True)
     state_dir = stack.default_state_dir()
     running = stack.stack_environment()
-    started_here = not running
-    if started_here:
+    started_here = False
+    if not running:
         err.print("[bold]Starting the local stack[/bold] (emulators, TPU simulator, functions)...")
         state = stack.up(state_dir, Settings.from_env(), report=lambda line: err.print(f"  {line}"))
         running = dict(state.env)
+        # `up` may find it running after all (a slow emulator's health probe made it look gone):
+        # then it is someone else's, and this demo must not stop it.
+        started_here = not state.already_running
     os.environ.update(running)
     try:
         if pool:

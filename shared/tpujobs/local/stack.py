@@ -118,10 +118,15 @@ def load(state_dir: Path) -> StackState | None:
     return StackState.from_json(state_dir, data)
 
 
+REUSED_PROBE_S = 10.0  # how long a reused emulator may take to answer before it counts as gone
+
+
 def is_alive(state: StackState) -> bool:
-    """Every recorded process is still ours, and every reused emulator still answers."""
+    """Every recorded process is still ours, and every reused emulator still answers. Patiently:
+    a loaded machine's emulator may take seconds, and a stack taken for gone is stopped by `up`."""
     return all(processes.is_running(p) for p in state.processes) and all(
-        processes.http_get(processes.emulator_url(address) + "/") is not None for address in state.reused.values()
+        processes.http_get(processes.emulator_url(address) + "/", timeout_s=REUSED_PROBE_S) is not None
+        for address in state.reused.values()
     )
 
 
