@@ -48,6 +48,58 @@ ADDRESS_METADATA = "instance/network-interfaces/0/ip"
 PEER_MAX_BYTES = 2048
 PEER_SKEW_SECONDS = 30.0  # a datagram's `at` may differ this much from the receiver's clock
 PEER_KINDS = frozenset({"beat", "bye", "ack"})
+RATE_MARGIN = 4.0  # a sender may send this many times the one datagram per `peer_seconds` it needs
+
+
+REFUSALS_LOG_SECONDS = 60.0  # refused datagrams are counted, and said in one line at most this often
+PEER_BURST = 20.0  # datagrams a sender may send at once before its rate counts
+
+
+class DatagramGate:
+    """Which datagrams a host even looks at (pure: times are passed in): only those from the
+    slice's own addresses, each sender at most a few times its expected rate. Anything else is
+    dropped before the HMAC and counted by reason, never a log line each: a flood from another
+    VM costs this host next to nothing and never drowns its peers' beats."""
+
+    def __init__(self, allowed: frozenset[str], per_second: float, burst: float = PEER_BURST) -> None:
+        self.allowed = allowed
+        self.per_second = per_second
+        self.burst = burst
+        self._tokens: dict[str, tuple[float, float]] = {}  # address -> (tokens, at)
+        self.refused: dict[str, int] = {}  # reason -> datagrams since the last summary
+        self._said_at: float | None = None
+
+    def admit(self, address: str, clock: float) -> bool:
+        """Whether to open a datagram from `address` now; a refusal is counted."""
+        if address not in self.allowed:
+            return self.refuse("not from this slice")
+        tokens, at = self._tokens.get(address, (self.burst, clock))
+        tokens = min(self.burst, tokens + (clock - at) * self.per_second)
+        if tokens < 1.0:
+            self._tokens[address] = (tokens, clock)
+            return self.refuse("over the rate")
+        self._tokens[address] = (tokens - 1.0, clock)
+        return True
+
+    def refuse(self, reason: str) -> bool:
+        self.refused[reason] = self.refused.get(reason, 0) + 1
+        return False
+
+    def summary(self, clock: float) -> str | None:
+        """One line of what was refused since the last, at most every REFUSALS_LOG_SECONDS."""
+        if self._said_at is None:
+            self._said_at = clock
+        if not self.refused or clock - self._said_at < REFUSALS_LOG_SECONDS:
+            return None
+        counts = ", ".join(f"{count} {reason}" for reason, count in sorted(self.refused.items()))
+        self.refused, self._said_at = {}, clock
+        return f"datagrams refused in the last {REFUSALS_LOG_SECONDS:g} s: {counts}"
+
+
+def slice_addresses(endpoints: str) -> frozenset[str]:
+    """Every host address `worker-network-endpoints` names."""
+    count = len([entry for entry in endpoints.split(",") if entry.strip()])
+    return frozenset(address for worker in range(count) if (address := worker_address(endpoints, worker)))
 
 
 class PeerRefused(AgentError):
@@ -265,6 +317,7 @@ class SliceLink:
         self.peer = PeerState(identity)
         self.stop = threading.Event()
         self._sock: Any = None
+        self.gate = DatagramGate(frozenset(), 0.0)  # until `_open` reads the slice's addresses
         self._speaker: tuple[str, int] | None = None
         self._thread = threading.Thread(target=self._run, name="slice-link", daemon=True)
 
@@ -275,12 +328,22 @@ class SliceLink:
         """The socket: worker 0 on its own address and PEER_PORT, a peer on any port of its own."""
         try:
             own = self.metadata.get(ADDRESS_METADATA).strip()
+            endpoints = self.metadata.get_optional(ENDPOINTS_METADATA) or ""
             if self.worker_id != 0:
-                speaker = worker_address(self.metadata.get_optional(ENDPOINTS_METADATA) or "", 0)
+                speaker = worker_address(endpoints, 0)
                 if speaker is None:
                     log(f"no worker 0 address in {ENDPOINTS_METADATA}: this host reports its own heartbeats")
                     return False
                 self._speaker = (speaker, self.port)
+                self.gate = DatagramGate(frozenset({speaker}), RATE_MARGIN / self.every)
+            else:
+                peers = slice_addresses(endpoints) - {own}
+                if not peers:
+                    log(
+                        f"no peer addresses in {ENDPOINTS_METADATA}: every host of the slice reports its own heartbeats"
+                    )
+                    return False
+                self.gate = DatagramGate(peers, RATE_MARGIN / self.every)
             self._sock = _datagram_socket(own, self.port if self.worker_id == 0 else 0)
         except (AgentError, OSError, http.client.HTTPException) as error:
             log(f"the slice link is not open ({error}): every host of the slice reports its own heartbeats")
@@ -312,12 +375,12 @@ class SliceLink:
                 datagram, sender = self._sock.recvfrom(PEER_MAX_BYTES + 1)
             except OSError:  # the timeout, or a socket error: look at the silent ones
                 datagram = b""
-            if datagram:
+            if datagram and self.gate.admit(sender[0], time.monotonic()):
                 try:
                     fields = unseal(self._key, datagram)
                     seq = self.watch.accept(fields, time.time(), time.monotonic())
                 except PeerRefused as refusal:
-                    log(f"a datagram from {sender[0]} refused: {refusal}")
+                    self.gate.refuse(str(refusal))
                 else:
                     self._send("ack", sender, seq=seq)
                     step = _whole(fields.get("checkpoint_step"))
@@ -325,6 +388,12 @@ class SliceLink:
                         self.on_peer_checkpoint(int(fields["worker_id"]), step)
             for worker, quiet in self.watch.silent(time.monotonic()):
                 self.on_silent(worker, quiet)
+            self._say_refusals()
+
+    def _say_refusals(self) -> None:
+        said = self.gate.summary(time.monotonic())
+        if said:
+            log(said)
 
     def _beat(self) -> None:
         assert self._speaker is not None
@@ -332,14 +401,17 @@ class SliceLink:
             self._send("beat", self._speaker, **self.progress())
             until = time.monotonic() + self.every
             while not self.stop.is_set() and time.monotonic() < until:
+                self._say_refusals()
                 try:
-                    datagram, _ = self._sock.recvfrom(PEER_MAX_BYTES + 1)
+                    datagram, sender = self._sock.recvfrom(PEER_MAX_BYTES + 1)
                 except OSError:
+                    continue
+                if not self.gate.admit(sender[0], time.monotonic()):
                     continue
                 try:
                     first = self.peer.accept_ack(unseal(self._key, datagram), time.time())
                 except PeerRefused as refusal:
-                    log(f"a datagram refused: {refusal}")
+                    self.gate.refuse(str(refusal))
                     continue
                 if first:
                     log("worker 0 speaks for this host: its own heartbeats stop")

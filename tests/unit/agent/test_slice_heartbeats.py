@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tpujobs.agent import slice_link
 from tpujobs.agent.basics import AgentError
 from tpujobs.agent.config import REQUIRED, check_config
 from tpujobs.agent.slice_link import (
@@ -21,12 +22,14 @@ from tpujobs.agent.slice_link import (
     PEER_MAX_BYTES,
     PEER_PORT,
     PEER_SKEW_SECONDS,
+    DatagramGate,
     PeerRefused,
     PeerState,
     SliceLink,
     SliceWatch,
     heartbeat_period,
     seal,
+    slice_addresses,
     unseal,
     worker_address,
 )
@@ -275,12 +278,19 @@ def free_udp_port(address: str) -> int:
 class Host:
     """One host's SliceLink and what its callbacks were told."""
 
-    def __init__(self, worker_id: int, port: int, key: bytes = KEY, progress: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        worker_id: int,
+        port: int,
+        key: bytes = KEY,
+        progress: dict[str, Any] | None = None,
+        timeout: float = 0.5,
+    ) -> None:
         self.silent: list[tuple[int, float]] = []
         self.checkpoints: list[tuple[int, int]] = []
         self.watched = threading.Event()
         address = f"127.0.0.{worker_id + 1}"
-        config = {"peer_port": port, "peer_seconds": 0.05, "hosts_per_slice": 2, "peer_timeout_seconds": 0.5}
+        config = {"peer_port": port, "peer_seconds": 0.05, "hosts_per_slice": 2, "peer_timeout_seconds": timeout}
         self.link = SliceLink(
             key,
             {**IDENTITY, "worker_id": worker_id},
@@ -339,4 +349,63 @@ def test_a_peer_signing_with_another_key_is_never_acknowledged(port: int) -> Non
         assert speaker.link.watch.peers == {}
     finally:
         stranger.link.close()
+        speaker.link.close()
+
+
+# -- the gate: who worker 0 even listens to -----------------------------------------------------
+
+
+def test_the_gate_opens_only_for_the_slices_addresses_and_counts_the_rest() -> None:
+    gate = DatagramGate(frozenset({"10.0.0.3"}), per_second=10.0, burst=2.0)
+    assert gate.admit("10.0.0.3", 0.0)
+    assert not gate.admit("10.9.9.9", 0.0) and not gate.admit("10.9.9.9", 0.0)
+    assert gate.refused == {"not from this slice": 2}
+
+
+def test_the_gate_holds_each_sender_to_its_rate_after_a_burst() -> None:
+    gate = DatagramGate(frozenset({"10.0.0.3"}), per_second=10.0, burst=2.0)
+    assert [gate.admit("10.0.0.3", 0.0) for _ in range(3)] == [True, True, False]
+    assert gate.admit("10.0.0.3", 0.1)  # a tenth of a second: one more
+    assert not gate.admit("10.0.0.3", 0.1)
+    assert gate.refused == {"over the rate": 2}
+
+
+def test_refusals_are_said_in_one_line_at_most_once_a_minute() -> None:
+    gate = DatagramGate(frozenset(), per_second=1.0)
+    assert gate.summary(0.0) is None
+    for _ in range(1000):
+        gate.admit("10.9.9.9", 1.0)
+    assert gate.summary(30.0) is None
+    line = gate.summary(60.0)
+    assert line is not None and "1000 not from this slice" in line
+    assert gate.summary(200.0) is None  # nothing new refused
+
+
+def test_worker_0_listens_to_the_addresses_of_its_slice_only() -> None:
+    assert slice_addresses("a:b:10.0.0.2,a:b:10.0.0.3,a:b:not-an-ip") == frozenset({"10.0.0.2", "10.0.0.3"})
+
+
+def test_a_flood_from_another_address_never_loses_a_host(port: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another VM on the network sends worker 0 datagrams as fast as it can: the peer's beats still
+    get through (it is never reported silent), the flood is counted, and it writes no log line each."""
+    lines: list[str] = []
+    monkeypatch.setattr(slice_link, "log", lines.append)
+    speaker = Host(0, port, timeout=5.0)  # generous: the flood shares this process's CPU
+    peer = Host(1, port, timeout=5.0)
+    try:
+        assert peer.watched.wait(10.0)
+        junk = b"v1=" + b"0" * 64 + b" {}"
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as flooder:
+            flooder.bind(("127.0.0.9", 0))
+            for _ in range(20_000):
+                flooder.sendto(junk, ("127.0.0.1", port))
+        flooded = speaker.link.watch.peers[1]["seq"]
+        wait_for(
+            lambda: speaker.link.watch.peers[1]["seq"] > flooded or None, timeout=10, what="a beat after the flood"
+        )
+        assert speaker.silent == []
+        assert speaker.link.gate.refused.get("not from this slice", 0) > 0
+        assert len(lines) < 5, lines
+    finally:
+        peer.link.close()
         speaker.link.close()
