@@ -1,18 +1,9 @@
 """Start, probe and stop the background services of the local stack.
 
-Each service runs in its own session (so its process group holds every child it forks:
-gcloud starts a shell that starts Java, functions-framework starts gunicorn workers), logs
-to a file, and counts as started only once it answers a probe. Stopping signals the whole
-group, but only after checking that the recorded pid is still the process we started:
-`tpujobs dev down` may run days later, when the kernel has handed that pid to someone else.
-
-A service is described by a `ServiceSpec` (pure data plus a probe), started with `start`
-(all at once, then waits for each; all or nothing) and stopped with `stop`. Tests use the
-same functions to run just the emulators they need:
-
-    procs = start([firestore_emulator(free_port()), pubsub_emulator(free_port(), project)], log_dir)
-    ...
-    stop(procs)
+Each service runs in its own session (its process group holds every child it forks), logs to
+a file, and counts as started once it answers a probe. `stop` signals the whole group, but
+only while the recorded pid is still the process we started (pid and start time): `tpujobs
+dev down` may run days later. See docs/local-stack.md.
 """
 
 from __future__ import annotations
