@@ -317,6 +317,26 @@ def test_a_preempted_unit_comes_back_as_its_next_generation_and_the_job_resumes_
     assert_consistent(jobs)
 
 
+def test_a_jobs_own_reboot_claims_replace_its_unit_a_bounded_number_of_times(jobs, tpu_client):
+    """A job's code holds its attempt's key, so it can sign `rebooted` at every attempt. The pool
+    releases and asks for the unit again only UNITS_REPLACED_PER_JOB times for it; after that
+    the unit is freed and kept, and the job still recovers onto it."""
+    from tpujobs.engine.warm_pools.units import UNITS_REPLACED_PER_JOB
+
+    create(jobs)
+    ready(jobs)
+    submit(jobs, "j1", on_preemption="resume", max_restarts=10)
+    for attempt in range(1, UNITS_REPLACED_PER_JOB + 3):
+        ready(jobs)
+        started(jobs, "j1", attempt)
+        claim = {"kind": "rebooted", "job_id": "j1", "attempt": attempt, "slice_id": 0, "worker_id": 0}
+        jobs.handle(signed(jobs, "tpujobs-worker-events", claim))
+        assert job(jobs, "j1").attempt == attempt + 1
+    assert pool_of(jobs).unit(0).generation == 1 + UNITS_REPLACED_PER_JOB
+    assert set(live_resources(tpu_client)) == {f"demo-u0-g{1 + UNITS_REPLACED_PER_JOB}"}
+    assert_consistent(jobs)
+
+
 def test_a_job_on_a_lost_unit_moves_to_the_next_free_unit(jobs, tpu_client):
     """Two units: the job's next attempt takes the idle one while the lost one comes back."""
     create(jobs, count=2)

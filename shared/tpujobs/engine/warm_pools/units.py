@@ -24,6 +24,12 @@ from tpujobs.engine.warm_pools.quota import UnitQuota
 log = logging.getLogger(__name__)
 
 FILL_ROUNDS = 20  # assignments (or lost races) one call may make
+UNITS_REPLACED_PER_JOB = 3  # units a job's attempts may lose (and the pool ask for again) by their own word
+
+
+def replaced_for(job: Job) -> int:
+    """How many of the job's attempts ended on a pool unit with their capacity lost."""
+    return sum(1 for usage in job.usage if usage.pool and usage.capacity_lost)
 
 
 class PoolUnits:
@@ -292,4 +298,11 @@ class PoolUnits:
         if not job.warm_pool_unit:
             return
         usage = job.usage_of()
-        self.leave_unit(job.job_id, job.attempt, job.warm_pool_unit, lost=bool(usage and usage.capacity_lost))
+        lost = bool(usage and usage.capacity_lost)
+        if lost and replaced_for(job) > UNITS_REPLACED_PER_JOB:
+            # A loss the TPU API shows replaces the unit on its own (`_unit_lost`); one that only
+            # the job's own hosts claim (`rebooted`, `peer_silent`, signed with its key) costs
+            # the pool a release and a new request at most this often per job.
+            log.warning("%s lost its unit once more: the unit is freed, not replaced", job.job_id)
+            lost = False
+        self.leave_unit(job.job_id, job.attempt, job.warm_pool_unit, lost=lost)
