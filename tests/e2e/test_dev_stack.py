@@ -176,15 +176,10 @@ def test_the_secret_manager_serves_the_real_client_and_the_simulator_points_host
 ) -> None:
     """up starts the local Secret Manager; the simulator (so every simulated host) and the
     functions have its endpoint and the TPU VM account in their environment."""
-    from google.auth.credentials import AnonymousCredentials
-    from google.cloud import secretmanager
+    from tpujobs.adapters.secrets import build_client
 
     endpoint = running.env["TPUJOBS_SECRETS_ENDPOINT"]
-    client = secretmanager.SecretManagerServiceClient(
-        transport="rest",
-        client_options={"api_endpoint": endpoint},
-        credentials=AnonymousCredentials(),
-    )
+    client = build_client(endpoint)  # as the stack's operator
     parent = f"projects/{running.env['GOOGLE_CLOUD_PROJECT']}"
     made = client.create_secret(parent=parent, secret_id="dev-stack-check", secret={"replication": {"automatic": {}}})
     client.add_secret_version(parent=made.name, payload={"data": b"x"})

@@ -22,7 +22,7 @@ from google.api_core import exceptions
 from google.cloud import secretmanager
 from typer.testing import CliRunner
 
-from tpujobs.adapters.secrets import Secrets, build_client
+from tpujobs.adapters.secrets import LOCAL_OPERATOR_TOKEN, Secrets, build_client
 from tpujobs.engine.errors import PermanentError, TransientError
 from tpujobs.local.simulator.secret_manager import SecretManagerServer, crc32c
 
@@ -53,8 +53,8 @@ class StaticToken(google.auth.credentials.Credentials):
         pass
 
 
-def client_for(server: SecretManagerServer, token: str | None = None) -> Any:
-    """The REST client as the local user (no token) or with a bearer token."""
+def client_for(server: SecretManagerServer, token: str | None = LOCAL_OPERATOR_TOKEN) -> Any:
+    """The REST client as the stack's operator, with another bearer token, or with none (None)."""
     credentials = google.auth.credentials.AnonymousCredentials() if token is None else StaticToken(token)
     return secretmanager.SecretManagerServiceClient(
         transport="rest",
@@ -267,7 +267,12 @@ def test_a_deleted_secret_is_gone_with_its_versions(
 
 
 def _post(server: SecretManagerServer, path: str, body: bytes) -> tuple[int, dict[str, Any]]:
-    request = urllib.request.Request(f"{server.url}/v1/{PARENT}/{path}", data=body, method="POST")
+    request = urllib.request.Request(
+        f"{server.url}/v1/{PARENT}/{path}",
+        data=body,
+        method="POST",
+        headers={"Authorization": f"Bearer {LOCAL_OPERATOR_TOKEN}"},
+    )
     try:
         with urllib.request.urlopen(request, timeout=5) as answer:
             return answer.status, json.load(answer)
@@ -378,12 +383,23 @@ def test_a_missing_secret_in_the_own_namespace_is_not_found(
         vm.access_secret_version(name=f"{PARENT}/secrets/t1-tpujobs_ada-vm_nope/versions/latest")
 
 
-@pytest.mark.parametrize("token", ["simulated", "simulated:not-an-email", "ya29.real-token"])
+def test_a_request_without_credentials_is_unauthenticated(server: SecretManagerServer) -> None:
+    """As Google's: no Authorization header is 401 UNAUTHENTICATED, even to list."""
+    request = urllib.request.Request(f"{server.url}/v1/{PARENT}/secrets")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=5)
+    assert refused.value.code == 401
+    assert json.load(refused.value)["error"]["status"] == "UNAUTHENTICATED"
+
+
+@pytest.mark.parametrize("token", ["simulated", "simulated:not-an-email", "ya29.real-token", "local-operatorX"])
 def test_any_other_token_is_unauthenticated(server: SecretManagerServer, token: str) -> None:
-    """Only no credentials or `simulated:EMAIL` are understood: anything else is 401."""
+    """Only the operator's token or `simulated:EMAIL` are understood: anything else is 401."""
     with pytest.raises(exceptions.Unauthorized) as error:
         client_for(server, token).access_secret_version(name=f"{PARENT}/secrets/t1-tpujobs_ada-vm_x/versions/latest")
     assert status_of(error) == "UNAUTHENTICATED"
+    with pytest.raises(exceptions.Unauthorized):
+        list(client_for(server, token).list_secrets(parent=PARENT))
 
 
 # -- serving -------------------------------------------------------------------------------
@@ -429,7 +445,7 @@ def test_the_module_serves_until_sigterm() -> None:
         client = secretmanager.SecretManagerServiceClient(
             transport="rest",
             client_options={"api_endpoint": url},
-            credentials=google.auth.credentials.AnonymousCredentials(),
+            credentials=StaticToken(LOCAL_OPERATOR_TOKEN),
         )
         make_secret(client, "tok")
     finally:

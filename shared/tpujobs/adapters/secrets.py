@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 
 CALL_TIMEOUT_S = 30.0
 LABEL = {"tpujobs": "secret"}  # what Terraform and `list` recognise tpujobs' secrets by
+# The bearer token the local stack's operator (the CLI, the tests) shows its local Secret
+# Manager, which, like Google's, answers 401 to a request that shows none.
+LOCAL_OPERATOR_TOKEN = "local-operator"
 ACCOUNT_ANNOTATION = "tpujobs-account"  # the account's full email (the id holds its local part)
 
 
@@ -38,12 +41,12 @@ def build_client(endpoint: str = "") -> secretmanager.SecretManagerServiceClient
 
     if not endpoint:
         return secretmanager.SecretManagerServiceClient()
-    from google.auth.credentials import AnonymousCredentials
+    from google.oauth2.credentials import Credentials
 
     return secretmanager.SecretManagerServiceClient(
         transport="rest",
         client_options={"api_endpoint": endpoint},
-        credentials=AnonymousCredentials(),
+        credentials=Credentials(token=LOCAL_OPERATOR_TOKEN),
     )
 
 

@@ -1,7 +1,8 @@
 """A local Secret Manager: the v1 REST API as google-cloud-secret-manager's REST client calls it.
 
 Secrets and versions in memory (or a 0600 state file); a VM's `Bearer simulated:EMAIL` token may
-only access its account's namespace of secrets, no credentials is the local user. Never logs a value.
+only access its account's namespace of secrets, the operator's token anything, no token nothing
+(401). Never logs a value.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 
 from google.cloud import secretmanager_v1
 
+from tpujobs.adapters.secrets import LOCAL_OPERATOR_TOKEN
 from tpujobs.domain.secrets import NAMESPACE_MARK, SECRET_ID_PATTERN, account_id
 from tpujobs.local.simulator.errors import Code, SimulatorError
 from tpujobs.local.simulator.http import ApiServer, JsonRequestHandler, Routes, google_answer, serve_until_signalled
@@ -548,9 +550,9 @@ Handler = Callable[[dict[str, str], Query, bytes], Json]
 
 @dataclass(frozen=True)
 class Caller:
-    """Who sent a request: the local user (no credentials), or a VM's service account."""
+    """Who sent a request: the stack's operator (LOCAL_OPERATOR_TOKEN), or a VM's service account."""
 
-    email: str = ""  # empty: the local user
+    email: str = ""  # empty: the operator, a secret admin of the project
 
     @property
     def is_local_user(self) -> bool:
@@ -616,12 +618,13 @@ class SecretManagerApi:
 
     @staticmethod
     def caller(headers: Mapping[str, str]) -> Caller:
-        """The caller a request's Authorization header names; 401 for any other credential."""
+        """The caller a request's Authorization header names: the stack's operator, or a VM's
+        account; 401 for none (as Google answers) and for any other credential."""
         authorization = next((value for key, value in headers.items() if key.lower() == "authorization"), "").strip()
-        if not authorization:
-            return Caller()
         scheme, _, token = authorization.partition(" ")
         token = token.strip()
+        if scheme.lower() == "bearer" and token == LOCAL_OPERATOR_TOKEN:
+            return Caller()
         if scheme.lower() == "bearer" and token.startswith(TOKEN_PREFIX):
             email = token[len(TOKEN_PREFIX) :]
             try:
