@@ -32,6 +32,7 @@ from .containers import (
 )
 from .last_output import LastOutput, Tee
 from .liveness import Liveness
+from .masking import SecretMask
 from .output import LogShipper, OutputPump
 from .processes import group_alive, signal_group
 from .slice_link import heartbeat_period
@@ -52,6 +53,7 @@ class CommandRunner(Liveness):
     worker_id: int
     shipper: LogShipper
     last_output: LastOutput
+    secret_values: dict[str, str]  # cut out of everything the command prints
     record: AttemptRecord
     boot: str
     _stopping: Callable[[], bool]
@@ -148,7 +150,8 @@ class CommandRunner(Liveness):
             self._current = process
             self._container = container
             self._term_delivered = False
-        pump = OutputPump(read_fd, Tee(self.shipper, self.last_output), self._checkpoint, self._output_seen)  # type: ignore[arg-type]
+        tee = Tee(self.shipper, self.last_output, SecretMask(self.secret_values))
+        pump = OutputPump(read_fd, tee, self._checkpoint, self._output_seen)  # type: ignore[arg-type]
         pump.start()
         if pumps is not None:
             pumps.append(pump)

@@ -5,12 +5,12 @@ retry_on.output patterns in a child process (a pattern that backtracks without e
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
 import threading
 
+from .masking import SecretMask, forms
 from .output import LogShipper
 from .wire import MAX_LAST_LINES, MAX_LAST_LINES_CHARS
 
@@ -49,26 +49,36 @@ class LastOutput:
 
 
 class Tee:
-    """What an output pump writes to: the shipper, and the last output kept for `exited`."""
+    """What an output pump writes to: the shipper, and the last output kept for `exited`, both
+    after `mask` has cut the job's secret values out, so none leaves the VM in any form."""
 
-    def __init__(self, shipper: LogShipper, last: LastOutput) -> None:
+    def __init__(self, shipper: LogShipper, last: LastOutput, mask: SecretMask | None = None) -> None:
         self.shipper = shipper
         self.last = last
+        self.mask = mask or SecretMask({})
 
     def write(self, data: bytes) -> None:
-        self.shipper.write(data)
-        self.last.write(data)
+        self._out(self.mask.feed(data))
+
+    def flush(self) -> None:
+        """The output ended: what the mask held back goes out too."""
+        self._out(self.mask.flush())
+
+    def _out(self, data: bytes) -> None:
+        if data:
+            self.shipper.write(data)
+            self.last.write(data)
 
 
 def redact(window: bytes, secrets: dict[str, str], dropped: bool = False) -> bytes:
-    """`window` with every secret value replaced by `[secret NAME]`. When older output was
-    dropped (`dropped`), the window's first bytes, as long as the longest value, are left out
-    too: a value cut by the window's start lies wholly within them and cannot be recognised."""
+    """`window` with every secret value, in each of its `masking.forms`, replaced by
+    `[secret NAME]`. When older output was dropped (`dropped`), the window's first bytes, as
+    long as the longest value, are left out too: a value cut by the window's start lies wholly
+    within them and cannot be recognised."""
     names: dict[bytes, str] = {}
     for name in sorted(secrets):
-        value = os.fsencode(secrets[name])
-        if value:
-            names.setdefault(value, name)
+        for form in forms(secrets[name]):
+            names.setdefault(form, name)
     values = sorted(names, key=len, reverse=True)  # the longest first: one value may hold another
     cut = max((len(v) for v in values), default=0) if dropped else 0
     out = bytearray()

@@ -173,6 +173,9 @@ class OutputPump(threading.Thread):
                 self._scan(line)
         if partial:
             self._scan(partial)
+        flush = getattr(self.shipper, "flush", None)  # a Tee holds back what may start a secret
+        if flush is not None:
+            flush()
         with contextlib.suppress(OSError):
             os.close(self.fd)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import re
@@ -176,6 +177,32 @@ def test_a_secret_reaches_setup_and_command_and_nothing_else(
     assert_all_signed(google, WORKER_EVENTS)
     for seen in (google.everything_sent(), stdout.encode(), stderr.encode(), files_under(tmp_path)):
         assert value.encode() not in seen
+
+
+@pytest.mark.parametrize("python", ["default", "3.8"])
+def test_a_secret_the_command_prints_in_any_form_leaves_the_vm_masked(
+    tmp_path: Path, metadata: FakeMetadata, google: GoogleStub, python: str
+) -> None:
+    """The command prints $HF_TOKEN raw and in base64, then fails: the output chunks and the
+    failed `exited` (its last lines) carry `[secret HF_TOKEN]`, never the value in either form."""
+    value = "hf_" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:24]
+    google.secrets[HF_VERSION] = value.encode()
+    job = a_job(
+        secrets={"HF_TOKEN": "hf-token"},
+        command='echo "token $HF_TOKEN"; printf %s "$HF_TOKEN" | base64; exit 1',
+    )
+    run_script(
+        render_startup_script(job, SETTINGS, timings=FAST),
+        tmp_path / "w",
+        metadata,
+        google,
+        python_dir=python3_dir(tmp_path, python),
+    )
+    assert google.output(chunk_prefix()) == b"token [secret HF_TOKEN]\n[secret HF_TOKEN]\n"
+    encoded = base64.b64encode(value.encode())
+    for seen in (google.everything_sent(), files_under(tmp_path)):
+        assert value.encode() not in seen and encoded not in seen and encoded.rstrip(b"=") not in seen
+    assert b"[secret HF_TOKEN]" in google.everything_sent()
 
 
 @pytest.mark.parametrize("status", [404, 403])
