@@ -282,6 +282,25 @@ def _counted(plan: CrashPlan, name: str, attribute: Any) -> Any:
     return call
 
 
+def crashing_engine(service: Engine, plan: CrashPlan, *, warm_pools: bool = False, **ports: Any) -> Engine:
+    """The same engine on a job store and capacity that die at the plan's step (with `warm_pools`,
+    its warm pools' store too); `ports` are the other constructor ports to keep (quota pools,
+    publishers, access): left out, their I/O is neither made nor counted."""
+    from tpujobs.engine.services import Engine as Services
+
+    warm = CrashingWarmPools(service.warm.store, plan) if warm_pools and service.warm is not None else None
+    store: Any = CrashingStore(service.store, plan)  # forwards every store call, which mypy cannot see
+    return Services(
+        store,
+        CrashingTpu(service.tpu, plan),
+        service.settings,
+        service.clock,
+        service.sleep,
+        warm_pools=warm,
+        **ports,
+    )
+
+
 def reconciler_for(service: Engine) -> Reconciler:
     """A Reconciler on the very ports a hand-built `service` uses, as `runtime` wires both."""
     from tpujobs.engine.reconciler import Reconciler

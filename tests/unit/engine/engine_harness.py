@@ -32,8 +32,8 @@ from tpujobs.local.simulator.client import SimulatorControl
 from tpujobs.local.testing import (
     CrashingPools,
     CrashingStore,
-    CrashingTpu,
     CrashPlan,
+    crashing_engine,
     inbound,
     local_settings,
     reconciler_for,
@@ -155,29 +155,14 @@ class Engine:
     def crashing(self, plan: CrashPlan) -> Engine:
         """The same engine with its job store and capacity dying at the plan's step (no quota pools,
         publishers or warm pools: only the job's own I/O is counted)."""
-        from tpujobs.engine.services import Engine as Services
-
-        service = Services(
-            CrashingStore(self.store, plan),
-            CrashingTpu(self.tpu, plan),
-            self.settings,
-            self.service.clock,
-            self.service.sleep,
-            access=self.service.access,
-        )
-        return replace(self, service=service)
+        return replace(self, service=crashing_engine(self.service, plan, access=self.service.access))
 
     def crashing_admission(self, plan: CrashPlan) -> Engine:
         """The same engine with its job store, capacity and quota pools dying at the plan's step:
         admission's I/O (who holds a pool's chips) counted with the job's own."""
-        from tpujobs.engine.services import Engine as Services
-
-        service = Services(
-            CrashingStore(self.store, plan),
-            CrashingTpu(self.tpu, plan),
-            self.settings,
-            self.service.clock,
-            self.service.sleep,
+        service = crashing_engine(
+            self.service,
+            plan,
             status=self.service.status,
             exports=self.service.exports,
             pools=CrashingPools(self.pools, plan),

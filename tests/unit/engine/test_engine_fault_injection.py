@@ -29,11 +29,10 @@ from tpujobs.engine.services import Engine
 from tpujobs.local.fakes import InMemoryJobStore
 from tpujobs.local.simulator.client import SimulatorControl
 from tpujobs.local.testing import (
-    CrashingStore,
-    CrashingTpu,
     CrashPlan,
     InjectedCrash,
     When,
+    crashing_engine,
     local_settings,
     reconciler_for,
     signed,
@@ -95,14 +94,7 @@ class Harness:
 
     def crashing(self, plan: CrashPlan) -> Engine:
         """The same service, on ports that crash where `plan` says."""
-        real = self.service
-        return Engine(
-            CrashingStore(real.store, plan),
-            CrashingTpu(real.tpu, plan),
-            real.settings,
-            real.clock,
-            real.sleep,
-        )
+        return crashing_engine(self.service, plan)
 
     def submit(self, spec: dict[str, Any] = SPEC) -> None:
         outcome = self.service.submission.submit(

@@ -29,13 +29,11 @@ from tpujobs.engine.services import Engine
 from tpujobs.local.fakes import InMemoryJobStore, InMemoryWarmPools
 from tpujobs.local.simulator.client import SimulatorControl
 from tpujobs.local.testing import (
-    CrashingStore,
-    CrashingTpu,
-    CrashingWarmPools,
     CrashPlan,
     InjectedCrash,
     OffsetClock,
     When,
+    crashing_engine,
     inbound,
     local_settings,
     reconciler_for,
@@ -68,16 +66,8 @@ class World:
         return self.service.warm
 
     def crashing(self, plan: CrashPlan) -> Engine:
-        """The same service, on ports that crash where `plan` says."""
-        real = self.service
-        return Engine(
-            CrashingStore(real.store, plan),
-            CrashingTpu(real.tpu, plan),
-            real.settings,
-            real.clock,
-            real.sleep,
-            warm_pools=CrashingWarmPools(self.warm.store, plan),
-        )
+        """The same service, on ports (its warm pools' too) that crash where `plan` says."""
+        return crashing_engine(self.service, plan, warm_pools=True)
 
     def pool(self) -> pools.Pool:
         found = self.warm.store.get(POOL)

@@ -45,7 +45,7 @@ class JobActions:
         self.store = store
         self.settings = settings
 
-    def shown(self, caller: str, job: Job) -> dict[str, Any]:
+    def shown(self, caller: str, job: Job, sees: dict[str, bool] | None = None) -> dict[str, Any]:
         """The job's document as `caller` may see it: `spec.env` values only for its owner or an
         admin (the rule of cancel); anyone else gets the names, each value `<hidden>`. Its warm
         pool placement only for the pool's owner, its users and admins (`_sees_placement`)."""
@@ -53,12 +53,18 @@ class JobActions:
         spec = document.get("spec")
         if isinstance(spec, dict) and spec.get("env") and not may_cancel(job.owner, caller, self.settings.admins):
             spec["env"] = {name: HIDDEN for name in spec["env"]}
-        if job.warm_pool and not self._sees_placement(caller, job.warm_pool):
+        if job.warm_pool and not self._sees_placement(caller, job.warm_pool, {} if sees is None else sees):
             document = hide_placement(document, job)
         return document
 
-    def _sees_placement(self, caller: str, pool_name: str) -> bool:
-        """Whether `caller` is the pool's owner, one of its users (or in a group it names), or an admin."""
+    def _sees_placement(self, caller: str, pool_name: str, sees: dict[str, bool]) -> bool:
+        """Whether `caller` is the pool's owner, one of its users (or in a group it names), or an
+        admin; `sees` remembers the answer per pool, so a page of jobs reads each pool once."""
+        if pool_name not in sees:
+            sees[pool_name] = self._may_see_placement(caller, pool_name)
+        return sees[pool_name]
+
+    def _may_see_placement(self, caller: str, pool_name: str) -> bool:
         if caller in self.settings.admins:
             return True
         warm = self.service.warm
@@ -76,13 +82,14 @@ class JobActions:
             states=request.state, owner=request.owner, name_prefix=request.name_prefix, labels=dict(request.labels)
         )
         jobs = self.store.list_jobs(limit=request.limit, where=where)
-        return Response(200, {"jobs": [self.shown(caller, job) for job in jobs]})
+        sees: dict[str, bool] = {}  # pool -> whether the caller sees its placement
+        return Response(200, {"jobs": [self.shown(caller, job, sees) for job in jobs]})
 
     def describe(self, caller: str, request: JobRequest) -> Response:
         """The job's document, its timeline, and its attempts' exported logs."""
         job = self.job(request.job_id)
         events = [dict(to_json(e)) for e in self.store.event_documents(job.job_id)]
-        if job.warm_pool and not self._sees_placement(caller, job.warm_pool):
+        if job.warm_pool and not self._sees_placement(caller, job.warm_pool, {}):
             events = [hide_placement(event, job) for event in events]
         return Response(
             200,
