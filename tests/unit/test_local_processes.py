@@ -62,3 +62,67 @@ def test_a_gone_pid_has_no_start_time(sleeper: processes.ManagedProcess) -> None
     sleeper.handle.wait()
     assert processes.process_create_time(sleeper.pid) is None
     assert not processes.is_running(sleeper)
+
+
+def test_service_ports_come_from_below_the_ephemeral_range() -> None:
+    """A port the kernel hands to any bind(0) could be taken before our service binds it."""
+    low = processes._ephemeral_low()
+    if low is None:
+        pytest.skip("no ephemeral range to read on this system")
+    ports = {processes.free_port() for _ in range(20)}
+    assert all(port < low for port in ports)
+
+
+def test_a_port_answered_by_another_process_is_a_failed_start(tmp_path: Path) -> None:
+    """When someone else took the port first, their answer must not count as our service's."""
+    import socket
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Ok(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"Ok")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    squatter = ThreadingHTTPServer((processes.LOOPBACK, 0), Ok)
+    port = int(squatter.server_address[1])
+    threading.Thread(target=squatter.serve_forever, daemon=True).start()
+    # Our "service" binds another port and lives: only the squatter answers on `port`.
+    with socket.socket() as elsewhere:
+        elsewhere.bind((processes.LOOPBACK, 0))
+        spec = processes.ServiceSpec(
+            name="svc",
+            argv=SLEEPER,
+            port=port,
+            ready=processes.answers_ok(f"http://{processes.LOOPBACK}:{port}/", b"Ok"),
+            deadline_s=10,
+        )
+        try:
+            with pytest.raises(processes.ServiceStartError, match="answers from another process"):
+                processes.start([spec], tmp_path)
+        finally:
+            squatter.shutdown()
+            squatter.server_close()
+
+
+def test_a_service_that_answers_on_its_own_port_has_started(tmp_path: Path) -> None:
+    """The port check counts listeners in the started process's own tree (its children too)."""
+    port = processes.free_port()
+    server = f"import http.server as h; h.HTTPServer(('127.0.0.1', {port}), h.SimpleHTTPRequestHandler).serve_forever()"
+    child_serves = (sys.executable, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', {server!r}])")
+    spec = processes.ServiceSpec(
+        name="svc",
+        argv=child_serves,
+        port=port,
+        ready=processes.answers_http(f"http://{processes.LOOPBACK}:{port}/"),
+        deadline_s=30,
+    )
+    started = processes.start([spec], tmp_path)
+    try:
+        assert processes.listens_on(started[0], port)
+    finally:
+        processes.stop(started)

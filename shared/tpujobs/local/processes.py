@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import re
 import shutil
 import signal
@@ -106,11 +107,51 @@ class ManagedProcess:
 # --- probes ---------------------------------------------------------------------------
 
 
+# Ports for our services come from below the kernel's ephemeral range: every bind to port 0
+# (test servers, client sockets) draws from that range, and could take a port we chose for a
+# service before the service binds it.
+_SERVICE_PORTS = range(20000, 32768)
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
 def free_port(host: str = LOOPBACK) -> int:
-    """A TCP port nobody listens on right now (the caller should bind it soon)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    """A TCP port nobody listens on right now, outside the ephemeral range (bind it soon)."""
+    low = _ephemeral_low()
+    candidates = [p for p in _SERVICE_PORTS if p < low] if low else []
+    for port in random.sample(candidates, min(len(candidates), 64)):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # no range known: the kernel's pick
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def _ephemeral_low() -> int | None:
+    try:
+        return int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def listens_on(process: ManagedProcess, port: int) -> bool:
+    """The process, or one of its children, listens on the TCP port (not someone else who took it)."""
+    found = _live(process.pid)
+    if found is None:
+        return False
+    try:
+        tree = [found, *found.children(recursive=True)]
+    except psutil.Error:
+        return False
+    for member in tree:
+        with contextlib.suppress(psutil.Error):
+            for conn in member.net_connections(kind="tcp"):
+                if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
+                    return True
+    return False
 
 
 def http_get(url: str, timeout_s: float = 1.0) -> tuple[int, bytes] | None:
@@ -432,7 +473,10 @@ def _wait_ready(spec: ServiceSpec, process: ManagedProcess, poll_s: float = 0.1)
         code = process.handle.poll() if process.handle is not None else None
         exited = code is not None if process.handle is not None else not is_running(process)
         if not exited and spec.ready():
-            return
+            if spec.port == 0 or listens_on(process, spec.port):
+                return
+            # Something answers, but not ours: the port was taken before our service bound it.
+            raise ServiceStartError(f"{spec.name} (pid {process.pid}): port {spec.port} answers from another process")
         if exited:
             tail = log_tail(process.log_path)
             hint = spec.diagnose(tail) if spec.diagnose is not None else None
