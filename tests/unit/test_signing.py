@@ -74,23 +74,42 @@ def report_bytes(**changes: Any) -> bytes:
     return json.dumps(body).encode()
 
 
+def attributes_for(job: Job, master: str, data: bytes, attempt: int, *, version: str = "1") -> dict[str, str]:
+    """What the attempt's agent sends with `data`: signed with `attempt`'s key of `job`."""
+    assert job.created_at is not None
+    created = signing.created_micros(job.created_at)
+    key = signing.MasterKeys.of(master, version).attempt_key(job.job_id, created, attempt)
+    return {
+        signing.SIGNATURE_ATTRIBUTE: signing.sign(key, data),
+        signing.KEY_VERSION_ATTRIBUTE: version,
+        signing.JOB_CREATED_ATTRIBUTE: str(created),
+    }
+
+
 def check(
     job: Job,
     master: str,
     *,
     key_attempt: int | None = None,
+    signed_for: Job | None = None,
     signature: str | None = None,
     **fields: Any,
 ):
-    """report_problem for a report of `job`, signed with the key of `key_attempt` (default: the
-    attempt it names) unless `signature` is given; `fields` override attempt, ids and time."""
+    """What the engine finds wrong with a report of `job`, from the message first (`forgery`), then
+    against the job (`report_problem`): signed with the key of `key_attempt` (default: the attempt it
+    names) of `signed_for` (default: `job`) unless `signature` is given; `fields` override attempt,
+    ids and time."""
     values: dict[str, Any] = {"attempt": 1, "slice_id": 0, "worker_id": 0, "at": NOW, **fields}
     data = report_bytes(attempt=values["attempt"], slice_id=values["slice_id"], worker_id=values["worker_id"])
-    if signature is None:
-        assert job.created_at is not None
-        key = signing.attempt_key(master, job.job_id, job.created_at, key_attempt or values["attempt"])
-        signature = signing.sign(key, data)
-    return signing.report_problem(job, data=data, signature=signature, master=master, now=NOW, **values)
+    attributes = attributes_for(signed_for or job, master, data, key_attempt or values["attempt"])
+    if signature is not None:
+        attributes[signing.SIGNATURE_ATTRIBUTE] = signature
+    keys = signing.MasterKeys.of(master)
+    forged = signing.forgery(keys, job.job_id, values["attempt"], data, attributes)
+    if forged is not None:
+        return forged
+    created = attributes[signing.JOB_CREATED_ATTRIBUTE]
+    return signing.report_problem(job, created=created, now=NOW, **values)
 
 
 # -- keys ---------------------------------------------------------------------------------
@@ -305,69 +324,60 @@ def test_an_attempt_beyond_the_jobs_is_refused(master):
 def test_a_report_signed_with_another_attempts_key_is_refused(master):
     """A report naming attempt 2 signed with attempt 1's key (a leftover host of attempt 1) is refused."""
     job = at_attempt_2(make_job(), CREATED + timedelta(minutes=10))
-    assert check(job, master, attempt=2, key_attempt=1) == MISMATCH
+    assert check(job, master, attempt=2, key_attempt=1) == signing.MISMATCH
 
 
 def test_a_report_signed_with_another_jobs_key_is_refused(master):
     """A report about train-1 signed with train-2's key of the same attempt is refused."""
-    data = report_bytes()
-    signature = signing.sign(signing.attempt_key(master, "train-2", CREATED, 1), data)
-    problem = signing.report_problem(
-        make_job(),
-        attempt=1,
-        slice_id=0,
-        worker_id=0,
-        at=NOW,
-        data=data,
-        signature=signature,
-        master=master,
-        now=NOW,
-    )
-    assert problem == MISMATCH
+    other = make_job(job_id="train-2")
+    assert check(make_job(), master, signed_for=other) == signing.MISMATCH
 
 
 def test_a_report_signed_under_another_master_key_is_refused(master):
     """Another deployment's key (another master) does not sign for this one."""
     data = report_bytes()
-    other = signing.attempt_key(secrets.token_urlsafe(48), "train-1", CREATED, 1)
-    problem = signing.report_problem(
-        make_job(),
-        attempt=1,
-        slice_id=0,
-        worker_id=0,
-        at=NOW,
-        data=data,
-        signature=signing.sign(other, data),
-        master=master,
-        now=NOW,
-    )
-    assert problem == MISMATCH
+    attributes = attributes_for(make_job(), secrets.token_urlsafe(48), data, 1)
+    assert signing.forgery(signing.MasterKeys.of(master), "train-1", 1, data, attributes) == signing.MISMATCH
 
 
 def test_an_unsigned_or_malformed_report_gets_its_sentence(master):
-    """report_problem passes signature_problem's sentences on."""
-    assert check(make_job(), master, signature="") == UNSIGNED
-    assert check(make_job(), master, signature="v1=nothex") == MALFORMED
+    """The message alone says it is unsigned, malformed, or of an unknown key version."""
+    assert check(make_job(), master, signature="") == signing.UNSIGNED
+    assert check(make_job(), master, signature="v1=nothex") == signing.MALFORMED
+    data = report_bytes()
+    attributes = attributes_for(make_job(), master, data, 1)
+    keys = signing.MasterKeys.of(master)
+    for name, bad in ((signing.KEY_VERSION_ATTRIBUTE, "one"), (signing.JOB_CREATED_ATTRIBUTE, "-5")):
+        assert signing.forgery(keys, "train-1", 1, data, {**attributes, name: bad}) == signing.MALFORMED
+    unknown = {**attributes, signing.KEY_VERSION_ATTRIBUTE: "2"}
+    assert signing.forgery(keys, "train-1", 1, data, unknown) == signing.UNKNOWN_VERSION
 
 
 def test_a_job_reused_under_the_same_id_does_not_accept_the_old_jobs_reports(master):
-    """A report signed for an earlier job with the same job_id (another creation time) is refused."""
+    """A report signed for an earlier job with the same job_id (another creation time) verifies
+    (its host was genuine) but is refused against the job of today."""
     earlier = make_job().evolve(created_at=CREATED - timedelta(days=1))
+    assert check(make_job(), master, signed_for=earlier) == "it was signed for an earlier job of the same job_id"
+
+
+def test_a_forged_creation_time_derives_another_key(master):
+    """The creation time travels unsigned, but another one derives another key: a mismatch."""
     data = report_bytes()
-    assert earlier.created_at is not None
-    signature = signing.sign(signing.attempt_key(master, "train-1", earlier.created_at, 1), data)
-    problem = signing.report_problem(
-        make_job(),
-        attempt=1,
-        slice_id=0,
-        worker_id=0,
-        at=NOW,
-        data=data,
-        signature=signature,
-        master=master,
-        now=NOW,
-    )
-    assert problem == MISMATCH
+    attributes = attributes_for(make_job(), master, data, 1)
+    attributes[signing.JOB_CREATED_ATTRIBUTE] = str(int(attributes[signing.JOB_CREATED_ATTRIBUTE]) + 1)
+    assert signing.forgery(signing.MasterKeys.of(master), "train-1", 1, data, attributes) == signing.MISMATCH
+
+
+def test_the_previous_master_key_still_verifies_and_an_older_one_does_not(master):
+    """A rotation: keys handed out under version 1 verify while 1 is the previous; once it is
+    dropped they do not."""
+    data = report_bytes()
+    signed_v1 = attributes_for(make_job(), master, data, 1, version="1")
+    rotated = signing.MasterKeys.of(secrets.token_urlsafe(48), "2", master, "1")
+    assert signing.forgery(rotated, "train-1", 1, data, signed_v1) is None
+    assert rotated.current_version == "2"
+    dropped = signing.MasterKeys.of(rotated.secrets["2"], "2")
+    assert signing.forgery(dropped, "train-1", 1, data, signed_v1) == signing.UNKNOWN_VERSION
 
 
 def test_a_time_before_the_attempt_began_beyond_the_skew_is_refused(master):
@@ -418,9 +428,14 @@ def test_a_late_report_of_an_older_attempt_is_believed(master):
 
 
 def test_a_job_without_a_creation_time_refuses_every_report(master):
-    """No creation time, no keys: the report is refused with a sentence."""
-    problem = check(make_job().evolve(created_at=None), master, signature="v1=" + "0" * 64)
-    assert problem == "the job has no creation time to derive its attempt keys from"
+    """No creation time: nothing signed can name it."""
+    job = make_job()
+    data = report_bytes()
+    created = attributes_for(job, master, data, 1)[signing.JOB_CREATED_ATTRIBUTE]
+    problem = signing.report_problem(
+        job.evolve(created_at=None), attempt=1, slice_id=0, worker_id=0, at=NOW, created=created, now=NOW
+    )
+    assert problem == "it was signed for an earlier job of the same job_id"
 
 
 # -- scrubbing ------------------------------------------------------------------------------

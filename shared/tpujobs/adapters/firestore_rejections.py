@@ -38,8 +38,8 @@ class FirestoreMessageRecords(OnFirestore):
                     "payload": rejection.payload[:MAX_PAYLOAD_CHARS],
                     "topic": rejection.topic,
                     "message_id": rejection.message_id,
-                    # how often this message was seen: more than 1 means it was redelivered
-                    "deliveries": firestore.Increment(1),
+                    # how often this message was seen (redelivered), or how many forgeries it counts
+                    "deliveries": firestore.Increment(rejection.count),
                     "expire_at": rejection.at + self._rejection_retention,  # Firestore's TTL deletes it then
                 },
                 merge=True,

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable
 
 from .attempt import Agent
+from .attempt_key import fetch_attempt_key
 from .basics import AGENT_CANNOT_START, AgentError, log
 from .config import discover_identity, load_config, megascale_environment, read_tpu_env
 from .notices import watch_sigterm
@@ -25,7 +26,6 @@ from .rest import (
     SecretReader,
     Storage,
     TokenSource,
-    read_report_key,
 )
 
 
@@ -89,7 +89,9 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(args[0])
         tpu_env = read_tpu_env(metadata)
         worker_id, slice_id = discover_identity(metadata, config, tpu_env)
-        key = read_report_key(metadata)
+        key = fetch_attempt_key(
+            metadata, str(config.get("key_url") or ""), config["job_id"], config["attempt"], slice_id, worker_id
+        )
     except (AgentError, OSError, http.client.HTTPException) as error:
         log(f"cannot start: {error}")
         return AGENT_CANNOT_START
@@ -97,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     publisher = Publisher(
         GoogleApi.from_env("PUBSUB_EMULATOR_HOST", PUBSUB_API, environ, tokens),
         config["project"],
-        key,
+        key.key,
+        key.names(),
     )
     storage = Storage(GoogleApi.from_env("STORAGE_EMULATOR_HOST", STORAGE_API, environ, tokens))
     secret_reader = SecretReader(GoogleApi.secrets_from_env(environ, tokens), metadata)

@@ -5,6 +5,7 @@ a fresh directory; after each, whatever the job left is killed and its directory
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import queue
@@ -14,6 +15,7 @@ import threading
 from typing import Any
 
 from .attempt import Agent
+from .attempt_key import fetch_attempt_key
 from .basics import AGENT_FAILED, AgentError, log, safe_name
 from .boot_record import AttemptRecord, boot_id, still_running
 from .config import check_config, check_image, check_required, check_timings, read_json_object
@@ -21,7 +23,7 @@ from .containers import Docker, ImageProblem
 from .notices import watch_metadata
 from .processes import kill_descendants, signal_group
 from .reports import Reporter
-from .rest import GoogleApi, Metadata, Publisher, SecretReader, Storage, TokenSource, parse_report_key
+from .rest import GoogleApi, Metadata, Publisher, SecretReader, Storage, TokenSource
 from .wire import MAX_DETAIL_CHARS
 
 ASSIGNMENT_METADATA = "instance/attributes/tpujobs-assignment"
@@ -61,9 +63,9 @@ def load_pool_config(path: str) -> dict[str, Any]:
 
 
 def parse_assignment(text: str) -> dict[str, Any]:
-    """A `tpujobs-assignment` value: {"seq": N} (idle), or with job_id, attempt, report_key and
-    config (the attempt's). AgentError with a sentence naming the field; it never quotes the
-    text, which holds the attempt's report key."""
+    """A `tpujobs-assignment` value: {"seq": N} (idle), or with job_id, attempt and config (the
+    attempt's; its key is fetched with the VM's identity token). AgentError with a sentence naming
+    the field."""
     try:
         data = json.loads(text)
     except ValueError:
@@ -80,8 +82,6 @@ def parse_assignment(text: str) -> dict[str, Any]:
         raise AgentError(f"assignment seq {seq}: 'job_id' must be a non-empty string")
     if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 1:
         raise AgentError(f"assignment seq {seq}: 'attempt' must be a whole number, 1 or more")
-    if not isinstance(data.get("report_key"), str):
-        raise AgentError(f"assignment seq {seq}: 'report_key' must be a string")
     if not isinstance(config, dict):
         raise AgentError(f"assignment seq {seq}: 'config' must be a JSON object")
     if config.get("job_id") != job_id or config.get("attempt") != attempt:
@@ -238,11 +238,14 @@ class PoolAgent:
                 return
         self.handled.add(key)
         try:
-            publisher_key = parse_report_key(assignment["report_key"])
-        except AgentError as error:
+            config_key_url = str(assignment["config"].get("key_url") or "")
+            attempt_key = fetch_attempt_key(
+                self.metadata, config_key_url, key[0], key[1], self.slice_id, self.worker_id
+            )
+        except (AgentError, OSError, http.client.HTTPException) as error:
             log(f"{where} not started: {error}: no report would be believed")
             return
-        publisher = Publisher(self.pubsub, str(self.config["project"]), publisher_key)
+        publisher = Publisher(self.pubsub, str(self.config["project"]), attempt_key.key, attempt_key.names())
         config = dict(assignment["config"])
         if not config.get("image") and self.config.get("image"):
             config["image"] = self.config["image"]  # the pool's, when the job names none

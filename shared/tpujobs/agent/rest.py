@@ -22,14 +22,13 @@ from collections.abc import Callable
 from typing import Any
 
 from .basics import AgentError, HttpError, Refused
-from .wire import KEY_ATTRIBUTE, KEY_BYTES, SIGNATURE_ATTRIBUTE, encode_payload, parse_key_text, sign
+from .wire import KEY_BYTES, SIGNATURE_ATTRIBUTE, encode_payload, parse_key_text, sign
 
 DEFAULT_METADATA_URL = "http://metadata.google.internal/computeMetadata/v1"
 PUBSUB_API = "https://pubsub.googleapis.com"
 STORAGE_API = "https://storage.googleapis.com"
 SECRETS_API = "https://secretmanager.googleapis.com"
 SECRETS_ENDPOINT_VARIABLE = "TPUJOBS_SECRETS_ENDPOINT"  # the local stack's Secret Manager
-KEY_METADATA = "instance/attributes/" + KEY_ATTRIBUTE
 ACCOUNT_METADATA = "instance/service-accounts/default/email"
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # metadata, emulators
 _DEFAULT = urllib.request.build_opener()  # Google APIs: honour the host's proxy settings
@@ -38,7 +37,7 @@ _DEFAULT = urllib.request.build_opener()  # Google APIs: honour the host's proxy
 
 
 def parse_report_key(text: str) -> bytes:
-    """The attempt's 32-byte key from its metadata value (`wire.key_text`); AgentError for
+    """The attempt's 32-byte key from its text (`wire.key_text`); AgentError for
     anything else, never quoting the value: it is a secret."""
     try:
         return parse_key_text(text)
@@ -260,12 +259,14 @@ class Publisher:
     `nonce`, so publishing the same payload again also gives the same bytes.
     """
 
-    def __init__(self, api: GoogleApi, project: str, key: bytes) -> None:
+    def __init__(self, api: GoogleApi, project: str, key: bytes, names: dict[str, str] | None = None) -> None:
+        """`names`: the attributes that name the key (its version, the job's creation time)."""
         if len(key) != KEY_BYTES:
             raise AgentError(f"a report key is {KEY_BYTES} bytes")
         self.api = api
         self.project = project
         self._key = key
+        self._names = dict(names or {})
 
     @property
     def key(self) -> bytes:
@@ -281,7 +282,7 @@ class Publisher:
         timeout: float = 10.0,
     ) -> None:
         data = encode_payload(payload)
-        signed = {**attributes, SIGNATURE_ATTRIBUTE: sign(self._key, data)}
+        signed = {**attributes, **self._names, SIGNATURE_ATTRIBUTE: sign(self._key, data)}
         body = {"messages": [{"data": base64.b64encode(data).decode("ascii"), "attributes": signed}]}
         path = "/v1/projects/{}/topics/{}:publish".format(
             urllib.parse.quote(self.project, safe=""), urllib.parse.quote(topic, safe="")
@@ -398,14 +399,3 @@ def split_gs_uri(uri: str) -> tuple[str, str]:
     if not bucket:
         raise AgentError(f"no bucket in {uri!r}")
     return bucket, name
-
-
-def read_report_key(metadata: Metadata) -> bytes:
-    """This attempt's signing key, from the node metadata; without one nothing can be reported."""
-    text = metadata.get_optional(KEY_METADATA)
-    if text is None:
-        raise AgentError(f"no report key in the metadata ({KEY_METADATA}): no report would be believed")
-    try:
-        return parse_report_key(text)
-    except AgentError as error:
-        raise AgentError(f"{error}: no report would be believed") from None

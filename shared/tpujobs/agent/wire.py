@@ -15,8 +15,13 @@ import json
 import re
 from typing import Any
 
-KEY_ATTRIBUTE = "tpujobs-report-key"  # the node metadata key that holds an attempt's key
 SIGNATURE_ATTRIBUTE = "tpujobs-signature"  # the Pub/Sub message attribute that carries a signature
+# Beside the signature, what names its key, so it is checked before anything is read: the master
+# key's version, and the job's creation time (microseconds), which with job id and attempt (in the
+# data) derive the key. Neither is signed: another value derives another key, which fails.
+KEY_VERSION_ATTRIBUTE = "tpujobs-key-version"
+JOB_CREATED_ATTRIBUTE = "tpujobs-job-created"
+VERSION_PATTERN = r"[0-9]{1,12}"  # a master key's version: Secret Manager numbers them
 KEY_PREFIX = "tpujobs-key-v1:"
 KEY_BYTES = 32
 SIGNATURE_PREFIX = "v1="

@@ -26,6 +26,7 @@ from tpujobs.engine.jobs_api.answers import dead_letter_document as dead_letter_
 from tpujobs.engine.jobs_api.answers import quota_document as quota_document
 from tpujobs.engine.jobs_api.answers import rejection_document as rejection_document
 from tpujobs.engine.jobs_api.answers import to_json as to_json
+from tpujobs.engine.jobs_api.attempt_keys import AttemptKeys
 from tpujobs.engine.jobs_api.job_actions import JobActions
 from tpujobs.engine.jobs_api.pool_actions import WAITING_SHOWN as WAITING_SHOWN
 from tpujobs.engine.jobs_api.pool_actions import PoolActions
@@ -57,6 +58,7 @@ ROUTES = {
     "pool-describe": ("pool_actions", "describe"),
     "pool-resize": ("pool_actions", "resize"),
     "pool-delete": ("pool_actions", "delete"),
+    "attempt-key": ("attempt_keys", "grant"),
 }
 
 
@@ -70,17 +72,21 @@ class JobsApi:
         settings: Settings,
         verify_token: TokenVerifier | None = None,
         dead_letters: DeadLetterStore | None = None,
+        verify_vm_token: TokenVerifier | None = None,
     ) -> None:
         """`store` is the service's job store, with its documents (what `describe` shows);
         `verify_token` checks signed ID tokens (`adapters.google_id_tokens`, which `runtime`
         wires): without one, only the local stack's caller header and tokens Cloud Run
-        checked are accepted. `dead_letters`: the deployment's, for admins; None: none kept."""
+        checked are accepted. `dead_letters`: the deployment's, for admins; None: none kept.
+        `verify_vm_token` checks the VM identity tokens hosts trade for their attempt's key
+        (Google's certificates, or the local simulator's); None: no key is handed out."""
         self.service = service
         self.store = store
         self.settings = settings
         self.verify_token = verify_token or _no_signed_tokens
         self.identity = CallerIdentity(self.verify_token, platform_auth=settings.api_platform_auth)
         self._dead_letters = dead_letters
+        self.verify_vm_token = verify_vm_token or _no_signed_tokens
 
     def handle(self, method: str, url: str, headers: Headers, body: bytes) -> Response:
         """Answer one HTTP request; every refusal is a JSON `{"error": sentence}`."""
@@ -136,6 +142,11 @@ class JobsApi:
     def records(self) -> Records:
         """The admin reads: dead letters, rejections, quotas."""
         return Records(self.store, self.service.pools, self._dead_letters, self.settings)
+
+    @property
+    def attempt_keys(self) -> AttemptKeys:
+        """`attempt-key`: a host's key, for its VM's identity token."""
+        return AttemptKeys(self.store, self.settings, self.verify_vm_token, self.service.clock)
 
     @property
     def warm(self) -> WarmPools:

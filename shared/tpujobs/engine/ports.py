@@ -32,6 +32,7 @@ class Rejection:
     reason: str
     payload: str  # the first 4 KiB of the message, as text
     topic: str
+    count: int = 1  # messages it stands for: more than 1 for forgeries counted, not each recorded
 
 
 @dataclass(frozen=True)

@@ -151,7 +151,7 @@ class Engine:
         self.vetting = Vetting(settings, access, pools, pool_jobs)
         self.lifecycle = JobLifecycle(store, clock, sleep, self.journal, self.attempts, self.admission, pool_jobs)
         self.warm = parts.complete(self) if parts is not None else None  # None: built without warm pools
-        reports = SignedReports(store, settings.report_key, clock, self.rejections)
+        self.reports = reports = SignedReports(store, settings.master_keys(), clock, self.rejections)
         self.submission = Submission(
             store, settings, clock, self.vetting, self.journal, self.rejections, self.lifecycle
         )

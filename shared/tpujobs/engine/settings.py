@@ -9,8 +9,12 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from tpujobs.domain.vm_defaults import VmDefaults
+
+if TYPE_CHECKING:
+    from tpujobs.domain.signing import MasterKeys
 
 DEFAULT_PROJECT = "tpujobs-local"
 DEFAULT_ZONE = "us-central2-b"
@@ -44,6 +48,17 @@ class Settings:
     # The deployment's report-signing master key (a secret, from Secret Manager): each attempt's
     # key is derived from it (`tpujobs.domain.signing`). Never printed, so not in repr.
     report_key: str = field(default="", repr=False)
+    # Its version in Secret Manager, named by every signature; the previous version (and its secret)
+    # still verifies while a rotation completes (docs/security.md#rotating-the-master-key).
+    report_key_version: str = "1"
+    report_key_previous: str = field(default="", repr=False)
+    report_key_previous_version: str = ""
+    # Where a host trades its VM's identity token for its attempt's key: the jobs function's URL,
+    # also the token's audience (`engine.attempt_keys`). infra/ and the local stack set it.
+    key_url: str = ""
+    # The certificates that sign VM identity tokens; empty: Google's. The local stack's simulator
+    # serves its own.
+    vm_certs_url: str = ""
     # How often a host (worker 0 for a multi-host slice) reports that it is alive: every
     # heartbeat_seconds during an attempt's first heartbeat_fast_window_seconds, then every
     # heartbeat_sparse_seconds (at most half the timeout, or detection gets slower).
@@ -84,3 +99,11 @@ class Settings:
         from tpujobs.engine.settings_env import read
 
         return read(cls, os.environ if environ is None else environ)
+
+    def master_keys(self) -> MasterKeys:
+        """The report-signing master keys: the current version, and the previous while a rotation runs."""
+        from tpujobs.domain.signing import MasterKeys  # not at import: it loads the job model
+
+        return MasterKeys.of(
+            self.report_key, self.report_key_version, self.report_key_previous, self.report_key_previous_version
+        )

@@ -24,7 +24,7 @@ from importlib import resources
 from typing import Any
 
 from tpujobs import agent
-from tpujobs.domain import limits, signing
+from tpujobs.domain import limits
 from tpujobs.domain.job import Job
 from tpujobs.domain.naming import checkpoint_prefix, job_prefix
 from tpujobs.domain.secrets import secret_version_name
@@ -124,6 +124,8 @@ def agent_config(job: Job, settings: Settings, timings: AgentTimings | None = No
     return {
         "job_id": job.job_id,
         "attempt": job.attempt,
+        # Where a host trades its VM's identity token for the attempt's key (no key is in metadata).
+        "key_url": settings.key_url,
         "resume": bool(job.resume_next) and job.attempt > 1,
         "command": spec.command,
         "setup": spec.setup,
@@ -204,27 +206,19 @@ def _agent_script(config_data: dict[str, Any], workdir: str, arguments: str) -> 
 
 def host_boot(job: Job, settings: Settings, *, timings: AgentTimings | None = None) -> HostBoot:
     """How the TPU VMs of the job's current attempt boot: the account they run as (the job's
-    own, else the deployment's) and their metadata, the startup script and the report key.
-
-    The key signs every report of this attempt's hosts (`tpujobs.domain.signing`); it is
-    derived, never stored, and sits in its own metadata entry so that `signing.scrub` can
-    cut it from any text that quotes the request (the TPU audit log).
-    """
+    own, else the deployment's) and their metadata, the startup script alone. No report key: an
+    API viewer reads metadata, so the hosts fetch their key with the VM's identity token."""
     assert job.created_at is not None, "a stored job has a creation time"
-    key = signing.attempt_key(settings.report_key, job.job_id, job.created_at, job.attempt)
-    metadata = {
-        STARTUP_SCRIPT_KEY: render_startup_script(job, settings, timings=timings),
-        signing.KEY_ATTRIBUTE: signing.key_text(key),
-    }
+    metadata = {STARTUP_SCRIPT_KEY: render_startup_script(job, settings, timings=timings)}
     return HostBoot(job.spec.service_account or settings.tpu_service_account, metadata)
 
 
 # --- warm pools -----------------------------------------------------------------------
 # A pool unit's nodes boot into the pool-mode agent (`python3 agent.pyz --pool config.json`),
 # which waits on the `tpujobs-assignment` metadata entry: `{"seq": N}` when the unit is idle,
-# else one attempt to run, with that attempt's report key (there is no `tpujobs-report-key`
-# entry on a unit). The control plane writes both entries at once with UpdateNode, which
-# replaces the whole metadata map (`unit_metadata`).
+# else one attempt to run (its hosts fetch the attempt's key as any attempt's hosts do). The
+# control plane writes both entries at once with UpdateNode, which replaces the whole metadata
+# map (`unit_metadata`).
 
 ASSIGNMENT_KEY = "tpujobs-assignment"
 POOL_WORKDIR = f"{DEFAULT_WORKDIR_ROOT}/pool"
@@ -290,18 +284,11 @@ def assignment_text(
 ) -> str:
     """The `tpujobs-assignment` value that runs the job's current attempt on a unit: the config
     a normal attempt's hosts get (its `queued_resource` the unit's, so a host finds its slice
-    from NODE_ID), and the attempt's report key, derived as `host_boot` derives it."""
+    from NODE_ID); no key, which its hosts fetch as `host_boot`'s do."""
     assert job.created_at is not None, "a stored job has a creation time"
     config = agent_config(job, settings, timings)
     config["queued_resource"] = unit_queued_resource
-    key = signing.attempt_key(settings.report_key, job.job_id, job.created_at, job.attempt)
-    assignment = {
-        "seq": _seq(seq),
-        "job_id": job.job_id,
-        "attempt": job.attempt,
-        "report_key": signing.key_text(key),
-        "config": config,
-    }
+    assignment = {"seq": _seq(seq), "job_id": job.job_id, "attempt": job.attempt, "config": config}
     return json.dumps(assignment, sort_keys=True, ensure_ascii=False)
 
 

@@ -314,6 +314,7 @@ def _start(
     api = next((r for r in topology.FUNCTIONS if r.signature == "http"), None)
     if api is not None:
         env["TPUJOBS_API_URL"] = functions[api.target]
+        env["TPUJOBS_KEY_URL"] = functions[api.target]  # where hosts trade identity tokens for keys
     # The signing key goes to the functions alone: a job's code on a simulated host must not
     # inherit it (production mounts it into the functions from Secret Manager the same way).
     report_key = secrets.token_urlsafe(48)

@@ -74,11 +74,40 @@ def signed(service: Any, topic: str, payload: dict[str, Any], message_id: str | 
     data = json.dumps(body).encode()
     created = job.created_at if job is not None and job.created_at is not None else datetime(2000, 1, 1)
     attempt = body.get("attempt")
-    key = signing.attempt_key(
-        service.settings.report_key, str(body.get("job_id")), created, attempt if isinstance(attempt, int) else 0
+    keys = service.settings.master_keys()
+    attributes = signing_attributes(
+        keys, str(body.get("job_id")), signing.created_micros(created), attempt if isinstance(attempt, int) else 0, data
     )
-    attributes = {signing.SIGNATURE_ATTRIBUTE: signing.sign(key, data)}
     return InboundMessage(message_id or str(next(_message_ids)), topic, data, attributes)
+
+
+def signed_with(service: Any, key: bytes, topic: str, payload: dict[str, Any]) -> InboundMessage:
+    """A report or notice signed with `key`, whoever's it is, naming the current master key version
+    and the creation time of the job it names (public facts): a forgery, unless `key` is right."""
+    job = service.store.get(str(payload.get("job_id", "")))
+    body = {"at": service.clock().isoformat(), "nonce": secrets.token_hex(16), **payload}
+    data = json.dumps(body).encode()
+    created = job.created_at if job is not None and job.created_at is not None else datetime(2000, 1, 1)
+    attributes = {
+        signing.SIGNATURE_ATTRIBUTE: signing.sign(key, data),
+        signing.KEY_VERSION_ATTRIBUTE: service.settings.master_keys().current_version,
+        signing.JOB_CREATED_ATTRIBUTE: str(signing.created_micros(created)),
+    }
+    return InboundMessage(str(next(_message_ids)), topic, data, attributes)
+
+
+def signing_attributes(
+    keys: signing.MasterKeys, job_id: str, created: int, attempt: int, data: bytes, version: str | None = None
+) -> dict[str, str]:
+    """The attributes an agent sends with `data`: its signature under the attempt's key of `version`
+    (default: the current), and what names that key."""
+    version = version or keys.current_version
+    key = keys.attempt_key(job_id, created, attempt, version)
+    return {
+        signing.SIGNATURE_ATTRIBUTE: signing.sign(key, data),
+        signing.KEY_VERSION_ATTRIBUTE: version,
+        signing.JOB_CREATED_ATTRIBUTE: str(created),
+    }
 
 
 When = Literal["before", "after"]

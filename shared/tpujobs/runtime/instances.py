@@ -186,6 +186,7 @@ def jobs_api() -> JobsApi:
         a.settings,
         verify_token=GoogleIdTokens(a.settings.api_certs_url),
         dead_letters=FirestoreDeadLetters(a.firestore),
+        verify_vm_token=GoogleIdTokens(a.settings.vm_certs_url),
     )
 
 

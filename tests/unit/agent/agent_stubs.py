@@ -114,14 +114,12 @@ class FakeMetadata(_Server):
         worker: int = 0,
         node_id: str = "train-1-a1",
         token: str = "fake-token",
-        key: str | None = signing.key_text(KEY),
         account: str = ACCOUNT,
         **extra: str,
     ) -> None:
         self.worker = worker
         self.node_id = node_id
         self.token = token
-        self.key = key  # the tpujobs-report-key attribute; None: absent
         self.account = account
         self.preempted = False
         self.maintenance_event = "NONE"
@@ -129,6 +127,7 @@ class FakeMetadata(_Server):
         self.closing = threading.Event()
         self.extra = extra
         self.requests: list[str] = []
+        self.key_server: GoogleStub | None = None  # who answers this host's `attempt-key`, if a test says
 
     def wait_for_change(self, key: str, value: str, query: dict[str, list[str]]) -> str | None:
         """The value once its ETag differs from last_etag (without one: once it changes), or at timeout_sec."""
@@ -157,10 +156,10 @@ class FakeMetadata(_Server):
             "instance/service-accounts/default/token": json.dumps(
                 {"access_token": self.token, "expires_in": 3599, "token_type": "Bearer"}
             ),
+            # What the control plane's `attempt-key` takes (GoogleStub answers it): any text here.
+            "instance/service-accounts/default/identity": f"identity-of-{self.node_id}-w{self.worker}",
             **self.extra,
         }
-        if self.key is not None:
-            values["instance/attributes/tpujobs-report-key"] = self.key
         return values
 
     @property
@@ -204,6 +203,9 @@ class GoogleStub(_Server):
         self.failures: dict[str, list[int]] = {}
         self.secrets: dict[str, bytes] = {}
         self.denied: set[str] = set()
+        # What `attempt-key` answers (None: 403, as for a VM that is not the attempt's host).
+        self.key_answer: dict[str, str] | None = {"key": signing.key_text(KEY), "key_version": "1", "job_created": "1"}
+        self.key_requests: list[dict[str, Any]] = []
         self.lock = threading.Lock()
 
     def answer(self, method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes]:
@@ -215,6 +217,11 @@ class GoogleStub(_Server):
             parts = urllib.parse.urlsplit(path)
             query = urllib.parse.parse_qs(parts.query)
             route = parts.path
+            if method == "POST" and route == KEY_PATH:
+                self.key_requests.append(json.loads(body))
+                if self.key_answer is None:
+                    return 403, json.dumps({"error": "No key for this VM."}).encode()
+                return 200, json.dumps(self.key_answer).encode()
             publish = re.fullmatch(r"/v1/projects/([^/]+)/topics/([^/]+):publish", route)
             if method == "POST" and publish:
                 topic = urllib.parse.unquote(publish.group(2))
@@ -297,7 +304,12 @@ def a_job(attempt: int = 1, **spec_changes: Any) -> Job:
     return job.evolve(attempt=attempt, queued_resource=f"{job.job_id}-a{attempt}")
 
 
-SETTINGS = Settings(project=PROJECT, prefix="t-", logs_bucket=BUCKET, tpu_service_account=ACCOUNT)
+KEY_PATH = "/attempt-key"  # where GoogleStub answers the jobs function's `attempt-key`
+# The stub's port is known only once it runs: start_script points the agent at it (TPUJOBS_KEY_URL).
+KEY_URL_PLACEHOLDER = "http://attempt-keys.invalid" + KEY_PATH
+SETTINGS = Settings(
+    project=PROJECT, prefix="t-", logs_bucket=BUCKET, tpu_service_account=ACCOUNT, key_url=KEY_URL_PLACEHOLDER
+)
 FAST = AgentTimings(heartbeat_seconds=0.3, grace_seconds=1, chunk_seconds=0.2)
 WORKER_EVENTS = "t-tpujobs-worker-events"
 PREEMPTION = "t-tpujobs-preemption"
@@ -318,6 +330,7 @@ def start_script(
         "HOME": str(workdir.parent),
         "TPUJOBS_WORKDIR": str(workdir),
         "TPUJOBS_METADATA_URL": metadata.base,
+        "TPUJOBS_KEY_URL": google.url + KEY_PATH,  # the stub's, in place of the config's
         "PUBSUB_EMULATOR_HOST": google.url.removeprefix("http://"),
         "STORAGE_EMULATOR_HOST": google.url,
         "TPUJOBS_SECRETS_ENDPOINT": google.url,
@@ -377,6 +390,7 @@ def a_config(**changes: Any) -> dict[str, Any]:
         "project": PROJECT,
         "worker_events_topic": WORKER_EVENTS,
         "preemption_topic": PREEMPTION,
+        "key_url": KEY_URL_PLACEHOLDER,
     }
     config.update(changes)
     return config

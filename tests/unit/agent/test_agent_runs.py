@@ -62,6 +62,8 @@ def test_the_agent_reports_started_and_exited_and_ships_the_output(
         "attempt": "1",
         "kind": "exited",
         "tpujobs-signature": attributes["tpujobs-signature"],
+        "tpujobs-key-version": "1",
+        "tpujobs-job-created": "1",
     }
     assert_all_signed(google, WORKER_EVENTS)
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", exited["at"])
@@ -175,6 +177,8 @@ def test_sigterm_publishes_one_notice_first_then_stops_the_command_without_an_ex
         "job_id": "train-1",
         "attempt": "1",
         "tpujobs-signature": attributes["tpujobs-signature"],
+        "tpujobs-key-version": "1",
+        "tpujobs-job-created": "1",
     }
     assert_all_signed(google, PREEMPTION)
     assert re.fullmatch(r"[0-9a-f]{32}", notice["nonce"])

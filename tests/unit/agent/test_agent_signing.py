@@ -114,25 +114,53 @@ def test_a_preemption_notice_published_again_after_a_failure_keeps_its_bytes(
 
 
 @pytest.mark.parametrize(
-    "key", [None, MALFORMED_KEYS["short"], MALFORMED_KEYS["padded"]], ids=["absent", "short", "padded"]
+    "answer",
+    [None, {"key": MALFORMED_KEYS["short"], "key_version": "1", "job_created": "1"}, {"key_version": "1"}],
+    ids=["refused", "short", "no_key"],
 )
 def test_without_a_valid_report_key_the_agent_does_not_start(
-    tmp_path: Path, google: GoogleStub, key: str | None
+    tmp_path: Path, metadata: FakeMetadata, google: GoogleStub, answer: dict[str, str] | None
 ) -> None:
-    """No key or a malformed one: exit AGENT_CANNOT_START, nothing published, the key never logged."""
-    with FakeMetadata(key=key) as metadata:
-        code, stdout, stderr = run_script(
-            render_startup_script(a_job(command="touch ran"), SETTINGS, timings=FAST),
-            tmp_path / "w",
-            metadata,
-            google,
-        )
+    """The control plane refuses the key, or answers an unusable one: exit AGENT_CANNOT_START,
+    nothing published, the key never logged."""
+    google.key_answer = answer
+    code, stdout, stderr = run_script(
+        render_startup_script(a_job(command="touch ran"), SETTINGS, timings=FAST),
+        tmp_path / "w",
+        metadata,
+        google,
+    )
     assert code == AGENT_CANNOT_START
-    assert "report key" in stderr and "no report would be believed" in stderr
+    assert "key" in stderr and "cannot start" in stderr
     assert google.published == []
     assert not (tmp_path / "w" / "code" / "ran").exists()
-    if key:
-        assert key.partition(":")[2] not in stdout + stderr
+    if answer and "key" in answer:
+        assert answer["key"].partition(":")[2] not in stdout + stderr
+
+
+def test_the_agent_trades_its_identity_token_for_its_key_and_names_it_in_every_report(
+    tmp_path: Path, metadata: FakeMetadata, google: GoogleStub
+) -> None:
+    """One `attempt-key` request with the VM's identity token, for its own host; every report then
+    carries the key's version and the job's creation time beside the signature."""
+    google.key_answer = {"key": signing.key_text(KEY), "key_version": "7", "job_created": "123456"}
+    job = a_job(command="true")
+    code, _, stderr = run_script(render_startup_script(job, SETTINGS, timings=FAST), tmp_path / "w", metadata, google)
+    assert code == 0, stderr
+    [asked] = google.key_requests
+    assert asked == {
+        "action": "attempt-key",
+        "identity": f"identity-of-{metadata.node_id}-w0",
+        "job_id": job.job_id,
+        "attempt": job.attempt,
+        "slice_id": 0,
+        "worker_id": 0,
+    }
+    identity = [r for r in metadata.requests if "service-accounts/default/identity" in r]
+    assert identity and "format=full" in identity[0] and "audience=" in identity[0]
+    for _, attributes in google.signed(WORKER_EVENTS):
+        assert attributes[signing.KEY_VERSION_ATTRIBUTE] == "7"
+        assert attributes[signing.JOB_CREATED_ATTRIBUTE] == "123456"
 
 
 def test_every_report_of_a_run_is_signed_with_a_fresh_nonce(

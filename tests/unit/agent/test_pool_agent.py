@@ -23,6 +23,7 @@ from agent_stubs import (
     ACCOUNT,
     BUCKET,
     FAST,
+    KEY_PATH,
     PREEMPTION,
     PROJECT,
     WORKER_EVENTS,
@@ -62,8 +63,17 @@ def attempt_key(job: Job) -> bytes:
 
 
 def assign(metadata: FakeMetadata, seq: int, job: Job | None = None) -> None:
-    """Write the unit node's assignment, as the control plane's UpdateNode does."""
-    text = idle_assignment_text(seq) if job is None else assignment_text(job, SETTINGS, seq, UNIT, timings=FAST)
+    """Write the unit node's assignment, as the control plane's UpdateNode does; the key server
+    then answers the job's attempt key, as the jobs function would to this unit's hosts."""
+    google = metadata.key_server
+    assert google is not None, "the metadata fixture names its key server"
+    if job is None:
+        text = idle_assignment_text(seq)
+    else:
+        text = assignment_text(job, SETTINGS, seq, UNIT, timings=FAST)
+        assert job.created_at is not None
+        created = str(signing.created_micros(job.created_at))
+        google.key_answer = {"key": signing.key_text(attempt_key(job)), "key_version": "1", "job_created": created}
     metadata.extra[ASSIGNMENT] = text
 
 
@@ -91,6 +101,7 @@ class UnitHost:
             "HOME": str(self.root),
             "TPUJOBS_WORKDIR": str(self.workdir),
             "TPUJOBS_METADATA_URL": self.metadata.base,
+            "TPUJOBS_KEY_URL": self.google.url + KEY_PATH,
             "PUBSUB_EMULATOR_HOST": self.google.url.removeprefix("http://"),
             "STORAGE_EMULATOR_HOST": self.google.url,
             "TPUJOBS_SECRETS_ENDPOINT": self.google.url,
@@ -125,15 +136,16 @@ class UnitHost:
 
 
 @pytest.fixture
-def metadata() -> Iterator[FakeMetadata]:
-    """A unit node's metadata: an idle assignment and no tpujobs-report-key entry."""
-    with FakeMetadata(key=None, **{ASSIGNMENT: idle_assignment_text(0)}) as server:
+def google() -> Iterator[GoogleStub]:
+    with GoogleStub() as server:
         yield server
 
 
 @pytest.fixture
-def google() -> Iterator[GoogleStub]:
-    with GoogleStub() as server:
+def metadata(google: GoogleStub) -> Iterator[FakeMetadata]:
+    """A unit node's metadata: an idle assignment (no key anywhere: hosts fetch it from `google`)."""
+    with FakeMetadata(**{ASSIGNMENT: idle_assignment_text(0)}) as server:
+        server.key_server = google
         yield server
 
 
@@ -328,12 +340,9 @@ def test_a_restarted_agent_reports_an_attempt_that_was_running_as_rebooted_and_s
         ('{"seq": true}', "'seq'"),
         ('{"seq": 1, "job_id": "", "attempt": 1}', "'job_id'"),
         ('{"seq": 1, "job_id": "j", "attempt": 0}', "'attempt'"),
-        ('{"seq": 1, "job_id": "j", "attempt": 1, "config": {}}', "'report_key'"),
-        ('{"seq": 1, "job_id": "j", "attempt": 1, "report_key": "k", "config": []}', "'config'"),
-        (
-            '{"seq": 1, "job_id": "j", "attempt": 1, "report_key": "k", "config": {"job_id": "x", "attempt": 1}}',
-            "'config'",
-        ),
+        ('{"seq": 1, "job_id": "j", "attempt": 1}', "'config'"),
+        ('{"seq": 1, "job_id": "j", "attempt": 1, "config": []}', "'config'"),
+        ('{"seq": 1, "job_id": "j", "attempt": 1, "config": {"job_id": "x", "attempt": 1}}', "'config'"),
     ],
 )
 def test_an_unusable_assignment_is_refused_naming_the_field_without_quoting_the_key(text: str, field: str) -> None:

@@ -13,7 +13,6 @@ from agent_stubs import ACCOUNT, BUCKET, FAST, PROJECT, a_job
 from tpujobs.agent.basics import AgentError
 from tpujobs.agent.config import check_config
 from tpujobs.agent.pool import load_pool_config, parse_assignment
-from tpujobs.agent.rest import parse_report_key
 from tpujobs.domain import signing
 from tpujobs.engine.settings import Settings
 from tpujobs.engine.startup_script import (
@@ -96,18 +95,14 @@ def test_the_pool_agent_accepts_the_config_the_script_writes(tmp_path: Path) -> 
         load_pool_config(str(path))
 
 
-def test_an_assignment_carries_the_attempts_config_on_the_unit_and_its_report_key() -> None:
-    """seq, job_id, attempt, the attempt's key as host_boot derives it, and agent_config with the unit's queued
-    resource; the agent parses and accepts it."""
+def test_an_assignment_carries_the_attempts_config_on_the_unit_and_no_key() -> None:
+    """seq, job_id, attempt and agent_config with the unit's queued resource; no key (its hosts fetch
+    it with their identity token); the agent parses and accepts it."""
     job = a_job(3, command="python train.py", env={"A": "b"})
-    assert job.created_at is not None
     text = assignment_text(job, SETTINGS, 8, UNIT, timings=FAST)
     assignment = json.loads(text)
-    assert set(assignment) == {"seq", "job_id", "attempt", "report_key", "config"}
+    assert set(assignment) == {"seq", "job_id", "attempt", "config"}
     assert (assignment["seq"], assignment["job_id"], assignment["attempt"]) == (8, "train-1", 3)
-    key = signing.attempt_key(SETTINGS.report_key, job.job_id, job.created_at, 3)
-    assert assignment["report_key"] == signing.key_text(key)
-    assert parse_report_key(assignment["report_key"]) == key
     assert assignment["config"] == {**agent_config(job, SETTINGS, FAST), "queued_resource": UNIT}
     assert parse_assignment(text) == assignment
     check_config(dict(assignment["config"]))
@@ -122,12 +117,14 @@ def test_an_idle_assignment_is_the_seq_alone_and_a_bad_seq_is_refused() -> None:
         assignment_text(a_job(), SETTINGS, -2, UNIT)
 
 
-def test_a_unit_nodes_metadata_is_both_entries_and_no_report_key_entry() -> None:
-    """UpdateNode replaces the whole map: the startup script and the assignment, always together; the key travels
-    in the assignment only."""
-    script = render_unit_startup_script("demo", 0, UNIT, a_job().spec, SETTINGS)
-    assignment = assignment_text(a_job(), SETTINGS, 1, UNIT)
+def test_a_unit_nodes_metadata_is_both_entries_and_no_key_of_any_attempt() -> None:
+    """UpdateNode replaces the whole map: the startup script and the assignment, always together;
+    neither holds the attempt's key nor anything it derives from but what a viewer may know."""
+    job = a_job()
+    assert job.created_at is not None
+    script = render_unit_startup_script("demo", 0, UNIT, job.spec, SETTINGS)
+    assignment = assignment_text(job, SETTINGS, 1, UNIT)
     metadata = unit_metadata(script, assignment)
     assert metadata == {STARTUP_SCRIPT_KEY: script, "tpujobs-assignment": assignment}
-    assert signing.KEY_ATTRIBUTE not in metadata
-    assert json.loads(assignment)["report_key"] not in script
+    key = signing.key_text(signing.attempt_key(SETTINGS.report_key, job.job_id, job.created_at, job.attempt))
+    assert all(key not in value and signing.KEY_PREFIX not in value for value in metadata.values())

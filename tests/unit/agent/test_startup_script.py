@@ -22,6 +22,7 @@ import pytest
 from agent_stubs import (
     BUCKET,
     FAST,
+    KEY_URL_PLACEHOLDER,
     PROJECT,
     WORKER_EVENTS,
     FakeMetadata,
@@ -54,7 +55,7 @@ def chunk_prefix(job_id: str = "train-1") -> str:
 
 pytestmark = pytest.mark.skipif(BASH is None, reason="needs bash")
 
-SETTINGS = Settings(project=PROJECT, prefix="t-", logs_bucket=BUCKET)
+SETTINGS = Settings(project=PROJECT, prefix="t-", logs_bucket=BUCKET, key_url=KEY_URL_PLACEHOLDER)
 
 HOSTILE = {
     "quote_break": "x'; touch pwned; '",
@@ -115,6 +116,7 @@ def test_the_config_carries_the_attempt_the_spec_and_where_things_go() -> None:
     assert agent_config(job, SETTINGS) == {
         "job_id": "train-1",
         "attempt": 2,
+        "key_url": KEY_URL_PLACEHOLDER,
         "resume": True,
         "command": "echo hello",
         "setup": "pip install -r requirements.txt",

@@ -152,6 +152,28 @@ class Engine:
         api = JobsApi(self.service, self.store, self.api_settings)
         return api.handle("POST", "http://127.0.0.1/jobs", {CALLER_HEADER: caller}, json.dumps(body).encode())
 
+    def redeployed(self, **settings: Any) -> Engine:
+        """The functions deployed again with changed settings (a rotated key, say), on the same store,
+        capacity and pools: what a new function instance builds."""
+        from tpujobs.engine.services import Engine as Services
+
+        old = self.service
+        service = Services(
+            self.store,
+            self.tpu,
+            replace(self.settings, **settings),
+            old.clock,
+            self.sleeps.append,
+            status=self.published,
+            exports=self.published,
+            pools=self.pools,
+            access=old.access,
+            warm_pools=self.warm_pools,
+        )
+        return replace(
+            self, service=service, settings=service.settings, api_settings=replace(self.api_settings, **settings)
+        )
+
     def crashing(self, plan: CrashPlan) -> Engine:
         """The same engine with its job store and capacity dying at the plan's step (no quota pools,
         publishers or warm pools: only the job's own I/O is counted)."""

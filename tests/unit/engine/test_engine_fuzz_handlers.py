@@ -351,12 +351,17 @@ def check_report(eng, inbound: InboundMessage, result: Any, model: type) -> None
     event("rejected" if rejected else type(result).__name__)
     if report is None:
         assert result is None
+        if model in (WorkerReport, PreemptionNotice) and rejected is None:  # a host's: anyone's VM may flood it
+            assert eng.service.reports.forgeries.last_counted == inbound.message_id, "undecodable input is counted"
+            return
         assert rejected is not None and rejected["reason"], "undecodable input must be recorded"
         assert rejected["topic"] == inbound.topic
         return
     if result is None:
         if rejected is not None:
             assert rejected["reason"]
+        elif eng.service.reports.forgeries.last_counted == inbound.message_id:
+            pass  # a forgery counted, not recorded as itself: a flood of them costs no write each
         else:  # acknowledged no-op: heartbeats and checkpoints are recorded, they move nothing
             assert model is WorkerReport and report.kind in ("heartbeat", "checkpoint")
         return

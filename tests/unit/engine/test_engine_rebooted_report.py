@@ -9,7 +9,6 @@ recorded in `rejections`, like every other report (test_engine_signed_reports.py
 
 from __future__ import annotations
 
-import json
 import secrets
 from datetime import datetime, timezone
 
@@ -19,7 +18,7 @@ from engine_harness import Engine
 from tpujobs.domain import signing
 from tpujobs.domain.states import JobState
 from tpujobs.engine.inbound import InboundMessage
-from tpujobs.local.testing import inbound, signed
+from tpujobs.local.testing import inbound, signed, signed_with
 
 EVENTS = "tpujobs-worker-events"
 DETAIL = (
@@ -71,14 +70,6 @@ def key_of(jobs: Engine, job_id: str, attempt: int) -> bytes:
     return signing.attempt_key(jobs.settings.report_key, job_id, job.created_at, attempt)
 
 
-def signed_with(key: bytes, payload: dict) -> InboundMessage:
-    body = {"at": utc_now().isoformat(), "nonce": secrets.token_hex(16), **payload}
-    data = json.dumps(body).encode()
-    return InboundMessage(
-        str(secrets.randbelow(10**15)), EVENTS, data, {signing.SIGNATURE_ATTRIBUTE: signing.sign(key, data)}
-    )
-
-
 def snapshot(jobs: Engine, job_id: str = "train-1") -> tuple:
     job = jobs.store.get(job_id)
     return job.state, job.attempt, job.restarts, job.queued_resource, len(jobs.store.events(job_id))
@@ -120,14 +111,14 @@ FORGERIES = {
     "unsigned": lambda jobs: inbound(
         EVENTS, {"at": utc_now().isoformat(), "nonce": secrets.token_hex(16), **rebooted()}
     ),
-    "another_jobs_key": lambda jobs: signed_with(key_of(jobs, "train-2", 1), rebooted()),
-    "another_attempts_key": lambda jobs: signed_with(key_of(jobs, "train-1", 2), rebooted()),
+    "another_jobs_key": lambda jobs: signed_with(jobs, key_of(jobs, "train-2", 1), EVENTS, rebooted()),
+    "another_attempts_key": lambda jobs: signed_with(jobs, key_of(jobs, "train-1", 2), EVENTS, rebooted()),
     "a_host_the_job_lacks": lambda jobs: signed(jobs, EVENTS, rebooted(worker=2)),
 }
 REASONS = {
-    "unsigned": "the report is unsigned",
-    "another_jobs_key": "the signature does not match the key of the attempt the report names",
-    "another_attempts_key": "the signature does not match the key of the attempt the report names",
+    "unsigned": signing.UNSIGNED,
+    "another_jobs_key": signing.MISMATCH,
+    "another_attempts_key": signing.MISMATCH,
     "a_host_the_job_lacks": "worker 2 is out of range",
 }
 

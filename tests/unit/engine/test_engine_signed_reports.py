@@ -74,16 +74,19 @@ def notice(job_id: str = "train-1", attempt: int = 1, worker: int = 0) -> dict:
     }
 
 
-def signed_with(key: bytes, topic: str, payload: dict) -> InboundMessage:
-    """A message whose bytes are `payload` (with a time and a nonce), signed with `key`, whoever's it is."""
+def signed_with(key: bytes, topic: str, payload: dict, jobs: Engine | None = None) -> InboundMessage:
+    """A message whose bytes are `payload` (with a time and a nonce), signed with `key`, whoever's it
+    is, naming the current master key and the creation time of the job it names (public facts)."""
     body = {"at": utc_now().isoformat(), "nonce": secrets.token_hex(16), **payload}
     data = json.dumps(body).encode()
-    return InboundMessage(
-        str(secrets.randbelow(10**15)),
-        topic,
-        data,
-        {signing.SIGNATURE_ATTRIBUTE: signing.sign(key, data)},
-    )
+    job = None if jobs is None else jobs.store.get(body["job_id"])
+    created = "0" if job is None or job.created_at is None else str(signing.created_micros(job.created_at))
+    attributes = {
+        signing.SIGNATURE_ATTRIBUTE: signing.sign(key, data),
+        signing.KEY_VERSION_ATTRIBUTE: "1",
+        signing.JOB_CREATED_ATTRIBUTE: created,
+    }
+    return InboundMessage(str(secrets.randbelow(10**15)), topic, data, attributes)
 
 
 def key_of(jobs: Engine, job_id: str, attempt: int) -> bytes:
@@ -135,7 +138,7 @@ def unsigned_exit(jobs: Engine) -> InboundMessage:
 
 
 def exit_signed_with_another_jobs_key(jobs: Engine) -> InboundMessage:
-    return signed_with(key_of(jobs, "train-2", 1), EVENTS, exited())
+    return signed_with(key_of(jobs, "train-2", 1), EVENTS, exited(), jobs)
 
 
 def exit_signed_for_another_job_then_retargeted(jobs: Engine) -> InboundMessage:
@@ -146,11 +149,11 @@ def exit_signed_for_another_job_then_retargeted(jobs: Engine) -> InboundMessage:
 
 
 def notice_signed_with_another_attempts_key(jobs: Engine) -> InboundMessage:
-    return signed_with(key_of(jobs, "train-1", 2), PREEMPTION, notice())
+    return signed_with(key_of(jobs, "train-1", 2), PREEMPTION, notice(), jobs)
 
 
 def notice_signed_with_another_jobs_key(jobs: Engine) -> InboundMessage:
-    return signed_with(key_of(jobs, "train-2", 1), PREEMPTION, notice())
+    return signed_with(key_of(jobs, "train-2", 1), PREEMPTION, notice(), jobs)
 
 
 def exit_from_worker_2(jobs: Engine) -> InboundMessage:
@@ -183,22 +186,22 @@ def exit_of_an_attempt_the_job_has_not_reached(jobs: Engine) -> InboundMessage:
 
 
 FORGERIES: list[tuple[Forgery, str]] = [
-    (unsigned_exit, "the report is unsigned (no tpujobs-signature attribute)"),
+    (unsigned_exit, signing.UNSIGNED),
     (
         exit_signed_with_another_jobs_key,
-        "the signature does not match the key of the attempt the report names",
+        signing.MISMATCH,
     ),
     (
         exit_signed_for_another_job_then_retargeted,
-        "the signature does not match the key of the attempt the report names",
+        signing.MISMATCH,
     ),
     (
         notice_signed_with_another_attempts_key,
-        "the signature does not match the key of the attempt the report names",
+        signing.MISMATCH,
     ),
     (
         notice_signed_with_another_jobs_key,
-        "the signature does not match the key of the attempt the report names",
+        signing.MISMATCH,
     ),
     (exit_from_worker_2, "worker 2 is out of range: each slice has 2 host(s)"),
     (exit_from_slice_1, "slice 1 is out of range: the job has 1 slice(s)"),
@@ -238,10 +241,10 @@ def test_a_notice_from_a_leftover_host_of_the_previous_attempt_cannot_stop_the_n
         2,
     )
     before = snapshot(jobs)
-    forged = signed_with(key_of(jobs, "train-1", 1), PREEMPTION, notice(attempt=2))
+    forged = signed_with(key_of(jobs, "train-1", 1), PREEMPTION, notice(attempt=2), jobs)
     assert jobs.handle(forged) is None
     assert snapshot(jobs) == before
-    assert "the signature does not match the key of the attempt the report names" in rejection_of(jobs, forged).reason
+    assert signing.MISMATCH in rejection_of(jobs, forged).reason
 
 
 def test_a_replay_under_a_new_message_id_is_rejected_naming_the_first(jobs):
@@ -325,7 +328,7 @@ def test_a_rejected_message_that_carries_an_attempt_key_is_stored_scrubbed(jobs)
     entry = {
         "protoPayload": {
             "jobsName": "compute.googleapis.com",  # not the TPU API: no audit-log target, a bad qr-state
-            "request": {"metadata": {signing.KEY_ATTRIBUTE: text, "startup-script": "#!/bin/bash"}},
+            "request": {"metadata": {"tpujobs-report-key": text, "startup-script": "#!/bin/bash"}},
         }
     }
     message = inbound("tpujobs-qr-state", entry)
@@ -335,7 +338,7 @@ def test_a_rejected_message_that_carries_an_attempt_key_is_stored_scrubbed(jobs)
     body = text[len(signing.KEY_PREFIX) :]
     assert body not in json.dumps(stored, default=str)
     assert "tpujobs-key-v1:<redacted>" in stored["payload"]
-    assert signing.KEY_ATTRIBUTE in stored["payload"]  # the rest of the payload is kept
+    assert "tpujobs-report-key" in stored["payload"]  # the rest of the payload is kept
 
 
 def test_a_forged_report_that_carries_an_attempt_key_is_stored_scrubbed(jobs):

@@ -61,7 +61,7 @@ class CapacityEvents:
             if status is None:
                 return self.observe_capacity(name, "SUSPENDED", "the queued resource no longer exists")
             return self.observe_capacity(name, status.state, status.detail, status.unhealthy_hosts)
-        report = self.reports.decode(QrStateReport, message)
+        report = self.reports.decode(QrStateReport, message, signed=False)
         if report is None:
             return None
         return self.observe_capacity(report.queued_resource, report.state, report.detail, report.unhealthy_hosts)

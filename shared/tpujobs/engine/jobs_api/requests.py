@@ -37,6 +37,10 @@ SENTENCES = {
     "topic": "'topic' must be a topic name such as tpujobs-submit.",
     "name": "'name' is required: the pool's name as a string.",
     "count": f"'count' is required: the number of units, a whole number from 1 to {MAX_UNITS}.",
+    "attempt": "'attempt' is required: the attempt's number, 1 or more.",
+    "slice_id": "'slice_id' is required: the host's slice, 0 or more.",
+    "worker_id": "'worker_id' is required: the host's worker number in its slice, 0 or more.",
+    "identity": "'identity' is required: the VM's instance identity token (format=full).",
 }
 NOT_FROM_BODY = "The caller is never taken from the body: remove 'owner'"
 SAYS_WHO = f"; the ID token (locally the {CALLER_HEADER} header) says who asks."
@@ -161,6 +165,17 @@ class _PoolFields(ApiRequest):
 _POOL_FIELDS: dict[str, Any] = {name: (Any, None) for name in sorted(POOL_REQUEST_FIELDS - {"owner"})}
 PoolCreateRequest = create_model("PoolCreateRequest", __base__=_PoolFields, **_POOL_FIELDS)
 
+
+class AttemptKeyRequest(ApiRequest):
+    """`attempt-key`: a host of a job's attempt asks for its key, with its VM's identity token."""
+
+    job_id: JobId
+    attempt: Annotated[int, Field(ge=1, le=1_000_000)]
+    slice_id: Annotated[int, Field(ge=0, le=100_000)]
+    worker_id: Annotated[int, Field(ge=0, le=100_000)]
+    identity: Annotated[str, Field(min_length=1, max_length=8192)]
+
+
 # action -> its model (None: a job spec); the order is the one an unknown action's answer lists.
 REQUESTS: dict[str, type[ApiRequest] | None] = {
     "list": ListRequest,
@@ -178,6 +193,7 @@ REQUESTS: dict[str, type[ApiRequest] | None] = {
     "pool-describe": PoolRequest,
     "pool-resize": PoolResizeRequest,
     "pool-delete": PoolRequest,
+    "attempt-key": AttemptKeyRequest,
 }
 ACTIONS = tuple(REQUESTS)
 

@@ -27,7 +27,7 @@ class InMemoryMessageRecords(Collections):
                 payload=rejection.payload[:MAX_PAYLOAD_CHARS],
                 topic=rejection.topic,
                 message_id=rejection.message_id,
-                deliveries=document.get("deliveries", 0) + 1,
+                deliveries=document.get("deliveries", 0) + rejection.count,
                 expire_at=rejection.at + self._rejection_retention,
             )
 

@@ -1,0 +1,75 @@
+"""The attempt's report key, traded for this VM's identity token at the control plane.
+
+No key sits in metadata (any API viewer reads that). The agent asks the metadata server for the
+VM's identity token (`format=full`: Google signs the project, zone and instance into it) and sends
+it to the jobs function's `attempt-key` action, which answers the key if this VM can be the host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import urllib.parse
+from dataclasses import dataclass, field
+
+from .basics import AgentError, HttpError
+from .rest import _DEFAULT, _DIRECT, ACCOUNT_METADATA, Metadata, http_call, parse_report_key, with_retries
+from .wire import JOB_CREATED_ATTRIBUTE, KEY_VERSION_ATTRIBUTE, VERSION_PATTERN
+
+IDENTITY_METADATA = "instance/service-accounts/default/identity"
+# The local stand-ins' address, as the emulator variables name theirs: it wins over the config's.
+KEY_URL_VARIABLE = "TPUJOBS_KEY_URL"
+CALLER_HEADER = "X-Tpujobs-Caller"  # read by the local stack's API only; production reads the token
+
+
+@dataclass(frozen=True)
+class AttemptKey:
+    """An attempt's key, and what names it beside every signature."""
+
+    key: bytes = field(repr=False)
+    version: str
+    job_created: str
+
+    def names(self) -> dict[str, str]:
+        """The attributes that name this key: sent with every signed message."""
+        return {KEY_VERSION_ATTRIBUTE: self.version, JOB_CREATED_ATTRIBUTE: self.job_created}
+
+
+def fetch_attempt_key(
+    metadata: Metadata, key_url: str, job_id: str, attempt: int, slice_id: int, worker_id: int
+) -> AttemptKey:
+    """This host's key for the attempt; AgentError when the control plane refuses it (the reason
+    is its answer) or the answer is unusable. Transient failures are retried a bounded number of times."""
+    audience = key_url
+    key_url = os.environ.get(KEY_URL_VARIABLE) or key_url
+    if not key_url:
+        raise AgentError("no key_url in the config: the attempt's key cannot be fetched")
+    query = urllib.parse.urlencode({"audience": audience or key_url, "format": "full"})
+    token = str(with_retries(lambda: metadata.get(f"{IDENTITY_METADATA}?{query}"))).strip()
+    account = str(with_retries(lambda: metadata.get(ACCOUNT_METADATA))).strip()
+    body = json.dumps(
+        {
+            "action": "attempt-key",
+            "identity": token,
+            "job_id": job_id,
+            "attempt": attempt,
+            "slice_id": slice_id,
+            "worker_id": worker_id,
+        }
+    ).encode("utf-8")
+    headers = {"Authorization": f"Bearer {token}", CALLER_HEADER: account, "Content-Type": "application/json"}
+    opener = _DIRECT if urllib.parse.urlsplit(key_url).hostname in ("127.0.0.1", "localhost") else _DEFAULT
+    try:
+        raw = with_retries(lambda: http_call(opener, "POST", key_url, body, headers, timeout=15.0))
+    except HttpError as error:
+        raise AgentError(f"the control plane refused the attempt's key: {error}") from None
+    try:
+        answer = json.loads(raw)
+        version, created = str(answer["key_version"]), str(answer["job_created"])
+        key = parse_report_key(str(answer["key"]))
+    except (ValueError, KeyError, TypeError) as error:
+        raise AgentError(f"the control plane's key answer is unusable: {error}") from None
+    if not re.fullmatch(VERSION_PATTERN, version) or not created.isdigit():
+        raise AgentError("the control plane's key answer names no usable version or creation time")
+    return AttemptKey(key, version, created)

@@ -1,0 +1,116 @@
+"""`attempt-key`: a host trades its VM's instance identity token for its attempt's report key.
+
+No key sits where an API viewer can read it (metadata, labels). A host proves which VM it is with
+the identity token Google signs for it (`format=full`), and gets the key only when that VM can be
+the job's current placement: same project and zone, running as the job's account, made after the
+attempt was requested (a pool unit's predate it), and the first VM to ask for that worker's key.
+See docs/security.md#attempt-keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from collections.abc import Mapping
+from datetime import datetime, timedelta, timezone
+from typing import Any, Protocol
+
+from tpujobs.domain import signing
+from tpujobs.domain.job import Job
+from tpujobs.domain.states import JobState
+from tpujobs.engine.identity import InvalidToken, TokenVerifier
+from tpujobs.engine.jobs_api.answers import ApiError, Response
+from tpujobs.engine.jobs_api.requests import AttemptKeyRequest
+from tpujobs.engine.ports import Clock, JobRecords, MessageRecords
+from tpujobs.engine.settings import Settings
+
+log = logging.getLogger(__name__)
+
+HOLDING = (JobState.PROVISIONING, JobState.RUNNING)  # states in which an attempt's hosts exist
+CREATION_SKEW = timedelta(minutes=2)  # Google's VM clock against ours
+# The name Google gives a TPU VM's worker (`t1v-n-<hex>-w-<worker>`): where it has that form, its
+# worker number must be the one asked for. Not documented by Google, so other names pass.
+_TPU_VM_NAME = re.compile(r"^t1v-n-[0-9a-f]+-w-(?P<worker>[0-9]+)$")
+
+
+class KeyHolders(JobRecords, MessageRecords, Protocol):
+    """The job, and the first VM that held each worker's key (remembered like a signed report)."""
+
+
+class AttemptKeys:
+    """Answers `attempt-key` requests; every refusal is an ApiError with the reason."""
+
+    def __init__(self, store: KeyHolders, settings: Settings, verify_token: TokenVerifier, clock: Clock) -> None:
+        self.store = store
+        self.settings = settings
+        self.verify_token = verify_token
+        self.clock = clock
+
+    def grant(self, caller: str, request: AttemptKeyRequest) -> Response:
+        """The key of the attempt, when the token's VM can be its host; 401 or 403 otherwise."""
+        if not self.settings.key_url:
+            raise ApiError(503, "This deployment hands out no attempt keys (TPUJOBS_KEY_URL is not set).")
+        try:
+            claims = self.verify_token(request.identity, [self.settings.key_url])
+        except InvalidToken as error:
+            raise ApiError(401, f"The identity token does not verify: {error}") from None
+        vm = _compute_engine(claims)
+        job = self.store.get(request.job_id)
+        where = f"{request.job_id} attempt {request.attempt} worker {request.slice_id}-{request.worker_id}"
+        refusal = self._refusal(job, request, claims, vm, caller)
+        if refusal is not None:
+            log.warning("refused the key of %s: %s", where, refusal)
+            raise ApiError(403, f"No key for {where}: {refusal}.")
+        assert job is not None and job.created_at is not None
+        holder = hashlib.sha256(f"key-holder\n{where}".encode()).hexdigest()[:40]
+        instance = str(vm.get("instance_id"))
+        first = self.store.remember_report(holder, instance, job.job_id, request.attempt, self.clock())
+        if first != instance:
+            raise ApiError(403, f"No key for {where}: another VM (instance {first}) holds it.")
+        keys = self.settings.master_keys()
+        created = signing.created_micros(job.created_at)
+        key = keys.attempt_key(job.job_id, created, request.attempt)
+        log.info("handed the key of %s to instance %s", where, instance)
+        return Response(
+            200, {"key": signing.key_text(key), "key_version": keys.current_version, "job_created": str(created)}
+        )
+
+    def _refusal(
+        self, job: Job | None, request: AttemptKeyRequest, claims: Mapping[str, Any], vm: Mapping[str, Any], caller: str
+    ) -> str | None:
+        """Why the token's VM cannot be the host asked about, or None."""
+        if job is None or job.created_at is None:
+            return "no such job"
+        if request.attempt != job.attempt or job.state not in HOLDING:
+            return f"the job is {job.state.value} at attempt {job.attempt}"
+        if request.slice_id >= job.spec.slices or request.worker_id >= job.spec.hosts_per_slice:
+            return "the job has no such host"
+        account = job.spec.service_account or self.settings.tpu_service_account
+        if claims.get("email") != account or claims.get("email_verified") is not True:
+            return f"the VM does not run as the job's account {account}"
+        if not self.settings.local_stack and caller != account:
+            return "the caller is not the VM's account"
+        if not vm.get("instance_id"):
+            return "the token has no instance: ask for it with format=full"
+        if vm.get("project_id") != self.settings.project or vm.get("zone") != job.zone:
+            return f"the VM is not in {self.settings.project} zone {job.zone}"
+        named = _TPU_VM_NAME.fullmatch(str(vm.get("instance_name", "")))
+        if named is not None and int(named["worker"]) != request.worker_id:
+            return "the VM is another worker of its node"
+        since = job.requested_at or next((u.waiting_since for u in job.usage if u.attempt == job.attempt), None)
+        made = vm.get("instance_creation_timestamp")
+        fresh = isinstance(made, (int, float)) and (since is None or _at(made) >= since - CREATION_SKEW)
+        if not job.warm_pool and not fresh:  # a pool unit's VMs are older than the job: not checked
+            return "the VM was made before the attempt asked for capacity"
+        return None
+
+
+def _compute_engine(claims: Mapping[str, Any]) -> Mapping[str, Any]:
+    google = claims.get("google")
+    engine = google.get("compute_engine") if isinstance(google, Mapping) else None
+    return engine if isinstance(engine, Mapping) else {}
+
+
+def _at(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, timezone.utc)
