@@ -121,10 +121,16 @@ class JobsApi:
                 raise ApiError(401, f"No caller: in the local stack, name yourself in the {CALLER_HEADER} header.")
             return caller
         try:
-            return self.identity.email(headers, lambda: self.settings.api_audiences or own_urls(url))
+            return self.identity.email(headers, lambda: self.audiences(url))
         except Unauthenticated as error:
             log.warning("refused a request: %s", error)
             raise ApiError(401, str(error)) from None
+
+    def audiences(self, url: str) -> list[str]:
+        """The ID-token audiences accepted: the configured ones (else this function's own URLs),
+        and the key URL hosts name when they ask for their attempt's key."""
+        accepted = list(self.settings.api_audiences or own_urls(url))
+        return accepted + [self.settings.key_url] if self.settings.key_url else accepted
 
     # -- the parts that answer the other actions ------------------------------------------
 
