@@ -74,6 +74,16 @@ class FakeMetadata:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def do_POST(self) -> None:  # the jobs function's `attempt-key`, for this host: KEY
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                answer = {"key": signing.key_text(KEY), "key_version": "1", "job_created": "1"}
+                data = json.dumps(answer).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
         self.httpd = ThreadingHTTPServer((processes.LOOPBACK, 0), Handler)
         self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
 
@@ -82,7 +92,8 @@ class FakeMetadata:
             "instance/attributes/agent-worker-number": str(self.worker),
             "instance/attributes/tpu-env": f"NODE_ID: '{self.node_id}'\nWORKER_ID: '{self.worker}'\n",
             "instance/preempted": "TRUE" if self.preempted else "FALSE",
-            "instance/attributes/tpujobs-report-key": signing.key_text(KEY),
+            "instance/service-accounts/default/identity": "identity-token",
+            "instance/service-accounts/default/email": "vm@example.com",
         }
 
     @property
@@ -139,6 +150,11 @@ class Reports:
                     message = received.message
                     attributes = dict(message.attributes)
                     signature = attributes.pop(signing.SIGNATURE_ATTRIBUTE, None)
+                    names = (
+                        attributes.pop(signing.KEY_VERSION_ATTRIBUTE),
+                        attributes.pop(signing.JOB_CREATED_ATTRIBUTE),
+                    )
+                    assert names == ("1", "1"), names
                     problem = signing.signature_problem(KEY, message.data, signature)
                     assert problem is None, (problem, message.data)
                     self.received[base].append((json.loads(message.data), attributes, message.publish_time))
@@ -227,6 +243,7 @@ class Run:
             "HOME": str(workdir.parent),
             "TPUJOBS_WORKDIR": str(workdir),
             "TPUJOBS_METADATA_URL": metadata.base,
+            "TPUJOBS_KEY_URL": metadata.base.removesuffix("/computeMetadata/v1") + "/attempt-key",
             "PUBSUB_EMULATOR_HOST": os.environ["PUBSUB_EMULATOR_HOST"],
             "STORAGE_EMULATOR_HOST": storage_url,
             **(host_env or {}),
