@@ -152,6 +152,10 @@ locals {
     TPUJOBS_RECORD_RETENTION_DAYS      = tostring(var.record_retention_days)
     TPUJOBS_REJECTION_RETENTION_DAYS   = tostring(var.rejection_retention_days)
     TPUJOBS_DEAD_LETTER_RETENTION_DAYS = tostring(var.dead_letter_retention_days)
+    # Where worker hosts trade their VM's identity token for their attempt's key (the jobs
+    # function's own URL, also the token's audience): its cloudfunctions.net form, known before
+    # the function exists, so no function's environment depends on another's.
+    TPUJOBS_KEY_URL = "https://${var.region}-${var.project}.cloudfunctions.net/${var.prefix}tpujobs-jobs"
   }
 
   # Only the job-engine functions: the accounts of var.job_service_accounts, which they (and no
@@ -167,8 +171,15 @@ locals {
     TPUJOBS_API_PLATFORM_AUTH = "1"
   }
 
-  # Mounted from Secret Manager into the job-engine functions only (secrets.tf).
+  # Mounted from Secret Manager into the job-engine functions only (secrets.tf): the master key
+  # at var.report_key_version and, while a rotation lasts, the one before it (infra/README.md,
+  # "Rotating the report key"). Each version's number goes in plain env beside it.
   report_key_env = "TPUJOBS_REPORT_KEY"
+  report_key_mounts = merge(
+    { (local.report_key_env) = var.report_key_version },
+    var.report_key_previous_version == "" ? {} : { "${local.report_key_env}_PREVIOUS" = var.report_key_previous_version },
+  )
+  report_key_version_env = { for env, version in local.report_key_mounts : "${env}_VERSION" => version }
 
   cloudevent_functions = { for target, f in local.functions : target => f if f.topic != null }
 }
@@ -219,29 +230,43 @@ resource "google_cloudfunctions2_function" "function" {
     max_instance_request_concurrency = each.value.concurrent
     timeout_seconds                  = each.value.timeout
     min_instance_count               = 0 # nothing runs, nothing is paid, at idle
-    max_instance_count               = each.value.max
+    max_instance_count               = lookup(var.max_instances, each.key, each.value.max)
     service_account_email            = google_service_account.function[each.key].email
     all_traffic_on_latest_revision   = true
     environment_variables = merge(
       local.function_env,
       { THREADS = tostring(each.value.concurrent) }, # functions-framework's gunicorn threads
       each.value.job_engine ? local.job_engine_env : {},
+      each.value.job_engine ? local.report_key_version_env : {},
       each.key == "jobs" ? local.api_env : {},
     )
     # Pub/Sub push counts as internal traffic; only the jobs API is called from outside,
     # and even there IAM admits only var.invokers.
     ingress_settings = each.value.signature == "http" ? "ALLOW_ALL" : "ALLOW_INTERNAL_ONLY"
 
-    # The report-signing master key, read at each instance's start; the project by number, as
-    # the API keeps it (a project id shows a change at every plan).
+    # The report-signing master key (and, during a rotation, the previous one), each at a pinned
+    # version read at the instance's start: never "latest", so adding a version changes nothing
+    # until an apply names it. The project by number, as the API keeps it (a project id shows a
+    # change at every plan).
     dynamic "secret_environment_variables" {
-      for_each = each.value.job_engine ? [google_secret_manager_secret.report_key.secret_id] : []
+      for_each = each.value.job_engine ? local.report_key_mounts : {}
       content {
-        key        = local.report_key_env
+        key        = secret_environment_variables.key
         project_id = data.google_project.this.number
-        secret     = secret_environment_variables.value
-        version    = "latest"
+        secret     = google_secret_manager_secret.report_key.secret_id
+        version    = secret_environment_variables.value
       }
+    }
+  }
+
+  lifecycle {
+    precondition {
+      condition     = alltrue([for target in keys(var.max_instances) : contains(keys(local.functions), target)])
+      error_message = "max_instances names a function that does not exist: use the keys of local.functions in infra/functions.tf."
+    }
+    precondition {
+      condition     = var.report_key_previous_version != var.report_key_version
+      error_message = "report_key_previous_version must differ from report_key_version (or be \"\" when no rotation is under way)."
     }
   }
 
@@ -253,7 +278,8 @@ resource "google_cloudfunctions2_function" "function" {
   ]
 }
 
-# Who may call what: the push account calls the cloudevent functions, var.invokers the API.
+# Who may call what: the push account calls the cloudevent functions, var.invokers the API, and
+# the TPU VMs' accounts the API too (a worker host fetches its attempt's report key from it).
 resource "google_cloud_run_service_iam_member" "push_invoker" {
   for_each = local.cloudevent_functions
 
@@ -270,4 +296,16 @@ resource "google_cloud_run_service_iam_member" "api_invoker" {
   service  = google_cloudfunctions2_function.function["jobs"].service_config[0].service
   role     = "roles/run.invoker"
   member   = each.key
+}
+
+# Every VM account (the default one and each of var.job_service_accounts): a worker host asks
+# the jobs API for its attempt's report key with its VM's own token. This only lets the request
+# past Cloud Run; which key a caller may have is the API's to decide.
+resource "google_cloud_run_service_iam_member" "worker_invoker" {
+  for_each = local.job_accounts
+
+  location = var.region
+  service  = google_cloudfunctions2_function.function["jobs"].service_config[0].service
+  role     = "roles/run.invoker"
+  member   = each.value.member
 }

@@ -31,8 +31,9 @@ locals {
 }
 
 # The master key the functions derive every attempt's report key from (tpujobs.domain.signing),
-# mounted as TPUJOBS_REPORT_KEY into the job-engine functions (functions.tf). Its value is
-# added once with gcloud before the functions are created (infra/README.md).
+# mounted as TPUJOBS_REPORT_KEY at var.report_key_version (and TPUJOBS_REPORT_KEY_PREVIOUS at
+# var.report_key_previous_version during a rotation) into the job-engine functions
+# (functions.tf). Its values are added with gcloud, never by Terraform (infra/README.md).
 resource "google_secret_manager_secret" "report_key" {
   secret_id           = "${var.prefix}tpujobs-report-key"
   deletion_protection = true # without it every running attempt's reports are refused
@@ -68,8 +69,10 @@ resource "google_project_iam_member" "job_account_secrets" {
   }
 }
 
-# Who may run `tpujobs secret set` and `list` (var.secret_managers): create secrets and list
-# their names anywhere in the project; change, inspect or delete only secrets of tpujobs.
+# Who may run `tpujobs secret set` and `list`: platform admins (var.secret_managers) for every
+# account's secrets, each team's managers (var.team_secret_managers) for their account's only.
+# Both create secrets and list their names anywhere in the project; change, inspect or delete
+# only secrets of tpujobs (admins) or of their account's namespace (teams).
 resource "google_project_iam_custom_role" "secret_creator" {
   role_id     = "${replace(var.prefix, "-", "_")}tpujobsSecretCreator"
   title       = "tpujobs secret creator"
@@ -103,5 +106,54 @@ resource "google_project_iam_member" "secret_manager_write" {
     title       = "tpujobs secrets only"
     description = "Only secrets whose id starts with ${local.job_secret_prefix}"
     expression  = "resource.name.startsWith(\"${local.project_secrets}${local.job_secret_prefix}\")"
+  }
+}
+
+# A team's managers: the writer role only on their account's namespace,
+# "{prefix}tpujobs_{account id}_", the names tpujobs.domain.secrets.namespace makes, as the
+# account's own secretAccessor grant above (the trailing "_" keeps team-a off team-ab's).
+#
+# The limit: secretmanager.secrets.create is checked on the project, the request's parent, not
+# on the secret it makes (cloud.google.com/secret-manager/docs/reference/rest/v1/projects.secrets/create),
+# so a condition on the new secret's name cannot hold there and the creator role stays
+# project-wide. A team can therefore create an empty secret in another team's namespace (never
+# add a version to it, read it or change it after). The owning team's managers can still add
+# its versions, and inspect and change its settings (expiry, rotation, topics) with secrets.get
+# and secrets.update, or delete it; a job reads only versions, which only they can add.
+locals {
+  team_secret_grants = {
+    for pair in flatten([
+      for id, members in var.team_secret_managers : [for member in members : { account = "${var.prefix}${id}", member = member }]
+    ]) : "${pair.account}/${pair.member}" => pair
+  }
+  team_secret_creators = toset(flatten(values(var.team_secret_managers)))
+}
+
+resource "google_project_iam_member" "team_secret_manager_create" {
+  for_each = setsubtract(local.team_secret_creators, var.secret_managers)
+
+  project = var.project
+  role    = google_project_iam_custom_role.secret_creator.id
+  member  = each.key
+}
+
+resource "google_project_iam_member" "team_secret_manager_write" {
+  for_each = local.team_secret_grants
+
+  project = var.project
+  role    = google_project_iam_custom_role.secret_writer.id
+  member  = each.value.member
+
+  condition {
+    title       = "tpujobs secrets of ${each.value.account}"
+    description = "Only secrets whose id starts with ${local.job_secret_prefix}${each.value.account}_"
+    expression  = "resource.name.startsWith(\"${local.project_secrets}${local.job_secret_prefix}${each.value.account}_\")"
+  }
+
+  lifecycle {
+    precondition {
+      condition     = contains(keys(local.job_accounts), each.value.account)
+      error_message = "team_secret_managers names ${each.value.account}, which is not a job account: use an id of job_service_accounts, or tpujobs-tpu-vm."
+    }
   }
 }

@@ -55,13 +55,57 @@ variable "job_service_accounts" {
 }
 
 variable "secret_managers" {
-  description = "IAM members who may create and update the job secrets of every account (`tpujobs secret set`, `tpujobs secret list`), e.g. [\"group:ml-admins@example.com\"]: they may create secrets and list secret names in the project, and add versions to, read the metadata of and delete only secrets named {prefix}tpujobs_*. Never allUsers."
+  description = "Platform admins: IAM members who may create and update the job secrets of EVERY account (`tpujobs secret set`, `tpujobs secret list`), e.g. [\"group:platform-admins@example.com\"]: they may create secrets and list secret names in the project, and add versions to, read the metadata of and delete any secret named {prefix}tpujobs_*. A team's own managers go in team_secret_managers instead. Never allUsers."
   type        = list(string)
   default     = []
 
   validation {
     condition     = alltrue([for m in var.secret_managers : !contains(["allUsers", "allAuthenticatedUsers"], m)])
     error_message = "Secret managers need an identity: allUsers and allAuthenticatedUsers are not allowed."
+  }
+}
+
+variable "team_secret_managers" {
+  description = "Per team: IAM members who may create and update the secrets of one job account only, by account id as in job_service_accounts (\"tpujobs-tpu-vm\" for the default account), e.g. { \"team-a\" = [\"group:team-a-leads@example.com\"] }. They add versions to, read the metadata of and delete only secrets named {prefix}tpujobs_{prefix}{id}_*; creating secrets and listing names are checked on the project, so those two they hold project-wide (infra/secrets.tf says what that allows). Never allUsers."
+  type        = map(list(string))
+  default     = {}
+
+  validation {
+    condition     = alltrue([for members in values(var.team_secret_managers) : alltrue([for m in members : !contains(["allUsers", "allAuthenticatedUsers"], m)])])
+    error_message = "Secret managers need an identity: allUsers and allAuthenticatedUsers are not allowed."
+  }
+}
+
+variable "max_instances" {
+  description = "Most instances of a function, by function (the keys of local.functions in infra/functions.tf), e.g. { submit_job = 40 }. A function not named keeps its default there (reconcile: 20, one reconcile shard an instance). It bounds what a burst or a loop can cost, and what it can load on Firestore and the TPU API."
+  type        = map(number)
+  default     = {}
+
+  validation {
+    condition     = alltrue([for n in values(var.max_instances) : n >= 1 && floor(n) == n])
+    error_message = "Each of max_instances is a whole number of at least 1."
+  }
+}
+
+variable "report_key_version" {
+  description = "The version of the {prefix}tpujobs-report-key secret that signs and checks attempts' reports now: a number, never \"latest\" (a version added is used only once an apply names it). infra/README.md, \"Rotating the report key\"."
+  type        = string
+  default     = "1"
+
+  validation {
+    condition     = can(regex("^[1-9][0-9]*$", var.report_key_version))
+    error_message = "report_key_version is a secret version number, e.g. \"2\"."
+  }
+}
+
+variable "report_key_previous_version" {
+  description = "During a rotation only: the version report_key_version replaced, still accepted for attempts that began under it. \"\" (the default) when no rotation is under way."
+  type        = string
+  default     = ""
+
+  validation {
+    condition     = var.report_key_previous_version == "" || can(regex("^[1-9][0-9]*$", var.report_key_previous_version))
+    error_message = "report_key_previous_version is \"\" or a secret version number, e.g. \"1\"."
   }
 }
 

@@ -8,8 +8,10 @@ import json
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from google.cloud.firestore_v1.query import Query
 
 from tpujobs.adapters.firestore_dead_letters import FirestoreDeadLetters
+from tpujobs.adapters.firestore_documents import job_to_document
 from tpujobs.adapters.firestore_store import ATTEMPTS, EVENTS, JOBS, REJECTIONS, WORKERS, FirestoreJobStore
 from tpujobs.domain.job import Job, new_job
 from tpujobs.domain.spec import parse_spec
@@ -83,15 +85,70 @@ def test_list_filters_by_states_owner_name_prefix_and_labels_newest_first(store:
     assert ids(store.list_jobs(state="QUEUED", where=JobFilter(labels={"team": "x"}))) == ["train-b-2"]
 
 
-def test_several_labels_page_through_the_query_until_the_limit(store: FirestoreJobStore) -> None:
-    """The labels after the first are checked on pages: matches past the first page are found,
-    and `limit` keeps the newest of them."""
+def test_several_labels_keep_the_newest_matches_up_to_the_limit(store: FirestoreJobStore) -> None:
+    """Several labels are one query in document-id order: `limit` still keeps the newest matches,
+    whatever their ids."""
     for minute in range(7):
         labels = {"team": "x", "run": "7"} if minute in (0, 1, 5) else {"team": "x"}
         stored(store, f"job-{minute}", minute, **labels)
     both = JobFilter(labels={"team": "x", "run": "7"})
     assert ids(store.list_jobs(limit=2, where=both)) == ["job-5", "job-1"]
     assert ids(store.list_jobs(limit=10, where=both)) == ["job-5", "job-1", "job-0"]
+
+
+def test_several_labels_read_only_the_jobs_that_have_them_all(
+    store: FirestoreJobStore, firestore_client, monkeypatch
+) -> None:
+    """300 jobs have app=x (the label that sorts first) and 2 of them run=7 as well: listing by
+    both reads those 2 documents, not the 300 with app=x, and the other filters still apply.
+    Documents are counted where the client streams a query's results."""
+    batch = firestore_client.batch()
+    for n in range(300):
+        job, _ = new_job(
+            parse_spec(
+                {
+                    "job_id": f"crowd-{n:03}",
+                    "name": "crowd",
+                    "owner": OWNER,
+                    "accelerator_type": "v4-8",
+                    "command": "true",
+                    "labels": {"app": "x"},
+                }
+            ),
+            "us-central2-b",
+            at(n),
+            record_retention_days=3,
+        )
+        batch.set(firestore_client.collection(JOBS).document(job.job_id), job_to_document(job))
+        if n % 100 == 99:
+            batch.commit()
+            batch = firestore_client.batch()
+    stored(store, "both-a-1", 400, app="x", run="7")
+    stored(store, "both-b-2", 401, app="x", run="7")
+    read = count_streamed(monkeypatch)
+    both = JobFilter(labels={"app": "x", "run": "7"})
+    assert ids(store.list_jobs(limit=50, where=both)) == ["both-b-2", "both-a-1"]
+    assert read == [2]
+    read.clear()
+    assert ids(store.list_jobs(limit=50, where=JobFilter(labels=both.labels, name_prefix="both-a"))) == ["both-a-1"]
+    assert ids(store.list_jobs(limit=50, where=JobFilter(labels=both.labels, states=("RUNNING",)))) == []
+    assert ids(store.list_jobs(limit=50, where=JobFilter(labels=both.labels, owner="bob@example.com"))) == []
+    assert read == [2, 0, 0]
+
+
+def count_streamed(monkeypatch) -> list[int]:
+    """The number of documents each query streams from now on, one entry a query."""
+    counts: list[int] = []
+    streamed = Query.stream
+
+    def counting(self, *args, **kwargs):
+        counts.append(0)
+        for doc in streamed(self, *args, **kwargs):
+            counts[-1] += 1
+            yield doc
+
+    monkeypatch.setattr(Query, "stream", counting)
+    return counts
 
 
 def test_relabel_changes_what_list_finds_and_writes_the_timeline(store: FirestoreJobStore, firestore_client) -> None:

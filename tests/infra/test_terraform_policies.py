@@ -98,7 +98,11 @@ def test_the_tpu_vm_account_may_only_report_and_keep_output(tf: Terraform) -> No
         ("google_storage_managed_folder_iam_member", "job_account_code"),
         ("google_project_iam_member", "job_account_secrets"),
         ("google_artifact_registry_repository_iam_member", "job_account_images"),
+        ("google_cloud_run_service_iam_member", "worker_invoker"),  # fetches its attempt's report key
     }
+    worker = tf.resource("google_cloud_run_service_iam_member", "worker_invoker")
+    assert (worker["role"], worker["member"]) == ("roles/run.invoker", "${each.value.member}")
+    assert worker["service"] == '${google_cloudfunctions2_function.function["jobs"].service_config[0].service}'
     assert sorted(tf.locals["tpu_vm_publishes"]) == sorted([topology.WORKER_EVENTS, topology.PREEMPTION])
     publisher = tf.resource("google_pubsub_topic_iam_member", "tpu_vm_publisher")
     assert (publisher["for_each"], publisher["role"]) == ("${toset(local.tpu_vm_publishes)}", "roles/pubsub.publisher")

@@ -344,6 +344,52 @@ def test_secret_managers_may_write_only_tpujobs_secrets_and_never_read_values(tf
     assert secrets.namespace(PREFIX, "team-a1@p.iam.gserviceaccount.com").startswith(prefix.rsplit("/", 1)[1])
 
 
+def test_team_secret_managers_write_only_their_own_accounts_namespace(tf: Terraform) -> None:
+    """var.team_secret_managers: the writer role under one condition, the namespace that
+    tpujobs.domain.secrets gives the team's account (team-a's managers never reach team-ab's);
+    the creator role project-wide (create is checked on the project), once per member."""
+    variable = tf.variables["team_secret_managers"]
+    assert variable["default"] == {}
+    assert "allUsers" in block(variable, "validation")["condition"]
+    write = tf.resource("google_project_iam_member", "team_secret_manager_write")
+    create = tf.resource("google_project_iam_member", "team_secret_manager_create")
+    assert (write["role"], write["member"]) == (
+        "${google_project_iam_custom_role.secret_writer.id}",
+        "${each.value.member}",
+    )
+    assert create["role"] == "${google_project_iam_custom_role.secret_creator.id}" and "condition" not in create
+    assert create["for_each"] == "${setsubtract(local.team_secret_creators, var.secret_managers)}"
+    assert "contains(keys(local.job_accounts), each.value.account)" in str(write["lifecycle"])
+    values = {
+        "local.project_secrets": f"projects/{PROJECT_NUMBER}/secrets/",
+        "local.job_secret_prefix": render(tf.locals["job_secret_prefix"], {"var.prefix": PREFIX}),
+    }
+
+    def writable(account_id: str, secret: str) -> bool:
+        expression = render(block(write, "condition")["expression"], {**values, "each.value.account": account_id})
+        return f"projects/{PROJECT_NUMBER}/secrets/{secret}".startswith(_starts_with(expression))
+
+    team_a, team_ab = f"{PREFIX}team-a", f"{PREFIX}team-ab"
+    email = {account: f"{account}@proj.iam.gserviceaccount.com" for account in (team_a, team_ab)}
+    for account in email:
+        assert writable(account, secrets.secret_id("hf-token", PREFIX, email[account])), account
+        for other in set(email) - {account}:
+            assert not writable(account, secrets.secret_id("hf-token", PREFIX, email[other])), (account, other)
+    report_key = render(tf.resource("google_secret_manager_secret", "report_key")["secret_id"], {"var.prefix": PREFIX})
+    assert not writable(team_a, report_key)
+
+
+def test_each_function_has_an_instance_cap_that_a_variable_may_change(tf: Terraform) -> None:
+    """max_instance_count: var.max_instances for the functions it names, else the table's
+    default; every default is set, and reconcile keeps the cap its fan-out is sized for."""
+    config = block(tf.resource("google_cloudfunctions2_function", "function"), "service_config")
+    assert config["max_instance_count"] == "${lookup(var.max_instances, each.key, each.value.max)}"
+    assert all(isinstance(f["max"], int) and f["max"] >= 1 for f in tf.locals["functions"].values())
+    assert tf.locals["functions"]["reconcile"]["max"] == 20
+    assert tf.variables["max_instances"]["default"] == {}
+    assert "keys(local.functions)" in str(tf.resource("google_cloudfunctions2_function", "function")["lifecycle"])
+
+
 def test_the_report_key_is_a_secret_without_a_value_read_by_the_job_engine_only(tf: Terraform) -> None:
     """Terraform makes the secret (auto replication, protected from destroy) and its
     secretAccessor grants for the job-engine functions, and no version: the value never
@@ -365,18 +411,27 @@ def test_the_report_key_is_a_secret_without_a_value_read_by_the_job_engine_only(
 
 
 def test_the_report_key_is_mounted_into_exactly_the_job_engine_functions(tf: Terraform) -> None:
-    """TPUJOBS_REPORT_KEY from the secret's latest version (project by number), on the
-    functions with job_engine = true and no other; they deploy after their grant."""
+    """TPUJOBS_REPORT_KEY at var.report_key_version and, while a rotation lasts,
+    TPUJOBS_REPORT_KEY_PREVIOUS at var.report_key_previous_version (never "latest"; project by
+    number), on the functions with job_engine = true and no other; they deploy after their grant."""
     function = tf.resource("google_cloudfunctions2_function", "function")
     mount = block(function, "service_config")["dynamic"][0]["secret_environment_variables"]
-    assert mount["for_each"] == "${each.value.job_engine ? [google_secret_manager_secret.report_key.secret_id] : []}"
+    assert mount["for_each"] == "${each.value.job_engine ? local.report_key_mounts : {}}"
     assert block(mount, "content") == {
-        "key": "${local.report_key_env}",
+        "key": "${secret_environment_variables.key}",
         "project_id": "${data.google_project.this.number}",
-        "secret": "${secret_environment_variables.value}",
-        "version": "latest",
+        "secret": "${google_secret_manager_secret.report_key.secret_id}",
+        "version": "${secret_environment_variables.value}",
     }
     assert tf.locals["report_key_env"] == "TPUJOBS_REPORT_KEY"
+    mounts = tf.locals["report_key_mounts"]
+    assert "{(local.report_key_env) = var.report_key_version}" in mounts
+    previous = '{"${local.report_key_env}_PREVIOUS" = var.report_key_previous_version}'
+    assert f'var.report_key_previous_version == "" ? {{}} : {previous}' in mounts
+    for name in ("report_key_version", "report_key_previous_version"):
+        assert "^[1-9][0-9]*$" in block(tf.variables[name], "validation")["condition"], name
+    assert tf.variables["report_key_version"]["default"] == "1"
+    assert tf.variables["report_key_previous_version"]["default"] == ""
     assert "${google_secret_manager_secret_iam_member.report_key}" in function["depends_on"]
     mounted = {target for target, f in tf.locals["functions"].items() if f["job_engine"]}
     assert mounted == {
@@ -398,7 +453,13 @@ def test_environment_goes_to_the_functions_that_use_it(tf: Terraform) -> None:
     assert config["environment_variables"] == (
         "${merge(local.function_env, {THREADS = tostring(each.value.concurrent)}, "
         "each.value.job_engine ? local.job_engine_env : {}, "
+        "each.value.job_engine ? local.report_key_version_env : {}, "
         'each.key == "jobs" ? local.api_env : {})}'
+    )
+    # Beside each mounted key, its version number in plain env: TPUJOBS_REPORT_KEY_VERSION, and
+    # TPUJOBS_REPORT_KEY_PREVIOUS_VERSION while a rotation lasts.
+    assert tf.locals["report_key_version_env"] == (
+        '${{for env, version in local.report_key_mounts : "${env}_VERSION" => version}}'
     )
     assert tf.locals["function_env"]["TPUJOBS_TPU_SERVICE_ACCOUNT"] == "${google_service_account.tpu_vm.email}"
     assert tf.locals["job_engine_env"] == {
@@ -415,13 +476,15 @@ def test_environment_goes_to_the_functions_that_use_it(tf: Terraform) -> None:
 
 def test_what_platform_auth_claims_is_what_iam_holds(tf: Terraform) -> None:
     """TPUJOBS_API_PLATFORM_AUTH says Cloud Run's IAM check admits only known callers: run.invoker
-    is granted only by the two member resources (push account, var.invokers), never
-    authoritatively, never to allUsers or allAuthenticatedUsers, and nothing turns the check off."""
+    is granted only by the three member resources (push account, var.invokers, the VM accounts),
+    never authoritatively, never to allUsers or allAuthenticatedUsers, and nothing turns the check off."""
     invokers = {(kind, name) for (kind, name), body in tf.resources.items() if "roles/run.invoker" in _roles(body)}
     assert invokers == {
         ("google_cloud_run_service_iam_member", "push_invoker"),
         ("google_cloud_run_service_iam_member", "api_invoker"),
+        ("google_cloud_run_service_iam_member", "worker_invoker"),
     }
+    assert tf.resource("google_cloud_run_service_iam_member", "worker_invoker")["for_each"] == "${local.job_accounts}"
     for kind, _ in tf.resources:
         assert not re.fullmatch(
             r"google_(cloud_run|cloud_run_v2|cloudfunctions2?)_(service|function)_iam_(binding|policy)", kind

@@ -6,11 +6,13 @@ no cap, projected to the fields it compares.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 from google.cloud import firestore
+from google.cloud.firestore_v1.field_path import FieldPath
 
 from tpujobs.adapters.firestore_documents import (
     ACTIVE_PAGE_SIZE,
@@ -34,6 +36,10 @@ from tpujobs.domain.shards import Placement
 from tpujobs.domain.states import ACTIVE
 from tpujobs.engine.ports import JobFilter
 
+LABELS_PAGE = 500  # jobs a page when several labels are asked for (`_with_labels`)
+# The most jobs such a listing reads: past it, the newest of those read (a bound on one call's cost).
+MAX_LABEL_MATCHES = 2_000
+
 
 class FirestoreJobQueries(OnFirestore):
     """`ports.JobQueries` on Firestore."""
@@ -43,10 +49,10 @@ class FirestoreJobQueries(OnFirestore):
     ) -> list[Job]:
         """The newest jobs that match, at most `limit`.
 
-        Firestore filters: state (== or IN), owner, the name prefix (a range on `name`) and the
-        first label (array-contains on `label_pairs`), each combination with its index in
-        `adapters.indexes`. Firestore allows one array-contains per query, so further labels
-        are checked here, on pages of the query, until `limit` jobs match or none are left.
+        Firestore filters: state (== or IN), owner, the name prefix (a range on `name`) and one
+        label (array-contains on `label_pairs`), each combination with its index in
+        `adapters.indexes`, newest first in the query so `limit` keeps the newest jobs. Several
+        labels go to `_with_labels`.
         """
         where = where or JobFilter()
         states = tuple(dict.fromkeys((*where.states, *((state,) if state else ()))))
@@ -59,26 +65,41 @@ class FirestoreJobQueries(OnFirestore):
         if owner:
             query = query.where(filter=firestore.FieldFilter("owner", "==", owner))
         labels = sorted(where.labels.items())
+        if len(labels) > 1:
+            return self._with_labels(query, labels, where.name_prefix, limit)
         if labels:
-            first = label_pairs(dict(labels[:1]))[0]
-            query = query.where(filter=firestore.FieldFilter("label_pairs", "array_contains", first))
+            query = query.where(
+                filter=firestore.FieldFilter("label_pairs", "array_contains", label_pairs(dict(labels))[0])
+            )
         if where.name_prefix:
             query = query.where(filter=firestore.FieldFilter("name", ">=", where.name_prefix))
             query = query.where(filter=firestore.FieldFilter("name", "<", where.name_prefix + "\uf8ff"))
-        # Newest first in the query itself, so `limit` keeps the newest jobs, not any jobs.
         query = query.order_by("created_at", direction=firestore.Query.DESCENDING)
-        if len(labels) < 2:
-            with transient_on_failure("list jobs"):
-                return [job_from_document(doc.to_dict()) for doc in query.limit(limit).stream()]
-        found: list[Job] = []
-        for page in pages(query, limit, "list jobs"):  # limit >= 1 (the CLI and the API check)
-            found += [
-                job
-                for job in (job_from_document(doc.to_dict()) for doc in page)
-                if all(job.spec.labels.get(k) == v for k, v in labels)
-            ]
-            if len(found) >= limit:
-                break
+        with transient_on_failure("list jobs"):
+            return [job_from_document(doc.to_dict()) for doc in query.limit(limit).stream()]
+
+    def _with_labels(self, query: Any, labels: list[tuple[str, str]], name_prefix: str | None, limit: int) -> list[Job]:
+        """The newest `limit` jobs with every one of `labels`, reading only the jobs that have
+        them all (and the state and owner asked for), never every job with the first label.
+
+        One query with an equality on `spec.labels.KEY` for each label: Firestore serves
+        equalities alone from its single-field indexes (a merge join), with no composite index.
+        Ordering by `created_at`, or a range on `name`, would need a composite index per set of
+        label keys, which no list can declare ahead of time; so the query pages in document-id
+        order, and the name prefix, the order and `limit` are applied here, on those jobs only
+        (at most MAX_LABEL_MATCHES of them: past that, the newest of the first read).
+        """
+        for key, value in labels:
+            query = query.where(
+                filter=firestore.FieldFilter(FieldPath("spec", "labels", key).to_api_repr(), "==", value)
+            )
+        documents = itertools.chain.from_iterable(pages(query.order_by("__name__"), LABELS_PAGE, "list jobs"))
+        found = [
+            job
+            for job in (job_from_document(doc.to_dict()) for doc in itertools.islice(documents, MAX_LABEL_MATCHES))
+            if not name_prefix or name_prefix <= job.name < name_prefix + "\uf8ff"
+        ]
+        found.sort(key=lambda job: (job.created_at, job.job_id), reverse=True)
         return found[:limit]
 
     def active_placements(self, page_size: int = ACTIVE_PAGE_SIZE) -> list[Placement]:

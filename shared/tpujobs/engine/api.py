@@ -130,7 +130,7 @@ class JobsApi:
         """The ID-token audiences accepted: the configured ones (else this function's own URLs),
         and the key URL hosts name when they ask for their attempt's key."""
         accepted = list(self.settings.api_audiences or own_urls(url))
-        return accepted + [self.settings.key_url] if self.settings.key_url else accepted
+        return [*accepted, self.settings.key_url] if self.settings.key_url else accepted
 
     # -- the parts that answer the other actions ------------------------------------------
 
