@@ -299,6 +299,8 @@ def _start(
         "PUBSUB_EMULATOR_HOST": pubsub,
         "STORAGE_EMULATOR_HOST": storage,
         "TPUJOBS_TPU_ENDPOINT": f"http://{LOOPBACK}:{simulator_port}",
+        # Where the simulated VMs' identity tokens are verified: the simulator's key, not Google's.
+        "TPUJOBS_VM_CERTS_URL": f"http://{LOOPBACK}:{simulator_port}/simulator/v1/certs",
         "TPUJOBS_SECRETS_ENDPOINT": f"http://{LOOPBACK}:{secrets_port}",
         # What the TPU VMs run as (and whose secrets they read): never a Compute default.
         "TPUJOBS_TPU_SERVICE_ACCOUNT": settings.tpu_service_account

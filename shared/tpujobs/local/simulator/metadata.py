@@ -4,7 +4,8 @@ On a TPU VM the agent learns who it is, and whether it is being preempted, from 
 each simulated host gets a base URL of its own in ``TPUJOBS_METADATA_URL`` instead. As on GCE, requests
 need ``Metadata-Flavor: Google``, answers carry an ``ETag`` (a hash of the answer, so rewriting a value
 wakes no one), and ``?wait_for_change=true`` holds a request on the simulator's change notice.
-Everything but ``MetadataService.answer``'s waiting is pure. The paths: docs/local-stack.md#a-hosts-metadata-server.
+Identity tokens are signed by ``identity.IdentitySigner``; everything but ``MetadataService.answer``'s
+waiting and the tokens' times is pure. The paths: docs/local-stack.md#a-hosts-metadata-server.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Protocol
 from urllib.parse import quote, unquote
 
 from tpujobs.local.simulator.errors import TPU_SERVICE, project_number
+from tpujobs.local.simulator.identity import IdentitySigner, hostname, identity_claims
 from tpujobs.local.simulator.model import MEGASCALE_PORT, NodeRecord, SimulatorError
 
 METADATA_ROOT = "/simulator/v1/metadata/"
@@ -35,6 +37,8 @@ DEFAULT_WAIT_SECONDS = 60.0
 TOKEN_PREFIX = "simulated:"  # a simulated access token is this and the account's email
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 _FLAVOR_MISSING = "Missing required header: Metadata-Flavor: Google\n"
+_NO_AUDIENCE = "non-empty audience parameter required\n"  # what GCE's metadata server answers
+TOKEN_FORMATS = ("standard", "full")
 
 
 def metadata_url(server_url: str, project: str, zone: str, node_id: str, worker: int) -> str:
@@ -106,7 +110,7 @@ def service_accounts(node: NodeRecord) -> dict[str, str]:
     values = {"instance/service-accounts/": f"default/\n{email}/\n"}
     for alias in ("default", email):
         base = f"instance/service-accounts/{alias}/"
-        values[base] = "email\nscopes\ntoken\n"
+        values[base] = "email\nidentity\nscopes\ntoken\n"
         values[base + "email"] = email
         values[base + "scopes"] = CLOUD_PLATFORM_SCOPE + "\n"
     return values
@@ -118,7 +122,7 @@ def lookup(node: NodeRecord, worker: int, key: str) -> MetadataReply:
     values: dict[str, str] = {
         "instance/preempted": "TRUE" if node.preempted else "FALSE",
         "instance/maintenance-event": node.maintenance_event,
-        "instance/hostname": f"t1v-n-{node.number:x}-w-{worker}",
+        "instance/hostname": hostname(node, worker),
         "instance/zone": f"projects/{node.project}/zones/{node.zone}",
         "instance/network-interfaces/0/ip": node.host_addresses[worker],
         "instance/attributes/": "".join(f"{name}\n" for name in sorted(attrs)),
@@ -134,6 +138,31 @@ def lookup(node: NodeRecord, worker: int, key: str) -> MetadataReply:
     if key in values:
         return _reply(values[key], TEXT)
     return MetadataReply(404, f"no metadata at {key!r}\n")
+
+
+def identity(
+    node: NodeRecord, worker: int, key: str, query: Mapping[str, list[str]], signer: IdentitySigner
+) -> MetadataReply | None:
+    """instance/service-accounts/{default,email}/identity: a signed identity token for `audience`,
+    with the instance's details under format=full; None when `key` is another path."""
+    email = node.service_account
+    if key not in (f"instance/service-accounts/{alias}/identity" for alias in ("default", email)):
+        return None
+    audience = _flag(query, "audience")
+    if not audience:
+        return MetadataReply(400, _NO_AUDIENCE)
+    token_format = (_flag(query, "format") or "standard").lower()
+    if token_format not in TOKEN_FORMATS:
+        return MetadataReply(400, f"format must be one of {', '.join(TOKEN_FORMATS)}\n")
+    claims = identity_claims(
+        node,
+        worker,
+        audience,
+        now=signer.now(),
+        full=token_format == "full",
+        licenses=_flag(query, "licenses").upper() == "TRUE",
+    )
+    return _reply(signer.sign(claims), TEXT)
 
 
 def _reply(body: str, content_type: str) -> MetadataReply:
@@ -173,9 +202,12 @@ class MetadataService:
         stopping: threading.Event | None = None,
         changes: Changes | None = None,
         poll_seconds: float = 0.05,
+        signer: IdentitySigner | None = None,
     ) -> None:
-        """Without *changes*, a held request re-reads every *poll_seconds* instead."""
+        """Without *changes*, a held request re-reads every *poll_seconds* instead; without *signer*,
+        identity tokens are signed by a key made here."""
         self._get_node = get_node  # Simulator.get_node: raises SimulatorError when gone
+        self.signer = signer or IdentitySigner()
         self._stopping = stopping or threading.Event()
         self._changes = changes
         self._poll_seconds = poll_seconds
@@ -192,7 +224,7 @@ class MetadataService:
         if match is None:
             return MetadataReply(404, f"no metadata server at {path}\n")
         seen_generation = self._changes.generation() if self._changes is not None else 0
-        reply = self._once(match)
+        reply = self._once(match, query)
         if _flag(query, "wait_for_change").lower() != "true" or reply.status != 200:
             return reply
         last_etag = _flag(query, "last_etag")
@@ -212,12 +244,12 @@ class MetadataService:
                 seen_generation = self._changes.wait_for_change(seen_generation, min(remaining, STOP_CHECK_SECONDS))
             elif self._stopping.wait(min(remaining, self._poll_seconds)):
                 break
-            reply = self._once(match)
+            reply = self._once(match, query)
             if reply.status != 200 or reply.etag != seen:
                 return reply
         return reply
 
-    def _once(self, match: re.Match[str]) -> MetadataReply:
+    def _once(self, match: re.Match[str], query: Mapping[str, list[str]]) -> MetadataReply:
         worker = int(match["worker"])
         try:
             node = self._get_node(unquote(match["project"]), unquote(match["zone"]), unquote(match["node_id"]))
@@ -225,4 +257,5 @@ class MetadataService:
             return MetadataReply(404, error.message + "\n")
         if worker >= len(node.host_addresses):
             return MetadataReply(404, f"node {node.node_id} has workers 0..{len(node.host_addresses) - 1}\n")
-        return lookup(node, worker, match["key"])
+        token = identity(node, worker, match["key"], query, self.signer)
+        return token if token is not None else lookup(node, worker, match["key"])

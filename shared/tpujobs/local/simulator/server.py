@@ -1,10 +1,12 @@
 """The simulator's HTTP face: the Cloud TPU v2 REST API as google-cloud-tpu's REST client calls it,
-plus control endpoints under /simulator/v1/ (preempt, fail, faults, config; `client.SimulatorControl`)
-and each worker's metadata server. Everything here is translation: the rules live in `model`.
+plus control endpoints under /simulator/v1/ (preempt, fail, faults, config; `client.SimulatorControl`),
+each worker's metadata server, and the certificates of its VMs' identity tokens (/simulator/v1/certs).
+Everything here is translation: the rules live in `model`.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import tempfile
@@ -21,6 +23,7 @@ from google.cloud import tpu_v2
 from tpujobs.local.simulator import fields
 from tpujobs.local.simulator.errors import FAULT_METHODS, Fault, bad_request
 from tpujobs.local.simulator.http import ApiServer, JsonRequestHandler, Routes, google_answer
+from tpujobs.local.simulator.identity import CERTS_CACHE_CONTROL, CERTS_PATH, IdentitySigner
 from tpujobs.local.simulator.messages import camel, canonical, json_object, query_str, timestamp
 from tpujobs.local.simulator.metadata import MetadataReply, MetadataService, metadata_url
 from tpujobs.local.simulator.model import (
@@ -324,7 +327,10 @@ class SimulatorApi:
     ) -> None:
         self.simulator = simulator
         self.worker_pool = worker_pool
-        self.metadata_service = MetadataService(simulator.get_node, stopping=stopping, changes=simulator)
+        self.identity_signer = IdentitySigner()  # the key of this simulator's VM identity tokens
+        self.metadata_service = MetadataService(
+            simulator.get_node, stopping=stopping, changes=simulator, signer=self.identity_signer
+        )
         qrs, nodes, operations = "/queuedResources", "/nodes", "/operations"
         self._tpu_routes = Routes(
             [
@@ -403,6 +409,11 @@ class SimulatorApi:
         if not MetadataService.handles(path):
             return None
         return self.metadata_service.answer(path, query, headers)
+
+    def certs(self, path: str) -> Json | None:
+        """The certificates that verify the VMs' identity tokens, in Google's v1 format, or None
+        when *path* is another."""
+        return self.identity_signer.certs() if path == CERTS_PATH else None
 
     # -- the TPU API ----------------------------------------------------------------------
 
@@ -625,6 +636,11 @@ class _RequestHandler(JsonRequestHandler):
                     reply.content_type,
                     {"Metadata-Flavor": "Google", **({"ETag": reply.etag} if reply.etag else {})},
                 )
+                return
+            certs = self.server.api.certs(path)
+            if certs is not None:
+                body = json.dumps(certs).encode("utf-8")
+                self.send(200, body, "application/json; charset=UTF-8", {"Cache-Control": CERTS_CACHE_CONTROL})
                 return
         mask = self.headers.get("X-Goog-FieldMask") or query_str(query, "fields") or query_str(query, "$fields")
         self.send_json(*self.server.api.handle(method, path, query, body, mask))
