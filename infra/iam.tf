@@ -181,15 +181,28 @@ resource "google_storage_managed_folder_iam_member" "job_account_folder" {
   member         = google_service_account.job[each.value.account].member
 }
 
-# Every job account reads the code the CLI uploaded (content-addressed tarballs under code/; the
-# agent checks each one's SHA-256 against the job's), and writes none of it.
-resource "google_storage_managed_folder_iam_member" "job_account_code" {
-  for_each = local.job_accounts
-
+# Each VM account reads the code the CLI uploaded for jobs on it, and no other: the default
+# account code/jobs/, each named one code/accounts/{its email}/ (content-addressed tarballs; the
+# agent checks each one's SHA-256 against the job's), and writes none of it. Granted on managed
+# folders, not as a bucket grant with an IAM condition on resource.name: storage.objects.list is
+# checked on the bucket, where a condition on an object name never holds, so a conditioned
+# objectViewer would either list every team's code (list granted unconditioned) or none (a
+# custom role or legacyObjectReader without list). objectViewer on a managed folder lets its
+# holder get and list inside that folder only (infra/README.md, "Storage isolation").
+resource "google_storage_managed_folder_iam_member" "tpu_vm_code" {
   bucket         = google_storage_managed_folder.code.bucket
   managed_folder = google_storage_managed_folder.code.name
   role           = "roles/storage.objectViewer"
-  member         = each.value.member
+  member         = google_service_account.tpu_vm.member
+}
+
+resource "google_storage_managed_folder_iam_member" "job_account_code" {
+  for_each = google_storage_managed_folder.account_code
+
+  bucket         = each.value.bucket
+  managed_folder = each.value.name
+  role           = "roles/storage.objectViewer"
+  member         = google_service_account.job[each.key].member
 }
 
 # Every VM account pulls jobs' images from the repositories of var.image_repositories

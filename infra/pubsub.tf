@@ -107,3 +107,15 @@ resource "google_pubsub_topic_iam_member" "submitters" {
   role   = "roles/pubsub.publisher"
   member = each.key
 }
+
+# tpujobs-control's `owner` is a claim nobody checks, so only admins may publish there (the CLI
+# without TPUJOBS_API_URL); users cancel, restart and manage pools through the jobs API. Even an
+# admin's message acts only on what a claim owns unless config/policies sets trust_topic_owners.
+# No function, invoker or VM account publishes to it. var.admins are e-mails (TPUJOBS_ADMINS).
+resource "google_pubsub_topic_iam_member" "control_publishers" {
+  for_each = toset(var.admins)
+
+  topic  = google_pubsub_topic.topic["tpujobs-control"].id
+  role   = "roles/pubsub.publisher"
+  member = endswith(each.key, ".gserviceaccount.com") ? "serviceAccount:${each.key}" : "user:${each.key}"
+}

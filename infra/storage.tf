@@ -155,9 +155,20 @@ resource "google_storage_managed_folder" "jobs" {
   force_destroy = true
 }
 
+# Code the CLI uploads, by account as well (naming.code_prefix): code/jobs/ for the default
+# account, code/accounts/{email}/ for each named one. Each account reads only its own folder, so
+# no team reads or lists another team's code (iam.tf).
 resource "google_storage_managed_folder" "code" {
   bucket        = google_storage_bucket.logs.name
-  name          = "code/" # tarballs the CLI uploads, named by content; every job account reads
+  name          = "code/jobs/" # tarballs of jobs on the default account (tpu_vm), named by content
+  force_destroy = true
+}
+
+resource "google_storage_managed_folder" "account_code" {
+  for_each = var.job_service_accounts
+
+  bucket        = google_storage_bucket.logs.name
+  name          = "code/accounts/${google_service_account.job[each.key].email}/" # tarballs of jobs on this account
   force_destroy = true
 }
 

@@ -110,7 +110,7 @@ variable "report_key_previous_version" {
 }
 
 variable "admins" {
-  description = "E-mail addresses that may cancel anyone's job (TPUJOBS_ADMINS)."
+  description = "E-mail addresses of the admins (TPUJOBS_ADMINS): they may cancel anyone's job, and only they may publish on tpujobs-control."
   type        = list(string)
   default     = []
 }

@@ -15,11 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from tpujobs.domain.access import AccessPolicies
 from tpujobs.domain.states import JobState
 from tpujobs.engine.api import CALLER_HEADER, InvalidToken, JobsApi
 from tpujobs.engine.errors import TransientError
 from tpujobs.engine.services import Engine
 from tpujobs.engine.settings import Settings
+from tpujobs.local.fakes import InMemoryAccessPolicies
 from tpujobs.local.testing import inbound as message
 from tpujobs.local.testing import local_settings, signed
 from tpujobs.runtime import instances
@@ -274,8 +276,10 @@ def test_cancelling_a_job_that_ended_otherwise_is_409(local, service):
     assert state_of(service, "train-1") is JobState.FAILED
 
 
-def test_the_control_topic_applies_the_same_rule(service, firestore_client):
-    """tpujobs-control: a stranger is rejected, an admin cancels (domain.access.may_cancel)."""
+def test_the_control_topic_applies_the_same_rule_when_claims_are_trusted(job_service, firestore_client):
+    """tpujobs-control with trust_topic_owners: a stranger is rejected, an admin cancels
+    (domain.access.may_cancel). Without it a claimed admin is only a claim (test_engine_topic_claims)."""
+    service = job_service(admins=(ADMIN,), access=InMemoryAccessPolicies(AccessPolicies(trust_topic_owners=True)))
     submit(service, "train-1")
     refused = message("tpujobs-control", {"action": "cancel", "job_id": "train-1", "owner": STRANGER})
     assert service.controls.on_control(refused) is None

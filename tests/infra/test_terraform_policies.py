@@ -80,13 +80,14 @@ def test_every_function_runs_as_its_own_account(tf: Terraform) -> None:
 
 def test_the_tpu_vm_account_may_only_report_and_keep_output(tf: Terraform) -> None:
     """The TPU VMs' account publishes to worker-events and preemption and uses objects under
-    logs/jobs/ and checkpoints/jobs/; with every job account it reads code/, its own secrets and
-    the images of var.image_repositories; nothing else anywhere."""
+    logs/jobs/ and checkpoints/jobs/ and reads code/jobs/; with every job account it reads its own
+    secrets and the images of var.image_repositories; nothing else anywhere."""
     member = "${google_service_account.tpu_vm.member}"
     grants = {(kind, name) for (kind, name), body in tf.resources.items() if body.get("member") == member}
     assert grants == {
         ("google_pubsub_topic_iam_member", "tpu_vm_publisher"),
         ("google_storage_managed_folder_iam_member", "tpu_vm_jobs"),
+        ("google_storage_managed_folder_iam_member", "tpu_vm_code"),
     }
     # Grants to every job account, tpu_vm among them (local.job_accounts).
     every = {
@@ -95,7 +96,6 @@ def test_the_tpu_vm_account_may_only_report_and_keep_output(tf: Terraform) -> No
         if body.get("for_each") == "${local.job_accounts}" or "local.job_accounts[" in str(body.get("member"))
     }
     assert every == {
-        ("google_storage_managed_folder_iam_member", "job_account_code"),
         ("google_project_iam_member", "job_account_secrets"),
         ("google_artifact_registry_repository_iam_member", "job_account_images"),
         ("google_cloud_run_service_iam_member", "worker_invoker"),  # fetches its attempt's report key

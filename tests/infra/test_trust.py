@@ -162,13 +162,15 @@ def test_every_job_account_may_report_and_be_attached_by_the_job_engine(tf: Terr
 
 
 def test_each_vm_account_uses_only_its_own_prefixes_of_the_logs_bucket(tf: Terraform) -> None:
-    """Managed folders logs/jobs/ and checkpoints/jobs/ (tpu_vm), logs/accounts/{email}/ and
-    checkpoints/accounts/{email}/ (each named account) and code/ (read by all); objectUser only
-    on one's own folders; no bucket-wide grant but export_logs'."""
+    """Managed folders logs/jobs/, checkpoints/jobs/ and code/jobs/ (tpu_vm), logs/accounts/{email}/,
+    checkpoints/accounts/{email}/ and code/accounts/{email}/ (each named account); objectUser on
+    one's own log and checkpoint folders, objectViewer on one's own code folder only; no
+    bucket-wide grant but export_logs'."""
     folders = tf.of_kind("google_storage_managed_folder")
     assert {name: folder["name"] for name, folder in folders.items()} == {
         "jobs": "${each.key}/jobs/",
-        "code": "code/",
+        "code": "code/jobs/",
+        "account_code": "code/accounts/${google_service_account.job[each.key].email}/",
         "account": "${each.value.kind}/accounts/${google_service_account.job[each.value.account].email}/",
     }
     assert tf.locals["job_object_kinds"] == ["logs", "checkpoints"]
@@ -183,7 +185,7 @@ def test_each_vm_account_uses_only_its_own_prefixes_of_the_logs_bucket(tf: Terra
         assert folder["force_destroy"] is True  # removes the folder's grants, never its objects
 
     grants = tf.of_kind("google_storage_managed_folder_iam_member")
-    assert set(grants) == {"tpu_vm_jobs", "job_account_folder", "job_account_code"}
+    assert set(grants) == {"tpu_vm_jobs", "job_account_folder", "tpu_vm_code", "job_account_code"}
     jobs = grants["tpu_vm_jobs"]
     assert jobs["for_each"] == "${google_storage_managed_folder.jobs}"
     assert (jobs["managed_folder"], jobs["role"], jobs["member"]) == (
@@ -198,12 +200,20 @@ def test_each_vm_account_uses_only_its_own_prefixes_of_the_logs_bucket(tf: Terra
         "roles/storage.objectUser",
         "${google_service_account.job[each.value.account].member}",
     )
-    code = grants["job_account_code"]
-    assert code["for_each"] == "${local.job_accounts}"
-    assert (code["managed_folder"], code["role"], code["member"]) == (
+    default_code = grants["tpu_vm_code"]
+    assert "for_each" not in default_code
+    assert (default_code["managed_folder"], default_code["role"], default_code["member"]) == (
         "${google_storage_managed_folder.code.name}",
         "roles/storage.objectViewer",
-        "${each.value.member}",
+        TPU_VM,
+    )
+    code = grants["job_account_code"]
+    assert folders["account_code"]["for_each"] == "${var.job_service_accounts}"
+    assert code["for_each"] == "${google_storage_managed_folder.account_code}"
+    assert (code["managed_folder"], code["role"], code["member"]) == (
+        "${each.value.name}",
+        "roles/storage.objectViewer",
+        "${google_service_account.job[each.key].member}",
     )
 
     # Bucket-wide: only the functions' table, and there only export_logs.
@@ -242,7 +252,14 @@ def test_each_job_writes_inside_the_folders_its_account_may_use(tf: Terraform) -
         assert not prefix_of("train-1", email).startswith(_folder(tf, "account", kind, other)), kind
         for account in (None, email):
             assert not prefix_of("train-1", account).startswith("code/"), (kind, account)
-    assert naming.code_object("ab" * 32).startswith(tf.of_kind("google_storage_managed_folder")["code"]["name"])
+    code_folders = tf.of_kind("google_storage_managed_folder")
+    own_code = render(code_folders["account_code"]["name"], {"google_service_account.job[each.key].email": email})
+    other_code = render(code_folders["account_code"]["name"], {"google_service_account.job[each.key].email": other})
+    assert naming.code_object("ab" * 32).startswith(code_folders["code"]["name"])
+    assert naming.code_object("ab" * 32, email).startswith(own_code)
+    assert not naming.code_object("ab" * 32, email).startswith(other_code)
+    assert not naming.code_object("ab" * 32, email).startswith(code_folders["code"]["name"])
+    assert not naming.code_object("ab" * 32).startswith("code/accounts/")
 
 
 def test_every_vm_account_may_pull_images_from_the_listed_repositories_only(tf: Terraform) -> None:

@@ -179,7 +179,9 @@ def submit(
         return
     config = settings()
     if code_dir is not None:
-        spec.update(upload_code(config, (file.parent / code_dir).resolve()))
+        spec.update(upload_code(config, (file.parent / code_dir).resolve(), spec.get("service_account")))
+    else:
+        spec.update(pinned_code(config, spec))
     message_id = None
     url = api_url()
     if url:  # the jobs API: the owner is who calls, verified; a refusal is its answer
@@ -197,11 +199,47 @@ def submit(
         follow(config, job_id, until=lambda job: job.state.is_terminal, message_id=message_id)
 
 
-def upload_code(config: Settings, directory: Path) -> dict[str, Any]:
+def pinned_code(config: Settings, spec: dict[str, Any]) -> dict[str, Any]:
+    """For a `code_uri` the user gave: refuse one in another account's code prefix of the
+    deployment's bucket (exit 2, as the submit function would), and record the tarball's
+    `code_sha256` when the user gave none and this terminal can read it, so the agent refuses
+    the tarball if it changes after submission. Unreadable: left to the user, with a warning."""
+    from tpujobs.domain.naming import code_location_refusal
+
+    code_uri, account = spec.get("code_uri"), spec.get("service_account")
+    if not isinstance(code_uri, str):
+        return {}
+    refused = code_location_refusal(code_uri, config.logs_bucket, account if isinstance(account, str) else None)
+    if refused is not None:
+        raise Stop(f"Invalid spec: {refused}.", code=2)
+    if spec.get("code_sha256") is not None or code_uri.endswith("/"):
+        return {}
+    from google.auth.exceptions import GoogleAuthError
+
+    from tpujobs.adapters.storage import build_client
+    from tpujobs.cli.code_upload import stored_tarball_sha256
+
+    try:
+        client = build_client(config.project)
+    except GoogleAuthError:  # no credentials here: the same as an object this terminal cannot read
+        client = None
+    digest = None if client is None else stored_tarball_sha256(client, code_uri)
+    if digest is None:
+        err.print(
+            f"[yellow]Warning:[/yellow] could not read {shown(code_uri)} to record its SHA-256: the hosts "
+            "will unpack whatever is there when the job runs. Give code_sha256 in the spec to pin it."
+        )
+        return {}
+    out.print(f"Recorded the SHA-256 of {shown(code_uri)} ({shown(digest[:12])}...) as code_sha256")
+    return {"code_sha256": digest}
+
+
+def upload_code(config: Settings, directory: Path, service_account: str | None = None) -> dict[str, Any]:
     """Pack a local code directory (.gitignore, .tpujobsignore, never .git; the size limit
-    checked before anything is uploaded) and upload it to the logs bucket: the spec fields it
-    sets, `code_uri` and `code_sha256`, and `code_git_commit` and `code_git_dirty` when the
-    directory is in a git checkout."""
+    checked before anything is uploaded) and upload it under the code prefix of the account the
+    job runs as (`service_account`, else the deployment's default): the spec fields it sets,
+    `code_uri` and `code_sha256`, and `code_git_commit` and `code_git_dirty` when the directory
+    is in a git checkout."""
     from tpujobs.adapters.storage import build_client
     from tpujobs.cli.code_packer import CodeDirError, max_code_bytes, pack
     from tpujobs.cli.code_upload import upload_code_package
@@ -210,7 +248,8 @@ def upload_code(config: Settings, directory: Path) -> dict[str, Any]:
         package = pack(directory, max_code_bytes(os.environ))
     except CodeDirError as error:
         raise Stop(str(error), code=2) from None
-    uri = upload_code_package(build_client(config.project), config.logs_bucket, package, datetime.now(timezone.utc))
+    now = datetime.now(timezone.utc)
+    uri = upload_code_package(build_client(config.project), config.logs_bucket, package, now, service_account)
     fields: dict[str, Any] = {"code_uri": uri, "code_sha256": package.sha256}
     origin = ""
     if package.git_commit is not None:

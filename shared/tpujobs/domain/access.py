@@ -47,6 +47,40 @@ class AccessPolicies:
         return frozenset({who, *(f"group:{name}" for name, people in self.groups.items() if who in people)})
 
 
+API_INSTEAD = (
+    "use the jobs API (the tpujobs CLI with TPUJOBS_API_URL set), or ask an admin to set trust_topic_owners "
+    "in config/policies"
+)
+
+
+def topic_control_refusal(
+    action: str, what: str, *, owner: str, owner_verified: bool, claimed: str, admins: Collection[str],
+    policies: AccessPolicies,
+) -> str | None:  # fmt: skip
+    """Why a tpujobs-control message, whose `owner` (`claimed`) nobody checked, may not `action`
+    `what` (a job or a pool of `owner`), or None.
+
+    Anyone who may publish there can claim any owner, so by default a claim acts only on what a
+    claim owns: never on what a verified principal (the jobs API's caller) owns, and a claimed
+    admin is a claim too. Only `trust_topic_owners` makes the claim count as the API's caller does.
+    """
+    if not may_cancel(owner, claimed, admins):
+        return f"{claimed} may not {action} {what}: only its owner or an admin may"
+    if policies.trust_topic_owners:
+        return None
+    if owner_verified:
+        return (
+            f"{what} is owned by a verified principal ({owner}): tpujobs-control carries only a claimed owner, "
+            f"so it may not {action} it; {API_INSTEAD}"
+        )
+    if claimed != owner:
+        return (
+            f"{what} belongs to {owner}: on tpujobs-control {claimed} is only a claimed admin, "
+            f"so it may not {action} it; {API_INSTEAD}"
+        )
+    return None
+
+
 PRIVILEGED_PRIORITIES = frozenset({"high", "very-high"})
 
 

@@ -94,8 +94,40 @@ def checkpoint_prefix(job_id: str, service_account: str | None = None) -> str:
     return CHECKPOINTS_PREFIX + _job_path(job_id, service_account)
 
 
-def code_object(sha256: str) -> str:
-    """The object of an uploaded code tarball, named by its content: `code/{first 16 hex}.tar.gz`."""
+def code_prefix(service_account: str | None = None) -> str:
+    """Where the code of jobs on one account lies: `code/jobs/` on the default account,
+    `code/accounts/{email}/` on an account of its own. Each account may read its own only
+    (infra/ grants it per managed folder), so no team reads or lists another's code."""
+    if service_account and not re.fullmatch(r"[a-z0-9][a-z0-9.-]*@[a-z0-9][a-z0-9.-]*", service_account):
+        raise ValueError(f"a service account must be an email of [a-z0-9.-], got {service_account!r}")
+    return CODE_PREFIX + ("jobs/" if not service_account else f"accounts/{service_account}/")
+
+
+def code_object(sha256: str, service_account: str | None = None) -> str:
+    """The object of an uploaded code tarball, named by its content under its account's prefix:
+    `code/jobs/{first 16 hex}.tar.gz`, or `code/accounts/{email}/{first 16 hex}.tar.gz`."""
     if not re.fullmatch(r"[0-9a-f]{64}", sha256):
         raise ValueError(f"code digest must be 64 lower-case hex digits, got {sha256!r}")
-    return f"{CODE_PREFIX}{sha256[:16]}.tar.gz"
+    return f"{code_prefix(service_account)}{sha256[:16]}.tar.gz"
+
+
+def code_location_refusal(code_uri: str | None, code_bucket: str, service_account: str | None) -> str | None:
+    """Why a job may not take its code from `code_uri`, or None: code in the deployment's own
+    bucket under `code/` must lie under the prefix of the account the job runs as, or a job
+    could be pointed at another team's tarball. Code elsewhere is the owner's business (its
+    bucket's IAM decides)."""
+    if not code_uri or not code_bucket:
+        return None
+    base = f"gs://{code_bucket}/"
+    if not code_uri.startswith(base) or not code_uri[len(base) :].startswith(CODE_PREFIX):
+        return None
+    own = code_prefix(service_account)
+    name = code_uri[len(base) :]
+    parts = name.split("/")
+    if name.startswith(own) and ".." not in parts and "." not in parts and len(name) > len(own):
+        return None
+    runs_as = service_account or "the deployment's default account"
+    return (
+        f"code_uri {code_uri} is under {CODE_PREFIX} of the deployment's bucket but not under {base}{own}, "
+        f"the code prefix of {runs_as}, which the job runs as: a job may use only its own account's code"
+    )

@@ -117,6 +117,9 @@ class Pool:
     idle_minutes: int | None = None  # a unit idle this long is released; None: kept while the pool lives
     service_account: str | None = None  # what its VMs run as (None: the deployment's account)
     users: tuple[str, ...] = ()  # besides the owner and admins, who may run jobs on it (e-mail or group:NAME)
+    # False: made on tpujobs-control, whose owner is a claim. True for the jobs API's, and for a
+    # document older than the field: only a claim-made pool may be resized or deleted by a claim.
+    owner_verified: bool = True
     state: PoolState = PoolState.ACTIVE
     reason: str = ""  # the last thing that happened to it, as a sentence
     units: tuple[Unit, ...] = ()
@@ -176,6 +179,7 @@ def settings_of(pool: Pool) -> dict[str, Any]:
         "name": pool.name,
         "owner": pool.owner,
         "users": list(pool.users),
+        "owner_verified": pool.owner_verified,
         "state": pool.state.value,
         "reason": pool.reason,
         "accelerator_type": pool.accelerator_type,
@@ -288,8 +292,9 @@ def parse_pool_request(data: dict[str, Any], default_zone: str) -> tuple[PoolReq
     return request, shape
 
 
-def new_pool(request: PoolRequest, now: datetime) -> Pool:
-    """The pool a valid request becomes: every unit waits for quota until the service asks for it."""
+def new_pool(request: PoolRequest, now: datetime, *, owner_verified: bool = True) -> Pool:
+    """The pool a valid request becomes: every unit waits for quota until the service asks for it.
+    `owner_verified`: the jobs API proved its owner (false: a claim on tpujobs-control)."""
     units = tuple(
         Unit(i, UnitState.WAITING_FOR_QUOTA, 1, request.zones[0], now, written=False) for i in range(request.count)
     )
@@ -308,6 +313,7 @@ def new_pool(request: PoolRequest, now: datetime) -> Pool:
         idle_minutes=request.idle_minutes,
         service_account=request.service_account,
         users=request.users,
+        owner_verified=owner_verified,
         reason=f"Created by {request.owner}: {request.count} x {request.slices} x {request.accelerator_type}.",
         units=units,
     )

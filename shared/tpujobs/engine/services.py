@@ -63,11 +63,11 @@ class WarmPools:
     def create(self, data: dict[str, object], caller: str, *, verified: bool) -> PoolOutcome:
         return self.management.create(data, caller, verified=verified)
 
-    def resize(self, name: str, count: int, caller: str) -> PoolOutcome:
-        return self.management.resize(name, count, caller)
+    def resize(self, name: str, count: int, caller: str) -> PoolOutcome:  # the jobs API's verified caller
+        return self.management.resize(name, count, caller, verified=True)
 
-    def delete(self, name: str, caller: str) -> PoolOutcome:
-        return self.management.delete(name, caller)
+    def delete(self, name: str, caller: str) -> PoolOutcome:  # the jobs API's verified caller
+        return self.management.delete(name, caller, verified=True)
 
     def observe_unit(self, queued_resource: str, state: str, detail: str = "", unhealthy_hosts: int = 0) -> None:
         self.units.observe_unit(queued_resource, state, detail, unhealthy_hosts)
@@ -158,7 +158,7 @@ class Engine:
         self.worker_events = WorkerEvents(store, settings, clock, reports, self.rejections, self.lifecycle)
         self.capacity_events = CapacityEvents(capacity, reports, self.lifecycle, parts.units if parts else None)
         management = self.warm.management if self.warm is not None else None
-        self.controls = Controls(store, settings, self.vetting, self.rejections, self.lifecycle, management)
+        self.controls = Controls(store, settings, self.vetting, self.rejections, self.lifecycle, management, access)
 
     @property
     def tpu(self) -> Capacity:

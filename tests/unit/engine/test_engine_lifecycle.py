@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 from engine_harness import PROJECT, ZONE, Engine, utc_now
 
+from tpujobs.domain.access import AccessPolicies
 from tpujobs.domain.states import EventKind, JobState
 from tpujobs.domain.transitions import Observation
 from tpujobs.local.testing import wait_for
@@ -131,9 +132,13 @@ def test_the_owner_cancels_and_capacity_goes_but_a_stranger_cannot(jobs):
     assert jobs.live_capacity() == set()
 
 
-def test_an_admin_may_cancel_anyones_job(jobs):
-    """Admins named in the settings can cancel every job."""
+def test_an_admin_may_cancel_anyones_job_on_the_topic_when_claims_are_trusted(engine):
+    """Admins named in the settings can cancel every job; on the topic only with trust_topic_owners."""
+    jobs = engine(admins=("root@example.com",), access=AccessPolicies())
     submit(jobs)
+    jobs.control({"action": "cancel", "job_id": "train-1", "owner": "root@example.com"})
+    assert jobs.job().state is JobState.PROVISIONING  # a claimed admin is a claim
+    jobs.access.allowed = AccessPolicies(trust_topic_owners=True)
     jobs.control({"action": "cancel", "job_id": "train-1", "owner": "root@example.com"})
     assert jobs.job().state is JobState.CANCELLED
 

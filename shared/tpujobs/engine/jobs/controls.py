@@ -1,5 +1,8 @@
 """tpujobs-control and the jobs API's controls: cancel, resume and rerun a job, which only its
-owner or an admin may ask; and a warm pool's create, resize or delete sent on the topic."""
+owner or an admin may ask; and a warm pool's create, resize or delete sent on the topic.
+
+On the topic the `owner` is a claim: unless config/policies trusts it, a message acts only on
+what a claim owns (`domain.access.topic_control_refusal`)."""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from tpujobs.domain.access import may_cancel
+from tpujobs.domain.access import AccessPolicies, may_cancel, topic_control_refusal
 from tpujobs.domain.job import Job
 from tpujobs.domain.restart_overrides import RestartAction, describe_overrides, overridden_spec
 from tpujobs.domain.spec import SpecError
@@ -21,7 +24,7 @@ from tpujobs.engine.jobs.rejections import Rejections
 from tpujobs.engine.jobs.vetting import Vetting
 from tpujobs.engine.messages import ReportError
 from tpujobs.engine.pool_requests import PoolControlRequest, PoolCreateRequest, PoolResizeRequest
-from tpujobs.engine.ports import JobRecords
+from tpujobs.engine.ports import AccessPolicyReader, JobRecords
 from tpujobs.engine.settings import Settings
 from tpujobs.engine.warm_pools.outcomes import PoolOutcome
 
@@ -61,8 +64,8 @@ class PoolControls(Protocol):
     """The warm pools' management, as a control on the topic asks it (`warm_pools.PoolManagement`)."""
 
     def create(self, data: dict[str, object], caller: str, *, verified: bool) -> PoolOutcome: ...
-    def resize(self, name: str, count: int, caller: str) -> PoolOutcome: ...
-    def delete(self, name: str, caller: str) -> PoolOutcome: ...
+    def resize(self, name: str, count: int, caller: str, *, verified: bool) -> PoolOutcome: ...
+    def delete(self, name: str, caller: str, *, verified: bool) -> PoolOutcome: ...
 
 
 class Controls:
@@ -76,6 +79,7 @@ class Controls:
         rejections: Rejections,
         lifecycle: JobLifecycle,
         pools: PoolControls | None = None,
+        access: AccessPolicyReader | None = None,
     ) -> None:
         self.store = store
         self.settings = settings
@@ -83,10 +87,12 @@ class Controls:
         self.rejections = rejections
         self.lifecycle = lifecycle
         self.pools = pools  # None: no warm pools in this deployment
+        self.access = access  # None: no policy store, so the topic's claims are not trusted
 
     def on_control(self, message: InboundMessage) -> Decision | Ignored | None:
         """tpujobs-control: a cancel, resume or rerun request, which only the owner or an admin may
-        ask; or a warm pool's create, resize or delete (`_on_pool_control`)."""
+        ask, and the claim only of a job a claim submitted unless config/policies trusts it; or a
+        warm pool's create, resize or delete (`_on_pool_control`)."""
         try:
             request = decode_control(message.data)
         except ReportError as error:
@@ -94,25 +100,34 @@ class Controls:
             return None
         if not isinstance(request, ControlRequest):
             return self._on_pool_control(message, request)
+        job = self.store.get(request.job_id)
+        if job is None:
+            self.rejections.reject(message, f"job_id {request.job_id!r}: no such job")
+            return None
+        refusal = topic_control_refusal(
+            request.action, f"job {job.job_id}", owner=job.owner, owner_verified=job.owner_verified,
+            claimed=request.owner, admins=self.settings.admins, policies=self._policies(),
+        )  # fmt: skip
+        if refusal is not None:
+            self.rejections.reject(message, refusal)
+            return None
         if request.action != "cancel":  # resume, rerun: a retry of the message starts nothing
             request_id = request.request_id or f"message-{message.message_id}"
             restart = self.restart(request.job_id, request.action, request.owner, request_id, request.overrides)
             if restart.kind not in ("started", "duplicate"):
                 self.rejections.reject(message, restart.reason)
             return None
-        job = self.store.get(request.job_id)
-        if job is None:
-            self.rejections.reject(message, f"job_id {request.job_id!r}: no such job")
-            return None
-        if not may_cancel(job.owner, request.owner, self.settings.admins):
-            self.rejections.reject(message, f"owner {request.owner!r} may not cancel a job of {job.owner!r}")
-            return None
         return self.cancel(request.job_id, f"Cancelled by {request.owner}.")
 
+    def _policies(self) -> AccessPolicies:
+        """config/policies as it is now; without a policy store, the defaults (claims not trusted)."""
+        return self.access.policies() if self.access is not None else AccessPolicies()
+
     def _on_pool_control(self, message: InboundMessage, request: PoolControlRequest) -> Ignored | None:
-        """A pool's request on the topic, where `owner` is a claim: the pools' management refuses to
-        create for an unverified owner unless config/policies trusts topic owners, and resizes or
-        deletes only for the pool's owner or an admin. A refusal is a rejection with the reason.
+        """A pool's request on the topic, where `owner` is a claim: unless config/policies trusts
+        topic owners, the pools' management refuses to create, and resizes or deletes only a pool a
+        claim made for that same claimed owner (never one made through the jobs API, and a
+        claimed admin is a claim too). A refusal is a rejection with the reason.
         A redelivered message changes nothing: a create finds its own pool (same owner), a delete
         finds none."""
         if self.pools is None:
@@ -121,9 +136,9 @@ class Controls:
         if isinstance(request, PoolCreateRequest):
             outcome = self.pools.create(dict(request.pool), request.owner, verified=False)
         elif isinstance(request, PoolResizeRequest):
-            outcome = self.pools.resize(request.name, request.count, request.owner)
+            outcome = self.pools.resize(request.name, request.count, request.owner, verified=False)
         else:
-            outcome = self.pools.delete(request.name, request.owner)
+            outcome = self.pools.delete(request.name, request.owner, verified=False)
         again = (outcome.kind == "exists" and outcome.pool is not None and outcome.pool.owner == request.owner) or (
             outcome.kind == "missing" and request.action == "pool-delete"
         )

@@ -8,6 +8,7 @@ from typing import Protocol
 
 from tpujobs.domain.access import AccessPolicies, submission_refusal
 from tpujobs.domain.admission import refusal_when_oversized
+from tpujobs.domain.naming import code_location_refusal
 from tpujobs.domain.spec import JobSpec, with_deployment_defaults
 from tpujobs.engine.jobs.admission import Quotas
 from tpujobs.engine.ports import AccessPolicyReader, Pools
@@ -62,7 +63,8 @@ class Vetting:
 
     def refusal(self, spec: JobSpec, *, owner_verified: bool, policies: AccessPolicies | None = None) -> str | None:
         """Why this owner may not submit this spec (privileged priority, reserved capacity, a
-        service account; `domain.access.submission_refusal`; a warm pool it may not use), or
+        service account; code in another account's prefix of the code bucket;
+        `domain.access.submission_refusal`; a warm pool it may not use), or
         None. `policies`: the access policies when the caller has read them already."""
         account = spec.service_account
         if account and account == self.settings.tpu_service_account:
@@ -70,6 +72,9 @@ class Vetting:
         known = self.settings.job_service_accounts
         if account and known and account not in known:
             return f"{account} is not one of this deployment's job accounts ({', '.join(known)}): infra/ creates them"
+        code_refused = code_location_refusal(spec.code_uri, self.settings.logs_bucket, account)
+        if code_refused is not None:
+            return code_refused
         if policies is None and self.access is not None:  # read once, for the pool and the rest
             policies = self.access.policies()
         if spec.pool is not None:

@@ -1,13 +1,16 @@
-"""Managing warm pools (the jobs API, tpujobs-control, the CLI): create, resize, delete."""
+"""Managing warm pools (the jobs API, tpujobs-control, the CLI): create, resize, delete.
+
+`verified`: the jobs API proved the caller; otherwise the caller is tpujobs-control's claim,
+which config/policies must trust before it creates a pool or touches one the API made."""
 
 from __future__ import annotations
 
 import logging
 
 from tpujobs.domain import pools
-from tpujobs.domain.access import AccessPolicies
+from tpujobs.domain.access import AccessPolicies, topic_control_refusal
 from tpujobs.domain.admission import never_fits, pool_id, quota_of
-from tpujobs.domain.pools import PoolError, PoolState
+from tpujobs.domain.pools import Pool, PoolError, PoolState
 from tpujobs.domain.spec import JobSpec, SpecError, with_deployment_defaults
 from tpujobs.engine.jobs.vetting import Vetting
 from tpujobs.engine.ports import AccessPolicyReader, Clock, WarmPoolStore
@@ -57,7 +60,7 @@ class PoolManagement:
         too_big = self._never_fits(request.count, shape, request.zones)
         if too_big is not None:
             return PoolOutcome("invalid", None, too_big)
-        pool = pools.new_pool(request, self.clock())
+        pool = pools.new_pool(request, self.clock(), owner_verified=verified)
         if not self.store.create(pool):
             existing = self.store.get(request.name)
             return PoolOutcome("exists", existing, f"a pool named {request.name} already exists")
@@ -93,13 +96,27 @@ class PoolManagement:
             f"{', '.join(pool_id(shape, z) for z in zones)}: ask an admin to raise it, or ask for fewer units"
         )
 
-    def resize(self, name: str, count: int, caller: str) -> PoolOutcome:
+    def _management_refusal(self, pool: Pool, action: str, caller: str, verified: bool) -> str | None:
+        """Why `caller` may not resize or delete the pool: its owner or an admin may; a claim on
+        the topic only a pool a claim made for it, unless config/policies trusts claims."""
+        if not pools.may_manage(pool, caller, self.settings.admins):
+            return f"{caller} may not {action} pool {pool.name}: only its owner or an admin"
+        if verified:
+            return None
+        policies = self.access.policies() if self.access is not None else AccessPolicies()
+        return topic_control_refusal(
+            action, f"pool {pool.name}", owner=pool.owner, owner_verified=pool.owner_verified, claimed=caller,
+            admins=self.settings.admins, policies=policies,
+        )  # fmt: skip
+
+    def resize(self, name: str, count: int, caller: str, *, verified: bool) -> PoolOutcome:
         """`pool resize`: new units are asked for at once; surplus units go once no job is on them."""
         pool = self.store.get(name)
         if pool is None:
             return PoolOutcome("missing", None, f"no pool named {name}")
-        if not pools.may_manage(pool, caller, self.settings.admins):
-            return PoolOutcome("forbidden", pool, f"{caller} may not resize pool {name}: only its owner or an admin")
+        refused = self._management_refusal(pool, "resize", caller, verified)
+        if refused is not None:
+            return PoolOutcome("forbidden", pool, refused)
         if pool.state is not PoolState.ACTIVE:
             return PoolOutcome("invalid", pool, f"pool {name} is being deleted")
         if count > pool.count:  # more capacity: the caller's rights now, not when it was made
@@ -118,14 +135,15 @@ class PoolManagement:
         self.units.settle_units(name)
         return PoolOutcome("done", self.store.get(name), f"Pool {name} resized to {count} unit(s).")
 
-    def delete(self, name: str, caller: str) -> PoolOutcome:
+    def delete(self, name: str, caller: str, *, verified: bool) -> PoolOutcome:
         """`pool delete`: jobs on it are cancelled, or moved to capacity of their own
         (`pool_fallback: provision`); units are released; the document goes with the last."""
         pool = self.store.get(name)
         if pool is None:
             return PoolOutcome("missing", None, f"no pool named {name}")
-        if not pools.may_manage(pool, caller, self.settings.admins):
-            return PoolOutcome("forbidden", pool, f"{caller} may not delete pool {name}: only its owner or an admin")
+        refused = self._management_refusal(pool, "delete", caller, verified)
+        if refused is not None:
+            return PoolOutcome("forbidden", pool, refused)
         self.store.update(
             name, lambda p: pools.deleting(p, self.clock(), caller) if p.state is PoolState.ACTIVE else None
         )
