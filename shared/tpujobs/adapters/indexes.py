@@ -78,10 +78,10 @@ INDEXES: tuple[Index, ...] = (
 
 def _list_filter_indexes() -> tuple[Index, ...]:
     """`FirestoreJobStore.list_jobs` with its filters (`tpujobs list`, the API's list): every
-    non-empty combination of state (== or IN), owner, the first label (array-contains on
+    non-empty combination of state (== or IN), owner, one label (array-contains on
     `label_pairs`) and the name prefix (a range on `name`), newest first. Equality fields come
     first, then the sort, then the range field, as Firestore orders a query with a range on
-    another field."""
+    another field. Several labels need none: equalities alone, ordered by id (`_with_labels`)."""
     equalities = (("state", ASCENDING), ("owner", ASCENDING), ("label_pairs", CONTAINS))
     found = []
     for mask in range(1, 16):  # bits 0-2: the equalities above; bit 3: the name prefix
