@@ -39,21 +39,18 @@ import itertools
 import json
 import logging
 import math
-import os
 import queue
 import secrets
-import shutil
 import statistics
 import sys
-import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+
+from reconcile import firestore_emulator  # the bench folder's own helper
 
 EVENTS = "tpujobs-worker-events"
 OWNER = "bench@example.com"
@@ -260,33 +257,6 @@ def run_phase(
 
 
 # -- the setup ---------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def firestore_emulator() -> Iterator[None]:
-    """FIRESTORE_EMULATOR_HOST of an answering emulator, started here if need be."""
-    from tpujobs.local import processes
-
-    host = os.environ.get("FIRESTORE_EMULATOR_HOST")
-    if host and processes.http_get(processes.emulator_url(host) + "/") is not None:
-        yield
-        return
-    processes.require_gcloud_emulators(("firestore",))
-    port = processes.free_port()
-    logs = Path(tempfile.mkdtemp(prefix="tpujobs-bench-flood-"))
-    print(f"starting a Firestore emulator on port {port} (logs in {logs}) ...", file=sys.stderr)
-    started = processes.start([processes.firestore_emulator(port)], logs)
-    saved = os.environ.get("FIRESTORE_EMULATOR_HOST")
-    os.environ["FIRESTORE_EMULATOR_HOST"] = f"{processes.LOOPBACK}:{port}"
-    try:
-        yield
-    finally:
-        processes.stop(started)
-        if saved is None:
-            os.environ.pop("FIRESTORE_EMULATOR_HOST", None)
-        else:
-            os.environ["FIRESTORE_EMULATOR_HOST"] = saved
-        shutil.rmtree(logs, ignore_errors=True)
 
 
 def running_jobs(service: Any, count: int) -> list[Any]:

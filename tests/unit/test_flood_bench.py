@@ -16,6 +16,7 @@ from tpujobs.domain import signing
 from tpujobs.local.testing import local_settings
 
 _PATH = Path(__file__).resolve().parents[2] / "bench" / "flood.py"
+sys.path.insert(0, str(_PATH.parent))  # as when it runs: the bench folder's helpers import by name
 _SPEC = importlib.util.spec_from_file_location("bench_flood", _PATH)
 assert _SPEC is not None and _SPEC.loader is not None
 flood = importlib.util.module_from_spec(_SPEC)

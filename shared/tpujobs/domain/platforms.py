@@ -44,6 +44,17 @@ class ComputeFamily:
     topologies: dict[int, tuple[str, ...]]  # chips -> the shapes offered, the usual one first
 
 
+# The 3D tori of 4-chip VMs that TPU7x and v5p share: chips -> shape.
+_CUBES: dict[int, tuple[str, ...]] = {
+    4: ("2x2x1",),
+    8: ("2x2x2",),
+    16: ("2x2x4",),
+    32: ("2x4x4",),
+    64: ("4x4x4",),
+    128: ("4x4x8",),
+    256: ("4x8x8",),
+}
+
 COMPUTE_FAMILIES: dict[str, ComputeFamily] = {
     f.name: f
     for f in (
@@ -54,15 +65,7 @@ COMPUTE_FAMILIES: dict[str, ComputeFamily] = {
             "tpu7x-standard",
             4,
             frozenset({4}),
-            {
-                4: ("2x2x1",),
-                8: ("2x2x2",),
-                16: ("2x2x4",),
-                32: ("2x4x4",),
-                64: ("4x4x4",),
-                128: ("4x4x8",),
-                256: ("4x8x8",),
-            },
+            _CUBES,
         ),
         # ct6e-standard-1t, -4t and -8t: one VM up to 8 chips; multi-host slices of 4-chip VMs.
         ComputeFamily(
@@ -89,16 +92,7 @@ COMPUTE_FAMILIES: dict[str, ComputeFamily] = {
             "ct5p-hightpu",
             4,
             frozenset({4}),
-            {
-                4: ("2x2x1",),
-                8: ("2x2x2",),
-                16: ("2x2x4",),
-                32: ("2x4x4",),
-                64: ("4x4x4",),
-                128: ("4x4x8",),
-                256: ("4x8x8",),
-                512: ("8x8x8",),
-            },
+            {**_CUBES, 512: ("8x8x8",)},
         ),
     )
 }
