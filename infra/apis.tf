@@ -6,6 +6,7 @@ locals {
     "cloudfunctions.googleapis.com",       # 2nd-gen functions
     "cloudresourcemanager.googleapis.com", # the project number
     "cloudscheduler.googleapis.com",       # the reconcile tick
+    "compute.googleapis.com",              # TPU VMs as instances and MIGs (platform: compute)
     "firestore.googleapis.com",            # jobs, events, workers, rejections, dead letters
     "iam.googleapis.com",                  # service accounts
     "logging.googleapis.com",              # the TPU audit-log sink

@@ -14,7 +14,7 @@ locals {
       max        = 20
       concurrent = 8
       cpu        = "1"
-      job_engine = true # creates and deletes queued resources
+      job_engine = true # creates and deletes queued resources, and Compute Engine slices
       publishes  = ["tpujobs-status", "tpujobs-log-export"]
       firestore  = "roles/datastore.user"
       logs       = null
@@ -131,7 +131,8 @@ locals {
   }
 
   # What every function reads with tpujobs.engine.settings.Settings.from_env. Never a secret here, and
-  # never TPUJOBS_LOCAL_STACK or TPUJOBS_TPU_ENDPOINT: those belong to the local stack only.
+  # never TPUJOBS_LOCAL_STACK, TPUJOBS_TPU_ENDPOINT or TPUJOBS_COMPUTE_ENDPOINT: those belong to
+  # the local stack only.
   function_env = {
     GOOGLE_CLOUD_PROJECT = var.project
     TPUJOBS_DEFAULT_ZONE = var.zones[0]
@@ -148,6 +149,11 @@ locals {
     TPUJOBS_DEFAULT_TAGS            = join(",", var.default_tags)
     TPUJOBS_DEFAULT_DATA_DISKS      = join(",", [for disk in var.default_data_disks : "${disk.source_disk}:${disk.mode}"])
     TPUJOBS_DEFAULT_RUNTIME_VERSION = var.default_runtime_version
+    # Compute Engine (compute.tf): the generations it runs when a spec names no platform, and the
+    # boot images of its TPU VMs. Never TPUJOBS_COMPUTE_ENDPOINT: the simulator's, local only.
+    TPUJOBS_COMPUTE_BY_DEFAULT     = join(",", var.compute_by_default)
+    TPUJOBS_COMPUTE_IMAGE_PROJECT  = var.compute_image_project
+    TPUJOBS_COMPUTE_IMAGE_FAMILIES = join(",", [for generation, family in var.compute_image_families : "${generation}=${family}"])
     # How long ended records are kept before Firestore's TTL (and the reconciler) delete them.
     TPUJOBS_RECORD_RETENTION_DAYS      = tostring(var.record_retention_days)
     TPUJOBS_REJECTION_RETENTION_DAYS   = tostring(var.rejection_retention_days)

@@ -51,6 +51,47 @@ locals {
     "tpu.operations.get", # get_operation: the error of a create that failed (create_error)
   ]
 
+  # What the job-engine functions call on Compute Engine (platform: compute), and nothing more:
+  # the REST reference's IAM block of each method (infra/README.md, "The Compute Engine role").
+  # Templates, global or regional, are checked against compute.instanceTemplates.*: no
+  # compute.regionInstanceTemplates.* permission exists. tests/infra/test_compute_iam.py pins the
+  # list against the google-cloud-compute methods the adapter calls.
+  compute_permissions = [
+    "compute.disks.create",                  # instances.insert and the VMs a MIG makes: each one's boot disk
+    "compute.globalOperations.get",          # globalOperations.get and .wait: a global instance template's insert or delete
+    "compute.images.useReadOnly",            # the boot disk's image, from var.compute_image_project (instances.insert, the MIG's VMs)
+    "compute.instanceGroupManagers.create",  # instanceGroupManagers.insert: a multi-host slice's MIG
+    "compute.instanceGroupManagers.delete",  # instanceGroupManagers.delete: cleanup, MIG first (its VMs go with it)
+    "compute.instanceGroupManagers.get",     # instanceGroupManagers.get, .listManagedInstances (lastAttempt.errors), resize requests' get
+    "compute.instanceGroupManagers.list",    # instanceGroupManagers.list: the reconciler's tpujobs MIGs of a zone, by name
+    "compute.instanceGroupManagers.update",  # instanceGroupManagers.resize, resize requests' insert, cancel and delete
+    "compute.instanceGroups.delete",         # instanceGroupManagers.delete also deletes the MIG's instance group
+    "compute.instanceTemplates.create",      # regionInstanceTemplates.insert (and instanceTemplates.insert): a slice's template
+    "compute.instanceTemplates.delete",      # regionInstanceTemplates.delete: cleanup, after the MIG
+    "compute.instanceTemplates.get",         # regionInstanceTemplates.get: a retried create adopts what exists
+    "compute.instanceTemplates.list",        # regionInstanceTemplates.list: the reconciler's leftovers
+    "compute.instanceTemplates.useReadOnly", # instanceGroupManagers.insert: a MIG made from the template
+    "compute.instances.create",              # instances.insert (a single-host slice); instanceGroupManagers.insert checks it for the MIG's VMs
+    "compute.instances.delete",              # instances.delete: a single-host slice's cleanup
+    "compute.instances.get",                 # instances.get: status, upcomingMaintenance, a preempted host
+    "compute.instances.list",                # instances.list: the reconciler's tpujobs instances of a zone, by name
+    "compute.instances.setLabels",           # instances.insert with labels (the job's tpujobs labels)
+    "compute.instances.setMetadata",         # instances.insert with metadata; instances.setMetadata: a warm pool unit's assignment
+    "compute.instances.setServiceAccount",   # instances.insert with the job's service account (actAs: below)
+    "compute.instances.setTags",             # instances.insert with network tags (the spec's or var.default_tags)
+    "compute.networks.use",                  # instances.insert on a legacy network (a VPC checks compute.subnetworks.use)
+    "compute.regionOperations.get",          # regionOperations.get and .wait: regional templates and resource policies
+    "compute.reservations.get",              # reserved capacity: RESERVATION_BOUND with a specific reservation's affinity
+    "compute.resourcePolicies.create",       # resourcePolicies.insert: a multi-host slice's workload policy
+    "compute.resourcePolicies.delete",       # resourcePolicies.delete: cleanup, last (retried while still in use)
+    "compute.resourcePolicies.get",          # resourcePolicies.get: a retried create adopts what exists
+    "compute.resourcePolicies.list",         # resourcePolicies.list: the reconciler's leftovers
+    "compute.resourcePolicies.use",          # instanceGroupManagers.insert: a MIG naming the workload policy
+    "compute.subnetworks.use",               # instances.insert and the MIG's VMs: a network interface on the subnetwork
+    "compute.subnetworks.useExternalIp",     # the same with an external IP (unless the spec asks for internal IPs only)
+    "compute.zoneOperations.get",            # zoneOperations.get and .wait: instance and MIG operations
+  ]
+
   build_roles = [
     "roles/logging.logWriter",       # build logs
     "roles/artifactregistry.writer", # the function images
@@ -85,7 +126,32 @@ resource "google_project_iam_member" "function_tpu" {
   member  = google_service_account.function[each.key].member
 }
 
+# Compute Engine likewise, for the project: every instance, template, workload policy and MIG is
+# made per job, so no resource-level grant could name it beforehand. Not
+# roles/compute.instanceAdmin.v1, which also starts, stops, resets and updates any VM of the
+# project, manages its disks, snapshots and images, and sets project-wide metadata.
+resource "google_project_iam_custom_role" "compute" {
+  role_id     = "${replace(var.prefix, "-", "_")}tpujobsComputeSlices"
+  title       = "tpujobs Compute Engine slices"
+  description = "Create, read, list, resize and delete the instances, templates, workload policies and MIGs of TPU slices: what the tpujobs functions call."
+  permissions = local.compute_permissions
+}
+
+resource "google_project_iam_member" "function_compute" {
+  for_each = local.job_engine_functions
+
+  project = var.project
+  role    = google_project_iam_custom_role.compute.id
+  member  = google_service_account.function[each.key].member
+}
+
 # Creating a queued resource whose nodes run as the TPU VM account needs actAs on that account.
+# So do a Compute Engine instance or instance template that runs as it (instances.insert and
+# instanceTemplates.insert check iam.serviceAccounts.actAs): roles/iam.serviceAccountUser holds it,
+# and these two grants give it to the same functions as the TPU and Compute Engine roles
+# (local.job_engine_functions), on exactly the accounts jobs run as, so the Compute Engine role
+# holds no actAs of its own. A MIG's VMs are then created by the project's Google APIs service
+# agent from the template, with its own rights.
 resource "google_service_account_iam_member" "function_acts_as_tpu_vm" {
   for_each = local.job_engine_functions
 

@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 import re
+from datetime import datetime, timezone
 
 import pytest
 
 from tpujobs.domain.accelerators import BadTopology, UnknownAcceleratorType
+from tpujobs.domain.job import new_job
+from tpujobs.domain.naming import (
+    host_name_refusal,
+    parse_queued_resource_name,
+    parse_unit_queued_resource_name,
+    platform_of,
+    queued_resource_name,
+    unit_queued_resource_name,
+)
 from tpujobs.domain.platforms import (
     COMPUTE,
     COMPUTE_FAMILIES,
@@ -15,6 +25,8 @@ from tpujobs.domain.platforms import (
     default_platform,
     platform_refusal,
 )
+from tpujobs.domain.spec import SpecError, parse_spec, with_deployment_defaults
+from tpujobs.domain.vm_defaults import VmDefaults
 
 
 @pytest.mark.parametrize(
@@ -111,3 +123,87 @@ def test_the_default_is_the_only_platform_or_the_deployments_choice_where_both_s
     assert default_platform("v6e-8") == TPU_API
     assert default_platform("v6e-8", frozenset({"v6e"})) == COMPUTE
     assert default_platform("v5p-8", frozenset({"v6e"})) == TPU_API
+
+
+# --- the spec's platform, as `validate` and submit see it ------------------------------------
+
+BASE = {"name": "train", "owner": "alice", "command": "python train.py"}
+
+
+def spec(**fields):
+    return parse_spec({**BASE, **fields}, message_id="m-1")
+
+
+def test_a_generation_on_a_platform_that_does_not_serve_it_is_refused_with_the_reason():
+    with pytest.raises(SpecError, match="platform tpu-api: v7x is served only through Compute Engine"):
+        spec(accelerator_type="v7x-16", platform="tpu-api")
+    with pytest.raises(SpecError, match="platform compute: v4 is served only through the Cloud TPU API"):
+        spec(accelerator_type="v4-8", platform="compute")
+    assert spec(accelerator_type="v6e-8", platform="compute").platform == COMPUTE
+
+
+def test_a_shape_compute_engine_does_not_offer_is_refused_there_only():
+    with pytest.raises(SpecError, match="not a shape of v7x-16"):
+        spec(accelerator_type="v7x-16", topology="1x2x4")
+    with pytest.raises(SpecError, match="not offered on Compute Engine"):
+        spec(accelerator_type="v5p-2048", platform="compute")
+    assert spec(accelerator_type="v5p-2048", platform="tpu-api").hosts_per_slice == 256
+
+
+def test_flex_start_is_compute_engines_and_runs_for_the_jobs_time_limit():
+    assert spec(accelerator_type="v7x-16", capacity="flex-start", time_limit="4h").capacity == "flex-start"
+    with pytest.raises(SpecError, match=r"flex-start.*give platform: compute"):
+        spec(accelerator_type="v4-8", capacity="flex-start", time_limit="4h")
+    with pytest.raises(SpecError, match="maxRunDuration, taken from time_limit"):
+        spec(accelerator_type="v7x-16", capacity="flex-start")
+    with pytest.raises(SpecError, match="at least 10m"):
+        spec(accelerator_type="v7x-16", capacity="flex-start", attempt_time_limit="5m")
+
+
+def test_submit_fills_in_the_deployments_platform_so_the_stored_spec_says_it():
+    defaults = VmDefaults()
+    assert with_deployment_defaults(spec(accelerator_type="v4-8"), defaults).platform == TPU_API
+    assert with_deployment_defaults(spec(accelerator_type="v7x-16"), defaults).platform == COMPUTE
+    both = spec(accelerator_type="v6e-8")
+    assert with_deployment_defaults(both, defaults).platform == TPU_API
+    assert with_deployment_defaults(both, defaults, compute_by_default=frozenset({"v6e"})).platform == COMPUTE
+    named = spec(accelerator_type="v6e-8", platform="tpu-api")
+    assert with_deployment_defaults(named, defaults, compute_by_default=frozenset({"v6e"})).platform == TPU_API
+    with pytest.raises(SpecError, match="give platform: compute"):  # flex-start decided only with the platform
+        with_deployment_defaults(spec(accelerator_type="v6e-8", capacity="flex-start", time_limit="1h"), defaults)
+
+
+# --- names that say their platform ---------------------------------------------------------
+
+
+def test_a_holdings_name_says_its_platform_and_parses_back_to_its_job_or_unit():
+    assert queued_resource_name("train-1", 3) == "train-1-a3"
+    assert queued_resource_name("train-1", 3, COMPUTE) == "train-1-c3"
+    assert unit_queued_resource_name("pool-a", 2, 7, COMPUTE) == "pool-a-c2-g7"
+    for name, platform in [("train-1-a3", TPU_API), ("train-1-c3", COMPUTE), ("pool-a-u2-g7", TPU_API)]:
+        assert platform_of(name) == platform
+    assert platform_of("pool-a-c2-g7") == COMPUTE
+    assert parse_queued_resource_name("train-1-c3") == ("train-1", 3)
+    assert parse_unit_queued_resource_name("pool-a-c2-g7") == ("pool-a", 2, 7)
+    assert parse_queued_resource_name("pool-a-c2-g7") is None  # a unit's is never a job's
+    assert parse_unit_queued_resource_name("train-1-c3") is None
+    assert platform_of("someone-elses-node") == TPU_API
+
+
+def test_a_compute_jobs_attempts_are_named_on_compute_engine():
+    job, _ = new_job(spec(accelerator_type="v7x-16", platform="compute"), "us-central1-c", datetime.now(timezone.utc))
+    assert (job.queued_resource, job.holding_of(2), job.as_next_attempt().queued_resource) == (
+        f"{job.job_id}-c1",
+        f"{job.job_id}-c2",
+        f"{job.job_id}-c2",
+    )
+
+
+def test_only_a_vm_of_the_slices_own_mig_may_be_its_host_on_compute_engine():
+    assert host_name_refusal("train-1-c2", 0, 1, 1, "train-1-c2-x7k2") is None
+    assert host_name_refusal("train-1-c2", 1, 2, 0, "train-1-c2-1-ab12") is None
+    assert "not one of train-1-c2-1's" in (host_name_refusal("train-1-c2", 1, 2, 0, "train-1-c2-0-ab12") or "")
+    assert host_name_refusal("train-1-c2", 0, 1, 0, "other-job-c1-ab12") is not None
+    assert host_name_refusal("train-1-c2", 0, 1, 0, "t1v-n-0a1b2c3d-w-0") is not None  # a TPU API VM
+    assert host_name_refusal("train-1-a2", 0, 1, 1, "t1v-n-0a1b2c3d-w-1") is None
+    assert host_name_refusal("train-1-a2", 0, 1, 1, "t1v-n-0a1b2c3d-w-0") == "the VM is another worker of its node"

@@ -325,14 +325,22 @@ def test_defaults_fill_every_option_the_spec_left_out_and_count_as_given() -> No
 
 def test_options_the_spec_gives_win_even_when_empty_or_false() -> None:
     """Given is given: an empty list or false is not a missing field."""
-    given = spec(network="other", subnetwork="s", internal_ips=False, tags=[], data_disks=[], runtime_version="rt-2")
+    given = spec(
+        network="other",
+        subnetwork="s",
+        internal_ips=False,
+        tags=[],
+        data_disks=[],
+        runtime_version="rt-2",
+        platform="tpu-api",
+    )
     kept = with_deployment_defaults(given, TEAM, default_zone="us-central2-b")
     assert kept == given
 
 
 def test_no_defaults_leave_the_spec_as_it_is() -> None:
-    """A deployment without defaults changes nothing."""
-    plain = spec()
+    """A deployment without defaults changes nothing in a spec that names its platform."""
+    plain = spec(platform="tpu-api")
     assert with_deployment_defaults(plain, VmDefaults(), default_zone="us-central2-b") is plain
 
 
@@ -349,7 +357,7 @@ def test_zonal_options_of_a_job_without_a_zone_are_checked_against_the_default_z
     """A job without a zone runs in the default zone, so its disks must be there."""
     with pytest.raises(SpecError, match="the deployment's default zone"):
         with_deployment_defaults(spec(data_disks=[{"source_disk": DISK}]), VmDefaults(), default_zone="us-east5-a")
-    fits = spec(data_disks=[{"source_disk": DISK}])
+    fits = spec(data_disks=[{"source_disk": DISK}], platform="tpu-api")
     assert with_deployment_defaults(fits, VmDefaults(), default_zone="us-central2-b") is fits
 
 

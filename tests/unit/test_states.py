@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tpujobs.domain import states as states_module
-from tpujobs.domain.job import Job, new_job
+from tpujobs.domain.job import Job, ScheduledMaintenance, new_job
 from tpujobs.domain.spec import parse_spec
 from tpujobs.domain.states import (
     ACTIVE,
@@ -68,6 +68,9 @@ def observation(kind: EventKind, job: Job, **changes: Any) -> Observation:
         fields["capacity_state"] = "WAITING_FOR_RESOURCES"
     if kind is EventKind.HOSTS_SUSPECT:
         fields.update(hosts=(("train-1-a1", "health TIMEOUT"),), source="reconciler")
+    if kind is EventKind.MAINTENANCE_SCHEDULED:
+        window = ScheduledMaintenance("worker 0-0", "2026-12-01T04:00:00Z", "2026-12-01T08:00:00Z", "SCHEDULED")
+        fields.update(maintenance=(window,), source="agent")
     if kind is EventKind.REPAIR_FAILED:
         fields.update(attempt=None, source="reconciler", reason="The reconciler could not repair the job: refused.")
     if kind is EventKind.COMMAND_FAILED:

@@ -15,7 +15,7 @@ from typing import Any
 
 from tpujobs.domain.accounting import AttemptUsage
 from tpujobs.domain.admission import pool_id
-from tpujobs.domain.job import Job, JobEvent, SuspectHost
+from tpujobs.domain.job import Job, JobEvent, ScheduledMaintenance, SuspectHost
 from tpujobs.domain.shards import Placement
 from tpujobs.domain.spec import PRIORITY_RANK, JobSpec
 from tpujobs.domain.states import JobState
@@ -72,6 +72,7 @@ def job_to_document(job: Job) -> dict[str, Any]:
         "event_seq": job.event_seq,
         "create_operation": job.create_operation,
         "suspect_hosts": [dataclasses.asdict(host) for host in job.suspect_hosts],
+        "maintenance": [dataclasses.asdict(window) for window in job.maintenance],
         "label_pairs": label_pairs(spec.labels),  # `list --label`: array-contains, one index for every key
         "record_retention_days": job.record_retention_days,
         "expire_at": job.expire_at,  # Firestore's TTL deletes the document then (infra/firestore.tf)
@@ -143,6 +144,7 @@ def job_from_document(data: dict[str, Any], spec: JobSpec | None = None) -> Job:
         owner_verified=data.get("owner_verified", False),
         create_operation=data.get("create_operation") or "",
         suspect_hosts=tuple(SuspectHost(**host) for host in data.get("suspect_hosts") or ()),
+        maintenance=tuple(ScheduledMaintenance(**window) for window in data.get("maintenance") or ()),
         record_retention_days=data.get("record_retention_days") or 180,
         expire_at=data.get("expire_at"),
         restart_requests=tuple(data.get("restart_requests") or ()),
@@ -159,7 +161,7 @@ _OUTLINE_TOP = (
     "job_id", "name", "owner", "state", "state_reason", "zone", "attempt", "restarts", "queued_resource",
     "capacity_state", "resume_next", "workers_done", "next_attempt_at", "created_at", "updated_at",
     "started_at", "ended_at", "exit_code", "log_uri", "event_seq", "usage", "requested_at", "on_demand",
-    "submitted_via", "owner_verified", "create_operation", "suspect_hosts",
+    "submitted_via", "owner_verified", "create_operation", "suspect_hosts", "maintenance",
     "record_retention_days", "expire_at", "run_first_attempt", "warm_pool", "warm_pool_unit",
 )  # fmt: skip
 OUTLINE_FIELDS = (

@@ -23,7 +23,7 @@ from .containers import (
     ImageProblem,
 )
 from .last_output import LastOutput, last_lines, match_retry_output
-from .notices import watch_maintenance, watch_preempted
+from .notices import watch_maintenance, watch_preempted, watch_upcoming_maintenance
 from .output import LogShipper
 from .reports import Preemption, Reporter
 from .rest import GoogleApi, Metadata, Publisher, SecretReader, Storage, TokenSource, split_gs_uri
@@ -153,6 +153,9 @@ class Agent(CommandRunner):
             return self._started_again(earlier)
         watch_preempted(self.metadata, self.preemption.trigger, self.stop_watching)
         watch_maintenance(self.metadata, self.preemption.trigger, self.stop_watching)
+        watch_upcoming_maintenance(
+            self.metadata, lambda window: self.reporter.report("maintenance", **window), self.stop_watching
+        )
         self._watch_deadline()
         if self.link is not None:  # before the command: worker 0 may speak for it from its `started`
             self.link.start()

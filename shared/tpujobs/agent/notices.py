@@ -1,9 +1,11 @@
 """What tells the agent to stop: SIGTERM, and the metadata server's `instance/preempted` and
-`instance/maintenance-event`, each waited on with `wait_for_change`.
+`instance/maintenance-event`, each waited on with `wait_for_change`; and what warns it ahead:
+`instance/upcoming-maintenance`, where a TPU VM learns of maintenance days before its window.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -15,6 +17,7 @@ from .rest import Metadata
 
 PREEMPTED_METADATA = "instance/preempted"
 MAINTENANCE_METADATA = "instance/maintenance-event"
+UPCOMING_MAINTENANCE_METADATA = "instance/upcoming-maintenance?alt=json"
 TERMINATE_ON_MAINTENANCE = "TERMINATE_ON_HOST_MAINTENANCE"
 WATCH_WAIT_SECONDS = 60.0  # how long one wait_for_change request may be held
 WATCH_FLOOR_SECONDS = 0.5  # the least time between two requests answered unchanged
@@ -128,3 +131,39 @@ def watch_maintenance(metadata: Metadata, on_notice: Callable[[str], None], stop
         return False
 
     return watch_metadata(metadata, MAINTENANCE_METADATA, seen, stop)
+
+
+def upcoming_window(value: str) -> dict[str, str] | None:
+    """The report fields of an `instance/upcoming-maintenance` answer that schedules a window
+    (`window_start_time`, `window_end_time`, `type`), else None: nothing scheduled ("NONE",
+    an empty or non-JSON answer) or a window without a start."""
+    try:
+        data = json.loads(value)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("window_start_time"), str):
+        return None
+    fields = {"window_start": data["window_start_time"]}
+    if isinstance(data.get("window_end_time"), str):
+        fields["window_end"] = data["window_end_time"]
+    kind = data.get("type")
+    if isinstance(kind, str) and kind.isupper() and len(kind) <= 40:
+        fields["maintenance_type"] = kind
+    return fields
+
+
+def watch_upcoming_maintenance(
+    metadata: Metadata, on_window: Callable[[dict[str, str]], None], stop: threading.Event
+) -> threading.Thread:
+    """Calls on_window once for each new maintenance window Google schedules for this VM, so the
+    job's timeline and the status topic announce it while there is time to checkpoint or move."""
+    seen: set[str] = set()
+
+    def changed(value: str) -> bool:
+        window = upcoming_window(value)
+        if window is not None and window["window_start"] not in seen and len(seen) < 100:
+            seen.add(window["window_start"])
+            on_window(window)
+        return False
+
+    return watch_metadata(metadata, UPCOMING_MAINTENANCE_METADATA, changed, stop)

@@ -147,7 +147,8 @@ class Metadata:
         plain GET (a wait without one is held until the next change, and would miss a value
         written before it, such as a pool unit's first assignment)."""
         query = {"wait_for_change": "true", "timeout_sec": str(max(1, int(wait_seconds))), "last_etag": last_etag}
-        url = f"{self.base_url}/{path}" + (f"?{urllib.parse.urlencode(query)}" if last_etag else "")
+        joiner = "&" if "?" in path else "?"  # a path may ask already (`?alt=json`)
+        url = f"{self.base_url}/{path}" + (f"{joiner}{urllib.parse.urlencode(query)}" if last_etag else "")
         request = urllib.request.Request(url, headers={"Metadata-Flavor": "Google"})
         try:
             with _DIRECT.open(request, timeout=wait_seconds + 10) as response:

@@ -1,7 +1,7 @@
 """TPU accelerator types: which exist, how many chips and worker hosts each has, and the
 topologies (chips along each axis) that may name the same slice.
 
-The number after the dash means TensorCores for v2, v3, v4 and v5p (two per chip)
+The number after the dash means TensorCores for v2, v3, v4, v5p and v7x (two per chip)
 and chips for v5e (``v5litepod``) and v6e. Every worker host holds four chips,
 except the single-host shapes of v5e and v6e, which hold up to eight.
 A slice may also be asked for as an AcceleratorConfig: the family's type and a topology,
@@ -24,7 +24,7 @@ class Family:
     counts_cores: bool  # True: the size counts TensorCores (2 per chip); False: chips
     sizes: frozenset[int]  # the sizes the TPU API offers
     max_single_host_chips: int  # the largest slice that fits on one worker host
-    config_type: str  # the TPU API's AcceleratorConfig.Type name of the family
+    config_type: str  # the TPU API's AcceleratorConfig.Type name of the family; "" if it serves none
     topology_dimensions: int  # how many numbers its topology has: 2 (AxB) or 3 (AxBxC)
 
 
@@ -41,6 +41,8 @@ FAMILIES: dict[str, Family] = {
         Family("v5p", True, _multiples(8, 12288), 4, "V5P", 3),
         Family("v5litepod", False, frozenset({1, 4, 8, 16, 32, 64, 128, 256}), 8, "V5LITE_POD", 2),
         Family("v6e", False, frozenset({1, 4, 8, 16, 32, 64, 128, 256}), 8, "V6E", 2),
+        # TPU7x (Ironwood): Compute Engine only (`domain.platforms`), so no TPU API config type.
+        Family("v7x", True, frozenset({8, 16, 32, 64, 128, 256, 512}), 4, "", 3),
     )
 }
 
@@ -92,7 +94,7 @@ def parse_accelerator_type(accelerator_type: str) -> AcceleratorShape:
 
 
 _TOPOLOGY = re.compile(r"^[1-9][0-9]{0,2}(?:x[1-9][0-9]{0,2})+$")
-FAMILY_OF_CONFIG_TYPE: dict[str, str] = {f.config_type: f.name for f in FAMILIES.values()}
+FAMILY_OF_CONFIG_TYPE: dict[str, str] = {f.config_type: f.name for f in FAMILIES.values() if f.config_type}
 
 
 class BadTopology(ValueError):

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from tpujobs.domain.accounting import Accounting, AttemptUsage, account, first_attempt
 from tpujobs.domain.naming import queued_resource_name
+from tpujobs.domain.platforms import TPU_API
 from tpujobs.domain.spec import JobSpec
 from tpujobs.domain.states import ATTEMPT_LIVE, JobState
 
@@ -48,6 +49,18 @@ class SuspectHost:
 
 
 @dataclass(frozen=True)
+class ScheduledMaintenance:
+    """Host maintenance Google announced for a host of the current attempt, as it said it (the
+    instance's `upcomingMaintenance`, or the host's `instance/upcoming-maintenance`). A TPU VM
+    is not migrated: its processes stop when the window starts."""
+
+    host: str  # the instance or node, as its platform names it; or "slice-worker" from its agent
+    window_start: str  # RFC 3339, as Google gave it
+    window_end: str = ""
+    kind: str = ""  # Google's `type`: SCHEDULED, UNSCHEDULED, ...
+
+
+@dataclass(frozen=True)
 class Job:
     """A job as stored: its spec, where it is, and what it holds."""
 
@@ -81,6 +94,7 @@ class Job:
     # The long-running operation of the current attempt's create: what it said if it failed.
     create_operation: str = ""
     suspect_hosts: tuple[SuspectHost, ...] = ()  # of the current attempt, first seen when
+    maintenance: tuple[ScheduledMaintenance, ...] = ()  # announced for the current attempt's hosts
     # How long the record is kept once the job ends (the deployment's TPUJOBS_RECORD_RETENTION_DAYS
     # at submit), and when Firestore's TTL deletes it: set on entering a terminal state, cleared
     # on leaving one (`transitions._made`).
@@ -146,12 +160,16 @@ class Job:
         """The suspect hosts whose condition has lasted longer than the grace: lost hosts."""
         return tuple(h for h in self.suspect_hosts if (now - h.first_seen_at).total_seconds() > grace_seconds)
 
+    def holding_of(self, attempt: int) -> str:
+        """What holds (or held) that attempt's capacity, as `domain.naming` names it on the job's platform."""
+        return queued_resource_name(self.job_id, attempt, self.spec.platform or TPU_API)
+
     def as_next_attempt(self) -> Job:
         """The job as its next attempt will see it: what the startup script of that attempt needs."""
         attempt = self.attempt + 1
         return self.evolve(
             attempt=attempt,
-            queued_resource=queued_resource_name(self.job_id, attempt),
+            queued_resource=self.holding_of(attempt),
             workers_done=(),
         )
 
@@ -185,7 +203,7 @@ def new_job(
         state_reason=reason,
         zone=zone,
         attempt=1,
-        queued_resource=queued_resource_name(spec.job_id, 1),
+        queued_resource=queued_resource_name(spec.job_id, 1, spec.platform or TPU_API),
         created_at=now,
         updated_at=now,
         log_uri=log_uri,

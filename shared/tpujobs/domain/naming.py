@@ -12,48 +12,92 @@ TPU_RESOURCE_ID = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 MAX_TPU_RESOURCE_ID = 63
 
 
-def queued_resource_name(job_id: str, attempt: int) -> str:
-    """The queued resource (and node id prefix) of one attempt of a job."""
+# The letter before the attempt (or a unit's index) says the platform that holds it, so every
+# part of the control plane that has only a name (the reconciler's lists, a release) can tell:
+# `{job}-a{N}` and `{pool}-u{i}-g{N}` are TPU API queued resources, `{job}-c{N}` and
+# `{pool}-c{i}-g{N}` Compute Engine slices (their MIGs, templates and policies).
+_JOB_LETTER = {"tpu-api": "a", "compute": "c"}
+_UNIT_LETTER = {"tpu-api": "u", "compute": "c"}
+_JOB_NAME = re.compile(r"(?P<job>[a-z][a-z0-9-]*[a-z0-9])-(?P<letter>[ac])(?P<attempt>[1-9][0-9]{0,3})")
+_UNIT_NAME = re.compile(
+    r"(?P<pool>[a-z]([-a-z0-9]*[a-z0-9])?)-(?P<letter>[uc])(?P<unit>0|[1-9][0-9]{0,2})-g(?P<gen>[1-9][0-9]{0,8})"
+)
+
+
+def queued_resource_name(job_id: str, attempt: int, platform: str = "tpu-api") -> str:
+    """What holds one attempt of a job: its queued resource (and node id prefix) on the TPU API,
+    `{job_id}-a{attempt}`; its slices' MIGs (and their templates and policies) on Compute
+    Engine, `{job_id}-c{attempt}`."""
     if attempt < 1:
         raise ValueError(f"attempt must be 1 or more, got {attempt}")
-    name = f"{job_id}-a{attempt}"
+    name = f"{job_id}-{_JOB_LETTER[platform]}{attempt}"
     if len(name) > MAX_TPU_RESOURCE_ID or not TPU_RESOURCE_ID.fullmatch(name):
         raise ValueError(f"{name!r} is not a valid TPU resource id")
     return name
 
 
 def parse_queued_resource_name(name: str) -> tuple[str, int] | None:
-    """(job_id, attempt) of a name tpujobs made, or None for anyone else's resource."""
-    match = re.fullmatch(r"(?P<job>[a-z][a-z0-9-]*[a-z0-9])-a(?P<attempt>[1-9][0-9]{0,3})", name)
+    """(job_id, attempt) of a name tpujobs made for a job, on either platform, or None for anyone else's."""
+    match = _JOB_NAME.fullmatch(name)
     if not match:
         return None
     return match["job"], int(match["attempt"])
 
 
-def unit_queued_resource_name(pool: str, index: int, generation: int) -> str:
-    """The queued resource of one warm-pool unit's `generation`-th request: `{pool}-u{i}-g{n}`.
-    A job's names end in `-a{N}`, a unit's in `-g{N}`: the two never collide."""
+def unit_queued_resource_name(pool: str, index: int, generation: int, platform: str = "tpu-api") -> str:
+    """What holds one warm-pool unit's `generation`-th request: `{pool}-u{i}-g{n}` on the TPU API,
+    `{pool}-c{i}-g{n}` on Compute Engine. A job's names end in `-a{N}` or `-c{N}`, a unit's in
+    `-g{N}`: the two never collide."""
     if index < 0 or generation < 1:
         raise ValueError(f"unit index must be 0 or more and generation 1 or more, got {index}, {generation}")
-    name = f"{pool}-u{index}-g{generation}"
+    name = f"{pool}-{_UNIT_LETTER[platform]}{index}-g{generation}"
     if len(name) > MAX_TPU_RESOURCE_ID or not TPU_RESOURCE_ID.fullmatch(name):
         raise ValueError(f"{name!r} is not a valid TPU resource id")
     return name
 
 
 def parse_unit_queued_resource_name(name: str) -> tuple[str, int, int] | None:
-    """(pool, unit index, generation) of a unit's queued resource, or None for any other."""
-    match = re.fullmatch(
-        r"(?P<pool>[a-z]([-a-z0-9]*[a-z0-9])?)-u(?P<unit>0|[1-9][0-9]{0,2})-g(?P<gen>[1-9][0-9]{0,8})", name
-    )
+    """(pool, unit index, generation) of a unit's holding, on either platform, or None for any other."""
+    match = _UNIT_NAME.fullmatch(name)
     if not match:
         return None
     return match["pool"], int(match["unit"]), int(match["gen"])
 
 
+def platform_of(holding: str) -> str:
+    """The platform a holding's name says holds it: "compute" or "tpu-api" (also for a name
+    tpujobs did not make: only the TPU API path ever had such names)."""
+    unit = _UNIT_NAME.fullmatch(holding)
+    if unit:
+        return "compute" if unit["letter"] == "c" else "tpu-api"
+    job = _JOB_NAME.fullmatch(holding)
+    return "compute" if job and job["letter"] == "c" else "tpu-api"
+
+
 def node_id(queued_resource: str, slice_index: int, slices: int) -> str:
-    """The TPU node of one slice: the queued resource's name, suffixed per slice in multislice."""
+    """The TPU node (on Compute Engine: the MIG, template and policy) of one slice: the
+    holding's name, suffixed per slice in multislice."""
     return queued_resource if slices == 1 else f"{queued_resource}-{slice_index}"
+
+
+# The name Google gives a TPU API VM's worker (`t1v-n-<hex>-w-<worker>`): where it has that form,
+# its worker number must be the one asked for. Not documented by Google, so other names pass.
+_TPU_VM_NAME = re.compile(r"^t1v-n-[0-9a-f]+-w-(?P<worker>[0-9]+)$")
+
+
+def host_name_refusal(holding: str, slice_index: int, slices: int, worker: int, vm_name: str) -> str | None:
+    """Why the VM `vm_name` cannot be that worker of that slice of `holding`, or None. On Compute
+    Engine a slice's VMs are its MIG's (`{slice}-xxxx`, the MIG adding four characters to its base
+    name): any other name is another slice's, or no tpujobs VM at all."""
+    if platform_of(holding) == "compute":
+        slice_name = node_id(holding, slice_index, slices)
+        if not re.fullmatch(re.escape(slice_name) + r"-[a-z0-9]{4}", vm_name):
+            return f"the VM is not one of {slice_name}'s"
+        return None
+    named = _TPU_VM_NAME.fullmatch(vm_name)
+    if named is not None and int(named["worker"]) != worker:
+        return "the VM is another worker of its node"
+    return None
 
 
 def exported_attempt(log_uri: str | None) -> int | None:

@@ -26,6 +26,15 @@ from pydantic import (
 from pydantic_core import ErrorDetails
 
 from tpujobs.domain.accelerators import BadTopology, UnknownAcceleratorType, check_topology, parse_accelerator_type
+from tpujobs.domain.platforms import (
+    COMPUTE,
+    SERVED_BY,
+    Platform,
+    compute_shape,
+    default_platform,
+    family_of,
+    platform_refusal,
+)
 from tpujobs.domain.secrets import check_secret_ref
 from tpujobs.domain.vm_defaults import VmDefaults
 
@@ -77,7 +86,9 @@ LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
 RESERVED_ENV_PREFIX = "TPUJOBS_"
 RESERVED_LABEL_PREFIX = "tpujobs"
 
-Capacity = Literal["on-demand", "spot", "reserved"]
+# flex-start: Compute Engine's FLEX_START VMs, which wait for capacity and then run at most
+# their maxRunDuration (the job's time limits); `domain.platforms` says which platform serves what.
+Capacity = Literal["on-demand", "spot", "reserved", "flex-start"]
 Priority = Literal["very-low", "low", "medium", "high", "very-high"]
 RecoveryRule = Literal["resume", "rerun", "fail"]
 ImagePullPolicy = Literal["always", "if-missing"]
@@ -248,6 +259,9 @@ class JobSpec(BaseModel):
     # the job's; `pool_fallback: provision` lets the job leave for fresh capacity rather than wait.
     pool: Annotated[str, Field(pattern=POOL_NAME_PATTERN)] | None = None
     pool_fallback: PoolFallback = "wait"
+    # Where its slices run: the Cloud TPU API (queued resources) or Compute Engine (instances in
+    # MIGs). None: the deployment's default for the generation, filled in at submit.
+    platform: Platform | None = None
 
     @field_validator("accelerator_type")
     @classmethod
@@ -402,6 +416,7 @@ class JobSpec(BaseModel):
         if self.image_pull_policy is not None and self.image is None:
             raise ValueError("image_pull_policy is only allowed with an image")
         self._check_vm_options()
+        check_platform(self)
         return self
 
     def _check_vm_options(self) -> None:
@@ -513,18 +528,75 @@ def check_zones_fit(spec: JobSpec, zones: Iterable[str]) -> None:
             )
 
 
-def with_deployment_defaults(spec: JobSpec, defaults: VmDefaults, *, default_zone: str = "") -> JobSpec:
+def check_platform(spec: JobSpec) -> None:
+    """ValueError unless the spec's platform serves its generation, offers its shape and its capacity
+    kind (a spec that names no platform: the one that must serve it, if only one can)."""
+    platform = spec.platform or _only_platform(spec.accelerator_type)
+    if spec.platform is not None:
+        refusal = platform_refusal(spec.accelerator_type, spec.platform)
+        if refusal:
+            raise ValueError(f"platform {spec.platform}: {refusal}")
+    if platform == COMPUTE:
+        try:
+            compute_shape(spec.accelerator_type, spec.topology)
+        except (UnknownAcceleratorType, BadTopology) as error:
+            raise ValueError(str(error)) from None
+    if spec.capacity == "flex-start":
+        if platform is not None and platform != COMPUTE:
+            raise ValueError(
+                "capacity 'flex-start' is Compute Engine's FLEX_START provisioning: "
+                f"{spec.accelerator_type} on platform {platform} has none; give platform: compute"
+            )
+        limit = min(x for x in (spec.time_limit_seconds, spec.attempt_time_limit_seconds, MAX_RUN_SECONDS) if x)
+        if not (spec.time_limit or spec.attempt_time_limit) or limit < MIN_RUN_SECONDS:
+            raise ValueError(
+                "capacity 'flex-start' VMs run at most their maxRunDuration, taken from time_limit "
+                "(or attempt_time_limit): give one of at least 10m"
+            )
+
+
+# Compute Engine's bounds on a FLEX_START VM's maxRunDuration: 10 minutes to 7 days.
+MIN_RUN_SECONDS = 10 * 60
+MAX_RUN_SECONDS = 7 * 24 * 3600
+
+
+def _only_platform(accelerator_type: str) -> Platform | None:
+    """The platform of a generation only one serves; None while the deployment's default decides."""
+    served = SERVED_BY.get(family_of(accelerator_type)) if _known(accelerator_type) else None
+    return next(iter(served)) if served and len(served) == 1 else None
+
+
+def _known(accelerator_type: str) -> bool:
+    try:
+        family_of(accelerator_type)
+    except UnknownAcceleratorType:
+        return False
+    return True
+
+
+def with_deployment_defaults(
+    spec: JobSpec,
+    defaults: VmDefaults,
+    *,
+    default_zone: str = "",
+    compute_by_default: frozenset[str] = frozenset(),
+) -> JobSpec:
     """The spec with the deployment's VM defaults in every field its author left out (fields
-    given, even empty, are kept), validated again; and, when the spec names no zone, its zonal
-    resources checked against the deployment's default zone. SpecError with a sentence if the
-    result is not a valid job. Called at submit, so the stored spec shows what was requested."""
+    given, even empty, are kept), its platform (`compute_by_default`: the generations the
+    deployment runs on Compute Engine when both serve them), validated again; and, when the
+    spec names no zone, its zonal resources checked against the deployment's default zone.
+    SpecError with a sentence if the result is not a valid job. Called at submit, so the stored
+    spec shows what was requested."""
     filled = {name: value for name, value in defaults.spec_fields().items() if name not in spec.model_fields_set}
+    if spec.platform is None:
+        filled["platform"] = default_platform(spec.accelerator_type, compute_by_default)
     result = spec
     if filled:
         try:
             result = _validated({**spec.model_dump(mode="json", exclude_unset=True), **filled})
         except SpecError as error:
-            raise SpecError(f"{error} (with the deployment's default {', '.join(sorted(filled))})") from None
+            named = sorted(name for name in filled if name != "platform") or ["platform"]
+            raise SpecError(f"{error} (with the deployment's default {', '.join(named)})") from None
     if default_zone and not result.preferred_zones:
         try:
             check_zones_fit(result, (default_zone,))

@@ -85,6 +85,11 @@ class EventKind(str, Enum):
     """The hosts whose node is in a grace-gated condition (`adapters.tpu.NODE_STATES`, health
     TIMEOUT, RESTARTING, UNKNOWN...) changed: the job remembers since when each has been, so a
     stateless tick can tell a passing condition from one that lasts past the grace."""
+    MAINTENANCE_SCHEDULED = "maintenance_scheduled"
+    """Google scheduled maintenance for a host of the current attempt (the API's
+    `upcomingMaintenance`, or the host's `instance/upcoming-maintenance` metadata): its processes
+    stop when the window starts. Recorded once per host and window, and announced, so the owner
+    can checkpoint or move; the state stays, and the loss itself is handled by `on_preemption`."""
     REPAIR_FAILED = "repair_failed"
     """The reconciler's repair of the job met a permanent error (an API refusing a call): the job
     keeps its state and says why in its reason and timeline, once per distinct reason."""
@@ -129,6 +134,8 @@ TRANSITIONS: dict[tuple[JobState, EventKind], frozenset[JobState]] = {
     (JobState.PROVISIONING, EventKind.REQUESTED_AGAIN): frozenset({JobState.PROVISIONING}),
     (JobState.PROVISIONING, EventKind.HOSTS_SUSPECT): frozenset({JobState.PROVISIONING}),
     (JobState.RUNNING, EventKind.HOSTS_SUSPECT): frozenset({JobState.RUNNING}),
+    (JobState.PROVISIONING, EventKind.MAINTENANCE_SCHEDULED): frozenset({JobState.PROVISIONING}),
+    (JobState.RUNNING, EventKind.MAINTENANCE_SCHEDULED): frozenset({JobState.RUNNING}),
     **{(state, EventKind.REPAIR_FAILED): frozenset({state}) for state in ACTIVE},
     (JobState.PROVISIONING, EventKind.CAPACITY_CHANGED): frozenset({JobState.PROVISIONING}),
     (JobState.PROVISIONING, EventKind.WORKERS_STARTED): frozenset({JobState.RUNNING}),

@@ -13,8 +13,9 @@ from datetime import datetime, timedelta
 
 from tpujobs.domain import accounting, limits
 from tpujobs.domain.error_classes import classify_error
-from tpujobs.domain.job import Job, JobEvent, Source, SuspectHost
+from tpujobs.domain.job import Job, JobEvent, ScheduledMaintenance, Source, SuspectHost
 from tpujobs.domain.naming import queued_resource_name
+from tpujobs.domain.platforms import TPU_API
 from tpujobs.domain.restart_overrides import REQUEST_MEMORY
 from tpujobs.domain.restart_rules import backoff_seconds, rule_on_loss
 from tpujobs.domain.spec import JobSpec
@@ -34,6 +35,7 @@ class Observation:
     worker: str | None = None  # "slice-worker", for reports of one worker host
     operation: str = ""  # the create's long-running operation, when capacity was requested
     hosts: tuple[tuple[str, str], ...] = ()  # HOSTS_SUSPECT: (node, condition) of each suspect host
+    maintenance: tuple[ScheduledMaintenance, ...] = ()  # MAINTENANCE_SCHEDULED: the windows announced
     limit: str = ""  # TIME_LIMIT_REACHED: which limit (`tpujobs.domain.limits.LIMITS`)
     request_id: str = ""  # RESUME_REQUESTED, RERUN_REQUESTED: the user's request, remembered on the job
     spec: JobSpec | None = None  # RESUME_REQUESTED, RERUN_REQUESTED: the spec with its overrides
@@ -135,6 +137,7 @@ def _admitted(job: Job, seen: Observation, now: datetime) -> _Move:
         "requested_at": now,
         "create_operation": seen.operation,
         "suspect_hosts": (),
+        "maintenance": (),
     }
     if seen.unit:  # a warm pool's unit: held already, its agents start the attempt
         reason = seen.reason or f"Assigned to unit {seen.unit} of pool {job.warm_pool} in {seen.zone or job.zone}."
@@ -166,6 +169,24 @@ def _hosts_suspect(job: Job, seen: Observation, now: datetime) -> _Move | Ignore
         else f"Every host of attempt {job.attempt} is healthy again."
     )
     return _Move(job.state, reason, {"suspect_hosts": hosts})
+
+
+def _maintenance_scheduled(job: Job, seen: Observation, now: datetime) -> _Move | Ignored:
+    """Maintenance announced for hosts of the attempt: each (host, window) is said once."""
+    known = {(m.host, m.window_start) for m in job.maintenance}
+    new = tuple(m for m in dict.fromkeys(seen.maintenance) if (m.host, m.window_start) not in known)
+    if not new:
+        return Ignored("the job already knows of that maintenance")
+    windows = "; ".join(
+        f"{m.host}: {(m.kind or 'maintenance').lower()} from {m.window_start}"
+        + (f" to {m.window_end}" if m.window_end else "")
+        for m in new
+    )
+    reason = seen.reason or (
+        f"Host maintenance is scheduled ({windows}). A TPU VM stops when its window starts: "
+        f"checkpoint before then; tpujobs then recovers the job by on_preemption ({job.spec.on_preemption})."
+    )
+    return _Move(job.state, reason, {"maintenance": (*job.maintenance, *new)})
 
 
 def _repair_failed(job: Job, seen: Observation, now: datetime) -> _Move | Ignored:
@@ -284,6 +305,7 @@ def _next_attempt_requested(job: Job, seen: Observation, now: datetime) -> _Move
         "requested_at": now,
         "create_operation": seen.operation,
         "suspect_hosts": (),
+        "maintenance": (),
     }
     return _Move(JobState.PROVISIONING, reason, changes)
 
@@ -419,6 +441,7 @@ _RULES: Mapping[EventKind, _Rule] = {
     EventKind.REQUESTED_AGAIN: _requested_again,
     EventKind.HOSTS_SUSPECT: _hosts_suspect,
     EventKind.REPAIR_FAILED: _repair_failed,
+    EventKind.MAINTENANCE_SCHEDULED: _maintenance_scheduled,
     EventKind.CAPACITY_CHANGED: _capacity_changed,
     EventKind.WORKERS_STARTED: _workers_started,
     EventKind.WORKER_SUCCEEDED: _worker_succeeded,
@@ -546,7 +569,7 @@ def _requeued(job: Job, zone: str) -> dict[str, object]:
     attempt = job.attempt + 1
     return {
         "attempt": attempt,
-        "queued_resource": queued_resource_name(job.job_id, attempt),
+        "queued_resource": queued_resource_name(job.job_id, attempt, job.spec.platform or TPU_API),
         "workers_done": (),
         "capacity_state": None,
         "next_attempt_at": None,
@@ -555,4 +578,5 @@ def _requeued(job: Job, zone: str) -> dict[str, object]:
         "requested_at": None,
         "create_operation": "",
         "suspect_hosts": (),
+        "maintenance": (),
     }

@@ -28,6 +28,14 @@ class Settings:
     default_zone: str = DEFAULT_ZONE
     prefix: str = ""
     tpu_endpoint: str = ""  # the simulator's base URL locally; empty in production
+    compute_endpoint: str = ""  # Compute Engine's: the simulator's base URL locally; empty in production
+    # The generations that Compute Engine and the TPU API both serve (v5p, v6e) and that run on
+    # Compute Engine when a spec names no platform; the others go where they must (domain.platforms).
+    compute_by_default: tuple[str, ...] = ()
+    # The boot images of Compute Engine TPU VMs: the image project, and `generation=family` for
+    # the generations whose family is not the one domain.platforms names.
+    compute_image_project: str = "ubuntu-os-accelerator-images"
+    compute_image_families: tuple[str, ...] = ()
     secrets_endpoint: str = ""  # the local Secret Manager's base URL; empty: the real API
     logs_bucket: str = ""  # from_env: empty reads as "<project>-tpujobs-logs", the bucket infra/ makes
     local_stack: bool = False  # True only in the local stack: trust X-Tpujobs-Caller

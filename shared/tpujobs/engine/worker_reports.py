@@ -61,7 +61,7 @@ class WorkerReport(Strict):
     for those peers until they end, so its record stays live (`service.speaks_after_exit`).
     """
 
-    kind: Literal["started", "heartbeat", "exited", "checkpoint", "aborted", "rebooted", "peer_silent"]
+    kind: Literal["started", "heartbeat", "exited", "checkpoint", "aborted", "rebooted", "peer_silent", "maintenance"]
     job_id: JobId
     attempt: Attempt
     slice_id: Index
@@ -95,6 +95,10 @@ class WorkerReport(Strict):
     # from since. The service takes the first as `peer_silent` again, so a report lost for good
     # (dead-lettered) still loses the host at worker 0's next heartbeat.
     peers_silent: Annotated[list[PeerId], Field(min_length=1, max_length=64)] | None = None
+    # `maintenance`: the host's `instance/upcoming-maintenance`, as Google scheduled it.
+    window_start: Timestamp = None
+    window_end: Timestamp = None
+    maintenance_type: Annotated[str, Field(pattern=r"^[A-Z_]{1,40}$")] | None = None
 
 
 class PreemptionNotice(Strict):

@@ -26,6 +26,7 @@ from engine_harness import ZONE, Engine
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from tpujobs.domain.platforms import default_platform
 from tpujobs.domain.spec import SpecError, decode_spec
 from tpujobs.domain.states import JobState
 from tpujobs.domain.transitions import Decision, Ignored
@@ -323,7 +324,11 @@ def test_any_submission_becomes_a_job_or_a_rejection_with_a_reason(eng, payload,
     assert job is not None
     assert job.state is (JobState.PROVISIONING if outcome.kind == "provisioning" else JobState.FAILED)
     assert inbound.data is not None
-    assert job.spec == decode_spec(inbound.data, message_id=inbound.message_id)
+    decoded = decode_spec(inbound.data, message_id=inbound.message_id)
+    # The spec as sent, with the platform the deployment chose where it named none.
+    assert job.spec == decoded.model_copy(
+        update={"platform": decoded.platform or default_platform(decoded.accelerator_type)}
+    )
     if isinstance(payload, dict):
         for field in ("command", "setup", "env", "owner", "name"):
             if field in payload:

@@ -9,8 +9,9 @@ import pytest
 from engine_harness import PROJECT, ZONE, Engine, utc_now
 
 from tpujobs.domain.job import new_job
-from tpujobs.domain.spec import parse_spec
+from tpujobs.domain.spec import JobSpec, parse_spec, with_deployment_defaults
 from tpujobs.domain.states import JobState
+from tpujobs.domain.vm_defaults import VmDefaults
 from tpujobs.engine.errors import PermanentError, TransientError
 from tpujobs.engine.inbound import InboundMessage
 from tpujobs.engine.startup_script import host_boot
@@ -89,9 +90,14 @@ def test_a_redelivered_message_without_job_id_is_still_one_job(jobs):
     assert again.kind == "duplicate"
 
 
+def completed(spec: dict) -> JobSpec:
+    """The spec as the first delivery stored it: with the deployment's defaults (its platform)."""
+    return with_deployment_defaults(parse_spec(spec), VmDefaults())
+
+
 def test_a_submission_that_stopped_half_way_is_finished_by_redelivery(jobs, tpu_client):
     """A job left QUEUED (crash before the TPU call) gets its capacity when the message returns."""
-    job, event = new_job(parse_spec(a_spec()), ZONE, utc_now())
+    job, event = new_job(completed(a_spec()), ZONE, utc_now())
     jobs.store.create(job, event)  # the first delivery died right after this
     assert jobs.submit(a_spec()).kind == "provisioning"
     assert jobs.job().state is JobState.PROVISIONING
@@ -100,7 +106,7 @@ def test_a_submission_that_stopped_half_way_is_finished_by_redelivery(jobs, tpu_
 
 def test_an_existing_queued_resource_is_adopted_not_bought_twice(jobs, tpu_client):
     """If the request reached the TPU API before a crash, ALREADY_EXISTS is taken as ours."""
-    job, event = new_job(parse_spec(a_spec()), ZONE, utc_now())
+    job, event = new_job(completed(a_spec()), ZONE, utc_now())
     jobs.store.create(job, event)
     jobs.tpu.request(job, host_boot(job, jobs.settings))  # died after the TPU call
     assert jobs.submit(a_spec()).kind == "provisioning"

@@ -22,7 +22,6 @@ from tpujobs.domain.admission import (
     waiting_reason,
 )
 from tpujobs.domain.job import Job
-from tpujobs.domain.naming import queued_resource_name
 from tpujobs.domain.states import EventKind, JobState
 from tpujobs.domain.transitions import Decision, Ignored, Observation
 from tpujobs.engine.errors import PermanentError
@@ -229,7 +228,7 @@ class Admission:
         previous = job.usage_of(job.attempt - 1)
         zone = (previous.zone if previous else "") or job.zone
         if previous is None or not previous.pool:
-            self.attempts.release(zone, queued_resource_name(job.job_id, job.attempt - 1))
+            self.attempts.release(zone, job.holding_of(job.attempt - 1))
         old_pool = pool_id(job.spec, zone)
         if old_pool != pool_id(job.spec, job.zone):
             self.drop_hold(job.job_id, old_pool)

@@ -49,7 +49,12 @@ class Vetting:
     def completed(self, spec: JobSpec) -> JobSpec:
         """The spec with the deployment's VM defaults (network, tags, ...) where its author gave
         none, so the stored spec says what was requested; SpecError if they do not fit it."""
-        return with_deployment_defaults(spec, self.settings.vm_defaults, default_zone=self.settings.default_zone)
+        return with_deployment_defaults(
+            spec,
+            self.settings.vm_defaults,
+            default_zone=self.settings.default_zone,
+            compute_by_default=frozenset(self.settings.compute_by_default),
+        )
 
     def vet(self, spec: JobSpec, *, owner_verified: bool) -> Verdict:
         """The owner's rights first, then the size; the quotas are read once, for the size

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
+from tpujobs.domain.job import ScheduledMaintenance
 from tpujobs.domain.states import EventKind
 from tpujobs.domain.transitions import Observation
 from tpujobs.engine.ports import WorkerRecord
@@ -34,6 +35,8 @@ def worker_record(report: WorkerReport, worker: str, now: datetime, at: datetime
             record, live=True, last_output_at=report.last_output_at, checkpoint_step=report.step,
             checkpoint_at=report.checkpoint_at if report.step is not None else None,
         )  # fmt: skip
+    if report.kind == "maintenance":  # a warning: the host runs on as it was
+        return record
     return replace(record, live=False)  # rebooted: the command it ran is gone with the host
 
 
@@ -123,4 +126,14 @@ def worker_observation(report: WorkerReport, worker: str) -> Observation | None:
         found = report.detail or "its startup script ran again"
         why = f"Rebooted: worker {worker} of attempt {report.attempt} started over ({found})"
         return Observation(EventKind.CAPACITY_LOST, report.attempt, "agent", reason=why, worker=worker)
+    if report.kind == "maintenance" and report.window_start is not None:
+        window = ScheduledMaintenance(
+            f"worker {worker}",
+            report.window_start.isoformat(),
+            report.window_end.isoformat() if report.window_end else "",
+            report.maintenance_type or "",
+        )
+        return Observation(
+            EventKind.MAINTENANCE_SCHEDULED, report.attempt, "agent", worker=worker, maintenance=(window,)
+        )
     return None

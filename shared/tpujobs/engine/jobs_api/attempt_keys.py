@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import re
 from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
 from tpujobs.domain import signing
 from tpujobs.domain.job import Job
+from tpujobs.domain.naming import host_name_refusal
 from tpujobs.domain.states import JobState
 from tpujobs.engine.identity import InvalidToken, TokenVerifier
 from tpujobs.engine.jobs_api.answers import ApiError, Response
@@ -29,9 +29,6 @@ log = logging.getLogger(__name__)
 
 HOLDING = (JobState.PROVISIONING, JobState.RUNNING)  # states in which an attempt's hosts exist
 CREATION_SKEW = timedelta(minutes=2)  # Google's VM clock against ours
-# The name Google gives a TPU VM's worker (`t1v-n-<hex>-w-<worker>`): where it has that form, its
-# worker number must be the one asked for. Not documented by Google, so other names pass.
-_TPU_VM_NAME = re.compile(r"^t1v-n-[0-9a-f]+-w-(?P<worker>[0-9]+)$")
 
 
 class KeyHolders(JobRecords, MessageRecords, Protocol):
@@ -95,9 +92,12 @@ class AttemptKeys:
             return "the token has no instance: ask for it with format=full"
         if vm.get("project_id") != self.settings.project or vm.get("zone") != job.zone:
             return f"the VM is not in {self.settings.project} zone {job.zone}"
-        named = _TPU_VM_NAME.fullmatch(str(vm.get("instance_name", "")))
-        if named is not None and int(named["worker"]) != request.worker_id:
-            return "the VM is another worker of its node"
+        holding = job.warm_pool_unit or job.queued_resource
+        named = host_name_refusal(
+            holding, request.slice_id, job.spec.slices, request.worker_id, str(vm.get("instance_name", ""))
+        )
+        if named is not None:
+            return named
         since = job.requested_at or next((u.waiting_since for u in job.usage if u.attempt == job.attempt), None)
         made = vm.get("instance_creation_timestamp")
         fresh = isinstance(made, (int, float)) and (since is None or _at(made) >= since - CREATION_SKEW)

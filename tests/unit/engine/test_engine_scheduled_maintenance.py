@@ -1,0 +1,79 @@
+"""Scheduled maintenance, announced ahead: the host's `instance/upcoming-maintenance` becomes a
+`maintenance` report, and the job's timeline and the status topic say it, once per host and
+window, while its state stays (a TPU VM is not migrated: the loss itself is `on_preemption`'s)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from engine_harness import Engine
+
+from tpujobs.agent.notices import upcoming_window
+from tpujobs.domain.states import JobState
+from tpujobs.local.testing import inbound, signed
+
+EVENTS = "tpujobs-worker-events"
+WINDOW = {
+    "can_reschedule": False,
+    "maintenance_status": "PENDING",
+    "type": "SCHEDULED",
+    "window_start_time": "2026-12-01T04:00:00Z",
+    "window_end_time": "2026-12-01T08:00:00Z",
+}
+
+
+@pytest.fixture
+def jobs(engine) -> Engine:
+    return engine()
+
+
+def running(jobs: Engine, job_id: str = "train-1") -> str:
+    spec = {"job_id": job_id, "name": "train", "owner": "ada@example.com", "accelerator_type": "v4-16"}
+    assert jobs.handle(inbound("tpujobs-submit", {**spec, "command": "python train.py"})).kind == "provisioning"
+    started = {"kind": "started", "job_id": job_id, "attempt": 1, "slice_id": 0, "worker_id": 0}
+    jobs.handle(signed(jobs, EVENTS, started))
+    assert jobs.store.get(job_id).state is JobState.RUNNING
+    return job_id
+
+
+def maintenance(job_id: str, worker: int = 1, **window: object) -> dict:
+    fields = upcoming_window(json.dumps({**WINDOW, **window}))
+    assert fields is not None
+    return {"kind": "maintenance", "job_id": job_id, "attempt": 1, "slice_id": 0, "worker_id": worker, **fields}
+
+
+def test_the_metadata_answer_becomes_report_fields_and_nothing_scheduled_becomes_none():
+    assert upcoming_window(json.dumps(WINDOW)) == {
+        "window_start": "2026-12-01T04:00:00Z",
+        "window_end": "2026-12-01T08:00:00Z",
+        "maintenance_type": "SCHEDULED",
+    }
+    for nothing in ("NONE", "", "no notifications", "[]", json.dumps({"maintenance_status": "NONE"})):
+        assert upcoming_window(nothing) is None
+
+
+def test_a_scheduled_window_is_announced_once_and_the_job_runs_on(jobs):
+    job_id = running(jobs)
+    before = len(jobs.published.announced)
+    jobs.handle(signed(jobs, EVENTS, maintenance(job_id)))
+    job = jobs.store.get(job_id)
+    assert job.state is JobState.RUNNING and job.attempt == 1
+    assert [(m.host, m.kind) for m in job.maintenance] == [("worker 0-1", "SCHEDULED")]
+    said = jobs.store.events(job_id)[-1].reason
+    assert "Host maintenance is scheduled" in said and "2026-12-01T04:00:00" in said and "checkpoint" in said
+    assert [c.reason for c in jobs.published.announced[before:]] == [said]
+    for again in (maintenance(job_id), maintenance(job_id)):  # the same window from the same host: nothing new
+        jobs.handle(signed(jobs, EVENTS, again))
+    assert len(jobs.store.get(job_id).maintenance) == 1
+    assert len(jobs.published.announced) == before + 1
+    jobs.handle(signed(jobs, EVENTS, maintenance(job_id, window_start_time="2026-12-08T04:00:00Z")))
+    assert len(jobs.store.get(job_id).maintenance) == 2
+
+
+def test_an_unsigned_maintenance_report_changes_nothing(jobs):
+    job_id = running(jobs)
+    events = len(jobs.store.events(job_id))
+    jobs.handle(inbound(EVENTS, maintenance(job_id)))
+    assert jobs.store.get(job_id).maintenance == ()
+    assert len(jobs.store.events(job_id)) == events
