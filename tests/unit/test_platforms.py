@@ -7,6 +7,7 @@ from datetime import datetime, timezone
 
 import pytest
 
+from tpujobs.adapters.firestore_warm_pools import pool_from_document, pool_to_document
 from tpujobs.domain.accelerators import BadTopology, UnknownAcceleratorType
 from tpujobs.domain.job import new_job
 from tpujobs.domain.naming import (
@@ -25,6 +26,7 @@ from tpujobs.domain.platforms import (
     default_platform,
     platform_refusal,
 )
+from tpujobs.domain.pools import new_pool, parse_pool_request, resized
 from tpujobs.domain.spec import SpecError, parse_spec, with_deployment_defaults
 from tpujobs.domain.vm_defaults import VmDefaults
 
@@ -207,3 +209,19 @@ def test_only_a_vm_of_the_slices_own_mig_may_be_its_host_on_compute_engine():
     assert host_name_refusal("train-1-c2", 0, 1, 0, "t1v-n-0a1b2c3d-w-0") is not None  # a TPU API VM
     assert host_name_refusal("train-1-a2", 0, 1, 1, "t1v-n-0a1b2c3d-w-1") is None
     assert host_name_refusal("train-1-a2", 0, 1, 1, "t1v-n-0a1b2c3d-w-0") == "the VM is another worker of its node"
+
+
+def test_a_pools_units_are_held_on_its_platform_and_named_so():
+    request, shape = parse_pool_request(
+        {"name": "warm", "owner": "ada", "accelerator_type": "v6e-8", "platform": "compute", "count": 2}, "us-east5-a"
+    )
+    assert shape.platform == COMPUTE
+    pool = new_pool(request, datetime.now(timezone.utc))
+    assert [u.queued_resource(pool.name) for u in pool.units] == ["warm-c0-g1", "warm-c1-g1"]
+    assert pool.shape().platform == COMPUTE
+    stored = pool_from_document(pool_to_document(pool))
+    assert (stored.platform, stored.units[1].queued_resource("warm")) == (COMPUTE, "warm-c1-g1")
+    grown = resized(stored, 3, datetime.now(timezone.utc))
+    assert grown.units[-1].queued_resource("warm") == "warm-c2-g1"
+    old, _ = parse_pool_request({"name": "old", "owner": "ada", "accelerator_type": "v4-8"}, "us-central2-b")
+    assert new_pool(old, datetime.now(timezone.utc)).units[0].queued_resource("old") == "old-u0-g1"

@@ -67,6 +67,7 @@ def pool_from_document(data: dict[str, Any], version: Any = None) -> Pool:
         idle_minutes=data.get("idle_minutes"),
         service_account=data.get("service_account"),
         users=tuple(data.get("users") or ()),
+        platform=data.get("platform") or "tpu-api",
         owner_verified=bool(data.get("owner_verified", True)),  # older documents: as the API's, out of a claim's reach
         state=PoolState(data.get("state", PoolState.ACTIVE.value)),
         reason=data.get("reason", ""),

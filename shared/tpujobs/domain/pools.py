@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from tpujobs.domain.accelerators import parse_accelerator_type
 from tpujobs.domain.naming import unit_queued_resource_name
+from tpujobs.domain.platforms import default_platform
 from tpujobs.domain.spec import POOL_NAME_PATTERN, JobSpec, SpecError, parse_spec
 
 MAX_UNITS = 64  # per pool: a pool is one Firestore document, written at every assignment
@@ -72,9 +73,11 @@ class Unit:
     held_since: datetime | None = None  # ACTIVE since: idle and busy time count from here
     requested_at: datetime | None = None  # when the current generation was asked for
     removing: bool = False  # resized away, or the pool is being deleted: goes once no job is on it
+    platform: str = "tpu-api"  # its pool's: where its capacity is held, which its holding's name says
 
     def queued_resource(self, pool: str) -> str:
-        return unit_queued_resource_name(pool, self.index, self.generation)
+        """What holds its capacity: `domain.naming` names it by pool, index, generation and platform."""
+        return unit_queued_resource_name(pool, self.index, self.generation, self.platform)
 
     def runs(self, job_id: str, attempt: int) -> bool:
         return self.state is UnitState.BUSY and self.job_id == job_id and self.attempt == attempt
@@ -117,6 +120,7 @@ class Pool:
     idle_minutes: int | None = None  # a unit idle this long is released; None: kept while the pool lives
     service_account: str | None = None  # what its VMs run as (None: the deployment's account)
     users: tuple[str, ...] = ()  # besides the owner and admins, who may run jobs on it (e-mail or group:NAME)
+    platform: str = "tpu-api"  # where its units are held (`domain.platforms`): older documents, the TPU API
     # False: made on tpujobs-control, whose owner is a claim. True for the jobs API's, and for a
     # document older than the field: only a claim-made pool may be resized or deleted by a claim.
     owner_verified: bool = True
@@ -166,6 +170,7 @@ class Pool:
             "slices": self.slices,
             "capacity": self.capacity,
             "zones": list(self.zones),
+            "platform": self.platform,
         }
         for key in ("reservation", "image", "service_account"):
             if getattr(self, key) is not None:
@@ -192,6 +197,7 @@ def settings_of(pool: Pool) -> dict[str, Any]:
         "image": pool.image,
         "idle_minutes": pool.idle_minutes,
         "service_account": pool.service_account,
+        "platform": pool.platform,
         "created_at": pool.created_at,
     }
 
@@ -219,6 +225,7 @@ class PoolRequest:
     idle_minutes: int | None = None
     service_account: str | None = None
     users: tuple[str, ...] = field(default_factory=tuple)
+    platform: str = "tpu-api"  # as the shape decided it, with the deployment's default (`with_deployment_defaults`)
 
 
 POOL_REQUEST_FIELDS = frozenset(
@@ -236,6 +243,7 @@ POOL_REQUEST_FIELDS = frozenset(
         "idle_minutes",
         "service_account",
         "users",
+        "platform",
     }
 )
 
@@ -268,7 +276,7 @@ def parse_pool_request(data: dict[str, Any], default_zone: str) -> tuple[PoolReq
         "owner": data.get("owner"),
         "command": "tpujobs pool unit",  # a shape has no command of its own: the pool's jobs bring theirs
         **{key: data[key] for key in ("accelerator_type", "slices", "capacity", "reservation", "zone", "zones",
-                                      "image", "service_account") if data.get(key) is not None},
+                                      "image", "service_account", "platform") if data.get(key) is not None},
     }  # fmt: skip
     try:
         shape = parse_spec(fields)
@@ -288,6 +296,8 @@ def parse_pool_request(data: dict[str, Any], default_zone: str) -> tuple[PoolReq
         idle_minutes=idle,
         service_account=shape.service_account,
         users=tuple(users),
+        # The service decides a generation both serve by the deployment's default (`with_deployment_defaults`).
+        platform=shape.platform or default_platform(shape.accelerator_type),
     )
     return request, shape
 
@@ -296,7 +306,8 @@ def new_pool(request: PoolRequest, now: datetime, *, owner_verified: bool = True
     """The pool a valid request becomes: every unit waits for quota until the service asks for it.
     `owner_verified`: the jobs API proved its owner (false: a claim on tpujobs-control)."""
     units = tuple(
-        Unit(i, UnitState.WAITING_FOR_QUOTA, 1, request.zones[0], now, written=False) for i in range(request.count)
+        Unit(i, UnitState.WAITING_FOR_QUOTA, 1, request.zones[0], now, written=False, platform=request.platform)
+        for i in range(request.count)
     )
     return Pool(
         name=request.name,
@@ -313,6 +324,7 @@ def new_pool(request: PoolRequest, now: datetime, *, owner_verified: bool = True
         idle_minutes=request.idle_minutes,
         service_account=request.service_account,
         users=request.users,
+        platform=request.platform,
         owner_verified=owner_verified,
         reason=f"Created by {request.owner}: {request.count} x {request.slices} x {request.accelerator_type}.",
         units=units,
@@ -450,7 +462,10 @@ def resized(pool: Pool, count: int, now: datetime) -> Pool:
     if count > len(keep):
         taken = {u.index for u in pool.units}
         free = [i for i in range(MAX_UNITS * 2) if i not in taken][: count - len(keep)]
-        units += [Unit(i, UnitState.WAITING_FOR_QUOTA, 1, pool.zones[0], now, written=False) for i in free]
+        units += [
+            Unit(i, UnitState.WAITING_FOR_QUOTA, 1, pool.zones[0], now, written=False, platform=pool.platform)
+            for i in free
+        ]
     else:
         # Idle and released units go before busy ones, then the highest index.
         order = sorted(

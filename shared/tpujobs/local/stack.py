@@ -299,6 +299,8 @@ def _start(
         "PUBSUB_EMULATOR_HOST": pubsub,
         "STORAGE_EMULATOR_HOST": storage,
         "TPUJOBS_TPU_ENDPOINT": f"http://{LOOPBACK}:{simulator_port}",
+        # The same simulator speaks Compute Engine v1 REST (TPU7x, and v5p/v6e on `platform: compute`).
+        "TPUJOBS_COMPUTE_ENDPOINT": f"http://{LOOPBACK}:{simulator_port}",
         # Where the simulated VMs' identity tokens are verified: the simulator's key, not Google's.
         "TPUJOBS_VM_CERTS_URL": f"http://{LOOPBACK}:{simulator_port}/simulator/v1/certs",
         "TPUJOBS_SECRETS_ENDPOINT": f"http://{LOOPBACK}:{secrets_port}",

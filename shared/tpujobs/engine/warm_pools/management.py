@@ -6,6 +6,7 @@ which config/policies must trust before it creates a pool or touches one the API
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from tpujobs.domain import pools
 from tpujobs.domain.access import AccessPolicies, topic_control_refusal
@@ -51,7 +52,13 @@ class PoolManagement:
         to hold every unit. The units are asked for at once."""
         try:
             request, shape = pools.parse_pool_request({**data, "owner": caller}, self.settings.default_zone)
-            shape = with_deployment_defaults(shape, self.settings.vm_defaults, default_zone=self.settings.default_zone)
+            shape = with_deployment_defaults(
+                shape,
+                self.settings.vm_defaults,
+                default_zone=self.settings.default_zone,
+                compute_by_default=frozenset(self.settings.compute_by_default),
+            )
+            request = replace(request, platform=shape.platform or request.platform)
         except (PoolError, SpecError) as error:
             return PoolOutcome("invalid", None, f"Invalid pool: {error}")
         refused = self._creation_refusal(caller, verified, shape)
