@@ -29,6 +29,7 @@ def test_a_signed_report_is_remembered_by_its_first_message(backend):
     assert store.remember_report("d1", "100", "train-1", 1, T0) == "100"
     assert store.remember_report("d1", "101", "train-1", 1, T0) == "100"
     assert store.remember_report("d2", "101", "train-1", 1, T0) == "101"
+    assert (store.recall_report("d1"), store.recall_report("d2"), store.recall_report("d3")) == ("100", "101", None)
 
 
 def test_exported_logs_are_kept_and_the_job_points_at_the_latest_attempt(backend):

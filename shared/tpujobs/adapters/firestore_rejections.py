@@ -60,6 +60,11 @@ class FirestoreMessageRecords(OnFirestore):
             first = ref.get().to_dict() or {}
         return str(first.get("message_id") or message_id)
 
+    def recall_report(self, digest: str) -> str | None:
+        with transient_on_failure("read a remembered report"):
+            first = self._db.collection(REPORTS_SEEN).document(digest).get().to_dict() or {}
+        return str(first["message_id"]) if first.get("message_id") else None
+
     def rejections(self, limit: int = 100) -> list[Rejection]:
         with transient_on_failure("list rejections"):
             docs = list(self._db.collection(REJECTIONS).limit(limit).stream())

@@ -7,6 +7,7 @@ it to the jobs function's `attempt-key` action, which answers the key if this VM
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -30,6 +31,7 @@ class AttemptKey:
     key: bytes = field(repr=False)
     version: str
     job_created: str
+    coordinator: str | None = None  # a multislice's, where tpujobs names it (`megascale`)
 
     def names(self) -> dict[str, str]:
         """The attributes that name this key: sent with every signed message."""
@@ -37,7 +39,13 @@ class AttemptKey:
 
 
 def fetch_attempt_key(
-    metadata: Metadata, key_url: str, job_id: str, attempt: int, slice_id: int, worker_id: int
+    metadata: Metadata,
+    key_url: str,
+    job_id: str,
+    attempt: int,
+    slice_id: int,
+    worker_id: int,
+    address: str | None = None,
 ) -> AttemptKey:
     """This host's key for the attempt; AgentError when the control plane refuses it (the reason
     is its answer) or the answer is unusable. Transient failures are retried a bounded number of times."""
@@ -56,6 +64,7 @@ def fetch_attempt_key(
             "attempt": attempt,
             "slice_id": slice_id,
             "worker_id": worker_id,
+            **({"address": address} if address else {}),
         }
     ).encode("utf-8")
     headers = {"Authorization": f"Bearer {token}", CALLER_HEADER: account, "Content-Type": "application/json"}
@@ -72,4 +81,9 @@ def fetch_attempt_key(
         raise AgentError(f"the control plane's key answer is unusable: {error}") from None
     if not re.fullmatch(VERSION_PATTERN, version) or not created.isdigit():
         raise AgentError("the control plane's key answer names no usable version or creation time")
-    return AttemptKey(key, version, created)
+    coordinator = answer.get("coordinator")
+    try:
+        coordinator = str(ipaddress.ip_address(coordinator)) if coordinator else None
+    except ValueError:
+        raise AgentError("the control plane's key answer names a coordinator that is no address") from None
+    return AttemptKey(key, version, created, coordinator)

@@ -17,6 +17,7 @@ SECRET_VERSION = re.compile(r"projects/[^/\s]+/secrets/[^/\s]+/versions/[^/\s]+"
 ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
 SHA256_HEX = re.compile(r"[0-9a-fA-F]{64}")
 TPU_ENV_METADATA = "instance/attributes/tpu-env"
+SLICE_ID_METADATA = "instance/attributes/tpujobs-slice-id"
 DEFAULTS = {
     "heartbeat_seconds": 10,  # during an attempt's first heartbeat_fast_window_seconds on a host
     "heartbeat_sparse_seconds": 30,  # after that
@@ -102,7 +103,12 @@ def discover_identity(
     if number is None or not re.fullmatch(r"[0-9]+", number.strip()):
         raise AgentError(f"no worker number in the metadata (agent-worker-number: {number!r})")
     slice_id = 0
-    if int(config["num_slices"]) > 1:
+    # On Compute Engine each slice's template names its slice (`tpujobs-slice-id`); the TPU API's
+    # multislice names it in each node's id.
+    named = metadata.get_optional(SLICE_ID_METADATA) if int(config["num_slices"]) > 1 else None
+    if named is not None and re.fullmatch(r"[0-9]{1,5}", named.strip()):
+        slice_id = int(named.strip())
+    elif int(config["num_slices"]) > 1:
         node_id = tpu_env.get("NODE_ID")
         if not node_id:
             raise AgentError("a multislice job but no NODE_ID in instance/attributes/tpu-env")

@@ -13,6 +13,7 @@ from .attempt import Agent
 from .attempt_key import fetch_attempt_key
 from .basics import AGENT_CANNOT_START, AgentError, log
 from .config import discover_identity, load_config, megascale_environment, read_tpu_env
+from .megascale import key_with_slices
 from .notices import watch_sigterm
 from .pool import PoolAgent, load_pool_config
 from .processes import become_subreaper
@@ -89,8 +90,14 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(args[0])
         tpu_env = read_tpu_env(metadata)
         worker_id, slice_id = discover_identity(metadata, config, tpu_env)
-        key = fetch_attempt_key(
-            metadata, str(config.get("key_url") or ""), config["job_id"], config["attempt"], slice_id, worker_id
+        key_url, job_id, attempt = str(config.get("key_url") or ""), config["job_id"], config["attempt"]
+        key, megascale = key_with_slices(
+            lambda address: fetch_attempt_key(metadata, key_url, job_id, attempt, slice_id, worker_id, address),
+            metadata,
+            config,
+            slice_id,
+            worker_id,
+            megascale_environment(tpu_env),
         )
     except (AgentError, OSError, http.client.HTTPException) as error:
         log(f"cannot start: {error}")
@@ -124,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         echo=echo,
         secret_reader=secret_reader,
         tokens=tokens,
-        megascale=megascale_environment(tpu_env),
+        megascale=megascale,
     )
     target.append(agent.preemption.trigger)
     if early:

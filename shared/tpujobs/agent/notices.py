@@ -134,9 +134,7 @@ def watch_maintenance(metadata: Metadata, on_notice: Callable[[str], None], stop
 
 
 def upcoming_window(value: str) -> dict[str, str] | None:
-    """The report fields of an `instance/upcoming-maintenance` answer that schedules a window
-    (`window_start_time`, `window_end_time`, `type`), else None: nothing scheduled ("NONE",
-    an empty or non-JSON answer) or a window without a start."""
+    """The report fields of an `instance/upcoming-maintenance` window; None: nothing scheduled."""
     try:
         data = json.loads(value)
     except ValueError:
@@ -155,8 +153,7 @@ def upcoming_window(value: str) -> dict[str, str] | None:
 def watch_upcoming_maintenance(
     metadata: Metadata, on_window: Callable[[dict[str, str]], None], stop: threading.Event
 ) -> threading.Thread:
-    """Calls on_window once for each new maintenance window Google schedules for this VM, so the
-    job's timeline and the status topic announce it while there is time to checkpoint or move."""
+    """Calls on_window once per new maintenance window Google schedules for this VM."""
     seen: set[str] = set()
 
     def changed(value: str) -> bool:

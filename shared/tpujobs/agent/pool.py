@@ -20,6 +20,7 @@ from .basics import AGENT_FAILED, AgentError, log, safe_name
 from .boot_record import AttemptRecord, boot_id, still_running
 from .config import check_config, check_image, check_required, check_timings, read_json_object
 from .containers import Docker, ImageProblem
+from .megascale import key_with_slices
 from .notices import watch_metadata
 from .processes import kill_descendants, signal_group
 from .reports import Reporter
@@ -239,8 +240,15 @@ class PoolAgent:
         self.handled.add(key)
         try:
             config_key_url = str(assignment["config"].get("key_url") or "")
-            attempt_key = fetch_attempt_key(
-                self.metadata, config_key_url, key[0], key[1], self.slice_id, self.worker_id
+            attempt_key, megascale = key_with_slices(
+                lambda address: fetch_attempt_key(
+                    self.metadata, config_key_url, key[0], key[1], self.slice_id, self.worker_id, address
+                ),
+                self.metadata,
+                assignment["config"],
+                self.slice_id,
+                self.worker_id,
+                self.megascale,
             )
         except (AgentError, OSError, http.client.HTTPException) as error:
             log(f"{where} not started: {error}: no report would be believed")
@@ -273,7 +281,7 @@ class PoolAgent:
             echo=self.echo,
             secret_reader=self.secret_reader,
             tokens=self.tokens,
-            megascale=self.megascale,
+            megascale=megascale,
         )
         job = PoolJob(int(assignment["seq"]), key, agent)
         with self._lock:

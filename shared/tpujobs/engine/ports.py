@@ -215,6 +215,9 @@ class MessageRecords(Protocol):
     def remember_report(self, digest: str, message_id: str, job_id: str, attempt: int, now: datetime) -> str:
         """Remember a signed report by its digest; the id of the first message that carried it."""
 
+    def recall_report(self, digest: str) -> str | None:
+        """The id `remember_report` kept first for `digest`; None while none is remembered."""
+
 
 class AttemptLogStore(Protocol):
     """Where each attempt's exported output is."""
@@ -248,6 +251,9 @@ class CapacityStatus:
     # (node, condition) of its nodes in a condition that is often transient: lost past the grace
     suspect_hosts: tuple[tuple[str, str], ...] = ()
     operation: str = ""  # from `request`: the create's long-running operation, if one was made
+    # (host, window start) of its hosts with host maintenance scheduled (Compute Engine's
+    # `upcomingMaintenance`; RFC 3339 as Google says it); the TPU API says none
+    maintenance: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -291,3 +291,26 @@ def test_a_report_of_an_earlier_job_of_the_same_id_is_refused(jobs, tokens):
     jobs.handle(message)
     reason = next(r.reason for r in jobs.store.rejections() if r.message_id == message.message_id)
     assert "earlier job of the same job_id" in reason
+
+
+# -- a multislice's coordinator, where tpujobs names it ---------------------------------------------
+
+
+def test_slice_0_worker_0_names_the_coordinator_every_host_learns_with_its_key(jobs, tokens):
+    """The first host of slice 0 gives its address; until then the others get their key and no
+    coordinator (they ask again); a later address changes nothing; a single slice gets none."""
+    provisioning(jobs, slices=2)
+    other = tokens.vm("s1", jobs, instance="2002", instance_name="t1v-n-0a1b2c3d-w-0")
+    early = ask(jobs, tokens, other, slice_id=1)
+    assert early.status == 200 and early.body["coordinator"] is None
+    first = ask(jobs, tokens, tokens.vm("s0", jobs, instance="1001"), address="10.0.0.5")
+    assert first.status == 200 and first.body["coordinator"] == "10.0.0.5"
+    assert ask(jobs, tokens, other, slice_id=1).body["coordinator"] == "10.0.0.5"
+    assert ask(jobs, tokens, "s0", address="10.9.9.9").body["coordinator"] == "10.0.0.5"  # kept: the first
+    bad = ask(jobs, tokens, "s0", address="10.0.0.5; rm -rf /")
+    assert bad.status == 400 and "address must be an IP address" in bad.body["error"]
+
+
+def test_a_single_slice_key_answer_names_no_coordinator(jobs, tokens):
+    provisioning(jobs)
+    assert "coordinator" not in ask(jobs, tokens, tokens.vm("t1", jobs), address="10.0.0.5").body

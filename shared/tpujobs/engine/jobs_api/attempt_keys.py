@@ -69,9 +69,23 @@ class AttemptKeys:
         created = signing.created_micros(job.created_at)
         key = keys.attempt_key(job.job_id, created, request.attempt)
         log.info("handed the key of %s to instance %s", where, instance)
-        return Response(
-            200, {"key": signing.key_text(key), "key_version": keys.current_version, "job_created": str(created)}
-        )
+        answer: dict[str, str | None] = {
+            "key": signing.key_text(key),
+            "key_version": keys.current_version,
+            "job_created": str(created),
+        }
+        if job.spec.slices > 1:
+            answer["coordinator"] = self._coordinator(job, request)
+        return Response(200, answer)
+
+    def _coordinator(self, job: Job, request: AttemptKeyRequest) -> str | None:
+        """The multislice coordinator's address (worker 0 of slice 0), as that host gave it when it
+        asked for its key; None until then, so the other hosts ask again. The first address
+        given is kept: a second VM cannot move it (it gets no key either)."""
+        register = hashlib.sha256(f"coordinator\n{job.job_id}\n{request.attempt}".encode()).hexdigest()[:40]
+        if (request.slice_id, request.worker_id) == (0, 0) and request.address:
+            return self.store.remember_report(register, request.address, job.job_id, request.attempt, self.clock())
+        return self.store.recall_report(register)
 
     def _refusal(
         self, job: Job | None, request: AttemptKeyRequest, claims: Mapping[str, Any], vm: Mapping[str, Any], caller: str

@@ -7,10 +7,20 @@ names the field. `submit`'s body is a job spec, which `domain.spec` checks.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    model_validator,
+)
 from pydantic_core import ErrorDetails
 
 from tpujobs.domain.pools import MAX_UNITS, POOL_REQUEST_FIELDS
@@ -166,6 +176,13 @@ _POOL_FIELDS: dict[str, Any] = {name: (Any, None) for name in sorted(POOL_REQUES
 PoolCreateRequest = create_model("PoolCreateRequest", __base__=_PoolFields, **_POOL_FIELDS)
 
 
+def _ip_address(value: str) -> str:
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        raise ValueError(f"address must be an IP address, got {value[:64]!r}") from None
+
+
 class AttemptKeyRequest(ApiRequest):
     """`attempt-key`: a host of a job's attempt asks for its key, with its VM's identity token."""
 
@@ -174,6 +191,9 @@ class AttemptKeyRequest(ApiRequest):
     slice_id: Annotated[int, Field(ge=0, le=100_000)]
     worker_id: Annotated[int, Field(ge=0, le=100_000)]
     identity: Annotated[str, Field(min_length=1, max_length=8192)]
+    # A multislice host's own address on the slices' network: worker 0 of slice 0 gives it, and
+    # becomes the coordinator every host's MEGASCALE_COORDINATOR_ADDRESS names (docs/platforms.md).
+    address: Annotated[str, AfterValidator(_ip_address)] | None = None
 
 
 # action -> its model (None: a job spec); the order is the one an unknown action's answer lists.

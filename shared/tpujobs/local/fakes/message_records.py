@@ -40,6 +40,11 @@ class InMemoryMessageRecords(Collections):
             )  # fmt: skip
             return str(first.get("message_id") or message_id)
 
+    def recall_report(self, digest: str) -> str | None:
+        with self._lock:
+            first = self._reports_seen.get(digest) or {}
+            return str(first["message_id"]) if first.get("message_id") else None
+
     def rejections(self, limit: int = 100) -> list[Rejection]:
         """Rejections in document-id order, as a plain listing of the collection returns them."""
         with self._lock:
