@@ -11,6 +11,7 @@ from engine_harness import Engine
 
 from tpujobs.agent.notices import upcoming_window
 from tpujobs.domain.states import JobState
+from tpujobs.local.fakes.capacity import InMemoryCapacity
 from tpujobs.local.testing import inbound, signed
 
 EVENTS = "tpujobs-worker-events"
@@ -77,3 +78,19 @@ def test_an_unsigned_maintenance_report_changes_nothing(jobs):
     jobs.handle(inbound(EVENTS, maintenance(job_id)))
     assert jobs.store.get(job_id).maintenance == ()
     assert len(jobs.store.events(job_id)) == events
+
+
+def test_the_reconciler_announces_maintenance_the_api_shows_once(engine):
+    """Compute Engine's `upcomingMaintenance` on an instance, as the capacity listing shows it."""
+    capacity = InMemoryCapacity(initial_state="ACTIVE")
+    jobs = engine(tpu=capacity)
+    job_id = running(jobs)
+    queued_resource = jobs.store.get(job_id).queued_resource
+    capacity.schedule_maintenance(queued_resource, "train-1-c1-ab12", "2026-12-01T04:00:00Z")
+    jobs.tick()
+    jobs.tick()
+    job = jobs.store.get(job_id)
+    assert job.state is JobState.RUNNING
+    assert [(m.host, m.window_start) for m in job.maintenance] == [("train-1-c1-ab12", "2026-12-01T04:00:00Z")]
+    said = [e.reason for e in jobs.store.events(job_id) if "maintenance" in e.reason]
+    assert len(said) == 1 and "train-1-c1-ab12" in said[0]

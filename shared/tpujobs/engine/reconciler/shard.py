@@ -12,7 +12,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from tpujobs.domain.admission import pool_id
-from tpujobs.domain.job import Job
+from tpujobs.domain.job import Job, ScheduledMaintenance
 from tpujobs.domain.naming import parse_queued_resource_name, parse_unit_queued_resource_name
 from tpujobs.domain.shards import Shard
 from tpujobs.domain.states import QUOTA_EXHAUSTED, EventKind, JobState
@@ -128,6 +128,14 @@ class ShardRun:
             report.observed.append(f"{job.job_id}: {status.state}")
         if not lost and (status.suspect_hosts or job.suspect_hosts):
             self._watch_suspect_hosts(job, status, report)
+        known = {(m.host, m.window_start) for m in job.maintenance}
+        announced = tuple(ScheduledMaintenance(host, start) for host, start in status.maintenance)
+        if not lost and any((m.host, m.window_start) not in known for m in announced):
+            jobs.observe(
+                job.job_id,
+                Observation(EventKind.MAINTENANCE_SCHEDULED, job.attempt, "reconciler", maintenance=announced),
+            )
+            report.observed.append(f"{job.job_id}: host maintenance scheduled")
 
     def _provision_missing(self, job: Job, report: ReconcileReport) -> None:
         """A PROVISIONING job without its queued resource: ask again, within the zone wait.

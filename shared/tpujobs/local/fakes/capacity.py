@@ -66,6 +66,14 @@ class InMemoryCapacity:
             )
             return holding.status
 
+    def schedule_maintenance(self, name: str, host: str, window_start: str) -> CapacityStatus:
+        """Google scheduled maintenance for one host of the holding (its `upcomingMaintenance`)."""
+        with self._lock:
+            holding = self._named(name)
+            announced = (*holding.status.maintenance, (host, window_start))
+            holding.status = dataclasses.replace(holding.status, maintenance=announced)
+            return holding.status
+
     def vanish(self, name: str) -> None:
         """The holding is gone without tpujobs releasing it (deleted by hand, reclaimed)."""
         with self._lock:
