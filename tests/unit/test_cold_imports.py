@@ -19,12 +19,14 @@ PYDANTIC = "pydantic"
 FIRESTORE = "google.cloud.firestore"
 PUBSUB = "google.cloud.pubsub_v1"
 TPU = "google.cloud.tpu_v2"
+COMPUTE = "google.cloud.compute_v1"  # 2.8 s to import here: only a Compute Engine call may pay it
 STORAGE = "google.cloud.storage"
 WATCHED = (
     PYDANTIC,
     FIRESTORE,
     PUBSUB,
     TPU,
+    COMPUTE,
     STORAGE,
     "tpujobs.engine.services",
     "tpujobs.engine.messages",
@@ -76,14 +78,16 @@ def test_building_a_target_loads_only_its_own_clients(builder, needs, never):
 
 
 def test_the_tpu_and_pubsub_clients_are_built_at_their_first_use():
-    """The engine's TPU and Pub/Sub adapters load their libraries when first touched, not before."""
+    """The engine's TPU and Pub/Sub adapters load their libraries when first touched, not before;
+    a TPU API call never loads the Compute Engine client."""
     loaded = loaded_after(
         "from tpujobs.runtime import instances\n"
         "a = instances.adapters()\n"
         "assert 'google.cloud.tpu_v2' not in sys.modules\n"
-        "a.tpu.request, a.publisher.announce"
+        "a.tpu.create_error(''), a.publisher.announce"
     )
     assert {TPU, PUBSUB} <= loaded, loaded
+    assert COMPUTE not in loaded
 
 
 def test_an_adapter_built_on_first_use_is_built_once_whoever_asks():

@@ -131,3 +131,22 @@ def test_every_file_and_module_the_docs_name_exists(document: Path) -> None:
         if parts[1] in LAYERS and len(parts) - module_depth(parts) > 1:  # at most one attribute after the module
             stale.append(name)
     assert not stale, f"{document.name} names what does not exist: {stale}"
+
+
+def test_the_platform_pages_state_table_is_the_codes() -> None:
+    """docs/platforms.md shows every instance status and MIG action with the state and verdict
+    `adapters/compute_states.py` gives it: the one table, said twice, never apart."""
+    from tpujobs.adapters.compute_states import CURRENT_ACTIONS, INSTANCE_STATUSES
+
+    text = (DOCS / "platforms.md").read_text().split("## Capacity states", 1)[1].split("\n## ", 1)[0]
+    rows = {
+        m["name"]: (m["state"], m["host"])
+        for m in re.finditer(r"^\| `(?P<name>\w+)` \| (?P<state>[^|]+?) \| (?P<host>[^|]+?) \|", text, re.M)
+    }
+    assert set(rows) == set(INSTANCE_STATUSES) | set(CURRENT_ACTIONS)
+    for name, meaning in INSTANCE_STATUSES.items():
+        assert rows[name] == (meaning.state, meaning.verdict), name
+    for name, action in CURRENT_ACTIONS.items():
+        assert rows[name] == ((action.state, action.verdict) if action else ("(the instance status decides)", "-")), (
+            name
+        )

@@ -29,6 +29,7 @@ from tpujobs.local.simulator import (
 )
 from tpujobs.local.simulator.metadata import MetadataService, lookup, metadata_url, tpu_env
 from tpujobs.local.simulator.model import compute_default_account, project_number
+from tpujobs.local.testing import SecondsClock
 
 PROJECT = "proj"
 ZONE = "us-central2-b"
@@ -40,19 +41,6 @@ QUICK = SimulatorConfig(
     suspending_seconds=1.0,
     deleting_seconds=1.0,
 )
-
-
-class FakeClock:
-    """A clock that moves only when told to."""
-
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def tick(self, seconds: float) -> None:
-        self.now += seconds
 
 
 def one_slice(node_id: str = "node", accelerator_type: str = "v4-8") -> QueuedResourceRequest:
@@ -75,11 +63,11 @@ def multislice(prefix: str, count: int, accelerator_type: str = "v4-8") -> Queue
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
+def clock() -> SecondsClock:
+    return SecondsClock()
 
 
-def simulator(clock: FakeClock, config: SimulatorConfig = QUICK, store: StateStore | None = None) -> Simulator:
+def simulator(clock: SecondsClock, config: SimulatorConfig = QUICK, store: StateStore | None = None) -> Simulator:
     return Simulator(config, clock=clock, wall_clock=lambda: 1_700_000_000.0, store=store)
 
 
@@ -88,7 +76,7 @@ def state_of(sim: Simulator, qr_id: str, zone: str = ZONE) -> QrState:
 
 
 def test_queued_resource_goes_from_accepted_through_waiting_and_provisioning_to_active(
-    clock: FakeClock,
+    clock: SecondsClock,
 ) -> None:
     """A QR is ACCEPTED, waits waiting_seconds, provisions for provisioning_seconds, then is ACTIVE."""
     sim = simulator(clock)
@@ -109,7 +97,7 @@ def test_queued_resource_goes_from_accepted_through_waiting_and_provisioning_to_
     assert (active.state, active.initiator) == (QrState.ACTIVE, Initiator.USER)
 
 
-def test_create_operation_stays_running_until_accept_seconds_pass(clock: FakeClock) -> None:
+def test_create_operation_stays_running_until_accept_seconds_pass(clock: SecondsClock) -> None:
     """The create operation completes only once the QR is accepted."""
     sim = simulator(clock, dataclasses.replace(QUICK, accept_seconds=5.0))
     operation = sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice())
@@ -121,7 +109,7 @@ def test_create_operation_stays_running_until_accept_seconds_pass(clock: FakeClo
 
 
 def test_nodes_appear_creating_while_provisioning_and_turn_ready_when_active(
-    clock: FakeClock,
+    clock: SecondsClock,
 ) -> None:
     """Nodes exist from PROVISIONING on, CREATING, and are READY once the QR is ACTIVE."""
     sim = simulator(clock)
@@ -147,7 +135,9 @@ def test_nodes_appear_creating_while_provisioning_and_turn_ready_when_active(
         ("v6e-4", 1),
     ],
 )
-def test_a_node_has_one_network_endpoint_per_worker_host(clock: FakeClock, accelerator_type: str, hosts: int) -> None:
+def test_a_node_has_one_network_endpoint_per_worker_host(
+    clock: SecondsClock, accelerator_type: str, hosts: int
+) -> None:
     """Each node gets as many distinct worker addresses as its accelerator type has hosts."""
     sim = simulator(clock)
     sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice("n", accelerator_type))
@@ -157,7 +147,7 @@ def test_a_node_has_one_network_endpoint_per_worker_host(clock: FakeClock, accel
     assert len(set(addresses)) == hosts
 
 
-def test_multislice_makes_one_node_per_slice_named_prefix_dash_index(clock: FakeClock) -> None:
+def test_multislice_makes_one_node_per_slice_named_prefix_dash_index(clock: SecondsClock) -> None:
     """multisliceParams nodeCount 3 and nodeIdPrefix p give nodes p-0, p-1, p-2."""
     sim = simulator(clock)
     sim.create_queued_resource(PROJECT, ZONE, "qr", multislice("p", 3, "v4-16"))
@@ -168,7 +158,7 @@ def test_multislice_makes_one_node_per_slice_named_prefix_dash_index(clock: Fake
     assert len({a for n in nodes for a in n.host_addresses}) == 6
 
 
-def test_waiting_queued_resources_get_capacity_first_come_first_served(clock: FakeClock) -> None:
+def test_waiting_queued_resources_get_capacity_first_come_first_served(clock: SecondsClock) -> None:
     """With 8 v4 chips, a later small QR waits behind an earlier big one even when it would fit."""
     sim = simulator(clock, dataclasses.replace(QUICK, capacity={f"v4@{ZONE}": 8}))
     sim.create_queued_resource(PROJECT, ZONE, "first", one_slice("a", "v4-8"))  # 4 chips
@@ -187,7 +177,7 @@ def test_waiting_queued_resources_get_capacity_first_come_first_served(clock: Fa
     assert state_of(sim, "small") is QrState.WAITING_FOR_RESOURCES
 
 
-def test_deleting_a_queued_resource_frees_its_chips_for_the_next_in_line(clock: FakeClock) -> None:
+def test_deleting_a_queued_resource_frees_its_chips_for_the_next_in_line(clock: SecondsClock) -> None:
     """The waiting QR starts provisioning at the moment the holder is gone, not at the next call."""
     sim = simulator(clock, dataclasses.replace(QUICK, capacity={f"v4@{ZONE}": 4}))
     sim.create_queued_resource(PROJECT, ZONE, "holder", one_slice("a"))
@@ -201,7 +191,7 @@ def test_deleting_a_queued_resource_frees_its_chips_for_the_next_in_line(clock: 
     assert missing.value.code is Code.NOT_FOUND
 
 
-def test_capacity_pools_are_per_family_and_zone(clock: FakeClock) -> None:
+def test_capacity_pools_are_per_family_and_zone(clock: SecondsClock) -> None:
     """A full v4 pool in one zone holds back neither another zone nor another family."""
     sim = simulator(clock, dataclasses.replace(QUICK, capacity={f"v4@{ZONE}": 0}))
     sim.create_queued_resource(PROJECT, ZONE, "starved", one_slice("a", "v4-8"))
@@ -213,7 +203,7 @@ def test_capacity_pools_are_per_family_and_zone(clock: FakeClock) -> None:
     assert state_of(sim, "lite") is QrState.ACTIVE
 
 
-def test_a_multislice_request_needs_the_chips_of_every_slice(clock: FakeClock) -> None:
+def test_a_multislice_request_needs_the_chips_of_every_slice(clock: SecondsClock) -> None:
     """Two v4-8 slices want 8 chips, so 7 free chips are not enough and 8 are."""
     sim = simulator(clock, dataclasses.replace(QUICK, capacity={f"v4@{ZONE}": 7}))
     sim.create_queued_resource(PROJECT, ZONE, "qr", multislice("s", 2))
@@ -223,7 +213,7 @@ def test_a_multislice_request_needs_the_chips_of_every_slice(clock: FakeClock) -
     assert state_of(sim, "qr") is QrState.PROVISIONING
 
 
-def test_preempt_suspends_the_queued_resource_and_preempts_its_nodes(clock: FakeClock) -> None:
+def test_preempt_suspends_the_queued_resource_and_preempts_its_nodes(clock: SecondsClock) -> None:
     """preempt(): QR SUSPENDING by the SERVICE, nodes PREEMPTED, then SUSPENDED; its chips
     stay held (against the quota) until it is deleted, as real SUSPENDED resources hold them."""
     sim = simulator(clock, dataclasses.replace(QUICK, capacity={f"v4@{ZONE}": 4}))
@@ -249,7 +239,7 @@ def test_preempt_suspends_the_queued_resource_and_preempts_its_nodes(clock: Fake
     assert state_of(sim, "next") is QrState.PROVISIONING
 
 
-def test_a_failed_queued_resource_holds_its_chips_until_it_is_deleted(clock: FakeClock) -> None:
+def test_a_failed_queued_resource_holds_its_chips_until_it_is_deleted(clock: SecondsClock) -> None:
     """fail() of an ACTIVE QR keeps its chips taken; the next in line provisions only once it is gone."""
     sim = simulator(clock, dataclasses.replace(QUICK, capacity={f"v4@{ZONE}": 4}))
     sim.create_queued_resource(PROJECT, ZONE, "broken", one_slice("a"))
@@ -265,7 +255,7 @@ def test_a_failed_queued_resource_holds_its_chips_until_it_is_deleted(clock: Fak
     assert state_of(sim, "next") is QrState.PROVISIONING
 
 
-def test_only_provisioning_or_active_queued_resources_can_be_preempted(clock: FakeClock) -> None:
+def test_only_provisioning_or_active_queued_resources_can_be_preempted(clock: SecondsClock) -> None:
     """Preempting a QR that holds no TPUs yet is FAILED_PRECONDITION."""
     sim = simulator(clock)
     sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice())
@@ -275,7 +265,7 @@ def test_only_provisioning_or_active_queued_resources_can_be_preempted(clock: Fa
 
 
 def test_fail_marks_the_queued_resource_failed_with_the_error_and_removes_its_nodes(
-    clock: FakeClock,
+    clock: SecondsClock,
 ) -> None:
     """fail(): FAILED by the SERVICE, failed_data carries the message, nodes gone, hooks told."""
     sim = simulator(clock)
@@ -291,7 +281,7 @@ def test_fail_marks_the_queued_resource_failed_with_the_error_and_removes_its_no
     assert [r.qr_id for r in stopped] == ["qr"]
 
 
-def test_failing_before_acceptance_fails_the_create_operation(clock: FakeClock) -> None:
+def test_failing_before_acceptance_fails_the_create_operation(clock: SecondsClock) -> None:
     """A QR that fails while CREATING ends its create operation with the error."""
     sim = simulator(clock, dataclasses.replace(QUICK, accept_seconds=10.0))
     operation = sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice())
@@ -305,7 +295,7 @@ def test_failing_before_acceptance_fails_the_create_operation(clock: FakeClock) 
 
 
 def test_deleting_without_force_is_refused_while_the_queued_resource_has_nodes(
-    clock: FakeClock,
+    clock: SecondsClock,
 ) -> None:
     """An ACTIVE QR is deleted only with force, as the real API insists."""
     sim = simulator(clock)
@@ -318,7 +308,7 @@ def test_deleting_without_force_is_refused_while_the_queued_resource_has_nodes(
 
 
 def test_deleting_goes_through_deleting_and_completes_the_operation_when_gone(
-    clock: FakeClock,
+    clock: SecondsClock,
 ) -> None:
     """DELETING for deleting_seconds; then the QR and its nodes are gone and the operation done."""
     sim = simulator(clock)
@@ -338,7 +328,7 @@ def test_deleting_goes_through_deleting_and_completes_the_operation_when_gone(
     assert sim.list_queued_resources(PROJECT, ZONE).items == ()
 
 
-def test_a_waiting_queued_resource_can_be_deleted_without_force(clock: FakeClock) -> None:
+def test_a_waiting_queued_resource_can_be_deleted_without_force(clock: SecondsClock) -> None:
     """A QR with no nodes yet needs no force to delete."""
     sim = simulator(clock, dataclasses.replace(QUICK, capacity={f"v4@{ZONE}": 0}))
     sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice())
@@ -348,7 +338,7 @@ def test_a_waiting_queued_resource_can_be_deleted_without_force(clock: FakeClock
 
 
 def test_on_active_hooks_fire_once_when_time_alone_makes_a_queued_resource_active(
-    clock: FakeClock,
+    clock: SecondsClock,
 ) -> None:
     """advance() with no API call runs on_active with the ACTIVE record, exactly once."""
     sim = simulator(clock)
@@ -362,7 +352,7 @@ def test_on_active_hooks_fire_once_when_time_alone_makes_a_queued_resource_activ
     assert [n.node_id for n in sim.nodes_of(active[0])] == ["n"]
 
 
-def test_a_hook_that_raises_does_not_stop_the_simulator(clock: FakeClock) -> None:
+def test_a_hook_that_raises_does_not_stop_the_simulator(clock: SecondsClock) -> None:
     """A broken hook is logged; the transition stands and later hooks still run."""
     sim = simulator(clock)
     seen: list[str] = []
@@ -377,7 +367,7 @@ def test_a_hook_that_raises_does_not_stop_the_simulator(clock: FakeClock) -> Non
     assert seen == ["qr"]
 
 
-def test_creating_an_existing_queued_resource_is_already_exists(clock: FakeClock) -> None:
+def test_creating_an_existing_queued_resource_is_already_exists(clock: SecondsClock) -> None:
     """The same id twice in a zone is ALREADY_EXISTS; so is a node id another QR uses."""
     sim = simulator(clock)
     sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice("n"))
@@ -388,7 +378,7 @@ def test_creating_an_existing_queued_resource_is_already_exists(clock: FakeClock
 
 
 @pytest.mark.parametrize("bad_id", ["", "Upper", "1st", "trailing-", "under_score", "a" * 64, "nl\n"])
-def test_ids_the_tpu_api_refuses_are_invalid_argument(clock: FakeClock, bad_id: str) -> None:
+def test_ids_the_tpu_api_refuses_are_invalid_argument(clock: SecondsClock, bad_id: str) -> None:
     """QR and node ids must match ^[a-z]([-a-z0-9]*[a-z0-9])?$ and be at most 63 characters."""
     sim = simulator(clock)
     for qr_id, request in ((bad_id, one_slice()), ("qr", one_slice(bad_id))):
@@ -398,7 +388,7 @@ def test_ids_the_tpu_api_refuses_are_invalid_argument(clock: FakeClock, bad_id: 
 
 
 @pytest.mark.parametrize("good_id", ["a", "a" * 63, "job-1-attempt-2"])
-def test_ids_the_tpu_api_accepts_are_accepted(clock: FakeClock, good_id: str) -> None:
+def test_ids_the_tpu_api_accepts_are_accepted(clock: SecondsClock, good_id: str) -> None:
     """Lowercase letters, digits and inner hyphens up to 63 characters are fine."""
     sim = simulator(clock)
     sim.create_queued_resource(PROJECT, ZONE, good_id, one_slice(good_id))
@@ -406,7 +396,7 @@ def test_ids_the_tpu_api_accepts_are_accepted(clock: FakeClock, good_id: str) ->
 
 
 @pytest.mark.parametrize("accelerator_type", ["v4-7", "v9-8", "tpu", ""])
-def test_an_unknown_accelerator_type_is_invalid_argument(clock: FakeClock, accelerator_type: str) -> None:
+def test_an_unknown_accelerator_type_is_invalid_argument(clock: SecondsClock, accelerator_type: str) -> None:
     """Accelerator types the API does not offer are refused at create."""
     sim = simulator(clock)
     with pytest.raises(SimulatorError) as refused:
@@ -414,7 +404,7 @@ def test_an_unknown_accelerator_type_is_invalid_argument(clock: FakeClock, accel
     assert refused.value.code is Code.INVALID_ARGUMENT
 
 
-def test_list_pages_by_name_with_tokens(clock: FakeClock) -> None:
+def test_list_pages_by_name_with_tokens(clock: SecondsClock) -> None:
     """page_size 2 over five QRs gives pages of 2, 2 and 1, the last without a token."""
     sim = simulator(clock)
     for i in range(5):
@@ -433,7 +423,7 @@ def test_list_pages_by_name_with_tokens(clock: FakeClock) -> None:
     assert bad_token.value.code is Code.INVALID_ARGUMENT
 
 
-def test_listing_zone_dash_lists_every_zone(clock: FakeClock) -> None:
+def test_listing_zone_dash_lists_every_zone(clock: SecondsClock) -> None:
     """locations/- covers all zones of the project, as in the real API."""
     sim = simulator(clock)
     sim.create_queued_resource(PROJECT, ZONE, "a", one_slice("a"))
@@ -442,7 +432,7 @@ def test_listing_zone_dash_lists_every_zone(clock: FakeClock) -> None:
     assert [qr.qr_id for qr in sim.list_queued_resources(PROJECT, "-").items] == ["b", "a"]
 
 
-def test_state_file_round_trip_keeps_resources_and_remaining_delays(clock: FakeClock, tmp_path: Path) -> None:
+def test_state_file_round_trip_keeps_resources_and_remaining_delays(clock: SecondsClock, tmp_path: Path) -> None:
     """A new simulator on the saved file resumes mid-provisioning, even with another clock base."""
     path = tmp_path / "state.json"
     first = simulator(clock, store=JsonStateFile(path))
@@ -451,7 +441,7 @@ def test_state_file_round_trip_keeps_resources_and_remaining_delays(clock: FakeC
     assert state_of(first, "qr") is QrState.PROVISIONING
     addresses = first.get_node(PROJECT, ZONE, "n").host_addresses
 
-    later = FakeClock(50_000.0)
+    later = SecondsClock(50_000.0)
     second = simulator(later, store=JsonStateFile(path))
     assert state_of(second, "qr") is QrState.PROVISIONING
     assert second.get_node(PROJECT, ZONE, "n").host_addresses == addresses
@@ -462,7 +452,7 @@ def test_state_file_round_trip_keeps_resources_and_remaining_delays(clock: FakeC
     assert not set(second.get_node(PROJECT, ZONE, "m").host_addresses) & set(addresses)
 
 
-def test_api_error_rate_one_always_injects_and_zero_never(clock: FakeClock) -> None:
+def test_api_error_rate_one_always_injects_and_zero_never(clock: SecondsClock) -> None:
     """At rate 1 every roll raises one of the configured codes; at rate 0 none does."""
     sim = simulator(clock, dataclasses.replace(QUICK, api_error_rate=1.0, seed=7))
     codes = set()
@@ -476,7 +466,7 @@ def test_api_error_rate_one_always_injects_and_zero_never(clock: FakeClock) -> N
         sim.roll_for_fault()
 
 
-def test_injected_faults_repeat_with_the_same_seed(clock: FakeClock) -> None:
+def test_injected_faults_repeat_with_the_same_seed(clock: SecondsClock) -> None:
     """Two simulators with one seed inject the same faults in the same order."""
 
     def faults(sim: Simulator) -> list[Code | None]:
@@ -514,7 +504,7 @@ def test_config_changes_that_make_no_sense_are_refused(changes: dict[str, object
 
 
 def test_kill_host_puts_the_node_in_repair_silently_and_keeps_the_queued_resource_active(
-    clock: FakeClock,
+    clock: SecondsClock,
 ) -> None:
     """kill_host(): node REPAIRING with the worker recorded, QR ACTIVE, not preempted, hook told."""
     sim = simulator(clock)
@@ -538,7 +528,7 @@ def test_kill_host_puts_the_node_in_repair_silently_and_keeps_the_queued_resourc
     [(2, 0, Code.INVALID_ARGUMENT), (0, 2, Code.INVALID_ARGUMENT), (-1, 0, Code.INVALID_ARGUMENT)],
 )
 def test_kill_host_of_a_host_that_does_not_exist_is_refused(
-    clock: FakeClock, slice_index: int, worker: int, code: Code
+    clock: SecondsClock, slice_index: int, worker: int, code: Code
 ) -> None:
     """A slice or worker index outside the QR's nodes and hosts is INVALID_ARGUMENT."""
     sim = simulator(clock)
@@ -549,7 +539,7 @@ def test_kill_host_of_a_host_that_does_not_exist_is_refused(
     assert refused.value.code is code
 
 
-def test_kill_host_needs_an_active_queued_resource(clock: FakeClock) -> None:
+def test_kill_host_needs_an_active_queued_resource(clock: SecondsClock) -> None:
     """While PROVISIONING no worker runs yet, so kill_host is FAILED_PRECONDITION."""
     sim = simulator(clock)
     sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice())
@@ -560,7 +550,7 @@ def test_kill_host_needs_an_active_queued_resource(clock: FakeClock) -> None:
     assert refused.value.code is Code.FAILED_PRECONDITION
 
 
-def test_state_file_keeps_preemption_and_failed_hosts(clock: FakeClock, tmp_path: Path) -> None:
+def test_state_file_keeps_preemption_and_failed_hosts(clock: SecondsClock, tmp_path: Path) -> None:
     """A preempted node stays preempted and a repaired one keeps its failed workers after a reload."""
     path = tmp_path / "state.json"
     first = simulator(clock, store=JsonStateFile(path))
@@ -580,7 +570,9 @@ def test_state_file_keeps_preemption_and_failed_hosts(clock: FakeClock, tmp_path
 SCRIPT = "#!/bin/bash\necho hi\n"
 
 
-def active_node(clock: FakeClock, accelerator_type: str = "v4-16", spot: bool = False) -> tuple[Simulator, NodeRecord]:
+def active_node(
+    clock: SecondsClock, accelerator_type: str = "v4-16", spot: bool = False
+) -> tuple[Simulator, NodeRecord]:
     """A simulator with one ACTIVE node "n" whose metadata holds a startup script."""
     sim = simulator(clock)
     request = QueuedResourceRequest(
@@ -600,7 +592,7 @@ def active_node(clock: FakeClock, accelerator_type: str = "v4-16", spot: bool = 
 
 
 def test_tpu_env_names_the_accelerator_node_worker_zone_and_preemptibility(
-    clock: FakeClock,
+    clock: SecondsClock,
 ) -> None:
     """tpu-env is sorted KEY: 'value' lines, as on a TPU VM, for the asked worker."""
     _, node = active_node(clock, spot=True)
@@ -631,7 +623,7 @@ def test_tpu_env_names_the_accelerator_node_worker_zone_and_preemptibility(
         ("instance/zone", f"projects/{PROJECT}/zones/{ZONE}"),
     ],
 )
-def test_metadata_answers_each_path_for_its_worker(clock: FakeClock, key: str, body: str) -> None:
+def test_metadata_answers_each_path_for_its_worker(clock: SecondsClock, key: str, body: str) -> None:
     """Each served path answers 200 with the worker's own value as text."""
     _, node = active_node(clock)
     reply = lookup(node, 1, key)
@@ -642,7 +634,7 @@ def test_metadata_answers_each_path_for_its_worker(clock: FakeClock, key: str, b
     )
 
 
-def test_metadata_says_preempted_true_once_the_node_is_preempted(clock: FakeClock) -> None:
+def test_metadata_says_preempted_true_once_the_node_is_preempted(clock: SecondsClock) -> None:
     """instance/preempted turns from FALSE to TRUE with preempt(), and the ETag changes with it."""
     sim, node = active_node(clock, spot=True)
     before = lookup(node, 0, "instance/preempted")
@@ -653,7 +645,7 @@ def test_metadata_says_preempted_true_once_the_node_is_preempted(clock: FakeCloc
 
 
 def test_metadata_token_is_a_bearer_token_and_unknown_paths_are_not_found(
-    clock: FakeClock,
+    clock: SecondsClock,
 ) -> None:
     """The default service account token is JSON naming the account; a path GCE would not serve is 404."""
     _, node = active_node(clock)
@@ -667,7 +659,7 @@ def test_metadata_token_is_a_bearer_token_and_unknown_paths_are_not_found(
     assert lookup(node, 0, "instance/attributes/nothing").status == 404
 
 
-def test_a_node_runs_as_the_account_its_create_request_names(clock: FakeClock) -> None:
+def test_a_node_runs_as_the_account_its_create_request_names(clock: SecondsClock) -> None:
     """serviceAccount.email of the node template is served as the account's email and in its token."""
     sim = simulator(clock)
     account = f"team-a@{PROJECT}.iam.gserviceaccount.com"
@@ -693,7 +685,7 @@ def test_a_node_runs_as_the_account_its_create_request_names(clock: FakeClock) -
 
 @pytest.mark.parametrize("template", [{}, {"serviceAccount": {"email": "default"}}, {"serviceAccount": {}}])
 def test_a_node_without_an_account_runs_as_the_compute_default_as_on_gce(
-    clock: FakeClock, template: dict[str, Any]
+    clock: SecondsClock, template: dict[str, Any]
 ) -> None:
     """No email, or "default": {project number}-compute@developer.gserviceaccount.com, stable per project."""
     sim = simulator(clock)
@@ -706,7 +698,7 @@ def test_a_node_without_an_account_runs_as_the_compute_default_as_on_gce(
 
 
 def test_metadata_service_requires_the_flavor_header_and_an_existing_worker(
-    clock: FakeClock,
+    clock: SecondsClock,
 ) -> None:
     """No Metadata-Flavor: Google is 403; a worker or node that does not exist is 404."""
     sim, _ = active_node(clock)
@@ -721,7 +713,7 @@ def test_metadata_service_requires_the_flavor_header_and_an_existing_worker(
     assert service.answer(path.replace("/n/", "/m/"), {}, flavor).status == 404
 
 
-def test_metadata_wait_for_change_returns_at_once_when_the_etag_is_stale(clock: FakeClock) -> None:
+def test_metadata_wait_for_change_returns_at_once_when_the_etag_is_stale(clock: SecondsClock) -> None:
     """wait_for_change with a last_etag other than the current value's answers without waiting."""
     sim, _ = active_node(clock)
     service = MetadataService(sim.get_node)
@@ -806,7 +798,7 @@ def test_a_429_is_a_rate_limit_unless_it_is_a_quota_as_error_reason_proto_descri
     assert parsed[1].violations[0].quota_id == violation["quotaId"]
 
 
-def test_planned_errors_hit_only_their_method_in_order_and_then_stop(clock: FakeClock) -> None:
+def test_planned_errors_hit_only_their_method_in_order_and_then_stop(clock: SecondsClock) -> None:
     """Two planned create errors answer the next two creates; get, list and operations are untouched."""
     sim = simulator(clock)
     sim.inject_errors("create", Fault.parse("UNAVAILABLE"), count=2)
@@ -821,7 +813,7 @@ def test_planned_errors_hit_only_their_method_in_order_and_then_stop(clock: Fake
     ]
 
 
-def test_planned_faults_can_be_listed_and_cleared(clock: FakeClock) -> None:
+def test_planned_faults_can_be_listed_and_cleared(clock: SecondsClock) -> None:
     """faults() shows what is planned; clear_faults() forgets errors and the no-boot budget."""
     sim = simulator(clock)
     sim.inject_errors("delete", Fault.parse(504, applied=True))
@@ -840,7 +832,7 @@ def test_planned_faults_can_be_listed_and_cleared(clock: FakeClock) -> None:
 
 @pytest.mark.parametrize(("method", "count"), [("patch", 1), ("get", 0)])
 def test_planning_an_error_for_no_method_or_no_call_is_invalid_argument(
-    clock: FakeClock, method: str, count: int
+    clock: SecondsClock, method: str, count: int
 ) -> None:
     sim = simulator(clock)
     with pytest.raises(SimulatorError) as refused:
@@ -848,7 +840,7 @@ def test_planning_an_error_for_no_method_or_no_call_is_invalid_argument(
     assert refused.value.code is Code.INVALID_ARGUMENT
 
 
-def test_random_errors_may_be_any_status_or_code(clock: FakeClock) -> None:
+def test_random_errors_may_be_any_status_or_code(clock: SecondsClock) -> None:
     """api_error_codes takes HTTP statuses and code names alike; the dice pick only from them."""
     config = SimulatorConfig().updated({"api_error_rate": 1, "api_error_codes": ["DATA_LOSS", "504"]})
     assert config.api_error_codes == ("DATA_LOSS", 504)
@@ -863,7 +855,7 @@ def test_random_errors_may_be_any_status_or_code(clock: FakeClock) -> None:
 
 
 def test_the_next_queued_resources_after_no_boot_get_hosts_that_never_boot(
-    clock: FakeClock,
+    clock: SecondsClock,
 ) -> None:
     """no_boot(2): the next two QRs created have hosts_boot False, the third boots as usual; all go ACTIVE."""
     sim = simulator(clock)
@@ -883,7 +875,7 @@ def test_the_next_queued_resources_after_no_boot_get_hosts_that_never_boot(
     assert sim.faults()["noBoot"] == 0
 
 
-def test_no_boot_of_one_queued_resource_works_until_it_is_active(clock: FakeClock) -> None:
+def test_no_boot_of_one_queued_resource_works_until_it_is_active(clock: SecondsClock) -> None:
     """A waiting QR can be made never to boot; an ACTIVE one already booted: FAILED_PRECONDITION."""
     sim = simulator(clock)
     sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice())
@@ -901,7 +893,7 @@ def host_events(sim: Simulator) -> list[tuple[str, int, tuple[int, ...], str]]:
     return events
 
 
-def test_reboot_resets_the_hosts_shows_restarting_then_boots_them_again(clock: FakeClock) -> None:
+def test_reboot_resets_the_hosts_shows_restarting_then_boots_them_again(clock: SecondsClock) -> None:
     """reboot(worker=1): RESET of that host now, node RESTARTING; reboot_seconds later READY and BOOT."""
     sim = simulator(clock, dataclasses.replace(QUICK, reboot_seconds=2.0))
     events = host_events(sim)
@@ -920,7 +912,7 @@ def test_reboot_resets_the_hosts_shows_restarting_then_boots_them_again(clock: F
     assert state_of(sim, "qr") is QrState.ACTIVE
 
 
-def test_reboot_of_every_host_and_of_hosts_that_do_not_exist(clock: FakeClock) -> None:
+def test_reboot_of_every_host_and_of_hosts_that_do_not_exist(clock: SecondsClock) -> None:
     """No slice and no worker: every host of every node; a worker beyond the node is INVALID_ARGUMENT."""
     sim = simulator(clock)
     events = host_events(sim)
@@ -934,7 +926,7 @@ def test_reboot_of_every_host_and_of_hosts_that_do_not_exist(clock: FakeClock) -
 
 
 def test_a_reboot_pending_when_the_queued_resource_is_preempted_never_boots(
-    clock: FakeClock,
+    clock: SecondsClock,
 ) -> None:
     """Preemption settles the node (PREEMPTED, no timer): nothing boots later."""
     sim = simulator(clock, dataclasses.replace(QUICK, reboot_seconds=2.0))
@@ -950,7 +942,7 @@ def test_a_reboot_pending_when_the_queued_resource_is_preempted_never_boots(
 
 
 def test_maintenance_is_announced_then_takes_the_hosts_down_then_brings_them_back(
-    clock: FakeClock,
+    clock: SecondsClock,
 ) -> None:
     """The event says TERMINATE_ON_HOST_MAINTENANCE at once; after the notice the node is REPAIRING,
     UNHEALTHY_MAINTENANCE and its hosts SHUTDOWN; after maintenance_seconds READY, NONE, BOOT."""
@@ -979,7 +971,7 @@ def test_maintenance_is_announced_then_takes_the_hosts_down_then_brings_them_bac
 
 
 def test_maintenance_notice_can_be_given_per_call_and_needs_an_active_queued_resource(
-    clock: FakeClock,
+    clock: SecondsClock,
 ) -> None:
     """notice_seconds=0 takes the hosts down at the next step; a PROVISIONING QR is refused."""
     sim = simulator(clock)
@@ -996,7 +988,7 @@ def test_maintenance_notice_can_be_given_per_call_and_needs_an_active_queued_res
 
 
 def test_node_health_and_state_show_what_they_are_told_and_nothing_else_changes(
-    clock: FakeClock,
+    clock: SecondsClock,
 ) -> None:
     """set_node_health(TIMEOUT) and set_node_state(UNKNOWN) on one slice; the QR stays ACTIVE, no hooks."""
     sim = simulator(clock)
@@ -1022,7 +1014,7 @@ def test_node_health_and_state_show_what_they_are_told_and_nothing_else_changes(
         assert refused.value.code is Code.INVALID_ARGUMENT
 
 
-def test_lists_without_a_page_size_use_the_default_page_size(clock: FakeClock) -> None:
+def test_lists_without_a_page_size_use_the_default_page_size(clock: SecondsClock) -> None:
     """default_page_size 2: five QRs come two to a page unless the caller names a page size."""
     sim = simulator(clock, dataclasses.replace(QUICK, default_page_size=2))
     for i in range(5):
@@ -1032,21 +1024,21 @@ def test_lists_without_a_page_size_use_the_default_page_size(clock: FakeClock) -
     assert len(sim.list_queued_resources(PROJECT, ZONE, page_size=10).items) == 5
 
 
-def test_a_reboot_under_way_survives_a_reload_of_the_state_file(clock: FakeClock, tmp_path: Path) -> None:
+def test_a_reboot_under_way_survives_a_reload_of_the_state_file(clock: SecondsClock, tmp_path: Path) -> None:
     """A node RESTARTING when the simulator stops is READY on time after a reload elsewhere in time."""
     path = tmp_path / "state.json"
     first = simulator(clock, dataclasses.replace(QUICK, reboot_seconds=2.0), store=JsonStateFile(path))
     first.create_queued_resource(PROJECT, ZONE, "qr", one_slice("n"))
     clock.tick(3.0)
     first.reboot("qr")
-    later = FakeClock(90_000.0)
+    later = SecondsClock(90_000.0)
     second = simulator(later, dataclasses.replace(QUICK, reboot_seconds=2.0), store=JsonStateFile(path))
     assert second.get_node(PROJECT, ZONE, "n").state is NodeState.RESTARTING
     later.tick(2.0)
     assert second.get_node(PROJECT, ZONE, "n").state is NodeState.READY
 
 
-def test_multislice_nodes_carry_megascale_keys_in_tpu_env(clock: FakeClock) -> None:
+def test_multislice_nodes_carry_megascale_keys_in_tpu_env(clock: SecondsClock) -> None:
     """Each slice of 3: MEGASCALE_SLICE_ID its index, NUM_SLICES 3, the coordinator worker 0 of slice 0."""
     sim = simulator(clock)
     sim.create_queued_resource(PROJECT, ZONE, "qr", multislice("s", 3, "v4-16"))
@@ -1071,7 +1063,7 @@ def with_template(template: dict[str, Any], accelerator_type: str = "v4-8") -> Q
     )
 
 
-def test_vm_options_that_fit_the_zone_are_kept_on_every_node(clock: FakeClock) -> None:
+def test_vm_options_that_fit_the_zone_are_kept_on_every_node(clock: SecondsClock) -> None:
     """A network path, a subnetwork of the zone's region, tags and a disk of the zone are queued
     and carried by the node's template."""
     template = {
@@ -1122,7 +1114,7 @@ def test_vm_options_that_fit_the_zone_are_kept_on_every_node(clock: FakeClock) -
     ],
 )
 def test_vm_options_the_api_refuses_are_invalid_argument_naming_the_field(
-    clock: FakeClock, template: dict[str, Any], accelerator_type: str, words: str
+    clock: SecondsClock, template: dict[str, Any], accelerator_type: str, words: str
 ) -> None:
     """Each refusal is INVALID_ARGUMENT with a BadRequest detail, and nothing is queued."""
     sim = simulator(clock)

@@ -24,6 +24,7 @@ from tpujobs.local.simulator import (
 )
 from tpujobs.local.simulator.metadata import MetadataReply, MetadataService, lookup, metadata_url
 from tpujobs.local.simulator.server import SimulatorApi
+from tpujobs.local.testing import SecondsClock
 
 PROJECT = "proj"
 ZONE = "us-central2-b"
@@ -34,29 +35,16 @@ ASSIGNMENT = "instance/attributes/tpujobs-assignment"
 FLAVOR = {"Metadata-Flavor": "Google"}
 
 
-class FakeClock:
-    """A clock that moves only when told to."""
-
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def tick(self, seconds: float) -> None:
-        self.now += seconds
-
-
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
+def clock() -> SecondsClock:
+    return SecondsClock()
 
 
-def simulator(clock: FakeClock, store: StateStore | None = None) -> Simulator:
+def simulator(clock: SecondsClock, store: StateStore | None = None) -> Simulator:
     return Simulator(QUICK, clock=clock, wall_clock=lambda: 1_700_000_000.0, store=store)
 
 
-def unit(sim: Simulator, clock: FakeClock, qr_id: str = "demo-u0-g1", *, active: bool = True) -> None:
+def unit(sim: Simulator, clock: SecondsClock, qr_id: str = "demo-u0-g1", *, active: bool = True) -> None:
     """A one-slice QR with node `qr_id`, labelled and booted as a pool unit; ACTIVE unless told."""
     template = {
         "metadata": dict(BOOT_METADATA),
@@ -78,7 +66,7 @@ def refusal(call: Any) -> SimulatorError:
     return raised.value
 
 
-def test_update_with_a_metadata_mask_replaces_the_whole_map_and_leaves_the_rest(clock: FakeClock) -> None:
+def test_update_with_a_metadata_mask_replaces_the_whole_map_and_leaves_the_rest(clock: SecondsClock) -> None:
     """metadata named in the mask is replaced, not merged; labels, description and tags stay."""
     sim = simulator(clock)
     unit(sim, clock)
@@ -96,7 +84,7 @@ def test_update_with_a_metadata_mask_replaces_the_whole_map_and_leaves_the_rest(
     assert sim.get_operation(PROJECT, ZONE, operation.operation_id).node == node
 
 
-def test_each_supported_field_is_updated_and_a_named_field_left_out_is_cleared(clock: FakeClock) -> None:
+def test_each_supported_field_is_updated_and_a_named_field_left_out_is_cleared(clock: SecondsClock) -> None:
     """labels, description, tags and network_config.enable_external_ips change as sent; a field
     the mask names but the body leaves out is cleared, as proto field masks do."""
     sim = simulator(clock)
@@ -128,7 +116,7 @@ def test_each_supported_field_is_updated_and_a_named_field_left_out_is_cleared(c
     ],
 )
 def test_a_mask_or_value_the_api_refuses_is_invalid_argument_with_a_sentence(
-    clock: FakeClock, mask: list[str], body: dict[str, Any], words: str
+    clock: SecondsClock, mask: list[str], body: dict[str, Any], words: str
 ) -> None:
     """An empty mask, a field UpdateNode cannot change, or a value GCE refuses: INVALID_ARGUMENT,
     and the node keeps its metadata."""
@@ -140,7 +128,7 @@ def test_a_mask_or_value_the_api_refuses_is_invalid_argument_with_a_sentence(
     assert dict(sim.get_node(PROJECT, ZONE, "demo-u0-g1").metadata) == BOOT_METADATA
 
 
-def test_an_unknown_node_is_not_found(clock: FakeClock) -> None:
+def test_an_unknown_node_is_not_found(clock: SecondsClock) -> None:
     """A node that does not exist is NOT_FOUND, named as the API names resources."""
     sim = simulator(clock)
     error = refusal(lambda: sim.update_node(PROJECT, ZONE, "nope", ["metadata"], {"metadata": {}}))
@@ -149,7 +137,7 @@ def test_an_unknown_node_is_not_found(clock: FakeClock) -> None:
 
 
 @pytest.mark.parametrize("how", ["provisioning", "preempted", "deleting", "repairing"])
-def test_a_node_that_is_not_ready_is_failed_precondition(clock: FakeClock, how: str) -> None:
+def test_a_node_that_is_not_ready_is_failed_precondition(clock: SecondsClock, how: str) -> None:
     """A node being created, preempted, deleted or repaired cannot be updated: FAILED_PRECONDITION
     naming its state, and its metadata is unchanged."""
     sim = simulator(clock)
@@ -169,7 +157,7 @@ def test_a_node_that_is_not_ready_is_failed_precondition(clock: FakeClock, how: 
     assert dict(sim.get_node(PROJECT, ZONE, "demo-u0-g1").metadata) == BOOT_METADATA
 
 
-def test_update_can_be_faulted_like_every_other_method(clock: FakeClock) -> None:
+def test_update_can_be_faulted_like_every_other_method(clock: SecondsClock) -> None:
     """`update` is a fault method: a planned UNAVAILABLE is what the next update call meets."""
     sim = simulator(clock)
     sim.inject_errors("update", Fault.parse("UNAVAILABLE"), count=2)
@@ -179,7 +167,7 @@ def test_update_can_be_faulted_like_every_other_method(clock: FakeClock) -> None
     assert sim.next_fault("get") is None
 
 
-def test_the_api_answers_a_patch_with_a_done_operation_whose_response_is_the_node(clock: FakeClock) -> None:
+def test_the_api_answers_a_patch_with_a_done_operation_whose_response_is_the_node(clock: SecondsClock) -> None:
     """PATCH .../nodes/{id}?updateMask=metadata answers an Operation carrying the Node; snake_case
     mask paths are accepted as the REST API accepts them; an injected fault answers instead."""
     sim = simulator(clock)
@@ -211,7 +199,7 @@ def test_the_api_answers_a_patch_with_a_done_operation_whose_response_is_the_nod
     ],
 )
 def test_a_body_with_an_unknown_field_or_a_wrong_type_is_400_invalid_argument(
-    clock: FakeClock, method: str, path: str, body: bytes
+    clock: SecondsClock, method: str, path: str, body: bytes
 ) -> None:
     """The body is read as the client library's own message (json_format): an unknown field, a
     value of the wrong type or a body that is no object is refused as Google refuses it."""
@@ -228,7 +216,7 @@ def test_a_body_with_an_unknown_field_or_a_wrong_type_is_400_invalid_argument(
     assert len(sim.state().queued_resources) == 1
 
 
-def test_an_update_survives_a_restart_from_the_state_file(clock: FakeClock, tmp_path: Path) -> None:
+def test_an_update_survives_a_restart_from_the_state_file(clock: SecondsClock, tmp_path: Path) -> None:
     """The node's new metadata and the update operation are saved and read back."""
     path = tmp_path / "state.json"
     first = simulator(clock, JsonStateFile(path))
@@ -243,7 +231,7 @@ def test_an_update_survives_a_restart_from_the_state_file(clock: FakeClock, tmp_
 # -- the metadata server sees the change ----------------------------------------------------------
 
 
-def test_the_metadata_server_answers_the_new_value_and_the_etag_is_a_hash_of_it(clock: FakeClock) -> None:
+def test_the_metadata_server_answers_the_new_value_and_the_etag_is_a_hash_of_it(clock: SecondsClock) -> None:
     """After an update the key answers the new value; writing the same value keeps the ETag."""
     sim = simulator(clock)
     unit(sim, clock)
@@ -281,7 +269,7 @@ def hold(service: MetadataService, query: dict[str, list[str]]) -> tuple[threadi
     return thread, replies
 
 
-def test_a_held_wait_for_change_wakes_on_an_update_and_not_on_the_same_value(clock: FakeClock) -> None:
+def test_a_held_wait_for_change_wakes_on_an_update_and_not_on_the_same_value(clock: SecondsClock) -> None:
     """A request held on the assignment sleeps through a write of the same value, and returns
     the new value as soon as a different one is written."""
     sim = simulator(clock)
@@ -299,7 +287,7 @@ def test_a_held_wait_for_change_wakes_on_an_update_and_not_on_the_same_value(clo
     assert [(reply.status, reply.body) for reply in replies] == [(200, '{"seq": 2}')]
 
 
-def test_a_held_request_with_the_current_etag_returns_the_next_value(clock: FakeClock) -> None:
+def test_a_held_request_with_the_current_etag_returns_the_next_value(clock: SecondsClock) -> None:
     """last_etag of the value now: held until the update, then the new value and its ETag."""
     sim = simulator(clock)
     unit(sim, clock)
@@ -314,7 +302,7 @@ def test_a_held_request_with_the_current_etag_returns_the_next_value(clock: Fake
     assert replies[0].etag != now.etag
 
 
-def test_a_held_request_ends_when_the_service_stops(clock: FakeClock) -> None:
+def test_a_held_request_ends_when_the_service_stops(clock: SecondsClock) -> None:
     """Stopping (the server's event and wake_waiters) ends a held request with the value it had."""
     sim = simulator(clock)
     unit(sim, clock)

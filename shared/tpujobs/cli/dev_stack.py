@@ -91,31 +91,22 @@ def env(state_dir: StateDir = None) -> None:
 
 @dev_app.command()
 def preempt(
-    job_id: Annotated[str, typer.Argument(help="The job whose queued resource to preempt.")],
+    job_id: Annotated[
+        str, typer.Argument(help="The job whose capacity to preempt (its own, or its warm-pool unit's).")
+    ],
     silent: Annotated[
         bool,
         typer.Option(
             "--silent",
-            help="Kill worker host 0 of slice 0 without notice instead "
-            "(no SIGTERM, metadata stays FALSE, QR stays ACTIVE): the polling path.",
+            help="Kill worker host 0 of slice 0 without notice instead (no SIGTERM, metadata stays FALSE, "
+            "the queued resource stays ACTIVE or the VMs RUNNING): the polling path.",
         ),
     ] = False,
     state_dir: StateDir = None,
 ) -> None:
-    """Preempt a job's current queued resource in the TPU simulator, as Google reclaims spot TPUs."""
-    err = Console(stderr=True)
-    sim = faults.Simulator(state_dir, err)
-    zone, qr_id = sim.capacity_of(job_id)
-    verb, query = ("kill-host", {"slice": 0, "worker": 0}) if silent else ("preempt", {})
-    answer = sim.on_capacity(zone, qr_id, verb, query, {})
-    if silent:
-        sim.say(
-            f"killed worker 0 of node {answer.get('name', qr_id)} without notice "
-            f"(node {answer.get('state')}, job {job_id})"
-        )
-    else:
-        state = answer.get("state", {}).get("state")
-        sim.say(f"preempted {answer.get('name', qr_id)} ({state}, job {job_id})")
+    """Preempt a job's capacity in the simulator as Google reclaims Spot TPUs: its queued resource on
+    the TPU API, every slice's MIG on Compute Engine."""
+    faults.preempt_job(job_id, silent, state_dir)
 
 
 def _progress(err: Console) -> Callable[[str], None]:

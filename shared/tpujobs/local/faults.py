@@ -1,9 +1,11 @@
-"""`tpujobs dev fault ...`: make the local TPU simulator as unkind as Google, one fault at a time.
+"""`tpujobs dev fault ...` and `tpujobs dev preempt`: make the local simulator as unkind as Google, one
+fault at a time, to a job on either platform.
 
-Each verb is one call of the simulator's control API (``/simulator/v1/...``), so a test can do the same
-over HTTP. Verbs that name a JOB read its current queued resource and zone from the local Firestore;
-``error`` and ``no-boot --count`` need only the simulator. Progress goes to stderr as sentences; only
-``show`` prints to stdout (JSON). The verbs: docs/local-stack.md#faults-of-the-local-stack.
+Each verb is a call of the simulator's control API (``/simulator/v1/...``), so a test can do the same
+over HTTP. Verbs that name a JOB read from the local Firestore what holds it now (its own holding, or
+its warm-pool unit's) and its zone, then hit the TPU API's queued resource or, on Compute Engine, each
+slice's MIG. ``error`` and ``no-boot --count`` need only the simulator. Progress goes to stderr as
+sentences; only ``show`` prints to stdout (JSON). The verbs: docs/local-stack.md#faults-of-the-local-stack.
 """
 
 from __future__ import annotations
@@ -12,13 +14,16 @@ import json
 import os
 import urllib.error
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import Enum
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
 
+from tpujobs.domain.naming import node_id, platform_of
 from tpujobs.local import stack
 from tpujobs.local.simulator.client import SimulatorControl
 from tpujobs.local.simulator.errors import FAULT_METHODS, Fault
@@ -37,7 +42,9 @@ StateDir = Annotated[
         help="Where stack.json and the logs live (default: $TPUJOBS_STATE_DIR or ./.tpujobs).",
     ),
 ]
-JobId = Annotated[str, typer.Argument(help="The job whose current queued resource it hits.")]
+JobId = Annotated[
+    str, typer.Argument(help="The job whose capacity it hits: its queued resource, its MIGs, or its warm-pool unit's.")
+]
 Slice = Annotated[
     int | None,
     typer.Option("--slice", min=0, help="Only this slice (node) of a multislice (default: all)."),
@@ -45,6 +52,35 @@ Slice = Annotated[
 
 Method = Enum("Method", {name: name for name in FAULT_METHODS}, type=str)  # type: ignore[misc]
 Health = Enum("Health", {name: name for name in NODE_HEALTHS}, type=str)  # type: ignore[misc]
+COMPUTE = "compute"
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What a job runs on now: its own holding or its warm-pool unit's, with the zone and slice count."""
+
+    job_id: str
+    zone: str
+    holding: str  # `{job}-a{N}` / `{pool}-u{i}-g{N}` (a queued resource) or `-c{N}` (one MIG per slice)
+    slices: int
+    on_unit: bool
+
+    @property
+    def platform(self) -> str:
+        return platform_of(self.holding)
+
+    @property
+    def on_compute(self) -> bool:
+        return self.platform == COMPUTE
+
+    def groups(self, slice_index: int | None = None) -> list[str]:
+        """The MIGs of every slice, or of one (Compute Engine)."""
+        chosen = range(self.slices) if slice_index is None else [slice_index]
+        return [node_id(self.holding, index, self.slices) for index in chosen]
+
+    def __str__(self) -> str:
+        unit = ", its warm-pool unit" if self.on_unit else ""
+        return f"{self.holding} (job {self.job_id}{unit})"
 
 
 class Simulator:
@@ -62,8 +98,8 @@ class Simulator:
             fail(err, "the local stack is incomplete", "GOOGLE_CLOUD_PROJECT or TPUJOBS_TPU_ENDPOINT unset")
         self.control = SimulatorControl(self.endpoint)
 
-    def capacity_of(self, job_id: str) -> tuple[str, str]:
-        """(zone, queued resource id) of the job's current attempt, from Firestore."""
+    def capacity_of(self, job_id: str) -> Capacity:
+        """What the job's current attempt holds (its warm-pool unit's holding when it runs on one), from Firestore."""
         os.environ.update(self.env)  # the Firestore client finds the emulator here
         try:
             job = job_document(self.project, job_id)
@@ -75,14 +111,24 @@ class Simulator:
                 "no such job",
                 f"{job_id!r} is not in the jobs collection of project {self.project}",
             )
-        qr_id, zone = str(job.get("queued_resource") or ""), str(job.get("zone") or "")
-        if not qr_id or not zone:
+        unit = str(job.get("warm_pool_unit") or "")
+        holding, zone = unit or str(job.get("queued_resource") or ""), str(job.get("zone") or "")
+        if not holding or not zone:
             fail(
                 self.err,
                 "no capacity to hit",
-                f"job {job_id} (state {job.get('state')}) has no queued resource yet",
+                f"job {job_id} (state {job.get('state')}) holds no capacity yet",
             )
-        return zone, qr_id
+        slices = (job.get("spec") or {}).get("slices") or 1
+        return Capacity(job_id, zone, holding, int(slices), on_unit=bool(unit))
+
+    def on_groups(
+        self, capacity: Capacity, slice_index: int | None, doing: str, call: Callable[[str], dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """Call the control API on the job's MIGs (one slice's, or every slice's); the answers."""
+        if slice_index is not None and not 0 <= slice_index < capacity.slices:
+            fail(self.err, "no such slice", f"{capacity} has slices 0..{capacity.slices - 1}, not {slice_index}")
+        return [self.call(f"{doing} {group}", partial(call, group)) for group in capacity.groups(slice_index)]
 
     def on_capacity(
         self, zone: str, qr_id: str, verb: str, query: dict[str, Any], body: dict[str, Any]
@@ -93,10 +139,9 @@ class Simulator:
             lambda: self.control.on_queued_resource(zone, qr_id, verb, body, **query, project=self.project),
         )
 
-    def on_job(self, job_id: str, verb: str, query: dict[str, Any], body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        """POST a control verb on the job's current queued resource; (its id, the answer)."""
-        zone, qr_id = self.capacity_of(job_id)
-        return qr_id, self.on_capacity(zone, qr_id, verb, query, body)
+    def on_job(self, capacity: Capacity, verb: str, query: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+        """POST a control verb on the job's queued resource (TPU API)."""
+        return self.on_capacity(capacity.zone, capacity.holding, verb, query, body)
 
     def call(self, doing: str, request: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         """Make one control call; a refusal or silence becomes a sentence and exit status 1."""
@@ -105,10 +150,15 @@ class Simulator:
         except urllib.error.HTTPError as error:
             fail(self.err, f"the simulator refused to {doing}", error_message(error))
         except OSError as error:
-            fail(self.err, "the TPU simulator does not answer", f"{self.endpoint}: {error}")
+            fail(self.err, "the simulator does not answer", f"{self.endpoint}: {error}")
 
     def say(self, line: str) -> None:
         self.err.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def not_on_compute(err: Console, verb: str, capacity: Capacity, why: str) -> NoReturn:
+    """A verb that has no meaning on Compute Engine: say why, exit 1."""
+    fail(err, f"{verb} cannot apply", f"{capacity} runs on Compute Engine, {why}")
 
 
 def job_document(project: str, job_id: str) -> dict[str, Any] | None:
@@ -137,6 +187,40 @@ def _nodes(answer: dict[str, Any]) -> str:
         + (f" {node['health']}" if node.get("health") else "")
         for node in answer.get("nodes", [])
     )
+
+
+def _instances(answers: list[dict[str, Any]]) -> str:
+    """The VMs of control answers on MIGs (compute_control.slice_json), with their statuses."""
+    return ", ".join(f"{vm.get('name')} {vm.get('status') or 'none'}" for a in answers for vm in a.get("instances", []))
+
+
+def preempt_job(job_id: str, silent: bool, state_dir: Path | None) -> None:
+    """`tpujobs dev preempt`: Spot preemption of the job's capacity (every slice), or with *silent*
+    the death of worker 0 of slice 0 without notice."""
+    sim = Simulator(state_dir, Console(stderr=True))
+    capacity = sim.capacity_of(job_id)
+    if capacity.on_compute:
+        zone, project = capacity.zone, sim.project
+        if silent:
+            (first,) = capacity.groups(0)
+            answers = sim.on_groups(
+                capacity, 0, "kill worker 0 of", lambda g: sim.control.kill_group_host(zone, g, 0, project)
+            )
+            sim.say(f"killed worker 0 of MIG {first} of {capacity} without notice: {_instances(answers)}")
+        else:
+            answers = sim.on_groups(capacity, None, "preempt", lambda g: sim.control.preempt_group(zone, g, project))
+            sim.say(f"preempted the Spot VMs of {capacity}: {_instances(answers)}")
+        return
+    verb, query = ("kill-host", {"slice": 0, "worker": 0}) if silent else ("preempt", {})
+    answer = sim.on_job(capacity, verb, query, {})
+    if silent:
+        sim.say(
+            f"killed worker 0 of node {answer.get('name', capacity.holding)} of {capacity} without notice "
+            f"(node {answer.get('state')})"
+        )
+    else:
+        state = answer.get("state", {}).get("state")
+        sim.say(f"preempted {answer.get('name', capacity.holding)} ({state}) of {capacity}")
 
 
 @fault_app.command()
@@ -197,25 +281,34 @@ def error(
 def no_boot(
     job_id: Annotated[
         str | None,
-        typer.Argument(help="A job whose capacity is not ACTIVE yet (default: the next --count queued resources)."),
+        typer.Argument(help="A job whose capacity is not running yet (default: the next --count slices created)."),
     ] = None,
     count: Annotated[
         int | None,
-        typer.Option("--count", min=1, help="The next K queued resources created (default: 1)."),
+        typer.Option("--count", min=1, help="The next K queued resources or MIG slices created (default: 1)."),
     ] = None,
     state_dir: StateDir = None,
 ) -> None:
-    """Capacity turns ACTIVE but its hosts never run the startup script, so no agent reports."""
+    """Capacity turns ACTIVE (VMs RUNNING) but its hosts never run the startup script, so no agent reports."""
     err = Console(stderr=True)
     if job_id is not None and count is not None:
         fail(err, "no-boot takes a JOB or --count", "not both")
     sim = Simulator(state_dir, err)
     if job_id is None:
         answer = sim.call("plan hosts that never boot", lambda: sim.control.no_boot_next(count or 1))
-        sim.say(f"the next {answer.get('noBoot', count)} queued resources created get hosts that never boot")
+        sim.say(
+            f"the next {answer.get('noBoot', count)} queued resources or MIG slices created get hosts that never boot"
+        )
         return
-    qr_id, _ = sim.on_job(job_id, "no-boot", {}, {})
-    sim.say(f"the hosts of {qr_id} (job {job_id}) will never run their startup script")
+    capacity = sim.capacity_of(job_id)
+    if capacity.on_compute:
+        zone, project = capacity.zone, sim.project
+        sim.on_groups(
+            capacity, None, "mark hosts that never boot of", lambda g: sim.control.no_boot_group(zone, g, project)
+        )
+    else:
+        sim.on_job(capacity, "no-boot", {}, {})
+    sim.say(f"the hosts of {capacity} will never run their startup script")
 
 
 @fault_app.command()
@@ -229,9 +322,17 @@ def reboot(
 ) -> None:
     """Reset hosts as a VM reset does: processes die at once, the startup script runs again on the same disk."""
     sim = Simulator(state_dir, Console(stderr=True))
-    qr_id, answer = sim.on_job(job_id, "reboot", {"slice": slice_index, "worker": worker}, {})
+    capacity = sim.capacity_of(job_id)
     which = "every host" if worker is None else f"worker {worker}"
-    sim.say(f"rebooting {which} of {qr_id} (job {job_id}): {_nodes(answer)}")
+    if capacity.on_compute:
+        zone, project = capacity.zone, sim.project
+        answers = sim.on_groups(
+            capacity, slice_index, "reset", lambda g: sim.control.reset_group(zone, g, worker, project)
+        )
+        sim.say(f"resetting {which} of {capacity}: {_instances(answers)}")
+        return
+    answer = sim.on_job(capacity, "reboot", {"slice": slice_index, "worker": worker}, {})
+    sim.say(f"rebooting {which} of {capacity}: {_nodes(answer)}")
 
 
 @fault_app.command()
@@ -242,17 +343,56 @@ def maintenance(
         typer.Option(
             "--notice",
             min=0,
-            help="Seconds between the maintenance event and the hosts going down "
-            "(default: the simulator's maintenance_notice_seconds).",
+            help="Seconds between the maintenance event and the hosts going down (default: the simulator's "
+            "maintenance_notice_seconds); with --upcoming, until the window starts (default: an hour).",
         ),
     ] = None,
+    upcoming: Annotated[
+        bool,
+        typer.Option(
+            "--upcoming",
+            help="Instead, announce a maintenance ahead as Google does (Compute Engine: each VM's "
+            "upcomingMaintenance and instance/upcoming-maintenance); nothing else happens to the hosts.",
+        ),
+    ] = False,
+    window: Annotated[
+        float, typer.Option("--window", min=1, help="With --upcoming: how long the window lasts, in seconds.")
+    ] = 3600.0,
     slice_index: Slice = None,
     state_dir: StateDir = None,
 ) -> None:
     """Host maintenance: instance/maintenance-event turns TERMINATE_ON_HOST_MAINTENANCE, then the hosts go down."""
     sim = Simulator(state_dir, Console(stderr=True))
-    qr_id, answer = sim.on_job(job_id, "maintenance", {"slice": slice_index, "notice": notice}, {})
-    sim.say(f"maintenance announced on {qr_id} (job {job_id}): {_nodes(answer)}")
+    capacity = sim.capacity_of(job_id)
+    zone, project = capacity.zone, sim.project
+    if upcoming:
+        if not capacity.on_compute:
+            fail(
+                sim.err,
+                "maintenance --upcoming cannot apply",
+                f"{capacity} is a TPU API queued resource, and the TPU simulator announces no maintenance ahead; "
+                "drop --upcoming for a maintenance now",
+            )
+        ahead = 3600.0 if notice is None else notice
+        answers = sim.on_groups(
+            capacity,
+            slice_index,
+            "announce a maintenance on",
+            lambda g: sim.control.schedule_group_maintenance(zone, g, ahead, window, project),
+        )
+        sim.say(f"maintenance scheduled in {ahead:g} s for {window:g} s on {capacity}: {_instances(answers)}")
+        return
+    if capacity.on_compute:
+        answers = sim.on_groups(
+            capacity,
+            slice_index,
+            "start a maintenance on",
+            lambda g: sim.control.group_maintenance(zone, g, notice, project),
+        )
+        sim.say(f"maintenance announced on {capacity}: {_instances(answers)}")
+        return
+    answer = sim.on_job(capacity, "maintenance", {"slice": slice_index, "notice": notice}, {})
+    sim.say(f"maintenance announced on {capacity}: {_nodes(answer)}")
 
 
 @fault_app.command("node-health")
@@ -263,11 +403,14 @@ def node_health(
     slice_index: Slice = None,
     state_dir: StateDir = None,
 ) -> None:
-    """Show a health on the job's nodes (only what the API shows: processes run on)."""
+    """Show a health on the job's TPU API nodes (only what the API shows: processes run on)."""
     sim = Simulator(state_dir, Console(stderr=True))
+    capacity = sim.capacity_of(job_id)
+    if capacity.on_compute:
+        not_on_compute(sim.err, "node-health", capacity, _NO_NODES)
     body = {"health": health.value, "description": description}
-    qr_id, answer = sim.on_job(job_id, "node-health", {"slice": slice_index}, body)
-    sim.say(f"nodes of {qr_id} (job {job_id}): {_nodes(answer)}")
+    answer = sim.on_job(capacity, "node-health", {"slice": slice_index}, body)
+    sim.say(f"nodes of {capacity}: {_nodes(answer)}")
 
 
 @fault_app.command("node-state")
@@ -277,10 +420,19 @@ def node_state(
     slice_index: Slice = None,
     state_dir: StateDir = None,
 ) -> None:
-    """Show a state on the job's nodes (only what the API shows: processes run on)."""
+    """Show a state on the job's TPU API nodes (only what the API shows: processes run on)."""
     sim = Simulator(state_dir, Console(stderr=True))
-    qr_id, answer = sim.on_job(job_id, "node-state", {"slice": slice_index}, {"state": state.value})
-    sim.say(f"nodes of {qr_id} (job {job_id}): {_nodes(answer)}")
+    capacity = sim.capacity_of(job_id)
+    if capacity.on_compute:
+        not_on_compute(sim.err, "node-state", capacity, _NO_NODES)
+    answer = sim.on_job(capacity, "node-state", {"slice": slice_index}, {"state": state.value})
+    sim.say(f"nodes of {capacity}: {_nodes(answer)}")
+
+
+_NO_NODES = (
+    "whose VMs have an instance status and no TPU node with a health or state to show; "
+    "use `reboot`, `maintenance` or `tpujobs dev preempt [--silent]` instead"
+)
 
 
 @fault_app.command()

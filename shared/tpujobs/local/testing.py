@@ -146,6 +146,19 @@ class ManualClock:
         self.now += timedelta(seconds=seconds)
 
 
+class SecondsClock:
+    """The simulator model's clock (seconds, as `time.monotonic`), moved by hand with `tick(s)`."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def tick(self, seconds: float) -> None:
+        self.now += seconds
+
+
 class OffsetClock:
     """The wall clock plus a lead the test adds to: `advance(s)` stands in for sleeping s seconds.
 

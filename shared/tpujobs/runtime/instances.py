@@ -2,11 +2,11 @@
 
 Nothing is built, and nothing heavy imported, at import time, so a cold start pays only for
 what the invoked function uses: the service and its validation models load with the first
-message, each Google client library with the first adapter that needs it, and the TPU and
-Pub/Sub clients only at their first call (a worker's heartbeat never loads tpu_v2). This is the
-one place that picks adapters for ports: the engine's services, the reconciler, the HTTP API, dead
-letters and log export get theirs passed in. Tests build the same objects themselves, on the
-emulators.
+message, each Google client library with the first adapter that needs it, and the TPU, Compute
+Engine and Pub/Sub clients only at their first call (a worker's heartbeat never loads tpu_v2).
+This is the one place that picks adapters for ports: the engine's services, the reconciler, the
+HTTP API, dead letters and log export get theirs passed in. Tests build the same objects
+themselves, on the emulators.
 """
 
 from __future__ import annotations
@@ -23,12 +23,13 @@ from tpujobs.engine.settings import Settings
 if TYPE_CHECKING:
     from google.cloud import firestore
 
+    from tpujobs.adapters.capacity_router import PlatformCapacity
+    from tpujobs.adapters.compute import ComputeEngine
     from tpujobs.adapters.firestore_config import FirestoreAccessPolicies
     from tpujobs.adapters.firestore_pools import FirestorePools
     from tpujobs.adapters.firestore_store import FirestoreJobStore
     from tpujobs.adapters.firestore_warm_pools import FirestoreWarmPools
     from tpujobs.adapters.pubsub import Publisher
-    from tpujobs.adapters.tpu import CloudTpu
     from tpujobs.engine.api import JobsApi
     from tpujobs.engine.dead_letters import DeadLetters
     from tpujobs.engine.output_export import OutputExporter, OutputObjects
@@ -75,7 +76,7 @@ class Adapters:
     settings: Settings
     firestore: firestore.Client
     store: FirestoreJobStore
-    tpu: CloudTpu
+    tpu: PlatformCapacity  # the capacity port: the TPU API's queued resources and Compute Engine's slices
     publisher: Publisher  # tpujobs-status, tpujobs-log-export and the reconcile shards
     pools: FirestorePools
     access: FirestoreAccessPolicies
@@ -109,6 +110,7 @@ def job_store() -> FirestoreJobStore:
 @functools.cache
 def adapters() -> Adapters:
     """This process's adapters, on clients configured from the environment."""
+    from tpujobs.adapters.capacity_router import PlatformCapacity
     from tpujobs.adapters.firestore_config import FirestoreAccessPolicies
     from tpujobs.adapters.firestore_pools import FirestorePools
     from tpujobs.adapters.firestore_warm_pools import FirestoreWarmPools
@@ -116,16 +118,34 @@ def adapters() -> Adapters:
     from tpujobs.adapters.tpu import CloudTpu, build_client
 
     config, client = settings(), firestore_client()
+    tpu = cast(CloudTpu, OnFirstUse(lambda: CloudTpu(build_client(config.tpu_endpoint), config.project)))
+    compute = cast("ComputeEngine", OnFirstUse(lambda: build_compute(config))) if compute_configured(config) else None
     return Adapters(
         config,
         client,
         job_store(),
-        cast(CloudTpu, OnFirstUse(lambda: CloudTpu(build_client(config.tpu_endpoint), config.project))),
+        PlatformCapacity(tpu, compute),
         cast(Publisher, OnFirstUse(lambda: Publisher.build(config.project, config.prefix))),
         FirestorePools(client),
         FirestoreAccessPolicies(client),
         FirestoreWarmPools(client),
     )
+
+
+def compute_configured(config: Settings) -> bool:
+    """Whether this deployment has Compute Engine: always against Google's APIs (infra/ enables
+    it), and locally only with its simulator (`compute_endpoint`): a local stack without one
+    must not list the real API every tick."""
+    return bool(config.compute_endpoint) or not config.tpu_endpoint
+
+
+def build_compute(config: Settings) -> ComputeEngine:
+    """The Compute Engine adapter on clients for `compute_endpoint` (empty: the real API)."""
+    from tpujobs.adapters.compute import ComputeEngine, build_clients
+    from tpujobs.adapters.compute_requests import Images
+
+    images = Images.from_settings(config.compute_image_project, config.compute_image_families)
+    return ComputeEngine(build_clients(config.compute_endpoint), config.project, images)
 
 
 @functools.cache

@@ -31,9 +31,10 @@ _HELP = {
     "default_page_size": "page size of list calls that name none; 0 answers with everything at once",
     "preemption_grace_seconds": "preempt: SIGTERM the workers, SIGKILL them this much later",
     "delete_grace_seconds": "delete and shutdown: SIGTERM the workers, SIGKILL them this much later",
+    "compute_operation_seconds": "how long a Compute Engine operation runs before it is DONE",
 }
 # Config fields that are no single number, each with its own option below.
-_COLLECTIONS = ("capacity", "api_error_codes")
+_COLLECTIONS = ("capacity", "quota", "api_error_codes")
 
 
 def _numbers() -> list[dataclasses.Field[object]]:
@@ -44,7 +45,7 @@ def _numbers() -> list[dataclasses.Field[object]]:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     defaults = SimulatorConfig()
     parser = argparse.ArgumentParser(
-        prog="python -m tpujobs.local.simulator", description="A local Cloud TPU v2 REST API."
+        prog="python -m tpujobs.local.simulator", description="A local Cloud TPU v2 and Compute Engine v1 REST API."
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 lets the system choose")
@@ -59,7 +60,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="FAMILY@ZONE=CHIPS",
-        help="chips on offer in one pool, such as v4@us-central2-b=32; repeatable; default unlimited",
+        help="chips on offer in one pool, such as v4@us-central2-b=32 (FAMILY@ZONE:spot=CHIPS: Spot capacity "
+        "of its own); repeatable; default unlimited",
+    )
+    parser.add_argument(
+        "--quota",
+        type=_capacity,
+        action="append",
+        default=[],
+        metavar="FAMILY@ZONE=CHIPS",
+        help="chips the project may hold in one pool (Compute Engine shows QUOTA_EXCEEDED); repeatable; "
+        "default unlimited",
     )
     parser.add_argument(
         "--api-error-code",
@@ -88,6 +99,7 @@ def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
     return SimulatorConfig(
         **{field.name: getattr(args, field.name) for field in _numbers()},
         capacity=dict(args.capacity),
+        quota=dict(args.quota),
         api_error_codes=codes or SimulatorConfig().api_error_codes,
     )
 

@@ -132,3 +132,79 @@ class SimulatorControl:
         """The worker processes of one queued resource, as the simulator runs them."""
         workers: list[dict[str, Any]] = self.on_queued_resource(zone, qr_id, "workers", method="GET")["workers"]
         return workers
+
+    # -- Compute Engine VMs and MIGs ------------------------------------------------------------
+
+    def on_compute(
+        self,
+        zone: str,
+        collection: str,
+        name: str,
+        verb: str,
+        body: dict[str, Any] | None = None,
+        method: str = "POST",
+        **query: Any,
+    ) -> dict[str, Any]:
+        """A control verb on one Compute VM or MIG (``compute/{zone}/{collection}/{name}:{verb}``);
+        *collection* is ``instances`` or ``instanceGroupManagers``."""
+        path = f"compute/{quote(zone, safe='')}/{collection}/{quote(name, safe='')}:{verb}"
+        return self.call(method, path, {} if body is None and method == "POST" else body, query)
+
+    def preempt_instance(self, zone: str, name: str, project: str | None = None) -> dict[str, Any]:
+        """Spot preemption of one VM: `instance/preempted` TRUE, SIGTERM, TERMINATED after the grace."""
+        return self.on_compute(zone, "instances", name, "preempt", project=project)
+
+    def preempt_group(self, zone: str, name: str, project: str | None = None) -> dict[str, Any]:
+        """Spot preemption of every running VM of a MIG."""
+        return self.on_compute(zone, "instanceGroupManagers", name, "preempt", project=project)
+
+    def schedule_maintenance(
+        self, zone: str, name: str, notice: float = 3600.0, window: float = 3600.0, project: str | None = None
+    ) -> dict[str, Any]:
+        """Announce a host maintenance *notice* seconds ahead, lasting *window* seconds."""
+        body = {"notice": notice, "window": window}
+        return self.on_compute(zone, "instances", name, "maintenance", body, project=project)
+
+    def reset_group(
+        self, zone: str, name: str, worker: int | None = None, project: str | None = None
+    ) -> dict[str, Any]:
+        """instances.reset of one member of a MIG (*worker*) or of all: processes die, the startup
+        script runs again on the same disk."""
+        return self.on_compute(zone, "instanceGroupManagers", name, "reset", worker=worker, project=project)
+
+    def kill_group_host(self, zone: str, name: str, worker: int = 0, project: str | None = None) -> dict[str, Any]:
+        """One member's host dies without notice; the API shows nothing."""
+        return self.on_compute(zone, "instanceGroupManagers", name, "kill-host", worker=worker, project=project)
+
+    def no_boot_group(self, zone: str, name: str, project: str | None = None) -> dict[str, Any]:
+        """The hosts of a MIG whose VMs are not RUNNING yet never run their startup script."""
+        return self.on_compute(zone, "instanceGroupManagers", name, "no-boot", project=project)
+
+    def group_maintenance(
+        self, zone: str, name: str, notice: float | None = None, project: str | None = None
+    ) -> dict[str, Any]:
+        """Host maintenance of a MIG's slice now: announced on instance/maintenance-event, the hosts
+        terminated after *notice* seconds, booted again when it ends."""
+        body = {} if notice is None else {"notice": notice}
+        return self.on_compute(zone, "instanceGroupManagers", name, "maintenance", body, project=project)
+
+    def schedule_group_maintenance(
+        self, zone: str, name: str, notice: float = 3600.0, window: float = 3600.0, project: str | None = None
+    ) -> dict[str, Any]:
+        """Google's advance notice of a maintenance on every VM of a MIG (schedule_maintenance each)."""
+        body = {"notice": notice, "window": window}
+        return self.on_compute(zone, "instanceGroupManagers", name, "upcoming-maintenance", body, project=project)
+
+    def instance_workers(self, zone: str, name: str, project: str | None = None) -> list[dict[str, Any]]:
+        """The worker process of a lone VM, with its instance name."""
+        found: list[dict[str, Any]] = self.on_compute(
+            zone, "instances", name, "workers", method="GET", project=project
+        )["workers"]
+        return found
+
+    def group_workers(self, zone: str, name: str, project: str | None = None) -> list[dict[str, Any]]:
+        """The worker processes of a MIG's slice, each with its instance name, by worker."""
+        found: list[dict[str, Any]] = self.on_compute(
+            zone, "instanceGroupManagers", name, "workers", method="GET", project=project
+        )["workers"]
+        return found

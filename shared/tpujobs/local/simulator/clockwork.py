@@ -160,7 +160,7 @@ class Clockwork(World):
         free = self._free_chips()
         blocked: set[str] = set()  # pools where an earlier QR is still waiting
         for qr in waiting:
-            wanted = qr.demand()
+            wanted = qr.demand(self._separate_pools())
             fits = all(pool not in free or free[pool] >= chips for pool, chips in wanted.items())
             if blocked.isdisjoint(wanted) and fits:
                 for pool, chips in wanted.items():
@@ -170,11 +170,17 @@ class Clockwork(World):
             else:
                 blocked.update(wanted)
 
+    def _separate_pools(self) -> frozenset[str]:
+        return frozenset(self._config.capacity) | frozenset(self._config.quota)
+
     def _free_chips(self) -> dict[str, int]:
+        """Chips free per limited pool: the lesser of capacity and quota, less what is held."""
         free = dict(self._config.capacity)
+        for pool, chips in self._config.quota.items():
+            free[pool] = min(chips, free.get(pool, chips))
         for qr in self._qrs.values():
             if qr.holds_capacity:
-                for pool, chips in qr.demand().items():
+                for pool, chips in qr.demand(self._separate_pools()).items():
                     if pool in free:
                         free[pool] -= chips
         return free
@@ -224,4 +230,5 @@ class Clockwork(World):
         self._dirty = True
         self._finish_create(qr, error=(Code.ABORTED.grpc_code, f"{qr.name} was deleted before it was accepted"))
         key = (qr.project, qr.zone, qr.delete_operation)
-        self._operations[key] = dataclasses.replace(self._operations[key], done=True, end_time=self._wall_clock())
+        if key in self._operations:  # a Compute Engine slice's queued resource has no TPU operation
+            self._operations[key] = dataclasses.replace(self._operations[key], done=True, end_time=self._wall_clock())

@@ -51,9 +51,18 @@ def instance_id(node: NodeRecord, worker: int) -> str:
 
 
 def identity_claims(
-    node: NodeRecord, worker: int, audience: str, *, now: float, full: bool, licenses: bool, email: str = ""
+    node: NodeRecord,
+    worker: int,
+    audience: str,
+    *,
+    now: float,
+    full: bool,
+    licenses: bool,
+    email: str = "",
+    vm: tuple[str, str, float] | None = None,
 ) -> dict[str, Any]:
     """What Google puts in a VM's identity token; `google.compute_engine` only with format=full.
+    *vm*: a Compute Engine VM's own (name, id, creation time) instead of the TPU node's worker's.
 
     Licences are the boot image's licence codes; a simulated VM boots no image, so the list is empty.
     """
@@ -74,9 +83,9 @@ def identity_claims(
             "project_id": node.project,
             "project_number": project_number(node.project),
             "zone": node.zone,
-            "instance_id": instance_id(node, worker),
-            "instance_name": hostname(node, worker),
-            "instance_creation_timestamp": int(node.create_time),
+            "instance_id": vm[1] if vm else instance_id(node, worker),
+            "instance_name": vm[0] if vm else hostname(node, worker),
+            "instance_creation_timestamp": int(vm[2] if vm else node.create_time),
         }
         if licenses:
             engine["license_id"] = []

@@ -116,9 +116,21 @@ def service_accounts(node: NodeRecord) -> dict[str, str]:
     return values
 
 
-def lookup(node: NodeRecord, worker: int, key: str) -> MetadataReply:
+@dataclass(frozen=True)
+class HostOverlay:
+    """What a Compute Engine VM's metadata server answers beyond (or instead of) a TPU node's:
+    its own attributes (instance metadata and the TPU keys), other paths, and the `?alt=json`
+    answers of paths that have one (`compute_hosts.py` makes these)."""
+
+    attributes: Mapping[str, str]
+    values: Mapping[str, str]
+    json_values: Mapping[str, str]
+    vm: tuple[str, str, float] | None = None  # its name, id and creation time, for identity tokens
+
+
+def lookup(node: NodeRecord, worker: int, key: str, overlay: HostOverlay | None = None) -> MetadataReply:
     """The answer for one path under computeMetadata/v1 of one worker; 404 when unknown."""
-    attrs = attributes(node, worker)
+    attrs = dict(overlay.attributes) if overlay is not None else attributes(node, worker)
     values: dict[str, str] = {
         "instance/preempted": "TRUE" if node.preempted else "FALSE",
         "instance/maintenance-event": node.maintenance_event,
@@ -129,6 +141,7 @@ def lookup(node: NodeRecord, worker: int, key: str) -> MetadataReply:
         "project/project-id": node.project,
         **{f"instance/attributes/{name}": value for name, value in attrs.items()},
         **service_accounts(node),
+        **(overlay.values if overlay is not None else {}),
     }
     if key in (
         "instance/service-accounts/default/token",
@@ -141,7 +154,12 @@ def lookup(node: NodeRecord, worker: int, key: str) -> MetadataReply:
 
 
 def identity(
-    node: NodeRecord, worker: int, key: str, query: Mapping[str, list[str]], signer: IdentitySigner
+    node: NodeRecord,
+    worker: int,
+    key: str,
+    query: Mapping[str, list[str]],
+    signer: IdentitySigner,
+    overlay: HostOverlay | None = None,
 ) -> MetadataReply | None:
     """instance/service-accounts/{default,email}/identity: a signed identity token for `audience`,
     with the instance's details under format=full; None when `key` is another path."""
@@ -161,6 +179,7 @@ def identity(
         now=signer.now(),
         full=token_format == "full",
         licenses=_flag(query, "licenses").upper() == "TRUE",
+        vm=overlay.vm if overlay is not None else None,
     )
     return _reply(signer.sign(claims), TEXT)
 
@@ -203,10 +222,12 @@ class MetadataService:
         changes: Changes | None = None,
         poll_seconds: float = 0.05,
         signer: IdentitySigner | None = None,
+        overlay: Callable[[NodeRecord, int], HostOverlay | None] | None = None,
     ) -> None:
         """Without *changes*, a held request re-reads every *poll_seconds* instead; without *signer*,
-        identity tokens are signed by a key made here."""
-        self._get_node = get_node  # Simulator.get_node: raises SimulatorError when gone
+        identity tokens are signed by a key made here; *overlay* gives a Compute Engine VM's own answers."""
+        self._overlay = overlay
+        self._get_node = get_node  # the server passes Simulator.host_node; raises SimulatorError when gone
         self.signer = signer or IdentitySigner()
         self._stopping = stopping or threading.Event()
         self._changes = changes
@@ -257,5 +278,10 @@ class MetadataService:
             return MetadataReply(404, error.message + "\n")
         if worker >= len(node.host_addresses):
             return MetadataReply(404, f"node {node.node_id} has workers 0..{len(node.host_addresses) - 1}\n")
-        token = identity(node, worker, match["key"], query, self.signer)
-        return token if token is not None else lookup(node, worker, match["key"])
+        overlay = self._overlay(node, worker) if self._overlay is not None else None
+        token = identity(node, worker, match["key"], query, self.signer, overlay)
+        if token is not None:
+            return token
+        if overlay is not None and _flag(query, "alt") == "json" and match["key"] in overlay.json_values:
+            return _reply(overlay.json_values[match["key"]], JSON_TYPE)
+        return lookup(node, worker, match["key"], overlay)

@@ -11,6 +11,7 @@ The states and their timings: docs/local-stack.md#the-life-of-a-queued-resource.
 from __future__ import annotations
 
 from tpujobs.local.simulator.checks import accelerator_type_of_config
+from tpujobs.local.simulator.compute_faults import ComputeFaults
 from tpujobs.local.simulator.errors import Code, SimulatorError, project_number
 from tpujobs.local.simulator.fault_plan import FaultPlan
 from tpujobs.local.simulator.nodes import Nodes
@@ -41,8 +42,9 @@ from tpujobs.local.simulator.records import (
 from tpujobs.local.simulator.state_file import STATE_FILE_VERSION, JsonStateFile, StateStore
 
 
-class Simulator(QueuedResources, Nodes, FaultPlan):
-    """The simulated TPU service. Thread-safe: one lock guards all state.
+class Simulator(QueuedResources, Nodes, FaultPlan, ComputeFaults):
+    """The simulated TPU service, and Compute Engine's TPU VMs on the same capacity and hosts
+    (``compute_model``). Thread-safe: one lock guards all state.
 
     Hooks run outside the lock, one at a time, in the order their events happened; a call
     returns only after the hooks queued before it have run, so once a caller sees ACTIVE,

@@ -21,6 +21,7 @@ from tpujobs.local.simulator.records import (
     Page,
     QrState,
     QueuedResourceRecord,
+    backs_compute,
 )
 from tpujobs.local.simulator.world import in_location, paged
 
@@ -31,7 +32,7 @@ class Nodes(Clockwork):
     def get_node(self, project: str, zone: str, node_id: str) -> NodeRecord:
         with self._transaction():
             node = self._nodes.get((project, zone, node_id))
-            if node is None:
+            if node is None or backs_compute(node.qr_id):
                 raise SimulatorError(
                     Code.NOT_FOUND,
                     f"Resource 'projects/{project}/locations/{zone}/nodes/{node_id}' was not found",
@@ -58,6 +59,8 @@ class Nodes(Clockwork):
         repaired, preempted or deleted."""
         with self._transaction():
             found = self._nodes.get((project, zone, node_id))
+            if found is not None and backs_compute(found.qr_id):
+                found = None
             name = f"projects/{project}/locations/{zone}/nodes/{node_id}"
             template = updated_template(found.template if found else {}, mask, node)
             if found is None:

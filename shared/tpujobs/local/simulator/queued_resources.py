@@ -6,9 +6,10 @@ from __future__ import annotations
 import dataclasses
 
 from tpujobs.domain.accelerators import UnknownAcceleratorType, parse_accelerator_type
+from tpujobs.domain.platforms import SERVED_BY, TPU_API, platform_refusal
 from tpujobs.local.simulator.checks import check_resource_id, check_vm_options
 from tpujobs.local.simulator.clockwork import Clockwork
-from tpujobs.local.simulator.errors import Code, SimulatorError
+from tpujobs.local.simulator.errors import Code, SimulatorError, bad_request
 from tpujobs.local.simulator.records import (
     LIVE_STATES,
     PREEMPTIBLE_STATES,
@@ -20,6 +21,7 @@ from tpujobs.local.simulator.records import (
     QueuedResourceRecord,
     QueuedResourceRequest,
     SimulatorState,
+    backs_compute,
     settled,
 )
 from tpujobs.local.simulator.world import in_location, paged
@@ -78,7 +80,8 @@ class QueuedResources(Clockwork):
     def list_queued_resources(
         self, project: str, zone: str, page_size: int = 0, page_token: str = ""
     ) -> Page[QueuedResourceRecord]:
-        """Queued resources by name; zone "-" lists every zone, as the real API allows."""
+        """Queued resources by name; zone "-" lists every zone, as the real API allows (a Compute
+        Engine slice's are not listed: in_location)."""
         with self._transaction():
             found = [qr for qr in self._qrs.values() if in_location(qr, project, zone)]
         return paged(found, page_size or self._config.default_page_size, page_token)
@@ -192,11 +195,15 @@ class QueuedResources(Clockwork):
         return paged(found, page_size or self._config.default_page_size, page_token)
 
     def state(self) -> SimulatorState:
-        """Everything, sorted by name: for the state endpoint and for tests."""
+        """Everything of the TPU API, sorted by name: for the state endpoint and for tests."""
         with self._transaction():
             return SimulatorState(
-                queued_resources=tuple(sorted(self._qrs.values(), key=lambda r: r.name)),
-                nodes=tuple(sorted(self._nodes.values(), key=lambda n: n.name)),
+                queued_resources=tuple(
+                    sorted((qr for qr in self._qrs.values() if not backs_compute(qr.qr_id)), key=lambda r: r.name)
+                ),
+                nodes=tuple(
+                    sorted((n for n in self._nodes.values() if not backs_compute(n.qr_id)), key=lambda n: n.name)
+                ),
                 operations=tuple(sorted(self._operations.values(), key=lambda o: o.name)),
             )
 
@@ -225,9 +232,12 @@ class QueuedResources(Clockwork):
                     raise SimulatorError(Code.INVALID_ARGUMENT, f"node id {node_id!r} is named twice")
                 seen.add(node_id)
             try:
-                parse_accelerator_type(spec.accelerator_type)
+                shape = parse_accelerator_type(spec.accelerator_type)
             except UnknownAcceleratorType as exc:
                 raise SimulatorError(Code.INVALID_ARGUMENT, str(exc)) from exc
+            refusal = platform_refusal(spec.accelerator_type, TPU_API) if shape.family in SERVED_BY else None
+            if refusal is not None:  # TPU7x and later: Compute Engine only
+                raise bad_request("queued_resource.tpu.node_spec.node.accelerator_type", refusal)
             if not spec.runtime_version:
                 raise SimulatorError(Code.INVALID_ARGUMENT, "node.runtime_version is required")
         for index, spec in enumerate(request.slices):

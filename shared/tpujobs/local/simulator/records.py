@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Generic, Protocol, TypeVar
@@ -111,6 +111,11 @@ class SimulatorConfig:
     suspending_seconds: float = 0.1  # SUSPENDING -> SUSPENDED
     deleting_seconds: float = 0.0  # DELETING -> gone; 0 lets operation.result() finish at once
     capacity: Mapping[str, int] = field(default_factory=dict)  # chips per "family@zone"; absent: unlimited
+    # The chips the project may hold per pool (Compute Engine shows QUOTA_EXCEEDED when this, not
+    # capacity, holds a slice back); absent: unlimited. A pool "family@zone:spot" named in either
+    # map is Spot capacity of its own; otherwise Spot slices share "family@zone".
+    quota: Mapping[str, int] = field(default_factory=dict)
+    compute_operation_seconds: float = 0.2  # a Compute Engine operation is PENDING/RUNNING this long
     api_error_rate: float = 0.0  # share of TPU API calls refused with an injected error
     # What the random errors pick from: HTTP statuses (400..599) or google.rpc.Code names.
     api_error_codes: tuple[int | str, ...] = (503, 429)
@@ -138,6 +143,7 @@ class SimulatorConfig:
             "maintenance_notice_seconds",
             "maintenance_seconds",
             "default_page_size",
+            "compute_operation_seconds",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
@@ -149,15 +155,16 @@ class SimulatorConfig:
             raise ValueError("api_error_codes must name at least one HTTP status or code")
         for code in self.api_error_codes:
             Fault.parse(code)  # ValueError names what is wrong
-        for pool, chips in self.capacity.items():
-            family, _, zone = pool.partition("@")
-            if family not in FAMILIES or not zone:
-                known = ", ".join(sorted(FAMILIES))
-                raise ValueError(
-                    f"capacity key {pool!r} is not FAMILY@ZONE such as v4@us-central2-b (families: {known})"
-                )
-            if not isinstance(chips, int) or chips < 0:
-                raise ValueError(f"capacity of {pool} must be a whole number of chips, got {chips!r}")
+        for what, pools in (("capacity", self.capacity), ("quota", self.quota)):
+            for pool, chips in pools.items():
+                family, _, zone = pool.removesuffix(SPOT_POOL_SUFFIX).partition("@")
+                if family not in FAMILIES or not zone:
+                    known = ", ".join(sorted(FAMILIES))
+                    raise ValueError(
+                        f"{what} key {pool!r} is not FAMILY@ZONE[:spot] such as v4@us-central2-b (families: {known})"
+                    )
+                if not isinstance(chips, int) or chips < 0:
+                    raise ValueError(f"{what} of {pool} must be a whole number of chips, got {chips!r}")
 
     def updated(self, changes: Mapping[str, Any]) -> SimulatorConfig:
         """A copy with JSON changes applied (the control endpoint); unknown keys are an error."""
@@ -166,8 +173,9 @@ class SimulatorConfig:
         if unknown:
             raise ValueError(f"unknown config keys: {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         values = dict(changes)
-        if "capacity" in values:
-            values["capacity"] = {str(k): int(v) for k, v in dict(values["capacity"]).items()}
+        for pools in ("capacity", "quota"):
+            if pools in values:
+                values[pools] = {str(k): int(v) for k, v in dict(values[pools]).items()}
         for name in ("seed", "default_page_size"):
             if name in values:
                 values[name] = int(values[name])
@@ -176,7 +184,7 @@ class SimulatorConfig:
             if isinstance(codes, (str, int)):
                 codes = [codes]
             values["api_error_codes"] = tuple(error_code(c) for c in codes)
-        for name in known - {"capacity", "seed", "default_page_size", "api_error_codes"}:
+        for name in known - {"capacity", "quota", "seed", "default_page_size", "api_error_codes"}:
             if name in values:
                 values[name] = float(values[name])
         return dataclasses.replace(self, **values)
@@ -185,6 +193,7 @@ class SimulatorConfig:
         return {
             **dataclasses.asdict(self),
             "capacity": dict(self.capacity),
+            "quota": dict(self.quota),
             "api_error_codes": list(self.api_error_codes),
         }
 
@@ -196,9 +205,20 @@ def error_code(value: int | str) -> int | str:
     return int(text) if text.isdigit() else text.upper()
 
 
-def pool_key(family: str, zone: str) -> str:
-    """The capacity pool a slice draws from, as written in SimulatorConfig.capacity."""
-    return f"{family}@{zone}"
+SPOT_POOL_SUFFIX = ":spot"
+
+
+def backs_compute(qr_id: str) -> bool:
+    """Whether a queued resource (or its node) stands for a Compute Engine MIG or VM: their ids
+    hold a dot (`mig.NAME.N`, `vm.NAME.N`), which no TPU API id may."""
+    return "." in qr_id
+
+
+def pool_key(family: str, zone: str, spot: bool = False, separate: Collection[str] = ()) -> str:
+    """The capacity pool a slice draws from, as written in SimulatorConfig.capacity: Spot slices
+    draw from "family@zone:spot" when that pool is *separate* (configured), else share it."""
+    key = f"{family}@{zone}"
+    return key + SPOT_POOL_SUFFIX if spot and key + SPOT_POOL_SUFFIX in separate else key
 
 
 @dataclass(frozen=True)
@@ -254,6 +274,7 @@ class QueuedResourceRecord:
     create_operation: str = ""
     delete_operation: str = ""
     hosts_boot: bool = True  # False: its hosts never run the startup script (no_boot)
+    backing: str = ""  # the Compute Engine MIG or instance (path) it stands for; "" for the TPU API's own
 
     @property
     def parent(self) -> str:
@@ -267,12 +288,13 @@ class QueuedResourceRecord:
     def node_ids(self) -> tuple[str, ...]:
         return tuple(node_id for spec in self.request.slices for node_id in spec.node_ids)
 
-    def demand(self) -> dict[str, int]:
-        """Chips wanted from each pool: chips per slice times slices, summed over node specs."""
+    def demand(self, separate: Collection[str] = ()) -> dict[str, int]:
+        """Chips wanted from each pool: chips per slice times slices, summed over node specs;
+        *separate*: the configured pools (a Spot pool of its own, pool_key)."""
         wanted: dict[str, int] = {}
         for spec in self.request.slices:
             shape = parse_accelerator_type(spec.accelerator_type)
-            key = pool_key(shape.family, self.zone)
+            key = pool_key(shape.family, self.zone, self.request.spot, separate)
             wanted[key] = wanted.get(key, 0) + shape.chips * len(spec.node_ids)
         return wanted
 
@@ -402,6 +424,8 @@ class HostAction(str, Enum):
     RESET = "reset"  # reboot: the hosts lose power at once; nothing gets a signal first
     SHUTDOWN = "shutdown"  # maintenance: the hosts shut down (SIGTERM, then SIGKILL)
     BOOT = "boot"  # the hosts boot again from the same disk and rerun the startup script
+    PREEMPT = "preempt"  # Compute Engine preempts these VMs: SIGTERM, SIGKILL after the preemption grace
+    DELETE = "delete"  # Compute Engine deletes these VMs: SIGTERM, SIGKILL after the delete grace
 
 
 @dataclass(frozen=True)

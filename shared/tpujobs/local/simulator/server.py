@@ -1,5 +1,6 @@
 """The simulator's HTTP face: the Cloud TPU v2 REST API as google-cloud-tpu's REST client calls it,
-plus control endpoints under /simulator/v1/ (preempt, fail, faults, config; `client.SimulatorControl`),
+Compute Engine v1 as google-cloud-compute's does (`compute_api`), plus control endpoints under
+/simulator/v1/ (preempt, fail, faults, config; `client.SimulatorControl`),
 each worker's metadata server, and the certificates of its VMs' identity tokens (/simulator/v1/certs).
 Everything here is translation: the rules live in `model`.
 """
@@ -21,6 +22,8 @@ from typing import Any
 from google.cloud import tpu_v2
 
 from tpujobs.local.simulator import fields
+from tpujobs.local.simulator.compute_api import ComputeApi, compute_state
+from tpujobs.local.simulator.compute_hosts import overlay_of
 from tpujobs.local.simulator.errors import FAULT_METHODS, Fault, bad_request
 from tpujobs.local.simulator.http import ApiServer, JsonRequestHandler, Routes, google_answer
 from tpujobs.local.simulator.identity import CERTS_CACHE_CONTROL, CERTS_PATH, IdentitySigner
@@ -329,8 +332,13 @@ class SimulatorApi:
         self.worker_pool = worker_pool
         self.identity_signer = IdentitySigner()  # the key of this simulator's VM identity tokens
         self.metadata_service = MetadataService(
-            simulator.get_node, stopping=stopping, changes=simulator, signer=self.identity_signer
+            simulator.host_node,
+            stopping=stopping,
+            changes=simulator,
+            signer=self.identity_signer,
+            overlay=overlay_of(simulator),
         )
+        self.compute_api = ComputeApi(simulator, worker_pool, stopping)
         qrs, nodes, operations = "/queuedResources", "/nodes", "/operations"
         self._tpu_routes = Routes(
             [
@@ -381,6 +389,8 @@ class SimulatorApi:
         )
 
     def _route(self, method: str, path: str, query: Query, body: bytes, field_mask: str) -> tuple[int, Json]:
+        if self.compute_api.handles(path):
+            return self.compute_api.route(method, path, query, body)
         tpu = self._tpu_routes.match(method, path)
         if tpu is not None:
             return self._call_tpu(*tpu, query, body, field_mask)
@@ -478,6 +488,7 @@ class SimulatorApi:
             "queuedResources": [queued_resource_json(qr) for qr in state.queued_resources],
             "nodes": [node_json(node) for node in state.nodes],
             "operations": [operation_json(op) for op in state.operations],
+            "compute": compute_state(self.simulator),
             "config": self.simulator.config.to_json(),
             "workers": {
                 name: [worker_json(w) for w in workers]

@@ -294,7 +294,8 @@ class WorkerPool:
             self._stop(chosen, 0.0, StopReason.HOST_FAILURE)
 
     def _on_hosts(self, event: HostEvent) -> None:
-        """Reboot and maintenance: hosts go down (RESET, SHUTDOWN) or boot again (BOOT)."""
+        """Reboot and maintenance: hosts go down (RESET, SHUTDOWN) or boot again (BOOT); Compute
+        Engine preempts or deletes single VMs of a slice (PREEMPT, DELETE)."""
         qr = event.qr
         key = (qr.project, qr.zone, qr.qr_id)
         with self._lock:
@@ -305,6 +306,10 @@ class WorkerPool:
             elif event.action is HostAction.SHUTDOWN:
                 grace = self._simulator.config.delete_grace_seconds
                 self._stop(chosen, grace, StopReason.MAINTENANCE)
+            elif event.action is HostAction.PREEMPT:  # one Compute Engine VM of a slice preempted
+                self._stop(chosen, self._simulator.config.preemption_grace_seconds, StopReason.PREEMPTION)
+            elif event.action is HostAction.DELETE:
+                self._stop(chosen, self._simulator.config.delete_grace_seconds, StopReason.DELETION)
             elif not self._closed and qr.hosts_boot:
                 self._boot_again(qr, event, group)
 

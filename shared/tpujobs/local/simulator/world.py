@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from tpujobs.local.simulator.compute_records import ComputeTables
 from tpujobs.local.simulator.errors import FAULT_METHODS, Code, Fault, SimulatorError
 from tpujobs.local.simulator.records import (
     Hook,
@@ -26,6 +27,7 @@ from tpujobs.local.simulator.records import (
     Page,
     QueuedResourceRecord,
     SimulatorConfig,
+    backs_compute,
 )
 from tpujobs.local.simulator.state_file import (
     STATE_FILE_VERSION,
@@ -75,6 +77,7 @@ class World:
         self.on_hosts: list[HostsHook] = []  # reboot and maintenance take hosts down and up
         self._planned_faults: dict[str, list[Fault]] = {method: [] for method in FAULT_METHODS}
         self._no_boot_budget = 0  # how many of the next QRs created get hosts that never boot
+        self._compute = ComputeTables()  # Compute Engine's records (compute_model.py)
         if store is not None:
             snapshot = store.load()
             if snapshot is not None:
@@ -151,7 +154,7 @@ class World:
 
     def _find_qr(self, project: str, zone: str, qr_id: str) -> QueuedResourceRecord:
         qr = self._qrs.get((project, zone, qr_id))
-        if qr is None:
+        if qr is None or backs_compute(qr_id):  # a Compute Engine slice's is no TPU API resource
             raise SimulatorError(
                 Code.NOT_FOUND,
                 f"Resource 'projects/{project}/locations/{zone}/queuedResources/{qr_id}' was not found",
@@ -163,7 +166,10 @@ class World:
         matches = [
             qr
             for qr in self._qrs.values()
-            if qr.qr_id == qr_id and zone in (None, qr.zone) and project in (None, qr.project)
+            if qr.qr_id == qr_id
+            and zone in (None, qr.zone)
+            and project in (None, qr.project)
+            and not backs_compute(qr.qr_id)
         ]
         if not matches:
             raise SimulatorError(Code.NOT_FOUND, f"no queued resource {qr_id!r} (zone {zone}, project {project})")
@@ -173,7 +179,7 @@ class World:
         return matches[0]
 
     def _count(self, counter: str) -> int:
-        self._counters[counter] += 1
+        self._counters[counter] = self._counters.get(counter, 0) + 1
         return self._counters[counter]
 
     def _queue_hooks(self, hooks: list[Hook] | list[HostHook], qr: QueuedResourceRecord, *more: int) -> None:
@@ -223,6 +229,7 @@ class World:
             "queued_resources": [qr_to_json(qr) for qr in self._qrs.values()],
             "nodes": [node_to_json(node) for node in self._nodes.values()],
             "operations": [operation_to_json(op) for op in self._operations.values()],
+            "compute": self._compute.to_json(),
         }
 
     def _restore(self, snapshot: Mapping[str, Any]) -> None:
@@ -237,11 +244,15 @@ class World:
         for data in snapshot["operations"]:
             op = operation_from_json(data, shift)
             self._operations[(op.project, op.zone, op.operation_id)] = op
+        self._compute = ComputeTables.from_json(snapshot.get("compute"), shift)
         self._dirty = False
 
 
 def in_location(resource: QueuedResourceRecord | NodeRecord | OperationRecord, project: str, zone: str) -> bool:
-    return resource.project == project and zone in ("-", resource.zone)
+    """Whether the TPU API lists *resource* in *zone* ("-": every zone); a Compute Engine slice's
+    queued resource and node are not the TPU API's."""
+    owner = resource.qr_id if isinstance(resource, (QueuedResourceRecord, NodeRecord)) else ""
+    return resource.project == project and zone in ("-", resource.zone) and not backs_compute(owner)
 
 
 def paged(items: Iterable[NamedT], page_size: int, page_token: str) -> Page[NamedT]:

@@ -1,0 +1,403 @@
+"""TPU slices on Compute Engine through the real google-cloud-compute client.
+
+A holding is one MIG per slice (`compute_requests`): a multi-host slice's MIG also names a
+workload policy, and each MIG makes its VMs from a regional template. Names are deterministic,
+so a create answered 409 adopts what an earlier delivery made. The MIGs and their managed
+instances are read into the port's states through one table (`compute_states`). Locally the same
+client talks to the simulator (`TPUJOBS_COMPUTE_ENDPOINT`). Facts: ../shared/design/compute-engine.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from datetime import datetime, timezone
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from google.api_core import exceptions as api_exceptions
+from google.api_core.retry import Retry
+
+from tpujobs.adapters import compute_requests as bodies
+from tpujobs.adapters.compute_listing import Listing, group_zone, holding_status
+from tpujobs.adapters.compute_operations import OperationFollower, describe, operation_error
+from tpujobs.adapters.google_errors import transient_retry, translate, translated
+from tpujobs.domain import naming
+from tpujobs.domain.accelerators import BadTopology, UnknownAcceleratorType
+from tpujobs.domain.job import Job
+from tpujobs.engine.errors import PermanentError, TransientError
+from tpujobs.engine.ports import CapacityStatus, HostBoot, UnitRequest
+
+if TYPE_CHECKING:
+    from google.cloud import compute_v1
+
+CALL_TIMEOUT_S = 30.0  # a hung call must not hold a function forever
+OPERATION_WAIT_S = 20.0  # how long a create or delete follows its operation before reading what is
+SERVICE = "Compute Engine"
+METADATA_TRIES = 5  # setMetadata answered 412 (another writer's fingerprint): read and write again
+METADATA_BACKOFF_S = 0.5
+
+# The error reasons of Compute Engine's JSON errors (`errors[].reason`) and of its operations'
+# (`error.errors[].code`), compared without case or underscores.
+_ALREADY_EXISTS = frozenset({"alreadyexists", "resourcealreadyexists"})
+_IN_USE = frozenset({"resourceinusebyanotherresource"})
+_NOT_READY = frozenset({"resourcenotready"})
+
+
+@dataclasses.dataclass(frozen=True)
+class ComputeClients:
+    """The google-cloud-compute clients one holding needs (all REST: compute_v1 has no gRPC)."""
+
+    instances: compute_v1.InstancesClient
+    groups: compute_v1.InstanceGroupManagersClient
+    templates: compute_v1.RegionInstanceTemplatesClient
+    policies: compute_v1.ResourcePoliciesClient
+    zone_operations: compute_v1.ZoneOperationsClient
+    region_operations: compute_v1.RegionOperationsClient
+
+
+def build_clients(endpoint: str = "") -> ComputeClients:
+    """The clients against `endpoint` with anonymous credentials (the simulator), else the real
+    API with the environment's credentials."""
+    from google.cloud import compute_v1
+
+    if endpoint:
+        from google.auth.credentials import AnonymousCredentials
+
+        options: dict[str, Any] = {"client_options": {"api_endpoint": endpoint}, "credentials": AnonymousCredentials()}
+    else:  # found once and shared, rather than looked up (and refreshed) by each client
+        import google.auth
+
+        credentials, _ = google.auth.default(scopes=[bodies.CLOUD_PLATFORM_SCOPE])
+        options = {"credentials": credentials}
+    return ComputeClients(
+        compute_v1.InstancesClient(**options),
+        compute_v1.InstanceGroupManagersClient(**options),
+        compute_v1.RegionInstanceTemplatesClient(**options),
+        compute_v1.ResourcePoliciesClient(**options),
+        compute_v1.ZoneOperationsClient(**options),
+        compute_v1.RegionOperationsClient(**options),
+    )
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class ComputeEngine:
+    """The Capacity port (`engine.ports.Capacity`) on Compute Engine's MIGs, templates and policies."""
+
+    def __init__(
+        self,
+        clients: ComputeClients,
+        project: str,
+        images: bodies.Images | None = None,
+        *,
+        retry: Retry | None = None,
+        clock: Callable[[], datetime] = utc_now,
+        sleep: Callable[[float], None] = time.sleep,
+        operation_wait_s: float = OPERATION_WAIT_S,
+    ) -> None:
+        """`retry` wraps every call (by default `google_errors.transient_retry()`); `clock` dates
+        leftovers (`compute_listing`); `sleep` paces operation polls and setMetadata's fingerprint retries."""
+        self._clients = clients
+        self._project = project
+        self._images = images or bodies.Images()
+        self._retry = retry or transient_retry()
+        self._clock = clock
+        self._sleep = sleep
+        self._wait_s = operation_wait_s
+        self._operations = OperationFollower(
+            clients.zone_operations, clients.region_operations, project, self._call, sleep=sleep
+        )
+
+    # -- asking -------------------------------------------------------------------------------
+
+    def request(self, job: Job, boot: HostBoot) -> CapacityStatus:
+        """Create the attempt's slices (policies, templates, MIGs, each kind for every slice at
+        once), or adopt those that exist; then read what they are."""
+        return self._create(bodies.job_holding(job), boot)
+
+    def request_unit(self, unit: UnitRequest, boot: HostBoot) -> CapacityStatus:
+        """Create a warm-pool unit's slices, or adopt them, exactly as `request` does."""
+        return self._create(bodies.unit_holding(unit), boot)
+
+    def _create(self, holding: bodies.Holding, boot: HostBoot) -> CapacityStatus:
+        try:
+            shape = holding.shape
+        except (UnknownAcceleratorType, BadTopology) as error:
+            raise PermanentError(f"{SERVICE} cannot make {holding.spec.accelerator_type}: {error}") from error
+        c, zone, region = self._clients, holding.zone, holding.region
+        call = self._call(project=self._project)
+        slices = range(holding.spec.slices)
+        if shape.multi_host:
+            policies = [bodies.workload_policy(holding, i) for i in slices]
+            self._insert_each(
+                "workload policy",
+                [partial(c.policies.insert_unary, region=region, resource_policy_resource=p, **call) for p in policies],
+            )
+        templates = [bodies.instance_template(holding, i, boot, self._project, self._images) for i in slices]
+        self._insert_each(
+            "instance template",
+            [partial(c.templates.insert_unary, region=region, instance_template_resource=t, **call) for t in templates],
+        )
+        managers = [bodies.instance_group_manager(holding, i, self._project) for i in slices]
+        migs = self._insert_each(
+            "MIG",
+            [partial(c.groups.insert_unary, zone=zone, instance_group_manager_resource=m, **call) for m in managers],
+            failures_raise=False,
+        )
+        # Kept so a create that fails later can say why (`create_error`); several for multislice.
+        operation = ",".join(f"zones/{zone}/operations/{op.name}" for op, _ in migs if op is not None)
+        failed = next((said for _, said in migs if said), "")
+        status = self.status(zone, holding.name)
+        if status is None and failed:
+            return CapacityStatus(holding.name, zone, "FAILED", failed, operation=operation)
+        status = status or CapacityStatus(holding.name, zone, "CREATING")
+        return dataclasses.replace(status, operation=operation)
+
+    def _insert_each(
+        self, kind: str, inserts: Sequence[Callable[[], compute_v1.Operation]], failures_raise: bool = True
+    ) -> list[tuple[compute_v1.Operation | None, str]]:
+        """Start every insert, then follow each operation for a while: (operation, what its failure
+        said) each; None for a resource that already existed (adopted). A failed operation raises
+        (translated), unless `failures_raise` is False and the failure is permanent; one still
+        running is left to run."""
+        started: list[compute_v1.Operation | None] = []
+        for insert in inserts:
+            try:
+                with _translated(f"create a {kind}"):
+                    started.append(insert())
+            except (PermanentError, TransientError) as error:
+                if not _has_reason(error.__cause__, _ALREADY_EXISTS):
+                    raise
+                started.append(None)  # an earlier delivery made it: adopted
+        results: list[tuple[compute_v1.Operation | None, str]] = []
+        for operation in started:
+            said = "" if operation is None else self._follow(operation, f"create a {kind}", failures_raise)
+            results.append((operation, said))
+        return results
+
+    def _follow(self, operation: compute_v1.Operation, doing: str, failures_raise: bool = True) -> str:
+        """Wait for the operation a while: "" when it is done well, still running or found the
+        resource existing; else its error raised (translated), or a permanent one returned as a
+        sentence when not `failures_raise`."""
+        with _translated(doing):
+            operation = self._operations.follow(operation, self._wait_s)
+        error = operation_error(operation)
+        if error is None or _has_reason(error, _ALREADY_EXISTS):
+            return ""
+        translation = translate(error, SERVICE, doing) or PermanentError(str(error))
+        if failures_raise or not isinstance(translation, PermanentError):
+            raise translation from error  # a transient failure (a full quota too) is retried
+        return f"operation {operation.name} failed: {describe(operation)}"
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def status(self, zone: str, name: str) -> CapacityStatus | None:
+        """The holding's MIGs (one filtered list), each MIG's managed instances, and its VMs (one
+        filtered list, for upcoming maintenance); leftovers when no MIG is left; None: nothing."""
+        listing = self._listing(zone, bodies.holding_filter(name), bodies.holding_filter(name, instances=True))
+        managed = {
+            mig.name: self._managed_instances(zone, mig.name) for mig in listing.migs if _ours(mig.description, name)
+        }
+        return holding_status(name, zone, listing, managed, self._clock())
+
+    def list_capacity(self, zone: str) -> Sequence[CapacityStatus]:
+        """Every tpujobs holding of the zone: four filtered, paged lists (MIGs, VMs, the region's
+        templates and policies) whatever the zone's size; hosts judged by their VMs' status."""
+        pattern = bodies.name_filter(bodies.SLICE_RE2)
+        listing = self._listing(zone, pattern, bodies.name_filter(bodies.INSTANCE_RE2))
+        return group_zone(zone, listing, self._clock())
+
+    def _listing(self, zone: str, slices: str, instances: str | None) -> Listing:
+        """MIGs, VMs (unless `instances` is None), templates and policies whose names the filters keep."""
+        c, project, region = self._clients, self._project, bodies.region_of(zone)
+        zonal = {"project": project, "zone": zone}
+        regional = {"project": project, "region": region}
+        with _translated(f"list the tpujobs MIGs, VMs, templates and policies of {zone}"):
+            return Listing(
+                migs=list(c.groups.list(request={**zonal, "filter": slices}, **self._call())),
+                instances=[]
+                if instances is None
+                else list(c.instances.list(request={**zonal, "filter": instances}, **self._call(INSTANCE_FIELDS))),
+                templates=list(c.templates.list(request={**regional, "filter": slices}, **self._call(TEMPLATE_FIELDS))),
+                policies=list(c.policies.list(request={**regional, "filter": slices}, **self._call())),
+            )
+
+    def _managed_instances(self, zone: str, mig: str) -> list[compute_v1.ManagedInstance]:
+        try:
+            with _translated(f"list the VMs of MIG {mig}"):
+                return list(
+                    self._clients.groups.list_managed_instances(
+                        project=self._project, zone=zone, instance_group_manager=mig, **self._call()
+                    )
+                )
+        except PermanentError as error:
+            if isinstance(error.__cause__, api_exceptions.NotFound):
+                return []  # deleted since the listing
+            raise
+
+    def _call(self, fields: str = "", **more: Any) -> dict[str, Any]:
+        """Every call's retry and timeout (and `more`); `fields` asks only for them (the rest is never read)."""
+        extra: dict[str, Any] = {"metadata": [("x-goog-fieldmask", fields)]} if fields else {}
+        return {"retry": self._retry, "timeout": CALL_TIMEOUT_S, **extra, **more}
+
+    def create_error(self, operation: str) -> str | None:
+        """What the first failed of a request's MIG inserts (`zones/Z/operations/N`, comma-separated) said."""
+        for each in filter(None, operation.split(",")):
+            parts = each.split("/")
+            if len(parts) != 4 or parts[0] != "zones" or parts[2] != "operations":
+                continue
+            try:
+                with _translated(f"read operation {each}"):
+                    found = self._clients.zone_operations.get(
+                        project=self._project, zone=parts[1], operation=parts[3], **self._call()
+                    )
+            except PermanentError as error:
+                if isinstance(error.__cause__, api_exceptions.NotFound):
+                    continue  # operations are kept for a while only
+                raise
+            if operation_error(found) is not None:
+                return f"operation {each} failed: {describe(found)}"
+        return None
+
+    # -- giving back --------------------------------------------------------------------------
+
+    def release(self, zone: str, name: str) -> None:
+        """Delete the holding's MIGs (and so their VMs), then templates, then policies: absent is
+        fine. A template or policy still in use (its MIG is still going) raises TransientError,
+        so the message is retried; `list_capacity` reports what is left meanwhile."""
+        c, region = self._clients, bodies.region_of(zone)
+        call = self._call(project=self._project)
+        listing = self._listing(zone, bodies.holding_filter(name), None)
+        going = [
+            self._delete(
+                f"MIG {m.name}", partial(c.groups.delete_unary, zone=zone, instance_group_manager=m.name, **call)
+            )
+            for m in listing.migs
+            if _ours(m.description, name)
+        ]
+        for operation in going:
+            if operation is not None:
+                self._follow(operation, f"delete the MIGs of {name}")
+        in_use = []
+        for template in (t for t in listing.templates if _ours(t.description, name)):
+            delete = partial(c.templates.delete_unary, region=region, instance_template=template.name, **call)
+            if self._delete_now(f"instance template {template.name}", delete):
+                in_use.append(template.name)
+        for policy in (p for p in listing.policies if _ours(p.description, name)):
+            delete = partial(c.policies.delete_unary, region=region, resource_policy=policy.name, **call)
+            if self._delete_now(f"workload policy {policy.name}", delete):
+                in_use.append(policy.name)
+        if in_use:
+            raise TransientError(f"{SERVICE}: {', '.join(in_use)} still in use while {name} is deleted; retry")
+
+    def _delete(self, what: str, delete: Callable[[], compute_v1.Operation]) -> compute_v1.Operation | None:
+        """Start one delete: its operation; None when it is already gone or going. A resource in
+        use raises _InUse."""
+        try:
+            with _translated(f"delete {what}"):
+                return delete()
+        except PermanentError as error:
+            cause = error.__cause__
+            if isinstance(cause, api_exceptions.NotFound) or _has_reason(cause, _NOT_READY):
+                return None
+            if _has_reason(cause, _IN_USE):
+                raise _InUse(what) from error
+            raise
+
+    def _delete_now(self, what: str, delete: Callable[[], compute_v1.Operation]) -> bool:
+        """Delete and follow the operation; True when the resource is still in use."""
+        try:
+            operation = self._delete(what, delete)
+            if operation is not None:
+                self._follow(operation, f"delete {what}")
+        except _InUse:
+            return True
+        except PermanentError as error:  # the operation itself said in use
+            if _has_reason(error.__cause__, _IN_USE):
+                return True
+            raise
+        return False
+
+    # -- warm-pool assignments ----------------------------------------------------------------
+
+    def write_metadata(self, zone: str, name: str, slices: int, metadata: Mapping[str, str]) -> None:
+        """Set tpujobs' keys (those of `metadata`) on every VM of the holding, keeping every other
+        key (such as `ssh-keys`): read the VM's metadata and fingerprint, merge, write with that
+        fingerprint, and on a conflict (412: someone wrote meanwhile) read and write again. A VM
+        not RUNNING (or a slice without VMs) raises PermanentError; each write is waited for."""
+        for index in range(slices):
+            mig = naming.node_id(name, index, slices)
+            hosts = self._managed_instances(zone, mig)
+            if not hosts:
+                raise PermanentError(f"{SERVICE}: MIG {mig} has no VMs to write the metadata of")
+            for host in hosts:
+                if host.instance_status != "RUNNING":
+                    raise PermanentError(
+                        f"{SERVICE}: VM {host.name} of {mig} is not RUNNING ({host.instance_status or 'none'})"
+                    )
+                self._merge_metadata(zone, host.name, metadata)
+
+    def _merge_metadata(self, zone: str, instance: str, metadata: Mapping[str, str]) -> None:
+        from google.cloud import compute_v1
+
+        c = self._clients
+        for attempt in range(METADATA_TRIES):
+            with _translated(f"read the metadata of VM {instance}"):
+                current = c.instances.get(project=self._project, zone=zone, instance=instance, **self._call()).metadata
+            items = {item.key: item.value for item in current.items if item.key not in metadata}
+            items.update(metadata)
+            written = compute_v1.Metadata(
+                fingerprint=current.fingerprint,
+                items=[compute_v1.Items(key=k, value=v) for k, v in sorted(items.items())],
+            )
+            try:
+                with _translated(f"write the metadata of VM {instance}"):
+                    operation = c.instances.set_metadata_unary(
+                        project=self._project, zone=zone, instance=instance, metadata_resource=written, **self._call()
+                    )
+                self._follow(operation, f"write the metadata of VM {instance}")
+                return
+            except PermanentError as error:
+                if not isinstance(error.__cause__, api_exceptions.PreconditionFailed):
+                    raise
+            self._sleep(METADATA_BACKOFF_S * 2**attempt)
+        raise TransientError(f"{SERVICE}: the metadata of VM {instance} kept changing under {METADATA_TRIES} writes")
+
+
+class _InUse(Exception):
+    """A template or policy still used by a MIG that is going."""
+
+
+# Only what a listing reads: a template's properties hold the startup script (the agent), and a
+# zone of many holdings would bring it once per slice.
+INSTANCE_FIELDS = "items.name,items.status,items.resourceStatus.upcomingMaintenance,nextPageToken"
+TEMPLATE_FIELDS = "items.name,items.description,items.creationTimestamp,nextPageToken"
+
+
+def _ours(description: str, holding: str) -> bool:
+    said = bodies.parse_description(description)
+    return said is not None and said.get("holding") == holding
+
+
+def _has_reason(error: BaseException | None, reasons: frozenset[str]) -> bool:
+    """Whether a Google error's reasons (REST `errors[].reason`, an operation's `errors[].code`)
+    include one of `reasons` (compared without case or underscores)."""
+    if not isinstance(error, api_exceptions.GoogleAPICallError):
+        return False
+    said: list[str] = [error.reason or ""]
+    for each in error.errors or ():
+        if isinstance(each, Mapping):
+            said += [str(each.get("reason") or ""), str(each.get("code") or "")]
+        else:
+            said += [str(getattr(each, "reason", "") or ""), str(getattr(each, "code", "") or "")]
+    return any(s.replace("_", "").lower() in reasons for s in said if s)
+
+
+def _translated(doing: str) -> AbstractContextManager[None]:
+    """Library errors through the one table (adapters/google_errors.py)."""
+    return translated(SERVICE, doing)

@@ -1,0 +1,181 @@
+"""Compute Engine listings grouped into holdings, each as the capacity port's status.
+
+A holding's resources are known by the marker in their descriptions (`compute_requests`), so
+nothing of anyone else's is ever reported. `holding_status` reads one holding precisely (its
+managed instances, with their last creation errors); `group_zone` reads a whole zone from four
+lists, judging hosts by their VMs' status and their MIG's action counts. Templates and policies
+left without a MIG (a release that must be finished, or a create cut short) are reported too:
+CREATING while young, FAILED after, so the reconciler's sweep (which skips DELETING) gives them back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any
+
+from tpujobs.adapters import compute_states as states
+from tpujobs.adapters.compute_requests import parse_description
+from tpujobs.engine.ports import CapacityStatus
+
+if TYPE_CHECKING:
+    from google.cloud import compute_v1
+
+# A create makes policies, then templates, then MIGs, within seconds: leftovers younger than
+# this may be a create under way, older ones a release to finish.
+PARTIAL_GRACE = timedelta(minutes=5)
+
+
+@dataclass(frozen=True)
+class Listing:
+    """What one read of a zone (or of one holding in it) found."""
+
+    migs: Sequence[compute_v1.InstanceGroupManager]
+    instances: Sequence[compute_v1.Instance]
+    templates: Sequence[compute_v1.InstanceTemplate]
+    policies: Sequence[compute_v1.ResourcePolicy]
+
+
+def _said(resource: Any) -> dict[str, Any] | None:
+    return parse_description(resource.description or "")
+
+
+def _labelled(name: str, zone: str, said: Mapping[str, Any], **fields: Any) -> CapacityStatus:
+    labels = said.get("labels") or {}
+    return CapacityStatus(
+        name, zone, job_label=labels.get("tpujobs-job"), pool_label=labels.get("tpujobs-pool"), **fields
+    )
+
+
+def holding_status(
+    name: str,
+    zone: str,
+    listing: Listing,
+    managed: Mapping[str, Sequence[compute_v1.ManagedInstance]],
+    now: datetime,
+) -> CapacityStatus | None:
+    """One holding from its MIGs and their managed instances (`managed`, by MIG name)."""
+    migs = [m for m in listing.migs if (_said(m) or {}).get("holding") == name]
+    if not migs:
+        return next(iter(_leftovers(zone, listing, set(), now, only=name)), None)
+    verdicts = [
+        states.host(
+            states.Host(
+                mi.name,
+                mi.instance_status or "",
+                mi.current_action or "UNDEFINED_CURRENT_ACTION",
+                tuple((e.code, e.message) for e in mi.last_attempt.errors.errors),
+            )
+        )
+        for mig in migs
+        for mi in managed.get(mig.name, ())
+    ]
+    judged = states.holding_state(
+        verdicts,
+        all_stable=all(m.status.is_stable for m in migs),
+        waiting_in_bulk=any(m.status.bulk_instance_operation.in_progress for m in migs),
+    )
+    said = _said(migs[0]) or {}
+    return _labelled(
+        name,
+        zone,
+        said,
+        state=judged.state,
+        detail=judged.detail,
+        unhealthy_hosts=judged.lost_hosts,
+        maintenance=_maintenance(listing.instances, {m.name for m in migs}),
+    )
+
+
+def group_zone(zone: str, listing: Listing, now: datetime) -> list[CapacityStatus]:
+    """Every holding of the zone. Per MIG: its VMs' statuses; hosts with no VM while the MIG
+    creates some are waiting; hosts with no VM and no action (more NONE actions than VMs) ran
+    and were deleted: lost; any host being deleted makes the holding DELETING."""
+    by_holding: dict[str, list[compute_v1.InstanceGroupManager]] = {}
+    for mig in listing.migs:
+        said = _said(mig)
+        if said is not None:
+            by_holding.setdefault(said["holding"], []).append(mig)
+    vms: dict[str, list[compute_v1.Instance]] = {}
+    for vm in listing.instances:
+        vms.setdefault(vm.name.rsplit("-", 1)[0], []).append(vm)
+    found = []
+    for holding, migs in sorted(by_holding.items()):
+        verdicts: list[states.Verdict] = []
+        for mig in migs:
+            verdicts += _mig_verdicts(mig, vms.get(mig.name, []))
+        judged = states.holding_state(
+            verdicts,
+            all_stable=all(m.status.is_stable for m in migs),
+            waiting_in_bulk=any(m.status.bulk_instance_operation.in_progress for m in migs),
+        )
+        found.append(
+            _labelled(
+                holding,
+                zone,
+                _said(migs[0]) or {},
+                state=judged.state,
+                detail=judged.detail,
+                unhealthy_hosts=judged.lost_hosts,
+                maintenance=_maintenance(listing.instances, {m.name for m in migs}),
+            )
+        )
+    return found + _leftovers(zone, listing, set(by_holding), now)
+
+
+def _mig_verdicts(mig: compute_v1.InstanceGroupManager, vms: Sequence[compute_v1.Instance]) -> list[states.Verdict]:
+    actions = mig.current_actions
+    verdicts = [states.host(states.Host(vm.name, vm.status or "", "UNDEFINED_CURRENT_ACTION")) for vm in vms]
+    gone = max(0, actions.none - len(vms))  # NONE hosts beyond the VMs that exist: deleted
+    lost = f"a host of MIG {mig.name} has no VM any more (preempted or deleted)"
+    verdicts += [states.Verdict(states.PROVISIONING, True, lost)] * gone
+    waiting = max(0, mig.target_size - len(vms) - gone)
+    verdicts += [states.Verdict(states.WAITING, False)] * waiting
+    if actions.deleting:
+        verdicts.append(states.Verdict(states.DELETING, False))
+    return verdicts
+
+
+def _maintenance(instances: Iterable[compute_v1.Instance], migs: set[str]) -> tuple[tuple[str, str], ...]:
+    """(VM, window start) of the holding's VMs with host maintenance scheduled."""
+    found = []
+    for vm in instances:
+        if vm.name.rsplit("-", 1)[0] not in migs:
+            continue
+        upcoming = vm.resource_status.upcoming_maintenance
+        start = upcoming.window_start_time or upcoming.latest_window_start_time
+        if start or upcoming.maintenance_status or upcoming.type_:
+            found.append((vm.name, start))
+    return tuple(sorted(found))
+
+
+def _leftovers(
+    zone: str, listing: Listing, with_migs: set[str], now: datetime, only: str | None = None
+) -> list[CapacityStatus]:
+    """Holdings of this zone with templates or policies but no MIG."""
+    left: dict[str, list[Any]] = {}
+    for resource in [*listing.templates, *listing.policies]:
+        said = _said(resource)
+        if said is None or said.get("zone") != zone or said["holding"] in with_migs:
+            continue
+        if only is None or said["holding"] == only:
+            left.setdefault(said["holding"], []).append(resource)
+    found = []
+    for holding, resources in sorted(left.items()):
+        names = ", ".join(sorted(r.name for r in resources))
+        newest = max((t for t in (_created(r.creation_timestamp) for r in resources) if t), default=None)
+        young = newest is not None and now - newest < PARTIAL_GRACE
+        state = "CREATING" if young else "FAILED"
+        detail = f"no MIG; only its templates and policies remain ({names})"
+        found.append(_labelled(holding, zone, _said(resources[0]) or {}, state=state, detail=detail))
+    return found
+
+
+def _created(timestamp: str) -> datetime | None:
+    """An RFC 3339 creationTimestamp ("2026-11-27T03:50:00.000-08:00"); None if unreadable."""
+    try:
+        parsed = datetime.fromisoformat((timestamp or "").replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)

@@ -1,0 +1,156 @@
+"""What Compute Engine says of a slice's VMs, as the capacity port's states: the one table.
+
+A holding's MIGs and their managed instances are read; each host (managed instance) is placed
+by its instance status and the MIG's current action for it (`INSTANCE_STATUSES`,
+`CURRENT_ACTIONS`), and by the errors of its last creation attempt. The holding is the least
+advanced of its hosts: DELETING, then FAILED, then WAITING_FOR_RESOURCES, then PROVISIONING;
+ACTIVE only when every MIG is stable and every host RUNNING. Hosts that are lost (preempted,
+stopped, deleted, recreated) count in `unhealthy_hosts`, which the engine treats as a loss
+whatever the state. TPU VMs cannot stop or suspend, so no holding is ever SUSPENDED.
+Sources: ../shared/design/compute-engine.md §3 and the compute_v1 enums' own docstrings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+HostVerdict = Literal["ok", "lost"]
+
+# The port's states this backend uses, least advanced first wins (`holding_state`).
+DELETING = "DELETING"
+FAILED = "FAILED"
+WAITING = "WAITING_FOR_RESOURCES"
+PROVISIONING = "PROVISIONING"
+ACTIVE = "ACTIVE"
+_PRECEDENCE = (DELETING, FAILED, WAITING, PROVISIONING, ACTIVE)
+
+
+@dataclass(frozen=True)
+class Meaning:
+    """What one status or action says of a host: the holding state it allows, and whether the
+    host is lost (its processes are gone, so the attempt on it is over)."""
+
+    state: str
+    verdict: HostVerdict
+    why: str
+
+
+# compute_v1.Instance.Status, every member (tests/unit/test_compute_states.py holds it to the enum).
+INSTANCE_STATUSES: dict[str, Meaning] = {
+    "UNDEFINED_STATUS": Meaning(WAITING, "ok", "no VM yet (empty instanceStatus): the MIG has not got its capacity"),
+    "PENDING": Meaning(WAITING, "ok", "flex-start: waiting for capacity from the Dynamic Workload Scheduler"),
+    "PROVISIONING": Meaning(PROVISIONING, "ok", "resources are being allocated"),
+    "STAGING": Meaning(PROVISIONING, "ok", "resources allocated; the VM is starting"),
+    "RUNNING": Meaning(ACTIVE, "ok", "running"),
+    "REPAIRING": Meaning(PROVISIONING, "lost", "in repair after a host error: its processes are gone"),
+    "PENDING_STOP": Meaning(PROVISIONING, "lost", "shutting down gracefully (a Spot preemption's soft-off)"),
+    "STOPPING": Meaning(PROVISIONING, "lost", "stopping: being deleted or killed (preemption, maintenance)"),
+    "STOPPED": Meaning(PROVISIONING, "lost", "stopped: a TPU VM cannot be started again"),
+    "TERMINATED": Meaning(PROVISIONING, "lost", "terminated: preempted, or stopped for host maintenance"),
+    "SUSPENDING": Meaning(PROVISIONING, "lost", "suspending: TPU VMs cannot suspend, so the host is going"),
+    "SUSPENDED": Meaning(PROVISIONING, "lost", "suspended: TPU VMs cannot resume, so the host is gone"),
+    "DEPROVISIONING": Meaning(PROVISIONING, "lost", "halted; its network, IPs and disks being torn down"),
+}
+
+# compute_v1.ManagedInstance.CurrentAction, every member, plus the two its docstring says may
+# come outside the enum (STOPPING, SUSPENDING). None: the instance status alone decides.
+CURRENT_ACTIONS: dict[str, Meaning | None] = {
+    "UNDEFINED_CURRENT_ACTION": None,  # not set: no signal
+    "NONE": None,  # no action scheduled: the VM is as its status says (no VM at all: `host`)
+    "CREATING": None,  # the VM is being created, retried until it is: its status says how far
+    "CREATING_WITHOUT_RETRIES": None,  # created once only: its status (and lastAttempt) say how far
+    "VERIFYING": Meaning(PROVISIONING, "ok", "created, being verified"),
+    "REFRESHING": Meaning(PROVISIONING, "ok", "configuration applied without a stop: not stable meanwhile"),
+    "RECREATING": Meaning(PROVISIONING, "lost", "being recreated: a new VM, the old one's processes gone"),
+    "RESTARTING": Meaning(PROVISIONING, "lost", "being restarted: its processes die"),
+    "STARTING": Meaning(PROVISIONING, "lost", "being started again after a stop: its processes were gone"),
+    "RESUMING": Meaning(PROVISIONING, "lost", "being resumed: TPU VMs cannot suspend, so it was gone"),
+    "STOPPING": Meaning(PROVISIONING, "lost", "being stopped"),
+    "SUSPENDING": Meaning(PROVISIONING, "lost", "being suspended: TPU VMs cannot"),
+    "ABANDONING": Meaning(PROVISIONING, "lost", "being taken out of the group"),
+    "DELETING": Meaning(DELETING, "lost", "being deleted for good"),
+}
+_CREATING = frozenset({"CREATING", "CREATING_WITHOUT_RETRIES"})
+_NO_ACTION = frozenset({"NONE", "UNDEFINED_CURRENT_ACTION", ""})
+
+# lastAttempt error codes that mean no capacity now: wait (the zone wait then fails over) [RA].
+STOCKOUT_PREFIX = "ZONE_RESOURCE_POOL_EXHAUSTED"
+QUOTA_CODES = frozenset({"QUOTA_EXCEEDED"})
+
+
+@dataclass(frozen=True)
+class Host:
+    """One host as its MIG reports it (listManagedInstances), its name's VM as read (if any)."""
+
+    name: str
+    status: str  # Instance.Status name; "" when no VM exists
+    action: str  # ManagedInstance.CurrentAction name
+    errors: tuple[tuple[str, str], ...] = ()  # lastAttempt.errors (code, message)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One host's place: the holding state it allows, whether it is lost, and what it said."""
+
+    state: str
+    lost: bool
+    detail: str = ""
+
+
+def host(h: Host) -> Verdict:
+    """Where one host stands. A host the MIG no longer creates and that has no VM ran and was
+    deleted (a Spot VM preempted with DELETE; DO_NOTHING never makes it again): lost. Its last
+    creation's errors: a stockout or a full quota is waiting for capacity, with Google's words;
+    any other error waits too, saying so, so the engine's zone wait decides (never a guess)."""
+    action = CURRENT_ACTIONS.get(h.action, Meaning(PROVISIONING, "ok", "an action newer than this table"))
+    if action is not None:
+        lost = action.verdict == "lost"
+        return Verdict(action.state, lost, f"host {h.name} is {h.action}: {action.why}" if lost else "")
+    if not h.status and h.action in _NO_ACTION:
+        return Verdict(PROVISIONING, True, f"host {h.name} has no VM any more (preempted or deleted)")
+    status = INSTANCE_STATUSES.get(h.status or "UNDEFINED_STATUS", Meaning(PROVISIONING, "ok", "unknown"))
+    lost = status.verdict == "lost"
+    if status.state == WAITING or (h.errors and h.action in _CREATING and status.state != ACTIVE):
+        return Verdict(WAITING, lost, _said(h))
+    return Verdict(status.state, lost, f"host {h.name} is {h.status}: {status.why}" if lost else "")
+
+
+def _said(h: Host) -> str:
+    """The host's last creation errors as a sentence: quota named as such, stockouts as Google says."""
+    if not h.errors:
+        return ""
+    code, message = h.errors[0]
+    if code in QUOTA_CODES:
+        return f"quota exhausted creating host {h.name}: {code}: {message}"
+    if code.startswith(STOCKOUT_PREFIX):
+        return f"no capacity for host {h.name}: {code}: {message}"
+    return f"Compute Engine could not create host {h.name} yet: {code}: {message}"
+
+
+@dataclass(frozen=True)
+class HoldingState:
+    """A holding as the port says it: its state, why, and how many hosts are lost."""
+
+    state: str
+    detail: str
+    lost_hosts: int
+
+
+def holding_state(verdicts: Iterable[Verdict], all_stable: bool, waiting_in_bulk: bool = False) -> HoldingState:
+    """The least advanced of the hosts' states (ACTIVE only when every MIG is stable too), the
+    first detail of a host in that state, and the lost hosts. A MIG whose bulk creation is in
+    progress is waiting for capacity as a whole [BULK]."""
+    verdicts = list(verdicts)
+    states = [v.state for v in verdicts] + ([WAITING] if waiting_in_bulk else [])
+    if not states:
+        states = [WAITING]  # a MIG with no managed instance yet
+    state = min(states, key=_PRECEDENCE.index)
+    if state == ACTIVE and not all_stable:
+        state = PROVISIONING
+    detail = next((v.detail for v in verdicts if v.state == state and v.detail), "")
+    lost = sum(1 for v in verdicts if v.lost)
+    if not detail and lost:
+        detail = next((v.detail for v in verdicts if v.lost and v.detail), "")
+    return HoldingState(state, detail, lost)

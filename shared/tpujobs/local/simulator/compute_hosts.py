@@ -1,0 +1,69 @@
+"""What a Compute Engine TPU VM's metadata server answers beyond a TPU node's: its own instance
+metadata (template items and setMetadata's), the TPU keys Compute Engine still fills in
+(`accelerator-type`, `tpu-env` with TOPOLOGY, `agent-worker-number`, `worker-network-endpoints`),
+`instance/preempted` per VM, and `instance/upcoming-maintenance`.
+Formats: ../shared/design/compute-engine.md, sections 3 and 4.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+
+from tpujobs.local.simulator.compute_vms import HostInstance
+from tpujobs.local.simulator.errors import project_number
+from tpujobs.local.simulator.metadata import HostOverlay, attributes, tpu_env
+from tpujobs.local.simulator.model import NodeRecord, Simulator
+
+TPU_KEYS = ("accelerator-type", "agent-worker-number", "tpu-env", "worker-network-endpoints")
+NO_MAINTENANCE = "NONE"  # what instance/upcoming-maintenance answers when nothing is scheduled
+# instances.get's upcomingMaintenance fields and the metadata server's JSON names for them.
+_MAINTENANCE_KEYS = {
+    "canReschedule": "can_reschedule",
+    "latestWindowStartTime": "latest_window_start_time",
+    "maintenanceStatus": "maintenance_status",
+    "type": "type",
+    "windowEndTime": "window_end_time",
+    "windowStartTime": "window_start_time",
+}
+
+
+def host_overlay(node: NodeRecord, worker: int, host: HostInstance) -> HostOverlay:
+    """The answers of worker *worker* of a Compute slice's node, whose VM is *host*."""
+    vm = host.record
+    named = dataclasses.replace(node, node_id=vm.group or vm.name)
+    env = tpu_env(named, worker)
+    if vm.topology:
+        lines = sorted([*env.splitlines(), f"TOPOLOGY: '{vm.topology}'"])
+        env = "".join(f"{line}\n" for line in lines)
+    tpu = {key: value for key, value in attributes(named, worker).items() if key in TPU_KEYS}
+    maintenance = NO_MAINTENANCE
+    maintenance_json = json.dumps(NO_MAINTENANCE)
+    if vm.upcoming_maintenance is not None:
+        shown = {_MAINTENANCE_KEYS[k]: v for k, v in vm.upcoming_maintenance.items() if k in _MAINTENANCE_KEYS}
+        maintenance = maintenance_json = json.dumps({**shown, "maintenance_reasons": []}, sort_keys=True)
+    machine_type = str(vm.body.get("machineType", "")).rsplit("/", 1)[-1]
+    return HostOverlay(
+        attributes={**dict(vm.metadata), **tpu, "tpu-env": env},
+        values={
+            "instance/preempted": "TRUE" if host.preempted else "FALSE",
+            "instance/hostname": f"{vm.name}.{vm.zone}.c.{vm.project}.internal",
+            "instance/name": vm.name,
+            "instance/id": str(vm.number),
+            "instance/machine-type": f"projects/{project_number(vm.project)}/machineTypes/{machine_type}",
+            "instance/upcoming-maintenance": maintenance,
+        },
+        json_values={"instance/upcoming-maintenance": maintenance_json},
+        vm=(vm.name, str(vm.number), vm.create_time),
+    )
+
+
+def overlay_of(simulator: Simulator) -> Callable[[NodeRecord, int], HostOverlay | None]:
+    """The metadata server's overlay: a Compute VM's answers, None for a TPU API node's hosts."""
+
+    def overlay(node: NodeRecord, worker: int) -> HostOverlay | None:
+        host = simulator.host_instance(node, worker)
+        return None if host is None else host_overlay(node, worker, host)
+
+    return overlay

@@ -1,0 +1,166 @@
+"""The Compute Engine adapter (adapters.compute) through the real google-cloud-compute client,
+against the simulator's Compute Engine v1 REST API: a v7x slice asked for, seen ACTIVE,
+preempted, seen losing a host, and given back leaving nothing behind.
+
+Waits use the simulator's quick provisioning (0.1 s) with generous deadlines, never a race.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+
+from tpujobs.adapters.compute import ComputeEngine, build_clients
+from tpujobs.domain.job import Job, new_job
+from tpujobs.domain.spec import parse_spec
+from tpujobs.engine.ports import CAPACITY_PENDING, CapacityStatus, HostBoot
+from tpujobs.local.simulator import SimulatorConfig, SimulatorServer
+from tpujobs.local.simulator.client import SimulatorControl
+from tpujobs.local.testing import wait_for
+
+pytestmark = pytest.mark.emulator
+
+PROJECT = "compute-adapter"
+ZONE = "us-central1-c"
+BOOT = HostBoot("vm@compute-adapter.iam.gserviceaccount.com", {"startup-script": "#!/bin/sh", "tpujobs-key": "k"})
+
+
+def start(capacity: dict[str, int]) -> SimulatorServer:
+    """A simulator of the test's own, quick to provision, with `capacity` chips on offer."""
+    return SimulatorServer(
+        SimulatorConfig(waiting_seconds=0.05, provisioning_seconds=0.1, capacity=capacity), run_workers=False
+    )
+
+
+@pytest.fixture
+def simulator() -> Iterator[str]:
+    with start({}) as server:
+        yield server.url
+
+
+@pytest.fixture
+def compute(simulator: str) -> ComputeEngine:
+    return ComputeEngine(build_clients(simulator), PROJECT, operation_wait_s=10)
+
+
+def a_job(**changes: Any) -> Job:
+    spec = parse_spec(
+        {
+            "job_id": "train-1",
+            "name": "train",
+            "owner": "ada",
+            "accelerator_type": "v7x-16",
+            "platform": "compute",
+            "capacity": "spot",
+            "command": "x",
+            **changes,
+        }
+    )
+    job, _ = new_job(spec, ZONE, datetime.now(timezone.utc))
+    return job
+
+
+def active(compute: ComputeEngine, name: str) -> CapacityStatus:
+    def probe() -> CapacityStatus | None:
+        """the holding ACTIVE"""
+        status = compute.status(ZONE, name)
+        return status if status is not None and status.state == "ACTIVE" else None
+
+    return wait_for(probe, timeout=30)
+
+
+def vms_of(simulator: str) -> list[dict[str, Any]]:
+    return list(SimulatorControl(simulator).state()["compute"]["instances"])
+
+
+def test_a_v7x_spot_slice_becomes_active_on_two_hosts_and_a_retried_request_adopts_it(compute, simulator):
+    """v7x-16 spot: a MIG of two RUNNING VMs, labelled with the job; asking again makes nothing new."""
+    job = a_job()
+    first = compute.request(job, BOOT)
+    assert first.state in CAPACITY_PENDING and first.job_label == "train-1"
+    assert first.operation.startswith(f"zones/{ZONE}/operations/")
+    assert compute.create_error(first.operation) is None
+    status = active(compute, job.queued_resource)
+    assert (status.name, status.unhealthy_hosts) == ("train-1-c1", 0)
+    again = compute.request(job, BOOT)
+    assert again.state == "ACTIVE" and again.operation == ""
+    assert len(vms_of(simulator)) == 2
+    (listed,) = compute.list_capacity(ZONE)
+    assert (listed.name, listed.state, listed.job_label) == ("train-1-c1", "ACTIVE", "train-1")
+
+
+def test_a_preempted_host_is_a_lost_host_in_status_and_in_the_zones_listing(compute, simulator):
+    """A Spot VM preempted: status and list_capacity count one unhealthy host, never SUSPENDED."""
+    job = a_job()
+    compute.request(job, BOOT)
+    active(compute, job.queued_resource)
+    victim = sorted(vm["name"] for vm in vms_of(simulator))[0]
+    SimulatorControl(simulator).preempt_instance(ZONE, victim, project=PROJECT)
+
+    def lost() -> CapacityStatus | None:
+        """a lost host reported"""
+        status = compute.status(ZONE, job.queued_resource)
+        return status if status is not None and status.unhealthy_hosts == 1 else None
+
+    status = wait_for(lost, timeout=30)
+    assert status.state != "SUSPENDED" and victim in status.detail
+    (listed,) = compute.list_capacity(ZONE)
+    assert listed.unhealthy_hosts == 1
+
+
+def test_release_leaves_no_mig_template_policy_or_vm(compute, simulator):
+    """release deletes MIG, template and policy of every slice; twice is fine."""
+    job = a_job(slices=2)
+    compute.request(job, BOOT)
+    active(compute, job.queued_resource)
+    compute.release(ZONE, job.queued_resource)
+    compute.release(ZONE, job.queued_resource)
+    assert compute.status(ZONE, job.queued_resource) is None
+    assert compute.list_capacity(ZONE) == []
+    left = SimulatorControl(simulator).state()["compute"]
+    assert {kind: items for kind, items in left.items() if items} == {}
+
+
+def test_write_metadata_sets_tpujobs_keys_and_keeps_the_others(compute, simulator):
+    """setMetadata with the fingerprint: our key added, the boot's and the MIG's kept."""
+    job = a_job(accelerator_type="v7x-8")
+    compute.request(job, BOOT)
+    active(compute, job.queued_resource)
+    compute.write_metadata(ZONE, job.queued_resource, 1, {"tpujobs-assignment": "job-9"})
+    (vm,) = vms_of(simulator)
+    items = {item["key"]: item["value"] for item in vm["metadata"]["items"]}
+    assert items["tpujobs-assignment"] == "job-9"
+    assert items["startup-script"] == "#!/bin/sh" and "created-by" in items
+
+
+def test_a_stockout_waits_for_resources_with_googles_words():
+    """No v7x chips in the zone: WAITING_FOR_RESOURCES, the detail naming the stockout."""
+    job = a_job()
+    with start({f"v7x@{ZONE}": 0}) as server:
+        compute = ComputeEngine(build_clients(server.url), PROJECT, operation_wait_s=10)
+        compute.request(job, BOOT)
+
+        def waiting() -> CapacityStatus | None:
+            """the holding waiting, saying why"""
+            status = compute.status(ZONE, job.queued_resource)
+            return status if status is not None and "ZONE_RESOURCE_POOL_EXHAUSTED" in status.detail else None
+
+        assert wait_for(waiting, timeout=30).state == "WAITING_FOR_RESOURCES"
+
+
+def test_a_scheduled_maintenance_is_exposed_with_its_window(compute, simulator):
+    """A host's upcomingMaintenance shows in status and in the zone's listing as (VM, window start)."""
+    job = a_job()
+    compute.request(job, BOOT)
+    active(compute, job.queued_resource)
+    host = sorted(vm["name"] for vm in vms_of(simulator))[1]
+    SimulatorControl(simulator).schedule_maintenance(ZONE, host, notice=3600, project=PROJECT)
+    status = compute.status(ZONE, job.queued_resource)
+    assert status is not None and status.state == "ACTIVE"
+    ((named, start),) = status.maintenance
+    assert named == host and datetime.fromisoformat(start.replace("Z", "+00:00")) > datetime.now(timezone.utc)
+    (listed,) = compute.list_capacity(ZONE)
+    assert listed.maintenance == status.maintenance
