@@ -94,6 +94,7 @@ RecoveryRule = Literal["resume", "rerun", "fail"]
 ImagePullPolicy = Literal["always", "if-missing"]
 DiskMode = Literal["read-only", "read-write"]
 PoolFallback = Literal["wait", "provision"]
+MaintenanceRule = Literal["wait", "checkpoint-and-move"]
 PRIORITY_RANK: dict[str, int] = {"very-low": 0, "low": 1, "medium": 2, "high": 3, "very-high": 4}
 
 
@@ -262,6 +263,10 @@ class JobSpec(BaseModel):
     # Where its slices run: the Cloud TPU API (queued resources) or Compute Engine (instances in
     # MIGs). None: the deployment's default for the generation, filled in at submit.
     platform: Platform | None = None
+    # Host maintenance Google announces for the attempt's hosts: `wait` rides it out (the hosts stop
+    # when the window starts, and on_preemption applies), `checkpoint-and-move` ends the attempt
+    # shortly before the window (its hosts get SIGTERM and save) and resumes on other capacity.
+    on_maintenance: MaintenanceRule = "wait"
 
     @field_validator("accelerator_type")
     @classmethod
@@ -415,30 +420,9 @@ class JobSpec(BaseModel):
             raise ValueError("code_git_dirty says whether code_git_commit had changes: give code_git_commit")
         if self.image_pull_policy is not None and self.image is None:
             raise ValueError("image_pull_policy is only allowed with an image")
-        self._check_vm_options()
+        check_vm_options(self)
         check_platform(self)
         return self
-
-    def _check_vm_options(self) -> None:
-        """The VM options' rules that need more than one field; ValueError with a sentence."""
-        if self.subnetwork is not None and self.network is None:
-            # Without a network the API uses "default" and refuses a subnetwork of any other
-            # network; a subnetwork's path does not say its network, so it cannot be inferred.
-            raise ValueError("subnetwork needs network alongside: without one the TPU API uses the network 'default'")
-        if self.topology is not None:
-            try:
-                check_topology(self.accelerator_type, self.topology)
-            except BadTopology as error:
-                raise ValueError(str(error)) from None
-        if any(disk.mode == "read-write" for disk in self.data_disks) and (self.slices > 1 or self.hosts_per_slice > 1):
-            raise ValueError(
-                f"data_disks: a read-write disk attaches to one VM only, but this job has "
-                f"{self.slices * self.hosts_per_slice} (slices x hosts of {self.accelerator_type}); use read-only"
-            )
-        disk_zones = sorted({disk.zone for disk in self.data_disks})
-        if len(disk_zones) > 1:
-            raise ValueError(f"data_disks are in zones {', '.join(disk_zones)}: a job's disks share its one zone")
-        check_zones_fit(self, self.preferred_zones)
 
     @property
     def time_limit_seconds(self) -> int | None:
@@ -526,6 +510,28 @@ def check_zones_fit(spec: JobSpec, zones: Iterable[str]) -> None:
                 f"data_disks: {disk.source_disk} is in zone {disk.zone}, but the job runs in {zones[0]}: "
                 "a persistent disk attaches only to VMs of its own zone"
             )
+
+
+def check_vm_options(spec: JobSpec) -> None:
+    """The VM options' rules that need more than one field; ValueError with a sentence."""
+    if spec.subnetwork is not None and spec.network is None:
+        # Without a network the API uses "default" and refuses a subnetwork of any other
+        # network; a subnetwork's path does not say its network, so it cannot be inferred.
+        raise ValueError("subnetwork needs network alongside: without one the TPU API uses the network 'default'")
+    if spec.topology is not None:
+        try:
+            check_topology(spec.accelerator_type, spec.topology)
+        except BadTopology as error:
+            raise ValueError(str(error)) from None
+    if any(disk.mode == "read-write" for disk in spec.data_disks) and (spec.slices > 1 or spec.hosts_per_slice > 1):
+        raise ValueError(
+            f"data_disks: a read-write disk attaches to one VM only, but this job has "
+            f"{spec.slices * spec.hosts_per_slice} (slices x hosts of {spec.accelerator_type}); use read-only"
+        )
+    disk_zones = sorted({disk.zone for disk in spec.data_disks})
+    if len(disk_zones) > 1:
+        raise ValueError(f"data_disks are in zones {', '.join(disk_zones)}: a job's disks share its one zone")
+    check_zones_fit(spec, spec.preferred_zones)
 
 
 def check_platform(spec: JobSpec) -> None:

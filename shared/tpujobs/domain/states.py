@@ -90,6 +90,10 @@ class EventKind(str, Enum):
     `upcomingMaintenance`, or the host's `instance/upcoming-maintenance` metadata): its processes
     stop when the window starts. Recorded once per host and window, and announced, so the owner
     can checkpoint or move; the state stays, and the loss itself is handled by `on_preemption`."""
+    MAINTENANCE_MOVE = "maintenance_move"
+    """A job with `on_maintenance: checkpoint-and-move` reached its lead before a host's
+    maintenance window: the attempt ends (its hosts get SIGTERM and save a checkpoint) and the
+    next one resumes on other capacity at once. tpujobs chose it, so no restart is counted."""
     REPAIR_FAILED = "repair_failed"
     """The reconciler's repair of the job met a permanent error (an API refusing a call): the job
     keeps its state and says why in its reason and timeline, once per distinct reason."""
@@ -136,6 +140,8 @@ TRANSITIONS: dict[tuple[JobState, EventKind], frozenset[JobState]] = {
     (JobState.RUNNING, EventKind.HOSTS_SUSPECT): frozenset({JobState.RUNNING}),
     (JobState.PROVISIONING, EventKind.MAINTENANCE_SCHEDULED): frozenset({JobState.PROVISIONING}),
     (JobState.RUNNING, EventKind.MAINTENANCE_SCHEDULED): frozenset({JobState.RUNNING}),
+    (JobState.PROVISIONING, EventKind.MAINTENANCE_MOVE): frozenset({JobState.RECOVERING}),
+    (JobState.RUNNING, EventKind.MAINTENANCE_MOVE): frozenset({JobState.RECOVERING}),
     **{(state, EventKind.REPAIR_FAILED): frozenset({state}) for state in ACTIVE},
     (JobState.PROVISIONING, EventKind.CAPACITY_CHANGED): frozenset({JobState.PROVISIONING}),
     (JobState.PROVISIONING, EventKind.WORKERS_STARTED): frozenset({JobState.RUNNING}),

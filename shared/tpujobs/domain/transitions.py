@@ -189,6 +189,15 @@ def _maintenance_scheduled(job: Job, seen: Observation, now: datetime) -> _Move 
     return _Move(job.state, reason, {"maintenance": (*job.maintenance, *new)})
 
 
+def _maintenance_move(job: Job, seen: Observation, now: datetime) -> _Move:
+    """Leave the hosts before their maintenance: resume at once elsewhere, no restart counted."""
+    reason = seen.reason or (
+        f"Moving attempt {job.attempt} off its hosts ahead of their maintenance; "
+        f"attempt {job.attempt + 1} resumes from its checkpoint on other capacity."
+    )
+    return _Move(JobState.RECOVERING, reason, {"resume_next": True, "next_attempt_at": now})
+
+
 def _repair_failed(job: Job, seen: Observation, now: datetime) -> _Move | Ignored:
     """The reconciler could not repair the job: its state stays, its reason says so, once."""
     reason = seen.reason or "The reconciler could not repair the job."
@@ -442,6 +451,7 @@ _RULES: Mapping[EventKind, _Rule] = {
     EventKind.HOSTS_SUSPECT: _hosts_suspect,
     EventKind.REPAIR_FAILED: _repair_failed,
     EventKind.MAINTENANCE_SCHEDULED: _maintenance_scheduled,
+    EventKind.MAINTENANCE_MOVE: _maintenance_move,
     EventKind.CAPACITY_CHANGED: _capacity_changed,
     EventKind.WORKERS_STARTED: _workers_started,
     EventKind.WORKER_SUCCEEDED: _worker_succeeded,

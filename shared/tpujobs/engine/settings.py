@@ -85,6 +85,9 @@ class Settings:
     # A node whose health is TIMEOUT or UNHEALTHY_TENSORFLOW, or whose state is RESTARTING or
     # UNKNOWN (`adapters.tpu.NODE_STATES`), often recovers: its host is lost only past this.
     unhealthy_grace_seconds: float = 300.0
+    # A job with `on_maintenance: checkpoint-and-move` leaves its hosts this long before the
+    # earliest maintenance window Google announced for them: time to save and to find capacity.
+    maintenance_lead_seconds: float = 600.0
     # Whole numbers (this and the retentions) are counts, at least 1: from_env refuses 0.
     # A reconcile tick is cut into shards of at most this many active jobs of one zone, each
     # handled by its own invocation (`tpujobs.domain.shards`): the bound on one invocation's work.

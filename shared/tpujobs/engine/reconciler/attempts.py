@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import datetime
 from functools import partial
 
-from tpujobs.domain import limits
+from tpujobs.domain import limits, maintenance
 from tpujobs.domain.job import Job
 from tpujobs.domain.states import EventKind, JobState
 from tpujobs.domain.transitions import Observation
@@ -135,6 +135,25 @@ class AttemptChecks:
                 seen = Observation(EventKind.TIME_LIMIT_REACHED, job.attempt, "reconciler", what, limit=reached.limit)
                 enforce = partial(self._lost, job.job_id, seen, report)
                 self.guard.item(report, f"enforce its {reached.limit}", enforce, job.job_id)
+
+    def move_ahead_of_maintenance(
+        self, jobs: list[Job], now: datetime, lead_seconds: float, report: ReconcileReport
+    ) -> None:
+        """A job with `on_maintenance: checkpoint-and-move` whose hosts' announced maintenance
+        starts within the lead leaves them now: its attempt ends (SIGTERM: the job saves) and
+        the next resumes elsewhere. Pure arithmetic on the listed jobs: no read."""
+        for job in jobs:
+            window = maintenance.move_due(job, now, lead_seconds)
+            if window is not None:
+                what = (
+                    f"Host maintenance on {window.host} starts {window.window_start}: moving attempt "
+                    f"{job.attempt} off its hosts ahead of it (on_maintenance: checkpoint-and-move); "
+                    f"attempt {job.attempt + 1} resumes from its checkpoint on other capacity."
+                )
+                seen = Observation(EventKind.MAINTENANCE_MOVE, job.attempt, "reconciler", reason=what)
+                self.guard.item(
+                    report, "move it ahead of maintenance", partial(self._lost, job.job_id, seen, report), job.job_id
+                )
 
     def find_hung_attempts(self, jobs: list[Job], now: datetime, report: ReconcileReport) -> None:
         """A RUNNING attempt none of whose workers printed a line or reported a checkpoint within

@@ -77,6 +77,8 @@ class ShardRun:
         phase("find hosts that never reported", lambda: self.attempts.find_hosts_that_never_reported(jobs, now, report))
         phase("enforce time limits", lambda: self.attempts.enforce_time_limits(jobs, now, report))
         phase("find hung attempts", lambda: self.attempts.find_hung_attempts(jobs, now, report))
+        lead = self.settings.maintenance_lead_seconds
+        phase("move ahead of maintenance", lambda: self.attempts.move_ahead_of_maintenance(jobs, now, lead, report))
         if seen is not None:
             live = {job.job_id: job for job in jobs}
             mine = {(shard.zone, name): status for name, status in seen.items() if _owner_in(shard, name)}
