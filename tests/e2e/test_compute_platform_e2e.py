@@ -48,7 +48,7 @@ def test_a_v7x_job_on_two_hosts_recovers_from_a_spot_preemption_and_leaves_nothi
         accelerator_type="v7x-16",
         code_uri=code_uri,
         code_sha256=digest,
-        command="python3 train.py --steps 30 --step-seconds 0.1 --checkpoint-every 5",
+        command="python3 train.py --steps 150 --step-seconds 0.1 --checkpoint-every 5",
     )
     job = wait_for(in_state(env, job_id, JobState.RUNNING, 1), timeout=90)
     assert job.spec.platform == "compute" and job.queued_resource == f"{job_id}-c1"
@@ -66,9 +66,10 @@ def test_a_v7x_job_on_two_hosts_recovers_from_a_spot_preemption_and_leaves_nothi
     resumed = int(worker_output(env, job_id, 2).split("resumes from step ")[1].split()[0])
     assert resumed >= floor > 0
     for worker in ("0-0", "0-1"):
-        assert "finished 30 steps in attempt 2" in worker_output(env, job_id, 2, worker)
+        assert "finished 150 steps in attempt 2" in worker_output(env, job_id, 2, worker)
     recoveries = [e for e in env["store"].events(job_id) if e.to_state is JobState.RECOVERING]
-    assert len(recoveries) == 1 and "Preempted" in recoveries[0].reason
+    # The agent's notice (instance/preempted) and the reconciler (the VMs STOPPING) race to say it first.
+    assert len(recoveries) == 1 and ("Preempted" in recoveries[0].reason or "were lost" in recoveries[0].reason)
     for holding in (f"{job_id}-c1", f"{job_id}-c2"):
         wait_for(lambda holding=holding: nothing_of(env, holding), timeout=60)
 
