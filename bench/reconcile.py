@@ -3,11 +3,12 @@
 A tick is a coordinator and its shards (tpujobs/engine/reconciler/): the coordinator reads where
 every active job is, cuts each zone into shards of at most --shard-size jobs and runs the
 phases that are not per job; each shard reads its jobs, lists its zone and repairs. In
-production each shard is its own function invocation; here the coordinator runs first, then
-its shards run in parallel on a thread pool of --parallel workers in this process (the
-function's max instances), all on the real adapters against a Firestore emulator and an
-in-process TPU simulator. The wall time is the coordinator's plus the shards' (in production
-the coordinator's own phases overlap the shards: this is the pessimistic order).
+production each shard is its own function invocation, in at most --parallel - 1 lanes (the
+function's max instances, less one for the tick); here the coordinator runs first, then its
+lanes run in parallel on a thread pool, each lane's shards in turn, all on the real adapters
+against a Firestore emulator and an in-process TPU simulator. The wall time is the
+coordinator's plus the shards' (in production the coordinator's own phases overlap the shards:
+this is the pessimistic order).
 
 Every job is as the control plane leaves it, so a tick finds nothing to repair (checked):
 what is measured is the cost of looking, the part every tick pays. For each size:
@@ -431,13 +432,30 @@ class CountingClient:
 
 
 class Collected:
-    """The coordinator's shard port: keeps the shards, as the Pub/Sub topic would carry them."""
+    """The coordinator's shard port: keeps the heads of its lanes, as the Pub/Sub topic would
+    carry them; each lane's other shards ride in its head (`Shard.then`)."""
 
     def __init__(self) -> None:
-        self.shards: list[Shard] = []
+        self.heads: list[Shard] = []
 
     def publish_shards(self, shards: Sequence[Shard]) -> None:
-        self.shards = list(shards)
+        self.heads = list(shards)
+
+    @property
+    def lanes(self) -> list[list[Shard]]:
+        """Each lane's shards in the order they run, each handing on the next."""
+        lanes = []
+        for head in self.heads:
+            lane, shard = [], head
+            while shard is not None:
+                lane.append(shard)
+                shard = shard.next()
+            lanes.append(lane)
+        return lanes
+
+    @property
+    def shards(self) -> list[Shard]:
+        return [shard for lane in self.lanes for shard in lane]
 
 
 # -- measuring ---------------------------------------------------------------------------------
@@ -487,25 +505,29 @@ def steady(report: ReconcileReport, active: int, client: CountingClient) -> None
 
 
 def one_tick(reconciler: Reconciler, parallel: int) -> tuple[ReconcileReport, float, float, float, int]:
-    """The coordinator, then its shards on `parallel` threads: (merged report, coordinator s,
-    shards s, slowest shard s, shards)."""
+    """The coordinator, then its lanes on `parallel` threads, each lane's shards in turn (as
+    production hands them on): (merged report, coordinator s, shards s, slowest shard s, shards)."""
     collected = Collected()
     reconciler.shards = collected
     started = time.perf_counter()
     report = reconciler.coordinate()
     coordinator_s = time.perf_counter() - started
 
-    def run(shard: Shard) -> tuple[ReconcileReport, float]:
-        began = time.perf_counter()
-        return reconciler.run_shard(shard), time.perf_counter() - began
+    def run(lane: list[Shard]) -> list[tuple[ReconcileReport, float]]:
+        timed = []
+        for shard in lane:
+            began = time.perf_counter()
+            timed.append((reconciler.run_shard(shard), time.perf_counter() - began))
+        return timed
 
+    lanes = collected.lanes
     started = time.perf_counter()
-    with ThreadPoolExecutor(max(1, min(parallel, len(collected.shards)))) as pool:
-        done = list(pool.map(run, collected.shards))
+    with ThreadPoolExecutor(max(1, min(parallel, len(lanes)))) as pool:
+        done = [timed for lane in pool.map(run, lanes) for timed in lane]
     shards_s = time.perf_counter() - started
     for shard_report, _ in done:
         report.merge(shard_report)
-    return report, coordinator_s, shards_s, max((s for _, s in done), default=0.0), len(collected.shards)
+    return report, coordinator_s, shards_s, max((s for _, s in done), default=0.0), len(done)
 
 
 def peak_mib(call: Callable[[], Any]) -> float:
@@ -520,7 +542,12 @@ def peak_mib(call: Callable[[], Any]) -> float:
 
 
 def measure(fleet: Fleet, tpu_url: str, ticks: int, shard_size: int, parallel: int) -> Point:
-    settings = dataclasses.replace(fleet.settings, tpu_endpoint=tpu_url, reconcile_shard_size=shard_size)
+    settings = dataclasses.replace(
+        fleet.settings,
+        tpu_endpoint=tpu_url,
+        reconcile_shard_size=shard_size,
+        reconcile_shards_in_flight=max(1, parallel - 1),  # as infra/ sets it: one request kept for the tick
+    )
     store = CountingStore(FirestoreJobStore(fleet.client))
     client = CountingClient(build_client(tpu_url))
     now = fleet.now
@@ -647,8 +674,8 @@ TARGET_MIB = 256.0  # and no invocation over 256 MiB
 def report(points: list[Point], args: argparse.Namespace, base_mib: float, single_ms: float, batched_ms: float) -> None:
     print(
         f"\nreconcile: one fanned-out steady-state tick (nothing to repair), median of {args.ticks} after a warm-up;"
-        f"\n  {args.zones} zones, shards of at most {args.shard_size} jobs, {args.parallel} shards at a time "
-        "(threads in this process, standing for function instances)\n"
+        f"\n  {args.zones} zones, shards of at most {args.shard_size} jobs, in {max(1, args.parallel - 1)} lanes "
+        f"of a function of {args.parallel} instances (threads in this process, standing for them)\n"
     )
     header = (
         f"  {'active':>7} | {'finished':>8} | {'shards':>6} | {'tick s':>7} | {'coord. s':>8} | "
@@ -709,7 +736,7 @@ def main() -> int:
     parser.add_argument("--finished", type=int, default=10_000, help="finished jobs beside them (default 10000)")
     parser.add_argument("--zones", type=int, default=10, help="zones the jobs are spread over (default 10)")
     parser.add_argument("--shard-size", type=int, default=500, help="jobs per shard at most (default 500)")
-    parser.add_argument("--parallel", type=int, default=20, help="shards run at once (default 20: max instances)")
+    parser.add_argument("--parallel", type=int, default=20, help="max instances (default 20); lanes: one less")
     parser.add_argument("--ticks", type=int, default=3, help="measured ticks per size (default 3)")
     args = parser.parse_args()
     try:

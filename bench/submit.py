@@ -1,4 +1,6 @@
-"""Publish-to-PROVISIONING latency and throughput of job submission on the local stack.
+"""Publish-to-PROVISIONING latency and throughput of job submission on the local stack, on each
+platform side by side: the TPU API (v4-8 queued resources) and Compute Engine (v7x-8 slices,
+each a template and a MIG).
 
 Each job is timed from just before its spec is published to `tpujobs-submit` until the
 `at` of its PROVISIONING event, which the submit function stamps when it commits the
@@ -14,7 +16,7 @@ Two runs:
 and the Firestore round trips of one submission, counted on a gRPC channel under the real
 client (the service in this process, wired like the function, on the stack's emulators).
 
-    .venv/bin/python bench/submit.py [-n 1000] [-s 10] [--repeats 1]
+    .venv/bin/python bench/submit.py [-n 1000] [-s 10] [--repeats 1] [--platforms tpu-api,compute]
 
 It starts the local stack in a temporary directory (or uses the one named by the
 environment) and stops what it started.
@@ -44,10 +46,19 @@ TARGET = "1,000 jobs PROVISIONING within 30 s, median latency < 10 s"
 ANCHOR = "SkyPilot: scheduling gaps > 20 s at 1,000 jobs"
 TARGET_SPAN_S = 30.0
 TARGET_MEDIAN_S = 10.0
+PLATFORMS = ("tpu-api", "compute")
+ACCELERATOR = {"tpu-api": "v4-8", "compute": "v7x-8"}  # one host each
 
 
-def spec(job_id: str, name: str) -> dict[str, object]:
-    return {"job_id": job_id, "name": name, "owner": "bench@example.com", "accelerator_type": "v4-8", "command": "true"}
+def spec(job_id: str, name: str, platform: str = "tpu-api") -> dict[str, object]:
+    return {
+        "job_id": job_id,
+        "name": name,
+        "owner": "bench@example.com",
+        "accelerator_type": ACCELERATOR[platform],
+        "platform": platform,
+        "command": "true",
+    }
 
 
 def simulator_config(endpoint: str, changes: dict[str, object]) -> dict[str, object]:
@@ -98,15 +109,15 @@ def event_times(firestore_client: Any, job_ids: list[str]) -> dict[str, tuple[da
     return {j: (found[j]["0001-queued"], found[j]["0002-provisioning"]) for j in job_ids}
 
 
-def run(mode: str, n: int, publisher: Any, topic: str, firestore_client: Any) -> dict[str, float]:
-    """Latencies (s) of n submissions, one by one or all at once, and the run's span."""
+def run(mode: str, n: int, publisher: Any, topic: str, firestore_client: Any, platform: str) -> dict[str, float]:
+    """Latencies (s) of n submissions on one platform, one by one or all at once, and the run's span."""
     name = f"bench-{uuid.uuid4().hex[:6]}"
     job_ids = [f"{name}-{i}" for i in range(n)]
     published: dict[str, datetime] = {}
 
     def publish(job_id: str) -> Any:
         published[job_id] = datetime.now(timezone.utc)
-        return publisher.publish(topic, json.dumps(spec(job_id, name)).encode())
+        return publisher.publish(topic, json.dumps(spec(job_id, name, platform)).encode())
 
     if mode == "sequential":
         for i, job_id in enumerate(job_ids):
@@ -136,7 +147,8 @@ def run(mode: str, n: int, publisher: Any, topic: str, firestore_client: Any) ->
 
 def round_trips(settings: Settings) -> dict[str, int]:
     """Firestore calls of one fresh submission, by gRPC method: the service wired as
-    `runtime.instances.engine()` wires it, in this process, on a counted channel of the real client."""
+    `runtime.instances.engine()` wires it, in this process, on a counted channel of the real client.
+    On the TPU API: the store's calls do not depend on the platform."""
     import grpc
     from google.cloud import firestore
 
@@ -188,14 +200,53 @@ def round_trips(settings: Settings) -> dict[str, int]:
     return dict(calls)
 
 
+def summary(platform: str, results: dict[str, list[dict[str, float]]], sizes: dict[str, int]) -> None:
+    """One platform's figures, each the median of its runs."""
+    print(f"  {platform}:")
+    for mode, runs in results.items():
+        figures = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+        print(
+            f"  {mode:<10} n={sizes[mode]:<5} throughput {figures['jobs_per_s']:6.1f} jobs/s   "
+            f"span {figures['span_s']:6.1f} s   latency median {figures['median_s']:6.2f} s   "
+            f"p95 {figures['p95_s']:6.2f} s   max {figures['max_s']:6.2f} s"
+        )
+        print(
+            f"  {'':<10} where: publish -> function starts {figures['delivery_s']:.2f} s (median), "
+            f"the function's work {1000 * figures['handling_s']:.0f} ms (median)"
+        )
+
+
+def side_by_side(by_platform: dict[str, dict[str, list[dict[str, float]]]], sizes: dict[str, int]) -> None:
+    """One table: each mode's median, p95 and throughput on each platform, and compute's ratio to tpu-api."""
+    platforms = [p for p in PLATFORMS if p in by_platform]
+    head = "".join(f"{p + ' median':>16}{'p95':>8}{'jobs/s':>8}" for p in platforms)
+    ratio = "   compute/tpu-api (median, p95)" if len(platforms) == 2 else ""
+    print(f"\nsubmit, side by side (seconds from publish to PROVISIONING)\n  {'mode':<16}{head}{ratio}")
+    for mode, n in sizes.items():
+        row, figures = f"  {mode + f' n={n}':<16}", []
+        for platform in platforms:
+            runs = by_platform[platform][mode]
+            median, p95 = (statistics.median(r[key] for r in runs) for key in ("median_s", "p95_s"))
+            throughput = statistics.median(r["jobs_per_s"] for r in runs)
+            figures.append((median, p95))
+            row += f"{median:16.2f}{p95:8.2f}{throughput:8.1f}"
+        if len(figures) == 2 and figures[0][0] > 0 and figures[0][1] > 0:
+            row += f"   {figures[1][0] / figures[0][0]:6.2f}x, {figures[1][1] / figures[0][1]:6.2f}x"
+        print(row)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-n", type=int, default=1000, help="jobs in a burst (default 1000)")
     parser.add_argument("-s", "--sequential", type=int, default=10, help="jobs submitted one by one (default 10)")
     parser.add_argument("--repeats", type=int, default=1, help="runs of each mode (default 1)")
+    parser.add_argument("--platforms", default=",".join(PLATFORMS), help=f"comma list of {', '.join(PLATFORMS)}")
     args = parser.parse_args()
     if args.n < 1 or args.sequential < 0 or args.repeats < 1:
         parser.error("-n and --repeats must be at least 1, and -s at least 0")
+    platforms = [p.strip() for p in args.platforms.split(",") if p.strip()]
+    if not platforms or any(p not in PLATFORMS for p in platforms):
+        parser.error(f"--platforms must name some of {', '.join(PLATFORMS)}")
 
     with stack.running():
         from google.cloud import firestore, pubsub_v1
@@ -204,50 +255,46 @@ def main() -> int:
         publisher = pubsub_v1.PublisherClient()
         topic = publisher.topic_path(settings.project, topic_name(SUBMIT, settings.prefix))
         client = firestore.Client(project=settings.project)
+        modes = {"sequential": args.sequential, "burst": args.n} if args.sequential else {"burst": args.n}
+        by_platform: dict[str, dict[str, list[dict[str, float]]]] = {}
         # Measure submission only: capacity stays PROVISIONING, so no simulated worker hosts
         # start and compete with the functions for this machine's cores (real VMs would not).
         saved = simulator_config(settings.tpu_endpoint, {"provisioning_seconds": 3600})
         try:
-            run("sequential", 4, publisher, topic, client)  # warm-up: first requests pay for imports
+            for platform in platforms:
+                run("sequential", 4, publisher, topic, client, platform)  # warm-up: first requests pay for imports
             rounds = round_trips(settings)
-            modes = {"sequential": args.sequential, "burst": args.n} if args.sequential else {"burst": args.n}
-            results: dict[str, list[dict[str, float]]] = {mode: [] for mode in modes}
-            for repeat in range(args.repeats):
-                for mode, n in modes.items():
-                    result = run(mode, n, publisher, topic, client)
-                    results[mode].append(result)
-                    print(
-                        f"{mode:<10} run {repeat + 1} (n={n}): median {result['median_s']:.2f} s, "
-                        f"p95 {result['p95_s']:.2f} s, max {result['max_s']:.2f} s, span {result['span_s']:.1f} s, "
-                        f"{result['jobs_per_s']:.1f} jobs/s (delivery {result['delivery_s']:.2f} s, "
-                        f"handling {result['handling_s']:.3f} s)",
-                        file=sys.stderr,
-                    )
+            for platform in platforms:
+                results: dict[str, list[dict[str, float]]] = {mode: [] for mode in modes}
+                by_platform[platform] = results
+                for repeat in range(args.repeats):
+                    for mode, n in modes.items():
+                        result = run(mode, n, publisher, topic, client, platform)
+                        results[mode].append(result)
+                        print(
+                            f"{platform} {mode:<10} run {repeat + 1} (n={n}): median {result['median_s']:.2f} s, "
+                            f"p95 {result['p95_s']:.2f} s, max {result['max_s']:.2f} s, "
+                            f"span {result['span_s']:.1f} s, {result['jobs_per_s']:.1f} jobs/s "
+                            f"(delivery {result['delivery_s']:.2f} s, handling {result['handling_s']:.3f} s)",
+                            file=sys.stderr,
+                        )
         finally:
             simulator_config(settings.tpu_endpoint, {"provisioning_seconds": saved["provisioning_seconds"]})
         print(f"\nsubmit: publish -> PROVISIONING, {args.repeats} run(s) each (medians of runs)")
-        for mode, runs in results.items():
-            figures = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
-            print(
-                f"  {mode:<10} n={modes[mode]:<5} throughput {figures['jobs_per_s']:6.1f} jobs/s   "
-                f"span {figures['span_s']:6.1f} s   latency median {figures['median_s']:6.2f} s   "
-                f"p95 {figures['p95_s']:6.2f} s   max {figures['max_s']:6.2f} s"
-            )
-            print(
-                f"  {'':<10} where: publish -> function starts {figures['delivery_s']:.2f} s (median), "
-                f"the function's work {1000 * figures['handling_s']:.0f} ms (median)"
-            )
+        for platform, results in by_platform.items():
+            summary(platform, results, modes)
+        side_by_side(by_platform, modes)
         total = sum(rounds.values())
         detail = ", ".join(f"{method} {count}" for method, count in sorted(rounds.items()))
-        print(f"  Firestore round trips per submission: {total} ({detail})")
+        print(f"\n  Firestore round trips per submission (TPU API): {total} ({detail})")
         print(f"  target: {TARGET}")
         print(f"  anchor: {ANCHOR}")
-        burst = results["burst"]
-        span = statistics.median(r["span_s"] for r in burst)
-        median = statistics.median(r["median_s"] for r in burst)
-        if args.n >= 1000:
-            met = span <= TARGET_SPAN_S * args.n / 1000 and median < TARGET_MEDIAN_S
-            print(f"  target {'met' if met else 'NOT met'}: span {span:.1f} s, median {median:.2f} s")
+        for platform, results in by_platform.items():
+            span = statistics.median(r["span_s"] for r in results["burst"])
+            median = statistics.median(r["median_s"] for r in results["burst"])
+            if args.n >= 1000:
+                met = span <= TARGET_SPAN_S * args.n / 1000 and median < TARGET_MEDIAN_S
+                print(f"  {platform}: target {'met' if met else 'NOT met'}: span {span:.1f} s, median {median:.2f} s")
     return 0
 
 

@@ -76,11 +76,13 @@ locals {
       topic     = "tpujobs-reconcile"
       account   = "reconcile"
       timeout   = 300
-      # A tick fans out: the coordinator publishes one message per shard (at most
-      # TPUJOBS_RECONCILE_SHARD_SIZE active jobs of one zone) on this same topic, and each runs
-      # in its own instance. 20 runs a 10,000-job tick (10 zones: about 20 shards of 500) in
-      # one wave; more shards wait in Pub/Sub for a free instance. Every repair is idempotent
-      # and compare-and-set, so overlapping ticks or a redelivered shard are safe.
+      # A tick fans out: the coordinator cuts the active jobs into shards (at most
+      # TPUJOBS_RECONCILE_SHARD_SIZE active jobs of one zone) and each runs in its own instance,
+      # at most max x concurrent - 1 at once (local.reconcile_env): Cloud Run holds a request
+      # over that only seconds, then refuses it (429). More shards wait in lanes: each shard,
+      # once run, publishes the next of its lane on this same topic. 20 runs a 10,000-job tick
+      # (10 zones: about 20 shards of 500) in two waves. Every repair is idempotent and
+      # compare-and-set, so a redelivered shard is safe.
       max        = 20
       concurrent = 1
       cpu        = "1"
@@ -170,6 +172,12 @@ locals {
     TPUJOBS_JOB_SERVICE_ACCOUNTS = join(",", [for id, account in google_service_account.job : account.email])
   }
 
+  # Only reconcile: how many of a tick's shards may be in flight, from the numbers its scaling
+  # uses (instances x requests each), less one request kept for the tick itself; never below 1.
+  reconcile_env = {
+    TPUJOBS_RECONCILE_SHARDS_IN_FLIGHT = tostring(max(1, lookup(var.max_instances, "reconcile", local.functions.reconcile.max) * local.functions.reconcile.concurrent - 1))
+  }
+
   # Only the jobs API: Cloud Run's IAM check in front of it is guaranteed, because every
   # function requires authentication and run.invoker goes only to var.invokers, which may not
   # hold allUsers or allAuthenticatedUsers (variables.tf; tests/infra pin both).
@@ -245,6 +253,7 @@ resource "google_cloudfunctions2_function" "function" {
       each.value.job_engine ? local.job_engine_env : {},
       each.value.job_engine ? local.report_key_version_env : {},
       each.key == "jobs" ? local.api_env : {},
+      each.key == "reconcile" ? local.reconcile_env : {},
     )
     # Pub/Sub push counts as internal traffic; only the jobs API is called from outside,
     # and even there IAM admits only var.invokers.

@@ -16,6 +16,15 @@ locals {
 
   # Handlers raise only for transient trouble; 5 deliveries 10 s, 20 s, 40 s, 60 s apart span
   # a few minutes of it, then the message is kept as a dead letter (record_dead_letter).
+  # Pub/Sub backs off exponentially from minimum to maximum, per message, best effort.
+  # For tpujobs-reconcile the numbers are chosen too: there a failure is most often Cloud Run
+  # refusing a request over max instances x concurrency (429, after holding it a few seconds),
+  # which Pub/Sub counts as a delivery attempt. Lanes keep a tick's shards within that
+  # (functions.tf, local.reconcile_env), so only a rare excess is refused: a duplicate
+  # delivery, or a shard much slower than the one before it. 10 s first is about one shard's
+  # run, so the retry finds an instance free instead of hammering a busy function; 60 s at most,
+  # because a shard retried later than that is redone by the next tick anyway. The 5 attempts
+  # span about 130 s of backoff, plus Cloud Run's holds.
   max_delivery_attempts = 5
   minimum_backoff       = "10s"
   maximum_backoff       = "60s"

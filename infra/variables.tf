@@ -77,7 +77,7 @@ variable "team_secret_managers" {
 }
 
 variable "max_instances" {
-  description = "Most instances of a function, by function (the keys of local.functions in infra/functions.tf), e.g. { submit_job = 40 }. A function not named keeps its default there (reconcile: 20, one reconcile shard an instance). It bounds what a burst or a loop can cost, and what it can load on Firestore and the TPU API."
+  description = "Most instances of a function, by function (the keys of local.functions in infra/functions.tf), e.g. { submit_job = 40 }. A function not named keeps its default there (reconcile: 20, one reconcile shard an instance, and a tick keeps at most this less one shard in flight). It bounds what a burst or a loop can cost, and what it can load on Firestore and the TPU API."
   type        = map(number)
   default     = {}
 
@@ -178,7 +178,7 @@ variable "image_repositories" {
 }
 
 variable "reconcile_schedule" {
-  description = "Cron schedule of the reconcile tick (Cloud Scheduler)."
+  description = "Cron schedule of the reconcile tick (Cloud Scheduler). The functions take ticks to be a minute apart (TPUJOBS_RECONCILE_TICK_SECONDS, 60): a tick's shards stop handing on before the next tick would meet them."
   type        = string
   default     = "* * * * *"
 }

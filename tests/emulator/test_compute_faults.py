@@ -8,6 +8,7 @@ import dataclasses
 import json
 import os
 import signal
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -164,7 +165,8 @@ def test_dev_preempt_of_a_compute_job_preempts_every_vm_of_its_mig(
 def test_dev_preempt_silent_of_a_compute_job_kills_worker_zero_without_notice(
     local_stack: Path, server: SimulatorServer, project_id: str, compute_job: tuple[WorkerInfo, ...]
 ) -> None:
-    """--silent: worker 0's host is SIGKILLed with no SIGTERM; worker 1 runs on and both VMs stay RUNNING."""
+    """--silent: worker 0's host is SIGKILLed with no SIGTERM and its VM TERMINATED as a host error leaves it,
+    not preempted; worker 1 runs on, RUNNING."""
     result = dev(local_stack, "preempt", "v7x-1", "--silent")
     assert result.exit_code == 0, result.output
     killed = wait_for(
@@ -175,7 +177,7 @@ def test_dev_preempt_silent_of_a_compute_job_kills_worker_zero_without_notice(
     survivor = hosts(server, project_id, "v7x-1-c1")[1]
     assert survivor.alive and not (survivor.scratch / "term").exists()
     members = server.simulator.get_group(project_id, ZONE, "v7x-1-c1").members
-    assert [(m.status, m.record.preempted) for m in members] == [("RUNNING", False)] * 2
+    assert [(m.status, m.record.preempted) for m in members] == [("TERMINATED", False), ("RUNNING", False)]
 
 
 def test_dev_preempt_of_a_multislice_compute_job_preempts_each_slices_mig(
@@ -266,8 +268,6 @@ def test_dev_fault_maintenance_upcoming_announces_it_on_every_vm_as_google_does(
     url = metadata_url(
         server.url, project_id, ZONE, server.simulator.get_group(project_id, ZONE, "v7x-1-c1").record.backing, 1
     )
-    import urllib.request
-
     request = urllib.request.Request(url + "/instance/upcoming-maintenance", headers={"Metadata-Flavor": "Google"})
     with urllib.request.urlopen(request, timeout=5) as answer:
         assert "window_start_time" in answer.read().decode()

@@ -224,3 +224,19 @@ def test_the_functions_deploy_the_bundle_that_make_bundle_builds(tf: Terraform) 
     bundle = tf.resource("google_storage_bucket_object", "bundle")
     assert bundle["name"] == "function-${filemd5(var.function_zip)}.zip"
     assert bundle["source"] == "${var.function_zip}"
+
+
+def test_the_reconcile_fan_out_is_capped_by_the_numbers_its_function_scales_by(tf: Terraform) -> None:
+    """TPUJOBS_RECONCILE_SHARDS_IN_FLIGHT is the reconcile function's own max instances (as
+    var.max_instances may change them) x its concurrency, less one request for the tick, at
+    least 1; with the defaults it is Settings' default, so the local stack fans out alike."""
+    env = tf.locals["reconcile_env"]
+    assert env == {
+        "TPUJOBS_RECONCILE_SHARDS_IN_FLIGHT": '${tostring(max(1, lookup(var.max_instances, "reconcile", '
+        "local.functions.reconcile.max) * local.functions.reconcile.concurrent - 1))}"
+    }
+    config = block(tf.resource("google_cloudfunctions2_function", "function"), "service_config")
+    assert config["max_instance_count"] == "${lookup(var.max_instances, each.key, each.value.max)}"
+    assert config["max_instance_request_concurrency"] == "${each.value.concurrent}"
+    reconcile = tf.locals["functions"]["reconcile"]
+    assert reconcile["max"] * reconcile["concurrent"] - 1 == Settings().reconcile_shards_in_flight == 19

@@ -68,6 +68,8 @@ def _function_env(tf: Terraform, target: str, function: dict[str, Any]) -> set[s
         names |= set(tf.locals["job_engine_env"])
     if target == "jobs":
         names |= set(tf.locals["api_env"])
+    if target == "reconcile":
+        names |= set(tf.locals["reconcile_env"])
     return names
 
 
@@ -465,13 +467,14 @@ def test_the_report_key_is_mounted_into_exactly_the_job_engine_functions(tf: Ter
 def test_environment_goes_to_the_functions_that_use_it(tf: Terraform) -> None:
     """Every function: the common settings and TPUJOBS_TPU_SERVICE_ACCOUNT; the job-engine
     functions also TPUJOBS_JOB_SERVICE_ACCOUNTS (the named accounts' emails); `jobs` alone
-    TPUJOBS_API_PLATFORM_AUTH=1."""
+    TPUJOBS_API_PLATFORM_AUTH=1; `reconcile` alone TPUJOBS_RECONCILE_SHARDS_IN_FLIGHT."""
     config = block(tf.resource("google_cloudfunctions2_function", "function"), "service_config")
     assert config["environment_variables"] == (
         "${merge(local.function_env, {THREADS = tostring(each.value.concurrent)}, "
         "each.value.job_engine ? local.job_engine_env : {}, "
         "each.value.job_engine ? local.report_key_version_env : {}, "
-        'each.key == "jobs" ? local.api_env : {})}'
+        'each.key == "jobs" ? local.api_env : {}, '
+        'each.key == "reconcile" ? local.reconcile_env : {})}'
     )
     # Beside each mounted key, its version number in plain env: TPUJOBS_REPORT_KEY_VERSION, and
     # TPUJOBS_REPORT_KEY_PREVIOUS_VERSION while a rotation lasts.
@@ -483,6 +486,7 @@ def test_environment_goes_to_the_functions_that_use_it(tf: Terraform) -> None:
         "TPUJOBS_JOB_SERVICE_ACCOUNTS": '${join(",", [for id, account in google_service_account.job : account.email])}'
     }
     assert tf.locals["api_env"] == {"TPUJOBS_API_PLATFORM_AUTH": "1"}
+    assert set(tf.locals["reconcile_env"]) == {"TPUJOBS_RECONCILE_SHARDS_IN_FLIGHT"}
     for target, function in tf.locals["functions"].items():
         env = _function_env(tf, target, function)
         assert "TPUJOBS_TPU_SERVICE_ACCOUNT" in env, target

@@ -46,7 +46,9 @@ class FirestoreWorkerRecords(OnFirestore):
         return [WorkerRecord(**{k: v for k, v in d.items() if k in names}) for d in docs if "worker" in d]
 
     def attempt_workers_heard(self, job_id: str, attempt: int) -> int:
-        """How many hosts of the attempt have a record: one aggregation query, no documents read."""
+        """How many hosts of the attempt have a record: one aggregation query, which Firestore bills
+        as one document read per batch of up to 1,000 index entries it matches (at least one),
+        never a read per host document."""
         query = self._job_ref(job_id).collection(WORKERS).where(filter=firestore.FieldFilter("attempt", "==", attempt))
         return count_of(query, "count an attempt's workers")
 

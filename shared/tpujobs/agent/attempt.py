@@ -30,6 +30,10 @@ from .rest import GoogleApi, Metadata, Publisher, SecretReader, Storage, TokenSo
 from .slice_link import SliceLink, heartbeat_period
 from .wire import MAX_DETAIL_CHARS, MAX_RETRY_LINE_CHARS
 
+# The last upload ends this long before a preempted VM is switched off (at most half of what the
+# window leaves after the SIGKILL).
+FLUSH_MARGIN_SECONDS = 2.0
+
 
 class Agent(CommandRunner):
     """One attempt on one worker host: fetch, setup, command, reports, preemption."""
@@ -53,7 +57,7 @@ class Agent(CommandRunner):
         self._lock = threading.Lock()
         self._current: subprocess.Popen[bytes] | None = None
         self._container: str | None = None  # the running container's name, in an image
-        self._term_sent_at: float | None = None
+        self._kill_at: float | None = None  # when the stopped command gets SIGKILL (time.monotonic())
         self._term_delivered = False  # the container got its SIGTERM (docker kill succeeded)
         self._started = False
         self._started_at: str | None = None  # when the first of setup or command started (RFC 3339)
@@ -70,6 +74,9 @@ class Agent(CommandRunner):
         self.megascale = dict(megascale or {})
         self.docker = docker if docker is not None or not config.get("image") else Docker.find(environ, tokens)
         self.grace = float(config["grace_seconds"])
+        # From a preemption notice to SIGKILL: never longer than a stop of the agent's own (`grace`).
+        self.preemption_grace = min(self.grace, float(config["preemption_grace_seconds"]))
+        self.preemption_window = float(config["preemption_window_seconds"])  # from the notice to the VM's end
         identity = {
             "job_id": config["job_id"],
             "attempt": config["attempt"],
@@ -110,13 +117,23 @@ class Agent(CommandRunner):
         self.shipper.write(f"[tpujobs-agent] {message}\n".encode("utf-8", "replace"))
 
     def _stop_for_preemption(self, reason: str) -> None:
+        """The VM is switched off `preemption_window` s after the notice (already sent), and what
+        the command printed by then is lost unless shipped: SIGTERM now, SIGKILL
+        `preemption_grace` s after the notice, output shipped often meanwhile, and the last of it
+        flushed before the window ends."""
+        noticed = self.preemption.noticed_at or time.monotonic()
         with self._lock:
             if self._finished:  # the command's end is known and reported: keep it
                 log(f"preemption notice ({reason}) after the command ended")
                 return
             self.reporter.silence()
-            container = self._sigterm_locked()
-        self.note(f"preemption notice ({reason}): stopping the command, SIGKILL after {self.grace:g} s")
+            container = self._sigterm_locked(noticed + self.preemption_grace)
+        margin = min(FLUSH_MARGIN_SECONDS, (self.preemption_window - self.preemption_grace) / 2)
+        self.shipper.hurry(noticed + self.preemption_window - margin)
+        self.note(
+            f"preemption notice ({reason}): stopping the command, SIGKILL {self.preemption_grace:g} s "
+            f"after the notice, output flushed within {self.preemption_window:g} s"
+        )
         self._sigterm_container(container)
 
     def withdraw(self, reason: str) -> bool:

@@ -1,5 +1,6 @@
 """How an attempt runs its commands: setup and command in their own process group, or in a
-container, until they and their group are gone; stopped with SIGTERM, then SIGKILL after the grace.
+container, until they and their group are gone; stopped with SIGTERM, then SIGKILL at the grace's end
+(`grace` from the SIGTERM; after a preemption notice, a deadline counted from the notice).
 
 `CommandRunner` is the part of `Agent` that starts, waits on and stops processes.
 """
@@ -43,7 +44,7 @@ class CommandRunner(Liveness):
 
     _current: subprocess.Popen[bytes] | None
     _container: str | None
-    _term_sent_at: float | None
+    _kill_at: float | None  # when the stopped command gets SIGKILL (time.monotonic()); None: not stopped
     _term_delivered: bool
     _started_at: str | None
     grace: float
@@ -58,14 +59,15 @@ class CommandRunner(Liveness):
     boot: str
     _stopping: Callable[[], bool]
 
-    def _sigterm_locked(self) -> str | None:
-        """SIGTERM to the running command's group (the lock held), and its grace starts; in a
-        container, the container's name: its SIGTERM goes through `_sigterm_container`."""
+    def _sigterm_locked(self, kill_at: float | None = None) -> str | None:
+        """SIGTERM to the running command's group (the lock held), SIGKILL due at `kill_at` (by
+        default `grace` from now); in a container, the container's name: its SIGTERM goes
+        through `_sigterm_container`."""
         container = self._container
         if self._current is not None:
             if container is None:
                 signal_group(self._current.pid, signal.SIGTERM)
-            self._term_sent_at = time.monotonic()
+            self._kill_at = time.monotonic() + self.grace if kill_at is None else kill_at
         return container
 
     def _sigterm_container(self, container: str | None) -> None:
@@ -178,7 +180,7 @@ class CommandRunner(Liveness):
         return exit_status(returncode)
 
     def _wait(self, process: subprocess.Popen[bytes], container: str | None = None) -> int:
-        """The exit of `process`; after a preemption notice, SIGKILL once the grace is over. In a
+        """The exit of `process`; once stopped, SIGKILL when its grace is over (`_kill_at`). In a
         container the signals go through `docker kill` (a SIGTERM that found no container yet
         is sent again); a docker CLI still there long after the SIGKILL is killed itself."""
         docker = self.docker if container is not None else None
@@ -189,16 +191,16 @@ class CommandRunner(Liveness):
                 return process.wait(timeout=0.1)
             except subprocess.TimeoutExpired:
                 pass
-            sent = self._term_sent_at
+            kill_at = self._kill_at
             now = time.monotonic()
-            if sent is None:
+            if kill_at is None:
                 continue
             term_again = not self._term_delivered and killed_at is None and now - tried_term >= 0.5
             if docker is not None and container is not None and term_again:
                 tried_term = now
                 self._sigterm_container(container)
-            if killed_at is None and now - sent >= self.grace:
-                log(f"the command outlived the {self.grace:g} s grace period: SIGKILL")
+            if killed_at is None and now >= kill_at:
+                log("the command outlived its grace period: SIGKILL")
                 killed_at = now
                 if docker is not None and container is not None:
                     docker.kill(container, "KILL")
@@ -214,13 +216,13 @@ class CommandRunner(Liveness):
         if not group_alive(pgid):
             return
         with self._lock:
-            if self._term_sent_at is None:
+            if self._kill_at is None:
                 signal_group(pgid, signal.SIGTERM)
-                self._term_sent_at = time.monotonic()
-            deadline = self._term_sent_at + self.grace
+                self._kill_at = time.monotonic() + self.grace
+            deadline = self._kill_at
         while group_alive(pgid) and time.monotonic() < deadline:
             time.sleep(0.1)
         signal_group(pgid, signal.SIGKILL)
         with self._lock:
             if not self.preemption.noticed.is_set():
-                self._term_sent_at = None
+                self._kill_at = None

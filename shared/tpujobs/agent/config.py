@@ -24,8 +24,13 @@ DEFAULTS = {
     "heartbeat_fast_window_seconds": 300,
     "peer_seconds": 2,  # a peer's beat to worker 0 of its slice, over the slice's network
     "peer_timeout_seconds": 10,  # worker 0 reports a peer it heard and then did not hear this long
-    "grace_seconds": 30,
+    "grace_seconds": 30,  # SIGTERM to SIGKILL when the agent stops the command (a time limit, a withdrawal)
     "chunk_seconds": 2,
+    # A preempted VM is switched off this long after its notice (Spot: ACPI soft-off, then off
+    # 30 s later). The command gets SIGKILL preemption_grace_seconds after the notice, so that
+    # its last output is shipped in the rest of the window.
+    "preemption_grace_seconds": 20,
+    "preemption_window_seconds": 30,
 }
 POOL_TIMINGS = frozenset({"heartbeat_seconds", "grace_seconds", "chunk_seconds"})
 REQUIRED = {  # an attempt's config: its keys and their types
@@ -185,6 +190,8 @@ def check_timings(config: dict[str, Any], pool: bool = False) -> None:
             )
     if pool:
         return
+    if config["preemption_grace_seconds"] >= config["preemption_window_seconds"]:
+        raise AgentError("config key 'preemption_grace_seconds' must be less than 'preemption_window_seconds'")
     port = config.setdefault("peer_port", PEER_PORT)
     if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
         raise AgentError(f"config key 'peer_port' must be a port number, got {port!r}")

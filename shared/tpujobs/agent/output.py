@@ -22,6 +22,8 @@ MAX_CHUNK_BYTES = 256 * 1024
 MAX_PENDING_BYTES = 64 * 1024 * 1024  # output kept while uploads fail; older output is dropped
 MAX_LINE_BYTES = 64 * 1024  # longer lines are not scanned for checkpoint markers
 TAIL_BYTES = 4096  # of the output kept to read docker's own last words
+UPLOAD_SECONDS = 60.0  # one upload's timeout, unhurried
+HURRIED_CHUNK_SECONDS = 0.5  # after a preemption notice: at most this much output is lost with the VM
 CHECKPOINT_LINE = re.compile(rb"^[ \t]*TPUJOBS_CHECKPOINT[ \t]+step=([0-9]+)(.*)$")
 
 
@@ -35,7 +37,8 @@ def parse_checkpoint(line: bytes) -> tuple[int, str] | None:
 
 
 class LogShipper:
-    """Output to numbered chunk objects: every chunk_seconds or 256 KiB, and once more at the end."""
+    """Output to numbered chunk objects: every chunk_seconds or 256 KiB, and once more at the end;
+    hurried (`hurry`) when the VM is about to go."""
 
     def __init__(
         self,
@@ -60,6 +63,7 @@ class LogShipper:
         self._offset = 0  # how many bytes of output came before _pending[0]
         self._cond = threading.Condition()
         self._closing = False
+        self._deadline: float | None = None  # hurried: nothing is uploaded after this (time.monotonic())
         self._thread = threading.Thread(target=self._run, name="log-shipper", daemon=True)
         self._thread.start()
 
@@ -80,12 +84,23 @@ class LogShipper:
             if len(self._pending) >= MAX_CHUNK_BYTES:
                 self._cond.notify()
 
+    def hurry(self, deadline: float) -> None:
+        """The VM goes soon (a preemption notice): ship every HURRIED_CHUNK_SECONDS from now on,
+        each upload tried once per round, none after `deadline` (time.monotonic()), so the final
+        flush ends in time and never holds up the agent's end."""
+        with self._cond:
+            self._deadline = deadline if self._deadline is None else min(self._deadline, deadline)
+            self._cond.notify()
+
+    def _interval(self) -> float:
+        return self.chunk_seconds if self._deadline is None else min(self.chunk_seconds, HURRIED_CHUNK_SECONDS)
+
     def _run(self) -> None:
         while True:
             with self._cond:
-                deadline = time.monotonic() + self.chunk_seconds
+                began = time.monotonic()
                 while not self._closing and len(self._pending) < MAX_CHUNK_BYTES:
-                    remaining = deadline - time.monotonic()
+                    remaining = began + self._interval() - time.monotonic()
                     if remaining <= 0:
                         break
                     self._cond.wait(remaining)
@@ -103,8 +118,14 @@ class LogShipper:
             if not piece:
                 return True
             name = f"{self.prefix}{self.chunks:06d}.log"
+            attempts, timeout = self.attempts, UPLOAD_SECONDS
+            if self._deadline is not None:  # hurried: one try, within what is left
+                attempts, timeout = 1, min(timeout, self._deadline - time.monotonic())
+                if timeout <= 0:
+                    log(f"no time left to upload output chunk {name} before the VM goes")
+                    return False
             try:
-                self.storage.upload(self.bucket, name, piece, "text/plain; charset=utf-8", self.attempts)
+                self.storage.upload(self.bucket, name, piece, "text/plain; charset=utf-8", attempts, timeout)
             except Exception as error:  # keep the data; the next tick tries again
                 log(f"could not upload output chunk {name}: {error}")
                 return False
@@ -116,10 +137,13 @@ class LogShipper:
             self.chunks += 1
 
     def close(self, exit_code: int | None, timeout: float = 60.0) -> None:
-        """The final flush; with an exit code (a clean end), also the complete.json marker."""
+        """The final flush (hurried: by the deadline); with an exit code (a clean end), also the
+        complete.json marker."""
         with self._cond:
             self._closing = True
             self._cond.notify()
+            if self._deadline is not None:
+                timeout = max(0.0, min(timeout, self._deadline - time.monotonic()))
         self._thread.join(timeout)
         if self._thread.is_alive() or not self._ship():
             log("output not fully uploaded; no completion marker written")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 from secrets import token_hex
 from typing import Any
@@ -106,6 +107,7 @@ class Preemption:
         self.identity = identity
         self.on_notice = on_notice
         self.noticed = threading.Event()
+        self.noticed_at: float | None = None  # time.monotonic() at the notice: the VM's window starts
         self._lock = threading.Lock()
         self._retry: threading.Thread | None = None
         self._stood_down = False  # the job was withdrawn: no notice is ever sent for it
@@ -114,6 +116,7 @@ class Preemption:
         with self._lock:
             if self.noticed.is_set() or self._stood_down:
                 return
+            self.noticed_at = time.monotonic()
             self.noticed.set()
         payload = {**self.identity, "reason": reason, "at": rfc3339(), "nonce": token_hex(16)}
         attributes = {"job_id": str(payload["job_id"]), "attempt": str(payload["attempt"])}

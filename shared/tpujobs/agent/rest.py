@@ -302,9 +302,11 @@ class Storage:
     def _q(value: str) -> str:
         return urllib.parse.quote(value, safe="")
 
-    def upload(self, bucket: str, name: str, data: bytes, content_type: str, attempts: int = 6) -> None:
+    def upload(
+        self, bucket: str, name: str, data: bytes, content_type: str, attempts: int = 6, timeout: float = 60.0
+    ) -> None:
         path = f"/upload/storage/v1/b/{self._q(bucket)}/o?uploadType=media&name={self._q(name)}"
-        self.api.call("POST", path, data, content_type, attempts, timeout=60.0)
+        self.api.call("POST", path, data, content_type, attempts, timeout=timeout)
 
     def download(self, bucket: str, name: str, destination: str) -> None:
         path = f"/storage/v1/b/{self._q(bucket)}/o/{self._q(name)}?alt=media"

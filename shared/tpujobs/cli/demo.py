@@ -7,7 +7,9 @@ its checkpoint and finishes. Then it prints the timeline and where the logs are.
 exits non-zero if the story does not happen: no preemption, no recovery, no resume
 from a checkpoint, or no success.
 
-`tpujobs demo --pool` tells another story instead, on a warm pool (`tpujobs.cli.demo_pool`).
+`tpujobs demo --platform compute` tells the same story on Compute Engine: a v7x-16 job (two
+hosts, one MIG) whose Spot VMs the simulator preempts. `tpujobs demo --pool` tells another
+story instead, on a warm pool (`tpujobs.cli.demo_pool`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -27,12 +30,22 @@ from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 
 from tpujobs.cli.terminal import shown
-from tpujobs.domain.naming import job_prefix
+from tpujobs.domain.naming import job_prefix, node_id
 from tpujobs.engine.settings import Settings
 from tpujobs.local.simulator.client import SimulatorControl
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 STEPS = 60
+# The job each platform runs: two worker hosts either way.
+ACCELERATOR = {"tpu-api": "v4-16", "compute": "v7x-16"}
+PLATFORM_NAMES = {"tpu-api": "the TPU API", "compute": "Compute Engine"}
+
+
+class DemoPlatform(str, Enum):
+    """The --platform choices (domain.platforms.PLATFORMS)."""
+
+    TPU_API = "tpu-api"
+    COMPUTE = "compute"
 
 
 def demo(
@@ -41,6 +54,13 @@ def demo(
     pool: Annotated[
         bool, typer.Option("--pool", help="Instead: run three jobs on a warm pool and show how fast each starts.")
     ] = False,
+    platform: Annotated[
+        DemoPlatform,
+        typer.Option(
+            "--platform",
+            help="Where the job runs: the TPU API (a v4-16 queued resource) or Compute Engine (a v7x-16 MIG).",
+        ),
+    ] = DemoPlatform.TPU_API,
 ) -> None:
     """Run a job, preempt it midway, and watch it recover from its checkpoint and finish
     (with --pool: run three quick jobs on a warm pool, printing each one's start latency)."""
@@ -64,7 +84,7 @@ def demo(
 
             ok = story(Settings.from_env(), running, timeout)
         else:
-            ok = _story(Settings.from_env(), timeout, state_dir)
+            ok = _story(Settings.from_env(), timeout, state_dir, platform.value)
     finally:
         if started_here and not keep:
             err.print("Stopping the local stack this demo started (--keep leaves it running).")
@@ -73,7 +93,7 @@ def demo(
         raise typer.Exit(1)
 
 
-def _story(settings: Settings, timeout: float, state_dir: Path) -> bool:
+def _story(settings: Settings, timeout: float, state_dir: Path, platform: str = "tpu-api") -> bool:
     from google.cloud import firestore
 
     from tpujobs.adapters.firestore_store import FirestoreJobStore
@@ -91,12 +111,13 @@ def _story(settings: Settings, timeout: float, state_dir: Path) -> bool:
     code_dir = EXAMPLES / spec.pop("code_dir")
     spec["code_uri"], spec["code_sha256"] = upload_code_dir(storage, settings.logs_bucket, code_dir)
     spec["job_id"] = f"train-demo-{uuid.uuid4().hex[:6]}"
+    spec["accelerator_type"], spec["platform"] = ACCELERATOR[platform], platform
     spec["command"] = f"python3 train.py --steps {STEPS} --step-seconds 0.25 --checkpoint-every 5"
     job_id = spec["job_id"]
     Publisher.build(settings.project, settings.prefix).publish_json(SUBMIT, spec)
     err.print(
-        f"Submitted [bold]{job_id}[/bold]: {STEPS} steps on 1 x {spec['accelerator_type']} spot, "
-        f"on_preemption={spec['on_preemption']}. The simulator will preempt it midway."
+        f"Submitted [bold]{job_id}[/bold]: {STEPS} steps on 1 x {spec['accelerator_type']} spot on "
+        f"{PLATFORM_NAMES[platform]}, on_preemption={spec['on_preemption']}. The simulator will preempt it midway."
     )
 
     progress = Progress(
@@ -113,7 +134,7 @@ def _story(settings: Settings, timeout: float, state_dir: Path) -> bool:
             progress.update(bar, completed=step)
             if job is not None:
                 if preempted_at is None and job.state is JobState.RUNNING and step >= STEPS // 3:
-                    _preempt(settings, job.zone, job.queued_resource)
+                    _preempt(settings, job.zone, job.queued_resource, platform, job.spec.slices)
                     preempted_at = step
                 live.update(_view(job, store.events(job_id), progress, preempted_at))
                 if job.state.is_terminal:
@@ -129,7 +150,8 @@ def _story(settings: Settings, timeout: float, state_dir: Path) -> bool:
     out.print(describe_tables(job, store.events(job_id), exported))
     resumed = _resumed_step(storage, settings.logs_bucket, job_id, attempt=2)
     out.print(f"\nLogs of every attempt and worker: gs://{settings.logs_bucket}/{job_prefix(job_id)}attempt-N/chunks/")
-    out.print(f"Worker hosts' own logs on this machine: {state_dir / 'workers'}/{job_id}-aN/")
+    where = "mig.{job}-cN.*" if platform == "compute" else "{job}-aN"
+    out.print(f"Worker hosts' own logs on this machine: {state_dir / 'workers'}/{where.format(job=job_id)}/")
     story = [
         (preempted_at is not None, f"preempted midway (after step {preempted_at})"),
         (job.restarts >= 1 and job.attempt >= 2, f"recovered: attempt {job.attempt}, {job.restarts} restart(s)"),
@@ -156,8 +178,14 @@ def _checkpointed_step(store: Any, job_id: str) -> int:
     return max(steps, default=0)
 
 
-def _preempt(settings: Settings, zone: str, queued_resource: str) -> None:
-    SimulatorControl(settings.tpu_endpoint).preempt(zone, queued_resource, settings.project)
+def _preempt(settings: Settings, zone: str, holding: str, platform: str, slices: int) -> None:
+    """Spot preemption of what holds the job: its queued resource, or every slice's MIG."""
+    control = SimulatorControl(settings.tpu_endpoint)
+    if platform == "compute":
+        for index in range(slices):
+            control.preempt_group(zone, node_id(holding, index, slices), settings.project)
+    else:
+        control.preempt(zone, holding, settings.project)
 
 
 def _resumed_step(storage: Any, bucket: str, job_id: str, attempt: int) -> int | None:

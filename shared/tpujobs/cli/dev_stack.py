@@ -98,8 +98,9 @@ def preempt(
         bool,
         typer.Option(
             "--silent",
-            help="Kill worker host 0 of slice 0 without notice instead (no SIGTERM, metadata stays FALSE, "
-            "the queued resource stays ACTIVE or the VMs RUNNING): the polling path.",
+            help="Kill worker host 0 of slice 0 without notice instead (no SIGTERM, metadata stays FALSE; "
+            "the queued resource stays ACTIVE, or on Compute Engine that VM is TERMINATED by a host error): "
+            "the polling path.",
         ),
     ] = False,
     state_dir: StateDir = None,

@@ -92,6 +92,14 @@ class Settings:
     # A reconcile tick is cut into shards of at most this many active jobs of one zone, each
     # handled by its own invocation (`tpujobs.domain.shards`): the bound on one invocation's work.
     reconcile_shard_size: int = 500
+    # The most shards of a tick in flight at once: the reconcile function's requests at once
+    # (max instances x concurrency) less one kept for the tick itself. infra/ sets it from the
+    # numbers the function scales by; more shards wait in lanes (`tpujobs.domain.shards.lanes`)
+    # rather than in Cloud Run's queue, which fails them (429) after a few seconds.
+    reconcile_shards_in_flight: int = 19
+    # How often the scheduler ticks (infra/'s reconcile_schedule): a lane still running when its
+    # tick is this old hands nothing on, as the newer tick's shards cover the same jobs.
+    reconcile_tick_seconds: float = 60.0
     # VM options for the specs that leave them out (network, subnetwork, internal IPs, tags,
     # data disks, runtime): `domain.spec.with_deployment_defaults` fills them in at submit.
     # Read from TPUJOBS_DEFAULT_<FIELD>; data disks as `source[:read-write|:read-only]`.

@@ -51,12 +51,16 @@ class AgentTimings:
     """How often the agent reports and ships output, and how long a stopped command may take."""
 
     heartbeat_seconds: float = 10  # during the attempt's first heartbeat_fast_window_seconds
-    grace_seconds: float = 30  # between SIGTERM and SIGKILL on preemption
+    grace_seconds: float = 30  # between SIGTERM and SIGKILL when the agent stops the command itself
     chunk_seconds: float = 2
     heartbeat_sparse_seconds: float = 30  # after that window
     heartbeat_fast_window_seconds: float = 300
     peer_seconds: float = 2  # a multi-host slice's peers to worker 0, over the slice's network
     peer_timeout_seconds: float = 10  # a peer worker 0 heard and then did not hear this long is lost
+    # A preempted TPU VM is switched off 30 s after its notice (Spot: ACPI soft-off, then off): the
+    # command gets SIGKILL 20 s after the notice, so its last output is shipped in the 10 s left.
+    preemption_grace_seconds: float = 20
+    preemption_window_seconds: float = 30
 
     @classmethod
     def of(cls, settings: Settings) -> AgentTimings:

@@ -24,6 +24,7 @@ import typer
 from rich.console import Console
 
 from tpujobs.domain.naming import node_id, platform_of
+from tpujobs.domain.platforms import COMPUTE
 from tpujobs.local import stack
 from tpujobs.local.simulator.client import SimulatorControl
 from tpujobs.local.simulator.errors import FAULT_METHODS, Fault
@@ -52,7 +53,6 @@ Slice = Annotated[
 
 Method = Enum("Method", {name: name for name in FAULT_METHODS}, type=str)  # type: ignore[misc]
 Health = Enum("Health", {name: name for name in NODE_HEALTHS}, type=str)  # type: ignore[misc]
-COMPUTE = "compute"
 
 
 @dataclass(frozen=True)
@@ -206,7 +206,9 @@ def preempt_job(job_id: str, silent: bool, state_dir: Path | None) -> None:
             answers = sim.on_groups(
                 capacity, 0, "kill worker 0 of", lambda g: sim.control.kill_group_host(zone, g, 0, project)
             )
-            sim.say(f"killed worker 0 of MIG {first} of {capacity} without notice: {_instances(answers)}")
+            sim.say(
+                f"worker 0 of MIG {first} of {capacity} failed without notice (a host error): {_instances(answers)}"
+            )
         else:
             answers = sim.on_groups(capacity, None, "preempt", lambda g: sim.control.preempt_group(zone, g, project))
             sim.say(f"preempted the Spot VMs of {capacity}: {_instances(answers)}")

@@ -141,6 +141,8 @@ def test_the_config_carries_the_attempt_the_spec_and_where_things_go() -> None:
         "peer_timeout_seconds": 10,
         "grace_seconds": 30,
         "chunk_seconds": 2,
+        "preemption_grace_seconds": 20,
+        "preemption_window_seconds": 30,
         "retry_output": [],
         "time_limit_at": None,
         "time_limit_seconds": None,

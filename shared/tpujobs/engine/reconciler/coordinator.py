@@ -3,6 +3,22 @@ the phases that are not per job (pools, exports, silent workers, announcements, 
 
 The scheduler's message starts the coordinator; each shard it publishes is an invocation of its
 own (`shard.py`). `Reconciler.tick()` runs the coordinator and every shard in this process.
+
+Never more shards in flight than the function takes at once: Cloud Run holds a request over
+max instances x concurrency only a few seconds, then fails it (429), and five failures
+dead-letter it. So the coordinator publishes only the heads of `reconcile_shards_in_flight`
+lanes (`domain.shards.lanes`); each shard, once run, publishes the next of its lane, and a lane
+has one shard in flight at a time. It is idempotent under at-least-once delivery: the next shard
+is published only after the shard's work, so a shard that fails is redelivered before its lane
+goes on, and a redelivered shard repeats repairs that are idempotent.
+
+Ticks must not overlap either: a shard hands nothing on when a next shard as slow as itself would
+still run when the next tick begins (`reconcile_tick_seconds`). The next tick's lanes cover the
+same jobs, begun one wave further on, so no shard is left out of every tick when ticks are cut
+short. What this does not bound: a duplicate delivery forks its lane for the rest of the tick,
+and a shard much slower than the one before it may meet the next tick's heads; that excess waits
+in Cloud Run's queue or is retried with the push subscription's backoff (infra/pubsub.tf), long
+enough for a shard to end.
 """
 
 from __future__ import annotations
@@ -91,8 +107,24 @@ class Reconciler:
             self.service.reject(message, str(error))
             return ReconcileReport(failed=[f"shard message {message.message_id}: {error}"])
         if shard is not None:
-            return self.run_shard(shard)
+            began = self.clock()
+            report = self.run_shard(shard)
+            self._hand_on(shard, self.clock() - began)
+            return report
         return self.coordinate(inline=self.shards is None)
+
+    def _hand_on(self, shard: Shard, took: timedelta) -> None:
+        """Publish the next shard of this one's lane, unless the lane ended or the next shard,
+        taking as long as this one `took`, would still run when the next tick begins. A failed
+        publish raises: the shard is redelivered, run again, and hands on then."""
+        following = shard.next()
+        if following is None or self.shards is None:
+            return
+        if self._superseded(shard.tick, took):
+            left = len(shard.then)
+            log.info("reconcile: the lane of %s stops before the next tick, %d shards left", shard.name, left)
+            return
+        self.shards.publish_shards([following])
 
     def run_shard(self, shard: Shard) -> ReconcileReport:
         """One shard's jobs compared with its zone and repaired (`ShardRun.run`)."""
@@ -108,13 +140,15 @@ class Reconciler:
         report.jobs = report.jobs_read = len(placements)
         now = self.clock()
         plan = self._plan(placements, self.pool_phases.read_warm_pools(report), now, report)
+        if not inline:
+            plan = self._rotated(plan, now)
         report.shards = [shard.name for shard in plan]
         if inline:
             for shard in plan:
                 report.merge(self.run_shard(shard))
         else:
             assert self.shards is not None, "a coordinator without a shard publisher runs them inline"
-            self.shards.publish_shards(plan)
+            self.shards.publish_shards(sharding.lanes(plan, self.settings.reconcile_shards_in_flight))
         limited = read_limited(self.pools, self.guard, report)
         phase = partial(self.guard.phase, report)
         phase("repair the pools", lambda: self.pool_phases.repair_pools(limited, report))
@@ -123,7 +157,8 @@ class Reconciler:
         phase("find silent workers", lambda: self.attempts.find_silent_workers(now, report))
         phase("announce missed changes", lambda: self._announce_missed(now, report))
         phase("delete expired jobs", lambda: self._prune_expired(now, report))
-        log.info("reconcile: %d active jobs, %d shards %s", report.jobs, len(plan), "run" if inline else "published")
+        lanes = "run here" if inline else f"in {min(len(plan), self.settings.reconcile_shards_in_flight)} lanes"
+        log.info("reconcile: %d active jobs, %d shards %s", report.jobs, len(plan), lanes)
         return report
 
     def _plan(
@@ -144,6 +179,25 @@ class Reconciler:
         also = {zone for zone in also if sharding.ZONE.fullmatch(zone)}
         tick = now.isoformat(timespec="milliseconds")
         return sharding.plan(placed, also, self.settings.reconcile_shard_size, tick)
+
+    def _rotated(self, plan: list[Shard], now: datetime) -> list[Shard]:
+        """The plan begun one wave further on each tick: a tick cut short by the next one (its
+        lanes stop) leaves its last waves undone, and the ticks after it start there in turn, so
+        every shard is a first-wave shard at least once every len(plan) / lanes ticks."""
+        if not plan:
+            return plan
+        ticks = int(now.timestamp() // self.settings.reconcile_tick_seconds)
+        start = ticks * self.settings.reconcile_shards_in_flight % len(plan)
+        return plan[start:] + plan[:start]
+
+    def _superseded(self, tick: str, took: timedelta) -> bool:
+        """Whether the next tick begins before a shard started now and taking `took` would end
+        (a tick without a readable time never is): its lanes must not meet the next tick's."""
+        try:
+            age = self.clock() + took - datetime.fromisoformat(tick)
+        except (ValueError, TypeError):  # not a time, or one without its zone
+            return False
+        return age.total_seconds() >= self.settings.reconcile_tick_seconds
 
     def _announce_missed(self, now: datetime, report: ReconcileReport) -> None:
         """Publish the state changes whose announcement failed (older than a few seconds)."""

@@ -4,7 +4,8 @@ terminates the hosts for a while (TPU VMs cannot live-migrate).
 
 Each acts on the MIG's backing queued resource (compute_records), whose node runs the hosts, so
 the TPU model's timed node steps and the worker pool's host events apply as they do to a TPU API
-node. The instance status the Compute API shows still follows the slice (RUNNING).
+node. The instance status the Compute API shows follows the slice (RUNNING), except a host that
+failed, whose VM is TERMINATED.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import dataclasses
 
 from tpujobs.local.simulator.compute_errors import ComputeError
 from tpujobs.local.simulator.compute_groups import ComputeGroups, GroupView
+from tpujobs.local.simulator.compute_records import Phase
 from tpujobs.local.simulator.records import (
     LIVE_STATES,
     MAINTENANCE_TERMINATE,
@@ -49,14 +51,23 @@ class ComputeFaults(ComputeGroups):
             return self._group_view(self._group(project, zone, name), now)
 
     def kill_group_host(self, project: str, zone: str, name: str, worker: int) -> GroupView:
-        """One member's host dies without notice: its processes are SIGKILLed, its metadata says
-        nothing, and the MIG and its VMs look as before (the polling path)."""
+        """One member's host fails without notice, as a host error does: its processes are SIGKILLed,
+        instance/preempted stays FALSE, and the VM is TERMINATED (a compute.instances.hostError
+        operation), which only a poll of the VMs finds."""
         with self._transaction() as now:
             qr, node = self._running_slice(project, zone, name, "kill")
             (lost,) = self._hosts(node, worker)
-            failed = tuple(sorted({*node.failed_workers, lost}))
-            self._put_node(dataclasses.replace(node, failed_workers=failed))
+            member = next(
+                m for m in self._group_view(self._group(project, zone, name), now).members if m.record.worker == lost
+            )
+            vm = member.record
+            self._compute.instances[(vm.project, vm.zone, vm.name)] = dataclasses.replace(vm, phase=Phase.TERMINATED)
+            self._put_node(dataclasses.replace(node, failed_workers=tuple(sorted({*node.failed_workers, lost}))))
             self._queue_hooks(self.on_host_failed, qr, 0, lost)
+            op = self._new_compute_operation(
+                project, f"zones/{zone}", "compute.instances.hostError", vm.path, vm.number, now, delay=0.0
+            )
+            self._complete(op.record, now)
             return self._group_view(self._group(project, zone, name), now)
 
     def no_boot_group(self, project: str, zone: str, name: str) -> GroupView:

@@ -8,10 +8,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tpujobs.local.simulator.checks import updated_template
-from tpujobs.local.simulator.clockwork import Clockwork
 from tpujobs.local.simulator.errors import Code, SimulatorError
+from tpujobs.local.simulator.node_power import NodePower
 from tpujobs.local.simulator.records import (
-    MAINTENANCE_TERMINATE,
     NODE_HEALTHS,
     HostAction,
     NodeRecord,
@@ -26,8 +25,8 @@ from tpujobs.local.simulator.records import (
 from tpujobs.local.simulator.world import in_location, paged
 
 
-class Nodes(Clockwork):
-    """Nodes, their hosts and what they show."""
+class Nodes(NodePower):
+    """Nodes, their hosts and what they show; stop, start and simulated maintenance in `NodePower`."""
 
     def get_node(self, project: str, zone: str, node_id: str) -> NodeRecord:
         with self._transaction():
@@ -147,6 +146,7 @@ class Nodes(Clockwork):
                         Code.FAILED_PRECONDITION,
                         f"node {node.node_id} is under host maintenance; it cannot reboot now",
                     )
+                self._refuse_stopped(node, "reboot")
             changed = []
             for index, node, workers in plan:
                 restarting = dataclasses.replace(
@@ -178,28 +178,9 @@ class Nodes(Clockwork):
         UNHEALTHY_MAINTENANCE and its hosts shut down (on_hosts SHUTDOWN); maintenance_seconds
         later it is READY, the event NONE, and the hosts boot again (on_hosts BOOT)."""
         notice = self._config.maintenance_notice_seconds if notice_seconds is None else notice_seconds
-        if notice < 0:
-            raise SimulatorError(Code.INVALID_ARGUMENT, f"the notice must not be negative, got {notice}")
         with self._transaction() as now:
             _, chosen = self._active_nodes(qr_id, slice_index, zone, project, "go into maintenance")
-            for _, node in chosen:
-                if node.step is not NodeStep.NONE:
-                    raise SimulatorError(
-                        Code.FAILED_PRECONDITION,
-                        f"node {node.node_id} is already {node.state.value} "
-                        f"({node.step.value}); try again when it is READY",
-                    )
-            changed = []
-            for _, node in chosen:
-                announced = dataclasses.replace(
-                    node,
-                    maintenance_event=MAINTENANCE_TERMINATE,
-                    next_at=now + notice,
-                    step=NodeStep.MAINTENANCE_STARTS,
-                )
-                self._put_node(announced)
-                changed.append(announced)
-            return tuple(changed)
+            return self._announce_maintenance(chosen, notice, now)
 
     def set_node_health(
         self,

@@ -1,0 +1,162 @@
+"""A node's own power and maintenance verbs of the TPU API: StopNode, StartNode (v2) and
+SimulateMaintenanceEvent (v2alpha1), with the refusals of TPU VMs that Google documents: a Spot
+or preemptible TPU cannot be stopped (it is deleted and created again), nor can a multi-host
+slice (a TPU Pod). Only single-host, on-demand nodes stop and start.
+
+One divergence, on purpose: Google refuses to stop a node that a queued resource created; every
+node of the simulator comes from one (it has no CreateNode), so it lets such a node stop, or gcloud's
+``tpu-vm stop|start`` could never be tried against it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from tpujobs.local.simulator.clockwork import Clockwork
+from tpujobs.local.simulator.errors import Code, SimulatorError
+from tpujobs.local.simulator.records import (
+    MAINTENANCE_TERMINATE,
+    HostAction,
+    NodeRecord,
+    NodeState,
+    NodeStep,
+    OperationRecord,
+    QrState,
+    QueuedResourceRecord,
+    backs_compute,
+)
+
+
+class NodePower(Clockwork):
+    """Stop, start and simulated maintenance of one node, by its TPU API name."""
+
+    def stop_node(self, project: str, zone: str, node_id: str) -> OperationRecord:
+        """StopNode: the hosts shut down (SIGTERM, then SIGKILL after delete_grace_seconds, as
+        maintenance does) and the node is STOPPED at once; the operation is done, with the node
+        as its response. Its QR stays ACTIVE and keeps the chips."""
+        with self._transaction():
+            qr, index, node = self._own_node(project, zone, node_id, "stop")
+            if node.preemptible:
+                raise SimulatorError(
+                    Code.FAILED_PRECONDITION,
+                    f"Cannot stop node {node.name}: Spot and preemptible TPUs do not support stop; "
+                    "delete the node and create it again.",
+                )
+            if len(node.host_addresses) > 1:
+                raise SimulatorError(
+                    Code.FAILED_PRECONDITION,
+                    f"Cannot stop node {node.name}: {node.accelerator_type} is a multi-host TPU slice "
+                    f"({len(node.host_addresses)} hosts); only single-host TPUs can be stopped.",
+                )
+            self._require(node, NodeState.READY, "stop")
+            stopped = dataclasses.replace(node, state=NodeState.STOPPED, health="", health_description="")
+            self._put_node(stopped)
+            self._queue_host_event(qr, index, self._every_host(node), HostAction.SHUTDOWN)
+            return self._done_operation(stopped, "stop")
+
+    def start_node(self, project: str, zone: str, node_id: str) -> OperationRecord:
+        """StartNode: a STOPPED node is STARTING for reboot_seconds, then READY, and its hosts
+        boot again from the same disks (the startup script runs again, as after a reboot)."""
+        with self._transaction() as now:
+            _, _, node = self._own_node(project, zone, node_id, "start")
+            self._require(node, NodeState.STOPPED, "start")
+            starting = dataclasses.replace(
+                node,
+                state=NodeState.STARTING,
+                next_at=now + self._config.reboot_seconds,
+                step=NodeStep.REBOOTED,  # when due: READY, and the hosts named below boot
+                rebooting_workers=self._every_host(node),
+                failed_workers=(),
+            )
+            self._put_node(starting)
+            return self._done_operation(starting, "start")
+
+    def simulate_maintenance_event(
+        self, project: str, zone: str, node_id: str, worker_ids: Sequence[int] = ()
+    ) -> OperationRecord:
+        """SimulateMaintenanceEvent (v2alpha1): the maintenance `tpujobs dev fault maintenance`
+        starts, on this node: instance/maintenance-event announces it, and after
+        maintenance_notice_seconds the hosts go down. *worker_ids* must name hosts of the node;
+        the whole node goes down, as the simulator maintains nodes, not single hosts."""
+        with self._transaction() as now:
+            _, index, node = self._own_node(project, zone, node_id, "simulate maintenance on")
+            hosts = len(node.host_addresses)
+            wrong = sorted({w for w in worker_ids if not 0 <= w < hosts})
+            if wrong:
+                raise SimulatorError(
+                    Code.INVALID_ARGUMENT,
+                    f"node {node.node_id} has workers 0..{hosts - 1}, not {', '.join(map(str, wrong))}",
+                )
+            self._require(node, NodeState.READY, "simulate maintenance on")
+            (announced,) = self._announce_maintenance([(index, node)], self._config.maintenance_notice_seconds, now)
+            return self._done_operation(announced, "simulateMaintenanceEvent")
+
+    def _announce_maintenance(
+        self, chosen: list[tuple[int, NodeRecord]], notice: float, now: float
+    ) -> tuple[NodeRecord, ...]:
+        """Host maintenance as GCE announces it to a VM that terminates for it (see
+        `Nodes.maintenance`); callers hold the lock. A node with a timed step under way is refused."""
+        if notice < 0:
+            raise SimulatorError(Code.INVALID_ARGUMENT, f"the notice must not be negative, got {notice}")
+        for _, node in chosen:
+            self._refuse_stopped(node, "go into maintenance")
+            if node.step is not NodeStep.NONE:
+                raise SimulatorError(
+                    Code.FAILED_PRECONDITION,
+                    f"node {node.node_id} is already {node.state.value} "
+                    f"({node.step.value}); try again when it is READY",
+                )
+        changed = []
+        for _, node in chosen:
+            announced = dataclasses.replace(
+                node, maintenance_event=MAINTENANCE_TERMINATE, next_at=now + notice, step=NodeStep.MAINTENANCE_STARTS
+            )
+            self._put_node(announced)
+            changed.append(announced)
+        return tuple(changed)
+
+    def _own_node(
+        self, project: str, zone: str, node_id: str, doing: str
+    ) -> tuple[QueuedResourceRecord, int, NodeRecord]:
+        """The node by its TPU API name, its QR and its slice index; NOT_FOUND as GetNode answers,
+        FAILED_PRECONDITION when its QR is not ACTIVE (the QR's own transition decides then)."""
+        node = self._nodes.get((project, zone, node_id))
+        qr = None if node is None else self._qrs.get((project, zone, node.qr_id))
+        if node is None or qr is None or backs_compute(node.qr_id):
+            raise SimulatorError(
+                Code.NOT_FOUND, f"Resource 'projects/{project}/locations/{zone}/nodes/{node_id}' was not found"
+            )
+        if qr.state is not QrState.ACTIVE:
+            raise SimulatorError(
+                Code.FAILED_PRECONDITION,
+                f"Cannot {doing} node {node.name}: its queued resource is {qr.state.value}",
+            )
+        return qr, self._nodes_of(qr).index(node), node
+
+    @staticmethod
+    def _refuse_stopped(node: NodeRecord, doing: str) -> None:
+        """A STOPPED or STARTING node has no hosts up to reset or to maintain."""
+        if node.state in (NodeState.STOPPED, NodeState.STARTING):
+            raise SimulatorError(
+                Code.FAILED_PRECONDITION, f"node {node.node_id} is {node.state.value}; it cannot {doing} now"
+            )
+
+    @staticmethod
+    def _require(node: NodeRecord, state: NodeState, doing: str) -> None:
+        if node.state is not state or node.step is not NodeStep.NONE:
+            raise SimulatorError(
+                Code.FAILED_PRECONDITION,
+                f"Cannot {doing} node {node.name}: it is {node.state.value}, and only a {state.value} node can be.",
+            )
+
+    @staticmethod
+    def _every_host(node: NodeRecord) -> tuple[int, ...]:
+        return tuple(range(len(node.host_addresses)))
+
+    def _done_operation(self, node: NodeRecord, verb: str) -> OperationRecord:
+        """An operation that is done at once, with *node* as its response."""
+        operation = self._new_operation(node.project, node.zone, verb, node.name)
+        finished = dataclasses.replace(operation, done=True, end_time=self._wall_clock(), node=node)
+        self._operations[(node.project, node.zone, operation.operation_id)] = finished
+        return finished
