@@ -259,8 +259,8 @@ def test_dev_fault_maintenance_of_a_compute_job_tells_the_hosts_then_stops_them(
 def test_dev_fault_maintenance_upcoming_announces_it_on_every_vm_as_google_does(
     local_stack: Path, server: SimulatorServer, project_id: str, compute_job: tuple[WorkerInfo, ...]
 ) -> None:
-    """--upcoming --notice 600: each VM shows upcomingMaintenance and its metadata key; the hosts run on."""
-    result = dev(local_stack, "fault", "maintenance", "v7x-1", "--upcoming", "--notice", "600", "--window", "1200")
+    """--scheduled-in 600: each VM shows upcomingMaintenance and its metadata key; the hosts run on."""
+    result = dev(local_stack, "fault", "maintenance", "v7x-1", "--scheduled-in", "600", "--window", "1200")
     assert result.exit_code == 0, result.output
     for member in server.simulator.get_group(project_id, ZONE, "v7x-1-c1").members:
         upcoming = member.record.upcoming_maintenance
@@ -314,8 +314,8 @@ def test_dev_fault_verbs_that_cannot_apply_to_a_compute_job_say_why(
 def test_dev_fault_maintenance_upcoming_on_a_tpu_api_job_says_why_not(
     local_stack: Path, server: SimulatorServer, firestore_client: Any, project_id: str
 ) -> None:
-    """The TPU simulator announces no maintenance ahead: --upcoming on a queued resource exits 1 saying so."""
+    """The TPU simulator announces no maintenance ahead: --scheduled-in on a queued resource exits 1 saying so."""
     record_job(firestore_client, "tpu-1", "tpu-1-a1")
-    result = dev(local_stack, "fault", "maintenance", "tpu-1", "--upcoming")
+    result = dev(local_stack, "fault", "maintenance", "tpu-1", "--scheduled-in", "60")
     assert result.exit_code == 1
     assert "announces no maintenance ahead" in result.output

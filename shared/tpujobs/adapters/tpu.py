@@ -5,13 +5,16 @@ deterministic, so ALREADY_EXISTS on create means an earlier delivery already ask
 this attempt (or this warm-pool unit's generation): the resource is ours and is adopted,
 never bought twice. (Labels name the job and attempt, or the pool and unit, so anyone can
 trace a resource back.) A warm-pool unit's agents get their assignments through their nodes'
-metadata, which `write_metadata` replaces with UpdateNode.
+metadata: `write_metadata` merges tpujobs' keys into what each node has (others, such as gcloud's
+`ssh-keys`, write the same map) with UpdateNode.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent import futures
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Literal
 
@@ -19,7 +22,7 @@ from google.api_core import exceptions as api_exceptions
 from google.api_core.retry import Retry
 from google.rpc import code_pb2
 
-from tpujobs.adapters.google_errors import transient_retry, translated
+from tpujobs.adapters.google_errors import is_retryable, transient_retry, translated
 from tpujobs.domain import naming
 from tpujobs.domain.accelerators import FAMILIES, parse_accelerator_type
 from tpujobs.domain.job import Job
@@ -28,11 +31,19 @@ from tpujobs.engine.errors import PermanentError, QuotaExhausted, TransientError
 from tpujobs.engine.ports import CapacityStatus, HostBoot, UnitRequest
 
 if TYPE_CHECKING:
+    from google.api_core.operation import Operation
     from google.cloud import tpu_v2
     from google.longrunning import operations_pb2
 
 CALL_TIMEOUT_S = 30.0  # the client has no default: a hung call must not hold a function forever
 SERVICE = "TPU API"  # how errors name the service: "TPU API failed to ..."
+# UpdateNode answers 409 (ABORTED) while another update of the node is in flight (gcloud's ssh
+# says so): read again, merge again, write again, this often, backing off from this delay.
+METADATA_TRIES = 4
+METADATA_BACKOFF_S = 0.5
+# How long in all write_metadata follows its updates: a handler must not wait out each slice's
+# operation (tens of seconds); one still running is confirmed by the next tell.
+METADATA_FOLLOW_S = 4.0
 
 
 def build_client(endpoint: str = "") -> tpu_v2.TpuClient:
@@ -149,12 +160,26 @@ class CloudTpu:
     """The Capacity port (`engine.ports.Capacity`) on a `tpu_v2.TpuClient`: each holding is a
     queued resource, named as the engine names it."""
 
-    def __init__(self, client: tpu_v2.TpuClient, project: str, *, retry: Retry | None = None) -> None:
+    def __init__(
+        self,
+        client: tpu_v2.TpuClient,
+        project: str,
+        *,
+        retry: Retry | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         """`retry` wraps every call (the client retries nothing by itself): by default
-        `google_errors.transient_retry()`, whose predicate is the one error table."""
+        `google_errors.transient_retry()`, whose predicate is the one error table. `sleep` and
+        `clock` time the metadata writes' backoff and follow-up."""
         self._client = client
         self._project = project
         self._retry = retry or transient_retry()
+        # An update refused for a concurrent one must not be sent again as it was: its map was
+        # merged from a read that the other update makes stale (write_metadata reads again).
+        self._update_retry = self._retry.with_predicate(lambda error: is_retryable(error) and not _conflict(error))
+        self._sleep = sleep
+        self._clock = clock
 
     def _parent(self, zone: str) -> str:
         return f"projects/{self._project}/locations/{zone}"
@@ -202,24 +227,55 @@ class CloudTpu:
         return dataclasses.replace(status, operation=operation.name)
 
     def write_metadata(self, zone: str, name: str, slices: int, metadata: Mapping[str, str]) -> None:
-        """Replace the whole metadata of every node of the queued resource `name` (UpdateNode with
-        update_mask `metadata`), one node after another, each waited for until its operation
-        is done, so the agents' metadata servers answer the new values on return. A node that
-        does not exist, or is not READY (being created, repaired, preempted, deleted), raises
-        PermanentError with Google's words; blips are retried, then TransientError."""
+        """Set tpujobs' keys (those of `metadata`) on every node of the queued resource `name`,
+        keeping every other key (gcloud's `ssh-keys` above all): read the node, merge, UpdateNode
+        with mask `metadata` (which replaces the map). Returns once every node has them. An
+        update still running after METADATA_FOLLOW_S, or refused as concurrent METADATA_TRIES
+        times, raises TransientError: not confirmed, so told again later. A node that does not
+        exist or is not READY raises PermanentError with Google's words."""
+        started: list[tuple[str, Operation]] = []
+        for index in range(slices):
+            node_id = naming.node_id(name, index, slices)
+            operation = self._merge_metadata(f"{self._parent(zone)}/nodes/{node_id}", metadata)
+            if operation is not None:
+                started.append((node_id, operation))
+        deadline = self._clock() + METADATA_FOLLOW_S
+        running = []
+        for node_id, operation in started:
+            with _translated(f"write the metadata of node {node_id}"):
+                try:
+                    operation.result(timeout=max(0.1, deadline - self._clock()), retry=self._retry)
+                except futures.TimeoutError:  # still running: fine, not confirmed
+                    running.append(node_id)
+        if running:
+            raise TransientError(
+                f"{SERVICE}: the metadata update of node {', '.join(running)} is still running; not confirmed yet"
+            )
+
+    def _merge_metadata(self, node: str, metadata: Mapping[str, str]) -> Operation | None:
+        """Start the update that merges `metadata` into the node's own; None when it has them."""
         from google.cloud import tpu_v2
         from google.protobuf import field_mask_pb2
 
-        for index in range(slices):
-            node_id = naming.node_id(name, index, slices)
-            with _translated(f"write the metadata of node {node_id}"):
-                operation = self._client.update_node(
-                    node=tpu_v2.Node(name=f"{self._parent(zone)}/nodes/{node_id}", metadata=dict(metadata)),
-                    update_mask=field_mask_pb2.FieldMask(paths=["metadata"]),
-                    retry=self._retry,
-                    timeout=CALL_TIMEOUT_S,
-                )
-                operation.result(timeout=CALL_TIMEOUT_S, retry=self._retry)
+        for attempt in range(METADATA_TRIES):
+            if attempt:
+                self._sleep(METADATA_BACKOFF_S * 2 ** (attempt - 1))
+            with _translated(f"read node {node}"):
+                current = dict(self._client.get_node(name=node, retry=self._retry, timeout=CALL_TIMEOUT_S).metadata)
+            if all(current.get(key) == value for key, value in metadata.items()):
+                return None
+            try:
+                with _translated(f"write the metadata of node {node}"):
+                    return self._client.update_node(
+                        node=tpu_v2.Node(name=node, metadata={**current, **metadata}),
+                        update_mask=field_mask_pb2.FieldMask(paths=["metadata"]),
+                        retry=self._update_retry,
+                        timeout=CALL_TIMEOUT_S,
+                    )
+            except (TransientError, PermanentError) as error:
+                if not _conflict(error.__cause__):
+                    raise
+        raise TransientError(f"{SERVICE}: node {node} had another update in flight at each of {METADATA_TRIES} writes")
 
     def status(self, zone: str, name: str) -> CapacityStatus | None:
         try:
@@ -360,6 +416,12 @@ def host_verdict(state: str, health: str) -> tuple[HostVerdict, str]:
     if _RANK[by_health] > _RANK[by_state]:
         return by_health, f"health {health}"
     return by_state, f"state {state}"
+
+
+def _conflict(error: BaseException | None) -> bool:
+    """A 409: over REST both ABORTED (a concurrent update) and ALREADY_EXISTS, which UpdateNode
+    never answers."""
+    return isinstance(error, api_exceptions.Conflict)
 
 
 def _google_said(call: BaseException | None) -> str:

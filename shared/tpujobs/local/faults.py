@@ -31,8 +31,8 @@ from tpujobs.local.simulator.errors import FAULT_METHODS, Fault
 from tpujobs.local.simulator.model import NODE_HEALTHS, NodeState
 
 fault_app = typer.Typer(
-    help="Faults of the local TPU simulator: API errors, hosts that never boot, reboots, "
-    "maintenance, node health and state.",
+    help="Faults of the local simulator, for jobs on the TPU API or Compute Engine: API errors, hosts that "
+    "never boot, reboots, maintenance (now or announced ahead), node health and state.",
     no_args_is_help=True,
 )
 
@@ -345,20 +345,22 @@ def maintenance(
         typer.Option(
             "--notice",
             min=0,
-            help="Seconds between the maintenance event and the hosts going down (default: the simulator's "
-            "maintenance_notice_seconds); with --upcoming, until the window starts (default: an hour).",
+            help="Seconds between the maintenance event and the hosts going down "
+            "(default: the simulator's maintenance_notice_seconds).",
         ),
     ] = None,
-    upcoming: Annotated[
-        bool,
+    scheduled_in: Annotated[
+        float | None,
         typer.Option(
-            "--upcoming",
-            help="Instead, announce a maintenance ahead as Google does (Compute Engine: each VM's "
-            "upcomingMaintenance and instance/upcoming-maintenance); nothing else happens to the hosts.",
+            "--scheduled-in",
+            min=0,
+            help="Instead, announce a maintenance window starting in SECONDS, as Google does days ahead "
+            "(Compute Engine: each VM's upcomingMaintenance and instance/upcoming-maintenance); "
+            "nothing else happens to the hosts until then.",
         ),
-    ] = False,
+    ] = None,
     window: Annotated[
-        float, typer.Option("--window", min=1, help="With --upcoming: how long the window lasts, in seconds.")
+        float, typer.Option("--window", min=1, help="With --scheduled-in: how long the window lasts, in seconds.")
     ] = 3600.0,
     slice_index: Slice = None,
     state_dir: StateDir = None,
@@ -367,15 +369,15 @@ def maintenance(
     sim = Simulator(state_dir, Console(stderr=True))
     capacity = sim.capacity_of(job_id)
     zone, project = capacity.zone, sim.project
-    if upcoming:
+    if scheduled_in is not None:
         if not capacity.on_compute:
             fail(
                 sim.err,
-                "maintenance --upcoming cannot apply",
+                "maintenance --scheduled-in cannot apply",
                 f"{capacity} is a TPU API queued resource, and the TPU simulator announces no maintenance ahead; "
-                "drop --upcoming for a maintenance now",
+                "drop --scheduled-in for a maintenance now",
             )
-        ahead = 3600.0 if notice is None else notice
+        ahead = scheduled_in
         answers = sim.on_groups(
             capacity,
             slice_index,

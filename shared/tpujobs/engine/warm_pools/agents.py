@@ -8,7 +8,7 @@ from tpujobs.domain import pools
 from tpujobs.domain.job import Job
 from tpujobs.domain.pools import Pool, Unit, UnitState
 from tpujobs.domain.spec import JobSpec, with_deployment_defaults
-from tpujobs.engine.errors import PermanentError
+from tpujobs.engine.errors import PermanentError, TransientError
 from tpujobs.engine.ports import Capacity, HostBoot, JobRecords, WarmPoolStore
 from tpujobs.engine.settings import Settings
 from tpujobs.engine.startup_script import (
@@ -48,7 +48,10 @@ class UnitAgents:
 
     def tell(self, name: str, index: int, job: Job | None = None) -> None:
         """Write the unit's node metadata as the pool document says (its job's assignment, or
-        idle), then mark it told. Level-based: it writes what the document says now."""
+        idle), then mark it told. Level-based: it writes what the document says now. A write not
+        confirmed (an update still running or refused as concurrent, a node not READY) leaves
+        the unit untold: the reconciler tells it again (repair.py), and that tell confirms a
+        write that has landed meanwhile without writing again."""
         pool = self.store.get(name)
         unit = pool.unit(index) if pool is not None else None
         if pool is None or unit is None or unit.written or unit.state not in pools.HELD:
@@ -65,7 +68,7 @@ class UnitAgents:
         script = self.startup_script(pool, unit)
         try:
             self.capacity.write_metadata(unit.zone, qr, pool.slices, unit_metadata(script, assignment))
-        except PermanentError as error:  # a node not READY (restarting, preempted): not told yet;
-            log.warning("pool %s: unit %d not told yet: %s", name, index, error)  # the reconciler tries again
+        except (PermanentError, TransientError) as error:  # not confirmed: the reconciler tries again
+            log.warning("pool %s: unit %d not told yet: %s", name, index, error)
             return
         self.store.update(name, lambda p: pools.marked_written(p, index, unit.seq))
