@@ -203,11 +203,16 @@ def test_the_adapter_calls_only_what_the_role_covers() -> None:
     sources = _adapter_sources()
     if not sources:
         pytest.skip("no module of shared/tpujobs/adapters imports google.cloud.compute_v1 yet")
+    seen: set[str] = set()
+    named_anywhere: set[str] = set()
     for name, source in sources.items():
         calls, named = client_calls(source)
         assert calls <= set(COMPUTE_CALLS), f"{name} calls {sorted(calls - set(COMPUTE_CALLS))}: add their permissions"
-        seen = {client for client, _ in calls}
-        assert named <= seen, f"{name} names {sorted(named - seen)} but no call on it was found: teach client_calls"
+        seen |= {client for client, _ in calls}
+        named_anywhere |= named
+    # A client held in one module (the clients' holder) may be called in another (the operations').
+    unseen = sorted(named_anywhere - seen)
+    assert not unseen, f"the adapters name {unseen} but no call on them was found: teach client_calls"
 
 
 def test_client_calls_finds_calls_however_the_client_is_held() -> None:
