@@ -159,7 +159,8 @@ class WorkerRecords(Protocol):
         """The latest word of each host of one attempt that ever reported (one document each)."""
 
     def attempt_workers_heard(self, job_id: str, attempt: int) -> int:
-        """How many hosts of the attempt have a record (reported anything): a count, no reads."""
+        """How many hosts of the attempt have a record (reported anything): a count, billed one read
+        per 1,000 records counted."""
 
     def attempt_workers_succeeded(self, job_id: str, attempt: int) -> int:
         """How many hosts of the attempt exited 0, by their records: the job's success count."""
