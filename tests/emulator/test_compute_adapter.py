@@ -164,3 +164,28 @@ def test_a_scheduled_maintenance_is_exposed_with_its_window(compute, simulator):
     assert named == host and datetime.fromisoformat(start.replace("Z", "+00:00")) > datetime.now(timezone.utc)
     (listed,) = compute.list_capacity(ZONE)
     assert listed.maintenance == status.maintenance
+
+
+def test_a_release_never_waits_out_a_slow_mig_deletion_and_the_leftovers_are_listed_until_swept():
+    """Deleting VMs takes minutes on Google: release starts it, leaves the template and policy it
+    cannot delete yet (no error: the next attempt is asked for at once), the zone's listing shows
+    them, and a later release (the reconciler's sweep) finishes the job."""
+    with SimulatorServer(
+        SimulatorConfig(waiting_seconds=0.05, provisioning_seconds=0.1, compute_operation_seconds=6.0),
+        run_workers=False,
+    ) as server:
+        compute = ComputeEngine(build_clients(server.url), PROJECT, operation_wait_s=30)
+        job = a_job()
+        compute.request(job, BOOT)
+        active(compute, job.queued_resource)
+        compute.release(ZONE, job.queued_resource)  # returns: the MIG's deletion outlasts its wait
+        (leftover,) = wait_for(lambda: compute.list_capacity(ZONE) or None, timeout=30)
+        assert leftover.name == job.queued_resource and leftover.job_label == "train-1"
+
+        def swept() -> bool:
+            """the leftovers released"""
+            compute.release(ZONE, job.queued_resource)
+            left = SimulatorControl(server.url).state()["compute"]
+            return not any(left.values())
+
+        wait_for(swept, timeout=60, interval=1.0)

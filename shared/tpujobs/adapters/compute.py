@@ -10,6 +10,7 @@ client talks to the simulator (`TPUJOBS_COMPUTE_ENDPOINT`). Facts: ../shared/des
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -33,8 +34,11 @@ from tpujobs.engine.ports import CapacityStatus, HostBoot, UnitRequest
 if TYPE_CHECKING:
     from google.cloud import compute_v1
 
+log = logging.getLogger(__name__)
+
 CALL_TIMEOUT_S = 30.0  # a hung call must not hold a function forever
 OPERATION_WAIT_S = 20.0  # how long a create or delete follows its operation before reading what is
+RELEASE_WAIT_S = 3.0  # how long a release follows its MIGs' deletion before trying their templates and policies
 SERVICE = "Compute Engine"
 METADATA_TRIES = 5  # setMetadata answered 412 (another writer's fingerprint): read and write again
 METADATA_BACKOFF_S = 0.5
@@ -180,12 +184,14 @@ class ComputeEngine:
             results.append((operation, said))
         return results
 
-    def _follow(self, operation: compute_v1.Operation, doing: str, failures_raise: bool = True) -> str:
-        """Wait for the operation a while: "" when it is done well, still running or found the
-        resource existing; else its error raised (translated), or a permanent one returned as a
-        sentence when not `failures_raise`."""
+    def _follow(
+        self, operation: compute_v1.Operation, doing: str, failures_raise: bool = True, wait_s: float | None = None
+    ) -> str:
+        """Wait for the operation a while (`wait_s`, else the adapter's): "" when it is done well,
+        still running or found the resource existing; else its error raised (translated), or a
+        permanent one returned as a sentence when not `failures_raise`."""
         with _translated(doing):
-            operation = self._operations.follow(operation, self._wait_s)
+            operation = self._operations.follow(operation, self._wait_s if wait_s is None else wait_s)
         error = operation_error(operation)
         if error is None or _has_reason(error, _ALREADY_EXISTS):
             return ""
@@ -268,8 +274,10 @@ class ComputeEngine:
 
     def release(self, zone: str, name: str) -> None:
         """Delete the holding's MIGs (and so their VMs), then templates, then policies: absent is
-        fine. A template or policy still in use (its MIG is still going) raises TransientError,
-        so the message is retried; `list_capacity` reports what is left meanwhile."""
+        fine. The MIGs' deletion is followed only briefly (deleting VMs takes minutes): a template
+        or policy still in use then is left, never waited for, so the next attempt is asked for at
+        once; `list_capacity` reports the leftovers of a holding no attempt owns, and the
+        reconciler's sweep releases them at a later tick."""
         c, region = self._clients, bodies.region_of(zone)
         call = self._call(project=self._project)
         listing = self._listing(zone, bodies.holding_filter(name), None)
@@ -282,7 +290,7 @@ class ComputeEngine:
         ]
         for operation in going:
             if operation is not None:
-                self._follow(operation, f"delete the MIGs of {name}")
+                self._follow(operation, f"delete the MIGs of {name}", wait_s=RELEASE_WAIT_S)
         in_use = []
         for template in (t for t in listing.templates if _ours(t.description, name)):
             delete = partial(c.templates.delete_unary, region=region, instance_template=template.name, **call)
@@ -293,7 +301,7 @@ class ComputeEngine:
             if self._delete_now(f"workload policy {policy.name}", delete):
                 in_use.append(policy.name)
         if in_use:
-            raise TransientError(f"{SERVICE}: {', '.join(in_use)} still in use while {name} is deleted; retry")
+            log.info("%s: %s still in use while %s is deleted; the reconciler sweeps them", SERVICE, in_use, name)
 
     def _delete(self, what: str, delete: Callable[[], compute_v1.Operation]) -> compute_v1.Operation | None:
         """Start one delete: its operation; None when it is already gone or going. A resource in
