@@ -45,7 +45,7 @@ locals {
   tpu_permissions = [
     "tpu.nodes.create",   # create_queued_resource
     "tpu.nodes.delete",   # delete_queued_resource (force: its nodes go too)
-    "tpu.nodes.get",      # get_queued_resource
+    "tpu.nodes.get",      # get_queued_resource; get_node (a unit's metadata, merged)
     "tpu.nodes.list",     # list_queued_resources, list_nodes
     "tpu.nodes.update",   # update_node: a warm pool unit's assignment, in its node metadata
     "tpu.operations.get", # get_operation: the error of a create that failed (create_error)

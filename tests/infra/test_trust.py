@@ -35,6 +35,7 @@ TPU_CALLS = {
     "delete_queued_resource",
     "list_queued_resources",
     "list_nodes",
+    "get_node",  # tpu.nodes.get: a node's metadata, read before a unit's assignment is merged into it
     "update_node",  # tpu.nodes.update: a warm pool unit's assignment (write_metadata)
     "get_operation",  # tpu.operations.get: the error of a create that failed (create_error)
 }
