@@ -29,7 +29,15 @@ from tpujobs.local.testing import SecondsClock
 PROJECT = "proj"
 ZONE = "us-central2-b"
 RUNTIME = "tpu-ubuntu2204-base"
-QUICK = SimulatorConfig(waiting_seconds=1.0, provisioning_seconds=2.0, suspending_seconds=1.0, deleting_seconds=1.0)
+# Updates done at once here; their time, conflicts and propagation: test_simulator_update_timing.py.
+QUICK = SimulatorConfig(
+    waiting_seconds=1.0,
+    provisioning_seconds=2.0,
+    suspending_seconds=1.0,
+    deleting_seconds=1.0,
+    update_node_seconds=0.0,
+    metadata_propagation_seconds=0.0,
+)
 BOOT_METADATA = {"startup-script": "#!/bin/bash\necho pool\n", "tpujobs-assignment": '{"seq": 1}'}
 ASSIGNMENT = "instance/attributes/tpujobs-assignment"
 FLAVOR = {"Metadata-Flavor": "Google"}

@@ -24,7 +24,7 @@ class Update:
     def __init__(self, done: bool) -> None:
         self.done = done
 
-    def result(self, timeout: float, retry: Any = None) -> None:
+    def result(self, timeout: float, retry: Any = None, polling: Any = None) -> None:
         if not self.done:
             raise concurrent.futures.TimeoutError(f"Operation did not complete within {timeout} seconds.")
 

@@ -19,6 +19,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Literal
 
 from google.api_core import exceptions as api_exceptions
+from google.api_core.future import polling
 from google.api_core.retry import Retry
 from google.rpc import code_pb2
 
@@ -44,6 +45,8 @@ METADATA_BACKOFF_S = 0.5
 # How long in all write_metadata follows its updates: a handler must not wait out each slice's
 # operation (tens of seconds); one still running is confirmed by the next tell.
 METADATA_FOLLOW_S = 4.0
+# The client polls an operation first after 1 s, then less often: too slow to follow for 4 s.
+METADATA_POLLING = polling.DEFAULT_POLLING.with_delay(initial=0.2, maximum=1.0, multiplier=1.5)
 
 
 def build_client(endpoint: str = "") -> tpu_v2.TpuClient:
@@ -236,7 +239,7 @@ class CloudTpu:
         started: list[tuple[str, Operation]] = []
         for index in range(slices):
             node_id = naming.node_id(name, index, slices)
-            operation = self._merge_metadata(f"{self._parent(zone)}/nodes/{node_id}", metadata)
+            operation = self._merge_metadata(zone, node_id, metadata)
             if operation is not None:
                 started.append((node_id, operation))
         deadline = self._clock() + METADATA_FOLLOW_S
@@ -244,7 +247,8 @@ class CloudTpu:
         for node_id, operation in started:
             with _translated(f"write the metadata of node {node_id}"):
                 try:
-                    operation.result(timeout=max(0.1, deadline - self._clock()), retry=self._retry)
+                    left = max(0.1, deadline - self._clock())
+                    operation.result(timeout=left, retry=self._retry, polling=METADATA_POLLING.with_timeout(left))
                 except futures.TimeoutError:  # still running: fine, not confirmed
                     running.append(node_id)
         if running:
@@ -252,20 +256,22 @@ class CloudTpu:
                 f"{SERVICE}: the metadata update of node {', '.join(running)} is still running; not confirmed yet"
             )
 
-    def _merge_metadata(self, node: str, metadata: Mapping[str, str]) -> Operation | None:
+    def _merge_metadata(self, zone: str, node_id: str, metadata: Mapping[str, str]) -> Operation | None:
         """Start the update that merges `metadata` into the node's own; None when it has them."""
         from google.cloud import tpu_v2
         from google.protobuf import field_mask_pb2
 
+        node = f"{self._parent(zone)}/nodes/{node_id}"
+        doing = f"write the metadata of node {node_id}"
         for attempt in range(METADATA_TRIES):
             if attempt:
                 self._sleep(METADATA_BACKOFF_S * 2 ** (attempt - 1))
-            with _translated(f"read node {node}"):
+            with _translated(doing):
                 current = dict(self._client.get_node(name=node, retry=self._retry, timeout=CALL_TIMEOUT_S).metadata)
             if all(current.get(key) == value for key, value in metadata.items()):
                 return None
             try:
-                with _translated(f"write the metadata of node {node}"):
+                with _translated(doing):
                     return self._client.update_node(
                         node=tpu_v2.Node(name=node, metadata={**current, **metadata}),
                         update_mask=field_mask_pb2.FieldMask(paths=["metadata"]),
@@ -275,7 +281,9 @@ class CloudTpu:
             except (TransientError, PermanentError) as error:
                 if not _conflict(error.__cause__):
                     raise
-        raise TransientError(f"{SERVICE}: node {node} had another update in flight at each of {METADATA_TRIES} writes")
+        raise TransientError(
+            f"{SERVICE}: node {node_id} had another update in flight at each of {METADATA_TRIES} writes"
+        )
 
     def status(self, zone: str, name: str) -> CapacityStatus | None:
         try:

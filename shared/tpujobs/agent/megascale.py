@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
 from .basics import AgentError
+from .config import SLICE_ID_METADATA
 from .rest import Metadata, with_retries
 
 COORDINATOR = "MEGASCALE_COORDINATOR_ADDRESS"
@@ -26,8 +27,12 @@ class CoordinatedKey(Protocol):
 K = TypeVar("K", bound=CoordinatedKey)
 
 
-def needs_coordinator(config: Mapping[str, Any], megascale: Mapping[str, str]) -> bool:
-    return int(config["num_slices"]) > 1 and COORDINATOR not in megascale
+def needs_coordinator(config: Mapping[str, Any], megascale: Mapping[str, str], metadata: Metadata) -> bool:
+    """A multislice whose slices tpujobs names in their metadata (`tpujobs-slice-id`: Compute
+    Engine's) and whose `tpu-env` names no coordinator."""
+    if int(config["num_slices"]) <= 1 or COORDINATOR in megascale:
+        return False
+    return metadata.get_optional(SLICE_ID_METADATA) is not None
 
 
 def slices_environment(coordinator: str, num_slices: int, slice_id: int) -> dict[str, str]:
@@ -52,7 +57,7 @@ def key_with_slices(
     clock: Callable[[], float] = time.monotonic,
 ) -> tuple[K, dict[str, str]]:
     """The key (`ask(address)`) and the command's MEGASCALE_*; others ask until the coordinator is known."""
-    if not needs_coordinator(config, megascale):
+    if not needs_coordinator(config, megascale, metadata):
         return ask(None), dict(megascale)
     first = (slice_id, worker_id) == (0, 0)
     address = str(with_retries(lambda: metadata.get(ADDRESS_METADATA))).strip() if first else None

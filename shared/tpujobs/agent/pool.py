@@ -14,6 +14,7 @@ import signal
 import threading
 from typing import Any
 
+from .assignment_seq import HighestSeq
 from .attempt import Agent
 from .attempt_key import fetch_attempt_key
 from .basics import AGENT_FAILED, AgentError, log, safe_name
@@ -42,7 +43,8 @@ POOL_REQUIRED = {
 
 # What the pool agent does with an assignment (the parsed `tpujobs-assignment`), while idle or
 # while one job runs: the one table of its behaviour.
-#   stale (seq below the highest seen in this boot) or unusable   ignored, logged
+#   stale (seq below the highest acted on, kept across boots)     ignored, logged
+#   unusable                                                       ignored, logged
 #   idle ({"seq": N}) while idle                                   nothing
 #   idle while a job runs                                          the job is withdrawn
 #   the running job's (job_id, attempt) again                      nothing: it keeps running
@@ -139,7 +141,8 @@ class PoolAgent:
         self._lock = threading.Lock()
         self.running: PoolJob | None = None
         self.terminating = False  # SIGTERM: no new job; the agent ends once none runs
-        self.highest_seq = -1
+        self.kept_seq = HighestSeq.beside(workdir, slice_id, worker_id)
+        self.highest_seq = self.kept_seq.read()  # an older assignment never runs, even after a reboot
         self.pending: dict[str, Any] | None = None  # what runs once the withdrawn job is gone
         self.handled: set[tuple[str, int]] = set()  # attempts started in this boot
         self._last_text: str | None = None
@@ -212,6 +215,8 @@ class PoolAgent:
         if seq < self.highest_seq:
             log(f"assignment seq {seq} ignored: seq {self.highest_seq} was seen already (a late write)")
             return
+        if seq > self.highest_seq:
+            self.kept_seq.keep(seq)
         self.highest_seq = seq
         key = (assignment["job_id"], assignment["attempt"]) if "job_id" in assignment else None
         running = self.running

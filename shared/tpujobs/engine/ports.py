@@ -313,8 +313,9 @@ class Capacity(Protocol):
         """Every holding of the zone, with the health of its hosts (`unhealthy_hosts`, `suspect_hosts`)."""
 
     def write_metadata(self, zone: str, name: str, slices: int, metadata: Mapping[str, str]) -> None:
-        """Replace the metadata of every host of the holding, waiting until each has it: how a
-        unit's agents learn their assignment."""
+        """Set these keys in the metadata of every host of the holding, keeping every other key
+        (`ssh-keys` above all): how a unit's agents learn their assignment. TransientError while
+        a write is not confirmed yet: the unit stays untold, and is told again."""
 
 
 Tpu = Capacity  # the name the reconciler's modules still import

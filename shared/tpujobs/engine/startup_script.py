@@ -341,5 +341,5 @@ def _seq(seq: int) -> int:
 
 
 def unit_metadata(startup_script: str, assignment: str) -> dict[str, str]:
-    """A unit node's whole metadata map (UpdateNode replaces all of it): both entries, always."""
+    """tpujobs' own keys of a unit's metadata, merged into what the hosts have: both, always."""
     return {STARTUP_SCRIPT_KEY: startup_script, ASSIGNMENT_KEY: assignment}

@@ -14,6 +14,8 @@ from tpujobs.agent.megascale import COORDINATOR_WAIT_SECONDS, key_with_slices
 from tpujobs.agent.rest import Metadata
 
 MULTISLICE = {"num_slices": 2, "queued_resource": "train-1-c1"}
+SLICE_0 = {"instance/attributes/tpujobs-slice-id": "0"}
+SLICE_1 = {"instance/attributes/tpujobs-slice-id": "1"}
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,7 @@ class Control:
 
 
 def test_slice_0_worker_0_gives_its_address_and_every_host_gets_the_slices_variables():
-    with FakeMetadata(worker=0, **{"instance/network-interfaces/0/ip": "10.0.0.5"}) as server:
+    with FakeMetadata(worker=0, **{"instance/network-interfaces/0/ip": "10.0.0.5", **SLICE_0}) as server:
         control = Control()
         key, env = key_with_slices(control, Metadata(server.base), MULTISLICE, 0, 0, {})
     assert control.asked == ["10.0.0.5"] and key.coordinator == "10.0.0.5"
@@ -49,7 +51,7 @@ def test_slice_0_worker_0_gives_its_address_and_every_host_gets_the_slices_varia
 def test_another_host_asks_again_until_the_coordinator_is_known():
     slept: list[float] = []
     control = Control(known_after=3)
-    with FakeMetadata(worker=1) as server:
+    with FakeMetadata(worker=1, **SLICE_1) as server:
         _, env = key_with_slices(control, Metadata(server.base), MULTISLICE, 1, 1, {}, sleep=slept.append)
     assert control.asked == [None] * 4 and len(slept) == 3
     assert env["MEGASCALE_SLICE_ID"] == "1" and env["MEGASCALE_COORDINATOR_ADDRESS"] == "10.0.0.5:8080"
@@ -61,18 +63,23 @@ def test_a_coordinator_that_never_comes_stops_the_host_with_the_reason():
     def sleep(seconds: float) -> None:
         now[0] += seconds
 
-    with FakeMetadata(worker=1) as server, pytest.raises(AgentError, match="slice 0's worker 0 never asked"):
+    with FakeMetadata(worker=1, **SLICE_1) as server, pytest.raises(AgentError, match="slice 0's worker 0 never asked"):
         key_with_slices(Control(known_after=10**6), Metadata(server.base), MULTISLICE, 1, 0, {}, sleep=sleep,
                         clock=lambda: now[0])  # fmt: skip
     assert now[0] >= COORDINATOR_WAIT_SECONDS
 
 
-def test_a_single_slice_or_a_tpu_env_that_names_the_coordinator_asks_once_as_before():
+def test_a_single_slice_a_tpu_env_that_names_the_coordinator_or_a_tpu_api_node_asks_once_as_before():
+    """Only a slice tpujobs names (`tpujobs-slice-id`, Compute Engine) waits for a coordinator."""
     given = {"MEGASCALE_COORDINATOR_ADDRESS": "10.1.1.1:8080", "MEGASCALE_SLICE_ID": "1"}
-    with FakeMetadata(worker=0) as server:
+    with FakeMetadata(worker=0, **SLICE_0) as server, FakeMetadata(worker=0) as tpu_node:
         for config, megascale in (({"num_slices": 1}, {}), (MULTISLICE, given)):
             control = Control(known_after=10**6)
             _, env = key_with_slices(control, Metadata(server.base), config, 0, 0, megascale)
+            assert control.asked == [None] and env == megascale
+        for config, megascale in ((MULTISLICE, {}),):
+            control = Control(known_after=10**6)
+            _, env = key_with_slices(control, Metadata(tpu_node.base), config, 0, 0, megascale)
             assert control.asked == [None] and env == megascale
 
 

@@ -1,22 +1,19 @@
-"""The TPU API's nodes and what happens to their hosts: get, list and update a node; kill,
-reboot or maintain its hosts; change the health or state it shows (tpujobs dev fault)."""
+"""The TPU API's nodes and what happens to their hosts: get and list nodes (updates in
+`node_updates`); kill, reboot or maintain its hosts; change the health or state it shows
+(tpujobs dev fault)."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
-from typing import Any
 
-from tpujobs.local.simulator.checks import updated_template
 from tpujobs.local.simulator.errors import Code, SimulatorError
-from tpujobs.local.simulator.node_power import NodePower
+from tpujobs.local.simulator.node_updates import NodeUpdates
 from tpujobs.local.simulator.records import (
     NODE_HEALTHS,
     HostAction,
     NodeRecord,
     NodeState,
     NodeStep,
-    OperationRecord,
     Page,
     QrState,
     QueuedResourceRecord,
@@ -25,8 +22,9 @@ from tpujobs.local.simulator.records import (
 from tpujobs.local.simulator.world import in_location, paged
 
 
-class Nodes(NodePower):
-    """Nodes, their hosts and what they show; stop, start and simulated maintenance in `NodePower`."""
+class Nodes(NodeUpdates):
+    """Nodes, their hosts and what they show; UpdateNode in `NodeUpdates`; stop, start and
+    simulated maintenance in `NodePower`."""
 
     def get_node(self, project: str, zone: str, node_id: str) -> NodeRecord:
         with self._transaction():
@@ -47,34 +45,6 @@ class Nodes(NodePower):
         """The nodes a QR has now, in the order its node specs name them; for hooks."""
         with self._lock:
             return tuple(self._nodes_of(qr))
-
-    def update_node(
-        self, project: str, zone: str, node_id: str, mask: Sequence[str], node: Mapping[str, Any]
-    ) -> OperationRecord:
-        """UpdateNode: the fields *mask* names (camelCase JSON paths, UPDATABLE_NODE_FIELDS) take
-        *node*'s values at once; the operation is done, with the node as its response. The
-        metadata server answers the new metadata from then on. A node that is not READY is
-        FAILED_PRECONDITION, as the API refuses to change a node that is being created,
-        repaired, preempted or deleted."""
-        with self._transaction():
-            found = self._nodes.get((project, zone, node_id))
-            if found is not None and backs_compute(found.qr_id):
-                found = None
-            name = f"projects/{project}/locations/{zone}/nodes/{node_id}"
-            template = updated_template(found.template if found else {}, mask, node)
-            if found is None:
-                raise SimulatorError(Code.NOT_FOUND, f"Resource '{name}' was not found")
-            if found.state is not NodeState.READY:
-                raise SimulatorError(
-                    Code.FAILED_PRECONDITION,
-                    f"Cannot update node {name}: it is {found.state.value}, and only a READY node can be updated.",
-                )
-            changed = dataclasses.replace(found, template=template)
-            self._put_node(changed)
-            operation = self._new_operation(project, zone, "update", name)
-            finished = dataclasses.replace(operation, done=True, end_time=self._wall_clock(), node=changed)
-            self._operations[(project, zone, operation.operation_id)] = finished
-            return finished
 
     def kill_host(
         self,

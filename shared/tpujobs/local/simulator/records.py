@@ -129,6 +129,10 @@ class SimulatorConfig:
     maintenance_notice_seconds: float = 60.0
     maintenance_seconds: float = 60.0
     default_page_size: int = 0  # list calls without pageSize get pages this big; 0: all at once
+    # UpdateNode's operation runs this long (another update of the node meanwhile is 409 ABORTED),
+    # and the hosts' metadata servers answer the new metadata this much later still.
+    update_node_seconds: float = 0.1
+    metadata_propagation_seconds: float = 0.05
 
     def __post_init__(self) -> None:
         for name in (
@@ -144,6 +148,8 @@ class SimulatorConfig:
             "maintenance_seconds",
             "default_page_size",
             "compute_operation_seconds",
+            "update_node_seconds",
+            "metadata_propagation_seconds",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
