@@ -34,6 +34,7 @@ from reconcile import firestore_emulator  # the bench folder's own helper
 from tpujobs.adapters.firestore_pools import FirestorePools
 from tpujobs.adapters.firestore_store import FirestoreJobStore
 from tpujobs.adapters.tpu import CloudTpu, build_client
+from tpujobs.domain.quotas import pool_key
 from tpujobs.domain.states import JobState
 from tpujobs.engine.inbound import InboundMessage
 from tpujobs.engine.services import Engine
@@ -94,7 +95,7 @@ def main() -> int:
     with firestore_emulator(), SimulatorServer(config, run_workers=False) as simulator:
         client = firestore.Client(project=project)
         pools = FirestorePools(client)
-        pools.set_quota(ZONE, "v4", QUOTA_CHIPS)
+        pools.set_quota(ZONE, "v4", "on-demand", QUOTA_CHIPS)
         settings = local_settings(project=project, default_zone=ZONE, tpu_endpoint=simulator.url, logs_bucket="logs")
         service = Engine(
             Counted(FirestoreJobStore(client), counts),
@@ -217,7 +218,7 @@ def transactions_on_one_document(client: firestore.Client, writers: int) -> dict
 
 def concurrent_endings(service: Engine, running: list[str], writers: int, counts: Counter) -> dict[str, int]:
     """`writers` running jobs end at the same moment; each handler admits the next job."""
-    pool = f"v4@{ZONE}"
+    pool = pool_key("v4", "on-demand", ZONE).id
     ending = running[:writers]
     before = {j.job_id for j in service.store.list_jobs(state="PROVISIONING", limit=100)}
     errors: list[BaseException] = []

@@ -10,24 +10,40 @@ from contract_data import T0, ZONE, a_job, clock
 
 from tpujobs.domain.admission import Holder
 from tpujobs.domain.pools import Pool
+from tpujobs.domain.quotas import Limits, PoolKey, QuotaEntry
 from tpujobs.domain.states import EventKind
 from tpujobs.domain.transitions import Observation
 
-POOL = f"v4@{ZONE}"
+POOL = "v4@us-central2"  # the on-demand v4 chips of ZONE's region
 
 
-def holder(job_id: str, chips: int = 8) -> Holder:
-    return Holder(job_id, chips, 1, "medium", T0)
+def holder(job_id: str, chips: int = 8, zone: str = ZONE) -> Holder:
+    return Holder(job_id, chips, 1, "medium", T0, zone=zone)
 
 
-def test_quotas_are_set_and_removed_per_zone_and_family(backend):
-    """set_quota with None removes that one family's limit."""
+def test_quotas_are_set_and_removed_per_place_family_and_tier(backend):
+    """set_quota with None removes that one limit; a region's and a reservation's are read back too."""
     pools = backend.pools
-    assert pools.quotas() == {}
-    pools.set_quota(ZONE, "v4", 32)
-    pools.set_quota(ZONE, "v5e", 16)
-    pools.set_quota(ZONE, "v5e", None)
-    assert pools.quotas() == {ZONE: {"v4": 32}}
+    assert pools.quotas().entries == []
+    pools.set_quota(ZONE, "v4", "on-demand", 32)
+    pools.set_quota(ZONE, "v4", "spot", 64)
+    pools.set_quota(ZONE, "v5p", "on-demand", 16)
+    pools.set_quota(ZONE, "v5p", "on-demand", None)
+    pools.set_quota("us-central2", "v4", "spot", 128)
+    pools.set_reservation("team-a", 8)
+    book = pools.quotas()
+    assert book.problems == []
+    assert book.entries == [
+        QuotaEntry("reservations", "", "reserved", 8, "team-a"),
+        QuotaEntry("us-central2", "v4", "spot", 128),
+        QuotaEntry(ZONE, "v4", "on-demand", 32),
+        QuotaEntry(ZONE, "v4", "spot", 64),
+    ]
+    assert book.limits(PoolKey("v4", "spot", "us-central2")) == Limits(128, {ZONE: 64})
+    pools.set_reservation("team-a", None)
+    pools.set_quota(ZONE, "v4", "spot", None)
+    pools.set_quota("us-central2", "v4", "spot", None)
+    assert pools.quotas().entries == [QuotaEntry(ZONE, "v4", "on-demand", 32)]
 
 
 def test_a_pools_holders_change_only_if_unchanged_since_read(backend):
@@ -42,7 +58,7 @@ def test_a_pools_holders_change_only_if_unchanged_since_read(backend):
     assert pools.change(seen, remove=frozenset({"job-b"})) is False  # stale
     now = pools.view(POOL)
     assert [h.job_id for h in now.holders] == ["job-a", "job-b"]
-    assert now.holders[1] == holder("job-b")
+    assert now.holders[1] == holder("job-b")  # its zone read back with it
     assert pools.change(now, remove=frozenset({"job-b"})) is True
     assert [h.job_id for h in pools.view(POOL).holders] == ["job-a"]
     assert pools.pools() == [POOL]
@@ -57,11 +73,24 @@ def test_a_pools_queue_is_priority_then_submission_and_active_jobs_hold(backend)
     store.create(*a_job("job-high", minutes=3, priority="high"))
     store.create(*a_job("job-running", minutes=4))
     store.create(*a_job("job-elsewhere", minutes=5, accelerator_type="v5litepod-8"))
+    store.create(*a_job("job-spot", minutes=6, capacity="spot"))  # the same zone's spot chips: another pool
     store.apply("job-running", Observation(EventKind.ADMITTED, 1, "submit", capacity_state="ACCEPTED"), clock)
     assert [j.job_id for j in pools.queue(POOL)] == ["job-high", "job-norm-old", "job-norm-new", "job-low-old"]
     assert [j.job_id for j in pools.queue(POOL, limit=2)] == ["job-high", "job-norm-old"]
     assert [j.job_id for j in pools.active_in(POOL)] == ["job-running"]
-    assert pools.queue("v4@europe-west4-a") == []
+    assert [j.job_id for j in pools.queue(f"{POOL}:spot")] == ["job-spot"]
+    assert pools.queue("v4@europe-west4") == []
+
+
+def test_a_zones_pool_from_before_regions_can_still_be_read_and_emptied(backend):
+    """`v4@us-central2-b` (a zone, no pool id now): its holders are read and dropped like any pool's."""
+    pools = backend.pools
+    old = f"v4@{ZONE}"
+    assert pools.change(pools.view(old), add=Holder("job-a", 8, 1, "medium", T0)) is True
+    (held,) = pools.view(old).holders
+    assert held.zone == ""  # written before holders had a zone
+    assert pools.change(pools.view(old), remove=frozenset({"job-a"})) is True
+    assert pools.view(old).holders == ()
 
 
 def a_pool(name: str = "pool-a", **changes) -> Pool:

@@ -17,14 +17,15 @@ from tpujobs.local.testing import wait_for
 pytestmark = pytest.mark.e2e
 
 ZONE = "us-east5-a"
+POOL = "v5litepod@us-east5"  # its admission pool: the family's on-demand chips in the zone's region
 
 
 @pytest.fixture
 def one_at_a_time(env):
     pools = FirestorePools(firestore.Client(project=env["project"]))
-    pools.set_quota(ZONE, "v5litepod", 8)  # one v5litepod-8 at a time
+    pools.set_quota(ZONE, "v5litepod", "on-demand", 8)  # one on-demand v5litepod-8 at a time
     yield pools
-    pools.set_quota(ZONE, "v5litepod", None)
+    pools.set_quota(ZONE, "v5litepod", "on-demand", None)
 
 
 def state_of(env, job_id: str, wanted: JobState):
@@ -45,12 +46,10 @@ def test_the_second_job_waits_for_quota_and_runs_when_the_first_is_cancelled(env
     waiting = state_of(env, second, JobState.QUEUED)
     wait_for(lambda: "Waiting for quota" in env["store"].get(second).state_reason or None, timeout=30)
     assert waiting.attempt == 1
-    assert [h.job_id for h in one_at_a_time.view(f"v5litepod@{ZONE}").holders] == [first]
+    assert [h.job_id for h in one_at_a_time.view(POOL).holders] == [first]
 
     env["publisher"].publish_json(CONTROL, {"action": "cancel", "job_id": first, "owner": "ada@example.com"})
     state_of(env, first, JobState.CANCELLED)
     done = state_of(env, second, JobState.SUCCEEDED)
     assert done.attempt == 1 and done.accounting().chip_hours > 0
-    wait_for(
-        lambda: one_at_a_time.view(f"v5litepod@{ZONE}").holders == () or None, timeout=30
-    )  # freed after the commit
+    wait_for(lambda: one_at_a_time.view(POOL).holders == () or None, timeout=30)  # freed after the commit

@@ -457,14 +457,15 @@ def test_describe_by_another_caller_shows_env_names_and_no_values(env, submit_jo
 
 @pytest.fixture
 def small_v4_quota(env) -> Iterator[str]:
-    """`tpujobs quota set` 8 chips of v4 in a zone of this file's own; unset afterwards."""
+    """`tpujobs quota set` 8 Spot chips of v4 (the tier of conftest's jobs) in a zone of this
+    file's own; unset afterwards."""
     from google.cloud import firestore
 
     from tpujobs.adapters.firestore_pools import FirestorePools
 
-    cli("quota", "set", QUOTA_ZONE, "v4", "8")
+    cli("quota", "set", QUOTA_ZONE, "v4", "8", "--tier", "spot")
     yield QUOTA_ZONE
-    FirestorePools(firestore.Client(project=env["project"])).set_quota(QUOTA_ZONE, "v4", None)
+    FirestorePools(firestore.Client(project=env["project"])).set_quota(QUOTA_ZONE, "v4", "spot", None)
 
 
 def test_an_oversized_job_is_refused_at_submit_and_the_job_behind_it_runs(env, submit_job, http, small_v4_quota):
@@ -477,8 +478,8 @@ def test_an_oversized_job_is_refused_at_submit_and_the_job_behind_it_runs(env, s
         assert running.attempt == 1 and running.zone == small_v4_quota
         (refused,) = wait_for(lambda: rejections_about(env, oversized), timeout=30)
         assert refused.reason.startswith(f"job {oversized!r}"), refused.reason
-        assert "asks for 16 chips of v4" in refused.reason, refused.reason
-        assert "whose quota is 8" in refused.reason, refused.reason
+        assert "asks for 16 chips" in refused.reason, refused.reason
+        assert f"the quota of v4 spot chips in {small_v4_quota} (8)" in refused.reason, refused.reason
         assert "ask an admin to raise the quota" in refused.reason, refused.reason
         assert env["store"].get(oversized) is None
     finally:

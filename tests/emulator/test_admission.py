@@ -1,6 +1,7 @@
 """Admission's compare-and-set on the pool document under real contention, on the Firestore
 emulator: what only Firestore can show. The rules of admission (quotas, queue order, eviction,
-zone failover, the on-demand fallback) are tests/unit/engine/test_engine_admission.py.
+zone failover, the on-demand fallback, tiers and regions) are tests/unit/engine/test_engine_admission.py
+and test_engine_quota_tiers.py; here also what the adapter writes: `config/quotas` edits, pool documents.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def state(service: Engine, job_id: str) -> JobState:
 def test_concurrent_admissions_never_hand_out_a_chip_twice(service, pools):
     """Twelve submissions at once against a quota of four jobs: exactly four are admitted,
     and the compare-and-set on the pool document sees no lock timeout."""
-    pools.set_quota(ZONE, "v4", 16)
+    pools.set_quota(ZONE, "v4", "on-demand", 16)
     errors: list[BaseException] = []
 
     def one(n: int) -> None:
@@ -87,4 +88,38 @@ def test_concurrent_admissions_never_hand_out_a_chip_twice(service, pools):
     states = [state(service, f"c-{n}") for n in range(12)]
     assert states.count(JobState.PROVISIONING) == 4
     assert states.count(JobState.QUEUED) == 8
-    assert sum(h.chips for h in pools.view(f"v4@{ZONE}").holders) == 16
+    assert sum(h.chips for h in pools.view("v4@us-central2").holders) == 16
+
+
+def test_a_quota_edit_keeps_what_an_admin_wrote_in_the_console(pools, firestore_client):
+    """A bare number (on-demand) stays bare when on-demand changes, and keeps its chips when spot
+    joins it; an entry the edit does not touch is left as written."""
+    quotas = firestore_client.collection("config").document("quotas")
+    quotas.set({ZONE: {"v4": 64, "v5p": 8}, "us-east5": {"v5p": {"spot": 512}}})
+    pools.set_quota(ZONE, "v4", "on-demand", 32)
+    assert quotas.get().to_dict()[ZONE] == {"v4": 32, "v5p": 8}
+    pools.set_quota(ZONE, "v4", "spot", 128)
+    pools.set_reservation("team-a", 16)
+    assert quotas.get().to_dict() == {
+        ZONE: {"v4": {"on-demand": 32, "spot": 128}, "v5p": 8},
+        "us-east5": {"v5p": {"spot": 512}},
+        "reservations": {"team-a": 16},
+    }
+    pools.set_quota(ZONE, "v5p", "on-demand", None)
+    assert quotas.get().to_dict()[ZONE] == {"v4": {"on-demand": 32, "spot": 128}}
+
+
+def test_a_pool_document_says_what_it_counts_and_where_each_holder_is(service, pools, firestore_client):
+    """`quota_pools/v4@us-central2:spot`: family, tier, region, and each holder's zone, for a
+    reader in the console."""
+    pools.set_quota(ZONE, "v4", "spot", 8)
+    submit(service, "spot-1", capacity="spot")
+    document = firestore_client.collection("quota_pools").document("v4@us-central2:spot").get().to_dict()
+    assert {k: document[k] for k in ("family", "tier", "region", "reservation", "chips_held")} == {
+        "family": "v4",
+        "tier": "spot",
+        "region": "us-central2",
+        "reservation": "",
+        "chips_held": 4,
+    }
+    assert document["holders"]["spot-1"]["zone"] == ZONE

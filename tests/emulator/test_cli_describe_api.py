@@ -242,7 +242,8 @@ def test_admins_read_rejections_dead_letters_and_quotas_through_the_api(
     FirestoreDeadLetters(firestore_client).add(
         DeadLetter("777", utc_now(), "tpujobs-submit", "projects/p/subscriptions/s", 5, '{"broken": true}')
     )
-    FirestorePools(firestore_client).set_quota("us-central2-b", "v4", 64)
+    FirestorePools(firestore_client).set_quota("us-central2-b", "v4", "on-demand", 64)
+    FirestorePools(firestore_client).set_quota("us-central2", "v4", "spot", 128)
 
     def run(*args: str, who: str = ADMIN) -> Any:
         return tpujobs(monkeypatch, tmp_path, *args, "--owner", who, api_url=api_url, project="no-such-project")
@@ -254,8 +255,18 @@ def test_admins_read_rejections_dead_letters_and_quotas_through_the_api(
     letters = yaml.safe_load(run("dead-letters", "-o", "yaml").stdout)["dead_letters"]
     assert [(d["message_id"], d["delivery_attempts"]) for d in letters] == [("777", 5)]
     assert "777" in run("dead-letters").stdout
-    pools = json.loads(run("quota", "show", "-o", "json").stdout)["pools"]
-    assert pools == [{"pool": "v4@us-central2-b", "quota": 64, "held": 0, "holders": 0, "waiting": 0}]
+    quotas = json.loads(run("quota", "show", "-o", "json").stdout)
+    nothing_held = {"reservation": "", "held": 0, "holders": 0, "waiting": 0}
+    assert quotas == {
+        "pools": [
+            {"pool": "v4@us-central2", "location": "us-central2-b", "scope": "zone", "family": "v4",
+             "tier": "on-demand", "quota": 64, **nothing_held},
+            {"pool": "v4@us-central2:spot", "location": "us-central2", "scope": "region", "family": "v4",
+             "tier": "spot", "quota": 128, **nothing_held},
+        ],
+        "problems": [],
+    }  # fmt: skip
+    assert "us-central2-b" in run("quota", "show").stdout
     for verb in (["rejections"], ["dead-letters"], ["quota", "show"]):  # refused by the API: their own Firestore
         stranger = run(*verb, "-o", "json", who=STRANGER)
         assert stranger.exit_code == 0, stranger.output

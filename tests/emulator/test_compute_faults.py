@@ -311,11 +311,47 @@ def test_dev_fault_verbs_that_cannot_apply_to_a_compute_job_say_why(
     assert all(info.alive for info in compute_job)
 
 
-def test_dev_fault_maintenance_upcoming_on_a_tpu_api_job_says_why_not(
+def tpu_unit(server: SimulatorServer, project: str, name: str) -> tuple[WorkerInfo, ...]:
+    """A v4-8 queued resource `name` (one node of the same name), ACTIVE, its host ready."""
+    template = {"metadata": {"startup-script": HOST}}
+    request = QueuedResourceRequest(
+        slices=(SliceRequest("v4-8", "tpu-ubuntu2204-base", node_id=name, template=template),)
+    )
+    server.simulator.create_queued_resource(project, ZONE, name, request)
+    wait_for(lambda: server.simulator.get_queued_resource(project, ZONE, name).state is QrState.ACTIVE)
+    found = wait_for(lambda: server.workers(name, zone=ZONE, project=project))
+    for info in found:
+        wait_for(lambda i=info: (i.scratch / "ready").exists(), what="host ready")
+    return found
+
+
+def test_dev_fault_maintenance_upcoming_on_a_tpu_api_unit_announces_it_as_google_does(
     local_stack: Path, server: SimulatorServer, firestore_client: Any, project_id: str
 ) -> None:
-    """The TPU simulator announces no maintenance ahead: --scheduled-in on a queued resource exits 1 saying so."""
+    """--scheduled-in 600 on a job on a TPU API warm-pool unit: the unit's node shows upcomingMaintenance
+    (SCHEDULED, PENDING) and its host's instance/upcoming-maintenance the window; the host runs on."""
+    (host,) = tpu_unit(server, project_id, "pool-u1-g1")
+    record_job(firestore_client, "pooled-m", "pooled-m-a1", unit="pool-u1-g1")
+    result = dev(local_stack, "fault", "maintenance", "pooled-m", "--scheduled-in", "600", "--window", "1200")
+    assert result.exit_code == 0, result.output
+    assert "maintenance scheduled in 600 s for 1200 s on pool-u1-g1" in result.output
+    upcoming = server.simulator.get_node(project_id, ZONE, "pool-u1-g1").upcoming_maintenance
+    assert upcoming is not None and (upcoming["type"], upcoming["maintenanceStatus"]) == ("SCHEDULED", "PENDING")
+    url = metadata_url(server.url, project_id, ZONE, "pool-u1-g1", 0) + "/instance/upcoming-maintenance?alt=json"
+    with urllib.request.urlopen(urllib.request.Request(url, headers={"Metadata-Flavor": "Google"}), timeout=5) as got:
+        assert json.loads(got.read())["window_start_time"] == upcoming["windowStartTime"]
+    assert host.alive and not (host.scratch / "term").exists()
+
+
+def test_dev_fault_maintenance_upcoming_on_a_tpu_api_job_takes_its_hosts_down_when_the_window_starts(
+    local_stack: Path, server: SimulatorServer, firestore_client: Any, project_id: str
+) -> None:
+    """--scheduled-in 0: the window starts at once, so the host gets SIGTERM, boots again after the
+    maintenance, and the node's notice is gone."""
+    (host,) = tpu_unit(server, project_id, "tpu-1-a1")
     record_job(firestore_client, "tpu-1", "tpu-1-a1")
-    result = dev(local_stack, "fault", "maintenance", "tpu-1", "--scheduled-in", "60")
-    assert result.exit_code == 1
-    assert "announces no maintenance ahead" in result.output
+    result = dev(local_stack, "fault", "maintenance", "tpu-1", "--scheduled-in", "0")
+    assert result.exit_code == 0, result.output
+    wait_for(lambda: (host.scratch / "term").exists(), what="SIGTERM of the maintenance")
+    wait_for(lambda: all(w.boot == 2 and w.alive for w in server.workers("tpu-1-a1", zone=ZONE, project=project_id)))
+    assert server.simulator.get_node(project_id, ZONE, "tpu-1-a1").upcoming_maintenance is None

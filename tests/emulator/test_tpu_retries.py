@@ -82,9 +82,9 @@ def test_a_create_refused_for_quota_raises_quota_exhausted_at_once(tpu, simulato
         tpu.request(a_job(), BOOT)
     assert planned(simulator_url, "create") == 1  # one attempt, not a retry loop
     message = str(raised.value)
-    assert message.startswith("Quota 'TPUSPerProjectPerZone' exhausted")
+    assert message.startswith("Quota limit 'TPUsPerProjectPerZoneForTPUAPI' has been exceeded")
     assert isinstance(raised.value.__cause__, QuotaExhausted)  # the table's classification, kept
-    assert "TPUSPerProjectPerZone" in message and ZONE in message
+    assert "TPUsPerProjectPerZoneForTPUAPI" in message and ZONE in message
     assert tpu.list_capacity(ZONE) == []
 
 

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 from google.cloud import compute_v1
 
-from tpujobs.adapters.compute_listing import PARTIAL_GRACE, Listing, group_zone
+from tpujobs.adapters.compute_listing import PARTIAL_GRACE, Listing, group_zone, holding_status
 
 ZONE = "us-central1-c"
 NOW = datetime(2026, 11, 27, 4, 0, tzinfo=timezone.utc)
@@ -102,3 +102,27 @@ def test_templates_and_policies_left_without_a_mig_are_reported_until_released()
     assert set(found) == {"old-c1", "new-c1"}
     assert (found["old-c1"].state, found["old-c1"].job_label) == ("FAILED", "old")
     assert found["new-c1"].state == "CREATING"
+
+
+def waiting_host(name: str, code: str, message: str) -> compute_v1.ManagedInstance:
+    """A managed instance the MIG keeps trying to create, its last attempt refused."""
+    errors = compute_v1.ManagedInstanceLastAttemptErrors(errors=[compute_v1.Errors(code=code, message=message)])
+    return compute_v1.ManagedInstance(
+        name=name, current_action="CREATING", last_attempt=compute_v1.ManagedInstanceLastAttempt(errors=errors)
+    )
+
+
+def test_a_holding_whose_hosts_exceed_a_regions_quota_says_which_region() -> None:
+    """The precise read (managed instances with their last errors): Compute Engine's
+    "... Limit: 8.0 in region us-central1." becomes `quota_region`; a zone's quota names none."""
+    group = listing([mig("train-1-c1", creating=2)])
+    regional = waiting_host(
+        "train-1-c1-aaaa", "QUOTA_EXCEEDED", "Quota 'TPU_V5P' exceeded. Limit: 8.0 in region us-central1."
+    )
+    status = holding_status("train-1-c1", ZONE, group, {"train-1-c1": [regional]}, NOW)
+    assert status is not None
+    assert (status.state, status.quota_region) == ("WAITING_FOR_RESOURCES", "us-central1")
+    assert "Limit: 8.0 in region us-central1" in status.detail
+    zonal = waiting_host("train-1-c1-aaaa", "QUOTA_EXCEEDED", f"Quota 'TPU_V5P' exceeded. Limit: 8.0 in zone {ZONE}.")
+    status = holding_status("train-1-c1", ZONE, group, {"train-1-c1": [zonal]}, NOW)
+    assert status is not None and (status.state, status.quota_region) == ("WAITING_FOR_RESOURCES", "")

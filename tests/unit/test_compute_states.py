@@ -95,3 +95,23 @@ def test_a_mig_without_hosts_yet_or_in_bulk_creation_waits() -> None:
     assert holding_state([], all_stable=False).state == states.WAITING
     running = [host(Host("vm-0", "RUNNING", "NONE"))]
     assert holding_state(running, all_stable=True, waiting_in_bulk=True).state == states.WAITING
+
+
+def test_a_quota_exceeded_in_a_region_names_the_region_a_zones_does_not() -> None:
+    """Compute Engine's "Quota 'X' exceeded. Limit: 8.0 in region us-east5.": the holding waits
+    with `quota_region` us-east5; a zone's quota, a stockout or a global quota name none."""
+    regional = host(
+        Host("vm-0", "", "CREATING", (("QUOTA_EXCEEDED", "Quota 'TPU_V5P' exceeded. Limit: 8.0 in region us-east5."),))
+    )
+    assert (regional.state, regional.quota_region) == (states.WAITING, "us-east5")
+    judged = holding_state([host(Host("vm-1", "RUNNING", "NONE")), regional], all_stable=False)
+    assert (judged.state, judged.quota_region) == (states.WAITING, "us-east5")
+    others = [
+        ("QUOTA_EXCEEDED", "Quota 'TPU_V5P' exceeded. Limit: 8.0 in zone us-east5-a."),
+        ("QUOTA_EXCEEDED", "Quota 'GPUS_ALL_REGIONS' exceeded. Limit: 0.0 globally."),
+        ("ZONE_RESOURCE_POOL_EXHAUSTED", "no TPUs in region us-east5 today"),
+    ]
+    for error in others:
+        waiting = host(Host("vm-0", "", "CREATING", (error,)))
+        assert waiting.state == states.WAITING and waiting.quota_region == "", error
+        assert holding_state([waiting], all_stable=False).quota_region == ""

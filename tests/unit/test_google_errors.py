@@ -22,6 +22,7 @@ from google.rpc import error_details_pb2, status_pb2
 
 from tpujobs.adapters.google_errors import (
     is_retryable,
+    quota_region,
     transient_retry,
     translate,
     translated,
@@ -372,6 +373,94 @@ def test_a_retry_that_ran_out_on_a_quota_stays_quota_exhausted():
     """Another client's retry (Pub/Sub's) ending on a quota error still says the quota ran out."""
     cause = rest_error(429, QUOTA_MESSAGE, details=[quota_failure_json()])
     assert kind(exceptions.RetryError("Timeout of 60.0s exceeded", cause=cause)) is QuotaExhausted
+
+
+# -- which quota: a zone's or a region's ------------------------------------------------------------
+
+# Google's words for a regional TPU quota (marin-community/marin#1612), and for both scopes at once.
+REGIONAL_MESSAGE = (
+    "Quota limit 'TPUV6EPreemptiblePerProjectPerRegionForTPUAPI' has been exceeded. Limit: 0 in region us-east5."
+)
+BOTH_SCOPES_MESSAGE = (
+    "RESOURCE_EXHAUSTED: Quota limit 'TPUV2sPodPerProjectPerRegionForTPUAPI, TPUV2sPodPerProjectPerZoneForTPUAPI' "
+    "has been exceeded. Limit: 0,0 in region us-central1,zone us-central1-a."
+)
+
+
+def regional_violation(dimensions: dict[str, str], quota_id: str) -> error_details_pb2.QuotaFailure:
+    return error_details_pb2.QuotaFailure(
+        violations=[
+            error_details_pb2.QuotaFailure.Violation(
+                subject="projects/123",
+                description=REGIONAL_MESSAGE,
+                quota_id=quota_id,
+                quota_metric=f"{TPU}/v6e_chips_preemptible",
+                quota_dimensions=dimensions,
+            )
+        ]
+    )
+
+
+def regional_info(location: str, limit: str) -> dict[str, Any]:
+    return {
+        "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+        "reason": "RESOURCE_QUOTA_EXCEEDED",
+        "domain": "googleapis.com",
+        "metadata": {"service": TPU, "quota_limit": limit, "quota_location": location},
+    }
+
+
+def region_said(error: BaseException) -> str:
+    translation = translate(error, "TPU API", "request queued resource train-1-a1")
+    assert type(translation) is QuotaExhausted
+    return translation.region
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        grpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED, REGIONAL_MESSAGE, quota_info(),
+                   regional_violation({"region": "us-east5"}, "TPUV6EPreemptiblePerProjectPerRegionForTPUAPI")),
+        grpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED, REGIONAL_MESSAGE,
+                   regional_violation({"zone": "us-east5-b"}, "TPUV6EPreemptiblePerProjectPerRegionForTPUAPI")),
+        rest_error(429, REGIONAL_MESSAGE, "RESOURCE_EXHAUSTED",
+                   [regional_info("us-east5", "TPUV6EPreemptiblePerProjectPerRegionForTPUAPI")]),
+        rest_error(429, REGIONAL_MESSAGE, "RESOURCE_EXHAUSTED",
+                   [regional_info("us-east5-a", "TPUV6EPreemptiblePerProjectPerRegionForTPUAPI")]),
+        rest_error(429, REGIONAL_MESSAGE),
+        exceptions.RetryError("Timeout of 60.0s exceeded", cause=rest_error(429, REGIONAL_MESSAGE)),
+    ],
+    ids=["grpc-region-dimension", "grpc-per-region-id-with-zone", "rest-location-is-a-region",
+         "rest-per-region-limit-in-a-zone", "message-only", "retry-ended-on-it"],
+)  # fmt: skip
+def test_a_quota_google_says_is_a_regions_names_the_region(error):
+    """A region's quota: by the violation's dimension or "PerRegion" id, ErrorInfo's location or
+    limit, or the message alone; the region is the one Google names, or the zone's."""
+    assert region_said(error) == "us-east5"
+
+
+def test_an_error_naming_the_region_and_the_zone_at_once_is_the_regions():
+    """Both quotas exceeded: the region's leaves no other zone of it any room, so it wins."""
+    assert region_said(grpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED, BOTH_SCOPES_MESSAGE)) == "us-central1"
+    assert region_said(rest_error(429, BOTH_SCOPES_MESSAGE, "RESOURCE_EXHAUSTED")) == "us-central1"
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        grpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED, QUOTA_MESSAGE, quota_info(), quota_failure()),
+        grpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED, QUOTA_MESSAGE, quota_info()),
+        rest_error(429, QUOTA_MESSAGE, "RESOURCE_EXHAUSTED", [quota_failure_json()]),
+        rest_error(429, "RESOURCE_EXHAUSTED: Quota limit 'TPUV2sPodPerProjectPerZoneForTPUAPI' has been exceeded. "
+                        f"Limit: 0 in zone {ZONE}."),
+        rest_error(429, "Quota 'TPUS' exhausted."),
+    ],
+    ids=["grpc-zonal", "error-info-zone-location", "rest-zonal", "zonal-message", "nothing-said"],
+)  # fmt: skip
+def test_a_zones_quota_or_an_unknown_one_names_no_region(error):
+    """A zonal quota (or one whose scope nobody says) leaves the region's other zones worth a try."""
+    assert region_said(error) == ""
+    assert quota_region(error if isinstance(error, exceptions.GoogleAPICallError) else error.cause) == ""
 
 
 # -- translated() and transient_retry() -------------------------------------------------------------

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 
 from tpujobs.domain.job import Job, new_job
 from tpujobs.domain.spec import parse_spec
-from tpujobs.domain.states import QUOTA_EXHAUSTED, EventKind, JobState
+from tpujobs.domain.states import QUOTA_EXHAUSTED, REGION_QUOTA_EXHAUSTED, EventKind, JobState
 from tpujobs.domain.transitions import Decision, Ignored, Observation, decide
 
 NOW = datetime(2025, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
@@ -76,3 +76,56 @@ def test_a_repair_failure_is_noted_once_and_keeps_the_state() -> None:
     assert isinstance(noted, Decision)
     assert (noted.job.state, noted.job.state_reason, noted.event.source) == (JobState.PROVISIONING, why, "reconciler")
     assert isinstance(decide(noted.job, Observation(EventKind.REPAIR_FAILED, None, "reconciler", why), NOW), Ignored)
+
+
+# -- zone failover when a region's quota is full ------------------------------------------------
+
+REGION_ZONES = ["us-east5-a", "us-east5-b", "us-central1-a"]
+
+
+def waiting_in(zones: list[str]) -> Job:
+    """A PROVISIONING job of attempt 1 in the first of `zones`, refused for quota there."""
+    data = {"job_id": "train-1", "name": "train", "owner": "ada", "accelerator_type": "v4-8", "command": "x"}
+    job, _ = new_job(parse_spec({**data, "zones": zones}), zones[0], NOW)
+    decision = decide(job, Observation(EventKind.ADMITTED, 1, "submit", QUOTA, REGION_QUOTA_EXHAUSTED), NOW)
+    assert isinstance(decision, Decision)
+    return decision.job
+
+
+def failover(region: str) -> Observation:
+    return Observation(EventKind.ZONE_FAILOVER, 1, "reconciler", "The TPU quota had no room", quota_region=region)
+
+
+def test_a_failover_from_a_full_regional_quota_skips_the_other_zones_of_that_region() -> None:
+    """us-east5's quota is full: us-east5-b has no room either, so attempt 2 waits in us-central1-a
+    (a zone's quota would have sent it to us-east5-b)."""
+    moved = decide(waiting_in(REGION_ZONES), failover("us-east5"), NOW)
+    assert isinstance(moved, Decision)
+    assert (moved.job.state, moved.job.zone, moved.job.attempt) == (JobState.QUEUED, "us-central1-a", 2)
+    assert "region us-east5's quota is full" in moved.job.state_reason
+    zonal = decide(waiting_in(REGION_ZONES), failover(""), NOW)  # a zone's quota: the same region's next zone
+    assert isinstance(zonal, Decision)
+    assert (zonal.job.state, zonal.job.zone, zonal.job.attempt) == (JobState.QUEUED, "us-east5-b", 2)
+
+
+def test_with_every_later_zone_in_the_full_region_the_job_waits_where_it_is_saying_why_once() -> None:
+    """No pointless failover: it stays PROVISIONING in attempt 1, its reason says why, and the
+    same observation at the next tick writes nothing."""
+    job = waiting_in(["us-east5-a", "us-east5-b"])
+    stays = decide(job, failover("us-east5"), NOW)
+    assert isinstance(stays, Decision)
+    assert (stays.job.state, stays.job.zone, stays.job.attempt) == (JobState.PROVISIONING, "us-east5-a", 1)
+    assert stays.job.capacity_state == REGION_QUOTA_EXHAUSTED
+    assert "every later zone of the job is in us-east5" in stays.job.state_reason
+    assert isinstance(decide(stays.job, failover("us-east5"), NOW + timedelta(minutes=1)), Ignored)
+
+
+def test_a_create_that_failed_for_a_regional_quota_moves_outside_the_region_or_ends_by_the_rules() -> None:
+    """A queued resource that FAILED before it ran, the region's quota full: the next zone outside
+    it; with none, the attempt ends under the job's rules rather than trying the same region."""
+    failed = Observation(EventKind.CAPACITY_LOST, 1, "reconciler", "quota", "FAILED", quota_region="us-east5")
+    moving = decide(waiting_in(REGION_ZONES), failed, NOW)
+    assert isinstance(moving, Decision)
+    assert (moving.job.state, moving.job.zone) == (JobState.QUEUED, "us-central1-a")
+    ending = decide(waiting_in(["us-east5-a", "us-east5-b"]), failed, NOW)
+    assert isinstance(ending, Decision) and ending.job.state is not JobState.QUEUED

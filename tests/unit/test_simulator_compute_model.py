@@ -274,10 +274,10 @@ def test_a_stockout_or_quota_shows_per_managed_instance_and_capacity_lets_it_thr
     ] * 2
     done = sim.get_compute_operation(P, f"zones/{Z}", op.record.name)
     assert done.status == "DONE" and not done.record.errors
-    sim.reconfigure(dataclasses.replace(sim.config, capacity={}, quota={f"v7x@{Z}:spot": 4}))
+    sim.reconfigure(dataclasses.replace(sim.config, capacity={}, quota={Z: {"v7x": {"spot": 4}}}))
     clock.tick(1)
     assert [m.errors[0][0] for m in sim.get_group(P, Z, "mig").members] == ["QUOTA_EXCEEDED"] * 2
-    sim.reconfigure(dataclasses.replace(sim.config, quota={f"v7x@{Z}:spot": 8}))
+    sim.reconfigure(dataclasses.replace(sim.config, quota={Z: {"v7x": {"spot": 8}}}))
     clock.tick(5)
     assert members(sim) == [("RUNNING", "NONE")] * 2
 
@@ -303,6 +303,77 @@ def test_a_lone_vm_without_capacity_fails_its_insert_and_a_flex_start_one_waits_
     clock.tick(5)
     assert sim.get_instance(P, Z, "vm").status == "PENDING"
     sim.reconfigure(dataclasses.replace(sim.config, capacity={}))
+    clock.tick(5)
+    assert sim.get_instance(P, Z, "vm").status == "RUNNING"
+
+
+def lone_vm(model: str, **extra: Any) -> dict[str, Any]:
+    """A one-host v7x VM (4 chips) of provisioning *model*."""
+    scheduling: dict[str, Any] = {"provisioningModel": model, "instanceTerminationAction": "DELETE"}
+    if model == "FLEX_START":
+        scheduling["maxRunDuration"] = {"seconds": "600"}
+    return {
+        **properties(model),
+        "name": "vm",
+        "machineType": f"zones/{Z}/machineTypes/tpu7x-standard-4t",
+        "scheduling": scheduling,
+        **extra,
+    }
+
+
+@pytest.mark.parametrize(
+    ("model", "quota", "message"),
+    [
+        ("SPOT", {R: {"v7x": {"spot": 0}}}, "Quota 'PREEMPTIBLE_TPU_V7X' exceeded. Limit: 0.0 in region us-central1."),
+        ("STANDARD", {Z: {"v7x": 2}}, f"Quota 'TPUS_PER_TPU_FAMILY' exceeded. Limit: 2.0 in zone {Z}."),
+    ],
+)
+def test_a_vm_held_back_by_quota_fails_its_insert_naming_the_metric_and_where(
+    clock: SecondsClock, model: str, quota: dict[str, Any], message: str
+) -> None:
+    """QUOTA_EXCEEDED (403) as Compute Engine words it: the preemptible or on-demand metric, the
+    region's limit or the zone's."""
+    sim = simulator(clock, dataclasses.replace(QUICK, quota=quota))
+    op = sim.insert_instance(P, Z, lone_vm(model))
+    clock.tick(5)
+    failed = sim.get_compute_operation(P, f"zones/{Z}", op.record.name)
+    assert failed.record.errors == (("QUOTA_EXCEEDED", message),) and failed.record.http_status == 403
+
+
+def test_flex_start_waits_on_the_spot_quota_and_not_on_the_on_demand_one(clock: SecondsClock) -> None:
+    """Flex-start VMs consume preemptible quota: PENDING, saying so, while the spot quota is
+    full; the on-demand quota (0) is no limit on them."""
+    quota = {R: {"v7x": {"spot": 0, "on-demand": 0}}}
+    sim = simulator(clock, dataclasses.replace(QUICK, quota=quota))
+    sim.insert_instance(P, Z, lone_vm("FLEX_START"))
+    clock.tick(5)
+    view = sim.get_instance(P, Z, "vm")
+    assert view.status == "PENDING"
+    assert view.errors == (
+        ("QUOTA_EXCEEDED", "Quota 'PREEMPTIBLE_TPU_V7X' exceeded. Limit: 0.0 in region us-central1."),
+    )
+    sim.reconfigure(dataclasses.replace(sim.config, quota={R: {"v7x": {"spot": 4, "on-demand": 0}}}))
+    clock.tick(5)
+    assert sim.get_instance(P, Z, "vm").status == "RUNNING"
+
+
+def test_a_reservation_bound_vm_counts_against_its_reservations_size(clock: SecondsClock) -> None:
+    """A reservation-bound VM that names a full reservation fails as Compute Engine says it
+    (CONDITION_NOT_MET, the reservation named); the quota does not count it."""
+    affinity = {
+        "consumeReservationType": "SPECIFIC_RESERVATION",
+        "key": "compute.googleapis.com/reservation-name",
+        "values": ["team"],
+    }
+    quota = {Z: {"v7x": 0}, "reservations": {"team": 2}}
+    sim = simulator(clock, dataclasses.replace(QUICK, quota=quota))
+    op = sim.insert_instance(P, Z, lone_vm("RESERVATION_BOUND", reservationAffinity=affinity))
+    clock.tick(5)
+    failed = sim.get_compute_operation(P, f"zones/{Z}", op.record.name)
+    reason = "Specified reservation 'team' does not have available resources for the request."
+    assert failed.record.errors == (("CONDITION_NOT_MET", reason),) and failed.record.http_status == 400
+    sim.reconfigure(dataclasses.replace(sim.config, quota={**quota, "reservations": {"team": 4}}))
+    sim.insert_instance(P, Z, lone_vm("RESERVATION_BOUND", reservationAffinity=affinity))
     clock.tick(5)
     assert sim.get_instance(P, Z, "vm").status == "RUNNING"
 

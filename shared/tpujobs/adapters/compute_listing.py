@@ -85,6 +85,7 @@ def holding_status(
         detail=judged.detail,
         unhealthy_hosts=judged.lost_hosts,
         maintenance=_maintenance(listing.instances, {m.name for m in migs}),
+        quota_region=judged.quota_region,
     )
 
 

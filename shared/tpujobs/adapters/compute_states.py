@@ -12,6 +12,7 @@ Sources: ../shared/design/compute-engine.md §3 and the compute_v1 enums' own do
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
@@ -78,6 +79,10 @@ _NO_ACTION = frozenset({"NONE", "UNDEFINED_CURRENT_ACTION", ""})
 # lastAttempt error codes that mean no capacity now: wait (the zone wait then fails over) [RA].
 STOCKOUT_PREFIX = "ZONE_RESOURCE_POOL_EXHAUSTED"
 QUOTA_CODES = frozenset({"QUOTA_EXCEEDED"})
+# A regional quota, as Compute Engine words it: "Quota 'TPU_V5P_CHIPS' exceeded. Limit: 8.0 in
+# region us-east5." (a zone's would say "in zone ..."; a global one "globally", as in
+# "Quota 'GPUS_ALL_REGIONS' exceeded. Limit: 0.0 globally.", fastai/course-v3#165).
+_IN_REGION = re.compile(r"\bin region ([a-z]+-[a-z]+[0-9]+)\b")
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,7 @@ class Verdict:
     state: str
     lost: bool
     detail: str = ""
+    quota_region: str = ""  # the region whose quota its last creation exceeded
 
 
 def host(h: Host) -> Verdict:
@@ -113,7 +119,7 @@ def host(h: Host) -> Verdict:
     status = INSTANCE_STATUSES.get(h.status or "UNDEFINED_STATUS", Meaning(PROVISIONING, "ok", "unknown"))
     lost = status.verdict == "lost"
     if status.state == WAITING or (h.errors and h.action in _CREATING and status.state != ACTIVE):
-        return Verdict(WAITING, lost, _said(h))
+        return Verdict(WAITING, lost, _said(h), _quota_region(h))
     return Verdict(status.state, lost, f"host {h.name} is {h.status}: {status.why}" if lost else "")
 
 
@@ -129,13 +135,24 @@ def _said(h: Host) -> str:
     return f"Compute Engine could not create host {h.name} yet: {code}: {message}"
 
 
+def _quota_region(h: Host) -> str:
+    """The region named by a QUOTA_EXCEEDED among the host's last creation errors, if any."""
+    for code, message in h.errors:
+        found = _IN_REGION.search(message) if code in QUOTA_CODES else None
+        if found:
+            return found.group(1)
+    return ""
+
+
 @dataclass(frozen=True)
 class HoldingState:
-    """A holding as the port says it: its state, why, and how many hosts are lost."""
+    """A holding as the port says it: its state, why, how many hosts are lost, and the region
+    whose full quota keeps a waiting host from being created ("" if none does)."""
 
     state: str
     detail: str
     lost_hosts: int
+    quota_region: str = ""
 
 
 def holding_state(verdicts: Iterable[Verdict], all_stable: bool, waiting_in_bulk: bool = False) -> HoldingState:
@@ -153,4 +170,5 @@ def holding_state(verdicts: Iterable[Verdict], all_stable: bool, waiting_in_bulk
     lost = sum(1 for v in verdicts if v.lost)
     if not detail and lost:
         detail = next((v.detail for v in verdicts if v.lost and v.detail), "")
-    return HoldingState(state, detail, lost)
+    region = next((v.quota_region for v in verdicts if v.state == WAITING and v.quota_region), "")
+    return HoldingState(state, detail, lost, region if state == WAITING else "")

@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 from tpujobs.domain.accounting import AttemptUsage
-from tpujobs.domain.admission import pool_id
+from tpujobs.domain.admission import job_pool
 from tpujobs.domain.job import Job, JobEvent, ScheduledMaintenance, SuspectHost
 from tpujobs.domain.shards import Placement
 from tpujobs.domain.spec import PRIORITY_RANK, JobSpec
@@ -54,8 +54,9 @@ def job_to_document(job: Job) -> dict[str, Any]:
         "capacity": spec.capacity,
         "priority": spec.priority,
         "priority_rank": PRIORITY_RANK[spec.priority],  # the admission queue orders by it
-        # family@zone: where its chips come from; none on a warm pool, whose unit holds them
-        "pool": "" if job.warm_pool else pool_id(spec, job.zone),
+        # its admission pool (`domain.quotas`), by the capacity it asks for now; none on a warm
+        # pool, whose unit holds the chips
+        "pool": "" if job.warm_pool else job_pool(job).id,
         "warm_pool": job.warm_pool,  # the warm pool it runs on or waits for: the pool's queue reads it
         "warm_pool_unit": job.warm_pool_unit,
         "on_demand": job.on_demand,

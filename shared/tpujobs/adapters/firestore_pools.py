@@ -1,25 +1,30 @@
 """Quotas and the chips each pool has handed out, on Firestore (`tpujobs.domain.admission`).
 
-`config/quotas` holds the limits, zone -> family -> chips, edited in the console or with
-`tpujobs quota`. `quota_pools/{family}@{zone}` lists the jobs holding chips of a limited
-pool. A change to a pool document is a compare-and-set on its update time, like the job
-store's (`firestore_cas.wrote`): no read-write transaction, so no lock for concurrent
-admissions to wait on; the service reads again after a lost race.
+`config/quotas` holds the limits (`domain.quotas`: per zone or region, family and tier, and
+named reservations), edited in the console or with `tpujobs quota`. `quota_pools/{pool id}`
+lists the jobs (and warm pools' units) holding chips of a limited pool, with their zones. A
+change to a pool document is a compare-and-set on its update time, like the job store's
+(`firestore_cas.wrote`): no read-write transaction, so no lock for concurrent admissions to
+wait on; the service reads again after a lost race.
 """
 
 from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 from google.cloud import firestore
+from google.cloud.firestore_v1.field_path import FieldPath
 
-from tpujobs.adapters.firestore_cas import wrote
+from tpujobs.adapters.firestore_cas import compare_and_set, wrote
 from tpujobs.adapters.firestore_store import JOBS, job_from_document, transient_on_failure
 from tpujobs.domain.admission import Holder
 from tpujobs.domain.job import Job
+from tpujobs.domain.quota_edits import with_limit, with_reservation
+from tpujobs.domain.quotas import RESERVATIONS, PoolKey, QuotaBook
 from tpujobs.domain.states import JobState
 from tpujobs.engine.ports import PoolView as PoolView  # the port's view; its version is the update time
 
@@ -36,18 +41,39 @@ class FirestorePools:
 
     # -- quotas ---------------------------------------------------------------------
 
-    def quotas(self) -> dict[str, dict[str, int]]:
+    def quotas(self) -> QuotaBook:
         with transient_on_failure("read quotas"):
-            snapshot = self._db.collection(CONFIG).document(QUOTAS).get()
-        data = snapshot.to_dict() if snapshot.exists else {}
-        return {zone: dict(limits) for zone, limits in (data or {}).items() if isinstance(limits, dict)}
+            snapshot = self._quotas_ref().get()
+        return QuotaBook(snapshot.to_dict() if snapshot.exists else None)
 
-    def set_quota(self, zone: str, family: str, chips: int | None) -> None:
-        """Set (or with None remove) one pool's quota; takes effect at the next admission."""
-        ref = self._db.collection(CONFIG).document(QUOTAS)
-        value = firestore.DELETE_FIELD if chips is None else chips
-        with transient_on_failure("write quotas"):
-            ref.set({zone: {family: value}}, merge=True)
+    def set_quota(self, location: str, family: str, tier: str, chips: int | None) -> None:
+        """Set (or with None remove) one limit; takes effect at the next admission."""
+        self._edit(lambda document: with_limit(document, location, family, tier, chips), location)
+
+    def set_reservation(self, name: str, chips: int | None) -> None:
+        """Set (or with None remove) a named reservation's chips."""
+        self._edit(lambda document: with_reservation(document, name, chips), RESERVATIONS)
+
+    def _quotas_ref(self) -> firestore.DocumentReference:
+        return self._db.collection(CONFIG).document(QUOTAS)
+
+    def _edit(self, edit: Callable[[dict[str, Any]], dict[str, Any]], key: str) -> None:
+        """Rewrite one top-level entry of `config/quotas` (a location, or the reservations), by
+        compare-and-set on the document as read: an admin's edit in between is kept."""
+        ref = self._quotas_ref()
+
+        def change(snapshot: firestore.DocumentSnapshot) -> tuple[None, Callable[[], object] | None]:
+            document = (snapshot.to_dict() or {}) if snapshot.exists else {}
+            edited = edit(document)
+            if edited == document:
+                return None, None
+            if not snapshot.exists:
+                return None, lambda: ref.create(edited)
+            value = edited.get(key, firestore.DELETE_FIELD)
+            option = self._db.write_option(last_update_time=snapshot.update_time)
+            return None, lambda: ref.update({FieldPath(key).to_api_repr(): value}, option=option)
+
+        compare_and_set(ref, change, what="config/quotas", doing="set a quota")
 
     # -- holders --------------------------------------------------------------------
 
@@ -64,10 +90,8 @@ class FirestorePools:
         holders = {h.job_id: h for h in seen.holders if h.job_id not in remove}
         if add is not None:
             holders[add.job_id] = add
-        family, _, zone = seen.pool.partition("@")
         document = {
-            "family": family,
-            "zone": zone,
+            **_described(seen.pool),
             "chips_held": sum(h.chips for h in holders.values()),
             "holders": {job_id: _holder_fields(h) for job_id, h in holders.items()},
             "updated_at": firestore.SERVER_TIMESTAMP,
@@ -125,6 +149,7 @@ def _holder(job_id: str, fields: dict[str, Any]) -> Holder:
         priority=str(fields["priority"]),
         since=fields["since"],
         evictable=bool(fields.get("evictable", True)),
+        zone=str(fields.get("zone") or ""),
     )
 
 
@@ -136,4 +161,15 @@ def _holder_fields(holder: Holder) -> dict[str, Any]:
         "priority": holder.priority,
         "since": since,
         "evictable": holder.evictable,
+        "zone": holder.zone,
     }
+
+
+def _described(pool: str) -> dict[str, str]:
+    """The pool document's own fields, for a reader in the console: its family, tier, region and
+    reservation; none for a zone's pool from before pools were regional (the reconciler retires it)."""
+    try:
+        key = PoolKey.parse(pool)
+    except ValueError:
+        return {}
+    return {"family": key.family, "tier": key.tier, "region": key.region, "reservation": key.reservation}

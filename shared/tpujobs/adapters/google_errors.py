@@ -23,6 +23,7 @@ from google.api_core.retry import Retry
 from google.auth import exceptions as auth_exceptions
 from google.rpc import code_pb2
 
+from tpujobs.domain.quotas import REGION, ZONE, region_of
 from tpujobs.engine.errors import PermanentError, QuotaExhausted, TransientError
 
 # google.rpc.Code names whose failure may not happen again (google/rpc/code.proto, AIP-194).
@@ -45,6 +46,11 @@ TRANSIENT_HTTP = frozenset({408, 429, 499})  # timeout, rate or quota, client cl
 RATE_LIMIT_REASONS = frozenset({"RATE_LIMIT_EXCEEDED", "rateLimitExceeded", "userRateLimitExceeded"})
 QUOTA_REASONS = frozenset({"RESOURCE_QUOTA_EXCEEDED", "quotaExceeded", "dailyLimitExceeded"})
 _NAMES_A_QUOTA = re.compile(r"quota", re.IGNORECASE)
+# Google names a regional TPU quota "...PerRegion..." and says where: "Quota limit
+# 'TPUV6EPreemptiblePerProjectPerRegionForTPUAPI' has been exceeded. Limit: 0 in region us-east5."
+# (marin-community/marin#1612), or both scopes at once: "Limit: 0,0 in region us-central1,zone us-central1-a".
+_REGIONAL_QUOTA = re.compile(r"PerRegion", re.IGNORECASE)
+_IN_REGION = re.compile(r"\bin region '?([a-z]+-[a-z]+[0-9]+)\b")
 _NAMES_A_RATE = re.compile(r"per[\s_-]*(second|minute|100[\s_-]*seconds)|rate[\s_-]*limit", re.IGNORECASE)
 
 # The TPU client's retry (the client has none of its own): short, for blips; a longer outage
@@ -73,14 +79,14 @@ def translate(error: BaseException, service: str, doing: str) -> TransientError 
     if isinstance(error, api_exceptions.RetryError):
         cause = error.cause
         if isinstance(cause, api_exceptions.GoogleAPICallError) and _quota_ran_out(cause):
-            return QuotaExhausted(f"{service} failed to {doing}: {quota_reason(cause)}")
+            return QuotaExhausted(f"{service} failed to {doing}: {quota_reason(cause)}", quota_region(cause))
         return TransientError(f"{service} failed to {doing}: {error}")
     call = _as_call_error(error)
     if call is not None:
         if not is_transient_status(call):
             return PermanentError(f"{service} refused to {doing}: {call}")
         if _quota_ran_out(call):
-            return QuotaExhausted(f"{service} failed to {doing}: {quota_reason(call)}")
+            return QuotaExhausted(f"{service} failed to {doing}: {quota_reason(call)}", quota_region(call))
         return TransientError(f"{service} failed to {doing}: {call}")
     if _unreachable(error):
         return TransientError(f"{service} unreachable while trying to {doing}: {error}")
@@ -248,3 +254,43 @@ def _quota_named(name: Any, limit: Any, where: Mapping[str, Any]) -> str:
     if not name:
         return ", ".join(facts)
     return f"{name} ({', '.join(facts)})" if facts else str(name)
+
+
+def quota_region(error: api_exceptions.GoogleAPICallError) -> str:
+    """The region whose quota ran out, when Google says the limit is a region's; "" when it is
+    a zone's or nobody says. A regional quota anywhere in the error wins: with it full, no
+    other zone of the region has room, whatever the zone's own quota says.
+
+    Signs, from the details first: a QuotaFailure violation whose `quotaDimensions` name a
+    region and no zone, or whose quota id says "PerRegion"; ErrorInfo's `quota_location` that is
+    a region, or its `quota_limit` saying "PerRegion"; else the message ("... PerRegion ...
+    in region us-east5").
+    """
+    details = _details(error)
+    message = error.message or ""
+    named = _IN_REGION.search(message)
+    in_message = named.group(1) if named else ""
+    for violation in details.violations:
+        where = violation.get("quotaDimensions") or {}
+        if where.get("region") and not where.get("zone"):
+            return str(where["region"])
+        if _REGIONAL_QUOTA.search(str(violation.get("quotaId") or violation.get("quotaMetric") or "")):
+            return _region_named(where.get("region"), where.get("zone"), in_message)
+    meta = details.metadata
+    location = str(meta.get("quota_location") or "")
+    if REGION.fullmatch(location):
+        return location
+    if _REGIONAL_QUOTA.search(str(meta.get("quota_limit") or "")):
+        return _region_named(None, location, in_message)
+    if _REGIONAL_QUOTA.search(message) or (in_message and not details.violations and not location):
+        return in_message
+    return ""
+
+
+def _region_named(region: Any, zone: Any, in_message: str) -> str:
+    """The region a regional quota's error names: its own dimension, its zone's, or the message's."""
+    if region and REGION.fullmatch(str(region)):
+        return str(region)
+    if zone and ZONE.fullmatch(str(zone)):
+        return region_of(str(zone))
+    return in_message

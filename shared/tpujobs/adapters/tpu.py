@@ -24,6 +24,7 @@ from google.api_core.retry import Retry
 from google.rpc import code_pb2
 
 from tpujobs.adapters.google_errors import is_retryable, transient_retry, translated
+from tpujobs.adapters.tpu_maintenance import NodeMaintenance
 from tpujobs.domain import naming
 from tpujobs.domain.accelerators import FAMILIES, parse_accelerator_type
 from tpujobs.domain.job import Job
@@ -171,11 +172,14 @@ class CloudTpu:
         retry: Retry | None = None,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
+        maintenance: NodeMaintenance | None = None,
     ) -> None:
         """`retry` wraps every call (the client retries nothing by itself): by default
         `google_errors.transient_retry()`, whose predicate is the one error table. `sleep` and
-        `clock` time the metadata writes' backoff and follow-up."""
+        `clock` time the metadata writes' backoff and follow-up. `maintenance` reads the nodes'
+        announced maintenance (by default through v2alpha1 beside `client`, made at first use)."""
         self._client = client
+        self._maintenance = maintenance
         self._project = project
         self._retry = retry or transient_retry()
         # An update refused for a concurrent one must not be sent again as it was: its map was
@@ -209,7 +213,7 @@ class CloudTpu:
                     timeout=CALL_TIMEOUT_S,
                 )
         except QuotaExhausted as error:
-            raise QuotaExhausted(_google_said(error.__cause__) or str(error)) from error
+            raise QuotaExhausted(_google_said(error.__cause__) or str(error), error.region) from error
         except PermanentError as error:
             # REST maps ALREADY_EXISTS (and ABORTED) to a bare 409 Conflict: look before adopting.
             if not isinstance(error.__cause__, api_exceptions.Conflict):
@@ -324,7 +328,9 @@ class CloudTpu:
                 raise
 
     def list_capacity(self, zone: str) -> Sequence[CapacityStatus]:
-        """Every queued resource of the zone with the health of its nodes: two list calls."""
+        """Every queued resource of the zone with the health of its nodes: two list calls, and a
+        third (v2alpha1's nodes, `tpu_maintenance`) for the maintenance announced on the nodes of
+        ACTIVE ones, when there are any."""
         parent = self._parent(zone)
         with _translated(f"list queued resources in {zone}"):
             resources = list(
@@ -357,7 +363,17 @@ class CloudTpu:
             status = _status(resource, zone, lost.get(resource.name.rsplit("/", 1)[-1], 0))
             hosts = tuple(sorted(suspect.get(status.name, ())))
             statuses.append(dataclasses.replace(status, suspect_hosts=hosts) if hosts else status)
-        return statuses
+        if not nodes or all(status.state != "ACTIVE" for status in statuses):
+            return statuses
+        if self._maintenance is None:
+            self._maintenance = NodeMaintenance.beside(self._client)
+        windows = self._maintenance.windows(parent)
+        return [
+            dataclasses.replace(status, maintenance=windows[status.name])
+            if status.state == "ACTIVE" and status.name in windows
+            else status
+            for status in statuses
+        ]
 
 
 # Only what the reconciler compares: without a mask every resource brings its startup

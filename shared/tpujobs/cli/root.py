@@ -12,7 +12,9 @@ from tpujobs.cli.secrets import secret_app
 
 app.add_typer(dev_app, name="dev", help="The local stack: emulators, TPU simulator, functions.")
 app.add_typer(pool_app, name="pool", help="Warm pools: capacity held under a name, for jobs that start in seconds.")
-app.add_typer(quota_app, name="quota", help="Chip quotas per accelerator family and zone.")
+app.add_typer(
+    quota_app, name="quota", help="Chip quotas per family, tier (on-demand, spot, reserved) and zone or region."
+)
 app.add_typer(secret_app, name="secret", help="Secrets for a job's `secrets` field, in Secret Manager.")
 app.command()(demo)
 

@@ -406,10 +406,14 @@ def rejections_sheet(rejections: list[dict[str, Any]]) -> Sheet:
 
 
 def quotas_sheet(pools: list[dict[str, Any]]) -> Sheet:
-    """`tpujobs quota show`: each pool's quota, what is held under it and who waits."""
+    """`tpujobs quota show`: one row per limit as Google counts it (the API's `quota_document`
+    rows), the chips held under it and how many jobs wait for it."""
     sheet = Sheet(
         [
-            Col("POOL"),
+            Col("LOCATION"),
+            Col("SCOPE", keep=2),  # the first to go: LOCATION's shape and TIER say it too
+            Col("FAMILY"),
+            Col("TIER", fit="wrap"),
             Col("QUOTA", justify="right"),
             Col("HELD", justify="right"),
             Col("HOLDERS", keep=1, justify="right"),
@@ -417,9 +421,12 @@ def quotas_sheet(pools: list[dict[str, Any]]) -> Sheet:
         ]
     )
     for pool in pools:
-        quota = pool.get("quota")
+        quota, reservation = pool.get("quota"), pool.get("reservation")
         sheet.add(
-            pool.get("pool"),
+            pool.get("location") or "-",
+            pool.get("scope"),
+            pool.get("family") or "-",
+            f"reserved: {reservation}" if reservation else pool.get("tier"),
             "none" if quota is None else quota,
             pool.get("held"),
             pool.get("holders"),

@@ -76,7 +76,8 @@ class EventKind(str, Enum):
     EVICTED = "evicted"
     """A higher-priority job took the chips; the job waits QUEUED again and resumes by its rules."""
     ZONE_FAILOVER = "zone_failover"
-    """The queued resource waited too long for capacity; the job waits QUEUED in the next of its `zones`."""
+    """The queued resource waited too long for capacity; the job waits QUEUED in the next of its `zones`,
+    outside the region whose quota Google said is full; with no such zone it stays PROVISIONING, saying why."""
     REQUESTED_AGAIN = "requested_again"
     """The reconciler asked again for the current attempt's queued resource: it was missing, or
     the TPU quota had been exhausted. The job stays PROVISIONING; the zone wait keeps counting
@@ -127,6 +128,12 @@ QUOTA_EXHAUSTED = "QUOTA_EXHAUSTED"
 """`capacity_state` of a PROVISIONING job whose request the TPU API refused because a TPU quota
 is exhausted: no queued resource exists, the reason quotes Google, and the reconciler asks again
 every tick until the quota frees up (or the zone wait moves the job to its next zone)."""
+REGION_QUOTA_EXHAUSTED = "REGION_QUOTA_EXHAUSTED"
+"""As `QUOTA_EXHAUSTED`, when Google says the quota that ran out is the REGION's (of the job's
+zone): no other zone of that region has room either, so the zone wait moves the job to its
+next zone outside the region, or, with none, it waits where it is."""
+GOOGLE_QUOTA_WAITS = frozenset({QUOTA_EXHAUSTED, REGION_QUOTA_EXHAUSTED})
+"""The `capacity_state`s of a job whose request Google refused for quota: asked again every tick."""
 
 
 TRANSITIONS: dict[tuple[JobState, EventKind], frozenset[JobState]] = {
@@ -165,7 +172,7 @@ TRANSITIONS: dict[tuple[JobState, EventKind], frozenset[JobState]] = {
         (state, EventKind.EVICTED): frozenset({JobState.QUEUED})
         for state in (JobState.PROVISIONING, JobState.RUNNING, JobState.RECOVERING)
     },
-    (JobState.PROVISIONING, EventKind.ZONE_FAILOVER): frozenset({JobState.QUEUED}),
+    (JobState.PROVISIONING, EventKind.ZONE_FAILOVER): frozenset({JobState.QUEUED, JobState.PROVISIONING}),
     **{(state, EventKind.TIME_LIMIT_REACHED): frozenset({JobState.FAILED}) for state in ACTIVE},
     (JobState.RUNNING, EventKind.HUNG): frozenset({JobState.RECOVERING, JobState.FAILED}),
     (JobState.QUEUED, EventKind.WAITING_FOR_POOL): frozenset({JobState.QUEUED}),

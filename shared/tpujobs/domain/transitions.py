@@ -16,6 +16,7 @@ from tpujobs.domain.error_classes import classify_error
 from tpujobs.domain.job import Job, JobEvent, ScheduledMaintenance, Source, SuspectHost
 from tpujobs.domain.naming import queued_resource_name
 from tpujobs.domain.platforms import TPU_API
+from tpujobs.domain.quotas import region_of
 from tpujobs.domain.restart_overrides import REQUEST_MEMORY
 from tpujobs.domain.restart_rules import backoff_seconds, rule_on_loss
 from tpujobs.domain.spec import JobSpec
@@ -51,6 +52,9 @@ class Observation:
     # this one included (`engine.jobs.worker_events` counts them, so the job is not written once per host);
     # None: the job counts the worker itself, in `workers_done`.
     workers_done_count: int | None = None
+    # QUOTA_EXCEEDED, ZONE_FAILOVER, CAPACITY_LOST (a create FAILED before it ran): the region whose
+    # quota holds the job back; failover skips its zones.
+    quota_region: str = ""
 
 
 @dataclass(frozen=True)
@@ -289,8 +293,9 @@ def _capacity_lost(job: Job, seen: Observation, now: datetime) -> _Move:
 
 
 def _fails_over_unstarted(job: Job, seen: Observation) -> _Move:
-    """A queued resource that FAILED before it ever ran: the next attempt waits in the next zone."""
-    zone = next_zone(job)
+    """A queued resource that FAILED before it ever ran: the next attempt waits in the next zone
+    (outside `seen.quota_region`, whose quota is full)."""
+    zone = next_zone(job, seen.quota_region)
     assert zone is not None  # _never_ran_here checked it
     what = seen.reason or f"Queued resource {job.queued_resource} failed"
     reason = f"{what}; it never ran, so attempt {job.attempt + 1} moves to {zone}."
@@ -327,11 +332,15 @@ def _waiting_for_quota(job: Job, seen: Observation, now: datetime) -> _Move | Ig
 
 
 def _quota_exceeded(job: Job, seen: Observation, now: datetime) -> _Move:
-    """Bigger than its pool's whole quota: the attempt waits in the next zone, or the job fails."""
+    """Bigger than a whole limit of its pool: the attempt waits in the next zone (outside the
+    region when the region's quota is the limit), or the job fails."""
     what = seen.reason or f"The job asks for more chips than the whole quota of {job.zone}"
-    zone = next_zone(job)
+    zone = next_zone(job, seen.quota_region)
     if zone is None:
-        return _Move(JobState.FAILED, f"{what}; ask an admin to raise the quota, or ask for fewer chips.")
+        beyond = f"; its other zones are in region {seen.quota_region}, which shares that quota" if (
+            seen.quota_region and next_zone(job) is not None
+        ) else ""  # fmt: skip
+        return _Move(JobState.FAILED, f"{what}{beyond}; ask an admin to raise the quota, or ask for fewer chips.")
     return _Move(JobState.QUEUED, f"{what}; attempt {job.attempt} waits in {zone} instead.", {"zone": zone})
 
 
@@ -344,11 +353,21 @@ def _evicted(job: Job, seen: Observation, now: datetime) -> _Move:
 
 
 def _zone_failover(job: Job, seen: Observation, now: datetime) -> _Move | Ignored:
-    """Waited too long for capacity: the next attempt waits in the next zone, if there is one."""
-    zone = next_zone(job)
+    """Waited too long for capacity: the next attempt waits in the next zone, if there is one.
+    When a region's quota is what is full (`seen.quota_region`), its other zones have no room
+    either: the next zone outside it, or none (the job waits where it is)."""
+    region = seen.quota_region
+    zone = next_zone(job, region)
+    if zone is None and region and next_zone(job) is not None:
+        reason = (
+            f"The TPU quota of region {region} is full, and every later zone of the job is in {region} "
+            f"too: attempt {job.attempt} waits in {job.zone}."
+        )
+        return Ignored("the job already says why it waits") if job.state_reason == reason else _Move(job.state, reason)
     if zone is None:
         return Ignored(f"no zone after {job.zone} to fail over to")
-    reason = f"{seen.reason or 'No capacity'} in {job.zone}; attempt {job.attempt + 1} moves to {zone}."
+    skipped = f" (region {region}'s quota is full, so its zones are skipped)" if region else ""
+    reason = f"{seen.reason or 'No capacity'} in {job.zone}{skipped}; attempt {job.attempt + 1} moves to {zone}."
     return _Move(JobState.QUEUED, reason, _requeued(job, zone))
 
 
@@ -555,11 +574,12 @@ def _falls_back_to_on_demand(job: Job, now: datetime) -> bool:
     return earlier + 1 >= spec.on_demand_after_preemptions
 
 
-def next_zone(job: Job) -> str | None:
-    """The zone after the job's current one in its `zones`; None at the last (or with one zone)."""
+def next_zone(job: Job, outside_region: str = "") -> str | None:
+    """The zone after the job's current one in its `zones`, outside `outside_region` when that
+    region's quota is what holds the job back; None at the last (or with one zone)."""
     zones = job.spec.preferred_zones
     later = zones[zones.index(job.zone) + 1 :] if job.zone in zones else ()
-    return later[0] if later else None
+    return next((z for z in later if not outside_region or region_of(z) != outside_region), None)
 
 
 def _never_ran_here(job: Job, seen: Observation) -> bool:
@@ -570,7 +590,7 @@ def _never_ran_here(job: Job, seen: Observation) -> bool:
         job.state is JobState.PROVISIONING
         and seen.capacity_state == "FAILED"
         and (current is None or current.held_from is None)
-        and next_zone(job) is not None
+        and next_zone(job, seen.quota_region) is not None
     )
 
 

@@ -17,4 +17,12 @@ class PermanentError(RuntimeError):
 
 class QuotaExhausted(TransientError):
     """A 429 (RESOURCE_EXHAUSTED) that means a quota ran out, not a rate limit: retrying soon
-    will not help, so the job waits with this reason shown until capacity frees up."""
+    will not help, so the job waits with this reason shown until capacity frees up.
+
+    `region` names the region when Google says the quota that ran out is a region's: its other
+    zones have no room either, so zone failover skips them ("" when zonal or unknown).
+    """
+
+    def __init__(self, message: str = "", region: str = "") -> None:
+        super().__init__(message)
+        self.region = region

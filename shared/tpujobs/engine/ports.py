@@ -16,6 +16,7 @@ from tpujobs.domain.access import AccessPolicies
 from tpujobs.domain.admission import Holder
 from tpujobs.domain.job import Job, JobEvent
 from tpujobs.domain.pools import Pool
+from tpujobs.domain.quotas import QuotaBook
 from tpujobs.domain.shards import Placement, Shard
 from tpujobs.domain.spec import JobSpec
 from tpujobs.domain.transitions import Decision, Ignored, Observation
@@ -253,8 +254,11 @@ class CapacityStatus:
     suspect_hosts: tuple[tuple[str, str], ...] = ()
     operation: str = ""  # from `request`: the create's long-running operation, if one was made
     # (host, window start) of its hosts with host maintenance scheduled (Compute Engine's
-    # `upcomingMaintenance`; RFC 3339 as Google says it); the TPU API says none
+    # and the TPU API's v2alpha1 nodes' `upcomingMaintenance`; RFC 3339 as Google says it)
     maintenance: tuple[tuple[str, str], ...] = ()
+    # WAITING_FOR_RESOURCES because a REGION's quota is full (Compute Engine's QUOTA_EXCEEDED
+    # "... in region us-east5"): zone failover skips that region's zones; "": not known to be
+    quota_region: str = ""
 
 
 @dataclass(frozen=True)
@@ -369,7 +373,14 @@ class PoolView:
 class Pools(Protocol):
     """Quotas and who holds the chips of each limited pool (`tpujobs.domain.admission`)."""
 
-    def quotas(self) -> dict[str, dict[str, int]]: ...
+    def quotas(self) -> QuotaBook:
+        """`config/quotas` as read now (`tpujobs.domain.quotas`)."""
+
+    def set_quota(self, location: str, family: str, tier: str, chips: int | None) -> None:
+        """Set (None: remove) one limit: a zone's or a region's chips of a family and tier."""
+
+    def set_reservation(self, name: str, chips: int | None) -> None:
+        """Set (None: remove) a named reservation's chips."""
 
     def view(self, pool: str) -> PoolView: ...
 

@@ -193,8 +193,8 @@ class Engine:
     def note_repair_failure(self, job_id: str, doing: str, error: Exception) -> Decision | Ignored:
         return self.lifecycle.note_repair_failure(job_id, doing, error)
 
-    def admit_waiting(self, pool: str, limit: int | None = None, leaving: frozenset[str] = frozenset()) -> list[str]:
-        return self.admission.admit_waiting(pool, limit, leaving)
+    def admit_waiting(self, pool: str, leaving: frozenset[str] = frozenset()) -> list[str]:
+        return self.admission.admit_waiting(pool, leaving=leaving)
 
     def observe_capacity(
         self, queued_resource: str, state: str, detail: str = "", unhealthy_hosts: int = 0, source: Source = "tpu"

@@ -354,9 +354,9 @@ def maintenance(
         typer.Option(
             "--scheduled-in",
             min=0,
-            help="Instead, announce a maintenance window starting in SECONDS, as Google does days ahead "
-            "(Compute Engine: each VM's upcomingMaintenance and instance/upcoming-maintenance); "
-            "nothing else happens to the hosts until then.",
+            help="Instead, announce a maintenance window starting in SECONDS, as Google does days ahead: "
+            "each VM's or TPU node's upcomingMaintenance and its hosts' instance/upcoming-maintenance. "
+            "Nothing else happens until then; on the TPU API the hosts go down when the window starts.",
         ),
     ] = None,
     window: Annotated[
@@ -365,19 +365,18 @@ def maintenance(
     slice_index: Slice = None,
     state_dir: StateDir = None,
 ) -> None:
-    """Host maintenance: instance/maintenance-event turns TERMINATE_ON_HOST_MAINTENANCE, then the hosts go down."""
+    """Host maintenance now (instance/maintenance-event turns TERMINATE_ON_HOST_MAINTENANCE, then the hosts go
+    down), or announced ahead with --scheduled-in."""
     sim = Simulator(state_dir, Console(stderr=True))
     capacity = sim.capacity_of(job_id)
     zone, project = capacity.zone, sim.project
     if scheduled_in is not None:
-        if not capacity.on_compute:
-            fail(
-                sim.err,
-                "maintenance --scheduled-in cannot apply",
-                f"{capacity} is a TPU API queued resource, and the TPU simulator announces no maintenance ahead; "
-                "drop --scheduled-in for a maintenance now",
-            )
         ahead = scheduled_in
+        if not capacity.on_compute:
+            body = {"notice": ahead, "window": window}
+            answer = sim.on_job(capacity, "upcoming-maintenance", {"slice": slice_index}, body)
+            sim.say(f"maintenance scheduled in {ahead:g} s for {window:g} s on {capacity}: {_nodes(answer)}")
+            return
         answers = sim.on_groups(
             capacity,
             slice_index,

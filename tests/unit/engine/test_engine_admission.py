@@ -17,7 +17,7 @@ from tpujobs.domain.states import JobState
 from tpujobs.local.testing import CrashPlan, OffsetClock
 
 OTHER_ZONE = "us-east5-a"
-POOL = f"v4@{ZONE}"
+POOL = "v4@us-central2"  # the on-demand v4 chips of ZONE's region
 
 
 @pytest.fixture
@@ -56,7 +56,7 @@ def test_without_a_quota_every_job_is_admitted_at_once(jobs):
 
 def test_jobs_wait_for_quota_and_the_next_is_admitted_when_one_ends(jobs):
     """Quota 8 v4 chips: two 4-chip jobs run, the rest wait; a cancel admits the next at once."""
-    jobs.pools.set_quota(ZONE, "v4", 8)
+    jobs.pools.set_quota(ZONE, "v4", "on-demand", 8)
     submit(jobs, "q-1")
     submit(jobs, "q-2")
     submit(jobs, "q-3")
@@ -71,7 +71,9 @@ def test_jobs_wait_for_quota_and_the_next_is_admitted_when_one_ends(jobs):
         JobState.QUEUED,
     ]
     waiting = jobs.job("q-3")
-    assert waiting.state_reason == "Waiting for quota: needs 4 v4 chips in us-central2-b, where the quota is 8."
+    assert waiting.state_reason == (
+        "Waiting for quota: needs 4 chips, and the quota of v4 on-demand chips in us-central2-b is 8."
+    )
     assert jobs.pools.view(POOL).holders[0].job_id in {"q-1", "q-2"}
 
     jobs.cancel("q-1", "Cancelled by ada.")  # the event that frees chips admits the next job
@@ -85,22 +87,22 @@ def test_jobs_wait_for_quota_and_the_next_is_admitted_when_one_ends(jobs):
 
 def test_a_quota_raised_at_run_time_admits_on_the_next_tick(jobs):
     """A raised quota admits the waiting job at the next tick; no quota at all admits at once."""
-    jobs.pools.set_quota(ZONE, "v4", 4)
+    jobs.pools.set_quota(ZONE, "v4", "on-demand", 4)
     submit(jobs, "r-1")
     submit(jobs, "r-2")
     assert state(jobs, "r-2") is JobState.QUEUED
 
-    jobs.pools.set_quota(ZONE, "v4", 8)
+    jobs.pools.set_quota(ZONE, "v4", "on-demand", 8)
     jobs.tick()
     assert state(jobs, "r-2") is JobState.PROVISIONING
-    jobs.pools.set_quota(ZONE, "v4", None)  # no quota: no limit
+    jobs.pools.set_quota(ZONE, "v4", "on-demand", None)  # no quota: no limit
     submit(jobs, "r-3")
     assert state(jobs, "r-3") is JobState.PROVISIONING
 
 
 def test_concurrent_admissions_never_hand_out_a_chip_twice(jobs):
     """Twelve submissions at once against a quota of four jobs: exactly four are admitted."""
-    jobs.pools.set_quota(ZONE, "v4", 16)
+    jobs.pools.set_quota(ZONE, "v4", "on-demand", 16)
     errors: list[BaseException] = []
 
     def one(n: int) -> None:
@@ -123,7 +125,7 @@ def test_concurrent_admissions_never_hand_out_a_chip_twice(jobs):
 
 def test_a_high_priority_job_evicts_the_lowest_newest_job_which_resumes_later(jobs, clock):
     """The evicted job goes back to QUEUED for its next attempt, resumes, and its capacity goes."""
-    jobs.pools.set_quota(ZONE, "v4", 8)
+    jobs.pools.set_quota(ZONE, "v4", "on-demand", 8)
     submit(jobs, "low-old", priority="low")
     clock.advance(0.01)
     submit(jobs, "low-new", priority="low")
@@ -148,7 +150,7 @@ def test_a_high_priority_job_evicts_the_lowest_newest_job_which_resumes_later(jo
 
 def test_medium_priority_never_evicts_and_jobs_that_cannot_recover_are_never_evicted(jobs):
     """A medium job waits; a very-high one needing the chips of a job that cannot recover waits too."""
-    jobs.pools.set_quota(ZONE, "v4", 8)
+    jobs.pools.set_quota(ZONE, "v4", "on-demand", 8)
     submit(jobs, "keep-1", priority="low", on_preemption="fail")
     submit(jobs, "keep-2", priority="low")
     submit(jobs, "medium", priority="medium")
@@ -161,7 +163,7 @@ def test_medium_priority_never_evicts_and_jobs_that_cannot_recover_are_never_evi
 
 def test_a_queued_resource_waiting_too_long_moves_the_job_to_its_next_zone(jobs, clock):
     """No v4 capacity in the first zone: past zone_wait_seconds the tick moves attempt 2 to the next zone."""
-    jobs.simulator.configure(capacity={POOL: 0})
+    jobs.simulator.configure(capacity={f"v4@{ZONE}": 0})  # the simulator's capacity is per zone
     submit(jobs, "roam", zones=[ZONE, OTHER_ZONE])
     job = jobs.job("roam")
     assert job.state is JobState.PROVISIONING and job.zone == ZONE
@@ -204,19 +206,20 @@ def test_a_spot_job_continues_on_demand_after_repeated_preemptions(jobs, tpu_cli
 
 def test_a_pool_with_quota_zero_admits_when_the_quota_is_raised(jobs):
     """Quota 0 holds the job QUEUED; raised, the next tick admits it."""
-    jobs.pools.set_quota(ZONE, "v4", 0)
+    jobs.pools.set_quota(ZONE, "v4", "on-demand", 0)
     submit(jobs, "zero-1")
     assert state(jobs, "zero-1") is JobState.QUEUED
-    jobs.pools.set_quota(ZONE, "v4", 4)
+    jobs.pools.set_quota(ZONE, "v4", "on-demand", 4)
     jobs.tick()
     assert state(jobs, "zero-1") is JobState.PROVISIONING
 
 
 def test_a_tick_admits_a_waiting_pool_once_not_once_per_waiting_job(engine):
-    """Waiting jobs are old, so a tick finds them 'stuck'; it must not admit per job."""
+    """Waiting jobs are old, so a tick finds them 'stuck'; it must not admit per job (a region's
+    quota: a zone's would read the queue once more, further, for other zones' jobs)."""
     plan = CrashPlan()  # counts only
     jobs = engine(zone_wait_seconds=0.5, stuck_after_seconds=0.0, steps=plan)
-    jobs.pools.set_quota(ZONE, "v4", 4)
+    jobs.pools.set_quota("us-central2", "v4", "on-demand", 4)
     for n in range(6):
         submit(jobs, f"wait-{n}")
     plan.steps.clear()
@@ -227,14 +230,14 @@ def test_a_tick_admits_a_waiting_pool_once_not_once_per_waiting_job(engine):
 
 def test_a_job_bigger_than_the_quota_is_refused_at_submission_and_the_queue_moves(jobs):
     """16 chips against a quota of 8: a rejection with a sentence, no job; the next job runs."""
-    jobs.pools.set_quota(ZONE, "v4", 8)
+    jobs.pools.set_quota(ZONE, "v4", "on-demand", 8)
     spec = {"job_id": "huge", "name": "huge", "owner": "ada@example.com", "accelerator_type": "v4-32", "command": "x"}
     assert jobs.submit(spec).kind == "rejected"
     assert jobs.store.get("huge") is None
     (rejection,) = jobs.rejections()
     assert rejection.reason == (
-        "job 'huge' asks for 16 chips of v4 in us-central2-b, whose quota is 8: it could never run; "
-        "ask an admin to raise the quota, or ask for fewer chips"
+        "job 'huge' asks for 16 chips, more than the quota of v4 on-demand chips in us-central2-b (8): it could "
+        "never run; ask an admin to raise the quota, or ask for fewer chips"
     )
     submit(jobs, "after")
     assert state(jobs, "after") is JobState.PROVISIONING
@@ -243,7 +246,7 @@ def test_a_job_bigger_than_the_quota_is_refused_at_submission_and_the_queue_move
 def test_a_quota_lowered_under_the_waiting_head_fails_it_and_admits_the_job_behind(jobs):
     """The head (16 chips) waits; the quota drops to 12: it can never run, so it fails with the
     quota in its reason, and the 4-chip job behind it is admitted at the next tick."""
-    jobs.pools.set_quota(ZONE, "v4", 16)
+    jobs.pools.set_quota(ZONE, "v4", "on-demand", 16)
     submit(jobs, "running")
     submit(jobs, "head", accelerator_type="v4-32")  # 16 chips: waits for the 4 held
     submit(jobs, "behind")
@@ -253,14 +256,14 @@ def test_a_quota_lowered_under_the_waiting_head_fails_it_and_admits_the_job_behi
         JobState.QUEUED,
     ]
 
-    jobs.pools.set_quota(ZONE, "v4", 12)
+    jobs.pools.set_quota(ZONE, "v4", "on-demand", 12)
     jobs.tick()
 
     head = jobs.job("head")
     assert head.state is JobState.FAILED
     assert head.state_reason == (
-        "The job asks for 16 chips of v4 in us-central2-b, whose quota is 12: it could never run there; "
-        "ask an admin to raise the quota, or ask for fewer chips."
+        "The job asks for 16 chips, more than the quota of v4 on-demand chips in us-central2-b (12): it could "
+        "never run there; ask an admin to raise the quota, or ask for fewer chips."
     )
     assert state(jobs, "behind") is JobState.PROVISIONING
     assert {h.job_id for h in jobs.pools.view(POOL).holders} == {"running", "behind"}
@@ -268,7 +271,7 @@ def test_a_quota_lowered_under_the_waiting_head_fails_it_and_admits_the_job_behi
 
 def test_a_zone_whose_quota_is_too_small_is_skipped(jobs):
     """Zones [small, large]: the job is accepted, moves to the zone that can take it, and runs there."""
-    jobs.pools.set_quota(ZONE, "v4", 4)
+    jobs.pools.set_quota(ZONE, "v4", "on-demand", 4)
     submit(jobs, "skip", accelerator_type="v4-16", zones=[ZONE, OTHER_ZONE])  # 8 chips
     job = jobs.job("skip")
     assert (job.state, job.zone, job.attempt) == (JobState.PROVISIONING, OTHER_ZONE, 1)

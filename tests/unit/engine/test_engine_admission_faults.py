@@ -21,7 +21,7 @@ from tpujobs.domain.states import JobState
 from tpujobs.engine.inbound import InboundMessage
 from tpujobs.local.testing import CrashPlan, InjectedCrash, inbound, signed
 
-POOL = f"v4@{ZONE}"
+POOL = "v4@us-central2"  # the on-demand v4 chips of ZONE's region
 HOLDING = (JobState.PROVISIONING, JobState.RUNNING, JobState.RECOVERING)
 
 
@@ -43,7 +43,7 @@ def spec(job_id: str, priority: str = "medium") -> dict:
 
 def ending(jobs: Engine) -> tuple[InboundMessage, list[str]]:
     """ja and jb run, jc waits; the handler of ja's exit should admit jc."""
-    jobs.pools.set_quota(ZONE, "v4", 8)
+    jobs.pools.set_quota(ZONE, "v4", "on-demand", 8)
     for job_id in ("ja", "jb", "jc"):
         jobs.submit(spec(job_id), message_id=f"submit-{job_id}")
     exited = {"kind": "exited", "job_id": "ja", "attempt": 1, "slice_id": 0, "worker_id": 0, "exit_code": 0}
@@ -52,7 +52,7 @@ def ending(jobs: Engine) -> tuple[InboundMessage, list[str]]:
 
 def evicting(jobs: Engine) -> tuple[InboundMessage, list[str]]:
     """ja and jb (low) run; submitting ju (high) should evict one and admit ju."""
-    jobs.pools.set_quota(ZONE, "v4", 8)
+    jobs.pools.set_quota(ZONE, "v4", "on-demand", 8)
     jobs.submit(spec("ja", "low"), message_id="submit-ja")
     jobs.submit(spec("jb", "low"), message_id="submit-jb")
     return inbound("tpujobs-submit", spec("ju", "high"), "submit-ju"), ["ja", "jb", "ju"]

@@ -545,7 +545,9 @@ def test_a_job_refused_for_tpu_quota_waits_provisioning_and_is_asked_for_again(j
     submitted(jobs, "train-1")
     job = jobs.store.get("train-1")
     assert (job.state, job.capacity_state) == (JobState.PROVISIONING, QUOTA_EXHAUSTED)
-    assert job.state_reason.startswith(f"TPU quota exhausted in {ZONE}: Quota 'TPUSPerProjectPerZone' exhausted")
+    assert job.state_reason.startswith(
+        f"TPU quota exhausted in {ZONE}: Quota limit 'TPUsPerProjectPerZoneForTPUAPI' has been exceeded"
+    )
     assert job.state_reason.endswith("; waiting, asked again at every reconciler tick.")
     assert jobs.tpu.status(ZONE, "train-1-a1") is None
     assert jobs.rejections() == []

@@ -145,32 +145,36 @@ def test_create_requests_each_unit_as_a_labelled_queued_resource(jobs, tpu_clien
 
 def test_create_holds_each_units_chips_in_the_quota(jobs, tpu_client):
     """Quota 8 v4 chips: two 4-chip units hold `pool:demo/0` and `pool:demo/1`."""
-    jobs.pools.set_quota(ZONE, "v4", 8)
+    jobs.pools.set_quota(ZONE, "v4", "on-demand", 8)
     assert create(jobs, count=2).kind == "done"
-    holders = {(h.job_id, h.chips) for h in jobs.pools.view(f"v4@{ZONE}").holders}
-    assert holders == {("pool:demo/0", 4), ("pool:demo/1", 4)}
+    holders = {(h.job_id, h.chips, h.zone) for h in jobs.pools.view("v4@us-central2").holders}
+    assert holders == {("pool:demo/0", 4, ZONE), ("pool:demo/1", 4, ZONE)}
     assert set(live_resources(tpu_client)) == {"demo-u0-g1", "demo-u1-g1"}
 
 
 def test_create_is_refused_when_the_units_exceed_the_quota(jobs, tpu_client):
     """count x chips above the quota of every zone: refused, nothing written or asked for."""
-    jobs.pools.set_quota(ZONE, "v4", 8)
+    jobs.pools.set_quota(ZONE, "v4", "on-demand", 8)
     outcome = create(jobs, count=3)
     assert outcome.kind == "invalid"
-    assert outcome.reason.startswith("3 unit(s) of 4 chips need 12 chips, more than the quota of v4@us-central2-b")
+    assert outcome.reason.startswith(
+        "3 unit(s) of 4 chips need 12 chips, more than the quota of v4 on-demand chips in us-central2-b (8)"
+    )
     assert jobs.warm_pools.get(POOL) is None
     assert live_resources(tpu_client) == {}
 
 
 def test_a_unit_waits_for_quota_that_other_jobs_hold(jobs, tpu_client):
     """Quota 8, a 4-chip job holds half: of two units one is asked for, the other waits, saying why."""
-    jobs.pools.set_quota(ZONE, "v4", 8)
+    jobs.pools.set_quota(ZONE, "v4", "on-demand", 8)
     big = {"job_id": "big", "name": "big", "owner": OWNER, "accelerator_type": "v4-8", "command": "true"}
     assert jobs.submit_verified(big).kind == "provisioning"
     create(jobs, count=2)
     pool = pool_of(jobs)
     assert [u.state for u in pool.units] == [UnitState.REQUESTED, UnitState.WAITING_FOR_QUOTA]
-    assert pool.reason == "Unit 1 waits for quota: v4@us-central2-b has 0 of 8 chips free and a unit needs 4."
+    assert pool.reason == (
+        "Unit 1 waits for quota: the quota of v4 on-demand chips in us-central2-b is 8, 8 held, and a unit needs 4."
+    )
     jobs.cancel("big", "Cancelled by ada.")
     jobs.tick()
     assert pool_of(jobs).unit(1).state is not UnitState.WAITING_FOR_QUOTA

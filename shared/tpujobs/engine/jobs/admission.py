@@ -6,22 +6,21 @@ never hand out a chip twice: the loser reads again. A high-priority head may evi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 from tpujobs.domain.admission import (
     Holder,
-    chips_held,
-    fits,
-    never_fits,
+    blocked_by,
+    job_pool,
     never_fits_reason,
     pool_id,
-    quota_of,
     victims_for,
     waiting_reason,
 )
 from tpujobs.domain.job import Job
+from tpujobs.domain.quotas import Limits, PoolKey, QuotaBook, Scope
 from tpujobs.domain.states import EventKind, JobState
 from tpujobs.domain.transitions import Decision, Ignored, Observation
 from tpujobs.engine.errors import PermanentError
@@ -30,8 +29,11 @@ from tpujobs.engine.jobs.journal import JobJournal, Observe
 from tpujobs.engine.ports import CapacityStatus, Clock, Pools, PoolView
 from tpujobs.engine.queue_rounds import QUEUE_PEEK, jittered_rounds
 
-Quotas = Mapping[str, Mapping[str, int]]  # config/quotas: zone -> family -> chips
 ADMISSION_ROUNDS = 50  # admissions (or lost races) one call may make before leaving the rest
+# Queued jobs a read looks at when the first ones all wait in zones whose quota is full: jobs of
+# other zones further back are admitted past them (a backlog longer than this in one zone hides
+# them until that zone's head moves).
+WIDE_PEEK = 25
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,7 @@ class _PoolQueue:
     staying: list[Holder]
     going: frozenset[str]
     waiting: list[Job]
+    peeked: int = 0  # queued jobs the read returned, claims being finished included
 
 
 def failed_at_once(attempt: int, status: CapacityStatus) -> Observation | None:
@@ -61,6 +64,18 @@ def failed_at_once(attempt: int, status: CapacityStatus) -> Observation | None:
         return None
     what = f"Queued resource {status.name} was never created: {status.detail}"
     return Observation(EventKind.CAPACITY_LOST, attempt, "tpu", what, "FAILED")
+
+
+def _pools_held(job: Job, zone: str) -> set[str]:
+    """The pools the job's earlier attempts in `zone` may hold chips of: its spec's capacity, and
+    on-demand once a spot job continues on it (the switch comes between two attempts)."""
+    return {pool_id(job.spec, zone, capacity) for capacity in (job.spec.capacity, job.capacity)}
+
+
+def _worth_reading_further(queue: _PoolQueue, peek: int, for_zone: str, closed: set[str]) -> bool:
+    """Whether jobs of other zones may wait behind those read, which all wait in closed zones:
+    the read was full, and the call is not for a zone now closed."""
+    return queue.peeked >= peek and peek < WIDE_PEEK and for_zone not in closed
 
 
 class Admission:
@@ -82,81 +97,129 @@ class Admission:
         self.attempts = attempts
         self.observe = observe
 
-    def quotas(self, wanted: bool = True) -> Quotas | None:
+    def quotas(self, wanted: bool = True) -> QuotaBook | None:
         """The quotas, read once for a submission's size check and its admission; None without quotas."""
         return self.pools.quotas() if self.pools is not None and wanted else None
 
-    def admit(self, job: Job, quotas: Quotas | None = None) -> SubmitOutcome:
-        """A QUEUED job: request its capacity now if its pool has no quota, else in queue order.
+    def admit(self, job: Job, quotas: QuotaBook | None = None) -> SubmitOutcome:
+        """A QUEUED job: request its capacity now if its pool has no limit, else in queue order.
         `quotas`: as the caller read them for this job (a submission reads them once), else read here."""
-        pool = pool_id(job.spec, job.zone)
-        limit = self._quota(pool) if quotas is None else quota_of(quotas, pool)
-        if limit is None:
+        pool = job_pool(job)
+        limits = self._limits(pool) if quotas is None else quotas.limits(pool)
+        if limits.unlimited:
             return self.request(job)
-        if never_fits(limit, job.spec.chips):
-            return self._quota_exceeded(job, pool, limit)
-        admitted = self.admit_waiting(pool, limit)
+        scope = limits.never_fits(job.zone, job.spec.chips)
+        if scope is not None:
+            return self._quota_exceeded(job, pool, limits, scope)
+        admitted = self.admit_waiting(pool.id, limits, for_zone=job.zone)
         if job.job_id in admitted:
-            return SubmitOutcome("provisioning", job.job_id, f"admitted in {pool}")
-        return SubmitOutcome("queued", job.job_id, f"waiting for quota in {pool}")
+            return SubmitOutcome("provisioning", job.job_id, f"admitted in {pool.id}")
+        return SubmitOutcome("queued", job.job_id, f"waiting for quota in {pool.id}")
 
-    def _quota(self, pool: str) -> int | None:
-        return None if self.pools is None else quota_of(self.pools.quotas(), pool)
+    def _limits(self, pool: PoolKey) -> Limits:
+        return Limits() if self.pools is None else self.pools.quotas().limits(pool)
 
-    def admit_waiting(self, pool: str, limit: int | None = None, leaving: frozenset[str] = frozenset()) -> list[str]:
+    def admit_waiting(
+        self, pool: str, limits: Limits | None = None, leaving: frozenset[str] = frozenset(), for_zone: str = ""
+    ) -> list[str]:
         """Admit the pool's queue in order while its chips fit; a high-priority head may evict.
 
         Driven by the events that free chips (a job ends, is evicted, moves zone) and by
         submissions; the reconciler calls it too. `leaving` are jobs whose hold goes in the
         same write as the next claim. Each change is a compare-and-set on the pool's
         document, so concurrent calls never hand out a chip twice: the loser reads again.
-        A head bigger than the whole quota (lowered after it was submitted) never stops the
-        queue: it moves on to its next zone or fails, and the jobs behind it are looked at.
+
+        The queue is strict within each limit: a job held back by its zone's quota closes that
+        zone for the rest of this call, and the jobs of other zones behind it are looked at; one
+        held back by the region's quota (or a reservation's) ends the call. A job bigger than a
+        whole limit (lowered after it was submitted) never stops the queue: it moves on to its
+        next zone or fails, and the jobs behind it are looked at. `for_zone`: the zone whose
+        chips (or job) the call is for; once that zone is closed the call reads no further (the
+        chips went to that zone's head, or its job waits behind it), so a backlog in one zone
+        costs an event one read of the queue's head.
         """
         if self.pools is None:
             return []
-        if limit is None:
-            limit = self._quota(pool)
+        key = PoolKey.parse(pool)
+        if limits is None:
+            limits = self._limits(key)
         admitted: list[str] = []
+        closed: set[str] = set()  # zones whose quota holds their head back: strict within each zone
+        peek = QUEUE_PEEK
         for _ in jittered_rounds(ADMISSION_ROUNDS, self.sleep):
-            queue = self._read_queue(pool, leaving)
+            queue = self._read_queue(pool, leaving, peek)
             if not queue.waiting:
                 if self._drop_holds(queue):
                     return admitted
                 continue
-            head = queue.waiting[0]
-            if limit is not None and never_fits(limit, head.spec.chips):  # a quota lowered under it:
-                self._quota_exceeded(head, pool, limit)  # it moves on or fails, and the queue goes on
-                continue
-            claim = self._claim(head)
-            victims = self._victims(head, queue.staying, limit)
-            if limit is not None and victims is None:  # no room, and none it may make
+            head, victims, held_back = self._next_candidate(key, limits, queue, closed)
+            if head is None:
                 if not self._drop_holds(queue):
                     continue
-                self._say_waiting(head, pool, limit)
+                if held_back == "zone" and _worth_reading_further(queue, peek, for_zone, closed):
+                    peek = WIDE_PEEK  # every job read waits in a closed zone: look further back, once
+                    continue
                 return admitted
-            for victim in victims or ():
+            scope = limits.never_fits(head.zone, head.spec.chips)
+            if scope is not None:  # a limit lowered under it: it moves on or fails, and the queue goes on
+                self._quota_exceeded(head, key, limits, scope)
+                continue
+            for victim in victims:
                 self._evict(victim.job_id, head)
-            evicted = frozenset(v.job_id for v in victims or ())
+            evicted = frozenset(v.job_id for v in victims)
             leaving = leaving | evicted  # until a write takes their holds away
+            claim = self._claim(head)
             if not self.pools.change(queue.view, add=claim, remove=queue.going | evicted):
                 continue
             leaving = frozenset()
             self.request(head)
             admitted.append(head.job_id)
-            staying = [h for h in queue.staying if h.job_id not in evicted]
-            if limit is not None and chips_held(staying) + claim.chips >= limit:
+            held = [h for h in queue.staying if h.job_id not in evicted] + [claim]
+            full = blocked_by(limits, held, head.zone, 1)
+            if full == "region":
                 return admitted  # the pool is full: no need to look at the next job
+            if full == "zone":
+                closed.add(head.zone)  # its zone is full: its next job waits
+            behind = queue.waiting[queue.waiting.index(head) + 1 :]
+            if all(j.zone in closed for j in behind) and not _worth_reading_further(queue, peek, for_zone, closed):
+                return admitted  # no one else in this read may go now
         return admitted
 
-    def _read_queue(self, pool: str, leaving: frozenset[str]) -> _PoolQueue:
+    def _next_candidate(
+        self, pool: PoolKey, limits: Limits, queue: _PoolQueue, closed: set[str]
+    ) -> tuple[Job | None, list[Holder], Scope | None]:
+        """The first waiting job, in order, that fits (or may evict its way in), or is bigger
+        than a whole limit; the ones held back say why and close their zone (`closed`, kept
+        for the rest of the call). None when the queue stops: held back by the region's
+        quota, or every job read waits in a closed zone; with the scope of the last hold-back."""
+        held_back: Scope | None = None
+        for job in queue.waiting:
+            if job.zone in closed:
+                continue
+            chips = job.spec.chips
+            if limits.never_fits(job.zone, chips) is not None:
+                return job, [], None
+            scope = blocked_by(limits, queue.staying, job.zone, chips)
+            if scope is None:
+                return job, [], None
+            victims = victims_for(limits, queue.staying, job.zone, chips, job.spec.priority)
+            if victims:
+                return job, victims, None
+            self._say_waiting(job, pool, limits, scope)
+            if scope == "region":
+                return None, [], scope
+            closed.add(job.zone)
+            held_back = scope
+        return None, [], held_back
+
+    def _read_queue(self, pool: str, leaving: frozenset[str], peek: int = QUEUE_PEEK) -> _PoolQueue:
         """Read the pool's holds and the head of its queue; finish the claims a call made and
         left half-way (idempotent), and mark the holds that go with the next write: `leaving`,
         and those of a queued job's earlier attempt."""
         assert self.pools is not None
         view = self.pools.view(pool)
         held = {h.job_id: h for h in view.holders}
-        peeked = self.pools.queue(pool, QUEUE_PEEK)
+        peeked = self.pools.queue(pool, peek)
         claimed = [j for j in peeked if j.job_id in held and held[j.job_id].attempt == j.attempt]
         for job in claimed:
             self.request(job)
@@ -164,7 +227,7 @@ class Admission:
         stale = frozenset(j.job_id for j in waiting if j.job_id in held)
         going = (leaving | stale) & held.keys()
         staying = [h for h in view.holders if h.job_id not in going]
-        return _PoolQueue(view, staying, going, waiting)
+        return _PoolQueue(view, staying, going, waiting, len(peeked))
 
     def _drop_holds(self, queue: _PoolQueue) -> bool:
         """Take the holds that go off the pool; False when the pool changed since it was read."""
@@ -172,40 +235,31 @@ class Admission:
         return not queue.going or self.pools.change(queue.view, remove=queue.going)
 
     def _claim(self, head: Job) -> Holder:
-        """The hold the head of the queue takes: its chips, for its current attempt."""
+        """The hold the head of the queue takes: its chips in its zone, for its current attempt."""
         spec = head.spec
-        return Holder(
-            head.job_id, spec.chips, head.attempt, spec.priority, self.clock(), evictable=spec.on_preemption != "fail"
-        )
+        evictable = spec.on_preemption != "fail"
+        return Holder(head.job_id, spec.chips, head.attempt, spec.priority, self.clock(), evictable, head.zone)
 
-    @staticmethod
-    def _victims(head: Job, staying: list[Holder], limit: int | None) -> list[Holder] | None:
-        """The holders the head must evict to fit: none when it fits; None when it may not
-        make room (its priority evicts nobody, or evicting every lower one would not do)."""
-        chips = head.spec.chips
-        if limit is None or fits(limit, staying, chips):
-            return []
-        return victims_for(limit, staying, chips, head.spec.priority) or None
+    def _say_waiting(self, job: Job, pool: PoolKey, limits: Limits, scope: Scope) -> None:
+        """A job waits for chips: its reason says so, once (the same words write nothing)."""
+        why = waiting_reason(pool, scope, job.zone, limits.of(scope, job.zone) or 0, job.spec.chips)
+        if job.state_reason != why:
+            self.journal.commit(job.job_id, Observation(EventKind.WAITING_FOR_QUOTA, job.attempt, "submit", reason=why))
 
-    def _say_waiting(self, head: Job, pool: str, limit: int) -> None:
-        """The head waits for chips: its reason says so, once (the same words write nothing)."""
-        why = waiting_reason(pool, limit, head.spec.chips)
-        if head.state_reason != why:
-            self.journal.commit(
-                head.job_id, Observation(EventKind.WAITING_FOR_QUOTA, head.attempt, "submit", reason=why)
-            )
-
-    def _quota_exceeded(self, job: Job, pool: str, limit: int) -> SubmitOutcome:
-        """A QUEUED job bigger than its pool's whole quota moves on to its next zone (and is
-        admitted there, in that pool's order), or fails when it has none.
+    def _quota_exceeded(self, job: Job, pool: PoolKey, limits: Limits, scope: Scope) -> SubmitOutcome:
+        """A QUEUED job bigger than a whole limit of its pool moves on to its next zone (and is
+        admitted there, in that pool's order), or fails when it has none. A region's quota
+        sends it out of the region: its other zones share that quota.
 
         Its current attempt never asked for capacity (a claimed job is finished before the
         head is looked at), so there is nothing to release; in the instant between a claim and
         its request, a leftover is the reconciler's to drop (a terminal job's claim and
         queued resource are stale).
         """
-        why = f"The job {never_fits_reason(pool, limit, job.spec.chips)}"
-        seen = Observation(EventKind.QUOTA_EXCEEDED, job.attempt, "submit", reason=why)
+        limit = limits.of(scope, job.zone) or 0
+        why = f"The job {never_fits_reason(pool, scope, job.zone, limit, job.spec.chips)}"
+        region = pool.region if scope == "region" and not pool.reservation else ""
+        seen = Observation(EventKind.QUOTA_EXCEEDED, job.attempt, "submit", reason=why, quota_region=region)
         outcome = self.journal.commit(job.job_id, seen)
         if isinstance(outcome, Ignored):
             return SubmitOutcome("duplicate", job.job_id, outcome.reason)
@@ -229,13 +283,13 @@ class Admission:
         zone = (previous.zone if previous else "") or job.zone
         if previous is None or not previous.pool:
             self.attempts.release(zone, job.holding_of(job.attempt - 1))
-        old_pool = pool_id(job.spec, zone)
-        if old_pool != pool_id(job.spec, job.zone):
-            self.drop_hold(job.job_id, old_pool)
+        for pool in _pools_held(job, zone) - {job_pool(job).id}:
+            self.drop_hold(job.job_id, pool)
 
     def free_chips(self, job: Job) -> None:
         """An ended job gives its chips back, and the next waiting jobs get them at once."""
-        self.drop_hold(job.job_id, pool_id(job.spec, job.zone))
+        for pool in _pools_held(job, job.zone):
+            self.drop_hold(job.job_id, pool)
 
     def drop_hold(self, job_id: str, pool: str) -> None:
         """Take a holder (a job, or a warm pool's unit) off an admission pool, in the same write
@@ -243,8 +297,10 @@ class Admission:
         if self.pools is None:
             return
         view = self.pools.view(pool)
-        if any(h.job_id == job_id for h in view.holders):
-            self.admit_waiting(pool, leaving=frozenset({job_id}))
+        for holder in view.holders:
+            if holder.job_id == job_id:
+                self.admit_waiting(pool, leaving=frozenset({job_id}), for_zone=holder.zone)
+                return
 
     def request(self, job: Job) -> SubmitOutcome:
         """Request the attempt's capacity, then record PROVISIONING (or FAILED for good).

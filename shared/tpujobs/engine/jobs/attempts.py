@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from tpujobs.domain.job import Job
-from tpujobs.domain.states import QUOTA_EXHAUSTED
+from tpujobs.domain.states import QUOTA_EXHAUSTED, REGION_QUOTA_EXHAUSTED
+from tpujobs.domain.transitions import next_zone
 from tpujobs.engine.errors import QuotaExhausted
 from tpujobs.engine.ports import Capacity, CapacityStatus, JobRecords
 from tpujobs.engine.settings import Settings
@@ -11,9 +12,23 @@ from tpujobs.engine.startup_script import host_boot
 
 
 def quota_reason(job: Job, error: QuotaExhausted) -> str:
-    """What a job waiting for TPU quota says, quoting Google."""
+    """What a job waiting for TPU quota says, quoting Google; a region's quota says what the
+    zone wait will do about it, since no other zone of that region has room either."""
     said = str(error).rstrip(". ")
-    return f"TPU quota exhausted in {job.zone}: {said}; waiting, asked again at every reconciler tick."
+    waiting = "waiting, asked again at every reconciler tick"
+    if not error.region:
+        return f"TPU quota exhausted in {job.zone}: {said}; {waiting}."
+    where = f"TPU quota of region {error.region} exhausted (in {job.zone}): {said}; {waiting}"
+    if next_zone(job, error.region) is not None:
+        return f"{where}; the zone wait skips the other zones of {error.region}."
+    if next_zone(job) is not None:
+        return f"{where}; every later zone of the job is in {error.region} too, so it waits here."
+    return f"{where}."
+
+
+def quota_capacity_state(error: QuotaExhausted) -> str:
+    """The `capacity_state` of a job refused for quota: the region's, or the zone's (or unknown)."""
+    return REGION_QUOTA_EXHAUSTED if error.region else QUOTA_EXHAUSTED
 
 
 class AttemptCapacity:
@@ -31,11 +46,12 @@ class AttemptCapacity:
 
     def request_or_wait(self, job: Job) -> tuple[CapacityStatus, str]:
         """`request`, with a full TPU quota as a wait, not an error: its status, and the reason
-        to record ("" for the usual words; `QUOTA_EXHAUSTED` quoting Google)."""
+        to record ("" for the usual words; `QUOTA_EXHAUSTED` or `REGION_QUOTA_EXHAUSTED` quoting Google)."""
         try:
             return self.request(job), ""
         except QuotaExhausted as error:
-            return CapacityStatus(job.queued_resource, job.zone, QUOTA_EXHAUSTED), quota_reason(job, error)
+            waiting = CapacityStatus(job.queued_resource, job.zone, quota_capacity_state(error))
+            return waiting, quota_reason(job, error)
 
     def release(self, zone: str, name: str) -> None:
         """Give back the holding `name` (absent is fine)."""

@@ -14,13 +14,14 @@ from typing import Protocol
 
 from tpujobs.domain import signing
 from tpujobs.domain.job import Job
+from tpujobs.domain.quotas import QuotaBook
 from tpujobs.domain.restart_rules import BACKOFF_CAP_SECONDS
-from tpujobs.domain.states import ATTEMPT_LIVE, QUOTA_EXHAUSTED, EventKind, JobState
+from tpujobs.domain.states import ATTEMPT_LIVE, GOOGLE_QUOTA_WAITS, EventKind, JobState
 from tpujobs.domain.transitions import Decision, Ignored, Observation
 from tpujobs.engine import process_log
 from tpujobs.engine.errors import PermanentError, QuotaExhausted
-from tpujobs.engine.jobs.admission import Admission, Quotas, SubmitOutcome, failed_at_once
-from tpujobs.engine.jobs.attempts import AttemptCapacity, quota_reason
+from tpujobs.engine.jobs.admission import Admission, SubmitOutcome, failed_at_once
+from tpujobs.engine.jobs.attempts import AttemptCapacity, quota_capacity_state, quota_reason
 from tpujobs.engine.jobs.journal import JobJournal, cancellation
 from tpujobs.engine.ports import CapacityStatus, Clock, JobRecords
 
@@ -88,7 +89,7 @@ class JobLifecycle:
         """Cancel a job (its caller has checked the right to) and release its capacity."""
         return self.observe(job_id, cancellation(reason))
 
-    def admit(self, job: Job, quotas: Quotas | None = None) -> SubmitOutcome:
+    def admit(self, job: Job, quotas: QuotaBook | None = None) -> SubmitOutcome:
         """A QUEUED job: capacity of its own through admission, or a unit of its warm pool."""
         if job.warm_pool and self.warm is not None:
             return self.warm.admit(job)
@@ -158,13 +159,13 @@ class JobLifecycle:
             status = self.attempts.request(job)
         except QuotaExhausted as error:
             seen = Observation(EventKind.REQUESTED_AGAIN, job.attempt, "reconciler",
-                               quota_reason(job, error), QUOTA_EXHAUSTED)  # fmt: skip
+                               quota_reason(job, error), quota_capacity_state(error))  # fmt: skip
             return self.journal.commit(job_id, seen)
         except PermanentError as error:
             seen = Observation(EventKind.CAPACITY_REQUEST_FAILED, job.attempt, "tpu", reason=str(error))
             return self.observe(job_id, seen)
         reason = ""
-        if job.capacity_state == QUOTA_EXHAUSTED:
+        if job.capacity_state in GOOGLE_QUOTA_WAITS:
             reason = f"The TPU quota in {job.zone} has room now: queued resource {job.queued_resource} requested."
         seen = Observation(EventKind.REQUESTED_AGAIN, job.attempt, "reconciler", reason, status.state,
                            operation=status.operation)  # fmt: skip

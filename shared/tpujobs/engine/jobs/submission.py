@@ -10,11 +10,12 @@ from collections.abc import Callable
 
 from tpujobs.domain.job import SubmittedVia, new_job
 from tpujobs.domain.naming import job_prefix
+from tpujobs.domain.quotas import QuotaBook
 from tpujobs.domain.spec import JobSpec, SpecError, decode_spec
 from tpujobs.domain.states import JobState
 from tpujobs.engine import process_log
 from tpujobs.engine.inbound import InboundMessage
-from tpujobs.engine.jobs.admission import Quotas, SubmitOutcome
+from tpujobs.engine.jobs.admission import SubmitOutcome
 from tpujobs.engine.jobs.journal import JobJournal
 from tpujobs.engine.jobs.lifecycle import JobLifecycle
 from tpujobs.engine.jobs.rejections import Rejections
@@ -69,7 +70,7 @@ class Submission:
             return SubmitOutcome("rejected", spec.job_id, verdict.refusal)
         return self._accept(spec, "topic", lambda reason: self.rejections.reject(message, reason), verdict.quotas)
 
-    def submit_verified(self, spec: JobSpec, quotas: Quotas | None = None) -> SubmitOutcome:
+    def submit_verified(self, spec: JobSpec, quotas: QuotaBook | None = None) -> SubmitOutcome:
         """A job spec from the jobs API, whose `owner` is the caller its ID token proved.
 
         The caller has vetted it (`vet`) and answers with the verdict, so a refusal here never
@@ -78,7 +79,7 @@ class Submission:
         return self._accept(spec, "api", lambda reason: None, quotas)
 
     def _accept(
-        self, spec: JobSpec, via: SubmittedVia, refuse: Callable[[str], None], quotas: Quotas | None = None
+        self, spec: JobSpec, via: SubmittedVia, refuse: Callable[[str], None], quotas: QuotaBook | None = None
     ) -> SubmitOutcome:
         """Create the job (once per job_id) and admit it. Only the same owner's identical spec is a
         `duplicate`; a job_id held by another owner or another spec is refused (the API's 409).

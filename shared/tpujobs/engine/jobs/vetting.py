@@ -9,8 +9,8 @@ from typing import Protocol
 from tpujobs.domain.access import AccessPolicies, submission_refusal
 from tpujobs.domain.admission import refusal_when_oversized
 from tpujobs.domain.naming import code_location_refusal
+from tpujobs.domain.quotas import QuotaBook
 from tpujobs.domain.spec import JobSpec, with_deployment_defaults
-from tpujobs.engine.jobs.admission import Quotas
 from tpujobs.engine.ports import AccessPolicyReader, Pools
 from tpujobs.engine.settings import Settings
 
@@ -28,7 +28,7 @@ class Verdict:
 
     refusal: str | None
     oversized: bool = False
-    quotas: Quotas | None = None
+    quotas: QuotaBook | None = None
 
 
 class Vetting:
@@ -92,7 +92,7 @@ class Vetting:
             return None
         return submission_refusal(spec, owner_verified=owner_verified, admins=self.settings.admins, policies=policies)
 
-    def oversize(self, spec: JobSpec, quotas: Quotas | None = None) -> str | None:
+    def oversize(self, spec: JobSpec, quotas: QuotaBook | None = None) -> str | None:
         """Why a job bigger than the quota of every zone it may run in could never run (waiting
         at the head of a queue it would stop the jobs behind it), or None. A job of a warm pool
         asks for no chips of its own: the pool's units hold them. `quotas`: as already read."""

@@ -48,7 +48,8 @@ class Records:
         return Response(200, {"rejections": [rejection_document(rejection) for rejection in found]})
 
     def quotas(self, caller: str, request: NothingRequest) -> Response:
-        """Every pool's quota, the chips held under it and how many jobs wait (admins only)."""
+        """Every limit (a zone's, a region's, a reservation's), the chips held under it and how
+        many jobs wait for it, and what in `config/quotas` was skipped (admins only)."""
         self._admin_only(caller, "quotas")
         return Response(200, quota_document(self.pools))
 

@@ -52,7 +52,7 @@ class JobRepairs(Protocol):
     def request_export(self, job_id: str, attempt: int) -> None:
         """Ask for an ended attempt's output to be exported."""
 
-    def admit_waiting(self, pool: str, limit: int | None = None, leaving: frozenset[str] = frozenset()) -> list[str]:
+    def admit_waiting(self, pool: str, leaving: frozenset[str] = frozenset()) -> list[str]:
         """Admit the jobs waiting for a quota pool that now fit."""
 
 

@@ -7,18 +7,34 @@ pool's phase reads only the jobs that were on a unit and lists only the pools' z
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 
-from tpujobs.domain.admission import Holder, pool_id
+from tpujobs.domain.admission import Holder, job_pool, pool_of
 from tpujobs.domain.job import Job
 from tpujobs.domain.pools import QUOTA_HELD, Pool
+from tpujobs.domain.quotas import PoolKey
 from tpujobs.domain.shards import Placement
-from tpujobs.domain.states import JobState
+from tpujobs.domain.states import EventKind, JobState
+from tpujobs.domain.transitions import Observation
 from tpujobs.engine.ports import CapacityStatus, Clock, JobStore, Pools, Tpu, WarmPoolStore
 from tpujobs.engine.reconciler.collaborators import JobRepairs, PoolRepairs
 from tpujobs.engine.reconciler.reads import list_zone
 from tpujobs.engine.reconciler.report import Guard, ReconcileReport, log
-from tpujobs.engine.warm_pools.quota import parse_unit_holder
+from tpujobs.engine.warm_pools.quota import CLAIM_TRIES, parse_unit_holder
+
+RETIRED_QUEUE_READ = 100  # queued jobs of a retired zone pool moved to their regional pool per tick
+
+
+def _hold_in(pools: Pools, pool: str, holder: Holder) -> bool:
+    """Add `holder` to `pool` unless it is there; False when the pool kept changing under it."""
+    for _ in range(CLAIM_TRIES):
+        view = pools.view(pool)
+        if any(h.job_id == holder.job_id for h in view.holders):
+            return False
+        if pools.change(view, add=holder):
+            return True
+    return False
 
 
 class PoolPhases:
@@ -52,7 +68,8 @@ class PoolPhases:
 
         A holder whose job ended, vanished, moved to another pool or was requeued (a claim
         for an older attempt) is dropped; a job that holds capacity without a claim (it was
-        admitted before the quota existed) is counted. A claim left half-way is finished.
+        admitted before the quota existed) is counted. A claim left half-way is finished. A
+        zone's pool from before pools were regional is retired into the regional ones.
         """
         if self.pools is None:
             return
@@ -60,26 +77,56 @@ class PoolPhases:
             self.guard.item(report, f"repair pool {pool}", partial(self._repair_pool, self.pools, pool, report))
 
     def _repair_pool(self, pools: Pools, pool: str, report: ReconcileReport) -> None:
+        try:
+            PoolKey.parse(pool)
+        except ValueError:  # a zone's pool from before pools were regional
+            self._retire_zone_pool(pools, pool, report)
+            return
         view = pools.view(pool)
         active = {job.job_id: job for job in pools.active_in(pool)}
         stale = {h.job_id for h in view.holders if h.job_id not in active and self._stale(h, pool)}
         held = {h.job_id for h in view.holders}
         for job in active.values():
             if job.job_id not in held:
-                claim = Holder(
-                    job.job_id,
-                    job.spec.chips,
-                    job.attempt,
-                    job.spec.priority,
-                    job.created_at or self.clock(),
-                    job.spec.on_preemption != "fail",
-                )
+                evictable = job.spec.on_preemption != "fail"
+                since = job.created_at or self.clock()
+                claim = Holder(job.job_id, job.spec.chips, job.attempt, job.spec.priority, since, evictable, job.zone)
                 if pools.change(view, add=claim, remove=frozenset(stale)):
                     report.observed.append(f"{pool}: counted {job.job_id}")
                     view, stale = pools.view(pool), set()
         if stale and pools.change(view, remove=frozenset(stale)):
             report.observed.append(f"{pool}: dropped {', '.join(sorted(stale))}")
         self.jobs.admit_waiting(pool)
+
+    def _retire_zone_pool(self, pools: Pools, pool: str, report: ReconcileReport) -> None:
+        """A pool document of a zone (`v4@us-central2-b`), from before pools were regional: each
+        hold that still holds chips moves to its regional pool, and each job still queued there
+        says so again, which rewrites its document into its new pool's queue (a job's `pool` is
+        written with the job); then the old document is emptied, never read as a pool."""
+        view = pools.view(pool)
+        for holder in view.holders:
+            home = self._regional_home(holder)
+            if home is not None and _hold_in(pools, home[0], replace(holder, zone=home[1])):
+                report.observed.append(f"{pool}: {holder.job_id} now counted in {home[0]}")
+        for job in pools.queue(pool, RETIRED_QUEUE_READ):
+            why = f"Waiting for quota in {job_pool(job).id} (quota pools are regional now)."
+            self.jobs.observe(job.job_id, Observation(EventKind.WAITING_FOR_QUOTA, job.attempt, "reconciler", why))
+        if view.holders and pools.change(view, remove=frozenset(h.job_id for h in view.holders)):
+            report.observed.append(f"{pool}: no longer a pool, dropped {', '.join(h.job_id for h in view.holders)}")
+
+    def _regional_home(self, holder: Holder) -> tuple[str, str] | None:
+        """(pool, zone) where an old zone pool's holder holds chips now; None when it holds none."""
+        unit_of = parse_unit_holder(holder.job_id)
+        if unit_of is not None:
+            found = self.warm_pools.get(unit_of[0]) if self.warm_pools is not None else None
+            unit = found.unit(unit_of[1]) if found is not None else None
+            if found is None or unit is None or unit.state not in QUOTA_HELD:
+                return None
+            return pool_of(found.shape(), unit.zone).id, unit.zone
+        job = self.store.get(holder.job_id)
+        if job is None or job.state.is_terminal or job.state is JobState.QUEUED or job.warm_pool:
+            return None
+        return job_pool(job).id, job.zone
 
     def _stale(self, holder: Holder, pool: str) -> bool:
         """A claim whose job ended, vanished, moved pool or was requeued (an older attempt's);
@@ -94,7 +141,7 @@ class PoolPhases:
         return (
             job is None
             or job.state.is_terminal
-            or pool_id(job.spec, job.zone) != pool
+            or job_pool(job).id != pool
             or (job.state is JobState.QUEUED and job.attempt != holder.attempt)
         )
 

@@ -1,4 +1,4 @@
-"""What a tick compares against: a zone's capacity and the pools that have a quota.
+"""What a tick compares against: a zone's capacity and the pools that have a limit.
 
 A read that fails is never taken for an absence: a zone whose listing failed is skipped this
 tick, so an API error never looks like a lost resource.
@@ -26,15 +26,15 @@ def list_zone(tpu: Tpu, zone: str, report: ReconcileReport) -> dict[str, Capacit
 
 
 def read_limited(pools: Pools | None, guard: Guard, report: ReconcileReport) -> set[str]:
-    """The pools that have a quota now (`family@zone`); none when admission is off or the
-    quotas unreadable (then QUEUED jobs are converged one by one, which admits them in
-    their pool's order)."""
+    """The ids of the pools that have a limit now (`domain.quotas.PoolKey.id`); none when
+    admission is off or the quotas unreadable (then QUEUED jobs are converged one by one,
+    which admits them in their pool's order, as are those of a named reservation: its pool's
+    family and region are known from its jobs only)."""
     limited: set[str] = set()
 
     def read() -> None:
         if pools is not None:
-            quotas = pools.quotas()
-            limited.update(f"{family}@{zone}" for zone, limits in quotas.items() for family in limits)
+            limited.update(pool.id for pool in pools.quotas().limited_pools())
 
     guard.phase(report, "read the quotas", read)
     return limited

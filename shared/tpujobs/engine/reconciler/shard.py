@@ -11,11 +11,12 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING
 
-from tpujobs.domain.admission import pool_id
+from tpujobs.domain.admission import job_pool
 from tpujobs.domain.job import Job, ScheduledMaintenance
 from tpujobs.domain.naming import parse_queued_resource_name, parse_unit_queued_resource_name
+from tpujobs.domain.quotas import region_of
 from tpujobs.domain.shards import Shard
-from tpujobs.domain.states import QUOTA_EXHAUSTED, EventKind, JobState
+from tpujobs.domain.states import GOOGLE_QUOTA_WAITS, REGION_QUOTA_EXHAUSTED, EventKind, JobState
 from tpujobs.domain.transitions import Decision, Observation, next_zone
 from tpujobs.engine.ports import CAPACITY_GONE, CapacityStatus, Clock, JobStore, Pools, Tpu
 from tpujobs.engine.reconciler.attempts import AttemptChecks
@@ -100,7 +101,7 @@ class ShardRun:
     ) -> None:
         jobs = self.jobs
         if job.state in (JobState.QUEUED, JobState.RECOVERING):
-            waits = pool_id(job.spec, job.zone) in limited and not job.warm_pool
+            waits = job_pool(job).id in limited and not job.warm_pool
             if job.state is JobState.QUEUED and waits:
                 return  # waits for quota: its pool is admitted once, in the pools' phase
             if job.updated_at is None or job.updated_at < stuck_before:
@@ -119,12 +120,17 @@ class ShardRun:
             return
         lost = status.state in CAPACITY_GONE or status.unhealthy_hosts > 0
         changed = job.state is JobState.PROVISIONING and status.state != job.capacity_state
-        if self._waited_too_long(job, status):
+        full_region = self._past_zone_wait(job, status)
+        if full_region is not None:
             waited = (self.clock() - job.requested_at).total_seconds() if job.requested_at else 0
             what = f"Queued resource {job.queued_resource} waited {waited / 60:.0f} min for capacity"
-            jobs.observe(job.job_id, Observation(EventKind.ZONE_FAILOVER, job.attempt, "reconciler", reason=what))
-            report.observed.append(f"{job.job_id}: {what}")
-            return
+            seen = Observation(EventKind.ZONE_FAILOVER, job.attempt, "reconciler", what, quota_region=full_region)
+            outcome = jobs.observe(job.job_id, seen)
+            if next_zone(job, full_region) is not None:
+                report.observed.append(f"{job.job_id}: {what}")
+                return
+            if isinstance(outcome, Decision):  # no zone outside the full region: it waits, saying why
+                report.observed.append(f"{job.job_id}: {outcome.event.reason}")
         if lost or changed:
             jobs.observe_capacity(status.name, status.state, status.detail, status.unhealthy_hosts, source="reconciler")
             report.observed.append(f"{job.job_id}: {status.state}")
@@ -143,14 +149,16 @@ class ShardRun:
         """A PROVISIONING job without its queued resource: ask again, within the zone wait.
 
         Waiting for TPU quota, nothing was made: ask again (the quota may have room now) until
-        the zone wait moves the job to its next zone; in its last zone it waits on, saying so.
+        the zone wait moves the job to its next zone (outside its region when Google said the
+        region's quota is full); with none, it waits on, saying so.
         Otherwise the create was made: read the resource again (it may be newer than the
         listing), then what its operation said. A failed create is a failed provisioning, under
         the job's rules; a resource still missing is asked for again until the zone wait is
         over, then moves the job to its next zone or ends the attempt by its rules. So a job is
         never asked for again and again for ever.
         """
-        quota = job.capacity_state == QUOTA_EXHAUSTED
+        quota = job.capacity_state in GOOGLE_QUOTA_WAITS
+        full_region = region_of(job.zone) if job.capacity_state == REGION_QUOTA_EXHAUSTED else ""
         if not quota and self.tpu.status(job.zone, job.queued_resource) is not None:
             return  # created since the listing: the next tick compares it
         failed = None if quota else self.tpu.create_error(job.create_operation)
@@ -161,10 +169,10 @@ class ShardRun:
             report.observed.append(f"{job.job_id}: {what}")
             return
         waited = (self.clock() - job.requested_at).total_seconds() if job.requested_at else 0.0
-        if waited > self.settings.zone_wait_seconds and (not quota or next_zone(job) is not None):
+        if waited > self.settings.zone_wait_seconds and (not quota or next_zone(job, full_region) is not None):
             if quota:
                 what = f"The TPU quota had no room for {waited / 60:.0f} min"
-                seen = Observation(EventKind.ZONE_FAILOVER, job.attempt, "reconciler", reason=what)
+                seen = Observation(EventKind.ZONE_FAILOVER, job.attempt, "reconciler", what, quota_region=full_region)
             else:
                 what = (
                     f"Queued resource {job.queued_resource} never appeared "
@@ -206,15 +214,29 @@ class ShardRun:
             self.jobs.observe(job.job_id, Observation(EventKind.CAPACITY_LOST, job.attempt, "reconciler", reason=what))
             report.observed.append(f"{job.job_id}: {what}")
 
-    def _waited_too_long(self, job: Job, status: CapacityStatus) -> bool:
-        """Still waiting for capacity past the limit, with another zone of `zones` to try."""
-        return (
+    def _past_zone_wait(self, job: Job, status: CapacityStatus) -> str | None:
+        """Still waiting for capacity past the limit, with another zone of `zones` after this one:
+        the region whose full quota holds the job back ("" when none is known); None otherwise.
+        A region's full quota leaves its other zones no room: the failover skips them, and with
+        no zone outside it, the job waits where it is (`domain.transitions`)."""
+        waiting = (
             job.state is JobState.PROVISIONING
             and status.state in WAITING_FOR_CAPACITY
             and job.requested_at is not None
             and (self.clock() - job.requested_at).total_seconds() > self.settings.zone_wait_seconds
-            and next_zone(job) is not None
         )
+        following = next_zone(job) if waiting else None
+        if following is None:
+            return None
+        if status.quota_region or region_of(following) != region_of(job.zone):
+            return status.quota_region
+        return self._quota_region(job)  # it decides only where the next zone shares the region
+
+    def _quota_region(self, job: Job) -> str:
+        """The region whose quota the holding's hosts exceeded: a zone's listing leaves out their
+        creation errors (Compute Engine's managed instances), a read of the holding has them."""
+        precise = self.tpu.status(job.zone, job.queued_resource)
+        return precise.quota_region if precise is not None else ""
 
     def _release_unowned(
         self, seen: dict[tuple[str, str], CapacityStatus], live: dict[str, Job], report: ReconcileReport

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from tpujobs.domain import pools
 from tpujobs.domain.access import AccessPolicies, topic_control_refusal
-from tpujobs.domain.admission import never_fits, pool_id, quota_of
+from tpujobs.domain.admission import limit_words, pool_of
 from tpujobs.domain.pools import Pool, PoolError, PoolState
 from tpujobs.domain.spec import JobSpec, SpecError, with_deployment_defaults
 from tpujobs.engine.jobs.vetting import Vetting
@@ -94,13 +94,19 @@ class PoolManagement:
         return self.vetting.refusal(shape, owner_verified=True, policies=policies)
 
     def _never_fits(self, count: int, shape: JobSpec, zones: tuple[str, ...]) -> str | None:
-        quotas = self.quota.quotas()
-        for zone in zones:  # a quota of 0 is a pause, not a size (`admission.never_fits`)
-            if not never_fits(quota_of(quotas, pool_id(shape, zone)), count * shape.chips):
+        book = self.quota.quotas()
+        chips = count * shape.chips
+        limits_passed: list[str] = []
+        for zone in zones:  # a limit of 0 is a pause, not a size (`Limits.never_fits`)
+            key = pool_of(shape, zone)
+            limits = book.limits(key)
+            scope = limits.never_fits(zone, chips)
+            if scope is None:
                 return None
+            limits_passed.append(f"{limit_words(key, scope, zone)} ({limits.of(scope, zone)})")
         return (
-            f"{count} unit(s) of {shape.chips} chips need {count * shape.chips} chips, more than the quota of "
-            f"{', '.join(pool_id(shape, z) for z in zones)}: ask an admin to raise it, or ask for fewer units"
+            f"{count} unit(s) of {shape.chips} chips need {chips} chips, more than "
+            f"{'; '.join(dict.fromkeys(limits_passed))}: ask an admin to raise it, or ask for fewer units"
         )
 
     def _management_refusal(self, pool: Pool, action: str, caller: str, verified: bool) -> str | None:

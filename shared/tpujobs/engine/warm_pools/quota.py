@@ -1,13 +1,15 @@
 """A unit's chips in the admission quota: held from its request until it is released.
 
 Units hold chips as holders named `pool:{name}/{index}` in their admission pool
-(`quota_pools/{family}@{zone}`), beside the jobs; a unit never evicts, it waits.
+(`quota_pools/{pool id}`, `domain.quotas`), with their zone, beside the jobs; a unit never
+evicts, it waits.
 """
 
 from __future__ import annotations
 
-from tpujobs.domain.admission import Holder, chips_held, fits, pool_id, quota_of
+from tpujobs.domain.admission import Holder, blocked_by, limit_words, pool_id, pool_of
 from tpujobs.domain.pools import Pool, Unit
+from tpujobs.domain.quotas import QuotaBook
 from tpujobs.engine.jobs.admission import Admission
 from tpujobs.engine.ports import Clock, Pools
 
@@ -16,7 +18,7 @@ CLAIM_TRIES = 10  # compare-and-sets one claim tries before it waits for the nex
 
 
 def unit_holder(pool: str, index: int) -> str:
-    """The unit's holder id in its admission pool (`quota_pools/{family}@{zone}`)."""
+    """The unit's holder id in its admission pool (`quota_pools/{pool id}`)."""
     return f"{HOLDER_PREFIX}{pool}/{index}"
 
 
@@ -36,36 +38,39 @@ class UnitQuota:
         self.clock = clock
         self.admission = admission
 
-    def quotas(self) -> dict[str, dict[str, int]]:
+    def quotas(self) -> QuotaBook:
         """The quotas as configured; none without quotas."""
-        return self.pools.quotas() if self.pools is not None else {}
+        return self.pools.quotas() if self.pools is not None else QuotaBook(None)
 
     def claim(self, pool: Pool, unit: Unit, zone: str) -> str | None:
-        """Hold the unit's chips in its admission pool; None when held (or no quota applies),
-        else why it waits. Never evicts: a unit waits like a job that may not."""
+        """Hold the unit's chips in its admission pool, in `zone`; None when held (or no limit
+        applies), else why it waits. Never evicts: a unit waits like a job that may not."""
         quota = self.pools
         if quota is None:
             return None
-        shape = pool.shape()
-        admission_pool = pool_id(shape, zone)
-        limit = quota_of(quota.quotas(), admission_pool)
-        if limit is None:
+        key = pool_of(pool.shape(), zone)
+        limits = quota.quotas().limits(key)
+        if limits.unlimited:
             return None
         holder = unit_holder(pool.name, unit.index)
+        chips = pool.chips_per_unit
         for _ in range(CLAIM_TRIES):
-            view = quota.view(admission_pool)
-            if any(h.job_id == holder for h in view.holders):
+            view = quota.view(key.id)
+            if any(h.job_id == holder and h.zone == zone for h in view.holders):
                 return None
-            if not fits(limit, view.holders, pool.chips_per_unit):
-                free = limit - chips_held(view.holders)
+            others = [h for h in view.holders if h.job_id != holder]  # a hold in another zone moves here
+            scope = blocked_by(limits, others, zone, chips)
+            if scope is not None:
+                limit = limits.of(scope, zone) or 0
+                held = sum(h.chips for h in others if scope == "region" or h.zone == zone)
                 return (
-                    f"Unit {unit.index} waits for quota: {admission_pool} has {free} of {limit} chips free and a "
-                    f"unit needs {pool.chips_per_unit}."
+                    f"Unit {unit.index} waits for quota: {limit_words(key, scope, zone)} is {limit}, "
+                    f"{held} held, and a unit needs {chips}."
                 )
-            claim = Holder(holder, pool.chips_per_unit, unit.generation, "medium", self.clock(), evictable=False)
+            claim = Holder(holder, chips, unit.generation, "medium", self.clock(), evictable=False, zone=zone)
             if quota.change(view, add=claim):
                 return None
-        return f"Unit {unit.index}: {admission_pool} changed under 10 attempts to claim its chips; asked again."
+        return f"Unit {unit.index}: {key.id} changed under {CLAIM_TRIES} attempts to claim its chips; asked again."
 
     def drop(self, pool: Pool, unit: Unit) -> None:
         """The unit gives its chips back, and the admission queue gets them at once."""

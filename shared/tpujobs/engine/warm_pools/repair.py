@@ -7,7 +7,6 @@ from collections.abc import Mapping
 from datetime import timedelta
 
 from tpujobs.domain import pools
-from tpujobs.domain.admission import pool_id
 from tpujobs.domain.job import Job
 from tpujobs.domain.naming import parse_unit_queued_resource_name
 from tpujobs.domain.pools import Pool, PoolState, Unit, UnitState
@@ -98,7 +97,7 @@ class PoolRepair:
         zones = pool.zones
         following = zones[(zones.index(unit.zone) + 1) % len(zones)] if unit.zone in zones else zones[0]
         self.capacity.release(unit.zone, unit.queued_resource(pool.name))
-        if pool_id(pool.shape(), following) != pool_id(pool.shape(), unit.zone):
+        if following != unit.zone:  # its hold names its zone: held again in the next one
             self.quota.drop(pool, unit)
         self.units.request(pool.name, unit.index, following)
         did.append(f"{pool.name}: unit {unit.index} waited {waited / 60:.0f} min; asked for in {following}")

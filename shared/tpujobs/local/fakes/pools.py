@@ -17,6 +17,8 @@ from tpujobs.adapters.firestore_documents import job_from_document
 from tpujobs.domain.admission import Holder
 from tpujobs.domain.job import Job
 from tpujobs.domain.pools import Pool
+from tpujobs.domain.quota_edits import with_limit, with_reservation
+from tpujobs.domain.quotas import QuotaBook
 from tpujobs.domain.states import JobState
 from tpujobs.engine.ports import PoolView
 from tpujobs.local.fakes.job_store import InMemoryJobStore
@@ -38,22 +40,22 @@ class InMemoryPools:
     def __init__(self, jobs: InMemoryJobStore) -> None:
         self._jobs = jobs
         self._lock = threading.Lock()
-        self._quotas: dict[str, dict[str, int]] = {}
+        self._quotas: dict[str, Any] = {}  # config/quotas as stored
         self._holders: dict[str, tuple[tuple[Holder, ...], int]] = {}  # pool -> (holders, version)
         self._versions = itertools.count(1)
 
-    def quotas(self) -> dict[str, dict[str, int]]:
+    def quotas(self) -> QuotaBook:
         with self._lock:
-            return {zone: dict(limits) for zone, limits in self._quotas.items()}
+            return QuotaBook(self._quotas)
 
-    def set_quota(self, zone: str, family: str, chips: int | None) -> None:
-        """Set (or with None remove) one pool's quota."""
+    def set_quota(self, location: str, family: str, tier: str, chips: int | None) -> None:
+        """Set (or with None remove) one limit, as the adapter writes it (`domain.quota_edits`)."""
         with self._lock:
-            limits = self._quotas.setdefault(zone, {})
-            if chips is None:
-                limits.pop(family, None)
-            else:
-                limits[family] = chips
+            self._quotas = with_limit(self._quotas, location, family, tier, chips)
+
+    def set_reservation(self, name: str, chips: int | None) -> None:
+        with self._lock:
+            self._quotas = with_reservation(self._quotas, name, chips)
 
     def view(self, pool: str) -> PoolView:
         with self._lock:

@@ -10,7 +10,9 @@ import argparse
 import dataclasses
 import sys
 from collections.abc import Sequence
+from typing import Any
 
+from tpujobs.domain.quotas import RESERVATIONS
 from tpujobs.local.simulator.http import serve_until_signalled
 from tpujobs.local.simulator.model import SimulatorConfig, error_code
 from tpujobs.local.simulator.server import SimulatorServer
@@ -21,6 +23,32 @@ def _capacity(text: str) -> tuple[str, int]:
     if not pool or not chips.isdigit():
         raise argparse.ArgumentTypeError(f"expected FAMILY@ZONE=CHIPS such as v4@us-central2-b=32, got {text!r}")
     return pool, int(chips)
+
+
+def _quota(text: str) -> tuple[tuple[str, ...], int]:
+    """One --quota: LOCATION/FAMILY[/TIER]=CHIPS or reservations/NAME=CHIPS, as a path in the
+    config/quotas document and its chips (SimulatorConfig names what the document gets wrong)."""
+    where, _, chips = text.rpartition("=")
+    path = tuple(where.split("/"))
+    shapes = {2, 3} if path[0] != RESERVATIONS else {2}
+    if not chips.isdigit() or len(path) not in shapes or not all(path):
+        raise argparse.ArgumentTypeError(
+            f"expected LOCATION/FAMILY[/TIER]=CHIPS such as us-east5/v5p/spot=512 or us-central2-b/v4=64, "
+            f"or {RESERVATIONS}/NAME=CHIPS; got {text!r}"
+        )
+    return path, int(chips)
+
+
+def quota_document(entries: Sequence[tuple[tuple[str, ...], int]]) -> dict[str, Any]:
+    """The config/quotas document the --quota options make: LOCATION/FAMILY alone is on-demand."""
+    document: dict[str, Any] = {}
+    for path, chips in entries:
+        if path[0] == RESERVATIONS:
+            document.setdefault(RESERVATIONS, {})[path[1]] = chips
+        else:
+            location, family, *tier = path
+            document.setdefault(location, {}).setdefault(family, {})[tier[0] if tier else "on-demand"] = chips
+    return document
 
 
 # Help for the config's options that need more than their name; each one is --field-name.
@@ -65,12 +93,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--quota",
-        type=_capacity,
+        type=_quota,
         action="append",
         default=[],
-        metavar="FAMILY@ZONE=CHIPS",
-        help="chips the project may hold in one pool (Compute Engine shows QUOTA_EXCEEDED); repeatable; "
-        "default unlimited",
+        metavar="LOCATION/FAMILY[/TIER]=CHIPS",
+        help="the project's quota, as config/quotas states it: a zone's or a region's chips of a family "
+        "and tier (on-demand, spot, reserved; default on-demand), such as us-east5/v5p/spot=512 or "
+        "us-central2-b/v4=64, or a reservation's size, reservations/NAME=CHIPS; repeatable; default unlimited",
     )
     parser.add_argument(
         "--api-error-code",
@@ -99,7 +128,7 @@ def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
     return SimulatorConfig(
         **{field.name: getattr(args, field.name) for field in _numbers()},
         capacity=dict(args.capacity),
-        quota=dict(args.quota),
+        quota=quota_document(args.quota),
         api_error_codes=codes or SimulatorConfig().api_error_codes,
     )
 

@@ -123,8 +123,9 @@ class CatalogApi:
 
     def _zones(self) -> list[str]:
         config = self._simulator.config
-        named = {pool.split("@", 1)[1].split(":", 1)[0] for pool in (*config.capacity, *config.quota) if "@" in pool}
-        return sorted({*TPU_ZONES, *named})
+        named = {pool.split("@", 1)[1].split(":", 1)[0] for pool in config.capacity if "@" in pool}
+        quota_zones = {entry.location for entry in config.quota_book.entries if entry.scope == "zone"}
+        return sorted({*TPU_ZONES, *named, *quota_zones})
 
     def _locations(self, version: str, params: dict[str, str], query: Query) -> Json:
         project = params["project"]

@@ -119,6 +119,20 @@ class SimulatorControl:
     ) -> dict[str, Any]:
         return self.on_queued_resource(zone, qr_id, "maintenance", notice=notice, slice=slice_index)
 
+    def upcoming_maintenance(
+        self,
+        zone: str,
+        qr_id: str,
+        notice: float = 3600.0,
+        window: float = 3600.0,
+        slice_index: int | None = None,
+        project: str | None = None,
+    ) -> dict[str, Any]:
+        """Announce a maintenance window *notice* seconds ahead, lasting *window* seconds, on the
+        nodes of a queued resource (or one slice): their upcomingMaintenance and metadata key."""
+        body = {"notice": notice, "window": window}
+        return self.on_queued_resource(zone, qr_id, "upcoming-maintenance", body, slice=slice_index, project=project)
+
     def node_health(
         self, zone: str, qr_id: str, health: str, description: str = "", slice_index: int | None = None
     ) -> dict[str, Any]:

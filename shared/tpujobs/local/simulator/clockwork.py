@@ -8,7 +8,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from tpujobs.domain.accelerators import parse_accelerator_type
+from tpujobs.domain.quotas import PoolKey
 from tpujobs.local.simulator.errors import Code
+from tpujobs.local.simulator.quota_counts import holdings, shortfall
 from tpujobs.local.simulator.records import (
     FIRST_NODE_NUMBER,
     FIRST_WORKER_ADDRESS,
@@ -120,9 +122,11 @@ class Clockwork(World):
             )
             self._queue_host_event(qr, index, node.rebooting_workers, HostAction.BOOT)
         elif node.step is NodeStep.MAINTENANCE_STARTS:
+            announced = node.upcoming_maintenance
             self._put_node(
                 dataclasses.replace(
                     node,
+                    upcoming_maintenance=None if announced is None else {**announced, "maintenanceStatus": "ONGOING"},
                     state=NodeState.REPAIRING,
                     health="UNHEALTHY_MAINTENANCE",
                     health_description=(
@@ -142,6 +146,7 @@ class Clockwork(World):
                     health="HEALTHY",
                     health_description="",
                     maintenance_event=MAINTENANCE_NONE,
+                    upcoming_maintenance=None,
                     failed_workers=(),
                 )
             )
@@ -150,7 +155,10 @@ class Clockwork(World):
             raise AssertionError(f"{node.name} has a timed transition with no step")
 
     def _admit(self, at: float) -> None:
-        """Start provisioning waiting QRs whose chips are free, strictly in order of arrival per pool."""
+        """Start provisioning waiting QRs whose chips are free, strictly in order of arrival within
+        each limit, as admission orders jobs: a QR held back by capacity or by a region's quota
+        (or a reservation's size) holds back the later ones of its pool; one held back by its
+        zone's quota only the later ones of that zone."""
         waiting = sorted(
             (qr for qr in self._qrs.values() if qr.state is QrState.WAITING_FOR_RESOURCES and qr.next_at is None),
             key=lambda r: r.queue_number,
@@ -158,26 +166,37 @@ class Clockwork(World):
         if not waiting:
             return
         free = self._free_chips()
-        blocked: set[str] = set()  # pools where an earlier QR is still waiting
+        held = holdings(self._qrs.values())
+        book = self._config.quota_book
+        blocked: set[str] = set()  # limited capacity pools where an earlier QR is still waiting
+        blocked_quota: set[tuple[PoolKey, str]] = set()  # (pool, zone), or (pool, "") for all its zones
         for qr in waiting:
             wanted = qr.demand(self._separate_pools())
-            fits = all(pool not in free or free[pool] >= chips for pool, chips in wanted.items())
-            if blocked.isdisjoint(wanted) and fits:
-                for pool, chips in wanted.items():
-                    if pool in free:
-                        free[pool] -= chips
-                self._provision(qr, at)
-            else:
-                blocked.update(wanted)
+            quota_wanted = qr.quota_demand()
+            if not blocked.isdisjoint(wanted) or any(
+                (p, z) in blocked_quota for p in quota_wanted for z in ("", qr.zone)
+            ):
+                continue  # an earlier QR waits for the same chips
+            if not all(pool not in free or free[pool] >= chips for pool, chips in wanted.items()):
+                blocked.update(pool for pool in wanted if pool in free)
+                continue
+            short = shortfall(book, held, qr)
+            if short is not None:
+                blocked_quota.add((short.pool, qr.zone if short.scope == "zone" else ""))
+                continue
+            for pool, chips in wanted.items():
+                if pool in free:
+                    free[pool] -= chips
+            for key, chips in quota_wanted.items():
+                held.setdefault(key, []).append((qr.zone, chips))
+            self._provision(qr, at)
 
     def _separate_pools(self) -> frozenset[str]:
-        return frozenset(self._config.capacity) | frozenset(self._config.quota)
+        return frozenset(self._config.capacity)
 
     def _free_chips(self) -> dict[str, int]:
-        """Chips free per limited pool: the lesser of capacity and quota, less what is held."""
+        """Chips free per limited capacity pool (the zone's chips on offer), less what is held."""
         free = dict(self._config.capacity)
-        for pool, chips in self._config.quota.items():
-            free[pool] = min(chips, free.get(pool, chips))
         for qr in self._qrs.values():
             if qr.holds_capacity:
                 for pool, chips in qr.demand(self._separate_pools()).items():

@@ -8,25 +8,14 @@ Formats: ../shared/design/compute-engine.md, sections 3 and 4.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable
 
 from tpujobs.local.simulator.compute_vms import HostInstance
 from tpujobs.local.simulator.errors import project_number
-from tpujobs.local.simulator.metadata import HostOverlay, attributes, tpu_env
+from tpujobs.local.simulator.metadata import HostOverlay, attributes, tpu_env, upcoming_maintenance
 from tpujobs.local.simulator.model import NodeRecord, Simulator
 
 TPU_KEYS = ("accelerator-type", "agent-worker-number", "tpu-env", "worker-network-endpoints")
-NO_MAINTENANCE = "NONE"  # what instance/upcoming-maintenance answers when nothing is scheduled
-# instances.get's upcomingMaintenance fields and the metadata server's JSON names for them.
-_MAINTENANCE_KEYS = {
-    "canReschedule": "can_reschedule",
-    "latestWindowStartTime": "latest_window_start_time",
-    "maintenanceStatus": "maintenance_status",
-    "type": "type",
-    "windowEndTime": "window_end_time",
-    "windowStartTime": "window_start_time",
-}
 
 
 def host_overlay(node: NodeRecord, worker: int, host: HostInstance) -> HostOverlay:
@@ -38,11 +27,7 @@ def host_overlay(node: NodeRecord, worker: int, host: HostInstance) -> HostOverl
         lines = sorted([*env.splitlines(), f"TOPOLOGY: '{vm.topology}'"])
         env = "".join(f"{line}\n" for line in lines)
     tpu = {key: value for key, value in attributes(named, worker).items() if key in TPU_KEYS}
-    maintenance = NO_MAINTENANCE
-    maintenance_json = json.dumps(NO_MAINTENANCE)
-    if vm.upcoming_maintenance is not None:
-        shown = {_MAINTENANCE_KEYS[k]: v for k, v in vm.upcoming_maintenance.items() if k in _MAINTENANCE_KEYS}
-        maintenance = maintenance_json = json.dumps({**shown, "maintenance_reasons": []}, sort_keys=True)
+    maintenance, maintenance_json = upcoming_maintenance(vm.upcoming_maintenance)
     machine_type = str(vm.body.get("machineType", "")).rsplit("/", 1)[-1]
     return HostOverlay(
         attributes={**dict(vm.metadata), **tpu, "tpu-env": env},

@@ -28,6 +28,7 @@ from tpujobs.local.simulator.compute_records import (
     rfc3339,
 )
 from tpujobs.local.simulator.errors import Code, SimulatorError
+from tpujobs.local.simulator.quota_counts import compute_refusal, holdings, shortfall
 from tpujobs.local.simulator.records import (
     HostAction,
     Initiator,
@@ -41,6 +42,8 @@ from tpujobs.local.simulator.records import (
 
 STOCKOUT = "ZONE_RESOURCE_POOL_EXHAUSTED"
 QUOTA = "QUOTA_EXCEEDED"
+# The operation's HTTP status when a lone VM's insert is refused (a stockout: 503).
+_HTTP_OF_REFUSAL = {QUOTA: (403, "FORBIDDEN"), "CONDITION_NOT_MET": (400, "BAD REQUEST")}
 _WAITING = frozenset({QrState.CREATING, QrState.ACCEPTED, QrState.WAITING_FOR_RESOURCES})
 
 
@@ -204,6 +207,9 @@ class ComputeVms(ComputeCore):
         request = QueuedResourceRequest(
             slices=(SliceRequest(shape.accelerator_type, RUNTIME_VERSION, node_id=vm.backing, template=template),),
             spot=vm.spot,
+            flex_start=vm.scheduling.get("provisioningModel") == "FLEX_START",
+            reserved=vm.scheduling.get("provisioningModel") == "RESERVATION_BOUND",
+            reservation_name=_reservation_of(vm.body),
         )
         self._put_qr(
             QueuedResourceRecord(
@@ -265,18 +271,11 @@ class ComputeVms(ComputeCore):
         return group is not None and group.deleting
 
     def _held_back_by(self, qr: QueuedResourceRecord) -> tuple[str, str]:
-        """Why a waiting slice has no chips: the project's quota, or the zone's capacity."""
-        held: dict[str, int] = {}
-        separate = self._separate_pools()
-        for other in self._qrs.values():
-            if other.holds_capacity:
-                for pool, chips in other.demand(separate).items():
-                    held[pool] = held.get(pool, 0) + chips
-        for pool, chips in qr.demand(separate).items():
-            limit = self._config.quota.get(pool)
-            if limit is not None and held.get(pool, 0) + chips > limit:
-                family = pool.partition("@")[0].upper()
-                return QUOTA, f"Quota '{family}_TPU_CHIPS' exceeded. Limit: {float(limit)} in zone {qr.zone}."
+        """Why a waiting slice has no chips: the project's quota (counted as admission counts it,
+        quota_counts), a full reservation, or else the zone's capacity."""
+        short = shortfall(self._config.quota_book, holdings(self._qrs.values()), qr)
+        if short is not None:
+            return compute_refusal(short)
         return STOCKOUT, (
             f"The zone 'projects/{qr.project}/zones/{qr.zone}' does not have enough resources available to "
             "fulfill the request. Try a different zone, or try again later."
@@ -299,7 +298,7 @@ class ComputeVms(ComputeCore):
         code, message = self._held_back_by(qr)
         del self._qrs[(qr.project, qr.zone, qr.qr_id)]
         del self._compute.instances[key]
-        return None, ((code, message),), (403, "FORBIDDEN") if code == QUOTA else (503, "SERVICE UNAVAILABLE")
+        return None, ((code, message),), _HTTP_OF_REFUSAL.get(code, (503, "SERVICE UNAVAILABLE"))
 
     def _preempt(self, view: InstanceView, now: float) -> None:
         vm = view.record
@@ -338,3 +337,12 @@ class ComputeVms(ComputeCore):
             del self._compute.instances[key]
             self._unback(vm.backing, vm.project, vm.zone, at)
         self._dirty = True
+
+
+def _reservation_of(body: Mapping[str, Any]) -> str:
+    """The reservation a VM's reservationAffinity names (SPECIFIC_RESERVATION), or ""."""
+    affinity = body.get("reservationAffinity") or {}
+    if not isinstance(affinity, Mapping) or affinity.get("consumeReservationType") != "SPECIFIC_RESERVATION":
+        return ""
+    values = affinity.get("values") or []
+    return str(values[0]) if isinstance(values, list) and values else ""

@@ -1,7 +1,7 @@
 """The simulator's control endpoints under /simulator/v1/ (`client.SimulatorControl`, `tpujobs dev fault`):
-health, state and config; faults (preempt, fail, kill-host, no-boot, reboot, maintenance, node health
-and state, planned API errors); a QR's worker processes. Google has no such API: these are how
-tests and developers make happen what Google makes happen.
+health, state and config; faults (preempt, fail, kill-host, no-boot, reboot, maintenance now or
+announced ahead, node health and state, planned API errors); a QR's worker processes. Google has
+no such API: these are how tests and developers make happen what Google makes happen.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ class ControlApi:
             ("POST", _QR + ":no-boot", self._no_boot),
             ("POST", _QR + ":reboot", self._reboot),
             ("POST", _QR + ":maintenance", self._maintenance),
+            ("POST", _QR + ":upcoming-maintenance", self._upcoming_maintenance),
             ("POST", _QR + ":node-health", self._node_health),
             ("POST", _QR + ":node-state", self._node_state),
             ("GET", _QR + ":workers", self._workers),
@@ -187,6 +188,18 @@ class ControlApi:
             query_optional_int(query, "slice"),
             notice_seconds,
             **where(params, query),
+        )
+        return 200, {"nodes": [node_json(node) for node in nodes]}
+
+    def _upcoming_maintenance(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
+        """A maintenance window announced ahead: {"notice": seconds until it starts, "window": its length}."""
+        request = json_object(body.strip() or b"{}", "the maintenance")
+        notice, window = request.get("notice", 3600.0), request.get("window", 3600.0)
+        for name, value in (("notice", notice), ("window", window)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise SimulatorError(Code.INVALID_ARGUMENT, f"{name} must be a number of seconds, got {value!r}")
+        nodes = self.simulator.schedule_maintenance_window(
+            params["id"], query_optional_int(query, "slice"), float(notice), float(window), **where(params, query)
         )
         return 200, {"nodes": [node_json(node) for node in nodes]}
 

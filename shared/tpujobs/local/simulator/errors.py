@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from tpujobs.domain.quotas import ZONE, PoolKey, Scope
+
 TYPE_PREFIX = "type.googleapis.com/"
 ERROR_INFO_TYPE = TYPE_PREFIX + "google.rpc.ErrorInfo"
 QUOTA_FAILURE_TYPE = TYPE_PREFIX + "google.rpc.QuotaFailure"
@@ -148,8 +150,8 @@ class Fault:
     """An error a TPU API call answers with instead of its result (``tpujobs dev fault error``).
 
     *quota* makes a 429 a quota running out (ErrorInfo RESOURCE_QUOTA_EXCEEDED and a
-    QuotaFailure naming the chips quota of the zone) instead of a rate limit (ErrorInfo
-    RATE_LIMIT_EXCEEDED). *applied* lets the call take effect first and loses its answer, as a
+    QuotaFailure naming the TPU API's chips quota where it was called) instead of a rate limit
+    (ErrorInfo RATE_LIMIT_EXCEEDED). *applied* lets the call take effect first and loses its answer, as a
     deadline that expires after the service acted: a created resource exists, a delete runs.
     """
 
@@ -179,11 +181,13 @@ class Fault:
             raise ValueError(f"only a 429 RESOURCE_EXHAUSTED can be a quota error, not {code.name}")
         return cls(code, status, quota, applied, message)
 
-    def error(self, project: str, zone: str) -> SimulatorError:
-        """The error as the TPU API would send it to *project* calling in *zone*."""
+    def error(self, project: str, zone: str, pool: PoolKey | None = None, limit: int | None = None) -> SimulatorError:
+        """The error as the TPU API would send it to *project* calling in *zone* (or a region); a
+        quota error names *pool*'s quota (family and tier; unknown: the generic chips quota) and
+        its *limit* when the caller knows them."""
         consumer = f"projects/{project_number(project)}"
         if self.code is Code.RESOURCE_EXHAUSTED and self.quota:
-            return self._quota_error(consumer, zone)
+            return self._quota_error(consumer, zone, pool, limit)
         if self.code is Code.RESOURCE_EXHAUSTED:
             message = self.message or (
                 "Quota exceeded for quota metric 'Default requests' and limit 'Default requests "
@@ -206,13 +210,16 @@ class Fault:
         message = self.message or _MESSAGES[self.code]
         return SimulatorError(self.code, message + INJECTED, http_status=self.http_status)
 
-    def _quota_error(self, consumer: str, zone: str) -> SimulatorError:
-        quota_id = "TPUSPerProjectPerZone"
-        metric = f"{TPU_SERVICE}/tpus"
-        message = self.message or (
-            f"Quota '{quota_id}' exhausted for consumer '{consumer}' in zone '{zone}': "
-            "the request needs more TPU chips than the project's quota leaves free."
-        )
+    def _quota_error(self, consumer: str, location: str, pool: PoolKey | None, limit: int | None) -> SimulatorError:
+        """nodes.create's 429 when the quota is short ("Quota limit 'TPUV6EPreemptiblePerProject-
+        PerRegionForTPUAPI' has been exceeded. Limit: 0 in region us-east5."): the zonal or the
+        regional id, preemptible or not, and the dimension to match."""
+        scope: Scope = "zone" if ZONE.fullmatch(location) else "region"
+        family, tier = (pool.family, pool.tier) if pool is not None else ("", "on-demand")
+        quota_id = tpu_quota_id(family, tier, scope)
+        metric = tpu_quota_metric(family, tier)
+        where = f"Limit: {limit} in {scope} {location}." if limit is not None else f"({scope} {location})"
+        message = self.message or f"Quota limit '{quota_id}' has been exceeded. {where}"
         details = (
             {
                 "@type": ERROR_INFO_TYPE,
@@ -223,7 +230,8 @@ class Fault:
                     "service": TPU_SERVICE,
                     "quota_metric": metric,
                     "quota_limit": quota_id,
-                    "quota_location": zone,
+                    "quota_location": location,
+                    **({"quota_limit_value": str(limit)} if limit is not None else {}),
                 },
             },
             {
@@ -235,7 +243,8 @@ class Fault:
                         "apiService": TPU_SERVICE,
                         "quotaMetric": metric,
                         "quotaId": quota_id,
-                        "quotaDimensions": {"zone": zone},
+                        "quotaDimensions": {scope: location},
+                        **({"quotaValue": str(limit)} if limit is not None else {}),
                     }
                 ],
             },
@@ -250,3 +259,32 @@ class Fault:
             "applied": self.applied,
             "message": self.message,
         }
+
+
+# The TPU API's quota ids. Seen in Google's answers: TPUV4sPreemptiblePodPerProjectPerZone-
+# ForTPUAPI, TPUV4sPreemptiblePodPerProjectPerRegionForTPUAPI, TPUV5sPreemptibleLitepodPer-
+# ProjectPerRegionForTPUAPI, TPUV6EPerProjectPerZoneForTPUAPI, TPUV6EPreemptiblePerProjectPer-
+# RegionForTPUAPI, TPUV2sPodPerProjectPerRegionForTPUAPI. Unconfirmed, by the same pattern:
+# v5p's and v7x's stems, and the Reserved word of the reserved tier.
+_TPU_QUOTA_STEMS: dict[str, tuple[str, str]] = {  # (before the tier's word, after it)
+    "v2": ("TPUV2s", "Pod"),
+    "v3": ("TPUV3s", "Pod"),
+    "v4": ("TPUV4s", "Pod"),
+    "v5litepod": ("TPUV5s", "Litepod"),
+    "v5p": ("TPUV5P", ""),
+    "v6e": ("TPUV6E", ""),
+    "v7x": ("TPUV7X", ""),
+}
+_TIER_WORDS = {"on-demand": "", "spot": "Preemptible", "reserved": "Reserved"}
+
+
+def tpu_quota_id(family: str, tier: str, scope: Scope) -> str:
+    """The TPU API's quota id of a family's chips of *tier*, per zone or per region ("": any family)."""
+    head, tail = _TPU_QUOTA_STEMS.get(family, ("TPUs", ""))
+    return f"{head}{_TIER_WORDS[tier]}{tail}PerProjectPer{scope.capitalize()}ForTPUAPI"
+
+
+def tpu_quota_metric(family: str, tier: str) -> str:
+    """The quota metric behind it (its form unconfirmed: Google's errors seen name only the id)."""
+    name = f"tpu_{family}" if family else "tpus"
+    return f"{TPU_SERVICE}/{name}" + ("" if tier == "on-demand" else f"_{tier.replace('-', '_')}")

@@ -54,6 +54,8 @@ RESPONSES = {
     "ListQueuedResourcesResponse": ("tpu", "ListQueuedResourcesResponse"),
     "Node": ("tpu", "Node"),
     "ListNodesResponse": ("tpu", "ListNodesResponse"),
+    "AlphaNode": ("tpu_v2alpha1", "Node"),
+    "AlphaListNodesResponse": ("tpu_v2alpha1", "ListNodesResponse"),
     "Operation": ("longrunning", "Operation"),
     "ListOperationsResponse": ("longrunning", "ListOperationsResponse"),
 }
@@ -106,6 +108,10 @@ def _descriptor(response: str) -> Any:
         from google.cloud import tpu_v2
 
         return getattr(tpu_v2, name).pb().DESCRIPTOR
+    if package == "tpu_v2alpha1":
+        from google.cloud import tpu_v2alpha1
+
+        return getattr(tpu_v2alpha1, name).pb().DESCRIPTOR
     from google.longrunning import operations_pb2
 
     return getattr(operations_pb2, name).DESCRIPTOR

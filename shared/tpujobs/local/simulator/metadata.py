@@ -116,6 +116,29 @@ def service_accounts(node: NodeRecord) -> dict[str, str]:
     return values
 
 
+UPCOMING_MAINTENANCE = "instance/upcoming-maintenance"
+NO_MAINTENANCE = "NONE"  # what instance/upcoming-maintenance answers when nothing is scheduled
+# Node.upcomingMaintenance's fields and the metadata server's JSON names for them.
+_MAINTENANCE_KEYS = {
+    "canReschedule": "can_reschedule",
+    "latestWindowStartTime": "latest_window_start_time",
+    "maintenanceStatus": "maintenance_status",
+    "type": "type",
+    "windowEndTime": "window_end_time",
+    "windowStartTime": "window_start_time",
+}
+
+
+def upcoming_maintenance(announced: Mapping[str, object] | None) -> tuple[str, str]:
+    """instance/upcoming-maintenance as text and as `?alt=json`, from the API's camelCase fields
+    (None: nothing scheduled), in the snake_case JSON a TPU VM's metadata server writes."""
+    if announced is None:
+        return NO_MAINTENANCE, json.dumps(NO_MAINTENANCE)
+    shown = {_MAINTENANCE_KEYS[k]: v for k, v in announced.items() if k in _MAINTENANCE_KEYS}
+    answer = json.dumps({**shown, "maintenance_reasons": []}, sort_keys=True)
+    return answer, answer
+
+
 @dataclass(frozen=True)
 class HostOverlay:
     """What a Compute Engine VM's metadata server answers beyond (or instead of) a TPU node's:
@@ -134,6 +157,7 @@ def lookup(node: NodeRecord, worker: int, key: str, overlay: HostOverlay | None 
     values: dict[str, str] = {
         "instance/preempted": "TRUE" if node.preempted else "FALSE",
         "instance/maintenance-event": node.maintenance_event,
+        UPCOMING_MAINTENANCE: upcoming_maintenance(node.upcoming_maintenance)[0],
         "instance/hostname": hostname(node, worker),
         "instance/zone": f"projects/{node.project}/zones/{node.zone}",
         "instance/network-interfaces/0/ip": node.host_addresses[worker],
@@ -151,6 +175,11 @@ def lookup(node: NodeRecord, worker: int, key: str, overlay: HostOverlay | None 
     if key in values:
         return _reply(values[key], TEXT)
     return MetadataReply(404, f"no metadata at {key!r}\n")
+
+
+def json_values(node: NodeRecord) -> dict[str, str]:
+    """The `?alt=json` answers of a TPU node's host that differ from its text ones."""
+    return {UPCOMING_MAINTENANCE: upcoming_maintenance(node.upcoming_maintenance)[1]}
 
 
 def identity(
@@ -282,6 +311,8 @@ class MetadataService:
         token = identity(node, worker, match["key"], query, self.signer, overlay)
         if token is not None:
             return token
-        if overlay is not None and _flag(query, "alt") == "json" and match["key"] in overlay.json_values:
-            return _reply(overlay.json_values[match["key"]], JSON_TYPE)
+        if _flag(query, "alt") == "json":
+            answers = overlay.json_values if overlay is not None else json_values(node)
+            if match["key"] in answers:
+                return _reply(answers[match["key"]], JSON_TYPE)
         return lookup(node, worker, match["key"], overlay)

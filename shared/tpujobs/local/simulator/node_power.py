@@ -1,7 +1,8 @@
 """A node's own power and maintenance verbs of the TPU API: StopNode, StartNode (v2) and
 SimulateMaintenanceEvent (v2alpha1), with the refusals of TPU VMs that Google documents: a Spot
 or preemptible TPU cannot be stopped (it is deleted and created again), nor can a multi-host
-slice (a TPU Pod). Only single-host, on-demand nodes stop and start.
+slice (a TPU Pod). Only single-host, on-demand nodes stop and start. The rules of host
+maintenance, now or announced ahead (`upcomingMaintenance`), live here too.
 
 One divergence, on purpose: Google refuses to stop a node that a queued resource created; every
 node of the simulator comes from one (it has no CreateNode), so it lets such a node stop, or gcloud's
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 
 from tpujobs.local.simulator.clockwork import Clockwork
 from tpujobs.local.simulator.errors import Code, SimulatorError
+from tpujobs.local.simulator.messages import timestamp
 from tpujobs.local.simulator.records import (
     MAINTENANCE_TERMINATE,
     HostAction,
@@ -99,14 +101,7 @@ class NodePower(Clockwork):
         `Nodes.maintenance`); callers hold the lock. A node with a timed step under way is refused."""
         if notice < 0:
             raise SimulatorError(Code.INVALID_ARGUMENT, f"the notice must not be negative, got {notice}")
-        for _, node in chosen:
-            self._refuse_stopped(node, "go into maintenance")
-            if node.step is not NodeStep.NONE:
-                raise SimulatorError(
-                    Code.FAILED_PRECONDITION,
-                    f"node {node.node_id} is already {node.state.value} "
-                    f"({node.step.value}); try again when it is READY",
-                )
+        self._refuse_busy(chosen, "go into maintenance")
         changed = []
         for _, node in chosen:
             announced = dataclasses.replace(
@@ -115,6 +110,44 @@ class NodePower(Clockwork):
             self._put_node(announced)
             changed.append(announced)
         return tuple(changed)
+
+    def _schedule_window(
+        self, chosen: list[tuple[int, NodeRecord]], notice: float, window: float, now: float
+    ) -> tuple[NodeRecord, ...]:
+        """Google's advance notice of a maintenance window (see `Nodes.schedule_maintenance_window`);
+        callers hold the lock. A node with a timed step under way is refused, as `_announce_maintenance`
+        refuses it."""
+        if notice < 0 or window <= 0:
+            raise SimulatorError(Code.INVALID_ARGUMENT, "the notice must not be negative, the window positive")
+        self._refuse_busy(chosen, "get a maintenance window")
+        start = self._wall_clock() + notice
+        announced = {
+            "type": "SCHEDULED",
+            "canReschedule": True,
+            "windowStartTime": timestamp(start),
+            "windowEndTime": timestamp(start + window),
+            "latestWindowStartTime": timestamp(start),
+            "maintenanceStatus": "PENDING",
+        }
+        changed = []
+        for _, node in chosen:
+            scheduled = dataclasses.replace(
+                node, upcoming_maintenance=announced, next_at=now + notice, step=NodeStep.MAINTENANCE_STARTS
+            )
+            self._put_node(scheduled)
+            changed.append(scheduled)
+        return tuple(changed)
+
+    def _refuse_busy(self, chosen: list[tuple[int, NodeRecord]], doing: str) -> None:
+        """Refuse nodes that are stopped or have a timed step (a reboot, a maintenance) under way."""
+        for _, node in chosen:
+            self._refuse_stopped(node, doing)
+            if node.step is not NodeStep.NONE:
+                raise SimulatorError(
+                    Code.FAILED_PRECONDITION,
+                    f"node {node.node_id} is already {node.state.value} "
+                    f"({node.step.value}); try again when it is READY",
+                )
 
     def _own_node(
         self, project: str, zone: str, node_id: str, doing: str

@@ -114,7 +114,7 @@ class Nodes(NodeUpdates):
                 if node.step in (NodeStep.MAINTENANCE_STARTS, NodeStep.MAINTENANCE_ENDS):
                     raise SimulatorError(
                         Code.FAILED_PRECONDITION,
-                        f"node {node.node_id} is under host maintenance; it cannot reboot now",
+                        f"node {node.node_id} is under host maintenance, or has one announced; it cannot reboot now",
                     )
                 self._refuse_stopped(node, "reboot")
             changed = []
@@ -151,6 +151,26 @@ class Nodes(NodeUpdates):
         with self._transaction() as now:
             _, chosen = self._active_nodes(qr_id, slice_index, zone, project, "go into maintenance")
             return self._announce_maintenance(chosen, notice, now)
+
+    def schedule_maintenance_window(
+        self,
+        qr_id: str,
+        slice_index: int | None = None,
+        notice_seconds: float = 3600.0,
+        window_seconds: float = 3600.0,
+        *,
+        zone: str | None = None,
+        project: str | None = None,
+    ) -> tuple[NodeRecord, ...]:
+        """Host maintenance announced ahead, as Google announces it to TPU VMs: each node's
+        `upcomingMaintenance` (SCHEDULED, PENDING) and its hosts' instance/upcoming-maintenance
+        name a window starting in *notice_seconds*; instance/maintenance-event stays NONE (TPU
+        VMs get none). When the window starts the maintenance runs as `maintenance` runs it after
+        its notice (REPAIRING, hosts shut down, READY maintenance_seconds later), the field
+        ONGOING meanwhile and cleared after. No slice: every slice."""
+        with self._transaction() as now:
+            _, chosen = self._active_nodes(qr_id, slice_index, zone, project, "get a maintenance window")
+            return self._schedule_window(chosen, notice_seconds, window_seconds, now)
 
     def set_node_health(
         self,

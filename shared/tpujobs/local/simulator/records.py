@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import json
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import cached_property
 from typing import Any, Generic, Protocol, TypeVar
 
 from tpujobs.domain.accelerators import FAMILIES, parse_accelerator_type
+from tpujobs.domain.quotas import PoolKey, QuotaBook, pool_key
 from tpujobs.local.simulator.errors import Fault, project_number
 
 FIRST_WORKER_ADDRESS = ipaddress.IPv4Address("127.1.0.0")  # loopback: workers can bind it
@@ -110,11 +113,13 @@ class SimulatorConfig:
     provisioning_seconds: float = 0.5  # PROVISIONING -> ACTIVE
     suspending_seconds: float = 0.1  # SUSPENDING -> SUSPENDED
     deleting_seconds: float = 0.0  # DELETING -> gone; 0 lets operation.result() finish at once
-    capacity: Mapping[str, int] = field(default_factory=dict)  # chips per "family@zone"; absent: unlimited
-    # The chips the project may hold per pool (Compute Engine shows QUOTA_EXCEEDED when this, not
-    # capacity, holds a slice back); absent: unlimited. A pool "family@zone:spot" named in either
-    # map is Spot capacity of its own; otherwise Spot slices share "family@zone".
-    quota: Mapping[str, int] = field(default_factory=dict)
+    # The zone's chips on offer per "family@zone"; absent: unlimited. "family@zone:spot", when
+    # named, is Spot capacity of its own; otherwise Spot slices share "family@zone".
+    capacity: Mapping[str, int] = field(default_factory=dict)
+    # The project's quota: a `config/quotas` document (domain/quotas.py), counted as admission
+    # counts it: per family and tier, zonal or regional, a named reservation by its size.
+    # Compute Engine shows QUOTA_EXCEEDED when it, not capacity, holds a slice back; none: unlimited.
+    quota: Mapping[str, Any] = field(default_factory=dict)
     compute_operation_seconds: float = 0.2  # a Compute Engine operation is PENDING/RUNNING this long
     api_error_rate: float = 0.0  # share of TPU API calls refused with an injected error
     # What the random errors pick from: HTTP statuses (400..599) or google.rpc.Code names.
@@ -161,16 +166,24 @@ class SimulatorConfig:
             raise ValueError("api_error_codes must name at least one HTTP status or code")
         for code in self.api_error_codes:
             Fault.parse(code)  # ValueError names what is wrong
-        for what, pools in (("capacity", self.capacity), ("quota", self.quota)):
-            for pool, chips in pools.items():
-                family, _, zone = pool.removesuffix(SPOT_POOL_SUFFIX).partition("@")
-                if family not in FAMILIES or not zone:
-                    known = ", ".join(sorted(FAMILIES))
-                    raise ValueError(
-                        f"{what} key {pool!r} is not FAMILY@ZONE[:spot] such as v4@us-central2-b (families: {known})"
-                    )
-                if not isinstance(chips, int) or chips < 0:
-                    raise ValueError(f"{what} of {pool} must be a whole number of chips, got {chips!r}")
+        for pool, chips in self.capacity.items():
+            family, _, zone = pool.removesuffix(SPOT_POOL_SUFFIX).partition("@")
+            if family not in FAMILIES or not zone:
+                known = ", ".join(sorted(FAMILIES))
+                raise ValueError(
+                    f"capacity key {pool!r} is not FAMILY@ZONE[:spot] such as v4@us-central2-b (families: {known})"
+                )
+            if not isinstance(chips, int) or chips < 0:
+                raise ValueError(f"capacity of {pool} must be a whole number of chips, got {chips!r}")
+        if not isinstance(self.quota, Mapping):
+            raise ValueError(f"quota must be a config/quotas document (a JSON object), got {self.quota!r}")
+        if self.quota_book.problems:  # Firestore skips these; a simulator told them is told wrong
+            raise ValueError("quota: " + "; ".join(self.quota_book.problems))
+
+    @cached_property
+    def quota_book(self) -> QuotaBook:
+        """`quota` read as admission reads `config/quotas`."""
+        return QuotaBook(self.quota)
 
     def updated(self, changes: Mapping[str, Any]) -> SimulatorConfig:
         """A copy with JSON changes applied (the control endpoint); unknown keys are an error."""
@@ -179,9 +192,10 @@ class SimulatorConfig:
         if unknown:
             raise ValueError(f"unknown config keys: {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         values = dict(changes)
-        for pools in ("capacity", "quota"):
-            if pools in values:
-                values[pools] = {str(k): int(v) for k, v in dict(values[pools]).items()}
+        if "capacity" in values:
+            values["capacity"] = {str(k): int(v) for k, v in dict(values["capacity"]).items()}
+        if "quota" in values:
+            values["quota"] = _document(values["quota"])
         for name in ("seed", "default_page_size"):
             if name in values:
                 values[name] = int(values[name])
@@ -199,9 +213,14 @@ class SimulatorConfig:
         return {
             **dataclasses.asdict(self),
             "capacity": dict(self.capacity),
-            "quota": dict(self.quota),
+            "quota": _document(self.quota),
             "api_error_codes": list(self.api_error_codes),
         }
+
+
+def _document(value: Any) -> Any:
+    """A JSON document, copied (a mapping's nested maps included), so no caller shares it."""
+    return json.loads(json.dumps(value)) if isinstance(value, Mapping) else value
 
 
 def error_code(value: int | str) -> int | str:
@@ -220,7 +239,7 @@ def backs_compute(qr_id: str) -> bool:
     return "." in qr_id
 
 
-def pool_key(family: str, zone: str, spot: bool = False, separate: Collection[str] = ()) -> str:
+def capacity_pool(family: str, zone: str, spot: bool = False, separate: Collection[str] = ()) -> str:
     """The capacity pool a slice draws from, as written in SimulatorConfig.capacity: Spot slices
     draw from "family@zone:spot" when that pool is *separate* (configured), else share it."""
     key = f"{family}@{zone}"
@@ -259,6 +278,32 @@ class QueuedResourceRequest:
     guaranteed: Mapping[str, Any] | None = None
     reservation_name: str = ""
     queueing_policy: Mapping[str, Any] | None = None
+    flex_start: bool = False  # a Compute Engine FLEX_START slice (the TPU API's requests are never)
+    reserved: bool = False  # a Compute Engine slice bound to a reservation (RESERVATION_BOUND)
+
+    @property
+    def capacity(self) -> str:
+        """The capacity kind it draws on, as `domain.quotas.TIER_OF_CAPACITY` names them: spot when
+        it or its nodes' schedulingConfig ask it (or preemptible), reserved when it is guaranteed,
+        names a reservation or its nodes ask `schedulingConfig.reserved`."""
+        if self.spot or self._nodes_ask("spot") or self._nodes_ask("preemptible"):
+            return "spot"
+        if self.flex_start:
+            return "flex-start"
+        if self.reserved or self.guaranteed is not None or self.reservation_name or self._nodes_ask("reserved"):
+            return "reserved"
+        return "on-demand"
+
+    def _nodes_ask(self, flag: str) -> bool:
+        return any(
+            isinstance(s.template.get("schedulingConfig"), Mapping) and bool(s.template["schedulingConfig"].get(flag))
+            for s in self.slices
+        )
+
+    @property
+    def reservation(self) -> str:
+        """The reservation's short name (`projects/P/locations/Z/reservations/NAME` -> NAME)."""
+        return self.reservation_name.rstrip("/").rsplit("/", 1)[-1]
 
 
 @dataclass(frozen=True)
@@ -295,12 +340,21 @@ class QueuedResourceRecord:
         return tuple(node_id for spec in self.request.slices for node_id in spec.node_ids)
 
     def demand(self, separate: Collection[str] = ()) -> dict[str, int]:
-        """Chips wanted from each pool: chips per slice times slices, summed over node specs;
-        *separate*: the configured pools (a Spot pool of its own, pool_key)."""
+        """Chips wanted from each capacity pool: chips per slice times slices, summed over node
+        specs; *separate*: the configured pools (a Spot pool of its own, capacity_pool)."""
         wanted: dict[str, int] = {}
         for spec in self.request.slices:
             shape = parse_accelerator_type(spec.accelerator_type)
-            key = pool_key(shape.family, self.zone, self.request.spot, separate)
+            key = capacity_pool(shape.family, self.zone, self.request.spot, separate)
+            wanted[key] = wanted.get(key, 0) + shape.chips * len(spec.node_ids)
+        return wanted
+
+    def quota_demand(self) -> dict[PoolKey, int]:
+        """Chips counted in each quota pool (domain.quotas.pool_key), as admission counts a job's."""
+        wanted: dict[PoolKey, int] = {}
+        for spec in self.request.slices:
+            shape = parse_accelerator_type(spec.accelerator_type)
+            key = pool_key(shape.family, self.request.capacity, self.zone, self.request.reservation)
             wanted[key] = wanted.get(key, 0) + shape.chips * len(spec.node_ids)
         return wanted
 
@@ -327,6 +381,10 @@ class NodeRecord:
     health: str = ""  # a NODE_HEALTHS name, or "" when the API shows none
     health_description: str = ""
     maintenance_event: str = MAINTENANCE_NONE  # what instance/maintenance-event answers
+    # Google's advance notice of a maintenance window, as the API's Node.upcomingMaintenance
+    # shows it (camelCase JSON); None when none is scheduled. Its window starts at `next_at`
+    # (step MAINTENANCE_STARTS) and it is cleared when the maintenance ends.
+    upcoming_maintenance: Mapping[str, Any] | None = None
     next_at: float | None = None  # when `step` is due, on the model's clock
     step: NodeStep = NodeStep.NONE
     rebooting_workers: tuple[int, ...] = ()  # hosts a reboot reset; they boot at REBOOTED

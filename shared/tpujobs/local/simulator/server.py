@@ -1,6 +1,7 @@
 """The simulator's HTTP face: the Cloud TPU v2 REST API as google-cloud-tpu's REST client calls it,
-the v1, v2 and v2alpha1 paths gcloud asks besides (`catalog`; simulateMaintenanceEvent),
-Compute Engine v1 as google-cloud-compute's does (`compute_api`), plus control endpoints under
+the v1, v2 and v2alpha1 paths gcloud asks besides (`catalog`; simulateMaintenanceEvent), v2alpha1's
+nodes (the only client types with upcomingMaintenance), Compute Engine v1 as google-cloud-compute's
+does (`compute_api`), plus control endpoints under
 /simulator/v1/ (`control_api`: preempt, fail, faults, config; `client.SimulatorControl`),
 each worker's metadata server, and the certificates of its VMs' identity tokens (/simulator/v1/certs).
 Everything here is translation: the rules live in `model`.
@@ -56,7 +57,8 @@ _log = logging.getLogger(__name__)
 # -- routing ----------------------------------------------------------------------------------
 
 _LOCATION = "/v2/projects/<project>/locations/<zone>"
-_ALPHA_LOCATION = "/v2alpha1/projects/<project>/locations/<zone>"  # gcloud alpha's simulate-maintenance-event
+# gcloud alpha's simulate-maintenance-event; nodes with upcomingMaintenance (adapters/tpu_maintenance.py)
+_ALPHA_LOCATION = "/v2alpha1/projects/<project>/locations/<zone>"
 _ID = "<id:id>"
 Handler = Callable[[dict[str, str], Query, bytes], tuple[int, Json]]
 
@@ -112,7 +114,9 @@ class SimulatorApi:
                 _tpu_route("POST", f"{nodes}/{_ID}:start", self._start_node, None, "Operation"),
                 _tpu_route("GET", operations, self._list_operations, None, "ListOperationsResponse"),
                 _tpu_route("GET", f"{operations}/{_ID}", self._get_operation, None, "Operation"),
-                _tpu_route("GET", f"{nodes}/{_ID}", self._get_node, "get", "Node", _ALPHA_LOCATION),
+                # v2alpha1's Node has upcomingMaintenance (google-cloud-tpu's v2 Node has not)
+                _tpu_route("GET", nodes, self._list_nodes, "list", "AlphaListNodesResponse", _ALPHA_LOCATION),
+                _tpu_route("GET", f"{nodes}/{_ID}", self._get_node, "get", "AlphaNode", _ALPHA_LOCATION),
                 _tpu_route(
                     "POST",
                     f"{nodes}/{_ID}:simulateMaintenanceEvent",

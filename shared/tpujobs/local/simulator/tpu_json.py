@@ -58,6 +58,7 @@ _NODE_OUTPUT_ONLY = frozenset(
         "symptoms",
         "queuedResource",
         "multisliceNode",
+        "upcomingMaintenance",
     }
 )
 # What a node template (the caller's node fields, echoed on every node) leaves out.
@@ -138,6 +139,9 @@ def node_json(node: NodeRecord) -> Json:
         out["health"] = node.health
     if node.health_description:
         out["healthDescription"] = node.health_description
+    if node.upcoming_maintenance is not None:
+        # Google's REST Node has it; of google-cloud-tpu's types only v2alpha1's Node does.
+        out["upcomingMaintenance"] = dict(node.upcoming_maintenance)
     return out
 
 
