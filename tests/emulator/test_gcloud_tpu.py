@@ -5,8 +5,6 @@ saying why, where gcloud is not installed."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +13,7 @@ import google.auth.credentials
 import pytest
 from google.cloud import tpu_v2
 
+from tpujobs.local.gcloud_cli import Gcloud as GcloudCli
 from tpujobs.local.simulator import SimulatorConfig, SimulatorServer
 from tpujobs.local.simulator.catalog import RUNTIME_VERSIONS, TENSORFLOW_VERSIONS
 from tpujobs.local.simulator.records import MAINTENANCE_TERMINATE, NodeState
@@ -53,24 +52,10 @@ def server(tmp_path: Path) -> Iterator[SimulatorServer]:
 @pytest.fixture
 def gcloud(server: SimulatorServer, tmp_path: Path) -> Gcloud:
     """Run gcloud against the simulator: a scratch config, a fake token, prompts off."""
-    binary = shutil.which("gcloud")
-    if binary is None:
+    cli = GcloudCli.against({"TPU": f"{server.url}/"}, tmp_path / "gcloud", PROJECT)
+    if cli is None:
         pytest.skip("gcloud is not installed on this machine")
-    token = tmp_path / "token"
-    token.write_text("simulated")
-    env = {
-        **os.environ,
-        "CLOUDSDK_API_ENDPOINT_OVERRIDES_TPU": f"{server.url}/",
-        "CLOUDSDK_CORE_PROJECT": PROJECT,
-        "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE": str(token),
-        "CLOUDSDK_CONFIG": str(tmp_path / "gcloud"),
-        "CLOUDSDK_CORE_DISABLE_PROMPTS": "1",
-    }
-
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([binary, *args], env=env, capture_output=True, text=True, timeout=120, check=False)
-
-    return run
+    return cli.run
 
 
 def ok(done: subprocess.CompletedProcess[str]) -> str:

@@ -5,9 +5,6 @@ preemption, cleanup in order, and Compute Engine's errors."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -19,6 +16,7 @@ import pytest
 from google.api_core import exceptions
 from google.cloud import compute_v1
 
+from tpujobs.local.gcloud_cli import Gcloud
 from tpujobs.local.simulator import SimulatorConfig, SimulatorServer
 from tpujobs.local.simulator.client import SimulatorControl
 from tpujobs.local.simulator.compute_records import predicted_member_names
@@ -380,28 +378,13 @@ def test_gcloud_lists_and_describes_what_the_simulator_holds(
 ) -> None:
     """A client no one here wrote: gcloud (CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE) lists the VMs
     across zones, lists a MIG's instances and describes the workload policy."""
-    gcloud = shutil.which("gcloud")
+    gcloud = Gcloud.against({"COMPUTE": f"{server.url}/compute/v1/"}, tmp_path / "gcloud", PROJECT)
     if gcloud is None:
         pytest.skip("gcloud is not installed on this machine")
+    run = gcloud.ok
     make_slice(gce)
     names = predicted_member_names("slice", "slice", 2)
     wait_for(lambda: statuses(gce) == dict.fromkeys(names, "RUNNING"), timeout=10)
-    token = tmp_path / "token"
-    token.write_text("simulated")
-    env = {
-        **os.environ,
-        "CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE": f"{server.url}/compute/v1/",
-        "CLOUDSDK_CORE_PROJECT": PROJECT,
-        "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE": str(token),
-        "CLOUDSDK_CONFIG": str(tmp_path / "gcloud"),
-        "CLOUDSDK_CORE_DISABLE_PROMPTS": "1",
-    }
-
-    def run(*args: str) -> str:
-        done = subprocess.run([gcloud, *args], env=env, capture_output=True, text=True, timeout=120, check=False)
-        assert done.returncode == 0, done.stderr
-        return done.stdout
-
     listed = run("compute", "instances", "list", "--format=value(name,status)")
     assert listed.split() == [names[0], "RUNNING", names[1], "RUNNING"]
     members = run(

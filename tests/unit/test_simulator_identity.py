@@ -20,6 +20,7 @@ from tpujobs.local.simulator.identity import CERTS_PATH, account_id, instance_id
 from tpujobs.local.simulator.metadata import lookup, metadata_url
 from tpujobs.local.simulator.model import project_number
 from tpujobs.local.simulator.server import SimulatorServer
+from tpujobs.local.testing import SecondsClock
 
 PROJECT = "proj"
 ZONE = "us-central2-b"
@@ -28,20 +29,10 @@ AUDIENCE = "https://jobs.example.test/report-key"
 CREATED = 1_700_000_000.0
 
 
-class FakeClock:
-    """The model's clock, moved by hand: the tokens' times come from the real wall clock."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture(scope="module")
 def server() -> Iterator[SimulatorServer]:
     """A served simulator with one ACTIVE two-worker node "n" running as ACCOUNT; no worker processes."""
-    clock = FakeClock()
+    clock = SecondsClock()  # the model's; the tokens' times come from the real wall clock
     config = SimulatorConfig(accept_seconds=0.0, waiting_seconds=1.0, provisioning_seconds=2.0)
     sim = Simulator(config, clock=clock, wall_clock=lambda: CREATED)
     template = {"serviceAccount": {"email": ACCOUNT}}
@@ -49,7 +40,7 @@ def server() -> Iterator[SimulatorServer]:
         slices=(SliceRequest("v4-16", "tpu-ubuntu2204-base", node_id="n", template=template),)
     )
     sim.create_queued_resource(PROJECT, ZONE, "qr", request)
-    clock.now += 3.0
+    clock.tick(3.0)
     with SimulatorServer(simulator=sim, run_workers=False) as served:
         yield served
 
