@@ -4,8 +4,9 @@ transitions of queued resources and nodes in time order, and admitting waiting o
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 
 from tpujobs.domain.accelerators import parse_accelerator_type
 from tpujobs.domain.quotas import PoolKey
@@ -25,6 +26,9 @@ from tpujobs.local.simulator.records import (
     settled,
 )
 from tpujobs.local.simulator.world import World
+
+# A timed step due: (when, kind, the record's number, the step to run at that time), the earliest first.
+DueStep = tuple[float, int, int, Callable[[float], None]]
 
 
 class Clockwork(World):
@@ -50,28 +54,30 @@ class Clockwork(World):
             self._run_hooks()
 
     def _advance(self, now: float) -> None:
-        """Apply due transitions of QRs and nodes one at a time, earliest first, admitting
-        after each."""
+        """Apply every due step (`_due`) one at a time, earliest first, admitting after each:
+        one event loop over all the records, so no kind of record runs ahead of another."""
         while True:
-            due: list[tuple[float, int, int, QueuedResourceRecord | NodeRecord]] = [
-                (qr.next_at, 0, qr.queue_number, qr)
-                for qr in self._qrs.values()
-                if qr.next_at is not None and qr.next_at <= now
-            ]
-            due.extend(
-                (node.next_at, 1, node.number, node)
-                for node in self._nodes.values()
-                if node.next_at is not None and node.next_at <= now
-            )
+            due = self._due(now)
             if not due:
                 break
-            at, _, _, item = min(due, key=lambda entry: entry[:3])
-            if isinstance(item, QueuedResourceRecord):
-                self._step(item, at)
-            else:
-                self._step_node(item, at)
+            at, _, _, step = min(due, key=lambda entry: entry[:3])
+            step(at)
             self._admit(at)
         self._admit(now)
+
+    def _due(self, now: float) -> list[DueStep]:
+        """The timed steps due by `now`: QRs' and nodes' (the Compute Engine model adds its own)."""
+        due: list[DueStep] = [
+            (qr.next_at, 0, qr.queue_number, partial(self._step, qr))
+            for qr in self._qrs.values()
+            if qr.next_at is not None and qr.next_at <= now
+        ]
+        due.extend(
+            (node.next_at, 1, node.number, partial(self._step_node, node))
+            for node in self._nodes.values()
+            if node.next_at is not None and node.next_at <= now
+        )
+        return due
 
     def _step(self, qr: QueuedResourceRecord, at: float) -> None:
         """The timed transition of one QR, at the time it was due."""

@@ -11,9 +11,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
-from tpujobs.local.simulator.clockwork import Clockwork
+from tpujobs.local.simulator.clockwork import Clockwork, DueStep
 from tpujobs.local.simulator.compute_checks import check_name, check_policy_body, check_vm
 from tpujobs.local.simulator.compute_errors import already_exists, in_use, not_found
 from tpujobs.local.simulator.compute_lists import name_filter, page_of
@@ -51,28 +52,20 @@ class ComputeCore(Clockwork):
 
     # -- time -------------------------------------------------------------------------------
 
-    def _advance(self, now: float) -> None:
-        """The TPU model's transitions, then due Compute steps one at a time, earliest first."""
-        super()._advance(now)
-        while True:
-            due: list[tuple[float, int, int, ComputeOperation | InstanceRecord]] = [
-                (op.due_at, 0, op.number, op)
-                for op in self._compute.operations.values()
-                if not op.done and op.due_at <= now
-            ]
-            due.extend(
-                (vm.next_at, 1, vm.number, vm)
-                for vm in self._compute.instances.values()
-                if vm.next_at is not None and vm.next_at <= now
-            )
-            if not due:
-                return
-            at, _, _, item = min(due, key=lambda entry: entry[:3])
-            if isinstance(item, ComputeOperation):
-                self._complete(item, at)
-            else:
-                self._step_instance(item, at)
-            super()._advance(now)
+    def _due(self, now: float) -> list[DueStep]:
+        """The TPU model's due steps and Compute Engine's: operations, then VMs, at equal times."""
+        due = super()._due(now)
+        due.extend(
+            (op.due_at, 2, op.number, partial(self._complete, op))
+            for op in self._compute.operations.values()
+            if not op.done and op.due_at <= now
+        )
+        due.extend(
+            (vm.next_at, 3, vm.number, partial(self._step_instance, vm))
+            for vm in self._compute.instances.values()
+            if vm.next_at is not None and vm.next_at <= now
+        )
+        return due
 
     def _complete(self, op: ComputeOperation, at: float) -> None:
         """An operation is due: apply its effect and mark it DONE (or put it off: a lone VM's
