@@ -11,7 +11,7 @@ TERRAFORM ?= terraform
 TF_STATE_BUCKET ?=
 TF_VARS_FILE ?=
 
-.PHONY: venv tools emulator-tools container-tools docker-engine terraform-tool lint docs test test-unit test-emulator demo bench clean bundle infra-check infra-fmt infra-test checkov plan apply
+.PHONY: venv tools emulator-tools container-tools browser-tools docker-engine terraform-tool lint docs test test-unit test-emulator demo bench clean bundle infra-check infra-fmt infra-test checkov plan apply
 
 # The functions' pinned runtime dependencies are the constraints: tests run what deploys.
 $(STAMP): pyproject.toml functions/requirements.txt
@@ -25,7 +25,7 @@ venv: $(STAMP)
 # The gcloud Firestore and Pub/Sub emulators and Java: says exactly what to install if missing.
 # Docker Engine, a registry and a static busybox (container-tools). And Terraform, for the infra
 # checks (`terraform fmt`; no provider is downloaded).
-tools: venv emulator-tools container-tools terraform-tool
+tools: venv emulator-tools container-tools browser-tools terraform-tool
 
 emulator-tools: venv
 	$(BIN)/python -c "from tpujobs.local.processes import require_gcloud_emulators as r; r()"
@@ -51,6 +51,18 @@ container-tools:
 	echo "installing$$missing"; \
 	export DEBIAN_FRONTEND=noninteractive; \
 	apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing
+
+# The dashboard's tests load its pages in a real browser: Debian's chromium, headless. Installed with
+# apt-get where missing when run as root (CI is); otherwise the browser tests skip, saying so.
+browser-tools:
+	@command -v chromium >/dev/null 2>&1 && exit 0; \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then \
+		echo "chromium is missing: the dashboard's browser tests will skip (as root: apt-get install chromium)"; \
+		exit 0; \
+	fi; \
+	echo "installing chromium"; \
+	export DEBIAN_FRONTEND=noninteractive; \
+	apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium
 
 terraform-tool:
 	@command -v $(TERRAFORM) >/dev/null || { echo "terraform is missing: install Terraform 1.5 or newer (one binary, e.g. in /usr/local/bin) or run make with TERRAFORM=/path/to/terraform"; exit 1; }

@@ -98,6 +98,12 @@ def export_logs(event: CloudEvent) -> None:
     _handle(event, "export_logs", instances.output_exporter().handle)
 
 
+@functions_framework.cloud_event
+def notify(event: CloudEvent) -> None:
+    """tpujobs-status: post a job's state change to the webhooks that asked for it (tpujobs.engine.notifications)."""
+    _handle(event, "notify", instances.notifier().handle)
+
+
 @functions_framework.http
 def jobs(request: flask.Request) -> tuple[str, int, dict[str, str]]:
     """HTTP POST {"action": "list" | "describe" | "cancel", ...}: see tpujobs.engine.api."""
@@ -107,3 +113,10 @@ def jobs(request: flask.Request) -> tuple[str, int, dict[str, str]]:
             request.method, request.url, request.headers, request.get_data(cache=False)
         )
     return json.dumps(answer.body), answer.status, {"Content-Type": "application/json", **answer.headers}
+
+
+@functions_framework.http
+def dashboard(request: flask.Request) -> tuple[str, int, dict[str, str]]:
+    """HTTP GET: the web dashboard's pages, for the caller IAP signed for (tpujobs.engine.dashboard)."""
+    page = instances.dashboard().handle(request.method, request.path, request.args, request.headers)
+    return page.body, page.status, dict(page.headers)

@@ -9,7 +9,8 @@ locals {
     "compute.googleapis.com",              # TPU VMs as instances and MIGs (platform: compute)
     "firestore.googleapis.com",            # jobs, events, workers, rejections, dead letters
     "iam.googleapis.com",                  # service accounts
-    "logging.googleapis.com",              # the TPU audit-log sink
+    "logging.googleapis.com",              # the TPU audit-log sink; job output (job_output.tf)
+    "monitoring.googleapis.com",           # log-based metrics, alert policies, the dashboard
     "pubsub.googleapis.com",               # every topic and push subscription
     "run.googleapis.com",                  # 2nd-gen functions run on Cloud Run
     "secretmanager.googleapis.com",        # the report-signing key; jobs' own secrets

@@ -117,6 +117,19 @@ locals {
       firestore  = "roles/datastore.user"
       logs       = "roles/storage.objectUser" # reads the chunks, writes (and rewrites) the merged logs
     }
+    notify = {
+      signature  = "cloudevent"
+      topic      = "tpujobs-status"
+      account    = "notify"
+      timeout    = 60 # each post times out in 5 s; a job has at most 8 targets
+      max        = 5
+      concurrent = 8
+      cpu        = "1"
+      job_engine = false
+      publishes  = []
+      firestore  = "roles/datastore.user" # reads jobs and config/notify, writes jobs/*/notifications
+      logs       = null
+    }
     jobs = {
       signature  = "http"
       topic      = null
@@ -129,6 +142,19 @@ locals {
       publishes  = ["tpujobs-status", "tpujobs-log-export"]
       firestore  = "roles/datastore.user"
       logs       = null
+    }
+    dashboard = { # the web dashboard behind IAP (dashboard.tf): it only reads
+      signature  = "http"
+      topic      = null
+      account    = "dashboard"
+      timeout    = 60
+      max        = 5
+      concurrent = 8
+      cpu        = "1"
+      job_engine = false
+      publishes  = []
+      firestore  = "roles/datastore.viewer"
+      logs       = null # reads only the logs/ folders, granted in dashboard.tf
     }
   }
 
@@ -164,6 +190,9 @@ locals {
     # function's own URL, also the token's audience): its cloudfunctions.net form, known before
     # the function exists, so no function's environment depends on another's.
     TPUJOBS_KEY_URL = "https://${var.region}-${var.project}.cloudfunctions.net/${var.prefix}tpujobs-jobs"
+    # Job output in Cloud Logging (job_output.tf): on for jobs unless their spec opts out; per-host rate.
+    TPUJOBS_CLOUD_LOGGING            = var.job_output_cloud_logging ? "true" : "false"
+    TPUJOBS_LOGGING_LINES_PER_SECOND = tostring(var.job_output_lines_per_second)
   }
 
   # Only the job-engine functions: the accounts of var.job_service_accounts, which they (and no
@@ -253,11 +282,13 @@ resource "google_cloudfunctions2_function" "function" {
       each.value.job_engine ? local.job_engine_env : {},
       each.value.job_engine ? local.report_key_version_env : {},
       each.key == "jobs" ? local.api_env : {},
+      each.key == "dashboard" ? local.dashboard_env : {},
       each.key == "reconcile" ? local.reconcile_env : {},
     )
     # Pub/Sub push counts as internal traffic; only the jobs API is called from outside,
     # and even there IAM admits only var.invokers.
-    ingress_settings = each.value.signature == "http" ? "ALLOW_ALL" : "ALLOW_INTERNAL_ONLY"
+    # The dashboard only through its load balancer, where IAP stands (dashboard.tf).
+    ingress_settings = each.key == "dashboard" ? "ALLOW_INTERNAL_AND_GCLB" : (each.value.signature == "http" ? "ALLOW_ALL" : "ALLOW_INTERNAL_ONLY")
 
     # The report-signing master key (and, during a rotation, the previous one), each at a pinned
     # version read at the instance's start: never "latest", so adding a version changes nothing
@@ -269,6 +300,16 @@ resource "google_cloudfunctions2_function" "function" {
         key        = secret_environment_variables.key
         project_id = data.google_project.this.number
         secret     = google_secret_manager_secret.report_key.secret_id
+        version    = secret_environment_variables.value
+      }
+    }
+    # The notify function alone: the key its posts are signed with (notify.tf).
+    dynamic "secret_environment_variables" {
+      for_each = each.key == "notify" ? { TPUJOBS_NOTIFY_SIGNING_KEY = var.notify_signing_key_version } : {}
+      content {
+        key        = secret_environment_variables.key
+        project_id = data.google_project.this.number
+        secret     = google_secret_manager_secret.notify_signing_key.secret_id
         version    = secret_environment_variables.value
       }
     }
@@ -290,6 +331,7 @@ resource "google_cloudfunctions2_function" "function" {
     google_project_service.api,
     google_project_iam_member.build,
     google_secret_manager_secret_iam_member.report_key,
+    google_secret_manager_secret_iam_member.notify_signing_key,
   ]
 }
 

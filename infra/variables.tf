@@ -215,3 +215,53 @@ variable "dead_letter_retention_days" {
     error_message = "dead_letter_retention_days is a whole number of days, 1 or more."
   }
 }
+
+variable "dashboard_domain" {
+  description = "The domain the web dashboard is served on through Identity-Aware Proxy (a DNS A record to output dashboard_address), e.g. \"tpujobs.example.com\". Empty: no load balancer, and the dashboard function refuses every request."
+  type        = string
+  default     = ""
+}
+
+variable "dashboard_members" {
+  description = "IAM members who may open the web dashboard through IAP, e.g. [\"group:ml-team@example.com\"]. Never allUsers or allAuthenticatedUsers: each page is shown to the signed-in caller with the jobs API's rights."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for m in var.dashboard_members : !contains(["allUsers", "allAuthenticatedUsers"], m)])
+    error_message = "The dashboard needs an identity: allUsers and allAuthenticatedUsers are not allowed."
+  }
+}
+
+variable "alert_notification_channels" {
+  description = "Cloud Monitoring notification channels every tpujobs alert policy notifies (infra/monitoring.tf), by id: \"projects/P/notificationChannels/N\". Empty: the policies open incidents that only the console shows."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for c in var.alert_notification_channels : can(regex("^projects/[^/]+/notificationChannels/[^/]+$", c))])
+    error_message = "Each notification channel is an id: projects/PROJECT/notificationChannels/ID."
+  }
+}
+
+variable "recovery_latency_p95_alert_seconds" {
+  description = "Alert when the 95th percentile of recovery latency (a lost attempt's end to the next attempt running) over an hour is above this many seconds."
+  type        = number
+  default     = 1800
+
+  validation {
+    condition     = var.recovery_latency_p95_alert_seconds > 0
+    error_message = "recovery_latency_p95_alert_seconds is a positive number of seconds."
+  }
+}
+
+variable "rejection_burst_alert_count" {
+  description = "Alert when more rejection lines than this are written in 5 minutes (bad input, forged or unsigned messages, a job_id taken)."
+  type        = number
+  default     = 20
+
+  validation {
+    condition     = var.rejection_burst_alert_count >= 1
+    error_message = "rejection_burst_alert_count is 1 or more."
+  }
+}

@@ -26,7 +26,8 @@ E2E_WAITS = {
 def local_stack(emulators, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """The whole local stack, as `tpujobs dev up` starts it (with E2E_WAITS); its environment is exported."""
     state_dir = tmp_path_factory.mktemp("stack")
-    environ = {**os.environ, **emulators, **E2E_WAITS}
+    # The functions write Cloud Logging's JSON, as on GCP: test_metric_filters_e2e reads it.
+    environ = {**os.environ, **emulators, **E2E_WAITS, "TPUJOBS_LOG_FORMAT": "json"}
     state = stack.up(state_dir, Settings(project=PROJECT), environ=environ)
     saved = dict(os.environ)
     os.environ.update(state.env)

@@ -54,6 +54,7 @@ def test_up_starts_every_service_and_each_endpoint_answers(
         "storage",
         "simulator",
         "secret-manager",
+        "cloud-logging",
         "scheduler",
         *(f"function-{r.target}" for r in topology.FUNCTIONS),
     }
@@ -99,6 +100,7 @@ def test_env_lines_export_the_stack_endpoints(running: stack.StackState) -> None
     assert exported["STORAGE_EMULATOR_HOST"].startswith("http://127.0.0.1:")
     assert exported["TPUJOBS_TPU_ENDPOINT"].startswith("http://127.0.0.1:")
     assert exported["TPUJOBS_SECRETS_ENDPOINT"].startswith("http://127.0.0.1:")
+    assert exported["TPUJOBS_LOGGING_ENDPOINT"].startswith("http://127.0.0.1:")
     # One the environment names (another stack of this session exported its own) is kept;
     # else the stack's own default account: never a Compute default.
     expected = (

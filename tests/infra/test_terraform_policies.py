@@ -136,7 +136,10 @@ def test_only_the_api_is_reachable_from_outside_and_only_by_the_invokers(tf: Ter
     """Cloudevent functions accept internal traffic (Pub/Sub push) only; the jobs API is open
     to the network but callable only by var.invokers."""
     config = block(tf.resource("google_cloudfunctions2_function", "function"), "service_config")
-    assert config["ingress_settings"] == '${each.value.signature == "http" ? "ALLOW_ALL" : "ALLOW_INTERNAL_ONLY"}'
+    assert config["ingress_settings"] == (
+        '${each.key == "dashboard" ? "ALLOW_INTERNAL_AND_GCLB" : '
+        '(each.value.signature == "http" ? "ALLOW_ALL" : "ALLOW_INTERNAL_ONLY")}'
+    ), "the dashboard only through its load balancer, where IAP stands"
     assert config["min_instance_count"] == 0
     api = tf.resource("google_cloud_run_service_iam_member", "api_invoker")
     assert (api["for_each"], api["role"], api["member"]) == (

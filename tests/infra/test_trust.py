@@ -188,7 +188,13 @@ def test_each_vm_account_uses_only_its_own_prefixes_of_the_logs_bucket(tf: Terra
         assert folder["force_destroy"] is True  # removes the folder's grants, never its objects
 
     grants = tf.of_kind("google_storage_managed_folder_iam_member")
-    assert set(grants) == {"tpu_vm_jobs", "job_account_folder", "tpu_vm_code", "job_account_code"}
+    assert set(grants) == {"tpu_vm_jobs", "job_account_folder", "tpu_vm_code", "job_account_code", "dashboard_logs"}
+    dashboard = grants["dashboard_logs"]  # reads the output folders only: no checkpoints, no code
+    assert (dashboard["role"], dashboard["member"]) == (
+        "roles/storage.objectViewer",
+        '${google_service_account.function["dashboard"].member}',
+    )
+    assert 'if kind == "logs"' in dashboard["for_each"] and 'if endswith(key, "/logs")' in dashboard["for_each"]
     jobs = grants["tpu_vm_jobs"]
     assert jobs["for_each"] == "${google_storage_managed_folder.jobs}"
     assert (jobs["managed_folder"], jobs["role"], jobs["member"]) == (
@@ -425,7 +431,7 @@ def test_the_report_key_is_a_secret_without_a_value_read_by_the_job_engine_only(
         "roles/secretmanager.secretAccessor",
         "${google_service_account.function[each.key].member}",
     )
-    assert set(tf.of_kind("google_secret_manager_secret")) == {"report_key"}
+    assert set(tf.of_kind("google_secret_manager_secret")) == {"report_key", "notify_signing_key"}  # notify.tf
     assert not tf.of_kind("google_secret_manager_secret_version")
     assert not re.search(r'data\s+"google_secret_manager_secret_version', tf.text)
 
@@ -475,6 +481,7 @@ def test_environment_goes_to_the_functions_that_use_it(tf: Terraform) -> None:
         "each.value.job_engine ? local.job_engine_env : {}, "
         "each.value.job_engine ? local.report_key_version_env : {}, "
         'each.key == "jobs" ? local.api_env : {}, '
+        'each.key == "dashboard" ? local.dashboard_env : {}, '
         'each.key == "reconcile" ? local.reconcile_env : {})}'
     )
     # Beside each mounted key, its version number in plain env: TPUJOBS_REPORT_KEY_VERSION, and
@@ -505,7 +512,11 @@ def test_what_platform_auth_claims_is_what_iam_holds(tf: Terraform) -> None:
         ("google_cloud_run_service_iam_member", "push_invoker"),
         ("google_cloud_run_service_iam_member", "api_invoker"),
         ("google_cloud_run_service_iam_member", "worker_invoker"),
+        ("google_cloud_run_service_iam_member", "dashboard_iap_invoker"),  # IAP's agent, dashboard.tf
     }
+    iap = tf.resource("google_cloud_run_service_iam_member", "dashboard_iap_invoker")
+    assert iap["service"] == '${google_cloudfunctions2_function.function["dashboard"].service_config[0].service}'
+    assert iap["member"] == "${local.iap_service_agent}"
     assert tf.resource("google_cloud_run_service_iam_member", "worker_invoker")["for_each"] == "${local.job_accounts}"
     for kind, _ in tf.resources:
         assert not re.fullmatch(

@@ -6,6 +6,8 @@ import contextvars
 import json
 import logging
 
+import pytest
+
 from tpujobs.engine import process_log
 
 
@@ -61,6 +63,44 @@ def test_configure_picks_json_on_cloud_functions_and_lines_in_the_local_stack():
         process_log.configure({"K_SERVICE": "submit-job", "TPUJOBS_LOCAL_STACK": "1"})
         mine = [h for h in root.handlers if getattr(h, "_tpujobs", False)]
         assert len(mine) == 1 and isinstance(mine[0].formatter, process_log.LocalFormatter)
+    finally:
+        for handler in [h for h in root.handlers if getattr(h, "_tpujobs", False)]:
+            root.removeHandler(handler)
+
+
+def test_a_metric_events_fields_become_the_json_payloads_and_its_text_the_local_line():
+    """What Cloud Monitoring's filters read (`jsonPayload.event`, ...) is top-level JSON; a person reads k=v."""
+    from tpujobs.engine import metric_events
+
+    event = metric_events.rejected("tpujobs-submit", 3)
+    line = record(event.text(), logging.WARNING)
+    setattr(line, process_log.EVENT_FIELDS, event.payload())
+    entry = json.loads(process_log.CloudLoggingFormatter().format(line))
+    assert (entry["event"], entry["topic"], entry["count"], entry["severity"]) == (
+        "rejected",
+        "tpujobs-submit",
+        3,
+        "WARNING",
+    )
+    assert process_log.LocalFormatter().format(line).endswith("rejected topic=tpujobs-submit count=3")
+
+
+def test_tpujobs_log_format_chooses_json_or_lines_and_refuses_anything_else():
+    """json makes the local stack write production's lines; text the reverse; a typo is an error."""
+    root = logging.getLogger()
+
+    def formatter() -> logging.Formatter | None:
+        mine = [h for h in root.handlers if getattr(h, "_tpujobs", False)]
+        assert len(mine) == 1
+        return mine[0].formatter
+
+    try:
+        process_log.configure({"K_SERVICE": "s", "TPUJOBS_LOCAL_STACK": "1", "TPUJOBS_LOG_FORMAT": "json"})
+        assert isinstance(formatter(), process_log.CloudLoggingFormatter)
+        process_log.configure({"K_SERVICE": "s", "TPUJOBS_LOG_FORMAT": "text"})
+        assert isinstance(formatter(), process_log.LocalFormatter)
+        with pytest.raises(ValueError, match="TPUJOBS_LOG_FORMAT"):
+            process_log.configure({"TPUJOBS_LOG_FORMAT": "yaml"})
     finally:
         for handler in [h for h in root.handlers if getattr(h, "_tpujobs", False)]:
             root.removeHandler(handler)

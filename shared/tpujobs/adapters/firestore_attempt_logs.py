@@ -8,7 +8,7 @@ from google.api_core import exceptions as api_exceptions
 from google.cloud import firestore
 
 from tpujobs.adapters.firestore_cas import Write, compare_and_set
-from tpujobs.adapters.firestore_documents import ATTEMPTS
+from tpujobs.adapters.firestore_documents import ATTEMPTS, NOTIFICATIONS
 from tpujobs.adapters.firestore_reads import OnFirestore, transient_on_failure
 from tpujobs.domain.naming import exported_attempt
 from tpujobs.engine.ports import AttemptLogs
@@ -75,3 +75,9 @@ class FirestoreAttemptLogs(OnFirestore):
             ({"id": doc.id, **doc.to_dict()} for doc in docs),
             key=lambda d: int(d["id"]) if d["id"].isdigit() else 0,
         )
+
+    def notification_documents(self, job_id: str) -> list[dict[str, Any]]:
+        """`jobs/{id}/notifications/{key}` as stored (tpujobs.engine.notifications), by key."""
+        with transient_on_failure("read notification records"):
+            docs = list(self._job_ref(job_id).collection(NOTIFICATIONS).stream())
+        return sorted(({"id": doc.id, **doc.to_dict()} for doc in docs), key=lambda d: str(d["id"]))

@@ -29,6 +29,7 @@ DEAD_LETTERS = "dead_letters"  # written by adapters.firestore_dead_letters; pru
 REPORTS_SEEN = "reports_seen"  # {digest}: the message that first carried a signed report
 REPORT_MEMORY = timedelta(days=8)  # longer than Pub/Sub keeps a message (7 days); TTL on expire_at
 ATTEMPTS = "attempts"  # jobs/{id}/attempts/{N}: where each attempt's exported logs are
+NOTIFICATIONS = "notifications"  # jobs/{id}/notifications/{key}: what became of each notify target
 MAX_PAYLOAD_CHARS = 4096
 
 

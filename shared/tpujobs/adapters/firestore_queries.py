@@ -20,6 +20,7 @@ from tpujobs.adapters.firestore_documents import (
     DEAD_LETTERS,
     EVENTS,
     JOBS,
+    NOTIFICATIONS,
     OUTLINE_FIELDS,
     PLACEMENT_FIELDS,
     REJECTIONS,
@@ -182,7 +183,7 @@ class FirestoreRetention(OnFirestore):
             expired = list(query.stream())
         for job_doc in expired:
             with transient_on_failure("delete an expired job"):
-                for child in (EVENTS, WORKERS, ATTEMPTS):
+                for child in (EVENTS, WORKERS, ATTEMPTS, NOTIFICATIONS):
                     for doc in job_doc.reference.collection(child).stream():
                         doc.reference.delete()
                 job_doc.reference.delete()

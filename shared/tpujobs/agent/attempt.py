@@ -15,6 +15,7 @@ from typing import Any
 
 from .basics import AGENT_FAILED, AGENT_STARTED_AGAIN, AgentError, Refused, log, rfc3339, safe_name
 from .boot_record import AttemptRecord, boot_id, process_start, started_again_detail
+from .cloud_logging import build_sink
 from .code_fetch import fetch_code
 from .commands import CommandRunner
 from .config import attempt_deadline, job_environment
@@ -89,7 +90,8 @@ class Agent(CommandRunner):
         if log_prefix and not log_prefix.endswith("/"):
             log_prefix += "/"
         self.chunk_prefix = f"{log_prefix}chunks/slice-{slice_id}-worker-{worker_id}/"
-        self.shipper = LogShipper(storage, bucket, self.chunk_prefix, float(config["chunk_seconds"]), echo)
+        mirror = build_sink(config, metadata, environ, tokens, publisher, slice_id, worker_id)  # Cloud Logging, if on
+        self.shipper = LogShipper(storage, bucket, self.chunk_prefix, config["chunk_seconds"], echo, mirror=mirror)
         self.last_output = LastOutput()  # setup's and the command's, for a failed `exited`
         self.secret_values: dict[str, str] = {}  # to cut out of those last lines
         self.stop_watching = threading.Event()

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .basics import AgentError, log
+from .cloud_logging import CloudLogSink
 from .rest import Storage
 from .wire import MAX_DETAIL_CHARS
 
@@ -24,6 +25,7 @@ MAX_LINE_BYTES = 64 * 1024  # longer lines are not scanned for checkpoint marker
 TAIL_BYTES = 4096  # of the output kept to read docker's own last words
 UPLOAD_SECONDS = 60.0  # one upload's timeout, unhurried
 HURRIED_CHUNK_SECONDS = 0.5  # after a preemption notice: at most this much output is lost with the VM
+MIRROR_CLOSE_SECONDS = 10.0  # for Cloud Logging's last batches at the end
 CHECKPOINT_LINE = re.compile(rb"^[ \t]*TPUJOBS_CHECKPOINT[ \t]+step=([0-9]+)(.*)$")
 
 
@@ -49,8 +51,10 @@ class LogShipper:
         echo: Any = None,
         attempts: int = 6,
         max_pending: int = MAX_PENDING_BYTES,
+        mirror: CloudLogSink | None = None,
     ) -> None:
         self.storage = storage
+        self.mirror = mirror  # Cloud Logging, when the job's output goes there too: the same (masked) bytes
         self.max_pending = max_pending
         self.attempts = attempts  # per upload; a chunk that still fails is tried again next tick
         self.bucket = bucket
@@ -68,6 +72,8 @@ class LogShipper:
         self._thread.start()
 
     def write(self, data: bytes) -> None:
+        if self.mirror is not None:  # never blocks: a bounded queue
+            self.mirror.write(data)
         if self.echo is not None:
             try:
                 self.echo.write(data)
@@ -145,6 +151,9 @@ class LogShipper:
             if self._deadline is not None:
                 timeout = max(0.0, min(timeout, self._deadline - time.monotonic()))
         self._thread.join(timeout)
+        if self.mirror is not None:  # after the export, within what a hurried end leaves
+            left = MIRROR_CLOSE_SECONDS if self._deadline is None else self._deadline - time.monotonic()
+            self.mirror.close(max(0.0, min(MIRROR_CLOSE_SECONDS, left)))
         if self._thread.is_alive() or not self._ship():
             log("output not fully uploaded; no completion marker written")
             return

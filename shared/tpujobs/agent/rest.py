@@ -274,6 +274,11 @@ class Publisher:
         """The attempt's key, which also signs the datagrams of its slice (`SliceLink`)."""
         return self._key
 
+    @property
+    def names(self) -> dict[str, str]:
+        """The attributes that name the key, sent beside each signature (Cloud Logging's too)."""
+        return dict(self._names)
+
     def publish(
         self,
         topic: str,

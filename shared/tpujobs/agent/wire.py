@@ -1,7 +1,8 @@
 """The wire contract between the agent and the control plane, written once for both sides.
 
 How an attempt's key is derived and written, how a report is encoded and signed, and how
-large a report's fields may be. The agent signs with it; `tpujobs.domain.signing` and the
+large a report's fields may be; how an output line is labelled and signed as a Cloud Logging
+entry. The agent signs with it; `tpujobs.domain.signing` and the
 engine's message schemas check with it. Standard library only: it ships in the agent.
 """
 
@@ -13,6 +14,7 @@ import hashlib
 import hmac
 import json
 import re
+from datetime import datetime, timezone
 from typing import Any
 
 SIGNATURE_ATTRIBUTE = "tpujobs-signature"  # the Pub/Sub message attribute that carries a signature
@@ -72,3 +74,51 @@ def encode_payload(payload: dict[str, Any]) -> bytes:
 def sign(key: bytes, data: bytes) -> str:
     """The `tpujobs-signature` attribute of a message whose data is exactly `data`."""
     return SIGNATURE_PREFIX + hmac.new(key, data, hashlib.sha256).hexdigest()
+
+
+# --- job output as Cloud Logging entries ------------------------------------------------
+# A job's code holds the same VM token as its agent, so it can write entries with any labels,
+# but not another attempt's key: the reader (`tpujobs.domain.job_output`) checks the HMAC.
+
+LOG_ID = "tpujobs-job-output"  # the log of a deployment is projects/P/logs/{prefix}tpujobs-job-output
+JOB_LABEL = "tpujobs_job"
+ATTEMPT_LABEL = "tpujobs_attempt"
+SLICE_LABEL = "tpujobs_slice"
+WORKER_LABEL = "tpujobs_worker"
+SEQ_LABEL = "tpujobs_seq"  # the line's number on its host, from 0
+STREAM_LABEL = "tpujobs_stream"  # stdout, stderr or agent
+SIGNATURE_LABEL = "tpujobs_signature"
+KEY_VERSION_LABEL = "tpujobs_key_version"
+JOB_CREATED_LABEL = "tpujobs_job_created"
+ENTRY_SIGNATURE_PREFIX = "v1="
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def micros(at: datetime) -> int:
+    """An entry's timestamp as signed: microseconds since the epoch. Cloud Logging may write the
+    time back in another form (more digits, another zone), never at another instant."""
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=timezone.utc)
+    return (at - _EPOCH) // _MICROSECOND
+
+
+_MICROSECOND = datetime(1970, 1, 1, 0, 0, 0, 1, tzinfo=timezone.utc) - _EPOCH
+
+
+def entry_digest(job_id: str, attempt: int, worker: str, seq: int, at_micros: int, text: str) -> bytes:
+    """The bytes an entry's signature covers; `worker` is `slice-worker` (e.g. "0-3")."""
+    fields = ["tpujobs log entry v1", job_id, int(attempt), worker, int(seq), int(at_micros), text]
+    return json.dumps(fields, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def sign_entry(key: bytes, job_id: str, attempt: int, worker: str, seq: int, at_micros: int, text: str) -> str:
+    """The `tpujobs_signature` label of one entry."""
+    digest = entry_digest(job_id, attempt, worker, seq, at_micros, text)
+    return ENTRY_SIGNATURE_PREFIX + hmac.new(key, digest, hashlib.sha256).hexdigest()
+
+
+def log_name(project: str, prefix: str) -> str:
+    """The deployment's log of job output."""
+    return f"projects/{project}/logs/{prefix}{LOG_ID}"

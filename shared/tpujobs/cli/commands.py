@@ -195,6 +195,7 @@ def submit(
         message_id = Publisher.build(config.project, config.prefix).publish_json(SUBMIT, spec)
         job_id = spec.get("job_id") or derive_job_id(spec["name"], message_id)
         out.print(f"Submitted [bold]{shown(job_id)}[/bold] (message {shown(message_id)})")
+    _print_explorer_link(config, job_id, spec.get("cloud_logging"))
     if wait:
         follow(config, job_id, until=lambda job: job.state.is_terminal, message_id=message_id)
 
@@ -573,6 +574,20 @@ def describe(job_id: str, owner: Owner = None, output: Output = Format.table) ->
     job, events, logs = described(answer)
     width = out.width if out.is_terminal else tables.WIDE
     show(out, describe_tables(job, events, logs, datetime.now(timezone.utc), width=width))
+    from tpujobs.cli.notifications import notification_lines
+
+    for line in notification_lines(answer):
+        typer.echo(line)
+    _print_explorer_link(settings(), job.job_id, job.spec.cloud_logging)
+
+
+def _print_explorer_link(config: Settings, job_id: str, switch: object) -> None:
+    """The job's output in the Logs Explorer, when it goes to Cloud Logging."""
+    from tpujobs.cli.cloud_output import explorer_link
+
+    link = explorer_link(config, job_id, switch if isinstance(switch, bool) else None)
+    if link is not None:
+        typer.echo(f"Output in Cloud Logging (unverified there; `tpujobs logs` checks signatures): {link}")
 
 
 # --- logs --------------------------------------------------------------------------------------
@@ -614,6 +629,8 @@ def show_logs(
         raise Stop(f"{job_id} has no attempt {number} (it is at attempt {job.attempt}).")
     if worker is not None and worker >= job.total_workers:
         raise Stop(f"{job_id} has workers 0 to {job.total_workers - 1}, not {worker}.")
+    if not follow_ and _cloud_output(config, job, number, worker):
+        return
     reader = LogReader(build_log_objects(config), store)
     if follow_ and not attempt_has_ended(job, number):
         err.print(f"[dim]Following attempt {number} of {shown(job_id)} until it ends.[/dim]")
@@ -627,6 +644,28 @@ def show_logs(
         else:
             err.print(f"No {what} for attempt {number} yet.")
     _write_raw(text)
+
+
+def _cloud_output(config: Settings, job: Job, attempt: int, worker: int | None) -> bool:
+    """The attempt's output from Cloud Logging when the job's goes there and its entries can be
+    verified here; False: read the Cloud Storage copy instead."""
+    from tpujobs.cli.cloud_output import read_verified
+    from tpujobs.domain.job_output import wanted
+
+    if not wanted(job.spec.cloud_logging, config.cloud_logging):
+        return False
+    found = read_verified(config, job, attempt, worker, _write_raw)
+    if found is None:  # no master key here to check entries with: the Cloud Storage copy is the same output
+        return False
+    lines, forged = found
+    if not lines and not forged:  # nothing there (an older job, or not yet): the Cloud Storage copy
+        return False
+    if forged:
+        err.print(
+            f"[yellow]{forged} Cloud Logging entries with this job's labels failed their signature and were"
+            " dropped: something other than its agents wrote them.[/yellow]"
+        )
+    return True
 
 
 def _print_links(config: Settings, job_id: str, attempt: int | None, owner: str | None) -> None:

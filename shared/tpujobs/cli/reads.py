@@ -133,6 +133,7 @@ class StoreReads:
             "job": to_json(job_to_document(job)),
             "events": [to_json(e) for e in self.store.event_documents(job_id)],
             "attempts": [to_json(a) for a in self.store.attempt_documents(job_id)],
+            "notifications": [to_json(n) for n in self.store.notification_documents(job_id)],
         }
 
     def dead_letters(self, topic: str | None, limit: int) -> dict[str, Any]:

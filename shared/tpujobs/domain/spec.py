@@ -26,6 +26,8 @@ from pydantic import (
 from pydantic_core import ErrorDetails
 
 from tpujobs.domain.accelerators import BadTopology, UnknownAcceleratorType, check_topology, parse_accelerator_type
+from tpujobs.domain.notify import MAX_TARGETS as MAX_NOTIFY_TARGETS
+from tpujobs.domain.notify import NotifyTarget
 from tpujobs.domain.platforms import (
     COMPUTE,
     SERVED_BY,
@@ -267,6 +269,10 @@ class JobSpec(BaseModel):
     # when the window starts, and on_preemption applies), `checkpoint-and-move` ends the attempt
     # shortly before the window (its hosts get SIGTERM and save) and resumes on other capacity.
     on_maintenance: MaintenanceRule = "wait"
+    # Webhooks told of the job's state changes (tpujobs.domain.notify); None: the team's defaults.
+    notify: Annotated[list[NotifyTarget], Field(max_length=MAX_NOTIFY_TARGETS)] | None = None
+    # Output lines to Cloud Logging too (domain.job_output); None: as the deployment says.
+    cloud_logging: bool | None = None
 
     @field_validator("accelerator_type")
     @classmethod

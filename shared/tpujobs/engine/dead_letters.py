@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 from tpujobs.domain import signing
-from tpujobs.engine import topology
+from tpujobs.engine import metric_events, topology
 from tpujobs.engine.errors import PermanentError
 from tpujobs.engine.inbound import InboundMessage
 from tpujobs.engine.ports import DeadLetter as DeadLetter  # the record: the port's, so adapters can build it
@@ -178,6 +178,7 @@ class DeadLetters:
             letter.subscription or "an unknown subscription",
             "?" if letter.delivery_attempts is None else letter.delivery_attempts,
         )
+        metric_events.emit(log, metric_events.dead_lettered(letter.topic, letter.delivery_attempts), logging.WARNING)
         return letter
 
     def list_dead_letters(self, topic: str | None = None, limit: int = 50) -> list[DeadLetter]:

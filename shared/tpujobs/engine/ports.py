@@ -445,6 +445,9 @@ class JobDocuments(JobStore, Protocol):
     def attempt_documents(self, job_id: str) -> list[Document]:
         """`jobs/{id}/attempts/{N}` as stored, by attempt, each with its `id`."""
 
+    def notification_documents(self, job_id: str) -> list[Document]:
+        """`jobs/{id}/notifications/{key}`: what became of each notify target, by key, each with its `id`."""
+
     def recent_rejections(self, limit: int = 50) -> list[Rejection]:
         """The newest rejections first (`tpujobs rejections`)."""
 

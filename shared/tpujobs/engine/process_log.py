@@ -3,8 +3,10 @@
 Cloud Functions (2nd gen) turn each JSON line on stdout into a structured entry:
 `severity` and `message` become the entry's, `logging.googleapis.com/labels` its
 labels (job_id, so one job's story is one filter away), and
-`logging.googleapis.com/trace` ties it to the request's trace. Locally the same
-records print as `12:00:01.234 INFO  job=train-1 message`.
+`logging.googleapis.com/trace` ties it to the request's trace; a metric event's fields
+(`engine.metric_events`) are top-level keys, so its jsonPayload's. Locally the same
+records print as `12:00:01.234 INFO  job=train-1 message`. `TPUJOBS_LOG_FORMAT=json`
+(or `text`) overrides the choice: the local stack then writes what production writes.
 
 The job and trace of the event being handled live in context variables set by
 `handling(...)`, so no call site has to pass them along.
@@ -20,6 +22,8 @@ import os
 import sys
 from collections.abc import Iterator, Mapping
 from datetime import datetime, timezone
+
+EVENT_FIELDS = "tpujobs_event"  # a record's attribute holding a metric event's fields (`engine.metric_events`)
 
 _job_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("tpujobs_job_id", default=None)
 _trace: contextvars.ContextVar[str | None] = contextvars.ContextVar("tpujobs_trace", default=None)
@@ -73,6 +77,9 @@ class CloudLoggingFormatter(logging.Formatter):
         trace = _trace.get()
         if trace:
             entry["logging.googleapis.com/trace"] = trace
+        fields = getattr(record, EVENT_FIELDS, None)  # a metric event's (`engine.metric_events`): jsonPayload's
+        if isinstance(fields, dict):
+            entry.update({k: v for k, v in fields.items() if k not in entry})
         if record.exc_info:
             entry["message"] = f"{entry['message']}\n{self.formatException(record.exc_info)}"
         return json.dumps(entry, ensure_ascii=False)
@@ -95,7 +102,11 @@ def configure(environ: Mapping[str, str] | None = None) -> None:
     """Install the formatter that fits where we run; idempotent."""
     env = os.environ if environ is None else environ
     on_gcp = bool(env.get("K_SERVICE") or env.get("FUNCTION_TARGET")) and env.get("TPUJOBS_LOCAL_STACK") != "1"
-    formatter: logging.Formatter = CloudLoggingFormatter() if on_gcp else LocalFormatter()
+    chosen = env.get("TPUJOBS_LOG_FORMAT", "").strip().lower()  # json or text: the local stack's functions as on GCP
+    if chosen not in ("", "json", "text"):
+        raise ValueError(f"TPUJOBS_LOG_FORMAT is {chosen!r}: json, text or unset (json on GCP, text elsewhere)")
+    as_json = chosen == "json" or (on_gcp and chosen != "text")
+    formatter: logging.Formatter = CloudLoggingFormatter() if as_json else LocalFormatter()
     root = logging.getLogger()
     for handler in root.handlers:
         if getattr(handler, "_tpujobs", False):

@@ -61,12 +61,23 @@ class Settings:
     report_key_version: str = "1"
     report_key_previous: str = field(default="", repr=False)
     report_key_previous_version: str = ""
+    # The key notifications are signed with (X-Tpujobs-Signature; a secret, from Secret Manager,
+    # mounted into the notify function only). The local stack derives one from report_key.
+    notify_signing_key: str = field(default="", repr=False)
+    # The dashboard's base URL, for the link in a notification (`{url}/jobs/{id}`); empty: no link.
+    dashboard_url: str = ""
     # Where a host trades its VM's identity token for its attempt's key: the jobs function's URL,
     # also the token's audience (`engine.attempt_keys`). infra/ and the local stack set it.
     key_url: str = ""
     # The certificates that sign VM identity tokens; empty: Google's. The local stack's simulator
     # serves its own.
     vm_certs_url: str = ""
+    # The web dashboard (`dashboard` function): the audience of IAP's signed header in front of it
+    # (`/projects/NUMBER/locations/REGION/services/NAME`, infra/dashboard.tf), and where IAP's
+    # public keys are (empty: Google's). In the local stack only, the user every page is shown to.
+    dashboard_iap_audience: str = ""
+    dashboard_certs_url: str = ""
+    dashboard_local_user: str = ""
     # How often a host (worker 0 for a multi-host slice) reports that it is alive: every
     # heartbeat_seconds during an attempt's first heartbeat_fast_window_seconds, then every
     # heartbeat_sparse_seconds (at most half the timeout, or detection gets slower).
@@ -109,6 +120,12 @@ class Settings:
     record_retention_days: int = 180
     rejection_retention_days: int = 30
     dead_letter_retention_days: int = 30
+    # Job output to Cloud Logging (TPUJOBS_CLOUD_LOGGING): each job's unless its spec says
+    # `cloud_logging: false`; at most logging_lines_per_second lines a second per host, the rest
+    # counted. logging_endpoint: the local stand-in's base URL; empty: Google's.
+    cloud_logging: bool = False
+    logging_lines_per_second: int = 200
+    logging_endpoint: str = ""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:

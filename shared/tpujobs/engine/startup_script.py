@@ -25,7 +25,7 @@ from importlib import resources
 from typing import Any
 
 from tpujobs import agent
-from tpujobs.domain import limits
+from tpujobs.domain import job_output, limits
 from tpujobs.domain.job import Job
 from tpujobs.domain.naming import checkpoint_prefix, job_prefix
 from tpujobs.domain.secrets import secret_version_name
@@ -187,6 +187,19 @@ def agent_config(job: Job, settings: Settings, timings: AgentTimings | None = No
         **limits.agent_deadlines(job),
         # Matched by the agent on its host against a failed command's last lines, never here.
         "retry_output": list(spec.retry_on.output) if spec.retry_on else [],
+        # Output lines to Cloud Logging as well (None: not for this job), at most so many a second.
+        "cloud_logging": cloud_logging_config(spec, settings),
+    }
+
+
+def cloud_logging_config(spec: JobSpec, settings: Settings) -> dict[str, Any] | None:
+    """Where the agent writes the job's output lines in Cloud Logging, and how many a second at
+    most; None when the job's output goes to Cloud Storage only (`job_output.wanted`)."""
+    if not job_output.wanted(spec.cloud_logging, settings.cloud_logging):
+        return None
+    return {
+        "log_name": job_output.log_name(settings.project, settings.prefix),
+        "lines_per_second": settings.logging_lines_per_second,
     }
 
 

@@ -63,7 +63,9 @@ FUNCTIONS: tuple[FunctionRoute, ...] = (
     FunctionRoute("reconcile", "cloudevent", RECONCILE, timeout_s=300),
     FunctionRoute("record_dead_letter", "cloudevent", DEAD_LETTER),
     FunctionRoute("export_logs", "cloudevent", LOG_EXPORT, timeout_s=540),
+    FunctionRoute("notify", "cloudevent", STATUS),  # webhooks (tpujobs.engine.notifications)
     FunctionRoute("jobs", "http", None),  # list, describe, cancel (tpujobs.engine.api)
+    FunctionRoute("dashboard", "http", None),  # the web dashboard, behind IAP (tpujobs.engine.dashboard)
 )
 
 

@@ -285,6 +285,18 @@ def simulator(
     )
 
 
+def cloud_logging(port: int, *, env: Mapping[str, str] | None = None, deadline_s: float = 30.0) -> ServiceSpec:
+    """The local Cloud Logging (tpujobs.local.simulator.cloud_logging): entries:write and entries:list."""
+    return ServiceSpec(
+        name="cloud-logging",
+        argv=(sys.executable, "-m", "tpujobs.local.simulator.cloud_logging", "--host", LOOPBACK, "--port", str(port)),
+        port=port,
+        ready=answers_ok(f"http://{LOOPBACK}:{port}/health"),
+        deadline_s=deadline_s,
+        env=env,
+    )
+
+
 def secret_manager(
     port: int,
     *,

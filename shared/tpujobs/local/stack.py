@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import getpass
 import json
 import os
 import secrets
@@ -286,6 +287,7 @@ def _start(
     simulator_port = processes.free_port()
     registry = _registry(state_dir, processes.free_port(), say)
     secrets_port = processes.free_port()
+    logging_port = processes.free_port()
     function_ports = {route.target: processes.free_port() for route in topology.FUNCTIONS}
     functions = {target: f"http://{LOOPBACK}:{port}/" for target, port in function_ports.items()}
 
@@ -304,6 +306,10 @@ def _start(
         # Where the simulated VMs' identity tokens are verified: the simulator's key, not Google's.
         "TPUJOBS_VM_CERTS_URL": f"http://{LOOPBACK}:{simulator_port}/simulator/v1/certs",
         "TPUJOBS_SECRETS_ENDPOINT": f"http://{LOOPBACK}:{secrets_port}",
+        # The local Cloud Logging: the simulated hosts' agents write job output to it, and
+        # `tpujobs logs` reads it back (google-cloud-logging). On, as a deployment may turn it on.
+        "TPUJOBS_LOGGING_ENDPOINT": f"http://{LOOPBACK}:{logging_port}",
+        "TPUJOBS_CLOUD_LOGGING": base_env.get("TPUJOBS_CLOUD_LOGGING") or "1",
         # What the TPU VMs run as (and whose secrets they read): never a Compute default.
         "TPUJOBS_TPU_SERVICE_ACCOUNT": settings.tpu_service_account
         or base_env.get("TPUJOBS_TPU_SERVICE_ACCOUNT")
@@ -315,10 +321,12 @@ def _start(
     }
     if registry is not None:  # where images are pushed and the simulated hosts pull them from
         env["TPUJOBS_REGISTRY"] = f"{LOOPBACK}:{registry.port}"
-    api = next((r for r in topology.FUNCTIONS if r.signature == "http"), None)
+    api = next((r for r in topology.FUNCTIONS if r.target == "jobs"), None)  # the one of several HTTP targets
     if api is not None:
         env["TPUJOBS_API_URL"] = functions[api.target]
         env["TPUJOBS_KEY_URL"] = functions[api.target]  # where hosts trade identity tokens for keys
+    if "dashboard" in functions:
+        env["TPUJOBS_DASHBOARD_URL"] = functions["dashboard"]
     # The signing key goes to the functions alone: a job's code on a simulated host must not
     # inherit it (production mounts it into the functions from Secret Manager the same way).
     report_key = secrets.token_urlsafe(48)
@@ -329,6 +337,9 @@ def _start(
         **service_env,
         REPORT_KEY_VARIABLE: report_key,
     }
+    # Who the dashboard shows its pages to: no IAP on loopback, so the local user (honoured only
+    # with TPUJOBS_LOCAL_STACK=1), as the CLI names its caller: $TPUJOBS_OWNER, else the login.
+    function_env.setdefault("TPUJOBS_DASHBOARD_LOCAL_USER", base_env.get("TPUJOBS_OWNER") or getpass.getuser())
 
     specs = [] if registry is None else [registry]
     if "firestore" not in reused:
@@ -338,6 +349,7 @@ def _start(
     if "storage" not in reused:
         specs.append(processes.storage_emulator(ports["storage"]))
     specs.append(processes.secret_manager(secrets_port, prefix=settings.prefix, env=service_env))
+    specs.append(processes.cloud_logging(logging_port, env=service_env))
     specs.append(
         processes.simulator(
             simulator_port,
@@ -385,6 +397,8 @@ def _start(
             raise StackError(f"wiring the local stack failed: {error}") from error
         raise
     say(f"the local stack is up (logs in {state_dir / 'logs'})")
+    if "dashboard" in functions:
+        say(f"dashboard: {functions['dashboard']}")
     return state
 
 

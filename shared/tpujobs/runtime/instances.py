@@ -32,10 +32,12 @@ if TYPE_CHECKING:
     from tpujobs.adapters.pubsub import Publisher
     from tpujobs.engine.api import JobsApi
     from tpujobs.engine.dead_letters import DeadLetters
+    from tpujobs.engine.notifications import Notifier
     from tpujobs.engine.output_export import OutputExporter, OutputObjects
     from tpujobs.engine.ports import Clock
     from tpujobs.engine.reconciler import Reconciler
     from tpujobs.engine.services import Engine
+    from tpujobs.runtime.dashboard_site import DashboardSite
 
 Built = TypeVar("Built")
 
@@ -250,3 +252,50 @@ def output_exporter() -> OutputExporter:
     from tpujobs.engine.output_export import OutputExporter
 
     return OutputExporter(build_log_objects(settings()), job_store(), utc_now)
+
+
+@functools.cache
+def dashboard() -> DashboardSite:
+    """The web dashboard of this process: the jobs API's rules and store, IAP's header checked
+    with its published keys (cached), output read from the logs bucket."""
+    from tpujobs.adapters.iap_tokens import IapTokens
+    from tpujobs.engine.dashboard.caller import DashboardCaller
+    from tpujobs.engine.dashboard.views import DashboardViews
+    from tpujobs.engine.output_export import LogReader
+    from tpujobs.runtime.dashboard_site import DashboardSite
+
+    config = settings()
+    caller = DashboardCaller(
+        IapTokens(config.dashboard_certs_url),
+        config.dashboard_iap_audience,
+        local_stack=config.local_stack,
+        local_user=config.dashboard_local_user,
+    )
+    logs = LogReader(build_log_objects(config), job_store())
+    return DashboardSite(DashboardViews(jobs_api(), utc_now, logs), caller)
+
+
+@functools.cache
+def notifier() -> Notifier:
+    """The notify function's notifier: the job store to read, Secret Manager for webhook URLs (its
+    client built at the first secret target), posts pinned to public addresses (loopback locally)."""
+    from tpujobs.adapters.firestore_notifications import FirestoreDeliveryRecords, FirestoreNotifyConfig
+    from tpujobs.adapters.webhook_secrets import SecretManagerWebhooks
+    from tpujobs.adapters.webhooks import HttpWebhookPoster
+    from tpujobs.domain.notify_delivery import derived_signing_key
+    from tpujobs.engine.notifications import Notifier, NotifySettings
+
+    config = settings()
+    key: bytes | None = config.notify_signing_key.encode("utf-8") or None
+    if key is None and config.local_stack and config.report_key:
+        key = derived_signing_key(config.report_key)
+    client = firestore_client()
+    return Notifier(
+        job_store(),
+        FirestoreNotifyConfig(client),
+        cast(SecretManagerWebhooks, OnFirstUse(lambda: SecretManagerWebhooks.build(config.secrets_endpoint))),
+        HttpWebhookPoster(allow_loopback=config.local_stack),
+        FirestoreDeliveryRecords(client),
+        NotifySettings(config.project, config.prefix, config.tpu_service_account, key, config.dashboard_url),
+        utc_now,
+    )

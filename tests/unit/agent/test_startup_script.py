@@ -147,6 +147,7 @@ def test_the_config_carries_the_attempt_the_spec_and_where_things_go() -> None:
         "time_limit_at": None,
         "time_limit_seconds": None,
         "attempt_time_limit_seconds": None,
+        "cloud_logging": None,  # the deployment has not turned Cloud Logging on
     }
 
 

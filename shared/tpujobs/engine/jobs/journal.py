@@ -13,6 +13,7 @@ from collections.abc import Callable
 from tpujobs.domain.job import Job, JobEvent
 from tpujobs.domain.states import ATTEMPT_LIVE, EventKind, JobState
 from tpujobs.domain.transitions import Decision, Ignored, Observation
+from tpujobs.engine import metric_events
 from tpujobs.engine.errors import TransientError
 from tpujobs.engine.ports import Clock, JobRecords, LogExportRequests, StatusChange, StatusPublisher
 
@@ -66,6 +67,8 @@ class JobJournal:
         if isinstance(outcome, Decision):
             event = outcome.event
             log.info("job %s: %s -> %s: %s", job_id, event.from_state, event.to_state.value, event.reason)
+            for line in metric_events.for_change(seen, outcome):
+                metric_events.emit(log, line)
             self.announce(outcome.job, event)
             ended = ended_attempt(outcome)
             if ended is not None:

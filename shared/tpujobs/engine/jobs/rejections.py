@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from tpujobs.domain import signing
+from tpujobs.engine import metric_events
 from tpujobs.engine.inbound import InboundMessage
 from tpujobs.engine.ports import Clock, MessageRecords, Rejection
 
@@ -27,6 +28,7 @@ class Rejections:
         may quote the message, so it is scrubbed of attempt keys like the payload."""
         reason = signing.scrub(reason)
         log.warning("rejected message %s on %s: %s", message.message_id, message.topic, reason)
+        metric_events.emit(log, metric_events.rejected(message.topic), logging.WARNING)
         self.store.reject(
             Rejection(message.message_id, self.clock(), reason, signing.scrub(message.payload_text()), message.topic)
         )
@@ -92,6 +94,7 @@ class ForgeryCounts:
         window = hashlib.sha256(f"{topic}\n{reason}\n{now.isoformat()}".encode()).hexdigest()[:24]
         said = f"Refused unread: {reason} ({count} more in a minute, counted; the last one kept)."
         log.warning("refused %d message(s) on %s unread: %s", count, topic, reason)
+        metric_events.emit(log, metric_events.rejected(topic, count), logging.WARNING)
         self.rejections.store.reject(
             Rejection(f"forged-{window}", now, said, signing.scrub(sample.payload_text()), topic, count=count)
         )

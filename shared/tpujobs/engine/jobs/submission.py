@@ -6,6 +6,7 @@ caller its ID token proved), go through the same vetting (`Vetting.vet`) and the
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from tpujobs.domain.job import SubmittedVia, new_job
@@ -13,7 +14,7 @@ from tpujobs.domain.naming import job_prefix
 from tpujobs.domain.quotas import QuotaBook
 from tpujobs.domain.spec import JobSpec, SpecError, decode_spec
 from tpujobs.domain.states import JobState
-from tpujobs.engine import process_log
+from tpujobs.engine import metric_events, process_log
 from tpujobs.engine.inbound import InboundMessage
 from tpujobs.engine.jobs.admission import SubmitOutcome
 from tpujobs.engine.jobs.journal import JobJournal
@@ -22,6 +23,8 @@ from tpujobs.engine.jobs.rejections import Rejections
 from tpujobs.engine.jobs.vetting import Verdict, Vetting
 from tpujobs.engine.ports import Clock, JobRecords
 from tpujobs.engine.settings import Settings
+
+log = logging.getLogger(__name__)
 
 
 class Submission:
@@ -97,6 +100,7 @@ class Submission:
             record_retention_days=self.settings.record_retention_days,
         )
         if self.store.create(job, first_event):
+            metric_events.emit(log, metric_events.submitted(job))
             self.journal.announce(job, first_event)
         else:
             existing = self.store.get(job.job_id)

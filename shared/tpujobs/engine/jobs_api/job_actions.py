@@ -97,6 +97,7 @@ class JobActions:
                 "job": self.shown(caller, job),
                 "events": events,
                 "attempts": [to_json(a) for a in self.store.attempt_documents(job.job_id)],
+                "notifications": [to_json(n) for n in self.store.notification_documents(job.job_id)],
             },
         )
 

@@ -7,6 +7,7 @@ queued resources in its range released. Redelivery repeats a shard: every repair
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING
@@ -18,6 +19,7 @@ from tpujobs.domain.quotas import region_of
 from tpujobs.domain.shards import Shard
 from tpujobs.domain.states import GOOGLE_QUOTA_WAITS, REGION_QUOTA_EXHAUSTED, EventKind, JobState
 from tpujobs.domain.transitions import Decision, Observation, next_zone
+from tpujobs.engine import metric_events
 from tpujobs.engine.ports import CAPACITY_GONE, CapacityStatus, Clock, JobStore, Pools, Tpu
 from tpujobs.engine.reconciler.attempts import AttemptChecks
 from tpujobs.engine.reconciler.collaborators import JobRepairs
@@ -105,6 +107,7 @@ class ShardRun:
             if job.state is JobState.QUEUED and waits:
                 return  # waits for quota: its pool is admitted once, in the pools' phase
             if job.updated_at is None or job.updated_at < stuck_before:
+                metric_events.emit(log, metric_events.stuck(job, self.clock()), logging.WARNING)
                 jobs.converge(job.job_id)
                 report.converged.append(job.job_id)
             return

@@ -124,6 +124,9 @@ class InMemoryJobRecords(Collections):
             found = [{"id": key, **copy.deepcopy(d)} for key, d in sorted(self._attempts.get(job_id, {}).items())]
         return sorted(found, key=lambda d: int(d["id"]) if d["id"].isdigit() else 0)
 
+    def notification_documents(self, job_id: str) -> list[Document]:
+        return []  # the notifier keeps its records in its own port (local.fakes.notifications)
+
     def relabel(
         self, job_id: str, put: Mapping[str, str], remove: Sequence[str], by: str, clock: Clock
     ) -> Decision | Ignored:

@@ -1,0 +1,75 @@
+"""infra/notify.tf: the notify function reads its signing key and the `notify-` webhook secrets of
+each job account, nothing else; the key is its alone, mounted at a pinned version."""
+
+from __future__ import annotations
+
+import re
+
+from terraform_config import Terraform, block, render
+
+from tpujobs.domain import notify, secrets
+
+PREFIX = "dev-"
+PROJECT_NUMBER = "123456789012"
+NOTIFY_MEMBER = '${google_service_account.function["notify"].member}'
+
+
+def _starts_with(expression: str) -> str:
+    match = re.fullmatch(r'resource\.name\.startsWith\("([^"]+)"\)', expression)
+    assert match, f"expected one resource.name.startsWith condition, got {expression!r}"
+    return match[1]
+
+
+def test_the_notify_function_reads_only_the_webhook_secrets_of_each_job_account(tf: Terraform) -> None:
+    """The condition holds for `webhook_secret: NAME` of a job of that account, and not for the same
+    account's other secrets, another account's webhooks, the report key or the signing key."""
+    grant = tf.resource("google_project_iam_member", "notify_webhook_secrets")
+    assert grant["for_each"] == "${toset(keys(local.job_accounts))}"
+    assert (grant["role"], grant["member"]) == ("roles/secretmanager.secretAccessor", NOTIFY_MEMBER)
+    values = {
+        "local.project_secrets": render(
+            tf.locals["project_secrets"], {"data.google_project.this.number": PROJECT_NUMBER}
+        ),
+        "local.job_secret_prefix": render(tf.locals["job_secret_prefix"], {"var.prefix": PREFIX}),
+    }
+
+    def readable(account_id: str, version_name: str) -> bool:
+        expression = render(block(grant, "condition")["expression"], {**values, "each.key": account_id})
+        return version_name.startswith(_starts_with(expression))
+
+    team_a, team_b = f"{PREFIX}team-a", f"{PREFIX}team-ab"
+    email = {account: f"{account}@proj.iam.gserviceaccount.com" for account in (team_a, team_b)}
+    for account in email:
+        webhook = notify.webhook_secret_version("slack", PROJECT_NUMBER, PREFIX, email[account])
+        assert readable(account, webhook), account
+        assert not readable(account, secrets.secret_version_name("hf-token", PROJECT_NUMBER, PREFIX, email[account]))
+        other = next(iter(set(email) - {account}))
+        assert not readable(other, webhook), (account, other)
+    for secret in ("report_key", "notify_signing_key"):
+        secret_id = render(tf.resource("google_secret_manager_secret", secret)["secret_id"], {"var.prefix": PREFIX})
+        assert not readable(team_a, f"projects/{PROJECT_NUMBER}/secrets/{secret_id}/versions/1"), secret
+
+
+def test_the_signing_key_is_a_secret_without_a_value_for_the_notify_function_only(tf: Terraform) -> None:
+    """Terraform makes the secret and one grant, to the notify function; no job account's namespace
+    holds it; it is mounted as TPUJOBS_NOTIFY_SIGNING_KEY into that function alone, never at latest."""
+    secret = tf.resource("google_secret_manager_secret", "notify_signing_key")
+    assert not render(secret["secret_id"], {"var.prefix": PREFIX}).startswith(f"{PREFIX}{secrets.NAMESPACE_MARK}")
+    assert secret["deletion_protection"] is True
+    grant = tf.resource("google_secret_manager_secret_iam_member", "notify_signing_key")
+    assert (grant["role"], grant["member"]) == ("roles/secretmanager.secretAccessor", NOTIFY_MEMBER)
+    assert "for_each" not in grant
+    function = tf.resource("google_cloudfunctions2_function", "function")
+    mounts = [d["secret_environment_variables"] for d in block(function, "service_config")["dynamic"]]
+    mine = [m for m in mounts if "notify_signing_key" in m["content"][0]["secret"]]
+    assert len(mine) == 1
+    assert mine[0]["for_each"] == (
+        '${each.key == "notify" ? {TPUJOBS_NOTIFY_SIGNING_KEY = var.notify_signing_key_version} : {}}'
+    )
+    assert "^[1-9][0-9]*$" in block(tf.variables["notify_signing_key_version"], "validation")["condition"]
+
+
+def test_the_notify_function_is_no_job_engine_and_publishes_nothing(tf: Terraform) -> None:
+    """It reads jobs and writes its records: no TPU, Compute or actAs rights, no topic."""
+    function = tf.locals["functions"]["notify"]
+    assert (function["topic"], function["job_engine"], function["publishes"]) == ("tpujobs-status", False, [])
