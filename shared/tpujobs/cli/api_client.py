@@ -82,10 +82,16 @@ def listed(answer: Mapping[str, Any]) -> list[Job]:
 
 
 def job_from_json(document: Mapping[str, Any]) -> Job:
-    """One job document as the API gives it, read back into a Job."""
+    """One job document as the API gives it, read back into a Job. A warm pool the caller may not
+    see is `<hidden>` in the answer: the spec then reads as naming none (the job's `warm_pool`
+    still says `<hidden>`), since no pool is named that."""
     from tpujobs.adapters.firestore_store import job_from_document
+    from tpujobs.engine.jobs_api.job_actions import HIDDEN
 
     data = _with_times(document)
+    spec = data.get("spec")
+    if isinstance(spec, dict) and spec.get("pool") == HIDDEN:
+        data["spec"] = {**spec, "pool": None}
     data["usage"] = [_with_times(usage) for usage in data.get("usage") or ()]
     data["suspect_hosts"] = [_with_times(host) for host in data.get("suspect_hosts") or ()]
     return job_from_document(data)

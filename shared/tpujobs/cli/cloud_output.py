@@ -15,9 +15,7 @@ from tpujobs.engine.settings import Settings
 
 def explorer_link(config: Settings, job_id: str, cloud_logging: bool | None = None) -> str | None:
     """The Logs Explorer link of a job's output, or None when its output is not in Cloud Logging."""
-    if not job_output.wanted(cloud_logging, config.cloud_logging):
-        return None
-    return job_output.explorer_url(config.project, job_output.job_filter(config.project, config.prefix, job_id))
+    return job_output.output_link(config.project, config.prefix, job_id, cloud_logging, config.cloud_logging)
 
 
 def verifying_keys(config: Settings, job: Job) -> Callable[[int, int, str], bytes | None] | None:

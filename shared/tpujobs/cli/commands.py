@@ -578,15 +578,20 @@ def describe(job_id: str, owner: Owner = None, output: Output = Format.table) ->
 
     for line in notification_lines(answer):
         typer.echo(line)
-    _print_explorer_link(settings(), job.job_id, job.spec.cloud_logging)
+    _print_output_link(answer.get("output_link"))
 
 
 def _print_explorer_link(config: Settings, job_id: str, switch: object) -> None:
-    """The job's output in the Logs Explorer, when it goes to Cloud Logging."""
+    """The job's output in the Logs Explorer, when it goes to Cloud Logging (for `submit`, which
+    publishes to the CLI's own project)."""
     from tpujobs.cli.cloud_output import explorer_link
 
-    link = explorer_link(config, job_id, switch if isinstance(switch, bool) else None)
-    if link is not None:
+    _print_output_link(explorer_link(config, job_id, switch if isinstance(switch, bool) else None))
+
+
+def _print_output_link(link: object) -> None:
+    """The link as the describe answer gives it (the API builds it with the deployment's project)."""
+    if isinstance(link, str) and link:
         typer.echo(f"Output in Cloud Logging (unverified there; `tpujobs logs` checks signatures): {link}")
 
 

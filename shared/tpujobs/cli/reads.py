@@ -124,6 +124,7 @@ class StoreReads:
 
     def describe(self, job_id: str) -> dict[str, Any] | None:
         from tpujobs.adapters.firestore_store import job_to_document
+        from tpujobs.cli.cloud_output import explorer_link
         from tpujobs.engine.api import to_json
 
         job = self.store.get(job_id)
@@ -134,6 +135,7 @@ class StoreReads:
             "events": [to_json(e) for e in self.store.event_documents(job_id)],
             "attempts": [to_json(a) for a in self.store.attempt_documents(job_id)],
             "notifications": [to_json(n) for n in self.store.notification_documents(job_id)],
+            "output_link": explorer_link(self.config, job_id, job.spec.cloud_logging),
         }
 
     def dead_letters(self, topic: str | None, limit: int) -> dict[str, Any]:

@@ -32,7 +32,17 @@ from tpujobs.agent.wire import (
     sign_entry,
 )
 
-__all__ = ["OutputLine", "RawEntry", "Verified", "explorer_url", "job_filter", "log_name", "verify", "wanted"]
+__all__ = [
+    "OutputLine",
+    "RawEntry",
+    "Verified",
+    "explorer_url",
+    "job_filter",
+    "log_name",
+    "output_link",
+    "verify",
+    "wanted",
+]
 EXPLORER = "https://console.cloud.google.com/logs/query"
 _SIGNATURE = re.compile(re.escape(ENTRY_SIGNATURE_PREFIX) + r"[0-9a-f]{64}")
 _NUMBER = re.compile(r"[0-9]{1,20}")
@@ -60,6 +70,14 @@ def job_filter(
     if attempt is not None:
         terms.append(f"labels.{ATTEMPT_LABEL}={_quoted(str(attempt))}")
     return " AND ".join(terms)
+
+
+def output_link(project: str, prefix: str, job_id: str, spec_switch: bool | None, deployment_on: bool) -> str | None:
+    """The Logs Explorer link of a job's output, or None when its output is not in Cloud Logging:
+    what `describe` answers (built where the deployment's project is known) and `submit` prints."""
+    if not wanted(spec_switch, deployment_on):
+        return None
+    return explorer_url(project, job_filter(project, prefix, job_id))
 
 
 def explorer_url(project: str, query: str) -> str:

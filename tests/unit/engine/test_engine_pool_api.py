@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 from engine_harness import ZONE, Engine
 
+from tpujobs.cli.api_client import described as described_answer
+from tpujobs.cli.api_client import listed as listed_jobs
 from tpujobs.domain import pools
 from tpujobs.domain.states import JobState
 from tpujobs.local.fakes import InMemoryAccessPolicies
@@ -167,6 +169,9 @@ def test_a_jobs_pool_placement_is_shown_only_to_the_pools_people(jobs):
     seen_by_eve = json.dumps([listed, described])
     assert unit not in seen_by_eve and '"demo' not in seen_by_eve
     assert any(unit in e["reason"] for e in call(jobs, BOB, "describe", job_id="bob-1")[1]["events"])
+    # What Eve's `tpujobs list` and `describe` read back: the job, its placement still hidden.
+    for job in (*listed_jobs(listed), described_answer(described)[0]):
+        assert (job.job_id, job.warm_pool, job.warm_pool_unit, job.spec.pool) == ("bob-1", "<hidden>", "<hidden>", None)
 
 
 def test_a_user_named_through_a_group_sees_the_jobs(jobs):

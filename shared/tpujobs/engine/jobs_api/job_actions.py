@@ -13,6 +13,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from tpujobs.domain.access import may_cancel
+from tpujobs.domain.job_output import output_link
 from tpujobs.domain.labels import LabelError
 from tpujobs.domain.pools import may_use
 from tpujobs.domain.restart_overrides import RestartAction
@@ -98,8 +99,14 @@ class JobActions:
                 "events": events,
                 "attempts": [to_json(a) for a in self.store.attempt_documents(job.job_id)],
                 "notifications": [to_json(n) for n in self.store.notification_documents(job.job_id)],
+                "output_link": self._output_link(job),
             },
         )
+
+    def _output_link(self, job: Job) -> str | None:
+        """The Logs Explorer link of the job's output, with this deployment's project."""
+        config = self.settings
+        return output_link(config.project, config.prefix, job.job_id, job.spec.cloud_logging, config.cloud_logging)
 
     def cancel(self, caller: str, request: JobRequest) -> Response:
         """Cancel now, if the caller owns the job or is an admin; the job's state after."""
