@@ -82,6 +82,8 @@ def describe(monkeypatch, tmp_path, *args: str, api_url: str | None, project: st
     monkeypatch.setenv("TPUJOBS_STATE_DIR", str(tmp_path))  # no running stack's settings leak in
     monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", project)
     monkeypatch.setenv("TPUJOBS_LOCAL_STACK", "1")
+    # The API's deployment here has no Cloud Logging: nor has the CLI's, whatever an earlier test exported.
+    monkeypatch.delenv("TPUJOBS_CLOUD_LOGGING", raising=False)
     if api_url:
         monkeypatch.setenv("TPUJOBS_API_URL", api_url)
     else:
