@@ -21,7 +21,13 @@ from datetime import datetime, timezone
 from typing import Any
 
 from tpujobs.local.simulator.errors import Code, SimulatorError
-from tpujobs.local.simulator.http import ApiServer, JsonRequestHandler, google_answer, serve_until_signalled
+from tpujobs.local.simulator.http import (
+    ApiServer,
+    BackgroundApi,
+    JsonRequestHandler,
+    google_answer,
+    serve_until_signalled,
+)
 from tpujobs.local.simulator.messages import json_object, timestamp
 
 Json = dict[str, Any]
@@ -219,34 +225,18 @@ class LoggingServer:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, store: LoggingStore | None = None) -> None:
         self.store = store or LoggingStore()
-        self._address = (host, port)
-        self._http: ApiServer[LoggingStore] | None = None
-        self._thread: threading.Thread | None = None
+        self._served: BackgroundApi[LoggingStore] = BackgroundApi((host, port), _Handler, "the local Cloud Logging")
 
     @property
     def url(self) -> str:
-        if self._http is None:
-            raise RuntimeError("the local Cloud Logging is not started")
-        host, port = self._http.socket.getsockname()[:2]
-        return f"http://{host}:{port}"
+        return self._served.url
 
     def start(self) -> str:
         """Bind and serve in the background; the base URL (api_endpoint, TPUJOBS_LOGGING_ENDPOINT)."""
-        self._http = ApiServer(self._address, self.store, _Handler)
-        self._thread = threading.Thread(
-            target=self._http.serve_forever, kwargs={"poll_interval": 0.05}, name="tpujobs-logging", daemon=True
-        )
-        self._thread.start()
-        return self.url
+        return self._served.serve(self.store)
 
     def stop(self) -> None:
-        if self._http is None:
-            return
-        http, self._http = self._http, None
-        http.shutdown()
-        http.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        self._served.stop()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""The HTTP plumbing the local stand-ins for Google (TPU simulator, Secret Manager) share: reading a
+"""The HTTP plumbing the local stand-ins for Google (TPU simulator, Secret Manager, Cloud Logging) share: reading a
 request, routing it (werkzeug), answering JSON or Google's error JSON, and serving until signalled.
 """
 
@@ -88,6 +88,45 @@ class ApiServer(ThreadingHTTPServer, Generic[Api]):
     def __init__(self, address: tuple[str, int], api: Api, handler: type[JsonRequestHandler]) -> None:
         self.api = api
         super().__init__(address, handler)
+
+
+class BackgroundApi(Generic[Api]):
+    """One API object served on a local port by a daemon thread: the stand-ins' start, url and stop."""
+
+    def __init__(self, address: tuple[str, int], handler: type[JsonRequestHandler], what: str) -> None:
+        self._address = address
+        self._handler = handler
+        self._what = what  # "the local Secret Manager": for errors and the thread's name
+        self._http: ApiServer[Api] | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        if self._http is None:
+            raise RuntimeError(f"{self._what} is not started")
+        host, port = self._http.socket.getsockname()[:2]  # the bound address, never bytes for TCP
+        return f"http://{host}:{port}"
+
+    def serve(self, api: Api) -> str:
+        """Bind and serve `api` in the background; the base URL (a client's api_endpoint)."""
+        if self._http is not None:
+            raise RuntimeError(f"{self._what} is already started")
+        self._http = ApiServer(self._address, api, self._handler)
+        self._thread = threading.Thread(
+            target=self._http.serve_forever, kwargs={"poll_interval": 0.05}, name=f"tpujobs {self._what}", daemon=True
+        )
+        self._thread.start()
+        return self.url
+
+    def stop(self) -> None:
+        """Stop serving; idempotent."""
+        if self._http is None:
+            return
+        http, self._http = self._http, None
+        http.shutdown()
+        http.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
 
 
 class JsonRequestHandler(BaseHTTPRequestHandler):

@@ -29,7 +29,14 @@ from google.cloud import secretmanager_v1
 from tpujobs.adapters.secrets import LOCAL_OPERATOR_TOKEN
 from tpujobs.domain.secrets import NAMESPACE_MARK, SECRET_ID_PATTERN, account_id
 from tpujobs.local.simulator.errors import Code, SimulatorError
-from tpujobs.local.simulator.http import ApiServer, JsonRequestHandler, Routes, google_answer, serve_until_signalled
+from tpujobs.local.simulator.http import (
+    ApiServer,
+    BackgroundApi,
+    JsonRequestHandler,
+    Routes,
+    google_answer,
+    serve_until_signalled,
+)
 from tpujobs.local.simulator.messages import BadBody, canonical, json_object, query_str, timestamp
 from tpujobs.local.simulator.model import JsonStateFile
 
@@ -740,40 +747,21 @@ class SecretManagerServer:
         store = JsonStateFile(state_file) if state_file is not None else None
         self.service = service or SecretManager(store=store)
         self.prefix = prefix
-        self._address = (host, port)
-        self._http: ApiServer[SecretManagerApi] | None = None
-        self._thread: threading.Thread | None = None
+        self._served: BackgroundApi[SecretManagerApi] = BackgroundApi(
+            (host, port), _RequestHandler, "the local Secret Manager"
+        )
 
     @property
     def url(self) -> str:
-        if self._http is None:
-            raise RuntimeError("the local Secret Manager is not started")
-        host, port = self._http.socket.getsockname()[:2]  # the bound address, never bytes for TCP
-        return f"http://{host}:{port}"
+        return self._served.url
 
     def start(self) -> str:
         """Bind and serve in the background; returns the base URL for api_endpoint."""
-        if self._http is not None:
-            raise RuntimeError("the local Secret Manager is already started")
-        self._http = ApiServer(self._address, SecretManagerApi(self.service, self.prefix), _RequestHandler)
-        self._thread = threading.Thread(
-            target=self._http.serve_forever,
-            kwargs={"poll_interval": 0.05},
-            name="tpujobs-secret-manager-http",
-            daemon=True,
-        )
-        self._thread.start()
-        return self.url
+        return self._served.serve(SecretManagerApi(self.service, self.prefix))
 
     def stop(self) -> None:
         """Stop serving; idempotent."""
-        if self._http is None:
-            return
-        http, self._http = self._http, None
-        http.shutdown()
-        http.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        self._served.stop()
 
     def __enter__(self) -> SecretManagerServer:
         self.start()
