@@ -100,9 +100,8 @@ class Simulator:
 
     def capacity_of(self, job_id: str) -> Capacity:
         """What the job's current attempt holds (its warm-pool unit's holding when it runs on one), from Firestore."""
-        os.environ.update(self.env)  # the Firestore client finds the emulator here
         try:
-            job = job_document(self.project, job_id)
+            job = job_document(self.project, job_id, self.env.get("FIRESTORE_EMULATOR_HOST", ""))
         except Exception as error:  # the emulator is gone or refuses: say so, not a traceback
             fail(self.err, "could not read the job", f"{type(error).__name__}: {error}")
         if job is None:
@@ -161,10 +160,23 @@ def not_on_compute(err: Console, verb: str, capacity: Capacity, why: str) -> NoR
     fail(err, f"{verb} cannot apply", f"{capacity} runs on Compute Engine, {why}")
 
 
-def job_document(project: str, job_id: str) -> dict[str, Any] | None:
+def job_document(project: str, job_id: str, emulator: str = "") -> dict[str, Any] | None:
+    """The job's document; read from the Firestore emulator at `emulator` when given. The client finds
+    the emulator only in os.environ: it is set for the read alone, so a caller in the same process
+    (a test) is left with its own environment."""
     from google.cloud import firestore  # slow to import: only the verbs naming a job need it
 
-    snapshot = firestore.Client(project=project).collection("jobs").document(job_id).get(timeout=10)
+    name = "FIRESTORE_EMULATOR_HOST"
+    before = os.environ.get(name)
+    if emulator:
+        os.environ[name] = emulator
+    try:
+        snapshot = firestore.Client(project=project).collection("jobs").document(job_id).get(timeout=10)
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
     return snapshot.to_dict() if snapshot.exists else None
 
 
