@@ -157,6 +157,20 @@ def test_plain_http_is_refused_outside_the_local_stack() -> None:
         poster.post("http://hooks.example.com/x", {}, b"{}")
 
 
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [("https://user:pw@hooks.example.com/x", "user or password"), ("https://hooks.example.com/a b", "space")],
+)
+def test_a_url_from_a_secret_is_held_to_the_specs_rules_before_any_lookup(url: str, says: str) -> None:
+    """A webhook_secret's URL is never checked at submit: the poster refuses it the same way, resolving nothing."""
+    looked_up: list[str] = []
+    poster = HttpWebhookPoster(resolve=lambda host, port: looked_up.append(host) or ["8.8.8.8"])
+    with pytest.raises(PermanentError, match=says) as caught:
+        poster.post(url, {}, b"{}")
+    assert looked_up == []
+    assert "pw@" not in str(caught.value)
+
+
 class _Receiver(http.server.BaseHTTPRequestHandler):
     answers: ClassVar[list[int]] = []
     seen: ClassVar[list[tuple[str, str, bytes]]] = []

@@ -17,6 +17,7 @@ import ssl
 from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
+from tpujobs.domain.notify import check_webhook_url
 from tpujobs.domain.notify_delivery import address_refusal
 from tpujobs.engine.errors import PermanentError, TransientError
 
@@ -63,13 +64,12 @@ class HttpWebhookPoster:
         self.tls = ssl.create_default_context()
 
     def post(self, url: str, headers: Mapping[str, str], body: bytes) -> None:
-        try:
-            parts = urlsplit(url)
-            host, port = parts.hostname, parts.port
-        except ValueError:
-            raise PermanentError("the webhook is not a URL") from None
-        if parts.scheme not in ("https", "http") or not host:
-            raise PermanentError("the webhook is not an https:// URL with a host")
+        try:  # a secret's URL was never checked as a spec's is: the same rules, here
+            check_webhook_url(url, http_by_name=False)
+        except ValueError as error:
+            raise PermanentError(f"the {error}") from None
+        parts = urlsplit(url)
+        host, port = parts.hostname or "", parts.port
         if parts.scheme == "http" and not self.allow_loopback:
             raise PermanentError("the webhook must be https:// (plain http only on the local stack)")
         port = port or (443 if parts.scheme == "https" else 80)

@@ -78,8 +78,9 @@ class NotifyTarget(BaseModel):
         return f"webhook_secret {self.webhook_secret}" if self.webhook_secret else "webhook"
 
 
-def check_webhook_url(url: str) -> None:
-    """Raise ValueError with a sentence unless `url` is an https URL a spec may hold (http only to loopback)."""
+def check_webhook_url(url: str, *, http_by_name: bool = True) -> None:
+    """Raise ValueError with a sentence unless `url` is an https URL a spec may hold (http only to loopback).
+    `http_by_name=False` leaves plain http to the caller, which judges the addresses the host resolves to."""
     if len(url) > MAX_URL_CHARS:
         raise ValueError(f"webhook is over {MAX_URL_CHARS} characters")
     if _CONTROL.search(url):
@@ -91,7 +92,7 @@ def check_webhook_url(url: str) -> None:
         raise ValueError("webhook is not a URL") from None
     if parts.scheme not in ("https", "http") or not host:
         raise ValueError("webhook must be an https:// URL with a host")
-    if parts.scheme == "http" and host not in LOOPBACK_HOSTS:
+    if http_by_name and parts.scheme == "http" and host not in LOOPBACK_HOSTS:
         raise ValueError("webhook must be https:// (plain http only to loopback, on the local stack)")
     if parts.username is not None or parts.password is not None:
         raise ValueError("webhook must not hold a user or password: keep a credential-bearing URL in webhook_secret")
