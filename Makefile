@@ -13,11 +13,12 @@ TF_VARS_FILE ?=
 
 .PHONY: venv tools emulator-tools container-tools browser-tools docker-engine terraform-tool lint docs test test-unit test-emulator demo bench clean bundle infra-check infra-fmt infra-test checkov plan apply
 
-# The functions' pinned runtime dependencies are the constraints: tests run what deploys.
+# The functions' pinned runtime dependencies are the constraints: tests run what deploys. The jax
+# extra is examples/jax_lm's (JAX, Flax, optax, orbax), which its tests and the drill's run.
 $(STAMP): pyproject.toml functions/requirements.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]' -c functions/requirements.txt
+	$(BIN)/pip install --quiet -e '.[dev,jax]' -c functions/requirements.txt
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -72,8 +73,8 @@ terraform-tool:
 # mypy on shared/tpujobs and functions/main.py, strict on the domain, ports, service and reconciler
 # ([tool.mypy] in pyproject.toml).
 lint: venv
-	$(BIN)/ruff check shared functions tests bench tools
-	$(BIN)/ruff format --check shared functions tests bench tools
+	$(BIN)/ruff check shared functions tests bench tools examples
+	$(BIN)/ruff format --check shared functions tests bench tools examples
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/mypy
 

@@ -39,6 +39,12 @@ resumes from it, no step redone, although the old capacity is released right aft
 notice), and the agent still reports checkpoints after the notice, so the document counts it.
 
     .venv/bin/python bench/goodput.py [--hours 3 --repeats 3 --minute-seconds 1.0] [--quick]
+    .venv/bin/python bench/goodput.py --drill [--repeats 3]
+
+With --drill it measures instead what `tpujobs drill` reports for each variant (issue 30): the
+toy example drilled with the drill's default faults (a preemption with notice, then SIGTERM with
+none, each after the attempt's first checkpoint), beside an uninterrupted run; per variant the
+median goodput (the accounting's, on the drilled job's document), steps redone, whether it passed.
 
 It starts the local stack in a temporary directory (or uses the running one) and stops
 what it started. Exits non-zero if a job did not finish SUCCEEDED.
@@ -413,6 +419,99 @@ class Bench:
         return [self.result(run) for run in runs]
 
 
+# -- the drill's goodput (--drill) -----------------------------------------------------------
+
+DRILL_COMMAND = "python3 train.py --steps 60 --step-seconds 0.2 --checkpoint-every 5"
+
+
+@dataclass(frozen=True)
+class DrillSummary:
+    """Medians over the drills of one variant: the drill's own report (`tpujobs drill -o json`)."""
+
+    variant: str
+    goodputs: tuple[float, ...]
+    median_goodput: float | None
+    median_steps_redone: float
+    median_step_goodput: float | None
+    passed: int
+    runs: int
+    median_wall_seconds: float
+
+
+def summarize_drills(variant: str, answers: list[dict[str, Any]]) -> DrillSummary:
+    goodputs = tuple(a["goodput"] for a in answers if a.get("goodput") is not None)
+    steps = [a["step_goodput"] for a in answers if a.get("step_goodput") is not None]
+    return DrillSummary(
+        variant=variant,
+        goodputs=goodputs,
+        median_goodput=statistics.median(goodputs) if goodputs else None,
+        median_steps_redone=statistics.median(a["steps_redone"] for a in answers),
+        median_step_goodput=statistics.median(steps) if steps else None,
+        passed=sum(1 for a in answers if a["passed"]),
+        runs=len(answers),
+        median_wall_seconds=statistics.median(a["wall_seconds"] for a in answers),
+    )
+
+
+def drill_variants(repeats: int, timeout: float = 300.0) -> dict[str, list[dict[str, Any]]]:
+    """Drill each variant `repeats` times on the local stack (started in a temporary directory if none runs)."""
+    import contextlib
+    import os
+    import tempfile
+
+    from tpujobs.adapters.storage import build_client
+    from tpujobs.cli.code_upload import upload_code_dir
+    from tpujobs.local.drill import Drill, fault_plan
+
+    with contextlib.ExitStack() as cleanup:
+        state_dir = stack.default_state_dir()
+        env = stack.stack_environment(state_dir)
+        if not env:
+            state_dir = Path(tempfile.mkdtemp(prefix="tpujobs-bench-"))
+            print(f"starting a local stack in {state_dir} ...", file=sys.stderr)
+            env = dict(stack.up(state_dir, Settings.from_env()).env)
+            cleanup.callback(stack.down, state_dir)
+        os.environ.update(env)
+        settings = Settings.from_env()
+        code_uri, code_sha256 = upload_code_dir(build_client(settings.project), settings.logs_bucket, EXAMPLE)
+        answers: dict[str, list[dict[str, Any]]] = {variant: [] for variant in VARIANTS}
+        for i in range(repeats):
+            for variant, flag in VARIANTS.items():
+                spec = {
+                    "name": f"bench-drill-{variant}",
+                    "owner": OWNER,
+                    "accelerator_type": "v4-16",  # two hosts: one writer of two
+                    "capacity": "spot",
+                    "code_uri": code_uri,
+                    "code_sha256": code_sha256,
+                    "command": DRILL_COMMAND + flag,
+                    "on_preemption": "resume",
+                    "on_error": "fail",
+                }
+                result = Drill(settings, state_dir, spec, fault_plan(), timeout, _say).run()
+                answers[variant].append(result.to_json())
+                print(f"drill {i + 1}/{repeats} {variant}: passed {result.verdict.passed}", file=sys.stderr)
+        return answers
+
+
+def _say(line: str) -> None:
+    print(f"  {line}", file=sys.stderr)
+
+
+def report_drills(answers: dict[str, list[dict[str, Any]]]) -> bool:
+    print(f"\ndrill goodput: the toy example (v4-16, {DRILL_COMMAND}), preempted then SIGTERMed, medians")
+    ok = True
+    for variant, runs in answers.items():
+        s = summarize_drills(variant, runs)
+        print(
+            f"  {variant:<9} goodput median {pct(s.median_goodput)} (runs: {', '.join(pct(g) for g in s.goodputs)}), "
+            f"steps redone median {s.median_steps_redone:g}, step goodput {pct(s.median_step_goodput)}, "
+            f"passed {s.passed}/{s.runs}, wall {s.median_wall_seconds:.0f} s"
+        )
+        ok = ok and s.passed == s.runs
+    return ok
+
+
 # -- the report ------------------------------------------------------------------------------
 
 
@@ -490,7 +589,15 @@ def main() -> int:
     parser.add_argument(
         "--quick", action="store_true", help="a smoke run: 1.5 hours (one preemption), 1 repeat, 0.5 s a minute"
     )
+    parser.add_argument("--drill", action="store_true", help="instead: the drill's goodput of each variant")
     args = parser.parse_args()
+    if args.drill:
+        if args.repeats < 1:
+            parser.error("--repeats must be at least 1")
+        passed = report_drills(drill_variants(args.repeats))
+        if not passed:
+            print("\nA drill did not pass.", file=sys.stderr)
+        return 0 if passed else 1
     if args.quick:
         args.hours, args.repeats, args.minute_seconds = 1.5, 1, 0.5
     if args.hours <= 0 or args.repeats < 1 or args.minute_seconds <= 0:

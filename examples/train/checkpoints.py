@@ -26,7 +26,9 @@ def _endpoint_and_headers() -> tuple[str, dict[str, str]]:
     if emulator:
         return emulator.rstrip("/"), {}
     metadata = os.environ.get("TPUJOBS_METADATA_URL", "http://metadata.google.internal/computeMetadata/v1")
-    request = urllib.request.Request(f"{metadata}/instance/service-accounts/default/token", headers={"Metadata-Flavor": "Google"})
+    request = urllib.request.Request(
+        f"{metadata}/instance/service-accounts/default/token", headers={"Metadata-Flavor": "Google"}
+    )
     with urllib.request.urlopen(request, timeout=10) as answer:
         token = json.load(answer)["access_token"]
     return "https://storage.googleapis.com", {"Authorization": f"Bearer {token}"}
@@ -39,7 +41,10 @@ def save(uri: str, state: dict) -> None:
     name = urllib.parse.quote(prefix + "state.json", safe="")
     url = f"{base}/upload/storage/v1/b/{bucket}/o?uploadType=media&name={name}"
     request = urllib.request.Request(
-        url, data=json.dumps(state).encode(), headers={**headers, "Content-Type": "application/octet-stream"}, method="POST"
+        url,
+        data=json.dumps(state).encode(),
+        headers={**headers, "Content-Type": "application/octet-stream"},
+        method="POST",
     )
     urllib.request.urlopen(request, timeout=30).read()
 

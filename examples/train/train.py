@@ -5,6 +5,12 @@ It counts steps, checkpoints the step counter every few steps to TPUJOBS_CHECKPO
 the agent with a `TPUJOBS_CHECKPOINT step=N` line, continues from the checkpoint when
 TPUJOBS_RESUME=1, and exits cleanly on SIGTERM (the preemption notice).
 
+It speaks the progress protocol `tpujobs drill` checks (docs/resumable.md): every worker prints
+`TPUJOBS_START step=N` once restored, worker 0-0 `TPUJOBS_STEP step=N data=FINGERPRINT` after each
+step, the writer `TPUJOBS_CHECKPOINT step=N`, and worker 0-0 `TPUJOBS_RESULT digest=HEX` at the end.
+Its state is deterministic: each step's "batch" is a hash of the data position, folded into a running
+hash that the checkpoint keeps, so a correct resume ends with the uninterrupted run's digest.
+
 With --save-on-sigterm the writer also checkpoints the step it has reached when SIGTERM
 comes, so a preemption costs at most the step in progress instead of everything since the
 last periodic checkpoint (bench/goodput.py measures the difference). Off by default: the
@@ -14,6 +20,7 @@ demo and the end-to-end tests expect a preempted run to resume from a periodic c
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import signal
 import sys
@@ -35,35 +42,53 @@ writer = worker == "0-0"
 uri = os.environ["TPUJOBS_CHECKPOINT_URI"]
 
 
-def save(step: int, detail: str = "") -> None:
-    checkpoints.save(uri, {"step": step, "job": job, "attempt": int(attempt)})
+SEED = "tpujobs-toy-data"
+progress = (0, hashlib.sha256(SEED.encode()).hexdigest())  # (steps done, running hash): one assignment, atomic
+
+
+def batch(position: int) -> bytes:
+    """The data loader: the batch at a position of the (endless, deterministic) data stream."""
+    return hashlib.sha256(f"{SEED}:{position}".encode()).digest()
+
+
+def save(detail: str = "") -> None:
+    step, digest = progress
+    checkpoints.save(uri, {"step": step, "digest": digest, "job": job, "attempt": int(attempt)})
     print(f"TPUJOBS_CHECKPOINT step={step}{detail}", flush=True)
 
 
 def stop(signum, _frame):
-    if args.save_on_sigterm and writer and loaded:  # before the load, `step` means nothing yet
-        save(step, " on SIGTERM")  # within the grace period before SIGKILL
-    print(f"worker {worker}: got signal {signum}, stopping at step {step}", flush=True)
+    if args.save_on_sigterm and writer and loaded:  # before the load, `progress` means nothing yet
+        save(" on SIGTERM")  # within the grace period before SIGKILL
+    print(f"worker {worker}: got signal {signum}, stopping at step {progress[0]}", flush=True)
     sys.exit(143)
 
 
 loaded = False
 signal.signal(signal.SIGTERM, stop)
 
-step = 0
 if os.environ.get("TPUJOBS_RESUME") == "1":
     saved = checkpoints.load(uri)
-    step = saved["step"] if saved else 0
-    print(f"worker {worker}: attempt {attempt} resumes from step {step}", flush=True)
+    if saved:
+        progress = (saved["step"], saved.get("digest") or progress[1])
+    print(f"worker {worker}: attempt {attempt} resumes from step {progress[0]}", flush=True)
 else:
     print(f"worker {worker}: attempt {attempt} starts from step 0", flush=True)
 loaded = True
+print(f"TPUJOBS_START step={progress[0]}", flush=True)
 
-while step < args.steps:
+while progress[0] < args.steps:
     time.sleep(args.step_seconds)
+    step, digest = progress
+    data = batch(step)  # the data position is the step: restored with it
+    progress = (step + 1, hashlib.sha256(bytes.fromhex(digest) + data).hexdigest())
     step += 1
     print(f"worker {worker}: step {step}", flush=True)
+    if worker == "0-0":
+        print(f"TPUJOBS_STEP step={step} data={data.hex()[:12]}", flush=True)
     if writer and step % args.checkpoint_every == 0:
-        save(step)
+        save()
 
 print(f"worker {worker}: finished {args.steps} steps in attempt {attempt}", flush=True)
+if worker == "0-0":
+    print(f"TPUJOBS_RESULT digest={progress[1]}", flush=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from tpujobs.cli.commands import app, describe_tables, jobs_table, watch_screen
 from tpujobs.cli.demo import demo
 from tpujobs.cli.dev_stack import dev_app
+from tpujobs.cli.drill import drill
 from tpujobs.cli.pools import pool_app
 from tpujobs.cli.quotas import quota_app
 from tpujobs.cli.secrets import secret_app
@@ -17,5 +18,6 @@ app.add_typer(
 )
 app.add_typer(secret_app, name="secret", help="Secrets for a job's `secrets` field, in Secret Manager.")
 app.command()(demo)
+app.command()(drill)
 
 __all__ = ["app", "describe_tables", "jobs_table", "watch_screen"]

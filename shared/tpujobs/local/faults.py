@@ -350,6 +350,25 @@ def reboot(
 
 
 @fault_app.command()
+def sigterm(
+    job_id: JobId,
+    worker: Annotated[
+        int | None, typer.Option("--worker", min=0, help="Only this worker host (default: every host).")
+    ] = None,
+    slice_index: Slice = None,
+    state_dir: StateDir = None,
+) -> None:
+    """SIGTERM to hosts' processes with no preemption notice, as an unannounced shutdown sends it (TPU API)."""
+    sim = Simulator(state_dir, Console(stderr=True))
+    capacity = sim.capacity_of(job_id)
+    if capacity.on_compute:
+        not_on_compute(sim.err, "sigterm", capacity, "where `reboot` or `tpujobs dev preempt` stand for it")
+    answer = sim.on_job(capacity, "sigterm", {"slice": slice_index, "worker": worker}, {})
+    which = "every host" if worker is None else f"worker {worker}"
+    sim.say(f"sent SIGTERM without notice to {which} of {capacity}: {len(answer.get('workers', []))} host(s)")
+
+
+@fault_app.command()
 def maintenance(
     job_id: JobId,
     notice: Annotated[

@@ -106,6 +106,12 @@ class SimulatorControl:
     def kill_host(self, zone: str, qr_id: str, worker: int, slice_index: int | None = None) -> dict[str, Any]:
         return self.on_queued_resource(zone, qr_id, "kill-host", worker=worker, slice=slice_index)
 
+    def sigterm(
+        self, zone: str, qr_id: str, worker: int | None = None, slice_index: int | None = None
+    ) -> dict[str, Any]:
+        """SIGTERM to the hosts' processes with no preemption notice (every host, or one)."""
+        return self.on_queued_resource(zone, qr_id, "sigterm", worker=worker, slice=slice_index)
+
     def no_boot(self, zone: str, qr_id: str, project: str | None = None) -> dict[str, Any]:
         return self.on_queued_resource(zone, qr_id, "no-boot", project=project)
 

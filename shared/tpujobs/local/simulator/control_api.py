@@ -1,5 +1,5 @@
 """The simulator's control endpoints under /simulator/v1/ (`client.SimulatorControl`, `tpujobs dev fault`):
-health, state and config; faults (preempt, fail, kill-host, no-boot, reboot, maintenance now or
+health, state and config; faults (preempt, fail, kill-host, sigterm, no-boot, reboot, maintenance now or
 announced ahead, node health and state, planned API errors); a QR's worker processes. Google has
 no such API: these are how tests and developers make happen what Google makes happen.
 """
@@ -58,6 +58,7 @@ class ControlApi:
             ("POST", _QR + ":node-health", self._node_health),
             ("POST", _QR + ":node-state", self._node_state),
             ("GET", _QR + ":workers", self._workers),
+            ("POST", _QR + ":sigterm", self._sigterm),
         ]
         self._routes = Routes([(method, CONTROL_PREFIX + path, handler) for method, path, handler in routes])
 
@@ -223,6 +224,21 @@ class ControlApi:
             **where(params, query),
         )
         return 200, {"nodes": [node_json(node) for node in nodes]}
+
+    def _sigterm(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
+        """SIGTERM to the QR's running hosts (or one slice's, or one worker's), with no notice."""
+        if self.worker_pool is None:
+            raise SimulatorError(Code.FAILED_PRECONDITION, "this simulator runs no host processes")
+        signalled = self.worker_pool.sigterm(
+            params["id"],
+            zone=params["zone"],
+            project=query_str(query, "project") or None,
+            slice_index=query_optional_int(query, "slice"),
+            worker=query_optional_int(query, "worker"),
+        )
+        if not signalled:
+            raise SimulatorError(Code.NOT_FOUND, f"no running host of {params['id']} to signal")
+        return 200, {"workers": [worker_json(w) for w in signalled]}
 
     def _workers(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         if self.worker_pool is None:

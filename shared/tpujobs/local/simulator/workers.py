@@ -246,6 +246,29 @@ class WorkerPool:
                 for (project, zone, qr_id), group in sorted(self._workers.items())
             }
 
+    def sigterm(
+        self,
+        qr_id: str,
+        *,
+        zone: str,
+        project: str | None = None,
+        slice_index: int | None = None,
+        worker: int | None = None,
+    ) -> tuple[WorkerInfo, ...]:
+        """SIGTERM to hosts' processes with no notice and no SIGKILL after (as a VM's OS sends on a
+        shutdown no one announced): the model is not told; what follows is the agents' doing."""
+        with self._lock:
+            chosen = [
+                w
+                for key, group in self._workers.items()
+                if key[2] == qr_id and key[1] == zone and project in (None, key[0])
+                for w in group
+                if slice_index in (None, w.slice_index) and worker in (None, w.worker) and w.process.poll() is None
+            ]
+            for w in chosen:
+                self._signal(w, signal.SIGTERM)
+            return tuple(w.info() for w in chosen)
+
     # -- hooks (run outside the simulator's lock; quick: Popen and kill only) ------------
 
     def _on_active(self, qr: QueuedResourceRecord) -> None:

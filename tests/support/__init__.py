@@ -1,0 +1,1 @@
+"""Helpers the tests share across folders (importable as `support` from any test)."""

@@ -1,0 +1,109 @@
+"""Run examples/jax_lm as a plain process, as tpujobs would (its TPUJOBS_* variables), and read its
+progress lines; optionally SIGTERM it once it has reported a given step, as a preemption notice would."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+PROTOCOL_LINE = re.compile(r"^TPUJOBS_(START|STEP|CHECKPOINT|RESULT)((?: \S+)*)\s*$")
+STEP_LINE = re.compile(r"^TPUJOBS_STEP step=([0-9]+)")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One process of the example: how it ended and what it printed."""
+
+    returncode: int
+    output: str
+
+    def lines(self, kind: str) -> list[dict[str, str]]:
+        """The `key=value` words of every `TPUJOBS_<kind>` line, in order."""
+        found = []
+        for line in self.output.splitlines():
+            match = PROTOCOL_LINE.match(line)
+            if match and match.group(1) == kind:
+                found.append(dict(word.split("=", 1) for word in match.group(2).split()))
+        return found
+
+    @property
+    def start(self) -> int:
+        (start,) = self.lines("START")
+        return int(start["step"])
+
+    @property
+    def checkpoints(self) -> list[int]:
+        return [int(words["step"]) for words in self.lines("CHECKPOINT")]
+
+    @property
+    def steps(self) -> dict[int, dict[str, str]]:
+        """Step -> its STEP line's words (data, loss)."""
+        return {int(words["step"]): words for words in self.lines("STEP")}
+
+    @property
+    def result(self) -> str | None:
+        results = self.lines("RESULT")
+        return results[-1]["digest"] if results else None
+
+
+def example_env(attempt: int, resume: bool, cache_dir: Path | None = None) -> dict[str, str]:
+    """The environment of one attempt on worker 0 of slice 0; JAX's compilation cache in `cache_dir`
+    (a run that finds its programs there skips seconds of compiling, and computes the same)."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("TPUJOBS_", "STORAGE_EMULATOR"))}
+    env.update(
+        {
+            "TPUJOBS_ATTEMPT": str(attempt),
+            "TPUJOBS_RESUME": "1" if resume else "0",
+            "TPUJOBS_SLICE_ID": "0",
+            "TPUJOBS_WORKER_ID": "0",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    if cache_dir is not None:
+        env["JAX_COMPILATION_CACHE_DIR"] = str(cache_dir)
+        env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    return env
+
+
+def run_example(
+    example: Path,
+    checkpoints: Path,
+    *,
+    steps: int,
+    attempt: int = 1,
+    resume: bool = False,
+    sigterm_after: int | None = None,
+    extra_args: tuple[str, ...] = (),
+    cache_dir: Path | None = None,
+    timeout_s: float = 300,
+) -> Run:
+    """Run `example`/train.py to its end; with `sigterm_after`, SIGTERM it once it reports that step."""
+    argv = [sys.executable, "train.py", "--steps", str(steps), "--checkpoint-dir", str(checkpoints), *extra_args]
+    process = subprocess.Popen(
+        argv,
+        cwd=example,
+        env=example_env(attempt, resume, cache_dir),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    output: list[str] = []
+    try:
+        assert process.stdout is not None
+        for line in process.stdout:
+            output.append(line)
+            reported = STEP_LINE.match(line)
+            if sigterm_after is not None and reported and int(reported.group(1)) >= sigterm_after:
+                process.send_signal(signal.SIGTERM)
+                sigterm_after = None
+        returncode = process.wait(timeout=timeout_s)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    return Run(returncode, "".join(output))
