@@ -109,6 +109,8 @@ resource "google_iap_web_backend_service_iam_member" "dashboard" {
 }
 
 # IAP calls the function as its service agent; no one else is an invoker.
+# The agent must exist first: `gcloud beta services identity create --service=iap.googleapis.com`
+# (docs/operations.md, "Dashboard"); provider 6.50 has no google_project_service_identity.
 resource "google_cloud_run_service_iam_member" "dashboard_iap_invoker" {
   count = local.dashboard_on ? 1 : 0
 

@@ -193,6 +193,8 @@ locals {
     # Job output in Cloud Logging (job_output.tf): on for jobs unless their spec opts out; per-host rate.
     TPUJOBS_CLOUD_LOGGING            = var.job_output_cloud_logging ? "true" : "false"
     TPUJOBS_LOGGING_LINES_PER_SECOND = tostring(var.job_output_lines_per_second)
+    # The view of the job-output log that the jobs API reads `logs` through (job_output.tf).
+    TPUJOBS_LOGGING_VIEW = var.job_output_cloud_logging ? "projects/${var.project}/locations/global/buckets/_Default/views/${var.prefix}tpujobs-job-output" : ""
   }
 
   # Only the job-engine functions: the accounts of var.job_service_accounts, which they (and no
@@ -283,6 +285,7 @@ resource "google_cloudfunctions2_function" "function" {
       each.value.job_engine ? local.report_key_version_env : {},
       each.key == "jobs" ? local.api_env : {},
       each.key == "dashboard" ? local.dashboard_env : {},
+      each.key == "notify" ? local.notify_env : {},
       each.key == "reconcile" ? local.reconcile_env : {},
     )
     # Pub/Sub push counts as internal traffic; only the jobs API is called from outside,

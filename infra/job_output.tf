@@ -29,3 +29,29 @@ resource "google_project_iam_member" "vm_log_writer" {
   role    = "roles/logging.logWriter"
   member  = each.value.member
 }
+
+# The jobs API's `logs` reads a job's entries, checks each one's signature (it holds the master
+# key) and answers only verified lines, for the job's owner or an admin: users need no log access.
+# It reads through a view of the _Default bucket that holds the job-output log alone, so the
+# function may read that log (viewAccessor on the view) and none of the project's others.
+resource "google_logging_log_view" "job_output" {
+  count = var.job_output_cloud_logging ? 1 : 0
+
+  parent      = "projects/${var.project}"
+  location    = "global"
+  bucket      = "projects/${var.project}/locations/global/buckets/_Default"
+  name        = "${var.prefix}tpujobs-job-output"
+  description = "Job output written by the tpujobs agents; read by the jobs API, which checks each entry's signature."
+  filter      = "LOG_ID(\"${var.prefix}tpujobs-job-output\")"
+}
+
+resource "google_logging_log_view_iam_member" "jobs_api_output_reader" {
+  count = var.job_output_cloud_logging ? 1 : 0
+
+  parent   = "projects/${var.project}"
+  location = "global"
+  bucket   = "_Default"
+  name     = google_logging_log_view.job_output[0].name
+  role     = "roles/logging.viewAccessor"
+  member   = google_service_account.function["jobs"].member
+}

@@ -6,262 +6,197 @@
 # resource.labels.service_name. tests/e2e/test_metric_filters_e2e.py runs every filter and
 # extractor below over the lines the local stack writes (tpujobs.local.log_filters reads the
 # subset of the query language used here and refuses the rest): keep to that subset.
+# The metrics are two maps in locals (counters, distributions), each one for_each resource:
+# a new metric is a new entry; tests/infra/for_each.py expands them as Terraform plans them.
 locals {
   tpujobs_logs = "resource.type=\"cloud_run_revision\" AND resource.labels.service_name=~\"^${var.prefix}tpujobs-\""
   # What a log-based metric of this file is called in Cloud Monitoring.
   user_metric = "logging.googleapis.com/user/${var.prefix}tpujobs"
   alert_docs  = "docs/operations.md, \"Metrics and alerts\", says what it means and what to do."
+
+  # The labels the metrics share: each one's description and where an entry has it.
+  family   = { description = "The TPU family (v4, v5p, ...).", extractor = "EXTRACT(jsonPayload.family)" }
+  capacity = { description = "spot or on-demand.", extractor = "EXTRACT(jsonPayload.capacity)" }
+
+  # Counters, NAME = {description, what the entries match (after local.tpujobs_logs), labels}.
+  log_counters = {
+    jobs_submitted = {
+      description = "Jobs accepted and recorded QUEUED."
+      match       = "jsonPayload.event=\"job_submitted\""
+      labels      = { family = local.family, capacity = local.capacity }
+    }
+    jobs_succeeded = {
+      description = "Jobs that ended SUCCEEDED."
+      match       = "jsonPayload.event=\"job_succeeded\""
+      labels      = { family = local.family }
+    }
+    jobs_failed = {
+      description = "Jobs that ended FAILED, by what ended them (reason_class: command_failed, capacity_lost, time_limit_reached, hung, ...)."
+      match       = "jsonPayload.event=\"job_failed\""
+      labels = {
+        reason_class = { description = "The observation that ended the job (an EventKind value).", extractor = "EXTRACT(jsonPayload.reason_class)" }
+        family       = local.family
+      }
+    }
+    preemptions = {
+      description = "Attempts that lost their capacity: preemption, hardware, a lost host."
+      match       = "jsonPayload.event=\"preempted\""
+      labels = {
+        family   = local.family
+        capacity = local.capacity
+        source   = { description = "Who saw it: agent (the host's notice), tpu (the API's state) or reconciler.", extractor = "EXTRACT(jsonPayload.source)" }
+      }
+    }
+    rejections = {
+      description = "Messages refused and acknowledged (bad input, forged or unsigned, a job_id taken); a flood of forgeries writes one line a minute per topic and reason."
+      match       = "jsonPayload.event=\"rejected\""
+      labels      = { topic = { description = "The topic the message came on.", extractor = "EXTRACT(jsonPayload.topic)" } }
+    }
+    dead_letters = {
+      description = "Messages Pub/Sub gave up delivering, recorded in Firestore's dead_letters."
+      match       = "jsonPayload.event=\"dead_lettered\""
+      labels      = { topic = { description = "The topic the message was first published to.", extractor = "EXTRACT(jsonPayload.topic)" } }
+    }
+    stuck_jobs = {
+      description = "Jobs the reconciler found QUEUED or RECOVERING past the stuck limit (TPUJOBS_STUCK_AFTER_SECONDS) and converged."
+      match       = "jsonPayload.event=\"job_stuck\""
+      labels      = { state = { description = "The state the job was stuck in.", extractor = "EXTRACT(jsonPayload.state)" } }
+    }
+    function_errors = {
+      description = "Entries of severity ERROR or worse from the tpujobs functions: a handler that raised, an export that failed."
+      match       = "severity>=ERROR"
+      labels      = { function = { description = "The function's Cloud Run service.", extractor = "EXTRACT(resource.labels.service_name)" } }
+    }
+  }
+
+  # Distributions: as counters, with the value an entry carries, its unit and exponential buckets.
+  log_distributions = {
+    recovery_latency = {
+      description = "Seconds from an attempt losing its capacity to the next attempt running."
+      match       = "jsonPayload.event=\"recovered\""
+      value       = "EXTRACT(jsonPayload.recovery_seconds)"
+      unit        = "s"
+      buckets     = { count = 36, growth = 1.5, scale = 1 } # 1 s to about 36 h
+      labels      = { family = local.family }
+    }
+    queue_wait = {
+      description = "Seconds an attempt waited QUEUED before admission let it in."
+      match       = "jsonPayload.event=\"admitted\""
+      value       = "EXTRACT(jsonPayload.queue_wait_seconds)"
+      unit        = "s"
+      buckets     = { count = 40, growth = 1.6, scale = 0.1 } # 0.1 s to about 5 days
+      labels      = { family = local.family }
+    }
+    chip_hours = {
+      description = "Chip-hours of each ended job over all its attempts; the sum is what was paid for."
+      match       = "jsonPayload.event=(\"job_succeeded\" OR \"job_failed\" OR \"job_cancelled\")"
+      value       = "EXTRACT(jsonPayload.chip_hours)"
+      unit        = "h"
+      buckets     = { count = 24, growth = 2, scale = 0.001 } # 0.001 to about 67,000 chip-hours
+      labels = {
+        owner  = { description = "Who submitted the job.", extractor = "EXTRACT(jsonPayload.owner)" }
+        family = local.family
+      }
+    }
+  }
 }
 
-# -- counts ---------------------------------------------------------------------------------
+# -- metrics: google_logging_metric.counter["NAME"] and .distribution["NAME"] ----------------
 
-resource "google_logging_metric" "jobs_submitted" {
-  name        = "${var.prefix}tpujobs/jobs_submitted"
-  description = "Jobs accepted and recorded QUEUED."
-  filter      = "${local.tpujobs_logs} AND jsonPayload.event=\"job_submitted\""
+resource "google_logging_metric" "counter" {
+  for_each = local.log_counters
+
+  name        = "${var.prefix}tpujobs/${each.key}"
+  description = each.value.description
+  filter      = "${local.tpujobs_logs} AND ${each.value.match}"
   metric_descriptor {
     metric_kind = "DELTA"
     value_type  = "INT64"
     unit        = "1"
-    labels {
-      key         = "family"
-      description = "The TPU family (v4, v5p, ...)."
-    }
-    labels {
-      key         = "capacity"
-      description = "spot or on-demand."
+    dynamic "labels" {
+      for_each = each.value.labels
+      content {
+        key         = labels.key
+        description = labels.value.description
+      }
     }
   }
-  label_extractors = {
-    family   = "EXTRACT(jsonPayload.family)"
-    capacity = "EXTRACT(jsonPayload.capacity)"
-  }
+  label_extractors = { for key, label in each.value.labels : key => label.extractor }
 }
 
-resource "google_logging_metric" "jobs_succeeded" {
-  name        = "${var.prefix}tpujobs/jobs_succeeded"
-  description = "Jobs that ended SUCCEEDED."
-  filter      = "${local.tpujobs_logs} AND jsonPayload.event=\"job_succeeded\""
-  metric_descriptor {
-    metric_kind = "DELTA"
-    value_type  = "INT64"
-    unit        = "1"
-    labels {
-      key         = "family"
-      description = "The TPU family (v4, v5p, ...)."
-    }
-  }
-  label_extractors = {
-    family = "EXTRACT(jsonPayload.family)"
-  }
-}
+resource "google_logging_metric" "distribution" {
+  for_each = local.log_distributions
 
-resource "google_logging_metric" "jobs_failed" {
-  name        = "${var.prefix}tpujobs/jobs_failed"
-  description = "Jobs that ended FAILED, by what ended them (reason_class: command_failed, capacity_lost, time_limit_reached, hung, ...)."
-  filter      = "${local.tpujobs_logs} AND jsonPayload.event=\"job_failed\""
-  metric_descriptor {
-    metric_kind = "DELTA"
-    value_type  = "INT64"
-    unit        = "1"
-    labels {
-      key         = "reason_class"
-      description = "The observation that ended the job (an EventKind value)."
-    }
-    labels {
-      key         = "family"
-      description = "The TPU family (v4, v5p, ...)."
-    }
-  }
-  label_extractors = {
-    reason_class = "EXTRACT(jsonPayload.reason_class)"
-    family       = "EXTRACT(jsonPayload.family)"
-  }
-}
-
-resource "google_logging_metric" "preemptions" {
-  name        = "${var.prefix}tpujobs/preemptions"
-  description = "Attempts that lost their capacity: preemption, hardware, a lost host."
-  filter      = "${local.tpujobs_logs} AND jsonPayload.event=\"preempted\""
-  metric_descriptor {
-    metric_kind = "DELTA"
-    value_type  = "INT64"
-    unit        = "1"
-    labels {
-      key         = "family"
-      description = "The TPU family (v4, v5p, ...)."
-    }
-    labels {
-      key         = "capacity"
-      description = "spot or on-demand."
-    }
-    labels {
-      key         = "source"
-      description = "Who saw it: agent (the host's notice), tpu (the API's state) or reconciler."
-    }
-  }
-  label_extractors = {
-    family   = "EXTRACT(jsonPayload.family)"
-    capacity = "EXTRACT(jsonPayload.capacity)"
-    source   = "EXTRACT(jsonPayload.source)"
-  }
-}
-
-resource "google_logging_metric" "rejections" {
-  name        = "${var.prefix}tpujobs/rejections"
-  description = "Messages refused and acknowledged (bad input, forged or unsigned, a job_id taken); a flood of forgeries writes one line a minute per topic and reason."
-  filter      = "${local.tpujobs_logs} AND jsonPayload.event=\"rejected\""
-  metric_descriptor {
-    metric_kind = "DELTA"
-    value_type  = "INT64"
-    unit        = "1"
-    labels {
-      key         = "topic"
-      description = "The topic the message came on."
-    }
-  }
-  label_extractors = {
-    topic = "EXTRACT(jsonPayload.topic)"
-  }
-}
-
-resource "google_logging_metric" "dead_letters" {
-  name        = "${var.prefix}tpujobs/dead_letters"
-  description = "Messages Pub/Sub gave up delivering, recorded in Firestore's dead_letters."
-  filter      = "${local.tpujobs_logs} AND jsonPayload.event=\"dead_lettered\""
-  metric_descriptor {
-    metric_kind = "DELTA"
-    value_type  = "INT64"
-    unit        = "1"
-    labels {
-      key         = "topic"
-      description = "The topic the message was first published to."
-    }
-  }
-  label_extractors = {
-    topic = "EXTRACT(jsonPayload.topic)"
-  }
-}
-
-resource "google_logging_metric" "stuck_jobs" {
-  name        = "${var.prefix}tpujobs/stuck_jobs"
-  description = "Jobs the reconciler found QUEUED or RECOVERING past the stuck limit (TPUJOBS_STUCK_AFTER_SECONDS) and converged."
-  filter      = "${local.tpujobs_logs} AND jsonPayload.event=\"job_stuck\""
-  metric_descriptor {
-    metric_kind = "DELTA"
-    value_type  = "INT64"
-    unit        = "1"
-    labels {
-      key         = "state"
-      description = "The state the job was stuck in."
-    }
-  }
-  label_extractors = {
-    state = "EXTRACT(jsonPayload.state)"
-  }
-}
-
-resource "google_logging_metric" "function_errors" {
-  name        = "${var.prefix}tpujobs/function_errors"
-  description = "Entries of severity ERROR or worse from the tpujobs functions: a handler that raised, an export that failed."
-  filter      = "${local.tpujobs_logs} AND severity>=ERROR"
-  metric_descriptor {
-    metric_kind = "DELTA"
-    value_type  = "INT64"
-    unit        = "1"
-    labels {
-      key         = "function"
-      description = "The function's Cloud Run service."
-    }
-  }
-  label_extractors = {
-    function = "EXTRACT(resource.labels.service_name)"
-  }
-}
-
-# -- distributions --------------------------------------------------------------------------
-
-resource "google_logging_metric" "recovery_latency" {
-  name            = "${var.prefix}tpujobs/recovery_latency"
-  description     = "Seconds from an attempt losing its capacity to the next attempt running."
-  filter          = "${local.tpujobs_logs} AND jsonPayload.event=\"recovered\""
-  value_extractor = "EXTRACT(jsonPayload.recovery_seconds)"
+  name            = "${var.prefix}tpujobs/${each.key}"
+  description     = each.value.description
+  filter          = "${local.tpujobs_logs} AND ${each.value.match}"
+  value_extractor = each.value.value
   metric_descriptor {
     metric_kind = "DELTA"
     value_type  = "DISTRIBUTION"
-    unit        = "s"
-    labels {
-      key         = "family"
-      description = "The TPU family (v4, v5p, ...)."
+    unit        = each.value.unit
+    dynamic "labels" {
+      for_each = each.value.labels
+      content {
+        key         = labels.key
+        description = labels.value.description
+      }
     }
   }
-  label_extractors = {
-    family = "EXTRACT(jsonPayload.family)"
-  }
+  label_extractors = { for key, label in each.value.labels : key => label.extractor }
   bucket_options {
-    exponential_buckets { # 1 s to about 36 h
-      num_finite_buckets = 36
-      growth_factor      = 1.5
-      scale              = 1
+    exponential_buckets {
+      num_finite_buckets = each.value.buckets.count
+      growth_factor      = each.value.buckets.growth
+      scale              = each.value.buckets.scale
     }
   }
 }
 
-resource "google_logging_metric" "queue_wait" {
-  name            = "${var.prefix}tpujobs/queue_wait"
-  description     = "Seconds an attempt waited QUEUED before admission let it in."
-  filter          = "${local.tpujobs_logs} AND jsonPayload.event=\"admitted\""
-  value_extractor = "EXTRACT(jsonPayload.queue_wait_seconds)"
-  metric_descriptor {
-    metric_kind = "DELTA"
-    value_type  = "DISTRIBUTION"
-    unit        = "s"
-    labels {
-      key         = "family"
-      description = "The TPU family (v4, v5p, ...)."
-    }
-  }
-  label_extractors = {
-    family = "EXTRACT(jsonPayload.family)"
-  }
-  bucket_options {
-    exponential_buckets { # 0.1 s to about 5 days
-      num_finite_buckets = 40
-      growth_factor      = 1.6
-      scale              = 0.1
-    }
-  }
+# Where each metric was declared before the two maps: moved, not destroyed and made again.
+moved {
+  from = google_logging_metric.jobs_submitted
+  to   = google_logging_metric.counter["jobs_submitted"]
 }
-
-resource "google_logging_metric" "chip_hours" {
-  name            = "${var.prefix}tpujobs/chip_hours"
-  description     = "Chip-hours of each ended job over all its attempts; the sum is what was paid for."
-  filter          = "${local.tpujobs_logs} AND jsonPayload.event=(\"job_succeeded\" OR \"job_failed\" OR \"job_cancelled\")"
-  value_extractor = "EXTRACT(jsonPayload.chip_hours)"
-  metric_descriptor {
-    metric_kind = "DELTA"
-    value_type  = "DISTRIBUTION"
-    unit        = "h"
-    labels {
-      key         = "owner"
-      description = "Who submitted the job."
-    }
-    labels {
-      key         = "family"
-      description = "The TPU family (v4, v5p, ...)."
-    }
-  }
-  label_extractors = {
-    owner  = "EXTRACT(jsonPayload.owner)"
-    family = "EXTRACT(jsonPayload.family)"
-  }
-  bucket_options {
-    exponential_buckets { # 0.001 to about 67,000 chip-hours
-      num_finite_buckets = 24
-      growth_factor      = 2
-      scale              = 0.001
-    }
-  }
+moved {
+  from = google_logging_metric.jobs_succeeded
+  to   = google_logging_metric.counter["jobs_succeeded"]
+}
+moved {
+  from = google_logging_metric.jobs_failed
+  to   = google_logging_metric.counter["jobs_failed"]
+}
+moved {
+  from = google_logging_metric.preemptions
+  to   = google_logging_metric.counter["preemptions"]
+}
+moved {
+  from = google_logging_metric.rejections
+  to   = google_logging_metric.counter["rejections"]
+}
+moved {
+  from = google_logging_metric.dead_letters
+  to   = google_logging_metric.counter["dead_letters"]
+}
+moved {
+  from = google_logging_metric.stuck_jobs
+  to   = google_logging_metric.counter["stuck_jobs"]
+}
+moved {
+  from = google_logging_metric.function_errors
+  to   = google_logging_metric.counter["function_errors"]
+}
+moved {
+  from = google_logging_metric.recovery_latency
+  to   = google_logging_metric.distribution["recovery_latency"]
+}
+moved {
+  from = google_logging_metric.queue_wait
+  to   = google_logging_metric.distribution["queue_wait"]
+}
+moved {
+  from = google_logging_metric.chip_hours
+  to   = google_logging_metric.distribution["chip_hours"]
 }
 
 # -- alerts ---------------------------------------------------------------------------------
@@ -293,7 +228,7 @@ resource "google_monitoring_alert_policy" "dead_letters" {
     content   = "Pub/Sub gave up delivering a message after its retries. `tpujobs dead-letters` lists them; replay one once its cause is fixed. ${local.alert_docs}"
     mime_type = "text/markdown"
   }
-  depends_on = [google_logging_metric.dead_letters]
+  depends_on = [google_logging_metric.counter]
 }
 
 resource "google_monitoring_alert_policy" "stuck_jobs" {
@@ -323,7 +258,7 @@ resource "google_monitoring_alert_policy" "stuck_jobs" {
     content   = "A job stayed QUEUED or RECOVERING past TPUJOBS_STUCK_AFTER_SECONDS. The job_stuck lines name it; `tpujobs describe JOB` shows why. ${local.alert_docs}"
     mime_type = "text/markdown"
   }
-  depends_on = [google_logging_metric.stuck_jobs]
+  depends_on = [google_logging_metric.counter]
 }
 
 resource "google_monitoring_alert_policy" "recovery_latency" {
@@ -352,7 +287,7 @@ resource "google_monitoring_alert_policy" "recovery_latency" {
     content   = "Over the last hour, 95% of recoveries took longer than the threshold: capacity is scarce in the jobs' zones, or quota is full. ${local.alert_docs}"
     mime_type = "text/markdown"
   }
-  depends_on = [google_logging_metric.recovery_latency]
+  depends_on = [google_logging_metric.distribution]
 }
 
 resource "google_monitoring_alert_policy" "rejection_burst" {
@@ -381,7 +316,7 @@ resource "google_monitoring_alert_policy" "rejection_burst" {
     content   = "A client sends bad specs in a loop, or someone publishes forged messages. `tpujobs rejections` shows them. ${local.alert_docs}"
     mime_type = "text/markdown"
   }
-  depends_on = [google_logging_metric.rejections]
+  depends_on = [google_logging_metric.counter]
 }
 
 resource "google_monitoring_alert_policy" "function_errors" {
@@ -411,7 +346,7 @@ resource "google_monitoring_alert_policy" "function_errors" {
     content   = "Read the function's ERROR entries in Logs Explorer (the function label names it). ${local.alert_docs}"
     mime_type = "text/markdown"
   }
-  depends_on = [google_logging_metric.function_errors]
+  depends_on = [google_logging_metric.counter]
 }
 
 # -- the dashboard --------------------------------------------------------------------------
@@ -421,17 +356,5 @@ resource "google_monitoring_dashboard" "tpujobs" {
     title  = "${var.prefix}tpujobs"
     metric = local.user_metric
   })
-  depends_on = [
-    google_logging_metric.jobs_submitted,
-    google_logging_metric.jobs_succeeded,
-    google_logging_metric.jobs_failed,
-    google_logging_metric.preemptions,
-    google_logging_metric.rejections,
-    google_logging_metric.dead_letters,
-    google_logging_metric.stuck_jobs,
-    google_logging_metric.function_errors,
-    google_logging_metric.recovery_latency,
-    google_logging_metric.queue_wait,
-    google_logging_metric.chip_hours,
-  ]
+  depends_on = [google_logging_metric.counter, google_logging_metric.distribution]
 }

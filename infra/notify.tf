@@ -2,6 +2,12 @@
 # subscription on tpujobs-status in pubsub.tf, with the same retry and dead-letter policies as
 # the others) posts job state changes to webhooks, signed with a key of its own.
 
+locals {
+  # Each notification's `link` is `{TPUJOBS_DASHBOARD_URL}/jobs/{id}`: the dashboard's address
+  # where it is served (dashboard.tf, behind IAP); without a dashboard, no link.
+  notify_env = local.dashboard_on ? { TPUJOBS_DASHBOARD_URL = "https://${var.dashboard_domain}" } : {}
+}
+
 variable "notify_signing_key_version" {
   description = "The version of the notify signing key ({prefix}tpujobs-notify-signing-key) mounted into the notify function as TPUJOBS_NOTIFY_SIGNING_KEY: a number, never \"latest\", so adding a version changes nothing until an apply names it. Receivers verify X-Tpujobs-Signature with its value."
   type        = string

@@ -220,6 +220,11 @@ variable "dashboard_domain" {
   description = "The domain the web dashboard is served on through Identity-Aware Proxy (a DNS A record to output dashboard_address), e.g. \"tpujobs.example.com\". Empty: no load balancer, and the dashboard function refuses every request."
   type        = string
   default     = ""
+
+  validation {
+    condition     = can(regex("^([a-z0-9]([a-z0-9-]*[a-z0-9])?\\.)+[a-z]{2,}$", var.dashboard_domain)) || var.dashboard_domain == ""
+    error_message = "dashboard_domain is a host name such as \"tpujobs.example.com\": no scheme, port or path (notifications link to https://DOMAIN/jobs/ID)."
+  }
 }
 
 variable "dashboard_members" {

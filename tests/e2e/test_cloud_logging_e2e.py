@@ -57,7 +57,8 @@ def test_a_jobs_output_is_read_back_from_cloud_logging_and_by_tpujobs_logs(env, 
     lines.__doc__ = f"six output lines of {job_id} in the local Cloud Logging"
     found = wait_for(lines, timeout=30)
     assert sorted(e.payload for e in found) == sorted(f"w{w} {t}" for w in (0, 1) for t in ("one", "two", "err"))
-    assert {e.payload: e.severity for e in found}["w1 two"] == "INFO"
+    severities = {e.payload: e.severity for e in found}
+    assert (severities["w1 two"], severities["w1 err"]) == ("INFO", "ERROR")  # stdout and stderr apart
 
     # Another job's code, with the same VM credentials, writes a line under this job's labels.
     labels = {**found[0].labels, "tpujobs_worker": "1", "tpujobs_seq": "999", "tpujobs_signature": "v1=" + "0" * 64}

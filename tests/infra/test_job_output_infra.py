@@ -1,5 +1,6 @@
 """Job output in Cloud Logging, as infra/ deploys it: the VM accounts may write entries and
-nothing more, and the functions are told the switch and the rate under the names the code reads."""
+nothing more, only the jobs API reads them (through a view of the job-output log alone), and the
+functions are told the switch and the rate under the names the code reads."""
 
 from __future__ import annotations
 
@@ -21,6 +22,22 @@ def test_every_vm_account_may_write_log_entries_only_when_the_feature_is_on(tf: 
         if kind == "google_project_iam_member" and "logging.viewer" in str(body.get("role"))
     ]
     assert readers == []
+
+
+def test_only_the_jobs_api_reads_job_output_and_only_through_its_view(tf: Terraform) -> None:
+    """viewAccessor on a view whose filter is the job-output log: the API reads no other log."""
+    view = tf.resource("google_logging_log_view", "job_output")
+    assert view["bucket"].endswith("/buckets/_Default")
+    assert view["filter"] == 'LOG_ID("${var.prefix}tpujobs-job-output")'
+    grants = [
+        (name, body)
+        for (kind, name), body in tf.resources.items()
+        if "logging" in kind and "iam" in kind and "view" in str(body.get("role", "")).lower()
+    ]
+    assert [(name, body["member"], body["role"]) for name, body in grants] == [
+        ("jobs_api_output_reader", '${google_service_account.function["jobs"].member}', "roles/logging.viewAccessor")
+    ]
+    assert grants[0][1]["name"] == "${google_logging_log_view.job_output[0].name}"
 
 
 def test_the_functions_get_the_switch_and_the_rate_the_settings_read(tf: Terraform) -> None:

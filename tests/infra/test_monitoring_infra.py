@@ -14,7 +14,8 @@ from typing import Any
 
 import provider_schema
 import pytest
-from terraform_config import INFRA, Terraform, block
+from for_each import instances
+from terraform_config import INFRA, Terraform, block, parse
 from test_provider_schema import problems
 
 from tpujobs.engine import metric_events
@@ -23,7 +24,36 @@ USER_METRIC = "logging.googleapis.com/user/tpujobs"
 
 
 def metrics(tf: Terraform) -> dict[str, dict[str, Any]]:
-    return tf.of_kind("google_logging_metric")
+    """Every log-based metric by its name: the instances of each for_each over a local map."""
+    found: dict[str, dict[str, Any]] = {}
+    for resource in tf.of_kind("google_logging_metric"):
+        for name, body in instances(tf, "google_logging_metric", resource).items():
+            assert name not in found, f"metric {name} declared twice"
+            found[name] = body
+    return found
+
+
+def test_the_metrics_are_two_maps_counters_and_distributions(tf: Terraform) -> None:
+    """Counters are INT64 and distributions DISTRIBUTION, each written once as a for_each over a local map."""
+    assert set(tf.of_kind("google_logging_metric")) == {"counter", "distribution"}
+    kinds = {"counter": "INT64", "distribution": "DISTRIBUTION"}
+    for resource, value_type in kinds.items():
+        made = instances(tf, "google_logging_metric", resource)
+        assert made, resource
+        assert {block(body, "metric_descriptor")["value_type"] for body in made.values()} == {value_type}
+    assert set(metrics(tf)) >= {"jobs_submitted", "stuck_jobs", "function_errors", "recovery_latency", "chip_hours"}
+
+
+def test_every_metric_declared_before_the_maps_is_moved_to_its_instance(tf: Terraform) -> None:
+    """A `moved` block per metric, from its old address to its instance: an upgrade renames, never re-creates."""
+    parsed = parse((INFRA / "monitoring.tf").read_text(encoding="utf-8"))
+    moved = {entry["from"]: entry["to"] for entry in parsed.get("moved", [])}
+    expected = {
+        f"${{google_logging_metric.{name}}}": f'${{google_logging_metric.{resource}["{name}"]}}'
+        for resource in ("counter", "distribution")
+        for name in instances(tf, "google_logging_metric", resource)
+    }
+    assert moved == expected
 
 
 def test_every_event_is_counted_and_every_field_named_is_in_the_table(tf: Terraform) -> None:
@@ -90,7 +120,7 @@ def schema() -> dict[str, Any]:
 
 def test_the_schema_check_reaches_the_nested_blocks_of_metrics_and_alerts(schema: dict[str, Any], tf: Terraform):
     """A wrong name inside metric_descriptor.labels, bucket_options' buckets or a condition's aggregations is found."""
-    metric = copy.deepcopy(tf.resource("google_logging_metric", "recovery_latency"))
+    metric = copy.deepcopy(metrics(tf)["recovery_latency"])
     assert problems(metric, schema["resource"]["google_logging_metric"], "m") == []
     metric["metric_descriptor"][0]["labels"][0]["kind"] = "STRING"
     del metric["bucket_options"][0]["exponential_buckets"][0]["scale"]

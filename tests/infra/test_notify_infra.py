@@ -73,3 +73,21 @@ def test_the_notify_function_is_no_job_engine_and_publishes_nothing(tf: Terrafor
     """It reads jobs and writes its records: no TPU, Compute or actAs rights, no topic."""
     function = tf.locals["functions"]["notify"]
     assert (function["topic"], function["job_engine"], function["publishes"]) == ("tpujobs-status", False, [])
+
+
+def test_notifications_link_to_the_dashboard_where_it_is_served(tf: Terraform) -> None:
+    """The notify function alone gets TPUJOBS_DASHBOARD_URL, https on the dashboard's domain, and
+    only when a domain is set (no link is better than a link to nothing); the domain is a bare host."""
+    assert tf.locals["notify_env"] == (
+        '${local.dashboard_on ? {TPUJOBS_DASHBOARD_URL = "https://${var.dashboard_domain}"} : {}}'
+    )
+    assert tf.locals["dashboard_on"] == '${var.dashboard_domain != ""}'
+    environment = block(tf.resource("google_cloudfunctions2_function", "function"), "service_config")
+    assert 'each.key == "notify" ? local.notify_env : {}' in environment["environment_variables"]
+    condition = block(tf.variables["dashboard_domain"], "validation")["condition"]
+    pattern = re.search(r'regex\("(.+)", var\.dashboard_domain\)', condition)
+    assert pattern is not None
+    host = re.compile(pattern[1].replace("\\\\", "\\"))
+    assert host.fullmatch("tpujobs.example.com")
+    for bad in ("https://tpujobs.example.com", "tpujobs.example.com/x", "tpujobs.example.com:443", "localhost"):
+        assert not host.fullmatch(bad), bad

@@ -482,6 +482,7 @@ def test_environment_goes_to_the_functions_that_use_it(tf: Terraform) -> None:
         "each.value.job_engine ? local.report_key_version_env : {}, "
         'each.key == "jobs" ? local.api_env : {}, '
         'each.key == "dashboard" ? local.dashboard_env : {}, '
+        'each.key == "notify" ? local.notify_env : {}, '
         'each.key == "reconcile" ? local.reconcile_env : {})}'
     )
     # Beside each mounted key, its version number in plain env: TPUJOBS_REPORT_KEY_VERSION, and

@@ -13,23 +13,23 @@ from tpujobs.domain.job import Job, new_job
 from tpujobs.domain.spec import parse_spec
 from tpujobs.domain.states import JobState
 from tpujobs.engine.api import ApiError, JobsApi
+from tpujobs.engine.dashboard.output_tail import RecentOutput
 from tpujobs.engine.dashboard.views import DashboardViews
 from tpujobs.engine.settings import Settings
-from tpujobs.local.fakes import InMemoryJobStore
+from tpujobs.local.fakes import InMemoryJobStore, InMemoryOutputBucket
+from tpujobs.local.fakes.usage_jobs import InMemoryUsageJobs
 
 T0 = datetime(2026, 3, 1, 9, 0, tzinfo=timezone.utc)
 NOW = T0 + timedelta(hours=2)
 ADA, BOB, ROOT = "ada@example.com", "bob@example.com", "root@example.com"
 
 
-class Logs:
-    """The LogReader's `show`, on fixed text per worker."""
-
-    def __init__(self, texts: dict[int, bytes]) -> None:
-        self.texts = texts
-
-    def show(self, job: Job, attempt: int, worker: int | None = None) -> tuple[bytes, bool]:
-        return self.texts.get(worker or 0, b""), False
+def output(texts: dict[int, bytes], job_id: str = "done-1") -> RecentOutput:
+    """Each worker's output as one chunk of attempt 1, in an in-memory logs bucket."""
+    bucket = InMemoryOutputBucket()
+    for worker, text in texts.items():
+        bucket.put(f"logs/jobs/{job_id}/attempt-1/chunks/slice-0-worker-{worker}/000000.log", text)
+    return RecentOutput(bucket, lambda: NOW)
 
 
 def add(store: InMemoryJobStore, job_id: str, owner: str, state: JobState, pool: str = "", **fields: Any) -> Job:
@@ -46,7 +46,10 @@ def add(store: InMemoryJobStore, job_id: str, owner: str, state: JobState, pool:
         last_checkpoint_at=T0 + timedelta(minutes=55),
         capacity_lost=True,
     )
-    job = job.evolve(state=state, usage=(usage,), updated_at=T0 + timedelta(minutes=70), warm_pool=pool)
+    ended_at = T0 + timedelta(minutes=70) if state.is_terminal else None
+    job = job.evolve(
+        state=state, usage=(usage,), updated_at=T0 + timedelta(minutes=70), ended_at=ended_at, warm_pool=pool
+    )
     store.create(job, event)
     return job
 
@@ -59,10 +62,10 @@ def store() -> InMemoryJobStore:
     return store
 
 
-def views(store: InMemoryJobStore, logs: Logs | None = None) -> DashboardViews:
-    settings = Settings(project="p", admins=(ROOT,))
-    api = JobsApi(SimpleNamespace(warm=None, access=None), store, settings)  # type: ignore[arg-type]
-    return DashboardViews(api, lambda: NOW, logs)  # type: ignore[arg-type]
+def views(store: InMemoryJobStore, logs: RecentOutput | None = None, **settings: Any) -> DashboardViews:
+    config = Settings(project="p", admins=(ROOT,), logs_bucket="p-logs", **settings)
+    api = JobsApi(SimpleNamespace(warm=None, access=None), store, config)  # type: ignore[arg-type]
+    return DashboardViews(api, lambda: NOW, InMemoryUsageJobs(store), logs)
 
 
 def test_the_jobs_page_filters_as_the_list_api_does(store: InMemoryJobStore) -> None:
@@ -96,7 +99,7 @@ def test_a_pool_filter_never_matches_a_placement_hidden_from_the_caller(store: I
 def test_the_job_page_shows_the_accounting_and_hides_what_the_api_hides(store: InMemoryJobStore) -> None:
     """8 chip-hours, 2 lost: goodput 75%; queue wait 10 min; env values only for owner and admin;
     output lines only for them too."""
-    logs = Logs({0: b"one\ntwo\n<script>alert(1)</script>\n"})
+    logs = output({0: b"one\ntwo\n<script>alert(1)</script>\n"})
     page = views(store, logs).job(BOB, "done-1")
     assert page.row.chip_hours == pytest.approx(8.0)
     assert page.lost_chip_hours == pytest.approx(2.0)
@@ -158,9 +161,9 @@ def test_the_pools_page_plots_each_pools_busy_share_per_hour_and_shows_it_as_poo
     now = T0 + timedelta(hours=2)
     service = SimpleNamespace(warm=SimpleNamespace(store=warm), access=None, clock=lambda: now)
     api = JobsApi(service, store, Settings(project="p"))  # type: ignore[arg-type]
-    (shown,) = DashboardViews(api, lambda: now).pools(BOB)
+    (shown,) = DashboardViews(api, lambda: now, InMemoryUsageJobs(store)).pools(BOB)
     hours = {bar.label: bar.value for bar in shown.hours}
     assert len(hours) == 24 and (hours["09:00"], hours["10:00"]) == (0.0, pytest.approx(1.0))
     assert shown.summary["units"][0]["job_id"] == "(hidden)"
-    (owners,) = DashboardViews(api, lambda: now).pools(ADA)
+    (owners,) = DashboardViews(api, lambda: now, InMemoryUsageJobs(store)).pools(ADA)
     assert owners.summary["units"][0]["job_id"] == "live-1"

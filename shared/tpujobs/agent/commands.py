@@ -31,10 +31,9 @@ from .containers import (
     docker_failure,
     docker_run_argv,
 )
-from .last_output import LastOutput, Tee
+from .last_output import LastOutput
 from .liveness import Liveness
-from .masking import SecretMask
-from .output import LogShipper, OutputPump
+from .output import LogShipper, OutputPump, Tee
 from .processes import group_alive, signal_group
 from .slice_link import heartbeat_period
 
@@ -132,28 +131,30 @@ class CommandRunner(Liveness):
         with self._lock:
             if self._stopping():
                 return 128 + int(signal.SIGTERM)
-            read_fd, write_fd = os.pipe()
+            pipes = {"stdout": os.pipe(), "stderr": os.pipe()}  # apart: stderr's lines are errors in Cloud Logging
             try:
                 process = subprocess.Popen(
                     argv,
                     cwd=cwd,
                     env=env,
                     stdin=subprocess.DEVNULL,
-                    stdout=write_fd,
-                    stderr=write_fd,
+                    stdout=pipes["stdout"][1],
+                    stderr=pipes["stderr"][1],
                     start_new_session=True,
                 )
             except OSError as error:
-                os.close(read_fd)
+                for read_fd, _ in pipes.values():
+                    os.close(read_fd)
                 self.note(f"cannot start {os.path.basename(argv[0])}: {error}")
                 return 127
             finally:
-                os.close(write_fd)
+                for _, write_fd in pipes.values():
+                    os.close(write_fd)
             self._current = process
             self._container = container
             self._term_delivered = False
-        tee = Tee(self.shipper, self.last_output, SecretMask(self.secret_values))
-        pump = OutputPump(read_fd, tee, self._checkpoint, self._output_seen)  # type: ignore[arg-type]
+        tee = Tee(self.shipper, self.last_output, self.secret_values)
+        pump = OutputPump({name: fds[0] for name, fds in pipes.items()}, tee, self._checkpoint, self._output_seen)
         pump.start()
         if pumps is not None:
             pumps.append(pump)

@@ -10,8 +10,7 @@ import subprocess
 import sys
 import threading
 
-from .masking import SecretMask, forms
-from .output import LogShipper
+from .masking import forms
 from .wire import MAX_LAST_LINES, MAX_LAST_LINES_CHARS
 
 LAST_LINES = MAX_LAST_LINES  # of the output sent with a failed `exited`, and at most LAST_BYTES of them
@@ -46,28 +45,6 @@ class LastOutput:
     def snapshot(self) -> bytes:
         with self._lock:
             return bytes(self._data)
-
-
-class Tee:
-    """What an output pump writes to: the shipper, and the last output kept for `exited`, both
-    after `mask` has cut the job's secret values out, so none leaves the VM in any form."""
-
-    def __init__(self, shipper: LogShipper, last: LastOutput, mask: SecretMask | None = None) -> None:
-        self.shipper = shipper
-        self.last = last
-        self.mask = mask or SecretMask({})
-
-    def write(self, data: bytes) -> None:
-        self._out(self.mask.feed(data))
-
-    def flush(self) -> None:
-        """The output ended: what the mask held back goes out too."""
-        self._out(self.mask.flush())
-
-    def _out(self, data: bytes) -> None:
-        if data:
-            self.shipper.write(data)
-            self.last.write(data)
 
 
 def redact(window: bytes, secrets: dict[str, str], dropped: bool = False) -> bytes:

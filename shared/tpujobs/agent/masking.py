@@ -2,8 +2,8 @@
 
 Each value is recognised in the forms a program commonly prints it: raw, base64 (standard and
 URL-safe, with or without padding), JSON-escaped and URL-encoded. `SecretMask` works on a
-stream: it holds back the last bytes of each piece, as long as the longest form less one, so a
-value split across two reads is still recognised.
+stream: it holds back a piece's last bytes while they may begin a form, so a value split across
+two reads is still recognised.
 """
 
 from __future__ import annotations
@@ -46,6 +46,12 @@ class SecretMask:
         longest_first = sorted(self.names, key=len, reverse=True)  # one form may hold another
         self.pattern = re.compile(b"|".join(re.escape(f) for f in longest_first)) if longest_first else None
         self.hold = max((len(f) for f in longest_first), default=1) - 1
+        # What a tail may be the start of: its first 4 bytes pick the forms; a shorter tail is looked up.
+        self.by_start: dict[bytes, list[bytes]] = {}
+        self.short = {form[:size] for form in longest_first for size in (1, 2, 3) if size < len(form)}
+        for form in longest_first:
+            self.by_start.setdefault(form[:4], []).append(form)
+        self.starts = re.compile(b"|".join(re.escape(first) for first in {form[:1] for form in longest_first}))
         self.pending = b""
 
     def mask(self, data: bytes) -> bytes:
@@ -55,23 +61,35 @@ class SecretMask:
         return self.pattern.sub(lambda found: f"[secret {self.names[found.group()]}]".encode(), data)
 
     def feed(self, data: bytes) -> bytes:
-        """What of the stream so far can be let out, masked; a tail that may start a value waits."""
+        """What of the stream so far can be let out, masked; a tail that may start a value waits
+        (only such a tail: a line's end goes out at once, ahead of the other stream's next lines)."""
         if self.pattern is None:
             return data
         data = self.pending + data
-        # A value that starts before `limit` lies wholly in `data`, so it is recognised now (its
-        # longest form first); one that starts later may not have come whole yet: it waits.
-        limit = len(data) - self.hold
+        # A form that starts before `unsure` is whole in `data` or not there at all, so it is
+        # recognised now (its longest form first); from `unsure` on a form may be half come.
+        unsure = self._unsure(data, 0)
         out, pos = bytearray(), 0
         for found in self.pattern.finditer(data):
-            if found.start() >= limit:
+            if found.start() >= unsure:
                 break
             out += data[pos : found.start()] + f"[secret {self.names[found.group()]}]".encode()
             pos = found.end()
-        keep_from = max(pos, limit)
-        out += data[pos:keep_from]
-        self.pending = data[keep_from:]
+            if pos > unsure:  # the form masked held it: what may begin one lies after
+                unsure = self._unsure(data, pos)
+        out += data[pos:unsure]
+        self.pending = data[unsure:]
         return bytes(out)
+
+    def _unsure(self, data: bytes, start: int) -> int:
+        """The first position from `start` where the rest of `data` begins a form, not yet whole."""
+        for found in self.starts.finditer(data, max(start, len(data) - self.hold)):
+            rest = data[found.start() :]
+            if rest in self.short or any(
+                len(rest) < len(form) and form.startswith(rest) for form in self.by_start.get(rest[:4], ())
+            ):
+                return found.start()
+        return len(data)
 
     def flush(self) -> bytes:
         """The rest of the stream, masked."""

@@ -1,16 +1,23 @@
 """A job's output read back from Cloud Logging, and the Logs Explorer link `submit` and `describe`
-print. Only entries that the job's own agents signed are shown (`tpujobs.domain.job_output`); the
-Logs Explorer shows every entry, so the link says it does not check them.
+print. Only entries that the job's own agents signed are shown (`tpujobs.domain.job_output`): the
+jobs API checks them for everyone (its `logs` action holds the master key); without an API, a
+machine that holds the master key (an operator's) checks them itself. The Logs Explorer shows
+every entry, so the link says it does not check them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from tpujobs.domain import job_output
 from tpujobs.domain.job import Job
-from tpujobs.domain.signing import MasterKeys, MissingMasterKey, created_micros
+from tpujobs.engine.jobs_api.job_output import verifying_keys as verifying_keys
 from tpujobs.engine.settings import Settings
+
+Write = Callable[[bytes], None]
+# Pages one `tpujobs logs` reads through the API at most (each up to the API's MAX_ENTRIES entries).
+MAX_PAGES = 200
 
 
 def explorer_link(config: Settings, job_id: str, cloud_logging: bool | None = None) -> str | None:
@@ -18,29 +25,7 @@ def explorer_link(config: Settings, job_id: str, cloud_logging: bool | None = No
     return job_output.output_link(config.project, config.prefix, job_id, cloud_logging, config.cloud_logging)
 
 
-def verifying_keys(config: Settings, job: Job) -> Callable[[int, int, str], bytes | None] | None:
-    """What finds the key each entry must be signed with, or None when this machine holds no
-    master key (only the control plane and its operators do)."""
-    keys = MasterKeys.of(
-        config.report_key, config.report_key_version, config.report_key_previous, config.report_key_previous_version
-    )
-    created = created_micros(job.created_at) if job.created_at else None
-
-    def key_for(attempt: int, job_created: int, version: str) -> bytes | None:
-        if job_created != created or version not in keys.secrets:  # another job of that id, or no such key
-            return None
-        return keys.attempt_key(job.job_id, job_created, attempt, version)
-
-    try:
-        keys.attempt_key(job.job_id, 0, 1)
-    except MissingMasterKey:
-        return None
-    return key_for
-
-
-def read_verified(
-    config: Settings, job: Job, attempt: int, worker: int | None, write: Callable[[bytes], None]
-) -> tuple[int, int] | None:
+def read_verified(config: Settings, job: Job, attempt: int, worker: int | None, write: Write) -> tuple[int, int] | None:
     """Writes the attempt's verified lines (one worker's: K = slice x hosts per slice + worker);
     (lines, forged entries dropped), or None when they cannot be verified here."""
     from tpujobs.adapters.job_output_logs import read_entries
@@ -58,3 +43,31 @@ def read_verified(
         write(line.text.encode("utf-8", "replace") + b"\n")
         shown += 1
     return shown, verified.forged
+
+
+def read_through_api(
+    ask: Callable[[dict[str, Any]], dict[str, Any] | None],
+    job_id: str,
+    attempt: int | None,
+    worker: int | None,
+    write: Write,
+) -> tuple[int, int] | None:
+    """Writes the verified lines the jobs API's `logs` answers, page by page; (lines, forged
+    entries dropped), or None when the job's output is not in Cloud Logging. `ask` posts one
+    request (`cli.common.ask_api`, as the caller) and raises with the API's refusal."""
+    request: dict[str, Any] = {"action": "logs", "job_id": job_id}
+    request.update({k: v for k, v in (("attempt", attempt), ("worker", worker)) if v is not None})
+    shown = forged = 0
+    for _ in range(MAX_PAGES):
+        answer = ask(request) or {}
+        if not answer.get("cloud_logging"):
+            return None
+        for line in answer.get("lines", []):
+            write(str(line.get("text", "")).encode("utf-8", "replace") + b"\n")
+            shown += 1
+        forged += int(answer.get("forged") or 0)
+        if not answer.get("after"):
+            return shown, forged
+        request["after"] = answer["after"]
+        request["attempt"] = answer.get("attempt", attempt)  # the pages of one attempt, even if another starts
+    return shown, forged

@@ -614,10 +614,14 @@ def show_logs(
     ] = False,
     owner: Owner = None,
 ) -> None:
-    """Show a job's output: an attempt's exported log, or its output chunks as they are."""
+    """Show a job's output: its verified lines in Cloud Logging, an attempt's exported log, or its
+    output chunks as they are."""
     config = settings()
     if links:
         _print_links(config, job_id, attempt, owner)
+        return
+    url = api_url()
+    if url and not follow_ and _api_output(config, url, job_id, attempt, worker, owner):
         return
     from google.cloud import firestore
 
@@ -662,7 +666,37 @@ def _cloud_output(config: Settings, job: Job, attempt: int, worker: int | None) 
     found = read_verified(config, job, attempt, worker, _write_raw)
     if found is None:  # no master key here to check entries with: the Cloud Storage copy is the same output
         return False
-    lines, forged = found
+    return _shown_verified(*found)
+
+
+def _api_output(
+    config: Settings, url: str, job_id: str, attempt: int | None, worker: int | None, owner: str | None
+) -> bool:
+    """The attempt's output as the jobs API's `logs` answers it, each entry's signature checked
+    there (users hold no master key); False: not in Cloud Logging, or the API would not answer
+    (not the job's owner or an admin, no master key there, an API older than `logs`): then it is
+    read directly with the caller's own credentials, as admin reads the API refuses are."""
+    from tpujobs.cli.cloud_output import read_through_api
+    from tpujobs.cli.common import Refused
+
+    who = caller(owner)
+    written: list[int] = []
+
+    def write(data: bytes) -> None:
+        written.append(len(data))
+        _write_raw(data)
+
+    try:
+        found = read_through_api(lambda request: ask_api(config, url, request, who), job_id, attempt, worker, write)
+    except Refused as refused:
+        if refused.status not in (400, 403, 503) or written:  # a later page refused: never print twice
+            raise
+        return False
+    return found is not None and _shown_verified(*found)
+
+
+def _shown_verified(lines: int, forged: int) -> bool:
+    """Whether verified output was shown (else the Cloud Storage copy is read); forged entries are said."""
     if not lines and not forged:  # nothing there (an older job, or not yet): the Cloud Storage copy
         return False
     if forged:

@@ -36,6 +36,7 @@ __all__ = [
     "OutputLine",
     "RawEntry",
     "Verified",
+    "attempt_output_link",
     "explorer_url",
     "job_filter",
     "log_name",
@@ -78,6 +79,13 @@ def output_link(project: str, prefix: str, job_id: str, spec_switch: bool | None
     if not wanted(spec_switch, deployment_on):
         return None
     return explorer_url(project, job_filter(project, prefix, job_id))
+
+
+def attempt_output_link(project: str, prefix: str, job_id: str, attempt: int, since: datetime) -> str:
+    """The Logs Explorer link of one attempt's output, from `since` (the attempt's start): a
+    timestamp in the query overrides the Explorer's default window (the last hour), which would
+    hide an older attempt's lines. Only for a job whose output goes there (`wanted`)."""
+    return explorer_url(project, job_filter(project, prefix, job_id, attempt, since))
 
 
 def explorer_url(project: str, query: str) -> str:

@@ -28,6 +28,7 @@ from tpujobs.engine.jobs_api.answers import rejection_document as rejection_docu
 from tpujobs.engine.jobs_api.answers import to_json as to_json
 from tpujobs.engine.jobs_api.attempt_keys import AttemptKeys
 from tpujobs.engine.jobs_api.job_actions import JobActions
+from tpujobs.engine.jobs_api.job_output import JobOutput
 from tpujobs.engine.jobs_api.pool_actions import WAITING_SHOWN as WAITING_SHOWN
 from tpujobs.engine.jobs_api.pool_actions import PoolActions
 from tpujobs.engine.jobs_api.records import Records
@@ -36,6 +37,7 @@ from tpujobs.engine.jobs_api.requests import ApiRequest, parse_body, validated
 from tpujobs.engine.settings import Settings
 
 if TYPE_CHECKING:
+    from tpujobs.engine.jobs_api.job_output import OutputEntries
     from tpujobs.engine.ports import DeadLetterStore, JobDocuments
     from tpujobs.engine.services import Engine, WarmPools
 
@@ -59,6 +61,7 @@ ROUTES = {
     "pool-resize": ("pool_actions", "resize"),
     "pool-delete": ("pool_actions", "delete"),
     "attempt-key": ("attempt_keys", "grant"),
+    "logs": ("job_output", "read"),
 }
 
 
@@ -73,13 +76,15 @@ class JobsApi:
         verify_token: TokenVerifier | None = None,
         dead_letters: DeadLetterStore | None = None,
         verify_vm_token: TokenVerifier | None = None,
+        output_entries: OutputEntries | None = None,
     ) -> None:
         """`store` is the service's job store, with its documents (what `describe` shows);
         `verify_token` checks signed ID tokens (`adapters.google_id_tokens`, which `runtime`
         wires): without one, only the local stack's caller header and tokens Cloud Run
         checked are accepted. `dead_letters`: the deployment's, for admins; None: none kept.
         `verify_vm_token` checks the VM identity tokens hosts trade for their attempt's key
-        (Google's certificates, or the local simulator's); None: no key is handed out."""
+        (Google's certificates, or the local simulator's); None: no key is handed out.
+        `output_entries`: the deployment's Cloud Logging, where `logs` reads jobs' output (None: it reads none)."""
         self.service = service
         self.store = store
         self.settings = settings
@@ -87,6 +92,7 @@ class JobsApi:
         self.identity = CallerIdentity(self.verify_token, platform_auth=settings.api_platform_auth)
         self._dead_letters = dead_letters
         self.verify_vm_token = verify_vm_token or _no_signed_tokens
+        self._output_entries = output_entries
 
     def handle(self, method: str, url: str, headers: Headers, body: bytes) -> Response:
         """Answer one HTTP request; every refusal is a JSON `{"error": sentence}`."""
@@ -153,6 +159,11 @@ class JobsApi:
     def attempt_keys(self) -> AttemptKeys:
         """`attempt-key`: a host's key, for its VM's identity token."""
         return AttemptKeys(self.store, self.settings, self.verify_vm_token, self.service.clock)
+
+    @property
+    def job_output(self) -> JobOutput:
+        """`logs`: a job's verified output from Cloud Logging, for its owner or an admin."""
+        return JobOutput(self.store, self.settings, self._output_entries, self.job_actions.job)
 
     @property
     def warm(self) -> WarmPools:

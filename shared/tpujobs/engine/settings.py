@@ -122,10 +122,12 @@ class Settings:
     dead_letter_retention_days: int = 30
     # Job output to Cloud Logging (TPUJOBS_CLOUD_LOGGING): each job's unless its spec says
     # `cloud_logging: false`; at most logging_lines_per_second lines a second per host, the rest
-    # counted. logging_endpoint: the local stand-in's base URL; empty: Google's.
+    # counted. logging_endpoint: the local stand-in's base URL; empty: Google's. logging_view: the
+    # log view the jobs API reads job output through (infra/job_output.tf); empty: the project.
     cloud_logging: bool = False
     logging_lines_per_second: int = 200
     logging_endpoint: str = ""
+    logging_view: str = ""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:

@@ -21,6 +21,7 @@ import json
 import os
 import secrets
 import shlex
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -350,10 +351,13 @@ def _start(
         specs.append(processes.storage_emulator(ports["storage"]))
     specs.append(processes.secret_manager(secrets_port, prefix=settings.prefix, env=service_env))
     specs.append(processes.cloud_logging(logging_port, env=service_env))
+    base_path = service_env.get("PATH", "")
     specs.append(
         processes.simulator(
             simulator_port,
-            env=service_env,
+            # The simulated TPU VMs' `python3` is this venv's: a job's code finds there what its setup
+            # would install on a real VM (examples/jax_lm's JAX: the jax extra).
+            env={**service_env, "PATH": os.pathsep.join(filter(None, (str(Path(sys.executable).parent), base_path)))},
             state_file=simulator_state_file,
             workers_root=state_dir / "workers",  # kept after `down`: every worker's log
         )

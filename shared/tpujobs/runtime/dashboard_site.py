@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import jinja2
 
 from tpujobs.engine.dashboard.caller import Unauthenticated
+from tpujobs.engine.dashboard.usage import MAX_DAYS
 from tpujobs.engine.errors import TransientError
 from tpujobs.engine.jobs_api.answers import ApiError
 
@@ -95,9 +96,12 @@ class DashboardSite:
             job = self.views.job(caller, match["job_id"])
             return self._render("job.html", caller, "jobs", job.moving, job=job)
         if path == "/pools":
-            return self._render("pools.html", caller, "pools", False, pools=self.views.pools(caller))
+            pools = self.views.pools(caller)
+            return self._render("pools.html", caller, "pools", any(pool.held for pool in pools), pools=pools)
         if path == "/usage":
-            return self._render("usage.html", caller, "usage", False, usage=self.views.usage(caller))
+            return self._render(
+                "usage.html", caller, "usage", False, usage=self.views.usage(caller, query), max_days=MAX_DAYS
+            )
         raise ApiError(404, f"No page {path!r}.")
 
     def _render(self, name: str, caller: str, section: str, moving: bool, **context: object) -> Page:

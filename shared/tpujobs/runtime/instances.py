@@ -199,6 +199,7 @@ def jobs_api() -> JobsApi:
     (cached in the verifier), its dead letters for admins."""
     from tpujobs.adapters.firestore_dead_letters import FirestoreDeadLetters
     from tpujobs.adapters.google_id_tokens import GoogleIdTokens
+    from tpujobs.adapters.job_output_logs import CloudLoggingEntries
     from tpujobs.engine.api import JobsApi
 
     a = adapters()
@@ -209,6 +210,7 @@ def jobs_api() -> JobsApi:
         verify_token=GoogleIdTokens(a.settings.api_certs_url),
         dead_letters=FirestoreDeadLetters(a.firestore),
         verify_vm_token=GoogleIdTokens(a.settings.vm_certs_url),
+        output_entries=CloudLoggingEntries(a.settings.project, a.settings.logging_endpoint, a.settings.logging_view),
     )
 
 
@@ -257,11 +259,12 @@ def output_exporter() -> OutputExporter:
 @functools.cache
 def dashboard() -> DashboardSite:
     """The web dashboard of this process: the jobs API's rules and store, IAP's header checked
-    with its published keys (cached), output read from the logs bucket."""
+    with its published keys (cached), output's last lines read from the logs bucket's newest chunks."""
+    from tpujobs.adapters.firestore_usage import FirestoreUsageJobs
     from tpujobs.adapters.iap_tokens import IapTokens
     from tpujobs.engine.dashboard.caller import DashboardCaller
+    from tpujobs.engine.dashboard.output_tail import RecentOutput
     from tpujobs.engine.dashboard.views import DashboardViews
-    from tpujobs.engine.output_export import LogReader
     from tpujobs.runtime.dashboard_site import DashboardSite
 
     config = settings()
@@ -271,8 +274,9 @@ def dashboard() -> DashboardSite:
         local_stack=config.local_stack,
         local_user=config.dashboard_local_user,
     )
-    logs = LogReader(build_log_objects(config), job_store())
-    return DashboardSite(DashboardViews(jobs_api(), utc_now, logs), caller)
+    output = RecentOutput(build_log_objects(config).bucket, utc_now)
+    views = DashboardViews(jobs_api(), utc_now, FirestoreUsageJobs(firestore_client()), output)
+    return DashboardSite(views, caller)
 
 
 @functools.cache

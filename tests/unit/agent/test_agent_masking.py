@@ -9,8 +9,9 @@ from collections.abc import Callable
 
 import pytest
 
-from tpujobs.agent.last_output import LastOutput, Tee, last_lines
+from tpujobs.agent.last_output import LastOutput, last_lines
 from tpujobs.agent.masking import SecretMask, forms
+from tpujobs.agent.output import Tee
 
 VALUE = 'hf_Zq9"/+ &é\\x'  # quotes, slashes, a space, an ampersand, a backslash, a non-ASCII letter
 SECRETS = {"HF_TOKEN": VALUE}
@@ -52,14 +53,15 @@ class Shipper:
     def __init__(self) -> None:
         self.shipped = b""
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes, stream: str = "agent") -> bytes:
         self.shipped += data
+        return b""
 
 
 def test_the_tee_ships_and_keeps_only_masked_output() -> None:
     """What goes to the chunks and to the last output is masked; the held-back tail comes at the end."""
     shipper, last = Shipper(), LastOutput()
-    tee = Tee(shipper, last, SecretMask(SECRETS))  # type: ignore[arg-type]
+    tee = Tee(shipper, last, SECRETS)  # type: ignore[arg-type]
     printed = b"".join(FORMS[form](VALUE) + b"\n" for form in sorted(FORMS))
     for start in range(0, len(printed), 5):
         tee.write(printed[start : start + 5])

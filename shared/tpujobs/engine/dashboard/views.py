@@ -9,16 +9,19 @@ owner or an admin (`domain.access.may_cancel`, the rule of env values).
 from __future__ import annotations
 
 import json
-from collections import defaultdict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from tpujobs.domain.access import may_cancel
+from tpujobs.domain.console_links import storage_console_url
+from tpujobs.domain.job_output import attempt_output_link, wanted
+from tpujobs.domain.naming import job_prefix
 from tpujobs.domain.pools import Pool, usage_since
 from tpujobs.domain.states import TERMINAL
 from tpujobs.engine.dashboard import charts
+from tpujobs.engine.dashboard.usage import UsagePage, usage_page, window_days
 from tpujobs.engine.jobs_api.answers import ApiError
 from tpujobs.engine.jobs_api.requests import JobRequest, ListRequest, NothingRequest, validated
 from tpujobs.engine.ports import JobFilter
@@ -26,13 +29,12 @@ from tpujobs.engine.ports import JobFilter
 if TYPE_CHECKING:
     from tpujobs.domain.job import Job
     from tpujobs.engine.api import JobsApi
-    from tpujobs.engine.output_export import LogReader
+    from tpujobs.engine.dashboard.output_tail import RecentOutput
+    from tpujobs.engine.dashboard.usage import UsageJobs
     from tpujobs.engine.ports import Clock
 
-OUTPUT_LINES = 20  # last lines shown per worker
 OUTPUT_WORKERS = 8  # workers whose output a job page reads (a big slice has hundreds)
-USAGE_JOBS = 500  # the newest jobs the usage page sums
-USAGE_DAYS = 14
+LINKED_WORKERS = 8  # workers whose exported log is linked one by one; the attempt's folder has all
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,15 @@ class JobsPage:
 
 
 @dataclass(frozen=True)
+class LogLink:
+    """Where some of a job's output is: a page a person can open, or only its text (locally)."""
+
+    what: str
+    text: str  # the gs:// URI, or the name of the page
+    url: str | None  # the Cloud Console's page; None where none opens it (the local stack)
+
+
+@dataclass(frozen=True)
 class JobPage:
     row: JobRow
     spec_text: str
@@ -64,7 +75,7 @@ class JobPage:
     lanes: list[charts.Lane]
     queue_wait_seconds: float
     lost_chip_hours: float
-    log_links: list[tuple[str, str]]  # (what, gs:// URI)
+    log_links: list[LogLink]
     output: dict[int, list[str]] | None  # worker K -> last lines; None: not for this caller
     moving: bool
 
@@ -75,30 +86,20 @@ class PoolView:
     summary: Mapping[str, Any]
     hours: list[charts.Bar]
 
-
-@dataclass(frozen=True)
-class UsageRow:
-    group: str  # "owner alice@x" or "label team=a"
-    day: str
-    chip_hours: float
-    goodput: float | None
-
-
-@dataclass(frozen=True)
-class UsagePage:
-    days: list[charts.Bar]
-    owners: list[charts.Bar]
-    labels: list[charts.Bar]
-    rows: list[UsageRow] = field(default_factory=list)
+    @property
+    def held(self) -> bool:
+        """Whether a job is on one of its units (hidden or not): the pools page then refreshes."""
+        return any(unit.get("job_id") for unit in self.summary.get("units") or ())
 
 
 class DashboardViews:
     """Builds each page's view for a caller on the jobs API's parts (its store, settings, rules)."""
 
-    def __init__(self, api: JobsApi, clock: Clock, logs: LogReader | None = None) -> None:
+    def __init__(self, api: JobsApi, clock: Clock, usage_jobs: UsageJobs, output: RecentOutput | None = None) -> None:
         self.api = api
         self.clock = clock
-        self.logs = logs
+        self.usage_jobs = usage_jobs
+        self.output = output
 
     def jobs(self, caller: str, query: Mapping[str, str]) -> JobsPage:
         """The list API's filters (state, owner, label `k=v`), and pool; a bad one is a 400."""
@@ -129,13 +130,6 @@ class DashboardViews:
         document = answer["job"]
         now = self.clock()
         accounting = job.accounting(None if job.state in TERMINAL else now)
-        links = []
-        for attempt in answer["attempts"]:
-            number = attempt.get("attempt")
-            if attempt.get("log_uri"):
-                links.append((f"attempt {number}", str(attempt["log_uri"])))
-            for worker, uri in sorted((attempt.get("worker_logs") or {}).items()):
-                links.append((f"attempt {number} worker {worker}", str(uri)))
         return JobPage(
             row=self._row(job, document),
             spec_text=json.dumps(document.get("spec", {}), indent=2, sort_keys=True, default=str),
@@ -144,7 +138,7 @@ class DashboardViews:
             lanes=charts.attempts_timeline(job.usage, now),
             queue_wait_seconds=accounting.queue_wait_seconds,
             lost_chip_hours=accounting.lost_chip_hours,
-            log_links=links,
+            log_links=self._log_links(job, answer["attempts"]),
             output=self._output(caller, job),
             moving=job.state not in TERMINAL,
         )
@@ -162,36 +156,11 @@ class DashboardViews:
             views.append(PoolView(summary["name"], summary, charts.bars(hours)))
         return views
 
-    def usage(self, caller: str, days: int = USAGE_DAYS) -> UsagePage:
-        """Chip-hours and goodput per owner and per label, per day, over the newest jobs' attempts.
-        Anyone sees them, as anyone may `list` jobs with their usage."""
-        now = self.clock()
-        since = (now - timedelta(days=days - 1)).strftime("%Y-%m-%d")
-        sums: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
-        for job in self.api.store.list_jobs(limit=USAGE_JOBS):
-            groups = [f"owner {job.owner}", *(f"label {k}={v}" for k, v in sorted(job.spec.labels.items()))]
-            for day, (total, lost) in charts.daily_chip_hours(job.usage, now).items():
-                if day < since:
-                    continue
-                for group in groups:
-                    sums[(group, day)][0] += total
-                    sums[(group, day)][1] += lost
-        rows = [
-            UsageRow(group, day, total, (total - lost) / total if total > 0 else None)
-            for (group, day), (total, lost) in sorted(sums.items())
-        ]
-        per_day: dict[str, float] = defaultdict(float)
-        per_group: dict[str, float] = defaultdict(float)
-        for row in rows:
-            per_group[row.group] += row.chip_hours
-            if row.group.startswith("owner "):
-                per_day[row.day] += row.chip_hours
-        return UsagePage(
-            days=charts.bars(sorted(per_day.items())),
-            owners=charts.bars((g.removeprefix("owner "), v) for g, v in per_group.items() if g.startswith("owner ")),
-            labels=charts.bars((g.removeprefix("label "), v) for g, v in per_group.items() if g.startswith("label ")),
-            rows=rows,
-        )
+    def usage(self, caller: str, query: Mapping[str, str] | None = None) -> UsagePage:
+        """Chip-hours and goodput per owner and per label, per day, over every job of the last
+        `days` days (`engine.dashboard.usage`). Anyone sees them, as anyone may `list` jobs with
+        their usage."""
+        return usage_page(self.usage_jobs, self.clock(), window_days((query or {}).get("days")))
 
     def _row(self, job: Job, document: Mapping[str, Any]) -> JobRow:
         accounting = job.accounting(None if job.state in TERMINAL else self.clock())
@@ -210,13 +179,39 @@ class DashboardViews:
 
     def _output(self, caller: str, job: Job) -> dict[int, list[str]] | None:
         """The current attempt's last lines per worker, for its owner or an admin; None for others."""
-        if self.logs is None or not may_cancel(job.owner, caller, self.api.settings.admins):
+        if self.output is None or not may_cancel(job.owner, caller, self.api.settings.admins):
             return None
-        out = {}
-        for worker in range(min(job.total_workers, OUTPUT_WORKERS)):
-            text, _ = self.logs.show(job, job.attempt, worker)
-            out[worker] = text.decode("utf-8", errors="replace").splitlines()[-OUTPUT_LINES:]
-        return out
+        workers = min(job.total_workers, OUTPUT_WORKERS)
+        return self.output.last_lines(job, job.attempt, workers, ended=job.state in TERMINAL)
+
+    def _log_links(self, job: Job, attempts: list[Mapping[str, Any]]) -> list[LogLink]:
+        """Per attempt: its output folder, its exported logs (once written), and its lines in Logs
+        Explorer where the job's output goes to Cloud Logging. The Cloud Console opens nothing of
+        the local stack's emulators, so there the gs:// URIs are shown as text, unlinked, and the
+        Logging query is left out (`tpujobs logs` reads both)."""
+        config = self.api.settings
+        local = config.local_stack
+        bucket = config.logs_bucket or f"{config.project}-tpujobs-logs"
+
+        def gs(what: str, uri: str) -> LogLink:
+            return LogLink(what, uri, None if local else storage_console_url(uri, config.project))
+
+        exported = {a.get("attempt"): a for a in attempts}
+        links = []
+        for usage in job.usage:
+            number = usage.attempt
+            folder = f"gs://{bucket}/{job_prefix(job.job_id, job.spec.service_account)}attempt-{number}/"
+            links.append(gs(f"attempt {number}: output folder", folder))
+            logs = exported.get(number) or {}
+            if logs.get("log_uri"):
+                links.append(gs(f"attempt {number}: every worker's log", str(logs["log_uri"])))
+            for worker, uri in sorted((logs.get("worker_logs") or {}).items(), key=lambda kv: int(kv[0])):
+                if int(worker) < LINKED_WORKERS:
+                    links.append(gs(f"attempt {number}: worker {worker}'s log", str(uri)))
+            if not local and wanted(job.spec.cloud_logging, config.cloud_logging):
+                url = attempt_output_link(config.project, config.prefix, job.job_id, number, usage.waiting_since)
+                links.append(LogLink(f"attempt {number}: Cloud Logging", "Logs Explorer", url))
+        return links
 
 
 def _usage_since(pool: Pool, now: datetime) -> Callable[[datetime], tuple[float, float]]:

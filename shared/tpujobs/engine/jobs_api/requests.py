@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+from datetime import datetime
 from typing import Annotated, Any, ClassVar
 
 from pydantic import (
@@ -51,6 +52,8 @@ SENTENCES = {
     "slice_id": "'slice_id' is required: the host's slice, 0 or more.",
     "worker_id": "'worker_id' is required: the host's worker number in its slice, 0 or more.",
     "identity": "'identity' is required: the VM's instance identity token (format=full).",
+    "worker": "'worker' must be a worker's number K, 0 or more (K = slice x hosts per slice + worker).",
+    "after": "'after' must be a time with its offset, as a `logs` answer's 'after' gives it.",
 }
 NOT_FROM_BODY = "The caller is never taken from the body: remove 'owner'"
 SAYS_WHO = f"; the ID token (locally the {CALLER_HEADER} header) says who asks."
@@ -183,6 +186,27 @@ def _ip_address(value: str) -> str:
         raise ValueError(f"address must be an IP address, got {value[:64]!r}") from None
 
 
+def _moment(value: Any) -> Any:
+    """An ISO 8601 time with its offset (as `logs` answers `after`), or None."""
+    if value is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(value) if isinstance(value, str) else None
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        raise ValueError(SENTENCES["after"])
+    return moment
+
+
+class LogsRequest(JobRequest):
+    """`logs`: a page of an attempt's verified output (default: the current attempt), or one worker's."""
+
+    attempt: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    worker: Annotated[int, Field(ge=0, le=1_000_000)] | None = None
+    after: Annotated[datetime | None, BeforeValidator(_moment)] = None
+
+
 class AttemptKeyRequest(ApiRequest):
     """`attempt-key`: a host of a job's attempt asks for its key, with its VM's identity token."""
 
@@ -214,6 +238,7 @@ REQUESTS: dict[str, type[ApiRequest] | None] = {
     "pool-resize": PoolResizeRequest,
     "pool-delete": PoolRequest,
     "attempt-key": AttemptKeyRequest,
+    "logs": LogsRequest,
 }
 ACTIONS = tuple(REQUESTS)
 
