@@ -33,24 +33,17 @@ def use_storage_emulator(environ: dict[str, str] | os._Environ[str] = os.environ
     return True
 
 
-def open_manager(location: str, keep: int, writes: bool, ocdbt: bool = True) -> ocp.CheckpointManager:
-    """A manager that keeps the newest `keep` checkpoints; a reader's (writes=False) can neither save
-    nor delete, nor create the location.
-
-    `ocdbt`: orbax's default layout, all arrays in one TensorStore OCDBT database per process. Off
-    against the Storage emulator only: OCDBT updates its manifest by read-modify-write on the object's
-    generation, and gcp-storage-emulator sends no generation with a download (TensorStore: "Malformed
-    StorageGeneration"); one zarr array per leaf needs none.
-    """
+def open_manager(location: str, keep: int, writes: bool) -> ocp.CheckpointManager:
+    """A manager that keeps the newest `keep` checkpoints, in orbax's default layout (one TensorStore
+    OCDBT database per process); a reader's (writes=False) can neither save nor delete, nor create
+    the location."""
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep,
         create=writes,
         read_only=not writes,
         enable_async_checkpointing=True,  # training goes on while a checkpoint is written
     )
-    return ocp.CheckpointManager(
-        location, options=options, item_handlers=ocp.StandardCheckpointHandler(use_ocdbt=ocdbt)
-    )
+    return ocp.CheckpointManager(location, options=options, item_handlers=ocp.StandardCheckpointHandler())
 
 
 def written_by(manager: ocp.CheckpointManager, step: int) -> int | None:

@@ -107,7 +107,7 @@ def main() -> None:
     location = (args.checkpoint_dir or env.get("TPUJOBS_CHECKPOINT_URI", "")).rstrip("/")
     if not location:
         sys.exit("no checkpoint location: pass --checkpoint-dir or set TPUJOBS_CHECKPOINT_URI")
-    emulator = checkpointing.use_storage_emulator()
+    checkpointing.use_storage_emulator()
     attempt = int(env["TPUJOBS_ATTEMPT"]) if env.get("TPUJOBS_ATTEMPT") else None
     host = (int(env.get("TPUJOBS_SLICE_ID", "0")), int(env.get("TPUJOBS_WORKER_ID", "0")))
     hosts = int(env.get("TPUJOBS_NUM_WORKERS", "1")) * int(env.get("TPUJOBS_NUM_SLICES", "1"))
@@ -116,7 +116,7 @@ def main() -> None:
     distributed = start_distributed(args.distributed, hosts)
     primary = jax.process_index() == 0 and (distributed or host == (0, 0))
     saves = distributed or primary  # orbax's save is collective under jax.distributed; it writes each shard once
-    manager = checkpointing.open_manager(location, args.keep, writes=saves, ocdbt=not emulator)
+    manager = checkpointing.open_manager(location, args.keep, writes=saves)
 
     mesh = Mesh(np.array(jax.devices()), ("data",))
     replicated, by_row = NamedSharding(mesh, PartitionSpec()), NamedSharding(mesh, PartitionSpec("data"))
@@ -152,6 +152,7 @@ def main() -> None:
 
     while step < args.steps:
         if stop.agreed(distributed):
+            report_durable(wait=True)  # what is in flight first: the host may die during the next save
             if saves and checkpointing.save(manager, step, state, attempt):
                 pending.append(step)
             report_durable(wait=True)

@@ -231,11 +231,14 @@ def pubsub_emulator(port: int, project: str, *, deadline_s: float = 60.0) -> Ser
 
 
 def storage_emulator(port: int, *, deadline_s: float = 30.0) -> ServiceSpec:
-    """gcp-storage-emulator, in memory: enough of the JSON API for google-cloud-storage."""
+    """gcp-storage-emulator, in memory: enough of the JSON API for google-cloud-storage (with two
+    mends, `tpujobs.local.storage_emulator`)."""
     return ServiceSpec(
         name="storage",
         argv=(
-            _venv_script("gcp-storage-emulator"),
+            sys.executable,
+            "-m",
+            "tpujobs.local.storage_emulator",
             "start",
             f"--host={LOOPBACK}",
             f"--port={port}",
