@@ -5,7 +5,7 @@ from __future__ import annotations
 import urllib.request
 from urllib.parse import quote
 
-from tpujobs.local.storage_emulator import _write_config_unless_in_memory
+from tpujobs.local.storage_emulator import write_config_unless_in_memory
 
 
 def test_a_download_carries_the_objects_generation_as_cloud_storage_sends_it(storage_url: str, bucket) -> None:
@@ -37,7 +37,7 @@ def test_the_metadata_file_is_still_written_where_the_store_is_on_disk() -> None
         def __init__(self, in_memory: bool) -> None:
             self._use_memory_fs = in_memory
 
-    write = _write_config_unless_in_memory(lambda self: written.append("meta"))
+    write = write_config_unless_in_memory(lambda self: written.append("meta"))
     write(Store(in_memory=True))  # type: ignore[arg-type]
     assert written == []
     write(Store(in_memory=False))  # type: ignore[arg-type]

@@ -28,7 +28,7 @@ from tpujobs.engine.settings import Settings
 
 FAULTS = {
     "preempt": "a Spot preemption with its notice",
-    "maintenance": "host maintenance, announced on the metadata server, then the hosts go down",
+    "maintenance": "scheduled maintenance: a window announced 10 s ahead; the job's maintenance rule acts",
     "silent": "worker 0 of slice 0 dies without notice (a host error)",
     "reboot": "every host resets: processes die at once, the startup script runs again",
     "sigterm": "SIGTERM to every host's processes with no notice (an unannounced shutdown)",
@@ -37,6 +37,8 @@ DEFAULT_FAULTS = "preempt,sigterm"
 DEFAULT_AT = "checkpoint:1"
 POLL_SECONDS = 0.25
 OUTPUT_POLL_SECONDS = 1.0  # the output arrives in chunks every 2 s (the agent's chunk_seconds)
+MAINTENANCE_LEAD_SECONDS = 10.0  # Google announces days ahead; the job's rule (wait, checkpoint-and-move) is the same
+MAINTENANCE_WINDOW_SECONDS = 60.0
 SETTLE_SECONDS = 20.0  # after the end: for the last output chunks (and complete.json) to land
 FAULT_TRIES = 20  # a fault the simulator refuses (capacity not ACTIVE yet) is tried on the next polls
 
@@ -275,7 +277,12 @@ class Drill:
             faults.reboot(job_id, worker=None, slice_index=None, state_dir=self.state_dir)
         elif fault == "maintenance":
             faults.maintenance(
-                job_id, notice=None, scheduled_in=None, window=3600.0, slice_index=None, state_dir=self.state_dir
+                job_id,
+                notice=None,
+                scheduled_in=MAINTENANCE_LEAD_SECONDS,
+                window=MAINTENANCE_WINDOW_SECONDS,
+                slice_index=None,
+                state_dir=self.state_dir,
             )
         else:
             faults.sigterm(job_id, worker=None, slice_index=None, state_dir=self.state_dir)

@@ -23,7 +23,7 @@ from gcp_storage_emulator.storage import Storage
 Handler = Callable[..., None]
 
 
-def _write_config_unless_in_memory(write: Callable[[Storage], None]) -> Callable[[Storage], None]:
+def write_config_unless_in_memory(write: Callable[[Storage], None]) -> Callable[[Storage], None]:
     def write_config(self: Storage) -> None:
         if not getattr(self, "_use_memory_fs", False):
             write(self)
@@ -31,8 +31,8 @@ def _write_config_unless_in_memory(write: Callable[[Storage], None]) -> Callable
     return write_config
 
 
-def _with_generation(download: Handler) -> Handler:
-    def download_with_generation(request: Any, response: Any, storage: Storage, *args: Any, **kwargs: Any) -> None:
+def with_generation(download: Handler) -> Handler:
+    def downloadwith_generation(request: Any, response: Any, storage: Storage, *args: Any, **kwargs: Any) -> None:
         download(request, response, storage, *args, **kwargs)
         try:
             found = storage.get_file_obj(request.params["bucket_name"], request.params["object_id"])
@@ -41,13 +41,13 @@ def _with_generation(download: Handler) -> Handler:
         response["x-goog-generation"] = str(found.get("generation", ""))
         response["x-goog-metageneration"] = str(found.get("metageneration", ""))
 
-    return download_with_generation
+    return downloadwith_generation
 
 
 def patch() -> None:
     """Apply both mends; before the emulator's server module builds its routes from `objects`."""
-    Storage._write_config_to_file = _write_config_unless_in_memory(Storage._write_config_to_file)
-    objects.download = _with_generation(objects.download)
+    Storage._write_config_to_file = write_config_unless_in_memory(Storage._write_config_to_file)
+    objects.download = with_generation(objects.download)
 
 
 def main(argv: list[str]) -> int:
