@@ -333,6 +333,9 @@ def _restore(
                 around,
             )
         ]
+    reached = last_seen.progress.step if last_seen is not None else None
+    if start not in written and start > newest and start == reached:
+        return []  # saved on stop at the step the last attempt reached; its line died with the host
     if start not in written:
         return [
             Finding(

@@ -114,10 +114,20 @@ def test_a_restore_from_an_older_checkpoint_is_not_the_newest() -> None:
 
 
 def test_a_resume_from_a_step_no_one_wrote_blames_the_checkpoint_writers() -> None:
-    drilled = {1: attempt(0, 12), 2: attempt(12, STEPS)}
+    drilled = {1: attempt(0, 12), 2: attempt(11, STEPS)}
     verdict = judge(BASELINE, drilled, timeline(2))
     assert kinds(verdict) == ["checkpoint-writers"]
-    assert "step 12" in verdict.findings[0].sentence
+    assert "step 11" in verdict.findings[0].sentence
+
+
+def test_a_save_on_stop_whose_line_died_with_the_host_passes() -> None:
+    """Attempt 1 reached step 12 and was stopped; attempt 2 resumes from 12, newer than any reported
+    checkpoint: the job saved on SIGTERM and its host went before the line was shipped. Not a finding;
+    a resume from a step the attempt never reached is (above)."""
+    drilled = {1: attempt(0, 12), 2: attempt(12, STEPS)}
+    verdict = judge(BASELINE, drilled, timeline(2))
+    assert verdict.passed, verdict.findings
+    assert verdict.steps_redone == 0
 
 
 def test_a_checkpoint_reported_to_the_control_plane_counts_as_written() -> None:
