@@ -225,11 +225,28 @@ def _of(lines: Sequence[Line], kind: str, attempt: int | None = None) -> list[Li
 
 
 def _allowed_redo(base: Sequence[Line]) -> int | None:
-    """The largest gap between consecutive checkpoints of the uninterrupted run (from step 0), plus one."""
+    """What one resume may redo: the largest gap between consecutive checkpoints of the uninterrupted run
+    (from step 0), plus the steps it ran while a save was still being written (an async save is durable,
+    and said so, some steps after the step it saves), plus the step in progress."""
     steps = sorted({ln.progress.step or 0 for ln in _of(base, "CHECKPOINT")})
     if not steps:
         return None
-    return max(b - a for a, b in zip([0, *steps], steps, strict=False)) + 1
+    return max(b - a for a, b in zip([0, *steps], steps, strict=False)) + _save_lag(base) + 1
+
+
+def _save_lag(base: Sequence[Line]) -> int:
+    """The most steps worker 0 completed between reaching a checkpoint's step and printing that checkpoint."""
+    lag, reached, attempt = 0, 0, None
+    for ln in base:
+        if ln.worker != 0:
+            continue
+        if ln.attempt != attempt:
+            reached, attempt = 0, ln.attempt
+        if ln.progress.kind == "STEP":
+            reached = max(reached, ln.progress.step or 0)
+        elif ln.progress.kind == "CHECKPOINT" and ln.progress.step is not None and reached >= ln.progress.step:
+            lag = max(lag, reached - ln.progress.step)
+    return lag
 
 
 def _attempts(

@@ -242,3 +242,28 @@ def test_the_protocol_lines_parse_and_bad_ones_do_not() -> None:
     ):
         assert parse_progress(bad) is None, bad
     assert parse_checkpoint(b"TPUJOBS_CHECKPOINT step=7 on SIGTERM\n") == (7, "on SIGTERM")
+
+
+def test_steps_run_while_an_async_save_is_written_are_allowed_to_be_redone() -> None:
+    """The uninterrupted run says each checkpoint 3 steps after its step (an async save): a resume may redo
+    the interval, those 3 steps and the step in progress; one more is a finding."""
+
+    def late(start: int, stop: int) -> str:
+        lines = [f"TPUJOBS_START step={start}"]
+        for step in range(start + 1, stop + 1):
+            lines.append(f"TPUJOBS_STEP step={step} data={fingerprint(step)}")
+            if step - 3 > start and (step - 3) % EVERY == 0:
+                lines.append(f"TPUJOBS_CHECKPOINT step={step - 3}")
+        if stop == STEPS:
+            lines += [f"TPUJOBS_CHECKPOINT step={STEPS}", "TPUJOBS_RESULT digest=abc123"]
+        return "\n".join(lines) + "\n"
+
+    base = {1: {0: late(0, STEPS)}}
+    # attempt 1 reached step 12 with checkpoint 10 still being written: it resumes from 5, redoing 7
+    verdict = judge(base, {1: {0: late(0, 12)}, 2: {0: late(5, STEPS)}}, timeline(2))
+    assert verdict.allowed_redo == EVERY + 3 + 1
+    assert (verdict.passed, verdict.steps_redone) == (True, 7), verdict.findings
+    synchronous = {1: attempt(0, STEPS)}  # the same redo against a job that saves at once is too much
+    verdict = judge(synchronous, {1: attempt(0, 12), 2: attempt(5, STEPS)}, timeline(2))
+    assert verdict.allowed_redo == EVERY + 1
+    assert "too-many-steps-redone" in kinds(verdict)
