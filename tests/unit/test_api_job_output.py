@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
+from support.cloud_logging import FixedTokens, logging_stand_in
 from tpujobs.adapters.job_output_logs import CloudLoggingEntries
 from tpujobs.agent.cloud_logging import CloudLogSink, EntryIdentity
-from tpujobs.agent.rest import GoogleApi, Metadata, TokenSource
+from tpujobs.agent.rest import GoogleApi
 from tpujobs.agent.wire import JOB_CREATED_ATTRIBUTE, KEY_VERSION_ATTRIBUTE, SIGNATURE_LABEL, log_name
 from tpujobs.cli.cloud_output import read_through_api
 from tpujobs.domain.job import Job, new_job
@@ -35,22 +36,10 @@ OWNER = "ada@example.com"
 ADMIN = "root@example.com"
 
 
-class FixedTokens(TokenSource):
-    """The VM's token, as the simulated metadata server would hand it."""
-
-    def __init__(self) -> None:
-        super().__init__(Metadata("http://metadata.invalid"))
-
-    def token(self) -> str:
-        return "simulated:tpu-vm@demo.iam.gserviceaccount.com"
-
-
 @pytest.fixture
 def stand_in() -> Iterator[LoggingServer]:
-    server = LoggingServer()
-    server.start()
-    yield server
-    server.stop()
+    with logging_stand_in() as server:
+        yield server
 
 
 def a_job(**changes: Any) -> Job:

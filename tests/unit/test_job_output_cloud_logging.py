@@ -15,9 +15,10 @@ from google.api_core import exceptions
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import logging as cloud_logging
 
+from support.cloud_logging import FixedTokens, logging_stand_in
 from tpujobs.adapters.job_output_logs import read_entries
 from tpujobs.agent.cloud_logging import CloudLogSink, EntryIdentity
-from tpujobs.agent.rest import GoogleApi, Metadata, TokenSource
+from tpujobs.agent.rest import GoogleApi
 from tpujobs.agent.wire import JOB_CREATED_ATTRIBUTE, KEY_VERSION_ATTRIBUTE, SIGNATURE_LABEL, log_name
 from tpujobs.cli.cloud_output import explorer_link, verifying_keys
 from tpujobs.domain import job_output
@@ -34,22 +35,10 @@ MASTER = "m" * 48
 CREATED = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
-class FixedTokens(TokenSource):
-    """The VM's token, as the simulated metadata server would hand it."""
-
-    def __init__(self) -> None:
-        super().__init__(Metadata("http://metadata.invalid"))
-
-    def token(self) -> str:
-        return "simulated:tpu-vm@demo.iam.gserviceaccount.com"
-
-
 @pytest.fixture
 def stand_in() -> Iterator[LoggingServer]:
-    server = LoggingServer()
-    server.start()
-    yield server
-    server.stop()
+    with logging_stand_in() as server:
+        yield server
 
 
 def a_job(**changes: Any) -> Job:
