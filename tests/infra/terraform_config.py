@@ -6,6 +6,8 @@ read the configuration as data and hold it against the code instead.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,3 +86,27 @@ def render(template: str, values: dict[str, str]) -> str:
         template = template.replace("${" + expression + "}", value)
     assert "${" not in template, f"unexpected expression left in {template!r}"
     return template
+
+
+def starts_with(expression: str) -> str:
+    """The prefix of an IAM condition that is exactly `resource.name.startsWith("...")`."""
+    match = re.fullmatch(r'resource\.name\.startsWith\("([^"]+)"\)', expression)
+    assert match, f"expected one resource.name.startsWith condition, got {expression!r}"
+    return match[1]
+
+
+def secret_reader(tf: Terraform, grant: dict[str, Any], prefix: str, project_number: str) -> Callable[[str, str], bool]:
+    """`readable(account_id, version_name)`: whether a secretAccessor grant keyed by job account (its
+    condition on the project's secrets and the account's namespace) lets that account read that version."""
+    values = {
+        "local.project_secrets": render(
+            tf.locals["project_secrets"], {"data.google_project.this.number": project_number}
+        ),
+        "local.job_secret_prefix": render(tf.locals["job_secret_prefix"], {"var.prefix": prefix}),
+    }
+
+    def readable(account_id: str, version_name: str) -> bool:
+        expression = render(block(grant, "condition")["expression"], {**values, "each.key": account_id})
+        return version_name.startswith(starts_with(expression))
+
+    return readable

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from terraform_config import Terraform, block, render
+from terraform_config import Terraform, block, render, secret_reader
 
 from tpujobs.domain import notify, secrets
 
@@ -14,28 +14,13 @@ PROJECT_NUMBER = "123456789012"
 NOTIFY_MEMBER = '${google_service_account.function["notify"].member}'
 
 
-def _starts_with(expression: str) -> str:
-    match = re.fullmatch(r'resource\.name\.startsWith\("([^"]+)"\)', expression)
-    assert match, f"expected one resource.name.startsWith condition, got {expression!r}"
-    return match[1]
-
-
 def test_the_notify_function_reads_only_the_webhook_secrets_of_each_job_account(tf: Terraform) -> None:
     """The condition holds for `webhook_secret: NAME` of a job of that account, and not for the same
     account's other secrets, another account's webhooks, the report key or the signing key."""
     grant = tf.resource("google_project_iam_member", "notify_webhook_secrets")
     assert grant["for_each"] == "${toset(keys(local.job_accounts))}"
     assert (grant["role"], grant["member"]) == ("roles/secretmanager.secretAccessor", NOTIFY_MEMBER)
-    values = {
-        "local.project_secrets": render(
-            tf.locals["project_secrets"], {"data.google_project.this.number": PROJECT_NUMBER}
-        ),
-        "local.job_secret_prefix": render(tf.locals["job_secret_prefix"], {"var.prefix": PREFIX}),
-    }
-
-    def readable(account_id: str, version_name: str) -> bool:
-        expression = render(block(grant, "condition")["expression"], {**values, "each.key": account_id})
-        return version_name.startswith(_starts_with(expression))
+    readable = secret_reader(tf, grant, PREFIX, PROJECT_NUMBER)
 
     team_a, team_b = f"{PREFIX}team-a", f"{PREFIX}team-ab"
     email = {account: f"{account}@proj.iam.gserviceaccount.com" for account in (team_a, team_b)}

@@ -10,7 +10,7 @@ import re
 from typing import Any
 
 import pytest
-from terraform_config import ROOT, Terraform, block, render
+from terraform_config import ROOT, Terraform, block, render, secret_reader, starts_with
 
 from tpujobs.adapters import firestore_store
 from tpujobs.domain import naming, secrets
@@ -53,13 +53,6 @@ def _roles(value: Any) -> list[str]:
     if isinstance(value, list):
         return [role for item in value for role in _roles(item)]
     return []
-
-
-def _starts_with(expression: str) -> str:
-    """The prefix of an IAM condition that is exactly `resource.name.startsWith("...")`."""
-    match = re.fullmatch(r'resource\.name\.startsWith\("([^"]+)"\)', expression)
-    assert match, f"expected one resource.name.startsWith condition, got {expression!r}"
-    return match[1]
 
 
 def _function_env(tf: Terraform, target: str, function: dict[str, Any]) -> set[str]:
@@ -305,16 +298,7 @@ def test_job_accounts_read_only_their_own_secret_namespace(tf: Terraform) -> Non
     grant = tf.resource("google_project_iam_member", "job_account_secrets")
     assert grant["for_each"] == "${local.job_accounts}"
     assert (grant["role"], grant["member"]) == ("roles/secretmanager.secretAccessor", "${each.value.member}")
-    values = {
-        "local.project_secrets": render(
-            tf.locals["project_secrets"], {"data.google_project.this.number": PROJECT_NUMBER}
-        ),
-        "local.job_secret_prefix": render(tf.locals["job_secret_prefix"], {"var.prefix": PREFIX}),
-    }
-
-    def readable(account_id: str, version_name: str) -> bool:
-        expression = render(block(grant, "condition")["expression"], {**values, "each.key": account_id})
-        return version_name.startswith(_starts_with(expression))
+    readable = secret_reader(tf, grant, PREFIX, PROJECT_NUMBER)
 
     team_a, team_b = f"{PREFIX}team-a", f"{PREFIX}team-ab"
     tpu_vm = render(tf.resource("google_service_account", "tpu_vm")["account_id"], {"var.prefix": PREFIX})
@@ -363,7 +347,7 @@ def test_secret_managers_may_write_only_tpujobs_secrets_and_never_read_values(tf
         "local.project_secrets": f"projects/{PROJECT_NUMBER}/secrets/",
         "local.job_secret_prefix": render(tf.locals["job_secret_prefix"], {"var.prefix": PREFIX}),
     }
-    prefix = _starts_with(render(block(write, "condition")["expression"], values))
+    prefix = starts_with(render(block(write, "condition")["expression"], values))
     assert prefix == f"projects/{PROJECT_NUMBER}/secrets/{PREFIX}tpujobs_"
     report_key = render(tf.resource("google_secret_manager_secret", "report_key")["secret_id"], {"var.prefix": PREFIX})
     assert not f"projects/{PROJECT_NUMBER}/secrets/{report_key}".startswith(prefix)
@@ -393,7 +377,7 @@ def test_team_secret_managers_write_only_their_own_accounts_namespace(tf: Terraf
 
     def writable(account_id: str, secret: str) -> bool:
         expression = render(block(write, "condition")["expression"], {**values, "each.value.account": account_id})
-        return f"projects/{PROJECT_NUMBER}/secrets/{secret}".startswith(_starts_with(expression))
+        return f"projects/{PROJECT_NUMBER}/secrets/{secret}".startswith(starts_with(expression))
 
     team_a, team_ab = f"{PREFIX}team-a", f"{PREFIX}team-ab"
     email = {account: f"{account}@proj.iam.gserviceaccount.com" for account in (team_a, team_ab)}
