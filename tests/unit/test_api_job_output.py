@@ -16,7 +16,7 @@ from support.cloud_logging import FixedTokens, logging_stand_in
 from tpujobs.adapters.job_output_logs import CloudLoggingEntries
 from tpujobs.agent.cloud_logging import CloudLogSink, EntryIdentity
 from tpujobs.agent.rest import GoogleApi
-from tpujobs.agent.wire import JOB_CREATED_ATTRIBUTE, KEY_VERSION_ATTRIBUTE, SIGNATURE_LABEL, log_name
+from tpujobs.agent.wire import JOB_CREATED_ATTRIBUTE, KEY_VERSION_ATTRIBUTE, LOG_ID, SIGNATURE_LABEL, log_name
 from tpujobs.cli.cloud_output import read_through_api
 from tpujobs.domain.job import Job, new_job
 from tpujobs.domain.job_output import RawEntry
@@ -90,11 +90,11 @@ def forge_a_copy(url: str, text: str) -> None:
     post("/v2/entries:write", json.dumps(forged).encode())
 
 
-def api_on(url: str, job: Job, **changes: Any) -> JobsApi:
+def api_on(url: str, job: Job, view: str = "", **changes: Any) -> JobsApi:
     store = InMemoryJobStore()
     store.create(job, new_job(job.spec, job.zone, CREATED)[1])
     service = SimpleNamespace(warm=None, access=None)
-    entries = CloudLoggingEntries(PROJECT, url)
+    entries = CloudLoggingEntries(PROJECT, url, view)
     return JobsApi(service, store, settings(**changes), output_entries=entries)  # type: ignore[arg-type]
 
 
@@ -232,3 +232,26 @@ def test_the_key_source_needs_the_master_key() -> None:
     """A process without TPUJOBS_REPORT_KEY (a user's machine) has no key source at all."""
     assert verifying_keys(Settings(project=PROJECT), a_job()) is None
     assert verifying_keys(settings(), a_job()) is not None
+
+
+VIEW = f"projects/{PROJECT}/locations/global/buckets/_Default/views/{PREFIX}tpujobs-job-output"
+
+
+def test_through_its_log_view_the_api_reads_the_job_output(stand_in: LoggingServer) -> None:
+    """The view holds the job-output log alone (infra/logging.tf), and the API reads through it."""
+    job = a_job()
+    write_lines(stand_in.url, job, 0, ["step 1"])
+    stand_in.store.add_view(VIEW, f"{PREFIX}{LOG_ID}")
+    status, answer = ask(api_on(stand_in.url, job, VIEW), OWNER, action="logs", job_id=job.job_id)
+    assert status == 200, answer
+    assert ([line["text"] for line in answer["lines"]], answer["forged"]) == (["step 1"], 0)
+
+
+def test_a_missing_log_view_is_a_clear_503_not_a_failure_of_the_api(stand_in: LoggingServer) -> None:
+    """Cloud Logging says NOT_FOUND: the deployment's view is missing. The caller learns that, and
+    the CLI reads the Cloud Storage copy instead (it falls back on 503)."""
+    job = a_job()
+    write_lines(stand_in.url, job, 0, ["step 1"])
+    status, answer = ask(api_on(stand_in.url, job, VIEW), OWNER, action="logs", job_id=job.job_id)
+    assert status == 503 and "lines" not in answer
+    assert "cannot read job output from Cloud Logging" in answer["error"] and "log view" in answer["error"]

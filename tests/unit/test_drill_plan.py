@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 
 import pytest
 
 from tpujobs.cli.drill import drill
-from tpujobs.local.drill import DEFAULT_AT, DEFAULT_FAULTS, FAULTS, PlannedFault, Point, fault_plan
+from tpujobs.engine.output_export import OutputObjects, attempt_prefix
+from tpujobs.local.drill import DEFAULT_AT, DEFAULT_FAULTS, FAULTS, OutputCursor, PlannedFault, Point, fault_plan
+from tpujobs.local.fakes.output_bucket import InMemoryOutputBucket
 
 
 def test_the_default_plan_preempts_with_notice_then_sigterms_without_one_after_a_checkpoint_each() -> None:
@@ -83,3 +86,34 @@ def test_the_table_shows_each_finding_with_its_evidence_as_printed(capsys: pytes
     assert "drilled attempt 2 worker 0: TPUJOBS_START step=0 [bold]x[/bold]" in printed
     assert "timeline: attempt 1 2026-01-01T00:00:00+00:00 RECOVERING: Preempted" in printed
     assert "result matches: NO" in printed and "goodput: 50.0%" in printed
+
+
+class CountingBucket(InMemoryOutputBucket):
+    """Counts the objects read, to show each chunk is read once however often the drill polls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names_read: list[str] = []
+
+    def read_all(self, names: Sequence[str]) -> list[bytes | None]:
+        self.names_read += names
+        return super().read_all(names)
+
+
+def test_the_drill_reads_each_output_chunk_once_and_joins_a_line_split_across_chunks() -> None:
+    bucket = CountingBucket()
+    objects = OutputObjects(bucket)
+    prefix = attempt_prefix("job", 1) + "chunks/slice-0-worker-0/"
+    cursor = OutputCursor()
+
+    def poll() -> list[bytes]:
+        return cursor.new_lines(objects, objects.worker_outputs("job", 1)[(0, 0)])
+
+    bucket.put(prefix + "0.log", b"TPUJOBS_START step=0\nTPUJOBS_CHECK")
+    assert poll() == [b"TPUJOBS_START step=0"]
+    bucket.put(prefix + "2.log", b"TPUJOBS_STEP step=9\n")  # chunk 1 is late: chunk 2 waits for it
+    assert poll() == []
+    bucket.put(prefix + "1.log", b"POINT step=5\n")
+    assert poll() == [b"TPUJOBS_CHECKPOINT step=5", b"TPUJOBS_STEP step=9"]
+    assert poll() == []
+    assert bucket.names_read == [prefix + "0.log", prefix + "1.log", prefix + "2.log"]

@@ -97,6 +97,22 @@ def test_the_stand_in_answers_googles_errors(stand_in: LoggingServer) -> None:
         list(client(stand_in.url).list_entries(filter_="NOT (a OR b)"))
 
 
+def test_a_log_view_shows_only_its_log_and_a_missing_view_is_not_found(stand_in: LoggingServer) -> None:
+    """entries:list on a view (the jobs API's `TPUJOBS_LOGGING_VIEW`) reads that view's log alone,
+    whatever the filter; a view that does not exist is NOT_FOUND, a name of neither kind INVALID_ARGUMENT."""
+    view = f"projects/{PROJECT}/locations/global/buckets/_Default/views/job-output"
+    for log, text in ((LOG, "job line"), (f"projects/{PROJECT}/logs/other", "other line")):
+        assert post(stand_in.url, "/v2/entries:write", {"logName": log, "entries": [{"textPayload": text}]})[0] == 200
+    stand_in.store.add_view(view, LOG.rsplit("/", 1)[1])
+    read = client(stand_in.url)
+    assert [e.payload for e in read.list_entries(resource_names=[view])] == ["job line"]
+    assert len(list(read.list_entries(resource_names=[f"projects/{PROJECT}"]))) == 2
+    with pytest.raises(exceptions.NotFound):
+        list(read.list_entries(resource_names=[view + "-gone"]))
+    with pytest.raises(exceptions.BadRequest):
+        list(read.list_entries(resource_names=[f"projects/{PROJECT}/buckets/_Default"]))
+
+
 def test_the_reader_drops_an_entry_forged_with_the_jobs_labels(stand_in: LoggingServer) -> None:
     """Another job's code writes an entry with this job's labels: it is counted, never shown."""
     job = a_job(command="x")

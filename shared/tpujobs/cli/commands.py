@@ -691,6 +691,7 @@ def _api_output(
     except Refused as refused:
         if refused.status not in (400, 403, 503) or written:  # a later page refused: never print twice
             raise
+        err.print(f"[dim]The jobs API did not read the output ({refused}); reading it with your credentials.[/dim]")
         return False
     return found is not None and _shown_verified(*found)
 

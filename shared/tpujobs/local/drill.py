@@ -24,6 +24,7 @@ from tpujobs.agent.progress import Progress, parse_progress
 from tpujobs.domain.drill import Outputs, Timeline, Verdict, judge
 from tpujobs.domain.job import Job
 from tpujobs.domain.states import JobState
+from tpujobs.engine.output_export import Chunk, LogReader, OutputObjects, WorkerOutput
 from tpujobs.engine.settings import Settings
 
 FAULTS = {
@@ -145,6 +146,28 @@ class _Watch:
     checkpoints: set[int] = field(default_factory=set)
     last_step: int | None = None
     read_at: float = 0.0  # when the output was last read (time.monotonic())
+    read: dict[tuple[int, int], OutputCursor] = field(default_factory=dict)  # (slice, worker) -> its cursor
+
+
+@dataclass
+class OutputCursor:
+    """How far one worker's output has been read: chunks are written once, in order, so each poll
+    reads only the chunks after `next_seq`; `partial` is a line the next chunk will finish."""
+
+    next_seq: int = 0
+    partial: bytes = b""
+
+    def new_lines(self, objects: OutputObjects, output: WorkerOutput) -> list[bytes]:
+        chunks: list[Chunk] = []
+        for chunk in output.sorted_chunks():
+            if chunk.seq == self.next_seq + len(chunks):  # a gap waits for its chunk
+                chunks.append(chunk)
+        if not chunks:
+            return []
+        self.next_seq += len(chunks)
+        lines = (self.partial + objects.chunks_text(chunks)).split(b"\n")
+        self.partial = lines.pop()
+        return lines
 
 
 class Drill:
@@ -163,7 +186,6 @@ class Drill:
 
         from tpujobs.adapters.firestore_store import FirestoreJobStore
         from tpujobs.adapters.pubsub import Publisher
-        from tpujobs.engine.output_export import LogReader
         from tpujobs.runtime.instances import build_log_objects
 
         self.settings, self.state_dir, self.spec, self.plan = settings, state_dir, spec, plan
@@ -237,7 +259,7 @@ class Drill:
             watch.checkpoints.add(usage.last_checkpoint_step)
         if job.state is JobState.RUNNING and time.monotonic() - watch.read_at >= OUTPUT_POLL_SECONDS:
             watch.read_at = time.monotonic()
-            for found in self._progress(job):
+            for found in self._progress(job, watch):
                 if found.kind == "CHECKPOINT" and found.step is not None:
                     watch.checkpoints.add(found.step)
                 elif found.kind == "STEP" and found.step is not None:
@@ -287,13 +309,15 @@ class Drill:
         else:
             faults.sigterm(job_id, worker=None, slice_index=None, state_dir=self.state_dir)
 
-    def _progress(self, job: Job) -> list[Progress]:
-        """The protocol lines of the current attempt's output, every worker's, as uploaded so far."""
+    def _progress(self, job: Job, watch: _Watch) -> list[Progress]:
+        """The protocol lines of the current attempt's output, every worker's, uploaded since the last poll."""
         outputs = self.objects.worker_outputs(job.job_id, job.attempt, job.spec.service_account)
         found = []
-        for output in outputs.values():
-            text = self.objects.chunks_text(output.sorted_chunks()).decode("utf-8", "replace")
-            found += [p for line in text.splitlines() if (p := parse_progress(line)) is not None]
+        for key, output in outputs.items():
+            for line in watch.read.setdefault(key, OutputCursor()).new_lines(self.objects, output):
+                progress = parse_progress(line.rstrip(b"\r").decode("utf-8", "replace"))
+                if progress is not None:
+                    found.append(progress)
         return found
 
     def _ended(self, job_id: str) -> Job:

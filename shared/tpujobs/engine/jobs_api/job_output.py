@@ -9,6 +9,7 @@ An answer is a page of at most about MAX_ENTRIES entries, oldest first; `after` 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -19,6 +20,7 @@ from tpujobs.domain import job_output
 from tpujobs.domain.access import may_cancel
 from tpujobs.domain.job_output import KeyFor, OutputLine, RawEntry
 from tpujobs.domain.signing import MasterKeys, MissingMasterKey, created_micros
+from tpujobs.engine.errors import PermanentError
 from tpujobs.engine.jobs_api.answers import ApiError, Response
 
 if TYPE_CHECKING:
@@ -35,6 +37,8 @@ MAX_CHARS = 1024 * 1024
 # A page never ends inside one time, unless that time alone holds twice the above: only a flood
 # of forged entries of one microsecond does, and the rest of that microsecond is skipped.
 HARD_FACTOR = 2
+
+log = logging.getLogger(__name__)
 
 
 class OutputEntries(Protocol):
@@ -157,7 +161,15 @@ class JobOutput:
         key_for = verifying_keys(self.settings, job)
         if key_for is None:
             raise ApiError(503, "This deployment's API holds no master key: it cannot check output entries.")
-        page = read_page(self.entries, self.settings, job, attempt, key_for, request.worker, request.after)
+        try:
+            page = read_page(self.entries, self.settings, job, attempt, key_for, request.worker, request.after)
+        except PermanentError as error:  # no log view, or no right to it: the deployment's to mend
+            log.error("the jobs API cannot read Cloud Logging: %s", error)
+            raise ApiError(
+                503,
+                "This deployment's API cannot read job output from Cloud Logging (its log view is missing,"
+                " or the API may not read it; see docs/operations.md): read the Cloud Storage copy.",
+            ) from error
         return Response(
             200,
             {

@@ -35,6 +35,8 @@ MAX_ENTRIES = 200_000
 MAX_PAGE_SIZE = 1000
 DEFAULT_PAGE_SIZE = 50
 LOG_NAME = re.compile(r"(projects|organizations|folders|billingAccounts)/[^/]+/logs/[^/]+")
+# What entries:list reads: a project, or a log view (a bucket's entries of one log, here).
+READ_NAME = re.compile(r"projects/(?P<project>[^/]+)(?:/locations/[^/]+/buckets/[^/]+/views/[^/]+)?")
 SEVERITIES = ["DEFAULT", "DEBUG", "INFO", "NOTICE", "WARNING", "ERROR", "CRITICAL", "ALERT", "EMERGENCY"]
 # One comparison: a field path, an operator, a quoted or bare value.
 _TERM = re.compile(
@@ -119,6 +121,7 @@ class LoggingStore:
     def __init__(self, clock: Callable[[], float] = time.time, max_entries: int = MAX_ENTRIES) -> None:
         self.clock = clock
         self.entries: deque[Json] = deque(maxlen=max_entries)
+        self.views: dict[str, str] = {}  # a log view's full name -> the one log id it holds
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
 
@@ -163,7 +166,7 @@ class LoggingStore:
         names = body.get("resourceNames") or body.get("projectIds")
         if not isinstance(names, list) or not names:
             raise LoggingError(Code.INVALID_ARGUMENT, "resourceNames: at least one is required")
-        projects = {str(name).removeprefix("projects/") for name in names}
+        readers = [self._reader(str(name)) for name in names]
         terms = parse_filter(str(body.get("filter") or ""))
         order = str(body.get("orderBy") or "timestamp asc").strip().lower()
         if order not in ("timestamp asc", "timestamp desc", "timestamp"):
@@ -179,7 +182,7 @@ class LoggingStore:
         found = [
             entry
             for entry in everything
-            if str(entry["logName"]).split("/")[1] in projects
+            if any(reads(str(entry["logName"])) for reads in readers)
             and all(_compare(_field(entry, path), op, value, path) for path, op, value in terms)
         ]
         found.sort(key=lambda entry: _when(str(entry["timestamp"])), reverse=order.endswith("desc"))
@@ -188,6 +191,23 @@ class LoggingStore:
         if start + size < len(found):
             page["nextPageToken"] = str(start + size)
         return page
+
+    def add_view(self, name: str, log_id: str) -> None:
+        """A log view (projects/P/locations/L/buckets/B/views/V) that shows only the log `log_id`."""
+        self.views[name] = log_id
+
+    def _reader(self, name: str) -> Callable[[str], bool]:
+        """Whether an entry's logName is one `name` (a project, or a log view) shows."""
+        match = READ_NAME.fullmatch(name)
+        if match is None:
+            raise LoggingError(Code.INVALID_ARGUMENT, f"resourceNames: {name[:200]!r} is not a project or a log view")
+        prefix = f"projects/{match['project']}/logs/"
+        if name.count("/") == 1:
+            return lambda log_name: log_name.startswith(prefix)
+        if name not in self.views:
+            raise LoggingError(Code.NOT_FOUND, f"Log view {name} does not exist.")
+        only = prefix + self.views[name]
+        return lambda log_name: log_name == only
 
     def handle(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> tuple[int, Json]:
         """The status and JSON answer to one request."""
