@@ -4,17 +4,13 @@ lines its signature check passes (with the deployment's key, as an operator's ma
 
 from __future__ import annotations
 
-import json
 import os
-import urllib.request
 from pathlib import Path
 
 import pytest
-from google.auth.credentials import AnonymousCredentials
-from google.cloud import logging as cloud_logging
 from typer.testing import CliRunner
 
-from tpujobs.domain import job_output
+from support.cloud_logging import forge_like, stack_output_entries
 from tpujobs.domain.states import JobState
 from tpujobs.local import stack
 from tpujobs.local.testing import wait_for
@@ -40,40 +36,13 @@ def test_a_jobs_output_is_read_back_from_cloud_logging_and_by_tpujobs_logs(env, 
     ended.__doc__ = f"{job_id} to end"
     job = wait_for(ended, timeout=240)
     assert job.state is JobState.SUCCEEDED, job.state
-    endpoint = os.environ["TPUJOBS_LOGGING_ENDPOINT"]
-    client = cloud_logging.Client(
-        project=env["project"],
-        credentials=AnonymousCredentials(),
-        _use_grpc=False,
-        client_options={"api_endpoint": endpoint},
-    )
-    query = job_output.job_filter(env["project"], os.environ.get("TPUJOBS_PREFIX", ""), job_id, 1, job.created_at)
-
-    def lines():
-        found = [e for e in client.list_entries(filter_=query, order_by=cloud_logging.ASCENDING)]
-        mine = [e for e in found if e.labels.get("tpujobs_stream") != "agent"]
-        return mine if len(mine) >= 6 else None
-
-    lines.__doc__ = f"six output lines of {job_id} in the local Cloud Logging"
-    found = wait_for(lines, timeout=30)
+    found = stack_output_entries(env["project"], job_id, job.created_at, at_least=6)
     assert sorted(e.payload for e in found) == sorted(f"w{w} {t}" for w in (0, 1) for t in ("one", "two", "err"))
     severities = {e.payload: e.severity for e in found}
     assert (severities["w1 two"], severities["w1 err"]) == ("INFO", "ERROR")  # stdout and stderr apart
 
     # Another job's code, with the same VM credentials, writes a line under this job's labels.
-    labels = {**found[0].labels, "tpujobs_worker": "1", "tpujobs_seq": "999", "tpujobs_signature": "v1=" + "0" * 64}
-    forged = {
-        "logName": found[0].log_name,
-        "entries": [{"textPayload": "w1 forged: all tests passed", "labels": labels}],
-    }
-    request = urllib.request.Request(
-        endpoint + "/v2/entries:write",
-        json.dumps(forged).encode(),
-        {"Content-Type": "application/json", "Authorization": "Bearer simulated:someone-else"},
-        method="POST",
-    )
-    with urllib.request.urlopen(request, timeout=10) as answer:
-        assert answer.status == 200
+    forge_like(found[0], "w1 forged: all tests passed", tpujobs_worker="1")
 
     state = stack.load(Path(os.environ["TPUJOBS_STATE_DIR"]))
     assert state is not None

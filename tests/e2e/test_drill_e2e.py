@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 import pytest
+
+from support.drill import drill, job_file
 
 pytestmark = pytest.mark.e2e
 
@@ -16,33 +17,10 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train"
 COMMAND = "python3 train.py --steps 40 --step-seconds 0.3 --checkpoint-every 4"
 
 
-def job_file(tmp_path: Path, name: str, code: Path, accelerator: str = "v4-16") -> Path:
-    """A spot job of the toy example's code in `code`: by default two hosts, one of them the writer."""
-    spec = tmp_path / f"{name}.yaml"
-    spec.write_text(
-        f"name: {name}\nowner: ada@example.com\naccelerator_type: {accelerator}\ncapacity: spot\n"
-        f"code_dir: {code}\ncommand: {COMMAND}\non_preemption: resume\non_error: fail\nmax_restarts: 4\n",
-        encoding="utf-8",
-    )
-    return spec
-
-
-def drill(*args: str) -> tuple[int, dict]:
-    from typer.testing import CliRunner
-
-    from tpujobs.cli import app
-
-    result = CliRunner().invoke(app, ["drill", *args, "-o", "json", "--timeout", "150"])
-    try:
-        return result.exit_code, json.loads(result.stdout)
-    except ValueError:
-        raise AssertionError(f"exit {result.exit_code}: {result.output}") from None
-
-
 def test_the_toy_example_passes_the_drill_and_a_skipped_restore_fails_it(local_stack, tmp_path: Path) -> None:
     """Preempted with notice, then SIGTERM without one: the toy example resumes from its newest checkpoint
     each time and ends with the uninterrupted run's digest; the copy that never restores is `restore-skipped`."""
-    code, answer = drill(str(job_file(tmp_path, "toy", EXAMPLE)))
+    code, answer = drill(str(job_file(tmp_path, "toy", EXAMPLE, COMMAND, "v4-16")), timeout=150)
     assert code == 0, answer["findings"]
     assert answer["passed"] is True and answer["result_matches"] is True
     assert [f["fault"] for f in answer["faults"]] == ["preempt", "sigterm"]
@@ -57,7 +35,8 @@ def test_the_toy_example_passes_the_drill_and_a_skipped_restore_fails_it(local_s
     source = (planted / "train.py").read_text(encoding="utf-8")
     assert "saved = checkpoints.load(uri)" in source
     (planted / "train.py").write_text(source.replace("saved = checkpoints.load(uri)", "saved = None"), "utf-8")
-    code, answer = drill(str(job_file(tmp_path, "planted", planted, "v4-8")), "--faults", "preempt")  # one host will do
+    planted_job = job_file(tmp_path, "planted", planted, COMMAND, "v4-8")  # one host will do
+    code, answer = drill(str(planted_job), "--faults", "preempt", timeout=150)
     assert code == 1
     kinds = [f["kind"] for f in answer["findings"]]
     assert "restore-skipped" in kinds, kinds

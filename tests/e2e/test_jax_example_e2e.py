@@ -6,11 +6,11 @@ restarts after a resume fails it with `data-order`. Orbax writes to the Storage 
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 
 import pytest
 
+from support.drill import drill, job_file
 from support.planted_bugs import EXAMPLE, planted_copy
 
 pytestmark = [
@@ -28,28 +28,10 @@ STEPS, EVERY = 60, 10
 COMMAND = f"exec python3 train.py --steps {STEPS} --checkpoint-every {EVERY} --keep 10 --step-seconds 0.2"
 
 
-def job_file(tmp_path: Path, name: str, code: Path, accelerator: str, cache: Path) -> Path:
+def jax_job(tmp_path: Path, name: str, code: Path, accelerator: str, cache: Path) -> Path:
     """A spot job of `code`; its hosts share one JAX compilation cache (they run on this machine)."""
-    spec = tmp_path / f"{name}.yaml"
-    spec.write_text(
-        f"name: {name}\nowner: ada@example.com\naccelerator_type: {accelerator}\ncapacity: spot\n"
-        f"code_dir: {code}\ncommand: {COMMAND}\non_preemption: resume\non_error: fail\nmax_restarts: 4\n"
-        f"env:\n  JAX_COMPILATION_CACHE_DIR: {cache}\n  JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS: '0'\n",
-        encoding="utf-8",
-    )
-    return spec
-
-
-def drill(*args: str) -> tuple[int, dict]:
-    from typer.testing import CliRunner
-
-    from tpujobs.cli import app
-
-    result = CliRunner().invoke(app, ["drill", *args, "-o", "json", "--timeout", "420"])
-    try:
-        return result.exit_code, json.loads(result.stdout)
-    except ValueError:
-        raise AssertionError(f"exit {result.exit_code}: {result.output}") from None
+    env = {"JAX_COMPILATION_CACHE_DIR": str(cache), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    return job_file(tmp_path, name, code, COMMAND, accelerator, env)
 
 
 @pytest.mark.timeout(1000)
@@ -58,7 +40,7 @@ def test_the_jax_example_passes_the_drill_and_a_data_order_reset_fails_it(local_
     newest checkpoint on both hosts, worker 0 of slice 0 alone writes, and the digest equals the uninterrupted
     run's. The planted copy replays the first batches after its resume: `data-order` names the step."""
     cache = tmp_path / "jax-cache"
-    code, answer = drill(str(job_file(tmp_path, "jaxlm", EXAMPLE, "v4-16", cache)))
+    code, answer = drill(str(jax_job(tmp_path, "jaxlm", EXAMPLE, "v4-16", cache)), timeout=420)
     assert code == 0, answer["findings"]
     assert answer["passed"] is True and answer["result_matches"] is True
     assert [f["fault"] for f in answer["faults"]] == ["preempt", "sigterm"]
@@ -68,7 +50,7 @@ def test_the_jax_example_passes_the_drill_and_a_data_order_reset_fails_it(local_
     assert 0 <= answer["steps_redone"] <= 2 * answer["allowed_steps_redone_per_resume"]
 
     planted = planted_copy(EXAMPLE, tmp_path / "planted", "data-order-reset")
-    code, answer = drill(str(job_file(tmp_path, "jaxbug", planted, "v4-8", cache)), "--faults", "preempt")
+    code, answer = drill(str(jax_job(tmp_path, "jaxbug", planted, "v4-8", cache)), "--faults", "preempt", timeout=420)
     assert code == 1
     kinds = [f["kind"] for f in answer["findings"]]
     assert "data-order" in kinds and "result-mismatch" in kinds, kinds

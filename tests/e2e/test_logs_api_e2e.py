@@ -4,48 +4,18 @@ owner only verified lines; anyone else is refused there and reads the Cloud Stor
 
 from __future__ import annotations
 
-import json
 import os
-import urllib.request
 
 import pytest
-from google.auth.credentials import AnonymousCredentials
-from google.cloud import logging as cloud_logging
 from typer.testing import CliRunner
 
-from tpujobs.domain import job_output
+from support.cloud_logging import forge_like, stack_output_entries
 from tpujobs.domain.states import JobState
 from tpujobs.local.testing import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]  # alone, it starts the stack too
 OWNER = "ada@example.com"  # conftest's submit_job
 FORGED_WARNING = "1 Cloud Logging entries with this job's labels failed their signature"
-
-
-def forge_an_entry(project: str, job_id: str, created_at) -> None:
-    """Other code in the project writes a line under the job's labels with a made-up signature."""
-    endpoint = os.environ["TPUJOBS_LOGGING_ENDPOINT"]
-    client = cloud_logging.Client(
-        project=project, credentials=AnonymousCredentials(), _use_grpc=False, client_options={"api_endpoint": endpoint}
-    )
-    query = job_output.job_filter(project, os.environ.get("TPUJOBS_PREFIX", ""), job_id, 1, created_at)
-
-    def written():
-        found = [e for e in client.list_entries(filter_=query) if e.labels.get("tpujobs_stream") != "agent"]
-        return found if len(found) >= 2 else None
-
-    written.__doc__ = f"the output lines of {job_id} in the local Cloud Logging"
-    real = wait_for(written, timeout=30)[0]
-    labels = {**real.labels, "tpujobs_seq": "999", "tpujobs_signature": "v1=" + "0" * 64}
-    body = {"logName": real.log_name, "entries": [{"textPayload": "forged: all tests passed", "labels": labels}]}
-    request = urllib.request.Request(
-        endpoint + "/v2/entries:write",
-        json.dumps(body).encode(),
-        {"Content-Type": "application/json", "Authorization": "Bearer simulated:someone-else"},
-        method="POST",
-    )
-    with urllib.request.urlopen(request, timeout=10) as answer:
-        assert answer.status == 200
 
 
 def test_the_owner_reads_verified_output_through_the_api_without_the_master_key(env, submit_job, monkeypatch):
@@ -60,7 +30,8 @@ def test_the_owner_reads_verified_output_through_the_api_without_the_master_key(
     ended.__doc__ = f"{job_id} to end"
     job = wait_for(ended, timeout=240)
     assert job.state is JobState.SUCCEEDED, job.state
-    forge_an_entry(env["project"], job_id, job.created_at)
+    real = stack_output_entries(env["project"], job_id, job.created_at, at_least=2)[0]
+    forge_like(real, "forged: all tests passed")
     monkeypatch.delenv("TPUJOBS_REPORT_KEY", raising=False)  # a user's machine: no master key
     assert os.environ.get("TPUJOBS_API_URL")
     from tpujobs.cli import app

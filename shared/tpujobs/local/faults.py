@@ -50,6 +50,7 @@ Slice = Annotated[
     int | None,
     typer.Option("--slice", min=0, help="Only this slice (node) of a multislice (default: all)."),
 ]
+Worker = Annotated[int | None, typer.Option("--worker", min=0, help="Only this worker host (default: every host).")]
 
 Method = Enum("Method", {name: name for name in FAULT_METHODS}, type=str)  # type: ignore[misc]
 Health = Enum("Health", {name: name for name in NODE_HEALTHS}, type=str)  # type: ignore[misc]
@@ -325,19 +326,21 @@ def no_boot(
     sim.say(f"the hosts of {capacity} will never run their startup script")
 
 
+def _hosts(worker: int | None) -> str:
+    return "every host" if worker is None else f"worker {worker}"
+
+
 @fault_app.command()
 def reboot(
     job_id: JobId,
-    worker: Annotated[
-        int | None, typer.Option("--worker", min=0, help="Only this worker host (default: every host).")
-    ] = None,
+    worker: Worker = None,
     slice_index: Slice = None,
     state_dir: StateDir = None,
 ) -> None:
     """Reset hosts as a VM reset does: processes die at once, the startup script runs again on the same disk."""
     sim = Simulator(state_dir, Console(stderr=True))
     capacity = sim.capacity_of(job_id)
-    which = "every host" if worker is None else f"worker {worker}"
+    which = _hosts(worker)
     if capacity.on_compute:
         zone, project = capacity.zone, sim.project
         answers = sim.on_groups(
@@ -352,9 +355,7 @@ def reboot(
 @fault_app.command()
 def sigterm(
     job_id: JobId,
-    worker: Annotated[
-        int | None, typer.Option("--worker", min=0, help="Only this worker host (default: every host).")
-    ] = None,
+    worker: Worker = None,
     slice_index: Slice = None,
     state_dir: StateDir = None,
 ) -> None:
@@ -364,8 +365,7 @@ def sigterm(
     if capacity.on_compute:
         not_on_compute(sim.err, "sigterm", capacity, "where `reboot` or `tpujobs dev preempt` stand for it")
     answer = sim.on_job(capacity, "sigterm", {"slice": slice_index, "worker": worker}, {})
-    which = "every host" if worker is None else f"worker {worker}"
-    sim.say(f"sent SIGTERM without notice to {which} of {capacity}: {len(answer.get('workers', []))} host(s)")
+    sim.say(f"sent SIGTERM without notice to {_hosts(worker)} of {capacity}: {len(answer.get('workers', []))} host(s)")
 
 
 @fault_app.command()
