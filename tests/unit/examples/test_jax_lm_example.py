@@ -26,6 +26,8 @@ needs_jax = pytest.mark.skipif(
     any(importlib.util.find_spec(name) is None for name in ("jax", "flax", "optax", "orbax")),
     reason="the jax extra is not installed (pip install -e '.[jax]'; make test installs it)",
 )
+# One worker runs this module's tests back to back, so its three runs (the module fixture) are made once.
+pytestmark = pytest.mark.xdist_group("jax-lm-example")
 STEPS = 40
 EVERY = 10  # the example's --checkpoint-every here
 STOP_AFTER = 15  # SIGTERM once this step is reported: between two periodic checkpoints
