@@ -10,6 +10,7 @@ TPU API's own GetNode.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -141,6 +142,20 @@ def test_create_requests_each_unit_as_a_labelled_queued_resource(jobs, tpu_clien
     assert assignment(tpu_client, "demo-u0-g1") == {"seq": pool.unit(0).seq}
     again = create(jobs, count=1)
     assert (again.kind, again.reason) == ("exists", "a pool named demo already exists")
+
+
+def test_a_request_decided_on_an_older_read_of_the_unit_asks_for_nothing(jobs, tpu_client):
+    """The pool's creation asks for unit 0 (g1) while a reconciler tick, from its read of the pool
+    just before, decides to ask for it too: the tick finds the unit changed and does nothing, so
+    one queued resource is made, not g1 and then g2 (the demo's pool once got both)."""
+    unit = create(jobs).pool.unit(0)
+    assert (unit.state, unit.generation) == (UnitState.REQUESTED, 1)
+    as_the_tick_read_it = replace(unit, state=UnitState.WAITING_FOR_QUOTA, requested_at=None, seq=unit.seq - 1)
+    jobs.service.warm.units.request(POOL, as_the_tick_read_it)
+    assert pool_of(jobs).unit(0).generation == 1
+    assert set(live_resources(tpu_client)) == {"demo-u0-g1"}
+    jobs.service.warm.units.request(POOL, pool_of(jobs).unit(0), "us-central2-b")  # as seen: it goes ahead
+    assert pool_of(jobs).unit(0).generation == 2
 
 
 def test_create_holds_each_units_chips_in_the_quota(jobs, tpu_client):

@@ -64,7 +64,7 @@ class PoolRepair:
             qr = unit.queued_resource(name)
             status = seen.get(qr)
             if unit.state is UnitState.WAITING_FOR_QUOTA and not unit.removing:
-                self.units.request(name, unit.index)
+                self.units.request(name, unit)
             elif unit.state is UnitState.REQUESTED:
                 if status is None and self.capacity.status(unit.zone, qr) is None:
                     self.units.create(pool, unit.index)  # a request that never landed (a crash): ask again
@@ -99,7 +99,7 @@ class PoolRepair:
         self.capacity.release(unit.zone, unit.queued_resource(pool.name))
         if following != unit.zone:  # its hold names its zone: held again in the next one
             self.quota.drop(pool, unit)
-        self.units.request(pool.name, unit.index, following)
+        self.units.request(pool.name, unit, following)
         did.append(f"{pool.name}: unit {unit.index} waited {waited / 60:.0f} min; asked for in {following}")
 
     def _check_busy(self, pool: Pool, unit: Unit, live: Mapping[str, Job], did: list[str]) -> None:

@@ -70,13 +70,16 @@ class PoolUnits:
             return
         for unit in pool.units:
             if unit.state is UnitState.WAITING_FOR_QUOTA and not unit.removing:
-                self.request(name, unit.index)
+                self.request(name, unit)
 
-    def request(self, name: str, index: int, zone: str | None = None) -> None:
-        """Claim the unit's quota, mark it REQUESTED (its next generation), then create it."""
+    def request(self, name: str, seen: Unit, zone: str | None = None) -> None:
+        """Claim the unit's quota, mark it REQUESTED (its next generation), then create it, if the
+        unit is still as the caller saw it (`seen`): two handlers that decided on one read (the
+        pool's creation and a reconciler tick) must not ask for two generations of one unit."""
         pool = self.store.get(name)
+        index = seen.index
         unit = pool.unit(index) if pool is not None else None
-        if pool is None or unit is None:
+        if pool is None or unit is None or not same(unit, seen):
             return
         target = zone or unit.zone
         waiting = self.quota.claim(pool, unit, target)
@@ -242,7 +245,7 @@ class PoolUnits:
         """A job waits and no unit is free: ask again for a released unit, if the pool has one."""
         sleeping = pool.sleeping_unit()
         if sleeping is not None:
-            self.request(pool.name, sleeping.index)
+            self.request(pool.name, sleeping)
 
     def place(self, pool: Pool, unit: Unit, job: Job) -> bool:
         """Commit the job PROVISIONING on the unit the pool gave it, then tell the unit's agents.
