@@ -691,7 +691,8 @@ def _api_output(
     except Refused as refused:
         if refused.status not in (400, 403, 503) or written:  # a later page refused: never print twice
             raise
-        err.print(f"[dim]The jobs API did not read the output ({refused}); reading it with your credentials.[/dim]")
+        if refused.status == 503:  # the deployment's to mend (no master key, or no log view): say so
+            err.print(f"[dim]The jobs API could not read the output ({refused}); reading it directly.[/dim]")
         return False
     return found is not None and _shown_verified(*found)
 
