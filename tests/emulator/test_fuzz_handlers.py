@@ -8,27 +8,17 @@ on the fakes: tests/unit/engine/test_engine_fuzz_handlers.py.
 
 from __future__ import annotations
 
-import itertools
 import json
 from typing import Any
 
 import pytest
 
+from support.fuzz_messages import ADMIN, message, next_id, spec_of, three_live_jobs
 from tpujobs.adapters.firestore_store import REJECTIONS
-from tpujobs.engine.inbound import InboundMessage
 from tpujobs.engine.services import Engine
 from tpujobs.local.testing import signed
 
 pytestmark = pytest.mark.emulator
-
-OWNER = "ada@example.com"
-ADMIN = "root@example.com"
-
-_ids = itertools.count(500_000)
-
-
-def next_id() -> str:
-    return str(next(_ids))
 
 
 @pytest.fixture
@@ -37,35 +27,9 @@ def service(job_service) -> Engine:
     return job_service(admins=(ADMIN,), stuck_after_seconds=0.0)
 
 
-def spec_of(job_id: str, **changes: Any) -> dict[str, Any]:
-    return {
-        "job_id": job_id,
-        "name": "fuzz",
-        "owner": OWNER,
-        "accelerator_type": "v4-16",
-        "command": "python train.py",
-        "on_preemption": "resume",
-        "on_error": "resume",
-        "max_restarts": 100,
-        **changes,
-    }
-
-
 @pytest.fixture
 def jobs(service: Engine) -> list[str]:
-    """Three live jobs the reports of a test talk about (they survive errors: on_error resume)."""
-    ids = []
-    for n, changes in enumerate([{}, {"on_error": "rerun", "accelerator_type": "v4-8"}, {"slices": 2}]):
-        job_id = f"known-{n}-{next_id()}"
-        outcome = service.submission.submit(message("tpujobs-submit", spec_of(job_id, **changes)))
-        assert outcome.kind == "provisioning", outcome
-        ids.append(job_id)
-    return ids
-
-
-def message(topic: str, payload: Any, message_id: str | None = None) -> InboundMessage:
-    data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-    return InboundMessage(message_id or next_id(), topic, data)
+    return three_live_jobs(service.submission.submit)
 
 
 def rejection(firestore_client, message_id: str) -> dict[str, Any] | None:

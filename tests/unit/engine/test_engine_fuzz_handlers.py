@@ -16,8 +16,6 @@ of finding the same one every run.
 
 from __future__ import annotations
 
-import itertools
-import json
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -26,6 +24,7 @@ from engine_harness import ZONE, Engine
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from support.fuzz_messages import ADMIN, OWNER, message, next_id, three_live_jobs
 from tpujobs.domain.platforms import default_platform
 from tpujobs.domain.spec import SpecError, decode_spec
 from tpujobs.domain.states import JobState
@@ -36,8 +35,6 @@ from tpujobs.engine.messages import ReportError, decode_report
 from tpujobs.engine.qr_state_reports import QrStateReport
 from tpujobs.engine.worker_reports import PreemptionNotice, WorkerReport
 
-OWNER = "ada@example.com"
-ADMIN = "root@example.com"
 INT64 = (-(2**63), 2**63 - 1)
 TOPICS = ["tpujobs-submit", "tpujobs-worker-events", "tpujobs-preemption", "tpujobs-qr-state", "tpujobs-control"]
 FUZZ = settings(
@@ -50,15 +47,9 @@ FUZZ = settings(
     ],
 )
 
-_ids = itertools.count(500_000)
-
 
 def utc_now() -> datetime:
     return datetime.now(timezone.utc)
-
-
-def next_id() -> str:
-    return str(next(_ids))
 
 
 @pytest.fixture
@@ -67,35 +58,9 @@ def eng(engine) -> Engine:
     return engine(admins=(ADMIN,), stuck_after_seconds=0.0)
 
 
-def spec_of(job_id: str, **changes: Any) -> dict[str, Any]:
-    return {
-        "job_id": job_id,
-        "name": "fuzz",
-        "owner": OWNER,
-        "accelerator_type": "v4-16",
-        "command": "python train.py",
-        "on_preemption": "resume",
-        "on_error": "resume",
-        "max_restarts": 100,
-        **changes,
-    }
-
-
 @pytest.fixture
 def jobs(eng: Engine) -> list[str]:
-    """Three live jobs the reports of a test talk about (they survive errors: on_error resume)."""
-    ids = []
-    for n, changes in enumerate([{}, {"on_error": "rerun", "accelerator_type": "v4-8"}, {"slices": 2}]):
-        job_id = f"known-{n}-{next_id()}"
-        outcome = eng.handle(message("tpujobs-submit", spec_of(job_id, **changes)))
-        assert outcome.kind == "provisioning", outcome
-        ids.append(job_id)
-    return ids
-
-
-def message(topic: str, payload: Any, message_id: str | None = None) -> InboundMessage:
-    data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-    return InboundMessage(message_id or next_id(), topic, data)
+    return three_live_jobs(eng.handle)
 
 
 def rejection(eng: Engine, message_id: str) -> dict[str, Any] | None:
