@@ -13,9 +13,10 @@ What makes it resumable, each a rule of docs/resumable.md:
   start (TPUJOBS_RESUME=0, a rerun) deletes the checkpoints of the run it replaces.
 
 Who writes: on a multi-host TPU (more than one host, TPU devices present) every process joins
-jax.distributed and orbax's collective save, which writes each shard once, and process 0 reports.
-Elsewhere (one host; or the local stack, where each simulated host runs its own CPU process) each
-process trains alone and only worker 0 of slice 0 writes; the others read.
+jax.distributed and orbax's collective save, which writes each shard once, and process 0 reports;
+`--coordinator HOST:PORT` does the same on CPU hosts (gloo collectives), where no TPU metadata says
+who the peers are. Elsewhere (one host; or the local stack, where each simulated host runs its own
+CPU process) each process trains alone and only worker 0 of slice 0 writes; the others read.
 
 It prints the progress protocol (docs/resumable.md): `TPUJOBS_START step=N` from every process,
 `TPUJOBS_STEP step=N data=FINGERPRINT loss=L` and `TPUJOBS_RESULT digest=HEX` from process 0,
@@ -58,30 +59,42 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--step-seconds", type=float, default=0.0, help="a pause per step, standing for a bigger model")
     parser.add_argument("--distributed", choices=("auto", "yes", "no"), default="auto",
                         help="jax.distributed.initialize(): auto = on a multi-host TPU")  # fmt: skip
+    parser.add_argument("--coordinator", default="",
+                        help="HOST:PORT of process 0, for jax.distributed off TPU (CPU hosts)")  # fmt: skip
     return parser.parse_args(argv)
 
 
 class StopFlag:
-    """Set by SIGTERM; read at step boundaries, where stopping is safe."""
+    """SIGTERM, read at step boundaries, where stopping is safe.
+
+    Alone, a Python handler sets a flag. Under jax.distributed, JAX's preemption notifier takes
+    SIGTERM over (and, on a TPU VM, the maintenance notice too), and its sync protocol names one
+    step, the same on every process, at which all stop: a signal to one host stops them all."""
 
     def __init__(self) -> None:
         self.raised = False
-        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGTERM, self._on_signal)  # until jax.distributed's notifier replaces it
 
     def _on_signal(self, _signum: int, _frame: Any) -> None:
         self.raised = True
 
-    def agreed(self, distributed: bool) -> bool:
-        """Whether to stop now: with jax.distributed, once any process got SIGTERM, all stop at the same step."""
+    def reached(self, step: int, distributed: bool) -> bool:
+        """Whether to stop before step `step + 1`; under jax.distributed every process asks at every step."""
         if not distributed:
             return self.raised
-        return bool(np.any(multihost_utils.process_allgather(np.array([self.raised]))))
+        return bool(multihost_utils.reached_preemption_sync_point(step))
 
 
-def start_distributed(mode: str, hosts: int) -> bool:
-    """jax.distributed on a multi-host TPU (it finds its peers from the TPU VM's metadata), else not."""
+def start_distributed(mode: str, hosts: int, coordinator: str, process_id: int) -> bool:
+    """jax.distributed on a multi-host TPU (it finds its peers from the TPU VM's metadata), or with
+    the `coordinator` named (process `process_id` of `hosts`, one per host), else not."""
+    if mode == "no":
+        return False
+    if coordinator:
+        jax.distributed.initialize(coordinator, hosts, process_id, cluster_detection_method="deactivate")
+        return True
     on_tpu = bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
-    if mode == "no" or (mode == "auto" and not (hosts > 1 and on_tpu)):
+    if mode == "auto" and not (hosts > 1 and on_tpu):
         return False
     jax.distributed.initialize()
     return True
@@ -110,10 +123,11 @@ def main() -> None:
     checkpointing.use_storage_emulator()
     attempt = int(env["TPUJOBS_ATTEMPT"]) if env.get("TPUJOBS_ATTEMPT") else None
     host = (int(env.get("TPUJOBS_SLICE_ID", "0")), int(env.get("TPUJOBS_WORKER_ID", "0")))
-    hosts = int(env.get("TPUJOBS_NUM_WORKERS", "1")) * int(env.get("TPUJOBS_NUM_SLICES", "1"))
+    per_slice = int(env.get("TPUJOBS_NUM_WORKERS", "1"))
+    hosts = per_slice * int(env.get("TPUJOBS_NUM_SLICES", "1"))
     resume = env.get("TPUJOBS_RESUME", "1") == "1"  # outside tpujobs: continue from what the location holds
 
-    distributed = start_distributed(args.distributed, hosts)
+    distributed = start_distributed(args.distributed, hosts, args.coordinator, host[0] * per_slice + host[1])
     primary = jax.process_index() == 0 and (distributed or host == (0, 0))
     saves = distributed or primary  # orbax's save is collective under jax.distributed; it writes each shard once
     manager = checkpointing.open_manager(location, args.keep, writes=saves)
@@ -132,7 +146,7 @@ def main() -> None:
     if newest is not None:
         state = checkpointing.restore(manager, newest, state)
     start_step = step = newest or 0
-    role = "writes" if primary else "reads"
+    role = "writes" if primary else "writes its shards of" if saves else "reads"
     devices = f"{jax.device_count()} {jax.devices()[0].platform} device(s)"
     say(f"jax_lm: process {jax.process_index()}/{jax.process_count()} on {devices}; {role} checkpoints at {location}")
     say(f"TPUJOBS_START step={start_step}")
@@ -151,7 +165,7 @@ def main() -> None:
         del pending[: len(durable)]
 
     while step < args.steps:
-        if stop.agreed(distributed):
+        if stop.reached(step, distributed):
             report_durable(wait=True)  # what is in flight first: the host may die during the next save
             if saves and checkpointing.save(manager, step, state, attempt):
                 pending.append(step)

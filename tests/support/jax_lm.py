@@ -8,8 +8,11 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+
+from tpujobs.local.processes import free_port
 
 PROTOCOL_LINE = re.compile(r"^TPUJOBS_(START|STEP|CHECKPOINT|RESULT)((?: \S+)*)\s*$")
 STEP_LINE = re.compile(r"^TPUJOBS_STEP step=([0-9]+)")
@@ -51,16 +54,20 @@ class Run:
         return results[-1]["digest"] if results else None
 
 
-def example_env(attempt: int, resume: bool, cache_dir: Path | None = None) -> dict[str, str]:
-    """The environment of one attempt on worker 0 of slice 0; JAX's compilation cache in `cache_dir`
-    (a run that finds its programs there skips seconds of compiling, and computes the same)."""
+def example_env(
+    attempt: int, resume: bool, cache_dir: Path | None = None, worker: int = 0, workers: int = 1
+) -> dict[str, str]:
+    """The environment of one attempt on worker `worker` of `workers` in slice 0; JAX's compilation
+    cache in `cache_dir` (a run that finds its programs there skips seconds of compiling, and computes
+    the same)."""
     env = {key: value for key, value in os.environ.items() if not key.startswith(("TPUJOBS_", "STORAGE_EMULATOR"))}
     env.update(
         {
             "TPUJOBS_ATTEMPT": str(attempt),
             "TPUJOBS_RESUME": "1" if resume else "0",
             "TPUJOBS_SLICE_ID": "0",
-            "TPUJOBS_WORKER_ID": "0",
+            "TPUJOBS_WORKER_ID": str(worker),
+            "TPUJOBS_NUM_WORKERS": str(workers),
             "PYTHONUNBUFFERED": "1",
         }
     )
@@ -83,27 +90,75 @@ def run_example(
     timeout_s: float = 300,
 ) -> Run:
     """Run `example`/train.py to its end; with `sigterm_after`, SIGTERM it once it reports that step."""
-    argv = [sys.executable, "train.py", "--steps", str(steps), "--checkpoint-dir", str(checkpoints), *extra_args]
-    process = subprocess.Popen(
-        argv,
-        cwd=example,
-        env=example_env(attempt, resume, cache_dir),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    (run,) = run_hosts(
+        example,
+        checkpoints,
+        hosts=1,
+        steps=steps,
+        attempt=attempt,
+        resume=resume,
+        sigterm_after=sigterm_after,
+        extra_args=extra_args,
+        cache_dir=cache_dir,
+        timeout_s=timeout_s,
     )
-    output: list[str] = []
-    try:
-        assert process.stdout is not None
-        for line in process.stdout:
-            output.append(line)
+    return run
+
+
+def run_hosts(
+    example: Path,
+    checkpoints: Path,
+    *,
+    hosts: int,
+    steps: int,
+    attempt: int = 1,
+    resume: bool = False,
+    sigterm_after: int | None = None,
+    sigterm_worker: int = 0,
+    extra_args: tuple[str, ...] = (),
+    cache_dir: Path | None = None,
+    timeout_s: float = 300,
+) -> list[Run]:
+    """Run `example`/train.py as `hosts` processes of one slice, joined by jax.distributed (process 0
+    coordinates, on a free local port) when more than one, each to its end; with `sigterm_after`,
+    SIGTERM worker `sigterm_worker` alone once process 0 reports that step."""
+    argv = [sys.executable, "train.py", "--steps", str(steps), "--checkpoint-dir", str(checkpoints), *extra_args]
+    if hosts > 1:
+        argv += ["--coordinator", f"127.0.0.1:{free_port()}"]
+    processes = [
+        subprocess.Popen(
+            argv,
+            cwd=example,
+            env=example_env(attempt, resume, cache_dir, worker, hosts),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for worker in range(hosts)
+    ]
+    outputs: list[list[str]] = [[] for _ in processes]
+    pending = [sigterm_after]
+
+    def read(worker: int) -> None:
+        stream = processes[worker].stdout
+        assert stream is not None
+        for line in stream:
+            outputs[worker].append(line)
             reported = STEP_LINE.match(line)
-            if sigterm_after is not None and reported and int(reported.group(1)) >= sigterm_after:
-                process.send_signal(signal.SIGTERM)
-                sigterm_after = None
-        returncode = process.wait(timeout=timeout_s)
+            if worker == 0 and pending[0] is not None and reported and int(reported.group(1)) >= pending[0]:
+                processes[sigterm_worker].send_signal(signal.SIGTERM)
+                pending[0] = None
+
+    readers = [threading.Thread(target=read, args=(worker,), daemon=True) for worker in range(hosts)]
+    try:
+        for reader in readers:
+            reader.start()
+        codes = [process.wait(timeout=timeout_s) for process in processes]
+        for reader in readers:
+            reader.join(timeout=10)
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    return Run(returncode, "".join(output))
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    return [Run(code, "".join(lines)) for code, lines in zip(codes, outputs, strict=True)]
