@@ -74,3 +74,21 @@ def test_an_update_of_a_node_deleted_meanwhile_fails_not_found(clock: SecondsClo
     clock.tick(5.0)
     done = sim.get_operation(PROJECT, ZONE, operation.operation_id)
     assert done.done and done.error_code == Code.NOT_FOUND.grpc_code
+
+
+def test_the_end_of_propagation_wakes_a_held_wait_for_change(clock: SecondsClock) -> None:
+    """The new map reaching the hosts is a change: the simulator's generation moves once the
+    propagation time is up, so a `wait_for_change` held on the old value answers then, not at its
+    next periodic check."""
+    sim = timed(clock)
+    sim.update_node(PROJECT, ZONE, NODE, ["metadata"], assigned(2))
+    clock.tick(2.1)
+    sim.advance()  # the update lands: the node changes, the hosts still read seq 1
+    landed = sim.generation()
+    clock.tick(0.5)
+    sim.advance()
+    assert sim.generation() == landed  # nothing new for the hosts yet
+    clock.tick(0.5)
+    sim.advance()
+    assert sim.generation() > landed
+    assert lookup(sim.host_node(PROJECT, ZONE, NODE), 0, ASSIGNMENT).body == '{"seq": 2}'

@@ -82,6 +82,15 @@ class NodeUpdates(NodePower):
     def _advance(self, now: float) -> None:
         super()._advance(now)
         self._land_updates(now)
+        self._propagate(now)
+
+    def _propagate(self, now: float) -> None:
+        """Updates whose propagation time is up reach the hosts: a change, announced, so a held
+        `wait_for_change` answers at once (else it would wait out its next check, a second)."""
+        for key, (until, _) in list(self._served_before.items()):
+            if now >= until:
+                del self._served_before[key]
+                self._dirty = True
 
     def _land_updates(self, now: float) -> None:
         """Finish every update whose time is up: the node takes the template it asked for (a
