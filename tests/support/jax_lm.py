@@ -11,6 +11,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tpujobs.local.processes import free_port
 
@@ -77,31 +78,10 @@ def example_env(
     return env
 
 
-def run_example(
-    example: Path,
-    checkpoints: Path,
-    *,
-    steps: int,
-    attempt: int = 1,
-    resume: bool = False,
-    sigterm_after: int | None = None,
-    extra_args: tuple[str, ...] = (),
-    cache_dir: Path | None = None,
-    timeout_s: float = 300,
-) -> Run:
-    """Run `example`/train.py to its end; with `sigterm_after`, SIGTERM it once it reports that step."""
-    (run,) = run_hosts(
-        example,
-        checkpoints,
-        hosts=1,
-        steps=steps,
-        attempt=attempt,
-        resume=resume,
-        sigterm_after=sigterm_after,
-        extra_args=extra_args,
-        cache_dir=cache_dir,
-        timeout_s=timeout_s,
-    )
+def run_example(example: Path, checkpoints: Path, **options: Any) -> Run:
+    """Run `example`/train.py alone to its end (`run_hosts`' options; with `sigterm_after`, SIGTERM
+    it once it reports that step)."""
+    (run,) = run_hosts(example, checkpoints, hosts=1, **options)
     return run
 
 
