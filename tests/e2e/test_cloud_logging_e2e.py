@@ -8,12 +8,12 @@ import os
 from pathlib import Path
 
 import pytest
+from owner_cli import ended
 from typer.testing import CliRunner
 
 from support.cloud_logging import forge_like, stack_output_entries
 from tpujobs.domain.states import JobState
 from tpujobs.local import stack
-from tpujobs.local.testing import wait_for
 
 # Generous: when this test runs first, its time includes the stack's start, and on a loaded
 # machine that and a job's provisioning can pass the default 120 s; nothing here races a clock.
@@ -29,12 +29,7 @@ def test_a_jobs_output_is_read_back_from_cloud_logging_and_by_tpujobs_logs(env, 
         command='echo "w$TPUJOBS_WORKER_ID one"; echo "w$TPUJOBS_WORKER_ID two"; echo "w$TPUJOBS_WORKER_ID err" >&2',
     )
 
-    def ended():
-        job = env["store"].get(job_id)
-        return job if job and job.state.is_terminal else None
-
-    ended.__doc__ = f"{job_id} to end"
-    job = wait_for(ended, timeout=240)
+    job = ended(env, job_id, timeout=240)
     assert job.state is JobState.SUCCEEDED, job.state
     found = stack_output_entries(env["project"], job_id, job.created_at, at_least=6)
     assert sorted(e.payload for e in found) == sorted(f"w{w} {t}" for w in (0, 1) for t in ("one", "two", "err"))

@@ -7,11 +7,11 @@ from __future__ import annotations
 import os
 
 import pytest
+from owner_cli import ended
 from typer.testing import CliRunner
 
 from support.cloud_logging import forge_like, stack_output_entries
 from tpujobs.domain.states import JobState
-from tpujobs.local.testing import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]  # alone, it starts the stack too
 OWNER = "ada@example.com"  # conftest's submit_job
@@ -23,12 +23,7 @@ def test_the_owner_reads_verified_output_through_the_api_without_the_master_key(
     API, gets the Cloud Storage copy (the same two lines, no Cloud Logging entry in it)."""
     job_id = submit_job(prefix="logsapi", accelerator_type="v4-8", command="echo api-one; echo api-two")
 
-    def ended():
-        job = env["store"].get(job_id)
-        return job if job and job.state.is_terminal else None
-
-    ended.__doc__ = f"{job_id} to end"
-    job = wait_for(ended, timeout=240)
+    job = ended(env, job_id, timeout=240)
     assert job.state is JobState.SUCCEEDED, job.state
     real = stack_output_entries(env["project"], job_id, job.created_at, at_least=2)[0]
     forge_like(real, "forged: all tests passed")

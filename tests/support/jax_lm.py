@@ -4,7 +4,6 @@ progress lines; optionally SIGTERM it once it has reported a given step, as a pr
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -13,10 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tpujobs.agent.progress import parse_progress
 from tpujobs.local.processes import free_port
-
-PROTOCOL_LINE = re.compile(r"^TPUJOBS_(START|STEP|CHECKPOINT|RESULT)((?: \S+)*)\s*$")
-STEP_LINE = re.compile(r"^TPUJOBS_STEP step=([0-9]+)")
 
 
 @dataclass(frozen=True)
@@ -28,12 +25,7 @@ class Run:
 
     def lines(self, kind: str) -> list[dict[str, str]]:
         """The `key=value` words of every `TPUJOBS_<kind>` line, in order."""
-        found = []
-        for line in self.output.splitlines():
-            match = PROTOCOL_LINE.match(line)
-            if match and match.group(1) == kind:
-                found.append(dict(word.split("=", 1) for word in match.group(2).split()))
-        return found
+        return [p.words for line in self.output.splitlines() if (p := parse_progress(line)) and p.kind == kind]
 
     @property
     def start(self) -> int:
@@ -124,8 +116,9 @@ def run_hosts(
         assert stream is not None
         for line in stream:
             outputs[worker].append(line)
-            reported = STEP_LINE.match(line)
-            if worker == 0 and pending[0] is not None and reported and int(reported.group(1)) >= pending[0]:
+            due = pending[0]
+            reported = parse_progress(line) if worker == 0 and due is not None else None
+            if due is not None and reported is not None and reported.kind == "STEP" and (reported.step or 0) >= due:
                 processes[sigterm_worker].send_signal(signal.SIGTERM)
                 pending[0] = None
 

@@ -255,3 +255,14 @@ def test_a_missing_log_view_is_a_clear_503_not_a_failure_of_the_api(stand_in: Lo
     status, answer = ask(api_on(stand_in.url, job, VIEW), OWNER, action="logs", job_id=job.job_id)
     assert status == 503 and "lines" not in answer
     assert "cannot read job output from Cloud Logging" in answer["error"] and "log view" in answer["error"]
+
+
+def test_another_refusal_of_cloud_logging_stays_a_failure_of_the_api(stand_in: LoggingServer) -> None:
+    """Only NOT_FOUND and PERMISSION_DENIED mean the deployment's view is missing or not its own;
+    a request Cloud Logging calls invalid is the API's own fault: a 500, not the view's 503."""
+    job = a_job()
+    write_lines(stand_in.url, job, 0, ["step 1"])
+    status, answer = ask(
+        api_on(stand_in.url, job, f"projects/{PROJECT}/buckets/_Default"), OWNER, action="logs", job_id=job.job_id
+    )
+    assert status == 500 and "log view" not in answer["error"]

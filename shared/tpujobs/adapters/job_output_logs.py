@@ -11,8 +11,11 @@ from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import Any
 
+from google.api_core import exceptions as api_exceptions
+
 from tpujobs.adapters.google_errors import translated
 from tpujobs.domain.job_output import RawEntry
+from tpujobs.engine.errors import OutputUnreadable, PermanentError
 
 PAGE_SIZE = 1000  # entries.list's most
 
@@ -37,6 +40,15 @@ class CloudLoggingEntries:
         self._client: Any = None
 
     def read(self, query: str) -> Iterator[RawEntry]:
+        """OutputUnreadable where Cloud Logging says the view is not there or not ours to read."""
+        try:
+            yield from self._read(query)
+        except PermanentError as error:
+            if isinstance(error.__cause__, (api_exceptions.NotFound, api_exceptions.PermissionDenied)):
+                raise OutputUnreadable(str(error)) from error.__cause__
+            raise
+
+    def _read(self, query: str) -> Iterator[RawEntry]:
         from google.cloud import logging as cloud_logging
 
         with translated("Cloud Logging", "reading the job's output"):

@@ -26,3 +26,8 @@ class QuotaExhausted(TransientError):
     def __init__(self, message: str = "", region: str = "") -> None:
         super().__init__(message)
         self.region = region
+
+
+class OutputUnreadable(PermanentError):
+    """Cloud Logging refused to list the deployment's job output (NOT_FOUND, PERMISSION_DENIED):
+    its log view is missing, or this service may not read it. The deployment's to mend."""

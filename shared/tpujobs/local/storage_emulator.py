@@ -32,7 +32,7 @@ def write_config_unless_in_memory(write: Callable[[Storage], None]) -> Callable[
 
 
 def with_generation(download: Handler) -> Handler:
-    def downloadwith_generation(request: Any, response: Any, storage: Storage, *args: Any, **kwargs: Any) -> None:
+    def download_with_generation(request: Any, response: Any, storage: Storage, *args: Any, **kwargs: Any) -> None:
         download(request, response, storage, *args, **kwargs)
         try:
             found = storage.get_file_obj(request.params["bucket_name"], request.params["object_id"])
@@ -41,7 +41,7 @@ def with_generation(download: Handler) -> Handler:
         response["x-goog-generation"] = str(found.get("generation", ""))
         response["x-goog-metageneration"] = str(found.get("metageneration", ""))
 
-    return downloadwith_generation
+    return download_with_generation
 
 
 def patch() -> None:

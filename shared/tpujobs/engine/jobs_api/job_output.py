@@ -20,7 +20,7 @@ from tpujobs.domain import job_output
 from tpujobs.domain.access import may_cancel
 from tpujobs.domain.job_output import KeyFor, OutputLine, RawEntry
 from tpujobs.domain.signing import MasterKeys, MissingMasterKey, created_micros
-from tpujobs.engine.errors import PermanentError
+from tpujobs.engine.errors import OutputUnreadable
 from tpujobs.engine.jobs_api.answers import ApiError, Response
 
 if TYPE_CHECKING:
@@ -42,7 +42,8 @@ log = logging.getLogger(__name__)
 
 
 class OutputEntries(Protocol):
-    """Cloud Logging's `entries.list` for one query, oldest first (`adapters.job_output_logs`)."""
+    """Cloud Logging's `entries.list` for one query, oldest first (`adapters.job_output_logs`);
+    OutputUnreadable when the deployment may not read its output there."""
 
     def read(self, query: str) -> Iterable[RawEntry]: ...
 
@@ -163,7 +164,7 @@ class JobOutput:
             raise ApiError(503, "This deployment's API holds no master key: it cannot check output entries.")
         try:
             page = read_page(self.entries, self.settings, job, attempt, key_for, request.worker, request.after)
-        except PermanentError as error:  # no log view, or no right to it: the deployment's to mend
+        except OutputUnreadable as error:  # no log view, or no right to it: the deployment's to mend
             log.error("the jobs API cannot read Cloud Logging: %s", error)
             raise ApiError(
                 503,
