@@ -80,6 +80,12 @@ def on_control(event: CloudEvent) -> None:
 
 
 @functions_framework.cloud_event
+def converge(event: CloudEvent) -> None:
+    """tpujobs-converge: the jobs API committed a change; do the capacity work it asks (a job's id or a pool's name)."""
+    _handle(event, "converge", instances.engine().convergence.on_converge)
+
+
+@functions_framework.cloud_event
 def reconcile(event: CloudEvent) -> None:
     """tpujobs-reconcile: the scheduler's tick cuts the work into shards and publishes them on the
     same topic; each shard message compares and repairs its part (a malformed one is recorded)."""
@@ -106,12 +112,23 @@ def notify(event: CloudEvent) -> None:
 
 @functions_framework.http
 def jobs(request: flask.Request) -> tuple[str, int, dict[str, str]]:
-    """HTTP POST {"action": "list" | "describe" | "cancel", ...}: see tpujobs.engine.api."""
+    """HTTP POST {"action": "list" | "describe" | "cancel", ...}: see tpujobs.engine.api. It holds no
+    capacity: what changes capacity is committed, then handed to `converge` (tpujobs-converge)."""
     project = os.environ.get("GOOGLE_CLOUD_PROJECT", "")
     with process_log.handling(trace=process_log.trace_from_traceparent(request.headers.get("traceparent"), project)):
         answer = instances.jobs_api().handle(
             request.method, request.url, request.headers, request.get_data(cache=False)
         )
+    return json.dumps(answer.body), answer.status, {"Content-Type": "application/json", **answer.headers}
+
+
+@functions_framework.http
+def attempt_key(request: flask.Request) -> tuple[str, int, dict[str, str]]:
+    """HTTP POST {"action": "attempt-key", ...}: a worker host's attempt key, for its VM's identity
+    token (tpujobs.engine.key_api). The only function the VMs' accounts may invoke."""
+    project = os.environ.get("GOOGLE_CLOUD_PROJECT", "")
+    with process_log.handling(trace=process_log.trace_from_traceparent(request.headers.get("traceparent"), project)):
+        answer = instances.key_api().handle(request.method, request.url, request.headers, request.get_data(cache=False))
     return json.dumps(answer.body), answer.status, {"Content-Type": "application/json", **answer.headers}
 
 

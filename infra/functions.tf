@@ -15,6 +15,7 @@ locals {
       concurrent = 8
       cpu        = "1"
       job_engine = true # creates and deletes queued resources, and Compute Engine slices
+      master_key = true
       publishes  = ["tpujobs-status", "tpujobs-log-export"]
       firestore  = "roles/datastore.user"
       logs       = null
@@ -28,6 +29,7 @@ locals {
       concurrent = 8
       cpu        = "1"
       job_engine = true
+      master_key = true
       publishes  = ["tpujobs-status", "tpujobs-log-export"]
       firestore  = "roles/datastore.user"
       logs       = null
@@ -41,6 +43,7 @@ locals {
       concurrent = 8
       cpu        = "1"
       job_engine = true
+      master_key = true
       publishes  = ["tpujobs-status", "tpujobs-log-export"]
       firestore  = "roles/datastore.user"
       logs       = null
@@ -54,6 +57,7 @@ locals {
       concurrent = 8
       cpu        = "1"
       job_engine = true
+      master_key = true
       publishes  = ["tpujobs-status", "tpujobs-log-export"]
       firestore  = "roles/datastore.user"
       logs       = null
@@ -67,6 +71,21 @@ locals {
       concurrent = 8
       cpu        = "1"
       job_engine = true
+      master_key = true
+      publishes  = ["tpujobs-status", "tpujobs-log-export"]
+      firestore  = "roles/datastore.user"
+      logs       = null
+    }
+    converge = { # the capacity work the jobs API hands off: a job's id or a pool's name, converged
+      signature  = "cloudevent"
+      topic      = "tpujobs-converge"
+      account    = "converge"
+      timeout    = 60
+      max        = 20 # a burst of API submissions is admitted here, as submit_job admits the topic's
+      concurrent = 8
+      cpu        = "1"
+      job_engine = true
+      master_key = false # it signs and checks nothing: hosts fetch their keys from attempt_key
       publishes  = ["tpujobs-status", "tpujobs-log-export"]
       firestore  = "roles/datastore.user"
       logs       = null
@@ -87,6 +106,7 @@ locals {
       concurrent = 1
       cpu        = "1"
       job_engine = true
+      master_key = true
       publishes  = ["tpujobs-status", "tpujobs-log-export", "tpujobs-reconcile"]
       firestore  = "roles/datastore.user"
       logs       = null
@@ -100,6 +120,7 @@ locals {
       concurrent = 8
       cpu        = "1"
       job_engine = false
+      master_key = false
       publishes  = [] # replays are published by the CLI, with its user's rights
       firestore  = "roles/datastore.user"
       logs       = null
@@ -113,6 +134,7 @@ locals {
       concurrent = 1
       cpu        = "1"
       job_engine = false
+      master_key = false
       publishes  = []
       firestore  = "roles/datastore.user"
       logs       = "roles/storage.objectUser" # reads the chunks, writes (and rewrites) the merged logs
@@ -121,11 +143,12 @@ locals {
       signature  = "cloudevent"
       topic      = "tpujobs-status"
       account    = "notify"
-      timeout    = 60 # each post times out in 5 s; a job has at most 8 targets
+      timeout    = 60 # a job's targets (8 at most) are posted side by side, each within 10 s
       max        = 5
-      concurrent = 8
+      concurrent = 16 # posts to one host take at most 4 of them (adapters/webhooks.py PER_HOST)
       cpu        = "1"
       job_engine = false
+      master_key = false
       publishes  = []
       firestore  = "roles/datastore.user" # reads jobs and config/notify, writes jobs/*/notifications
       logs       = null
@@ -138,9 +161,24 @@ locals {
       max        = 10
       concurrent = 8
       cpu        = "1"
-      job_engine = true # a cancel is done in-process and releases the capacity
-      publishes  = ["tpujobs-status", "tpujobs-log-export"]
+      job_engine = false # internet-facing: it commits a change, and on_control does the capacity work
+      master_key = true  # `logs` checks each entry's signature with its attempt's key
+      publishes  = ["tpujobs-status", "tpujobs-log-export", "tpujobs-converge"]
       firestore  = "roles/datastore.user"
+      logs       = null
+    }
+    attempt_key = { # a worker host's attempt key (TPUJOBS_KEY_URL): the one function the VMs' accounts invoke
+      signature  = "http"
+      topic      = null
+      account    = "attempt-key"
+      timeout    = 60
+      max        = 10
+      concurrent = 8
+      cpu        = "1"
+      job_engine = false
+      master_key = true # each attempt's key is derived from it
+      publishes  = []
+      firestore  = "roles/datastore.user" # reads jobs; writes the first holder of each worker's key
       logs       = null
     }
     dashboard = { # the web dashboard behind IAP (dashboard.tf): it only reads
@@ -152,6 +190,7 @@ locals {
       concurrent = 8
       cpu        = "1"
       job_engine = false
+      master_key = false
       publishes  = []
       firestore  = "roles/datastore.viewer"
       logs       = null # reads only the logs/ folders, granted in dashboard.tf
@@ -186,10 +225,11 @@ locals {
     TPUJOBS_RECORD_RETENTION_DAYS      = tostring(var.record_retention_days)
     TPUJOBS_REJECTION_RETENTION_DAYS   = tostring(var.rejection_retention_days)
     TPUJOBS_DEAD_LETTER_RETENTION_DAYS = tostring(var.dead_letter_retention_days)
-    # Where worker hosts trade their VM's identity token for their attempt's key (the jobs
-    # function's own URL, also the token's audience): its cloudfunctions.net form, known before
-    # the function exists, so no function's environment depends on another's.
-    TPUJOBS_KEY_URL = "https://${var.region}-${var.project}.cloudfunctions.net/${var.prefix}tpujobs-jobs"
+    # Where worker hosts trade their VM's identity token for their attempt's key (the attempt_key
+    # function's own URL, also the token's audience, which the jobs function refuses): its
+    # cloudfunctions.net form, known before the function exists, so no function's environment
+    # depends on another's.
+    TPUJOBS_KEY_URL = "https://${var.region}-${var.project}.cloudfunctions.net/${var.prefix}tpujobs-attempt-key"
     # Job output in Cloud Logging (job_output.tf): on for jobs unless their spec opts out; per-host rate.
     TPUJOBS_CLOUD_LOGGING            = var.job_output_cloud_logging ? "true" : "false"
     TPUJOBS_LOGGING_LINES_PER_SECOND = tostring(var.job_output_lines_per_second)
@@ -197,8 +237,9 @@ locals {
     TPUJOBS_LOGGING_VIEW = var.job_output_cloud_logging ? "projects/${var.project}/locations/global/buckets/_Default/views/${var.prefix}tpujobs-job-output" : ""
   }
 
-  # Only the job-engine functions: the accounts of var.job_service_accounts, which they (and no
-  # one else through them) may attach to queued resources (actAs, iam.tf).
+  # Only the job-engine functions and the jobs API: the accounts of var.job_service_accounts,
+  # which the job engine (and no one else through it) may attach to queued resources (actAs,
+  # iam.tf), and which the API checks a spec's `service_account` against.
   job_engine_env = {
     TPUJOBS_JOB_SERVICE_ACCOUNTS = join(",", [for id, account in google_service_account.job : account.email])
   }
@@ -209,14 +250,15 @@ locals {
     TPUJOBS_RECONCILE_SHARDS_IN_FLIGHT = tostring(max(1, lookup(var.max_instances, "reconcile", local.functions.reconcile.max) * local.functions.reconcile.concurrent - 1))
   }
 
-  # Only the jobs API: Cloud Run's IAM check in front of it is guaranteed, because every
-  # function requires authentication and run.invoker goes only to var.invokers, which may not
-  # hold allUsers or allAuthenticatedUsers (variables.tf; tests/infra pin both).
+  # Only the HTTP functions callers reach with an ID token (jobs, attempt_key): Cloud Run's IAM
+  # check in front of them is guaranteed, because every function requires authentication and
+  # run.invoker goes only to var.invokers (jobs) and the VMs' accounts (attempt_key), never
+  # allUsers or allAuthenticatedUsers (variables.tf; tests/infra pin both).
   api_env = {
     TPUJOBS_API_PLATFORM_AUTH = "1"
   }
 
-  # Mounted from Secret Manager into the job-engine functions only (secrets.tf): the master key
+  # Mounted from Secret Manager into the functions with master_key = true only (secrets.tf): the master key
   # at var.report_key_version and, while a rotation lasts, the one before it (infra/README.md,
   # "Rotating the report key"). Each version's number goes in plain env beside it.
   report_key_env = "TPUJOBS_REPORT_KEY"
@@ -281,15 +323,15 @@ resource "google_cloudfunctions2_function" "function" {
     environment_variables = merge(
       local.function_env,
       { THREADS = tostring(each.value.concurrent) }, # functions-framework's gunicorn threads
-      each.value.job_engine ? local.job_engine_env : {},
-      each.value.job_engine ? local.report_key_version_env : {},
-      each.key == "jobs" ? local.api_env : {},
+      each.value.job_engine || each.key == "jobs" ? local.job_engine_env : {},
+      each.value.master_key ? local.report_key_version_env : {},
+      contains(["jobs", "attempt_key"], each.key) ? local.api_env : {},
       each.key == "dashboard" ? local.dashboard_env : {},
-      each.key == "notify" ? local.notify_env : {},
+      contains(local.notify_key_functions, each.key) ? local.notify_env : {},
       each.key == "reconcile" ? local.reconcile_env : {},
     )
-    # Pub/Sub push counts as internal traffic; only the jobs API is called from outside,
-    # and even there IAM admits only var.invokers.
+    # Pub/Sub push counts as internal traffic; only the jobs API and attempt_key are called from
+    # outside, and even there IAM admits only var.invokers (jobs) and the VMs' accounts (attempt_key).
     # The dashboard only through its load balancer, where IAP stands (dashboard.tf).
     ingress_settings = each.key == "dashboard" ? "ALLOW_INTERNAL_AND_GCLB" : (each.value.signature == "http" ? "ALLOW_ALL" : "ALLOW_INTERNAL_ONLY")
 
@@ -298,7 +340,7 @@ resource "google_cloudfunctions2_function" "function" {
     # until an apply names it. The project by number, as the API keeps it (a project id shows a
     # change at every plan).
     dynamic "secret_environment_variables" {
-      for_each = each.value.job_engine ? local.report_key_mounts : {}
+      for_each = each.value.master_key ? local.report_key_mounts : {}
       content {
         key        = secret_environment_variables.key
         project_id = data.google_project.this.number
@@ -306,9 +348,9 @@ resource "google_cloudfunctions2_function" "function" {
         version    = secret_environment_variables.value
       }
     }
-    # The notify function alone: the key its posts are signed with (notify.tf).
+    # The notify master key, for the notify function (it signs) and jobs (`notify-key`): notify.tf.
     dynamic "secret_environment_variables" {
-      for_each = each.key == "notify" ? { TPUJOBS_NOTIFY_SIGNING_KEY = var.notify_signing_key_version } : {}
+      for_each = contains(local.notify_key_functions, each.key) ? local.notify_key_mounts : {}
       content {
         key        = secret_environment_variables.key
         project_id = data.google_project.this.number
@@ -339,7 +381,8 @@ resource "google_cloudfunctions2_function" "function" {
 }
 
 # Who may call what: the push account calls the cloudevent functions, var.invokers the API, and
-# the TPU VMs' accounts the API too (a worker host fetches its attempt's report key from it).
+# the TPU VMs' accounts the attempt_key function and no other (a worker host fetches its
+# attempt's report key there; a token it mints can call nothing else).
 resource "google_cloud_run_service_iam_member" "push_invoker" {
   for_each = local.cloudevent_functions
 
@@ -359,13 +402,13 @@ resource "google_cloud_run_service_iam_member" "api_invoker" {
 }
 
 # Every VM account (the default one and each of var.job_service_accounts): a worker host asks
-# the jobs API for its attempt's report key with its VM's own token. This only lets the request
-# past Cloud Run; which key a caller may have is the API's to decide.
+# the attempt_key function for its attempt's report key with its VM's own token. This only lets
+# the request past Cloud Run; which key a caller may have is the function's to decide.
 resource "google_cloud_run_service_iam_member" "worker_invoker" {
   for_each = local.job_accounts
 
   location = var.region
-  service  = google_cloudfunctions2_function.function["jobs"].service_config[0].service
+  service  = google_cloudfunctions2_function.function["attempt_key"].service_config[0].service
   role     = "roles/run.invoker"
   member   = each.value.member
 }

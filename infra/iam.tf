@@ -2,6 +2,9 @@
 # functions.tf), the TPU VMs get their own account, and nothing is granted to a default one.
 locals {
   job_engine_functions = { for target, f in local.functions : target => f if f.job_engine }
+  # The functions that read the report-signing master key (secrets.tf): the job engine, the
+  # attempt_key function that derives each attempt's key, and jobs, whose `logs` checks signatures.
+  master_key_functions = { for target, f in local.functions : target => f if f.master_key }
 
   function_publishes = merge([
     for target, f in local.functions : {
@@ -183,6 +186,17 @@ resource "google_storage_bucket_iam_member" "function_logs" {
   bucket = google_storage_bucket.logs.name
   role   = each.value.logs
   member = google_service_account.function[each.key].member
+}
+
+# The functions write their metrics to Cloud Monitoring themselves (monitoring.tf): each function's
+# account may write time series, and no job's or VM's account may, so a job cannot move a metric
+# or an alert. For the project: timeSeries.create has no finer resource.
+resource "google_project_iam_member" "function_metric_writer" {
+  for_each = local.functions
+
+  project = var.project
+  role    = "roles/monitoring.metricWriter"
+  member  = google_service_account.function[each.key].member
 }
 
 resource "google_service_account" "tpu_vm" {

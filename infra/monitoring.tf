@@ -1,202 +1,128 @@
-# Metrics, alerts and a dashboard, from the functions' own log lines.
+# Metrics, alerts and a dashboard, from what the functions write to Cloud Monitoring themselves.
 #
-# Each event that matters writes one structured line (tpujobs.engine.metric_events: the event
-# names and fields are a table there). Cloud Functions (2nd gen) run on Cloud Run, so their
-# entries have resource.type "cloud_run_revision" and the function's name as
-# resource.labels.service_name. tests/e2e/test_metric_filters_e2e.py runs every filter and
-# extractor below over the lines the local stack writes (tpujobs.local.log_filters reads the
-# subset of the query language used here and refuses the rest): keep to that subset.
-# The metrics are two maps in locals (counters, distributions), each one for_each resource:
-# a new metric is a new entry; tests/infra/for_each.py expands them as Terraform plans them.
+# Each event that matters is one metric event where the engine commits it (the event names and
+# fields are a table in tpujobs.engine.metric_events). Each function instance folds them into
+# CUMULATIVE series of its own (tpujobs.engine.metrics: METRICS is the code's side of the maps
+# below, held to them by tests/infra/test_monitoring_infra.py) and writes them with
+# projects.timeSeries.create on a generic_task resource (task_id: the instance). Only the
+# functions' accounts hold roles/monitoring.metricWriter (iam.tf), so no job can move a metric:
+# the log-based metrics these replace counted entries any log writer could forge. Function
+# errors are Cloud Run's own count of 5xx answers (run.googleapis.com/request_count), which only
+# Google writes. tests/e2e/test_metric_filters_e2e.py reads every metric back from the local
+# Cloud Monitoring after the stack has run jobs.
 locals {
-  tpujobs_logs = "resource.type=\"cloud_run_revision\" AND resource.labels.service_name=~\"^${var.prefix}tpujobs-\""
-  # What a log-based metric of this file is called in Cloud Monitoring.
-  user_metric = "logging.googleapis.com/user/${var.prefix}tpujobs"
+  # What a metric of this file is called in Cloud Monitoring (tpujobs.engine.metrics.metric_type).
+  user_metric = "custom.googleapis.com/${var.prefix}tpujobs"
   alert_docs  = "docs/operations.md, \"Metrics and alerts\", says what it means and what to do."
+  # The functions' answers with a 5xx status (a handler that raised), by Cloud Run.
+  function_errors = "resource.type=\"cloud_run_revision\" AND resource.labels.service_name=starts_with(\"${var.prefix}tpujobs-\") AND metric.type=\"run.googleapis.com/request_count\" AND metric.labels.response_code_class=\"5xx\""
 
-  # The labels the metrics share: each one's description and where an entry has it.
-  family   = { description = "The TPU family (v4, v5p, ...).", extractor = "EXTRACT(jsonPayload.family)" }
-  capacity = { description = "spot or on-demand.", extractor = "EXTRACT(jsonPayload.capacity)" }
+  # The labels the metrics share, and what each holds (a label is the event field of its name).
+  family   = "The TPU family (v4, v5p, ...)."
+  capacity = "spot or on-demand."
 
-  # Counters, NAME = {description, what the entries match (after local.tpujobs_logs), labels}.
-  log_counters = {
+  # Counters (CUMULATIVE INT64), NAME = {description, labels}.
+  counters = {
     jobs_submitted = {
       description = "Jobs accepted and recorded QUEUED."
-      match       = "jsonPayload.event=\"job_submitted\""
       labels      = { family = local.family, capacity = local.capacity }
     }
     jobs_succeeded = {
       description = "Jobs that ended SUCCEEDED."
-      match       = "jsonPayload.event=\"job_succeeded\""
       labels      = { family = local.family }
     }
     jobs_failed = {
-      description = "Jobs that ended FAILED, by what ended them (reason_class: command_failed, capacity_lost, time_limit_reached, hung, ...)."
-      match       = "jsonPayload.event=\"job_failed\""
+      description = "Jobs that ended FAILED, by what ended them (reason_class: command_failed, capacity_lost, ...)."
       labels = {
-        reason_class = { description = "The observation that ended the job (an EventKind value).", extractor = "EXTRACT(jsonPayload.reason_class)" }
+        reason_class = "The observation that ended the job (an EventKind value)."
         family       = local.family
       }
     }
     preemptions = {
       description = "Attempts that lost their capacity: preemption, hardware, a lost host."
-      match       = "jsonPayload.event=\"preempted\""
       labels = {
         family   = local.family
         capacity = local.capacity
-        source   = { description = "Who saw it: agent (the host's notice), tpu (the API's state) or reconciler.", extractor = "EXTRACT(jsonPayload.source)" }
+        source   = "Who saw it: agent (the host's notice), tpu (the API's state), reconciler."
       }
     }
     rejections = {
-      description = "Messages refused and acknowledged (bad input, forged or unsigned, a job_id taken); a flood of forgeries writes one line a minute per topic and reason."
-      match       = "jsonPayload.event=\"rejected\""
-      labels      = { topic = { description = "The topic the message came on.", extractor = "EXTRACT(jsonPayload.topic)" } }
+      description = "Messages refused and acknowledged (bad input, forged or unsigned, a job_id taken)."
+      labels      = { topic = "The topic the message came on." }
     }
     dead_letters = {
       description = "Messages Pub/Sub gave up delivering, recorded in Firestore's dead_letters."
-      match       = "jsonPayload.event=\"dead_lettered\""
-      labels      = { topic = { description = "The topic the message was first published to.", extractor = "EXTRACT(jsonPayload.topic)" } }
+      labels      = { topic = "The topic the message was first published to." }
     }
     stuck_jobs = {
-      description = "Jobs the reconciler found QUEUED or RECOVERING past the stuck limit (TPUJOBS_STUCK_AFTER_SECONDS) and converged."
-      match       = "jsonPayload.event=\"job_stuck\""
-      labels      = { state = { description = "The state the job was stuck in.", extractor = "EXTRACT(jsonPayload.state)" } }
-    }
-    function_errors = {
-      description = "Entries of severity ERROR or worse from the tpujobs functions: a handler that raised, an export that failed."
-      match       = "severity>=ERROR"
-      labels      = { function = { description = "The function's Cloud Run service.", extractor = "EXTRACT(resource.labels.service_name)" } }
+      description = "Jobs the reconciler found QUEUED or RECOVERING past the stuck limit and converged."
+      labels      = { state = "The state the job was stuck in." }
     }
   }
 
-  # Distributions: as counters, with the value an entry carries, its unit and exponential buckets.
-  log_distributions = {
+  # Distributions (CUMULATIVE DISTRIBUTION), as counters with a unit; their buckets are the code's.
+  distributions = {
     recovery_latency = {
       description = "Seconds from an attempt losing its capacity to the next attempt running."
-      match       = "jsonPayload.event=\"recovered\""
-      value       = "EXTRACT(jsonPayload.recovery_seconds)"
       unit        = "s"
-      buckets     = { count = 36, growth = 1.5, scale = 1 } # 1 s to about 36 h
       labels      = { family = local.family }
     }
     queue_wait = {
       description = "Seconds an attempt waited QUEUED before admission let it in."
-      match       = "jsonPayload.event=\"admitted\""
-      value       = "EXTRACT(jsonPayload.queue_wait_seconds)"
       unit        = "s"
-      buckets     = { count = 40, growth = 1.6, scale = 0.1 } # 0.1 s to about 5 days
       labels      = { family = local.family }
     }
     chip_hours = {
       description = "Chip-hours of each ended job over all its attempts; the sum is what was paid for."
-      match       = "jsonPayload.event=(\"job_succeeded\" OR \"job_failed\" OR \"job_cancelled\")"
-      value       = "EXTRACT(jsonPayload.chip_hours)"
       unit        = "h"
-      buckets     = { count = 24, growth = 2, scale = 0.001 } # 0.001 to about 67,000 chip-hours
       labels = {
-        owner  = { description = "Who submitted the job.", extractor = "EXTRACT(jsonPayload.owner)" }
+        owner  = "Who submitted the job."
         family = local.family
       }
     }
   }
 }
 
-# -- metrics: google_logging_metric.counter["NAME"] and .distribution["NAME"] ----------------
+# -- metrics: google_monitoring_metric_descriptor.counter["NAME"] and .distribution["NAME"] --
+# The log-based metrics that were here (google_logging_metric.counter and .distribution) are
+# gone, and Terraform deletes them: a job's log writes could move them.
 
-resource "google_logging_metric" "counter" {
-  for_each = local.log_counters
+resource "google_monitoring_metric_descriptor" "counter" {
+  for_each = local.counters
 
-  name        = "${var.prefix}tpujobs/${each.key}"
-  description = each.value.description
-  filter      = "${local.tpujobs_logs} AND ${each.value.match}"
-  metric_descriptor {
-    metric_kind = "DELTA"
-    value_type  = "INT64"
-    unit        = "1"
-    dynamic "labels" {
-      for_each = each.value.labels
-      content {
-        key         = labels.key
-        description = labels.value.description
-      }
-    }
-  }
-  label_extractors = { for key, label in each.value.labels : key => label.extractor }
-}
-
-resource "google_logging_metric" "distribution" {
-  for_each = local.log_distributions
-
-  name            = "${var.prefix}tpujobs/${each.key}"
-  description     = each.value.description
-  filter          = "${local.tpujobs_logs} AND ${each.value.match}"
-  value_extractor = each.value.value
-  metric_descriptor {
-    metric_kind = "DELTA"
-    value_type  = "DISTRIBUTION"
-    unit        = each.value.unit
-    dynamic "labels" {
-      for_each = each.value.labels
-      content {
-        key         = labels.key
-        description = labels.value.description
-      }
-    }
-  }
-  label_extractors = { for key, label in each.value.labels : key => label.extractor }
-  bucket_options {
-    exponential_buckets {
-      num_finite_buckets = each.value.buckets.count
-      growth_factor      = each.value.buckets.growth
-      scale              = each.value.buckets.scale
+  type         = "${local.user_metric}/${each.key}"
+  display_name = "${var.prefix}tpujobs ${each.key}"
+  description  = each.value.description
+  metric_kind  = "CUMULATIVE"
+  value_type   = "INT64"
+  unit         = "1"
+  dynamic "labels" {
+    for_each = each.value.labels
+    content {
+      key         = labels.key
+      value_type  = "STRING"
+      description = labels.value
     }
   }
 }
 
-# Where each metric was declared before the two maps: moved, not destroyed and made again.
-moved {
-  from = google_logging_metric.jobs_submitted
-  to   = google_logging_metric.counter["jobs_submitted"]
-}
-moved {
-  from = google_logging_metric.jobs_succeeded
-  to   = google_logging_metric.counter["jobs_succeeded"]
-}
-moved {
-  from = google_logging_metric.jobs_failed
-  to   = google_logging_metric.counter["jobs_failed"]
-}
-moved {
-  from = google_logging_metric.preemptions
-  to   = google_logging_metric.counter["preemptions"]
-}
-moved {
-  from = google_logging_metric.rejections
-  to   = google_logging_metric.counter["rejections"]
-}
-moved {
-  from = google_logging_metric.dead_letters
-  to   = google_logging_metric.counter["dead_letters"]
-}
-moved {
-  from = google_logging_metric.stuck_jobs
-  to   = google_logging_metric.counter["stuck_jobs"]
-}
-moved {
-  from = google_logging_metric.function_errors
-  to   = google_logging_metric.counter["function_errors"]
-}
-moved {
-  from = google_logging_metric.recovery_latency
-  to   = google_logging_metric.distribution["recovery_latency"]
-}
-moved {
-  from = google_logging_metric.queue_wait
-  to   = google_logging_metric.distribution["queue_wait"]
-}
-moved {
-  from = google_logging_metric.chip_hours
-  to   = google_logging_metric.distribution["chip_hours"]
+resource "google_monitoring_metric_descriptor" "distribution" {
+  for_each = local.distributions
+
+  type         = "${local.user_metric}/${each.key}"
+  display_name = "${var.prefix}tpujobs ${each.key}"
+  description  = each.value.description
+  metric_kind  = "CUMULATIVE"
+  value_type   = "DISTRIBUTION"
+  unit         = each.value.unit
+  dynamic "labels" {
+    for_each = each.value.labels
+    content {
+      key         = labels.key
+      value_type  = "STRING"
+      description = labels.value
+    }
+  }
 }
 
 # -- alerts ---------------------------------------------------------------------------------
@@ -208,7 +134,7 @@ resource "google_monitoring_alert_policy" "dead_letters" {
   conditions {
     display_name = "A message was dead-lettered"
     condition_threshold {
-      filter          = "resource.type=\"cloud_run_revision\" AND metric.type=\"${local.user_metric}/dead_letters\""
+      filter          = "resource.type=\"generic_task\" AND metric.type=\"${local.user_metric}/dead_letters\""
       comparison      = "COMPARISON_GT"
       threshold_value = 0
       duration        = "0s"
@@ -228,7 +154,7 @@ resource "google_monitoring_alert_policy" "dead_letters" {
     content   = "Pub/Sub gave up delivering a message after its retries. `tpujobs dead-letters` lists them; replay one once its cause is fixed. ${local.alert_docs}"
     mime_type = "text/markdown"
   }
-  depends_on = [google_logging_metric.counter]
+  depends_on = [google_monitoring_metric_descriptor.counter]
 }
 
 resource "google_monitoring_alert_policy" "stuck_jobs" {
@@ -238,7 +164,7 @@ resource "google_monitoring_alert_policy" "stuck_jobs" {
   conditions {
     display_name = "The reconciler found stuck jobs"
     condition_threshold {
-      filter          = "resource.type=\"cloud_run_revision\" AND metric.type=\"${local.user_metric}/stuck_jobs\""
+      filter          = "resource.type=\"generic_task\" AND metric.type=\"${local.user_metric}/stuck_jobs\""
       comparison      = "COMPARISON_GT"
       threshold_value = 0
       duration        = "0s"
@@ -258,7 +184,7 @@ resource "google_monitoring_alert_policy" "stuck_jobs" {
     content   = "A job stayed QUEUED or RECOVERING past TPUJOBS_STUCK_AFTER_SECONDS. The job_stuck lines name it; `tpujobs describe JOB` shows why. ${local.alert_docs}"
     mime_type = "text/markdown"
   }
-  depends_on = [google_logging_metric.counter]
+  depends_on = [google_monitoring_metric_descriptor.counter]
 }
 
 resource "google_monitoring_alert_policy" "recovery_latency" {
@@ -268,7 +194,7 @@ resource "google_monitoring_alert_policy" "recovery_latency" {
   conditions {
     display_name = "Recovery latency p95 over ${var.recovery_latency_p95_alert_seconds} s"
     condition_threshold {
-      filter          = "resource.type=\"cloud_run_revision\" AND metric.type=\"${local.user_metric}/recovery_latency\""
+      filter          = "resource.type=\"generic_task\" AND metric.type=\"${local.user_metric}/recovery_latency\""
       comparison      = "COMPARISON_GT"
       threshold_value = var.recovery_latency_p95_alert_seconds
       duration        = "0s"
@@ -287,7 +213,7 @@ resource "google_monitoring_alert_policy" "recovery_latency" {
     content   = "Over the last hour, 95% of recoveries took longer than the threshold: capacity is scarce in the jobs' zones, or quota is full. ${local.alert_docs}"
     mime_type = "text/markdown"
   }
-  depends_on = [google_logging_metric.distribution]
+  depends_on = [google_monitoring_metric_descriptor.distribution]
 }
 
 resource "google_monitoring_alert_policy" "rejection_burst" {
@@ -297,7 +223,7 @@ resource "google_monitoring_alert_policy" "rejection_burst" {
   conditions {
     display_name = "More than ${var.rejection_burst_alert_count} rejections in 5 minutes"
     condition_threshold {
-      filter          = "resource.type=\"cloud_run_revision\" AND metric.type=\"${local.user_metric}/rejections\""
+      filter          = "resource.type=\"generic_task\" AND metric.type=\"${local.user_metric}/rejections\""
       comparison      = "COMPARISON_GT"
       threshold_value = var.rejection_burst_alert_count
       duration        = "0s"
@@ -316,7 +242,7 @@ resource "google_monitoring_alert_policy" "rejection_burst" {
     content   = "A client sends bad specs in a loop, or someone publishes forged messages. `tpujobs rejections` shows them. ${local.alert_docs}"
     mime_type = "text/markdown"
   }
-  depends_on = [google_logging_metric.counter]
+  depends_on = [google_monitoring_metric_descriptor.counter]
 }
 
 resource "google_monitoring_alert_policy" "function_errors" {
@@ -324,9 +250,9 @@ resource "google_monitoring_alert_policy" "function_errors" {
   combiner              = "OR"
   notification_channels = var.alert_notification_channels
   conditions {
-    display_name = "The tpujobs functions logged errors"
+    display_name = "The tpujobs functions answered 5xx"
     condition_threshold {
-      filter          = "resource.type=\"cloud_run_revision\" AND metric.type=\"${local.user_metric}/function_errors\""
+      filter          = local.function_errors
       comparison      = "COMPARISON_GT"
       threshold_value = 0
       duration        = "0s"
@@ -334,7 +260,7 @@ resource "google_monitoring_alert_policy" "function_errors" {
         alignment_period     = "300s"
         per_series_aligner   = "ALIGN_DELTA"
         cross_series_reducer = "REDUCE_SUM"
-        group_by_fields      = ["metric.label.function"]
+        group_by_fields      = ["resource.label.service_name"]
       }
     }
   }
@@ -342,11 +268,10 @@ resource "google_monitoring_alert_policy" "function_errors" {
     auto_close = "3600s"
   }
   documentation {
-    subject   = "tpujobs: a function logged an error"
-    content   = "Read the function's ERROR entries in Logs Explorer (the function label names it). ${local.alert_docs}"
+    subject   = "tpujobs: a function failed requests"
+    content   = "A function answered 5xx (a handler raised). Read its ERROR entries in Logs Explorer (the service_name label names it). ${local.alert_docs}"
     mime_type = "text/markdown"
   }
-  depends_on = [google_logging_metric.counter]
 }
 
 # -- the dashboard --------------------------------------------------------------------------
@@ -355,6 +280,7 @@ resource "google_monitoring_dashboard" "tpujobs" {
   dashboard_json = templatefile("${path.module}/monitoring_dashboard.json.tftpl", {
     title  = "${var.prefix}tpujobs"
     metric = local.user_metric
+    prefix = var.prefix
   })
-  depends_on = [google_logging_metric.counter, google_logging_metric.distribution]
+  depends_on = [google_monitoring_metric_descriptor.counter, google_monitoring_metric_descriptor.distribution]
 }

@@ -1,15 +1,30 @@
 # Notifications (tpujobs.engine.notifications): the notify function (functions.tf, its push
 # subscription on tpujobs-status in pubsub.tf, with the same retry and dead-letter policies as
-# the others) posts job state changes to webhooks, signed with a key of its own.
+# the others) posts job state changes to webhooks, each team's signed with a key of its own,
+# derived from the notify master key; the jobs function hands each team its key (`notify-key`).
 
 locals {
+  # The functions that hold the notify master key: notify signs with it, jobs derives a team's
+  # key for the team's members (`tpujobs notify-key`).
+  notify_key_functions = ["notify", "jobs"]
+  notify_key_env       = "TPUJOBS_NOTIFY_SIGNING_KEY"
+  # Pinned versions, as the report key's: the previous one signs beside the current one while a
+  # rotation lasts (infra/README.md, "The notification signing key").
+  notify_key_mounts = merge(
+    { (local.notify_key_env) = var.notify_signing_key_version },
+    var.notify_signing_key_previous_version == "" ? {} : { "${local.notify_key_env}_PREVIOUS" = var.notify_signing_key_previous_version },
+  )
   # Each notification's `link` is `{TPUJOBS_DASHBOARD_URL}/jobs/{id}`: the dashboard's address
-  # where it is served (dashboard.tf, behind IAP); without a dashboard, no link.
-  notify_env = local.dashboard_on ? { TPUJOBS_DASHBOARD_URL = "https://${var.dashboard_domain}" } : {}
+  # where it is served (dashboard.tf, behind IAP); without a dashboard, no link. Beside it, each
+  # mounted key's version number, which every post names (X-Tpujobs-Key-Version).
+  notify_env = merge(
+    local.dashboard_on ? { TPUJOBS_DASHBOARD_URL = "https://${var.dashboard_domain}" } : {},
+    { for env, version in local.notify_key_mounts : "${env}_VERSION" => version },
+  )
 }
 
 variable "notify_signing_key_version" {
-  description = "The version of the notify signing key ({prefix}tpujobs-notify-signing-key) mounted into the notify function as TPUJOBS_NOTIFY_SIGNING_KEY: a number, never \"latest\", so adding a version changes nothing until an apply names it. Receivers verify X-Tpujobs-Signature with its value."
+  description = "The version of the notify master key ({prefix}tpujobs-notify-signing-key) mounted into the notify and jobs functions as TPUJOBS_NOTIFY_SIGNING_KEY: a number, never \"latest\", so adding a version changes nothing until an apply names it. Each team's key is derived from it (`tpujobs notify-key`)."
   type        = string
   default     = "1"
 
@@ -19,9 +34,20 @@ variable "notify_signing_key_version" {
   }
 }
 
-# The key that signs every notification. Its id does not start with local.job_secret_prefix
-# ("{prefix}tpujobs_"), so no job account can read it; only the notify function does. Terraform
-# makes the secret, never its value (infra/README.md, "Secrets"; docs/operations.md, "Notifications").
+variable "notify_signing_key_previous_version" {
+  description = "While the notify master key rotates, its previous version (TPUJOBS_NOTIFY_SIGNING_KEY_PREVIOUS): posts carry a second signature under it (X-Tpujobs-Signature-Previous) until receivers hold the new key. \"\" when no rotation is under way."
+  type        = string
+  default     = ""
+
+  validation {
+    condition     = var.notify_signing_key_previous_version == "" || can(regex("^[1-9][0-9]*$", var.notify_signing_key_previous_version))
+    error_message = "notify_signing_key_previous_version is a version number, such as \"1\", or \"\"."
+  }
+}
+
+# The notify master key. Its id does not start with local.job_secret_prefix ("{prefix}tpujobs_"),
+# so no job account can read it; only the notify and jobs functions do. Terraform makes the
+# secret, never its value (infra/README.md, "Secrets"; docs/operations.md, "Notifications").
 resource "google_secret_manager_secret" "notify_signing_key" {
   secret_id           = "${var.prefix}tpujobs-notify-signing-key"
   deletion_protection = true # receivers hold its value to verify signatures
@@ -34,9 +60,18 @@ resource "google_secret_manager_secret" "notify_signing_key" {
 }
 
 resource "google_secret_manager_secret_iam_member" "notify_signing_key" {
+  for_each = toset(local.notify_key_functions)
+
   secret_id = google_secret_manager_secret.notify_signing_key.id
   role      = "roles/secretmanager.secretAccessor"
-  member    = google_service_account.function["notify"].member
+  member    = google_service_account.function[each.key].member
+
+  lifecycle {
+    precondition {
+      condition     = var.notify_signing_key_previous_version != var.notify_signing_key_version
+      error_message = "notify_signing_key_previous_version must differ from notify_signing_key_version (or be \"\" when no rotation is under way)."
+    }
+  }
 }
 
 # A job's `webhook_secret: NAME` is "{prefix}tpujobs_{account id}_notify-NAME", in the namespace

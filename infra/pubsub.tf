@@ -4,6 +4,7 @@ locals {
   topics = [
     "tpujobs-submit",
     "tpujobs-control",
+    "tpujobs-converge",
     "tpujobs-qr-state",
     "tpujobs-preemption",
     "tpujobs-worker-events",

@@ -32,8 +32,8 @@ locals {
 
 # The master key the functions derive every attempt's report key from (tpujobs.domain.signing),
 # mounted as TPUJOBS_REPORT_KEY at var.report_key_version (and TPUJOBS_REPORT_KEY_PREVIOUS at
-# var.report_key_previous_version during a rotation) into the job-engine functions
-# (functions.tf). Its values are added with gcloud, never by Terraform (infra/README.md).
+# var.report_key_previous_version during a rotation) into the functions with master_key = true
+# (functions.tf: the job engine, attempt_key and jobs; iam.tf local.master_key_functions). Its values are added with gcloud, never by Terraform (infra/README.md).
 resource "google_secret_manager_secret" "report_key" {
   secret_id           = "${var.prefix}tpujobs-report-key"
   deletion_protection = true # without it every running attempt's reports are refused
@@ -46,7 +46,7 @@ resource "google_secret_manager_secret" "report_key" {
 }
 
 resource "google_secret_manager_secret_iam_member" "report_key" {
-  for_each = local.job_engine_functions
+  for_each = local.master_key_functions
 
   secret_id = google_secret_manager_secret.report_key.id
   role      = "roles/secretmanager.secretAccessor"

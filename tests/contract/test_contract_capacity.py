@@ -1,7 +1,8 @@
 """The contract of `ports.Capacity`: `InMemoryCapacity`, and `CloudTpu` on the in-process TPU simulator.
 
 What Google does meanwhile (a preemption) goes through one small helper per backend: the
-simulator's control API for the real adapter, `set_state` for the fake. Where the simulator
+simulator's control API for the real adapter, `set_state` for the fake; so does someone else's
+resource of a holding's name (made with the TPU client, without tpujobs' labels; `plant_foreign`). Where the simulator
 takes time (provisioning, a deletion's tick), the real side waits for it, with a generous
 deadline; the assertions name the states both may show.
 """
@@ -10,12 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import pytest
 from contract_data import ZONE, a_job
 
 from tpujobs.domain.spec import parse_spec
+from tpujobs.engine.errors import NotOurs
 from tpujobs.engine.ports import CAPACITY_GONE, CAPACITY_PENDING, Capacity, CapacityStatus, HostBoot, UnitRequest
 from tpujobs.local.fakes import InMemoryCapacity
 from tpujobs.local.testing import wait_for
@@ -31,18 +34,34 @@ class Backend:
 
     port: Capacity
     preempt: Callable[[str], None]  # the holding's name, in ZONE
+    plant_foreign: Callable[[str], None]  # someone else makes a resource of that name in ZONE, and it is ACTIVE
 
 
 @pytest.fixture(params=["memory", "simulator"])
 def capacity(request: pytest.FixtureRequest) -> Backend:
     if request.param == "memory":
         fake = InMemoryCapacity()
-        return Backend(fake, lambda name: fake.set_state(name, "SUSPENDED") and None)
+        return Backend(fake, lambda name: fake.set_state(name, "SUSPENDED") and None, partial(fake.plant_foreign, ZONE))
     from tpujobs.adapters.tpu import CloudTpu
     from tpujobs.local.simulator.client import SimulatorControl
 
-    real = CloudTpu(request.getfixturevalue("tpu_client"), PROJECT)
+    client = request.getfixturevalue("tpu_client")
+    real = CloudTpu(client, PROJECT)
     control = SimulatorControl(request.getfixturevalue("simulator_url"))
+
+    def plant_foreign(name: str) -> None:
+        """A queued resource made by someone else's code: a plain node, none of tpujobs' labels."""
+        from google.cloud import tpu_v2
+
+        node = tpu_v2.Node(accelerator_type="v4-8", runtime_version="tpu-ubuntu2204-base", labels={"team": "other"})
+        spec = tpu_v2.QueuedResource.Tpu.NodeSpec(
+            parent=f"projects/{PROJECT}/locations/{ZONE}", node_id=name, node=node
+        )
+        resource = tpu_v2.QueuedResource(tpu=tpu_v2.QueuedResource.Tpu(node_spec=[spec]))
+        client.create_queued_resource(
+            parent=f"projects/{PROJECT}/locations/{ZONE}", queued_resource=resource, queued_resource_id=name
+        )
+        wait_for(lambda: state_of(real, name) == "ACTIVE", timeout=30)
 
     def preempt(name: str) -> None:
         """Spot capacity taken back once it is provisioned (the simulator preempts nothing sooner)."""
@@ -55,7 +74,7 @@ def capacity(request: pytest.FixtureRequest) -> Backend:
         wait_for(provisioned, timeout=30)  # quick provisioning (tests/conftest.py), generous deadline
         control.preempt(ZONE, name, project=PROJECT)
 
-    return Backend(real, preempt)
+    return Backend(real, preempt, plant_foreign)
 
 
 def a_unit(name: str = "demo-u0-g1", pool: str = "demo") -> UnitRequest:
@@ -156,3 +175,37 @@ def test_a_preempted_holding_shows_its_new_state_in_status_and_list(capacity):
         return found[0] if found and found[0].state == "SUSPENDED" else None
 
     assert wait_for(suspended, timeout=30).job_label == job.job_id
+
+
+def test_a_request_never_adopts_a_holding_someone_else_made(capacity):
+    """A resource of the attempt's name without tpujobs' marker: NotOurs, and it is left as it was."""
+    job, _ = a_job()
+    capacity.plant_foreign(job.queued_resource)
+    with pytest.raises(NotOurs, match=job.queued_resource):
+        capacity.port.request(job, BOOT)
+    assert state_of(capacity.port, job.queued_resource) == "ACTIVE"
+
+
+def test_a_unit_request_never_adopts_a_holding_someone_else_made(capacity):
+    """Pool creation over someone else's resource of the unit's name refuses (NotOurs) rather than adopt it."""
+    capacity.plant_foreign("demo-u0-g1")
+    with pytest.raises(NotOurs, match="demo-u0-g1"):
+        capacity.port.request_unit(a_unit(), BOOT)
+    status = capacity.port.status(ZONE, "demo-u0-g1")
+    assert status is not None and status.pool_label is None  # never labelled as the pool's
+
+
+def test_metadata_is_never_written_into_a_holding_someone_else_made(capacity):
+    """write_metadata on someone else's ACTIVE resource of a unit's name: NotOurs, nothing told."""
+    capacity.plant_foreign("demo-u0-g1")
+    with pytest.raises(NotOurs, match="demo-u0-g1"):
+        capacity.port.write_metadata(ZONE, "demo-u0-g1", 1, {"tpujobs-assignment": "{}"})
+
+
+def test_a_release_never_deletes_a_holding_someone_else_made(capacity):
+    """release of a name whose resource tpujobs did not make deletes nothing (it holds nothing there)."""
+    job, _ = a_job()
+    capacity.plant_foreign(job.queued_resource)
+    capacity.port.release(ZONE, job.queued_resource)
+    assert state_of(capacity.port, job.queued_resource) == "ACTIVE"
+    assert [s.name for s in capacity.port.list_capacity(ZONE)] == [job.queued_resource]

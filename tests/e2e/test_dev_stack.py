@@ -55,6 +55,7 @@ def test_up_starts_every_service_and_each_endpoint_answers(
         "simulator",
         "secret-manager",
         "cloud-logging",
+        "cloud-monitoring",
         "scheduler",
         *(f"function-{r.target}" for r in topology.FUNCTIONS),
     }

@@ -1,29 +1,28 @@
-"""infra/monitoring.tf's log-based metrics held to the lines the functions really write.
+"""infra/monitoring.tf's metrics held to what the local stack's functions really write to Cloud Monitoring.
 
-The stack runs with TPUJOBS_LOG_FORMAT=json (conftest), so its functions print what Cloud
-Functions would ingest. The test drives a job stuck QUEUED past the reconciler's limit while every
-TPU create fails (so its submit handler raises: a function error), then a success after a
-preemption, a failure, a rejection and a dead letter; it reads the new lines of
-`logs/function-*.log`, turns each into the entry Cloud Logging would make (`resource.type`
-cloud_run_revision, the function as `service_name`), and runs every metric's filter and
-extractors over them (`tpujobs.local.log_filters`, which refuses syntax it cannot read exactly).
-A renamed event or field fails here, not silently in production.
+The stack's functions write their metrics to the local Cloud Monitoring (TPUJOBS_MONITORING_ENDPOINT),
+each with its own account's token, as production's functions write to Google's. The test drives a
+job stuck QUEUED past the reconciler's limit while every TPU create fails, then a success after a
+preemption, a failure, a rejection and a dead letter; then it reads every metric declared in
+infra/ back from the stand-in's time series (`projects.timeSeries.list`, through
+google-cloud-monitoring) and checks that each moved, with its labels filled. The stack is shared by
+the e2e tests, so each series is compared with what it held before. A renamed event, field or
+metric fails here, not silently in production. (Function errors are Cloud Run's own
+request_count, which has no local stand-in: tests/infra checks that alert's filter.)
 """
 
 from __future__ import annotations
 
-import os
-import re
+import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from tpujobs.adapters.monitoring import build_client
 from tpujobs.domain.states import JobState
 from tpujobs.engine import topology
+from tpujobs.engine.metrics import METRICS, metric_type
 from tpujobs.engine.settings import Settings
-from tpujobs.local.log_filters import compile_filter, entry_from_line, extract
-from tpujobs.local.simulator.errors import INJECTED
 from tpujobs.local.testing import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]  # alone, it starts the stack (about a minute) too
@@ -31,94 +30,88 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]  # alone, it starts the
 INFRA = Path(__file__).resolve().parents[2] / "infra"
 # The stuck limit the stack keeps (conftest leaves it): a job QUEUED longer is `job_stuck`.
 STUCK_AFTER_S = Settings().stuck_after_seconds
-# Every TPU create fails until the stuck line is seen; far more calls than that wait makes.
+# Every TPU create fails until the stuck metric moves; far more calls than that wait makes.
 FAILING_CREATES = 100_000
+# What a function holds before writing (10 s) and a margin for a loaded machine.
+WRITTEN_WITHIN_S = 60
+
+Labels = tuple[tuple[str, str], ...]
 
 
-def load_metrics() -> tuple[dict[str, dict[str, Any]], dict[str, Any], dict[str, Any]]:
-    """Every log-based metric of infra/ (each for_each's instances), with infra's locals and variables' defaults."""
-    import sys
-
+def declared_metrics() -> set[str]:
+    """The names of every metric descriptor of infra/ (each for_each's instances)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "infra"))
     from for_each import instances
     from terraform_config import Terraform
 
     tf = Terraform.load(INFRA)
-    metrics = {
-        name: body
-        for resource in tf.of_kind("google_logging_metric")
-        for name, body in instances(tf, "google_logging_metric", resource).items()
+    return {
+        name
+        for resource in tf.of_kind("google_monitoring_metric_descriptor")
+        for name in instances(tf, "google_monitoring_metric_descriptor", resource)
     }
-    defaults = {name: body.get("default") for name, body in tf.variables.items()}
-    return metrics, tf.locals, defaults
 
 
-def resolve(text: str, local_values: dict[str, Any], variables: dict[str, Any]) -> str:
-    """A Terraform string with `${local.X}` and `${var.X}` filled in; anything else is refused."""
-    pattern = re.compile(r"\$\{(local|var)\.([A-Za-z0-9_]+)\}")
-    for _ in range(10):
-        replaced = pattern.sub(
-            lambda m: str(local_values[m[2]] if m[1] == "local" else variables[m[2]]),
-            text,
-        )
-        if replaced == text:
-            break
-        text = replaced
-    assert "${" not in text, f"an interpolation the test cannot fill in: {text}"
-    return text
+class Readings:
+    """The local Cloud Monitoring, read as a chart would: each series' latest CUMULATIVE total,
+    summed over the instances (the generic_task resources) by metric labels."""
+
+    def __init__(self, endpoint: str, project: str, prefix: str) -> None:
+        self.client = build_client(endpoint, "simulated:reader@example.com")
+        self.project = project
+        self.prefix = prefix
+
+    def totals(self, name: str) -> dict[Labels, dict[str, float]]:
+        """Labels -> {"count": total (a counter's value, a distribution's count), "sum": a distribution's sum}."""
+        found: dict[Labels, dict[str, float]] = {}
+        query = f'metric.type = "{metric_type(self.prefix, name)}"'
+        for series in self.client.list_time_series(name=f"projects/{self.project}", filter=query, interval={}):
+            latest = series.points[0].value  # newest first
+            labels = tuple(sorted(series.metric.labels.items()))
+            total = found.setdefault(labels, {"count": 0.0, "sum": 0.0})
+            if "distribution_value" in latest:
+                total["count"] += latest.distribution_value.count
+                total["sum"] += latest.distribution_value.count * latest.distribution_value.mean
+            else:
+                total["count"] += latest.int64_value
+        return found
+
+    def snapshot(self) -> dict[str, dict[Labels, dict[str, float]]]:
+        return {name: self.totals(name) for name in METRICS}
 
 
-def log_sizes(log_dir: Path) -> dict[Path, int]:
-    return {path: path.stat().st_size for path in log_dir.glob("function-*.log")}
+def moved(before: dict[str, dict[Labels, dict[str, float]]], after: dict[str, dict[Labels, dict[str, float]]]):
+    """Metric -> labels -> (count added, sum added), for the series that moved."""
+    changes: dict[str, dict[Labels, tuple[float, float]]] = {}
+    for name, series in after.items():
+        for labels, total in series.items():
+            old = before.get(name, {}).get(labels, {"count": 0.0, "sum": 0.0})
+            if total["count"] > old["count"]:
+                changes.setdefault(name, {})[labels] = (total["count"] - old["count"], total["sum"] - old["sum"])
+    return changes
 
 
-def new_entries(log_dir: Path, since: dict[Path, int], prefix: str) -> list[dict[str, Any]]:
-    """The entries Cloud Logging would make of every line the functions wrote since `since`."""
-    entries = []
-    for path in sorted(log_dir.glob("function-*.log")):
-        target = path.stem.removeprefix("function-")
-        resource = {
-            "type": "cloud_run_revision",
-            "labels": {"service_name": f"{prefix}tpujobs-{target.replace('_', '-')}"},
-        }
-        with path.open("rb") as file:
-            file.seek(since.get(path, 0))
-            text = file.read().decode("utf-8", errors="replace")
-        entries += [entry_from_line(line, resource) for line in text.splitlines() if line.strip()]
-    return entries
-
-
-def stuck_while_creates_fail(env, submit_job, log_dir: Path, prefix: str) -> str:
+def stuck_while_creates_fail(env, submit_job, readings: Readings) -> str:
     """A job that stays QUEUED past the stuck limit: every TPU create answers 503 until the
-    reconciler has written its `job_stuck` line and its submit handler has raised (an ERROR
-    entry, as Cloud Functions logs an uncaught exception); then creates work again, and the
+    reconciler's `job_stuck` has moved stuck_jobs{state=QUEUED}; then creates work again, and the
     reconciler, converging the stuck job, gets it going. Its id."""
-    since = log_sizes(log_dir)
+    before = readings.totals("stuck_jobs").get((("state", "QUEUED"),), {"count": 0.0})["count"]
     control = env["control"]
     control.plan_errors("create", 503, count=FAILING_CREATES)
     try:
         job_id = submit_job(prefix="metrics-stuck", command="true")
 
-        def stuck_and_failed() -> bool:
-            entries = new_entries(log_dir, since, prefix)
-            stuck = any(e.get("jsonPayload", {}).get("job_id") == job_id for e in entries if _event(e) == "job_stuck")
-            raised = any(
-                e["severity"] == "ERROR" and INJECTED.strip() in str(e.get("jsonPayload", {}).get("message", ""))
-                for e in entries
-            )
-            return stuck and raised
+        def stuck() -> bool:
+            now = readings.totals("stuck_jobs").get((("state", "QUEUED"),), {"count": 0.0})["count"]
+            return now > before
 
-        stuck_and_failed.__doc__ = f"{job_id} logged stuck (after {STUCK_AFTER_S:.0f} s) and its handler's error"
-        wait_for(stuck_and_failed, timeout=STUCK_AFTER_S + 150, interval=1.0)
+        stuck.__doc__ = f"{job_id} counted stuck (after {STUCK_AFTER_S:.0f} s) in the local Cloud Monitoring"
+        wait_for(stuck, timeout=STUCK_AFTER_S + 150, interval=1.0)
         job = env["store"].get(job_id)
         assert job is not None and job.state is JobState.QUEUED, job
     finally:
         control.clear_faults()
     return job_id
-
-
-def _event(entry: dict[str, Any]) -> str | None:
-    return entry.get("jsonPayload", {}).get("event")
 
 
 def ended(env, job_id: str):
@@ -130,14 +123,16 @@ def ended(env, job_id: str):
     return wait_for(probe, timeout=120)
 
 
-def test_every_metric_filter_matches_the_lines_the_stack_writes(env, submit_job, local_stack):
-    """Each metric in infra/monitoring.tf matches a line the functions wrote, and its extractors find their fields."""
-    metrics, local_values, variables = load_metrics()
-    prefix = local_stack.get("TPUJOBS_PREFIX", "")
-    variables = {**variables, "prefix": prefix}
-    log_dir = Path(os.environ["TPUJOBS_STATE_DIR"]) / "logs"
-    since = log_sizes(log_dir)
-    stuck = stuck_while_creates_fail(env, submit_job, log_dir, prefix)
+def test_every_metric_moves_in_cloud_monitoring_when_the_stack_runs_jobs(env, submit_job, local_stack):
+    """Each metric of infra/monitoring.tf gets a point from the functions, labels filled, with the values driven."""
+    assert declared_metrics() == set(METRICS)
+    readings = Readings(
+        local_stack["TPUJOBS_MONITORING_ENDPOINT"],
+        local_stack["GOOGLE_CLOUD_PROJECT"],
+        local_stack.get("TPUJOBS_PREFIX", ""),
+    )
+    before = readings.snapshot()
+    stuck = stuck_while_creates_fail(env, submit_job, readings)
 
     # A job preempted while attempt 1 waits, that succeeds at attempt 2; one that fails.
     recovered = submit_job(
@@ -167,53 +162,22 @@ def test_every_metric_filter_matches_the_lines_the_stack_writes(env, submit_job,
     assert ended(env, recovered).state is JobState.SUCCEEDED
     assert ended(env, failed).state is JobState.FAILED
     assert ended(env, stuck).state is JobState.SUCCEEDED  # the reconciler converged it once creates worked
-    mine = {recovered, failed, stuck}
 
-    compiled = {
-        name: compile_filter(resolve(body["filter"], local_values, variables)) for name, body in metrics.items()
-    }
-    assert set(compiled) >= {
-        "jobs_submitted",
-        "jobs_succeeded",
-        "jobs_failed",
-        "preemptions",
-        "recovery_latency",
-        "queue_wait",
-        "chip_hours",
-        "rejections",
-        "dead_letters",
-        "stuck_jobs",
-        "function_errors",
-    }
+    def all_moved() -> dict[str, dict[Labels, tuple[float, float]]] | None:
+        changes = moved(before, readings.snapshot())
+        return changes if set(changes) == set(METRICS) else None
 
-    def ours(entry: dict[str, Any]) -> bool:
-        payload = entry.get("jsonPayload", {})
-        return "job_id" not in payload or payload["job_id"] in mine
+    all_moved.__doc__ = "every metric moved in the local Cloud Monitoring"
+    changes: dict[str, dict[Labels, tuple[float, float]]] = wait_for(all_moved, timeout=WRITTEN_WITHIN_S)
 
-    def all_matched() -> dict[str, list[dict[str, Any]]] | None:
-        entries = [e for e in new_entries(log_dir, since, prefix) if ours(e)]
-        found = {name: [e for e in entries if test(e)] for name, test in compiled.items()}
-        return found if all(found.values()) else None
-
-    all_matched.__doc__ = "every driven metric matched a line the stack wrote"
-    found = wait_for(all_matched, timeout=30)
-
-    for name, body in metrics.items():
-        matched = found[name]
-        value_extractor = body.get("value_extractor")
-        if value_extractor:
-            values = [extract(value_extractor, e) for e in matched]
-            assert all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values), (name, values)
-        for label, extractor in body.get("label_extractors", {}).items():
-            values = [extract(extractor, e) for e in matched]
-            assert all(v not in (None, "") for v in values), (name, label, values)
-        declared = {entry["key"] for descriptor in body["metric_descriptor"] for entry in descriptor.get("labels", [])}
-        assert declared == set(body.get("label_extractors", {})), f"{name}: labels declared and extracted differ"
-
-    assert {e["jsonPayload"]["job_id"] for e in found["jobs_submitted"]} >= mine
-    assert [e["jsonPayload"]["reason_class"] for e in found["jobs_failed"]] == ["command_failed"]
-    assert {(e["jsonPayload"]["job_id"], e["jsonPayload"]["state"]) for e in found["stuck_jobs"]} == {(stuck, "QUEUED")}
-    assert any(INJECTED.strip() in e["jsonPayload"]["message"] for e in found["function_errors"])
-    (recovery,) = [extract("EXTRACT(jsonPayload.recovery_seconds)", e) for e in found["recovery_latency"]]
-    assert recovery > 0
-    assert all(e["severity"] == "WARNING" for e in found["rejections"] + found["dead_letters"])
+    for name, series in changes.items():
+        for labels in series:
+            assert {key for key, _ in labels} == set(METRICS[name].labels), (name, labels)
+            assert all(value for _, value in labels), (name, labels)
+    assert sum(count for count, _ in changes["jobs_submitted"].values()) >= 3
+    assert any(dict(labels)["reason_class"] == "command_failed" for labels in changes["jobs_failed"])
+    assert any(dict(labels)["state"] == "QUEUED" for labels in changes["stuck_jobs"])
+    assert any(dict(labels)["topic"] == topology.SUBMIT for labels in changes["dead_letters"])
+    (recovery_count, recovery_sum), *_ = changes["recovery_latency"].values()
+    assert recovery_count >= 1 and recovery_sum > 0
+    assert all(total > 0 for _, total in changes["chip_hours"].values())

@@ -1,5 +1,5 @@
 """Notifications on the local stack: a receiver on loopback hears a job's RUNNING and SUCCEEDED,
-each signed with the deployment's key, through the real notify function and its push subscription."""
+each signed with its team's key, through the real notify function and its push subscription."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ import pytest
 
 from tpujobs.domain.notify_delivery import (
     DELIVERY_HEADER,
+    KEY_ID_HEADER,
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
+    NotifyKeys,
     derived_signing_key,
     verify,
 )
@@ -59,9 +61,11 @@ def test_a_webhook_on_loopback_receives_running_and_succeeded_signed(env, submit
         assert states == ["RUNNING", "SUCCEEDED"]
         state = stack.load(Path(os.environ["TPUJOBS_STATE_DIR"]))
         assert state is not None
-        key = derived_signing_key(state.report_key)
+        keys = NotifyKeys.of(derived_signing_key(state.report_key))  # the local stack's notify master key
         for headers, body in _Receiver.received:
-            assert verify(key, headers[TIMESTAMP_HEADER], body, headers[SIGNATURE_HEADER])
+            team = headers[KEY_ID_HEADER]
+            assert team.split(":", 1)[0] in ("owner", "claimed", "account"), team
+            assert verify(keys.team_key(team), headers[TIMESTAMP_HEADER], body, headers[SIGNATURE_HEADER])
             fields = json.loads(body)
             assert headers[DELIVERY_HEADER].startswith(f"{job_id}/")
             assert fields["job_id"] == job_id and fields["attempt"] == 1 and job_id in fields["text"]

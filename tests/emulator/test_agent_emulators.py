@@ -54,6 +54,7 @@ class FakeMetadata:
         self.worker = worker
         self.node_id = node_id
         self.preempted = False
+        self.key_env: dict[str, str] = {}  # the spec's env, which `attempt-key` answers with the key
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -76,7 +77,7 @@ class FakeMetadata:
 
             def do_POST(self) -> None:  # the jobs function's `attempt-key`, for this host: KEY
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                answer = {"key": signing.key_text(KEY), "key_version": "1", "job_created": "1"}
+                answer = {"key": signing.key_text(KEY), "key_version": "1", "job_created": "1", "env": owner.key_env}
                 data = json.dumps(answer).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -246,6 +247,7 @@ class Run:
             "TPUJOBS_KEY_URL": metadata.base.removesuffix("/computeMetadata/v1") + "/attempt-key",
             "PUBSUB_EMULATOR_HOST": os.environ["PUBSUB_EMULATOR_HOST"],
             "STORAGE_EMULATOR_HOST": storage_url,
+            "TPUJOBS_JOB_USER": "root",  # the commands write into pytest's private dirs
             **(host_env or {}),
         }
         self.process = subprocess.Popen(
@@ -452,6 +454,7 @@ def test_the_command_sees_the_environment_of_contract_section_2(run_agent, repor
         command="env | grep -E '^(TPUJOBS_|LR=|NAME=)' | sort",
     ).evolve(resume_next=True)
     with FakeMetadata(worker=3, node_id="train-1-a2-1") as host:
+        host.key_env = dict(job.spec.env)
         code, stderr = run_agent(job, host).wait()
     assert code == 0, stderr
     bucket_name = bucket.name

@@ -1,5 +1,6 @@
-"""infra/notify.tf: the notify function reads its signing key and the `notify-` webhook secrets of
-each job account, nothing else; the key is its alone, mounted at a pinned version."""
+"""infra/notify.tf: the notify function reads the notify master key and the `notify-` webhook secrets
+of each job account, nothing else; the master key is the notify and jobs functions' alone, mounted
+at pinned versions (the previous one beside it while a rotation lasts)."""
 
 from __future__ import annotations
 
@@ -35,23 +36,43 @@ def test_the_notify_function_reads_only_the_webhook_secrets_of_each_job_account(
         assert not readable(team_a, f"projects/{PROJECT_NUMBER}/secrets/{secret_id}/versions/1"), secret
 
 
-def test_the_signing_key_is_a_secret_without_a_value_for_the_notify_function_only(tf: Terraform) -> None:
-    """Terraform makes the secret and one grant, to the notify function; no job account's namespace
-    holds it; it is mounted as TPUJOBS_NOTIFY_SIGNING_KEY into that function alone, never at latest."""
+def test_the_master_key_is_a_secret_without_a_value_for_the_notify_and_jobs_functions_only(tf: Terraform) -> None:
+    """Terraform makes the secret and a grant each to the notify function (it signs) and the jobs
+    function (`notify-key`); no job account's namespace holds it; it is mounted into those two
+    alone, at pinned versions, the previous one only while a rotation lasts."""
     secret = tf.resource("google_secret_manager_secret", "notify_signing_key")
     assert not render(secret["secret_id"], {"var.prefix": PREFIX}).startswith(f"{PREFIX}{secrets.NAMESPACE_MARK}")
     assert secret["deletion_protection"] is True
+    assert tf.locals["notify_key_functions"] == ["notify", "jobs"]
     grant = tf.resource("google_secret_manager_secret_iam_member", "notify_signing_key")
-    assert (grant["role"], grant["member"]) == ("roles/secretmanager.secretAccessor", NOTIFY_MEMBER)
-    assert "for_each" not in grant
+    assert grant["for_each"] == "${toset(local.notify_key_functions)}"
+    assert (grant["role"], grant["member"]) == (
+        "roles/secretmanager.secretAccessor",
+        "${google_service_account.function[each.key].member}",
+    )
     function = tf.resource("google_cloudfunctions2_function", "function")
     mounts = [d["secret_environment_variables"] for d in block(function, "service_config")["dynamic"]]
     mine = [m for m in mounts if "notify_signing_key" in m["content"][0]["secret"]]
     assert len(mine) == 1
-    assert mine[0]["for_each"] == (
-        '${each.key == "notify" ? {TPUJOBS_NOTIFY_SIGNING_KEY = var.notify_signing_key_version} : {}}'
-    )
-    assert "^[1-9][0-9]*$" in block(tf.variables["notify_signing_key_version"], "validation")["condition"]
+    assert mine[0]["for_each"] == "${contains(local.notify_key_functions, each.key) ? local.notify_key_mounts : {}}"
+    mounted = tf.locals["notify_key_mounts"]
+    assert "{(local.notify_key_env) = var.notify_signing_key_version}" in mounted
+    previous = '{"${local.notify_key_env}_PREVIOUS" = var.notify_signing_key_previous_version}'
+    assert f'var.notify_signing_key_previous_version == "" ? {{}} : {previous}' in mounted
+    assert tf.locals["notify_key_env"] == "TPUJOBS_NOTIFY_SIGNING_KEY"
+    for name in ("notify_signing_key_version", "notify_signing_key_previous_version"):
+        assert "^[1-9][0-9]*$" in block(tf.variables[name], "validation")["condition"], name
+    assert tf.variables["notify_signing_key_previous_version"]["default"] == ""
+
+
+def test_the_notify_function_runs_enough_posts_at_once_for_its_host_lanes(tf: Terraform) -> None:
+    """Posts to one host take at most PER_HOST of the notify function's requests at once, a share
+    that leaves most of them to other hosts; a job's targets, posted side by side, fit its timeout."""
+    from tpujobs.adapters.webhooks import DEADLINE_S, LANE_WAIT_S, PER_HOST
+
+    function = tf.locals["functions"]["notify"]
+    assert function["concurrent"] >= 4 * PER_HOST
+    assert function["timeout"] >= 3 * (DEADLINE_S + LANE_WAIT_S)
 
 
 def test_the_notify_function_is_no_job_engine_and_publishes_nothing(tf: Terraform) -> None:
@@ -61,14 +82,18 @@ def test_the_notify_function_is_no_job_engine_and_publishes_nothing(tf: Terrafor
 
 
 def test_notifications_link_to_the_dashboard_where_it_is_served(tf: Terraform) -> None:
-    """The notify function alone gets TPUJOBS_DASHBOARD_URL, https on the dashboard's domain, and
-    only when a domain is set (no link is better than a link to nothing); the domain is a bare host."""
+    """The master key's holders get TPUJOBS_DASHBOARD_URL, https on the dashboard's domain, and
+    only when a domain is set (no link is better than a link to nothing), and each mounted key's
+    version number; the domain is a bare host."""
     assert tf.locals["notify_env"] == (
-        '${local.dashboard_on ? {TPUJOBS_DASHBOARD_URL = "https://${var.dashboard_domain}"} : {}}'
+        '${merge(local.dashboard_on ? {TPUJOBS_DASHBOARD_URL = "https://${var.dashboard_domain}"} : {}, '
+        '{for env, version in local.notify_key_mounts : "${env}_VERSION" => version})}'
     )
     assert tf.locals["dashboard_on"] == '${var.dashboard_domain != ""}'
     environment = block(tf.resource("google_cloudfunctions2_function", "function"), "service_config")
-    assert 'each.key == "notify" ? local.notify_env : {}' in environment["environment_variables"]
+    assert (
+        "contains(local.notify_key_functions, each.key) ? local.notify_env : {}" in environment["environment_variables"]
+    )
     condition = block(tf.variables["dashboard_domain"], "validation")["condition"]
     pattern = re.search(r'regex\("(.+)", var\.dashboard_domain\)', condition)
     assert pattern is not None

@@ -10,7 +10,9 @@ from terraform_config import ROOT, Terraform, block
 from tpujobs.engine import topology
 
 # What a function's body calls in functions/main.py decides the rights its account needs.
-ENGINE = ("instances.engine()", "instances.reconciler()", "instances.jobs_api()")  # Firestore, TPU, status
+ENGINE = ("instances.engine()", "instances.reconciler()")  # Firestore, TPU and Compute Engine, status
+# The jobs API's engine: Firestore and status, no capacity; it hands capacity work to `converge`.
+API_ENGINE = "instances.jobs_api()"
 LOG_EXPORTER = "instances.output_exporter()"  # Firestore and the logs bucket
 PRIMITIVE_ROLES = {"roles/owner", "roles/editor", "roles/viewer"}
 
@@ -28,12 +30,16 @@ def _bodies() -> dict[str, str]:
 
 def test_only_functions_that_run_the_job_service_may_touch_tpus(tf: Terraform) -> None:
     """The TPU role, actAs on the TPU VM account and status publishing go to exactly the
-    functions whose code runs the job service (it creates and deletes queued resources)."""
+    functions whose code runs the job service (it creates and deletes queued resources); the
+    jobs API publishes status and its hand-offs (tpujobs-converge), and holds no TPU role."""
     bodies = _bodies()
     for target, function in tf.locals["functions"].items():
         runs_engine = any(call in bodies[target] for call in ENGINE)
         assert function["job_engine"] is runs_engine, target
-        publishes = {topology.STATUS, topology.LOG_EXPORT} if runs_engine else set()
+        api = API_ENGINE in bodies[target]
+        publishes = {topology.STATUS, topology.LOG_EXPORT} if runs_engine or api else set()
+        if api:
+            publishes.add(topology.CONVERGE)
         if "instances.reconciler()" in bodies[target]:  # a tick publishes its shards on its own topic
             publishes.add(topology.RECONCILE)
         assert set(function["publishes"]) == publishes, target
@@ -98,11 +104,11 @@ def test_the_tpu_vm_account_may_only_report_and_keep_output(tf: Terraform) -> No
     assert every == {
         ("google_project_iam_member", "job_account_secrets"),
         ("google_artifact_registry_repository_iam_member", "job_account_images"),
-        ("google_cloud_run_service_iam_member", "worker_invoker"),  # fetches its attempt's report key
+        ("google_cloud_run_service_iam_member", "worker_invoker"),  # fetches its attempt's report key (attempt_key)
     }
     worker = tf.resource("google_cloud_run_service_iam_member", "worker_invoker")
     assert (worker["role"], worker["member"]) == ("roles/run.invoker", "${each.value.member}")
-    assert worker["service"] == '${google_cloudfunctions2_function.function["jobs"].service_config[0].service}'
+    assert worker["service"] == '${google_cloudfunctions2_function.function["attempt_key"].service_config[0].service}'
     assert sorted(tf.locals["tpu_vm_publishes"]) == sorted([topology.WORKER_EVENTS, topology.PREEMPTION])
     publisher = tf.resource("google_pubsub_topic_iam_member", "tpu_vm_publisher")
     assert (publisher["for_each"], publisher["role"]) == ("${toset(local.tpu_vm_publishes)}", "roles/pubsub.publisher")

@@ -58,9 +58,9 @@ def _roles(value: Any) -> list[str]:
 def _function_env(tf: Terraform, target: str, function: dict[str, Any]) -> set[str]:
     """The names of the plain environment variables infra sets on one function."""
     names = set(tf.locals["function_env"])
-    if function["job_engine"]:
+    if function["job_engine"] or target == "jobs":
         names |= set(tf.locals["job_engine_env"])
-    if target == "jobs":
+    if target in ("jobs", "attempt_key"):
         names |= set(tf.locals["api_env"])
     if target == "reconcile":
         names |= set(tf.locals["reconcile_env"])
@@ -400,16 +400,17 @@ def test_each_function_has_an_instance_cap_that_a_variable_may_change(tf: Terraf
     assert "keys(local.functions)" in str(tf.resource("google_cloudfunctions2_function", "function")["lifecycle"])
 
 
-def test_the_report_key_is_a_secret_without_a_value_read_by_the_job_engine_only(tf: Terraform) -> None:
+def test_the_report_key_is_a_secret_without_a_value_read_by_the_master_key_functions_only(tf: Terraform) -> None:
     """Terraform makes the secret (auto replication, protected from destroy) and its
-    secretAccessor grants for the job-engine functions, and no version: the value never
-    enters the state."""
+    secretAccessor grants for the functions with master_key = true, and no version: the value
+    never enters the state."""
     secret = tf.resource("google_secret_manager_secret", "report_key")
     assert secret["secret_id"] == "${var.prefix}tpujobs-report-key"
     assert block(secret, "replication") == {"auto": [{}]}
     assert secret["deletion_protection"] is True
     grant = tf.resource("google_secret_manager_secret_iam_member", "report_key")
-    assert grant["for_each"] == "${local.job_engine_functions}"
+    assert grant["for_each"] == "${local.master_key_functions}"
+    assert tf.locals["master_key_functions"] == "${{for target, f in local.functions : target => f if f.master_key}}"
     assert grant["secret_id"] == "${google_secret_manager_secret.report_key.id}"
     assert (grant["role"], grant["member"]) == (
         "roles/secretmanager.secretAccessor",
@@ -420,13 +421,14 @@ def test_the_report_key_is_a_secret_without_a_value_read_by_the_job_engine_only(
     assert not re.search(r'data\s+"google_secret_manager_secret_version', tf.text)
 
 
-def test_the_report_key_is_mounted_into_exactly_the_job_engine_functions(tf: Terraform) -> None:
+def test_the_report_key_is_mounted_into_exactly_the_master_key_functions(tf: Terraform) -> None:
     """TPUJOBS_REPORT_KEY at var.report_key_version and, while a rotation lasts,
     TPUJOBS_REPORT_KEY_PREVIOUS at var.report_key_previous_version (never "latest"; project by
-    number), on the functions with job_engine = true and no other; they deploy after their grant."""
+    number), on the functions with master_key = true and no other (never the dashboard, nor the
+    converge function, which signs nothing); they deploy after their grant."""
     function = tf.resource("google_cloudfunctions2_function", "function")
     mount = block(function, "service_config")["dynamic"][0]["secret_environment_variables"]
-    assert mount["for_each"] == "${each.value.job_engine ? local.report_key_mounts : {}}"
+    assert mount["for_each"] == "${each.value.master_key ? local.report_key_mounts : {}}"
     assert block(mount, "content") == {
         "key": "${secret_environment_variables.key}",
         "project_id": "${data.google_project.this.number}",
@@ -443,7 +445,7 @@ def test_the_report_key_is_mounted_into_exactly_the_job_engine_functions(tf: Ter
     assert tf.variables["report_key_version"]["default"] == "1"
     assert tf.variables["report_key_previous_version"]["default"] == ""
     assert "${google_secret_manager_secret_iam_member.report_key}" in function["depends_on"]
-    mounted = {target for target, f in tf.locals["functions"].items() if f["job_engine"]}
+    mounted = {target for target, f in tf.locals["functions"].items() if f["master_key"]}
     assert mounted == {
         "submit_job",
         "on_worker_event",
@@ -451,22 +453,24 @@ def test_the_report_key_is_mounted_into_exactly_the_job_engine_functions(tf: Ter
         "on_qr_state",
         "on_control",
         "reconcile",
-        "jobs",
+        "jobs",  # `logs` checks each entry's signature
+        "attempt_key",  # derives each attempt's key
     }
 
 
 def test_environment_goes_to_the_functions_that_use_it(tf: Terraform) -> None:
     """Every function: the common settings and TPUJOBS_TPU_SERVICE_ACCOUNT; the job-engine
-    functions also TPUJOBS_JOB_SERVICE_ACCOUNTS (the named accounts' emails); `jobs` alone
-    TPUJOBS_API_PLATFORM_AUTH=1; `reconcile` alone TPUJOBS_RECONCILE_SHARDS_IN_FLIGHT."""
+    functions and `jobs` also TPUJOBS_JOB_SERVICE_ACCOUNTS (the named accounts' emails); `jobs`
+    and `attempt_key` alone TPUJOBS_API_PLATFORM_AUTH=1; `reconcile` alone
+    TPUJOBS_RECONCILE_SHARDS_IN_FLIGHT."""
     config = block(tf.resource("google_cloudfunctions2_function", "function"), "service_config")
     assert config["environment_variables"] == (
         "${merge(local.function_env, {THREADS = tostring(each.value.concurrent)}, "
-        "each.value.job_engine ? local.job_engine_env : {}, "
-        "each.value.job_engine ? local.report_key_version_env : {}, "
-        'each.key == "jobs" ? local.api_env : {}, '
+        'each.value.job_engine || each.key == "jobs" ? local.job_engine_env : {}, '
+        "each.value.master_key ? local.report_key_version_env : {}, "
+        'contains(["jobs", "attempt_key"], each.key) ? local.api_env : {}, '
         'each.key == "dashboard" ? local.dashboard_env : {}, '
-        'each.key == "notify" ? local.notify_env : {}, '
+        "contains(local.notify_key_functions, each.key) ? local.notify_env : {}, "
         'each.key == "reconcile" ? local.reconcile_env : {})}'
     )
     # Beside each mounted key, its version number in plain env: TPUJOBS_REPORT_KEY_VERSION, and
@@ -483,8 +487,8 @@ def test_environment_goes_to_the_functions_that_use_it(tf: Terraform) -> None:
     for target, function in tf.locals["functions"].items():
         env = _function_env(tf, target, function)
         assert "TPUJOBS_TPU_SERVICE_ACCOUNT" in env, target
-        assert ("TPUJOBS_JOB_SERVICE_ACCOUNTS" in env) is function["job_engine"], target
-        assert ("TPUJOBS_API_PLATFORM_AUTH" in env) is (target == "jobs"), target
+        assert ("TPUJOBS_JOB_SERVICE_ACCOUNTS" in env) is (function["job_engine"] or target == "jobs"), target
+        assert ("TPUJOBS_API_PLATFORM_AUTH" in env) is (target in ("jobs", "attempt_key")), target
         assert "TPUJOBS_REPORT_KEY" not in env, "a secret is mounted, never a plain variable"
 
 

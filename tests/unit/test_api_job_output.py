@@ -17,13 +17,13 @@ from tpujobs.adapters.job_output_logs import CloudLoggingEntries
 from tpujobs.agent.cloud_logging import CloudLogSink, EntryIdentity
 from tpujobs.agent.rest import GoogleApi
 from tpujobs.agent.wire import JOB_CREATED_ATTRIBUTE, KEY_VERSION_ATTRIBUTE, LOG_ID, SIGNATURE_LABEL, log_name
-from tpujobs.cli.cloud_output import read_through_api
+from tpujobs.cli.cloud_output import OutputRead, read_through_api
 from tpujobs.domain.job import Job, new_job
 from tpujobs.domain.job_output import RawEntry
 from tpujobs.domain.signing import MasterKeys, created_micros
 from tpujobs.domain.spec import parse_spec
 from tpujobs.engine.api import CALLER_HEADER, JobsApi
-from tpujobs.engine.jobs_api.job_output import read_page, verifying_keys
+from tpujobs.engine.jobs_api.job_output import Cursor, EntriesPage, Limits, read_page, verifying_keys
 from tpujobs.engine.settings import Settings
 from tpujobs.local.fakes import InMemoryJobStore
 from tpujobs.local.simulator.cloud_logging import LoggingServer
@@ -160,19 +160,22 @@ def entry(job: Job, at: datetime, text: str) -> RawEntry:
 
 
 class ListedEntries:
-    """OutputEntries over a list, oldest first; it records each query."""
+    """OutputEntries over a list, oldest first, in pages whose token is the next offset (as the
+    stand-in's); it records each query and token."""
 
     def __init__(self, entries: list[RawEntry]) -> None:
         self.entries = entries
-        self.queries: list[str] = []
+        self.asked: list[tuple[str, str | None]] = []
 
-    def read(self, query: str) -> Iterator[RawEntry]:
-        self.queries.append(query)
-        return iter(self.entries)
+    def page(self, query: str, token: str | None, size: int) -> EntriesPage:
+        self.asked.append((query, token))
+        start = int(token or 0)
+        following = str(start + size) if start + size < len(self.entries) else None
+        return EntriesPage(self.entries[start : start + size], following)
 
 
-def test_a_page_ends_between_two_times_and_the_next_starts_after_it() -> None:
-    """Pages of at most N entries, never cut inside one time: each entry is read once over the pages."""
+def test_an_answer_ends_where_it_stopped_and_the_next_starts_at_the_next_entry() -> None:
+    """Answers of at most N entries read, cut anywhere, even inside one time: each entry is read once."""
     job = a_job()
     t = [CREATED + timedelta(seconds=s) for s in range(4)]
     entries = ListedEntries(
@@ -182,23 +185,21 @@ def test_a_page_ends_between_two_times_and_the_next_starts_after_it() -> None:
     def key_for(attempt: int, created: int, version: str) -> bytes | None:
         return None  # every entry counts as forged: this test is about the pages, not the signatures
 
-    page = read_page(entries, settings(), job, 1, key_for, max_entries=2)
-    assert (page.forged, page.after) == (3, t[1])  # b and c share a time: both on the first page
-    page = read_page(entries, settings(), job, 1, key_for, after=page.after, max_entries=2)
-    assert (page.forged, page.after) == (1, None)
-    assert 'timestamp>="2026-01-01T00:00:01.000000Z"' in entries.queries[-1]
+    limits = Limits(entries=2, page_size=3)
+    page = read_page(entries, "q", job, key_for, limits=limits)
+    assert (page.forged, page.read, page.cut, page.after) == (2, 2, "entries", Cursor("", 2))
+    page = read_page(entries, "q", job, key_for, after=page.after, limits=limits)
+    assert (page.forged, page.read, page.cut, page.after) == (2, 2, None, None)
+    assert entries.asked == [("q", None), ("q", None), ("q", "3")]
 
 
-def test_a_flood_of_entries_of_one_time_still_ends_the_page() -> None:
-    """Forged entries of one microsecond cannot make a page unbounded: past twice the limit it ends there."""
-    job = a_job()
-    flood = ListedEntries(
-        [entry(job, CREATED, "x" * 10) for _ in range(100)] + [entry(job, CREATED + timedelta(1), "y")]
-    )
-    page = read_page(flood, settings(), job, 1, lambda *_: None, max_entries=10)
-    assert (page.forged, page.after) == (20, CREATED)
-    page = read_page(flood, settings(), job, 1, lambda *_: None, max_entries=1000, max_chars=50)
-    assert (page.forged, page.after) == (10, CREATED)  # 50 characters, then as many again of that time
+def test_a_cursor_is_opaque_text_and_anything_else_is_refused() -> None:
+    """`after` round-trips through its text; a made-up one is a ValueError (the API's 400)."""
+    cursor = Cursor("token/with+odd=chars", 17)
+    assert Cursor.parse(cursor.text()) == cursor
+    for bad in ("yesterday", "e30", Cursor("x", 1).text()[:-2] + "!!"):
+        with pytest.raises(ValueError):
+            Cursor.parse(bad)
 
 
 def test_the_cli_reads_every_page_the_api_answers(stand_in: LoggingServer) -> None:
@@ -220,7 +221,7 @@ def test_the_cli_reads_every_page_the_api_answers(stand_in: LoggingServer) -> No
         return pages[len(asked) - 1]
 
     written: list[bytes] = []
-    assert read_through_api(ask_api, "train-1", None, 1, written.append) == (2, 1)
+    assert read_through_api(ask_api, "train-1", None, 1, written.append) == OutputRead(2, 1)
     assert written == [b"one\n", b"two\n"]
     assert asked == [
         {"action": "logs", "job_id": "train-1", "worker": 1},

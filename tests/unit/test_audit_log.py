@@ -11,9 +11,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tpujobs.engine.inbound import from_cloud_event
-from tpujobs.engine.qr_state_reports import audit_log_target
+from tpujobs.engine.qr_state_reports import AuditTarget, activity_log, audit_log_target
 
 NAME = "projects/p/locations/us-central2-b/queuedResources/train-1-a2"
+TARGET = AuditTarget("us-central2-b", "train-1-a2", "p", "")  # the entries below name no log
+# What the golden entries (tests/data) name: their project's admin-activity audit log.
+GOLDEN_TARGET = AuditTarget("us-central2-b", "train-1-a2", "my-project", activity_log("my-project"))
 
 
 def entry(**payload) -> bytes:
@@ -21,13 +24,10 @@ def entry(**payload) -> bytes:
 
 
 def test_the_resource_name_the_response_or_the_create_request_names_the_queued_resource() -> None:
-    assert audit_log_target(entry(resourceName=NAME)) == ("us-central2-b", "train-1-a2")
-    assert audit_log_target(entry(resourceName="projects/p", response={"name": NAME})) == (
-        "us-central2-b",
-        "train-1-a2",
-    )
+    assert audit_log_target(entry(resourceName=NAME)) == TARGET
+    assert audit_log_target(entry(resourceName="projects/p", response={"name": NAME})) == TARGET
     request = {"parent": "projects/p/locations/us-central2-b", "queuedResourceId": "train-1-a2"}
-    assert audit_log_target(entry(request=request)) == ("us-central2-b", "train-1-a2")
+    assert audit_log_target(entry(request=request)) == TARGET
 
 
 def test_other_services_resources_and_our_own_reports_are_not_audit_entries() -> None:
@@ -53,7 +53,7 @@ def test_other_services_resources_and_our_own_reports_are_not_audit_entries() ->
 )
 def test_any_bytes_give_a_target_or_none_never_an_error(raw: bytes) -> None:
     target = audit_log_target(raw)
-    assert target is None or (isinstance(target, tuple) and len(target) == 2)
+    assert target is None or isinstance(target, AuditTarget)
 
 
 # --- the entries as the log sink delivers them (tests/data, shapes from Google's docs) ----------
@@ -87,7 +87,7 @@ def test_a_tpu_audit_entry_names_its_queued_resource_and_zone(name: str) -> None
     entry = golden(name)
     assert entry["protoPayload"]["methodName"].endswith("QueuedResource")
     assert entry["operation"]["last"] is True  # what the sink (infra/logging.tf) lets through
-    assert audit_log_target(json.dumps(entry).encode()) == ("us-central2-b", "train-1-a2")
+    assert audit_log_target(json.dumps(entry).encode()) == GOLDEN_TARGET
 
 
 @pytest.mark.parametrize("name", GOLDEN)
@@ -98,14 +98,14 @@ def test_a_tpu_audit_entry_pushed_by_the_sink_decodes_on_its_topic(name: str) ->
         "15286937428734211", "//pubsub.googleapis.com/", sink_delivery(golden(name)), target="on_qr_state"
     )
     assert (message.topic, message.undecodable) == ("tpujobs-qr-state", "")
-    assert audit_log_target(message.data) == ("us-central2-b", "train-1-a2")
+    assert audit_log_target(message.data) == GOLDEN_TARGET
 
 
 def test_only_the_resource_name_of_a_real_entry_is_needed() -> None:
     """The closing entry of a delete has no response and no request: resourceName is enough."""
     entry = golden("tpu_audit_delete_queued_resource_v2alpha1.json")
     assert "response" not in entry["protoPayload"] and "request" not in entry["protoPayload"]
-    assert audit_log_target(json.dumps(entry).encode()) == ("us-central2-b", "train-1-a2")
+    assert audit_log_target(json.dumps(entry).encode()) == GOLDEN_TARGET
 
 
 @pytest.mark.parametrize(

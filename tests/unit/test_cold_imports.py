@@ -63,7 +63,8 @@ def test_importing_functions_main_loads_no_validation_models_nor_clients():
 BUILDERS = [
     ("engine", {FIRESTORE, "tpujobs.engine.services"}, {TPU, PUBSUB, STORAGE}),
     ("reconciler", {FIRESTORE, "tpujobs.engine.services"}, {TPU, PUBSUB, STORAGE}),
-    ("jobs_api", {FIRESTORE, "tpujobs.engine.services"}, {TPU, PUBSUB, STORAGE}),
+    ("jobs_api", {FIRESTORE, "tpujobs.engine.services"}, {TPU, COMPUTE, PUBSUB, STORAGE}),
+    ("key_api", {FIRESTORE}, {TPU, COMPUTE, PUBSUB, STORAGE, "tpujobs.engine.services"}),
     ("dead_letters", {FIRESTORE}, {TPU, PUBSUB, STORAGE, "tpujobs.engine.services"}),
     ("output_exporter", {FIRESTORE, STORAGE}, {TPU, PUBSUB, "tpujobs.engine.services"}),
 ]
@@ -82,9 +83,9 @@ def test_the_tpu_and_pubsub_clients_are_built_at_their_first_use():
     a TPU API call never loads the Compute Engine client."""
     loaded = loaded_after(
         "from tpujobs.runtime import instances\n"
-        "a = instances.adapters()\n"
+        "a, c = instances.adapters(), instances.capacity()\n"
         "assert 'google.cloud.tpu_v2' not in sys.modules\n"
-        "a.tpu.create_error(''), a.publisher.announce"
+        "c.create_error(''), a.publisher.announce"
     )
     assert {TPU, PUBSUB} <= loaded, loaded
     assert COMPUTE not in loaded

@@ -64,7 +64,7 @@ def test_a_request_holds_once_and_a_second_adopts_what_the_first_got() -> None:
 def test_states_are_set_by_the_test_and_a_release_gives_the_holding_back() -> None:
     """`set_state` stands for Google; `status` and `list_capacity` show it; `release` forgets it."""
     capacity = InMemoryCapacity(initial_state="ACTIVE")
-    unit = UnitRequest("demo-u1-g1", ZONE, parse_spec(SPEC), {})
+    unit = UnitRequest("demo-u1-g1", ZONE, parse_spec(SPEC), {"tpujobs-pool": "demo"})
     capacity.request_unit(unit, BOOT)
     capacity.set_state("demo-u1-g1", "SUSPENDED", unhealthy_hosts=1)
     status = capacity.status(ZONE, "demo-u1-g1")
@@ -78,7 +78,7 @@ def test_states_are_set_by_the_test_and_a_release_gives_the_holding_back() -> No
 def test_metadata_reaches_only_the_hosts_of_an_active_holding() -> None:
     """A unit's agents are told by metadata on every slice's node; a holding not ACTIVE refuses."""
     capacity = InMemoryCapacity()
-    unit = UnitRequest("demo-u2-g1", ZONE, parse_spec(SPEC), {})
+    unit = UnitRequest("demo-u2-g1", ZONE, parse_spec(SPEC), {"tpujobs-pool": "demo"})
     capacity.request_unit(unit, BOOT)
     with pytest.raises(PermanentError, match="not READY"):
         capacity.write_metadata(ZONE, "demo-u2-g1", 2, {"tpujobs-assignment": "{}"})

@@ -61,3 +61,40 @@ def test_every_target_of_an_instance_shares_one_firestore_client_and_job_store(
     assert built == [adapters.firestore] and adapters.firestore.project == "instances-test"
     assert adapters.store is instances.job_store() is exporter.store
     assert adapters.settings is instances.settings()
+
+
+def _reachable(root: object, depth: int = 6) -> list[object]:
+    """Every object reachable from `root` through attributes, dataclass fields and containers."""
+    seen: dict[int, object] = {}
+    todo = [(root, 0)]
+    while todo:
+        item, level = todo.pop()
+        if id(item) in seen or level > depth or isinstance(item, (str, bytes, int, float, bool, type(None))):
+            continue
+        seen[id(item)] = item
+        if isinstance(item, dict):
+            children = list(item.values())
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            children = list(item)
+        else:
+            children = list(getattr(item, "__dict__", {}).values())
+        todo += [(child, level + 1) for child in children]
+    return list(seen.values())
+
+
+def test_the_jobs_api_engine_holds_no_capacity_client() -> None:
+    """The jobs API (and the dashboard on it) is built on NoCapacity with its hand-off: no TPU or
+    Compute Engine adapter is reachable from it, and the capacity port is never built."""
+    from tpujobs.adapters.capacity_router import PlatformCapacity
+    from tpujobs.adapters.compute import ComputeEngine
+    from tpujobs.adapters.tpu import CloudTpu
+    from tpujobs.engine.capacity_handoff import NoCapacity
+
+    api = instances.jobs_api()
+    assert isinstance(api.service.capacity, NoCapacity)
+    assert api.service.handoff is instances.adapters().publisher
+    lazy = (PlatformCapacity, CloudTpu, ComputeEngine, instances.OnFirstUse)
+    found = [o for o in _reachable(api) if isinstance(o, lazy) and o is not instances.adapters().publisher]
+    assert found == []
+    assert instances.capacity.cache_info().currsize == 0
+    assert isinstance(instances.engine().capacity, PlatformCapacity)  # the internal functions' own

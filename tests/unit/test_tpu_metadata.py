@@ -1,5 +1,6 @@
 """write_metadata on the TPU API: read each node, merge tpujobs' keys only, UpdateNode with mask
-`metadata`; a 409 (another update in flight) is read, merged and written again, then transient."""
+`metadata`; a 409 (another update in flight) is read, merged and written again, then transient;
+a node without tpujobs' marker of the unit is never written."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ from google.cloud import tpu_v2
 
 from tpujobs.adapters.google_errors import transient_retry
 from tpujobs.adapters.tpu import METADATA_TRIES, CloudTpu
-from tpujobs.engine.errors import PermanentError, TransientError
+from tpujobs.engine.errors import NotOurs, PermanentError, TransientError
 
 ZONE = "us-central1-a"
 ASSIGNMENT = {"tpujobs-assignment": '{"seq": 3}', "startup-script": "agent v2"}
+UNIT_LABELS = {"tpujobs-pool": "demo", "tpujobs-unit": "0"}  # what tpujobs stamps on the unit's nodes
 
 
 class Update:
@@ -33,7 +35,11 @@ class Nodes:
     """Nodes' metadata behind get_node / update_node. `conflicts` updates are answered 409 first,
     each after someone else (gcloud's ssh) changed `ssh-keys` meanwhile."""
 
-    def __init__(self, conflicts: int = 0, finishes: bool = True) -> None:
+    def __init__(
+        self, conflicts: int = 0, finishes: bool = True, labels: dict[str, str] | None = None, made_by: str = ""
+    ) -> None:
+        self.labels = UNIT_LABELS if labels is None else labels
+        self.made_by = made_by  # the node's queuedResource ("": not said)
         self.metadata: dict[str, dict[str, str]] = {}
         self.conflicts = conflicts
         self.finishes = finishes
@@ -41,7 +47,8 @@ class Nodes:
 
     def get_node(self, *, name: str, **call: Any) -> tpu_v2.Node:
         default = {"ssh-keys": "ada:ssh-ed25519 AAAA", "tpujobs-assignment": '{"seq": 2}', "startup-script": "old"}
-        return tpu_v2.Node(name=name, metadata=self.metadata.setdefault(name, default))
+        metadata = self.metadata.setdefault(name, default)
+        return tpu_v2.Node(name=name, metadata=metadata, labels=self.labels, queued_resource=self.made_by)
 
     def update_node(self, *, node: tpu_v2.Node, update_mask: Any, **call: Any) -> Update:
         self.updates.append((node.name, dict(node.metadata), list(update_mask.paths)))
@@ -115,3 +122,27 @@ def test_a_node_not_ready_is_permanent() -> None:
     nodes.update_node = refuse  # type: ignore[method-assign]
     with pytest.raises(PermanentError):
         cloud(nodes, []).write_metadata(ZONE, "demo-u0-g1", 1, ASSIGNMENT)
+
+
+@pytest.mark.parametrize(
+    ("labels", "made_by"),
+    [
+        ({}, ""),
+        ({"tpujobs-pool": "other", "tpujobs-unit": "0"}, ""),
+        (UNIT_LABELS, f"projects/p/locations/{ZONE}/queuedResources/someone-elses"),
+    ],
+    ids=["no labels", "another pool's labels", "made by another queued resource"],
+)
+def test_a_node_named_like_the_unit_without_its_marker_is_never_written(labels: dict[str, str], made_by: str) -> None:
+    """A node of the unit's name that tpujobs did not make for it: NotOurs, no UpdateNode sent."""
+    nodes = Nodes(labels=labels, made_by=made_by)
+    with pytest.raises(NotOurs, match="demo-u0-g1"):
+        cloud(nodes, []).write_metadata(ZONE, "demo-u0-g1", 1, ASSIGNMENT)
+    assert nodes.updates == []
+
+
+def test_a_node_made_by_the_units_own_queued_resource_is_written() -> None:
+    """The marker and the node's queuedResource both naming the unit: written as usual."""
+    nodes = Nodes(made_by=f"projects/p/locations/{ZONE}/queuedResources/demo-u0-g1")
+    cloud(nodes, []).write_metadata(ZONE, "demo-u0-g1", 1, ASSIGNMENT)
+    assert len(nodes.updates) == 1

@@ -2,7 +2,9 @@
 
 A holding is one MIG per slice (`compute_requests`): a multi-host slice's MIG also names a
 workload policy, and each MIG makes its VMs from a regional template. Names are deterministic,
-so a create answered 409 adopts what an earlier delivery made. The MIGs and their managed
+so a create answered 409 adopts what an earlier delivery made, once its marker shows tpujobs made
+it for that slice (`compute_ownership`; anyone else's raises NotOurs). Nothing without the marker
+is ever deleted or written into (`compute_metadata`). The MIGs and their managed
 instances are read into the port's states through one table (`compute_states`). Locally the same
 client talks to the simulator (`TPUJOBS_COMPUTE_ENDPOINT`). Facts: ../shared/design/compute-engine.md.
 """
@@ -23,9 +25,10 @@ from google.api_core.retry import Retry
 
 from tpujobs.adapters import compute_requests as bodies
 from tpujobs.adapters.compute_listing import Listing, group_zone, holding_status
+from tpujobs.adapters.compute_metadata import METADATA_TRIES, HostMetadata
 from tpujobs.adapters.compute_operations import OperationFollower, describe, operation_error
+from tpujobs.adapters.compute_ownership import check_adopted, ours
 from tpujobs.adapters.google_errors import transient_retry, translate, translated
-from tpujobs.domain import naming
 from tpujobs.domain.accelerators import BadTopology, UnknownAcceleratorType
 from tpujobs.domain.job import Job
 from tpujobs.engine.errors import PermanentError, TransientError
@@ -40,8 +43,7 @@ CALL_TIMEOUT_S = 30.0  # a hung call must not hold a function forever
 OPERATION_WAIT_S = 20.0  # how long a create or delete follows its operation before reading what is
 RELEASE_WAIT_S = 3.0  # how long a release follows its MIGs' deletion before trying their templates and policies
 SERVICE = "Compute Engine"
-METADATA_TRIES = 5  # setMetadata answered 412 (another writer's fingerprint): read and write again
-METADATA_BACKOFF_S = 0.5
+__all__ = ["METADATA_TRIES", "ComputeClients", "ComputeEngine", "build_clients"]
 
 # The error reasons of Compute Engine's JSON errors (`errors[].reason`) and of its operations'
 # (`error.errors[].code`), compared without case or underscores.
@@ -116,6 +118,7 @@ class ComputeEngine:
         self._operations = OperationFollower(
             clients.zone_operations, clients.region_operations, project, self._call, sleep=sleep
         )
+        self._metadata = HostMetadata(clients.instances, clients.groups, project, self._call, self._follow, sleep)
 
     # -- asking -------------------------------------------------------------------------------
 
@@ -140,17 +143,23 @@ class ComputeEngine:
             policies = [bodies.workload_policy(holding, i) for i in slices]
             self._insert_each(
                 "workload policy",
+                holding,
                 [partial(c.policies.insert_unary, region=region, resource_policy_resource=p, **call) for p in policies],
+                [partial(c.policies.get, region=region, resource_policy=p.name, **call) for p in policies],
             )
         templates = [bodies.instance_template(holding, i, boot, self._project, self._images) for i in slices]
         self._insert_each(
             "instance template",
+            holding,
             [partial(c.templates.insert_unary, region=region, instance_template_resource=t, **call) for t in templates],
+            [partial(c.templates.get, region=region, instance_template=t.name, **call) for t in templates],
         )
         managers = [bodies.instance_group_manager(holding, i, self._project) for i in slices]
         migs = self._insert_each(
             "MIG",
+            holding,
             [partial(c.groups.insert_unary, zone=zone, instance_group_manager_resource=m, **call) for m in managers],
+            [partial(c.groups.get, zone=zone, instance_group_manager=m.name, **call) for m in managers],
             failures_raise=False,
         )
         # Kept so a create that fails later can say why (`create_error`); several for multislice.
@@ -163,12 +172,18 @@ class ComputeEngine:
         return dataclasses.replace(status, operation=operation)
 
     def _insert_each(
-        self, kind: str, inserts: Sequence[Callable[[], compute_v1.Operation]], failures_raise: bool = True
+        self,
+        kind: str,
+        holding: bodies.Holding,
+        inserts: Sequence[Callable[[], compute_v1.Operation]],
+        reads: Sequence[Callable[[], Any]],
+        failures_raise: bool = True,
     ) -> list[tuple[compute_v1.Operation | None, str]]:
-        """Start every insert, then follow each operation for a while: (operation, what its failure
-        said) each; None for a resource that already existed (adopted). A failed operation raises
-        (translated), unless `failures_raise` is False and the failure is permanent; one still
-        running is left to run."""
+        """Start every insert (slice i's at i), then follow each operation for a while:
+        (operation, what its failure said) each; None for a resource that already existed,
+        adopted only once read (`reads[i]`) and found marked as tpujobs' for that slice (NotOurs
+        else). A failed operation raises (translated), unless `failures_raise` is False and the
+        failure is permanent; one still running is left to run."""
         started: list[compute_v1.Operation | None] = []
         for insert in inserts:
             try:
@@ -177,10 +192,18 @@ class ComputeEngine:
             except (PermanentError, TransientError) as error:
                 if not _has_reason(error.__cause__, _ALREADY_EXISTS):
                     raise
-                started.append(None)  # an earlier delivery made it: adopted
+                started.append(None)  # an earlier delivery made it, or someone else did: read below
         results: list[tuple[compute_v1.Operation | None, str]] = []
-        for operation in started:
-            said = "" if operation is None else self._follow(operation, f"create a {kind}", failures_raise)
+        for index, operation in enumerate(started):
+            said, existed = "", operation is None
+            if operation is not None:
+                followed = self._followed(operation, f"create a {kind}")
+                existed = _has_reason(operation_error(followed), _ALREADY_EXISTS)
+                said = self._judged(followed, f"create a {kind}", failures_raise)
+            if existed:
+                with _translated(f"read the existing {kind} of {holding.name}"):
+                    found = reads[index]()
+                check_adopted(kind, found, holding.name, index)
             results.append((operation, said))
         return results
 
@@ -190,8 +213,15 @@ class ComputeEngine:
         """Wait for the operation a while (`wait_s`, else the adapter's): "" when it is done well,
         still running or found the resource existing; else its error raised (translated), or a
         permanent one returned as a sentence when not `failures_raise`."""
+        return self._judged(self._followed(operation, doing, wait_s), doing, failures_raise)
+
+    def _followed(
+        self, operation: compute_v1.Operation, doing: str, wait_s: float | None = None
+    ) -> compute_v1.Operation:
         with _translated(doing):
-            operation = self._operations.follow(operation, self._wait_s if wait_s is None else wait_s)
+            return self._operations.follow(operation, self._wait_s if wait_s is None else wait_s)
+
+    def _judged(self, operation: compute_v1.Operation, doing: str, failures_raise: bool) -> str:
         error = operation_error(operation)
         if error is None or _has_reason(error, _ALREADY_EXISTS):
             return ""
@@ -207,7 +237,7 @@ class ComputeEngine:
         filtered list, for upcoming maintenance); leftovers when no MIG is left; None: nothing."""
         listing = self._listing(zone, bodies.holding_filter(name), bodies.holding_filter(name, instances=True))
         managed = {
-            mig.name: self._managed_instances(zone, mig.name) for mig in listing.migs if _ours(mig.description, name)
+            mig.name: self._managed_instances(zone, mig.name) for mig in listing.migs if ours(mig.description, name)
         }
         return holding_status(name, zone, listing, managed, self._clock())
 
@@ -277,26 +307,29 @@ class ComputeEngine:
         fine. The MIGs' deletion is followed only briefly (deleting VMs takes minutes): a template
         or policy still in use then is left, never waited for, so the next attempt is asked for at
         once; `list_capacity` reports the leftovers of a holding no attempt owns, and the
-        reconciler's sweep releases them at a later tick."""
+        reconciler's sweep releases them at a later tick. Only what carries tpujobs' marker of
+        this holding is deleted: a MIG, template or policy of its names without it is someone
+        else's, left alone and logged."""
         c, region = self._clients, bodies.region_of(zone)
         call = self._call(project=self._project)
         listing = self._listing(zone, bodies.holding_filter(name), None)
+        _log_foreign(name, listing)
         going = [
             self._delete(
                 f"MIG {m.name}", partial(c.groups.delete_unary, zone=zone, instance_group_manager=m.name, **call)
             )
             for m in listing.migs
-            if _ours(m.description, name)
+            if ours(m.description, name)
         ]
         for operation in going:
             if operation is not None:
                 self._follow(operation, f"delete the MIGs of {name}", wait_s=RELEASE_WAIT_S)
         in_use = []
-        for template in (t for t in listing.templates if _ours(t.description, name)):
+        for template in (t for t in listing.templates if ours(t.description, name)):
             delete = partial(c.templates.delete_unary, region=region, instance_template=template.name, **call)
             if self._delete_now(f"instance template {template.name}", delete):
                 in_use.append(template.name)
-        for policy in (p for p in listing.policies if _ours(p.description, name)):
+        for policy in (p for p in listing.policies if ours(p.description, name)):
             delete = partial(c.policies.delete_unary, region=region, resource_policy=policy.name, **call)
             if self._delete_now(f"workload policy {policy.name}", delete):
                 in_use.append(policy.name)
@@ -335,46 +368,10 @@ class ComputeEngine:
 
     def write_metadata(self, zone: str, name: str, slices: int, metadata: Mapping[str, str]) -> None:
         """Set tpujobs' keys (those of `metadata`) on every VM of the holding, keeping every other
-        key (such as `ssh-keys`): read the VM's metadata and fingerprint, merge, write with that
-        fingerprint, and on a conflict (412: someone wrote meanwhile) read and write again. A VM
-        not RUNNING (or a slice without VMs) raises PermanentError; each write is waited for."""
-        for index in range(slices):
-            mig = naming.node_id(name, index, slices)
-            hosts = self._managed_instances(zone, mig)
-            if not hosts:
-                raise PermanentError(f"{SERVICE}: MIG {mig} has no VMs to write the metadata of")
-            for host in hosts:
-                if host.instance_status != "RUNNING":
-                    raise PermanentError(
-                        f"{SERVICE}: VM {host.name} of {mig} is not RUNNING ({host.instance_status or 'none'})"
-                    )
-                self._merge_metadata(zone, host.name, metadata)
-
-    def _merge_metadata(self, zone: str, instance: str, metadata: Mapping[str, str]) -> None:
-        from google.cloud import compute_v1
-
-        c = self._clients
-        for attempt in range(METADATA_TRIES):
-            with _translated(f"read the metadata of VM {instance}"):
-                current = c.instances.get(project=self._project, zone=zone, instance=instance, **self._call()).metadata
-            items = {item.key: item.value for item in current.items if item.key not in metadata}
-            items.update(metadata)
-            written = compute_v1.Metadata(
-                fingerprint=current.fingerprint,
-                items=[compute_v1.Items(key=k, value=v) for k, v in sorted(items.items())],
-            )
-            try:
-                with _translated(f"write the metadata of VM {instance}"):
-                    operation = c.instances.set_metadata_unary(
-                        project=self._project, zone=zone, instance=instance, metadata_resource=written, **self._call()
-                    )
-                self._follow(operation, f"write the metadata of VM {instance}")
-                return
-            except PermanentError as error:
-                if not isinstance(error.__cause__, api_exceptions.PreconditionFailed):
-                    raise
-            self._sleep(METADATA_BACKOFF_S * 2**attempt)
-        raise TransientError(f"{SERVICE}: the metadata of VM {instance} kept changing under {METADATA_TRIES} writes")
+        key (such as `ssh-keys`), with the fingerprint read (`compute_metadata`). A MIG or VM
+        without tpujobs' marker of this holding raises NotOurs and is never written; a VM not
+        RUNNING (or a slice without VMs) raises PermanentError; each write is waited for."""
+        self._metadata.write(zone, name, slices, metadata)
 
 
 class _InUse(Exception):
@@ -387,9 +384,12 @@ INSTANCE_FIELDS = "items.name,items.status,items.resourceStatus.upcomingMaintena
 TEMPLATE_FIELDS = "items.name,items.description,items.creationTimestamp,nextPageToken"
 
 
-def _ours(description: str, holding: str) -> bool:
-    said = bodies.parse_description(description)
-    return said is not None and said.get("holding") == holding
+def _log_foreign(holding: str, listing: Listing) -> None:
+    """Say which resources named exactly as the holding's slices are someone else's (left alone)."""
+    found: list[Any] = [*listing.migs, *listing.templates, *listing.policies]  # the filter keeps the slices' names
+    foreign = sorted(r.name for r in found if not ours(r.description, holding))
+    if foreign:
+        log.warning("%s: %s named like %s left alone: not made by tpujobs (no marker)", SERVICE, foreign, holding)
 
 
 def _has_reason(error: BaseException | None, reasons: frozenset[str]) -> bool:

@@ -60,6 +60,7 @@ def job_to_document(job: Job) -> dict[str, Any]:
         "pool": "" if job.warm_pool else job_pool(job).id,
         "warm_pool": job.warm_pool,  # the warm pool it runs on or waits for: the pool's queue reads it
         "warm_pool_unit": job.warm_pool_unit,
+        "unit_requested_at": job.unit_requested_at,  # its VMs are no older (`attempt-key` checks)
         "on_demand": job.on_demand,
         "requested_at": job.requested_at,
         "resume_next": job.resume_next,
@@ -153,6 +154,7 @@ def job_from_document(data: dict[str, Any], spec: JobSpec | None = None) -> Job:
         run_first_attempt=data.get("run_first_attempt", 1),
         warm_pool=data.get("warm_pool") or "",
         warm_pool_unit=data.get("warm_pool_unit") or "",
+        unit_requested_at=data.get("unit_requested_at"),
     )
 
 
@@ -164,7 +166,7 @@ _OUTLINE_TOP = (
     "capacity_state", "resume_next", "workers_done", "next_attempt_at", "created_at", "updated_at",
     "started_at", "ended_at", "exit_code", "log_uri", "event_seq", "usage", "requested_at", "on_demand",
     "submitted_via", "owner_verified", "create_operation", "suspect_hosts", "maintenance",
-    "record_retention_days", "expire_at", "run_first_attempt", "warm_pool", "warm_pool_unit",
+    "record_retention_days", "expire_at", "run_first_attempt", "warm_pool", "warm_pool_unit", "unit_requested_at",
 )  # fmt: skip
 OUTLINE_FIELDS = (
     *_OUTLINE_TOP,

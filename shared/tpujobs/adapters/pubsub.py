@@ -10,9 +10,10 @@ from google.api_core import exceptions as api_exceptions
 
 from tpujobs.adapters.google_errors import translated
 from tpujobs.domain.shards import Shard
+from tpujobs.engine.converge_requests import ConvergeJob, ConvergePool
 from tpujobs.engine.errors import PermanentError, TransientError
 from tpujobs.engine.ports import StatusChange
-from tpujobs.engine.topology import LOG_EXPORT, RECONCILE, STATUS, topic_name
+from tpujobs.engine.topology import CONVERGE, LOG_EXPORT, RECONCILE, STATUS, topic_name
 
 if TYPE_CHECKING:
     from google.cloud import pubsub_v1
@@ -115,3 +116,11 @@ class Publisher:
         """Ask `export_logs` to put an ended attempt's output together (tpujobs-log-export)."""
         payload = {"job_id": job_id, "attempt": attempt}
         self.publish_json(LOG_EXPORT, payload, {"job_id": job_id, "attempt": str(attempt)})
+
+    def hand_off_job(self, job_id: str) -> None:
+        """The jobs API's hand-off (`ports.CapacityHandoff`): on tpujobs-converge, the job's id only."""
+        self.publish_json(CONVERGE, ConvergeJob(action="converge", job_id=job_id).payload())
+
+    def hand_off_pool(self, name: str) -> None:
+        """The same for a warm pool: its name only."""
+        self.publish_json(CONVERGE, ConvergePool(action="pool-converge", name=name).payload())

@@ -2,16 +2,20 @@
 
 Locally the same client talks REST to the simulator (`TPUJOBS_TPU_ENDPOINT`). Names are
 deterministic, so ALREADY_EXISTS on create means an earlier delivery already asked for
-this attempt (or this warm-pool unit's generation): the resource is ours and is adopted,
-never bought twice. (Labels name the job and attempt, or the pool and unit, so anyone can
-trace a resource back.) A warm-pool unit's agents get their assignments through their nodes'
-metadata: `write_metadata` merges tpujobs' keys into what each node has (others, such as gcloud's
-`ssh-keys`, write the same map) with UpdateNode.
+this attempt (or this warm-pool unit's generation): the resource is adopted, never bought
+twice, once its labels show that tpujobs made it for that holding. Labels name the job and
+attempt, or the pool and unit: they are tpujobs' ownership marker (`domain.ownership`), so a
+queued resource or node named like a holding without them is someone else's, and is never
+adopted (NotOurs), written into (NotOurs) or deleted (left alone, logged). A warm-pool unit's
+agents get their assignments through their nodes' metadata: `write_metadata` merges tpujobs'
+keys into what each node has (others, such as gcloud's `ssh-keys`, write the same map) with
+UpdateNode.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent import futures
@@ -25,17 +29,19 @@ from google.rpc import code_pb2
 
 from tpujobs.adapters.google_errors import is_retryable, transient_retry, translated
 from tpujobs.adapters.tpu_maintenance import NodeMaintenance
-from tpujobs.domain import naming
+from tpujobs.domain import naming, ownership
 from tpujobs.domain.accelerators import FAMILIES, parse_accelerator_type
 from tpujobs.domain.job import Job
 from tpujobs.domain.spec import JobSpec
-from tpujobs.engine.errors import PermanentError, QuotaExhausted, TransientError
+from tpujobs.engine.errors import NotOurs, PermanentError, QuotaExhausted, TransientError
 from tpujobs.engine.ports import CapacityStatus, HostBoot, UnitRequest
 
 if TYPE_CHECKING:
     from google.api_core.operation import Operation
     from google.cloud import tpu_v2
     from google.longrunning import operations_pb2
+
+log = logging.getLogger(__name__)
 
 CALL_TIMEOUT_S = 30.0  # the client has no default: a hung call must not hold a function forever
 SERVICE = "TPU API"  # how errors name the service: "TPU API failed to ..."
@@ -218,10 +224,12 @@ class CloudTpu:
             # REST maps ALREADY_EXISTS (and ABORTED) to a bare 409 Conflict: look before adopting.
             if not isinstance(error.__cause__, api_exceptions.Conflict):
                 raise
-            existing = self.status(zone, name)
+            existing = self._get(zone, name)
             if existing is None:
                 raise TransientError(f"{error}; no such resource exists, so retry") from error
-            return existing
+            if not _marked(existing, name):
+                raise _not_ours(f"the existing queued resource {name}", name) from error
+            return _status(existing, zone)
         # Create answers with a long-running operation (done once the resource is ACCEPTED); the
         # resource's own state is what we mirror, and the operation's name is kept, so a create
         # that fails later can say why (`create_error`).
@@ -239,11 +247,12 @@ class CloudTpu:
         with mask `metadata` (which replaces the map). Returns once every node has them. An
         update still running after METADATA_FOLLOW_S, or refused as concurrent METADATA_TRIES
         times, raises TransientError: not confirmed, so told again later. A node that does not
-        exist or is not READY raises PermanentError with Google's words."""
+        exist or is not READY raises PermanentError with Google's words; one without tpujobs'
+        marker of the holding (its labels, its queued resource) raises NotOurs, never written."""
         started: list[tuple[str, Operation]] = []
         for index in range(slices):
             node_id = naming.node_id(name, index, slices)
-            operation = self._merge_metadata(zone, node_id, metadata)
+            operation = self._merge_metadata(zone, name, node_id, metadata)
             if operation is not None:
                 started.append((node_id, operation))
         deadline = self._clock() + METADATA_FOLLOW_S
@@ -260,8 +269,9 @@ class CloudTpu:
                 f"{SERVICE}: the metadata update of node {', '.join(running)} is still running; not confirmed yet"
             )
 
-    def _merge_metadata(self, zone: str, node_id: str, metadata: Mapping[str, str]) -> Operation | None:
-        """Start the update that merges `metadata` into the node's own; None when it has them."""
+    def _merge_metadata(self, zone: str, holding: str, node_id: str, metadata: Mapping[str, str]) -> Operation | None:
+        """Start the update that merges `metadata` into the node's own; None when it has them.
+        Each read checks the node is the holding's (NotOurs else) before anything is written."""
         from google.cloud import tpu_v2
         from google.protobuf import field_mask_pb2
 
@@ -271,7 +281,10 @@ class CloudTpu:
             if attempt:
                 self._sleep(METADATA_BACKOFF_S * 2 ** (attempt - 1))
             with _translated(doing):
-                current = dict(self._client.get_node(name=node, retry=self._retry, timeout=CALL_TIMEOUT_S).metadata)
+                found = self._client.get_node(name=node, retry=self._retry, timeout=CALL_TIMEOUT_S)
+            if not _node_marked(found, holding):
+                raise _not_ours(f"node {node_id}", holding)
+            current = dict(found.metadata)
             if all(current.get(key) == value for key, value in metadata.items()):
                 return None
             try:
@@ -290,16 +303,20 @@ class CloudTpu:
         )
 
     def status(self, zone: str, name: str) -> CapacityStatus | None:
+        resource = self._get(zone, name)
+        return None if resource is None else _status(resource, zone)
+
+    def _get(self, zone: str, name: str) -> tpu_v2.QueuedResource | None:
+        """The queued resource `name` as read; None when it does not exist."""
         try:
             with _translated(f"read queued resource {name}"):
-                resource = self._client.get_queued_resource(
+                return self._client.get_queued_resource(
                     name=f"{self._parent(zone)}/queuedResources/{name}", retry=self._retry, timeout=CALL_TIMEOUT_S
                 )
         except PermanentError as error:
             if isinstance(error.__cause__, api_exceptions.NotFound):
                 return None
             raise
-        return _status(resource, zone)
 
     def create_error(self, operation: str) -> str | None:
         if not operation:
@@ -316,6 +333,15 @@ class CloudTpu:
         return _operation_error(found) if found.done and found.HasField("error") else None
 
     def release(self, zone: str, name: str) -> None:
+        """Delete the queued resource (forced: its nodes too) once read and found marked as
+        tpujobs' for this holding; absent is fine. One without the marker is someone else's:
+        left alone, logged (tpujobs holds nothing of that name to give back)."""
+        existing = self._get(zone, name)
+        if existing is None:
+            return
+        if not _marked(existing, name):
+            log.warning("%s: %s", SERVICE, ownership.refusal(f"queued resource {name} in {zone}", name))
+            return
         try:
             with _translated(f"delete queued resource {name}"):
                 self._client.delete_queued_resource(
@@ -471,6 +497,22 @@ def _operation_error(operation: operations_pb2.Operation) -> str:
     except ValueError:  # a code newer than these protos
         code = f"code {error.code}"
     return f"operation {operation.name} failed with {code}: {error.message}"
+
+
+def _marked(resource: tpu_v2.QueuedResource, holding: str) -> bool:
+    """Whether the queued resource carries tpujobs' marker of `holding`: its nodes' labels."""
+    specs = resource.tpu.node_spec
+    return bool(specs) and all(ownership.marked(holding, dict(spec.node.labels)) for spec in specs)
+
+
+def _node_marked(node: tpu_v2.Node, holding: str) -> bool:
+    """Whether a node is tpujobs' of `holding`: its labels, and the queued resource that made it."""
+    made_by = node.queued_resource.rsplit("/", 1)[-1]
+    return ownership.marked(holding, dict(node.labels)) and made_by in ("", holding)
+
+
+def _not_ours(what: str, holding: str) -> NotOurs:
+    return NotOurs(f"{SERVICE}: {ownership.refusal(what, holding)}")
 
 
 def _status(resource: tpu_v2.QueuedResource, zone: str, unhealthy_hosts: int = 0) -> CapacityStatus:

@@ -19,6 +19,7 @@ from .cloud_logging import build_sink
 from .code_fetch import fetch_code
 from .commands import CommandRunner
 from .config import attempt_deadline, job_environment
+from .confine import Confinement
 from .containers import (
     Docker,
     ImageProblem,
@@ -63,6 +64,7 @@ class Agent(CommandRunner):
         self._started = False
         self._started_at: str | None = None  # when the first of setup or command started (RFC 3339)
         self._finished = False
+        self.confinement: Confinement | None = None  # made as the attempt's commands are about to run
         self.config = config
         self.metadata = metadata
         self.worker_id = worker_id
@@ -153,6 +155,15 @@ class Agent(CommandRunner):
         self._sigterm_container(container)
         return True
 
+    def kill_now(self) -> int:
+        """Pool mode: every process of the attempt killed at once (withdrawn for another job,
+        whose assignment the job could read); how many."""
+        with self._lock:
+            confinement = self.confinement
+            if self._current is not None:
+                self._kill_at = time.monotonic()  # `_wait` sends SIGKILL now (in a container: docker kill)
+        return confinement.kill() if confinement is not None else 0
+
     def _stopping(self) -> bool:
         """Whether nothing more of the job may start: a notice, a withdrawal or a time limit."""
         return self.preemption.noticed.is_set() or self.withdrawn.is_set() or self._limit is not None
@@ -226,6 +237,21 @@ class Agent(CommandRunner):
         return AGENT_STARTED_AGAIN
 
     def _attempt(self) -> int:
+        """`_confined_attempt` with the attempt's user and cgroup (`confine.py`); at its end,
+        before any report says it ended, every process of the attempt is killed and the user
+        deleted, so nothing of it runs when the host is given to another job."""
+        tag = safe_name(f"{self.config['job_id']}-a{self.config['attempt']}-s{self.slice_id}-w{self.worker_id}")
+        confinement = Confinement.for_attempt(self.environ, tag, os.path.join(self.workdir, "home"))
+        with self._lock:
+            self.confinement = confinement
+        try:
+            return self._confined_attempt(confinement)
+        finally:
+            killed = confinement.end()
+            if killed:
+                self.note(f"{killed} leftover process{'es' if killed != 1 else ''} killed")
+
+    def _confined_attempt(self, confinement: Confinement) -> int:
         """Read the secrets, fetch the code, run setup (once per host), run the command; or,
         with an image, setup and command in one container of it (`_contained`).
 
@@ -247,9 +273,11 @@ class Agent(CommandRunner):
             except (AgentError, OSError, http.client.HTTPException, tarfile.TarError) as error:
                 self.note(f"could not fetch the code from {self.config['code_uri']}: {error}")
                 code = AGENT_FAILED
+        confinement.hand_over(code_dir)
         env = job_environment(self.environ, self.config, self.worker_id, self.slice_id, secret_values, self.megascale)
         if self.config.get("image"):
             return code or self._contained(self.config["image"], code_dir, env, sorted(secret_values))
+        env = confinement.environment(env)
         marker = os.path.join(
             os.path.dirname(os.path.abspath(self.workdir)),
             f".setup-done-{safe_name(self.config['job_id'])}",

@@ -3,6 +3,7 @@
 No key sits in metadata (any API viewer reads that). The agent asks the metadata server for the
 VM's identity token (`format=full`: Google signs the project, zone and instance into it) and sends
 it to the jobs function's `attempt-key` action, which answers the key if this VM can be the host.
+The answer carries the spec's `env` too: like the key, its values are in no metadata.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class AttemptKey:
     version: str
     job_created: str
     coordinator: str | None = None  # a multislice's, where tpujobs names it (`megascale`)
+    env: dict[str, str] = field(default_factory=dict, repr=False)  # the spec's env, for the command
 
     def names(self) -> dict[str, str]:
         """The attributes that name this key: sent with every signed message."""
@@ -81,9 +83,12 @@ def fetch_attempt_key(
         raise AgentError(f"the control plane's key answer is unusable: {error}") from None
     if not re.fullmatch(VERSION_PATTERN, version) or not created.isdigit():
         raise AgentError("the control plane's key answer names no usable version or creation time")
+    env = answer.get("env") or {}
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise AgentError("the control plane's key answer has an env that does not map strings to strings")
     coordinator = answer.get("coordinator")
     try:
         coordinator = str(ipaddress.ip_address(coordinator)) if coordinator else None
     except ValueError:
         raise AgentError("the control plane's key answer names a coordinator that is no address") from None
-    return AttemptKey(key, version, created, coordinator)
+    return AttemptKey(key, version, created, coordinator, dict(env))

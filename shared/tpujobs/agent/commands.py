@@ -17,10 +17,10 @@ from typing import Any
 
 from .basics import exit_status, log, rfc3339
 from .boot_record import AttemptRecord, process_start
+from .confine import Confinement
 from .containers import (
     DOCKER_FAILED,
     DOCKER_SECONDS,
-    PRIVILEGED_VARIABLE,
     SIMULATED_HOST_VARIABLE,
     AnyOf,
     Docker,
@@ -28,8 +28,10 @@ from .containers import (
     container_environment,
     container_labels,
     container_name,
+    container_privileged,
     docker_failure,
     docker_run_argv,
+    tpu_devices,
 )
 from .last_output import LastOutput
 from .liveness import Liveness
@@ -57,6 +59,7 @@ class CommandRunner(Liveness):
     record: AttemptRecord
     boot: str
     _stopping: Callable[[], bool]
+    confinement: Confinement | None  # the attempt's user and cgroup, once its commands may start
 
     def _sigterm_locked(self, kill_at: float | None = None) -> str | None:
         """SIGTERM to the running command's group (the lock held), SIGKILL due at `kill_at` (by
@@ -96,13 +99,13 @@ class CommandRunner(Liveness):
             )
             if left_out:
                 self.note(f"not passed into the container (the docker CLI obeys DOCKER_*): {', '.join(left_out)}")
-            privileged = self.environ.get(PRIVILEGED_VARIABLE, "1").strip() != "0"
+            privileged = container_privileged(self.config, self.environ)
             labels = container_labels(
                 self.config, self.slice_id, self.worker_id, self.environ.get(SIMULATED_HOST_VARIABLE, "")
             )
             argv = docker_run_argv(
                 docker.binary, image, name, labels, names, self.config.get("setup"), self.config["command"],
-                privileged, mount,
+                privileged, mount, tpu_devices(),
             )  # fmt: skip
             log(f"running setup and command in {image} ({digest or 'no registry digest'}) as container {name}")
             started = {"image_digest": digest} if digest else {}
@@ -127,7 +130,10 @@ class CommandRunner(Liveness):
     ) -> int:
         """Runs argv (`bash -c script`, or `docker run` of `container`) in its own process group
         until it and its group are gone; `what` (setup or command) is recorded with its pid,
-        for a later start to find. `started` joins the first `started` report."""
+        for a later start to find. `started` joins the first `started` report. With a
+        confinement, it starts in the attempt's cgroup, as the job's user (the docker CLI as root)."""
+        if self.confinement is not None:
+            argv = self.confinement.launch(argv, as_user=container is None)
         with self._lock:
             if self._stopping():
                 return 128 + int(signal.SIGTERM)

@@ -224,6 +224,8 @@ def check_config(config: dict[str, Any]) -> dict[str, Any]:
                 f"config key 'secrets': {env_name} must name projects/P/secrets/S/versions/V, got {version[:200]!r}"
             )
     check_image(config)
+    if not isinstance(config.setdefault("privileged", False), bool):
+        raise AgentError("config key 'privileged' must be true or false")
     digest = config.setdefault("code_sha256", None)
     if digest is not None and not (isinstance(digest, str) and SHA256_HEX.fullmatch(digest)):
         raise AgentError(f"config key 'code_sha256' must be 64 hex digits or null, got {digest!r}")

@@ -4,6 +4,7 @@ setup and command in one `docker run` as TPU VMs run containers, and removed on 
 
 from __future__ import annotations
 
+import glob
 import http.client
 import json
 import os
@@ -16,6 +17,7 @@ import time
 from typing import Any
 
 from .basics import AGENT_FAILED, PASSABLE_NAME, AgentError, host_variables, log, safe_name
+from .confine import TPU_DEVICES
 from .rest import TokenSource
 
 DOCKER_CLI = "/usr/bin/docker"  # where TPU VM images install it; else the one on PATH
@@ -189,6 +191,18 @@ def container_environment(
     return names, cli_env, left_out
 
 
+def container_privileged(config: dict[str, Any], host_environ: dict[str, str]) -> bool:
+    """Whether the job's container runs `--privileged`: only when its spec asks
+    (`container.privileged`, the config's `privileged`) and the host allows it (not a simulated
+    host, whose TPUJOBS_CONTAINER_PRIVILEGED is 0)."""
+    return config.get("privileged") is True and host_environ.get(PRIVILEGED_VARIABLE, "1").strip() != "0"
+
+
+def tpu_devices() -> list[str]:
+    """This host's TPU device nodes (/dev/accel*, /dev/vfio/N), passed to an unprivileged container."""
+    return sorted(path for pattern in TPU_DEVICES for path in glob.glob(pattern))
+
+
 def docker_run_argv(
     docker: str,
     image: str,
@@ -197,17 +211,22 @@ def docker_run_argv(
     env_names: list[str],
     setup: str | None,
     command: str,
-    privileged: bool = True,
+    privileged: bool = False,
     mount: tuple[str, str] | None = None,
+    devices: list[str] | None = None,
 ) -> list[str]:
-    """`docker run` as TPU VMs run containers: privileged (unless told otherwise), host network
-    and IPC, /dev mounted, docker's init (tini) as PID 1 forwarding signals to the command's
-    whole process group; `mount` is (code directory, working directory in the container).
+    """`docker run` as TPU VMs run containers: host network and IPC, /dev mounted, docker's
+    init (tini) as PID 1 forwarding signals to the command's whole process group; unprivileged,
+    with `devices` (the host's TPU devices) passed in, unless `privileged` (the spec's
+    `container.privileged`); `mount` is (code directory, working directory in the container).
     The image's ENTRYPOINT and CMD are not used: the wrapper runs setup and command."""
     argv = [docker, "run", "--rm", "--name", name, "--init", "--sig-proxy=false"]
     argv += ["--network", "host", "--ipc", "host", "-v", "/dev:/dev", "-e", "TINI_KILL_PROCESS_GROUP=1"]
     if privileged:
         argv.append("--privileged")
+    else:
+        for device in devices or []:
+            argv += ["--device", device]
     for label in labels:
         argv += ["--label", label]
     for env_name in env_names:

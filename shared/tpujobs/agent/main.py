@@ -102,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     except (AgentError, OSError, http.client.HTTPException) as error:
         log(f"cannot start: {error}")
         return AGENT_CANNOT_START
+    config["env"] = dict(key.env)  # from the key's answer: no env value is in metadata
     tokens = TokenSource(metadata)
     publisher = Publisher(
         GoogleApi.from_env("PUBSUB_EMULATOR_HOST", PUBSUB_API, environ, tokens),

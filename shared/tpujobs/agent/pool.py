@@ -50,8 +50,11 @@ POOL_REQUIRED = {
 #   the running job's (job_id, attempt) again                      nothing: it keeps running
 #   another job while idle                                         it starts (unless it already ran in this boot)
 #   another job while one runs                                     the running one is withdrawn, then it starts
-# After each job (ended, withdrawn, or not run again after a reboot), every process still
-# descended from the pool agent is killed and the job's work directory is deleted.
+# A job withdrawn for another job is killed at once, with no grace: the next assignment is
+# readable on the host. After each job (ended, withdrawn, or not run again after a reboot),
+# everything in its cgroup or of its user, and every process still descended from the pool
+# agent, is killed, the user deleted and the job's work directory deleted; only then is the
+# next assignment's key fetched.
 
 
 def load_pool_config(path: str) -> dict[str, Any]:
@@ -228,6 +231,9 @@ class PoolAgent:
             self.pending = assignment if key is not None else None
             if running.agent.withdraw(f"assignment seq {seq} replaces it"):
                 log(f"{running.name()}: withdrawn, assignment seq {seq} replaces it")
+            if key is not None:  # another job's assignment is readable here: no grace
+                killed = running.agent.kill_now()
+                log(f"{running.name()}: another job is assigned, so its processes are killed at once ({killed})")
             return
         if key is not None:
             self._start(assignment)
@@ -260,6 +266,7 @@ class PoolAgent:
             return
         publisher = Publisher(self.pubsub, str(self.config["project"]), attempt_key.key, attempt_key.names())
         config = dict(assignment["config"])
+        config["env"] = dict(attempt_key.env)  # from the key's answer: no env value is in metadata
         if not config.get("image") and self.config.get("image"):
             config["image"] = self.config["image"]  # the pool's, when the job names none
             config["image_pull_policy"] = self.config["image_pull_policy"]
@@ -323,7 +330,9 @@ class PoolAgent:
         """The job's Agent is done: the unit is cleaned, then what was assigned meanwhile starts."""
         with self._lock:
             self.running = None
-        killed = kill_descendants(os.getpid())
+        confinement = job.agent.confinement
+        killed = confinement.end() if confinement is not None else 0  # its cgroup, its user's uid
+        killed += kill_descendants(os.getpid())
         if job.agent.started_again:
             self._stop_earlier_start(job)
         shutil.rmtree(job.workdir, ignore_errors=True)

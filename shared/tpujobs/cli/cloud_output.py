@@ -1,23 +1,40 @@
 """A job's output read back from Cloud Logging, and the Logs Explorer link `submit` and `describe`
 print. Only entries that the job's own agents signed are shown (`tpujobs.domain.job_output`): the
 jobs API checks them for everyone (its `logs` action holds the master key); without an API, a
-machine that holds the master key (an operator's) checks them itself. The Logs Explorer shows
-every entry, so the link says it does not check them.
+machine that holds the master key (an operator's) checks them itself, page by page as the API
+does. The Logs Explorer shows every entry, so the link says it does not check them.
+
+Either way the reader stops after MAX_PAGES answers; where output remained, `OutputRead.cut`
+says so and why, and the command prints it: output is never cut silently.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from tpujobs.domain import job_output
 from tpujobs.domain.job import Job
+from tpujobs.engine.jobs_api.job_output import CUT_REASONS, Cursor, read_page
+from tpujobs.engine.jobs_api.job_output import output_query as output_query
 from tpujobs.engine.jobs_api.job_output import verifying_keys as verifying_keys
 from tpujobs.engine.settings import Settings
 
 Write = Callable[[bytes], None]
-# Pages one `tpujobs logs` reads through the API at most (each up to the API's MAX_ENTRIES entries).
+# Answers one `tpujobs logs` reads at most (each up to the API's Limits: 5000 lines, 20,000 entries read).
 MAX_PAGES = 200
+
+
+@dataclass(frozen=True)
+class OutputRead:
+    """What a reader wrote: verified lines, entries dropped as forged, entries read, and, when it
+    stopped before the attempt's last entry, why (a sentence; None: the output is whole)."""
+
+    lines: int
+    forged: int
+    read: int = 0
+    cut: str | None = None
 
 
 def explorer_link(config: Settings, job_id: str, cloud_logging: bool | None = None) -> str | None:
@@ -25,24 +42,38 @@ def explorer_link(config: Settings, job_id: str, cloud_logging: bool | None = No
     return job_output.output_link(config.project, config.prefix, job_id, cloud_logging, config.cloud_logging)
 
 
-def read_verified(config: Settings, job: Job, attempt: int, worker: int | None, write: Write) -> tuple[int, int] | None:
+def cut_sentence(pages: int, read: int, reason: str | None) -> str:
+    """What the command says when it stopped with output left: after how much, and why."""
+    why = CUT_REASONS.get(reason or "", "the answer stopped early")
+    return (
+        f"Output cut: stopped after {pages} answers ({read} Cloud Logging entries read); the last one"
+        f" stopped because {why}. Narrow it with --worker, or read the exported log (--links)."
+    )
+
+
+def read_verified(config: Settings, job: Job, attempt: int, worker: int | None, write: Write) -> OutputRead | None:
     """Writes the attempt's verified lines (one worker's: K = slice x hosts per slice + worker);
-    (lines, forged entries dropped), or None when they cannot be verified here."""
-    from tpujobs.adapters.job_output_logs import read_entries
+    None when they cannot be verified here (no master key)."""
+    from tpujobs.adapters.job_output_logs import CloudLoggingEntries
 
     key_for = verifying_keys(config, job)
     if key_for is None:
         return None
-    query = job_output.job_filter(config.project, config.prefix, job.job_id, attempt, since=job.created_at)
-    verified = job_output.verify(job.job_id, read_entries(config.project, query, config.logging_endpoint), key_for)
-    hosts = job.spec.hosts_per_slice
-    shown = 0
-    for line in verified.lines:
-        if worker is not None and line.slice_id * hosts + line.worker_id != worker:
-            continue
-        write(line.text.encode("utf-8", "replace") + b"\n")
-        shown += 1
-    return shown, verified.forged
+    entries = CloudLoggingEntries(config.project, config.logging_endpoint)
+    query = output_query(config.project, config.prefix, job, attempt, worker)
+    after: Cursor | None = None
+    shown = forged = read = 0
+    for pages in range(1, MAX_PAGES + 1):
+        page = read_page(entries, query, job, key_for, worker, after)
+        for line in page.lines:
+            write(line.text.encode("utf-8", "replace") + b"\n")
+        shown, forged, read = shown + len(page.lines), forged + page.forged, read + page.read
+        if page.after is None:
+            return OutputRead(shown, forged, read)
+        after = page.after
+        if pages == MAX_PAGES:
+            return OutputRead(shown, forged, read, cut_sentence(pages, read, page.cut))
+    return OutputRead(shown, forged, read)
 
 
 def read_through_api(
@@ -51,14 +82,14 @@ def read_through_api(
     attempt: int | None,
     worker: int | None,
     write: Write,
-) -> tuple[int, int] | None:
-    """Writes the verified lines the jobs API's `logs` answers, page by page; (lines, forged
-    entries dropped), or None when the job's output is not in Cloud Logging. `ask` posts one
-    request (`cli.common.ask_api`, as the caller) and raises with the API's refusal."""
+) -> OutputRead | None:
+    """Writes the verified lines the jobs API's `logs` answers, page by page; None when the job's
+    output is not in Cloud Logging. `ask` posts one request (`cli.common.ask_api`, as the caller)
+    and raises with the API's refusal."""
     request: dict[str, Any] = {"action": "logs", "job_id": job_id}
     request.update({k: v for k, v in (("attempt", attempt), ("worker", worker)) if v is not None})
-    shown = forged = 0
-    for _ in range(MAX_PAGES):
+    shown = forged = read = 0
+    for pages in range(1, MAX_PAGES + 1):
         answer = ask(request) or {}
         if not answer.get("cloud_logging"):
             return None
@@ -66,8 +97,13 @@ def read_through_api(
             write(str(line.get("text", "")).encode("utf-8", "replace") + b"\n")
             shown += 1
         forged += int(answer.get("forged") or 0)
+        read += int(answer.get("read") or 0)
         if not answer.get("after"):
-            return shown, forged
+            return OutputRead(shown, forged, read)
+        if pages == MAX_PAGES:
+            cut = answer.get("cut")
+            reason = str(cut.get("reason") or "") if isinstance(cut, dict) else ""
+            return OutputRead(shown, forged, read, cut_sentence(pages, read, reason))
         request["after"] = answer["after"]
         request["attempt"] = answer.get("attempt", attempt)  # the pages of one attempt, even if another starts
-    return shown, forged
+    return OutputRead(shown, forged, read)

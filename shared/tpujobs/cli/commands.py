@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 import yaml
@@ -43,6 +43,9 @@ from tpujobs.domain.states import JobState
 from tpujobs.engine.ports import JobFilter
 from tpujobs.engine.settings import Settings
 from tpujobs.engine.topology import CONTROL, SUBMIT
+
+if TYPE_CHECKING:
+    from tpujobs.cli.cloud_output import OutputRead
 
 __all__ = ["app", "describe_tables", "jobs_table", "watch_screen"]
 
@@ -666,7 +669,7 @@ def _cloud_output(config: Settings, job: Job, attempt: int, worker: int | None) 
     found = read_verified(config, job, attempt, worker, _write_raw)
     if found is None:  # no master key here to check entries with: the Cloud Storage copy is the same output
         return False
-    return _shown_verified(*found)
+    return _shown_verified(found)
 
 
 def _api_output(
@@ -694,18 +697,21 @@ def _api_output(
         if refused.status == 503:  # the deployment's to mend (no master key, or no log view): say so
             err.print(f"[dim]The jobs API could not read the output ({refused}); reading it directly.[/dim]")
         return False
-    return found is not None and _shown_verified(*found)
+    return found is not None and _shown_verified(found)
 
 
-def _shown_verified(lines: int, forged: int) -> bool:
-    """Whether verified output was shown (else the Cloud Storage copy is read); forged entries are said."""
-    if not lines and not forged:  # nothing there (an older job, or not yet): the Cloud Storage copy
+def _shown_verified(found: OutputRead) -> bool:
+    """Whether verified output was shown (else the Cloud Storage copy is read); forged entries, and
+    output cut short, are said."""
+    if not found.lines and not found.forged and not found.cut:  # nothing there (an older job, or not yet)
         return False
-    if forged:
+    if found.forged:
         err.print(
-            f"[yellow]{forged} Cloud Logging entries with this job's labels failed their signature and were"
+            f"[yellow]{found.forged} Cloud Logging entries with this job's labels failed their signature and were"
             " dropped: something other than its agents wrote them.[/yellow]"
         )
+    if found.cut:
+        err.print(f"[yellow]{found.cut}[/yellow]")  # our sentence: no markup in it
     return True
 
 

@@ -7,6 +7,7 @@ from tpujobs.cli.commands import app, describe_tables, jobs_table, watch_screen
 from tpujobs.cli.demo import demo
 from tpujobs.cli.dev_stack import dev_app
 from tpujobs.cli.drill import drill
+from tpujobs.cli.notifications import notify_key
 from tpujobs.cli.pools import pool_app
 from tpujobs.cli.quotas import quota_app
 from tpujobs.cli.secrets import secret_app
@@ -19,5 +20,6 @@ app.add_typer(
 app.add_typer(secret_app, name="secret", help="Secrets for a job's `secrets` field, in Secret Manager.")
 app.command()(demo)
 app.command()(drill)
+app.command("notify-key")(notify_key)
 
 __all__ = ["app", "describe_tables", "jobs_table", "watch_screen"]

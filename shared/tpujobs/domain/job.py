@@ -111,6 +111,9 @@ class Job:
     # each unit runs, these say it from the job's side (and `tpujobs list` shows the pool).
     warm_pool: str = ""
     warm_pool_unit: str = ""
+    # When that unit's queued resource (the generation `warm_pool_unit` names) was asked for: its
+    # VMs are no older, so a VM made before it cannot be the attempt's host (`attempt-key`).
+    unit_requested_at: datetime | None = None
 
     @property
     def capacity(self) -> str:

@@ -80,22 +80,28 @@ def node_id(queued_resource: str, slice_index: int, slices: int) -> str:
     return queued_resource if slices == 1 else f"{queued_resource}-{slice_index}"
 
 
-# The name Google gives a TPU API VM's worker (`t1v-n-<hex>-w-<worker>`): where it has that form,
-# its worker number must be the one asked for. Not documented by Google, so other names pass.
-_TPU_VM_NAME = re.compile(r"^t1v-n-[0-9a-f]+-w-(?P<worker>[0-9]+)$")
+# The name Google gives a TPU API VM's worker: `t1v-n-<hex>-w-<worker>` (the VM's hostname, and the
+# `instance_name` of its identity token). Only the TPU API makes such names for tpujobs: a Compute
+# Engine holding's VMs are its MIGs' (`{slice}-xxxx`, whose last parts are `-c{N}`/`-g{N}` and four
+# characters, never `-w-{N}`), so no tpujobs VM of the other platform can pass for a TPU worker.
+_TPU_VM_NAME = re.compile(r"^t1v-n-[0-9a-f]+-w-(?P<worker>0|[1-9][0-9]{0,3})$")
 
 
 def host_name_refusal(holding: str, slice_index: int, slices: int, worker: int, vm_name: str) -> str | None:
-    """Why the VM `vm_name` cannot be that worker of that slice of `holding`, or None. On Compute
-    Engine a slice's VMs are its MIG's (`{slice}-xxxx`, the MIG adding four characters to its base
-    name): any other name is another slice's, or no tpujobs VM at all."""
+    """Why the VM `vm_name` cannot be that worker of that slice of `holding`, or None. On the TPU
+    API a holding's VMs are its nodes' workers, named `t1v-n-<hex>-w-<worker>`: any other name (a
+    Compute Engine VM's) is no TPU worker, and another number is another worker. On Compute
+    Engine a slice's VMs are its MIG's (`{slice}-xxxx`, the MIG adding four characters to its
+    base name): any other name is another slice's, or no tpujobs VM at all."""
     if platform_of(holding) == "compute":
         slice_name = node_id(holding, slice_index, slices)
         if not re.fullmatch(re.escape(slice_name) + r"-[a-z0-9]{4}", vm_name):
             return f"the VM is not one of {slice_name}'s"
         return None
     named = _TPU_VM_NAME.fullmatch(vm_name)
-    if named is not None and int(named["worker"]) != worker:
+    if named is None:
+        return f"the VM is not a TPU API worker (t1v-n-…-w-N), as {holding}'s are"
+    if int(named["worker"]) != worker:
         return "the VM is another worker of its node"
     return None
 

@@ -5,6 +5,8 @@ Google Chat put their credential in the URL, so theirs belong in Secret Manager)
 read as `notify-NAME` in the namespace of the account the job runs as (tpujobs.domain.secrets): a
 job can name its own account's webhooks only, and the notify function reads those and no other
 secret. A job without `notify` gets its team's defaults (`config/notify`); `notify: []` opts out.
+A webhook URL often is its own credential, so only the job's owner and admins see it whole
+(`describe`); everyone else, `list` and the dashboard see its host (`webhook_host`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ NOTIFY_SECRET_STEM = "notify-"  # webhook secrets are `notify-NAME` in the job a
 EVERY_END_STATE = tuple(sorted(state.value for state in TERMINAL))
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 _CONTROL = re.compile(r"[\x00-\x20\x7f]")
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]+")
+ELIDED = "\u2026"  # what stands for the rest of a URL shown by its host
 
 
 class NotifyTarget(BaseModel):
@@ -135,3 +139,37 @@ def wanted(targets: Sequence[NotifyTarget], state: str, source: str) -> list[tup
 def webhook_secret_version(name: str, project: str, prefix: str, account_email: str) -> str:
     """The secret version that holds webhook NAME for a job running as `account_email`."""
     return secret_version_name(NOTIFY_SECRET_STEM + name, project, prefix, account_email)
+
+
+def webhook_host(url: str) -> str:
+    """The part of a webhook URL anyone may see: its host (and port), then `/…` for the rest
+    (`hooks.slack.com/…`). A URL that does not parse shows as `…` alone; one already shown so stays."""
+    if "://" not in url:
+        return url if url.endswith(f"/{ELIDED}") and not _CONTROL.search(url) else ELIDED
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return ELIDED
+    if not host:
+        return ELIDED
+    return f"{host}:{port}/{ELIDED}" if port else f"{host}/{ELIDED}"
+
+
+def without_urls(text: str) -> str:
+    """`text` with every URL in it cut to its host (`webhook_host`): for sentences shown to anyone."""
+    return _URL.sub(lambda match: webhook_host(match.group(0)), text)
+
+
+def hidden_webhooks(spec: Mapping[str, object]) -> dict[str, object]:
+    """A spec document with each `notify[].webhook` cut to its host; the rest as it was."""
+    shown = dict(spec)
+    targets = shown.get("notify")
+    if isinstance(targets, list):
+        shown["notify"] = [
+            {**target, "webhook": webhook_host(target["webhook"])}
+            if isinstance(target, dict) and isinstance(target.get("webhook"), str)
+            else target
+            for target in targets
+        ]
+    return shown

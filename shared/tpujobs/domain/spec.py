@@ -123,6 +123,15 @@ def parse_duration(text: str) -> int:
 Duration = Annotated[str, Field(max_length=32)]
 
 
+class ContainerOptions(BaseModel):
+    """How the job's container runs: unprivileged (the TPU devices passed in) unless
+    `privileged` asks for all of the host's devices and capabilities."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    privileged: bool = False
+
+
 class RetryOn(BaseModel):
     """Which errors are worth another attempt: a worker's exit code listed in `exit_codes`, or
     a line of its last output that a pattern of `output` matches (Python `re.search`)."""
@@ -217,11 +226,13 @@ class JobSpec(BaseModel):
     # Where `code_dir` came from when it was a git checkout (the CLI records both; shown by describe).
     code_git_commit: Annotated[str, Field(pattern=GIT_COMMIT_PATTERN)] | None = None
     code_git_dirty: bool | None = None
-    # The container image setup and command run in on every host (privileged, host network and
-    # IPC, /dev mounted, the code at its working directory); none: straight on the TPU VM.
+    # The container image setup and command run in on every host (host network and IPC, /dev
+    # mounted, the TPU devices passed in, the code at its working directory); none: on the VM.
     image: str | None = None
     # None: as Kubernetes does, `always` for an untagged or `:latest` image, else `if-missing`.
     image_pull_policy: ImagePullPolicy | None = None
+    # How the container runs (`container.privileged`, default false); only with an image.
+    container: ContainerOptions | None = None
     env: dict[str, str] = Field(default_factory=dict)
     # Env name -> Secret Manager secret (`name`, `name@version` or a full resource name),
     # read on the host at each attempt's start; the values never reach tpujobs.
@@ -426,6 +437,8 @@ class JobSpec(BaseModel):
             raise ValueError("code_git_dirty says whether code_git_commit had changes: give code_git_commit")
         if self.image_pull_policy is not None and self.image is None:
             raise ValueError("image_pull_policy is only allowed with an image")
+        if self.container is not None and self.image is None:
+            raise ValueError("container is only allowed with an image")
         check_vm_options(self)
         check_platform(self)
         return self

@@ -45,9 +45,11 @@ class Observation:
     # A worker's exit: when its host started the job, so capacity counts as held from then
     # when the exit is handled before the start (never before the attempt began to wait).
     held_since: datetime | None = None
-    # ADMITTED onto a warm pool: the unit's queued resource and its zone (capacity already ACTIVE).
+    # ADMITTED onto a warm pool: the unit's queued resource and its zone (capacity already ACTIVE),
+    # and when that queued resource was asked for (its VMs are no older).
     unit: str = ""
     zone: str = ""
+    unit_requested_at: datetime | None = None
     # WORKER_SUCCEEDED: how many hosts of the attempt have exited 0 by their worker documents,
     # this one included (`engine.jobs.worker_events` counts them, so the job is not written once per host);
     # None: the job counts the worker itself, in `workers_done`.
@@ -145,7 +147,7 @@ def _admitted(job: Job, seen: Observation, now: datetime) -> _Move:
     }
     if seen.unit:  # a warm pool's unit: held already, its agents start the attempt
         reason = seen.reason or f"Assigned to unit {seen.unit} of pool {job.warm_pool} in {seen.zone or job.zone}."
-        changes.update(warm_pool_unit=seen.unit, zone=seen.zone or job.zone)
+        changes.update(warm_pool_unit=seen.unit, zone=seen.zone or job.zone, unit_requested_at=seen.unit_requested_at)
     return _Move(JobState.PROVISIONING, reason, changes)
 
 

@@ -3,7 +3,9 @@
 The actions live by topic in `tpujobs.engine.jobs_api`, each request a pydantic model; `submit` is here,
 the one path where a job's owner is verified: it is the caller. The caller never comes from the body: it
 is the Google ID token Cloud Run checked (`tpujobs.engine.identity`) or, in the local stack only, the
-header `X-Tpujobs-Caller`. Actions and status codes: docs/cli.md#the-http-api-the-jobs-function.
+header `X-Tpujobs-Caller`. A token minted for the key URL (the `attempt_key` function's, which a job's
+code can mint on its VM) is refused with 403 whatever the action: a VM asks for its key and nothing
+else. Actions and status codes: docs/cli.md#the-http-api-the-jobs-function.
 """
 
 from __future__ import annotations
@@ -18,7 +20,15 @@ from urllib.parse import urlsplit
 
 from tpujobs.domain.spec import SpecError, parse_spec
 from tpujobs.engine.errors import TransientError
-from tpujobs.engine.identity import CallerIdentity, Headers, TokenVerifier, Unauthenticated, header
+from tpujobs.engine.identity import (
+    CallerIdentity,
+    Headers,
+    TokenVerifier,
+    Unauthenticated,
+    bearer_token,
+    header,
+    unverified_claims,
+)
 from tpujobs.engine.identity import InvalidToken as InvalidToken  # what a TokenVerifier raises
 from tpujobs.engine.jobs_api.answers import ApiError as ApiError
 from tpujobs.engine.jobs_api.answers import Response as Response
@@ -26,9 +36,9 @@ from tpujobs.engine.jobs_api.answers import dead_letter_document as dead_letter_
 from tpujobs.engine.jobs_api.answers import quota_document as quota_document
 from tpujobs.engine.jobs_api.answers import rejection_document as rejection_document
 from tpujobs.engine.jobs_api.answers import to_json as to_json
-from tpujobs.engine.jobs_api.attempt_keys import AttemptKeys
 from tpujobs.engine.jobs_api.job_actions import JobActions
 from tpujobs.engine.jobs_api.job_output import JobOutput
+from tpujobs.engine.jobs_api.notify_keys import NotifyKeyActions
 from tpujobs.engine.jobs_api.pool_actions import WAITING_SHOWN as WAITING_SHOWN
 from tpujobs.engine.jobs_api.pool_actions import PoolActions
 from tpujobs.engine.jobs_api.records import Records
@@ -44,6 +54,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+KEY_ACTION = "attempt-key"  # answered by the attempt_key function alone (tpujobs.engine.key_api)
 # action -> (the part of the API that answers it, its method): add one here and in jobs_api.requests.
 ROUTES = {
     "list": ("job_actions", "list_jobs"),
@@ -60,8 +71,8 @@ ROUTES = {
     "pool-describe": ("pool_actions", "describe"),
     "pool-resize": ("pool_actions", "resize"),
     "pool-delete": ("pool_actions", "delete"),
-    "attempt-key": ("attempt_keys", "grant"),
     "logs": ("job_output", "read"),
+    "notify-key": ("notify_keys", "key"),
 }
 
 
@@ -75,15 +86,12 @@ class JobsApi:
         settings: Settings,
         verify_token: TokenVerifier | None = None,
         dead_letters: DeadLetterStore | None = None,
-        verify_vm_token: TokenVerifier | None = None,
         output_entries: OutputEntries | None = None,
     ) -> None:
         """`store` is the service's job store, with its documents (what `describe` shows);
         `verify_token` checks signed ID tokens (`adapters.google_id_tokens`, which `runtime`
         wires): without one, only the local stack's caller header and tokens Cloud Run
         checked are accepted. `dead_letters`: the deployment's, for admins; None: none kept.
-        `verify_vm_token` checks the VM identity tokens hosts trade for their attempt's key
-        (Google's certificates, or the local simulator's); None: no key is handed out.
         `output_entries`: the deployment's Cloud Logging, where `logs` reads jobs' output (None: it reads none)."""
         self.service = service
         self.store = store
@@ -91,7 +99,6 @@ class JobsApi:
         self.verify_token = verify_token or _no_signed_tokens
         self.identity = CallerIdentity(self.verify_token, platform_auth=settings.api_platform_auth)
         self._dead_letters = dead_letters
-        self.verify_vm_token = verify_vm_token or _no_signed_tokens
         self._output_entries = output_entries
 
     def handle(self, method: str, url: str, headers: Headers, body: bytes) -> Response:
@@ -99,9 +106,12 @@ class JobsApi:
         try:
             if method.upper() != "POST":
                 raise ApiError(405, f"Use POST with a JSON body, not {method}.", {"Allow": "POST"})
+            self.refuse_key_audience(headers)
             caller = self.caller(headers, url)
             data = parse_body(body)
             action = data.pop("action")
+            if action == KEY_ACTION:
+                raise ApiError(404, f"{KEY_ACTION!r} is answered at the key URL (TPUJOBS_KEY_URL), not here.")
             log.info("%s asks to %s %s", caller, action, data.get("job_id") or data.get("name") or "")
             request = validated(action, data)
             if isinstance(request, ApiRequest):
@@ -133,10 +143,33 @@ class JobsApi:
             raise ApiError(401, str(error)) from None
 
     def audiences(self, url: str) -> list[str]:
-        """The ID-token audiences accepted: the configured ones (else this function's own URLs),
-        and the key URL hosts name when they ask for their attempt's key."""
-        accepted = list(self.settings.api_audiences or own_urls(url))
-        return [*accepted, self.settings.key_url] if self.settings.key_url else accepted
+        """The ID-token audiences accepted: the configured ones, else this function's own URLs;
+        never the key URL (`refuse_key_audience`)."""
+        key_url = _url(self.settings.key_url)
+        return [a for a in self.settings.api_audiences or own_urls(url) if not key_url or _url(a) != key_url]
+
+    def refuse_key_audience(self, headers: Headers) -> None:
+        """403 for a bearer token whose audience is the key URL, before anything else is read.
+
+        Such a token is what a VM's metadata server mints for the `attempt_key` function, and a
+        job's code can mint one too: it buys a key there and nothing here. Its claims are read
+        unverified, to refuse and never to accept (the caller is still established by `caller`)."""
+        key_url = _url(self.settings.key_url)
+        if not key_url:
+            return
+        try:
+            claims = unverified_claims(bearer_token(headers)[1])
+        except (Unauthenticated, InvalidToken):
+            return  # no readable token: `caller` says why, if one is needed
+        audience = claims.get("aud")
+        audiences = audience if isinstance(audience, list) else [audience]
+        if any(isinstance(a, str) and _url(a) == key_url for a in audiences):
+            log.warning("refused a token minted for the key URL")
+            raise ApiError(
+                403,
+                "This ID token's audience is the key URL (TPUJOBS_KEY_URL): it is a VM's, good for its "
+                "attempt's key and nothing else. Call the jobs API with a token for its own URL.",
+            )
 
     # -- the parts that answer the other actions ------------------------------------------
 
@@ -156,14 +189,14 @@ class JobsApi:
         return Records(self.store, self.service.pools, self._dead_letters, self.settings)
 
     @property
-    def attempt_keys(self) -> AttemptKeys:
-        """`attempt-key`: a host's key, for its VM's identity token."""
-        return AttemptKeys(self.store, self.settings, self.verify_vm_token, self.service.clock)
-
-    @property
     def job_output(self) -> JobOutput:
         """`logs`: a job's verified output from Cloud Logging, for its owner or an admin."""
         return JobOutput(self.store, self.settings, self._output_entries, self.job_actions.job)
+
+    @property
+    def notify_keys(self) -> NotifyKeyActions:
+        """`notify-key`: a team's notification signing key, for its members and admins."""
+        return NotifyKeyActions(self.settings, self.service.access)
 
     @property
     def warm(self) -> WarmPools:
@@ -206,6 +239,11 @@ class JobsApi:
 def _no_signed_tokens(token: str, audiences: Sequence[str]) -> Mapping[str, Any]:
     """The verifier of an API built without one: no signed token verifies."""
     raise InvalidToken("this API verifies no signed ID tokens")
+
+
+def _url(url: str) -> str:
+    """A URL as audiences are compared: without a trailing slash."""
+    return url.rstrip("/")
 
 
 def own_urls(url: str) -> list[str]:

@@ -31,3 +31,9 @@ class QuotaExhausted(TransientError):
 class OutputUnreadable(PermanentError):
     """Cloud Logging refused to list the deployment's job output (NOT_FOUND, PERMISSION_DENIED):
     its log view is missing, or this service may not read it. The deployment's to mend."""
+
+
+class NotOurs(PermanentError):
+    """A resource named like a tpujobs holding that does not carry tpujobs' ownership marker
+    (`domain.ownership`): someone else's. It is never adopted, written or deleted; retrying
+    cannot make it ours, so the refusal is recorded, never retried."""

@@ -1,16 +1,18 @@
-"""The structured log lines that Cloud Monitoring counts: one per event that matters.
+"""The events that matter, each written where the change is committed: one per event.
 
-`EVENTS` and `FIELDS` are the contract, kept as data: infra/monitoring.tf filters on
-`jsonPayload.event` and extracts `jsonPayload.<field>`, and tests/e2e/test_metric_filters_e2e.py
-holds every filter to the lines the stack writes. Rename nothing here without the Terraform.
-Each line is written where the change is committed (`jobs.journal`, `jobs.submission`,
+`EVENTS` and `FIELDS` are the contract, kept as data. `emit` hands each event to the sinks of
+this process (`add_sink`: the function instance's `engine.metrics.MetricsRecorder`, which writes
+the metrics of infra/monitoring.tf to Cloud Monitoring), and writes one structured line for
+people reading the logs; no metric reads that line, since any holder of logging.logEntries.create
+can write its copy. Rename nothing here without `engine.metrics.METRICS` and the Terraform.
+Each event is emitted where the change is committed (`jobs.journal`, `jobs.submission`,
 `jobs.rejections`, `dead_letters`, the reconciler), never before.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -93,8 +95,24 @@ class MetricEvent:
         return " ".join([self.name, *(f"{k}={v}" for k, v in self.fields.items())])
 
 
+MetricSink = Callable[[MetricEvent], None]
+_sinks: list[MetricSink] = []  # this process's: the runtime adds the function instance's recorder
+
+
+def add_sink(sink: MetricSink) -> Callable[[], None]:
+    """Hand every event emitted from now on to `sink` too; the callable returned removes it."""
+    _sinks.append(sink)
+    return lambda: _sinks.remove(sink) if sink in _sinks else None
+
+
 def emit(logger: logging.Logger, event: MetricEvent, level: int = logging.INFO) -> None:
-    """Write the event's line: its text as the message, its fields as the JSON payload's."""
+    """Hand the event to this process's sinks, and write its line for people reading the logs:
+    its text as the message, its fields as the JSON payload's."""
+    for sink in list(_sinks):
+        try:
+            sink(event)
+        except Exception:  # a metric must never fail the handler that committed the change
+            logger.warning("metric event %s not recorded", event.name, exc_info=True)
     logger.log(level, event.text(), extra={process_log.EVENT_FIELDS: event.payload()})
 
 

@@ -7,6 +7,12 @@ its backoff (10 s doubling to 60 s, infra/pubsub.tf). That keeps no instance asl
 and survives the instance. Each (event, target) is settled once: delivered, or given up after
 MAX_ATTEMPTS (before the subscription's 5 deliveries dead-letter it), so a redelivery posts only
 to the targets still owed. Every outcome goes to a record per job and target; none touches the job.
+
+Only a change of state is told: an event that leaves the state as it was (a label change) reaches
+no target. A job's targets are posted to side by side, each post bounded by the poster's deadline,
+so one slow receiver costs a handler at most one deadline; a receiver whose host already has its
+share of posts in flight (`ReceiverBusy`) is tried again later, without counting as a try.
+Each team signs with its own key (`tpujobs.domain.notify_delivery.NotifyKeys`).
 """
 
 from __future__ import annotations
@@ -14,17 +20,21 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from tpujobs.domain.access import AccessPolicies
 from tpujobs.domain.job import Job
 from tpujobs.domain.notify import NotifyTarget, team_defaults, wanted, webhook_secret_version
-from tpujobs.domain.notify_delivery import Notice, headers
+from tpujobs.domain.notify_delivery import Notice, NotifyKeys, derived_signing_key, headers, signing_team
 from tpujobs.engine.errors import PermanentError, TransientError
 from tpujobs.engine.inbound import InboundMessage
 from tpujobs.engine.ports import Clock
+
+if TYPE_CHECKING:
+    from tpujobs.engine.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -85,9 +95,15 @@ class WebhookSecrets(Protocol):
         """The URL held by a secret version; PermanentError when absent or not readable."""
 
 
+class ReceiverBusy(TransientError):
+    """The receiver's host has as many posts in flight as it may have: nothing was sent, so the
+    post is owed without counting as a try."""
+
+
 class WebhookPoster(Protocol):
     def post(self, url: str, headers: Mapping[str, str], body: bytes) -> None:
-        """POST once; PermanentError when refused for good (address, redirect, 4xx), else TransientError."""
+        """POST once, within a total deadline; PermanentError when refused for good (address,
+        redirect, 4xx), ReceiverBusy when its host's lane is full, else TransientError."""
 
 
 class DeliveryRecords(Protocol):
@@ -103,7 +119,7 @@ class NotifySettings:
     project: str
     prefix: str
     tpu_service_account: str  # whose namespace a job without `service_account` names secrets in
-    signing_key: bytes | None  # None: the deployment has none, and nothing is sent
+    keys: NotifyKeys | None  # the notify master key's versions; None: the deployment has none, nothing is sent
     dashboard_url: str = ""
 
 
@@ -122,6 +138,9 @@ class Notifier:
         change = decode_change(message)
         if change is None:
             return
+        if not change.changes_state:
+            log.info("%s leaves %s in %s: no state target is told", change.event_id, change.job_id, change.state)
+            return
         job = self.jobs.get(change.job_id)
         if job is None:
             return
@@ -132,7 +151,12 @@ class Notifier:
         if not targets:
             return
         notice = replace(change, link=self._link(job.job_id))
-        owed = [key for key, target in targets if not self._deliver(job, notice, key, target)]
+        if len(targets) == 1:
+            settled = [self._deliver(job, notice, *targets[0])]
+        else:  # side by side: a slow receiver holds up no other target of the job
+            with ThreadPoolExecutor(max_workers=len(targets), thread_name_prefix="notify") as pool:
+                settled = list(pool.map(lambda pair: self._deliver(job, notice, *pair), targets))
+        owed = [key for (key, _), done in zip(targets, settled, strict=True) if not done]
         if owed:
             raise TransientError(f"notifications of {notice.event_id} to {', '.join(owed)} will be tried again")
 
@@ -157,6 +181,9 @@ class Notifier:
         now = self.clock()
         try:
             self._post(job, notice, target, now)
+        except ReceiverBusy as error:  # nothing was sent: owed, and not a try
+            log.info("notification of %s to %s waits: %s", notice.event_id, key, error)
+            return False
         except (PermanentError, TransientError) as error:
             final = isinstance(error, PermanentError)
             failed = record.after_failure(notice.event_id, notice.state, str(error), now, final=final)
@@ -171,7 +198,7 @@ class Notifier:
         return True
 
     def _post(self, job: Job, notice: Notice, target: NotifyTarget, now: datetime) -> None:
-        if self.settings.signing_key is None:
+        if self.settings.keys is None:
             raise PermanentError("this deployment has no notify signing key (TPUJOBS_NOTIFY_SIGNING_KEY)")
         if target.webhook_secret is not None:
             account = job.spec.service_account or self.settings.tpu_service_account
@@ -185,7 +212,14 @@ class Notifier:
         else:
             url = target.webhook or ""
         timestamp = str(int(now.timestamp()))
-        self.poster.post(url, headers(notice, self.settings.signing_key, timestamp), notice.body())
+        team = self.team(job)
+        signed = headers(notice, team, self.settings.keys.signing(team), timestamp)
+        self.poster.post(url, signed, notice.body())
+
+    def team(self, job: Job) -> str:
+        """Whose key signs the job's notifications (`domain.notify_delivery.signing_team`)."""
+        trusted = job.owner_verified or (not job.spec.service_account and self.config.policies().trust_topic_owners)
+        return signing_team(job.spec.service_account, job.owner, owner_trusted=trusted)
 
     def _link(self, job_id: str) -> str:
         base = self.settings.dashboard_url.rstrip("/")
@@ -199,6 +233,7 @@ def decode_change(message: InboundMessage) -> Notice | None:
         notice = Notice(
             job_id=data["job_id"], state=data["to_state"], reason=data.get("reason") or "",
             attempt=data["attempt"], seq=data["seq"],
+            changes_state="from_state" not in data or data["from_state"] != data["to_state"],
         )  # fmt: skip
     except (ValueError, KeyError, TypeError):
         log.warning("status message %s is not a state change: ignored", message.message_id)
@@ -208,3 +243,18 @@ def decode_change(message: InboundMessage) -> Notice | None:
         log.warning("status message %s has fields of the wrong type: ignored", message.message_id)
         return None
     return notice
+
+
+def notify_keys(config: Settings) -> NotifyKeys | None:
+    """The notify master key's versions from the settings; the local stack derives its own from the
+    report key. None when the deployment has none (nothing is signed, so nothing is sent); a key
+    too short to be a random secret is a ValueError, as a misconfiguration."""
+    current = config.notify_signing_key.encode("utf-8")
+    if not current and config.local_stack and config.report_key:
+        current = derived_signing_key(config.report_key)
+    if not current:
+        return None
+    previous = config.notify_signing_key_previous.encode("utf-8")
+    return NotifyKeys.of(
+        current, config.notify_signing_key_version, previous, config.notify_signing_key_previous_version
+    )

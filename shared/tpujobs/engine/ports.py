@@ -361,6 +361,18 @@ class LogExportRequests(Protocol):
         """Ask for an ended attempt's output to be exported (tpujobs-log-export)."""
 
 
+class CapacityHandoff(Protocol):
+    """Capacity work handed to the `converge` function (tpujobs-converge), by a job's id or a pool's
+    name only: the handler reads what is stored and converges it, as the reconciler does. What an
+    engine without capacity of its own (the jobs API's) does after each commit."""
+
+    def hand_off_job(self, job_id: str) -> None:
+        """Ask for the job to be converged: its capacity requested, released or handed on."""
+
+    def hand_off_pool(self, name: str) -> None:
+        """Ask for the warm pool to be converged: its units requested or settled, its jobs moved."""
+
+
 @dataclass(frozen=True)
 class PoolView:
     """A pool's holders as read, and the version a change must find unchanged."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, NamedTuple
 
 from pydantic import Field
 
@@ -16,8 +16,26 @@ from tpujobs.engine.messages import Strict
 MAX_AUDIT_ENTRY_BYTES = 1024 * 1024
 TPU_SERVICE = "tpu.googleapis.com"
 _QR_PATH = re.compile(
-    r"projects/[^/]+/locations/([a-z]+-[a-z]+[0-9]+-[a-z])/queuedResources/([a-z](?:[-a-z0-9]{0,61}[a-z0-9])?)$"
+    r"projects/([^/]+)/locations/([a-z]+-[a-z]+[0-9]+-[a-z])/queuedResources/([a-z](?:[-a-z0-9]{0,61}[a-z0-9])?)$"
 )
+# The admin-activity audit log of a project, as a sink's LogEntry names it (the log id URL-encoded):
+# the one log infra/logging.tf routes here, and one only Google writes.
+ACTIVITY_LOG_ID = "cloudaudit.googleapis.com%2Factivity"
+
+
+def activity_log(project: str) -> str:
+    """The `logName` of `project`'s admin-activity audit log."""
+    return f"projects/{project}/logs/{ACTIVITY_LOG_ID}"
+
+
+class AuditTarget(NamedTuple):
+    """What a TPU audit-log entry names: the holding, its zone and its project, and the log the
+    entry says it is from. A claim until checked (`engine.jobs.audit_entries`)."""
+
+    zone: str
+    holding: str
+    project: str
+    log_name: str
 
 
 class QrStateReport(Strict):
@@ -31,8 +49,8 @@ class QrStateReport(Strict):
     unhealthy_hosts: Annotated[int, Field(ge=0, le=100_000)] = 0
 
 
-def audit_log_target(raw: bytes | None) -> tuple[str, str] | None:
-    """(zone, queued resource) of a TPU audit-log entry that the log sink routed here, or None.
+def audit_log_target(raw: bytes | None) -> AuditTarget | None:
+    """What a TPU audit-log entry that the log sink routed here names, or None for anything else.
 
     The sink publishes Cloud Logging `LogEntry` JSON: `protoPayload` is the AuditLog, whose
     `resourceName` (or the operation's `response.name`, or the create request's `parent`
@@ -53,10 +71,11 @@ def audit_log_target(raw: bytes | None) -> tuple[str, str] | None:
     candidates = [payload.get("resourceName"), response.get("name")]
     if isinstance(request.get("parent"), str) and isinstance(request.get("queuedResourceId"), str):
         candidates.append(f"{request['parent']}/queuedResources/{request['queuedResourceId']}")
+    log_name = entry.get("logName")
     for candidate in candidates:
         match = _QR_PATH.search(candidate) if isinstance(candidate, str) else None
         if match:
-            return match[1], match[2]
+            return AuditTarget(match[2], match[3], match[1], log_name if isinstance(log_name, str) else "")
     return None
 
 

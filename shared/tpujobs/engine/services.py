@@ -4,6 +4,10 @@ instance, and tests build on the emulators or the fakes.
 Each service gets only the ports it uses, and the services it calls; they are built lowest
 first: the journal, admission, the warm pools' units, the lifecycle, then the handlers of each
 topic. `Engine` also answers for the reconciler (`JobRepairs`) and the jobs API, by delegation.
+
+The jobs API's Engine is built with a `handoff` and `capacity_handoff.NoCapacity`: its lifecycle
+and pool management commit, then hand the job's id or the pool's name to the `converge` function
+(tpujobs-converge), whose Engine's `convergence` does the capacity work.
 """
 
 from __future__ import annotations
@@ -20,8 +24,10 @@ from tpujobs.domain.transitions import Decision, Ignored, Observation
 from tpujobs.engine.inbound import InboundMessage
 from tpujobs.engine.jobs.admission import Admission
 from tpujobs.engine.jobs.attempts import AttemptCapacity
+from tpujobs.engine.jobs.audit_entries import AuditEntries
 from tpujobs.engine.jobs.capacity_events import CapacityEvents
 from tpujobs.engine.jobs.controls import Controls, RestartOutcome
+from tpujobs.engine.jobs.convergence import Convergence
 from tpujobs.engine.jobs.journal import JobJournal, Observe
 from tpujobs.engine.jobs.lifecycle import JobLifecycle
 from tpujobs.engine.jobs.rejections import Rejections
@@ -32,6 +38,7 @@ from tpujobs.engine.jobs.worker_events import WorkerEvents
 from tpujobs.engine.ports import (
     AccessPolicyReader,
     Capacity,
+    CapacityHandoff,
     CapacityStatus,
     Clock,
     JobStore,
@@ -103,8 +110,9 @@ class _PoolParts:
         """The services above the lifecycle too: management, and the reconciler's repair."""
         settings = engine.settings
         management = PoolManagement(
-            self.store, settings, engine.clock, engine.access, engine.vetting, self.quota, self.units, self.jobs
-        )
+            self.store, settings, engine.clock, engine.access, engine.vetting, self.quota, self.units, self.jobs,
+            engine.handoff,
+        )  # fmt: skip
         repairs = PoolRepair(
             self.store, engine.store, engine.capacity, engine.clock, settings.zone_wait_seconds,
             self.units, self.agents, self.quota, self.jobs, engine.lifecycle,
@@ -131,7 +139,10 @@ class Engine:
         pools: Pools | None = None,
         access: AccessPolicyReader | None = None,
         warm_pools: WarmPoolStore | None = None,
+        handoff: CapacityHandoff | None = None,
     ) -> None:
+        """`handoff`: where capacity work goes after each commit, for an engine whose `capacity`
+        cannot act (the jobs API's); None: done here, on `capacity`."""
         self.store = store
         self.capacity = capacity
         self.settings = settings
@@ -141,6 +152,7 @@ class Engine:
         self.exports = exports
         self.pools = pools  # None: no quotas, every job is admitted at once
         self.access = access  # None: no access policies (an engine built by hand for a test)
+        self.handoff = handoff
         self.rejections = Rejections(store, clock)
         self.journal = JobJournal(store, clock, status, exports)
         self.attempts = AttemptCapacity(capacity, store, settings)
@@ -149,16 +161,21 @@ class Engine:
         parts = _PoolParts.build(warm_pools, self, self.observe) if warm_pools is not None else None
         pool_jobs = parts.jobs if parts is not None else None
         self.vetting = Vetting(settings, access, pools, pool_jobs)
-        self.lifecycle = JobLifecycle(store, clock, sleep, self.journal, self.attempts, self.admission, pool_jobs)
+        self.lifecycle = JobLifecycle(
+            store, clock, sleep, self.journal, self.attempts, self.admission, pool_jobs, handoff
+        )
         self.warm = parts.complete(self) if parts is not None else None  # None: built without warm pools
         self.reports = reports = SignedReports(store, settings.master_keys(), clock, self.rejections)
         self.submission = Submission(
             store, settings, clock, self.vetting, self.journal, self.rejections, self.lifecycle
         )
         self.worker_events = WorkerEvents(store, settings, clock, reports, self.rejections, self.lifecycle)
-        self.capacity_events = CapacityEvents(capacity, reports, self.lifecycle, parts.units if parts else None)
+        units = parts.units if parts else None
+        audits = AuditEntries(settings.project, store, reports.forgeries, units)
+        self.capacity_events = CapacityEvents(capacity, reports, self.lifecycle, audits, units)
         management = self.warm.management if self.warm is not None else None
         self.controls = Controls(store, settings, self.vetting, self.rejections, self.lifecycle, management, access)
+        self.convergence = Convergence(self.lifecycle, self.rejections, management)
 
     @property
     def tpu(self) -> Capacity:

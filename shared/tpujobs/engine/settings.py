@@ -61,9 +61,14 @@ class Settings:
     report_key_version: str = "1"
     report_key_previous: str = field(default="", repr=False)
     report_key_previous_version: str = ""
-    # The key notifications are signed with (X-Tpujobs-Signature; a secret, from Secret Manager,
-    # mounted into the notify function only). The local stack derives one from report_key.
+    # The notify master key (a secret, from Secret Manager, mounted into the notify and jobs
+    # functions): each team's signing key is derived from it (`domain.notify_delivery.NotifyKeys`).
+    # The local stack derives one from report_key. Its version is named by every post; the
+    # previous version signs beside it while a rotation lasts (docs/operations.md, "Notifications").
     notify_signing_key: str = field(default="", repr=False)
+    notify_signing_key_version: str = "1"
+    notify_signing_key_previous: str = field(default="", repr=False)
+    notify_signing_key_previous_version: str = ""
     # The dashboard's base URL, for the link in a notification (`{url}/jobs/{id}`); empty: no link.
     dashboard_url: str = ""
     # Where a host trades its VM's identity token for its attempt's key: the jobs function's URL,
@@ -128,6 +133,12 @@ class Settings:
     logging_lines_per_second: int = 200
     logging_endpoint: str = ""
     logging_view: str = ""
+    # Metrics go to Cloud Monitoring (engine.metrics). monitoring_endpoint: the local stand-in's
+    # HOST:PORT; empty: Google's. function_account: the account this function runs as, set by the
+    # local stack only, whose `simulated:` token the stand-ins know callers by (production's
+    # clients use the instance's credentials).
+    monitoring_endpoint: str = ""
+    function_account: str = ""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:

@@ -167,13 +167,16 @@ def agent_config(job: Job, settings: Settings, timings: AgentTimings | None = No
         "command": spec.command,
         "setup": spec.setup,
         "code_uri": spec.code_uri,
-        "env": dict(spec.env),
+        # No `env`: metadata is readable by every API viewer, so its values come with the
+        # attempt's key (`attempt-key`), to the hosts alone.
         # Names only: the agent reads the values on the host, as the VM's own account.
         "secrets": secret_versions(job, settings),
         "code_sha256": spec.code_sha256,
         # The container image setup and command run in, and when to pull it (None: on the VM).
         "image": spec.image,
         "image_pull_policy": spec.pull_policy,
+        # Unprivileged unless the spec asks (`container.privileged`).
+        "privileged": bool(spec.container is not None and spec.container.privileged),
         "num_slices": spec.slices,
         "hosts_per_slice": spec.hosts_per_slice,
         "queued_resource": job.queued_resource,

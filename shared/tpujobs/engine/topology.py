@@ -15,6 +15,7 @@ from typing import Literal
 
 SUBMIT = "tpujobs-submit"
 CONTROL = "tpujobs-control"
+CONVERGE = "tpujobs-converge"  # the jobs API's hand-offs: a job's id or a pool's name (engine.converge_requests)
 QR_STATE = "tpujobs-qr-state"
 PREEMPTION = "tpujobs-preemption"
 WORKER_EVENTS = "tpujobs-worker-events"
@@ -26,6 +27,7 @@ DEAD_LETTER = "tpujobs-dead-letter"
 ALL_TOPICS = (
     SUBMIT,
     CONTROL,
+    CONVERGE,
     QR_STATE,
     PREEMPTION,
     WORKER_EVENTS,
@@ -60,11 +62,13 @@ FUNCTIONS: tuple[FunctionRoute, ...] = (
     FunctionRoute("on_preemption", "cloudevent", PREEMPTION),
     FunctionRoute("on_qr_state", "cloudevent", QR_STATE),
     FunctionRoute("on_control", "cloudevent", CONTROL),
+    FunctionRoute("converge", "cloudevent", CONVERGE),  # the capacity work the jobs API hands off
     FunctionRoute("reconcile", "cloudevent", RECONCILE, timeout_s=300),
     FunctionRoute("record_dead_letter", "cloudevent", DEAD_LETTER),
     FunctionRoute("export_logs", "cloudevent", LOG_EXPORT, timeout_s=540),
     FunctionRoute("notify", "cloudevent", STATUS),  # webhooks (tpujobs.engine.notifications)
     FunctionRoute("jobs", "http", None),  # list, describe, cancel (tpujobs.engine.api)
+    FunctionRoute("attempt_key", "http", None),  # a host's attempt key, at TPUJOBS_KEY_URL (tpujobs.engine.key_api)
     FunctionRoute("dashboard", "http", None),  # the web dashboard, behind IAP (tpujobs.engine.dashboard)
 )
 

@@ -1,10 +1,12 @@
-"""A small evaluator of Cloud Logging's query language, for the subset infra/monitoring.tf uses.
+"""A small evaluator of Cloud Logging's query language, and the entry Cloud Run makes of a line.
 
-Log-based metrics only count what their filter matches, and a filter that matches nothing fails
-silently in production. tests/e2e/test_metric_filters_e2e.py therefore runs each metric's filter
-and extractors over the lines the local stack's functions wrote, as Cloud Logging would see them
-(`entry_from_line`). Anything outside the subset below is refused with `UnsupportedFilter`, so a
-new filter can never pass the test by being misread:
+infra/ once counted its metrics with log-based filters; they are gone, since any holder of
+logging.logEntries.create (every job account) could write entries they count, and the functions
+now write their metrics to Cloud Monitoring (`engine.metrics`). What stays: `entry_from_line`, the
+entry Cloud Logging makes of a function's stdout line (tests/unit/test_metric_forgery.py shows a
+job's copy is the same field for field), and the evaluator, for a query over such entries.
+Anything outside the subset below is refused with `UnsupportedFilter`, so a query can never pass
+a test by being misread:
 
 - comparisons `FIELD = VALUE`, `FIELD =~ "RE2 regex"`, and `<`, `<=`, `>`, `>=` on numbers or
   on `severity`; a value set `FIELD = ("a" OR "b")`;
@@ -270,3 +272,10 @@ def entry_from_line(line: str, resource: Mapping[str, Any]) -> dict[str, Any]:
         entry["trace"] = parsed["logging.googleapis.com/trace"]
     entry["jsonPayload"] = {k: v for k, v in parsed.items() if k not in _SPECIAL_KEYS}
     return entry
+
+
+def counts(filters: Mapping[str, str], entries: list[Entry]) -> dict[str, int]:
+    """How many of `entries` each filter (name -> filter) matches, whoever wrote them (a filter
+    sees only the entry): what a log-based metric would count."""
+    compiled = {name: compile_filter(text) for name, text in filters.items()}
+    return {name: sum(1 for entry in entries if test(entry)) for name, test in compiled.items()}

@@ -300,6 +300,33 @@ def cloud_logging(port: int, *, env: Mapping[str, str] | None = None, deadline_s
     )
 
 
+def cloud_monitoring(
+    port: int, writers: Sequence[str], *, env: Mapping[str, str] | None = None, deadline_s: float = 30.0
+) -> ServiceSpec:
+    """The local Cloud Monitoring (tpujobs.local.simulator.cloud_monitoring, gRPC): timeSeries.create
+    for `writers` (the functions' accounts) only, and timeSeries.list."""
+    argv = [sys.executable, "-m", "tpujobs.local.simulator.cloud_monitoring", "--host", LOOPBACK, "--port", str(port)]
+    for writer in writers:
+        argv += ["--writer", writer]
+    return ServiceSpec(
+        name="cloud-monitoring",
+        argv=tuple(argv),
+        port=port,
+        ready=lambda: _accepts(port),
+        deadline_s=deadline_s,
+        env=env,
+    )
+
+
+def _accepts(port: int) -> bool:
+    """Whether something accepts TCP connections on the loopback port (a gRPC server has no HTTP to ask)."""
+    try:
+        with socket.create_connection((LOOPBACK, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
 def secret_manager(
     port: int,
     *,

@@ -31,6 +31,7 @@ from typing import Any
 from tpujobs.engine import topology
 from tpujobs.engine.settings import Settings
 from tpujobs.local import containers, processes, wiring
+from tpujobs.local.function_accounts import function_account, function_accounts
 from tpujobs.local.processes import LOOPBACK, ManagedProcess, StackError
 
 STACK_FILE = "stack.json"
@@ -88,6 +89,17 @@ class StackState:
             created_at=data.get("created_at", ""),
             report_key=data.get("report_key", ""),
         )
+
+
+# What the simulated hosts never get: the addresses of the functions only users call. A host asks
+# the attempt_key function (TPUJOBS_KEY_URL) for its key and calls no other (infra/functions.tf).
+USER_ONLY_VARIABLES = frozenset({"TPUJOBS_API_URL", "TPUJOBS_DASHBOARD_URL"})
+
+
+def host_env(service_env: Mapping[str, str]) -> dict[str, str]:
+    """The environment the simulator (and so every simulated host) starts with: the services',
+    less the addresses of the functions only users call."""
+    return {k: v for k, v in service_env.items() if k not in USER_ONLY_VARIABLES}
 
 
 def default_tpu_service_account(project: str) -> str:
@@ -289,6 +301,7 @@ def _start(
     registry = _registry(state_dir, processes.free_port(), say)
     secrets_port = processes.free_port()
     logging_port = processes.free_port()
+    monitoring_port = processes.free_port()
     function_ports = {route.target: processes.free_port() for route in topology.FUNCTIONS}
     functions = {target: f"http://{LOOPBACK}:{port}/" for target, port in function_ports.items()}
 
@@ -311,6 +324,9 @@ def _start(
         # `tpujobs logs` reads it back (google-cloud-logging). On, as a deployment may turn it on.
         "TPUJOBS_LOGGING_ENDPOINT": f"http://{LOOPBACK}:{logging_port}",
         "TPUJOBS_CLOUD_LOGGING": base_env.get("TPUJOBS_CLOUD_LOGGING") or "1",
+        # The local Cloud Monitoring (gRPC): the functions write their metrics to it, each with its
+        # own account's token; it refuses any other caller, as IAM does (infra/iam.tf).
+        "TPUJOBS_MONITORING_ENDPOINT": f"{LOOPBACK}:{monitoring_port}",
         # What the TPU VMs run as (and whose secrets they read): never a Compute default.
         "TPUJOBS_TPU_SERVICE_ACCOUNT": settings.tpu_service_account
         or base_env.get("TPUJOBS_TPU_SERVICE_ACCOUNT")
@@ -322,10 +338,10 @@ def _start(
     }
     if registry is not None:  # where images are pushed and the simulated hosts pull them from
         env["TPUJOBS_REGISTRY"] = f"{LOOPBACK}:{registry.port}"
-    api = next((r for r in topology.FUNCTIONS if r.target == "jobs"), None)  # the one of several HTTP targets
-    if api is not None:
-        env["TPUJOBS_API_URL"] = functions[api.target]
-        env["TPUJOBS_KEY_URL"] = functions[api.target]  # where hosts trade identity tokens for keys
+    if "jobs" in functions:
+        env["TPUJOBS_API_URL"] = functions["jobs"]
+    if "attempt_key" in functions:  # where hosts trade identity tokens for keys, and all they call
+        env["TPUJOBS_KEY_URL"] = functions["attempt_key"]
     if "dashboard" in functions:
         env["TPUJOBS_DASHBOARD_URL"] = functions["dashboard"]
     # The signing key goes to the functions alone: a job's code on a simulated host must not
@@ -351,19 +367,32 @@ def _start(
         specs.append(processes.storage_emulator(ports["storage"]))
     specs.append(processes.secret_manager(secrets_port, prefix=settings.prefix, env=service_env))
     specs.append(processes.cloud_logging(logging_port, env=service_env))
+    writers = function_accounts(settings.project, settings.prefix)
+    specs.append(processes.cloud_monitoring(monitoring_port, writers, env=service_env))
     base_path = service_env.get("PATH", "")
     specs.append(
         processes.simulator(
             simulator_port,
             # The simulated TPU VMs' `python3` is this venv's: a job's code finds there what its setup
             # would install on a real VM (examples/jax_lm's JAX: the jax extra).
-            env={**service_env, "PATH": os.pathsep.join(filter(None, (str(Path(sys.executable).parent), base_path)))},
+            env={
+                **host_env(service_env),
+                "PATH": os.pathsep.join(filter(None, (str(Path(sys.executable).parent), base_path))),
+            },
             state_file=simulator_state_file,
             workers_root=state_dir / "workers",  # kept after `down`: every worker's log
         )
     )
     specs.extend(
-        processes.function(route, function_ports[route.target], source=source, env=function_env)
+        processes.function(
+            route,
+            function_ports[route.target],
+            source=source,
+            env={
+                **function_env,
+                "TPUJOBS_FUNCTION_ACCOUNT": function_account(route.target, settings.project, settings.prefix),
+            },
+        )
         for route in topology.FUNCTIONS
     )
     engine = docker_engine(state_dir / "logs", say)

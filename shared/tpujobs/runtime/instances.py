@@ -7,6 +7,11 @@ Engine and Pub/Sub clients only at their first call (a worker's heartbeat never 
 This is the one place that picks adapters for ports: the engine's services, the reconciler, the
 HTTP API, dead letters and log export get theirs passed in. Tests build the same objects
 themselves, on the emulators.
+
+The internet-facing functions (`jobs`, and `dashboard` through it) get an engine of their own,
+`api_engine`, built on no capacity at all (`capacity_handoff.NoCapacity`): it commits in Firestore
+and hands capacity work to the converge function, and never builds a TPU or Compute Engine client; nor does
+`attempt_key`, which reads jobs and the master key only.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ if TYPE_CHECKING:
     from tpujobs.adapters.pubsub import Publisher
     from tpujobs.engine.api import JobsApi
     from tpujobs.engine.dead_letters import DeadLetters
+    from tpujobs.engine.key_api import KeyApi
     from tpujobs.engine.notifications import Notifier
     from tpujobs.engine.output_export import OutputExporter, OutputObjects
     from tpujobs.engine.ports import Clock
@@ -73,13 +79,13 @@ class OnFirstUse(Generic[Built]):
 
 @dataclass(frozen=True)
 class Adapters:
-    """The adapters of the engine (the service, the reconciler, the API), shared by all three."""
+    """The adapters of the engine (the service, the reconciler, the API), shared by all three;
+    the capacity port is `capacity()`'s, built only for the internal functions."""
 
     settings: Settings
     firestore: firestore.Client
     store: FirestoreJobStore
-    tpu: PlatformCapacity  # the capacity port: the TPU API's queued resources and Compute Engine's slices
-    publisher: Publisher  # tpujobs-status, tpujobs-log-export and the reconcile shards
+    publisher: Publisher  # tpujobs-status, tpujobs-log-export, the reconcile shards, the API's hand-offs
     pools: FirestorePools
     access: FirestoreAccessPolicies
     warm_pools: FirestoreWarmPools
@@ -112,26 +118,36 @@ def job_store() -> FirestoreJobStore:
 @functools.cache
 def adapters() -> Adapters:
     """This process's adapters, on clients configured from the environment."""
-    from tpujobs.adapters.capacity_router import PlatformCapacity
     from tpujobs.adapters.firestore_config import FirestoreAccessPolicies
     from tpujobs.adapters.firestore_pools import FirestorePools
     from tpujobs.adapters.firestore_warm_pools import FirestoreWarmPools
     from tpujobs.adapters.pubsub import Publisher
-    from tpujobs.adapters.tpu import CloudTpu, build_client
+    from tpujobs.runtime import metrics
 
+    metrics.recorder(settings(), utc_now)  # the engine's metric events go to Cloud Monitoring from here on
     config, client = settings(), firestore_client()
-    tpu = cast(CloudTpu, OnFirstUse(lambda: CloudTpu(build_client(config.tpu_endpoint), config.project)))
-    compute = cast("ComputeEngine", OnFirstUse(lambda: build_compute(config))) if compute_configured(config) else None
     return Adapters(
         config,
         client,
         job_store(),
-        PlatformCapacity(tpu, compute),
         cast(Publisher, OnFirstUse(lambda: Publisher.build(config.project, config.prefix))),
         FirestorePools(client),
         FirestoreAccessPolicies(client),
         FirestoreWarmPools(client),
     )
+
+
+@functools.cache
+def capacity() -> PlatformCapacity:
+    """The capacity port of the internal functions: the TPU API's queued resources and Compute
+    Engine's slices, each client built at its first call. The jobs API never builds it."""
+    from tpujobs.adapters.capacity_router import PlatformCapacity
+    from tpujobs.adapters.tpu import CloudTpu, build_client
+
+    config = settings()
+    tpu = cast(CloudTpu, OnFirstUse(lambda: CloudTpu(build_client(config.tpu_endpoint), config.project)))
+    compute = cast("ComputeEngine", OnFirstUse(lambda: build_compute(config))) if compute_configured(config) else None
+    return PlatformCapacity(tpu, compute)
 
 
 def compute_configured(config: Settings) -> bool:
@@ -159,7 +175,7 @@ def engine() -> Engine:
     a = adapters()
     return Engine(
         a.store,
-        a.tpu,
+        capacity(),
         a.settings,
         utc_now,
         status=a.publisher,
@@ -167,6 +183,29 @@ def engine() -> Engine:
         pools=a.pools,
         access=a.access,
         warm_pools=a.warm_pools,
+    )
+
+
+@functools.cache
+def api_engine() -> Engine:
+    """The engine of the internet-facing functions: the same services on no capacity. What a user
+    asks is committed in Firestore, and its capacity work handed to the converge function
+    (tpujobs-converge, a job's id or a pool's name only), whose own engine converges it."""
+    from tpujobs.engine.capacity_handoff import NoCapacity
+    from tpujobs.engine.services import Engine
+
+    a = adapters()
+    return Engine(
+        a.store,
+        NoCapacity(),
+        a.settings,
+        utc_now,
+        status=a.publisher,
+        exports=a.publisher,
+        pools=a.pools,
+        access=a.access,
+        warm_pools=a.warm_pools,
+        handoff=a.publisher,
     )
 
 
@@ -181,7 +220,7 @@ def reconciler() -> Reconciler:
     return Reconciler(
         jobs,
         a.store,
-        a.tpu,
+        jobs.capacity,
         a.settings,
         utc_now,
         pools=a.pools,
@@ -196,7 +235,7 @@ def reconciler() -> Reconciler:
 @functools.cache
 def jobs_api() -> JobsApi:
     """The `jobs` HTTP API of this process: its ID tokens checked with Google's certificates
-    (cached in the verifier), its dead letters for admins."""
+    (cached in the verifier), its dead letters for admins; on `api_engine`, which holds no capacity."""
     from tpujobs.adapters.firestore_dead_letters import FirestoreDeadLetters
     from tpujobs.adapters.google_id_tokens import GoogleIdTokens
     from tpujobs.adapters.job_output_logs import CloudLoggingEntries
@@ -204,13 +243,30 @@ def jobs_api() -> JobsApi:
 
     a = adapters()
     return JobsApi(
-        engine(),
+        api_engine(),
         a.store,
         a.settings,
         verify_token=GoogleIdTokens(a.settings.api_certs_url),
         dead_letters=FirestoreDeadLetters(a.firestore),
-        verify_vm_token=GoogleIdTokens(a.settings.vm_certs_url),
         output_entries=CloudLoggingEntries(a.settings.project, a.settings.logging_endpoint, a.settings.logging_view),
+    )
+
+
+@functools.cache
+def key_api() -> KeyApi:
+    """The `attempt_key` function of this process: the job store (jobs, and the key holders it
+    records) and the master key, nothing else; VM identity tokens checked with Google's
+    certificates (the simulator's, locally), the caller's with the API's."""
+    from tpujobs.adapters.google_id_tokens import GoogleIdTokens
+    from tpujobs.engine.key_api import KeyApi
+
+    config = settings()
+    return KeyApi(
+        job_store(),
+        config,
+        utc_now,
+        verify_vm_token=GoogleIdTokens(config.vm_certs_url),
+        verify_token=GoogleIdTokens(config.api_certs_url),
     )
 
 
@@ -235,7 +291,10 @@ def build_dead_letters(settings: Settings, clock: Clock, client: firestore.Clien
 
 @functools.cache
 def dead_letters() -> DeadLetters:
-    """The dead-letter recorder of this process."""
+    """The dead-letter recorder of this process; its metric events go to Cloud Monitoring."""
+    from tpujobs.runtime import metrics
+
+    metrics.recorder(settings(), utc_now)
     return build_dead_letters(settings(), utc_now, firestore_client())
 
 
@@ -286,13 +345,10 @@ def notifier() -> Notifier:
     from tpujobs.adapters.firestore_notifications import FirestoreDeliveryRecords, FirestoreNotifyConfig
     from tpujobs.adapters.webhook_secrets import SecretManagerWebhooks
     from tpujobs.adapters.webhooks import HttpWebhookPoster
-    from tpujobs.domain.notify_delivery import derived_signing_key
-    from tpujobs.engine.notifications import Notifier, NotifySettings
+    from tpujobs.engine.notifications import Notifier, NotifySettings, notify_keys
 
     config = settings()
-    key: bytes | None = config.notify_signing_key.encode("utf-8") or None
-    if key is None and config.local_stack and config.report_key:
-        key = derived_signing_key(config.report_key)
+    keys = notify_keys(config)
     client = firestore_client()
     return Notifier(
         job_store(),
@@ -300,6 +356,6 @@ def notifier() -> Notifier:
         cast(SecretManagerWebhooks, OnFirstUse(lambda: SecretManagerWebhooks.build(config.secrets_endpoint))),
         HttpWebhookPoster(allow_loopback=config.local_stack),
         FirestoreDeliveryRecords(client),
-        NotifySettings(config.project, config.prefix, config.tpu_service_account, key, config.dashboard_url),
+        NotifySettings(config.project, config.prefix, config.tpu_service_account, keys, config.dashboard_url),
         utc_now,
     )

@@ -204,7 +204,7 @@ class GoogleStub(_Server):
         self.secrets: dict[str, bytes] = {}
         self.denied: set[str] = set()
         # What `attempt-key` answers (None: 403, as for a VM that is not the attempt's host).
-        self.key_answer: dict[str, str] | None = {"key": signing.key_text(KEY), "key_version": "1", "job_created": "1"}
+        self.key_answer: dict[str, Any] | None = {"key": signing.key_text(KEY), "key_version": "1", "job_created": "1"}
         self.key_requests: list[dict[str, Any]] = []
         self.lock = threading.Lock()
 
@@ -334,6 +334,9 @@ def start_script(
         "PUBSUB_EMULATOR_HOST": google.url.removeprefix("http://"),
         "STORAGE_EMULATOR_HOST": google.url,
         "TPUJOBS_SECRETS_ENDPOINT": google.url,
+        # Commands as the agent's own user: the tests' commands write into pytest's private dirs
+        # (test_agent_confinement.py runs them as a job user).
+        "TPUJOBS_JOB_USER": "root",
     }
     return subprocess.Popen(
         [BASH or "bash", str(path)],

@@ -88,6 +88,7 @@ class UnitHost:
         self.google = google
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        self.extra_env: dict[str, str] = {}  # more of the host's environment
 
     def start(self, python_dir: Path | None = None, shape: JobSpec | None = None) -> subprocess.Popen[bytes]:
         """Runs the unit's startup script (with `python_dir`'s python3 first on PATH, if given)
@@ -105,6 +106,8 @@ class UnitHost:
             "PUBSUB_EMULATOR_HOST": self.google.url.removeprefix("http://"),
             "STORAGE_EMULATOR_HOST": self.google.url,
             "TPUJOBS_SECRETS_ENDPOINT": self.google.url,
+            "TPUJOBS_JOB_USER": "root",  # the commands write into pytest's private dirs
+            **self.extra_env,
         }
         with open(self.stderr_path, "wb") as err, open(self.root / f"stdout-{self.starts}", "wb") as out:
             self.process = subprocess.Popen(
@@ -230,8 +233,9 @@ def test_a_unit_runs_two_assignments_one_after_the_other_each_in_a_fresh_directo
 def test_withdrawing_a_job_kills_its_group_and_its_double_forked_daemon_and_publishes_nothing(
     tmp_path: Path, host: UnitHost, metadata: FakeMetadata, google: GoogleStub, python: str
 ) -> None:
-    """An assignment replacing a running job: its group (deaf to SIGTERM) and a setsid daemon it left are killed,
-    nothing more is published for it, and the new job then runs on the clean unit."""
+    """An assignment replacing a running job: its group (deaf to SIGTERM) and a setsid daemon it left are killed
+    at once (the next assignment is readable on the host), nothing more is published for it, and the new job then
+    runs on the clean unit."""
     daemon_file = tmp_path / "daemon.pid"
     busy = a_job(
         job_id="busy-1",
@@ -252,14 +256,40 @@ def test_withdrawing_a_job_kills_its_group_and_its_double_forked_daemon_and_publ
     wait_for(lambda: "exited" in kinds_of(google, after))
     assert gone(daemon)
     assert not group_alive(group)
-    assert "1 leftover process killed" in host.stderr()
+    assert "job busy-1 attempt 1: another job is assigned, so its processes are killed at once" in host.stderr()
     assert host.record(busy)["ended"] == "withdrawn"
     assert set(kinds_of(google, busy)) <= {"started", "heartbeat"}
     assert reports_of(google, busy, PREEMPTION) == []
     output = google.output(chunk_prefix(job_id="busy-1"))
-    assert b"got-term" in output and b"withdrawn (assignment seq 2 replaces it)" in output
+    assert b"withdrawn (assignment seq 2 replaces it)" in output
     assert not (host.attempt_dir(busy) / "work").exists()
     assert google.output(chunk_prefix(job_id="after-1")) == b"after-ran\n"
+
+
+def test_a_job_withdrawn_to_idle_gets_its_grace_and_what_it_left_is_killed_before_the_unit_idles(
+    tmp_path: Path, host: UnitHost, metadata: FakeMetadata, google: GoogleStub
+) -> None:
+    """An idle assignment withdraws the running job with SIGTERM and its grace (its trap runs); then its group
+    and the setsid daemon it left are killed, and nothing more is published for it."""
+    daemon_file = tmp_path / "daemon.pid"
+    busy = a_job(
+        job_id="busy-1",
+        command=(
+            f"( setsid sleep 600 & echo $! > {daemon_file} ); "
+            "trap 'echo got-term' TERM; echo ready; while true; do sleep 0.05; done"
+        ),
+    )
+    host.start()
+    assign(metadata, 1, busy)
+    wait_for(lambda: b"ready" in google.output(chunk_prefix(job_id="busy-1")) and "running" in host.record(busy))
+    daemon = int(daemon_file.read_text())
+    assign(metadata, 2)
+    wait_for(lambda: host.said("job busy-1 attempt 1: withdrawn with exit code"))
+    assert gone(daemon)
+    assert "1 leftover process killed" in host.stderr()
+    assert set(kinds_of(google, busy)) <= {"started", "heartbeat"}
+    output = google.output(chunk_prefix(job_id="busy-1"))
+    assert b"got-term" in output and b"withdrawn (assignment seq 2 replaces it)" in output
 
 
 def test_a_stale_seq_and_bad_json_are_ignored_and_the_agent_goes_on(

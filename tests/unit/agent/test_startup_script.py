@@ -104,7 +104,7 @@ def no_pwned_files(tmp_path: Path) -> list[Path]:
 
 
 def test_the_config_carries_the_attempt_the_spec_and_where_things_go() -> None:
-    """agent_config names the job, attempt, spec fields, shape, URIs, project, topics and timings."""
+    """agent_config names the job, attempt, spec fields (no env values), shape, URIs, project, topics, timings."""
     job = a_job(
         2,
         accelerator_type="v5litepod-16",
@@ -121,11 +121,11 @@ def test_the_config_carries_the_attempt_the_spec_and_where_things_go() -> None:
         "command": "echo hello",
         "setup": "pip install -r requirements.txt",
         "code_uri": "gs://code-bucket/train.tar.gz",
-        "env": {"LR": "0.1"},
         "secrets": {},
         "code_sha256": None,
         "image": None,
         "image_pull_policy": None,
+        "privileged": False,
         "num_slices": 2,
         "hosts_per_slice": 4,
         "queued_resource": "train-1-a2",
@@ -310,9 +310,11 @@ def test_a_hostile_job_id_runs_nothing_and_reaches_the_agent_literally(
 def test_a_hostile_env_value_is_seen_by_the_command_exactly_as_written(
     tmp_path: Path, metadata: FakeMetadata, google: GoogleStub, value: str
 ) -> None:
-    """An env value is data: the command prints it back unchanged and nothing runs."""
+    """An env value is data: it comes with the attempt's key, the command prints it back unchanged and nothing runs."""
     value = value.replace("{tmp}", str(tmp_path))
     job = a_job(command="printf '%s' \"$HOSTILE\"", env={"HOSTILE": value})
+    assert google.key_answer is not None
+    google.key_answer = {**google.key_answer, "env": {"HOSTILE": value}}  # as `attempt-key` answers it
     code, stderr = run_hostile(job, tmp_path, metadata, google)
     assert code == 0, stderr
     assert no_pwned_files(tmp_path) == []

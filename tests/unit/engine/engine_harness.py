@@ -125,6 +125,7 @@ class Engine:
             "tpujobs-preemption": self.service.capacity_events.on_preemption,
             "tpujobs-qr-state": self.service.capacity_events.on_qr_state,
             "tpujobs-control": self.service.controls.on_control,
+            "tpujobs-converge": self.service.convergence.on_converge,
         }
         return handlers[message.topic](message)
 
@@ -151,6 +152,39 @@ class Engine:
 
         api = JobsApi(self.service, self.store, self.api_settings)
         return api.handle("POST", "http://127.0.0.1/jobs", {CALLER_HEADER: caller}, json.dumps(body).encode())
+
+    def handing_off(self) -> Any:
+        """The jobs API's engine as runtime builds it (`instances.api_engine`): these stores, no
+        capacity (`NoCapacity`), its capacity work handed off to `published`."""
+        from tpujobs.engine.capacity_handoff import NoCapacity
+        from tpujobs.engine.services import Engine as Services
+
+        old = self.service
+        return Services(
+            self.store, NoCapacity(), self.settings, old.clock, self.sleeps.append, status=self.published,
+            exports=self.published, pools=self.pools, access=old.access, warm_pools=self.warm_pools,
+            handoff=self.published,
+        )  # fmt: skip
+
+    def api_on(self, service: Any, body: dict[str, Any], caller: str) -> Any:
+        """A POST to a jobs HTTP API built on `service` (say, `handing_off()`); its answer."""
+        from tpujobs.engine.api import CALLER_HEADER, JobsApi
+
+        api = JobsApi(service, self.store, self.api_settings)
+        return api.handle("POST", "http://127.0.0.1/jobs", {CALLER_HEADER: caller}, json.dumps(body).encode())
+
+    def converge(self, payload: dict[str, Any], message_id: str | None = None) -> Any:
+        """A tpujobs-converge message, handled by this engine (the converge function's)."""
+        return self.handle(inbound("tpujobs-converge", payload, message_id))
+
+    def deliver_handoffs(self) -> list[tuple[str, str]]:
+        """Every hand-off published since the last call, delivered to the converge function; them."""
+        handed = self.published.take_handoffs()
+        for kind, name in handed:
+            self.converge(
+                {"action": "converge", "job_id": name} if kind == "job" else {"action": "pool-converge", "name": name}
+            )
+        return handed
 
     def redeployed(self, **settings: Any) -> Engine:
         """The functions deployed again with changed settings (a rotated key, say), on the same store,

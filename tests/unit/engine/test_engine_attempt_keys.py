@@ -1,6 +1,6 @@
 """Attempt keys traded for VM identity tokens, forgeries refused before any read, and master-key rotation.
 
-The jobs API's `attempt-key` action is driven with a stand-in verifier (the google-auth path against the
+The attempt_key function (`KeyApi`) is driven with a stand-in verifier (the google-auth path against the
 simulator's certificates is tested with the simulator itself); the engine and its store are the fakes.
 """
 
@@ -17,9 +17,10 @@ from engine_harness import ZONE, Engine
 from tpujobs.agent.wire import parse_key_text
 from tpujobs.domain import signing
 from tpujobs.domain.states import JobState
-from tpujobs.engine.api import CALLER_HEADER, JobsApi
+from tpujobs.engine.api import CALLER_HEADER
 from tpujobs.engine.identity import InvalidToken
 from tpujobs.engine.inbound import InboundMessage
+from tpujobs.engine.key_api import KeyApi
 from tpujobs.local.testing import ManualClock, inbound, signed_with
 
 KEY_URL = "https://us-central1-test-project.cloudfunctions.net/jobs"
@@ -69,8 +70,9 @@ def tokens() -> VmTokens:
     return VmTokens()
 
 
-def api(jobs: Engine, tokens: VmTokens) -> JobsApi:
-    return JobsApi(jobs.service, jobs.store, jobs.api_settings, verify_vm_token=tokens)
+def api(jobs: Engine, tokens: VmTokens) -> KeyApi:
+    """The attempt_key function's front door, on the engine's store and clock."""
+    return KeyApi(jobs.store, jobs.api_settings, jobs.service.clock, verify_vm_token=tokens)
 
 
 def ask(jobs: Engine, tokens: VmTokens, token: str, **changes: Any) -> Any:

@@ -11,7 +11,7 @@ import pytest
 from tpujobs.domain.access import AccessPolicies
 from tpujobs.domain.job import Job, new_job
 from tpujobs.domain.notify import NotifyTarget, webhook_secret_version
-from tpujobs.domain.notify_delivery import DELIVERY_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
+from tpujobs.domain.notify_delivery import DELIVERY_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, NotifyKeys, verify
 from tpujobs.domain.spec import parse_spec
 from tpujobs.engine.errors import PermanentError, TransientError
 from tpujobs.engine.inbound import InboundMessage
@@ -24,7 +24,8 @@ from tpujobs.local.fakes.notifications import (
 )
 
 NOW = datetime(2026, 11, 27, 8, 0, tzinfo=timezone.utc)
-KEY = b"signing-key"
+MASTER = NotifyKeys.of(b"notify-master-key-of-32-bytes-at-least")
+KEY = MASTER.team_key("claimed:ada@example.com")  # the team key of a_job()'s (unverified) owner
 HOOK = "https://hooks.example.com/a"
 OTHER = "https://hooks.example.com/b"
 VM_ACCOUNT = "tpujobs-tpu-vm@proj.iam.gserviceaccount.com"
@@ -50,7 +51,9 @@ def status(state: str, seq: int = 3, job_id: str = "train-1", reason: str = "eve
 
 
 class Harness:
-    def __init__(self, job: Job, *, config: InMemoryNotifyConfig | None = None, key: bytes | None = KEY) -> None:
+    def __init__(
+        self, job: Job, *, config: InMemoryNotifyConfig | None = None, key: NotifyKeys | None = MASTER
+    ) -> None:
         self.records = InMemoryDeliveryRecords()
         self.poster = RecordingPoster()
         self.secrets = InMemoryWebhookSecrets()

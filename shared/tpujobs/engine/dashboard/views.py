@@ -3,7 +3,8 @@
 Rights are the `jobs` API's, reused and never restated: a job as `JobActions.shown` shows it (env
 values and warm-pool placement hidden from those the API hides them from), a job page as `describe`
 answers it, pools as `pool-list` shows them. Output lines, like env values, only for the job's
-owner or an admin (`domain.access.may_cancel`, the rule of env values).
+owner or an admin (`domain.access.may_cancel`, the rule of env values). Webhook URLs, which may be
+credentials, show by their host only, to everyone: a page is easily shared or left on a screen.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from tpujobs.domain.access import may_cancel
 from tpujobs.domain.console_links import storage_console_url
 from tpujobs.domain.job_output import attempt_output_link, wanted
 from tpujobs.domain.naming import job_prefix
+from tpujobs.domain.notify import hidden_webhooks
 from tpujobs.domain.pools import Pool, usage_since
 from tpujobs.domain.states import TERMINAL
 from tpujobs.engine.dashboard import charts
@@ -132,7 +134,7 @@ class DashboardViews:
         accounting = job.accounting(None if job.state in TERMINAL else now)
         return JobPage(
             row=self._row(job, document),
-            spec_text=json.dumps(document.get("spec", {}), indent=2, sort_keys=True, default=str),
+            spec_text=json.dumps(hidden_webhooks(document.get("spec") or {}), indent=2, sort_keys=True, default=str),
             state_reason=str(document.get("state_reason") or ""),
             events=list(answer["events"]),
             lanes=charts.attempts_timeline(job.usage, now),

@@ -1,8 +1,9 @@
 """What happens to a job's capacity: a host's preemption notice, a holding's new state.
 
 tpujobs-preemption carries a worker's signed notice; tpujobs-qr-state a holding's state, from
-the reconciler or the audit log's sink (then read again, since the log says only what was done).
-A warm-pool unit's state goes to its pool.
+the reconciler or the audit log's sink (then read again, since the log says only what was done,
+in the zone tpujobs requested the holding in, once `AuditEntries` has checked what the entry
+names). A warm-pool unit's state goes to its pool.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from tpujobs.domain.naming import parse_queued_resource_name, parse_unit_queued_
 from tpujobs.domain.states import EventKind
 from tpujobs.domain.transitions import Decision, Ignored, Observation
 from tpujobs.engine.inbound import InboundMessage
+from tpujobs.engine.jobs.audit_entries import AuditEntries
 from tpujobs.engine.jobs.lifecycle import JobLifecycle
 from tpujobs.engine.jobs.signed_reports import SignedReports
 from tpujobs.engine.ports import CAPACITY_GONE, CAPACITY_PENDING, Capacity
@@ -35,11 +37,13 @@ class CapacityEvents:
         capacity: Capacity,
         reports: SignedReports,
         lifecycle: JobLifecycle,
+        audits: AuditEntries,
         units: UnitObserver | None = None,
     ) -> None:
         self.capacity = capacity
         self.reports = reports
         self.lifecycle = lifecycle
+        self.audits = audits
         self.units = units  # None: no warm pools
 
     def on_preemption(self, message: InboundMessage) -> Decision | Ignored | None:
@@ -56,7 +60,10 @@ class CapacityEvents:
         """tpujobs-qr-state: a queued resource was seen in some state (reconciler, audit log)."""
         audited = audit_log_target(message.data)
         if audited is not None:  # the log sink: something was done to it; see what it is now
-            zone, name = audited
+            zone = self.audits.zone_to_read(message, audited)
+            if zone is None:
+                return None  # refused and counted: not a holding of ours where the entry says
+            name = audited.holding
             status = self.capacity.status(zone, name)
             if status is None:
                 return self.observe_capacity(name, "SUSPENDED", "the queued resource no longer exists")

@@ -5,6 +5,10 @@ the job's new state implies (`converge`). A crash in between leaves a job whose 
 what should happen next; the redelivered message or the reconciler calls `converge` again and
 finishes it, because every action is idempotent: capacity names are deterministic and
 releasing what is gone is fine.
+
+An engine without capacity of its own (the jobs API's) is built with a `handoff`: it commits as
+any other, and then hands the job's id to the `converge` function (`ports.CapacityHandoff`), whose
+own lifecycle converges it, instead of acting here.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from tpujobs.engine.errors import PermanentError, QuotaExhausted
 from tpujobs.engine.jobs.admission import Admission, SubmitOutcome, failed_at_once
 from tpujobs.engine.jobs.attempts import AttemptCapacity, quota_capacity_state, quota_reason
 from tpujobs.engine.jobs.journal import JobJournal, cancellation
-from tpujobs.engine.ports import CapacityStatus, Clock, JobRecords
+from tpujobs.engine.ports import CapacityHandoff, CapacityStatus, Clock, JobRecords
 
 
 class WarmPoolJobs(Protocol):
@@ -54,7 +58,10 @@ class JobLifecycle:
         attempts: AttemptCapacity,
         admission: Admission,
         warm: WarmPoolJobs | None = None,
+        handoff: CapacityHandoff | None = None,
     ) -> None:
+        """`handoff`: where the capacity work goes after each commit (the jobs API's engine);
+        None: it is done here (the functions that hold capacity)."""
         self.store = store
         self.clock = clock
         self.sleep = sleep
@@ -62,12 +69,15 @@ class JobLifecycle:
         self.attempts = attempts
         self.admission = admission
         self.warm = warm  # None: no warm pools in this deployment
+        self.handoff = handoff
 
     def observe(self, job_id: str, seen: Observation) -> Decision | Ignored:
         """Commit what an observation means for the job, then perform what its state implies."""
         process_log.bind_job(job_id)
         outcome = self.journal.commit(job_id, seen)
-        if isinstance(outcome, Decision):
+        if self.handoff is not None:  # committed: the converge function does the rest
+            self.handoff.hand_off_job(job_id)
+        elif isinstance(outcome, Decision):
             if _sent_back_to_queue(outcome):
                 self.admission.left_attempt(outcome.job)
             self._act(outcome.job)  # the job as just committed: no need to read it again
@@ -81,6 +91,9 @@ class JobLifecycle:
         QUEUED: request capacity. RECOVERING: release the lost attempt's capacity and
         request the next. Ended: release the capacity. Anything else waits for events.
         """
+        if self.handoff is not None:
+            self.handoff.hand_off_job(job_id)
+            return
         job = self.store.get(job_id)
         if job is not None:
             self._act(job)
@@ -90,7 +103,11 @@ class JobLifecycle:
         return self.observe(job_id, cancellation(reason))
 
     def admit(self, job: Job, quotas: QuotaBook | None = None) -> SubmitOutcome:
-        """A QUEUED job: capacity of its own through admission, or a unit of its warm pool."""
+        """A QUEUED job: capacity of its own through admission, or a unit of its warm pool (handed
+        off, with a `handoff`: it stays QUEUED until the converge function admits it)."""
+        if self.handoff is not None:
+            self.handoff.hand_off_job(job.job_id)
+            return SubmitOutcome("queued", job.job_id, "queued: tpujobs asks for its capacity")
         if job.warm_pool and self.warm is not None:
             return self.warm.admit(job)
         return self.admission.admit(job, quotas)

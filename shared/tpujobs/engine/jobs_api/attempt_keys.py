@@ -2,9 +2,11 @@
 
 No key sits where an API viewer can read it (metadata, labels). A host proves which VM it is with
 the identity token Google signs for it (`format=full`), and gets the key only when that VM can be
-the job's current placement: same project and zone, running as the job's account, made after the
-attempt was requested (a pool unit's predate it), and the first VM to ask for that worker's key.
-See docs/security.md#attempt-keys.
+the job's current placement: same project and zone, running as the job's account, named as its
+holding's VMs are named, made after its holding was asked for (the attempt's queued resource, or
+the pool unit's that runs it), and the first VM to ask for that worker's key. Who holds a key is
+remembered per job incarnation (id and creation time), attempt and worker, so a job submitted
+again under a reused id starts clean. See docs/security.md#attempt-keys.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ class AttemptKeys:
             log.warning("refused the key of %s: %s", where, refusal)
             raise ApiError(403, f"No key for {where}: {refusal}.")
         assert job is not None and job.created_at is not None
-        holder = hashlib.sha256(f"key-holder\n{where}".encode()).hexdigest()[:40]
+        holder = holder_digest(job, request.attempt, request.slice_id, request.worker_id)
         instance = str(vm.get("instance_id"))
         first = self.store.remember_report(holder, instance, job.job_id, request.attempt, self.clock())
         if first != instance:
@@ -76,13 +78,14 @@ class AttemptKeys:
         }
         if job.spec.slices > 1:
             answer["coordinator"] = self._coordinator(job, request)
-        return Response(200, answer)
+        # The spec's env values reach the hosts here, never through metadata (any viewer reads it).
+        return Response(200, {**answer, "env": dict(job.spec.env)})
 
     def _coordinator(self, job: Job, request: AttemptKeyRequest) -> str | None:
         """The multislice coordinator's address (worker 0 of slice 0), as that host gave it when it
         asked for its key; None until then, so the other hosts ask again. The first address
         given is kept: a second VM cannot move it (it gets no key either)."""
-        register = hashlib.sha256(f"coordinator\n{job.job_id}\n{request.attempt}".encode()).hexdigest()[:40]
+        register = coordinator_digest(job, request.attempt)
         if (request.slice_id, request.worker_id) == (0, 0) and request.address:
             return self.store.remember_report(register, request.address, job.job_id, request.attempt, self.clock())
         return self.store.recall_report(register)
@@ -112,12 +115,37 @@ class AttemptKeys:
         )
         if named is not None:
             return named
-        since = job.requested_at or next((u.waiting_since for u in job.usage if u.attempt == job.attempt), None)
         made = vm.get("instance_creation_timestamp")
-        fresh = isinstance(made, (int, float)) and (since is None or _at(made) >= since - CREATION_SKEW)
-        if not job.warm_pool and not fresh:  # a pool unit's VMs are older than the job: not checked
+        if not isinstance(made, (int, float)):
+            return "the token has no creation time: ask for it with format=full"
+        if job.warm_pool_unit:  # the unit's VMs are older than the job, never than the unit's request
+            if job.unit_requested_at is None:
+                return f"the job does not say when unit {job.warm_pool_unit} was asked for"
+            if _at(made) < job.unit_requested_at - CREATION_SKEW:
+                return f"the VM was made before unit {job.warm_pool_unit} was asked for"
+            return None
+        since = job.requested_at or next((u.waiting_since for u in job.usage if u.attempt == job.attempt), None)
+        if since is not None and _at(made) < since - CREATION_SKEW:
             return "the VM was made before the attempt asked for capacity"
         return None
+
+
+def holder_digest(job: Job, attempt: int, slice_id: int, worker_id: int) -> str:
+    """The record of who holds one worker's key (`reports_seen/{digest}`): per job incarnation (its
+    id and creation time), attempt and worker, so a job deleted and submitted again under the same
+    id finds none of the old job's holders."""
+    return _record_digest("key-holder", job, attempt, f"{slice_id}-{worker_id}")
+
+
+def coordinator_digest(job: Job, attempt: int) -> str:
+    """The record of a multislice attempt's coordinator address, per job incarnation and attempt."""
+    return _record_digest("coordinator", job, attempt, "")
+
+
+def _record_digest(kind: str, job: Job, attempt: int, host: str) -> str:
+    assert job.created_at is not None, "a stored job has its creation time"
+    created = signing.created_micros(job.created_at)
+    return hashlib.sha256(f"{kind}\n{job.job_id}\n{created}\n{attempt}\n{host}".encode()).hexdigest()[:40]
 
 
 def _compute_engine(claims: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -2,7 +2,9 @@
 
 Who may change a job is the domain's rule (`domain.access.may_cancel`): its owner or an admin;
 the same rule decides who sees the values of a job's `spec.env` (others see the names, each
-value `<hidden>`). Submit is `JobsApi.submit`'s.
+value `<hidden>`) and its `notify[].webhook` URLs, which may be credentials: whole in `describe`
+for them, their host only (`hooks.slack.com/…`) for anyone else and in `list`. Submit is
+`JobsApi.submit`'s.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from tpujobs.domain.access import may_cancel
 from tpujobs.domain.job_output import output_link
 from tpujobs.domain.labels import LabelError
+from tpujobs.domain.notify import hidden_webhooks, without_urls
 from tpujobs.domain.pools import may_use
 from tpujobs.domain.restart_overrides import RestartAction
 from tpujobs.domain.spec import ID_PATTERN
@@ -32,7 +35,7 @@ if TYPE_CHECKING:
 
 HIDDEN = "<hidden>"  # what other callers see instead of a job's env values (and pool placement)
 # Fields, at any depth of a job's or an event's document, that name the warm pool or unit it runs on.
-PLACEMENT_FIELDS = frozenset({"warm_pool", "warm_pool_unit", "pool"})
+PLACEMENT_FIELDS = frozenset({"warm_pool", "warm_pool_unit", "unit_requested_at", "pool"})
 SENTENCE_FIELDS = frozenset({"reason", "state_reason"})  # sentences that may name them
 # What each outcome of a resume or rerun answers (the restart service's `restart`).
 RESTART_STATUS = {"started": 200, "duplicate": 200, "missing": 404, "forbidden": 403, "invalid": 400, "refused": 409}
@@ -46,14 +49,20 @@ class JobActions:
         self.store = store
         self.settings = settings
 
-    def shown(self, caller: str, job: Job, sees: dict[str, bool] | None = None) -> dict[str, Any]:
+    def shown(
+        self, caller: str, job: Job, sees: dict[str, bool] | None = None, *, whole_webhooks: bool = False
+    ) -> dict[str, Any]:
         """The job's document as `caller` may see it: `spec.env` values only for its owner or an
-        admin (the rule of cancel); anyone else gets the names, each value `<hidden>`. Its warm
-        pool placement only for the pool's owner, its users and admins (`_sees_placement`)."""
+        admin (the rule of cancel); anyone else gets the names, each value `<hidden>`. Webhook URLs
+        whole only where `whole_webhooks` (describe) and for its owner or an admin; else their
+        host. Its warm pool placement only for the pool's owner, its users and admins (`_sees_placement`)."""
         document = dict(to_json(self.store.job_document(job)))
         spec = document.get("spec")
-        if isinstance(spec, dict) and spec.get("env") and not may_cancel(job.owner, caller, self.settings.admins):
+        mine = may_cancel(job.owner, caller, self.settings.admins)
+        if isinstance(spec, dict) and spec.get("env") and not mine:
             spec["env"] = {name: HIDDEN for name in spec["env"]}
+        if isinstance(spec, dict) and spec.get("notify") and not (whole_webhooks and mine):
+            document["spec"] = hidden_webhooks(spec)
         if job.warm_pool and not self._sees_placement(caller, job.warm_pool, {} if sees is None else sees):
             document = hide_placement(document, job)
         return document
@@ -95,10 +104,10 @@ class JobActions:
         return Response(
             200,
             {
-                "job": self.shown(caller, job),
+                "job": self.shown(caller, job, whole_webhooks=True),
                 "events": events,
                 "attempts": [to_json(a) for a in self.store.attempt_documents(job.job_id)],
-                "notifications": [to_json(n) for n in self.store.notification_documents(job.job_id)],
+                "notifications": [_no_urls(to_json(n)) for n in self.store.notification_documents(job.job_id)],
                 "output_link": self._output_link(job),
             },
         )
@@ -207,6 +216,14 @@ def hide_placement(document: dict[str, Any], job: Job) -> dict[str, Any]:
 
     answer: dict[str, Any] = json.loads(json.dumps(document), object_hook=hidden)
     return answer
+
+
+def _no_urls(record: Any) -> Any:
+    """A notification record with any URL in its text cut to its host: records name targets by
+    label, never by URL, and a receiver's error must not put one back."""
+    if not isinstance(record, dict):
+        return record
+    return {key: without_urls(value) if isinstance(value, str) else value for key, value in record.items()}
 
 
 def _already_ended(job_id: str, state: JobState) -> Response:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from datetime import datetime
 from typing import Annotated, Any, ClassVar
 
 from pydantic import (
@@ -53,7 +52,7 @@ SENTENCES = {
     "worker_id": "'worker_id' is required: the host's worker number in its slice, 0 or more.",
     "identity": "'identity' is required: the VM's instance identity token (format=full).",
     "worker": "'worker' must be a worker's number K, 0 or more (K = slice x hosts per slice + worker).",
-    "after": "'after' must be a time with its offset, as a `logs` answer's 'after' gives it.",
+    "after": "'after' must be the 'after' of a `logs` answer, as it gave it (a cursor of up to 4096 characters).",
 }
 NOT_FROM_BODY = "The caller is never taken from the body: remove 'owner'"
 SAYS_WHO = f"; the ID token (locally the {CALLER_HEADER} header) says who asks."
@@ -186,25 +185,12 @@ def _ip_address(value: str) -> str:
         raise ValueError(f"address must be an IP address, got {value[:64]!r}") from None
 
 
-def _moment(value: Any) -> Any:
-    """An ISO 8601 time with its offset (as `logs` answers `after`), or None."""
-    if value is None:
-        return None
-    try:
-        moment = datetime.fromisoformat(value) if isinstance(value, str) else None
-    except ValueError:
-        moment = None
-    if moment is None or moment.tzinfo is None:
-        raise ValueError(SENTENCES["after"])
-    return moment
-
-
 class LogsRequest(JobRequest):
     """`logs`: a page of an attempt's verified output (default: the current attempt), or one worker's."""
 
     attempt: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
     worker: Annotated[int, Field(ge=0, le=1_000_000)] | None = None
-    after: Annotated[datetime | None, BeforeValidator(_moment)] = None
+    after: Annotated[str, Field(min_length=1, max_length=4096, pattern=r"^[A-Za-z0-9_-]+$")] | None = None
 
 
 class AttemptKeyRequest(ApiRequest):
@@ -218,6 +204,14 @@ class AttemptKeyRequest(ApiRequest):
     # A multislice host's own address on the slices' network: worker 0 of slice 0 gives it, and
     # becomes the coordinator every host's MEGASCALE_COORDINATOR_ADDRESS names (docs/platforms.md).
     address: Annotated[str, AfterValidator(_ip_address)] | None = None
+
+
+class NotifyKeyRequest(ApiRequest):
+    """`notify-key`: the caller's own team's notification signing key, a service account's, or
+    (admins) any `team`'s (`account:EMAIL`, `owner:EMAIL`)."""
+
+    service_account: NonEmpty | None = None
+    team: NonEmpty | None = None
 
 
 # action -> its model (None: a job spec); the order is the one an unknown action's answer lists.
@@ -239,6 +233,7 @@ REQUESTS: dict[str, type[ApiRequest] | None] = {
     "pool-delete": PoolRequest,
     "attempt-key": AttemptKeyRequest,
     "logs": LogsRequest,
+    "notify-key": NotifyKeyRequest,
 }
 ACTIONS = tuple(REQUESTS)
 

@@ -1,7 +1,11 @@
 """Managing warm pools (the jobs API, tpujobs-control, the CLI): create, resize, delete.
 
 `verified`: the jobs API proved the caller; otherwise the caller is tpujobs-control's claim,
-which config/policies must trust before it creates a pool or touches one the API made."""
+which config/policies must trust before it creates a pool or touches one the API made.
+
+Built with a `handoff` (the jobs API's engine), a change is committed on the pool's document and
+the pool's name handed to the `converge` function (tpujobs-converge), whose `converge` here does
+the capacity work."""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from tpujobs.domain.admission import limit_words, pool_of
 from tpujobs.domain.pools import Pool, PoolError, PoolState
 from tpujobs.domain.spec import JobSpec, SpecError, with_deployment_defaults
 from tpujobs.engine.jobs.vetting import Vetting
-from tpujobs.engine.ports import AccessPolicyReader, Clock, WarmPoolStore
+from tpujobs.engine.ports import AccessPolicyReader, CapacityHandoff, Clock, WarmPoolStore
 from tpujobs.engine.settings import Settings
 from tpujobs.engine.warm_pools.jobs import PoolJobs
 from tpujobs.engine.warm_pools.outcomes import PoolOutcome
@@ -37,7 +41,9 @@ class PoolManagement:
         quota: UnitQuota,
         units: PoolUnits,
         pool_jobs: PoolJobs,
+        handoff: CapacityHandoff | None = None,
     ) -> None:
+        """`handoff`: where the capacity work goes after each change (None: done here)."""
         self.store = store
         self.settings = settings
         self.clock = clock
@@ -46,6 +52,7 @@ class PoolManagement:
         self.quota = quota
         self.units = units
         self.pool_jobs = pool_jobs
+        self.handoff = handoff
 
     def create(self, data: dict[str, object], caller: str, *, verified: bool) -> PoolOutcome:
         """`pool create`: admins, or owners `config/policies.pools` allows; the quota must be able
@@ -72,7 +79,7 @@ class PoolManagement:
             existing = self.store.get(request.name)
             return PoolOutcome("exists", existing, f"a pool named {request.name} already exists")
         log.info("pool %s created by %s: %d unit(s)", pool.name, caller, pool.count)
-        self.units.request_units(pool.name)
+        self._converge_or_hand_off(pool.name)
         return PoolOutcome("done", self.store.get(pool.name), pool.reason)
 
     def _creation_refusal(self, caller: str, verified: bool, shape: JobSpec) -> str | None:
@@ -144,8 +151,7 @@ class PoolManagement:
             self.store.update(name, lambda p: pools.resized(p, count, self.clock()))
         except PoolError as error:
             return PoolOutcome("invalid", pool, f"Invalid resize: {error}")
-        self.units.request_units(name)
-        self.units.settle_units(name)
+        self._converge_or_hand_off(name)
         return PoolOutcome("done", self.store.get(name), f"Pool {name} resized to {count} unit(s).")
 
     def delete(self, name: str, caller: str, *, verified: bool) -> PoolOutcome:
@@ -160,6 +166,30 @@ class PoolManagement:
         self.store.update(
             name, lambda p: pools.deleting(p, self.clock(), caller) if p.state is PoolState.ACTIVE else None
         )
-        self.pool_jobs.settle_jobs_of_deleted(name, f"Pool {name} was deleted by {caller}")
-        self.units.settle_units(name)
+        self._converge_or_hand_off(name)
         return PoolOutcome("done", self.store.get(name), f"Pool {name} is being deleted.")
+
+    def _converge_or_hand_off(self, name: str) -> None:
+        if self.handoff is not None:
+            self.handoff.hand_off_pool(name)
+        else:
+            self.converge(name)
+
+    def converge(self, name: str) -> None:
+        """Do what the pool's document says, whoever asks and however often (level-based, like the
+        reconciler's repair): an ACTIVE pool's units that should be asked for are, its surplus
+        ones go once free; a DELETING pool's jobs are cancelled or moved and its units released."""
+        pool = self.store.get(name)
+        if pool is None:
+            return
+        if pool.state is PoolState.DELETING:
+            self.pool_jobs.settle_jobs_of_deleted(name, _deletion(pool))
+        else:
+            self.units.request_units(name)
+        self.units.settle_units(name)
+
+
+def _deletion(pool: Pool) -> str:
+    """Why a deleted pool's jobs go: who deleted it, while its reason is still `pools.deleting`'s."""
+    by = pool.reason.removeprefix("Deleted by ").removesuffix(".") if pool.reason.startswith("Deleted by ") else ""
+    return f"Pool {pool.name} was deleted" + (f" by {by}" if by else "")

@@ -62,11 +62,11 @@ class PoolRepair:
             self.pool_jobs.settle_jobs_of_deleted(name, f"Pool {name} was deleted")
         for unit in pool.units:
             qr = unit.queued_resource(name)
-            status = seen.get(qr)
+            status = _pools(seen.get(qr), name)
             if unit.state is UnitState.WAITING_FOR_QUOTA and not unit.removing:
                 self.units.request(name, unit)
             elif unit.state is UnitState.REQUESTED:
-                if status is None and self.capacity.status(unit.zone, qr) is None:
+                if status is None and _pools(self.capacity.status(unit.zone, qr), name) is None:
                     self.units.create(pool, unit.index)  # a request that never landed (a crash): ask again
                     did.append(f"{name}: asked again for {qr}")
                 elif status is not None:
@@ -74,7 +74,7 @@ class PoolRepair:
                     self._move_if_waited(pool, unit, status, did)
             elif unit.state in pools.HELD:
                 if status is None:
-                    status = self.capacity.status(unit.zone, qr)  # confirm before calling it lost
+                    status = _pools(self.capacity.status(unit.zone, qr), name)  # confirm before calling it lost
                 self.units.seen(name, unit.index, unit.generation, status)
                 if unit.state is UnitState.BUSY:
                     self._check_busy(pool, unit, live, did)
@@ -152,3 +152,10 @@ class PoolRepair:
             self.capacity.release(status.zone, name)
             released.append(name)
         return released
+
+
+def _pools(status: CapacityStatus | None, pool: str) -> CapacityStatus | None:
+    """A unit's holding as seen, or None when what holds its name is not labelled for the pool:
+    someone else's is never taken for the unit's (`domain.ownership`); asking for it again
+    finds it and moves the unit to its next generation."""
+    return status if status is not None and status.pool_label == pool else None

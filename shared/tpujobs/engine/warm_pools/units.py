@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 
 from tpujobs.domain import pools
@@ -13,7 +14,7 @@ from tpujobs.domain.naming import parse_unit_queued_resource_name
 from tpujobs.domain.pools import Pool, PoolState, Unit, UnitState
 from tpujobs.domain.states import ATTEMPT_LIVE, EventKind
 from tpujobs.domain.transitions import Decision, Observation
-from tpujobs.engine.errors import PermanentError, QuotaExhausted
+from tpujobs.engine.errors import NotOurs, PermanentError, QuotaExhausted
 from tpujobs.engine.jobs.journal import JobJournal, Observe
 from tpujobs.engine.ports import CAPACITY_GONE, Capacity, CapacityStatus, Clock, JobRecords, UnitRequest, WarmPoolStore
 from tpujobs.engine.queue_rounds import QUEUE_PEEK, jittered_rounds
@@ -109,6 +110,15 @@ class PoolUnits:
             why = f"Unit {index}: the TPU quota in {unit.zone} is exhausted ({error}); asked again every tick."
             self.store.update(pool.name, lambda p: said(p, why))
             return
+        except NotOurs as error:  # someone else's resource of its name: never adopted, never asked for again
+            why = f"Unit {index} was not requested: {error}. The next tick asks for its next generation."
+            self._change(
+                pool.name,
+                lambda p: (
+                    replace(pools.lost(p, index, self.clock(), why), reason=why) if same(p.unit(index), unit) else None
+                ),
+            )
+            return
         except PermanentError as error:
             why = f"Unit {index} could not be requested: {error}; asked again every tick."
             self.store.update(pool.name, lambda p: said(p, why))
@@ -117,15 +127,28 @@ class PoolUnits:
 
     def observe_unit(self, queued_resource: str, state: str, detail: str = "", unhealthy_hosts: int = 0) -> None:
         """A unit's queued resource was seen in some state (tpujobs-qr-state, the reconciler)."""
+        current = self._current(queued_resource)
+        if current is None:
+            return  # an older generation, or a pool gone: the reconciler releases leftovers
+        name, unit = current
+        status = CapacityStatus(queued_resource, unit.zone, state, detail, unhealthy_hosts)
+        self.seen(name, unit.index, unit.generation, status)
+
+    def unit_zone(self, queued_resource: str) -> str | None:
+        """The zone a unit's current generation was requested in, when `queued_resource` is that
+        generation's holding; None for anything else (an older generation, no such unit)."""
+        current = self._current(queued_resource)
+        return current[1].zone if current is not None else None
+
+    def _current(self, queued_resource: str) -> tuple[str, Unit] | None:
+        """(pool, unit) of the unit whose current generation `queued_resource` names, as read now."""
         parsed = parse_unit_queued_resource_name(queued_resource)
         if parsed is None:
-            return
+            return None
         name, index, generation = parsed
         pool = self.store.get(name)
         unit = pool.unit(index) if pool is not None else None
-        if pool is None or unit is None or unit.generation != generation:
-            return  # an older generation, or a pool gone: the reconciler releases leftovers
-        self.seen(name, index, generation, CapacityStatus(queued_resource, unit.zone, state, detail, unhealthy_hosts))
+        return (name, unit) if unit is not None and unit.generation == generation else None
 
     def seen(self, name: str, index: int, generation: int, status: CapacityStatus | None) -> None:
         """What the unit's queued resource state means: ready, lost, or still on its way."""
@@ -251,7 +274,10 @@ class PoolUnits:
         """Commit the job PROVISIONING on the unit the pool gave it, then tell the unit's agents.
         A job that moved on meanwhile (cancelled) gives the unit back. True when it runs there."""
         qr = unit.queued_resource(pool.name)
-        seen = Observation(EventKind.ADMITTED, job.attempt, "submit", capacity_state="ACTIVE", unit=qr, zone=unit.zone)
+        seen = Observation(
+            EventKind.ADMITTED, job.attempt, "submit", capacity_state="ACTIVE", unit=qr, zone=unit.zone,
+            unit_requested_at=unit.requested_at,
+        )  # fmt: skip
         outcome = self.journal.commit(job.job_id, seen)
         current = outcome.job if isinstance(outcome, Decision) else self.jobs.get(job.job_id)
         on_unit = (

@@ -3,7 +3,9 @@
 A request makes a holding in `initial_state` (or adopts the one of that name, as the TPU API
 adapter does: tests/contract/test_contract_capacity.py holds both to one contract), a release
 removes it; `set_state`, `vanish` and `refuse_next` stand in for what
-Google does meanwhile (preemption, a failed create, a full quota). Every call is recorded in
+Google does meanwhile (preemption, a failed create, a full quota), and `plant_foreign` for
+someone else's resource of a holding's name: without tpujobs' marker (`domain.ownership`), it
+is never adopted or written (NotOurs) nor released (left as it is), as the adapters do. Every call is recorded in
 `calls`, in order, so a test can assert what the engine asked for.
 """
 
@@ -17,7 +19,8 @@ from dataclasses import dataclass, field
 
 from tpujobs.domain.job import Job
 from tpujobs.domain.naming import node_id
-from tpujobs.engine.errors import PermanentError
+from tpujobs.domain.ownership import marked, refusal
+from tpujobs.engine.errors import NotOurs, PermanentError
 from tpujobs.engine.ports import CapacityStatus, HostBoot, UnitRequest
 
 
@@ -45,6 +48,15 @@ class InMemoryCapacity:
         self._lock = threading.Lock()
 
     # -- what a test does --------------------------------------------------------------------
+
+    def plant_foreign(
+        self, zone: str, name: str, state: str = "ACTIVE", labels: Mapping[str, str] | None = None
+    ) -> None:
+        """Someone else made a resource named `name` in `zone` (no tpujobs marker, unless
+        `labels` forge one), holding `state`."""
+        with self._lock:
+            status = CapacityStatus(name, zone, state)
+            self.holdings[(zone, name)] = Holding(status, HostBoot("", {}), 1, dict(labels or {}))
 
     def refuse_next(self, error: Exception) -> None:
         """The next request raises `error` (QuotaExhausted, PermanentError, TransientError)."""
@@ -115,7 +127,9 @@ class InMemoryCapacity:
     def release(self, zone: str, name: str) -> None:
         with self._lock:
             self.calls.append(("release", zone, name))
-            self.holdings.pop((zone, name), None)
+            holding = self.holdings.get((zone, name))
+            if holding is not None and marked(name, holding.labels):  # someone else's is left as it is
+                del self.holdings[(zone, name)]
 
     def list_capacity(self, zone: str) -> Sequence[CapacityStatus]:
         with self._lock:
@@ -126,6 +140,8 @@ class InMemoryCapacity:
         with self._lock:
             self.calls.append(("write_metadata", zone, name))
             holding = self.holdings.get((zone, name))
+            if holding is not None and not marked(name, holding.labels):
+                raise NotOurs(f"fake capacity: {refusal(name, name)}")
             if holding is None or holding.status.state != "ACTIVE":
                 state = "missing" if holding is None else holding.status.state
                 raise PermanentError(f"fake capacity: the nodes of {name} are not READY ({state})")
@@ -142,6 +158,8 @@ class InMemoryCapacity:
             if self._refusals:
                 raise self._refusals.pop(0)
             existing = self.holdings.get((zone, name))
+            if existing is not None and not marked(name, existing.labels):
+                raise NotOurs(f"fake capacity: {refusal(name, name)}")
             if existing is not None:  # an earlier request made it: adopted, never bought twice
                 return existing.status  # with no operation: this request created nothing
             status = CapacityStatus(

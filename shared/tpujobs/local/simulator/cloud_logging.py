@@ -4,12 +4,15 @@ the real google-cloud-logging client's reads (its HTTP transport, `_use_grpc=Fal
 Entries in memory, the oldest dropped past MAX_ENTRIES. `entries:list` takes the filters tpujobs
 and the client write (a conjunction of comparisons on logName, severity, timestamp, labels and
 resource), `orderBy` on timestamp and paging; anything else is Google's INVALID_ARGUMENT. A write
-needs a bearer token, as Google's does; who wrote an entry is not checked here, as it is not there.
+needs a bearer token, as Google's does. Who wrote each entry is kept beside it (`written`), as
+Google knows the caller of entries:write (or that Cloud Run's platform wrote a function's stdout),
+and, as there, no field of the entry says it: a writer sets every field it sends.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import re
 import sys
@@ -33,6 +36,8 @@ from tpujobs.local.simulator.messages import json_object, timestamp
 Json = dict[str, Any]
 MAX_ENTRIES = 200_000
 MAX_PAGE_SIZE = 1000
+PLATFORM = "run.googleapis.com"  # the writer of a Cloud Run service's (a function's) stdout and stderr
+TOKEN_PREFIX = "simulated:"  # a simulated access token is this and the account's email (simulator.metadata)
 DEFAULT_PAGE_SIZE = 50
 LOG_NAME = re.compile(r"(projects|organizations|folders|billingAccounts)/[^/]+/logs/[^/]+")
 # What entries:list reads: a project, or a log view (a bucket's entries of one log, here).
@@ -50,6 +55,7 @@ class LoggingError(SimulatorError):
     """A request the local Cloud Logging refuses, answered as Google's error JSON."""
 
 
+@functools.lru_cache(maxsize=65536)  # a list compares every entry's time with the filter's: the same few texts
 def _when(text: str) -> datetime:
     try:
         value = datetime.fromisoformat(text.replace("Z", "+00:00"))
@@ -121,11 +127,18 @@ class LoggingStore:
     def __init__(self, clock: Callable[[], float] = time.time, max_entries: int = MAX_ENTRIES) -> None:
         self.clock = clock
         self.entries: deque[Json] = deque(maxlen=max_entries)
+        self.writers: deque[str] = deque(maxlen=max_entries)  # who wrote entries[i], kept in step with it
         self.views: dict[str, str] = {}  # a log view's full name -> the one log id it holds
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
 
-    def write(self, body: Json) -> Json:
+    def written(self) -> list[tuple[str, Json]]:
+        """(who wrote it, the entry) for each entry held, oldest first."""
+        with self._lock:
+            return list(zip(self.writers, self.entries, strict=True))
+
+    def write(self, body: Json, writer: str = PLATFORM) -> Json:
+        """entries:write by `writer` (the caller's principal; PLATFORM: Cloud Run's own logging)."""
         entries = body.get("entries")
         if not isinstance(entries, list) or not entries:
             raise LoggingError(Code.INVALID_ARGUMENT, "entries: at least one entry is required")
@@ -160,6 +173,7 @@ class LoggingStore:
             for entry in made:
                 entry.setdefault("insertId", f"local{next(self._ids):012d}")
                 self.entries.append(entry)
+                self.writers.append(writer)
         return {}
 
     def list(self, body: Json) -> Json:
@@ -185,7 +199,10 @@ class LoggingStore:
             if any(reads(str(entry["logName"])) for reads in readers)
             and all(_compare(_field(entry, path), op, value, path) for path, op, value in terms)
         ]
-        found.sort(key=lambda entry: _when(str(entry["timestamp"])), reverse=order.endswith("desc"))
+        # Google: "Entries with equal timestamps are returned in order of their insertId values."
+        found.sort(
+            key=lambda entry: (_when(str(entry["timestamp"])), str(entry["insertId"])), reverse=order.endswith("desc")
+        )
         start = int(token)
         page: Json = {"entries": found[start : start + size]}
         if start + size < len(found):
@@ -225,7 +242,9 @@ class LoggingStore:
             authorization = next((v for k, v in headers.items() if k.lower() == "authorization"), "")
             if not authorization.startswith("Bearer ") or not authorization[7:].strip():
                 raise LoggingError(Code.UNAUTHENTICATED, "Request is missing required authentication credential.")
-            return 200, self.write(json_object(body, "WriteLogEntriesRequest"))
+            token = authorization[7:].strip()
+            writer = token.removeprefix(TOKEN_PREFIX) if token.startswith(TOKEN_PREFIX) else "unknown"
+            return 200, self.write(json_object(body, "WriteLogEntriesRequest"), writer)
         if method == "POST" and path == "/v2/entries:list":
             return 200, self.list(json_object(body, "ListLogEntriesRequest"))
         if path.startswith("/v2/"):

@@ -1,0 +1,89 @@
+"""The `attempt_key` HTTP function's front door: a worker host trades its VM's identity token for
+its attempt's report key, and asks nothing else.
+
+It is a function of its own, with its own URL (`TPUJOBS_KEY_URL`, also the audience of the tokens
+hosts mint for it), so that the VMs' accounts may invoke it and no other function (infra/functions.tf):
+a job's code that mints a token on its VM can ask for a key (which `AttemptKeys` grants only to
+the attempt's own hosts) and can no longer call the `jobs` API, which refuses that audience
+(`JobsApi.refuse_key_audience`). The caller is the ID token Cloud Run checked for this function's
+URL, or in the local stack the caller header. The rules of a grant are `jobs_api.attempt_keys`'.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tpujobs.engine.errors import TransientError
+from tpujobs.engine.identity import CallerIdentity, Headers, InvalidToken, TokenVerifier, Unauthenticated, header
+from tpujobs.engine.jobs_api.answers import ApiError, Response
+from tpujobs.engine.jobs_api.attempt_keys import AttemptKeys, KeyHolders
+from tpujobs.engine.jobs_api.requests import CALLER_HEADER, AttemptKeyRequest, parse_body, validated
+from tpujobs.engine.ports import Clock
+from tpujobs.engine.settings import Settings
+
+log = logging.getLogger(__name__)
+
+ACTION = "attempt-key"  # the one action answered here (the body names it, as the agent sends it)
+
+
+class KeyApi:
+    """The `attempt_key` function: who asks (a VM's account), and its attempt's key or the reason not."""
+
+    def __init__(
+        self,
+        store: KeyHolders,
+        settings: Settings,
+        clock: Clock,
+        verify_vm_token: TokenVerifier | None = None,
+        verify_token: TokenVerifier | None = None,
+    ) -> None:
+        """`verify_vm_token` checks the VM identity token in the body (Google's certificates, or the
+        local simulator's); `verify_token` the caller's signed token, when Cloud Run left its
+        signature. None: no signed token verifies (and no key is handed out)."""
+        self.settings = settings
+        self.keys = AttemptKeys(store, settings, verify_vm_token or _no_signed_tokens, clock)
+        self.identity = CallerIdentity(verify_token or _no_signed_tokens, platform_auth=settings.api_platform_auth)
+
+    def handle(self, method: str, url: str, headers: Headers, body: bytes) -> Response:
+        """Answer one HTTP request; every refusal is a JSON `{"error": sentence}`."""
+        try:
+            if method.upper() != "POST":
+                raise ApiError(405, f"Use POST with a JSON body, not {method}.", {"Allow": "POST"})
+            caller = self.caller(headers)
+            data = parse_body(body)
+            action = data.pop("action")
+            if action != ACTION:
+                raise ApiError(404, f"This function answers {ACTION!r} only, not {action!r}: use the jobs API.")
+            request = validated(ACTION, data)
+            assert isinstance(request, AttemptKeyRequest)
+            return self.keys.grant(caller, request)
+        except ApiError as error:
+            return Response(error.status, {"error": error.message}, error.headers)
+        except TransientError as error:
+            log.warning("attempt keys unavailable for now: %s", error)
+            return Response(503, {"error": f"Temporarily unavailable, try again: {error}"})
+        except Exception:  # still a JSON answer; the details go to the log, not the caller
+            log.exception("the attempt_key function failed")
+            return Response(500, {"error": "Internal error: see the function's logs."})
+
+    def caller(self, headers: Headers) -> str:
+        """The VM's account: the verified email of a token for the key URL, or (local stack only)
+        the caller header. TransientError when Google's certificates are out of reach."""
+        if self.settings.local_stack:
+            caller = header(headers, CALLER_HEADER).strip()
+            if not caller:
+                raise ApiError(401, f"No caller: in the local stack, name yourself in the {CALLER_HEADER} header.")
+            return caller
+        key_url = self.settings.key_url
+        try:
+            return self.identity.email(headers, lambda: [key_url] if key_url else [])
+        except Unauthenticated as error:
+            log.warning("refused a key request: %s", error)
+            raise ApiError(401, str(error)) from None
+
+
+def _no_signed_tokens(token: str, audiences: Sequence[str]) -> Mapping[str, Any]:
+    """The verifier of a function built without one: no signed token verifies."""
+    raise InvalidToken("this function verifies no signed ID tokens")
