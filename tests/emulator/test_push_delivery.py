@@ -156,9 +156,10 @@ def test_a_bad_control_message_is_rejected_on_its_prefixed_topic(wired, project_
 
 def test_a_tpu_audit_entry_from_the_sink_reaches_on_qr_state_on_its_topic(wired, project_id, firestore_client) -> None:
     """The golden audit entry (tests/data) as the sink publishes it: on_qr_state reads it as
-    an audit entry (not as a malformed report, which would be a rejection), asks the
-    simulator about the queued resource it names, finds no job of tpujobs' by that name,
-    and answers 200: acknowledged, nothing rejected, nothing to redeliver."""
+    an audit entry (not as a malformed report), finds that it names no holding of this
+    deployment's (another project's log, no such job), reads no capacity, and answers 200:
+    acknowledged, counted like a forgery (the first of its minute recorded as itself), nothing
+    to redeliver."""
     _, _, publisher, _ = wired
     entry = (Path(__file__).resolve().parents[1] / "data" / "tpu_audit_create_queued_resource_v2.json").read_bytes()
     topic = publisher.topic_path(project_id, topology.topic_name(topology.QR_STATE, PREFIX))
@@ -172,7 +173,8 @@ def test_a_tpu_audit_entry_from_the_sink_reaches_on_qr_state_on_its_topic(wired,
         return [status for got, status in ANSWERS["on_qr_state"] if got == message_id]
 
     assert wait_for(answered, timeout=30)[0] == "200 OK"
-    assert not firestore_client.collection("rejections").document(message_id).get().exists
+    found = rejection(firestore_client, message_id)
+    assert found["reason"].startswith("Audit entry about train-1-a2 in us-central2-b refused unread: ")
 
 
 def test_a_push_from_a_subscription_that_is_not_the_deployments_is_rejected_by_name(

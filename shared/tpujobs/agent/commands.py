@@ -170,9 +170,11 @@ class CommandRunner(Liveness):
                 self._started_at = rfc3339()
                 self.reporter.report("started", **(started or {}), **self._liveness(heartbeat_period(0.0, self.config)))
             threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True).start()
-        running = {"what": what, "pid": process.pid, "start": process_start(process.pid)}
+        running: dict[str, Any] = {"what": what, "pid": process.pid, "start": process_start(process.pid)}
         if container is not None:
             running["container"] = container
+        if self.confinement is not None:
+            running.update(self.confinement.record())  # a restarted pool agent stops these too
         self.record.update(running={**running, "boot": self.boot, "at": rfc3339()})
         try:
             returncode = self._wait(process, container)

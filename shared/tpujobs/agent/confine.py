@@ -178,6 +178,19 @@ class JobCgroup:
         log(f"the job's cgroup {self.path} could not be removed")
 
 
+def earlier_cgroup(path: object) -> JobCgroup | None:
+    """The job cgroup an earlier start of the agent recorded (`path`), when it is one: a job
+    cgroup directly below this agent's own cgroup, still there. None for anything else."""
+    parent = own_cgroup()
+    if not isinstance(path, str) or parent is None:
+        return None
+    if os.path.dirname(os.path.normpath(path)) != os.path.normpath(parent):
+        return None
+    if not os.path.basename(path).startswith(CGROUP_PREFIX) or not os.path.isdir(path):
+        return None
+    return JobCgroup(path)
+
+
 # --- the job's user ----------------------------------------------------------------------
 
 
@@ -341,7 +354,12 @@ class Confinement:
         wanted = how != "root" and not environ.get(SIMULATED_HOST_VARIABLE)
         if wanted and os.geteuid() == 0:
             path = (environ.get("PATH") or "/usr/bin:/bin") + ":/usr/sbin:/sbin"
-            user = make_job_user(home, None if how == "uid" else shutil.which("useradd", path=path))
+            try:
+                user = make_job_user(home, None if how == "uid" else shutil.which("useradd", path=path))
+            except OSError:
+                if cgroup is not None:
+                    cgroup.remove()
+                raise
             userdel = shutil.which("userdel", path=path) if user.listed else None
             log(f"the job's commands run as {user.name} (uid {user.uid}), not root")
             return cls(user, cgroup, userdel)
@@ -374,6 +392,15 @@ class Confinement:
             for name in dirs + files:
                 os.lchown(os.path.join(top, name), self.user.uid, self.user.gid)
 
+    def record(self) -> dict[str, object]:
+        """What the attempt's record keeps of it, for a restarted agent to stop (`stop_recorded`)."""
+        found: dict[str, object] = {}
+        if self.cgroup is not None:
+            found["cgroup"] = self.cgroup.path
+        if self.user is not None:
+            found["uid"] = self.user.uid
+        return found
+
     def kill(self) -> int:
         """Every process of the attempt killed: the cgroup's, and any of the user's uid."""
         killed = self.cgroup.kill() if self.cgroup is not None else 0
@@ -402,3 +429,17 @@ class Confinement:
         if self.cgroup is not None:
             self.cgroup.remove()
         return killed
+
+
+def stop_recorded(running: dict[str, object]) -> int:
+    """What an earlier start of the agent recorded of an attempt (`Confinement.record`), killed: its
+    cgroup (then removed) and its user's processes; how many processes."""
+    killed = 0
+    cgroup = earlier_cgroup(running.get("cgroup"))
+    if cgroup is not None:
+        killed += cgroup.kill()
+        cgroup.remove()
+    uid = running.get("uid")
+    if isinstance(uid, int) and not isinstance(uid, bool) and UID_BASE <= uid < UID_BASE + UID_SPAN:
+        killed += kill_processes_of(uid)
+    return killed

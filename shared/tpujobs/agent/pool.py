@@ -20,6 +20,7 @@ from .attempt_key import fetch_attempt_key
 from .basics import AGENT_FAILED, AgentError, log, safe_name
 from .boot_record import AttemptRecord, boot_id, still_running
 from .config import check_config, check_image, check_required, check_timings, read_json_object
+from .confine import stop_recorded
 from .containers import Docker, ImageProblem
 from .megascale import key_with_slices
 from .notices import watch_metadata
@@ -354,6 +355,10 @@ class PoolAgent:
         attempt left running on this unit (its command's group, its container) is stopped too:
         the next job gets the unit clean."""
         running = job.agent.record.read().get("running")
+        if isinstance(running, dict) and running.get("boot") == boot_id():
+            killed = stop_recorded(running)  # its cgroup and user: a setsid daemon outlives the group
+            if killed:
+                log(f"{job.name()}: {killed} process{'es' if killed != 1 else ''} of its earlier start killed")
         if not isinstance(running, dict) or not still_running(running, boot_id()):
             return
         log(f"{job.name()}: stopping what its earlier start left running (pid {running.get('pid')})")

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_stubs import FakeMetadata, GoogleStub, a_job, chunk_prefix, gone
+from agent_stubs import FakeMetadata, GoogleStub, a_job, chunk_prefix, gone, kill_group
 from test_pool_agent import ASSIGNMENT, UnitHost, assign, kinds_of
 
 from tpujobs.agent import confine
@@ -134,6 +134,27 @@ def test_a_setsid_leftover_is_killed_before_exited_is_published_and_the_job_ran_
     assert int(re.search(r"uid=(\d+)", again).group(1)) != uid  # type: ignore[union-attr]
     assert google.alive_at_exit["second-1"] == []
     assert not [name for name in os.listdir(own_cgroup() or "/") if name.startswith(confine.CGROUP_PREFIX + "first")]
+
+
+@REAL
+def test_a_restarted_pool_agent_kills_the_setsid_daemon_its_earlier_start_left_in_the_jobs_cgroup(
+    host: UnitHost, metadata: FakeMetadata, google: WatchingGoogle
+) -> None:
+    """The pool agent dies while its job runs (the job and its setsid daemon run on, no longer below it);
+    started again, it finds the job's cgroup in the attempt's record and kills the daemon too."""
+    job = a_job(job_id="lost-1", command=PROBE.format(config="/nonexistent", root_procs="/dev/null") + "; sleep 600")
+    first = host.start()
+    assign(metadata, 1, job)
+    wait_for(lambda: b"daemon=" in google.output(chunk_prefix(job_id="lost-1")) and "running" in host.record(job))
+    daemon = int(re.findall(rb"daemon=(\d+)", google.output(chunk_prefix(job_id="lost-1")))[0])
+    assert host.record(job)["running"]["cgroup"].startswith(str(own_cgroup()))
+    kill_group(first.pid)
+    first.wait(timeout=10)
+    assert not gone(daemon)
+
+    host.start()
+    wait_for(lambda: host.said("job lost-1 attempt 1: not run again"))
+    assert gone(daemon)
 
 
 @REAL

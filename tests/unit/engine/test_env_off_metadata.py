@@ -61,12 +61,14 @@ def readable(metadata: dict[str, str]) -> str:
 
 
 def test_no_env_value_is_in_the_metadata_of_a_jobs_nodes(jobs, tpu_client):
-    """The nodes of a job with env, as the TPU API shows them, hold the value nowhere (the startup
-    script's config decoded too); the boot metadata of either platform has none either."""
+    """The node template of a job with env, as the TPU API shows its queued resource to a viewer, holds
+    the value nowhere (the startup script's config decoded too); the boot metadata of either platform
+    has none either."""
     job = submitted(jobs)
-    nodes = list(tpu_client.list_nodes(parent=f"projects/{jobs.settings.project}/locations/{ZONE}"))
-    assert nodes
-    for node in nodes:
+    shown = list(tpu_client.list_queued_resources(parent=f"projects/{jobs.settings.project}/locations/{ZONE}"))
+    templates = [spec.node for resource in shown for spec in resource.tpu.node_spec]
+    assert templates
+    for node in templates:
         assert VALUE not in readable(dict(node.metadata))
     assert VALUE not in readable(dict(host_boot(job, jobs.settings).metadata))
 
