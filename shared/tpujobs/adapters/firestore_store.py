@@ -4,7 +4,8 @@
 (the service, the API, the CLI, the benches) get. Each part lives in a module of its own:
 job records and their timeline (`firestore_jobs`), worker records (`firestore_workers`),
 queries and retention (`firestore_queries`), rejections and the signed reports seen
-(`firestore_rejections`), exported logs (`firestore_attempt_logs`); the documents they read and
+(`firestore_rejections`), exported logs (`firestore_attempt_logs`), the warm-pool unit VMs'
+secrets (`firestore_unit_secrets`); the documents they read and
 write are mapped in `firestore_documents`.
 """
 
@@ -40,6 +41,7 @@ from tpujobs.adapters.firestore_jobs import FirestoreJobRecords
 from tpujobs.adapters.firestore_queries import FirestoreJobQueries, FirestoreRetention
 from tpujobs.adapters.firestore_reads import transient_on_failure
 from tpujobs.adapters.firestore_rejections import FirestoreMessageRecords
+from tpujobs.adapters.firestore_unit_secrets import FirestoreUnitSecrets
 from tpujobs.adapters.firestore_workers import FirestoreWorkerRecords
 
 __all__ = [
@@ -74,6 +76,7 @@ class FirestoreJobStore(
     FirestoreRetention,
     FirestoreMessageRecords,
     FirestoreAttemptLogs,
+    FirestoreUnitSecrets,
 ):
     """JobStore (and JobDocuments) on a Firestore client (the emulator when FIRESTORE_EMULATOR_HOST is set)."""
 

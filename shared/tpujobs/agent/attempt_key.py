@@ -14,6 +14,7 @@ import os
 import re
 import urllib.parse
 from dataclasses import dataclass, field
+from typing import Any
 
 from .basics import AgentError, HttpError
 from .rest import _DEFAULT, _DIRECT, ACCOUNT_METADATA, Metadata, http_call, parse_report_key, with_retries
@@ -40,6 +41,34 @@ class AttemptKey:
         return {KEY_VERSION_ATTRIBUTE: self.version, JOB_CREATED_ATTRIBUTE: self.job_created}
 
 
+class KeyFunctionRefused(AgentError):
+    """The key function's answer was not 2xx (after retries): its status, and its sentence."""
+
+    def __init__(self, error: HttpError) -> None:
+        super().__init__(str(error))
+        self.status = error.status
+
+
+def ask_key_function(metadata: Metadata, key_url: str, action: str, fields: dict[str, Any]) -> bytes:
+    """The key function's answer to `action` with `fields` and this VM's identity token (minted
+    for the config's key URL, which is the token's audience); HttpError when it refuses, after a
+    bounded number of retries of transient failures; KeyFunctionRefused when it answers no."""
+    audience = key_url
+    key_url = os.environ.get(KEY_URL_VARIABLE) or key_url
+    if not key_url:
+        raise AgentError("no key_url in the config: the attempt's key cannot be fetched")
+    query = urllib.parse.urlencode({"audience": audience or key_url, "format": "full"})
+    token = str(with_retries(lambda: metadata.get(f"{IDENTITY_METADATA}?{query}"))).strip()
+    account = str(with_retries(lambda: metadata.get(ACCOUNT_METADATA))).strip()
+    body = json.dumps({"action": action, "identity": token, **fields}).encode("utf-8")
+    headers = {"Authorization": f"Bearer {token}", CALLER_HEADER: account, "Content-Type": "application/json"}
+    opener = _DIRECT if urllib.parse.urlsplit(key_url).hostname in ("127.0.0.1", "localhost") else _DEFAULT
+    try:
+        return bytes(with_retries(lambda: http_call(opener, "POST", key_url, body, headers, timeout=15.0)))
+    except HttpError as error:
+        raise KeyFunctionRefused(error) from None
+
+
 def fetch_attempt_key(
     metadata: Metadata,
     key_url: str,
@@ -48,32 +77,23 @@ def fetch_attempt_key(
     slice_id: int,
     worker_id: int,
     address: str | None = None,
+    unit_secret: bytes | None = None,
 ) -> AttemptKey:
     """This host's key for the attempt; AgentError when the control plane refuses it (the reason
-    is its answer) or the answer is unusable. Transient failures are retried a bounded number of times."""
-    audience = key_url
-    key_url = os.environ.get(KEY_URL_VARIABLE) or key_url
-    if not key_url:
-        raise AgentError("no key_url in the config: the attempt's key cannot be fetched")
-    query = urllib.parse.urlencode({"audience": audience or key_url, "format": "full"})
-    token = str(with_retries(lambda: metadata.get(f"{IDENTITY_METADATA}?{query}"))).strip()
-    account = str(with_retries(lambda: metadata.get(ACCOUNT_METADATA))).strip()
-    body = json.dumps(
-        {
-            "action": "attempt-key",
-            "identity": token,
-            "job_id": job_id,
-            "attempt": attempt,
-            "slice_id": slice_id,
-            "worker_id": worker_id,
-            **({"address": address} if address else {}),
-        }
-    ).encode("utf-8")
-    headers = {"Authorization": f"Bearer {token}", CALLER_HEADER: account, "Content-Type": "application/json"}
-    opener = _DIRECT if urllib.parse.urlsplit(key_url).hostname in ("127.0.0.1", "localhost") else _DEFAULT
+    is its answer) or the answer is unusable. Transient failures are retried a bounded number of
+    times. `unit_secret`: a warm-pool unit's (`unit_secret.UnitSecret`), the proof that the pool
+    agent asks, not any process of the VM."""
+    fields = {
+        "job_id": job_id,
+        "attempt": attempt,
+        "slice_id": slice_id,
+        "worker_id": worker_id,
+        **({"address": address} if address else {}),
+        **({"unit_secret": unit_secret.hex()} if unit_secret is not None else {}),
+    }
     try:
-        raw = with_retries(lambda: http_call(opener, "POST", key_url, body, headers, timeout=15.0))
-    except HttpError as error:
+        raw = ask_key_function(metadata, key_url, "attempt-key", fields)
+    except KeyFunctionRefused as error:
         raise AgentError(f"the control plane refused the attempt's key: {error}") from None
     try:
         answer = json.loads(raw)

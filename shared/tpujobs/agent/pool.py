@@ -1,6 +1,9 @@
 """Pool mode: the long-lived agent of a warm pool unit's host. It waits on the node metadata's
 `tpujobs-assignment` and runs each assigned attempt with `attempt.Agent`, one at a time, each in
 a fresh directory; after each, whatever the job left is killed and its directory deleted.
+Before any job runs, it keeps the unit's secret (`unit_secret.py`) and registers its hash, and
+every key it asks for proves it: a job's leftover process, which can read the next assignment,
+cannot get the next job's key.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any
 from .assignment_seq import HighestSeq
 from .attempt import Agent
 from .attempt_key import fetch_attempt_key
-from .basics import AGENT_FAILED, AgentError, log, safe_name
+from .basics import AGENT_CANNOT_START, AGENT_FAILED, AgentError, log, safe_name
 from .boot_record import AttemptRecord, boot_id, still_running
 from .config import check_config, check_image, check_required, check_timings, read_json_object
 from .confine import stop_recorded
@@ -27,6 +30,7 @@ from .notices import watch_metadata
 from .processes import kill_descendants, signal_group
 from .reports import Reporter
 from .rest import GoogleApi, Metadata, Publisher, SecretReader, Storage, TokenSource
+from .unit_secret import UnitSecret
 from .wire import MAX_DETAIL_CHARS
 
 ASSIGNMENT_METADATA = "instance/attributes/tpujobs-assignment"
@@ -150,6 +154,7 @@ class PoolAgent:
         self.pending: dict[str, Any] | None = None  # what runs once the withdrawn job is gone
         self.handled: set[tuple[str, int]] = set()  # attempts started in this boot
         self._last_text: str | None = None
+        self.unit_secret: UnitSecret | None = None  # made (or read again) before any job runs
 
     def prepull(self) -> None:
         """The pool's image, pulled once as its policy says, so the first job starts warm; a
@@ -178,7 +183,13 @@ class PoolAgent:
         self.events.put(("sigterm", reason))
 
     def run(self) -> int:
-        """Waits for assignments and runs them until a SIGTERM finds no job running; 0."""
+        """Waits for assignments and runs them until a SIGTERM finds no job running; 0. Without
+        the unit's secret no job's key could be fetched here: AGENT_CANNOT_START."""
+        try:
+            self.unit_secret = UnitSecret.kept_in(self.workdir)  # before any job runs on this VM
+        except (AgentError, OSError) as error:
+            log(f"cannot start: the unit's secret cannot be kept: {error}")
+            return AGENT_CANNOT_START
         log(
             f"pool {self.config['pool']} unit {self.config['unit']} ({self.config['queued_resource']}): "
             f"slice {self.slice_id} worker {self.worker_id}, waiting for assignments in {self.workdir}"
@@ -250,11 +261,14 @@ class PoolAgent:
                 log(f"{where} not started: the pool agent is stopping (SIGTERM)")
                 return
         self.handled.add(key)
+        secret = self.unit_secret
+        assert secret is not None, "run() keeps the unit's secret before any assignment"
         try:
             config_key_url = str(assignment["config"].get("key_url") or "")
+            secret.register(self.metadata, config_key_url)  # before the unit's first job's key
             attempt_key, megascale = key_with_slices(
                 lambda address: fetch_attempt_key(
-                    self.metadata, config_key_url, key[0], key[1], self.slice_id, self.worker_id, address
+                    self.metadata, config_key_url, key[0], key[1], self.slice_id, self.worker_id, address, secret.value
                 ),
                 self.metadata,
                 assignment["config"],

@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 KEY_ACTION = "attempt-key"  # answered by the attempt_key function alone (tpujobs.engine.key_api)
+KEY_ACTIONS = (KEY_ACTION, "unit-register")  # both answered there alone
 # action -> (the part of the API that answers it, its method): add one here and in jobs_api.requests.
 ROUTES = {
     "list": ("job_actions", "list_jobs"),
@@ -110,8 +111,8 @@ class JobsApi:
             caller = self.caller(headers, url)
             data = parse_body(body)
             action = data.pop("action")
-            if action == KEY_ACTION:
-                raise ApiError(404, f"{KEY_ACTION!r} is answered at the key URL (TPUJOBS_KEY_URL), not here.")
+            if action in KEY_ACTIONS:
+                raise ApiError(404, f"{action!r} is answered at the key URL (TPUJOBS_KEY_URL), not here.")
             log.info("%s asks to %s %s", caller, action, data.get("job_id") or data.get("name") or "")
             request = validated(action, data)
             if isinstance(request, ApiRequest):

@@ -1,5 +1,6 @@
 """The `attempt_key` HTTP function's front door: a worker host trades its VM's identity token for
-its attempt's report key, and asks nothing else.
+its attempt's report key, and asks nothing else (a warm-pool unit's agent registers its secret
+first, `unit-register`: `jobs_api.unit_secrets`).
 
 It is a function of its own, with its own URL (`TPUJOBS_KEY_URL`, also the audience of the tokens
 hosts mint for it), so that the VMs' accounts may invoke it and no other function (infra/functions.tf):
@@ -19,13 +20,21 @@ from tpujobs.engine.errors import TransientError
 from tpujobs.engine.identity import CallerIdentity, Headers, InvalidToken, TokenVerifier, Unauthenticated, header
 from tpujobs.engine.jobs_api.answers import ApiError, Response
 from tpujobs.engine.jobs_api.attempt_keys import AttemptKeys, KeyHolders
-from tpujobs.engine.jobs_api.requests import CALLER_HEADER, AttemptKeyRequest, parse_body, validated
+from tpujobs.engine.jobs_api.requests import (
+    CALLER_HEADER,
+    AttemptKeyRequest,
+    UnitRegisterRequest,
+    parse_body,
+    validated,
+)
+from tpujobs.engine.jobs_api.unit_secrets import REGISTER_ACTION
 from tpujobs.engine.ports import Clock
 from tpujobs.engine.settings import Settings
 
 log = logging.getLogger(__name__)
 
-ACTION = "attempt-key"  # the one action answered here (the body names it, as the agent sends it)
+ACTION = "attempt-key"  # what a host asks for (the body names it, as the agent sends it)
+ACTIONS = (ACTION, REGISTER_ACTION)  # and a warm-pool unit's agent registers its secret first
 
 
 class KeyApi:
@@ -54,9 +63,13 @@ class KeyApi:
             caller = self.caller(headers)
             data = parse_body(body)
             action = data.pop("action")
-            if action != ACTION:
-                raise ApiError(404, f"This function answers {ACTION!r} only, not {action!r}: use the jobs API.")
-            request = validated(ACTION, data)
+            if action not in ACTIONS:
+                raise ApiError(
+                    404, f"This function answers {' and '.join(ACTIONS)} only, not {action!r}: use the jobs API."
+                )
+            request = validated(action, data)
+            if isinstance(request, UnitRegisterRequest):
+                return self.keys.units.register(caller, request)
             assert isinstance(request, AttemptKeyRequest)
             return self.keys.grant(caller, request)
         except ApiError as error:

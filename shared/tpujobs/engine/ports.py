@@ -221,6 +221,20 @@ class MessageRecords(Protocol):
         """The id `remember_report` kept first for `digest`; None while none is remembered."""
 
 
+class UnitSecretRecords(Protocol):
+    """The SHA-256 of each warm-pool unit VM's secret, which its pool agent registers before any
+    job runs (`unit_secrets/{digest}`, one per VM: instance id and creation time). Never expire."""
+
+    def register_unit_secret(self, digest: str, secret_sha256: str, instance_id: str, now: datetime) -> str:
+        """Keep the hash, create-only; the hash kept first for `digest` (`secret_sha256` if new)."""
+
+    def unit_secret_sha256(self, digest: str) -> str | None:
+        """The hash `register_unit_secret` kept for `digest`; None while the VM registered none."""
+
+    def count_refused_unit_secret(self, digest: str, now: datetime) -> None:
+        """One more registration with another hash was refused for `digest` (its `refused` count)."""
+
+
 class AttemptLogStore(Protocol):
     """Where each attempt's exported output is."""
 

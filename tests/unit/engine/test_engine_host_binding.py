@@ -7,6 +7,7 @@ Google signs into a VM's identity token, `format=full`); the engine and its stor
 
 from __future__ import annotations
 
+import hashlib
 import json
 from datetime import datetime, timedelta
 from typing import Any
@@ -24,6 +25,7 @@ KEY_URL = "https://us-central1-test-project.cloudfunctions.net/jobs"
 ADMIN = "root@example.com"
 OWNER = "ada@example.com"
 TPU_VM = "t1v-n-0a1b2c3d-w-0"
+UNIT_SECRET = bytes(range(32))  # a unit's pool agent's (agent/unit_secret.py)
 
 
 class VmTokens:
@@ -53,6 +55,14 @@ def ask(jobs: Engine, tokens: VmTokens, token: str, job_id: str = "train-1", **c
     """The `attempt-key` answer for worker 0 of slice 0 of the job's attempt 1, unless `changes` say otherwise."""
     body = {"action": "attempt-key", "identity": token, "job_id": job_id, "attempt": 1, "slice_id": 0}
     body = {"worker_id": 0, **body, **changes}
+    caller = {CALLER_HEADER: jobs.settings.tpu_service_account}
+    api = KeyApi(jobs.store, jobs.api_settings, jobs.service.clock, verify_vm_token=tokens)
+    return api.handle("POST", KEY_URL, caller, json.dumps(body).encode())
+
+
+def register(jobs: Engine, tokens: VmTokens, token: str, secret: bytes) -> Any:
+    """The `unit-register` answer for the token's VM, as a unit's pool agent sends it before any job."""
+    body = {"action": "unit-register", "identity": token, "secret_sha256": hashlib.sha256(secret).hexdigest()}
     caller = {CALLER_HEADER: jobs.settings.tpu_service_account}
     api = KeyApi(jobs.store, jobs.api_settings, jobs.service.clock, verify_vm_token=tokens)
     return api.handle("POST", KEY_URL, caller, json.dumps(body).encode())
@@ -119,14 +129,16 @@ def pooled(engine: Any, clock: OffsetClock) -> Engine:
 def test_a_vm_older_than_the_pool_jobs_unit_gets_no_key(engine, tokens):
     """A VM of the same account and zone made before the unit was asked for (an old job's, another
     pool's) is not the unit's: 403. The unit's own VM, made after its request and an hour before
-    the job was assigned to it, gets the key."""
+    the job was assigned to it, with its pool agent's registered secret, gets the key."""
     jobs = pooled(engine, OffsetClock())
     job = jobs.store.get("train-1")
     assert job is not None and job.warm_pool_unit == "demo-u0-g1" and job.unit_requested_at is not None
     old = ask(jobs, tokens, tokens.vm(jobs, "2002", made=job.unit_requested_at - timedelta(hours=1)))
     assert old.status == 403 and "key" not in old.body
     assert "made before unit demo-u0-g1 was asked for" in old.body["error"]
-    own = ask(jobs, tokens, tokens.vm(jobs, "1001", made=job.unit_requested_at + timedelta(seconds=30)))
+    own_vm = tokens.vm(jobs, "1001", made=job.unit_requested_at + timedelta(seconds=30))
+    assert register(jobs, tokens, own_vm, UNIT_SECRET).status == 200
+    own = ask(jobs, tokens, own_vm, unit_secret=UNIT_SECRET.hex())
     assert own.status == 200, own.body
 
 

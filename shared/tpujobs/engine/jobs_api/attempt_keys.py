@@ -24,7 +24,8 @@ from tpujobs.domain.states import JobState
 from tpujobs.engine.identity import InvalidToken, TokenVerifier
 from tpujobs.engine.jobs_api.answers import ApiError, Response
 from tpujobs.engine.jobs_api.requests import AttemptKeyRequest
-from tpujobs.engine.ports import Clock, JobRecords, MessageRecords
+from tpujobs.engine.jobs_api.unit_secrets import UnitSecrets
+from tpujobs.engine.ports import Clock, JobRecords, MessageRecords, UnitSecretRecords
 from tpujobs.engine.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -33,8 +34,9 @@ HOLDING = (JobState.PROVISIONING, JobState.RUNNING)  # states in which an attemp
 CREATION_SKEW = timedelta(minutes=2)  # Google's VM clock against ours
 
 
-class KeyHolders(JobRecords, MessageRecords, Protocol):
-    """The job, and the first VM that held each worker's key (remembered like a signed report)."""
+class KeyHolders(JobRecords, MessageRecords, UnitSecretRecords, Protocol):
+    """The job, the first VM that held each worker's key (remembered like a signed report), and
+    each warm-pool unit VM's registered secret."""
 
 
 class AttemptKeys:
@@ -45,6 +47,7 @@ class AttemptKeys:
         self.settings = settings
         self.verify_token = verify_token
         self.clock = clock
+        self.units = UnitSecrets(store, settings, verify_token, clock)  # a pool job's keys: its agent's alone
 
     def grant(self, caller: str, request: AttemptKeyRequest) -> Response:
         """The key of the attempt, when the token's VM can be its host; 401 or 403 otherwise."""
@@ -123,7 +126,7 @@ class AttemptKeys:
                 return f"the job does not say when unit {job.warm_pool_unit} was asked for"
             if _at(made) < job.unit_requested_at - CREATION_SKEW:
                 return f"the VM was made before unit {job.warm_pool_unit} was asked for"
-            return None
+            return self.units.refusal(vm, request.unit_secret)  # the unit's pool agent, not any process
         since = job.requested_at or next((u.waiting_since for u in job.usage if u.attempt == job.attempt), None)
         if since is not None and _at(made) < since - CREATION_SKEW:
             return "the VM was made before the attempt asked for capacity"

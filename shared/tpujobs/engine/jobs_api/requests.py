@@ -32,6 +32,7 @@ CALLER_HEADER = "X-Tpujobs-Caller"  # who asks, in the local stack only (no Goog
 MAX_BODY_BYTES = 64 * 1024
 DEFAULT_LIMIT = 100
 REQUEST_ID_PATTERN = r"^[A-Za-z0-9._-]{1,128}$"
+SECRET_HEX_PATTERN = r"^[0-9a-f]{64}$"  # 32 bytes, or their SHA-256, as lower-case hex
 STATES = tuple(state.value for state in JobState)
 # What is wrong with each field when it is missing or does not fit, whatever the action.
 SENTENCES = {
@@ -51,6 +52,8 @@ SENTENCES = {
     "slice_id": "'slice_id' is required: the host's slice, 0 or more.",
     "worker_id": "'worker_id' is required: the host's worker number in its slice, 0 or more.",
     "identity": "'identity' is required: the VM's instance identity token (format=full).",
+    "unit_secret": "'unit_secret' must be 64 lower-case hex digits: the unit's 32-byte secret.",
+    "secret_sha256": "'secret_sha256' is required: 64 lower-case hex digits, the SHA-256 of the unit's secret.",
     "worker": "'worker' must be a worker's number K, 0 or more (K = slice x hosts per slice + worker).",
     "after": "'after' must be the 'after' of a `logs` answer, as it gave it (a cursor of up to 4096 characters).",
 }
@@ -204,6 +207,17 @@ class AttemptKeyRequest(ApiRequest):
     # A multislice host's own address on the slices' network: worker 0 of slice 0 gives it, and
     # becomes the coordinator every host's MEGASCALE_COORDINATOR_ADDRESS names (docs/platforms.md).
     address: Annotated[str, AfterValidator(_ip_address)] | None = None
+    # A warm-pool unit's host proves it is the unit's pool agent (root), not any process of the
+    # VM: the 32 random bytes (hex) whose SHA-256 it registered before any job ran (`unit-register`).
+    unit_secret: Annotated[str, Field(pattern=SECRET_HEX_PATTERN)] | None = None
+
+
+class UnitRegisterRequest(ApiRequest):
+    """`unit-register`: a warm-pool unit VM's pool agent, before any job runs there, registers the
+    SHA-256 of its secret for that VM (its identity token says which); the first one is kept."""
+
+    identity: Annotated[str, Field(min_length=1, max_length=8192)]
+    secret_sha256: Annotated[str, Field(pattern=SECRET_HEX_PATTERN)]
 
 
 class NotifyKeyRequest(ApiRequest):
@@ -232,6 +246,7 @@ REQUESTS: dict[str, type[ApiRequest] | None] = {
     "pool-resize": PoolResizeRequest,
     "pool-delete": PoolRequest,
     "attempt-key": AttemptKeyRequest,
+    "unit-register": UnitRegisterRequest,
     "logs": LogsRequest,
     "notify-key": NotifyKeyRequest,
 }

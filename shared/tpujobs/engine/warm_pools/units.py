@@ -33,6 +33,17 @@ def replaced_for(job: Job) -> int:
     return sum(1 for usage in job.usage if usage.pool and usage.capacity_lost)
 
 
+def current_unit(store: WarmPoolStore, queued_resource: str) -> tuple[str, Unit] | None:
+    """(pool, unit) of the unit whose current generation `queued_resource` names, as read now."""
+    parsed = parse_unit_queued_resource_name(queued_resource)
+    if parsed is None:
+        return None
+    name, index, generation = parsed
+    pool = store.get(name)
+    unit = pool.unit(index) if pool is not None else None
+    return (name, unit) if unit is not None and unit.generation == generation else None
+
+
 class PoolUnits:
     """The units of every pool, and the jobs on them."""
 
@@ -127,7 +138,7 @@ class PoolUnits:
 
     def observe_unit(self, queued_resource: str, state: str, detail: str = "", unhealthy_hosts: int = 0) -> None:
         """A unit's queued resource was seen in some state (tpujobs-qr-state, the reconciler)."""
-        current = self._current(queued_resource)
+        current = current_unit(self.store, queued_resource)
         if current is None:
             return  # an older generation, or a pool gone: the reconciler releases leftovers
         name, unit = current
@@ -135,20 +146,9 @@ class PoolUnits:
         self.seen(name, unit.index, unit.generation, status)
 
     def unit_zone(self, queued_resource: str) -> str | None:
-        """The zone a unit's current generation was requested in, when `queued_resource` is that
-        generation's holding; None for anything else (an older generation, no such unit)."""
-        current = self._current(queued_resource)
+        """The zone the unit whose current generation `queued_resource` names was requested in, else None."""
+        current = current_unit(self.store, queued_resource)
         return current[1].zone if current is not None else None
-
-    def _current(self, queued_resource: str) -> tuple[str, Unit] | None:
-        """(pool, unit) of the unit whose current generation `queued_resource` names, as read now."""
-        parsed = parse_unit_queued_resource_name(queued_resource)
-        if parsed is None:
-            return None
-        name, index, generation = parsed
-        pool = self.store.get(name)
-        unit = pool.unit(index) if pool is not None else None
-        return (name, unit) if unit is not None and unit.generation == generation else None
 
     def seen(self, name: str, index: int, generation: int, status: CapacityStatus | None) -> None:
         """What the unit's queued resource state means: ready, lost, or still on its way."""
@@ -274,10 +274,8 @@ class PoolUnits:
         """Commit the job PROVISIONING on the unit the pool gave it, then tell the unit's agents.
         A job that moved on meanwhile (cancelled) gives the unit back. True when it runs there."""
         qr = unit.queued_resource(pool.name)
-        seen = Observation(
-            EventKind.ADMITTED, job.attempt, "submit", capacity_state="ACTIVE", unit=qr, zone=unit.zone,
-            unit_requested_at=unit.requested_at,
-        )  # fmt: skip
+        seen = Observation(EventKind.ADMITTED, job.attempt, "submit", capacity_state="ACTIVE", unit=qr, zone=unit.zone,
+                           unit_requested_at=unit.requested_at)  # fmt: skip
         outcome = self.journal.commit(job.job_id, seen)
         current = outcome.job if isinstance(outcome, Decision) else self.jobs.get(job.job_id)
         on_unit = (

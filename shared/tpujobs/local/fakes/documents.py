@@ -36,6 +36,7 @@ class Collections:
         self._attempts: dict[str, dict[str, Document]] = {}  # job id -> str(attempt) -> document
         self._rejections: dict[str, Document] = {}
         self._reports_seen: dict[str, Document] = {}
+        self._unit_secrets: dict[str, Document] = {}  # never expire (adapters.firestore_unit_secrets)
         self._rejection_retention = rejection_retention
 
     # -- for the other fakes: the jobs collection as their queries see it -----------------------
