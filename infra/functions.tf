@@ -202,10 +202,12 @@ locals {
   # the local stack only.
   function_env = {
     GOOGLE_CLOUD_PROJECT = var.project
-    TPUJOBS_DEFAULT_ZONE = var.zones[0]
-    TPUJOBS_PREFIX       = var.prefix
-    TPUJOBS_LOGS_BUCKET  = google_storage_bucket.logs.name
-    TPUJOBS_ADMINS       = join(",", var.admins)
+    # Audit entries may name the project by number (tpujobs.engine.jobs.audit_entries).
+    TPUJOBS_PROJECT_NUMBER = data.google_project.this.number
+    TPUJOBS_DEFAULT_ZONE   = var.zones[0]
+    TPUJOBS_PREFIX         = var.prefix
+    TPUJOBS_LOGS_BUCKET    = google_storage_bucket.logs.name
+    TPUJOBS_ADMINS         = join(",", var.admins)
     # The TPU VMs run as this account: worker events, preemption notices, logs; nothing else.
     # Always set, so a queued resource never runs as the Compute Engine default account.
     TPUJOBS_TPU_SERVICE_ACCOUNT = google_service_account.tpu_vm.email

@@ -248,12 +248,12 @@ def test_hostile_spec_values_run_no_command_and_reach_the_agent_exactly(
         received = json.loads((record / "config.json").read_bytes())
         spec = job.spec
         assert received == agent_config(job, SETTINGS)
-        assert (received["command"], received["setup"], received["env"], received["code_uri"]) == (
+        assert (received["command"], received["setup"], received["code_uri"]) == (
             spec.command,
             spec.setup,
-            spec.env,
             spec.code_uri,
         )
+        assert "env" not in received  # env values come with the attempt's key, never in metadata
         assert "hostile-1" in received["queued_resource"] and received["attempt"] == 1
 
 

@@ -11,6 +11,7 @@ import subprocess
 import tarfile
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .basics import AGENT_FAILED, AGENT_STARTED_AGAIN, AgentError, Refused, log, rfc3339, safe_name
@@ -264,34 +265,15 @@ class Agent(CommandRunner):
         # The values live only here and in the environment of setup and command.
         secret_values = self.secret_reader.read_all(self.config["secrets"])
         self.secret_values = secret_values
-        code = 0
-        if self.config.get("code_uri"):
-            try:
-                fetch_code(self.storage, self.config["code_uri"], code_dir, self.config["code_sha256"])
-            except Refused:
-                raise
-            except (AgentError, OSError, http.client.HTTPException, tarfile.TarError) as error:
-                self.note(f"could not fetch the code from {self.config['code_uri']}: {error}")
-                code = AGENT_FAILED
+        code = _fetched(self.storage, self.config, code_dir, self.note)
         confinement.hand_over(code_dir)
         env = job_environment(self.environ, self.config, self.worker_id, self.slice_id, secret_values, self.megascale)
         if self.config.get("image"):
             return code or self._contained(self.config["image"], code_dir, env, sorted(secret_values))
         env = confinement.environment(env)
-        marker = os.path.join(
-            os.path.dirname(os.path.abspath(self.workdir)),
-            f".setup-done-{safe_name(self.config['job_id'])}",
-        )
         if code == 0 and self.config.get("setup"):
-            if os.path.exists(marker):
-                log("setup already ran on this host for this job; skipping it")
-            else:
-                code = self._run(["bash", "-c", self.config["setup"]], code_dir, env, "setup")
-                if code == 0 and not self.preemption.noticed.is_set() and not self.withdrawn.is_set():
-                    with open(marker, "w", encoding="utf-8") as handle:
-                        handle.write(rfc3339() + "\n")
-                elif code != 0:
-                    log(f"setup exited with {code}; the command does not run")
+            stops = (self.preemption.noticed, self.withdrawn)
+            code = setup_once(self._run, self.config, self.workdir, code_dir, env, stops)
         if code == 0:
             code = self._run(["bash", "-c", self.config["command"]], code_dir, env, "command")
         return code
@@ -330,7 +312,11 @@ class Agent(CommandRunner):
             self._finished = True
             withdrawn = self.withdrawn.is_set()
             preempted = self.preemption.noticed.is_set() or withdrawn  # either way, no end is told
-        failed = self._failed_output() if not preempted and aborted is None and code != 0 else {}
+        failed = (
+            failed_output(self.config, self.last_output, self.secret_values, self.note)
+            if not preempted and aborted is None and code != 0
+            else {}
+        )
         if self._started_at is not None:  # an exit handled before its `started` still counts the time
             failed = {**failed, "command_started_at": self._started_at}
         if self._limit is not None and aborted is None:  # the agent stopped it: the limit, not an error
@@ -352,15 +338,56 @@ class Agent(CommandRunner):
         self.record.update(ended=ended, exit_code=code, ended_at=rfc3339())  # and said so
         return code
 
-    def _failed_output(self) -> dict[str, Any]:
-        """What a failed `exited` adds: the last lines, secrets cut out, and the retry_on.output
-        pattern (its index) that matched one of them, with that line. The control plane believes
-        the claim for this job only: it can change nothing but the job's own retry."""
-        lines = last_lines(self.last_output.snapshot(), self.secret_values, self.last_output.dropped)
-        extra: dict[str, Any] = {"last_lines": lines}
-        found = match_retry_output(self.config["retry_output"], lines)
-        if isinstance(found, str):
-            self.note(found)
-        elif found is not None:
-            extra.update(retry_pattern=found[0], retry_line=found[1][:MAX_RETRY_LINE_CHARS])
-        return extra
+
+def setup_once(
+    run: Callable[[list[str], str, dict[str, str], str], int],
+    config: dict[str, Any],
+    workdir: str,
+    code_dir: str,
+    env: dict[str, str],
+    stops: tuple[threading.Event, ...],
+) -> int:
+    """Setup, unless it already ran on this host for this job: a marker beside the workdir, left
+    when it succeeded and none of `stops` (a notice, a withdrawal) is set."""
+    marker = os.path.join(os.path.dirname(os.path.abspath(workdir)), f".setup-done-{safe_name(config['job_id'])}")
+    if os.path.exists(marker):
+        log("setup already ran on this host for this job; skipping it")
+        return 0
+    code = run(["bash", "-c", config["setup"]], code_dir, env, "setup")
+    if code == 0 and not any(stop.is_set() for stop in stops):
+        with open(marker, "w", encoding="utf-8") as handle:
+            handle.write(rfc3339() + "\n")
+    elif code != 0:
+        log(f"setup exited with {code}; the command does not run")
+    return code
+
+
+def failed_output(
+    config: dict[str, Any], output: LastOutput, secret_values: dict[str, str], note: Callable[[str], None]
+) -> dict[str, Any]:
+    """The last lines, secrets cut out, and the retry_on.output pattern (its index) that matched
+    one of them, with that line. The control plane believes the claim for this job only: it can
+    change nothing but the job's own retry."""
+    lines = last_lines(output.snapshot(), secret_values, output.dropped)
+    extra: dict[str, Any] = {"last_lines": lines}
+    found = match_retry_output(config["retry_output"], lines)
+    if isinstance(found, str):
+        note(found)
+    elif found is not None:
+        extra.update(retry_pattern=found[0], retry_line=found[1][:MAX_RETRY_LINE_CHARS])
+    return extra
+
+
+def _fetched(storage: Storage, config: dict[str, Any], code_dir: str, note: Callable[[str], None]) -> int:
+    """The job's code into `code_dir`, if it has any: 0, or AGENT_FAILED when it could not be
+    fetched (said); Refused, raised, when it is not what was submitted."""
+    if not config.get("code_uri"):
+        return 0
+    try:
+        fetch_code(storage, config["code_uri"], code_dir, config["code_sha256"])
+    except Refused:
+        raise
+    except (AgentError, OSError, http.client.HTTPException, tarfile.TarError) as error:
+        note(f"could not fetch the code from {config['code_uri']}: {error}")
+        return AGENT_FAILED
+    return 0

@@ -171,7 +171,7 @@ class Engine:
         )
         self.worker_events = WorkerEvents(store, settings, clock, reports, self.rejections, self.lifecycle)
         units = parts.units if parts else None
-        audits = AuditEntries(settings.project, store, reports.forgeries, units)
+        audits = AuditEntries((settings.project, settings.project_number), store, reports.forgeries, units)
         self.capacity_events = CapacityEvents(capacity, reports, self.lifecycle, audits, units)
         management = self.warm.management if self.warm is not None else None
         self.controls = Controls(store, settings, self.vetting, self.rejections, self.lifecycle, management, access)

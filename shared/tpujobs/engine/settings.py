@@ -25,6 +25,9 @@ class Settings:
     """Where tpujobs runs and what it talks to. Empty endpoints mean the real Google APIs."""
 
     project: str = DEFAULT_PROJECT  # GOOGLE_CLOUD_PROJECT (or GCLOUD_PROJECT), as Google's tools set it
+    # The project's number: Google may name the project by it in a resource path (an audit entry's
+    # resourceName); empty: only the id is taken (engine.jobs.audit_entries).
+    project_number: str = ""
     default_zone: str = DEFAULT_ZONE
     prefix: str = ""
     tpu_endpoint: str = ""  # the simulator's base URL locally; empty in production

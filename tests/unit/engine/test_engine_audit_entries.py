@@ -149,6 +149,18 @@ def test_an_entry_in_the_holdings_own_zone_still_moves_the_job(jobs, capacity):
     assert jobs.rejections() == []
 
 
+def test_an_entry_naming_the_project_by_its_number_moves_the_job_where_the_number_is_known(engine, capacity):
+    """A resource path may name the project by number: taken when the deployment says its number
+    (TPUJOBS_PROJECT_NUMBER), and still refused when it names another number."""
+    jobs = engine(tpu=capacity, clock=OffsetClock(), admins=(ADMIN,), project_number="123456789")
+    holding = running(jobs)
+    capacity.vanish(holding)
+    assert jobs.qr_state(audit_entry(holding, project="987654321")) is None
+    assert jobs.job().attempt == 1
+    jobs.qr_state(audit_entry(holding, project="123456789"))
+    assert jobs.job().attempt == 2
+
+
 def test_a_compute_engine_holding_named_by_a_tpu_audit_entry_ends_nothing(jobs, capacity):
     """A Compute Engine job's holding (`-c1`) is never in the TPU API's audit log: an entry naming it,
     in another zone or its own, reads nothing and ends nothing, and is counted."""

@@ -41,8 +41,13 @@ class UnitZones(Protocol):
 class AuditEntries:
     """Checks what an audit entry names against what tpujobs holds, before any capacity read."""
 
-    def __init__(self, project: str, jobs: JobRecords, forgeries: ForgeryCounts, units: UnitZones | None) -> None:
-        self.project = project
+    def __init__(
+        self, project: tuple[str, str], jobs: JobRecords, forgeries: ForgeryCounts, units: UnitZones | None
+    ) -> None:
+        """`project`: this project's id, and its number where known (a resource path may name either;
+        the log name names the id)."""
+        self.project, number = project
+        self.project_names = {self.project, *([number] if number else [])}
         self.jobs = jobs
         self.forgeries = forgeries
         self.units = units  # None: no warm pools
@@ -53,7 +58,7 @@ class AuditEntries:
         requested_in: str | None = None
         if target.log_name != activity_log(self.project):
             refusal = NOT_THE_AUDIT_LOG
-        elif target.project != self.project:
+        elif target.project not in self.project_names:
             refusal = OTHER_PROJECT
         else:
             requested_in = self.requested_in(target.holding)
