@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from tpujobs.domain.spec import SpecError, parse_spec
-from tpujobs.engine.errors import TransientError
 from tpujobs.engine.identity import (
     CallerIdentity,
     Headers,
@@ -32,6 +31,7 @@ from tpujobs.engine.identity import (
 from tpujobs.engine.identity import InvalidToken as InvalidToken  # what a TokenVerifier raises
 from tpujobs.engine.jobs_api.answers import ApiError as ApiError
 from tpujobs.engine.jobs_api.answers import Response as Response
+from tpujobs.engine.jobs_api.answers import answered
 from tpujobs.engine.jobs_api.answers import dead_letter_document as dead_letter_document
 from tpujobs.engine.jobs_api.answers import quota_document as quota_document
 from tpujobs.engine.jobs_api.answers import rejection_document as rejection_document
@@ -104,30 +104,25 @@ class JobsApi:
 
     def handle(self, method: str, url: str, headers: Headers, body: bytes) -> Response:
         """Answer one HTTP request; every refusal is a JSON `{"error": sentence}`."""
-        try:
-            if method.upper() != "POST":
-                raise ApiError(405, f"Use POST with a JSON body, not {method}.", {"Allow": "POST"})
-            self.refuse_key_audience(headers)
-            caller = self.caller(headers, url)
-            data = parse_body(body)
-            action = data.pop("action")
-            if action in KEY_ACTIONS:
-                raise ApiError(404, f"{action!r} is answered at the key URL (TPUJOBS_KEY_URL), not here.")
-            log.info("%s asks to %s %s", caller, action, data.get("job_id") or data.get("name") or "")
-            request = validated(action, data)
-            if isinstance(request, ApiRequest):
-                part, method_name = ROUTES[action]
-                answer: Response = getattr(getattr(self, part), method_name)(caller, request)
-                return answer
-            return self.submit(caller, request)
-        except ApiError as error:
-            return Response(error.status, {"error": error.message}, error.headers)
-        except TransientError as error:
-            log.warning("jobs API unavailable for now: %s", error)
-            return Response(503, {"error": f"Temporarily unavailable, try again: {error}"})
-        except Exception:  # still a JSON answer; the details go to the log, not the caller
-            log.exception("the jobs API failed")
-            return Response(500, {"error": "Internal error: see the function's logs."})
+        return answered("the jobs API", lambda: self._answer(method, url, headers, body))
+
+    def _answer(self, method: str, url: str, headers: Headers, body: bytes) -> Response:
+        """The answer to one request; an ApiError says why not."""
+        if method.upper() != "POST":
+            raise ApiError(405, f"Use POST with a JSON body, not {method}.", {"Allow": "POST"})
+        self.refuse_key_audience(headers)
+        caller = self.caller(headers, url)
+        data = parse_body(body)
+        action = data.pop("action")
+        if action in KEY_ACTIONS:
+            raise ApiError(404, f"{action!r} is answered at the key URL (TPUJOBS_KEY_URL), not here.")
+        log.info("%s asks to %s %s", caller, action, data.get("job_id") or data.get("name") or "")
+        request = validated(action, data)
+        if isinstance(request, ApiRequest):
+            part, method_name = ROUTES[action]
+            answer: Response = getattr(getattr(self, part), method_name)(caller, request)
+            return answer
+        return self.submit(caller, request)
 
     def caller(self, headers: Headers, url: str) -> str:
         """Who is asking: the token's verified email (tpujobs.engine.identity), or (local stack only)

@@ -16,9 +16,8 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tpujobs.engine.errors import TransientError
 from tpujobs.engine.identity import CallerIdentity, Headers, InvalidToken, TokenVerifier, Unauthenticated, header
-from tpujobs.engine.jobs_api.answers import ApiError, Response
+from tpujobs.engine.jobs_api.answers import ApiError, Response, answered
 from tpujobs.engine.jobs_api.attempt_keys import AttemptKeys, KeyHolders
 from tpujobs.engine.jobs_api.requests import (
     CALLER_HEADER,
@@ -57,29 +56,24 @@ class KeyApi:
 
     def handle(self, method: str, url: str, headers: Headers, body: bytes) -> Response:
         """Answer one HTTP request; every refusal is a JSON `{"error": sentence}`."""
-        try:
-            if method.upper() != "POST":
-                raise ApiError(405, f"Use POST with a JSON body, not {method}.", {"Allow": "POST"})
-            caller = self.caller(headers)
-            data = parse_body(body)
-            action = data.pop("action")
-            if action not in ACTIONS:
-                raise ApiError(
-                    404, f"This function answers {' and '.join(ACTIONS)} only, not {action!r}: use the jobs API."
-                )
-            request = validated(action, data)
-            if isinstance(request, UnitRegisterRequest):
-                return self.keys.units.register(caller, request)
-            assert isinstance(request, AttemptKeyRequest)
-            return self.keys.grant(caller, request)
-        except ApiError as error:
-            return Response(error.status, {"error": error.message}, error.headers)
-        except TransientError as error:
-            log.warning("attempt keys unavailable for now: %s", error)
-            return Response(503, {"error": f"Temporarily unavailable, try again: {error}"})
-        except Exception:  # still a JSON answer; the details go to the log, not the caller
-            log.exception("the attempt_key function failed")
-            return Response(500, {"error": "Internal error: see the function's logs."})
+        return answered("the attempt_key function", lambda: self._answer(method, url, headers, body))
+
+    def _answer(self, method: str, url: str, headers: Headers, body: bytes) -> Response:
+        """The answer to one request; an ApiError says why not."""
+        if method.upper() != "POST":
+            raise ApiError(405, f"Use POST with a JSON body, not {method}.", {"Allow": "POST"})
+        caller = self.caller(headers)
+        data = parse_body(body)
+        action = data.pop("action")
+        if action not in ACTIONS:
+            raise ApiError(
+                404, f"This function answers {' and '.join(ACTIONS)} only, not {action!r}: use the jobs API."
+            )
+        request = validated(action, data)
+        if isinstance(request, UnitRegisterRequest):
+            return self.keys.units.register(caller, request)
+        assert isinstance(request, AttemptKeyRequest)
+        return self.keys.grant(caller, request)
 
     def caller(self, headers: Headers) -> str:
         """The VM's account: the verified email of a token for the key URL, or (local stack only)

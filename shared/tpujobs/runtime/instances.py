@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from tpujobs.engine.key_api import KeyApi
     from tpujobs.engine.notifications import Notifier
     from tpujobs.engine.output_export import OutputExporter, OutputObjects
-    from tpujobs.engine.ports import Clock
+    from tpujobs.engine.ports import Capacity, Clock
     from tpujobs.engine.reconciler import Reconciler
     from tpujobs.engine.services import Engine
     from tpujobs.runtime.dashboard_site import DashboardSite
@@ -170,20 +170,7 @@ def build_compute(config: Settings) -> ComputeEngine:
 def engine() -> Engine:
     """The Engine of this process: every use case's service, each on the adapters it uses;
     building it creates no client (the adapters build theirs at first use)."""
-    from tpujobs.engine.services import Engine
-
-    a = adapters()
-    return Engine(
-        a.store,
-        capacity(),
-        a.settings,
-        utc_now,
-        status=a.publisher,
-        exports=a.publisher,
-        pools=a.pools,
-        access=a.access,
-        warm_pools=a.warm_pools,
-    )
+    return _engine_on(capacity(), handoff=False)
 
 
 @functools.cache
@@ -192,12 +179,19 @@ def api_engine() -> Engine:
     asks is committed in Firestore, and its capacity work handed to the converge function
     (tpujobs-converge, a job's id or a pool's name only), whose own engine converges it."""
     from tpujobs.engine.capacity_handoff import NoCapacity
+
+    return _engine_on(NoCapacity(), handoff=True)
+
+
+def _engine_on(capacity: Capacity, handoff: bool) -> Engine:
+    """Every use case's service on this process's adapters and `capacity`; with `handoff`, capacity
+    work goes to the converge function instead."""
     from tpujobs.engine.services import Engine
 
     a = adapters()
     return Engine(
         a.store,
-        NoCapacity(),
+        capacity,
         a.settings,
         utc_now,
         status=a.publisher,
@@ -205,7 +199,7 @@ def api_engine() -> Engine:
         pools=a.pools,
         access=a.access,
         warm_pools=a.warm_pools,
-        handoff=a.publisher,
+        handoff=a.publisher if handoff else None,
     )
 
 

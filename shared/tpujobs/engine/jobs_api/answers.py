@@ -3,17 +3,21 @@ documents as JSON (timestamps as RFC 3339 in UTC), which the CLI reads back the 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from tpujobs.domain.quotas import PoolKey, region_of
+from tpujobs.engine.errors import TransientError
 
 if TYPE_CHECKING:
     from tpujobs.domain.admission import Holder
     from tpujobs.domain.job import Job
     from tpujobs.engine.ports import Pools
+
+log = logging.getLogger(__name__)
 
 MAX_LIMIT = 1000  # the most items one read answers
 
@@ -35,6 +39,21 @@ class ApiError(Exception):
         self.status = status
         self.message = message
         self.headers = dict(headers or {})
+
+
+def answered(what: str, answer: Callable[[], Response]) -> Response:
+    """`answer()`, or the refusal it raised as `{"error": sentence}`: its own status for an
+    ApiError, 503 for trouble that passes, 500 (the details in the log, not the answer) for the rest."""
+    try:
+        return answer()
+    except ApiError as error:
+        return Response(error.status, {"error": error.message}, error.headers)
+    except TransientError as error:
+        log.warning("%s unavailable for now: %s", what, error)
+        return Response(503, {"error": f"Temporarily unavailable, try again: {error}"})
+    except Exception:  # still a JSON answer; the details go to the log, not the caller
+        log.exception("%s failed", what)
+        return Response(500, {"error": "Internal error: see the function's logs."})
 
 
 def to_json(value: Any) -> Any:
