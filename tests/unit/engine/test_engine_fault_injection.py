@@ -23,10 +23,12 @@ import pytest
 from tpujobs.adapters.tpu import CloudTpu
 from tpujobs.domain.states import JobState
 from tpujobs.engine.api import CALLER_HEADER, JobsApi
+from tpujobs.engine.capacity_handoff import NoCapacity
 from tpujobs.engine.inbound import InboundMessage
 from tpujobs.engine.ports import Rejection
 from tpujobs.engine.services import Engine
 from tpujobs.local.fakes import InMemoryJobStore
+from tpujobs.local.fakes.publishers import RecordingPublisher
 from tpujobs.local.simulator.client import SimulatorControl
 from tpujobs.local.testing import (
     CrashPlan,
@@ -217,6 +219,19 @@ def _no_tokens(token: str, audiences: Any) -> Any:
     raise AssertionError("the local stack names its caller in a header: no token is verified")
 
 
+def _cancelled_through_the_api(h: Harness) -> None:
+    """RUNNING, then cancelled through the jobs API as deployed: its engine holds no capacity, so
+    the cancel is committed and its release handed to tpujobs-converge (the message of the test)."""
+    _running(h)
+    handoffs = RecordingPublisher()
+    api_engine = Engine(h.store, NoCapacity(), h.service.settings, h.service.clock, handoff=handoffs)
+    _http_cancel(
+        api_engine, InboundMessage("setup-cancel", "jobs-api", json.dumps({"action": "cancel", "job_id": JOB}).encode())
+    )
+    assert handoffs.handed_off == [("job", JOB)]
+    assert f"{JOB}-a1" in h.live_resources()
+
+
 def _exit(code: int) -> dict[str, Any]:
     return {
         "kind": "exited",
@@ -324,6 +339,16 @@ SCENARIOS = [
         commit=2,
         untouched=Outcome(JobState.RUNNING),
         via=_http_cancel,
+    ),
+    Scenario(
+        "converge-cancelled",
+        "convergence.on_converge",
+        "tpujobs-converge",
+        {"action": "converge", "job_id": JOB},
+        setup=_cancelled_through_the_api,
+        # the job read, its committed cancel acted on: the capacity released
+        steps=("store.get", "tpu.release"),
+        done=Outcome(JobState.CANCELLED),
     ),
 ]
 
