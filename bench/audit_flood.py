@@ -243,6 +243,8 @@ def one_run(args: argparse.Namespace) -> Run:
     seconds = time.perf_counter() - started
     for job_id in apart:  # Google deletes the holding, and its own entry of that arrives
         job = bench.raw_store.get(job_id)
+        if job is None or not job.queued_resource or not job.zone:
+            raise SystemExit(f"{job_id} holds nothing to delete")
         bench.raw_capacity.vanish(job.queued_resource)
         bench.send("real", job_id, audit_entry(job.queued_resource, zone=job.zone), sent["real"], next(ids))
     for (kind, port, method), n in bench.tally.calls.items():
