@@ -233,6 +233,7 @@ def test_env_secrets_tpujobs_and_megascale_variables_reach_the_command_and_the_h
         "MEGASCALE_SLICE_ID": "1",
     }
     with HostMetadata(worker=3, node_id="train-1-a1-1", megascale=megascale) as metadata:
+        metadata.key_env = dict(job.spec.env)  # env values come with the attempt's key, not in metadata
         run = host.start(job, metadata, HOST_ONLY_VARIABLE="must-stay-outside")
         code, stderr = run.wait(60)
     assert code == 0, stderr
