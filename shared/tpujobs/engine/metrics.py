@@ -278,8 +278,8 @@ class MetricsRecorder:
             try:
                 for at in range(0, len(points), MAX_SERIES_PER_WRITE):
                     self.writer.write(points[at : at + MAX_SERIES_PER_WRITE])
-            except Exception:
-                log.warning("writing %d metric series failed; retrying later", len(points), exc_info=True)
+            except Exception as error:  # one line: a write fails the same way every time (Monitoring away)
+                log.warning("writing %d metric series failed; retrying later: %s", len(points), error)
                 with self._lock:
                     self._totals.changed.update(keys)
                     if self._totals.due is None:

@@ -250,7 +250,9 @@ def down(state_dir: Path, *, report: Report | None = None) -> list[ManagedProces
         if state is None:
             say(f"no local stack recorded in {state_dir}")
             return []
-        stopped = processes.stop(state.processes)
+        # The functions first, while what they write to on SIGTERM (their metrics) still answers.
+        functions = [p for p in state.processes if p.name.startswith("function-")]
+        stopped = processes.stop(functions) + processes.stop([p for p in state.processes if p not in functions])
         stopped_pids = {p.pid for p in stopped}
         for process in state.processes:
             if process.pid in stopped_pids:
