@@ -81,6 +81,19 @@ def test_list_shows_only_webhook_hosts_even_to_the_owner(engine) -> None:
         assert "s3cr3t" not in json.dumps(listed), caller
 
 
+def test_the_cli_reads_a_listed_job_whose_webhook_shows_by_its_host(engine) -> None:
+    """`tpujobs list` reads each answered job back: a host-only webhook is no URL, so its target is
+    left out of the Job instead of failing the whole listing."""
+    from tpujobs.cli.api_client import job_from_json
+
+    jobs = engine(admins=(ADMIN,))
+    job_id = submitted(jobs)
+    for caller in (OWNER, OTHER):
+        (listed,) = jobs.api({"action": "list"}, caller).body["jobs"]
+        job = job_from_json(listed)
+        assert (job.job_id, list(job.spec.notify)) == (job_id, [])
+
+
 def test_the_dashboards_spec_block_shows_webhook_hosts_only(engine) -> None:
     """The job page's spec block, even for the owner, names the host and never the URL's path."""
     from tpujobs.engine.api import JobsApi
