@@ -385,7 +385,7 @@ def test_command_line_prints_its_url_serves_and_stops_on_sigterm() -> None:
         url = line.removeprefix(prefix)
         assert SimulatorControl(url).config()["capacity"] == {f"v4@{ZONE}": 32}
         process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=5) == 0
+        assert process.wait(timeout=60) == 0  # it stops: how fast is the machine's
     finally:
         if process.poll() is None:
             process.kill()
@@ -673,7 +673,7 @@ def test_the_local_stacks_simulator_deletes_slowly_pages_small_and_warns_briefly
             config["maintenance_notice_seconds"],
         ) == (3.0, 2, 5.0)
         process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=5) == 0
+        assert process.wait(timeout=60) == 0  # it stops: how fast is the machine's
     finally:
         if process.poll() is None:
             process.kill()

@@ -87,7 +87,7 @@ cat > ask.py <<'PY'
 mkdir answers
 {asks}
 env > env.txt
-trap '{python} ask.py instance/preempted > preempted-at-term; echo term >> term; {on_term}' TERM
+trap 'echo term >> term; {python} ask.py instance/preempted > preempted-at-term; {on_term}' TERM
 touch ready
 {tail}
 """
