@@ -247,8 +247,9 @@ def test_preemption_sends_sigterm_after_the_metadata_turns_true(server: Simulato
     workers = start(server, startup_script())
     server.simulator.preempt("qr")
     for info in workers:
-        wait_for(lambda i=info: (i.scratch / "term").exists(), what="SIGTERM marker")
-        assert (info.scratch / "preempted-at-term").read_text() == "TRUE"
+        answer = info.scratch / "preempted-at-term"  # written after the `term` marker, in the trap
+        assert wait_for(lambda a=answer: a.exists() and a.read_text(), what="the trap's answer") == "TRUE"
+        assert (info.scratch / "term").exists()
     ended = wait_for(lambda: all(not w.alive for w in server.workers("qr")) and server.workers("qr"))
     assert [(w.exit_code, w.stopped_by) for w in ended] == [(0, "preemption")] * 2
     assert server.simulator.get_queued_resource(PROJECT, ZONE, "qr").state in (
