@@ -73,8 +73,10 @@ KEYS = (
 )
 
 
-def startup_script(*, on_term: str = "exit 0", then: str = "idle") -> str:
-    """A worker that reports what it sees, then idles (or exits, with then="exit 3")."""
+def startup_script(*, on_term: str = "exit 0", then: str = "idle", ask_at_term: bool = True) -> str:
+    """A worker that reports what it sees, then idles (or exits, with then="exit 3"); at SIGTERM it
+    marks `term` and (with `ask_at_term`, a Python start) reads instance/preempted before `on_term`."""
+    ask = f"{shlex.quote(sys.executable)} ask.py instance/preempted > preempted-at-term; " if ask_at_term else ""
     python = shlex.quote(sys.executable)
     asks = "\n".join(f'{python} ask.py {key} > "answers/{key.replace("/", "_")}"' for key in KEYS)
     tail = "exit 3" if then == "exit 3" else (
@@ -87,7 +89,7 @@ cat > ask.py <<'PY'
 mkdir answers
 {asks}
 env > env.txt
-trap 'echo term >> term; {python} ask.py instance/preempted > preempted-at-term; {on_term}' TERM
+trap 'echo term >> term; {ask}{on_term}' TERM
 touch ready
 {tail}
 """
@@ -300,7 +302,7 @@ def test_failing_the_queued_resource_sigkills_every_worker(server: SimulatorServ
 
 def test_deleting_the_queued_resource_stops_every_worker(server: SimulatorServer) -> None:
     """delete: SIGTERM to all workers, none keeps running, even after the QR is gone."""
-    workers = start(server, startup_script(), multislice=2)
+    workers = start(server, startup_script(ask_at_term=False), multislice=2)
     assert len(workers) == 4
     server.simulator.delete_queued_resource(PROJECT, ZONE, "qr", force=True)
     for info in workers:
