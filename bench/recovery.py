@@ -75,6 +75,7 @@ OWNER = "bench@example.com"
 LOCAL_TICK_S = stack.RECONCILE_INTERVAL_S
 PRODUCTION_TICK_S = 60.0  # Cloud Scheduler's shortest interval
 TARGET_NOTICE_MEDIAN_S = 0.5
+TARGET_COMPUTE_NOTICE_S = 0.2  # issue 38: Compute Engine as fast as the TPU API path
 PATHS = ("notice", "silent", "hung-peer", "hung-single")
 PLATFORMS = ("tpu-api", "compute")
 ONE_HOST = {"tpu-api": "v4-8", "compute": "v7x-8"}
@@ -341,10 +342,19 @@ def report(results: dict[str, list[Trial]], platform: str) -> None:
     print("  one trial at a time, a new job each; one warm-up trial per path not counted\n")
     report_hung(results, platform)
     notice, silent = results.get("notice"), results.get("silent")
-    if not notice or not silent:
-        print(f"\n  anchors: {ANCHORS}")
-        return
+    if notice:
+        report_notice(notice)
+    if silent:
+        report_silent(silent)
+    print(f"\n  anchors: {ANCHORS}")
+    if notice:
+        median = statistics.median(t.latency for t in notice)
+        verdict = "met" if median <= TARGET_NOTICE_MEDIAN_S else "NOT met"
+        print(f"  target: notice-path median <= {TARGET_NOTICE_MEDIAN_S} s: {verdict} ({median:.3f} s)")
 
+
+def report_notice(notice: list[Trial]) -> None:
+    """The notice path: its spread and where the time goes."""
     latencies = [t.latency for t in notice]
     print(f"  notice  (:preempt, the worker's notice)      {spread(latencies)}")
     by_agent = sum(t.source == "agent" for t in notice)
@@ -356,6 +366,9 @@ def report(results: dict[str, list[Trial]], platform: str) -> None:
     )
     print(f"          RECOVERING recorded from the agent's notice in {by_agent}/{len(notice)} trials")
 
+
+def report_silent(silent: list[Trial]) -> None:
+    """The silent path: its spread, split into the wait for the tick and the handling."""
     latencies = [t.latency for t in silent]
     print(f"\n  silent  (:kill-host, no notice)              {spread(latencies)}")
     ticked = [t for t in silent if t.tick is not None]
@@ -383,11 +396,6 @@ def report(results: dict[str, list[Trial]], platform: str) -> None:
         f"(at worst {PRODUCTION_TICK_S + handled:.1f} s)"
     )
 
-    print(f"\n  anchors: {ANCHORS}")
-    median = statistics.median(t.latency for t in notice)
-    verdict = "met" if median <= TARGET_NOTICE_MEDIAN_S else "NOT met"
-    print(f"  target: notice-path median <= {TARGET_NOTICE_MEDIAN_S} s: {verdict} ({median:.3f} s)")
-
 
 def side_by_side(by_platform: dict[str, dict[str, list[Trial]]]) -> None:
     """One table: each path's median and p95 on each platform, and the platforms' ratio."""
@@ -409,6 +417,13 @@ def side_by_side(by_platform: dict[str, dict[str, list[Trial]]]) -> None:
         if len(figures) == 2 and figures[0][0] > 0 and figures[0][1] > 0:
             row += f"   {figures[1][0] / figures[0][0]:6.2f}x, {figures[1][1] / figures[0][1]:6.2f}x"
         print(row)
+    notice = by_platform.get("compute", {}).get("notice")
+    if notice:
+        median = statistics.median(t.latency for t in notice)
+        verdict = "met" if median <= TARGET_COMPUTE_NOTICE_S else "NOT met"
+        print(
+            f"  target: compute notice median <= {TARGET_COMPUTE_NOTICE_S:g} s (issue 38): {verdict} ({median:.3f} s)"
+        )
 
 
 def main() -> int:

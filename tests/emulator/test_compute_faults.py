@@ -92,7 +92,12 @@ def make_slice(server: SimulatorServer, project: str, name: str, hosts: int = 2)
         "machineType": "tpu7x-standard-4t",
         "disks": [{"boot": True}],
         "networkInterfaces": [{"network": "global/networks/default"}],
-        "scheduling": {"provisioningModel": "SPOT", "instanceTerminationAction": "DELETE"},
+        "scheduling": {
+            "provisioningModel": "SPOT",
+            "instanceTerminationAction": "DELETE",
+            "onHostMaintenance": "TERMINATE",
+            "automaticRestart": False,
+        },
         "metadata": {"items": [{"key": "startup-script", "value": HOST}]},
     }
     sim.insert_template(project, REGION, {"name": name, "properties": properties})
@@ -242,18 +247,20 @@ def test_dev_fault_reboot_of_a_compute_job_resets_one_vm_whose_host_boots_again(
     assert (first.boot, first.pid, first.alive) == (1, compute_job[0].pid, True)
 
 
-def test_dev_fault_maintenance_of_a_compute_job_tells_the_hosts_then_stops_them(
+def test_dev_fault_maintenance_of_a_compute_job_terminates_its_vms_for_good(
     local_stack: Path, server: SimulatorServer, project_id: str, compute_job: tuple[WorkerInfo, ...]
 ) -> None:
-    """fault maintenance JOB --notice 0: instance/maintenance-event says TERMINATE_ON_HOST_MAINTENANCE and
-    every host gets SIGTERM; after the maintenance they boot again."""
+    """fault maintenance JOB --notice 0: every host gets SIGTERM (instance/maintenance-event is never
+    set, as Google leaves it for TPU VMs), and the VMs end TERMINATED, their hosts never booting again."""
     result = dev(local_stack, "fault", "maintenance", "v7x-1", "--notice", "0")
     assert result.exit_code == 0, result.output
     backing = server.simulator.get_group(project_id, ZONE, "v7x-1-c1").record.backing
-    assert server.simulator.host_node(project_id, ZONE, backing).maintenance_event == "TERMINATE_ON_HOST_MAINTENANCE"
+    assert server.simulator.host_node(project_id, ZONE, backing).maintenance_event == "NONE"
     for info in compute_job:
         wait_for(lambda i=info: (i.scratch / "term").exists(), what="SIGTERM of the maintenance")
-    wait_for(lambda: all(w.boot == 2 and w.alive for w in hosts(server, project_id, "v7x-1-c1")), what="boot after")
+    members = lambda: [m.status for m in server.simulator.get_group(project_id, ZONE, "v7x-1-c1").members]  # noqa: E731
+    wait_for(lambda: members() == ["TERMINATED", "TERMINATED"], what="TERMINATED for good")
+    assert all(w.boot == 1 for w in hosts(server, project_id, "v7x-1-c1"))
 
 
 def test_dev_fault_maintenance_upcoming_announces_it_on_every_vm_as_google_does(

@@ -10,6 +10,7 @@ import pytest
 from google.cloud import compute_v1
 
 from tpujobs.adapters import compute_requests as requests
+from tpujobs.domain import limits as time_limits
 from tpujobs.domain.job import Job, new_job
 from tpujobs.domain.spec import parse_spec
 from tpujobs.engine.errors import PermanentError
@@ -91,7 +92,7 @@ def test_a_single_host_slice_is_a_mig_of_one_without_a_policy() -> None:
 )
 def test_each_capacity_kind_has_its_provisioning_model(capacity: str, model: str, termination: str, mode: str) -> None:
     """Provisioning model, termination action and bulk mode per kind; TERMINATE on maintenance always."""
-    extra = {"time_limit": "2h"} if capacity == "flex-start" else {}
+    extra = {"time_limit": "2h"} if capacity == "flex-start" else {"reservation": "r"} if capacity == "reserved" else {}
     h = holding(capacity=capacity, **extra)
     scheduling = template(h).scheduling
     assert scheduling.provisioning_model == model
@@ -113,17 +114,23 @@ def test_a_shared_reservation_of_another_project_keeps_its_project() -> None:
     assert requests.reservation_name("projects/p/locations/us-central1-c/reservations/r1", PROJECT) == "r1"
 
 
+ALLOWANCE = (
+    time_limits.RUN_BOOT_ALLOWANCE_SECONDS + time_limits.RUN_SIGTERM_GRACE_SECONDS + time_limits.RUN_MARGIN_SECONDS
+)
+
+
 @pytest.mark.parametrize(
     ("limits", "seconds"),
     [
-        ({"time_limit": "3h"}, 3 * 3600),
-        ({"time_limit": "3h", "attempt_time_limit": "1h"}, 3600),
-        ({"attempt_time_limit": "30m"}, 1800),
+        ({"time_limit": "3h"}, 3 * 3600 + ALLOWANCE),
+        ({"time_limit": "3h", "attempt_time_limit": "1h"}, 3600 + ALLOWANCE),
+        ({"attempt_time_limit": "30m"}, 1800 + ALLOWANCE),
         ({"time_limit": "200h"}, 7 * 24 * 3600),
     ],
 )
 def test_flex_start_runs_at_most_the_jobs_smaller_time_limit(limits: dict[str, str], seconds: int) -> None:
-    """maxRunDuration: the smaller of time_limit and attempt_time_limit, capped at 7 days; no reservation."""
+    """maxRunDuration: the smaller of time_limit and attempt_time_limit with the boot, the save on
+    SIGTERM and a margin inside (tpujobs' own limit comes first), capped at 7 days; no reservation."""
     properties = template(holding(capacity="flex-start", **limits))
     assert properties.scheduling.max_run_duration.seconds == seconds
     assert properties.reservation_affinity.consume_reservation_type == "NO_RESERVATION"

@@ -123,8 +123,8 @@ class ComputeEngine:
     # -- asking -------------------------------------------------------------------------------
 
     def request(self, job: Job, boot: HostBoot) -> CapacityStatus:
-        """Create the attempt's slices (policies, templates, MIGs, each kind for every slice at
-        once), or adopt those that exist; then read what they are."""
+        """Create the attempt's slices (policies and templates all at once, then the MIGs), or
+        adopt those that exist; a MIG that existed is read for what it is now."""
         return self._create(bodies.job_holding(job), boot)
 
     def request_unit(self, unit: UnitRequest, boot: HostBoot) -> CapacityStatus:
@@ -132,6 +132,14 @@ class ComputeEngine:
         return self._create(bodies.unit_holding(unit), boot)
 
     def _create(self, holding: bodies.Holding, boot: HostBoot) -> CapacityStatus:
+        """Every slice's policy and template name nothing of each other: their inserts all start
+        at once and their operations are followed together (the wait of the slowest, not the
+        sum). A MIG names its template and policy, and Google documents no insert that may name
+        a resource whose own insert is not DONE, so the MIGs are inserted once they are. Their
+        own operations are not waited for: a MIG's insert being DONE says nothing of its VMs
+        (capacity and quota show on its managed instances), and the operations' names are kept
+        so that a create that fails later can say why (`create_error`). Fresh MIGs are CREATING
+        with no read; a MIG that existed (an earlier delivery's) is read for what it is now."""
         try:
             shape = holding.shape
         except (UnknownAcceleratorType, BadTopology) as error:
@@ -139,73 +147,89 @@ class ComputeEngine:
         c, zone, region = self._clients, holding.zone, holding.region
         call = self._call(project=self._project)
         slices = range(holding.spec.slices)
+        parts: list[_Inserts] = []
         if shape.multi_host:
             policies = [bodies.workload_policy(holding, i) for i in slices]
-            self._insert_each(
-                "workload policy",
-                holding,
-                [partial(c.policies.insert_unary, region=region, resource_policy_resource=p, **call) for p in policies],
-                [partial(c.policies.get, region=region, resource_policy=p.name, **call) for p in policies],
+            parts.append(
+                _Inserts(
+                    "workload policy",
+                    [
+                        partial(c.policies.insert_unary, region=region, resource_policy_resource=p, **call)
+                        for p in policies
+                    ],
+                    [partial(c.policies.get, region=region, resource_policy=p.name, **call) for p in policies],
+                )
             )
         templates = [bodies.instance_template(holding, i, boot, self._project, self._images) for i in slices]
-        self._insert_each(
-            "instance template",
-            holding,
-            [partial(c.templates.insert_unary, region=region, instance_template_resource=t, **call) for t in templates],
-            [partial(c.templates.get, region=region, instance_template=t.name, **call) for t in templates],
+        parts.append(
+            _Inserts(
+                "instance template",
+                [
+                    partial(c.templates.insert_unary, region=region, instance_template_resource=t, **call)
+                    for t in templates
+                ],
+                [partial(c.templates.get, region=region, instance_template=t.name, **call) for t in templates],
+            )
         )
+        started = [self._start(part) for part in parts]
+        ops = [op for each in started for op in each if op is not None]
+        with _translated(f"create the workload policies and instance templates of {holding.name}"):
+            done = iter(self._operations.follow_all(ops, self._wait_s))
+        for part, each in zip(parts, started, strict=True):
+            followed = [None if op is None else next(done) for op in each]
+            self._settle(part, holding, followed)
         managers = [bodies.instance_group_manager(holding, i, self._project) for i in slices]
-        migs = self._insert_each(
+        migs = _Inserts(
             "MIG",
-            holding,
             [partial(c.groups.insert_unary, zone=zone, instance_group_manager_resource=m, **call) for m in managers],
             [partial(c.groups.get, zone=zone, instance_group_manager=m.name, **call) for m in managers],
-            failures_raise=False,
         )
-        # Kept so a create that fails later can say why (`create_error`); several for multislice.
-        operation = ",".join(f"zones/{zone}/operations/{op.name}" for op, _ in migs if op is not None)
-        failed = next((said for _, said in migs if said), "")
-        status = self.status(zone, holding.name)
-        if status is None and failed:
-            return CapacityStatus(holding.name, zone, "FAILED", failed, operation=operation)
-        status = status or CapacityStatus(holding.name, zone, "CREATING")
+        made = self._start(migs)
+        for index in (i for i, op in enumerate(made) if op is None):
+            self._adopt(migs, holding, index)
+        operation = ",".join(f"zones/{zone}/operations/{op.name}" for op in made if op is not None)
+        if all(op is not None for op in made):
+            labels = holding.labels
+            return CapacityStatus(
+                holding.name,
+                zone,
+                "CREATING",
+                job_label=labels.get("tpujobs-job"),
+                pool_label=labels.get("tpujobs-pool"),
+                operation=operation,
+            )
+        status = self.status(zone, holding.name) or CapacityStatus(holding.name, zone, "CREATING")
         return dataclasses.replace(status, operation=operation)
 
-    def _insert_each(
-        self,
-        kind: str,
-        holding: bodies.Holding,
-        inserts: Sequence[Callable[[], compute_v1.Operation]],
-        reads: Sequence[Callable[[], Any]],
-        failures_raise: bool = True,
-    ) -> list[tuple[compute_v1.Operation | None, str]]:
-        """Start every insert (slice i's at i), then follow each operation for a while:
-        (operation, what its failure said) each; None for a resource that already existed,
-        adopted only once read (`reads[i]`) and found marked as tpujobs' for that slice (NotOurs
-        else). A failed operation raises (translated), unless `failures_raise` is False and the
-        failure is permanent; one still running is left to run."""
+    def _start(self, part: _Inserts) -> list[compute_v1.Operation | None]:
+        """Start every insert of one kind (slice i's at i): its operation, or None for a resource
+        that already existed (an earlier delivery made it, or someone else did: `_settle` reads it)."""
         started: list[compute_v1.Operation | None] = []
-        for insert in inserts:
+        for insert in part.inserts:
             try:
-                with _translated(f"create a {kind}"):
+                with _translated(f"create a {part.kind}"):
                     started.append(insert())
             except (PermanentError, TransientError) as error:
                 if not _has_reason(error.__cause__, _ALREADY_EXISTS):
                     raise
-                started.append(None)  # an earlier delivery made it, or someone else did: read below
-        results: list[tuple[compute_v1.Operation | None, str]] = []
-        for index, operation in enumerate(started):
-            said, existed = "", operation is None
-            if operation is not None:
-                followed = self._followed(operation, f"create a {kind}")
-                existed = _has_reason(operation_error(followed), _ALREADY_EXISTS)
-                said = self._judged(followed, f"create a {kind}", failures_raise)
-            if existed:
-                with _translated(f"read the existing {kind} of {holding.name}"):
-                    found = reads[index]()
-                check_adopted(kind, found, holding.name, index)
-            results.append((operation, said))
-        return results
+                started.append(None)
+        return started
+
+    def _settle(self, part: _Inserts, holding: bodies.Holding, followed: Sequence[compute_v1.Operation | None]) -> None:
+        """Judge each insert as followed: a failed operation raises (translated); a resource that
+        already existed (None, or an operation that says so) is adopted (`_adopt`)."""
+        for index, operation in enumerate(followed):
+            if operation is None or _has_reason(operation_error(operation), _ALREADY_EXISTS):
+                self._adopt(part, holding, index)
+            else:
+                self._judged(operation, f"create a {part.kind}", failures_raise=True)
+
+    def _adopt(self, part: _Inserts, holding: bodies.Holding, index: int) -> None:
+        """A resource of slice `index` that already existed is ours only once read
+        (`part.reads[index]`) and found marked as tpujobs' for that slice (NotOurs else)."""
+        with _translated(f"read the existing {part.kind} of {holding.name}"):
+            found = part.reads[index]()
+        check_adopted(part.kind, found, holding.name, index)
 
     def _follow(
         self, operation: compute_v1.Operation, doing: str, failures_raise: bool = True, wait_s: float | None = None
@@ -303,10 +327,10 @@ class ComputeEngine:
     # -- giving back --------------------------------------------------------------------------
 
     def release(self, zone: str, name: str) -> None:
-        """Delete the holding's MIGs (and so their VMs), then templates, then policies: absent is
-        fine. The MIGs' deletion is followed only briefly (deleting VMs takes minutes): a template
-        or policy still in use then is left, never waited for, so the next attempt is asked for at
-        once; `list_capacity` reports the leftovers of a holding no attempt owns, and the
+        """Delete the holding's MIGs (and so their VMs), then its templates and policies (at
+        once, followed together): absent is fine. The MIGs' deletion is followed only briefly
+        (deleting VMs takes minutes): a template or policy still in use then is left, never
+        waited for; `list_capacity` reports the leftovers of a holding no attempt owns, and the
         reconciler's sweep releases them at a later tick. Only what carries tpujobs' marker of
         this holding is deleted: a MIG, template or policy of its names without it is someone
         else's, left alone and logged."""
@@ -321,18 +345,27 @@ class ComputeEngine:
             for m in listing.migs
             if ours(m.description, name)
         ]
-        for operation in going:
-            if operation is not None:
-                self._follow(operation, f"delete the MIGs of {name}", wait_s=RELEASE_WAIT_S)
-        in_use = []
-        for template in (t for t in listing.templates if ours(t.description, name)):
-            delete = partial(c.templates.delete_unary, region=region, instance_template=template.name, **call)
-            if self._delete_now(f"instance template {template.name}", delete):
-                in_use.append(template.name)
-        for policy in (p for p in listing.policies if ours(p.description, name)):
-            delete = partial(c.policies.delete_unary, region=region, resource_policy=policy.name, **call)
-            if self._delete_now(f"workload policy {policy.name}", delete):
-                in_use.append(policy.name)
+        with _translated(f"delete the MIGs of {name}"):
+            followed = self._operations.follow_all([op for op in going if op is not None], RELEASE_WAIT_S)
+        for operation in followed:
+            self._judged(operation, f"delete the MIGs of {name}", failures_raise=True)
+        deletes = [
+            (
+                f"instance template {t.name}",
+                partial(c.templates.delete_unary, region=region, instance_template=t.name, **call),
+            )
+            for t in listing.templates
+            if ours(t.description, name)
+        ]
+        deletes += [
+            (
+                f"workload policy {p.name}",
+                partial(c.policies.delete_unary, region=region, resource_policy=p.name, **call),
+            )
+            for p in listing.policies
+            if ours(p.description, name)
+        ]
+        in_use = self._delete_all(deletes)
         if in_use:
             log.info("%s: %s still in use while %s is deleted; the reconciler sweeps them", SERVICE, in_use, name)
 
@@ -350,19 +383,30 @@ class ComputeEngine:
                 raise _InUse(what) from error
             raise
 
-    def _delete_now(self, what: str, delete: Callable[[], compute_v1.Operation]) -> bool:
-        """Delete and follow the operation; True when the resource is still in use."""
-        try:
-            operation = self._delete(what, delete)
+    def _delete_all(self, deletes: Sequence[tuple[str, Callable[[], compute_v1.Operation]]]) -> list[str]:
+        """Start every delete (templates and policies name nothing of each other), then follow
+        their operations together: what is still in use (by a MIG that is going), left for the
+        reconciler's sweep."""
+        in_use: list[str] = []
+        started: list[tuple[str, compute_v1.Operation]] = []
+        for what, delete in deletes:
+            try:
+                operation = self._delete(what, delete)
+            except _InUse:
+                in_use.append(what)
+                continue
             if operation is not None:
-                self._follow(operation, f"delete {what}")
-        except _InUse:
-            return True
-        except PermanentError as error:  # the operation itself said in use
-            if _has_reason(error.__cause__, _IN_USE):
-                return True
-            raise
-        return False
+                started.append((what, operation))
+        with _translated(f"delete {', '.join(what for what, _ in started)}"):
+            followed = self._operations.follow_all([op for _, op in started], self._wait_s)
+        for (what, _), operation in zip(started, followed, strict=True):
+            try:
+                self._judged(operation, f"delete {what}", failures_raise=True)
+            except PermanentError as error:  # the operation itself said in use
+                if not _has_reason(error.__cause__, _IN_USE):
+                    raise
+                in_use.append(what)
+        return in_use
 
     # -- warm-pool assignments ----------------------------------------------------------------
 
@@ -376,6 +420,15 @@ class ComputeEngine:
 
 class _InUse(Exception):
     """A template or policy still used by a MIG that is going."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Inserts:
+    """One kind of resource for every slice of a holding: how to insert each, how to read it back."""
+
+    kind: str
+    inserts: Sequence[Callable[[], compute_v1.Operation]]
+    reads: Sequence[Callable[[], Any]]
 
 
 # Only what a listing reads: a template's properties hold the startup script (the agent), and a

@@ -59,23 +59,22 @@ def holding_status(
     migs = [m for m in listing.migs if (_said(m) or {}).get("holding") == name]
     if not migs:
         return next(iter(_leftovers(zone, listing, set(), now, only=name)), None)
-    verdicts = [
-        states.host(
-            states.Host(
-                mi.name,
-                mi.instance_status or "",
-                mi.current_action or "UNDEFINED_CURRENT_ACTION",
-                tuple((e.code, e.message) for e in mi.last_attempt.errors.errors),
+    verdicts: list[states.Verdict] = []
+    for mig in migs:
+        hosts = managed.get(mig.name, ())
+        verdicts += [
+            states.host(
+                states.Host(
+                    mi.name,
+                    mi.instance_status or "",
+                    mi.current_action or "UNDEFINED_CURRENT_ACTION",
+                    tuple((e.code, e.message) for e in mi.last_attempt.errors.errors),
+                )
             )
-        )
-        for mig in migs
-        for mi in managed.get(mig.name, ())
-    ]
-    judged = states.holding_state(
-        verdicts,
-        all_stable=all(m.status.is_stable for m in migs),
-        waiting_in_bulk=any(m.status.bulk_instance_operation.in_progress for m in migs),
-    )
+            for mi in hosts
+        ]
+        verdicts += _unlisted(mig, len(hosts))
+    judged = _judged(migs, verdicts)
     said = _said(migs[0]) or {}
     return _labelled(
         name,
@@ -106,11 +105,7 @@ def group_zone(zone: str, listing: Listing, now: datetime) -> list[CapacityStatu
         verdicts: list[states.Verdict] = []
         for mig in migs:
             verdicts += _mig_verdicts(mig, vms.get(mig.name, []))
-        judged = states.holding_state(
-            verdicts,
-            all_stable=all(m.status.is_stable for m in migs),
-            waiting_in_bulk=any(m.status.bulk_instance_operation.in_progress for m in migs),
-        )
+        judged = _judged(migs, verdicts)
         found.append(
             _labelled(
                 holding,
@@ -125,17 +120,66 @@ def group_zone(zone: str, listing: Listing, now: datetime) -> list[CapacityStatu
     return found + _leftovers(zone, listing, set(by_holding), now)
 
 
+def _judged(migs: Sequence[compute_v1.InstanceGroupManager], verdicts: list[states.Verdict]) -> states.HoldingState:
+    """The holding from its hosts' verdicts and what its MIGs say of themselves: stability, a
+    bulk creation in progress (and why it waits), each slice's interconnect."""
+    bulk = [m for m in migs if m.status.bulk_instance_operation.in_progress]
+    for mig in bulk:
+        check = mig.status.bulk_instance_operation.last_progress_check
+        errors = tuple((e.code, e.message) for e in check.error.errors)
+        if errors:
+            verdicts = [*verdicts, states.bulk_waits(mig.name, errors)]
+    interconnects = [
+        states.Interconnect(
+            mig.name,
+            applied.accelerator_topology,
+            applied.state or "UNDEFINED_STATE",
+            tuple((e.code, e.message) for e in applied.state_details.error.errors),
+        )
+        for mig in migs
+        for applied in mig.status.applied_accelerator_topologies
+    ]
+    return states.holding_state(
+        verdicts,
+        all_stable=all(m.status.is_stable for m in migs),
+        waiting_in_bulk=bool(bulk),
+        interconnects=interconnects,
+    )
+
+
+def _unlisted(mig: compute_v1.InstanceGroupManager, listed: int) -> list[states.Verdict]:
+    """Hosts of the target size the MIG no longer accounts for (a VM deleted outside it: a
+    DO_NOTHING MIG need not list it): lost once the MIG is stable with no bulk creation under
+    way, whatever the listing shows; waiting while it still makes VMs."""
+    missing = max(0, mig.target_size - listed)
+    if not missing:
+        return []
+    if mig.status.is_stable and not mig.status.bulk_instance_operation.in_progress:
+        lost = f"MIG {mig.name} accounts for {listed} of its {mig.target_size} hosts: a VM was deleted outside it"
+        return [states.Verdict(states.PROVISIONING, True, lost)] * missing
+    return [states.Verdict(states.WAITING, False)] * missing
+
+
 def _mig_verdicts(mig: compute_v1.InstanceGroupManager, vms: Sequence[compute_v1.Instance]) -> list[states.Verdict]:
     actions = mig.current_actions
     verdicts = [states.host(states.Host(vm.name, vm.status or "", "UNDEFINED_CURRENT_ACTION")) for vm in vms]
     gone = max(0, actions.none - len(vms))  # NONE hosts beyond the VMs that exist: deleted
     lost = f"a host of MIG {mig.name} has no VM any more (preempted or deleted)"
     verdicts += [states.Verdict(states.PROVISIONING, True, lost)] * gone
-    waiting = max(0, mig.target_size - len(vms) - gone)
+    counted = sum(getattr(actions, name) for name in _ACTIONS)  # the hosts the MIG accounts for
+    verdicts += _unlisted(mig, max(counted, len(vms)))
+    waiting = max(0, min(counted, mig.target_size) - len(vms) - gone)
     verdicts += [states.Verdict(states.WAITING, False)] * waiting
     if actions.deleting:
         verdicts.append(states.Verdict(states.DELETING, False))
     return verdicts
+
+
+# InstanceGroupManagerActionsSummary's counts: every host the MIG lists is in exactly one.
+_ACTIONS = (
+    "abandoning", "creating", "creating_without_retries", "deleting", "none", "recreating", "refreshing",
+    "restarting", "resuming", "starting", "stopping", "suspending", "verifying",
+)  # fmt: skip
 
 
 def _maintenance(instances: Iterable[compute_v1.Instance], migs: set[str]) -> tuple[tuple[str, str], ...]:

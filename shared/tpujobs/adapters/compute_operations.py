@@ -9,7 +9,7 @@ with its `*_unary` method, and its operation is read here, on the clients `build
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from google.api_core import exceptions as api_exceptions
@@ -44,13 +44,21 @@ class OperationFollower:
 
     def follow(self, operation: compute_v1.Operation, wait_s: float) -> compute_v1.Operation:
         """The operation as it is once DONE, or as last read when `wait_s` is over."""
+        return self.follow_all([operation], wait_s)[0]
+
+    def follow_all(self, operations: Sequence[compute_v1.Operation], wait_s: float) -> list[compute_v1.Operation]:
+        """Operations that run at once, followed together: each pause is followed by one read of
+        every operation not yet DONE, so N operations cost the wait of the slowest (not the sum)
+        and no read of one already DONE. Each as it is once DONE, or as last read when `wait_s`
+        is over; in the order given."""
+        found = list(operations)
         deadline = self._monotonic() + wait_s
         pause = POLL_FIRST_S
-        while not is_done(operation) and self._monotonic() < deadline:
+        while not all(is_done(op) for op in found) and self._monotonic() < deadline:
             self._sleep(min(pause, max(0.0, deadline - self._monotonic())))
             pause = min(pause * 2, POLL_MAX_S)
-            operation = self.read(operation)
-        return operation
+            found = [op if is_done(op) else self.read(op) for op in found]
+        return found
 
     def read(self, operation: compute_v1.Operation) -> compute_v1.Operation:
         """The operation now, from its own scope (its `zone` or `region` URL)."""

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING
 
 from tpujobs.domain import naming
 from tpujobs.domain.job import Job
+from tpujobs.domain.limits import flex_run_seconds
 from tpujobs.domain.platforms import ComputeShape, compute_shape
-from tpujobs.domain.spec import MAX_RUN_SECONDS, JobSpec
+from tpujobs.domain.spec import JobSpec
 from tpujobs.engine.errors import PermanentError
 from tpujobs.engine.ports import HostBoot, UnitRequest
 
@@ -117,12 +118,12 @@ def unit_holding(unit: UnitRequest) -> Holding:
 
 
 def max_run_seconds(spec: JobSpec) -> int:
-    """A flex-start VM's maxRunDuration: the smaller of the job's time limits, at most 7 days
-    (the spec's validation requires one of at least 10 minutes)."""
-    limits = [s for s in (spec.time_limit_seconds, spec.attempt_time_limit_seconds) if s]
-    if not limits:
-        raise PermanentError("capacity 'flex-start' needs time_limit or attempt_time_limit: its VMs' maxRunDuration")
-    return min([*limits, MAX_RUN_SECONDS])
+    """A flex-start VM's maxRunDuration (`limits.flex_run_seconds`): the job's smaller time limit
+    with the boot, the save on SIGTERM and a margin inside, so tpujobs' own limit comes first."""
+    try:
+        return flex_run_seconds(spec)
+    except ValueError as error:
+        raise PermanentError(str(error)) from None
 
 
 def description(holding: Holding, slice_index: int) -> str:
@@ -226,8 +227,10 @@ def scheduling(holding: Holding) -> compute_v1.Scheduling:
 
 
 def reservation_affinity(holding: Holding, project: str) -> compute_v1.ReservationAffinity | None:
-    """Reserved: the spec's reservation (any of the project's when it names none); flex-start:
-    none ever [SKY mig_utils]; else the API's default."""
+    """Reserved: the spec's reservation, SPECIFIC_RESERVATION, as RESERVATION_BOUND VMs "must
+    specifically target the reservation" [about-reservation-bound-vms; bulk-create-instances-in-mig:
+    `--reservation-affinity=specific`], so one that names none is refused here, never sent as
+    ANY_RESERVATION; flex-start: none ever [SKY mig_utils]; else the API's default (ANY_RESERVATION)."""
     from google.cloud import compute_v1
 
     if holding.capacity == "flex-start":
@@ -235,7 +238,10 @@ def reservation_affinity(holding: Holding, project: str) -> compute_v1.Reservati
     if holding.capacity != "reserved":
         return None
     if not holding.spec.reservation:
-        return compute_v1.ReservationAffinity(consume_reservation_type="ANY_RESERVATION")
+        raise PermanentError(
+            "capacity 'reserved' on Compute Engine needs the spec's reservation: RESERVATION_BOUND VMs "
+            "must name the reservation they consume (SPECIFIC_RESERVATION)"
+        )
     return compute_v1.ReservationAffinity(
         consume_reservation_type="SPECIFIC_RESERVATION",
         key="compute.googleapis.com/reservation-name",

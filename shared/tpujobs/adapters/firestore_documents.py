@@ -15,7 +15,7 @@ from typing import Any
 
 from tpujobs.domain.accounting import AttemptUsage
 from tpujobs.domain.admission import job_pool
-from tpujobs.domain.job import Job, JobEvent, ScheduledMaintenance, SuspectHost
+from tpujobs.domain.job import HeldOver, Job, JobEvent, ScheduledMaintenance, SuspectHost
 from tpujobs.domain.shards import Placement
 from tpujobs.domain.spec import PRIORITY_RANK, JobSpec
 from tpujobs.domain.states import JobState
@@ -76,6 +76,8 @@ def job_to_document(job: Job) -> dict[str, Any]:
         "create_operation": job.create_operation,
         "suspect_hosts": [dataclasses.asdict(host) for host in job.suspect_hosts],
         "maintenance": [dataclasses.asdict(window) for window in job.maintenance],
+        # earlier attempts' holdings kept through their hosts' shutdown grace (`domain.grace`)
+        "held_over": [dataclasses.asdict(held) for held in job.held_over],
         "label_pairs": label_pairs(spec.labels),  # `list --label`: array-contains, one index for every key
         "record_retention_days": job.record_retention_days,
         "expire_at": job.expire_at,  # Firestore's TTL deletes the document then (infra/firestore.tf)
@@ -155,6 +157,7 @@ def job_from_document(data: dict[str, Any], spec: JobSpec | None = None) -> Job:
         warm_pool=data.get("warm_pool") or "",
         warm_pool_unit=data.get("warm_pool_unit") or "",
         unit_requested_at=data.get("unit_requested_at"),
+        held_over=tuple(HeldOver(**held) for held in data.get("held_over") or ()),
     )
 
 
@@ -167,6 +170,7 @@ _OUTLINE_TOP = (
     "started_at", "ended_at", "exit_code", "log_uri", "event_seq", "usage", "requested_at", "on_demand",
     "submitted_via", "owner_verified", "create_operation", "suspect_hosts", "maintenance",
     "record_retention_days", "expire_at", "run_first_attempt", "warm_pool", "warm_pool_unit", "unit_requested_at",
+    "held_over",
 )  # fmt: skip
 OUTLINE_FIELDS = (
     *_OUTLINE_TOP,

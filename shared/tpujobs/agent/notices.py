@@ -1,6 +1,11 @@
 """What tells the agent to stop: SIGTERM, and the metadata server's `instance/preempted` and
 `instance/maintenance-event`, each waited on with `wait_for_change`; and what warns it ahead:
 `instance/upcoming-maintenance`, where a TPU VM learns of maintenance days before its window.
+
+SIGTERM is the one signal every end gives: Google fills `instance/maintenance-event` only for VMs
+that live-migrate or have GPUs, so a Compute Engine TPU VM (onHostMaintenance TERMINATE) never sees
+it change; its host maintenance arrives as the ACPI soft-off's SIGTERM, announced ahead (when
+scheduled) on `instance/upcoming-maintenance`. The key is still watched for the TPU API's nodes.
 """
 
 from __future__ import annotations

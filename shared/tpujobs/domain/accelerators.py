@@ -7,7 +7,9 @@ except the single-host shapes of v5e and v6e, which hold up to eight.
 A slice may also be asked for as an AcceleratorConfig: the family's type and a topology,
 ``AxB`` for v2, v3, v5e and v6e (2D tori) and ``AxBxC`` for v4 and v5p (3D), whose product is
 the chip count (gcloud's ``--type --topology`` instead of ``--accelerator-type``).
-Sources: the Cloud TPU system architecture pages for each version.
+TPU7x (``v7x``, also written ``tpu7x`` as GKE and xpk name it) is made of 4x4x4 cubes up to a
+full 9,216-chip pod, plus the smaller 2x2x1 to 2x4x4 slices and a 1-chip VM (``IRONWOOD_SHAPES``).
+Sources: the Cloud TPU system architecture pages for each version; docs/platforms.md for TPU7x.
 """
 
 from __future__ import annotations
@@ -32,6 +34,39 @@ def _multiples(step: int, upto: int) -> frozenset[int]:
     return frozenset(range(step, upto + 1, step))
 
 
+def cube_shapes(max_cubes: int, max_side: int) -> dict[int, tuple[str, ...]]:
+    """Chips -> the 3D slices of that many chips built from 4x4x4 cubes (each side a multiple of 4,
+    at most *max_side*, sides ascending, at most *max_cubes* cubes), the most nearly cubic first
+    (the smallest longest side, then the largest shortest): Google's default shape of a size."""
+    sides = range(4, max_side + 1, 4)
+    found: dict[int, list[tuple[int, int, int]]] = {}
+    for a in sides:
+        for b in (s for s in sides if s >= a):
+            for c in (s for s in sides if s >= b):
+                if (a // 4) * (b // 4) * (c // 4) <= max_cubes:
+                    found.setdefault(a * b * c, []).append((a, b, c))
+    return {
+        chips: tuple("x".join(map(str, t)) for t in sorted(shapes, key=lambda t: (t[2], -t[0], t)))
+        for chips, shapes in sorted(found.items())
+    }
+
+
+# TPU7x (Ironwood) slices as Google offers them: a 1-chip VM (tpu7x-standard-1t), the 4-chip VM's
+# 2x2x1 and the 2x2x2, 2x2x4 and 2x4x4 slices below a cube, then any AxBxC of 4x4x4 cubes, sides of
+# at most 256 chips, up to the pod's 144 cubes (9,216 chips) [xpk system_characteristics; TPU7x page].
+IRONWOOD_POD_CUBES = 144
+IRONWOOD_SHAPES: dict[int, tuple[str, ...]] = {
+    1: ("1x1x1",),
+    4: ("2x2x1",),
+    8: ("2x2x2",),
+    16: ("2x2x4",),
+    32: ("2x4x4",),
+    **cube_shapes(IRONWOOD_POD_CUBES, 256),
+}
+# Other names of a family, as other tools write them: xpk and GKE name TPU7x slices `tpu7x-N`.
+ALIASES: dict[str, str] = {"tpu7x": "v7x"}
+
+
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (
@@ -42,7 +77,7 @@ FAMILIES: dict[str, Family] = {
         Family("v5litepod", False, frozenset({1, 4, 8, 16, 32, 64, 128, 256}), 8, "V5LITE_POD", 2),
         Family("v6e", False, frozenset({1, 4, 8, 16, 32, 64, 128, 256}), 8, "V6E", 2),
         # TPU7x (Ironwood): Compute Engine only (`domain.platforms`), so no TPU API config type.
-        Family("v7x", True, frozenset({8, 16, 32, 64, 128, 256, 512}), 4, "", 3),
+        Family("v7x", True, frozenset(2 * chips for chips in IRONWOOD_SHAPES), 4, "", 3),
     )
 }
 
@@ -68,14 +103,20 @@ class AcceleratorShape:
         return self.chips // self.hosts
 
 
+def canonical_accelerator_type(accelerator_type: str) -> str:
+    """The name tpujobs keeps of an accelerator type: `tpu7x-16` is `v7x-16`; others unchanged."""
+    family, dash, size = (accelerator_type or "").partition("-")
+    return f"{ALIASES[family]}-{size}" if dash and family in ALIASES else accelerator_type
+
+
 def parse_accelerator_type(accelerator_type: str) -> AcceleratorShape:
-    """Chips and hosts of one slice, or UnknownAcceleratorType with a sentence why."""
+    """Chips and hosts of one slice (named canonically), or UnknownAcceleratorType with a sentence why."""
     match = _TYPE.fullmatch(accelerator_type or "")
     if not match:
         raise UnknownAcceleratorType(
             f"accelerator_type {accelerator_type!r} is not of the form FAMILY-SIZE, such as v4-8"
         )
-    family = FAMILIES.get(match["family"])
+    family = FAMILIES.get(ALIASES.get(match["family"], match["family"]))
     if family is None:
         known = ", ".join(sorted(FAMILIES))
         raise UnknownAcceleratorType(
@@ -90,7 +131,7 @@ def parse_accelerator_type(accelerator_type: str) -> AcceleratorShape:
         )
     chips = size // 2 if family.counts_cores else size
     hosts = 1 if chips <= family.max_single_host_chips else chips // CHIPS_PER_HOST
-    return AcceleratorShape(accelerator_type, family.name, chips, hosts)
+    return AcceleratorShape(canonical_accelerator_type(accelerator_type), family.name, chips, hosts)
 
 
 _TOPOLOGY = re.compile(r"^[1-9][0-9]{0,2}(?:x[1-9][0-9]{0,2})+$")

@@ -61,6 +61,21 @@ class ScheduledMaintenance:
 
 
 @dataclass(frozen=True)
+class HeldOver:
+    """An earlier attempt's holding kept after the next attempt's request: it was lost to Google
+    (a preemption, a lost host), whose hosts may still be saving on SIGTERM within Google's
+    shutdown grace, so tpujobs releases it only once its hosts are gone or `release_after` has
+    passed (`domain.grace`). Its chips count in its admission pool until then."""
+
+    holding: str  # the attempt's queued resource (TPU API) or slice name (Compute Engine)
+    zone: str
+    attempt: int
+    chips: int
+    pool: str  # the admission pool its chips count in (`domain.admission.pool_id`)
+    release_after: datetime  # when Google's grace is over for certain: the loss seen, plus the grace
+
+
+@dataclass(frozen=True)
 class Job:
     """A job as stored: its spec, where it is, and what it holds."""
 
@@ -114,6 +129,9 @@ class Job:
     # When that unit's queued resource (the generation `warm_pool_unit` names) was asked for: its
     # VMs are no older, so a VM made before it cannot be the attempt's host (`attempt-key`).
     unit_requested_at: datetime | None = None
+    # Earlier attempts' holdings still to release once their hosts' shutdown grace is over (the
+    # reconciler finishes it); empty when every earlier holding has been released.
+    held_over: tuple[HeldOver, ...] = ()
 
     @property
     def capacity(self) -> str:

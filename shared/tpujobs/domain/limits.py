@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from tpujobs.domain.job import Job
+from tpujobs.domain.spec import MAX_RUN_SECONDS, MIN_RUN_SECONDS, JobSpec
 from tpujobs.domain.states import JobState
 
 TIME_LIMIT = "time_limit"
@@ -72,6 +73,41 @@ class Hung:
             f"Attempt {self.attempt} is hung: no output line and no checkpoint from any worker "
             f"within its hang_timeout of {_spelled(self.hang_timeout_seconds)} (silent: {names})"
         )
+
+
+# A flex-start VM's maxRunDuration is the attempt's own limit and these, so tpujobs' limit always
+# comes first: the hosts boot and start the agent (whose deadline counts from its own start, the
+# VM's run duration from RUNNING), the command saves on SIGTERM, and Google may be late or early.
+RUN_BOOT_ALLOWANCE_SECONDS = 600  # RUNNING to the agent's start (boot, startup script)
+RUN_SIGTERM_GRACE_SECONDS = 60  # at least the agent's SIGTERM-to-SIGKILL grace (AgentTimings: 30 s)
+RUN_MARGIN_SECONDS = 120  # Compute Engine may end a VM up to 30 s late [limit-vm-runtime]; clocks drift
+
+
+def flex_run_seconds(spec: JobSpec) -> int:
+    """A flex-start VM's maxRunDuration: the smaller of the job's time limits plus the allowances
+    above, within Compute Engine's 10 minutes to 7 days. The spec's validation requires a limit."""
+    limits = [s for s in (spec.time_limit_seconds, spec.attempt_time_limit_seconds) if s]
+    if not limits:
+        raise ValueError("capacity 'flex-start' needs time_limit or attempt_time_limit: its VMs' maxRunDuration")
+    wanted = min(limits) + RUN_BOOT_ALLOWANCE_SECONDS + RUN_SIGTERM_GRACE_SECONDS + RUN_MARGIN_SECONDS
+    return max(MIN_RUN_SECONDS, min(wanted, MAX_RUN_SECONDS))
+
+
+def time_is_up(job: Job, now: datetime) -> str | None:
+    """Why the attempt's time is up at `now`, or None: a time limit reached, or (flex-start) its
+    VMs' maxRunDuration over by the control plane's count, which starts no later than Compute
+    Engine's (the VMs ran before the capacity was seen ACTIVE) and loses at most the boot
+    allowance. A capacity lost then was ended by its time (`transitions`), never preempted."""
+    reached = limit_reached(job, now)
+    if reached is not None:
+        return reached.reason
+    held = attempt_held(job)
+    if job.capacity != "flex-start" or held is None or job.state.is_terminal:
+        return None
+    run = flex_run_seconds(job.spec)
+    if (now - held).total_seconds() < run - RUN_BOOT_ALLOWANCE_SECONDS:
+        return None
+    return f"its flex-start VMs' maxRunDuration of {_spelled(run)} ran out (Compute Engine ends them then)"
 
 
 def first_held(job: Job) -> datetime | None:

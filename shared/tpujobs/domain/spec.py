@@ -288,11 +288,11 @@ class JobSpec(BaseModel):
     @field_validator("accelerator_type")
     @classmethod
     def _known_accelerator(cls, value: str) -> str:
+        """A known type, kept by its canonical name (`tpu7x-16`, as GKE and xpk write it, is `v7x-16`)."""
         try:
-            parse_accelerator_type(value)
+            return parse_accelerator_type(value).accelerator_type
         except UnknownAcceleratorType as error:
             raise ValueError(str(error)) from None
-        return value
 
     @field_validator("network")
     @classmethod
@@ -566,6 +566,14 @@ def check_platform(spec: JobSpec) -> None:
             compute_shape(spec.accelerator_type, spec.topology)
         except (UnknownAcceleratorType, BadTopology) as error:
             raise ValueError(str(error)) from None
+    if spec.capacity == "reserved" and platform == COMPUTE and not spec.reservation:
+        # Compute Engine's RESERVATION_BOUND VMs "must specifically target the reservation"
+        # (about-reservation-bound-vms): there is no "any reservation" for them.
+        raise ValueError(
+            f"capacity 'reserved' on Compute Engine binds {spec.accelerator_type}'s VMs to one reservation they "
+            "name (RESERVATION_BOUND with SPECIFIC_RESERVATION; Google has no 'any reservation' for them): "
+            "give reservation"
+        )
     if spec.capacity == "flex-start":
         if platform is not None and platform != COMPUTE:
             raise ValueError(

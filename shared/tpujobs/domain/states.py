@@ -119,6 +119,10 @@ class EventKind(str, Enum):
     """The job leaves its warm pool for capacity of its own (`pool_fallback: provision`): no unit
     was free, or the pool was deleted. QUEUED for admission as any job; a live attempt ends
     first and the next one resumes by `on_preemption`."""
+    HELD_OVER_RELEASED = "held_over_released"
+    """An earlier attempt's holding, kept past the next attempt's request while its hosts might
+    be saving within Google's shutdown grace (`Job.held_over`, `domain.grace`), was released: its
+    hosts are gone or its grace is over. The state stays; its chips leave the job's pool."""
     RERUN_REQUESTED = "rerun_requested"
     """The owner or an admin asked an ended job (SUCCEEDED too) to run again from scratch
     (`tpujobs rerun`): as RESUME_REQUESTED, but the new attempt does not resume."""
@@ -150,6 +154,7 @@ TRANSITIONS: dict[tuple[JobState, EventKind], frozenset[JobState]] = {
     (JobState.PROVISIONING, EventKind.MAINTENANCE_MOVE): frozenset({JobState.RECOVERING}),
     (JobState.RUNNING, EventKind.MAINTENANCE_MOVE): frozenset({JobState.RECOVERING}),
     **{(state, EventKind.REPAIR_FAILED): frozenset({state}) for state in ACTIVE},
+    **{(state, EventKind.HELD_OVER_RELEASED): frozenset({state}) for state in ACTIVE},
     (JobState.PROVISIONING, EventKind.CAPACITY_CHANGED): frozenset({JobState.PROVISIONING}),
     (JobState.PROVISIONING, EventKind.WORKERS_STARTED): frozenset({JobState.RUNNING}),
     # A worker may finish before its `started` report arrives: exits count from PROVISIONING too.

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 
 from tpujobs.domain import accounting, limits
 from tpujobs.domain.error_classes import classify_error
-from tpujobs.domain.job import Job, JobEvent, ScheduledMaintenance, Source, SuspectHost
+from tpujobs.domain.job import HeldOver, Job, JobEvent, ScheduledMaintenance, Source, SuspectHost
 from tpujobs.domain.naming import queued_resource_name
 from tpujobs.domain.platforms import TPU_API
 from tpujobs.domain.quotas import region_of
@@ -57,6 +57,10 @@ class Observation:
     # QUOTA_EXCEEDED, ZONE_FAILOVER, CAPACITY_LOST (a create FAILED before it ran): the region whose
     # quota holds the job back; failover skips its zones.
     quota_region: str = ""
+    # NEXT_ATTEMPT_REQUESTED: the lost attempt's holding, kept until its hosts' grace is over
+    # (`domain.grace.hold_over`); HELD_OVER_RELEASED: the name of the holding released.
+    held_over: HeldOver | None = None
+    holding: str = ""
 
 
 @dataclass(frozen=True)
@@ -278,9 +282,16 @@ def _command_failed(job: Job, seen: Observation, now: datetime) -> _Move:
 
 
 def _capacity_lost(job: Job, seen: Observation, now: datetime) -> _Move:
-    """The attempt's capacity is gone. A queued resource that failed before it ever ran here
-    moves to the next zone; otherwise `on_preemption` and the restart budget decide, and a spot
-    job preempted too often within its window continues on on-demand capacity."""
+    """The attempt's capacity is gone. Once the attempt's time is up (`limits.time_is_up`: a time
+    limit, or a flex-start VM's maxRunDuration) that is the time limit: FAILED, never a restart. A
+    queued resource that failed before it ever ran here moves to the next zone; otherwise
+    `on_preemption` and the restart budget decide, and a spot job preempted too often within
+    its window continues on on-demand capacity."""
+    up = limits.time_is_up(job, now)
+    if up is not None:  # its time ended it (a flex-start VM's run duration too): the time limit's rule
+        return _Move(
+            JobState.FAILED, f"{seen.reason or 'The capacity was lost'} after the attempt's time was up: {up}."
+        )
     if _never_ran_here(job, seen):
         return _fails_over_unstarted(job, seen)
     move = _ruled_on_loss(job, job.spec.on_preemption, seen.reason or "The capacity was lost", now)
@@ -323,7 +334,24 @@ def _next_attempt_requested(job: Job, seen: Observation, now: datetime) -> _Move
         "suspect_hosts": (),
         "maintenance": (),
     }
+    if seen.held_over is not None:  # kept through its grace: the reconciler releases it after
+        kept = tuple(h for h in job.held_over if h.holding != seen.held_over.holding)
+        changes["held_over"] = (*kept, seen.held_over)
+        until = seen.held_over.release_after.isoformat(timespec="seconds")
+        reason += (
+            f" Attempt {job.attempt}'s {seen.held_over.holding} is released once its hosts are gone, "
+            f"at the latest when Google's shutdown grace ends ({until}): a save on SIGTERM is not cut short."
+        )
     return _Move(JobState.PROVISIONING, reason, changes)
+
+
+def _held_over_released(job: Job, seen: Observation, now: datetime) -> _Move | Ignored:
+    """An earlier attempt's held-over holding was released: it leaves `held_over`, once."""
+    kept = tuple(h for h in job.held_over if h.holding != seen.holding)
+    if kept == job.held_over:
+        return Ignored(f"{seen.holding} is not held over by the job")
+    reason = seen.reason or f"Released {seen.holding}, an earlier attempt's holding."
+    return _Move(job.state, reason, {"held_over": kept})
 
 
 def _waiting_for_quota(job: Job, seen: Observation, now: datetime) -> _Move | Ignored:
@@ -493,6 +521,7 @@ _RULES: Mapping[EventKind, _Rule] = {
     EventKind.LEFT_POOL: _left_pool,
     EventKind.RESUME_REQUESTED: _restart_requested,
     EventKind.RERUN_REQUESTED: _restart_requested,
+    EventKind.HELD_OVER_RELEASED: _held_over_released,
 }
 
 

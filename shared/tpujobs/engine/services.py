@@ -202,6 +202,9 @@ class Engine:
     def request_again(self, job_id: str) -> Decision | Ignored | None:
         return self.lifecycle.request_again(job_id)
 
+    def finish_held_over(self, job_id: str) -> list[str]:
+        return self.lifecycle.finish_held_over(job_id)
+
     def note_suspect_hosts(
         self, job_id: str, attempt: int, hosts: tuple[tuple[str, str], ...], reason: str
     ) -> Decision | Ignored:

@@ -429,6 +429,62 @@ def maintenance(
     sim.say(f"maintenance announced on {capacity}: {_nodes(answer)}")
 
 
+class Interconnect(str, Enum):
+    """What `topology` may make a slice's interconnect show."""
+
+    FAILED = "FAILED"
+    INCOMPLETE = "INCOMPLETE"
+
+
+_ONLY_COMPUTE = "whose queued resource has no interconnect state or partial grant of its own (Compute Engine only)"
+
+
+@fault_app.command()
+def topology(
+    job_id: JobId,
+    state: Annotated[
+        Interconnect, typer.Argument(help="What the MIG's appliedAcceleratorTopologies shows.", case_sensitive=False)
+    ] = Interconnect.FAILED,
+    message: Annotated[str, typer.Option("--message", help="The stateDetails error message shown.")] = "",
+    slice_index: Slice = None,
+    state_dir: StateDir = None,
+) -> None:
+    """A Compute Engine slice's interconnect turns FAILED or INCOMPLETE (its VMs run on)."""
+    sim = Simulator(state_dir, Console(stderr=True))
+    capacity = sim.capacity_of(job_id)
+    if not capacity.on_compute:
+        fail(sim.err, "topology cannot apply", f"{capacity} runs on the TPU API, {_ONLY_COMPUTE}")
+    zone, project, chosen = capacity.zone, sim.project, state.value
+    answers = sim.on_groups(
+        capacity,
+        slice_index,
+        f"make the interconnect {chosen} of",
+        lambda g: sim.control.fail_topology(zone, g, chosen, message, project),
+    )
+    sim.say(f"the interconnect of {capacity} is {chosen}: {_instances(answers)}")
+
+
+@fault_app.command("partial")
+def partial_grant(
+    job_id: JobId,
+    hosts: Annotated[
+        int | None, typer.Option("--hosts", min=1, help="How many of the slice's VMs come (default: all but one).")
+    ] = None,
+    slice_index: Slice = None,
+    state_dir: StateDir = None,
+) -> None:
+    """Of a Compute Engine slice waiting for capacity (individual mode), only some VMs come; the rest wait."""
+    sim = Simulator(state_dir, Console(stderr=True))
+    capacity = sim.capacity_of(job_id)
+    if not capacity.on_compute:
+        fail(sim.err, "partial cannot apply", f"{capacity} runs on the TPU API, {_ONLY_COMPUTE}")
+    zone, project = capacity.zone, sim.project
+    answers = sim.on_groups(
+        capacity, slice_index, "grant part of", lambda g: sim.control.grant_partially(zone, g, hosts, project)
+    )
+    sim.say(f"part of {capacity} came: {_instances(answers)}")
+
+
 @fault_app.command("node-health")
 def node_health(
     job_id: JobId,

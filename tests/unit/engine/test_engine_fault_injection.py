@@ -69,13 +69,15 @@ class Outcome:
     attempt: int = 1
     exit_code: int | None = None
     recoveries: int = 0  # RECOVERING entries in the timeline, and restarts: one per loss
+    held_over: frozenset[str] = frozenset()  # earlier attempts' kept through their hosts' grace
 
     @property
     def holds(self) -> set[str]:
-        """The queued resources that should be live: the current attempt's, while the job lives."""
+        """The queued resources that should be live: the current attempt's, while the job lives,
+        and those kept through a preemption's shutdown grace."""
         if self.state is None or self.state.is_terminal:
             return set()
-        return {f"{JOB}-a{self.attempt}"}
+        return {f"{JOB}-a{self.attempt}", *self.held_over}
 
     @property
     def created(self) -> set[str]:
@@ -201,9 +203,15 @@ _BELIEVED = ("store.get", "store.remember_report")
 # A failing exit's worker record comes after the commit: written first, a crash after it would mark
 # the worker done while the job, never told, stayed RUNNING holding its capacity.
 _EXIT_STEPS = (*_BELIEVED, "store.apply", "tpu.release", "store.record_worker")
-_LOSS_STEPS = ("store.apply", "tpu.release", "tpu.request", "store.apply")
+# The next attempt is requested first; the lost one is read (are its hosts saving within
+# Google's grace?) and, as here, released before the commit.
+_LOSS_STEPS = ("store.apply", "tpu.request", "tpu.status", "tpu.release", "store.apply")
 SIGNED_TOPICS = ("tpujobs-worker-events", "tpujobs-preemption")
 _RECOVERED = Outcome(JobState.PROVISIONING, attempt=2, recoveries=1)
+# A preempted attempt's hosts save within Google's shutdown grace: its queued resource is kept
+# (held over) past the next attempt's request, and released by a later tick once the grace is over.
+_HELD_LOSS_STEPS = ("store.apply", "tpu.request", "tpu.status", "store.apply")
+_HELD = replace(_RECOVERED, held_over=frozenset({f"{JOB}-a1"}))
 
 
 def _http_cancel(service: Engine, message: InboundMessage) -> object:
@@ -290,8 +298,8 @@ SCENARIOS = [
         "tpujobs-preemption",
         {"job_id": JOB, "attempt": 1, "slice_id": 0, "worker_id": 0, "reason": "SIGTERM"},
         setup=_preempted,
-        steps=(*_BELIEVED, *_LOSS_STEPS),
-        done=_RECOVERED,
+        steps=(*_BELIEVED, *_HELD_LOSS_STEPS),
+        done=_HELD,
     ),
     Scenario(
         "peer-silent",
@@ -313,8 +321,8 @@ SCENARIOS = [
         "tpujobs-qr-state",
         {"queued_resource": f"{JOB}-a1", "zone": ZONE, "state": "SUSPENDED"},
         setup=_preempted,
-        steps=_LOSS_STEPS,
-        done=_RECOVERED,
+        steps=_HELD_LOSS_STEPS,
+        done=_HELD,
     ),
     Scenario(
         "cancel",
@@ -505,15 +513,16 @@ def _half_done(name: str, k: int) -> Callable[[Harness], None]:
 # Every tick starts by reading what is: where the active jobs are (the coordinator), then the
 # one shard's jobs and its zone's listing (tick() runs the shards in this process).
 _SURVEY = ("store.active_placements", "store.active_in_shard", "tpu.list_capacity")
-_NEXT_ATTEMPT = ("tpu.release", "tpu.request", "store.apply")
+_NEXT_ATTEMPT = ("tpu.request", "tpu.status", "tpu.release", "store.apply")
 _PRUNE = "store.prune_expired_jobs"  # every tick ends by deleting expired jobs (none here)
 
 TICKS = [
-    TickScenario(  # the notice never came: the tick sees the SUSPENDING resource itself
+    TickScenario(  # the notice never came: the tick sees the SUSPENDING resource itself; its
+        # hosts are within their shutdown grace, so it is kept (held over), not released
         "unreported-preemption",
         _preempted,
-        (*_SURVEY, "store.apply", *_NEXT_ATTEMPT, "store.silent_workers", _PRUNE),
-        _RECOVERED,
+        (*_SURVEY, "store.apply", "tpu.request", "tpu.status", "store.apply", "store.silent_workers", _PRUNE),
+        _HELD,
     ),
     TickScenario(  # submit died after creating the job: the tick admits it
         "queued-job",

@@ -19,7 +19,8 @@ from tpujobs.domain.admission import (
     victims_for,
     waiting_reason,
 )
-from tpujobs.domain.job import Job
+from tpujobs.domain.grace import held_holder
+from tpujobs.domain.job import HeldOver, Job
 from tpujobs.domain.quotas import Limits, PoolKey, QuotaBook, Scope
 from tpujobs.domain.states import EventKind, JobState
 from tpujobs.domain.transitions import Decision, Ignored, Observation
@@ -287,9 +288,29 @@ class Admission:
             self.drop_hold(job.job_id, pool)
 
     def free_chips(self, job: Job) -> None:
-        """An ended job gives its chips back, and the next waiting jobs get them at once."""
+        """An ended job gives its chips back, and the next waiting jobs get them at once (its
+        held-over holdings' too: an ended job's holdings are all released)."""
         for pool in _pools_held(job, job.zone):
             self.drop_hold(job.job_id, pool)
+        for held in job.held_over:
+            self.drop_hold(held_holder(held.holding), held.pool)
+
+    def count_held_over(self, job: Job, held: HeldOver) -> None:
+        """Count a lost attempt's holding, kept through its hosts' shutdown grace, in its pool
+        beside the job's own hold (`held:{holding}`, never evicted): Google counts both against
+        the quota until it is deleted, so the queue waits for it too. Idempotent."""
+        if self.pools is None or self._limits(PoolKey.parse(held.pool)).unlimited:
+            return  # no quota there: no one waits for these chips
+        hold = Holder(held_holder(held.holding), held.chips, held.attempt, job.spec.priority, self.clock(),
+                      evictable=False, zone=held.zone)  # fmt: skip
+        for _ in range(ADMISSION_ROUNDS):
+            view = self.pools.view(held.pool)
+            if any(h.job_id == hold.job_id for h in view.holders) or self.pools.change(view, add=hold):
+                return
+
+    def uncount_held_over(self, held: HeldOver) -> None:
+        """A held-over holding was released: its chips leave its pool, and waiting jobs get them."""
+        self.drop_hold(held_holder(held.holding), held.pool)
 
     def drop_hold(self, job_id: str, pool: str) -> None:
         """Take a holder (a job, or a warm pool's unit) off an admission pool, in the same write

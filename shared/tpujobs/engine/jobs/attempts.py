@@ -57,6 +57,10 @@ class AttemptCapacity:
         """Give back the holding `name` (absent is fine)."""
         self.capacity.release(zone, name)
 
+    def status(self, zone: str, name: str) -> CapacityStatus | None:
+        """What the holding `name` is now; None when it does not exist."""
+        return self.capacity.status(zone, name)
+
     def release_if_orphaned(self, requested: Job) -> None:
         """After a request lost its race (a cancel, another handler), free what nobody owns."""
         current = self.store.get(requested.job_id)

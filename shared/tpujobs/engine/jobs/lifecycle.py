@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from tpujobs.domain import signing
+from tpujobs.domain.grace import hold_over
 from tpujobs.domain.job import Job
 from tpujobs.domain.quotas import QuotaBook
 from tpujobs.domain.restart_rules import BACKOFF_CAP_SECONDS
@@ -26,6 +27,7 @@ from tpujobs.engine import process_log
 from tpujobs.engine.errors import PermanentError, QuotaExhausted
 from tpujobs.engine.jobs.admission import Admission, SubmitOutcome, failed_at_once
 from tpujobs.engine.jobs.attempts import AttemptCapacity, quota_capacity_state, quota_reason
+from tpujobs.engine.jobs.held_over import HeldOverReleases
 from tpujobs.engine.jobs.journal import JobJournal, cancellation
 from tpujobs.engine.ports import CapacityHandoff, CapacityStatus, Clock, JobRecords
 
@@ -70,6 +72,7 @@ class JobLifecycle:
         self.admission = admission
         self.warm = warm  # None: no warm pools in this deployment
         self.handoff = handoff
+        self.held_over = HeldOverReleases(store, clock, journal, attempts, admission)
 
     def observe(self, job_id: str, seen: Observation) -> Decision | Ignored:
         """Commit what an observation means for the job, then perform what its state implies."""
@@ -88,8 +91,9 @@ class JobLifecycle:
     def converge(self, job_id: str) -> None:
         """Do what the job's state asks for; safe to repeat, whoever calls it and however often.
 
-        QUEUED: request capacity. RECOVERING: release the lost attempt's capacity and
-        request the next. Ended: release the capacity. Anything else waits for events.
+        QUEUED: request capacity. RECOVERING: request the next attempt's capacity, then
+        release the lost attempt's (or keep it through its hosts' shutdown grace: `held_over`).
+        Ended: release the capacity. Anything else waits for events.
         """
         if self.handoff is not None:
             self.handoff.hand_off_job(job_id)
@@ -122,6 +126,8 @@ class JobLifecycle:
                 self.warm.leave_attempt(job)  # its unit goes back to the pool; it had no resource of its own
             elif job.queued_resource:
                 self.attempts.release(job.zone, job.queued_resource)
+            for held in job.held_over:  # an ended job's holdings all go now
+                self.attempts.release(held.zone, held.holding)
             self.admission.free_chips(job)
 
     def _start_next_attempt(self, job: Job) -> None:
@@ -135,19 +141,23 @@ class JobLifecycle:
         if warm is not None:  # the next attempt waits in the pool's queue
             self.observe(job.job_id, Observation(EventKind.POOL_REQUEUED, job.attempt, "tpu"))
             return
-        self.attempts.release(job.zone, job.queued_resource)
         following = job.as_next_attempt()
-        try:
+        try:  # the next attempt first: the lost one's release waits (`held_over`) or follows
             status, reason = self.attempts.request_or_wait(following)  # a full quota: it waits, as at admission
         except PermanentError as error:
-            self.journal.commit(
-                job.job_id,
-                Observation(EventKind.CAPACITY_REQUEST_FAILED, job.attempt, "tpu", reason=str(error)),
-            )
+            seen = Observation(EventKind.CAPACITY_REQUEST_FAILED, job.attempt, "tpu", reason=str(error))
+            failed = self.journal.commit(job.job_id, seen)
+            if isinstance(failed, Decision):
+                self._act(failed.job)  # ended: its holdings are released
             return
-        seen = Observation(
-            EventKind.NEXT_ATTEMPT_REQUESTED, job.attempt, "tpu", reason, status.state, operation=status.operation
-        )
+        lost = self.attempts.status(job.zone, job.queued_resource)
+        held = hold_over(job, lost.state if lost else None, lost.unhealthy_hosts if lost else 0)
+        if held is not None:
+            self.held_over.keep(job, held)  # its chips stay counted while it is kept
+        else:  # its hosts are gone, or only tpujobs ends them: released after the request, before the
+            self.attempts.release(job.zone, job.queued_resource)  # commit, so a redelivery finishes it
+        seen = Observation(EventKind.NEXT_ATTEMPT_REQUESTED, job.attempt, "tpu", reason, status.state,
+                           operation=status.operation, held_over=held)  # fmt: skip
         outcome = self.journal.commit(job.job_id, seen)
         if isinstance(outcome, Ignored):
             self.attempts.release_if_orphaned(following)
@@ -192,6 +202,11 @@ class JobLifecycle:
         else:
             self._observe_failed_at_once(job_id, job.attempt, status)
         return outcome
+
+    def finish_held_over(self, job_id: str) -> list[str]:
+        """Release the job's held-over holdings whose hosts are gone or whose shutdown grace is
+        over (`held_over.HeldOverReleases.finish`); the names released."""
+        return self.held_over.finish(job_id)
 
     def note_suspect_hosts(
         self, job_id: str, attempt: int, hosts: tuple[tuple[str, str], ...], reason: str

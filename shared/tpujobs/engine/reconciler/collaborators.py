@@ -49,6 +49,9 @@ class JobRepairs(Protocol):
     def request_again(self, job_id: str) -> Decision | Ignored | None:
         """Ask again for a PROVISIONING job's missing queued resource."""
 
+    def finish_held_over(self, job_id: str) -> list[str]:
+        """Release the job's held-over holdings whose hosts are gone or grace is over; their names."""
+
     def request_export(self, job_id: str, attempt: int) -> None:
         """Ask for an ended attempt's output to be exported."""
 

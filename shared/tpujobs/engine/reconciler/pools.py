@@ -11,7 +11,9 @@ from dataclasses import replace
 from functools import partial
 
 from tpujobs.domain.admission import Holder, job_pool, pool_of
+from tpujobs.domain.grace import parse_held_holder
 from tpujobs.domain.job import Job
+from tpujobs.domain.naming import parse_queued_resource_name
 from tpujobs.domain.pools import QUOTA_HELD, Pool
 from tpujobs.domain.quotas import PoolKey
 from tpujobs.domain.shards import Placement
@@ -137,6 +139,12 @@ class PoolPhases:
             found = self.warm_pools.get(unit_of[0]) if self.warm_pools is not None else None
             unit = found.unit(unit_of[1]) if found is not None else None
             return unit is None or unit.state not in QUOTA_HELD
+        held = parse_held_holder(holder.job_id)
+        if held is not None:  # a held-over holding: counted while its job keeps it (or is about to)
+            owner = parse_queued_resource_name(held)
+            job = self.store.get(owner[0]) if owner else None
+            keeps = job is not None and not job.state.is_terminal and any(h.holding == held for h in job.held_over)
+            return not keeps and not (job is not None and job.state is JobState.RECOVERING)
         job = self.store.get(holder.job_id)
         return (
             job is None

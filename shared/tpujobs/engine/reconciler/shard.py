@@ -13,6 +13,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from tpujobs.domain.admission import job_pool
+from tpujobs.domain.grace import release_due
 from tpujobs.domain.job import Job, ScheduledMaintenance
 from tpujobs.domain.naming import parse_queued_resource_name, parse_unit_queued_resource_name
 from tpujobs.domain.quotas import region_of
@@ -83,6 +84,7 @@ class ShardRun:
         lead = self.settings.maintenance_lead_seconds
         phase("move ahead of maintenance", lambda: self.attempts.move_ahead_of_maintenance(jobs, now, lead, report))
         if seen is not None:
+            phase("release held-over holdings", lambda: self._release_held_over(jobs, seen, now, report))
             live = {job.job_id: job for job in jobs}
             mine = {(shard.zone, name): status for name, status in seen.items() if _owner_in(shard, name)}
             phase("release unowned resources", lambda: self._release_unowned(mine, live, report))
@@ -127,6 +129,7 @@ class ShardRun:
         if full_region is not None:
             waited = (self.clock() - job.requested_at).total_seconds() if job.requested_at else 0
             what = f"Queued resource {job.queued_resource} waited {waited / 60:.0f} min for capacity"
+            what += f" ({status.detail})" if status.detail else ""  # a partial slice: how many hosts came
             seen = Observation(EventKind.ZONE_FAILOVER, job.attempt, "reconciler", what, quota_region=full_region)
             outcome = jobs.observe(job.job_id, seen)
             if next_zone(job, full_region) is not None:
@@ -241,6 +244,23 @@ class ShardRun:
         precise = self.tpu.status(job.zone, job.queued_resource)
         return precise.quota_region if precise is not None else ""
 
+    def _release_held_over(
+        self, jobs: list[Job], seen: dict[str, CapacityStatus], now: datetime, report: ReconcileReport
+    ) -> None:
+        """Finish the release of earlier attempts' holdings kept through their hosts' shutdown
+        grace (`Job.held_over`): each job with one whose hosts are gone (by this listing: not
+        listed, or SUSPENDED or FAILED) or whose grace is over asks its lifecycle to release it.
+        Pure on the listing until then: no read, whatever the number of jobs."""
+        listed = {name: status.state for name, status in seen.items()}
+        for job in jobs:
+            # another zone's (the job moved on) is not in this listing: the lifecycle reads it
+            if any(h.zone != job.zone or release_due(h, now, listed.get(h.holding)) for h in job.held_over):
+                finish = partial(self._finish_held_over, job.job_id, report)
+                self.guard.item(report, "release its held-over holdings", finish, job.job_id)
+
+    def _finish_held_over(self, job_id: str, report: ReconcileReport) -> None:
+        report.released += self.jobs.finish_held_over(job_id)
+
     def _release_unowned(
         self, seen: dict[tuple[str, str], CapacityStatus], live: dict[str, Job], report: ReconcileReport
     ) -> None:
@@ -273,6 +293,8 @@ def _unowned(status: CapacityStatus, live: dict[str, Job]) -> bool:
     job = live.get(owner[0])
     if job is None:
         return True
+    if any(h.holding == status.name for h in job.held_over):
+        return False  # kept through its hosts' shutdown grace: `_release_held_over` finishes it
     return owner[1] < job.attempt
 
 

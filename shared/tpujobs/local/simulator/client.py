@@ -203,8 +203,8 @@ class SimulatorControl:
     def group_maintenance(
         self, zone: str, name: str, notice: float | None = None, project: str | None = None
     ) -> dict[str, Any]:
-        """Host maintenance of a MIG's slice now: announced on instance/maintenance-event, the hosts
-        terminated after *notice* seconds, booted again when it ends."""
+        """Host maintenance of a MIG's VMs: announced on upcomingMaintenance, then after *notice*
+        seconds each VM shut down and TERMINATED for good (instance/maintenance-event stays NONE)."""
         body = {} if notice is None else {"notice": notice}
         return self.on_compute(zone, "instanceGroupManagers", name, "maintenance", body, project=project)
 
@@ -214,6 +214,20 @@ class SimulatorControl:
         """Google's advance notice of a maintenance on every VM of a MIG (schedule_maintenance each)."""
         body = {"notice": notice, "window": window}
         return self.on_compute(zone, "instanceGroupManagers", name, "upcoming-maintenance", body, project=project)
+
+    def fail_topology(
+        self, zone: str, name: str, state: str = "FAILED", message: str = "", project: str | None = None
+    ) -> dict[str, Any]:
+        """A MIG slice's interconnect (appliedAcceleratorTopologies) turns FAILED or INCOMPLETE."""
+        body = {"state": state, "message": message}
+        return self.on_compute(zone, "instanceGroupManagers", name, "topology", body, project=project)
+
+    def grant_partially(
+        self, zone: str, name: str, hosts: int | None = None, project: str | None = None
+    ) -> dict[str, Any]:
+        """Of a MIG slice waiting for capacity, *hosts* VMs run now (default all but one)."""
+        body = {} if hosts is None else {"hosts": hosts}
+        return self.on_compute(zone, "instanceGroupManagers", name, "partial", body, project=project)
 
     def instance_workers(self, zone: str, name: str, project: str | None = None) -> list[dict[str, Any]]:
         """The worker process of a lone VM, with its instance name."""

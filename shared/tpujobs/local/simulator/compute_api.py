@@ -15,6 +15,7 @@ from google.cloud import compute_v1
 from tpujobs.local.simulator.compute_checks import read_body
 from tpujobs.local.simulator.compute_control import ComputeControl
 from tpujobs.local.simulator.compute_errors import ComputeError, as_compute, invalid_field
+from tpujobs.local.simulator.compute_instance_verbs import InstanceVerbs
 from tpujobs.local.simulator.compute_json import (
     group_json,
     instance_group_json,
@@ -72,13 +73,14 @@ _COLLECTIONS = ("instances", "instanceGroupManagers", "resourcePolicies", "insta
 def fault_method(method: str, path: str) -> str | None:
     """Which of the planned faults' methods (errors.FAULT_METHODS) a Compute call counts as:
     inserts are create, setMetadata and resize update, lists list; operations and control calls
-    are never faulted, so an operation can always be followed to its end."""
+    are never faulted, so an operation can always be followed to its end. A VM's stop and
+    simulated maintenance are updates."""
     if not path.startswith(COMPUTE_ROOT) or "/operations" in path or path.endswith("/autoscalers"):
         return None
     last = path.rstrip("/").rsplit("/", 1)[-1]
     if method == "DELETE":
         return "delete"
-    if last in ("setMetadata", "resize"):
+    if last in ("setMetadata", "resize", "stop", "simulateMaintenanceEvent"):
         return "update"
     if last == "listManagedInstances" or (method == "GET" and (last in _COLLECTIONS or "/aggregated/" in path)):
         return "list"
@@ -149,6 +151,7 @@ class ComputeApi:
                 ("GET", base + f"/operations/{_ID}", self._get_operation),
                 ("POST", base + f"/operations/{_ID}/wait", self._wait_operation),
             ]
+        rules += InstanceVerbs(simulator, worker_pool).rules()
         rules += ComputeControl(simulator, worker_pool).rules()
         self._routes = Routes(rules)
 

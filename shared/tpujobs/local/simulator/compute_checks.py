@@ -15,7 +15,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from tpujobs.domain.accelerators import BadTopology, UnknownAcceleratorType
+from tpujobs.domain.accelerators import BadTopology, UnknownAcceleratorType, topology_chips
 from tpujobs.domain.platforms import COMPUTE_FAMILIES, ComputeFamily, ComputeShape, compute_shape
 from tpujobs.local.simulator.checks import check_labels, check_metadata
 from tpujobs.local.simulator.compute_errors import invalid, invalid_field, required
@@ -102,6 +102,11 @@ def machine_type_name(value: Any, zone: str | None, path: str) -> str:
         name = match["name"]
     if name not in TPU_MACHINE_TYPES:
         offered = ", ".join(sorted(TPU_MACHINE_TYPES))
+        if any(name.startswith(f"{family.machine_prefix}-") for family in COMPUTE_FAMILIES.values()):
+            where = f" in zone '{zone}'" if zone else ""
+            raise invalid_field(
+                path, text, f"Machine type with name '{name}' does not exist{where}. TPU machine types: {offered}."
+            )
         raise invalid_field(path, text, f"The tpujobs simulator serves TPU machine types only: {offered}.")
     return name
 
@@ -111,11 +116,25 @@ def slice_shape(machine_type: str, hosts: int, topology: str | None) -> ComputeS
     (None: one VM, no policy); 400 when they do not make that slice."""
     family, chips = TPU_MACHINE_TYPES[machine_type]
     total = chips * hosts
+    if topology is not None:
+        try:
+            held = topology_chips(topology, family.name)
+        except BadTopology as exc:
+            raise invalid(
+                f"The workload policy's acceleratorTopology {topology!r} is no {family.name} shape: {exc}."
+            ) from None
+        if held != total:
+            raise invalid(
+                f"The workload policy's acceleratorTopology {topology} holds {held} chips, but the MIG's "
+                f"targetSize of {hosts} x {machine_type} holds {total}."
+            )
     accelerator_type = f"{family.name}-{total * 2 if family.counts_cores else total}"
     try:
         shape = compute_shape(accelerator_type, topology)
     except (UnknownAcceleratorType, BadTopology) as exc:
-        raise invalid(f"{hosts} x {machine_type} make no TPU slice of topology {topology or '(none)'}: {exc}") from None
+        raise invalid(
+            f"{hosts} x {machine_type} ({total} chips) make no TPU slice Compute Engine offers: {exc}."
+        ) from None
     if (shape.machine_type, shape.hosts) != (machine_type, hosts):
         raise invalid(
             f"{hosts} x {machine_type} do not make {accelerator_type} {shape.topology}: that slice is "
@@ -136,7 +155,37 @@ def check_vm(properties: Mapping[str, Any], path: str, zone: str | None) -> str:
     if "labels" in properties:
         check_labels(properties["labels"], f"{path}.labels")
     check_scheduling(properties.get("scheduling") or {}, f"{path}.scheduling")
+    check_reservation_affinity(properties, path)
     return machine_type
+
+
+RESERVATION_NAME_KEY = "compute.googleapis.com/reservation-name"
+
+
+def check_reservation_affinity(properties: Mapping[str, Any], path: str) -> None:
+    """RESERVATION_BOUND VMs "must specifically target the reservation" (Compute Engine's
+    about-reservation-bound-vms; ANY_RESERVATION, the API's default, is refused for them), and
+    SPECIFIC_RESERVATION "must specify key value fields" naming it (ReservationAffinity)."""
+    affinity = properties.get("reservationAffinity") or {}
+    kind = affinity.get("consumeReservationType", "ANY_RESERVATION")
+    model = (properties.get("scheduling") or {}).get("provisioningModel", "STANDARD")
+    where = f"{path}.reservationAffinity"
+    if model == "RESERVATION_BOUND" and kind != "SPECIFIC_RESERVATION":
+        raise invalid_field(
+            f"{where}.consumeReservationType",
+            kind,
+            "RESERVATION_BOUND VMs must specifically target a reservation: SPECIFIC_RESERVATION, with key "
+            f"{RESERVATION_NAME_KEY} and the reservation's name in values.",
+        )
+    if kind != "SPECIFIC_RESERVATION":
+        return
+    if affinity.get("key") != RESERVATION_NAME_KEY:
+        raise invalid_field(
+            f"{where}.key", affinity.get("key", ""), f"SPECIFIC_RESERVATION needs key {RESERVATION_NAME_KEY}."
+        )
+    values = affinity.get("values") or []
+    if len(values) != 1 or not values[0]:
+        raise invalid_field(f"{where}.values", values, "SPECIFIC_RESERVATION needs the one reservation's name.")
 
 
 def metadata_items(metadata: Mapping[str, Any], path: str) -> tuple[tuple[str, str], ...]:

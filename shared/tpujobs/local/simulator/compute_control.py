@@ -1,6 +1,7 @@
 """The simulator's control endpoints for Compute Engine, under /simulator/v1/compute/{zone}/: what the
 cloud does to a VM or a MIG's slice (Spot preemption, a reset, a host lost without notice, hosts
-that never boot, host maintenance now or announced ahead) and the worker processes of a slice.
+that never boot, host maintenance now or announced ahead, a slice's interconnect FAILED or
+INCOMPLETE, part of a waiting slice granted) and the worker processes of a slice.
 `client.SimulatorControl` calls them; `tpujobs dev fault` and `tpujobs dev preempt` through it.
 """
 
@@ -65,6 +66,8 @@ class ComputeControl:
             ("POST", mig + ":no-boot", self._no_boot),
             ("POST", mig + ":maintenance", self._group_maintenance),
             ("POST", mig + ":upcoming-maintenance", self._schedule_group_maintenance),
+            ("POST", mig + ":topology", self._force_topology),
+            ("POST", mig + ":partial", self._grant_partially),
             ("GET", mig + ":workers", self._group_workers),
         ]
 
@@ -125,6 +128,25 @@ class ComputeControl:
         project = self._project(params, query, _MIG)
         view = self.simulator.schedule_group_maintenance(project, params["zone"], params["id"], notice, window)
         return 200, slice_json(view)
+
+    def _force_topology(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
+        """The slice's interconnect turns {"state": FAILED|INCOMPLETE}, with {"message"} as its reason."""
+        request = json_object(body.strip(), "the interconnect's state")
+        state, message = request.get("state"), request.get("message", "")
+        if not isinstance(state, str) or not isinstance(message, str):
+            raise ComputeError(400, "invalid", "state (FAILED or INCOMPLETE) and message must be strings")
+        project = self._project(params, query, _MIG)
+        view = self.simulator.force_topology(project, params["zone"], params["id"], state.upper(), message)
+        return 200, slice_json(view)
+
+    def _grant_partially(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
+        """Of a waiting slice, {"hosts": K} VMs come now (default all but one)."""
+        request = json_object(body.strip(), "the partial grant")
+        hosts = request.get("hosts")
+        if hosts is not None and (isinstance(hosts, bool) or not isinstance(hosts, int)):
+            raise invalid_field("hosts", hosts, "It must be a whole number.")
+        project = self._project(params, query, _MIG)
+        return 200, slice_json(self.simulator.grant_partially(project, params["zone"], params["id"], hosts))
 
     def _instance_workers(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         project = self._project(params, query, _VM)

@@ -1,11 +1,13 @@
 """What the cloud does to a Compute Engine slice's hosts besides a Spot preemption, for `tpujobs dev
-fault`: a VM reset, a host lost without notice, hosts that never boot, and host maintenance that
-terminates the hosts for a while (TPU VMs cannot live-migrate).
+fault`: a VM reset, a host lost without notice, hosts that never boot, host maintenance, and the
+end of a VM's maxRunDuration (compute_stops says when and how).
 
-Each acts on the MIG's backing queued resource (compute_records), whose node runs the hosts, so
-the TPU model's timed node steps and the worker pool's host events apply as they do to a TPU API
-node. The instance status the Compute API shows follows the slice (RUNNING), except a host that
-failed, whose VM is TERMINATED.
+A reset and a lost host act on the MIG's backing queued resource (compute_records), whose node runs
+the hosts, so the TPU model's timed node steps and the worker pool's host events apply as they do
+to a TPU API node; the instance status follows the slice (RUNNING), except a host that failed,
+whose VM is TERMINATED. Host maintenance and a run duration's end act on the VMs themselves: a
+TERMINATE VM without automatic restart is shut down and stays TERMINATED (a DO_NOTHING MIG does
+not repair it); a VM out of run duration gets its instanceTerminationAction.
 """
 
 from __future__ import annotations
@@ -14,10 +16,16 @@ import dataclasses
 
 from tpujobs.local.simulator.compute_errors import ComputeError
 from tpujobs.local.simulator.compute_groups import ComputeGroups, GroupView
-from tpujobs.local.simulator.compute_records import Phase
+from tpujobs.local.simulator.compute_model import OperationView
+from tpujobs.local.simulator.compute_records import InstanceRecord, Phase, Step, rfc3339
+from tpujobs.local.simulator.compute_stops import (
+    MAINTENANCE_OPERATION,
+    SIMULATE_OPERATION,
+    check_maintainable,
+    run_seconds,
+)
 from tpujobs.local.simulator.records import (
     LIVE_STATES,
-    MAINTENANCE_TERMINATE,
     HostAction,
     NodeRecord,
     NodeState,
@@ -87,22 +95,37 @@ class ComputeFaults(ComputeGroups):
             return self._group_view(group, now)
 
     def terminate_for_maintenance(self, project: str, zone: str, name: str, notice: float | None = None) -> GroupView:
-        """Host maintenance now: instance/maintenance-event turns TERMINATE_ON_HOST_MAINTENANCE;
-        after *notice* seconds (default maintenance_notice_seconds) the hosts shut down, and
-        maintenance_seconds later they boot again."""
+        """Host maintenance of every RUNNING VM of the MIG, *notice* seconds from now (default
+        maintenance_notice_seconds): each VM's upcomingMaintenance says when meanwhile (its
+        instance/maintenance-event stays NONE, as Google leaves it for TERMINATE VMs); then each is
+        terminated for good (`simulate_instance_maintenance`)."""
         wait = self._config.maintenance_notice_seconds if notice is None else notice
         if wait < 0:
             raise ComputeError(400, "invalid", f"the notice must not be negative, got {wait}")
         with self._transaction() as now:
-            _, node = self._running_slice(project, zone, name, "go into maintenance")
-            if node.step is not NodeStep.NONE:
-                raise _busy(node)
-            self._put_node(
-                dataclasses.replace(
-                    node, maintenance_event=MAINTENANCE_TERMINATE, next_at=now + wait, step=NodeStep.MAINTENANCE_STARTS
-                )
-            )
-            return self._group_view(self._group(project, zone, name), now)
+            self._running_slice(project, zone, name, "go into maintenance")
+            view = self._group_view(self._group(project, zone, name), now)
+            running = [m for m in view.members if m.status == "RUNNING"]
+            for member in running:
+                check_maintainable(member.record, member.status)
+            for member in running:
+                if wait > 0:
+                    self._vm_maintenance_ahead(member.record, wait, now)
+                else:
+                    self._vm_maintenance_now(member.record, now)
+            return self._group_view(view.record, now)
+
+    def simulate_instance_maintenance(self, project: str, zone: str, instance_name: str) -> OperationView:
+        """instances.simulateMaintenanceEvent: host maintenance of one VM now. A TPU VM (TERMINATE,
+        automaticRestart false) is shut down (ACPI soft-off: SIGTERM, SIGKILL after
+        delete_grace_seconds) and stays TERMINATED; a compute.instances.terminateOnHostMaintenance
+        operation says so. A VM that is not RUNNING is refused, naming its status."""
+        with self._transaction() as now:
+            view = self._existing(project, zone, instance_name, now)
+            check_maintainable(view.record, view.status)
+            self._vm_maintenance_now(view.record, now)
+            vm = view.record
+            return self._new_compute_operation(project, f"zones/{zone}", SIMULATE_OPERATION, vm.path, vm.number, now)
 
     def schedule_group_maintenance(
         self, project: str, zone: str, name: str, notice: float, window: float = 3600.0
@@ -117,6 +140,73 @@ class ComputeFaults(ComputeGroups):
         return self.get_group(project, zone, name)
 
     # -- the rules (callers hold the lock) ------------------------------------------------------
+
+    def _vm_maintenance_ahead(self, vm: InstanceRecord, wait: float, now: float) -> None:
+        """Maintenance in *wait* seconds: upcomingMaintenance says so, then MAINTENANCE is due."""
+        start = self._wall_clock() + wait
+        announced = {
+            "type": "UNSCHEDULED",
+            "maintenanceStatus": "PENDING",
+            "canReschedule": False,
+            "windowStartTime": rfc3339(start),
+            "latestWindowStartTime": rfc3339(start),
+        }
+        self._compute.instances[(vm.project, vm.zone, vm.name)] = dataclasses.replace(
+            vm, upcoming_maintenance=announced, next_at=now + wait, step=Step.MAINTENANCE
+        )
+        self._dirty = True
+
+    def _vm_maintenance_now(self, vm: InstanceRecord, now: float) -> None:
+        """ACPI soft-off for host maintenance: STOPPING, then TERMINATED and kept (Step.STOP)."""
+        ongoing = (
+            None if vm.upcoming_maintenance is None else {**vm.upcoming_maintenance, "maintenanceStatus": "ONGOING"}
+        )
+        self._vm_soft_off(vm, now, Step.STOP, HostAction.SHUTDOWN, upcoming_maintenance=ongoing)
+        op = self._new_compute_operation(
+            vm.project, f"zones/{vm.zone}", MAINTENANCE_OPERATION, vm.path, vm.number, now, delay=0.0
+        )
+        self._complete(op.record, now)
+
+    def _vm_soft_off(self, vm: InstanceRecord, now: float, then: Step, action: HostAction, **changes: object) -> None:
+        """SIGTERM to the VM's host, SIGKILL after delete_grace_seconds; STOPPING until *then*."""
+        grace = self._config.delete_grace_seconds
+        self._compute.instances[(vm.project, vm.zone, vm.name)] = dataclasses.replace(
+            vm,
+            phase=Phase.STOPPING,
+            next_at=now + grace,
+            step=then,
+            **changes,  # type: ignore[arg-type]
+        )
+        self._dirty = True
+        qr = self._qrs.get((vm.project, vm.zone, vm.backing))
+        if qr is not None:
+            self._queue_host_event(qr, 0, (vm.worker,), action)
+
+    def _step_instance(self, vm: InstanceRecord, at: float) -> None:
+        """MAINTENANCE: the announced maintenance starts; RUN_OUT: the VM's maxRunDuration is over,
+        so its instanceTerminationAction begins (a soft-off either way); the rest: ComputeVms'."""
+        if vm.step is Step.MAINTENANCE:
+            self._vm_maintenance_now(vm, at)
+        elif vm.step is Step.RUN_OUT:
+            self._vm_soft_off(vm, at, Step.TERMINATE, HostAction.DELETE)
+        else:
+            super()._step_instance(vm, at)
+
+    def _step(self, qr: QueuedResourceRecord, at: float) -> None:
+        """A Compute slice that turns ACTIVE: its VMs are RUNNING, so those with a maxRunDuration
+        get their terminationTimestamp and the timer that ends them (RUN_OUT)."""
+        super()._step(qr, at)
+        current = self._qrs.get((qr.project, qr.zone, qr.qr_id))
+        if not qr.backing or current is None or current.state is not QrState.ACTIVE or qr.state is QrState.ACTIVE:
+            return
+        wall = self._wall_clock() - (self._clock() - at)
+        for key, vm in list(self._compute.instances.items()):
+            seconds = run_seconds(vm)
+            if (vm.project, vm.zone, vm.backing) == (qr.project, qr.zone, qr.qr_id) and seconds is not None:
+                self._compute.instances[key] = dataclasses.replace(
+                    vm, next_at=at + seconds, step=Step.RUN_OUT, terminates_at=wall + seconds
+                )
+        self._dirty = True
 
     def _running_slice(self, project: str, zone: str, name: str, doing: str) -> tuple[QueuedResourceRecord, NodeRecord]:
         group = self._group(project, zone, name)

@@ -13,21 +13,35 @@ import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
+from tpujobs.local.simulator.clockwork import DueStep
 from tpujobs.local.simulator.compute_checks import check_bulk, check_group_body, metadata_items, slice_shape
-from tpujobs.local.simulator.compute_errors import already_exists, invalid, invalid_field, not_found
+from tpujobs.local.simulator.compute_errors import ComputeError, already_exists, invalid, invalid_field, not_found
 from tpujobs.local.simulator.compute_lists import name_filter
 from tpujobs.local.simulator.compute_model import Listing, OperationView
 from tpujobs.local.simulator.compute_records import (
     Effect,
     GroupRecord,
     InstanceRecord,
+    Phase,
+    Step,
     TemplateRecord,
     predicted_member_names,
     region_of,
 )
-from tpujobs.local.simulator.compute_vms import ComputeVms, InstanceView
+from tpujobs.local.simulator.compute_topology import (
+    MemberFacts,
+    TopologyView,
+    forced_fault,
+    member_status,
+    running_count,
+    topology_view,
+    without_slice_state,
+)
+from tpujobs.local.simulator.compute_vms import STOCKOUT, ComputeVms, InstanceView
+from tpujobs.local.simulator.records import HostAction, QrState
 
 _URL = r"(?:https://(?:www|compute)\.googleapis\.com/compute/v1/)?"
 _TEMPLATE = re.compile(
@@ -48,6 +62,9 @@ class GroupView:
 
     record: GroupRecord
     members: tuple[InstanceView, ...]
+    topology: TopologyView | None = None  # status.appliedAcceleratorTopologies[0] (compute_topology)
+    progress_error: tuple[str, str] | None = None  # a bulk MIG's lastProgressCheck error: why it waits
+    checked_at: float = 0.0  # wall clock of that check
 
     @property
     def current_actions(self) -> dict[str, int]:
@@ -240,7 +257,19 @@ class ComputeGroups(ComputeVms):
             ),
             key=lambda vm: vm.worker,
         )
-        return GroupView(group, tuple(self._view(vm, now) for vm in members))
+        views = tuple(self._view(vm, now) for vm in members)
+        running = running_count(view.status for view in views)
+        activation = self._config.topology_activation_seconds
+        topology = topology_view(group, self._topology_of(group), running, now, activation)
+        qr = self._qrs.get((group.project, group.zone, group.backing)) if group.backing else None
+        held_back = None
+        if group.bulk and qr is not None and qr.state is QrState.WAITING_FOR_RESOURCES and qr.next_at is None:
+            held_back = self._held_back_by(qr)
+        return GroupView(group, views, topology, held_back, self._wall_clock())
+
+    def _topology_of(self, group: GroupRecord) -> str:
+        policy = self._compute.policies.get(_policy_key(group.policy)) if group.policy else None
+        return policy.topology if policy is not None else ""
 
     def _template_of(self, project: str, zone: str, text: str) -> TemplateRecord:
         if not text:
@@ -316,7 +345,7 @@ class ComputeGroups(ComputeVms):
         for member in members:
             self._compute.instances[(member.project, member.zone, member.name)] = member
         self._compute.groups[(group.project, group.zone, group.name)] = dataclasses.replace(
-            group, backing=backing, generation=generation
+            without_slice_state(group), backing=backing, generation=generation
         )
         self._back(members[0], shape, group.path, now)
         self._dirty = True
@@ -326,7 +355,9 @@ class ComputeGroups(ComputeVms):
             if (vm.project, vm.zone, vm.group) == (group.project, group.zone, group.name):
                 del self._compute.instances[key]
         self._unback(group.backing, group.project, group.zone, now)
-        self._compute.groups[(group.project, group.zone, group.name)] = dataclasses.replace(group, backing="")
+        self._compute.groups[(group.project, group.zone, group.name)] = dataclasses.replace(
+            without_slice_state(group), backing=""
+        )
 
     def _remove_group(self, path: str) -> None:
         parts = path.split("/")
@@ -336,6 +367,9 @@ class ComputeGroups(ComputeVms):
         for key, vm in list(self._compute.instances.items()):
             if (vm.project, vm.zone, vm.group) == (group.project, group.zone, group.name):
                 del self._compute.instances[key]
+
+
+_WAITING = frozenset({QrState.CREATING, QrState.ACCEPTED, QrState.WAITING_FOR_RESOURCES})
 
 
 def _policy_key(path: str) -> tuple[str, str, str]:

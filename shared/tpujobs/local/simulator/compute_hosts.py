@@ -1,7 +1,8 @@
 """What a Compute Engine TPU VM's metadata server answers beyond a TPU node's: its own instance
 metadata (template items and setMetadata's), the TPU keys Compute Engine still fills in
 (`accelerator-type`, `tpu-env` with TOPOLOGY, `agent-worker-number`, `worker-network-endpoints`),
-`instance/preempted` per VM, and `instance/upcoming-maintenance`.
+`instance/preempted` per VM, `instance/upcoming-maintenance`, and `instance/maintenance-event`
+always NONE (Google fills it only for VMs that live-migrate or have GPUs; TPU VMs do neither).
 Formats: ../shared/design/compute-engine.md, sections 3 and 4.
 """
 
@@ -38,6 +39,8 @@ def host_overlay(node: NodeRecord, worker: int, host: HostInstance) -> HostOverl
             "instance/id": str(vm.number),
             "instance/machine-type": f"projects/{project_number(vm.project)}/machineTypes/{machine_type}",
             "instance/upcoming-maintenance": maintenance,
+            # Filled only for MIGRATE VMs and GPU VMs [getting-live-migration-notice]: never for a TPU VM.
+            "instance/maintenance-event": "NONE",
         },
         json_values={"instance/upcoming-maintenance": maintenance_json},
         vm=(vm.name, str(vm.number), vm.create_time),

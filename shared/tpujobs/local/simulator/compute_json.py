@@ -14,6 +14,7 @@ from tpujobs.local.simulator.compute_records import (
     rfc3339,
     self_link,
 )
+from tpujobs.local.simulator.compute_topology import TopologyView
 from tpujobs.local.simulator.compute_vms import InstanceView
 
 Json = dict[str, Any]
@@ -104,6 +105,9 @@ def instance_json(view: InstanceView) -> Json:
             **(vm.body.get("resourceStatus") or {}),
             "upcomingMaintenance": dict(vm.upcoming_maintenance),
         }
+    if vm.terminates_at is not None:  # its maxRunDuration's end, set when it turned RUNNING
+        status = out.setdefault("resourceStatus", dict(vm.body.get("resourceStatus") or {}))
+        status["scheduling"] = {"terminationTimestamp": rfc3339(vm.terminates_at)}
     if vm.group:
         out["metadata"]["items"].append(
             {"key": "created-by", "value": f"projects/{vm.project}/zones/{vm.zone}/instanceGroupManagers/{vm.group}"}
@@ -128,7 +132,7 @@ def group_json(view: GroupView) -> Json:
             "isStable": view.stable,
             "versionTarget": {"isReached": True},
             "stateful": {"hasStatefulConfig": False, "perInstanceConfigs": {"allEffective": True}},
-            "bulkInstanceOperation": {"inProgress": group.bulk and not view.stable},
+            "bulkInstanceOperation": _bulk_operation(view),
         },
         "instanceLifecyclePolicy": {
             **(group.body.get("instanceLifecyclePolicy") or {}),
@@ -140,6 +144,31 @@ def group_json(view: GroupView) -> Json:
     }
     if group.policy:
         out["resourcePolicies"] = {"workloadPolicy": self_link(group.policy)}
+    if view.topology is not None:
+        out["status"]["appliedAcceleratorTopologies"] = [_topology_json(view.topology)]
+    return out
+
+
+def _errors(code: str, message: str) -> Json:
+    return {"errors": [{"code": code, "message": message}]}
+
+
+def _bulk_operation(view: GroupView) -> Json:
+    """status.bulkInstanceOperation: in progress until every VM is made, and why it waits."""
+    out: Json = {"inProgress": view.record.bulk and not view.stable}
+    if view.progress_error is not None:
+        out["lastProgressCheck"] = {"timestamp": rfc3339(view.checked_at), "error": _errors(*view.progress_error)}
+    return out
+
+
+def _topology_json(topology: TopologyView) -> Json:
+    """One status.appliedAcceleratorTopologies[] entry (InstanceGroupManagerStatusAcceleratorTopology)."""
+    out: Json = {"acceleratorTopology": topology.topology, "state": topology.state}
+    if topology.error is not None:
+        details: Json = {"error": _errors(*topology.error)}
+        if topology.error_time is not None:
+            details["timestamp"] = rfc3339(topology.error_time)
+        out["stateDetails"] = details
     return out
 
 
@@ -168,6 +197,8 @@ def managed_instance_json(view: InstanceView) -> Json:
     if view.status is not None:
         out["instanceStatus"] = view.status
         out["id"] = str(vm.number)
+        if vm.terminates_at is not None:
+            out["scheduling"] = {"terminationTimestamp": rfc3339(vm.terminates_at)}
     if view.errors:
         out["lastAttempt"] = {
             "errors": {"errors": [{"code": code, "message": message} for code, message in view.errors]}

@@ -37,7 +37,10 @@ class Step(str, Enum):
 
     NONE = ""
     TERMINATE = "terminate"  # the soft-off grace is over: TERMINATED
+    STOP = "stop"  # instances.stop's soft-off grace is over: TERMINATED, kept whatever its termination action
     DELETE = "delete"  # a TERMINATED Spot VM with instanceTerminationAction DELETE goes away
+    RUN_OUT = "run-out"  # its maxRunDuration is over: soft-off, then its instanceTerminationAction
+    MAINTENANCE = "maintenance"  # host maintenance starts: soft-off, then TERMINATED for good (STOP)
 
 
 class Effect(str, Enum):
@@ -115,6 +118,12 @@ class GroupRecord:
     backing: str = ""
     deleting: bool = False
     generation: int = 0  # how many slices it has had (each resize from 0 makes one)
+    # Its slice's interconnect (compute_topology): when every VM ran (model clock; ACTIVATING
+    # for topology_activation_seconds from then), and a state a fault forced on it with the
+    # stateDetails error it shows ({"state", "code", "message", "time"}; None: none forced).
+    active_at: float | None = None
+    topology_fault: Mapping[str, Any] | None = None
+    partial: int = 0  # hosts granted of a slice still waiting for the rest (individual mode)
 
     @property
     def path(self) -> str:
@@ -158,6 +167,7 @@ class InstanceRecord:
     step: Step = Step.NONE
     upcoming_maintenance: Mapping[str, Any] | None = None
     deleting: bool = False  # an instances.delete is under way
+    terminates_at: float | None = None  # wall clock: its maxRunDuration's end (terminationTimestamp)
 
     @property
     def path(self) -> str:
@@ -238,7 +248,8 @@ class ComputeTables:
             template = TemplateRecord(**row)
             tables.templates[(template.project, template.region, template.name)] = template
         for row in data.get("groups", []):
-            group = GroupRecord(**row)
+            active_at = row.get("active_at")
+            group = GroupRecord(**{**row, "active_at": None if active_at is None else active_at + shift})
             tables.groups[(group.project, group.zone, group.name)] = group
         for row in data.get("instances", []):
             instance = InstanceRecord(

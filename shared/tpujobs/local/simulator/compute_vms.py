@@ -153,6 +153,26 @@ class ComputeVms(ComputeCore):
             self._preempt(view, now)
             return self._view(self._compute.instances[(project, zone, name)], now)
 
+    def stop_instance(self, project: str, zone: str, name: str) -> OperationView:
+        """instances.stop, a MIG's VM included (a DO_NOTHING MIG does not repair it): ACPI soft-off
+        (SIGTERM, SIGKILL after delete_grace_seconds), STOPPING, then TERMINATED and kept (Step.STOP).
+        A VM already STOPPING or TERMINATED is left as it is; one not RUNNING yet is refused."""
+        with self._transaction() as now:
+            view = self._existing(project, zone, name, now)
+            vm = view.record
+            if view.status == "RUNNING":
+                grace = self._config.delete_grace_seconds
+                self._compute.instances[(project, zone, name)] = dataclasses.replace(
+                    vm, phase=Phase.STOPPING, next_at=now + grace, step=Step.STOP
+                )
+                self._dirty = True
+                qr = self._qrs.get((project, zone, vm.backing))
+                if qr is not None:
+                    self._queue_host_event(qr, 0, (vm.worker,), HostAction.SHUTDOWN)
+            elif view.status not in ("STOPPING", "TERMINATED"):
+                raise ComputeError(400, "conditionNotMet", f"{vm.path} is {view.status}; only a RUNNING VM is stopped")
+            return self._new_compute_operation(project, f"zones/{zone}", "stop", vm.path, vm.number, now)
+
     def schedule_maintenance(
         self, project: str, zone: str, name: str, notice_seconds: float, window_seconds: float = 3600.0
     ) -> InstanceView:
@@ -323,8 +343,8 @@ class ComputeVms(ComputeCore):
         """TERMINATE: the grace is over; DELETE: a terminated VM whose action is DELETE goes (a
         MIG's stays listed as DELETED; a lone VM's slice is taken away)."""
         key = (vm.project, vm.zone, vm.name)
-        if vm.step is Step.TERMINATE:
-            delete = vm.scheduling.get("instanceTerminationAction") == "DELETE"
+        if vm.step in (Step.TERMINATE, Step.STOP):
+            delete = vm.step is Step.TERMINATE and vm.scheduling.get("instanceTerminationAction") == "DELETE"
             self._compute.instances[key] = dataclasses.replace(
                 vm,
                 phase=Phase.TERMINATED,

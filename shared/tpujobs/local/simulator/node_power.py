@@ -145,8 +145,7 @@ class NodePower(Clockwork):
             if node.step is not NodeStep.NONE:
                 raise SimulatorError(
                     Code.FAILED_PRECONDITION,
-                    f"node {node.node_id} is already {node.state.value} "
-                    f"({node.step.value}); try again when it is READY",
+                    f"node {node.node_id} cannot {doing} now: {under_way(node)}; try again when that is over",
                 )
 
     def _own_node(
@@ -177,10 +176,17 @@ class NodePower(Clockwork):
 
     @staticmethod
     def _require(node: NodeRecord, state: NodeState, doing: str) -> None:
-        if node.state is not state or node.step is not NodeStep.NONE:
+        """FAILED_PRECONDITION naming the real reason: the node's state, or, in the right state,
+        the timed step under way (a reboot, an announced maintenance, a scheduled window)."""
+        if node.state is not state:
             raise SimulatorError(
                 Code.FAILED_PRECONDITION,
                 f"Cannot {doing} node {node.name}: it is {node.state.value}, and only a {state.value} node can be.",
+            )
+        if node.step is not NodeStep.NONE:
+            raise SimulatorError(
+                Code.FAILED_PRECONDITION,
+                f"Cannot {doing} node {node.name}: {under_way(node)}; try again when that is over.",
             )
 
     @staticmethod
@@ -193,3 +199,17 @@ class NodePower(Clockwork):
         finished = dataclasses.replace(operation, done=True, end_time=self._wall_clock(), node=node)
         self._operations[(node.project, node.zone, operation.operation_id)] = finished
         return finished
+
+
+def under_way(node: NodeRecord) -> str:
+    """What a node's timed step (`NodeRecord.step`) is, as a reason a verb cannot run now."""
+    if node.step is NodeStep.REBOOTED:
+        return f"it is {node.state.value}, its hosts rebooting"
+    if node.step is NodeStep.MAINTENANCE_ENDS:
+        return "its hosts are down for host maintenance"
+    window = node.upcoming_maintenance.get("windowStartTime") if node.upcoming_maintenance else None
+    if node.step is NodeStep.MAINTENANCE_STARTS and window:
+        return f"a host maintenance window is scheduled for it, starting {window}"
+    if node.step is NodeStep.MAINTENANCE_STARTS:
+        return "a host maintenance event is announced for it and its hosts are about to go down"
+    return f"it is {node.state.value} ({node.step.value} under way)"

@@ -111,6 +111,9 @@ class SimulatorConfig:
     accept_seconds: float = 0.0  # CREATING -> ACCEPTED; the create operation waits for it
     waiting_seconds: float = 0.2  # the least time in WAITING_FOR_RESOURCES
     provisioning_seconds: float = 0.5  # PROVISIONING -> ACTIVE
+    # A Compute Engine slice's interconnect is ACTIVATING this long after its VMs all run, then
+    # ACTIVE (status.appliedAcceleratorTopologies; compute_topology.py)
+    topology_activation_seconds: float = 0.3
     suspending_seconds: float = 0.1  # SUSPENDING -> SUSPENDED
     deleting_seconds: float = 0.0  # DELETING -> gone; 0 lets operation.result() finish at once
     # The zone's chips on offer per "family@zone"; absent: unlimited. "family@zone:spot", when
@@ -144,6 +147,7 @@ class SimulatorConfig:
             "accept_seconds",
             "waiting_seconds",
             "provisioning_seconds",
+            "topology_activation_seconds",
             "suspending_seconds",
             "deleting_seconds",
             "preemption_grace_seconds",

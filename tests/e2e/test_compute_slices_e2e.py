@@ -1,0 +1,46 @@
+"""A v7x slice's interconnect on the local stack, through the real google-cloud-compute client:
+tpujobs reads the holding as PROVISIONING while the MIG says its accelerator topology is ACTIVATING
+and ACTIVE only once it is, and a FAILED interconnect ends the attempt with Google's reason."""
+
+from __future__ import annotations
+
+import pytest
+
+from tpujobs.adapters.compute import ComputeEngine, build_clients
+from tpujobs.domain.states import JobState
+from tpujobs.engine.topology import CONTROL
+from tpujobs.local.testing import wait_for
+
+pytestmark = pytest.mark.e2e
+
+ACTIVATION = 8.0  # seconds the simulator's interconnect is ACTIVATING once the VMs run
+REASON = "ICI link down between hosts 0 and 1 (e2e)"
+
+
+def test_a_v7x_holding_waits_while_its_interconnect_activates_and_a_failed_one_ends_the_attempt(env, submit_job):
+    default = env["control"].config()["topology_activation_seconds"]
+    env["control"].configure(topology_activation_seconds=ACTIVATION)
+    job_id = submit_job(prefix="v7x-ici", accelerator_type="v7x-16", command="sleep 600")
+    try:
+        holding = wait_for(lambda: (j := env["store"].get(job_id)) and j.queued_resource, timeout=60)
+        compute = ComputeEngine(build_clients(env["simulator"]), env["project"])
+
+        def read():
+            return compute.status(env["zone"], holding)
+
+        activating = wait_for(lambda: (s := read()) and "ACTIVATING" in s.detail and s, timeout=90)
+        assert activating.state == "PROVISIONING" and activating.unhealthy_hosts == 0
+        wait_for(lambda: (s := read()) and s.state == "ACTIVE", timeout=60)
+        wait_for(lambda: (j := env["store"].get(job_id)) and j.state is JobState.RUNNING, timeout=90)
+
+        env["control"].fail_topology(env["zone"], holding, "FAILED", REASON)
+
+        def ended():
+            return next((e for e in env["store"].events(job_id) if REASON in (e.reason or "")), None)
+
+        event = wait_for(ended, timeout=90)
+        assert "FAILED" in event.reason and event.to_state is not JobState.RUNNING
+        assert read().state == "FAILED" or env["store"].get(job_id).attempt > 1
+    finally:
+        env["control"].configure(topology_activation_seconds=default)
+        env["publisher"].publish_json(CONTROL, {"action": "cancel", "job_id": job_id, "owner": "ada@example.com"})
