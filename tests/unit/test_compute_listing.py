@@ -126,3 +126,38 @@ def test_a_holding_whose_hosts_exceed_a_regions_quota_says_which_region() -> Non
     zonal = waiting_host("train-1-c1-aaaa", "QUOTA_EXCEEDED", f"Quota 'TPU_V5P' exceeded. Limit: 8.0 in zone {ZONE}.")
     status = holding_status("train-1-c1", ZONE, group, {"train-1-c1": [zonal]}, NOW)
     assert status is not None and (status.state, status.quota_region) == ("WAITING_FOR_RESOURCES", "")
+
+
+def test_the_earliest_termination_timestamp_is_when_the_holding_runs_out() -> None:
+    """VMs with a maxRunDuration carry Compute Engine's terminationTimestamp, on instances.get and on
+    listManagedInstances: the holding's `run_ends` is the earliest; none: ""."""
+    late, early = "2026-11-27T06:00:30.000-08:00", "2026-11-27T06:00:00.000-08:00"
+    vms = [
+        compute_v1.Instance(
+            name=f"train-1-c1-{suffix}",
+            status="RUNNING",
+            resource_status=compute_v1.ResourceStatus(
+                scheduling=compute_v1.ResourceStatusScheduling(termination_timestamp=when)
+            ),
+        )
+        for suffix, when in (("aaaa", late), ("bbbb", early))
+    ]
+    (zone_wide,) = group_zone(ZONE, listing([mig("train-1-c1", none=2, stable=True)], vms), NOW)
+    assert zone_wide.run_ends == early
+    managed = [
+        compute_v1.ManagedInstance(
+            name=vm.name,
+            instance_status="RUNNING",
+            current_action="NONE",
+            scheduling=compute_v1.ManagedInstanceScheduling(termination_timestamp=when),
+        )
+        for vm, when in zip(vms, (late, early), strict=True)
+    ]
+    one = holding_status(
+        "train-1-c1", ZONE, listing([mig("train-1-c1", none=2, stable=True)], vms), {"train-1-c1": managed}, NOW
+    )
+    assert one is not None and one.run_ends == early
+    (plain,) = group_zone(
+        ZONE, listing([mig("train-1-c1", none=1, stable=True)], [vm("train-1-c1-aaaa", "RUNNING")]), NOW
+    )
+    assert plain.run_ends == ""

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tpujobs.domain import states as states_module
-from tpujobs.domain.job import Job, ScheduledMaintenance, new_job
+from tpujobs.domain.job import HeldOver, Job, ScheduledMaintenance, new_job
 from tpujobs.domain.spec import parse_spec
 from tpujobs.domain.states import (
     ACTIVE,
@@ -37,6 +37,10 @@ OTHER_PAIRS = [pair for pair in ALL_PAIRS if pair not in TRANSITIONS]
 
 def pair_id(pair: tuple[JobState, EventKind]) -> str:
     return f"{pair[0].value}-{pair[1].value}"
+
+
+# An earlier attempt's holding kept through its hosts' shutdown grace (`domain.grace`).
+HELD = HeldOver("train-1-a0", "us-central2-b", 1, 4, "v4@us-central2", datetime(2026, 1, 1, tzinfo=timezone.utc))
 
 
 def make_job(state: JobState = JobState.QUEUED, **spec_changes: Any) -> Job:
@@ -79,6 +83,10 @@ def observation(kind: EventKind, job: Job, **changes: Any) -> Observation:
         fields.update(reason="Waiting for quota: needs 4 v4 chips.", source="submit")
     if kind is EventKind.TIME_LIMIT_REACHED:
         fields.update(source="reconciler", reason="The job's time_limit of 5s was reached: it used 6 s.")
+    if kind is EventKind.HELD_OVER_RELEASED:
+        fields.update(attempt=None, source="reconciler", holding=HELD.holding)
+    if kind is EventKind.RUN_END_SCHEDULED:
+        fields.update(source="reconciler", run_ends_at=datetime(2026, 12, 1, 4, 0, tzinfo=timezone.utc))
     fields.update(changes)
     return Observation(**fields)
 
@@ -190,6 +198,8 @@ def test_an_event_in_the_table_moves_the_job_to_an_allowed_target(pair: tuple[Jo
     job = make_job(state, on_error=rule, on_preemption=rule)
     if kind in (EventKind.WAITING_FOR_POOL, EventKind.POOL_REQUEUED, EventKind.LEFT_POOL):
         job = job.evolve(warm_pool="team-pool")  # the events of a job on a warm pool
+    if kind is EventKind.HELD_OVER_RELEASED:
+        job = job.evolve(held_over=(HELD,))  # an earlier attempt's holding, kept through its grace
     decision = moved(decide(job, observation(kind, job), LATER))
     assert decision.job.state in TRANSITIONS[pair]
     assert decision.event.from_state is state
@@ -450,6 +460,8 @@ def test_a_move_writes_the_next_event_at_now(pair: tuple[JobState, EventKind]) -
     """Each move's event has seq event_seq + 1, the time given, and the job's attempt."""
     state, kind = pair
     job = make_job(state).evolve(event_seq=41, warm_pool="team-pool" if kind is EventKind.LEFT_POOL else "")
+    if kind is EventKind.HELD_OVER_RELEASED:
+        job = job.evolve(held_over=(HELD,))
     decision = moved(decide(job, observation(kind, job), LATER))
     assert decision.event.seq == decision.job.event_seq == 42
     assert decision.event.at == decision.job.updated_at == LATER

@@ -171,22 +171,22 @@ class ComputeEngine:
                 [partial(c.templates.get, region=region, instance_template=t.name, **call) for t in templates],
             )
         )
-        started = [self._start(part) for part in parts]
+        started = [_start(part) for part in parts]
         ops = [op for each in started for op in each if op is not None]
         with _translated(f"create the workload policies and instance templates of {holding.name}"):
             done = iter(self._operations.follow_all(ops, self._wait_s))
         for part, each in zip(parts, started, strict=True):
             followed = [None if op is None else next(done) for op in each]
-            self._settle(part, holding, followed)
+            _settle(part, holding, followed)
         managers = [bodies.instance_group_manager(holding, i, self._project) for i in slices]
         migs = _Inserts(
             "MIG",
             [partial(c.groups.insert_unary, zone=zone, instance_group_manager_resource=m, **call) for m in managers],
             [partial(c.groups.get, zone=zone, instance_group_manager=m.name, **call) for m in managers],
         )
-        made = self._start(migs)
+        made = _start(migs)
         for index in (i for i, op in enumerate(made) if op is None):
-            self._adopt(migs, holding, index)
+            _adopt(migs, holding, index)
         operation = ",".join(f"zones/{zone}/operations/{op.name}" for op in made if op is not None)
         if all(op is not None for op in made):
             labels = holding.labels
@@ -201,58 +201,19 @@ class ComputeEngine:
         status = self.status(zone, holding.name) or CapacityStatus(holding.name, zone, "CREATING")
         return dataclasses.replace(status, operation=operation)
 
-    def _start(self, part: _Inserts) -> list[compute_v1.Operation | None]:
-        """Start every insert of one kind (slice i's at i): its operation, or None for a resource
-        that already existed (an earlier delivery made it, or someone else did: `_settle` reads it)."""
-        started: list[compute_v1.Operation | None] = []
-        for insert in part.inserts:
-            try:
-                with _translated(f"create a {part.kind}"):
-                    started.append(insert())
-            except (PermanentError, TransientError) as error:
-                if not _has_reason(error.__cause__, _ALREADY_EXISTS):
-                    raise
-                started.append(None)
-        return started
-
-    def _settle(self, part: _Inserts, holding: bodies.Holding, followed: Sequence[compute_v1.Operation | None]) -> None:
-        """Judge each insert as followed: a failed operation raises (translated); a resource that
-        already existed (None, or an operation that says so) is adopted (`_adopt`)."""
-        for index, operation in enumerate(followed):
-            if operation is None or _has_reason(operation_error(operation), _ALREADY_EXISTS):
-                self._adopt(part, holding, index)
-            else:
-                self._judged(operation, f"create a {part.kind}", failures_raise=True)
-
-    def _adopt(self, part: _Inserts, holding: bodies.Holding, index: int) -> None:
-        """A resource of slice `index` that already existed is ours only once read
-        (`part.reads[index]`) and found marked as tpujobs' for that slice (NotOurs else)."""
-        with _translated(f"read the existing {part.kind} of {holding.name}"):
-            found = part.reads[index]()
-        check_adopted(part.kind, found, holding.name, index)
-
     def _follow(
         self, operation: compute_v1.Operation, doing: str, failures_raise: bool = True, wait_s: float | None = None
     ) -> str:
         """Wait for the operation a while (`wait_s`, else the adapter's): "" when it is done well,
         still running or found the resource existing; else its error raised (translated), or a
         permanent one returned as a sentence when not `failures_raise`."""
-        return self._judged(self._followed(operation, doing, wait_s), doing, failures_raise)
+        return _judged(self._followed(operation, doing, wait_s), doing, failures_raise)
 
     def _followed(
         self, operation: compute_v1.Operation, doing: str, wait_s: float | None = None
     ) -> compute_v1.Operation:
         with _translated(doing):
             return self._operations.follow(operation, self._wait_s if wait_s is None else wait_s)
-
-    def _judged(self, operation: compute_v1.Operation, doing: str, failures_raise: bool) -> str:
-        error = operation_error(operation)
-        if error is None or _has_reason(error, _ALREADY_EXISTS):
-            return ""
-        translation = translate(error, SERVICE, doing) or PermanentError(str(error))
-        if failures_raise or not isinstance(translation, PermanentError):
-            raise translation from error  # a transient failure (a full quota too) is retried
-        return f"operation {operation.name} failed: {describe(operation)}"
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -348,7 +309,7 @@ class ComputeEngine:
         with _translated(f"delete the MIGs of {name}"):
             followed = self._operations.follow_all([op for op in going if op is not None], RELEASE_WAIT_S)
         for operation in followed:
-            self._judged(operation, f"delete the MIGs of {name}", failures_raise=True)
+            _judged(operation, f"delete the MIGs of {name}", failures_raise=True)
         deletes = [
             (
                 f"instance template {t.name}",
@@ -401,7 +362,7 @@ class ComputeEngine:
             followed = self._operations.follow_all([op for _, op in started], self._wait_s)
         for (what, _), operation in zip(started, followed, strict=True):
             try:
-                self._judged(operation, f"delete {what}", failures_raise=True)
+                _judged(operation, f"delete {what}", failures_raise=True)
             except PermanentError as error:  # the operation itself said in use
                 if not _has_reason(error.__cause__, _IN_USE):
                     raise
@@ -429,6 +390,51 @@ class _Inserts:
     kind: str
     inserts: Sequence[Callable[[], compute_v1.Operation]]
     reads: Sequence[Callable[[], Any]]
+
+
+def _start(part: _Inserts) -> list[compute_v1.Operation | None]:
+    """Start every insert of one kind (slice i's at i): its operation, or None for a resource
+    that already existed (an earlier delivery made it, or someone else did: `_settle` reads it)."""
+    started: list[compute_v1.Operation | None] = []
+    for insert in part.inserts:
+        try:
+            with _translated(f"create a {part.kind}"):
+                started.append(insert())
+        except (PermanentError, TransientError) as error:
+            if not _has_reason(error.__cause__, _ALREADY_EXISTS):
+                raise
+            started.append(None)
+    return started
+
+
+def _settle(part: _Inserts, holding: bodies.Holding, followed: Sequence[compute_v1.Operation | None]) -> None:
+    """Judge each insert as followed: a failed operation raises (translated); a resource that
+    already existed (None, or an operation that says so) is adopted (`_adopt`)."""
+    for index, operation in enumerate(followed):
+        if operation is None or _has_reason(operation_error(operation), _ALREADY_EXISTS):
+            _adopt(part, holding, index)
+        else:
+            _judged(operation, f"create a {part.kind}", failures_raise=True)
+
+
+def _adopt(part: _Inserts, holding: bodies.Holding, index: int) -> None:
+    """A resource of slice `index` that already existed is ours only once read
+    (`part.reads[index]`) and found marked as tpujobs' for that slice (NotOurs else)."""
+    with _translated(f"read the existing {part.kind} of {holding.name}"):
+        found = part.reads[index]()
+    check_adopted(part.kind, found, holding.name, index)
+
+
+def _judged(operation: compute_v1.Operation, doing: str, failures_raise: bool) -> str:
+    """ "" for an operation done well, still running, or that found its resource existing; else
+    its error raised (translated), or a permanent one as a sentence when not `failures_raise`."""
+    error = operation_error(operation)
+    if error is None or _has_reason(error, _ALREADY_EXISTS):
+        return ""
+    translation = translate(error, SERVICE, doing) or PermanentError(str(error))
+    if failures_raise or not isinstance(translation, PermanentError):
+        raise translation from error  # a transient failure (a full quota too) is retried
+    return f"operation {operation.name} failed: {describe(operation)}"
 
 
 # Only what a listing reads: a template's properties hold the startup script (the agent), and a

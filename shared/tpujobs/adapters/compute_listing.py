@@ -85,6 +85,7 @@ def holding_status(
         unhealthy_hosts=judged.lost_hosts,
         maintenance=_maintenance(listing.instances, {m.name for m in migs}),
         quota_region=judged.quota_region,
+        run_ends=_earliest(mi.scheduling.termination_timestamp for mig in migs for mi in managed.get(mig.name, ())),
     )
 
 
@@ -115,6 +116,9 @@ def group_zone(zone: str, listing: Listing, now: datetime) -> list[CapacityStatu
                 detail=judged.detail,
                 unhealthy_hosts=judged.lost_hosts,
                 maintenance=_maintenance(listing.instances, {m.name for m in migs}),
+                run_ends=_earliest(
+                    vm.resource_status.scheduling.termination_timestamp for mig in migs for vm in vms.get(mig.name, [])
+                ),
             )
         )
     return found + _leftovers(zone, listing, set(by_holding), now)
@@ -182,6 +186,12 @@ _ACTIONS = (
 )  # fmt: skip
 
 
+def _earliest(timestamps: Iterable[str]) -> str:
+    """The earliest of the VMs' terminationTimestamps (maxRunDuration's end), "" if none has one."""
+    known = [(when, stamp) for stamp in timestamps if (when := _instant(stamp)) is not None]
+    return min(known)[1] if known else ""
+
+
 def _maintenance(instances: Iterable[compute_v1.Instance], migs: set[str]) -> tuple[tuple[str, str], ...]:
     """(VM, window start) of the holding's VMs with host maintenance scheduled."""
     found = []
@@ -209,7 +219,7 @@ def _leftovers(
     found = []
     for holding, resources in sorted(left.items()):
         names = ", ".join(sorted(r.name for r in resources))
-        newest = max((t for t in (_created(r.creation_timestamp) for r in resources) if t), default=None)
+        newest = max((t for t in (_instant(r.creation_timestamp) for r in resources) if t), default=None)
         young = newest is not None and now - newest < PARTIAL_GRACE
         state = "CREATING" if young else "FAILED"
         detail = f"no MIG; only its templates and policies remain ({names})"
@@ -217,8 +227,8 @@ def _leftovers(
     return found
 
 
-def _created(timestamp: str) -> datetime | None:
-    """An RFC 3339 creationTimestamp ("2026-11-27T03:50:00.000-08:00"); None if unreadable."""
+def _instant(timestamp: str) -> datetime | None:
+    """An RFC 3339 timestamp ("2026-11-27T03:50:00.000-08:00"); None if unreadable."""
     try:
         parsed = datetime.fromisoformat((timestamp or "").replace("Z", "+00:00"))
     except ValueError:

@@ -76,6 +76,7 @@ def job_to_document(job: Job) -> dict[str, Any]:
         "create_operation": job.create_operation,
         "suspect_hosts": [dataclasses.asdict(host) for host in job.suspect_hosts],
         "maintenance": [dataclasses.asdict(window) for window in job.maintenance],
+        "run_ends_at": job.run_ends_at,  # Compute Engine ends the attempt's VMs then (maxRunDuration)
         # earlier attempts' holdings kept through their hosts' shutdown grace (`domain.grace`)
         "held_over": [dataclasses.asdict(held) for held in job.held_over],
         "label_pairs": label_pairs(spec.labels),  # `list --label`: array-contains, one index for every key
@@ -150,6 +151,7 @@ def job_from_document(data: dict[str, Any], spec: JobSpec | None = None) -> Job:
         create_operation=data.get("create_operation") or "",
         suspect_hosts=tuple(SuspectHost(**host) for host in data.get("suspect_hosts") or ()),
         maintenance=tuple(ScheduledMaintenance(**window) for window in data.get("maintenance") or ()),
+        run_ends_at=data.get("run_ends_at"),
         record_retention_days=data.get("record_retention_days") or 180,
         expire_at=data.get("expire_at"),
         restart_requests=tuple(data.get("restart_requests") or ()),
@@ -170,7 +172,7 @@ _OUTLINE_TOP = (
     "started_at", "ended_at", "exit_code", "log_uri", "event_seq", "usage", "requested_at", "on_demand",
     "submitted_via", "owner_verified", "create_operation", "suspect_hosts", "maintenance",
     "record_retention_days", "expire_at", "run_first_attempt", "warm_pool", "warm_pool_unit", "unit_requested_at",
-    "held_over",
+    "held_over", "run_ends_at",
 )  # fmt: skip
 OUTLINE_FIELDS = (
     *_OUTLINE_TOP,

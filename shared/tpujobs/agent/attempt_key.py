@@ -4,6 +4,11 @@ No key sits in metadata (any API viewer reads that). The agent asks the metadata
 VM's identity token (`format=full`: Google signs the project, zone and instance into it) and sends
 it to the jobs function's `attempt-key` action, which answers the key if this VM can be the host.
 The answer carries the spec's `env` too: like the key, its values are in no metadata.
+
+The key is handed out only once the slice is ready (its holding ACTIVE: every host came, the
+interconnect is up); before that the key function answers 409, and the agent asks again after a
+short growing pause, for at most READY_WAIT_SECONDS, saying once why it waits. A wait is no
+failure: nothing is reported, and the command starts when the key comes.
 """
 
 from __future__ import annotations
@@ -12,11 +17,13 @@ import ipaddress
 import json
 import os
 import re
+import time
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .basics import AgentError, HttpError
+from .basics import AgentError, HttpError, log
 from .rest import _DEFAULT, _DIRECT, ACCOUNT_METADATA, Metadata, http_call, parse_report_key, with_retries
 from .wire import JOB_CREATED_ATTRIBUTE, KEY_VERSION_ATTRIBUTE, VERSION_PATTERN
 
@@ -24,6 +31,13 @@ IDENTITY_METADATA = "instance/service-accounts/default/identity"
 # The local stand-ins' address, as the emulator variables name theirs: it wins over the config's.
 KEY_URL_VARIABLE = "TPUJOBS_KEY_URL"
 CALLER_HEADER = "X-Tpujobs-Caller"  # read by the local stack's API only; production reads the token
+NOT_READY = 409  # the key function's "the slice is not ready yet: ask again" (its holding is not ACTIVE)
+# How long a host waits for its slice: past the engine's zone wait and boot timeout (600 s each by
+# default), by when the engine has released a slice that never became ready, or moved the job on
+# (then the key function refuses for good, and the wait ends sooner).
+READY_WAIT_SECONDS = 1200.0
+READY_FIRST_DELAY = 1.0
+READY_MAX_DELAY = 10.0
 
 
 @dataclass(frozen=True)
@@ -78,11 +92,15 @@ def fetch_attempt_key(
     worker_id: int,
     address: str | None = None,
     unit_secret: bytes | None = None,
+    *,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
 ) -> AttemptKey:
-    """This host's key for the attempt; AgentError when the control plane refuses it (the reason
-    is its answer) or the answer is unusable. Transient failures are retried a bounded number of
-    times. `unit_secret`: a warm-pool unit's (`unit_secret.UnitSecret`), the proof that the pool
-    agent asks, not any process of the VM."""
+    """This host's key for the attempt, once its slice is ready; AgentError when the control
+    plane refuses it (the reason is its answer), the slice is not ready within
+    READY_WAIT_SECONDS, or the answer is unusable. Transient failures are retried a bounded
+    number of times. `unit_secret`: a warm-pool unit's (`unit_secret.UnitSecret`), the proof that
+    the pool agent asks, not any process of the VM."""
     fields = {
         "job_id": job_id,
         "attempt": attempt,
@@ -91,10 +109,7 @@ def fetch_attempt_key(
         **({"address": address} if address else {}),
         **({"unit_secret": unit_secret.hex()} if unit_secret is not None else {}),
     }
-    try:
-        raw = ask_key_function(metadata, key_url, "attempt-key", fields)
-    except KeyFunctionRefused as error:
-        raise AgentError(f"the control plane refused the attempt's key: {error}") from None
+    raw = _ask_until_ready(lambda: ask_key_function(metadata, key_url, "attempt-key", fields), sleep, clock)
     try:
         answer = json.loads(raw)
         version, created = str(answer["key_version"]), str(answer["job_created"])
@@ -112,3 +127,32 @@ def fetch_attempt_key(
     except ValueError:
         raise AgentError("the control plane's key answer names a coordinator that is no address") from None
     return AttemptKey(key, version, created, coordinator, dict(env))
+
+
+def _ask_until_ready(ask: Callable[[], bytes], sleep: Callable[[float], None], clock: Callable[[], float]) -> bytes:
+    """`ask()`'s answer, asked again while the key function says the slice is not ready (409),
+    after a pause growing from READY_FIRST_DELAY to READY_MAX_DELAY, for at most
+    READY_WAIT_SECONDS; the first wait is logged with the key function's reason, and the end of
+    the wait. Any other refusal is an AgentError at once."""
+    deadline = clock() + READY_WAIT_SECONDS
+    delay = READY_FIRST_DELAY
+    since: float | None = None
+    while True:
+        try:
+            answer = ask()
+        except KeyFunctionRefused as error:
+            if error.status != NOT_READY:
+                raise AgentError(f"the control plane refused the attempt's key: {error}") from None
+            if since is None:
+                since = clock()
+                log(f"the command waits for the slice to be ready: {error}")
+            if clock() + delay > deadline:
+                raise AgentError(
+                    f"the slice was not ready after {READY_WAIT_SECONDS:.0f} s: {error}"
+                ) from None
+            sleep(delay)
+            delay = min(delay * 2, READY_MAX_DELAY)
+            continue
+        if since is not None:
+            log(f"the slice is ready after {clock() - since:.0f} s: the command starts")
+        return answer

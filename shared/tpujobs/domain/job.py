@@ -110,6 +110,9 @@ class Job:
     create_operation: str = ""
     suspect_hosts: tuple[SuspectHost, ...] = ()  # of the current attempt, first seen when
     maintenance: tuple[ScheduledMaintenance, ...] = ()  # announced for the current attempt's hosts
+    # When Compute Engine ends the current attempt's VMs by their run duration (flex-start's
+    # maxRunDuration: the earliest `terminationTimestamp` seen); a loss from then on is its time.
+    run_ends_at: datetime | None = None
     # How long the record is kept once the job ends (the deployment's TPUJOBS_RECORD_RETENTION_DAYS
     # at submit), and when Firestore's TTL deletes it: set on entering a terminal state, cleared
     # on leaving one (`transitions._made`).

@@ -82,6 +82,9 @@ RUN_BOOT_ALLOWANCE_SECONDS = 600  # RUNNING to the agent's start (boot, startup 
 RUN_SIGTERM_GRACE_SECONDS = 60  # at least the agent's SIGTERM-to-SIGKILL grace (AgentTimings: 30 s)
 RUN_MARGIN_SECONDS = 120  # Compute Engine may end a VM up to 30 s late [limit-vm-runtime]; clocks drift
 
+# A loss this close before the VMs' terminationTimestamp is their run duration's end too (clocks differ).
+RUN_END_SKEW_SECONDS = 10
+
 
 def flex_run_seconds(spec: JobSpec) -> int:
     """A flex-start VM's maxRunDuration: the smaller of the job's time limits plus the allowances
@@ -101,6 +104,9 @@ def time_is_up(job: Job, now: datetime) -> str | None:
     reached = limit_reached(job, now)
     if reached is not None:
         return reached.reason
+    if job.run_ends_at is not None and now >= job.run_ends_at - timedelta(seconds=RUN_END_SKEW_SECONDS):
+        when = job.run_ends_at.isoformat(timespec="seconds")
+        return f"Compute Engine ends its VMs at {when}, by their maxRunDuration (their terminationTimestamp)"
     held = attempt_held(job)
     if job.capacity != "flex-start" or held is None or job.state.is_terminal:
         return None

@@ -91,6 +91,10 @@ class EventKind(str, Enum):
     `upcomingMaintenance`, or the host's `instance/upcoming-maintenance` metadata): its processes
     stop when the window starts. Recorded once per host and window, and announced, so the owner
     can checkpoint or move; the state stays, and the loss itself is handled by `on_preemption`."""
+    RUN_END_SCHEDULED = "run_end_scheduled"
+    """Compute Engine set when it ends the current attempt's VMs by their run duration (the
+    earliest `terminationTimestamp`: flex-start's `maxRunDuration`, counted from RUNNING). The
+    job keeps it (`Job.run_ends_at`), so a loss from then on is the attempt's time, not a preemption."""
     MAINTENANCE_MOVE = "maintenance_move"
     """A job with `on_maintenance: checkpoint-and-move` reached its lead before a host's
     maintenance window: the attempt ends (its hosts get SIGTERM and save a checkpoint) and the
@@ -151,6 +155,8 @@ TRANSITIONS: dict[tuple[JobState, EventKind], frozenset[JobState]] = {
     (JobState.RUNNING, EventKind.HOSTS_SUSPECT): frozenset({JobState.RUNNING}),
     (JobState.PROVISIONING, EventKind.MAINTENANCE_SCHEDULED): frozenset({JobState.PROVISIONING}),
     (JobState.RUNNING, EventKind.MAINTENANCE_SCHEDULED): frozenset({JobState.RUNNING}),
+    (JobState.PROVISIONING, EventKind.RUN_END_SCHEDULED): frozenset({JobState.PROVISIONING}),
+    (JobState.RUNNING, EventKind.RUN_END_SCHEDULED): frozenset({JobState.RUNNING}),
     (JobState.PROVISIONING, EventKind.MAINTENANCE_MOVE): frozenset({JobState.RECOVERING}),
     (JobState.RUNNING, EventKind.MAINTENANCE_MOVE): frozenset({JobState.RECOVERING}),
     **{(state, EventKind.REPAIR_FAILED): frozenset({state}) for state in ACTIVE},

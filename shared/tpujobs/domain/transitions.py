@@ -37,6 +37,7 @@ class Observation:
     operation: str = ""  # the create's long-running operation, when capacity was requested
     hosts: tuple[tuple[str, str], ...] = ()  # HOSTS_SUSPECT: (node, condition) of each suspect host
     maintenance: tuple[ScheduledMaintenance, ...] = ()  # MAINTENANCE_SCHEDULED: the windows announced
+    run_ends_at: datetime | None = None  # RUN_END_SCHEDULED: Compute Engine's terminationTimestamp
     limit: str = ""  # TIME_LIMIT_REACHED: which limit (`tpujobs.domain.limits.LIMITS`)
     request_id: str = ""  # RESUME_REQUESTED, RERUN_REQUESTED: the user's request, remembered on the job
     spec: JobSpec | None = None  # RESUME_REQUESTED, RERUN_REQUESTED: the spec with its overrides
@@ -148,6 +149,7 @@ def _admitted(job: Job, seen: Observation, now: datetime) -> _Move:
         "create_operation": seen.operation,
         "suspect_hosts": (),
         "maintenance": (),
+        "run_ends_at": None,
     }
     if seen.unit:  # a warm pool's unit: held already, its agents start the attempt
         reason = seen.reason or f"Assigned to unit {seen.unit} of pool {job.warm_pool} in {seen.zone or job.zone}."
@@ -333,6 +335,7 @@ def _next_attempt_requested(job: Job, seen: Observation, now: datetime) -> _Move
         "create_operation": seen.operation,
         "suspect_hosts": (),
         "maintenance": (),
+        "run_ends_at": None,
     }
     if seen.held_over is not None:  # kept through its grace: the reconciler releases it after
         kept = tuple(h for h in job.held_over if h.holding != seen.held_over.holding)
@@ -343,6 +346,18 @@ def _next_attempt_requested(job: Job, seen: Observation, now: datetime) -> _Move
             f"at the latest when Google's shutdown grace ends ({until}): a save on SIGTERM is not cut short."
         )
     return _Move(JobState.PROVISIONING, reason, changes)
+
+
+def _run_end_scheduled(job: Job, seen: Observation, now: datetime) -> _Move | Ignored:
+    """Compute Engine said when it ends the attempt's VMs by their run duration: kept, said once."""
+    if seen.run_ends_at is None or seen.run_ends_at == job.run_ends_at:
+        return Ignored("the job already knows when its VMs' run duration ends")
+    when = seen.run_ends_at.isoformat(timespec="seconds")
+    reason = seen.reason or (
+        f"Compute Engine ends attempt {job.attempt}'s VMs at {when}, their maxRunDuration: "
+        "a loss from then on ends the job by its time, never as a preemption."
+    )
+    return _Move(job.state, reason, {"run_ends_at": seen.run_ends_at})
 
 
 def _held_over_released(job: Job, seen: Observation, now: datetime) -> _Move | Ignored:
@@ -522,6 +537,7 @@ _RULES: Mapping[EventKind, _Rule] = {
     EventKind.RESUME_REQUESTED: _restart_requested,
     EventKind.RERUN_REQUESTED: _restart_requested,
     EventKind.HELD_OVER_RELEASED: _held_over_released,
+    EventKind.RUN_END_SCHEDULED: _run_end_scheduled,
 }
 
 
@@ -640,4 +656,5 @@ def _requeued(job: Job, zone: str) -> dict[str, object]:
         "create_operation": "",
         "suspect_hosts": (),
         "maintenance": (),
+        "run_ends_at": None,
     }

@@ -7,7 +7,8 @@ hosts mint for it), so that the VMs' accounts may invoke it and no other functio
 a job's code that mints a token on its VM can ask for a key (which `AttemptKeys` grants only to
 the attempt's own hosts) and can no longer call the `jobs` API, which refuses that audience
 (`JobsApi.refuse_key_audience`). The caller is the ID token Cloud Run checked for this function's
-URL, or in the local stack the caller header. The rules of a grant are `jobs_api.attempt_keys`'.
+URL, or in the local stack the caller header. The rules of a grant are `jobs_api.attempt_keys`';
+it reads capacity too, one holding's state per request, and changes none (`jobs_api.slice_readiness`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from tpujobs.engine.jobs_api.requests import (
     parse_body,
     validated,
 )
+from tpujobs.engine.jobs_api.slice_readiness import HoldingStates
 from tpujobs.engine.jobs_api.unit_secrets import REGISTER_ACTION
 from tpujobs.engine.ports import Clock
 from tpujobs.engine.settings import Settings
@@ -46,12 +48,14 @@ class KeyApi:
         clock: Clock,
         verify_vm_token: TokenVerifier | None = None,
         verify_token: TokenVerifier | None = None,
+        holdings: HoldingStates | None = None,
     ) -> None:
         """`verify_vm_token` checks the VM identity token in the body (Google's certificates, or the
         local simulator's); `verify_token` the caller's signed token, when Cloud Run left its
-        signature. None: no signed token verifies (and no key is handed out)."""
+        signature. None: no signed token verifies (and no key is handed out). `holdings`: where
+        the attempt's holding is read (read-only), so a key waits for its slice to be ACTIVE."""
         self.settings = settings
-        self.keys = AttemptKeys(store, settings, verify_vm_token or _no_signed_tokens, clock)
+        self.keys = AttemptKeys(store, settings, verify_vm_token or _no_signed_tokens, clock, holdings)
         self.identity = CallerIdentity(verify_token or _no_signed_tokens, platform_auth=settings.api_platform_auth)
 
     def handle(self, method: str, url: str, headers: Headers, body: bytes) -> Response:

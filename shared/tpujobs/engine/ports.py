@@ -273,6 +273,9 @@ class CapacityStatus:
     # WAITING_FOR_RESOURCES because a REGION's quota is full (Compute Engine's QUOTA_EXCEEDED
     # "... in region us-east5"): zone failover skips that region's zones; "": not known to be
     quota_region: str = ""
+    # When Google ends its VMs by their run duration (Compute Engine's earliest
+    # `terminationTimestamp`, set once a VM with maxRunDuration runs; RFC 3339); "": never
+    run_ends: str = ""
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,10 @@ themselves, on the emulators.
 
 The internet-facing functions (`jobs`, and `dashboard` through it) get an engine of their own,
 `api_engine`, built on no capacity at all (`capacity_handoff.NoCapacity`): it commits in Firestore
-and hands capacity work to the converge function, and never builds a TPU or Compute Engine client; nor does
-`attempt_key`, which reads jobs and the master key only.
+and hands capacity work to the converge function, and never builds a TPU or Compute Engine client.
+`attempt_key` reads jobs and the master key, and one holding's state per key request (a key waits
+for its slice to be ACTIVE): the capacity port, built at its first read, on an account that may
+read capacity and change none (infra/iam.tf).
 """
 
 from __future__ import annotations
@@ -249,8 +251,9 @@ def jobs_api() -> JobsApi:
 @functools.cache
 def key_api() -> KeyApi:
     """The `attempt_key` function of this process: the job store (jobs, and the key holders it
-    records) and the master key, nothing else; VM identity tokens checked with Google's
-    certificates (the simulator's, locally), the caller's with the API's."""
+    records), the master key, and the capacity port to read whether an attempt's holding is
+    ACTIVE (built at its first read; the function's account may only read); VM identity tokens
+    checked with Google's certificates (the simulator's, locally), the caller's with the API's."""
     from tpujobs.adapters.google_id_tokens import GoogleIdTokens
     from tpujobs.engine.key_api import KeyApi
 
@@ -261,6 +264,7 @@ def key_api() -> KeyApi:
         utc_now,
         verify_vm_token=GoogleIdTokens(config.vm_certs_url),
         verify_token=GoogleIdTokens(config.api_certs_url),
+        holdings=cast("PlatformCapacity", OnFirstUse(capacity)),
     )
 
 

@@ -513,7 +513,6 @@ def _half_done(name: str, k: int) -> Callable[[Harness], None]:
 # Every tick starts by reading what is: where the active jobs are (the coordinator), then the
 # one shard's jobs and its zone's listing (tick() runs the shards in this process).
 _SURVEY = ("store.active_placements", "store.active_in_shard", "tpu.list_capacity")
-_NEXT_ATTEMPT = ("tpu.request", "tpu.status", "tpu.release", "store.apply")
 _PRUNE = "store.prune_expired_jobs"  # every tick ends by deleting expired jobs (none here)
 
 TICKS = [
@@ -533,8 +532,8 @@ TICKS = [
     TickScenario(  # a loss was committed but its handler died: the tick starts attempt 2
         "recovering-job",
         _half_done("preemption", 3),  # after its commit (the report was checked and remembered first)
-        (*_SURVEY, "store.get", *_NEXT_ATTEMPT, "store.silent_workers", _PRUNE),
-        _RECOVERED,
+        (*_SURVEY, "store.get", *_HELD_LOSS_STEPS[1:], "store.silent_workers", _PRUNE),
+        _HELD,
     ),
     TickScenario(  # a cancel was committed but its handler died: the tick frees the capacity
         "ended-job-holding-capacity",

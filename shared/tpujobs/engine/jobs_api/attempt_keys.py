@@ -7,6 +7,10 @@ holding's VMs are named, made after its holding was asked for (the attempt's que
 the pool unit's that runs it), and the first VM to ask for that worker's key. Who holds a key is
 remembered per job incarnation (id and creation time), attempt and worker, so a job submitted
 again under a reused id starts clean. See docs/security.md#attempt-keys.
+
+The key is the command's start: it is handed out only once that holding is ACTIVE
+(`slice_readiness`), so no command starts on a slice whose interconnect is still activating or
+of which only some hosts came; until then the answer is 409, ask again.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from tpujobs.domain.states import JobState
 from tpujobs.engine.identity import InvalidToken, TokenVerifier
 from tpujobs.engine.jobs_api.answers import ApiError, Response
 from tpujobs.engine.jobs_api.requests import AttemptKeyRequest
+from tpujobs.engine.jobs_api.slice_readiness import HoldingStates, SliceReadiness
 from tpujobs.engine.jobs_api.unit_secrets import UnitSecrets
 from tpujobs.engine.ports import Clock, JobRecords, MessageRecords, UnitSecretRecords
 from tpujobs.engine.settings import Settings
@@ -42,15 +47,26 @@ class KeyHolders(JobRecords, MessageRecords, UnitSecretRecords, Protocol):
 class AttemptKeys:
     """Answers `attempt-key` requests; every refusal is an ApiError with the reason."""
 
-    def __init__(self, store: KeyHolders, settings: Settings, verify_token: TokenVerifier, clock: Clock) -> None:
+    def __init__(
+        self,
+        store: KeyHolders,
+        settings: Settings,
+        verify_token: TokenVerifier,
+        clock: Clock,
+        holdings: HoldingStates | None = None,
+    ) -> None:
+        """`holdings`: where the attempt's holding is read, to hand its key out only once it is
+        ACTIVE (`instances.key_api` always gives one); None grants on the job's state alone."""
         self.store = store
         self.settings = settings
         self.verify_token = verify_token
         self.clock = clock
         self.units = UnitSecrets(store, settings, verify_token, clock)  # a pool job's keys: its agent's alone
+        self.readiness = SliceReadiness(holdings, clock) if holdings is not None else None
 
     def grant(self, caller: str, request: AttemptKeyRequest) -> Response:
-        """The key of the attempt, when the token's VM can be its host; 401 or 403 otherwise."""
+        """The key of the attempt, when the token's VM can be its host and its slice is ready; 409
+        (ask again) while the slice is not ready yet; 401 or 403 otherwise."""
         if not self.settings.key_url:
             raise ApiError(503, "This deployment hands out no attempt keys (TPUJOBS_KEY_URL is not set).")
         try:
@@ -65,6 +81,10 @@ class AttemptKeys:
             log.warning("refused the key of %s: %s", where, refusal)
             raise ApiError(403, f"No key for {where}: {refusal}.")
         assert job is not None and job.created_at is not None
+        waiting = self.readiness.not_ready(job, where) if self.readiness is not None else None
+        if waiting is not None:  # nothing recorded: the same VM asks again
+            log.debug("the key of %s waits: %s", where, waiting.body["error"])
+            return waiting
         holder = holder_digest(job, request.attempt, request.slice_id, request.worker_id)
         instance = str(vm.get("instance_id"))
         first = self.store.remember_report(holder, instance, job.job_id, request.attempt, self.clock())

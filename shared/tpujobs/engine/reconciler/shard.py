@@ -150,6 +150,11 @@ class ShardRun:
                 Observation(EventKind.MAINTENANCE_SCHEDULED, job.attempt, "reconciler", maintenance=announced),
             )
             report.observed.append(f"{job.job_id}: host maintenance scheduled")
+        run_ends = _instant(status.run_ends)
+        if not lost and run_ends is not None and run_ends != job.run_ends_at:
+            seen = Observation(EventKind.RUN_END_SCHEDULED, job.attempt, "reconciler", run_ends_at=run_ends)
+            jobs.observe(job.job_id, seen)
+            report.observed.append(f"{job.job_id}: its VMs' run duration ends {status.run_ends}")
 
     def _provision_missing(self, job: Job, report: ReconcileReport) -> None:
         """A PROVISIONING job without its queued resource: ask again, within the zone wait.
@@ -302,3 +307,12 @@ def _owner_in(shard: Shard, name: str) -> bool:
     """Whether a queued resource's job (by its name) falls in the shard's range."""
     owner = parse_queued_resource_name(name)
     return owner is not None and shard.holds(owner[0])
+
+
+def _instant(timestamp: str) -> datetime | None:
+    """An RFC 3339 time as Google writes it; None for "" or what does not read as one."""
+    try:
+        parsed = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else None

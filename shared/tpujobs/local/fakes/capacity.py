@@ -86,6 +86,13 @@ class InMemoryCapacity:
             holding.status = dataclasses.replace(holding.status, maintenance=announced)
             return holding.status
 
+    def schedule_run_end(self, name: str, termination: str) -> CapacityStatus:
+        """Its VMs run with a maxRunDuration: Google ends them at `termination` (RFC 3339)."""
+        with self._lock:
+            holding = self._named(name)
+            holding.status = dataclasses.replace(holding.status, run_ends=termination)
+            return holding.status
+
     def vanish(self, name: str) -> None:
         """The holding is gone without tpujobs releasing it (deleted by hand, reclaimed)."""
         with self._lock:

@@ -61,6 +61,7 @@ _HELP = {
     "delete_grace_seconds": "delete and shutdown: SIGTERM the workers, SIGKILL them this much later",
     "compute_operation_seconds": "how long a Compute Engine operation runs before it is DONE",
     "topology_activation_seconds": "how long a MIG slice's interconnect is ACTIVATING once its VMs all run",
+    "run_duration_scale": "a VM's maxRunDuration counts this share of itself (tests; Google: 1)",
 }
 # Config fields that are no single number, each with its own option below.
 _COLLECTIONS = ("capacity", "quota", "api_error_codes")

@@ -202,6 +202,7 @@ class ComputeFaults(ComputeGroups):
         wall = self._wall_clock() - (self._clock() - at)
         for key, vm in list(self._compute.instances.items()):
             seconds = run_seconds(vm)
+            seconds = None if seconds is None else seconds * self._config.run_duration_scale
             if (vm.project, vm.zone, vm.backing) == (qr.project, qr.zone, qr.qr_id) and seconds is not None:
                 self._compute.instances[key] = dataclasses.replace(
                     vm, next_at=at + seconds, step=Step.RUN_OUT, terminates_at=wall + seconds

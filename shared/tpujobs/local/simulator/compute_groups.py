@@ -13,35 +13,23 @@ import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
-from tpujobs.local.simulator.clockwork import DueStep
 from tpujobs.local.simulator.compute_checks import check_bulk, check_group_body, metadata_items, slice_shape
-from tpujobs.local.simulator.compute_errors import ComputeError, already_exists, invalid, invalid_field, not_found
+from tpujobs.local.simulator.compute_errors import already_exists, invalid, invalid_field, not_found
 from tpujobs.local.simulator.compute_lists import name_filter
 from tpujobs.local.simulator.compute_model import Listing, OperationView
 from tpujobs.local.simulator.compute_records import (
     Effect,
     GroupRecord,
     InstanceRecord,
-    Phase,
-    Step,
     TemplateRecord,
     predicted_member_names,
     region_of,
 )
-from tpujobs.local.simulator.compute_topology import (
-    MemberFacts,
-    TopologyView,
-    forced_fault,
-    member_status,
-    running_count,
-    topology_view,
-    without_slice_state,
-)
-from tpujobs.local.simulator.compute_vms import STOCKOUT, ComputeVms, InstanceView
-from tpujobs.local.simulator.records import HostAction, QrState
+from tpujobs.local.simulator.compute_topology import TopologyView, running_count, topology_view, without_slice_state
+from tpujobs.local.simulator.compute_vms import ComputeVms, InstanceView
+from tpujobs.local.simulator.records import QrState
 
 _URL = r"(?:https://(?:www|compute)\.googleapis\.com/compute/v1/)?"
 _TEMPLATE = re.compile(
@@ -367,9 +355,6 @@ class ComputeGroups(ComputeVms):
         for key, vm in list(self._compute.instances.items()):
             if (vm.project, vm.zone, vm.group) == (group.project, group.zone, group.name):
                 del self._compute.instances[key]
-
-
-_WAITING = frozenset({QrState.CREATING, QrState.ACCEPTED, QrState.WAITING_FOR_RESOURCES})
 
 
 def _policy_key(path: str) -> tuple[str, str, str]:

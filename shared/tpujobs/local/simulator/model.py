@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from tpujobs.local.simulator.checks import accelerator_type_of_config
 from tpujobs.local.simulator.compute_faults import ComputeFaults
+from tpujobs.local.simulator.compute_slices import ComputeSlices
 from tpujobs.local.simulator.errors import Code, SimulatorError, project_number
 from tpujobs.local.simulator.fault_plan import FaultPlan
 from tpujobs.local.simulator.nodes import Nodes
@@ -42,7 +43,7 @@ from tpujobs.local.simulator.records import (
 from tpujobs.local.simulator.state_file import STATE_FILE_VERSION, JsonStateFile, StateStore
 
 
-class Simulator(QueuedResources, Nodes, FaultPlan, ComputeFaults):
+class Simulator(QueuedResources, Nodes, FaultPlan, ComputeFaults, ComputeSlices):
     """The simulated TPU service, and Compute Engine's TPU VMs on the same capacity and hosts
     (``compute_model``). Thread-safe: one lock guards all state.
 

@@ -141,6 +141,9 @@ class SimulatorConfig:
     # and the hosts' metadata servers answer the new metadata this much later still.
     update_node_seconds: float = 0.1
     metadata_propagation_seconds: float = 0.05
+    # A VM's maxRunDuration counts this much of itself (terminationTimestamp = RUNNING + duration x
+    # scale): Google's floor is 10 minutes, so tests shorten it; Google's own is 1
+    run_duration_scale: float = 1.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -162,6 +165,8 @@ class SimulatorConfig:
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
+        if not 0 < self.run_duration_scale <= 1:
+            raise ValueError(f"run_duration_scale must be within (0, 1], got {self.run_duration_scale}")
         if self.tick_seconds <= 0:
             raise ValueError(f"tick_seconds must be positive, got {self.tick_seconds}")
         if not 0.0 <= self.api_error_rate <= 1.0:
