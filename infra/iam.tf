@@ -95,6 +95,19 @@ locals {
     "compute.zoneOperations.get",            # zoneOperations.get and .wait: instance and MIG operations
   ]
 
+  # What the attempt_key function reads of capacity, and nothing more: a host's key (so its
+  # command) waits for the attempt's slice to be ACTIVE, which it reads with the capacity port's
+  # `status` (shared/tpujobs/adapters/tpu.py and compute.py). Read-only; it changes no holding.
+  # tests/infra/test_key_function_capacity_read.py pins the list against the calls `status` makes.
+  capacity_read_permissions = [
+    "compute.instanceGroupManagers.get",  # instanceGroupManagers.listManagedInstances: each host of the slice's MIGs
+    "compute.instanceGroupManagers.list", # instanceGroupManagers.list: the holding's MIGs, by name
+    "compute.instanceTemplates.list",     # regionInstanceTemplates.list: what is left of a holding with no MIG
+    "compute.instances.list",             # instances.list: the holding's VMs (upcoming maintenance)
+    "compute.resourcePolicies.list",      # resourcePolicies.list: what is left of a holding with no MIG
+    "tpu.nodes.get",                      # get_queued_resource: a TPU API holding's state
+  ]
+
   build_roles = [
     "roles/logging.logWriter",       # build logs
     "roles/artifactregistry.writer", # the function images
@@ -146,6 +159,23 @@ resource "google_project_iam_member" "function_compute" {
   project = var.project
   role    = google_project_iam_custom_role.compute.id
   member  = google_service_account.function[each.key].member
+}
+
+# The attempt_key function hands out an attempt's key only once its slice is ACTIVE: it reads one
+# holding's state per key request, with these read permissions alone (not roles/compute.viewer
+# nor roles/tpu.viewer, which read every resource of the project). No other function holds it;
+# jobs and the dashboard hold no capacity role at all.
+resource "google_project_iam_custom_role" "capacity_reader" {
+  role_id     = "${replace(var.prefix, "-", "_")}tpujobsCapacityReader"
+  title       = "tpujobs capacity reader"
+  description = "Read whether a tpujobs holding of TPU slices (a queued resource, or Compute Engine MIGs and VMs) is ACTIVE: what the attempt_key function reads."
+  permissions = local.capacity_read_permissions
+}
+
+resource "google_project_iam_member" "attempt_key_capacity_reader" {
+  project = var.project
+  role    = google_project_iam_custom_role.capacity_reader.id
+  member  = google_service_account.function["attempt_key"].member
 }
 
 # Creating a queued resource whose nodes run as the TPU VM account needs actAs on that account.

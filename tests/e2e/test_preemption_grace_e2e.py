@@ -92,9 +92,6 @@ def saved_after_preemption(env, submit_job, code: tuple[str, str], prefix: str, 
     done = wait_for(lambda: (j := env["store"].get(job_id)) and j.state.is_terminal and j, timeout=180)
     assert done.state is JobState.SUCCEEDED, (done.state_reason, worker_output(env, job_id, 2))
     assert (done.attempt, done.restarts) == (2, 1)
-    print("DEBUG A1", worker_output(env, job_id, 1))
-    for e in env["store"].events(job_id):
-        print("DEBUG EV", e.at, e.to_state, e.source, e.reason)
     assert checkpoint_state(env, job_id) == {"saved_on_sigterm": True, "attempt": 1}
     assert "sees " + json.dumps({"saved_on_sigterm": True, "attempt": 1}) in worker_output(env, job_id, 2)
     kept = [e for e in env["store"].events(job_id) if "is released once its hosts are gone" in e.reason]

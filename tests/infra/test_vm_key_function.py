@@ -2,8 +2,10 @@
 functions hold no capacity.
 
 The VMs' accounts may invoke the attempt_key function and no other; the functions users reach
-(jobs, dashboard) and attempt_key hold no TPU or Compute Engine role and no actAs on any account;
-the master key goes to the functions that sign or check with it, never to the dashboard.
+(jobs, dashboard) and attempt_key hold no TPU or Compute Engine role that changes capacity and no
+actAs on any account (attempt_key only reads whether a slice is ACTIVE, issue 38:
+test_key_function_capacity_read.py); the master key goes to the functions that sign or check
+with it, never to the dashboard.
 """
 
 from __future__ import annotations
@@ -67,12 +69,20 @@ def test_the_jobs_api_hands_its_capacity_work_to_the_converge_function(tf: Terra
 
 
 def test_the_attempt_key_function_reads_jobs_and_the_master_key_and_holds_nothing_else(tf: Terraform) -> None:
-    """attempt_key: Firestore (jobs, and the first holder of each key), the master key; it publishes
-    nothing and touches no bucket. The dashboard never holds the master key."""
+    """attempt_key: Firestore (jobs, and the first holder of each key), the master key, and read
+    access to capacity (whether a slice is ACTIVE, its one project grant beyond Firestore and
+    metrics); it publishes nothing and touches no bucket. The dashboard never holds the master key."""
     key = tf.locals["functions"]["attempt_key"]
     assert (key["signature"], key["topic"], key["account"]) == ("http", None, "attempt-key")
     assert (key["job_engine"], key["master_key"], key["publishes"], key["logs"]) == (False, True, [], None)
     assert key["firestore"] == "roles/datastore.user"
+    own = {
+        name
+        for (kind, name), body in tf.resources.items()
+        if kind == "google_project_iam_member"
+        and body["member"] == '${google_service_account.function["attempt_key"].member}'
+    }
+    assert own == {"attempt_key_capacity_reader"}  # beyond the for_each grants of every function
     assert tf.locals["functions"]["dashboard"]["master_key"] is False
     assert tf.locals["functions"]["converge"]["master_key"] is False
 

@@ -147,9 +147,7 @@ def _ask_until_ready(ask: Callable[[], bytes], sleep: Callable[[float], None], c
                 since = clock()
                 log(f"the command waits for the slice to be ready: {error}")
             if clock() + delay > deadline:
-                raise AgentError(
-                    f"the slice was not ready after {READY_WAIT_SECONDS:.0f} s: {error}"
-                ) from None
+                raise AgentError(f"the slice was not ready after {READY_WAIT_SECONDS:.0f} s: {error}") from None
             sleep(delay)
             delay = min(delay * 2, READY_MAX_DELAY)
             continue

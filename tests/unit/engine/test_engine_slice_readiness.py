@@ -128,9 +128,7 @@ def test_a_holding_that_is_gone_is_refused_for_good(jobs, tokens, capacity):
     assert answer.status == 403 and "does not exist" in answer.body["error"]
 
 
-def test_an_active_holding_costs_one_status_read_shared_by_the_hosts_that_ask_together(
-    jobs, tokens, capacity, clock
-):
+def test_an_active_holding_costs_one_status_read_shared_by_the_hosts_that_ask_together(jobs, tokens, capacity, clock):
     """The common case: the holding is ACTIVE when the hosts ask. The first request reads its
     status once; a second host asking within SHARED_FOR reads nothing more; later, one more read."""
     provisioning(jobs)

@@ -141,7 +141,6 @@ class JobLifecycle:
         if warm is not None:  # the next attempt waits in the pool's queue
             self.observe(job.job_id, Observation(EventKind.POOL_REQUEUED, job.attempt, "tpu"))
             return
-        self.attempts.release(job.zone, job.queued_resource)  # MAIN'S ORDER (temporary)
         following = job.as_next_attempt()
         try:  # the next attempt first: the lost one's release waits (`held_over`) or follows
             status, reason = self.attempts.request_or_wait(following)  # a full quota: it waits, as at admission
@@ -152,7 +151,7 @@ class JobLifecycle:
                 self._act(failed.job)  # ended: its holdings are released
             return
         lost = self.attempts.status(job.zone, job.queued_resource)
-        held = None
+        held = hold_over(job, lost.state if lost else None, lost.unhealthy_hosts if lost else 0)
         if held is not None:
             self.held_over.keep(job, held)  # its chips stay counted while it is kept
         else:  # its hosts are gone, or only tpujobs ends them: released after the request, before the
