@@ -56,6 +56,14 @@ def hold_over(job: Job, state: str | None, unhealthy_hosts: int = 0) -> HeldOver
     return HeldOver(job.queued_resource, job.zone, job.attempt, chips, pool, until)
 
 
+def saving_until(job: Job, state: str | None, unhealthy_hosts: int, now: datetime) -> datetime | None:
+    """An ended job's last holding (its capacity reading `state`, `unhealthy_hosts`): when its
+    hosts' grace ends, while Google is taking it back and they may still be saving (`hold_over`'s
+    rule); None once they are gone or the grace is over, or when it was not taken back."""
+    held = hold_over(job, state, unhealthy_hosts)
+    return held.release_after if held is not None and now < held.release_after else None
+
+
 def release_due(held: HeldOver, now: datetime, state: str | None) -> bool:
     """Whether a held-over holding may go now: its grace is over, or its hosts are gone (its
     state is one of `HOSTS_GONE`, or it no longer exists: `state` None)."""

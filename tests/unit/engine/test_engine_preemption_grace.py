@@ -169,3 +169,18 @@ def test_only_a_slice_google_takes_back_whole_is_kept(jobs, capacity):
     assert hold_over(lost, "SUSPENDED") is None and hold_over(lost, None) is None
     assert hold_over(lost, "SUSPENDING") is not None
     assert EventKind.HELD_OVER_RELEASED.value == "held_over_released"
+
+
+def test_a_preemption_that_ends_the_job_keeps_its_holding_through_the_grace(jobs, capacity, clock):
+    """No restart left: the job ends FAILED at once, but its queued resource is not deleted while
+    its hosts may be saving (a later `resume` starts from that save); the reconciler's sweep
+    leaves it within the grace and releases it after."""
+    running(jobs, max_restarts=0)
+    preempted(jobs, capacity)
+    assert jobs.job().state is JobState.FAILED
+    assert "train-1-a1" not in capacity.released()
+    jobs.tick()
+    assert "train-1-a1" not in capacity.released()  # within the grace: the sweep leaves it
+    clock.advance(SPOT_SHUTDOWN_GRACE_SECONDS + 1)
+    jobs.tick()
+    assert capacity.released() == ["train-1-a1"]

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from tpujobs.domain import signing
-from tpujobs.domain.grace import hold_over
+from tpujobs.domain.grace import hold_over, saving_until
 from tpujobs.domain.job import Job
 from tpujobs.domain.quotas import QuotaBook
 from tpujobs.domain.restart_rules import BACKOFF_CAP_SECONDS
@@ -124,11 +124,23 @@ class JobLifecycle:
         elif job.state.is_terminal:
             if job.warm_pool and self.warm is not None:
                 self.warm.leave_attempt(job)  # its unit goes back to the pool; it had no resource of its own
-            elif job.queued_resource:
+            elif job.queued_resource and not self._saving(job):
                 self.attempts.release(job.zone, job.queued_resource)
             for held in job.held_over:  # an ended job's holdings all go now
                 self.attempts.release(held.zone, held.holding)
             self.admission.free_chips(job)
+
+    def _saving(self, job: Job) -> bool:
+        """An ended job whose last attempt Google is taking back (preempted with no restart left, or
+        `on_preemption: fail`): its hosts may be saving within their grace, so the reconciler's
+        sweep releases the holding after it (`grace.saving_until`). Read only when it was lost."""
+        usage = job.usage_of()
+        if usage is None or not usage.capacity_lost:
+            return False
+        lost = self.attempts.status(job.zone, job.queued_resource)
+        if lost is None:
+            return False
+        return saving_until(job, lost.state, lost.unhealthy_hosts, self.clock()) is not None
 
     def _start_next_attempt(self, job: Job) -> None:
         warm = self.warm if job.warm_pool else None

@@ -13,7 +13,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from tpujobs.domain.admission import job_pool
-from tpujobs.domain.grace import release_due
+from tpujobs.domain.grace import release_due, saving_until
 from tpujobs.domain.job import Job, ScheduledMaintenance
 from tpujobs.domain.naming import parse_queued_resource_name, parse_unit_queued_resource_name
 from tpujobs.domain.quotas import region_of
@@ -279,15 +279,16 @@ class ShardRun:
     ) -> None:
         if status.state == "DELETING":
             return  # already going (deletion takes minutes): asking again costs a read and a call a tick
-        if _unowned(status, live) and _unowned(status, self._fresh(status)):
-            self.tpu.release(zone, status.name)
-            report.released.append(status.name)
-
-    def _fresh(self, status: CapacityStatus) -> dict[str, Job]:
-        """The owner's job read again: it may have started after the listing of active jobs."""
+        if not _unowned(status, live):
+            return
         owner = parse_queued_resource_name(status.name)
-        job = self.store.get(owner[0]) if owner else None
-        return {job.job_id: job} if job is not None and not job.state.is_terminal else {}
+        job = self.store.get(owner[0]) if owner else None  # read again: it may have started since
+        if job is not None and not job.state.is_terminal and not _unowned(status, {job.job_id: job}):
+            return
+        if job is not None and job.state.is_terminal and _saving(job, status, self.clock()):
+            return  # ended as Google took it back: its hosts may be saving within their grace
+        self.tpu.release(zone, status.name)
+        report.released.append(status.name)
 
 
 def _unowned(status: CapacityStatus, live: dict[str, Job]) -> bool:
@@ -301,6 +302,13 @@ def _unowned(status: CapacityStatus, live: dict[str, Job]) -> bool:
     if any(h.holding == status.name for h in job.held_over):
         return False  # kept through its hosts' shutdown grace: `_release_held_over` finishes it
     return owner[1] < job.attempt
+
+
+def _saving(job: Job, status: CapacityStatus, now: datetime) -> bool:
+    """The ended job's last holding, Google taking it back, its hosts still within their grace."""
+    return (
+        job.queued_resource == status.name and saving_until(job, status.state, status.unhealthy_hosts, now) is not None
+    )
 
 
 def _owner_in(shard: Shard, name: str) -> bool:
