@@ -127,20 +127,27 @@ def main() -> None:
         compute = ComputeEngine(build_clients(server.url), PROJECT)
         capacity = PlatformCapacity(tpu, compute)
         boot = HostBoot(ACCOUNT, {"startup-script": "#!/bin/bash\ntrue\n"})
-        jobs = {"TPU API v4-16": a_job("bench-tpu", "v4-16", "tpu-api"), "Compute v7x-16": a_job("bench-c", "v7x-16", "compute")}
+        jobs = {
+            "TPU API v4-16": a_job("bench-tpu", "v4-16", "tpu-api"),
+            "Compute v7x-16": a_job("bench-c", "v7x-16", "compute"),
+        }
         for job, _ in jobs.values():
             capacity.request(job, boot)
             until_active(capacity, job)
         print(f"median of {runs} runs, ms")
         for label, made in jobs.items():
             job = made[0]
-            read = median_ms(lambda job=job: SliceReadiness(capacity, lambda: datetime.now(timezone.utc)).not_ready(job, "w"), runs)
+            read = median_ms(
+                lambda job=job: SliceReadiness(capacity, lambda: datetime.now(timezone.utc)).not_ready(job, "w"), runs
+            )
             vm = "t1v-n-0a1b2c3d-w-0" if "TPU" in label else f"{node_id(job.queued_resource, 0, 1)}-abcd"
             before = grant_ms(made, vm, None, runs, fresh=True)
             first = grant_ms(made, vm, capacity, runs, fresh=True)
             shared = grant_ms(made, vm, capacity, runs, fresh=False)
-            print(f"{label}: status read {read:.1f}; key grant before {before:.1f}, with the gate {first:.1f} "
-                  f"(first host of a slice), {shared:.1f} (a host asking within 2 s of another)")
+            print(
+                f"{label}: status read {read:.1f}; key grant before {before:.1f}, with the gate {first:.1f} "
+                f"(first host of a slice), {shared:.1f} (a host asking within 2 s of another)"
+            )
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from tpujobs.local.simulator.compute_json import (
     policy_json,
     template_json,
 )
+from tpujobs.local.simulator.compute_lists import query_whole
 from tpujobs.local.simulator.compute_model import OperationView
 from tpujobs.local.simulator.compute_records import COMPUTE_ROOT
 from tpujobs.local.simulator.errors import Code, SimulatorError
@@ -43,16 +44,6 @@ _ZONE = _PROJECT + "/zones/<zone>"
 _REGION = _PROJECT + "/regions/<region>"
 _GLOBAL = _PROJECT + "/global"
 _ID = "<id:id>"
-
-
-def _int(query: Query, name: str, default: int = 0) -> int:
-    raw = query_str(query, name)
-    if not raw:
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise invalid_field(name, raw, "It must be a whole number.") from None
 
 
 def _by(location: str) -> Callable[[Callable[[str, str, str], Any], Callable[[Any], Json]], Handler]:
@@ -88,7 +79,7 @@ def fault_method(method: str, path: str) -> str | None:
 
 
 def _listing_args(query: Query) -> tuple[str, int, str]:
-    return query_str(query, "filter"), _int(query, "maxResults"), query_str(query, "pageToken")
+    return query_str(query, "filter"), query_whole(query, "maxResults"), query_str(query, "pageToken")
 
 
 class ComputeApi:
@@ -249,7 +240,9 @@ class ComputeApi:
     def _resize(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         if not query_str(query, "size"):
             raise invalid_field("size", "", "This field is required.")
-        operation = self.simulator.resize_group(params["project"], params["zone"], params["id"], _int(query, "size"))
+        operation = self.simulator.resize_group(
+            params["project"], params["zone"], params["id"], query_whole(query, "size")
+        )
         return 200, operation_json(operation)
 
     def _list_policies(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:

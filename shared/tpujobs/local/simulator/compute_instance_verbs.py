@@ -16,7 +16,7 @@ from typing import Any
 
 from tpujobs.local.simulator.compute_errors import invalid_field
 from tpujobs.local.simulator.compute_json import operation_json, template_json
-from tpujobs.local.simulator.compute_lists import name_filter
+from tpujobs.local.simulator.compute_lists import name_filter, query_whole
 from tpujobs.local.simulator.compute_records import self_link
 from tpujobs.local.simulator.compute_vms import InstanceView
 from tpujobs.local.simulator.messages import query_str
@@ -87,12 +87,12 @@ class InstanceVerbs:
         return 200, operation_json(operation)
 
     def _serial_port(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
-        port = _whole(query, "port", 1)
+        port = query_whole(query, "port", 1)
         if port not in SERIAL_PORTS:
             raise invalid_field("port", port, "It must be within 1..4.")
         view = self._simulator.get_instance(params["project"], params["zone"], params["id"])
         console = self._console(view) if port == 1 else b""
-        start, next_, shown = serial_window(console, _whole(query, "start", 0))
+        start, next_, shown = serial_window(console, query_whole(query, "start", 0))
         return 200, {
             "kind": "compute#serialPortOutput",
             "contents": shown.decode("utf-8", errors="replace"),
@@ -132,13 +132,3 @@ class InstanceVerbs:
             "items": dict(sorted(items.items())),
             "selfLink": self_link(base),
         }
-
-
-def _whole(query: Query, name: str, default: int) -> int:
-    raw = query_str(query, name)
-    if not raw:
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise invalid_field(name, raw, "It must be a whole number.") from None

@@ -6,10 +6,11 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
 from tpujobs.local.simulator.compute_errors import invalid, invalid_field
+from tpujobs.local.simulator.messages import query_str
 
 T = TypeVar("T")
 MAX_RESULTS = 500  # Compute Engine's default and its largest page
@@ -58,3 +59,14 @@ def page_of(items: Iterable[T], name: Callable[[T], str], max_results: int, page
         return ordered, ""
     shown = ordered[:size]
     return shown, base64.urlsafe_b64encode(name(shown[-1]).encode("utf-8")).decode("ascii")
+
+
+def query_whole(query: Mapping[str, list[str]], name: str, default: int = 0) -> int:
+    """A whole-number query parameter (`maxResults`, `size`, `port`, `start`); absent: `default`."""
+    raw = query_str(query, name)
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise invalid_field(name, raw, "It must be a whole number.") from None
