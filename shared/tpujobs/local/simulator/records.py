@@ -165,8 +165,8 @@ class SimulatorConfig:
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
-        if not 0 < self.run_duration_scale <= 1:
-            raise ValueError(f"run_duration_scale must be within (0, 1], got {self.run_duration_scale}")
+        if self.run_duration_scale <= 0:
+            raise ValueError(f"run_duration_scale must be positive, got {self.run_duration_scale}")
         if self.tick_seconds <= 0:
             raise ValueError(f"tick_seconds must be positive, got {self.tick_seconds}")
         if not 0.0 <= self.api_error_rate <= 1.0:
