@@ -329,6 +329,8 @@ class Agent(CommandRunner):
             self.reporter.report("exited", exit_code=code, detail=detail[:MAX_DETAIL_CHARS], **failed)
         elif not preempted:
             self.reporter.report("exited", exit_code=code, **failed, **self._still_speaking(code))
+        elif not withdrawn:  # after its notice: only that the command is done (its save landed)
+            self.reporter.report("stopped", exit_code=code)
         self._leave_slice(speaks=not preempted and aborted is None and code == 0 and self._limit is None)
         self.reporter.close()
         self.preemption.wait(30.0)

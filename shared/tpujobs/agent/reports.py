@@ -42,7 +42,8 @@ class Reporter:
         return payload
 
     # Still published after the preemption notice: a checkpoint saved on SIGTERM keeps work.
-    AFTER_SILENCE = frozenset({"checkpoint"})
+    # after a preemption notice: a save's checkpoint, and `stopped` (the command ended, the save done)
+    AFTER_SILENCE = frozenset({"checkpoint", "stopped"})
 
     def report(self, kind: str, **extra: Any) -> None:
         if self._quiet(kind):

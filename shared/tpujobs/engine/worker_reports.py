@@ -50,6 +50,9 @@ class WorkerReport(Strict):
     `started` may carry `image_digest`: the container image the host runs the command in, as
     it pulled it. `exited` may carry `detail` when the agent itself ended the attempt (an image
     it could not pull): the job's reason then says so.
+    `stopped`: after its preemption notice, the host's command ended (saved on SIGTERM, or
+    killed at the grace's end), with `exit_code`: its worker's record only, never the job's
+    state (the notice decided that), so the next attempt's key need not wait out the grace.
     `peer_silent`: worker 0 of a multi-host slice heard nothing over the slice's network for
     its peer timeout from `peer_worker_id`, a peer it had heard (`agent/slice_link.py`, SliceLink).
 
@@ -61,7 +64,9 @@ class WorkerReport(Strict):
     for those peers until they end, so its record stays live (`service.speaks_after_exit`).
     """
 
-    kind: Literal["started", "heartbeat", "exited", "checkpoint", "aborted", "rebooted", "peer_silent", "maintenance"]
+    kind: Literal[
+        "started", "heartbeat", "exited", "checkpoint", "aborted", "rebooted", "peer_silent", "maintenance", "stopped"
+    ]
     job_id: JobId
     attempt: Attempt
     slice_id: Index

@@ -236,8 +236,9 @@ def test_the_agent_modules_are_found_and_hold_its_entry_point() -> None:
     assert {"main.py", "wire.py", "__main__.py"} <= {path.name for path in AGENT_MODULES}
 
 
-def test_after_the_preemption_notice_only_checkpoints_are_still_reported() -> None:
-    """A job saving on SIGTERM keeps its work; its exit code, caused by the notice, is not a failure."""
+def test_after_the_preemption_notice_only_checkpoints_and_the_stop_are_still_reported() -> None:
+    """A job saving on SIGTERM keeps its work; its exit code, caused by the notice, is not a failure
+    (no `exited`), but `stopped` says its command is done, so the next attempt need not wait."""
     published: list[str] = []
 
     class Recorder:
@@ -250,8 +251,9 @@ def test_after_the_preemption_notice_only_checkpoints_are_still_reported() -> No
     reporter.silence()
     reporter.report("checkpoint", step=7, detail="")
     reporter.report("exited", exit_code=143)
+    reporter.report("stopped", exit_code=143)
     reporter.close(timeout=5.0)
-    assert published[-1] == "checkpoint" and "exited" not in published
+    assert published[-2:] == ["checkpoint", "stopped"] and "exited" not in published
 
 
 def test_checkpoints_waiting_to_be_published_coalesce_to_the_latest() -> None:

@@ -20,6 +20,7 @@ from test_engine_attempt_keys import KEY_URL, VmTokens, provisioning
 from test_engine_host_binding import UNIT_SECRET, pooled, register
 from test_engine_host_binding import VmTokens as UnitVmTokens
 
+from tpujobs.domain.states import JobState
 from tpujobs.engine.api import CALLER_HEADER
 from tpujobs.engine.errors import TransientError
 from tpujobs.engine.jobs_api.slice_readiness import SHARED_FOR
@@ -195,3 +196,34 @@ def test_a_pool_jobs_key_waits_for_its_units_holding_which_is_active(engine):
     answer = ask(key_api(jobs, tokens, holdings), jobs, vm, unit_secret=UNIT_SECRET.hex())
     assert answer.status == 200, answer.body
     assert holdings.read == [job.warm_pool_unit]
+
+
+def test_the_next_attempts_key_waits_while_the_preempted_hosts_still_save(jobs, tokens, capacity, clock):
+    """Preempted, attempt 1's queued resource kept through its grace (`held_over`) and attempt 2's
+    ACTIVE at once: attempt 2's hosts wait (409 SAVING) while attempt 1's hosts that started have
+    not said their command ended (`stopped`, after the notice), so attempt 2 resumes from their
+    save; once both have, the key is given, and attempt 2 is untouched by those reports."""
+    provisioning(jobs, capacity="spot", on_preemption="resume", max_restarts=3)
+    capacity.set_state(holding(jobs), "ACTIVE")
+    jobs.report("started", 1)
+    jobs.report("started", 1, worker=1)
+    capacity.set_state("train-1-a1", "SUSPENDING")
+    jobs.qr_state({"queued_resource": "train-1-a1", "zone": ZONE, "state": "SUSPENDING"})
+    assert jobs.job().attempt == 2 and [h.holding for h in jobs.job().held_over] == ["train-1-a1"]
+    capacity.set_state("train-1-a2", "ACTIVE")
+    clock.advance(1)
+    api = key_api(jobs, tokens, capacity)
+    vm = tokens.vm("t2", jobs)
+    saving = ask(api, jobs, vm, attempt=2)
+    assert saving.status == 409, saving.body
+    assert (
+        saving.body["state"] == "SAVING"
+        and "attempt 1" in saving.body["error"]
+        and "2 not exited" in saving.body["error"]
+    )
+    jobs.report("stopped", 1, exit_code=143)  # its save done, the command ended after the notice
+    assert ask(api, jobs, vm, attempt=2).status == 409  # one host still saving
+    jobs.report("stopped", 1, worker=1, exit_code=0)
+    granted = ask(api, jobs, vm, attempt=2)
+    assert granted.status == 200, granted.body
+    assert (jobs.job().attempt, jobs.job().state) == (2, JobState.PROVISIONING)

@@ -23,6 +23,8 @@ def worker_record(report: WorkerReport, worker: str, now: datetime, at: datetime
     record = WorkerRecord(report.attempt, worker, report.slice_id, report.worker_id, now)
     if report.kind == "started":
         return replace(record, started_at=at, live=True)
+    if report.kind == "stopped":  # after a preemption notice: its command ended (its save is done)
+        return replace(record, exited_at=at, exit_code=report.exit_code, live=False)
     if report.kind in ("exited", "aborted"):
         speaking = speaks_after_exit(report)  # live on, watched, for the peers only it hears
         return replace(

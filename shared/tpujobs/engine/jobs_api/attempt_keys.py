@@ -28,7 +28,7 @@ from tpujobs.domain.states import JobState
 from tpujobs.engine.identity import InvalidToken, TokenVerifier
 from tpujobs.engine.jobs_api.answers import ApiError, Response
 from tpujobs.engine.jobs_api.requests import AttemptKeyRequest
-from tpujobs.engine.jobs_api.slice_readiness import HoldingStates, SliceReadiness
+from tpujobs.engine.jobs_api.slice_readiness import EarlierHosts, HoldingStates, SliceReadiness
 from tpujobs.engine.jobs_api.unit_secrets import UnitSecrets
 from tpujobs.engine.ports import Clock, JobRecords, MessageRecords, UnitSecretRecords
 from tpujobs.engine.settings import Settings
@@ -39,9 +39,9 @@ HOLDING = (JobState.PROVISIONING, JobState.RUNNING)  # states in which an attemp
 CREATION_SKEW = timedelta(minutes=2)  # Google's VM clock against ours
 
 
-class KeyHolders(JobRecords, MessageRecords, UnitSecretRecords, Protocol):
-    """The job, the first VM that held each worker's key (remembered like a signed report), and
-    each warm-pool unit VM's registered secret."""
+class KeyHolders(JobRecords, MessageRecords, UnitSecretRecords, EarlierHosts, Protocol):
+    """The job, the first VM that held each worker's key (remembered like a signed report),
+    each warm-pool unit VM's registered secret, and an earlier attempt's hosts' latest word."""
 
 
 class AttemptKeys:
@@ -62,7 +62,7 @@ class AttemptKeys:
         self.verify_token = verify_token
         self.clock = clock
         self.units = UnitSecrets(store, settings, verify_token, clock)  # a pool job's keys: its agent's alone
-        self.readiness = SliceReadiness(holdings, clock) if holdings is not None else None
+        self.readiness = SliceReadiness(holdings, clock, store) if holdings is not None else None
 
     def grant(self, caller: str, request: AttemptKeyRequest) -> Response:
         """The key of the attempt, when the token's VM can be its host and its slice is ready; 409

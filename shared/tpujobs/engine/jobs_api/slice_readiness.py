@@ -10,6 +10,10 @@ port reads it: one status read per key request, shared by the requests of one fu
 instance for `SHARED_FOR` (a slice's hosts ask together). Until then the answer is 409, "not
 ready, ask again", with the holding's state and detail; a holding that is gone or failed will
 never be ready, and is refused for good (403).
+
+The next attempt is requested while the lost one's hosts may still save on SIGTERM, within
+Google's grace (`domain.grace`): its command waits too, until every host of that attempt that
+said it started has said it exited, or the grace is over, so it resumes from that save.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Protocol
 from tpujobs.domain.job import Job
 from tpujobs.engine.errors import TransientError
 from tpujobs.engine.jobs_api.answers import ApiError, Response
-from tpujobs.engine.ports import CAPACITY_GONE, CapacityStatus, Clock
+from tpujobs.engine.ports import CAPACITY_GONE, CapacityStatus, Clock, WorkerRecord
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +45,22 @@ class HoldingStates(Protocol):
         """What the holding `name` is now; None when it does not exist."""
 
 
-class SliceReadiness:
-    """The gate: None when the attempt's holding is ACTIVE, else the answer that says why not."""
+class EarlierHosts(Protocol):
+    """What the key function reads of an earlier attempt's hosts: their latest word."""
 
-    def __init__(self, holdings: HoldingStates, clock: Clock) -> None:
+    def attempt_workers(self, job_id: str, attempt: int) -> list[WorkerRecord]:
+        """The latest word of each host of one attempt that ever reported."""
+
+
+class SliceReadiness:
+    """The gate: None when the attempt's holding is ACTIVE and no earlier attempt's hosts may
+    still be saving, else the answer that says why not."""
+
+    def __init__(self, holdings: HoldingStates, clock: Clock, earlier: EarlierHosts | None = None) -> None:
+        """`earlier`: where a held-over attempt's hosts are read (None: the grace is waited out)."""
         self.holdings = holdings
         self.clock = clock
+        self.earlier = earlier
         self._read: dict[tuple[str, str], tuple[datetime, CapacityStatus | None]] = {}
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._guard = threading.Lock()
@@ -63,11 +77,27 @@ class SliceReadiness:
         if status is None:
             raise ApiError(403, f"No key for {where}: {name} does not exist (released?); it will never be ready.")
         if status.state == READY:
-            return None
+            return self._earlier_saving(job, where)
         if status.state in NEVER_READY:
             said = f" ({status.detail})" if status.detail else ""
             raise ApiError(403, f"No key for {where}: {name} is {status.state}{said}; it will never be ready.")
         return _waiting(where, name, status.state, status.detail)
+
+    def _earlier_saving(self, job: Job, where: str) -> Response | None:
+        """A 409 while an earlier attempt's hosts, kept through their grace (`Job.held_over`),
+        may still be saving: some said they started and not that they exited. None after."""
+        now = self.clock()
+        for held in job.held_over:
+            if held.attempt >= job.attempt or now >= held.release_after:
+                continue
+            hosts = self.earlier.attempt_workers(job.job_id, held.attempt) if self.earlier is not None else None
+            running = None if hosts is None else sum(1 for w in hosts if w.started_at and not w.exited_at)
+            if running is None or running:
+                until = held.release_after.isoformat(timespec="seconds")
+                some = "" if running is None else f" ({running} not exited)"
+                detail = f"attempt {held.attempt}'s hosts may still save on SIGTERM{some}, until {until} at the latest"
+                return _waiting(where, held.holding, "SAVING", detail)
+        return None
 
     def _status(self, zone: str, name: str) -> CapacityStatus | None:
         """The holding's status, read at most once per SHARED_FOR by this instance: the hosts of a
