@@ -1,6 +1,7 @@
 """TPU7x on Compute Engine, end to end: the functions make a v7x slice of two hosts through the real
-google-cloud-compute client (a workload policy, a template, a MIG), the hosts run the job, a spot
-preemption is recovered from the checkpoint, and nothing is left behind when it ends or is cancelled."""
+google-cloud-compute client (a MIG naming the shared workload policy and template of its shape),
+the hosts run the job, a spot preemption is recovered from the checkpoint, and nothing of the job
+is left behind when it ends or is cancelled."""
 
 from __future__ import annotations
 
@@ -55,7 +56,11 @@ def test_a_v7x_job_on_two_hosts_recovers_from_a_spot_preemption_and_leaves_nothi
     assert job.spec.platform == "compute" and job.queued_resource == f"{job_id}-c1"
     held = compute_held(env)
     assert job.queued_resource in held["instanceGroupManagers"]
-    assert job.queued_resource in held["resourcePolicies"] and job.queued_resource in held["instanceTemplates"]
+    (mig,) = [m for m in env["control"].state()["compute"]["instanceGroupManagers"] if m["name"] == job.queued_resource]
+    # the shared template and policy of its shape; the job's own boot in the MIG's all-instances configuration
+    assert mig["instanceTemplate"].rsplit("/", 1)[-1] in held["instanceTemplates"]
+    assert mig["resourcePolicies"]["workloadPolicy"].rsplit("/", 1)[-1] in held["resourcePolicies"]
+    assert mig["allInstancesConfig"]["properties"]["labels"]["tpujobs-job"] == job_id
     assert len([n for n in held["instances"] if n.startswith(job.queued_resource)]) == 2
     wait_for(lambda: int(checkpoint_state(env, job_id).get("step", 0)) > 0)
     floor = int(checkpoint_state(env, job_id)["step"])

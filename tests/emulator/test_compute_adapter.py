@@ -8,7 +8,7 @@ Waits use the simulator's quick provisioning (0.1 s) with generous deadlines, ne
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -111,8 +111,10 @@ def test_a_preempted_host_is_a_lost_host_in_status_and_in_the_zones_listing(comp
     assert listed.unhealthy_hosts == 1
 
 
-def test_release_leaves_no_mig_template_policy_or_vm(compute, simulator):
-    """release deletes MIG, template and policy of every slice; twice is fine."""
+def test_release_leaves_no_mig_or_vm_and_the_sweep_gives_back_the_idle_shared_template(compute, simulator):
+    """release deletes every slice's MIG (and so its VMs); twice is fine. The shared template and
+    policy stay for the next holding of the shape, until a zone listing an hour later gives them
+    back: then nothing is left."""
     job = a_job(slices=2)
     compute.request(job, BOOT)
     active(compute, job.queued_resource)
@@ -121,7 +123,37 @@ def test_release_leaves_no_mig_template_policy_or_vm(compute, simulator):
     assert compute.status(ZONE, job.queued_resource) is None
     assert compute.list_capacity(ZONE) == []
     left = SimulatorControl(simulator).state()["compute"]
-    assert {kind: items for kind, items in left.items() if items} == {}
+    assert {kind: len(items) for kind, items in left.items() if items} == {
+        "resourcePolicies": 1,
+        "instanceTemplates": 1,
+    }
+    later = ComputeEngine(
+        build_clients(simulator), PROJECT, clock=lambda: datetime.now(timezone.utc) + timedelta(hours=2)
+    )
+
+    def swept() -> bool:
+        """the idle shared template and policy given back"""
+        assert later.list_capacity(ZONE) == []
+        return not any(SimulatorControl(simulator).state()["compute"].values())
+
+    wait_for(swept, timeout=30, interval=0.5)
+
+
+def test_a_second_job_of_the_same_shape_shares_the_template_with_its_own_startup_script(compute, simulator):
+    """Two v7x-16 jobs with different boot metadata: one template and one policy in all, each
+    job's VMs carrying their own startup script and job label (the MIG's all-instances configuration)."""
+    first, second = a_job(), a_job(job_id="eval-2")
+    compute.request(first, BOOT)
+    compute.request(second, HostBoot(BOOT.service_account, {"startup-script": "#!/bin/sh eval"}))
+    active(compute, first.queued_resource)
+    active(compute, second.queued_resource)
+    state = SimulatorControl(simulator).state()["compute"]
+    assert (len(state["instanceTemplates"]), len(state["resourcePolicies"]), len(state["instances"])) == (1, 1, 4)
+    for vm in state["instances"]:
+        items = {item["key"]: item["value"] for item in vm["metadata"]["items"]}
+        job = vm["labels"]["tpujobs-job"]
+        assert items["startup-script"] == ("#!/bin/sh eval" if job == "eval-2" else "#!/bin/sh")
+        assert vm["name"].startswith(f"{job}-c1-")
 
 
 def test_write_metadata_sets_tpujobs_keys_and_keeps_the_others(compute, simulator):
@@ -167,9 +199,9 @@ def test_a_scheduled_maintenance_is_exposed_with_its_window(compute, simulator):
 
 
 def test_a_release_never_waits_out_a_slow_mig_deletion_and_the_leftovers_are_listed_until_swept():
-    """Deleting VMs takes minutes on Google: release starts it, leaves the template and policy it
-    cannot delete yet (no error: the next attempt is asked for at once), the zone's listing shows
-    them, and a later release (the reconciler's sweep) finishes the job."""
+    """Deleting VMs takes minutes on Google: release starts it (no error: the next attempt is
+    asked for at once), the zone's listing shows the holding, and a later release (the
+    reconciler's sweep) finishes the job."""
     with SimulatorServer(
         SimulatorConfig(waiting_seconds=0.05, provisioning_seconds=0.1, compute_operation_seconds=6.0),
         run_workers=False,
@@ -183,9 +215,9 @@ def test_a_release_never_waits_out_a_slow_mig_deletion_and_the_leftovers_are_lis
         assert leftover.name == job.queued_resource and leftover.job_label == "train-1"
 
         def swept() -> bool:
-            """the leftovers released"""
+            """the leftovers released: no MIG or VM (the shared template and policy stay, for reuse)"""
             compute.release(ZONE, job.queued_resource)
             left = SimulatorControl(server.url).state()["compute"]
-            return not any(left.values())
+            return not left["instanceGroupManagers"] and not left["instances"]
 
         wait_for(swept, timeout=60, interval=1.0)

@@ -5,7 +5,7 @@ client against the simulator: never adopted, written into or deleted (issue 37, 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -65,18 +65,21 @@ def plant_foreign(clients: ComputeClients, holding: bodies.Holding, template_nam
     def done(operation: Any) -> None:
         assert is_done(follower.follow(operation, 30))
 
+    slice_name = holding.slice_names()[0]
+    policy_name = ""
     if holding.shape.multi_host:
-        policy = bodies.workload_policy(holding, 0)
+        policy = bodies.workload_policy(holding)
+        policy.name = policy_name = slice_name
         policy.description = "made by hand"
         done(clients.policies.insert_unary(project=PROJECT, region=REGION, resource_policy_resource=policy))
-    template = bodies.instance_template(holding, 0, BOOT, PROJECT, bodies.Images())
+    template = bodies.instance_template(holding, BOOT, PROJECT, bodies.Images())
     template.description = ""
     template.properties.labels = {"team": "other"}
-    template.name = template_name or template.name
+    template.name = template_name or slice_name
     done(clients.templates.insert_unary(project=PROJECT, region=REGION, instance_template_resource=template))
-    mig = bodies.instance_group_manager(holding, 0, PROJECT)
+    mig = bodies.instance_group_manager(holding, 0, PROJECT, template.name, BOOT, policy_name)
     mig.description = "someone else's MIG"
-    mig.instance_template = f"projects/{PROJECT}/regions/{REGION}/instanceTemplates/{template.name}"
+    mig.all_instances_config.properties.labels = {"team": "other"}
     done(clients.groups.insert_unary(project=PROJECT, zone=ZONE, instance_group_manager_resource=mig))
 
 
@@ -96,27 +99,34 @@ def running_vms(simulator: str) -> list[dict[str, Any]]:
 
 def test_a_request_never_adopts_someone_elses_mig_of_the_holdings_name(compute, clients, simulator):
     """A foreign MIG `train-1-c1`: the request refuses (NotOurs); the MIG is never reported as the
-    holding's, and a release deletes the template the request made but not the MIG."""
+    holding's, and a release deletes nothing (the shared template the request made stays, for reuse)."""
     job = a_job()
-    plant_foreign(clients, bodies.job_holding(job), template_name="hand-made")
+    holding = bodies.job_holding(job)
+    plant_foreign(clients, holding, template_name="hand-made")
     with pytest.raises(NotOurs, match="MIG train-1-c1"):
         compute.request(job, BOOT)
-    status = compute.status(ZONE, job.queued_resource)
-    assert status is not None and status.detail.startswith("no MIG")  # only tpujobs' own template
+    assert compute.status(ZONE, job.queued_resource) is None
     compute.release(ZONE, job.queued_resource)
     left = names(simulator)
-    assert (left["instanceGroupManagers"], left["instanceTemplates"]) == (["train-1-c1"], ["hand-made"])
+    shared = bodies.instance_template(holding, BOOT, PROJECT, bodies.Images()).name
+    assert (left["instanceGroupManagers"], left["instanceTemplates"]) == (["train-1-c1"], sorted(["hand-made", shared]))
 
 
-def test_a_pool_unit_request_over_someone_elses_template_refuses(compute, clients, simulator):
-    """Pool creation over a foreign template `demo-c0-g1`: NotOurs at the template, no MIG made."""
+def test_a_pool_unit_request_over_someone_elses_template_of_the_shared_name_refuses(compute, clients, simulator):
+    """Someone else's template named like the shared one (no marker): NotOurs at the template, no
+    MIG made from it, and the zone's sweep never deletes it however old."""
     unit = UnitRequest("demo-c0-g1", ZONE, spec(job_id="demo-unit"), {"tpujobs-pool": "demo", "tpujobs-unit": "0"})
-    plant_foreign(clients, bodies.unit_holding(unit))
+    holding = bodies.unit_holding(unit)
+    shared = bodies.instance_template(holding, BOOT, PROJECT, bodies.Images()).name
+    plant_foreign(clients, holding, template_name=shared)
     clients.groups.delete_unary(project=PROJECT, zone=ZONE, instance_group_manager="demo-c0-g1")
     wait_for(lambda: "instanceGroupManagers" not in names(simulator), timeout=30)
-    with pytest.raises(NotOurs, match="instance template demo-c0-g1"):
+    with pytest.raises(NotOurs, match=f"instance template {shared}"):
         compute.request_unit(unit, BOOT)
     assert "instanceGroupManagers" not in names(simulator)
+    later = ComputeEngine(clients, PROJECT, clock=lambda: datetime.now(timezone.utc) + timedelta(days=1))
+    assert later.list_capacity(ZONE) == []
+    assert names(simulator)["instanceTemplates"] == [shared]
 
 
 def test_metadata_is_never_written_into_someone_elses_mig_named_like_a_unit(compute, clients, simulator):

@@ -42,12 +42,14 @@ def holding(**changes: Any) -> requests.Holding:
     return requests.job_holding(a_job(**changes))
 
 
-def template(h: requests.Holding, index: int = 0) -> compute_v1.InstanceProperties:
-    return requests.instance_template(h, index, BOOT, PROJECT, IMAGES).properties
+def template(h: requests.Holding) -> compute_v1.InstanceProperties:
+    return requests.instance_template(h, BOOT, PROJECT, IMAGES).properties
 
 
-def metadata(properties: compute_v1.InstanceProperties) -> dict[str, str]:
-    return {item.key: item.value for item in properties.metadata.items}
+def mig(h: requests.Holding, index: int = 0) -> compute_v1.InstanceGroupManager:
+    policy = requests.workload_policy(h).name if h.shape.multi_host else ""
+    shared = requests.instance_template(h, BOOT, PROJECT, IMAGES).name
+    return requests.instance_group_manager(h, index, PROJECT, shared, BOOT, policy)
 
 
 def test_a_job_holding_is_named_after_its_attempt_on_compute_engine() -> None:
@@ -60,24 +62,25 @@ def test_a_job_holding_is_named_after_its_attempt_on_compute_engine() -> None:
 def test_a_multi_host_slice_is_a_workload_policy_a_template_and_a_mig_of_its_hosts() -> None:
     """v7x-16: HIGH_THROUGHPUT policy with 2x2x2, a MIG of 2 tpu7x-standard-4t VMs tied to it."""
     h = holding(capacity="spot")
-    policy = requests.workload_policy(h, 0)
-    assert policy.name == "train-1-c1"
+    policy = requests.workload_policy(h)
+    assert policy.name.startswith(requests.SHARED_POLICY_PREFIX)
     assert (policy.workload_policy.type_, policy.workload_policy.accelerator_topology) == ("HIGH_THROUGHPUT", "2x2x2")
-    mig = requests.instance_group_manager(h, 0, PROJECT)
-    assert (mig.name, mig.base_instance_name, mig.target_size) == ("train-1-c1", "train-1-c1", 2)
-    assert mig.instance_template == "projects/p/regions/us-central1/instanceTemplates/train-1-c1"
-    assert mig.resource_policies.workload_policy == "projects/p/regions/us-central1/resourcePolicies/train-1-c1"
-    assert mig.instance_lifecycle_policy.default_action_on_failure == "DO_NOTHING"
-    assert mig.target_size_policy.mode == "INDIVIDUAL"  # bulk mode refuses Spot
+    made = mig(h)
+    shared = requests.instance_template(h, BOOT, PROJECT, IMAGES).name
+    assert (made.name, made.base_instance_name, made.target_size) == ("train-1-c1", "train-1-c1", 2)
+    assert made.instance_template == f"projects/p/regions/us-central1/instanceTemplates/{shared}"
+    assert made.resource_policies.workload_policy == f"projects/p/regions/us-central1/resourcePolicies/{policy.name}"
+    assert made.instance_lifecycle_policy.default_action_on_failure == "DO_NOTHING"
+    assert made.target_size_policy.mode == "INDIVIDUAL"  # bulk mode refuses Spot
     assert template(h).machine_type == "tpu7x-standard-4t"
 
 
 def test_a_single_host_slice_is_a_mig_of_one_without_a_policy() -> None:
     """v7x-8 (2x2x1) is one VM: a MIG of one, no workload policy."""
     h = holding(accelerator_type="v7x-8")
-    mig = requests.instance_group_manager(h, 0, PROJECT)
-    assert mig.target_size == 1
-    assert "resource_policies" not in mig
+    made = mig(h)
+    assert made.target_size == 1
+    assert "resource_policies" not in made
     assert template(h).machine_type == "tpu7x-standard-4t"
 
 
@@ -98,7 +101,7 @@ def test_each_capacity_kind_has_its_provisioning_model(capacity: str, model: str
     assert scheduling.provisioning_model == model
     assert scheduling.instance_termination_action == termination
     assert scheduling.on_host_maintenance == "TERMINATE"
-    assert requests.instance_group_manager(h, 0, PROJECT).target_size_policy.mode == mode
+    assert mig(h).target_size_policy.mode == mode
 
 
 def test_reserved_capacity_names_the_specs_reservation() -> None:
@@ -137,24 +140,33 @@ def test_flex_start_runs_at_most_the_jobs_smaller_time_limit(limits: dict[str, s
 
 
 def test_multislice_is_one_mig_per_slice_each_told_its_slice() -> None:
-    """slices: 2 makes `-0` and `-1`, each template carrying its slice id and the slice count."""
+    """slices: 2 makes `-0` and `-1`, each MIG's all-instances configuration carrying its slice
+    id and the slice count; both MIGs name the one shared template and policy."""
     h = holding(slices=2)
     assert h.slice_names() == ["train-1-c1-0", "train-1-c1-1"]
-    second = template(h, 1)
-    assert metadata(second)[requests.SLICE_ID_KEY] == "1"
-    assert metadata(second)[requests.NUM_SLICES_KEY] == "2"
-    assert second.labels["tpujobs-slice"] == "1"
-    assert requests.instance_group_manager(h, 1, PROJECT).base_instance_name == "train-1-c1-1"
+    first, second = mig(h, 0), mig(h, 1)
+    said = second.all_instances_config.properties
+    assert said.metadata[requests.SLICE_ID_KEY] == "1"
+    assert said.metadata[requests.NUM_SLICES_KEY] == "2"
+    assert said.labels["tpujobs-slice"] == "1"
+    assert second.base_instance_name == "train-1-c1-1"
+    assert first.instance_template == second.instance_template
+    assert first.resource_policies.workload_policy == second.resource_policies.workload_policy
 
 
-def test_the_template_carries_the_boot_the_account_and_the_labels() -> None:
-    """Boot metadata, the VM account with cloud-platform scope, labels, the generation's image family."""
-    properties = template(holding(labels={"team": "ml"}))
-    assert metadata(properties) == {"startup-script": "#!/bin/bash", "tpujobs-key": "k"}
+def test_the_template_carries_the_account_and_image_and_the_mig_the_boot_and_the_labels() -> None:
+    """The shared template: the VM account with cloud-platform scope and the generation's image
+    family, no metadata and no labels; the MIG's all-instances configuration: the boot metadata
+    and the labels."""
+    h = holding(labels={"team": "ml"})
+    properties = template(h)
+    assert not properties.metadata.items and not properties.labels
+    said = mig(h).all_instances_config.properties
+    assert dict(said.metadata) == {"startup-script": "#!/bin/bash", "tpujobs-key": "k"}
     (account,) = properties.service_accounts
     assert (account.email, list(account.scopes)) == (BOOT.service_account, [requests.CLOUD_PLATFORM_SCOPE])
     ours = {"tpujobs-job": "train-1", "tpujobs-attempt": "1", "tpujobs-slice": "0"}
-    assert dict(properties.labels) == {"team": "ml", **ours}
+    assert dict(said.labels) == {"team": "ml", **ours}
     boot = properties.disks[0]
     assert boot.boot and boot.initialize_params.source_image == (
         "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accel-2404-amd64-tpu-tpu7x"
@@ -166,7 +178,7 @@ def test_v6e_boots_its_own_image_family_unless_the_settings_name_another() -> No
     h = holding(accelerator_type="v6e-16")
     assert template(h).disks[0].initialize_params.source_image.endswith("ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e")
     mine = requests.Images.from_settings("my-images", ("v6e=custom-v6e",))
-    properties = requests.instance_template(h, 0, BOOT, PROJECT, mine).properties
+    properties = requests.instance_template(h, BOOT, PROJECT, mine).properties
     assert properties.disks[0].initialize_params.source_image == "projects/my-images/global/images/family/custom-v6e"
 
 
@@ -192,7 +204,7 @@ def test_tags_and_data_disks_are_attached_as_asked() -> None:
 def test_an_empty_service_account_is_refused() -> None:
     """TPU VMs never fall back to the Compute default account."""
     with pytest.raises(PermanentError, match="service account"):
-        requests.instance_template(holding(), 0, HostBoot("", {}), PROJECT, IMAGES)
+        requests.instance_template(holding(), HostBoot("", {}), PROJECT, IMAGES)
 
 
 def test_a_units_holding_carries_the_pools_labels_and_its_descriptions_say_whose() -> None:
@@ -200,7 +212,7 @@ def test_a_units_holding_carries_the_pools_labels_and_its_descriptions_say_whose
     spec = a_job().spec
     unit = UnitRequest("demo-c0-g1", ZONE, spec, {"tpujobs-pool": "demo", "tpujobs-unit": "demo-c0-g1"})
     h = requests.unit_holding(unit)
-    said = requests.parse_description(requests.instance_group_manager(h, 0, PROJECT).description)
+    said = requests.parse_description(mig(h).description)
     assert said == {
         "holding": "demo-c0-g1",
         "zone": ZONE,
@@ -225,3 +237,22 @@ def test_the_list_filter_keeps_tpujobs_compute_names_only(name: str, matched: bo
     """The RE2 of the zone listing matches every slice name tpujobs makes on Compute Engine, whole."""
     assert bool(re.fullmatch(requests.SLICE_RE2, name)) is matched
     assert bool(re.fullmatch(requests.INSTANCE_RE2, name + "-x7k2")) is matched
+
+
+def test_holdings_of_the_same_vms_share_one_template_and_policy_named_by_their_content() -> None:
+    """Two jobs (other ids, labels, boot metadata) of one shape get the same template and policy
+    names; another shape, capacity or image gets another template; the names are never a holding's."""
+    first, second = holding(), requests.job_holding(a_job(job_id="eval-7", labels={"team": "x"}))
+    other_boot = HostBoot(BOOT.service_account, {"startup-script": "#!/bin/sh"})
+    one = requests.instance_template(first, BOOT, PROJECT, IMAGES)
+    assert requests.instance_template(second, other_boot, PROJECT, IMAGES).name == one.name
+    assert requests.workload_policy(first).name == requests.workload_policy(second).name
+    assert requests.instance_template(holding(capacity="spot"), BOOT, PROJECT, IMAGES).name != one.name
+    assert requests.instance_template(holding(accelerator_type="v7x-8"), BOOT, PROJECT, IMAGES).name == one.name
+    assert requests.workload_policy(holding(accelerator_type="v7x-32")).name != requests.workload_policy(first).name
+    mine = requests.Images.from_settings("my-images", ("v7x=custom",))
+    assert requests.instance_template(first, BOOT, PROJECT, mine).name != one.name
+    assert len(one.name) <= 63 and re.fullmatch(requests.SHARED_RE2, one.name)
+    assert not re.fullmatch(requests.SLICE_RE2, one.name)
+    assert requests.parse_description(one.description) is None  # no holding's
+    assert requests.parse_shared(one.description) == {"shared": "instance template", "key": one.name[-20:]}

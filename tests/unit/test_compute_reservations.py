@@ -36,7 +36,7 @@ def holding(**fields: Any) -> requests.Holding:
 
 
 def template(h: requests.Holding) -> compute_v1.InstanceTemplate:
-    return requests.instance_template(h, 0, BOOT, P, requests.Images())
+    return requests.instance_template(h, BOOT, P, requests.Images())
 
 
 def as_json(message: Any) -> dict[str, Any]:
@@ -87,9 +87,10 @@ def test_the_simulator_takes_the_adapters_reserved_slice_and_refuses_any_reserva
     sim = Simulator(dataclasses.replace(QUICK, quota=quota), clock=clock, wall_clock=lambda: 1.7e9 + clock.now)
     h = holding(capacity="reserved", reservation="tpu-res")
     body = as_json(template(h))
-    sim.insert_policy(P, R, as_json(requests.workload_policy(h, 0)))
+    policy = requests.workload_policy(h)
+    sim.insert_policy(P, R, as_json(policy))
     sim.insert_template(P, R, body)
-    sim.insert_group(P, Z, as_json(requests.instance_group_manager(h, 0, P)))
+    sim.insert_group(P, Z, as_json(requests.instance_group_manager(h, 0, P, body["name"], BOOT, policy.name)))
     clock.tick(10)
     assert [m.status for m in sim.get_group(P, Z, "train-1-c1").members] == ["RUNNING"] * 2
     reason = "RESERVATION_BOUND VMs must specifically target a reservation"

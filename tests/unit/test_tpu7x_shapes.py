@@ -133,8 +133,8 @@ def test_a_one_chip_tpu7x_slice_is_a_mig_of_one_tpu7x_standard_1t_without_a_poli
     """v7x-2: the adapter's template (tpu7x-standard-1t) and MIG of one, no workload policy, run
     in the simulator, and its host reads accelerator-type v7x-2, topology 1x1x1."""
     h = holding("v7x-2", capacity="spot")
-    template = requests.instance_template(h, 0, BOOT, P, requests.Images())
-    mig = requests.instance_group_manager(h, 0, P)
+    template = requests.instance_template(h, BOOT, P, requests.Images())
+    mig = requests.instance_group_manager(h, 0, P, template.name, BOOT)
     assert template.properties.machine_type == "tpu7x-standard-1t"
     assert mig.target_size == 1 and "resource_policies" not in mig
     sim = Simulator(QUICK, clock=clock, wall_clock=lambda: 1_700_000_000.0 + clock.now)
@@ -172,11 +172,12 @@ def test_a_cube_built_slice_beyond_256_chips_is_made_through_the_simulator(clock
     """v7x-384 (4x4x12): the adapter's policy, template and MIG of 48 VMs are accepted."""
     h = holding("v7x-384", capacity="spot")
     sim = Simulator(QUICK, clock=clock, wall_clock=lambda: 1_700_000_000.0 + clock.now)
-    policy = requests.workload_policy(h, 0)
+    policy = requests.workload_policy(h)
     assert policy.workload_policy.accelerator_topology == "4x4x12"
     sim.insert_policy(P, R, as_json(policy))
-    sim.insert_template(P, R, as_json(requests.instance_template(h, 0, BOOT, P, requests.Images())))
-    sim.insert_group(P, Z, as_json(requests.instance_group_manager(h, 0, P)))
+    template = requests.instance_template(h, BOOT, P, requests.Images())
+    sim.insert_template(P, R, as_json(template))
+    sim.insert_group(P, Z, as_json(requests.instance_group_manager(h, 0, P, template.name, BOOT, policy.name)))
     clock.tick(10)
     assert len(sim.get_group(P, Z, "train-1-c1").members) == 48
 

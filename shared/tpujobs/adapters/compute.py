@@ -1,7 +1,9 @@
 """TPU slices on Compute Engine through the real google-cloud-compute client.
 
-A holding is one MIG per slice (`compute_requests`): a multi-host slice's MIG also names a
-workload policy, and each MIG makes its VMs from a regional template. Names are deterministic,
+A holding is one MIG per slice (`compute_requests`): each MIG makes its VMs from a regional
+template, and a multi-host slice's MIG also names a workload policy; both are shared by every
+holding of the shape (`compute_shared`), the MIG carrying what is the holding's own (its
+all-instances configuration: boot metadata, labels). Names are deterministic,
 so a create answered 409 adopts what an earlier delivery made, once its marker shows tpujobs made
 it for that slice (`compute_ownership`; anyone else's raises NotOurs). Nothing without the marker
 is ever deleted or written into (`compute_metadata`). The MIGs and their managed
@@ -26,8 +28,13 @@ from google.api_core.retry import Retry
 from tpujobs.adapters import compute_requests as bodies
 from tpujobs.adapters.compute_listing import Listing, group_zone, holding_status
 from tpujobs.adapters.compute_metadata import METADATA_TRIES, HostMetadata
+from tpujobs.adapters.compute_operations import ALREADY_EXISTS as _ALREADY_EXISTS
+from tpujobs.adapters.compute_operations import IN_USE as _IN_USE
+from tpujobs.adapters.compute_operations import NOT_READY as _NOT_READY
 from tpujobs.adapters.compute_operations import OperationFollower, describe, operation_error
+from tpujobs.adapters.compute_operations import has_reason as _has_reason
 from tpujobs.adapters.compute_ownership import check_adopted, ours
+from tpujobs.adapters.compute_shared import SharedResources, names_missing
 from tpujobs.adapters.google_errors import transient_retry, translate, translated
 from tpujobs.domain.accelerators import BadTopology, UnknownAcceleratorType
 from tpujobs.domain.job import Job
@@ -44,12 +51,6 @@ OPERATION_WAIT_S = 20.0  # how long a create or delete follows its operation bef
 RELEASE_WAIT_S = 3.0  # how long a release follows its MIGs' deletion before trying their templates and policies
 SERVICE = "Compute Engine"
 __all__ = ["METADATA_TRIES", "ComputeClients", "ComputeEngine", "build_clients"]
-
-# The error reasons of Compute Engine's JSON errors (`errors[].reason`) and of its operations'
-# (`error.errors[].code`), compared without case or underscores.
-_ALREADY_EXISTS = frozenset({"alreadyexists", "resourcealreadyexists"})
-_IN_USE = frozenset({"resourceinusebyanotherresource"})
-_NOT_READY = frozenset({"resourcenotready"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +119,9 @@ class ComputeEngine:
         self._operations = OperationFollower(
             clients.zone_operations, clients.region_operations, project, self._call, sleep=sleep
         )
+        self._shared = SharedResources(
+            clients.templates, clients.policies, project, self._call, self._operations, operation_wait_s
+        )
         self._metadata = HostMetadata(clients.instances, clients.groups, project, self._call, self._follow, sleep)
 
     # -- asking -------------------------------------------------------------------------------
@@ -132,59 +136,42 @@ class ComputeEngine:
         return self._create(bodies.unit_holding(unit), boot)
 
     def _create(self, holding: bodies.Holding, boot: HostBoot) -> CapacityStatus:
-        """Every slice's policy and template name nothing of each other: their inserts all start
-        at once and their operations are followed together (the wait of the slowest, not the
-        sum). A MIG names its template and policy, and Google documents no insert that may name
-        a resource whose own insert is not DONE, so the MIGs are inserted once they are. Their
-        own operations are not waited for: a MIG's insert being DONE says nothing of its VMs
-        (capacity and quota show on its managed instances), and the operations' names are kept
-        so that a create that fails later can say why (`create_error`). Fresh MIGs are CREATING
-        with no read; a MIG that existed (an earlier delivery's) is read for what it is now."""
+        """The MIGs name a shared template (and, multi-host, a shared workload policy) that an
+        earlier holding of the same VMs most often made: each is read (and found marked as
+        tpujobs' shared one, NotOurs else), and only one that is missing is inserted and waited
+        for, both at once (`compute_shared`): Google documents no insert that may name a resource
+        whose own insert is not DONE. The MIGs are then inserted, each with its slice's metadata
+        and labels (its all-instances configuration), and their own operations are not waited
+        for: a MIG's insert being DONE says nothing of its VMs (capacity and quota show on its
+        managed instances), and the operations' names are kept so that a create that fails later
+        can say why (`create_error`). A MIG insert refused because its template or policy went
+        meanwhile (the reconciler's sweep gives back unused ones) makes them again, once. Fresh
+        MIGs are CREATING with no read; a MIG that existed (an earlier delivery's) is read."""
         try:
-            shape = holding.shape
+            holding.shape  # noqa: B018 - an unknown shape is refused before any call
         except (UnknownAcceleratorType, BadTopology) as error:
             raise PermanentError(f"{SERVICE} cannot make {holding.spec.accelerator_type}: {error}") from error
-        c, zone, region = self._clients, holding.zone, holding.region
+        c, zone = self._clients, holding.zone
         call = self._call(project=self._project)
-        slices = range(holding.spec.slices)
-        parts: list[_Inserts] = []
-        if shape.multi_host:
-            policies = [bodies.workload_policy(holding, i) for i in slices]
-            parts.append(
-                _Inserts(
-                    "workload policy",
-                    [
-                        partial(c.policies.insert_unary, region=region, resource_policy_resource=p, **call)
-                        for p in policies
-                    ],
-                    [partial(c.policies.get, region=region, resource_policy=p.name, **call) for p in policies],
-                )
-            )
-        templates = [bodies.instance_template(holding, i, boot, self._project, self._images) for i in slices]
-        parts.append(
-            _Inserts(
-                "instance template",
-                [
-                    partial(c.templates.insert_unary, region=region, instance_template_resource=t, **call)
-                    for t in templates
-                ],
-                [partial(c.templates.get, region=region, instance_template=t.name, **call) for t in templates],
-            )
-        )
-        started = [_start(part) for part in parts]
-        ops = [op for each in started for op in each if op is not None]
-        with _translated(f"create the workload policies and instance templates of {holding.name}"):
-            done = iter(self._operations.follow_all(ops, self._wait_s))
-        for part, each in zip(parts, started, strict=True):
-            followed = [None if op is None else next(done) for op in each]
-            _settle(part, holding, followed)
-        managers = [bodies.instance_group_manager(holding, i, self._project) for i in slices]
+        shared = self._shared.parts(holding, boot, self._images)
+        self._shared.ensure(holding, shared)
+        managers = [
+            bodies.instance_group_manager(holding, i, self._project, shared.template, boot, shared.policy)
+            for i in range(holding.spec.slices)
+        ]
         migs = _Inserts(
             "MIG",
             [partial(c.groups.insert_unary, zone=zone, instance_group_manager_resource=m, **call) for m in managers],
             [partial(c.groups.get, zone=zone, instance_group_manager=m.name, **call) for m in managers],
         )
-        made = _start(migs)
+        try:
+            made = _start(migs)
+        except PermanentError as error:
+            if not names_missing(error.__cause__):
+                raise
+            log.info("%s: %s: a shared template or policy went meanwhile; made again", SERVICE, holding.name)
+            self._shared.ensure(holding, shared, read_first=False)
+            made = _start(migs)
         for index in (i for i, op in enumerate(made) if op is None):
             _adopt(migs, holding, index)
         operation = ",".join(f"zones/{zone}/operations/{op.name}" for op in made if op is not None)
@@ -230,22 +217,26 @@ class ComputeEngine:
         """Every tpujobs holding of the zone: four filtered, paged lists (MIGs, VMs, the region's
         templates and policies) whatever the zone's size; hosts judged by their VMs' status."""
         pattern = bodies.name_filter(bodies.SLICE_RE2)
-        listing = self._listing(zone, pattern, bodies.name_filter(bodies.INSTANCE_RE2))
+        regional = bodies.name_filter(f"({bodies.SLICE_RE2})|({bodies.SHARED_RE2})")
+        listing = self._listing(zone, pattern, bodies.name_filter(bodies.INSTANCE_RE2), regional)
+        self._shared.sweep(zone, listing, self._clock())
         return group_zone(zone, listing, self._clock())
 
-    def _listing(self, zone: str, slices: str, instances: str | None) -> Listing:
-        """MIGs, VMs (unless `instances` is None), templates and policies whose names the filters keep."""
+    def _listing(self, zone: str, slices: str, instances: str | None, regional: str | None = None) -> Listing:
+        """MIGs, VMs (unless `instances` is None), templates and policies whose names the filters
+        keep (`regional`, else `slices`, for templates and policies)."""
         c, project, region = self._clients, self._project, bodies.region_of(zone)
+        regional = regional or slices
         zonal = {"project": project, "zone": zone}
-        regional = {"project": project, "region": region}
+        where = {"project": project, "region": region}
         with _translated(f"list the tpujobs MIGs, VMs, templates and policies of {zone}"):
             return Listing(
                 migs=list(c.groups.list(request={**zonal, "filter": slices}, **self._call())),
                 instances=[]
                 if instances is None
                 else list(c.instances.list(request={**zonal, "filter": instances}, **self._call(INSTANCE_FIELDS))),
-                templates=list(c.templates.list(request={**regional, "filter": slices}, **self._call(TEMPLATE_FIELDS))),
-                policies=list(c.policies.list(request={**regional, "filter": slices}, **self._call())),
+                templates=list(c.templates.list(request={**where, "filter": regional}, **self._call(TEMPLATE_FIELDS))),
+                policies=list(c.policies.list(request={**where, "filter": regional}, **self._call())),
             )
 
     def _managed_instances(self, zone: str, mig: str) -> list[compute_v1.ManagedInstance]:
@@ -288,13 +279,14 @@ class ComputeEngine:
     # -- giving back --------------------------------------------------------------------------
 
     def release(self, zone: str, name: str) -> None:
-        """Delete the holding's MIGs (and so their VMs), then its templates and policies (at
-        once, followed together): absent is fine. The MIGs' deletion is followed only briefly
-        (deleting VMs takes minutes): a template or policy still in use then is left, never
-        waited for; `list_capacity` reports the leftovers of a holding no attempt owns, and the
-        reconciler's sweep releases them at a later tick. Only what carries tpujobs' marker of
-        this holding is deleted: a MIG, template or policy of its names without it is someone
-        else's, left alone and logged."""
+        """Delete the holding's MIGs (and so their VMs), then the holding's own templates and
+        policies, which an earlier version made (at once, followed together): absent is fine;
+        the shared ones are never the holding's (`compute_shared` gives them back). The MIGs'
+        deletion is followed only briefly (deleting VMs takes minutes): a template or policy
+        still in use then is left, never waited for; `list_capacity` reports the leftovers of a
+        holding no attempt owns, and the reconciler's sweep releases them at a later tick. Only
+        what carries tpujobs' marker of this holding is deleted: a MIG, template or policy of
+        its names without it is someone else's, left alone and logged."""
         c, region = self._clients, bodies.region_of(zone)
         call = self._call(project=self._project)
         listing = self._listing(zone, bodies.holding_filter(name), None)
@@ -449,20 +441,6 @@ def _log_foreign(holding: str, listing: Listing) -> None:
     foreign = sorted(r.name for r in found if not ours(r.description, holding))
     if foreign:
         log.warning("%s: %s named like %s left alone: not made by tpujobs (no marker)", SERVICE, foreign, holding)
-
-
-def _has_reason(error: BaseException | None, reasons: frozenset[str]) -> bool:
-    """Whether a Google error's reasons (REST `errors[].reason`, an operation's `errors[].code`)
-    include one of `reasons` (compared without case or underscores)."""
-    if not isinstance(error, api_exceptions.GoogleAPICallError):
-        return False
-    said: list[str] = [error.reason or ""]
-    for each in error.errors or ():
-        if isinstance(each, Mapping):
-            said += [str(each.get("reason") or ""), str(each.get("code") or "")]
-        else:
-            said += [str(getattr(each, "reason", "") or ""), str(getattr(each, "code", "") or "")]
-    return any(s.replace("_", "").lower() in reasons for s in said if s)
 
 
 def _translated(doing: str) -> AbstractContextManager[None]:

@@ -6,6 +6,8 @@ managed instances, with their last creation errors); `group_zone` reads a whole 
 lists, judging hosts by their VMs' status and their MIG's action counts. Templates and policies
 left without a MIG (a release that must be finished, or a create cut short) are reported too:
 CREATING while young, FAILED after, so the reconciler's sweep (which skips DELETING) gives them back.
+Shared templates and policies (`compute_requests.shared_description`) are no holding's and never
+reported: `unused_shared` picks those no MIG of the zone names, for the adapter to give back.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from tpujobs.adapters import compute_states as states
+from tpujobs.adapters.compute_ownership import shared_ours
 from tpujobs.adapters.compute_requests import parse_description
 from tpujobs.engine.ports import CapacityStatus
 
@@ -25,6 +28,9 @@ if TYPE_CHECKING:
 # A create makes policies, then templates, then MIGs, within seconds: leftovers younger than
 # this may be a create under way, older ones a release to finish.
 PARTIAL_GRACE = timedelta(minutes=5)
+# A shared template or policy younger than this is kept even when no MIG names it: the next
+# holding of its shape most often comes soon, and one just made may not be named by its MIG yet.
+SHARED_IDLE = timedelta(hours=1)
 
 
 @dataclass(frozen=True)
@@ -224,6 +230,25 @@ def _leftovers(
         state = "CREATING" if young else "FAILED"
         detail = f"no MIG; only its templates and policies remain ({names})"
         found.append(_labelled(holding, zone, _said(resources[0]) or {}, state=state, detail=detail))
+    return found
+
+
+def unused_shared(listing: Listing, now: datetime) -> list[tuple[str, str]]:
+    """(kind, name) of the shared templates and policies (marked as tpujobs' shared ones) older
+    than SHARED_IDLE that no MIG of the listing names. A MIG of another zone may still use one:
+    Google then refuses its deletion (resourceInUseByAnotherResource), which is fine."""
+    used: set[str] = set()
+    for mig in listing.migs:
+        used.add((mig.instance_template or "").rsplit("/", 1)[-1])
+        used.add((mig.resource_policies.workload_policy or "").rsplit("/", 1)[-1])
+    found = []
+    for kind, resources in (("instance template", listing.templates), ("workload policy", listing.policies)):
+        for resource in resources:
+            if resource.name in used or not shared_ours(resource.description, kind, resource.name):
+                continue
+            made = _instant(resource.creation_timestamp)
+            if made is not None and now - made >= SHARED_IDLE:
+                found.append((kind, resource.name))
     return found
 
 

@@ -9,7 +9,7 @@ with its `*_unary` method, and its operation is read here, on the clients `build
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from google.api_core import exceptions as api_exceptions
@@ -89,3 +89,24 @@ def describe(operation: compute_v1.Operation) -> str:
     """A failed operation's errors as a sentence ("CODE: message; ...")."""
     said = "; ".join(f"{e.code}: {e.message}" for e in operation.error.errors)
     return said or f"HTTP {operation.http_error_status_code}: {operation.http_error_message}"
+
+
+# The error reasons of Compute Engine's JSON errors (`errors[].reason`) and of its operations'
+# (`error.errors[].code`), compared without case or underscores.
+ALREADY_EXISTS = frozenset({"alreadyexists", "resourcealreadyexists"})
+IN_USE = frozenset({"resourceinusebyanotherresource"})
+NOT_READY = frozenset({"resourcenotready"})
+
+
+def has_reason(error: BaseException | None, reasons: frozenset[str]) -> bool:
+    """Whether a Google error's reasons (REST `errors[].reason`, an operation's `errors[].code`)
+    include one of `reasons` (compared without case or underscores)."""
+    if not isinstance(error, api_exceptions.GoogleAPICallError):
+        return False
+    said: list[str] = [error.reason or ""]
+    for each in error.errors or ():
+        if isinstance(each, Mapping):
+            said += [str(each.get("reason") or ""), str(each.get("code") or "")]
+        else:
+            said += [str(getattr(each, "reason", "") or ""), str(getattr(each, "code", "") or "")]
+    return any(s.replace("_", "").lower() in reasons for s in said if s)

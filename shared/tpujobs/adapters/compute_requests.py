@@ -1,14 +1,20 @@
 """The Compute Engine resources of one holding of TPU slices, as google-cloud-compute messages.
 
-A slice S (`naming.node_id(holding, i, slices)`) is a MIG S of `hosts` VMs made from a regional
-instance template S; a multi-host slice's MIG also names a regional workload policy S
-(HIGH_THROUGHPUT with the slice's accelerator topology). Every builder here is pure: the same
-holding always gives the same messages, so a retried request adopts what an earlier one made.
-Facts and sources: ../shared/design/compute-engine.md (§1 resource model, §2 capacity kinds).
+A slice S (`naming.node_id(holding, i, slices)`) is a MIG S of `hosts` VMs. Instance templates
+and workload policies are immutable and shared: one template serves every holding whose VMs have
+the same shape (machine type, image, disks, network, account, scheduling, reservation), one
+policy every multi-host slice of the same topology; each is named by a hash of what it holds
+(`tpujobs-t-h{hash}`, `tpujobs-wp-h{hash}`), so a holding finds the one an earlier holding made.
+What differs per holding (the boot metadata, the slice id and count, the labels) is the MIG's
+all-instances configuration, which Compute Engine gives the VMs the MIG creates. Every builder
+here is pure: the same holding always gives the same messages, so a retried request adopts what
+an earlier one made. Facts and sources: ../shared/design/compute-engine.md (§1 resource model,
+§2 capacity kinds).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -52,8 +58,15 @@ DISK_MODES = {"read-only": "READ_ONLY", "read-write": "READ_WRITE"}
 # its holding and labels as JSON. MIGs have no labels [fact sheet §7], so the marker is how a
 # listing tells tpujobs' resources (and their job or pool) from anyone else's of a similar name.
 MARKER = "tpujobs "
-SLICE_ID_KEY = "tpujobs-slice-id"  # template metadata of multislice hosts: which slice they are
+SLICE_ID_KEY = "tpujobs-slice-id"  # VM metadata of multislice hosts: which slice they are
 NUM_SLICES_KEY = "tpujobs-num-slices"  # and how many slices the holding has
+SLICE_LABEL = "tpujobs-slice"  # VM label: which slice of its holding a VM is
+# Shared templates and policies: these prefixes, then "h" and a hash of what they hold (the "h"
+# keeps their names out of the holdings' name pattern, SLICE_RE2, whatever the hash).
+SHARED_TEMPLATE_PREFIX = "tpujobs-t-h"
+SHARED_POLICY_PREFIX = "tpujobs-wp-h"
+SHARED_RE2 = r"tpujobs-(t|wp)-h[0-9a-f]+"
+_SHARED_VERSION = "1"  # in every hash: a change of what a shared resource holds names new ones
 
 
 @dataclass(frozen=True)
@@ -145,25 +158,69 @@ def parse_description(text: str) -> dict[str, object] | None:
     return said if isinstance(said, dict) and isinstance(said.get("holding"), str) else None
 
 
-def workload_policy(holding: Holding, slice_index: int) -> compute_v1.ResourcePolicy:
-    """A multi-host slice's workload policy: HIGH_THROUGHPUT, naming the slice's topology [WPCLI]."""
+def shared_description(kind: str, key: str) -> str:
+    """The marker of a shared template or policy: its kind and the hash its name ends with. It
+    names no holding, so listings never take it for one (`parse_description` is None)."""
+    return MARKER + json.dumps({"shared": kind, "key": key}, sort_keys=True, separators=(",", ":"))
+
+
+def parse_shared(text: str) -> dict[str, str] | None:
+    """What `shared_description` wrote, or None for anything else."""
+    if not text.startswith(MARKER):
+        return None
+    try:
+        said = json.loads(text[len(MARKER) :])
+    except ValueError:
+        return None
+    if not isinstance(said, dict) or not isinstance(said.get("shared"), str) or not isinstance(said.get("key"), str):
+        return None
+    return said
+
+
+def _key(message: object) -> str:
+    """The hash a shared resource is named by: of its content, as canonical JSON."""
+    text = type(message).to_json(message, sort_keys=True, indent=0)  # type: ignore[attr-defined]
+    return hashlib.sha256(f"{_SHARED_VERSION}\n{text}".encode()).hexdigest()[:20]
+
+
+def workload_policy(holding: Holding) -> compute_v1.ResourcePolicy:
+    """The workload policy every multi-host slice of this topology shares: HIGH_THROUGHPUT,
+    naming the topology [WPCLI]."""
     from google.cloud import compute_v1
 
+    policy = compute_v1.ResourcePolicyWorkloadPolicy(
+        type_="HIGH_THROUGHPUT", accelerator_topology=holding.shape.topology
+    )
+    key = _key(policy)
     return compute_v1.ResourcePolicy(
-        name=holding.slice_names()[slice_index],
-        description=description(holding, slice_index),
-        workload_policy=compute_v1.ResourcePolicyWorkloadPolicy(
-            type_="HIGH_THROUGHPUT", accelerator_topology=holding.shape.topology
-        ),
+        name=SHARED_POLICY_PREFIX + key,
+        description=shared_description("workload policy", key),
+        workload_policy=policy,
     )
 
 
-def instance_template(
-    holding: Holding, slice_index: int, boot: HostBoot, project: str, images: Images
-) -> compute_v1.InstanceTemplate:
-    """The regional template of one slice's VMs: machine type, scheduling per capacity kind, boot
-    disk, network, tags, data disks, their own account (never the Compute default, which has
-    project Editor), metadata and labels."""
+def all_instances_config(
+    holding: Holding, slice_index: int, boot: HostBoot
+) -> compute_v1.InstanceGroupManagerAllInstancesConfig:
+    """What one slice's VMs carry beyond their shared template: the boot metadata (startup script),
+    the slice id and count of a multislice holding, and the holding's labels with the slice's."""
+    from google.cloud import compute_v1
+
+    metadata = dict(boot.metadata)
+    if holding.spec.slices > 1:
+        metadata[SLICE_ID_KEY] = str(slice_index)
+        metadata[NUM_SLICES_KEY] = str(holding.spec.slices)
+    return compute_v1.InstanceGroupManagerAllInstancesConfig(
+        properties=compute_v1.InstancePropertiesPatch(
+            metadata=metadata, labels={**holding.labels, SLICE_LABEL: str(slice_index)}
+        )
+    )
+
+
+def instance_template(holding: Holding, boot: HostBoot, project: str, images: Images) -> compute_v1.InstanceTemplate:
+    """The regional template every holding with these VMs shares: machine type, scheduling per
+    capacity kind, boot disk, network, tags, data disks, their own account (never the Compute
+    default, which has project Editor); no metadata and no labels (`all_instances_config`)."""
     from google.cloud import compute_v1
 
     if not boot.service_account:
@@ -172,10 +229,6 @@ def instance_template(
             "tpujobs never lets them fall back to the Compute default account"
         )
     spec, shape = holding.spec, holding.shape
-    metadata = dict(boot.metadata)
-    if spec.slices > 1:
-        metadata[SLICE_ID_KEY] = str(slice_index)
-        metadata[NUM_SLICES_KEY] = str(spec.slices)
     boot_params = compute_v1.AttachedDiskInitializeParams(
         source_image=f"projects/{images.project}/global/images/family/{images.family(shape.family)}"
     )
@@ -193,17 +246,16 @@ def instance_template(
         disks=disks,
         network_interfaces=[network_interface(spec, project, holding.region)],
         service_accounts=[compute_v1.ServiceAccount(email=boot.service_account, scopes=[CLOUD_PLATFORM_SCOPE])],
-        metadata=compute_v1.Metadata(items=[compute_v1.Items(key=k, value=v) for k, v in sorted(metadata.items())]),
-        labels={**holding.labels, "tpujobs-slice": str(slice_index)},
     )
     if spec.tags:
         properties.tags = compute_v1.Tags(items=list(spec.tags))
     affinity = reservation_affinity(holding, project)
     if affinity is not None:
         properties.reservation_affinity = affinity
+    key = _key(properties)
     return compute_v1.InstanceTemplate(
-        name=holding.slice_names()[slice_index],
-        description=description(holding, slice_index),
+        name=SHARED_TEMPLATE_PREFIX + key,
+        description=shared_description("instance template", key),
         properties=properties,
     )
 
@@ -281,10 +333,18 @@ def network_interface(spec: JobSpec, project: str, region: str) -> compute_v1.Ne
     return nic
 
 
-def instance_group_manager(holding: Holding, slice_index: int, project: str) -> compute_v1.InstanceGroupManager:
-    """One slice's zonal MIG: `hosts` VMs from the slice's template, never repaired one by one
-    (a slice recovers whole [FR]), the workload policy on a multi-host slice, and bulk mode
-    (all or nothing) where the capacity kind allows it [BULK]."""
+def instance_group_manager(
+    holding: Holding,
+    slice_index: int,
+    project: str,
+    template: str,
+    boot: HostBoot,
+    policy: str = "",
+) -> compute_v1.InstanceGroupManager:
+    """One slice's zonal MIG: `hosts` VMs from the shared template `template`, with the slice's
+    own metadata and labels (`all_instances_config`), never repaired one by one (a slice
+    recovers whole [FR]), the shared workload policy `policy` on a multi-host slice, and bulk
+    mode (all or nothing) where the capacity kind allows it [BULK]."""
     from google.cloud import compute_v1
 
     name, shape = holding.slice_names()[slice_index], holding.shape
@@ -293,7 +353,8 @@ def instance_group_manager(holding: Holding, slice_index: int, project: str) -> 
         name=name,
         description=description(holding, slice_index),
         base_instance_name=name,
-        instance_template=f"{region_path}/instanceTemplates/{name}",
+        instance_template=f"{region_path}/instanceTemplates/{template}",
+        all_instances_config=all_instances_config(holding, slice_index, boot),
         target_size=shape.hosts,
         instance_lifecycle_policy=compute_v1.InstanceGroupManagerInstanceLifecyclePolicy(
             default_action_on_failure="DO_NOTHING"
@@ -303,8 +364,10 @@ def instance_group_manager(holding: Holding, slice_index: int, project: str) -> 
         ),
     )
     if shape.multi_host:
+        if not policy:
+            raise PermanentError(f"a multi-host slice of {holding.name} needs its workload policy")
         manager.resource_policies = compute_v1.InstanceGroupManagerResourcePolicies(
-            workload_policy=f"{region_path}/resourcePolicies/{name}"
+            workload_policy=f"{region_path}/resourcePolicies/{policy}"
         )
     return manager
 

@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tpujobs.local.simulator.compute_checks import check_bulk, check_group_body, metadata_items, slice_shape
+from tpujobs.local.simulator.compute_aic import check_all_instances_config, vm_properties
+from tpujobs.local.simulator.compute_checks import check_bulk, check_group_body, slice_shape
 from tpujobs.local.simulator.compute_errors import already_exists, invalid, invalid_field, not_found
 from tpujobs.local.simulator.compute_lists import name_filter
 from tpujobs.local.simulator.compute_model import Listing, OperationView
@@ -77,6 +78,7 @@ class ComputeGroups(ComputeVms):
             template = self._template_of(project, zone, str(body.get("instanceTemplate") or ""))
             scheduling = template.properties.get("scheduling") or {}
             size = check_group_body(body, scheduling)
+            check_all_instances_config(body)
             policy = self._policy_of(project, zone, body)
             path = f"projects/{project}/zones/{zone}/instanceGroupManagers/{body['name']}"
             if (project, zone, str(body["name"])) in self._compute.groups:
@@ -312,7 +314,7 @@ class ComputeGroups(ComputeVms):
         machine_type = str(group.properties.get("machineType"))
         policy = self._compute.policies.get(_policy_key(group.policy)) if group.policy else None
         shape = slice_shape(machine_type, size, policy.topology if policy else None)
-        items = metadata_items(group.properties.get("metadata") or {}, "properties.metadata")
+        properties, items = vm_properties(group.properties, group.body)
         names = predicted_member_names(group.base_instance_name, group.name, size)
         members = [
             InstanceRecord(
@@ -320,7 +322,7 @@ class ComputeGroups(ComputeVms):
                 zone=group.zone,
                 name=member,
                 number=self._new_number(),
-                body=dict(group.properties),
+                body=properties,
                 metadata=items,
                 create_time=self._wall_clock(),
                 backing=backing,

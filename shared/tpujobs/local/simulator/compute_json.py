@@ -144,6 +144,8 @@ def group_json(view: GroupView) -> Json:
     }
     if group.policy:
         out["resourcePolicies"] = {"workloadPolicy": self_link(group.policy)}
+    if group.body.get("allInstancesConfig"):  # made with the MIG: its VMs have it from their creation
+        out["status"]["allInstancesConfig"] = {"effective": True, "currentRevision": rfc3339(group.create_time)}
     if view.topology is not None:
         out["status"]["appliedAcceleratorTopologies"] = [_topology_json(view.topology)]
     return out
