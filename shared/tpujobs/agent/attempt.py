@@ -304,9 +304,8 @@ class Agent(CommandRunner):
         self._sigterm_container(container)
 
     def _finish(self, code: int, aborted: str | None = None, detail: str | None = None) -> int:
-        """The last report: `exited` with the code (and `detail` when the agent itself ended
-        the attempt, an image it could not pull), or `aborted` with why nothing ran; nothing
-        after a preemption notice or a withdrawal."""
+        """The last report: `exited` with the code (`detail`: the agent ended it), `aborted` with why
+        nothing ran, or after a preemption notice only `stopped`; nothing after a withdrawal."""
         self.stop_watching.set()
         with self._lock:
             self._finished = True
@@ -329,7 +328,7 @@ class Agent(CommandRunner):
             self.reporter.report("exited", exit_code=code, detail=detail[:MAX_DETAIL_CHARS], **failed)
         elif not preempted:
             self.reporter.report("exited", exit_code=code, **failed, **self._still_speaking(code))
-        elif not withdrawn:  # after its notice: only that the command is done (its save landed)
+        elif not withdrawn:  # after its notice: the command is done, its save landed
             self.reporter.report("stopped", exit_code=code)
         self._leave_slice(speaks=not preempted and aborted is None and code == 0 and self._limit is None)
         self.reporter.close()
