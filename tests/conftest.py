@@ -187,9 +187,7 @@ def simulator_url(tmp_path: Path) -> Iterator[str]:
     processes (tests of the workers start their own)."""
     from tpujobs.local.simulator import SimulatorConfig, SimulatorServer
 
-    # No hosts save on SIGTERM here, so a preempted queued resource need not stay SUSPENDING for
-    # the 30 s of a real grace before it is SUSPENDED.
-    config = SimulatorConfig(waiting_seconds=0.05, provisioning_seconds=0.1, preemption_grace_seconds=0.2)
+    config = SimulatorConfig(waiting_seconds=0.05, provisioning_seconds=0.1)
     with SimulatorServer(config, run_workers=False) as server:
         yield server.url
 

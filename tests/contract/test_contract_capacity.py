@@ -72,6 +72,8 @@ def capacity(request: pytest.FixtureRequest) -> Backend:
             return status is not None and status.state in ("PROVISIONING", "ACTIVE")
 
         wait_for(provisioned, timeout=30)  # quick provisioning (tests/conftest.py), generous deadline
+        # SUSPENDING lasts the hosts' grace (30 s); none save here: a short one
+        control.configure(preemption_grace_seconds=0.2)
         control.preempt(ZONE, name, project=PROJECT)
 
     return Backend(real, preempt, plant_foreign)

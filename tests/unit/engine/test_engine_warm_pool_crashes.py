@@ -168,6 +168,8 @@ def _two_units_one_preempted(w: World) -> None:
     w.ready()
     submit(w.service, "j1")
     started(w, "j1")
+    # a queued resource is SUSPENDING for its hosts' whole grace (no hosts here): a short one
+    SimulatorControl(w.simulator_url).configure(preemption_grace_seconds=0.2)
     SimulatorControl(w.simulator_url).preempt(ZONE, "demo-u0-g1")
 
     def suspended() -> bool:
