@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from tpujobs.adapters import compute_states as states
 from tpujobs.adapters.compute_ownership import shared_ours
 from tpujobs.adapters.compute_requests import parse_description
+from tpujobs.domain.times import rfc3339
 from tpujobs.engine.ports import CapacityStatus
 
 if TYPE_CHECKING:
@@ -194,7 +195,7 @@ _ACTIONS = (
 
 def _earliest(timestamps: Iterable[str]) -> str:
     """The earliest of the VMs' terminationTimestamps (maxRunDuration's end), "" if none has one."""
-    known = [(when, stamp) for stamp in timestamps if (when := _instant(stamp)) is not None]
+    known = [(when, stamp) for stamp in timestamps if (when := rfc3339(stamp)) is not None]
     return min(known)[1] if known else ""
 
 
@@ -225,7 +226,7 @@ def _leftovers(
     found = []
     for holding, resources in sorted(left.items()):
         names = ", ".join(sorted(r.name for r in resources))
-        newest = max((t for t in (_instant(r.creation_timestamp) for r in resources) if t), default=None)
+        newest = max((t for t in (rfc3339(r.creation_timestamp) for r in resources) if t), default=None)
         young = newest is not None and now - newest < PARTIAL_GRACE
         state = "CREATING" if young else "FAILED"
         detail = f"no MIG; only its templates and policies remain ({names})"
@@ -246,16 +247,7 @@ def unused_shared(listing: Listing, now: datetime) -> list[tuple[str, str]]:
         for resource in resources:
             if resource.name in used or not shared_ours(resource.description, kind, resource.name):
                 continue
-            made = _instant(resource.creation_timestamp)
+            made = rfc3339(resource.creation_timestamp)
             if made is not None and now - made >= SHARED_IDLE:
                 found.append((kind, resource.name))
     return found
-
-
-def _instant(timestamp: str) -> datetime | None:
-    """An RFC 3339 timestamp ("2026-11-27T03:50:00.000-08:00"); None if unreadable."""
-    try:
-        parsed = datetime.fromisoformat((timestamp or "").replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)

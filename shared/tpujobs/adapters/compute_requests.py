@@ -147,15 +147,21 @@ def description(holding: Holding, slice_index: int) -> str:
     return MARKER + json.dumps(said, sort_keys=True, separators=(",", ":"))
 
 
-def parse_description(text: str) -> dict[str, object] | None:
-    """What `description` wrote, or None for a resource tpujobs did not make."""
+def _marked(text: str) -> dict[str, object] | None:
+    """The JSON object after tpujobs' marker, or None for a description without one."""
     if not text.startswith(MARKER):
         return None
     try:
         said = json.loads(text[len(MARKER) :])
     except ValueError:
         return None
-    return said if isinstance(said, dict) and isinstance(said.get("holding"), str) else None
+    return said if isinstance(said, dict) else None
+
+
+def parse_description(text: str) -> dict[str, object] | None:
+    """What `description` wrote, or None for a resource tpujobs did not make."""
+    said = _marked(text)
+    return said if said is not None and isinstance(said.get("holding"), str) else None
 
 
 def shared_description(kind: str, key: str) -> str:
@@ -166,15 +172,10 @@ def shared_description(kind: str, key: str) -> str:
 
 def parse_shared(text: str) -> dict[str, str] | None:
     """What `shared_description` wrote, or None for anything else."""
-    if not text.startswith(MARKER):
+    said = _marked(text)
+    if said is None or not isinstance(said.get("shared"), str) or not isinstance(said.get("key"), str):
         return None
-    try:
-        said = json.loads(text[len(MARKER) :])
-    except ValueError:
-        return None
-    if not isinstance(said, dict) or not isinstance(said.get("shared"), str) or not isinstance(said.get("key"), str):
-        return None
-    return said
+    return {"shared": str(said["shared"]), "key": str(said["key"])}
 
 
 def _key(message: object) -> str:

@@ -7,16 +7,14 @@ from datetime import datetime, timedelta
 
 from tpujobs.domain.job import Job, ScheduledMaintenance
 from tpujobs.domain.states import JobState
+from tpujobs.domain.times import rfc3339
 
 MOVING_STATES = (JobState.PROVISIONING, JobState.RUNNING)
 
 
 def window_start(window: ScheduledMaintenance) -> datetime | None:
     """The window's start as a time, or None when Google's text is not RFC 3339."""
-    try:
-        return datetime.fromisoformat(window.window_start.replace("Z", "+00:00"))
-    except ValueError:
-        return None
+    return rfc3339(window.window_start)
 
 
 def move_due(job: Job, now: datetime, lead_seconds: float) -> ScheduledMaintenance | None:

@@ -19,6 +19,7 @@ from tpujobs.domain.naming import parse_queued_resource_name, parse_unit_queued_
 from tpujobs.domain.quotas import region_of
 from tpujobs.domain.shards import Shard
 from tpujobs.domain.states import GOOGLE_QUOTA_WAITS, REGION_QUOTA_EXHAUSTED, EventKind, JobState
+from tpujobs.domain.times import rfc3339
 from tpujobs.domain.transitions import Decision, Observation, next_zone
 from tpujobs.engine import metric_events
 from tpujobs.engine.ports import CAPACITY_GONE, CapacityStatus, Clock, JobStore, Pools, Tpu
@@ -150,7 +151,7 @@ class ShardRun:
                 Observation(EventKind.MAINTENANCE_SCHEDULED, job.attempt, "reconciler", maintenance=announced),
             )
             report.observed.append(f"{job.job_id}: host maintenance scheduled")
-        run_ends = _instant(status.run_ends)
+        run_ends = rfc3339(status.run_ends)
         if not lost and run_ends is not None and run_ends != job.run_ends_at:
             seen = Observation(EventKind.RUN_END_SCHEDULED, job.attempt, "reconciler", run_ends_at=run_ends)
             jobs.observe(job.job_id, seen)
@@ -315,12 +316,3 @@ def _owner_in(shard: Shard, name: str) -> bool:
     """Whether a queued resource's job (by its name) falls in the shard's range."""
     owner = parse_queued_resource_name(name)
     return owner is not None and shard.holds(owner[0])
-
-
-def _instant(timestamp: str) -> datetime | None:
-    """An RFC 3339 time as Google writes it; None for "" or what does not read as one."""
-    try:
-        parsed = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else None
