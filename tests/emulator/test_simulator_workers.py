@@ -245,7 +245,11 @@ def test_a_script_that_ends_by_itself_stays_ended_and_the_queued_resource_stays_
 
 
 def test_preemption_sends_sigterm_after_the_metadata_turns_true(server: SimulatorServer) -> None:
-    """preempt: every worker gets SIGTERM, and instance/preempted already says TRUE in its trap."""
+    """preempt: every worker gets SIGTERM, and instance/preempted already says TRUE in its trap.
+
+    The grace is long so that the trap's own Python start never races the SIGKILL on a slow machine;
+    the workers end as soon as their traps do."""
+    reconfigure(server, preemption_grace_seconds=60)
     workers = start(server, startup_script())
     server.simulator.preempt("qr")
     for info in workers:

@@ -72,13 +72,18 @@ def test_each_line_is_an_entry_with_the_job_labels_and_the_deployments_log() -> 
 
 
 def test_many_lines_go_in_few_batches() -> None:
-    """Lines written together are sent together: 1,200 lines in at most 500 a batch."""
-    api = RecordingApi()
+    """Lines queued together are sent together: 1,200 lines in at most 500 a batch.
+
+    The endpoint holds its first call until every line is queued, so the count of batches does not
+    depend on how fast this machine signs lines: at most one early batch, then full ones."""
+    released = threading.Event()
+    api = RecordingApi(hang=released)
     shipper = sink(api)
     shipper.write(b"".join(b"line %d\n" % n for n in range(1200)))
+    released.set()
     shipper.close()
     assert len(api.entries()) == 1200
-    assert 3 <= len(api.bodies) <= 10
+    assert 3 <= len(api.bodies) <= 4
     assert all(len(body["entries"]) <= 500 for body in api.bodies)  # type: ignore[arg-type]
 
 
