@@ -41,6 +41,7 @@ def job_to_document(job: Job) -> dict[str, Any]:
         "name": job.name,
         "owner": job.owner,
         "owner_verified": job.owner_verified,
+        "team": job.team,  # whose shares it draws on (`domain.teams`); admission reads it
         "submitted_via": job.submitted_via,
         "state": job.state.value,
         "state_reason": job.state_reason,
@@ -148,6 +149,7 @@ def job_from_document(data: dict[str, Any], spec: JobSpec | None = None) -> Job:
         on_demand=data.get("on_demand", False),
         submitted_via=data.get("submitted_via", "topic"),
         owner_verified=data.get("owner_verified", False),
+        team=data.get("team") or "",
         create_operation=data.get("create_operation") or "",
         suspect_hosts=tuple(SuspectHost(**host) for host in data.get("suspect_hosts") or ()),
         maintenance=tuple(ScheduledMaintenance(**window) for window in data.get("maintenance") or ()),
@@ -172,7 +174,7 @@ _OUTLINE_TOP = (
     "started_at", "ended_at", "exit_code", "log_uri", "event_seq", "usage", "requested_at", "on_demand",
     "submitted_via", "owner_verified", "create_operation", "suspect_hosts", "maintenance",
     "record_retention_days", "expire_at", "run_first_attempt", "warm_pool", "warm_pool_unit", "unit_requested_at",
-    "held_over", "run_ends_at",
+    "held_over", "run_ends_at", "team",
 )  # fmt: skip
 OUTLINE_FIELDS = (
     *_OUTLINE_TOP,

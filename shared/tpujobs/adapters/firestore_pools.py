@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -22,6 +22,7 @@ from google.cloud.firestore_v1.field_path import FieldPath
 from tpujobs.adapters.firestore_cas import compare_and_set, wrote
 from tpujobs.adapters.firestore_store import JOBS, job_from_document, transient_on_failure
 from tpujobs.domain.admission import Holder
+from tpujobs.domain.fair_share import Waiting
 from tpujobs.domain.job import Job
 from tpujobs.domain.quota_edits import with_limit, with_reservation
 from tpujobs.domain.quotas import RESERVATIONS, PoolKey, QuotaBook
@@ -31,6 +32,9 @@ from tpujobs.engine.ports import PoolView as PoolView  # the port's view; its ve
 CONFIG = "config"
 QUOTAS = "quotas"
 POOLS = "quota_pools"
+WAITING_FIELDS = [
+    "job_id", "team", "zone", "chips", "priority", "created_at", "attempt", "state_reason", "spec.on_preemption",
+]  # fmt: skip
 
 
 class FirestorePools:
@@ -85,11 +89,11 @@ class FirestorePools:
         holders = (snapshot.to_dict() or {}).get("holders") or {}
         return PoolView(pool, tuple(_holder(job_id, h) for job_id, h in sorted(holders.items())), snapshot.update_time)
 
-    def change(self, seen: PoolView, add: Holder | None = None, remove: frozenset[str] = frozenset()) -> bool:
+    def change(self, seen: PoolView, add: Holder | Sequence[Holder] = (), remove: frozenset[str] = frozenset()) -> bool:
         """Add and remove holders if the pool is still as `seen`; False when someone came first."""
         holders = {h.job_id: h for h in seen.holders if h.job_id not in remove}
-        if add is not None:
-            holders[add.job_id] = add
+        for holder in (add,) if isinstance(add, Holder) else add:
+            holders[holder.job_id] = holder
         document = {
             **_described(seen.pool),
             "chips_held": sum(h.chips for h in holders.values()),
@@ -126,6 +130,18 @@ class FirestorePools:
         with transient_on_failure("read queue"):
             return [job_from_document(d.to_dict() or {}) for d in query.stream()]
 
+    def waiting(self, pool: str) -> list[Waiting]:
+        """Every QUEUED job of the pool, as admission orders them (a projection: no window, so a
+        backlog in one zone or team never hides another's job; `domain.fair_share` orders them)."""
+        query = (
+            self._db.collection(JOBS)
+            .where(filter=firestore.FieldFilter("pool", "==", pool))
+            .where(filter=firestore.FieldFilter("state", "==", JobState.QUEUED.value))
+            .select(WAITING_FIELDS)
+        )
+        with transient_on_failure("read queue"):
+            return [waiting_from_document(d.to_dict() or {}) for d in query.stream()]
+
     def active_in(self, pool: str) -> list[Job]:
         """Jobs of the pool that may hold chips: everything not QUEUED and not ended."""
         query = (
@@ -141,6 +157,21 @@ class FirestorePools:
             return [job_from_document(d.to_dict() or {}) for d in query.stream()]
 
 
+def waiting_from_document(data: dict[str, Any]) -> Waiting:
+    """A QUEUED job's document (`WAITING_FIELDS` of it) as admission reads it."""
+    return Waiting(
+        job_id=str(data["job_id"]),
+        team=str(data.get("team") or ""),
+        zone=str(data.get("zone") or ""),
+        chips=int(data["chips"]),
+        priority=str(data["priority"]),
+        created_at=data["created_at"],
+        attempt=int(data["attempt"]),
+        state_reason=str(data.get("state_reason") or ""),
+        evictable=(data.get("spec") or {}).get("on_preemption") != "fail",
+    )
+
+
 def _holder(job_id: str, fields: dict[str, Any]) -> Holder:
     return Holder(
         job_id=job_id,
@@ -150,6 +181,7 @@ def _holder(job_id: str, fields: dict[str, Any]) -> Holder:
         since=fields["since"],
         evictable=bool(fields.get("evictable", True)),
         zone=str(fields.get("zone") or ""),
+        team=str(fields.get("team") or ""),
     )
 
 
@@ -162,6 +194,7 @@ def _holder_fields(holder: Holder) -> dict[str, Any]:
         "since": since,
         "evictable": holder.evictable,
         "zone": holder.zone,
+        "team": holder.team,
     }
 
 

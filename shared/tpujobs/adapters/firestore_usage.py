@@ -33,6 +33,11 @@ USAGE_FIELDS = (
     "ended_at",
     "usage",
     "spec.labels",
+    # what `tpujobs usage` groups and prices by: the team, the family, the tier
+    "team",
+    "on_demand",
+    "spec.accelerator_type",
+    "spec.capacity",
 )
 PAGE_SIZE = 500
 

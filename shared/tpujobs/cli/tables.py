@@ -148,6 +148,7 @@ def jobs_sheet(jobs: list[Job], now: datetime) -> Sheet:
     counts = {s: sum(job.state is s for job in jobs) for s in JobState}
     summary = "  ".join(f"{s.value} {n}" for s, n in counts.items() if n)
     pooled = any(job_pool(job) for job in jobs)  # a POOL column only where some job ran on one
+    teamed = any(job.team for job in jobs)  # a TEAM column only where some job is in a team
     sheet = Sheet(
         [
             Col("JOB"),  # what people copy into other commands: never cut
@@ -158,6 +159,7 @@ def jobs_sheet(jobs: list[Job], now: datetime) -> Sheet:
             *([Col("POOL", keep=5, fit="cut", min_width=6)] if pooled else []),
             Col("PRIORITY", keep=6, fit="cut", min_width=8),
             Col("OWNER", keep=3, fit="cut", min_width=8),
+            *([Col("TEAM", keep=5, fit="cut", min_width=6)] if teamed else []),
             Col("AGE", keep=1, justify="right"),
             Col("CHIP-H", keep=2, justify="right"),
             Col("GOODPUT", keep=2, justify="right"),
@@ -177,6 +179,7 @@ def jobs_sheet(jobs: list[Job], now: datetime) -> Sheet:
             *([job_pool(job) or None] if pooled else []),
             job.spec.priority,
             job.owner,
+            *([job.team or None] if teamed else []),
             age(job.created_at, now),
             chip_hours(totals.chip_hours),
             share(totals.goodput),
@@ -222,6 +225,7 @@ def _fields(job: Job, until: datetime | None) -> Table:
         ("state", job.state.value),
         ("reason", job.state_reason),
         ("owner", job.owner),
+        ("team", job.team or "-"),
         ("accelerator", f"{spec.slices} x {spec.accelerator_type} ({spec.chips} chips, {spec.capacity})"),
         ("zone", job.zone),
         *_pool_rows(job),

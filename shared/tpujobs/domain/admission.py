@@ -53,6 +53,7 @@ class Holder:
     since: datetime
     evictable: bool = True
     zone: str = ""  # where the chips are; "" for a hold written before pools were regional
+    team: str = ""  # whose share the chips count in (`domain.teams`); "": no team
 
     @property
     def rank(self) -> int:

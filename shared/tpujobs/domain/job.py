@@ -135,6 +135,9 @@ class Job:
     # Earlier attempts' holdings still to release once their hosts' shutdown grace is over (the
     # reconciler finishes it); empty when every earlier holding has been released.
     held_over: tuple[HeldOver, ...] = ()
+    # The team whose shares of the quota limits the job draws on (`domain.teams`), set at submit
+    # from its verified owner (a topic's claimed owner only where config/policies trusts it); "": none.
+    team: str = ""
 
     @property
     def capacity(self) -> str:

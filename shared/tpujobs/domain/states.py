@@ -75,6 +75,9 @@ class EventKind(str, Enum):
     and the queue behind it goes on."""
     EVICTED = "evicted"
     """A higher-priority job took the chips; the job waits QUEUED again and resumes by its rules."""
+    RECLAIMED = "reclaimed"
+    """A team under its nominal share took back the chips the job's team had borrowed
+    (`domain.fair_share`); the job waits QUEUED again and resumes by its rules, no restart counted."""
     ZONE_FAILOVER = "zone_failover"
     """The queued resource waited too long for capacity; the job waits QUEUED in the next of its `zones`,
     outside the region whose quota Google said is full; with no such zone it stays PROVISIONING, saying why."""
@@ -180,8 +183,9 @@ TRANSITIONS: dict[tuple[JobState, EventKind], frozenset[JobState]] = {
     (JobState.QUEUED, EventKind.WAITING_FOR_QUOTA): frozenset({JobState.QUEUED}),
     (JobState.QUEUED, EventKind.QUOTA_EXCEEDED): frozenset({JobState.QUEUED, JobState.FAILED}),
     **{
-        (state, EventKind.EVICTED): frozenset({JobState.QUEUED})
+        (state, kind): frozenset({JobState.QUEUED})
         for state in (JobState.PROVISIONING, JobState.RUNNING, JobState.RECOVERING)
+        for kind in (EventKind.EVICTED, EventKind.RECLAIMED)
     },
     (JobState.PROVISIONING, EventKind.ZONE_FAILOVER): frozenset({JobState.QUEUED, JobState.PROVISIONING}),
     **{(state, EventKind.TIME_LIMIT_REACHED): frozenset({JobState.FAILED}) for state in ACTIVE},

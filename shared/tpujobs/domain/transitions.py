@@ -389,8 +389,12 @@ def _quota_exceeded(job: Job, seen: Observation, now: datetime) -> _Move:
     return _Move(JobState.QUEUED, f"{what}; attempt {job.attempt} waits in {zone} instead.", {"zone": zone})
 
 
+TAKEN_BACK = frozenset({EventKind.EVICTED, EventKind.RECLAIMED})
+
+
 def _evicted(job: Job, seen: Observation, now: datetime) -> _Move:
-    """A higher-priority job took the chips: the next attempt waits QUEUED, resuming by its rules."""
+    """A higher-priority job, or a team under its nominal share, took the chips: the next attempt
+    waits QUEUED, resuming by its rules."""
     resume = job.spec.on_preemption == "resume"
     how = "resume from its checkpoint" if resume else "start from scratch"
     reason = f"{seen.reason or 'Evicted'}; attempt {job.attempt + 1} waits for quota and will {how}."
@@ -525,6 +529,7 @@ _RULES: Mapping[EventKind, _Rule] = {
     EventKind.WAITING_FOR_QUOTA: _waiting_for_quota,
     EventKind.QUOTA_EXCEEDED: _quota_exceeded,
     EventKind.EVICTED: _evicted,
+    EventKind.RECLAIMED: _evicted,
     EventKind.ZONE_FAILOVER: _zone_failover,
     EventKind.ATTEMPT_ABORTED: _attempt_aborted,
     EventKind.CAPACITY_REQUEST_FAILED: _capacity_request_failed,
@@ -586,7 +591,7 @@ def _usage_after(
         attempt, zone = int(changes["attempt"]), str(changes["zone"])  # type: ignore[call-overload]
         return (*usage, accounting.AttemptUsage(attempt, chips, now, zone=zone))
     if to_state is JobState.QUEUED and "attempt" in changes:  # requeued: evicted, or another zone
-        usage = accounting.attempt_ended(usage, job.attempt, now, capacity_lost=seen.kind is EventKind.EVICTED)
+        usage = accounting.attempt_ended(usage, job.attempt, now, capacity_lost=seen.kind in TAKEN_BACK)
         attempt, zone = int(changes["attempt"]), str(changes["zone"])  # type: ignore[call-overload]
         usage = accounting.next_attempt(usage, attempt, chips, now, zone)
     if seen.kind is EventKind.QUOTA_EXCEEDED and "zone" in changes:  # waits in its next zone

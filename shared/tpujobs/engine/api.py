@@ -44,12 +44,15 @@ from tpujobs.engine.jobs_api.pool_actions import PoolActions
 from tpujobs.engine.jobs_api.records import Records
 from tpujobs.engine.jobs_api.requests import CALLER_HEADER as CALLER_HEADER
 from tpujobs.engine.jobs_api.requests import ApiRequest, parse_body, validated
+from tpujobs.engine.jobs_api.team_actions import TeamActions
+from tpujobs.engine.jobs_api.usage_actions import UsageActions
 from tpujobs.engine.settings import Settings
 
 if TYPE_CHECKING:
     from tpujobs.engine.jobs_api.job_output import OutputEntries
     from tpujobs.engine.ports import DeadLetterStore, JobDocuments
     from tpujobs.engine.services import Engine, WarmPools
+    from tpujobs.engine.usage_report import MonthlyUsage
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +77,10 @@ ROUTES = {
     "pool-delete": ("pool_actions", "delete"),
     "logs": ("job_output", "read"),
     "notify-key": ("notify_keys", "key"),
+    "usage": ("usage_actions", "report"),
+    "team-set": ("team_actions", "set"),
+    "team-unset": ("team_actions", "unset"),
+    "team-show": ("team_actions", "show"),
 }
 
 
@@ -88,6 +95,7 @@ class JobsApi:
         verify_token: TokenVerifier | None = None,
         dead_letters: DeadLetterStore | None = None,
         output_entries: OutputEntries | None = None,
+        usage: MonthlyUsage | None = None,
     ) -> None:
         """`store` is the service's job store, with its documents (what `describe` shows);
         `verify_token` checks signed ID tokens (`adapters.google_id_tokens`, which `runtime`
@@ -101,6 +109,7 @@ class JobsApi:
         self.identity = CallerIdentity(self.verify_token, platform_auth=settings.api_platform_auth)
         self._dead_letters = dead_letters
         self._output_entries = output_entries
+        self._usage = usage  # the `usage` action's sums (None: this API answers none)
 
     def handle(self, method: str, url: str, headers: Headers, body: bytes) -> Response:
         """Answer one HTTP request; every refusal is a JSON `{"error": sentence}`."""
@@ -185,9 +194,19 @@ class JobsApi:
         return Records(self.store, self.service.pools, self._dead_letters, self.settings)
 
     @property
+    def team_actions(self) -> TeamActions:
+        """The admin's `team-*` actions, on config/teams and the quota pools."""
+        return TeamActions(self.service.teams, self.service.pools, self.settings)
+
+    @property
     def job_output(self) -> JobOutput:
         """`logs`: a job's verified output from Cloud Logging, for its owner or an admin."""
         return JobOutput(self.store, self.settings, self._output_entries, self.job_actions.job)
+
+    @property
+    def usage_actions(self) -> UsageActions:
+        """`usage`: a month's sums per group; all jobs for admins, the caller's own for others."""
+        return UsageActions(self._usage, self.settings)
 
     @property
     def notify_keys(self) -> NotifyKeyActions:

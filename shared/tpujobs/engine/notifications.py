@@ -123,15 +123,21 @@ class NotifySettings:
     dashboard_url: str = ""
 
 
+class AttemptEnds(Protocol):
+    def record_attempt(self, job: Job, attempt: int) -> None:
+        """Count an ended attempt's chip-hours in its team's month, once (`engine.budgets.TeamBudgets`)."""
+
+
 class Notifier:
     """Delivers one status change to every target that wants it, and records each outcome."""
 
     def __init__(
         self, jobs: NotifyJobs, config: NotifyConfig, secrets: WebhookSecrets, poster: WebhookPoster,
-        records: DeliveryRecords, settings: NotifySettings, clock: Clock,
+        records: DeliveryRecords, settings: NotifySettings, clock: Clock, budgets: AttemptEnds | None = None,
     ) -> None:  # fmt: skip
+        """`budgets`: where an attempt's end is counted against its team's budget (None: nowhere)."""
         self.jobs, self.config, self.secrets, self.poster = jobs, config, secrets, poster
-        self.records, self.settings, self.clock = records, settings, clock
+        self.records, self.settings, self.clock, self.budgets = records, settings, clock, budgets
 
     def handle(self, message: InboundMessage) -> None:
         """Deliver the change `message` announces; raise TransientError while a target is still owed a try."""
@@ -144,6 +150,8 @@ class Notifier:
         job = self.jobs.get(change.job_id)
         if job is None:
             return
+        if self.budgets is not None:  # every change comes here: an attempt's end is counted once
+            self.budgets.record_attempt(job, change.attempt)
         if job.spec.notify is not None:
             targets = wanted(job.spec.notify, change.state, "notify")
         else:

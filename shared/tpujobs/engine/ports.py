@@ -14,11 +14,13 @@ from typing import Protocol
 
 from tpujobs.domain.access import AccessPolicies
 from tpujobs.domain.admission import Holder
+from tpujobs.domain.fair_share import Waiting
 from tpujobs.domain.job import Job, JobEvent
 from tpujobs.domain.pools import Pool
 from tpujobs.domain.quotas import QuotaBook
 from tpujobs.domain.shards import Placement, Shard
 from tpujobs.domain.spec import JobSpec
+from tpujobs.domain.teams import TeamBook
 from tpujobs.domain.transitions import Decision, Ignored, Observation
 
 Clock = Callable[[], datetime]
@@ -413,14 +415,27 @@ class Pools(Protocol):
 
     def view(self, pool: str) -> PoolView: ...
 
-    def change(self, seen: PoolView, add: Holder | None = None, remove: frozenset[str] = frozenset()) -> bool:
+    def change(self, seen: PoolView, add: Holder | Sequence[Holder] = (), remove: frozenset[str] = frozenset()) -> bool:
         """Compare-and-set of the pool's holders; False when it changed since `seen`."""
 
     def queue(self, pool: str, limit: int = 10) -> list[Job]: ...
 
+    def waiting(self, pool: str) -> list[Waiting]:
+        """Every QUEUED job of the pool, unordered (`domain.fair_share` orders them)."""
+
     def pools(self) -> list[str]: ...
 
     def active_in(self, pool: str) -> list[Job]: ...
+
+
+class Teams(Protocol):
+    """`config/teams`: who is in which team, and each team's shares of the quota limits (`tpujobs.domain.teams`)."""
+
+    def teams(self) -> TeamBook:
+        """`config/teams` as read now, its problems checked against `config/quotas`."""
+
+    def edit_team(self, name: str, edit: Callable[[dict[str, object]], dict[str, object]]) -> None:
+        """Rewrite team `name` by `edit(document)`, by compare-and-set: an edit in between is kept."""
 
 
 class WarmPoolStore(Protocol):

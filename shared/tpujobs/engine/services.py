@@ -45,6 +45,7 @@ from tpujobs.engine.ports import (
     LogExportRequests,
     Pools,
     StatusPublisher,
+    Teams,
     WarmPoolStore,
 )
 from tpujobs.engine.settings import Settings
@@ -140,9 +141,11 @@ class Engine:
         access: AccessPolicyReader | None = None,
         warm_pools: WarmPoolStore | None = None,
         handoff: CapacityHandoff | None = None,
+        teams: Teams | None = None,
     ) -> None:
         """`handoff`: where capacity work goes after each commit, for an engine whose `capacity`
-        cannot act (the jobs API's); None: done here, on `capacity`."""
+        cannot act (the jobs API's); None: done here, on `capacity`. `teams`: config/teams
+        (None: no teams, every job in none)."""
         self.store = store
         self.capacity = capacity
         self.settings = settings
@@ -153,11 +156,12 @@ class Engine:
         self.pools = pools  # None: no quotas, every job is admitted at once
         self.access = access  # None: no access policies (an engine built by hand for a test)
         self.handoff = handoff
+        self.teams = teams
         self.rejections = Rejections(store, clock)
         self.journal = JobJournal(store, clock, status, exports)
         self.attempts = AttemptCapacity(capacity, store, settings)
         # `self.observe` closes the one loop: acting on a job can observe it again (`journal.Observe`).
-        self.admission = Admission(pools, clock, sleep, self.journal, self.attempts, self.observe)
+        self.admission = Admission(pools, clock, sleep, self.journal, self.attempts, self.observe, teams)
         parts = _PoolParts.build(warm_pools, self, self.observe) if warm_pools is not None else None
         pool_jobs = parts.jobs if parts is not None else None
         self.vetting = Vetting(settings, access, pools, pool_jobs)
@@ -167,7 +171,7 @@ class Engine:
         self.warm = parts.complete(self) if parts is not None else None  # None: built without warm pools
         self.reports = reports = SignedReports(store, settings.master_keys(), clock, self.rejections)
         self.submission = Submission(
-            store, settings, clock, self.vetting, self.journal, self.rejections, self.lifecycle
+            store, settings, clock, self.vetting, self.journal, self.rejections, self.lifecycle, teams, access
         )
         self.worker_events = WorkerEvents(store, settings, clock, reports, self.rejections, self.lifecycle)
         units = parts.units if parts else None

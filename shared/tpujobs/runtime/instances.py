@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from tpujobs.adapters.firestore_config import FirestoreAccessPolicies
     from tpujobs.adapters.firestore_pools import FirestorePools
     from tpujobs.adapters.firestore_store import FirestoreJobStore
+    from tpujobs.adapters.firestore_teams import FirestoreTeams
     from tpujobs.adapters.firestore_warm_pools import FirestoreWarmPools
     from tpujobs.adapters.pubsub import Publisher
     from tpujobs.engine.api import JobsApi
@@ -91,6 +92,7 @@ class Adapters:
     pools: FirestorePools
     access: FirestoreAccessPolicies
     warm_pools: FirestoreWarmPools
+    teams: FirestoreTeams  # config/teams: a job's team at submit, and `tpujobs team`
 
 
 @functools.cache
@@ -122,6 +124,7 @@ def adapters() -> Adapters:
     """This process's adapters, on clients configured from the environment."""
     from tpujobs.adapters.firestore_config import FirestoreAccessPolicies
     from tpujobs.adapters.firestore_pools import FirestorePools
+    from tpujobs.adapters.firestore_teams import FirestoreTeams
     from tpujobs.adapters.firestore_warm_pools import FirestoreWarmPools
     from tpujobs.adapters.pubsub import Publisher
     from tpujobs.runtime import metrics
@@ -136,6 +139,7 @@ def adapters() -> Adapters:
         FirestorePools(client),
         FirestoreAccessPolicies(client),
         FirestoreWarmPools(client),
+        FirestoreTeams(client),
     )
 
 
@@ -202,6 +206,7 @@ def _engine_on(capacity: Capacity, handoff: bool) -> Engine:
         access=a.access,
         warm_pools=a.warm_pools,
         handoff=a.publisher if handoff else None,
+        teams=a.teams,
     )
 
 
@@ -233,9 +238,12 @@ def jobs_api() -> JobsApi:
     """The `jobs` HTTP API of this process: its ID tokens checked with Google's certificates
     (cached in the verifier), its dead letters for admins; on `api_engine`, which holds no capacity."""
     from tpujobs.adapters.firestore_dead_letters import FirestoreDeadLetters
+    from tpujobs.adapters.firestore_prices import FirestorePrices
+    from tpujobs.adapters.firestore_usage import FirestoreUsageJobs
     from tpujobs.adapters.google_id_tokens import GoogleIdTokens
     from tpujobs.adapters.job_output_logs import CloudLoggingEntries
     from tpujobs.engine.api import JobsApi
+    from tpujobs.engine.usage_report import MonthlyUsage
 
     a = adapters()
     return JobsApi(
@@ -245,6 +253,7 @@ def jobs_api() -> JobsApi:
         verify_token=GoogleIdTokens(a.settings.api_certs_url),
         dead_letters=FirestoreDeadLetters(a.firestore),
         output_entries=CloudLoggingEntries(a.settings.project, a.settings.logging_endpoint, a.settings.logging_view),
+        usage=MonthlyUsage(FirestoreUsageJobs(a.firestore), FirestorePrices(a.firestore), utc_now),
     )
 
 
@@ -340,20 +349,30 @@ def dashboard() -> DashboardSite:
 def notifier() -> Notifier:
     """The notify function's notifier: the job store to read, Secret Manager for webhook URLs (its
     client built at the first secret target), posts pinned to public addresses (loopback locally)."""
+    from tpujobs.adapters.firestore_budgets import FirestoreBudgetTally
     from tpujobs.adapters.firestore_notifications import FirestoreDeliveryRecords, FirestoreNotifyConfig
+    from tpujobs.adapters.firestore_teams import FirestoreTeams
     from tpujobs.adapters.webhook_secrets import SecretManagerWebhooks
     from tpujobs.adapters.webhooks import HttpWebhookPoster
+    from tpujobs.engine.budget_notices import WebhookBudgetNotices
+    from tpujobs.engine.budgets import TeamBudgets
     from tpujobs.engine.notifications import Notifier, NotifySettings, notify_keys
 
     config = settings()
     keys = notify_keys(config)
     client = firestore_client()
-    return Notifier(
-        job_store(),
-        FirestoreNotifyConfig(client),
-        cast(SecretManagerWebhooks, OnFirstUse(lambda: SecretManagerWebhooks.build(config.secrets_endpoint))),
-        HttpWebhookPoster(allow_loopback=config.local_stack),
-        FirestoreDeliveryRecords(client),
-        NotifySettings(config.project, config.prefix, config.tpu_service_account, keys, config.dashboard_url),
-        utc_now,
+    notify_config = FirestoreNotifyConfig(client)
+    secrets = cast(SecretManagerWebhooks, OnFirstUse(lambda: SecretManagerWebhooks.build(config.secrets_endpoint)))
+    poster = HttpWebhookPoster(allow_loopback=config.local_stack)
+    notify_settings = NotifySettings(
+        config.project, config.prefix, config.tpu_service_account, keys, config.dashboard_url
     )
+    # An attempt's end reaches this function as a status change: its chip-hours go to its team's month here.
+    budgets = TeamBudgets(
+        FirestoreBudgetTally(client), utc_now, WebhookBudgetNotices(secrets, poster, notify_settings, utc_now),
+        notify_config, config.admins, teams=FirestoreTeams(client),
+    )  # fmt: skip
+    return Notifier(
+        job_store(), notify_config, secrets, poster, FirestoreDeliveryRecords(client), notify_settings, utc_now,
+        budgets=budgets,
+    )  # fmt: skip

@@ -28,6 +28,7 @@ from tpujobs.local.fakes import (
     InMemoryWarmPools,
     RecordingPublisher,
 )
+from tpujobs.local.fakes.teams import FakeTeams
 from tpujobs.local.simulator.client import SimulatorControl
 from tpujobs.local.testing import (
     CrashingPools,
@@ -56,6 +57,7 @@ class Engine:
     tpu: Capacity
     pools: InMemoryPools
     warm_pools: InMemoryWarmPools
+    teams: FakeTeams
     access: InMemoryAccessPolicies
     published: RecordingPublisher
     settings: Settings
@@ -163,7 +165,7 @@ class Engine:
         return Services(
             self.store, NoCapacity(), self.settings, old.clock, self.sleeps.append, status=self.published,
             exports=self.published, pools=self.pools, access=old.access, warm_pools=self.warm_pools,
-            handoff=self.published,
+            handoff=self.published, teams=old.teams,
         )  # fmt: skip
 
     def api_on(self, service: Any, body: dict[str, Any], caller: str) -> Any:
@@ -203,6 +205,7 @@ class Engine:
             pools=self.pools,
             access=old.access,
             warm_pools=self.warm_pools,
+            teams=old.teams,
         )
         return replace(
             self, service=service, settings=service.settings, api_settings=replace(self.api_settings, **settings)
@@ -289,6 +292,7 @@ def build_engine(
     capacity = tpu or CloudTpu(tpu_client, PROJECT, retry=transient_retry(deadline_s=0.2))  # a failing API: quick
     published = RecordingPublisher()
     pools, warm_pools, policies = InMemoryPools(store), InMemoryWarmPools(store), InMemoryAccessPolicies(access)
+    teams = FakeTeams(pools)
     service = Services(
         store if steps is None else CrashingStore(store, steps),
         capacity,
@@ -300,6 +304,7 @@ def build_engine(
         pools=pools if steps is None else CrashingPools(pools, steps),
         access=policies if access is not None else None,  # None: no policies, as a hand-built engine has
         warm_pools=warm_pools,
+        teams=teams,
     )
     return Engine(
         api_settings=local_settings(**{**merged, "local_stack": True}),
@@ -307,6 +312,7 @@ def build_engine(
         tpu=capacity,
         pools=pools,
         warm_pools=warm_pools,
+        teams=teams,
         access=policies,
         published=published,
         settings=service.settings,

@@ -224,7 +224,7 @@ def test_a_tick_admits_a_waiting_pool_once_not_once_per_waiting_job(engine):
         submit(jobs, f"wait-{n}")
     plan.steps.clear()
     jobs.tick()
-    assert plan.steps.count("pools.queue") == 1, plan.steps
+    assert plan.steps.count("pools.waiting") == 1, plan.steps
     assert [state(jobs, f"wait-{n}") for n in range(6)].count(JobState.PROVISIONING) == 1
 
 

@@ -99,9 +99,9 @@ def test_a_full_zone_quota_lets_the_jobs_of_another_zone_pass_but_not_the_region
     assert jobs.job("b-2").state_reason == (
         "Waiting for quota: needs 4 chips, and the quota of v4 on-demand chips in us-central2-b is 4."
     )
-    submit(jobs, "a-3", zones=[ZONE_A])  # the region is full now: b-2, the head, waits for it and stops the queue
+    submit(jobs, "a-3", zones=[ZONE_A])  # the region is full now: a-3 waits for it
     assert states(jobs, "a-3") == [Q]
-    assert "in region us-central2 is 12" in jobs.job("b-2").state_reason
+    assert "in region us-central2 is 12" in jobs.job("a-3").state_reason
     jobs.cancel("b-1", "Cancelled by ada.")
     assert states(jobs, "b-2", "b-3", "a-3") == [P, Q, Q]
 

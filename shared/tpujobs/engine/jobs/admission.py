@@ -1,40 +1,32 @@
-"""The quota queue: a QUEUED job gets its chips in its admission pool's order, then its capacity.
+"""The quota queue: a QUEUED job gets its chips by its team's share, then its capacity.
 
-Each change is a compare-and-set on the pool's document (`Pools.change`), so concurrent calls
-never hand out a chip twice: the loser reads again. A high-priority head may evict lower ones.
+Each round reads the pool's holders and every job waiting for it, and `domain.fair_share`
+orders them: no window, so a backlog in one zone or team never hides another's job. Its
+admissions (and the holders they take back) go in one compare-and-set on the pool's document
+(`Pools.change`), so concurrent calls never hand out a chip twice: the loser reads again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from tpujobs.domain.admission import (
-    Holder,
-    blocked_by,
-    job_pool,
-    never_fits_reason,
-    pool_id,
-    victims_for,
-    waiting_reason,
-)
+from tpujobs.domain.admission import Holder, job_pool, never_fits_reason, pool_id
+from tpujobs.domain.fair_share import Admit, Limit, Waiting, plan_round, pool_limits
 from tpujobs.domain.grace import held_holder
 from tpujobs.domain.job import HeldOver, Job
 from tpujobs.domain.quotas import Limits, PoolKey, QuotaBook, Scope
 from tpujobs.domain.states import EventKind, JobState
+from tpujobs.domain.teams import TeamBook
 from tpujobs.domain.transitions import Decision, Ignored, Observation
 from tpujobs.engine.errors import PermanentError
 from tpujobs.engine.jobs.attempts import AttemptCapacity
 from tpujobs.engine.jobs.journal import JobJournal, Observe
-from tpujobs.engine.ports import CapacityStatus, Clock, Pools, PoolView
-from tpujobs.engine.queue_rounds import QUEUE_PEEK, jittered_rounds
+from tpujobs.engine.ports import CapacityStatus, Clock, Pools, PoolView, Teams
+from tpujobs.engine.queue_rounds import jittered_rounds
 
-ADMISSION_ROUNDS = 50  # admissions (or lost races) one call may make before leaving the rest
-# Queued jobs a read looks at when the first ones all wait in zones whose quota is full: jobs of
-# other zones further back are admitted past them (a backlog longer than this in one zone hides
-# them until that zone's head moves).
-WIDE_PEEK = 25
+ADMISSION_ROUNDS = 50  # lost races one call may retry before leaving the rest to the next event
 
 
 @dataclass(frozen=True)
@@ -47,15 +39,14 @@ class SubmitOutcome:
 
 
 @dataclass(frozen=True)
-class _PoolQueue:
-    """One read of a limited pool: its document as read (for the compare-and-set), the holds
-    that stay and those that go with the next write, and the jobs still waiting, in order."""
+class _PoolRead:
+    """One read of a limited pool: its document as read (for the compare-and-set), the holds that
+    stay and those that go with the next write, and the jobs still waiting."""
 
     view: PoolView
     staying: list[Holder]
     going: frozenset[str]
-    waiting: list[Job]
-    peeked: int = 0  # queued jobs the read returned, claims being finished included
+    waiting: list[Waiting]
 
 
 def failed_at_once(attempt: int, status: CapacityStatus) -> Observation | None:
@@ -73,14 +64,18 @@ def _pools_held(job: Job, zone: str) -> set[str]:
     return {pool_id(job.spec, zone, capacity) for capacity in (job.spec.capacity, job.capacity)}
 
 
-def _worth_reading_further(queue: _PoolQueue, peek: int, for_zone: str, closed: set[str]) -> bool:
-    """Whether jobs of other zones may wait behind those read, which all wait in closed zones:
-    the read was full, and the call is not for a zone now closed."""
-    return queue.peeked >= peek and peek < WIDE_PEEK and for_zone not in closed
+def as_waiting(job: Job) -> Waiting:
+    """A job as the queue reads it."""
+    spec = job.spec
+    created = job.created_at or job.updated_at
+    assert created is not None, "a stored job has its creation time"
+    evictable = spec.on_preemption != "fail"
+    return Waiting(job.job_id, job.team, job.zone, spec.chips, spec.priority, created, job.attempt,
+                   job.state_reason, evictable)  # fmt: skip
 
 
 class Admission:
-    """Admits jobs that ask for capacity of their own, in their admission pool's order."""
+    """Admits jobs that ask for capacity of their own, in their pool's share order."""
 
     def __init__(
         self,
@@ -90,6 +85,8 @@ class Admission:
         journal: JobJournal,
         attempts: AttemptCapacity,
         observe: Observe,
+        teams: Teams | None = None,
+        paused: Callable[[TeamBook], Mapping[str, str]] | None = None,
     ) -> None:
         self.pools = pools  # None: no quotas, every job is admitted at once
         self.clock = clock
@@ -97,13 +94,15 @@ class Admission:
         self.journal = journal
         self.attempts = attempts
         self.observe = observe
+        self.teams = teams  # None: no teams, one queue per limit
+        self.paused = paused  # teams whose new jobs wait (over budget), with why
 
     def quotas(self, wanted: bool = True) -> QuotaBook | None:
         """The quotas, read once for a submission's size check and its admission; None without quotas."""
         return self.pools.quotas() if self.pools is not None and wanted else None
 
     def admit(self, job: Job, quotas: QuotaBook | None = None) -> SubmitOutcome:
-        """A QUEUED job: request its capacity now if its pool has no limit, else in queue order.
+        """A QUEUED job: request its capacity now if its pool has no limit, else in share order.
         `quotas`: as the caller read them for this job (a submission reads them once), else read here."""
         pool = job_pool(job)
         limits = self._limits(pool) if quotas is None else quotas.limits(pool)
@@ -112,7 +111,7 @@ class Admission:
         scope = limits.never_fits(job.zone, job.spec.chips)
         if scope is not None:
             return self._quota_exceeded(job, pool, limits, scope)
-        admitted = self.admit_waiting(pool.id, limits, for_zone=job.zone)
+        admitted = self.admit_waiting(pool.id, limits, arriving=job)
         if job.job_id in admitted:
             return SubmitOutcome("provisioning", job.job_id, f"admitted in {pool.id}")
         return SubmitOutcome("queued", job.job_id, f"waiting for quota in {pool.id}")
@@ -121,131 +120,124 @@ class Admission:
         return Limits() if self.pools is None else self.pools.quotas().limits(pool)
 
     def admit_waiting(
-        self, pool: str, limits: Limits | None = None, leaving: frozenset[str] = frozenset(), for_zone: str = ""
+        self,
+        pool: str,
+        limits: Limits | None = None,
+        leaving: frozenset[str] = frozenset(),
+        arriving: Job | None = None,
     ) -> list[str]:
-        """Admit the pool's queue in order while its chips fit; a high-priority head may evict.
+        """Admit the pool's waiting jobs while they fit, in share order, taking back what they may.
 
         Driven by the events that free chips (a job ends, is evicted, moves zone) and by
-        submissions; the reconciler calls it too. `leaving` are jobs whose hold goes in the
-        same write as the next claim. Each change is a compare-and-set on the pool's
-        document, so concurrent calls never hand out a chip twice: the loser reads again.
-
-        The queue is strict within each limit: a job held back by its zone's quota closes that
-        zone for the rest of this call, and the jobs of other zones behind it are looked at; one
-        held back by the region's quota (or a reservation's) ends the call. A job bigger than a
-        whole limit (lowered after it was submitted) never stops the queue: it moves on to its
-        next zone or fails, and the jobs behind it are looked at. `for_zone`: the zone whose
-        chips (or job) the call is for; once that zone is closed the call reads no further (the
-        chips went to that zone's head, or its job waits behind it), so a backlog in one zone
-        costs an event one read of the queue's head.
+        submissions; the reconciler calls it too. `leaving` are jobs whose hold goes in the same
+        write as the next claims. `arriving`: a submitted job; when it could not go even with no
+        one ahead of it, it says why and the queue is not read (a burst of submissions to a full
+        pool costs one read each).
         """
         if self.pools is None:
             return []
         key = PoolKey.parse(pool)
-        if limits is None:
-            limits = self._limits(key)
-        admitted: list[str] = []
-        closed: set[str] = set()  # zones whose quota holds their head back: strict within each zone
-        peek = QUEUE_PEEK
+        book = self.teams.teams() if self.teams is not None else TeamBook(None)
+        shaped = pool_limits(limits or self._limits(key), key.region, book.shares_of(key))
+        paused = self.paused(book) if self.paused is not None else {}
         for _ in jittered_rounds(ADMISSION_ROUNDS, self.sleep):
-            queue = self._read_queue(pool, leaving, peek)
-            if not queue.waiting:
-                if self._drop_holds(queue):
-                    return admitted
+            read = self._read(pool, leaving, arriving, shaped, paused)
+            if read is None:
+                return []
+            plan = plan_round(key, shaped, read.staying, read.waiting, paused)
+            for job in plan.too_big:
+                self._set_aside(job, key)
+            self._say_waiting(read.waiting, plan.held_back)
+            if not plan.admitted:
+                if not read.going or self.pools.change(read.view, remove=read.going):
+                    return []
                 continue
-            head, victims, held_back = self._next_candidate(key, limits, queue, closed)
-            if head is None:
-                if not self._drop_holds(queue):
-                    continue
-                if held_back == "zone" and _worth_reading_further(queue, peek, for_zone, closed):
-                    peek = WIDE_PEEK  # every job read waits in a closed zone: look further back, once
-                    continue
-                return admitted
-            scope = limits.never_fits(head.zone, head.spec.chips)
-            if scope is not None:  # a limit lowered under it: it moves on or fails, and the queue goes on
-                self._quota_exceeded(head, key, limits, scope)
+            taken = self._take_back(plan.admitted)
+            leaving = leaving | taken  # until a write takes their holds away
+            claims = [self._claim(admit.job) for admit in plan.admitted]
+            if not self.pools.change(read.view, add=claims, remove=read.going | taken):
                 continue
-            for victim in victims:
-                self._evict(victim.job_id, head)
-            evicted = frozenset(v.job_id for v in victims)
-            leaving = leaving | evicted  # until a write takes their holds away
-            claim = self._claim(head)
-            if not self.pools.change(queue.view, add=claim, remove=queue.going | evicted):
-                continue
-            leaving = frozenset()
-            self.request(head)
-            admitted.append(head.job_id)
-            held = [h for h in queue.staying if h.job_id not in evicted] + [claim]
-            full = blocked_by(limits, held, head.zone, 1)
-            if full == "region":
-                return admitted  # the pool is full: no need to look at the next job
-            if full == "zone":
-                closed.add(head.zone)  # its zone is full: its next job waits
-            behind = queue.waiting[queue.waiting.index(head) + 1 :]
-            if all(j.zone in closed for j in behind) and not _worth_reading_further(queue, peek, for_zone, closed):
-                return admitted  # no one else in this read may go now
-        return admitted
+            for admit in plan.admitted:
+                self._request_by_id(admit.job.job_id)
+            return [admit.job.job_id for admit in plan.admitted]
+        return []
 
-    def _next_candidate(
-        self, pool: PoolKey, limits: Limits, queue: _PoolQueue, closed: set[str]
-    ) -> tuple[Job | None, list[Holder], Scope | None]:
-        """The first waiting job, in order, that fits (or may evict its way in), or is bigger
-        than a whole limit; the ones held back say why and close their zone (`closed`, kept
-        for the rest of the call). None when the queue stops: held back by the region's
-        quota, or every job read waits in a closed zone; with the scope of the last hold-back."""
-        held_back: Scope | None = None
-        for job in queue.waiting:
-            if job.zone in closed:
-                continue
-            chips = job.spec.chips
-            if limits.never_fits(job.zone, chips) is not None:
-                return job, [], None
-            scope = blocked_by(limits, queue.staying, job.zone, chips)
-            if scope is None:
-                return job, [], None
-            victims = victims_for(limits, queue.staying, job.zone, chips, job.spec.priority)
-            if victims:
-                return job, victims, None
-            self._say_waiting(job, pool, limits, scope)
-            if scope == "region":
-                return None, [], scope
-            closed.add(job.zone)
-            held_back = scope
-        return None, [], held_back
-
-    def _read_queue(self, pool: str, leaving: frozenset[str], peek: int = QUEUE_PEEK) -> _PoolQueue:
-        """Read the pool's holds and the head of its queue; finish the claims a call made and
-        left half-way (idempotent), and mark the holds that go with the next write: `leaving`,
-        and those of a queued job's earlier attempt."""
+    def _read(
+        self, pool: str, leaving: frozenset[str], arriving: Job | None, shaped: list[Limit], paused: Mapping[str, str]
+    ) -> _PoolRead | None:
+        """Read the pool's holds and its queue; finish the claims a call made and left half-way
+        (idempotent), and mark the holds that go with the next write: `leaving`, and those of a
+        queued job's earlier attempt. None: the `arriving` job waits, and said why."""
         assert self.pools is not None
         view = self.pools.view(pool)
         held = {h.job_id: h for h in view.holders}
-        peeked = self.pools.queue(pool, peek)
-        claimed = [j for j in peeked if j.job_id in held and held[j.job_id].attempt == j.attempt]
+        if arriving is not None:
+            mine = held.get(arriving.job_id)
+            if mine is not None and mine.attempt == arriving.attempt:
+                self.request(arriving)  # claimed by an earlier delivery: finish it
+                return None
+            alone = as_waiting(arriving)
+            solo = plan_round(PoolKey.parse(pool), shaped, [h for h in view.holders if h.job_id not in leaving],
+                              [alone], paused)  # fmt: skip
+            if not solo.admitted:
+                self._say_waiting([alone], solo.held_back)
+                return None
+        queued = self.pools.waiting(pool)
+        claimed = [w for w in queued if w.job_id in held and held[w.job_id].attempt == w.attempt]
         for job in claimed:
-            self.request(job)
-        waiting = [j for j in peeked if j not in claimed]
-        stale = frozenset(j.job_id for j in waiting if j.job_id in held)
+            self._request_by_id(job.job_id)
+        waiting = [w for w in queued if w not in claimed]
+        stale = frozenset(w.job_id for w in waiting if w.job_id in held)
         going = (leaving | stale) & held.keys()
         staying = [h for h in view.holders if h.job_id not in going]
-        return _PoolQueue(view, staying, going, waiting, len(peeked))
+        return _PoolRead(view, staying, going, waiting)
 
-    def _drop_holds(self, queue: _PoolQueue) -> bool:
-        """Take the holds that go off the pool; False when the pool changed since it was read."""
-        assert self.pools is not None
-        return not queue.going or self.pools.change(queue.view, remove=queue.going)
+    def _take_back(self, admitted: tuple[Admit, ...]) -> frozenset[str]:
+        """Send the holders the round takes back to QUEUED (their capacity released): evicted by
+        a higher priority of their team, or reclaimed by a team under its nominal share."""
+        taken: set[str] = set()
+        for admit in admitted:
+            by = admit.job
+            for victim in admit.evicted:
+                why = f"Evicted by {by.job_id} (priority {by.priority}), which needs {by.chips} chips"
+                self._send_back(victim.job_id, Observation(EventKind.EVICTED, None, "submit", reason=why))
+            for victim in admit.reclaimed:
+                why = f"Reclaimed by {by.team} (its nominal share), for {by.job_id}"
+                self._send_back(victim.job_id, Observation(EventKind.RECLAIMED, None, "submit", reason=why))
+            taken.update(v.job_id for v in (*admit.evicted, *admit.reclaimed))
+        return frozenset(taken)
 
-    def _claim(self, head: Job) -> Holder:
-        """The hold the head of the queue takes: its chips in its zone, for its current attempt."""
-        spec = head.spec
-        evictable = spec.on_preemption != "fail"
-        return Holder(head.job_id, spec.chips, head.attempt, spec.priority, self.clock(), evictable, head.zone)
+    def _send_back(self, job_id: str, seen: Observation) -> None:
+        outcome = self.journal.commit(job_id, seen)
+        if isinstance(outcome, Decision):
+            self.left_attempt(outcome.job)
 
-    def _say_waiting(self, job: Job, pool: PoolKey, limits: Limits, scope: Scope) -> None:
-        """A job waits for chips: its reason says so, once (the same words write nothing)."""
-        why = waiting_reason(pool, scope, job.zone, limits.of(scope, job.zone) or 0, job.spec.chips)
-        if job.state_reason != why:
-            self.journal.commit(job.job_id, Observation(EventKind.WAITING_FOR_QUOTA, job.attempt, "submit", reason=why))
+    def _request_by_id(self, job_id: str) -> None:
+        job = self.journal.store.get(job_id)
+        if job is not None and job.state is JobState.QUEUED:
+            self.request(job)
+
+    def _set_aside(self, waiting: Waiting, pool: PoolKey) -> None:
+        """A waiting job bigger than a whole limit now (lowered after it was submitted)."""
+        job = self.journal.store.get(waiting.job_id)
+        if job is None or job.state is not JobState.QUEUED:
+            return
+        limits = self._limits(pool)
+        scope = limits.never_fits(job.zone, job.spec.chips)
+        if scope is not None:
+            self._quota_exceeded(job, pool, limits, scope)
+
+    def _claim(self, job: Waiting) -> Holder:
+        """The hold an admitted job takes: its chips in its zone, for its current attempt, in its team."""
+        return Holder(job.job_id, job.chips, job.attempt, job.priority, self.clock(), job.evictable, job.zone, job.team)
+
+    def _say_waiting(self, waiting: list[Waiting], held_back: Mapping[str, str]) -> None:
+        """Jobs wait for chips: each says why, once (the same words write nothing)."""
+        for job in waiting:
+            why = held_back.get(job.job_id)
+            if why is not None and job.state_reason != why:
+                seen = Observation(EventKind.WAITING_FOR_QUOTA, job.attempt, "submit", reason=why)
+                self.journal.commit(job.job_id, seen)
 
     def _quota_exceeded(self, job: Job, pool: PoolKey, limits: Limits, scope: Scope) -> SubmitOutcome:
         """A QUEUED job bigger than a whole limit of its pool moves on to its next zone (and is
@@ -267,14 +259,6 @@ class Admission:
         if outcome.job.state is JobState.QUEUED:
             return self.admit(outcome.job)
         return SubmitOutcome("failed", job.job_id, outcome.event.reason)
-
-    def _evict(self, job_id: str, by: Job) -> None:
-        """Send a lower-priority job back to QUEUED so `by` fits; its capacity is released."""
-        spec = by.spec
-        why = f"Evicted by {by.job_id} (priority {spec.priority}), which needs {spec.chips} chips"
-        outcome = self.journal.commit(job_id, Observation(EventKind.EVICTED, None, "submit", reason=why))
-        if isinstance(outcome, Decision):
-            self.left_attempt(outcome.job)
 
     def left_attempt(self, job: Job) -> None:
         """A job sent back to QUEUED (evicted, or moving zone): free what its last attempt held.
@@ -302,7 +286,7 @@ class Admission:
         if self.pools is None or self._limits(PoolKey.parse(held.pool)).unlimited:
             return  # no quota there: no one waits for these chips
         hold = Holder(held_holder(held.holding), held.chips, held.attempt, job.spec.priority, self.clock(),
-                      evictable=False, zone=held.zone)  # fmt: skip
+                      evictable=False, zone=held.zone, team=job.team)  # fmt: skip
         for _ in range(ADMISSION_ROUNDS):
             view = self.pools.view(held.pool)
             if any(h.job_id == hold.job_id for h in view.holders) or self.pools.change(view, add=hold):
@@ -320,7 +304,7 @@ class Admission:
         view = self.pools.view(pool)
         for holder in view.holders:
             if holder.job_id == job_id:
-                self.admit_waiting(pool, leaving=frozenset({job_id}), for_zone=holder.zone)
+                self.admit_waiting(pool, leaving=frozenset({job_id}))
                 return
 
     def request(self, job: Job) -> SubmitOutcome:

@@ -6,6 +6,7 @@ caller its ID token proved), go through the same vetting (`Vetting.vet`) and the
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 
@@ -21,7 +22,7 @@ from tpujobs.engine.jobs.journal import JobJournal
 from tpujobs.engine.jobs.lifecycle import JobLifecycle
 from tpujobs.engine.jobs.rejections import Rejections
 from tpujobs.engine.jobs.vetting import Verdict, Vetting
-from tpujobs.engine.ports import Clock, JobRecords
+from tpujobs.engine.ports import AccessPolicyReader, Clock, JobRecords, Teams
 from tpujobs.engine.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,11 @@ class Submission:
         journal: JobJournal,
         rejections: Rejections,
         lifecycle: JobLifecycle,
+        teams: Teams | None = None,
+        access: AccessPolicyReader | None = None,
     ) -> None:
+        """`teams`: config/teams, whence a job's team (None: no teams); `access`: whether
+        config/policies trusts a topic's claimed owner with its team (None: it does not)."""
         self.store = store
         self.settings = settings
         self.clock = clock
@@ -47,6 +52,8 @@ class Submission:
         self.journal = journal
         self.rejections = rejections
         self.lifecycle = lifecycle
+        self.teams = teams
+        self.access = access
 
     def completed(self, spec: JobSpec) -> JobSpec:
         """The spec with the deployment's VM defaults (`Vetting.completed`)."""
@@ -99,6 +106,7 @@ class Submission:
             owner_verified=via == "api",
             record_retention_days=self.settings.record_retention_days,
         )
+        job = dataclasses.replace(job, team=self.team_of(spec.owner, owner_verified=job.owner_verified))
         if self.store.create(job, first_event):
             metric_events.emit(log, metric_events.submitted(job))
             self.journal.announce(job, first_event)
@@ -117,3 +125,16 @@ class Submission:
                 return SubmitOutcome("duplicate", job.job_id, f"job is already {existing.state.value}")
             job = existing  # an earlier delivery stopped half-way: finish its work
         return self.lifecycle.admit(job, quotas)
+
+    def team_of(self, owner: str, *, owner_verified: bool) -> str:
+        """The owner's team in config/teams (read once a submission), for a verified owner; for a
+        topic's claimed owner only where config/policies trusts topic owners: a claim must not draw
+        on another team's share. "" for none."""
+        if self.teams is None:
+            return ""
+        book = self.teams.teams()
+        if not book.teams:
+            return ""
+        if not owner_verified and not (self.access is not None and self.access.policies().trust_topic_owners):
+            return ""
+        return book.team_of(owner)

@@ -56,6 +56,14 @@ SENTENCES = {
     "secret_sha256": "'secret_sha256' is required: 64 lower-case hex digits, the SHA-256 of the unit's secret.",
     "worker": "'worker' must be a worker's number K, 0 or more (K = slice x hosts per slice + worker).",
     "after": "'after' must be the 'after' of a `logs` answer, as it gave it (a cursor of up to 4096 characters).",
+    "team": "'team' must be a team's name, a non-empty string.",
+    "members": "'members' must be a list of e-mails.",
+    "accounts": "'accounts' must be a list of service accounts' e-mails.",
+    "chips": "'chips' must be an object of limits (LOCATION/FAMILY[/TIER]) to whole numbers of chips, 0 or more.",
+    "borrowing_limit": "'borrowing_limit' must be a whole number of chips, 0 or more.",
+    "lending_limit": "'lending_limit' must be a whole number of chips, 0 or more.",
+    "weight": "'weight' must be a number above 0.",
+    "budget_chip_hours": "'budget_chip_hours' must be a number of chip-hours, 0 or more.",
 }
 NOT_FROM_BODY = "The caller is never taken from the body: remove 'owner'"
 SAYS_WHO = f"; the ID token (locally the {CALLER_HEADER} header) says who asks."
@@ -228,6 +236,34 @@ class NotifyKeyRequest(ApiRequest):
     team: NonEmpty | None = None
 
 
+class TeamRequest(ApiRequest):
+    """`team-unset`: one team by name (admins only)."""
+
+    team: NonEmpty
+
+
+Chips = Annotated[int, Field(ge=0)]
+
+
+class TeamSetRequest(TeamRequest):
+    """`team-set`: a team created or changed (`domain.team_edits.with_team`); the fields given replace."""
+
+    members: list[str] | None = None
+    accounts: list[str] | None = None
+    chips: dict[str, Chips] | None = None
+    borrowing_limit: Chips | None = None
+    lending_limit: Chips | None = None
+    weight: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    budget_chip_hours: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+
+
+class UsageRequest(ApiRequest):
+    """`usage`: a month's chip-hours, goodput and estimated cost per group (`domain.usage`)."""
+
+    by: Annotated[str, Field(min_length=1, max_length=80)] = "team"  # team, owner or label:KEY
+    month: Annotated[str, Field(pattern=r"^[0-9]{4}-[0-9]{2}$")] | None = None  # YYYY-MM; default: this one
+
+
 # action -> its model (None: a job spec); the order is the one an unknown action's answer lists.
 REQUESTS: dict[str, type[ApiRequest] | None] = {
     "list": ListRequest,
@@ -249,6 +285,10 @@ REQUESTS: dict[str, type[ApiRequest] | None] = {
     "unit-register": UnitRegisterRequest,
     "logs": LogsRequest,
     "notify-key": NotifyKeyRequest,
+    "usage": UsageRequest,
+    "team-set": TeamSetRequest,
+    "team-unset": TeamRequest,
+    "team-show": NothingRequest,
 }
 ACTIONS = tuple(REQUESTS)
 

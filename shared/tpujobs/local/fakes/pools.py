@@ -10,11 +10,13 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from tpujobs.adapters.firestore_documents import job_from_document
+from tpujobs.adapters.firestore_pools import waiting_from_document
 from tpujobs.domain.admission import Holder
+from tpujobs.domain.fair_share import Waiting
 from tpujobs.domain.job import Job
 from tpujobs.domain.pools import Pool
 from tpujobs.domain.quota_edits import with_limit, with_reservation
@@ -64,10 +66,10 @@ class InMemoryPools:
             holders, version = self._holders[pool]
             return PoolView(pool, holders, version)
 
-    def change(self, seen: PoolView, add: Holder | None = None, remove: frozenset[str] = frozenset()) -> bool:
+    def change(self, seen: PoolView, add: Holder | Sequence[Holder] = (), remove: frozenset[str] = frozenset()) -> bool:
         holders = {h.job_id: h for h in seen.holders if h.job_id not in remove}
-        if add is not None:
-            holders[add.job_id] = add
+        for holder in (add,) if isinstance(add, Holder) else add:
+            holders[holder.job_id] = holder
         with self._lock:
             current = self._holders.get(seen.pool)
             if (current[1] if current else None) != seen.version:
@@ -81,6 +83,13 @@ class InMemoryPools:
 
     def queue(self, pool: str, limit: int = 10) -> list[Job]:
         return _queued_in_order((d for _, d in self._jobs.job_documents() if d.get("pool") == pool), limit)
+
+    def waiting(self, pool: str) -> list[Waiting]:
+        return [
+            waiting_from_document(d)
+            for _, d in self._jobs.job_documents()
+            if d.get("pool") == pool and d.get("state") == JobState.QUEUED.value
+        ]
 
     def active_in(self, pool: str) -> list[Job]:
         return [

@@ -1,0 +1,388 @@
+"""Admission by share: which waiting jobs get a pool's chips, in what order, and whom they take back.
+
+Teams (`domain.teams`) hold a nominal share of a quota limit, may borrow others' idle chips up to
+their borrowing limit, and lend their own up to their lending limit. A team under its nominal is
+admitted before any borrower, and takes back chips lent to borrowers (reclaim); among borrowers
+the lowest weighted share goes first, then priority, then age. Within a team the queue is strict
+per limit, as it was for the whole pool before teams. See docs/teams.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from tpujobs.domain.admission import EVICTING_PRIORITIES, Holder, waiting_reason
+from tpujobs.domain.quotas import Limits, PoolKey, Scope
+from tpujobs.domain.spec import PRIORITY_RANK
+
+if TYPE_CHECKING:
+    from tpujobs.domain.teams import Share
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A QUEUED job as admission orders it: a projection of its document, every one of the pool's."""
+
+    job_id: str
+    team: str
+    zone: str
+    chips: int
+    priority: str
+    created_at: datetime
+    attempt: int
+    state_reason: str = ""
+    evictable: bool = True  # not `on_preemption: fail`: admitted, it may be evicted or reclaimed
+
+
+@dataclass(frozen=True)
+class Position:
+    """One team's chips under one limit, for `tpujobs team show`: all in chips."""
+
+    team: str
+    nominal: int
+    held: int
+    borrowed: int  # held past its nominal, on others' idle chips
+    lent: int  # of its nominal, held by others now
+    waiting: int  # asked for by its waiting jobs
+
+
+@dataclass(frozen=True)
+class Limit:
+    """One limit of a pool as admission sees it: its chips, and the teams' shares of them (none:
+    a plain limit, first come by priority and age)."""
+
+    where: str  # a zone, or the region
+    scope: Scope
+    chips: int
+    shares: Mapping[str, Share]
+
+    def counts(self, zone: str) -> bool:
+        """Whether chips in `zone` count under this limit."""
+        return self.scope == "region" or zone == self.where
+
+    @property
+    def unassigned(self) -> int:
+        """Chips no team holds as nominal: all that jobs of no team may draw on."""
+        return max(0, self.chips - sum(s.nominal for s in self.shares.values()))
+
+    def nominal(self, team: str) -> int:
+        share = self.shares.get(team)
+        return share.nominal if share else 0
+
+    def kept(self, team: str) -> int:
+        """Chips of the team's nominal it never lends (`nominal - lending_limit`)."""
+        share = self.shares.get(team)
+        if share is None or share.lending_limit is None:
+            return 0
+        return max(0, share.nominal - share.lending_limit)
+
+
+def pool_limits(limits: Limits, region: str, shares: Mapping[str, Mapping[str, Share]]) -> list[Limit]:
+    """The pool's limits, region first, each with the teams' shares of it (`TeamBook.shares_of`)."""
+    found = []
+    if limits.total is not None:
+        found.append(Limit(region, "region", limits.total, shares.get(region, {})))
+    for zone, chips in sorted(limits.zones.items()):
+        found.append(Limit(zone, "zone", chips, shares.get(zone, {})))
+    return found
+
+
+class _Tally:
+    """Chips held under each limit, in all and per team, as a round hands them out and takes them back."""
+
+    def __init__(self, limits: Sequence[Limit], holders: Iterable[Holder]) -> None:
+        self.limits = list(limits)
+        self.total = [0] * len(self.limits)
+        self.by_team: list[dict[str, int]] = [{} for _ in self.limits]
+        self.holders: dict[str, Holder] = {}
+        for holder in holders:
+            self.add(holder)
+
+    def add(self, holder: Holder) -> None:
+        self._count(holder, 1)
+        self.holders[holder.job_id] = holder
+
+    def remove(self, holder: Holder) -> None:
+        if self.holders.pop(holder.job_id, None) is not None:
+            self._count(holder, -1)
+
+    def _count(self, holder: Holder, sign: int) -> None:
+        for i, limit in enumerate(self.limits):
+            if limit.counts(holder.zone):
+                self.total[i] += sign * holder.chips
+                teams = self.by_team[i]
+                teams[holder.team] = teams.get(holder.team, 0) + sign * holder.chips
+
+    def held(self, i: int, team: str) -> int:
+        return self.by_team[i].get(team, 0)
+
+    def idle_kept(self, i: int, but: str) -> int:
+        """Idle chips the other teams keep for themselves (their nominal past their lending limit)."""
+        limit = self.limits[i]
+        return sum(max(0, limit.kept(t) - self.held(i, t)) for t in limit.shares if t != but)
+
+    def borrowing(self, i: int, team: str) -> bool:
+        return self.held(i, team) > self.limits[i].nominal(team)
+
+    def share(self, team: str) -> float:
+        """The team's dominant weighted share: its highest held / (nominal x weight) over the
+        limits that have shares (a limit where it has none counts as a nominal of one chip)."""
+        found = 0.0
+        for i, limit in enumerate(self.limits):
+            if limit.shares:
+                share = limit.shares.get(team)
+                weight = share.weight if share else 1.0
+                found = max(found, self.held(i, team) / (max(limit.nominal(team), 1) * weight))
+        return found
+
+
+@dataclass(frozen=True)
+class Admit:
+    """A job the round admits, with the holders that make room for it."""
+
+    job: Waiting
+    evicted: tuple[Holder, ...] = ()  # its own team's lower priorities (a high or very-high job)
+    reclaimed: tuple[Holder, ...] = ()  # other teams' borrowed chips, taken back for its nominal share
+
+
+@dataclass(frozen=True)
+class Round:
+    """What one admission round does with a pool's queue."""
+
+    admitted: tuple[Admit, ...] = ()
+    held_back: Mapping[str, str] = field(default_factory=dict)  # job id -> why it waits (each team's head per zone)
+    too_big: tuple[Waiting, ...] = ()  # bigger than a whole limit now: they move on or fail
+
+
+_Failure = tuple[int, str]  # the index of the limit a job does not fit under, and how
+_Candidate = tuple[tuple[int, float, int, datetime], Waiting, tuple[Holder, ...], tuple[Holder, ...]]
+
+
+def plan_round(
+    pool: PoolKey,
+    limits: Sequence[Limit],
+    holders: Iterable[Holder],
+    waiting: Iterable[Waiting],
+    paused: Mapping[str, str] | None = None,
+) -> Round:
+    """Admit the pool's waiting jobs while they fit, in share order (see the module's docstring).
+
+    Every waiting job is looked at: each team's queue per zone is strict (priority, then age), so
+    only its head can go; a head that cannot closes its queue for the round, and says why. A team
+    under its nominal that cannot get in (its chips are held by jobs that cannot be taken back)
+    keeps those limits from borrowers for the round. `paused`: teams whose new jobs wait, with why.
+    """
+    tally = _Tally(limits, holders)
+    queues: dict[tuple[str, str], list[Waiting]] = {}
+    for job in sorted(waiting, key=lambda j: (PRIORITY_RANK[j.priority], -j.created_at.timestamp()), reverse=True):
+        queues.setdefault((job.team, job.zone), []).append(job)
+    for queue in queues.values():
+        queue.reverse()  # each queue's head last, for pop()
+    admitted: list[Admit] = []
+    held_back: dict[str, str] = {}
+    too_big: list[Waiting] = []
+    reserved: set[int] = set()  # limits an under-nominal team waits in: no borrower goes there this round
+    while True:
+        best: _Candidate | None = None
+        for key, queue in list(queues.items()):
+            while queue and _too_big(limits, queue[-1]):
+                too_big.append(queue.pop())
+            if not queue:
+                continue
+            job = queue[-1]
+            relevant = [i for i, limit in enumerate(limits) if limit.counts(job.zone)]
+            found = _candidate(pool, tally, job, relevant, reserved, paused or {})
+            if isinstance(found, str):
+                held_back[job.job_id] = found
+                del queues[key]
+                continue
+            if best is None or found[0] < best[0]:
+                best = found
+        if best is None:
+            return Round(tuple(admitted), held_back, tuple(too_big))
+        _, job, evicted, reclaimed = best
+        for victim in (*evicted, *reclaimed):
+            tally.remove(victim)
+        tally.add(Holder(job.job_id, job.chips, job.attempt, job.priority, job.created_at, False, job.zone, job.team))
+        queues[(job.team, job.zone)].pop()
+        admitted.append(Admit(job, evicted, reclaimed))
+
+
+def _too_big(limits: Sequence[Limit], job: Waiting) -> bool:
+    """Bigger than a whole limit (lowered after it was submitted; 0 is a pause, not a size)."""
+    return any(0 < limit.chips < job.chips for limit in limits if limit.counts(job.zone))
+
+
+def _candidate(
+    pool: PoolKey, tally: _Tally, job: Waiting, relevant: list[int], reserved: set[int], paused: Mapping[str, str]
+) -> _Candidate | str:
+    """How `job` could be admitted now (its order key and the holders it takes), or why it waits."""
+    if job.team in paused:
+        return paused[job.team]
+    limits = tally.limits
+    shared = [i for i in relevant if limits[i].shares]
+    within = bool(job.team and shared) and all(
+        tally.held(i, job.team) + job.chips <= limits[i].nominal(job.team) for i in shared
+    )
+    order = (0, 0.0) if within else (1, tally.share(job.team))
+    key = (*order, -PRIORITY_RANK[job.priority], job.created_at)
+    failure = _failure(tally, job, relevant, reserved)
+    if failure is None:
+        return key, job, (), ()
+    if within:  # its nominal share: take back what borrowers hold
+        taken = _take_back(
+            tally, job, relevant, reserved, lambda h, i: h.team != job.team and tally.borrowing(i, h.team)
+        )
+        if taken is not None:
+            return key, job, (), taken
+        reserved.update(shared)
+    elif job.priority in EVICTING_PRIORITIES:
+        rank = PRIORITY_RANK[job.priority]
+        taken = _take_back(tally, job, relevant, reserved, lambda h, i: h.team == job.team and h.rank < rank)
+        if taken is not None:
+            return key, job, taken, ()
+    return _why(pool, tally, job, failure, within)
+
+
+def _failure(tally: _Tally, job: Waiting, relevant: list[int], reserved: set[int]) -> _Failure | None:
+    """The first limit `job` does not fit under now, and how; None: it fits under all."""
+    team, chips = job.team, job.chips
+    for i in relevant:
+        limit = tally.limits[i]
+        held = tally.held(i, team)
+        if tally.total[i] + chips > limit.chips:
+            return i, "full"
+        if not limit.shares or (team and held + chips <= limit.nominal(team)):
+            continue
+        if i in reserved:
+            return i, "reserved"
+        if not team:
+            if held + chips > limit.unassigned:
+                return i, "unassigned"
+            continue
+        share = limit.shares.get(team)
+        if share and share.borrowing_limit is not None and held + chips - share.nominal > share.borrowing_limit:
+            return i, "borrowing"
+        if tally.total[i] + tally.idle_kept(i, team) + chips > limit.chips:
+            return i, "kept"
+    return None
+
+
+def _take_back(
+    tally: _Tally, job: Waiting, relevant: list[int], reserved: set[int], may_take: Callable[[Holder, int], bool]
+) -> tuple[Holder, ...] | None:
+    """The holders to stop so `job` fits: lowest priority and most recently started first, each
+    one counted under the limit that holds the job back (and that `may_take` allows there); None
+    when stopping every one of them would not do. The tally is left as it was."""
+    candidates = sorted(
+        (h for h in tally.holders.values() if h.evictable and h.job_id != job.job_id),
+        key=lambda h: (h.rank, -h.since.timestamp()),
+    )
+    taken: list[Holder] = []
+    try:
+        failure = _failure(tally, job, relevant, reserved)
+        for holder in candidates:
+            if failure is None or failure[1] != "full":
+                break
+            i = failure[0]
+            if tally.limits[i].counts(holder.zone) and may_take(holder, i):
+                tally.remove(holder)
+                taken.append(holder)
+                failure = _failure(tally, job, relevant, reserved)
+        return tuple(taken) if taken and failure is None else None
+    finally:
+        for holder in taken:
+            tally.add(holder)
+
+
+def _why(pool: PoolKey, tally: _Tally, job: Waiting, failure: _Failure, within: bool) -> str:
+    """Why a team's head waits: the limit, and the team's position under it. The same words while
+    nothing changes, so saying it again writes nothing."""
+    i, how = failure
+    limit = tally.limits[i]
+    if not limit.shares:
+        return waiting_reason(pool, limit.scope, job.zone, limit.chips, job.chips)
+    chips = pool.chips_of(job.zone if limit.scope == "zone" else pool.region)
+    needs = f"Waiting for quota: needs {job.chips} {chips}"
+    team = job.team
+    if not team:
+        held = tally.held(i, "")
+        free = f"the {limit.unassigned} chips no team holds as nominal"
+        return f"{needs}; jobs of no team draw only on {free}, and hold {held}."
+    if how == "reserved":
+        return f"{needs}; a team under its nominal share waits for chips there first."
+    nominal, held = limit.nominal(team), tally.held(i, team)
+    if within:
+        rest = "the rest are held by jobs that cannot be taken back yet"
+        return f"{needs}; {team} holds {held} of its {nominal} nominal chips, and {rest}."
+    return f"{needs}; {team} {_holds(held, nominal)} and may borrow {_may_borrow(tally, i, team)} more."
+
+
+def _holds(held: int, nominal: int) -> str:
+    if held == nominal:
+        return f"holds its {nominal} nominal chips"
+    if held > nominal:
+        return f"holds {held} chips, {held - nominal} past its {nominal} nominal"
+    return f"holds {held} of its {nominal} nominal chips"
+
+
+def _may_borrow(tally: _Tally, i: int, team: str) -> int:
+    """Chips past its nominal the team could hold now: others' idle, lendable chips, up to its borrowing limit."""
+    limit = tally.limits[i]
+    held, nominal = tally.held(i, team), limit.nominal(team)
+    free = limit.chips - tally.total[i] - tally.idle_kept(i, team) - max(0, nominal - held)
+    share = limit.shares.get(team)
+    room = (
+        free
+        if share is None or share.borrowing_limit is None
+        else min(free, share.borrowing_limit - max(0, held - nominal))
+    )
+    return max(0, room)
+
+
+def limit_positions(
+    limits: Limits, where: str, shares: Mapping[str, Share], holders: Sequence[Holder], waiting: Sequence[Waiting]
+) -> dict[str, Position]:
+    """Each team's position under one limit of a pool (`where`: its zone, or its region), for
+    `tpujobs team show`. Borrowed chips come first from chips no team holds as nominal; the rest
+    are lent by the teams with idle lendable nominal, in proportion to it."""
+    scope: Scope = "region" if limits.total is not None and where not in limits.zones else "zone"
+    chips = limits.of(scope, where)
+    limit = Limit(where, scope, chips if chips is not None else sum(s.nominal for s in shares.values()), shares)
+    counted = [h for h in holders if limit.counts(h.zone)]
+    teams = sorted({*shares, *(h.team for h in counted), *(w.team for w in waiting if limit.counts(w.zone))})
+    held = {t: sum(h.chips for h in counted if h.team == t) for t in teams}
+    borrowed = {t: max(0, held[t] - limit.nominal(t)) for t in teams}
+    from_nominals = max(0, sum(borrowed.values()) - limit.unassigned) if chips is not None else 0
+    lendable = {t: max(0, min(limit.nominal(t) - limit.kept(t), limit.nominal(t) - held[t])) for t in shares}
+    lent = _in_proportion(from_nominals, lendable)
+    return {
+        t: Position(
+            t,
+            limit.nominal(t),
+            held[t],
+            borrowed[t],
+            lent.get(t, 0),
+            sum(w.chips for w in waiting if w.team == t and limit.counts(w.zone)),
+        )
+        for t in teams
+    }
+
+
+def _in_proportion(total: int, weights: Mapping[str, int]) -> dict[str, int]:
+    """`total` split in whole chips in proportion to `weights` (none past its weight); the
+    remainder goes one chip at a time in name order."""
+    whole = sum(weights.values())
+    if not whole or not total:
+        return {}
+    total = min(total, whole)
+    parts = {t: total * w // whole for t, w in weights.items()}
+    for t in sorted(weights):
+        if sum(parts.values()) >= total:
+            break
+        if parts[t] < weights[t]:
+            parts[t] += 1
+    return parts
