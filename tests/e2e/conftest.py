@@ -20,6 +20,9 @@ E2E_WAITS = {
     "TPUJOBS_BOOT_TIMEOUT_SECONDS": "45",  # as `tpujobs dev up`: a warm-pool unit booting under load needs it
     "TPUJOBS_UNHEALTHY_GRACE_SECONDS": "10",  # `tpujobs dev up`: 20 s
 }
+# The stack's one admin (TPUJOBS_ADMINS): the tests that edit config/teams through the jobs API ask as
+# it; no other test's caller is one, so what they show of non-admins holds.
+ADMIN = "admin@example.com"
 
 
 @pytest.fixture(scope="session")
@@ -27,7 +30,7 @@ def local_stack(emulators, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     """The whole local stack, as `tpujobs dev up` starts it (with E2E_WAITS); its environment is exported."""
     state_dir = tmp_path_factory.mktemp("stack")
     # The functions write Cloud Logging's JSON, as on GCP: test_metric_filters_e2e reads it.
-    environ = {**os.environ, **emulators, **E2E_WAITS, "TPUJOBS_LOG_FORMAT": "json"}
+    environ = {**os.environ, **emulators, **E2E_WAITS, "TPUJOBS_LOG_FORMAT": "json", "TPUJOBS_ADMINS": ADMIN}
     state = stack.up(state_dir, Settings(project=PROJECT), environ=environ)
     saved = dict(os.environ)
     os.environ.update(state.env)
@@ -63,6 +66,12 @@ def env(local_stack):
         "storage": storage_client(project),
         "tpu": tpu_client(local_stack["TPUJOBS_TPU_ENDPOINT"]),
     }
+
+
+@pytest.fixture(scope="session")
+def stack_admin(local_stack) -> str:
+    """The e-mail the stack's jobs API answers as an admin (TPUJOBS_ADMINS)."""
+    return ADMIN
 
 
 def submit(env: dict, prefix: str = "e2e", **spec: object) -> str:

@@ -27,7 +27,7 @@ from tpujobs.domain.states import JobState
 from tpujobs.engine.settings import Settings
 from tpujobs.local.testing import wait_for
 
-# A stack, two jobs, a pool of one unit booting and a job on it, 15 Chromium runs of ~5 s.
+# A stack, two jobs, a pool of one unit booting and a job on it, 18 Chromium runs of ~5 s.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,7 +106,7 @@ def pool_section(dom: str, name: str) -> str:
 
 
 def test_each_page_shows_a_running_and_a_finished_job_at_phone_and_desktop_widths(env, submit_job, held_pool):
-    """Jobs, both job pages, pools and usage: the ids, states, chip-hours, SVG plots, the pool's
+    """Jobs, both job pages, pools, usage and teams: the ids, states, chip-hours, SVG plots, the pool's
     unit and its holder, and the `<script>` output as text, in what Chromium built at both widths;
     a screenshot of each."""
     browser = chromium()
@@ -139,6 +139,7 @@ def test_each_page_shows_a_running_and_a_finished_job_at_phone_and_desktop_width
             ["Warm pools", pool, f'<a href="/jobs/{on_pool}">{on_pool}</a>', "Busy share of held chips"],
         ),
         "usage": ("/usage", ["Chip-hours per day", 'class="chart"', f"owner {owner}"]),
+        "teams": ("/teams", ["<h1>Teams</h1>", "every team"]),  # whatever teams the stack keeps: the page, its rule
     }
     for name, (path, wanted) in pages.items():
         dom = browse(browser, base + path, 1280, "--dump-dom")

@@ -26,7 +26,7 @@ from .containers import (
     ImageProblem,
 )
 from .last_output import LastOutput, last_lines, match_retry_output
-from .notices import watch_maintenance, watch_preempted, watch_upcoming_maintenance
+from .notices import watch_host_notices
 from .output import LogShipper
 from .reports import Preemption, Reporter
 from .rest import GoogleApi, Metadata, Publisher, SecretReader, Storage, TokenSource, split_gs_uri
@@ -127,17 +127,18 @@ class Agent(CommandRunner):
         `preemption_grace` s after the notice, output shipped often meanwhile, and the last of it
         flushed before the window ends."""
         noticed = self.preemption.noticed_at or time.monotonic()
+        told = self.preemption.told  # else tpujobs stopped it (a reclaim): no VM switch-off, its own grace
+        grace, window = (self.preemption_grace, self.preemption_window) if told else (self.grace, self.grace + 10)
         with self._lock:
             if self._finished:  # the command's end is known and reported: keep it
                 log(f"preemption notice ({reason}) after the command ended")
                 return
             self.reporter.silence()
-            container = self._sigterm_locked(noticed + self.preemption_grace)
-        margin = min(FLUSH_MARGIN_SECONDS, (self.preemption_window - self.preemption_grace) / 2)
-        self.shipper.hurry(noticed + self.preemption_window - margin)
+            container = self._sigterm_locked(noticed + grace)
+        self.shipper.hurry(noticed + window - min(FLUSH_MARGIN_SECONDS, (window - grace) / 2))
         self.note(
-            f"preemption notice ({reason}): stopping the command, SIGKILL {self.preemption_grace:g} s "
-            f"after the notice, output flushed within {self.preemption_window:g} s"
+            f"{'preemption notice' if told else 'stop'} ({reason}): stopping the command, SIGKILL {grace:g} s "
+            f"after the notice, output flushed within {window:g} s"
         )
         self._sigterm_container(container)
 
@@ -182,11 +183,7 @@ class Agent(CommandRunner):
             return self._finish(AGENT_FAILED)
         if earlier is not None:
             return self._started_again(earlier)
-        watch_preempted(self.metadata, self.preemption.trigger, self.stop_watching)
-        watch_maintenance(self.metadata, self.preemption.trigger, self.stop_watching)
-        watch_upcoming_maintenance(
-            self.metadata, lambda window: self.reporter.report("maintenance", **window), self.stop_watching
-        )
+        watch_host_notices(self.metadata, self.preemption, self.reporter, self.stop_watching)
         self._watch_deadline()
         if self.link is not None:  # before the command: worker 0 may speak for it from its `started`
             self.link.start()

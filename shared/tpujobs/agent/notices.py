@@ -18,11 +18,14 @@ import time
 from collections.abc import Callable
 
 from .basics import HttpError, log
+from .reports import Preemption, Reporter
 from .rest import Metadata
 
 PREEMPTED_METADATA = "instance/preempted"
 MAINTENANCE_METADATA = "instance/maintenance-event"
 UPCOMING_MAINTENANCE_METADATA = "instance/upcoming-maintenance?alt=json"
+ATTRIBUTES_METADATA = "instance/attributes/"  # the listing of the instance's own keys
+STOP_REQUEST_KEY = "tpujobs-stop"  # engine/startup_script.py's STOP_REQUEST_KEY
 TERMINATE_ON_MAINTENANCE = "TERMINATE_ON_HOST_MAINTENANCE"
 WATCH_WAIT_SECONDS = 60.0  # how long one wait_for_change request may be held
 WATCH_FLOOR_SECONDS = 0.5  # the least time between two requests answered unchanged
@@ -169,3 +172,31 @@ def watch_upcoming_maintenance(
         return False
 
     return watch_metadata(metadata, UPCOMING_MAINTENANCE_METADATA, changed, stop)
+
+
+def watch_stop_request(metadata: Metadata, on_stop: Callable[[str], None], stop: threading.Event) -> threading.Thread:
+    """On `tpujobs-stop` appearing among the instance's attributes (tpujobs took the attempt's
+    chips back: a reclaim, an eviction), calls on_stop once with tpujobs' reason. The attributes'
+    listing is watched, since a key that does not exist yet cannot be waited on (404). Only the
+    control plane writes a VM's metadata; the value is shown, never run."""
+
+    def seen(listing: str) -> bool:
+        if STOP_REQUEST_KEY not in listing.split():
+            return False
+        try:
+            why = metadata.get(f"{ATTRIBUTES_METADATA}{STOP_REQUEST_KEY}").strip()
+        except Exception:  # asked all the same: the key is there
+            why = "no reason given"
+        on_stop(f"tpujobs asked this attempt to stop: {why[:200]}")
+        return True
+
+    return watch_metadata(metadata, ATTRIBUTES_METADATA, seen, stop)
+
+
+def watch_host_notices(metadata: Metadata, preemption: Preemption, reporter: Reporter, stop: threading.Event) -> None:
+    """Every watch an attempt's host keeps: a preemption or a host maintenance (a notice, then the
+    stop), a stop asked by tpujobs (the stop alone), and maintenance windows scheduled ahead."""
+    watch_preempted(metadata, preemption.trigger, stop)
+    watch_maintenance(metadata, preemption.trigger, stop)
+    watch_stop_request(metadata, lambda why: preemption.trigger(why, tell=False), stop)
+    watch_upcoming_maintenance(metadata, lambda window: reporter.report("maintenance", **window), stop)

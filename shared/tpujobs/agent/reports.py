@@ -112,13 +112,20 @@ class Preemption:
         self._lock = threading.Lock()
         self._retry: threading.Thread | None = None
         self._stood_down = False  # the job was withdrawn: no notice is ever sent for it
+        self.told = True  # the notice was published (a preemption); False: tpujobs asked for the stop
 
-    def trigger(self, reason: str) -> None:
+    def trigger(self, reason: str, tell: bool = True) -> None:
+        """Stop the command for a preemption (published first), or, with `tell` False, because
+        tpujobs asked (a reclaim: the control plane knows, and no VM is about to be switched off)."""
         with self._lock:
             if self.noticed.is_set() or self._stood_down:
                 return
             self.noticed_at = time.monotonic()
+            self.told = tell
             self.noticed.set()
+        if not tell:
+            self.on_notice(reason)
+            return
         payload = {**self.identity, "reason": reason, "at": rfc3339(), "nonce": token_hex(16)}
         attributes = {"job_id": str(payload["job_id"]), "attempt": str(payload["attempt"])}
         try:

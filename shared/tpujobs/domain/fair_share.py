@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from tpujobs.domain.admission import EVICTING_PRIORITIES, Holder, waiting_reason
+from tpujobs.domain.grace import parse_held_holder
 from tpujobs.domain.quotas import Limits, PoolKey, Scope
 from tpujobs.domain.spec import PRIORITY_RANK
 
@@ -96,6 +97,7 @@ class _Tally:
     def __init__(self, limits: Sequence[Limit], holders: Iterable[Holder]) -> None:
         self.limits = list(limits)
         self.total = [0] * len(self.limits)
+        self.stopping = [0] * len(self.limits)  # held over while their hosts stop or save: no one's share
         self.by_team: list[dict[str, int]] = [{} for _ in self.limits]
         self.holders: dict[str, Holder] = {}
         for holder in holders:
@@ -113,6 +115,9 @@ class _Tally:
         for i, limit in enumerate(self.limits):
             if limit.counts(holder.zone):
                 self.total[i] += sign * holder.chips
+                if parse_held_holder(holder.job_id) is not None:  # on its way out: counted, in no share
+                    self.stopping[i] += sign * holder.chips
+                    continue
                 teams = self.by_team[i]
                 teams[holder.team] = teams.get(holder.team, 0) + sign * holder.chips
 
@@ -316,7 +321,12 @@ def _why(pool: PoolKey, tally: _Tally, job: Waiting, failure: _Failure, within: 
         return f"{needs}; a team under its nominal share waits for chips there first."
     nominal, held = limit.nominal(team), tally.held(i, team)
     if within:
-        rest = "the rest are held by jobs that cannot be taken back yet"
+        stopping = tally.stopping[i]
+        rest = (
+            f"{stopping} chips are still held by jobs stopping within their grace"
+            if stopping
+            else "the rest are held by jobs that cannot be taken back yet"
+        )
         return f"{needs}; {team} holds {held} of its {nominal} nominal chips, and {rest}."
     return f"{needs}; {team} {_holds(held, nominal)} and may borrow {_may_borrow(tally, i, team)} more."
 

@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 
 from tpujobs.domain.admission import pool_id
 from tpujobs.domain.job import HeldOver, Job
+from tpujobs.domain.states import JobState
 
 SPOT_SHUTDOWN_GRACE_SECONDS = 30.0  # Spot VMs: ACPI G2 Soft Off, then G3 Mechanical Off 30 s later
 STANDARD_SHUTDOWN_GRACE_SECONDS = 120.0  # every other VM (and the safe path where Google says nothing)
@@ -25,6 +26,11 @@ STANDARD_SHUTDOWN_GRACE_SECONDS = 120.0  # every other VM (and the safe path whe
 # never say either of a preempted slice: its grace is waited out.
 HOSTS_GONE = frozenset({"SUSPENDED", "FAILED"})
 HELD_PREFIX = "held:"  # an admission pool's holder id for a held-over holding: `held:{holding}`
+# A running attempt tpujobs stops itself (a reclaim, an eviction) is asked to through its hosts'
+# metadata (`tpujobs-stop`): the agent stops the command as for a preemption notice, with its own
+# grace (30 s from SIGTERM to SIGKILL), ships the output and says `stopped`. Its holding is kept
+# until every host has, or this long at most.
+STOP_HOLD_SECONDS = 60.0
 
 
 def shutdown_grace_seconds(job: Job) -> float:
@@ -54,6 +60,16 @@ def hold_over(job: Job, state: str | None, unhealthy_hosts: int = 0) -> HeldOver
     until = usage.ended_at + timedelta(seconds=shutdown_grace_seconds(job))
     chips, pool = job.spec.chips, pool_id(job.spec, job.zone, job.capacity)
     return HeldOver(job.queued_resource, job.zone, job.attempt, chips, pool, until)
+
+
+def hold_while_stopping(job: Job, now: datetime) -> HeldOver | None:
+    """The current attempt's holding, kept while tpujobs asks its hosts to stop (a reclaim, an
+    eviction) so the command's save on SIGTERM is not cut short; None when no host can be running
+    the command yet (the attempt is not RUNNING): it is released at once."""
+    if job.state is not JobState.RUNNING or not job.queued_resource:
+        return None
+    chips, pool = job.spec.chips, pool_id(job.spec, job.zone, job.capacity)
+    return HeldOver(job.queued_resource, job.zone, job.attempt, chips, pool, now + timedelta(seconds=STOP_HOLD_SECONDS))
 
 
 def saving_until(job: Job, state: str | None, unhealthy_hosts: int, now: datetime) -> datetime | None:

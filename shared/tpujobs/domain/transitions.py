@@ -398,7 +398,15 @@ def _evicted(job: Job, seen: Observation, now: datetime) -> _Move:
     resume = job.spec.on_preemption == "resume"
     how = "resume from its checkpoint" if resume else "start from scratch"
     reason = f"{seen.reason or 'Evicted'}; attempt {job.attempt + 1} waits for quota and will {how}."
-    return _Move(JobState.QUEUED, reason, {**_requeued(job, job.zone), "resume_next": resume})
+    changes = {**_requeued(job, job.zone), "resume_next": resume}
+    if seen.held_over is not None:  # its hosts stop the command first: the save is not cut short
+        changes["held_over"] = (*(h for h in job.held_over if h.holding != seen.held_over.holding), seen.held_over)
+        until = seen.held_over.release_after.isoformat(timespec="seconds")
+        reason += (
+            f" Attempt {job.attempt}'s hosts were asked to stop its command (SIGTERM, then its grace); "
+            f"{seen.held_over.holding} is released once they have, at the latest at {until}."
+        )
+    return _Move(JobState.QUEUED, reason, changes)
 
 
 def _zone_failover(job: Job, seen: Observation, now: datetime) -> _Move | Ignored:

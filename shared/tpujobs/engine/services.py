@@ -21,6 +21,7 @@ from tpujobs.domain.job import Job, JobEvent, Source
 from tpujobs.domain.pools import Pool
 from tpujobs.domain.restart_overrides import RestartAction
 from tpujobs.domain.transitions import Decision, Ignored, Observation
+from tpujobs.engine.budgets import TeamBudgets
 from tpujobs.engine.inbound import InboundMessage
 from tpujobs.engine.jobs.admission import Admission
 from tpujobs.engine.jobs.attempts import AttemptCapacity
@@ -100,7 +101,7 @@ class _PoolParts:
     @staticmethod
     def build(store: WarmPoolStore, engine: Engine, observe: Observe) -> _PoolParts:
         agents = UnitAgents(store, engine.store, engine.capacity, engine.settings)
-        quota = UnitQuota(engine.pools, engine.clock, engine.admission)
+        quota = UnitQuota(engine.pools, engine.clock, engine.admission, engine.teams, engine.access)
         units = PoolUnits(
             store, engine.store, engine.capacity, engine.clock, engine.sleep, engine.journal, quota, agents, observe
         )
@@ -142,10 +143,12 @@ class Engine:
         warm_pools: WarmPoolStore | None = None,
         handoff: CapacityHandoff | None = None,
         teams: Teams | None = None,
+        budgets: TeamBudgets | None = None,
     ) -> None:
         """`handoff`: where capacity work goes after each commit, for an engine whose `capacity`
         cannot act (the jobs API's); None: done here, on `capacity`. `teams`: config/teams
-        (None: no teams, every job in none)."""
+        (None: no teams, every job in none). `budgets`: the teams' monthly chip-hours, whose
+        new jobs wait once over budget (None: no budgets kept)."""
         self.store = store
         self.capacity = capacity
         self.settings = settings
@@ -161,7 +164,8 @@ class Engine:
         self.journal = JobJournal(store, clock, status, exports)
         self.attempts = AttemptCapacity(capacity, store, settings)
         # `self.observe` closes the one loop: acting on a job can observe it again (`journal.Observe`).
-        self.admission = Admission(pools, clock, sleep, self.journal, self.attempts, self.observe, teams)
+        paused = budgets.over_budget if budgets is not None else None
+        self.admission = Admission(pools, clock, sleep, self.journal, self.attempts, self.observe, teams, paused)
         parts = _PoolParts.build(warm_pools, self, self.observe) if warm_pools is not None else None
         pool_jobs = parts.jobs if parts is not None else None
         self.vetting = Vetting(settings, access, pools, pool_jobs)

@@ -274,6 +274,9 @@ def host_boot(job: Job, settings: Settings, *, timings: AgentTimings | None = No
 # map (`unit_metadata`).
 
 ASSIGNMENT_KEY = "tpujobs-assignment"
+# Set on a running attempt's hosts when tpujobs stops it itself (a reclaim, an eviction): the agent
+# stops the command as for a preemption notice, with its grace, and says `stopped` (agent/notices.py).
+STOP_REQUEST_KEY = "tpujobs-stop"
 POOL_WORKDIR = f"{DEFAULT_WORKDIR_ROOT}/pool"
 
 

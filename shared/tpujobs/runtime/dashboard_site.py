@@ -102,6 +102,8 @@ class DashboardSite:
             return self._render(
                 "usage.html", caller, "usage", False, usage=self.views.usage(caller, query), max_days=MAX_DAYS
             )
+        if path == "/teams":
+            return self._render("teams.html", caller, "teams", False, page=self.views.teams(caller))
         raise ApiError(404, f"No page {path!r}.")
 
     def _render(self, name: str, caller: str, section: str, moving: bool, **context: object) -> Page:

@@ -192,6 +192,8 @@ def api_engine() -> Engine:
 def _engine_on(capacity: Capacity, handoff: bool) -> Engine:
     """Every use case's service on this process's adapters and `capacity`; with `handoff`, capacity
     work goes to the converge function instead."""
+    from tpujobs.adapters.firestore_budgets import FirestoreBudgetTally
+    from tpujobs.engine.budgets import TeamBudgets
     from tpujobs.engine.services import Engine
 
     a = adapters()
@@ -207,6 +209,7 @@ def _engine_on(capacity: Capacity, handoff: bool) -> Engine:
         warm_pools=a.warm_pools,
         handoff=a.publisher if handoff else None,
         teams=a.teams,
+        budgets=TeamBudgets(FirestoreBudgetTally(a.firestore), utc_now),
     )
 
 
@@ -325,7 +328,9 @@ def output_exporter() -> OutputExporter:
 @functools.cache
 def dashboard() -> DashboardSite:
     """The web dashboard of this process: the jobs API's rules and store, IAP's header checked
-    with its published keys (cached), output's last lines read from the logs bucket's newest chunks."""
+    with its published keys (cached), output's last lines read from the logs bucket's newest chunks,
+    the teams' months from their budget tallies."""
+    from tpujobs.adapters.firestore_budgets import FirestoreBudgetTally
     from tpujobs.adapters.firestore_usage import FirestoreUsageJobs
     from tpujobs.adapters.iap_tokens import IapTokens
     from tpujobs.engine.dashboard.caller import DashboardCaller
@@ -341,7 +346,8 @@ def dashboard() -> DashboardSite:
         local_user=config.dashboard_local_user,
     )
     output = RecentOutput(build_log_objects(config).bucket, utc_now)
-    views = DashboardViews(jobs_api(), utc_now, FirestoreUsageJobs(firestore_client()), output)
+    client = firestore_client()
+    views = DashboardViews(jobs_api(), utc_now, FirestoreUsageJobs(client), output, FirestoreBudgetTally(client))
     return DashboardSite(views, caller)
 
 

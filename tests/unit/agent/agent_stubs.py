@@ -160,6 +160,10 @@ class FakeMetadata(_Server):
             "instance/service-accounts/default/identity": f"identity-of-{self.node_id}-w{self.worker}",
             **self.extra,
         }
+        names = sorted(
+            key.removeprefix("instance/attributes/") for key in values if key.startswith("instance/attributes/")
+        )
+        values["instance/attributes/"] = "".join(f"{name}\n" for name in names)  # the listing, as GCE's
         return values
 
     @property

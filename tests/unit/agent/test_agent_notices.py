@@ -70,6 +70,30 @@ def test_a_preemption_or_terminating_maintenance_in_the_metadata_is_one_notice(
     assert read_record(tmp_path / RECORD)["ended"] == "preempted"
 
 
+def test_a_stop_asked_in_the_metadata_stops_the_command_and_says_stopped_without_a_notice(
+    tmp_path: Path, metadata: FakeMetadata, google: GoogleStub
+) -> None:
+    """tpujobs took the chips back (a reclaim): `tpujobs-stop` appears among the attributes; the
+    command gets SIGTERM, no preemption notice is published, and the last report is `stopped`."""
+    job = a_job(command="trap 'echo got-term; exit 9' TERM; echo ready; while true; do sleep 0.05; done")
+    process = start_script(render_startup_script(job, SETTINGS, timings=FAST), tmp_path / "w", metadata, google)
+    try:
+        wait_for(lambda: b"ready" in google.output(chunk_prefix()))
+        wait_for(lambda: any(r.startswith("/computeMetadata/v1/instance/attributes/?") for r in metadata.requests))
+        metadata.extra["instance/attributes/tpujobs-stop"] = "Reclaimed by team-b (its nominal share), for b-0"
+        process.wait(timeout=20)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert google.messages(PREEMPTION) == []
+    kinds = google.kinds(WORKER_EVENTS)
+    assert kinds[-1] == "stopped" and "exited" not in kinds
+    output = google.output(chunk_prefix())
+    assert b"got-term\n" in output
+    assert b"tpujobs asked this attempt to stop: Reclaimed by team-b (its nominal share), for b-0" in output
+
+
 @pytest.mark.parametrize(
     "value", ["NONE", "MIGRATE_ON_HOST_MAINTENANCE", "SOMETHING_GOOGLE_ADDS_LATER", "", "TERMINATE"]
 )

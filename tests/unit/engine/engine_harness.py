@@ -19,6 +19,7 @@ from typing import Any
 from tpujobs.domain.access import AccessPolicies
 from tpujobs.domain.job import Job, JobEvent
 from tpujobs.domain.spec import parse_spec
+from tpujobs.engine.budgets import TeamBudgets
 from tpujobs.engine.ports import Capacity, Rejection
 from tpujobs.engine.settings import Settings
 from tpujobs.local.fakes import (
@@ -28,6 +29,7 @@ from tpujobs.local.fakes import (
     InMemoryWarmPools,
     RecordingPublisher,
 )
+from tpujobs.local.fakes.budgets import InMemoryBudgetTally
 from tpujobs.local.fakes.teams import FakeTeams
 from tpujobs.local.simulator.client import SimulatorControl
 from tpujobs.local.testing import (
@@ -58,6 +60,7 @@ class Engine:
     pools: InMemoryPools
     warm_pools: InMemoryWarmPools
     teams: FakeTeams
+    budget_tally: InMemoryBudgetTally  # the teams' monthly chip-hours, whose new jobs wait past budget
     access: InMemoryAccessPolicies
     published: RecordingPublisher
     settings: Settings
@@ -292,7 +295,7 @@ def build_engine(
     capacity = tpu or CloudTpu(tpu_client, PROJECT, retry=transient_retry(deadline_s=0.2))  # a failing API: quick
     published = RecordingPublisher()
     pools, warm_pools, policies = InMemoryPools(store), InMemoryWarmPools(store), InMemoryAccessPolicies(access)
-    teams = FakeTeams(pools)
+    teams, budget_tally = FakeTeams(pools), InMemoryBudgetTally()
     service = Services(
         store if steps is None else CrashingStore(store, steps),
         capacity,
@@ -305,6 +308,7 @@ def build_engine(
         access=policies if access is not None else None,  # None: no policies, as a hand-built engine has
         warm_pools=warm_pools,
         teams=teams,
+        budgets=TeamBudgets(budget_tally, clock),
     )
     return Engine(
         api_settings=local_settings(**{**merged, "local_stack": True}),
@@ -313,6 +317,7 @@ def build_engine(
         pools=pools,
         warm_pools=warm_pools,
         teams=teams,
+        budget_tally=budget_tally,
         access=policies,
         published=published,
         settings=service.settings,

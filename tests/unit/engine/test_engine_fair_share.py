@@ -10,6 +10,8 @@ from engine_harness import ZONE, Engine
 
 from tpujobs.domain.states import JobState
 from tpujobs.domain.team_edits import with_team
+from tpujobs.engine.startup_script import STOP_REQUEST_KEY
+from tpujobs.local.fakes.capacity import InMemoryCapacity
 
 P, Q = JobState.PROVISIONING, JobState.QUEUED
 POOL = "v4@us-central2"
@@ -81,3 +83,46 @@ def test_a_claimed_owner_on_the_topic_is_in_no_team_and_draws_only_on_unassigned
     assert jobs.job("claimed").team == ""
     assert states(jobs, "claimed") == [Q]
     assert "jobs of no team draw only on the 0 chips no team holds as nominal" in jobs.job("claimed").state_reason
+
+
+def test_a_team_past_its_monthly_budget_waits_until_an_admin_lifts_it(jobs: Engine) -> None:
+    jobs.teams.edit_team("team-b", lambda d: with_team(d, "team-b", budget_chip_hours=10))
+    month = jobs.clock().strftime("%Y-%m")
+    jobs.budget_tally.record("team-b", month, "old-job:1", 12)
+    submit(jobs, "b-0", "bob@example.com")
+    assert states(jobs, "b-0") == [Q]
+    assert "team-b has used 12 of its 10 chip-hour budget" in jobs.job("b-0").state_reason
+    submit(jobs, "a-0", "ada@example.com")  # another team is not held back
+    assert states(jobs, "a-0") == [P]
+    jobs.teams.edit_team("team-b", lambda d: with_team(d, "team-b", budget_chip_hours=100))
+    jobs.tick()
+    assert states(jobs, "b-0") == [P]
+
+
+def test_a_running_job_taken_back_is_asked_to_stop_and_its_chips_go_once_its_hosts_stopped(engine: Any) -> None:
+    """A reclaimed running attempt keeps its holding, counted, while its hosts stop the command
+    with their grace (the stop asked in their metadata); the reclaiming job is admitted the moment
+    every host has said `stopped`, not at the grace's end."""
+    capacity = InMemoryCapacity(initial_state="ACTIVE")
+    jobs: Engine = engine(tpu=capacity)
+    jobs.pools.set_quota(ZONE, "v4", "on-demand", 8)
+    for team, member in (("team-a", "ada@example.com"), ("team-b", "bob@example.com")):
+        jobs.teams.edit_team(team, lambda d, t=team, m=member: with_team(d, t, members=[m], chips={LIMIT: 4}))
+    for n in range(2):
+        submit(jobs, f"a-{n}", "ada@example.com")
+        jobs.report("started", 1, job_id=f"a-{n}")
+    assert states(jobs, "a-0", "a-1") == [JobState.RUNNING] * 2
+    submit(jobs, "b-0", "bob@example.com")
+    reclaimed = jobs.job("a-1")
+    assert reclaimed.state is Q and [h.holding for h in reclaimed.held_over] == ["a-1-a1"]
+    assert "a-1-a1" in {name for _, name in capacity.holdings}  # not released: its hosts are saving
+    stop_asked = next(iter(capacity.holdings[(ZONE, "a-1-a1")].metadata.values()))
+    assert stop_asked[STOP_REQUEST_KEY].startswith("Reclaimed by team-b (its nominal share), for b-0")
+    assert states(jobs, "b-0") == [Q]
+    assert "4 chips are still held by jobs stopping within their grace" in jobs.job("b-0").state_reason
+    assert "held:a-1-a1" in {h.job_id for h in jobs.pools.view(POOL).holders}
+    jobs.report("stopped", 1, job_id="a-1")
+    assert states(jobs, "b-0") == [P]
+    assert jobs.job("a-1").held_over == ()
+    assert ("release", ZONE, "a-1-a1") in capacity.calls
+    assert {h.job_id for h in jobs.pools.view(POOL).holders} == {"a-0", "b-0"}

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from tpujobs.domain.accounting import AttemptUsage
+from tpujobs.engine.budgets import THRESHOLDS
 
 PLOT_WIDTH = 600.0  # the viewBox width of every plot; the CSS scales it to the screen
 LANE_HEIGHT = 22.0  # one attempt's row in the attempts timeline
@@ -142,3 +143,78 @@ def daily_chip_hours(usage: Iterable[AttemptUsage], now: datetime) -> dict[str, 
             total, lost = days.get(day, (0.0, 0.0))
             days[day] = (total, lost + u.lost_chip_hours())
     return days
+
+
+SHARE_WIDTH = 540.0  # the longest bar of a team's plots; the rest of PLOT_WIDTH holds the number at its end
+NOTICE_PERCENT = THRESHOLDS[0]  # the first budget notice, marked on the budget plot
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One part of a horizontal bar: chips (or chip-hours) of one kind, placed."""
+
+    kind: str  # own, lent, idle, borrowed (a limit's plot); spent, over (a budget's)
+    x: float
+    width: float
+    amount: float
+
+
+@dataclass(frozen=True)
+class Row:
+    """One horizontal bar, its pieces left to right; its total is written at its end."""
+
+    label: str
+    y: float
+    total: float
+    end: float
+    pieces: tuple[Piece, ...]
+
+
+@dataclass(frozen=True)
+class SharePlot:
+    """A team's chips under one limit: its nominal and what it holds, on one scale."""
+
+    rows: tuple[Row, ...]
+    nominal_x: float  # the nominal, marked across both rows
+
+
+@dataclass(frozen=True)
+class BudgetPlot:
+    """A team's chip-hours of the month, with its budget (and the first notice) marked."""
+
+    row: Row
+    budget_x: float | None  # None: the team has no budget
+    notice_x: float | None
+
+
+def _row(label: str, y: float, parts: Sequence[tuple[str, float]], scale: float) -> Row:
+    """Pieces end to end from 0; one of nothing is left out."""
+    pieces, x = [], 0.0
+    for kind, amount in parts:
+        if amount > 0:
+            pieces.append(Piece(kind, round(x, 2), round(amount * scale, 2), amount))
+            x += amount * scale
+    return Row(label, y, sum(amount for _, amount in parts), round(x, 2), tuple(pieces))
+
+
+def share_plot(nominal: int, held: int, borrowed: int, lent: int, width: float = SHARE_WIDTH) -> SharePlot:
+    """Two rows on one scale, the longer `width` long: the nominal (the part the team holds
+    itself, the part lent to others, the idle rest) and what the team holds (its own, then what
+    it borrowed past its nominal). `borrowed` and `lent` are `domain.fair_share.Position`'s: a team
+    lends only chips it leaves idle, so own + lent never pass the nominal."""
+    scale = width / max(nominal, held, 1)
+    own = held - borrowed
+    nominal_row = _row("nominal", 0.0, [("own", own), ("lent", lent), ("idle", nominal - own - lent)], scale)
+    held_row = _row("held", LANE_HEIGHT, [("own", own), ("borrowed", borrowed)], scale)
+    return SharePlot((nominal_row, held_row), round(nominal * scale, 2))
+
+
+def budget_plot(used: float, budget: float | None, width: float = SHARE_WIDTH) -> BudgetPlot:
+    """One bar of chip-hours used, on a scale of the larger of it and the budget: spent up to the
+    budget, over past it; the budget and its first notice marked. No budget: the bar alone."""
+    scale = width / (max(used, budget or 0.0) or 1.0)
+    spent = min(used, budget) if budget is not None else used
+    row = _row("used", 0.0, [("spent", spent), ("over", used - spent)], scale)
+    if budget is None:
+        return BudgetPlot(row, None, None)
+    return BudgetPlot(row, round(budget * scale, 2), round(budget * NOTICE_PERCENT / 100 * scale, 2))

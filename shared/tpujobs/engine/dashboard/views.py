@@ -5,6 +5,7 @@ values and warm-pool placement hidden from those the API hides them from), a job
 answers it, pools as `pool-list` shows them. Output lines, like env values, only for the job's
 owner or an admin (`domain.access.may_cancel`, the rule of env values). Webhook URLs, which may be
 credentials, show by their host only, to everyone: a page is easily shared or left on a screen.
+Teams, which the API shows admins alone, show a non-admin their own team only (`dashboard.teams`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from tpujobs.domain.notify import hidden_webhooks
 from tpujobs.domain.pools import Pool, usage_since
 from tpujobs.domain.states import TERMINAL
 from tpujobs.engine.dashboard import charts
+from tpujobs.engine.dashboard.teams import TeamsPage, teams_page
 from tpujobs.engine.dashboard.usage import UsagePage, usage_page, window_days
 from tpujobs.engine.jobs_api.answers import ApiError
 from tpujobs.engine.jobs_api.requests import JobRequest, ListRequest, NothingRequest, validated
@@ -31,6 +33,7 @@ from tpujobs.engine.ports import JobFilter
 if TYPE_CHECKING:
     from tpujobs.domain.job import Job
     from tpujobs.engine.api import JobsApi
+    from tpujobs.engine.budgets import BudgetTally
     from tpujobs.engine.dashboard.output_tail import RecentOutput
     from tpujobs.engine.dashboard.usage import UsageJobs
     from tpujobs.engine.ports import Clock
@@ -97,11 +100,20 @@ class PoolView:
 class DashboardViews:
     """Builds each page's view for a caller on the jobs API's parts (its store, settings, rules)."""
 
-    def __init__(self, api: JobsApi, clock: Clock, usage_jobs: UsageJobs, output: RecentOutput | None = None) -> None:
+    def __init__(
+        self,
+        api: JobsApi,
+        clock: Clock,
+        usage_jobs: UsageJobs,
+        output: RecentOutput | None = None,
+        budgets: BudgetTally | None = None,
+    ) -> None:
+        """`budgets`: the teams' monthly tallies, for the teams page (None: it shows no month)."""
         self.api = api
         self.clock = clock
         self.usage_jobs = usage_jobs
         self.output = output
+        self.budgets = budgets
 
     def jobs(self, caller: str, query: Mapping[str, str]) -> JobsPage:
         """The list API's filters (state, owner, label `k=v`), and pool; a bad one is a 400."""
@@ -163,6 +175,13 @@ class DashboardViews:
         `days` days (`engine.dashboard.usage`). Anyone sees them, as anyone may `list` jobs with
         their usage."""
         return usage_page(self.usage_jobs, self.clock(), window_days((query or {}).get("days")))
+
+    def teams(self, caller: str) -> TeamsPage:
+        """Each team's chips under its limits now and its month against its budget, on the API's
+        own teams and quota pools (`engine.dashboard.teams`): every team for an admin, the
+        caller's own team for anyone else."""
+        service = self.api.service
+        return teams_page(service.teams, service.pools, self.budgets, caller, self.api.settings.admins, self.clock())
 
     def _row(self, job: Job, document: Mapping[str, Any]) -> JobRow:
         accounting = job.accounting(None if job.state in TERMINAL else self.clock())

@@ -14,7 +14,7 @@ from typing import Literal
 
 from tpujobs.domain.admission import Holder, job_pool, never_fits_reason, pool_id
 from tpujobs.domain.fair_share import Admit, Limit, Waiting, plan_round, pool_limits
-from tpujobs.domain.grace import held_holder
+from tpujobs.domain.grace import held_holder, hold_while_stopping
 from tpujobs.domain.job import HeldOver, Job
 from tpujobs.domain.quotas import Limits, PoolKey, QuotaBook, Scope
 from tpujobs.domain.states import EventKind, JobState
@@ -152,10 +152,12 @@ class Admission:
                 if not read.going or self.pools.change(read.view, remove=read.going):
                     return []
                 continue
-            taken = self._take_back(plan.admitted)
-            leaving = leaving | taken  # until a write takes their holds away
+            if any(admit.evicted or admit.reclaimed for admit in plan.admitted):
+                self._take_back(plan.admitted)  # then read again: a stopping holder keeps its chips
+                leaving = frozenset()
+                continue
             claims = [self._claim(admit.job) for admit in plan.admitted]
-            if not self.pools.change(read.view, add=claims, remove=read.going | taken):
+            if not self.pools.change(read.view, add=claims, remove=read.going):
                 continue
             for admit in plan.admitted:
                 self._request_by_id(admit.job.job_id)
@@ -192,25 +194,44 @@ class Admission:
         staying = [h for h in view.holders if h.job_id not in going]
         return _PoolRead(view, staying, going, waiting)
 
-    def _take_back(self, admitted: tuple[Admit, ...]) -> frozenset[str]:
-        """Send the holders the round takes back to QUEUED (their capacity released): evicted by
-        a higher priority of their team, or reclaimed by a team under its nominal share."""
-        taken: set[str] = set()
+    def _take_back(self, admitted: tuple[Admit, ...]) -> None:
+        """Send the holders the round takes back to QUEUED: evicted by a higher priority of their
+        team, or reclaimed by a team under its nominal share. A running one's hosts are asked to
+        stop its command (its save on SIGTERM is not cut short), and its holding stays counted,
+        held over, until they have (`domain.grace.hold_while_stopping`); any other is released."""
         for admit in admitted:
             by = admit.job
             for victim in admit.evicted:
                 why = f"Evicted by {by.job_id} (priority {by.priority}), which needs {by.chips} chips"
-                self._send_back(victim.job_id, Observation(EventKind.EVICTED, None, "submit", reason=why))
+                self._send_back(victim.job_id, EventKind.EVICTED, why)
             for victim in admit.reclaimed:
-                why = f"Reclaimed by {by.team} (its nominal share), for {by.job_id}"
-                self._send_back(victim.job_id, Observation(EventKind.RECLAIMED, None, "submit", reason=why))
-            taken.update(v.job_id for v in (*admit.evicted, *admit.reclaimed))
-        return frozenset(taken)
+                self._send_back(
+                    victim.job_id, EventKind.RECLAIMED, f"Reclaimed by {by.team} (its nominal share), for {by.job_id}"
+                )
 
-    def _send_back(self, job_id: str, seen: Observation) -> None:
-        outcome = self.journal.commit(job_id, seen)
-        if isinstance(outcome, Decision):
+    def _send_back(self, job_id: str, kind: EventKind, why: str) -> None:
+        job = self.journal.store.get(job_id)
+        if job is None:
+            return
+        held = hold_while_stopping(job, self.clock())
+        outcome = self.journal.commit(job_id, Observation(kind, None, "submit", reason=why, held_over=held))
+        if not isinstance(outcome, Decision):
+            return
+        if held is None:
             self.left_attempt(outcome.job)
+            return
+        self.count_held_over(outcome.job, held)
+        unasked = self.attempts.ask_to_stop(job, why)
+        if unasked is not None:  # a delete stops them too, with less time: better than waiting it out
+            self.attempts.release(held.zone, held.holding)
+            said = f"Released attempt {held.attempt}'s {held.holding} at once: its hosts could not be asked to stop"
+            said += f" ({unasked})."
+            self.journal.commit(
+                job_id, Observation(EventKind.HELD_OVER_RELEASED, None, "submit", said, holding=held.holding)
+            )
+            self.uncount_held_over(held)
+        for pool in _pools_held(outcome.job, job.zone) - {job_pool(outcome.job).id}:
+            self.drop_hold(job_id, pool)
 
     def _request_by_id(self, job_id: str) -> None:
         job = self.journal.store.get(job_id)

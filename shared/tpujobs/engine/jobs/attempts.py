@@ -5,10 +5,10 @@ from __future__ import annotations
 from tpujobs.domain.job import Job
 from tpujobs.domain.states import QUOTA_EXHAUSTED, REGION_QUOTA_EXHAUSTED
 from tpujobs.domain.transitions import next_zone
-from tpujobs.engine.errors import QuotaExhausted
+from tpujobs.engine.errors import PermanentError, QuotaExhausted, TransientError
 from tpujobs.engine.ports import Capacity, CapacityStatus, JobRecords
 from tpujobs.engine.settings import Settings
-from tpujobs.engine.startup_script import host_boot
+from tpujobs.engine.startup_script import STOP_REQUEST_KEY, host_boot
 
 
 def quota_reason(job: Job, error: QuotaExhausted) -> str:
@@ -56,6 +56,15 @@ class AttemptCapacity:
     def release(self, zone: str, name: str) -> None:
         """Give back the holding `name` (absent is fine)."""
         self.capacity.release(zone, name)
+
+    def ask_to_stop(self, job: Job, why: str) -> str | None:
+        """Ask the hosts of the job's current attempt to stop its command (`STOP_REQUEST_KEY` in
+        their metadata); None when asked, else why it could not be (the hosts are not all up)."""
+        try:
+            self.capacity.write_metadata(job.zone, job.queued_resource, job.spec.slices, {STOP_REQUEST_KEY: why})
+        except (TransientError, PermanentError) as error:
+            return str(error)
+        return None
 
     def status(self, zone: str, name: str) -> CapacityStatus | None:
         """What the holding `name` is now; None when it does not exist."""

@@ -36,16 +36,19 @@ class HeldOverReleases:
         """Count the held-over holding's chips in its pool until it is released."""
         self.admission.count_held_over(job, held)
 
-    def finish(self, job_id: str, job: Job | None = None, source: Source = "reconciler") -> list[str]:
+    def finish(
+        self, job_id: str, job: Job | None = None, source: Source = "reconciler", stopped: int | None = None
+    ) -> list[str]:
         """Release each held-over holding of the job whose hosts are gone or whose grace is over,
         uncount its chips and record it on the job; the names released. `job`: as just read or
-        committed (else read here). A holding still within its grace is read once (is it gone?)."""
+        committed (else read here). A holding still within its grace is read once (is it gone?).
+        `stopped`: an attempt whose hosts have all said its command stopped (its save is done)."""
         job = job or self.store.get(job_id)
         if job is None:
             return []
         released: list[str] = []
         for held in job.held_over:
-            why = self._due(held)
+            why = "its hosts stopped the command" if held.attempt == stopped else self._due(held)
             if why is None:
                 continue
             self.attempts.release(held.zone, held.holding)

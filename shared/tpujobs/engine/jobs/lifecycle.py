@@ -18,7 +18,7 @@ from typing import Protocol
 
 from tpujobs.domain import signing
 from tpujobs.domain.grace import hold_over, saving_until
-from tpujobs.domain.job import Job
+from tpujobs.domain.job import Job, Source
 from tpujobs.domain.quotas import QuotaBook
 from tpujobs.domain.restart_rules import BACKOFF_CAP_SECONDS
 from tpujobs.domain.states import ATTEMPT_LIVE, GOOGLE_QUOTA_WAITS, EventKind, JobState
@@ -215,10 +215,12 @@ class JobLifecycle:
             self._observe_failed_at_once(job_id, job.attempt, status)
         return outcome
 
-    def finish_held_over(self, job_id: str) -> list[str]:
+    def finish_held_over(self, job_id: str, stopped: int | None = None) -> list[str]:
         """Release the job's held-over holdings whose hosts are gone or whose shutdown grace is
-        over (`held_over.HeldOverReleases.finish`); the names released."""
-        return self.held_over.finish(job_id)
+        over (`held_over.HeldOverReleases.finish`), and attempt `stopped`'s, whose hosts have all
+        stopped its command; the names released."""
+        source: Source = "reconciler" if stopped is None else "agent"
+        return self.held_over.finish(job_id, source=source, stopped=stopped)
 
     def note_suspect_hosts(
         self, job_id: str, attempt: int, hosts: tuple[tuple[str, str], ...], reason: str

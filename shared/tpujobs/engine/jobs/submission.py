@@ -22,6 +22,7 @@ from tpujobs.engine.jobs.journal import JobJournal
 from tpujobs.engine.jobs.lifecycle import JobLifecycle
 from tpujobs.engine.jobs.rejections import Rejections
 from tpujobs.engine.jobs.vetting import Verdict, Vetting
+from tpujobs.engine.owner_team import owner_team
 from tpujobs.engine.ports import AccessPolicyReader, Clock, JobRecords, Teams
 from tpujobs.engine.settings import Settings
 
@@ -127,14 +128,5 @@ class Submission:
         return self.lifecycle.admit(job, quotas)
 
     def team_of(self, owner: str, *, owner_verified: bool) -> str:
-        """The owner's team in config/teams (read once a submission), for a verified owner; for a
-        topic's claimed owner only where config/policies trusts topic owners: a claim must not draw
-        on another team's share. "" for none."""
-        if self.teams is None:
-            return ""
-        book = self.teams.teams()
-        if not book.teams:
-            return ""
-        if not owner_verified and not (self.access is not None and self.access.policies().trust_topic_owners):
-            return ""
-        return book.team_of(owner)
+        """The owner's team (`engine.owner_team`), read once a submission."""
+        return owner_team(self.teams, self.access, owner, owner_verified=owner_verified)

@@ -77,7 +77,18 @@ class WorkerEvents:
         # one comes first, since the count reads it; a redelivery counts again.
         if not counted:
             self.store.record_worker(report.job_id, record)
+        if report.kind == "stopped":
+            self._release_when_stopped(job, report.attempt)
         return outcome
+
+    def _release_when_stopped(self, job: Job, attempt: int) -> None:
+        """A host of a held-over attempt (preempted, reclaimed) stopped its command: once every
+        host that started has, its save is done, so the holding goes now, not at its grace's end."""
+        if not any(held.attempt == attempt for held in job.held_over):
+            return
+        if any(w.started_at and not w.exited_at for w in self.store.attempt_workers(job.job_id, attempt)):
+            return
+        self.lifecycle.finish_held_over(job.job_id, stopped=attempt)
 
     def _observe_host(self, job: Job, seen: Observation) -> Decision | Ignored:
         """One host's word about `job` (as read when the report was believed): a `started` or an

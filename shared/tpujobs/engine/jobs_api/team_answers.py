@@ -19,7 +19,11 @@ if TYPE_CHECKING:
 def team_document(teams: Teams, pools: Pools | None) -> dict[str, Any]:
     """`{"teams": [{name, members, accounts, budget_chip_hours, limits: [...]}], "problems": [...]}`;
     without pools (no quotas in this deployment) every position is 0."""
-    book = teams.teams()
+    return book_document(teams.teams(), pools)
+
+
+def book_document(book: TeamBook, pools: Pools | None) -> dict[str, Any]:
+    """`team_document` of a `config/teams` already read (the dashboard reads it to know the caller's team)."""
     positions = _positions(book, pools) if pools is not None else {}
     return {
         "teams": [_team(team, positions) for team in book.teams],

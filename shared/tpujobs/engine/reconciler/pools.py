@@ -92,7 +92,9 @@ class PoolPhases:
             if job.job_id not in held:
                 evictable = job.spec.on_preemption != "fail"
                 since = job.created_at or self.clock()
-                claim = Holder(job.job_id, job.spec.chips, job.attempt, job.spec.priority, since, evictable, job.zone)
+                claim = Holder(
+                    job.job_id, job.spec.chips, job.attempt, job.spec.priority, since, evictable, job.zone, job.team
+                )
                 if pools.change(view, add=claim, remove=frozenset(stale)):
                     report.observed.append(f"{pool}: counted {job.job_id}")
                     view, stale = pools.view(pool), set()

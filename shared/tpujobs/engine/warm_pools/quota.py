@@ -11,7 +11,8 @@ from tpujobs.domain.admission import Holder, blocked_by, limit_words, pool_id, p
 from tpujobs.domain.pools import Pool, Unit
 from tpujobs.domain.quotas import QuotaBook
 from tpujobs.engine.jobs.admission import Admission
-from tpujobs.engine.ports import Clock, Pools
+from tpujobs.engine.owner_team import owner_team
+from tpujobs.engine.ports import AccessPolicyReader, Clock, Pools, Teams
 
 HOLDER_PREFIX = "pool:"
 CLAIM_TRIES = 10  # compare-and-sets one claim tries before it waits for the next call
@@ -33,10 +34,19 @@ def parse_unit_holder(holder: str) -> tuple[str, int] | None:
 class UnitQuota:
     """Claims and gives back a unit's chips; what it gives back goes to the admission queue."""
 
-    def __init__(self, pools: Pools | None, clock: Clock, admission: Admission) -> None:
+    def __init__(
+        self,
+        pools: Pools | None,
+        clock: Clock,
+        admission: Admission,
+        teams: Teams | None = None,
+        access: AccessPolicyReader | None = None,
+    ) -> None:
         self.pools = pools  # None: no quotas
         self.clock = clock
         self.admission = admission
+        self.teams = teams  # a unit's chips count in its pool owner's team
+        self.access = access
 
     def quotas(self) -> QuotaBook:
         """The quotas as configured; none without quotas."""
@@ -67,7 +77,8 @@ class UnitQuota:
                     f"Unit {unit.index} waits for quota: {limit_words(key, scope, zone)} is {limit}, "
                     f"{held} held, and a unit needs {chips}."
                 )
-            claim = Holder(holder, chips, unit.generation, "medium", self.clock(), evictable=False, zone=zone)
+            team = owner_team(self.teams, self.access, pool.owner, owner_verified=pool.owner_verified)
+            claim = Holder(holder, chips, unit.generation, "medium", self.clock(), False, zone, team)
             if quota.change(view, add=claim):
                 return None
         return f"Unit {unit.index}: {key.id} changed under {CLAIM_TRIES} attempts to claim its chips; asked again."
