@@ -341,8 +341,12 @@ def main() -> int:
         f" {holding} hold chips, {waiting:,} wait",
         file=sys.stderr,
     )
-    ends = [bench.job_ends() for _ in range(args.trials)]
-    reclaims = [bench.reclaim() for _ in range(args.trials)]
+    ends, reclaims = [], []
+    for trial in range(args.trials):
+        ends.append(bench.job_ends())
+        reclaims.append(bench.reclaim())
+        print(f"trial {trial + 1} of {args.trials}: plan_round {ends[-1].plan_s * 1000:.0f} ms (a job ends), "
+              f"{reclaims[-1].plan_s * 1000:.0f} ms (reclaim)", file=sys.stderr)  # fmt: skip
     print(
         f"\nadmission by share: 1 pool ({bench.pool}), {args.zones} zone limits of {args.chips} chips, "
         f"{args.teams} teams ({IDLE_TEAMS} idle, lending), {waiting:,} jobs waiting, {holding} holding"

@@ -163,12 +163,7 @@ def test_a_team_takes_back_its_lent_chips_at_its_submit_and_the_reclaimed_jobs_r
 
     b_jobs = [submitted(tmp_path, BOB, "share-b") for _ in range(2)]
     cancel_at_end.extend(b_jobs)
-    import time
-
-    t0 = time.monotonic()  # DEBUG
     assert {job.team for job in in_state(env, JobState.RUNNING, *b_jobs)} == {"team-b"}
-
-    print("DEBUG B running after", time.monotonic() - t0)
 
     def two_queued():
         jobs = [env["store"].get(job_id) for job_id in a_jobs]

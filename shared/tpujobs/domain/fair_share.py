@@ -94,8 +94,9 @@ def pool_limits(limits: Limits, region: str, shares: Mapping[str, Mapping[str, S
 class _Tally:
     """Chips held under each limit, in all and per team, as a round hands them out and takes them back."""
 
-    def __init__(self, limits: Sequence[Limit], holders: Iterable[Holder]) -> None:
+    def __init__(self, limits: Sequence[Limit], holders: Iterable[Holder], elsewhere: Mapping[str, float] = {}) -> None:
         self.limits = list(limits)
+        self.elsewhere = elsewhere  # each team's share in its other pools: the dominant one counts
         self.total = [0] * len(self.limits)
         self.stopping = [0] * len(self.limits)  # held over while their hosts stop or save: no one's share
         self.by_team: list[dict[str, int]] = [{} for _ in self.limits]
@@ -135,7 +136,7 @@ class _Tally:
     def share(self, team: str) -> float:
         """The team's dominant weighted share: its highest held / (nominal x weight) over the
         limits that have shares (a limit where it has none counts as a nominal of one chip)."""
-        found = 0.0
+        found = self.elsewhere.get(team, 0.0)
         for i, limit in enumerate(self.limits):
             if limit.shares:
                 share = limit.shares.get(team)
@@ -172,6 +173,7 @@ def plan_round(
     holders: Iterable[Holder],
     waiting: Iterable[Waiting],
     paused: Mapping[str, str] | None = None,
+    elsewhere: Mapping[str, float] | None = None,
 ) -> Round:
     """Admit the pool's waiting jobs while they fit, in share order (see the module's docstring).
 
@@ -179,8 +181,10 @@ def plan_round(
     only its head can go; a head that cannot closes its queue for the round, and says why. A team
     under its nominal that cannot get in (its chips are held by jobs that cannot be taken back)
     keeps those limits from borrowers for the round. `paused`: teams whose new jobs wait, with why.
+    `elsewhere`: each team's weighted share in its other pools (`team_shares`), so the dominant
+    one, across families, orders borrowers.
     """
-    tally = _Tally(limits, holders)
+    tally = _Tally(limits, holders, elsewhere or {})
     queues: dict[tuple[str, str], list[Waiting]] = {}
     for job in sorted(waiting, key=lambda j: (PRIORITY_RANK[j.priority], -j.created_at.timestamp()), reverse=True):
         queues.setdefault((job.team, job.zone), []).append(job)
@@ -214,6 +218,13 @@ def plan_round(
         tally.add(Holder(job.job_id, job.chips, job.attempt, job.priority, job.created_at, False, job.zone, job.team))
         queues[(job.team, job.zone)].pop()
         admitted.append(Admit(job, evicted, reclaimed))
+
+
+def team_shares(limits: Sequence[Limit], holders: Iterable[Holder]) -> dict[str, float]:
+    """Each team's weighted share of one pool (its highest over the pool's limits with shares)."""
+    tally = _Tally(limits, holders)
+    teams = {team for counted in tally.by_team for team in counted} | {t for limit in limits for t in limit.shares}
+    return {team: tally.share(team) for team in teams if team}
 
 
 def _too_big(limits: Sequence[Limit], job: Waiting) -> bool:

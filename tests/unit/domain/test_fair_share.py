@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from tpujobs.domain.admission import Holder
-from tpujobs.domain.fair_share import Limit, Waiting, limit_positions, plan_round, pool_limits
+from tpujobs.domain.fair_share import Limit, Waiting, limit_positions, plan_round, pool_limits, team_shares
 from tpujobs.domain.quotas import Limits, PoolKey
 from tpujobs.domain.teams import Share
 
@@ -154,3 +154,13 @@ def test_positions_say_who_holds_borrows_and_lends() -> None:
     found = limit_positions(limits, ZONE, shares, holders, [waiting("b0", "team-b")])
     assert (found["team-a"].held, found["team-a"].borrowed, found["team-a"].lent) == (12, 4, 0)
     assert (found["team-b"].held, found["team-b"].lent, found["team-b"].waiting) == (0, 4, 4)
+
+
+def test_the_dominant_share_across_pools_orders_borrowers() -> None:
+    """team-b borrows less here, but holds far past its nominal in another family's pool: team-a goes first."""
+    limits = zone_limit(32, team_a=share(4), team_b=share(4), team_c=share(24))
+    holders = [held("a0", "team-a", chips=8), held("b0", "team-b", chips=4)]  # here: a 2.0, b 1.0
+    waiting_jobs = [waiting("a1", "team-a"), waiting("b1", "team-b")]
+    assert admitted(plan_round(POOL, limits, holders, waiting_jobs))[0] == "b1"
+    elsewhere = team_shares(limits, holders) | {"team-b": 3.0}
+    assert admitted(plan_round(POOL, limits, holders, waiting_jobs, elsewhere=elsewhere))[0] == "a1"

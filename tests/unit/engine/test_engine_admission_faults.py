@@ -59,7 +59,7 @@ def evicting(jobs: Engine) -> tuple[InboundMessage, list[str]]:
 
 
 SCENARIOS: dict[str, Callable[[Engine], tuple[InboundMessage, list[str]]]] = {"ending": ending, "evicting": evicting}
-STEPS = {"ending": 16, "evicting": 13}  # I/O steps of each uncrashed handler, announcements included (checked below)
+STEPS = {"ending": 16, "evicting": 18}  # I/O steps of each uncrashed handler, announcements included (checked below)
 CRASH_POINTS = [(name, k) for name, steps in STEPS.items() for k in range(1, steps + 1)]
 
 

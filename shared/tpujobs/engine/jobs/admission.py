@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tpujobs.domain.admission import Holder, job_pool, never_fits_reason, pool_id
-from tpujobs.domain.fair_share import Admit, Limit, Waiting, plan_round, pool_limits
+from tpujobs.domain.fair_share import Admit, Limit, Waiting, plan_round, pool_limits, team_shares
 from tpujobs.domain.grace import held_holder, hold_while_stopping
 from tpujobs.domain.job import HeldOver, Job
 from tpujobs.domain.quotas import Limits, PoolKey, QuotaBook, Scope
@@ -140,11 +140,14 @@ class Admission:
         book = self.teams.teams() if self.teams is not None else TeamBook(None)
         shaped = pool_limits(limits or self._limits(key), key.region, book.shares_of(key))
         paused = self.paused(book) if self.paused is not None else {}
+        elsewhere: dict[str, float] | None = None
         for _ in jittered_rounds(ADMISSION_ROUNDS, self.sleep):
             read = self._read(pool, leaving, arriving, shaped, paused)
             if read is None:
                 return []
-            plan = plan_round(key, shaped, read.staying, read.waiting, paused)
+            if elsewhere is None:
+                elsewhere = self._shares_elsewhere(book, key) if any(limit.shares for limit in shaped) else {}
+            plan = plan_round(key, shaped, read.staying, read.waiting, paused, elsewhere)
             for job in plan.too_big:
                 self._set_aside(job, key)
             self._say_waiting(read.waiting, plan.held_back)
@@ -163,6 +166,18 @@ class Admission:
                 self._request_by_id(admit.job.job_id)
             return [admit.job.job_id for admit in plan.admitted]
         return []
+
+    def _shares_elsewhere(self, book: TeamBook, here: PoolKey) -> dict[str, float]:
+        """Each team's highest weighted share in the other pools its teams have shares of (one
+        read of each): borrowers are ordered by their dominant share, across families."""
+        assert self.pools is not None
+        found: dict[str, float] = {}
+        quotas = self.pools.quotas()
+        for other in sorted({s.pool for team in book.teams for s in team.shares} - {here}, key=lambda k: k.id):
+            shaped = pool_limits(quotas.limits(other), other.region, book.shares_of(other))
+            for team, share in team_shares(shaped, self.pools.view(other.id).holders).items():
+                found[team] = max(found.get(team, 0.0), share)
+        return found
 
     def _read(
         self, pool: str, leaving: frozenset[str], arriving: Job | None, shaped: list[Limit], paused: Mapping[str, str]
