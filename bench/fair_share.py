@@ -21,7 +21,10 @@ pools, teams, capacity); no emulator. The queue is seeded QUEUED in the store, t
              Its job is cancelled after the trial (not counted), so each trial starts alike
 
 Per trial: `plan_round`'s own time on the round's full queue (the domain, timed around the
-engine's call; the target is 100 ms), and the reads made through the engine's ports, counted
+engine's call; the target is 100 ms), as CPU time of the thread (`time.thread_time`: what other
+processes on a shared machine add is left out; the wall time is printed beside it; a reclaim
+plans twice, taking back, then admitting once the holder is gone, and the longer counts), and
+the reads made through the engine's ports, counted
 as Firestore would bill them (a wrapper on each fake, as `local.testing.CrashPlan` counts I/O
 steps): pool documents read (`Pools.view`), waiting jobs read (documents `Pools.waiting`
 returned), job documents read by id (`JobStore.get`), config documents read (`Pools.quotas`,
@@ -111,16 +114,16 @@ class TimedPlans:
     def __init__(self) -> None:
         from tpujobs.engine.jobs import admission
 
-        self.calls: list[tuple[int, float]] = []
+        self.calls: list[tuple[int, float, float]] = []  # (waiting jobs, CPU seconds, wall seconds)
         self._module = admission
         self._plan = admission.plan_round
 
     def __enter__(self) -> TimedPlans:
         def timed(*args: Any, **kwargs: Any) -> Any:
             waiting = list(args[3] if len(args) > 3 else kwargs["waiting"])
-            started = time.perf_counter()
+            cpu, wall = time.thread_time(), time.perf_counter()
             result = self._plan(*args[:3], waiting, *args[4:], **{k: v for k, v in kwargs.items() if k != "waiting"})
-            self.calls.append((len(waiting), time.perf_counter() - started))
+            self.calls.append((len(waiting), time.thread_time() - cpu, time.perf_counter() - wall))
             return result
 
         self._module.plan_round = timed  # type: ignore[assignment]
@@ -129,9 +132,11 @@ class TimedPlans:
     def __exit__(self, *_: object) -> None:
         self._module.plan_round = self._plan  # type: ignore[assignment]
 
-    def full_queue_seconds(self) -> float:
-        """The round's plan over its whole queue (a submission's solo plan looks at one job)."""
-        return max(self.calls)[1] if self.calls else 0.0
+    def full_queue(self) -> tuple[float, float]:
+        """The CPU and wall seconds of the plan over the whole queue (a submission's solo plan
+        looks at one job; a reclaim plans twice, taking back, then admitting: the longer counts)."""
+        full = [call for call in self.calls if call[0] == max(self.calls)[0]] if self.calls else [(0, 0.0, 0.0)]
+        return max(c[1] for c in full), max(c[2] for c in full)
 
 
 # -- the pool ----------------------------------------------------------------------------------
@@ -231,8 +236,8 @@ class Bench:
         view = self.raw_pools.view(self.pool)
         return sorted(h.job_id for h in view.holders if not (busy_only and h.team in idle))
 
-    def measured(self, action: Any) -> tuple[collections.Counter[str], float]:
-        """The reads `action` makes through the ports, and its full-queue `plan_round` time."""
+    def measured(self, action: Any) -> tuple[collections.Counter[str], tuple[float, float]]:
+        """The reads `action` makes through the ports, and its full-queue `plan_round` times."""
         self.tally.reads.clear()
         with TimedPlans() as plans:
             self.tally.on = True
@@ -240,7 +245,7 @@ class Bench:
                 action()
             finally:
                 self.tally.on = False
-        return collections.Counter(self.tally.reads), plans.full_queue_seconds()
+        return collections.Counter(self.tally.reads), plans.full_queue()
 
     def job_ends(self) -> Trial:
         """A busy team's running job exits 0: the round that hands its chips on."""
@@ -254,9 +259,9 @@ class Bench:
         self.service.worker_events.on_worker_report(signed(self.service, events, {"kind": "started", **report}))
         before = set(self.holding(busy_only=False))
         exited = signed(self.service, events, {"kind": "exited", "exit_code": 0, **report})
-        reads, seconds = self.measured(lambda: self.service.worker_events.on_worker_report(exited))
+        reads, (cpu, wall) = self.measured(lambda: self.service.worker_events.on_worker_report(exited))
         admitted = set(self.holding(busy_only=False)) - before
-        return Trial(reads, seconds, len(admitted), 0)
+        return Trial(reads, cpu, wall, len(admitted), 0)
 
     def reclaim(self) -> Trial:
         """An idle team submits one job in a full zone: admitted at once, a borrower taken back."""
@@ -272,18 +277,19 @@ class Bench:
         })  # fmt: skip
         submission = self.service.submission
         before = set(self.holding(busy_only=False))
-        reads, seconds = self.measured(lambda: submission.submit_verified(submission.completed(spec)))
+        reads, (cpu, wall) = self.measured(lambda: submission.submit_verified(submission.completed(spec)))
         after = set(self.holding(busy_only=False))
         if job.job_id not in after:
             raise SystemExit(f"{job.job_id} of {team_name(team)} was not admitted under its nominal")
         self.service.cancel(job.job_id, "The reclaim trial is over.")  # not counted: the next trial starts alike
-        return Trial(reads, seconds, len(after - before), len(before - after))
+        return Trial(reads, cpu, wall, len(after - before), len(before - after))
 
 
 @dataclass(frozen=True)
 class Trial:
     reads: collections.Counter[str]
-    plan_s: float  # plan_round over the round's whole queue
+    plan_s: float  # plan_round over the round's whole queue: CPU time (this thread's)
+    wall_s: float  # the same, wall time (what a busy machine adds)
     admitted: int
     taken_back: int
 
@@ -302,12 +308,14 @@ READ_KINDS = (
 
 def report(name: str, trials: list[Trial]) -> None:
     plan_ms = [t.plan_s * 1000 for t in trials]
+    wall_ms = [t.wall_s * 1000 for t in trials]
     median, p90 = statistics.median(plan_ms), percentile(plan_ms, 0.9)
     print(f"\n{name} ({len(trials)} trials)")
     print(
-        f"  plan_round over the whole queue: median {median:.1f} ms, p90 {p90:.1f} ms, max {max(plan_ms):.1f} ms;"
-        f" target {TARGET_MS:.0f} ms: {median / TARGET_MS:.2f}x / {p90 / TARGET_MS:.2f}x"
-        f" ({'met' if p90 <= TARGET_MS else 'NOT met'})"
+        f"  plan_round over the whole queue, CPU time: median {median:.1f} ms, p90 {p90:.1f} ms, max"
+        f" {max(plan_ms):.1f} ms; target {TARGET_MS:.0f} ms: {median / TARGET_MS:.2f}x / {p90 / TARGET_MS:.2f}x"
+        f" ({'met' if p90 <= TARGET_MS else 'NOT met'}); wall time median {statistics.median(wall_ms):.1f} ms,"
+        f" p90 {percentile(wall_ms, 0.9):.1f} ms"
     )
     for key, label in READ_KINDS:
         values = [t.reads[key] for t in trials]
