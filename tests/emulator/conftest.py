@@ -60,3 +60,17 @@ def job_service(firestore_client, tpu_client, project_id, simulator_url) -> Call
         )
 
     return build
+
+
+@pytest.fixture
+def cli_without_api(project_id: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Callable[..., Any]:
+    """`cli_without_api(verb, *args)`: the `tpujobs` CLI on the Firestore emulator, with no jobs API
+    (its admin verbs then read and write Firestore directly) and no local stack's settings."""
+    from typer.testing import CliRunner
+
+    from tpujobs.cli import app
+
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", project_id)
+    monkeypatch.setenv("TPUJOBS_STATE_DIR", str(tmp_path))  # no local stack's settings leak in
+    monkeypatch.delenv("TPUJOBS_API_URL", raising=False)
+    return lambda verb, *args: CliRunner().invoke(app, [verb, *args], env={"COLUMNS": "200"})

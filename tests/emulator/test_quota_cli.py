@@ -3,36 +3,26 @@ what `config/quotas` then holds, and what admission then reads."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
-from typer.testing import CliRunner
 
 from tpujobs.adapters.firestore_pools import FirestorePools
 from tpujobs.domain.admission import Holder
 from tpujobs.domain.quotas import PoolKey
+from tpujobs.local.testing import config_document
 
 pytestmark = pytest.mark.emulator
 
 
 @pytest.fixture
-def run(project_id, monkeypatch, tmp_path):
-    from tpujobs.cli import app
-
-    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", project_id)
-    monkeypatch.setenv("TPUJOBS_STATE_DIR", str(tmp_path))  # no local stack's settings leak in
-    monkeypatch.delenv("TPUJOBS_API_URL", raising=False)
-
-    def invoke(*args: str):
-        return CliRunner().invoke(app, ["quota", *args], env={"COLUMNS": "200"})
-
-    return invoke
+def run(cli_without_api):
+    return functools.partial(cli_without_api, "quota")
 
 
 def stored(firestore_client) -> dict:
-    """`config/quotas` as an admin sees it in the console."""
-    snapshot = firestore_client.collection("config").document("quotas").get()
-    return snapshot.to_dict() if snapshot.exists else {}
+    return config_document(firestore_client, "quotas")
 
 
 def test_each_tier_and_a_reservation_are_set_shown_and_unset(run, firestore_client):

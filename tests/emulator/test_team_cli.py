@@ -3,14 +3,15 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
-from typer.testing import CliRunner
 
 from tpujobs.adapters.firestore_pools import FirestorePools
 from tpujobs.adapters.firestore_teams import FirestoreTeams
 from tpujobs.domain.admission import Holder
+from tpujobs.local.testing import config_document
 from tpujobs.runtime.instances import utc_now
 
 pytestmark = pytest.mark.emulator
@@ -18,23 +19,12 @@ ZONE = "us-central2-b"
 
 
 @pytest.fixture
-def run(project_id, monkeypatch, tmp_path):
-    from tpujobs.cli import app
-
-    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", project_id)
-    monkeypatch.setenv("TPUJOBS_STATE_DIR", str(tmp_path))  # no local stack's settings leak in
-    monkeypatch.delenv("TPUJOBS_API_URL", raising=False)
-
-    def invoke(*args: str):
-        return CliRunner().invoke(app, ["team", *args], env={"COLUMNS": "200"})
-
-    return invoke
+def run(cli_without_api):
+    return functools.partial(cli_without_api, "team")
 
 
 def stored(firestore_client) -> dict:
-    """`config/teams` as an admin sees it in the console."""
-    snapshot = firestore_client.collection("config").document("teams").get()
-    return snapshot.to_dict() if snapshot.exists else {}
+    return config_document(firestore_client, "teams")
 
 
 def test_a_team_is_set_shown_and_unset(run, firestore_client):

@@ -3,12 +3,12 @@ sums per group as a table and as JSON, and a lift written where admission reads 
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from typer.testing import CliRunner
 
 from tpujobs.adapters.firestore_budgets import FirestoreBudgetTally
 from tpujobs.adapters.firestore_store import FirestoreJobStore
@@ -20,17 +20,8 @@ pytestmark = pytest.mark.emulator
 
 
 @pytest.fixture
-def run(project_id, monkeypatch, tmp_path):
-    from tpujobs.cli import app
-
-    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", project_id)
-    monkeypatch.setenv("TPUJOBS_STATE_DIR", str(tmp_path))  # no local stack's settings leak in
-    monkeypatch.delenv("TPUJOBS_API_URL", raising=False)
-
-    def invoke(*args: str):
-        return CliRunner().invoke(app, ["usage", *args], env={"COLUMNS": "200"})
-
-    return invoke
+def run(cli_without_api):
+    return functools.partial(cli_without_api, "usage")
 
 
 def test_usage_sums_this_months_jobs_per_team_and_per_label(run, firestore_client):

@@ -359,3 +359,9 @@ def reconciler_for(service: Engine) -> Reconciler:
         warm=service.warm,
         warm_pools=service.warm.store if service.warm is not None else None,
     )
+
+
+def config_document(firestore_client: Any, name: str) -> dict[str, Any]:
+    """`config/{name}` as an admin sees it in the console ({} when there is none)."""
+    snapshot = firestore_client.collection("config").document(name).get()
+    return snapshot.to_dict() if snapshot.exists else {}
