@@ -164,7 +164,7 @@ class Round:
 
 
 _Failure = tuple[int, str]  # the index of the limit a job does not fit under, and how
-_Candidate = tuple[tuple[int, float, int, datetime], Waiting, tuple[Holder, ...], tuple[Holder, ...]]
+_Candidate = tuple[tuple[int, float, int, datetime, str], Waiting, tuple[Holder, ...], tuple[Holder, ...]]
 
 
 def plan_round(
@@ -186,10 +186,8 @@ def plan_round(
     """
     tally = _Tally(limits, holders, elsewhere or {})
     queues: dict[tuple[str, str], list[Waiting]] = {}
-    for job in sorted(waiting, key=lambda j: (PRIORITY_RANK[j.priority], -j.created_at.timestamp()), reverse=True):
-        queues.setdefault((job.team, job.zone), []).append(job)
-    for queue in queues.values():
-        queue.reverse()  # each queue's head last, for pop()
+    for job in sorted(waiting, key=lambda j: (-PRIORITY_RANK[j.priority], j.created_at, j.job_id), reverse=True):
+        queues.setdefault((job.team, job.zone), []).append(job)  # each queue's head last, for pop()
     admitted: list[Admit] = []
     held_back: dict[str, str] = {}
     too_big: list[Waiting] = []
@@ -244,7 +242,7 @@ def _candidate(
         tally.held(i, job.team) + job.chips <= limits[i].nominal(job.team) for i in shared
     )
     order = (0, 0.0) if within else (1, tally.share(job.team))
-    key = (*order, -PRIORITY_RANK[job.priority], job.created_at)
+    key = (*order, -PRIORITY_RANK[job.priority], job.created_at, job.job_id)
     failure = _failure(tally, job, relevant, reserved)
     if failure is None:
         return key, job, (), ()
@@ -291,24 +289,35 @@ def _take_back(
     tally: _Tally, job: Waiting, relevant: list[int], reserved: set[int], may_take: Callable[[Holder, int], bool]
 ) -> tuple[Holder, ...] | None:
     """The holders to stop so `job` fits: lowest priority and most recently started first, each
-    one counted under the limit that holds the job back (and that `may_take` allows there); None
-    when stopping every one of them would not do. The tally is left as it was."""
+    one counted under the limit that holds the job back now (and that `may_take` allows there),
+    then any no longer needed given back; None when stopping every one of them would not do. The
+    tally is left as it was."""
     candidates = sorted(
         (h for h in tally.holders.values() if h.evictable and h.job_id != job.job_id),
-        key=lambda h: (h.rank, -h.since.timestamp()),
+        key=lambda h: (h.rank, -h.since.timestamp(), h.job_id),
     )
     taken: list[Holder] = []
     try:
         failure = _failure(tally, job, relevant, reserved)
-        for holder in candidates:
-            if failure is None or failure[1] != "full":
-                break
+        while failure is not None and failure[1] == "full":
             i = failure[0]
-            if tally.limits[i].counts(holder.zone) and may_take(holder, i):
+            pick = next(
+                (h for h in candidates if h not in taken and tally.limits[i].counts(h.zone) and may_take(h, i)), None
+            )
+            if pick is None:
+                return None
+            tally.remove(pick)
+            taken.append(pick)
+            failure = _failure(tally, job, relevant, reserved)
+        if failure is not None or not taken:
+            return None
+        for holder in list(taken):  # one taken for an earlier limit may not be needed after all
+            tally.add(holder)
+            if _failure(tally, job, relevant, reserved) is None:
+                taken.remove(holder)
+            else:
                 tally.remove(holder)
-                taken.append(holder)
-                failure = _failure(tally, job, relevant, reserved)
-        return tuple(taken) if taken and failure is None else None
+        return tuple(taken)
     finally:
         for holder in taken:
             tally.add(holder)

@@ -250,6 +250,7 @@ def plan(world: World, holders: Iterable[Holder], waiting: Iterable[Waiting]) ->
 @EXAMPLES
 @given(world=worlds(), data=st.data())
 def test_rounds_keep_every_limit_share_and_promise(world: World, data: st.DataObject) -> None:
+    """(1) to (4) and (6), after every round of a random pool's life: jobs arrive, holders end, rounds admit."""
     pool = Pool(world)
     idle = data.draw(st.sets(st.sampled_from(TEAMS)), label="idle teams")  # hold nothing at first: lenders
     for job in data.draw(st.lists(jobs(["", *sorted(set(TEAMS) - idle)]), max_size=30), label="holders"):
