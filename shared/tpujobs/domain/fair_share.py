@@ -39,18 +39,6 @@ class Waiting:
 
 
 @dataclass(frozen=True)
-class Position:
-    """One team's chips under one limit, for `tpujobs team show`: all in chips."""
-
-    team: str
-    nominal: int
-    held: int
-    borrowed: int  # held past its nominal, on others' idle chips
-    lent: int  # of its nominal, held by others now
-    waiting: int  # asked for by its waiting jobs
-
-
-@dataclass(frozen=True)
 class Limit:
     """One limit of a pool as admission sees it: its chips, and the teams' shares of them (none:
     a plain limit, first come by priority and age)."""
@@ -100,19 +88,25 @@ class _Tally:
         self.total = [0] * len(self.limits)
         self.stopping = [0] * len(self.limits)  # held over while their hosts stop or save: no one's share
         self.by_team: list[dict[str, int]] = [{} for _ in self.limits]
+        self.idle_kept_total = [sum(limit.kept(t) for t in limit.shares) for limit in self.limits]
+        self._shares: dict[str, float] = {}  # `share`'s answers, forgotten when the team's chips change
         self.holders: dict[str, Holder] = {}
+        self.of_team: dict[str, dict[str, Holder]] = {}  # the same holders by team: an eviction looks at its own
         for holder in holders:
             self.add(holder)
 
     def add(self, holder: Holder) -> None:
         self._count(holder, 1)
         self.holders[holder.job_id] = holder
+        self.of_team.setdefault(holder.team, {})[holder.job_id] = holder
 
     def remove(self, holder: Holder) -> None:
         if self.holders.pop(holder.job_id, None) is not None:
             self._count(holder, -1)
+            del self.of_team[holder.team][holder.job_id]
 
     def _count(self, holder: Holder, sign: int) -> None:
+        self._shares.pop(holder.team, None)
         for i, limit in enumerate(self.limits):
             if limit.counts(holder.zone):
                 self.total[i] += sign * holder.chips
@@ -120,15 +114,16 @@ class _Tally:
                     self.stopping[i] += sign * holder.chips
                     continue
                 teams = self.by_team[i]
-                teams[holder.team] = teams.get(holder.team, 0) + sign * holder.chips
+                kept, was = limit.kept(holder.team), teams.get(holder.team, 0)
+                teams[holder.team] = was + sign * holder.chips
+                self.idle_kept_total[i] += max(0, kept - teams[holder.team]) - max(0, kept - was)
 
     def held(self, i: int, team: str) -> int:
         return self.by_team[i].get(team, 0)
 
     def idle_kept(self, i: int, but: str) -> int:
         """Idle chips the other teams keep for themselves (their nominal past their lending limit)."""
-        limit = self.limits[i]
-        return sum(max(0, limit.kept(t) - self.held(i, t)) for t in limit.shares if t != but)
+        return self.idle_kept_total[i] - max(0, self.limits[i].kept(but) - self.held(i, but))
 
     def borrowing(self, i: int, team: str) -> bool:
         return self.held(i, team) > self.limits[i].nominal(team)
@@ -136,12 +131,15 @@ class _Tally:
     def share(self, team: str) -> float:
         """The team's dominant weighted share: its highest held / (nominal x weight) over the
         limits that have shares (a limit where it has none counts as a nominal of one chip)."""
+        if team in self._shares:
+            return self._shares[team]
         found = self.elsewhere.get(team, 0.0)
         for i, limit in enumerate(self.limits):
             if limit.shares:
                 share = limit.shares.get(team)
                 weight = share.weight if share else 1.0
                 found = max(found, self.held(i, team) / (max(limit.nominal(team), 1) * weight))
+        self._shares[team] = found
         return found
 
 
@@ -247,15 +245,18 @@ def _candidate(
     if failure is None:
         return key, job, (), ()
     if within:  # its nominal share: take back what borrowers hold
+        borrowers = [t for t in tally.of_team if t != job.team and any(tally.borrowing(i, t) for i in relevant)]
+        borrowed = [h for team in borrowers for h in tally.of_team[team].values()]
         taken = _take_back(
-            tally, job, relevant, reserved, lambda h, i: h.team != job.team and tally.borrowing(i, h.team)
+            tally, job, relevant, reserved, lambda h, i: h.team != job.team and tally.borrowing(i, h.team), borrowed
         )
         if taken is not None:
             return key, job, (), taken
         reserved.update(shared)
     elif job.priority in EVICTING_PRIORITIES:
         rank = PRIORITY_RANK[job.priority]
-        taken = _take_back(tally, job, relevant, reserved, lambda h, i: h.team == job.team and h.rank < rank)
+        own = tally.of_team.get(job.team, {}).values()
+        taken = _take_back(tally, job, relevant, reserved, lambda h, i: h.team == job.team and h.rank < rank, own)
         if taken is not None:
             return key, job, taken, ()
     return _why(pool, tally, job, failure, within)
@@ -286,14 +287,19 @@ def _failure(tally: _Tally, job: Waiting, relevant: list[int], reserved: set[int
 
 
 def _take_back(
-    tally: _Tally, job: Waiting, relevant: list[int], reserved: set[int], may_take: Callable[[Holder, int], bool]
+    tally: _Tally,
+    job: Waiting,
+    relevant: list[int],
+    reserved: set[int],
+    may_take: Callable[[Holder, int], bool],
+    among: Iterable[Holder] | None = None,
 ) -> tuple[Holder, ...] | None:
     """The holders to stop so `job` fits: lowest priority and most recently started first, each
     one counted under the limit that holds the job back now (and that `may_take` allows there),
     then any no longer needed given back; None when stopping every one of them would not do. The
     tally is left as it was."""
     candidates = sorted(
-        (h for h in tally.holders.values() if h.evictable and h.job_id != job.job_id),
+        (h for h in (tally.holders.values() if among is None else among) if h.evictable and h.job_id != job.job_id),
         key=lambda h: (h.rank, -h.since.timestamp(), h.job_id),
     )
     taken: list[Holder] = []
@@ -371,48 +377,3 @@ def _may_borrow(tally: _Tally, i: int, team: str) -> int:
         else min(free, share.borrowing_limit - max(0, held - nominal))
     )
     return max(0, room)
-
-
-def limit_positions(
-    limits: Limits, where: str, shares: Mapping[str, Share], holders: Sequence[Holder], waiting: Sequence[Waiting]
-) -> dict[str, Position]:
-    """Each team's position under one limit of a pool (`where`: its zone, or its region), for
-    `tpujobs team show`. Borrowed chips come first from chips no team holds as nominal; the rest
-    are lent by the teams with idle lendable nominal, in proportion to it."""
-    scope: Scope = "region" if limits.total is not None and where not in limits.zones else "zone"
-    chips = limits.of(scope, where)
-    limit = Limit(where, scope, chips if chips is not None else sum(s.nominal for s in shares.values()), shares)
-    counted = [h for h in holders if limit.counts(h.zone)]
-    teams = sorted({*shares, *(h.team for h in counted), *(w.team for w in waiting if limit.counts(w.zone))})
-    held = {t: sum(h.chips for h in counted if h.team == t) for t in teams}
-    borrowed = {t: max(0, held[t] - limit.nominal(t)) for t in teams}
-    from_nominals = max(0, sum(borrowed.values()) - limit.unassigned) if chips is not None else 0
-    lendable = {t: max(0, min(limit.nominal(t) - limit.kept(t), limit.nominal(t) - held[t])) for t in shares}
-    lent = _in_proportion(from_nominals, lendable)
-    return {
-        t: Position(
-            t,
-            limit.nominal(t),
-            held[t],
-            borrowed[t],
-            lent.get(t, 0),
-            sum(w.chips for w in waiting if w.team == t and limit.counts(w.zone)),
-        )
-        for t in teams
-    }
-
-
-def _in_proportion(total: int, weights: Mapping[str, int]) -> dict[str, int]:
-    """`total` split in whole chips in proportion to `weights` (none past its weight); the
-    remainder goes one chip at a time in name order."""
-    whole = sum(weights.values())
-    if not whole or not total:
-        return {}
-    total = min(total, whole)
-    parts = {t: total * w // whole for t, w in weights.items()}
-    for t in sorted(weights):
-        if sum(parts.values()) >= total:
-            break
-        if parts[t] < weights[t]:
-            parts[t] += 1
-    return parts

@@ -5,8 +5,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from tpujobs.domain.admission import Holder
-from tpujobs.domain.fair_share import Limit, Waiting, limit_positions, plan_round, pool_limits, team_shares
+from tpujobs.domain.fair_share import Limit, Waiting, plan_round, pool_limits, team_shares
 from tpujobs.domain.quotas import Limits, PoolKey
+from tpujobs.domain.team_positions import limit_positions
 from tpujobs.domain.teams import Share
 
 ZONE = "us-central2-b"

@@ -200,7 +200,7 @@ def _row(label: str, y: float, parts: Sequence[tuple[str, float]], scale: float)
 def share_plot(nominal: int, held: int, borrowed: int, lent: int, width: float = SHARE_WIDTH) -> SharePlot:
     """Two rows on one scale, the longer `width` long: the nominal (the part the team holds
     itself, the part lent to others, the idle rest) and what the team holds (its own, then what
-    it borrowed past its nominal). `borrowed` and `lent` are `domain.fair_share.Position`'s: a team
+    it borrowed past its nominal). `borrowed` and `lent` are `domain.team_positions.Position`'s: a team
     lends only chips it leaves idle, so own + lent never pass the nominal."""
     scale = width / max(nominal, held, 1)
     own = held - borrowed

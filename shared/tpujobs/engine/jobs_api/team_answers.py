@@ -1,5 +1,5 @@
 """What `tpujobs team show` and the API's `team-show` answer: each team, its members and accounts,
-and under each of its limits its share and its position now (`domain.fair_share.limit_positions`).
+and under each of its limits its share and its position now (`domain.team_positions.limit_positions`).
 
 A position is computed from what admission itself reads: each pool's holders (each names its
 team) and its waiting jobs. A pool is read once, however many teams share its limits.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tpujobs.domain.fair_share import Position, limit_positions
+from tpujobs.domain.team_positions import Position, limit_positions
 from tpujobs.domain.teams import Share, Team, TeamBook
 
 if TYPE_CHECKING:
