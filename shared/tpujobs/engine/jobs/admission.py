@@ -116,7 +116,9 @@ class Admission:
             return SubmitOutcome("provisioning", job.job_id, f"admitted in {pool.id}")
         return SubmitOutcome("queued", job.job_id, f"waiting for quota in {pool.id}")
 
-    def _limits(self, pool: PoolKey) -> Limits:
+    def _limits(self, pool: PoolKey, quotas: QuotaBook | None = None) -> Limits:
+        if quotas is not None:
+            return quotas.limits(pool)
         return Limits() if self.pools is None else self.pools.quotas().limits(pool)
 
     def admit_waiting(
@@ -138,7 +140,8 @@ class Admission:
             return []
         key = PoolKey.parse(pool)
         book = self.teams.teams() if self.teams is not None else TeamBook(None)
-        shaped = pool_limits(limits or self._limits(key), key.region, book.shares_of(key))
+        quotas = self.pools.quotas() if limits is None or book.teams else None
+        shaped = pool_limits(limits or self._limits(key, quotas), key.region, book.shares_of(key))
         paused = self.paused(book) if self.paused is not None else {}
         elsewhere: dict[str, float] | None = None
         for _ in jittered_rounds(ADMISSION_ROUNDS, self.sleep):
@@ -146,7 +149,7 @@ class Admission:
             if read is None:
                 return []
             if elsewhere is None:
-                elsewhere = self._shares_elsewhere(book, key) if any(limit.shares for limit in shaped) else {}
+                elsewhere = self._shares_elsewhere(book, key, quotas) if any(lim.shares for lim in shaped) else {}
             plan = plan_round(key, shaped, read.staying, read.waiting, paused, elsewhere)
             for job in plan.too_big:
                 self._set_aside(job, key)
@@ -167,12 +170,12 @@ class Admission:
             return [admit.job.job_id for admit in plan.admitted]
         return []
 
-    def _shares_elsewhere(self, book: TeamBook, here: PoolKey) -> dict[str, float]:
+    def _shares_elsewhere(self, book: TeamBook, here: PoolKey, quotas: QuotaBook | None) -> dict[str, float]:
         """Each team's highest weighted share in the other pools its teams have shares of (one
         read of each): borrowers are ordered by their dominant share, across families."""
         assert self.pools is not None
         found: dict[str, float] = {}
-        quotas = self.pools.quotas()
+        quotas = quotas or self.pools.quotas()
         for other in sorted({s.pool for team in book.teams for s in team.shares} - {here}, key=lambda k: k.id):
             shaped = pool_limits(quotas.limits(other), other.region, book.shares_of(other))
             for team, share in team_shares(shaped, self.pools.view(other.id).holders).items():
