@@ -99,10 +99,10 @@ test: venv tools lint docs infra-check docker-engine
 
 # Checks of infra/ that need no cloud and no provider download: formatting, checkov (zero failed
 # checks; skips explained in place) and tests/infra (Terraform against the code, and against the
-# schema of the Google provider infra/versions.tf pins, 6.50.0: npm fetches it once, as the
-# package @cdktf/provider-google 16.12.1, into ~/.cache/tpujobs).
+# schema of the Google provider infra/versions.tf pins, 6.50.0, from the package
+# @cdktf/provider-google 16.12.1, reduced and kept in tests/data/provider-google).
 # Two halves, so that each can run where its tools are (cloudbuild.yaml): infra-fmt needs only
-# Terraform, infra-test only Python (.venv, .venv-checkov) and npm.
+# Terraform, infra-test only Python (.venv, .venv-checkov).
 infra-check: infra-fmt infra-test
 
 infra-fmt: terraform-tool

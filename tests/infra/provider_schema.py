@@ -4,14 +4,17 @@ Terraform providers cannot be downloaded here, so `terraform validate` is out of
 CDKTF bindings, generated from the provider's own schema, are on the npm registry. Their `.jsii`
 file describes every resource and data source: a `...Config` struct per type whose properties
 are its arguments and nested blocks (a property that is not optional is required), the Terraform
-name of each in its documentation link. It is about 100 MB: it is read once, reduced to names
-and required flags, and that is kept as schema.json in a cache folder outside the repository.
+name of each in its documentation link. It is about 100 MB, so it is reduced to names and
+required flags once, and that is kept in the repository (tests/data/provider-google/, 86 KB
+gzipped): the tests read it and need neither npm nor a network. To pin a new release, set
+PACKAGE_VERSION and run `python tests/infra/provider_schema.py`, which fetches it with `npm pack`
+and writes the reduced file.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -25,8 +28,7 @@ PACKAGE = "@cdktf/provider-google"
 # The newest release of the bindings whose provider is in the range infra/versions.tf allowed
 # (">= 6.0, < 8.0"): 16.12.1 is provider 6.50.0, the last the bindings were published for.
 PACKAGE_VERSION = "16.12.1"
-# The reduced schema's layout: a new one is cached beside the old, never read as the old.
-FORMAT = 2
+KEPT = Path(__file__).resolve().parents[1] / "data" / "provider-google"
 
 # npm's error codes for "the registry could not be reached": only these make the test skip.
 UNREACHABLE = ("ENOTFOUND", "EAI_AGAIN", "ECONNREFUSED", "ECONNRESET", "ETIMEDOUT", "ENETUNREACH", "EHOSTUNREACH")
@@ -38,32 +40,34 @@ _NAME_LINK = re.compile(r"#([a-z0-9_]+) [A-Za-z0-9]+#\1\}")
 
 
 class RegistryUnreachable(Exception):
-    """npm could not reach its registry: the only reason the schema test skips."""
+    """npm could not reach its registry (only when refreshing the kept schema)."""
 
 
-def cache_dir(version: str = PACKAGE_VERSION) -> Path:
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "tpujobs" / "provider-google" / version
+def kept_path(version: str = PACKAGE_VERSION) -> Path:
+    """Where the reduced schema of `version` is kept in the repository."""
+    return KEPT / f"{version}.json.gz"
 
 
 def load(version: str = PACKAGE_VERSION) -> dict[str, Any]:
-    """The reduced schema: fetched, parsed and cached on first use, read from the cache after."""
-    folder = cache_dir(version)
-    cached = folder / f"schema-v{FORMAT}.json"
-    if cached.exists():
-        return json.loads(cached.read_text(encoding="utf-8"))
-    folder.mkdir(parents=True, exist_ok=True)
-    tarball = _pack(version, folder)
-    try:
-        schema = _reduce(tarball)
-    finally:
-        tarball.unlink(missing_ok=True)
-    # Written whole, then renamed: a parallel run never reads half a file.
-    with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".tmp", delete=False, encoding="utf-8") as out:
-        json.dump(schema, out, sort_keys=True)
-    os.chmod(out.name, 0o644)
-    os.replace(out.name, cached)
+    """The reduced schema of `version`, as kept in the repository."""
+    kept = kept_path(version)
+    if not kept.exists():
+        raise FileNotFoundError(f"no schema kept for {PACKAGE}@{version}: run `python {__file__}` to fetch it")
+    with gzip.open(kept, "rt", encoding="utf-8") as file:
+        schema: dict[str, Any] = json.load(file)
     return schema
+
+
+def refresh(version: str = PACKAGE_VERSION) -> Path:
+    """Fetch `version` with npm, reduce it, and keep it (gzip without a timestamp: the same bytes each time)."""
+    with tempfile.TemporaryDirectory() as folder:
+        tarball = _pack(version, Path(folder))
+        schema = _reduce(tarball)
+    kept = kept_path(version)
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    with open(kept, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as file:
+        file.write(json.dumps(schema, sort_keys=True).encode("utf-8"))
+    return kept
 
 
 def _pack(version: str, folder: Path) -> Path:
@@ -157,3 +161,7 @@ def _terraform_name(prop: dict[str, Any]) -> str:
     if found:
         return found.group(1)
     return re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", prop["name"]).lower()
+
+
+if __name__ == "__main__":
+    print(f"kept {refresh()}")

@@ -36,7 +36,7 @@ TPU_CALLS = {
     "list_queued_resources",
     "list_nodes",
     "get_node",  # tpu.nodes.get: a node's metadata, read before a unit's assignment is merged into it
-    "update_node",  # tpu.nodes.update: a warm pool unit's assignment (write_metadata)
+    "update_node",  # tpu.nodes.update: a warm pool unit's assignment (tell_hosts)
     "get_operation",  # tpu.operations.get: the error of a create that failed (create_error)
 }
 FORBIDDEN_ROLES = {"roles/tpu.admin", "roles/owner", "roles/editor", "roles/viewer", "roles/secretmanager.admin"}
