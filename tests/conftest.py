@@ -1,9 +1,10 @@
-"""Shared fixtures: the real emulators for the session, a fresh project per test.
+"""Shared fixtures: the real emulators for the run, a fresh project per test.
 
-The Firestore and Pub/Sub emulators start once per session, booting in the background while
-the tests that need none run (or are reused when the environment names running ones); each
-test gets its own project id, which the emulators keep apart, so tests never see each other's
-documents or topics. The test order and the e2e groups of pytest-xdist are set here too.
+The Firestore and Pub/Sub emulators start once per run, booting in the background while the
+tests that need none run (or are reused when the environment names running ones); under
+pytest-xdist every worker uses the same pair (support/shared_run.py). Each test gets its own
+project id, which the emulators keep apart, so tests never see each other's documents or
+topics. The test order and the e2e groups of pytest-xdist are set here too.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from support import shared_run
 from tpujobs.local import processes
 
 
@@ -32,12 +34,12 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The test files that need no emulators first: they run while the emulators boot.
 
-    Under pytest-xdist (`make test`), each group of end-to-end tests runs on one worker, with a
-    local stack of its own: "e2e", unless its file names another with an `xdist_group` mark
-    (test_google_behaviours_e2e.py does: its faults are the whole stack's, and it is a third of
-    the e2e time). The groups, the largest first, go to workers of their own while the rest
-    spreads over every worker; the e2e tests mostly wait, so a worker more than the cores
-    (PYTEST_WORKERS in the Makefile) keeps the cores busy.
+    Under pytest-xdist (`make test`), each file of end-to-end tests goes whole to one worker (its
+    xdist group, `e2e-<file>`), so its module fixtures are made once; the files spread over the
+    workers, which share one local stack (e2e/conftest.py). The tests whose faults would reach
+    every job on it have a stack of their own and a group of their own (e2e/faults/). The e2e
+    tests mostly wait, so a worker more than the cores (PYTEST_WORKERS in the Makefile) keeps the
+    cores busy.
 
     First of the hooks: xdist's worker reads the groups in a hook of its own, registered after
     this file, so a mark added later would group nothing (it did not: every worker took e2e
@@ -48,7 +50,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     for item in items:
         if item.get_closest_marker("e2e") is not None and item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group("e2e"))
+            item.add_marker(pytest.mark.xdist_group(f"e2e-{item.path.stem}"))
 
 
 _UNGROUPED = pytest.StashKey[str]()
@@ -118,11 +120,20 @@ def _boot() -> Booted:
     return {variable: str(address) for variable, address in hosts.items()}, started
 
 
+def _boot_once(config: pytest.Config) -> Booted:
+    """This session's emulators: on a pytest-xdist worker, the run's (booted by whichever worker
+    asks first, stopped by the controller); else booted, and later stopped, by this session."""
+    folder = shared_run.worker_folder(config)
+    if folder is None:
+        return _boot()
+    return shared_run.shared_emulators(folder, _boot), []
+
+
 def _booting(config: pytest.Config) -> Future[Booted]:
     """The session's emulators, booting in a thread of their own (started on the first call)."""
     if _BOOT not in config.stash:
         pool = ThreadPoolExecutor(1, thread_name_prefix="emulators")
-        config.stash[_BOOT] = pool.submit(_boot)
+        config.stash[_BOOT] = pool.submit(_boot_once, config)
         pool.shutdown(wait=False)  # its one task goes on
     return config.stash[_BOOT]
 
@@ -136,8 +147,16 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         _booting(session.config)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """The controller hands each pytest-xdist worker the run's folder, where they share services."""
+    node.workerinput[shared_run.WORKER_INPUT_KEY] = str(shared_run.controller_folder(node.config))
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Stop the emulators this session started, once every fixture that used them is done."""
+    """Stop the emulators this session started, once every fixture that used them is done; on
+    the controller of pytest-xdist workers, what the workers shared, once they are all done."""
+    shared_run.stop_shared(session.config)
     boot = session.config.stash.get(_BOOT, None)
     if boot is None:
         return

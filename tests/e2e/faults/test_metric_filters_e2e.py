@@ -25,7 +25,7 @@ from tpujobs.engine.metrics import METRICS, metric_type
 from tpujobs.engine.settings import Settings
 from tpujobs.local.testing import wait_for
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]  # alone, it starts the stack (about a minute) too
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e-faults"), pytest.mark.timeout(400)]
 
 INFRA = Path(__file__).resolve().parents[2] / "infra"
 # The stuck limit the stack keeps (conftest leaves it): a job QUEUED longer is `job_stuck`.

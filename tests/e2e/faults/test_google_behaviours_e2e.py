@@ -1,7 +1,7 @@
 """The control plane against each unkind thing Google does, end to end on the local stack.
 
 Every behaviour is driven as a user would drive it, through `tpujobs dev fault ...` (or
-`tpujobs dev preempt`), against the session's local stack (tests/e2e/conftest.py): jobs go
+`tpujobs dev preempt`), against a local stack of their own (faults/conftest.py): jobs go
 through Pub/Sub to the functions, the simulator runs their startup scripts, the agents
 report. Each test then shows the control plane's response in the job's record and timeline,
 and in what the simulator saw. Planned faults are cleared after every test, so none leaks
@@ -26,7 +26,7 @@ from tpujobs.domain.states import JobState
 from tpujobs.engine.topology import CONTROL
 from tpujobs.local.testing import wait_for
 
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e-faults")]  # a stack of its own (tests/conftest.py)
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e-faults")]  # a stack of its own (faults/conftest.py)
 
 OWNER = "ada@example.com"
 LONG_GRACE_S = 60.0  # the e2e stack's is 10 s (E2E_WAITS); production's 300 s is too long to wait out here
