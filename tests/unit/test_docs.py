@@ -25,6 +25,10 @@ REPO_PATH = re.compile(r"`((?:shared|tests|bench|infra|examples|functions|tools|
 PACKAGE_PATH = re.compile(r"`((?:domain|engine|adapters|runtime|cli|local|agent)/[\w/]+\.py)`")
 MODULE = re.compile(r"`(tpujobs(?:\.\w+)+)")
 LAYERS = {"domain", "engine", "adapters", "runtime", "cli", "local", "agent"}
+# "docs/page.md#section" in the code, and where the code lives.
+DOCS_POINTER = re.compile(r"docs/([\w-]+\.md)#([\w-]+)")
+CODE_FOLDERS = ("shared", "functions", "infra", "bench", "tools", "examples")
+CODE_SUFFIXES = {".py", ".tf", ".md", ".yaml", ".yml", ".sh", ".html", ".js"}
 # Paths the docs name that a user creates and git never holds.
 USERS_OWN = {"infra/terraform.tfvars"}
 
@@ -98,6 +102,26 @@ def test_the_readme_links_to_every_page_of_the_docs(nav: list[str]) -> None:
     linked = {target.partition("#")[0] for target in readme_links()}
     missing = [page for page in nav if f"docs/{page}" not in linked and page != "index.md"]
     assert not missing, f"README.md does not link to {missing}"
+
+
+def test_the_docs_home_page_links_to_every_page_of_the_nav(nav: list[str]) -> None:
+    """docs/index.md is the site's table of contents: a page added to the nav is added there too."""
+    linked = {target.partition("#")[0] for target in LINK.findall((DOCS / "index.md").read_text(encoding="utf-8"))}
+    missing = [page for page in nav if page not in linked and page != "index.md"]
+    assert not missing, f"docs/index.md does not link to {missing}"
+
+
+def test_every_section_the_code_points_at_exists() -> None:
+    """Comments and docstrings say "see docs/security.md#attempt-keys": mkdocs checks the links of
+    docs/ only, so a heading renamed under such a pointer fails here."""
+    sources = [path for folder in CODE_FOLDERS for path in (ROOT / folder).rglob("*") if path.suffix in CODE_SUFFIXES]
+    stale = [
+        f"{path.relative_to(ROOT)}: docs/{page}#{anchor}"
+        for path in sources
+        for page, anchor in DOCS_POINTER.findall(path.read_text(encoding="utf-8", errors="replace"))
+        if not (DOCS / page).is_file() or anchor not in anchors(DOCS / page)
+    ]
+    assert not stale, f"pointers to sections that do not exist: {stale}"
 
 
 def test_every_page_is_in_the_nav_once_and_every_nav_entry_is_a_page(nav: list[str]) -> None:
