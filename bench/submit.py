@@ -2,9 +2,13 @@
 platform side by side: the TPU API (v4-8 queued resources) and Compute Engine (v7x-8 slices,
 each a template and a MIG).
 
-Each job is timed from just before its spec is published to `tpujobs-submit` until the
-`at` of its PROVISIONING event, which the submit function stamps when it commits the
-transition (same machine, same clock): no polling interval is in the number. While a run
+Delivery is the local stack's pusher (tpujobs.local.pusher): each subscription pushed to its
+function as many at once as production serves (max instances x concurrency, infra/functions.tf),
+not the Pub/Sub emulator's own push of 2 at a time.
+
+Each job is timed from just before its spec is published to `tpujobs-submit` until the `at`
+of its PROVISIONING event, which the submit function stamps when it commits the transition
+(same machine, same clock): no polling interval is in the number. While a run
 is under way the bench only counts the run's PROVISIONING jobs (one aggregation query every
 half second); the events are read once every job is there, so the bench's own reads do not
 compete with the functions for the Firestore emulator.
@@ -30,6 +34,7 @@ import argparse
 import collections
 import dataclasses
 import json
+import os
 import secrets
 import statistics
 import sys
@@ -132,8 +137,8 @@ def run(mode: str, n: int, publisher: Any, topic: str, firestore_client: Any, pl
         wait_provisioning(firestore_client, name, n, 600)
     done = event_times(firestore_client, job_ids)
     latencies = [(done[j][1] - published[j]).total_seconds() for j in job_ids]
-    # where the time goes: publish -> the function starts (Pub/Sub push delivery and queueing
-    # for a free thread), then the function's own work
+    # where the time goes: publish -> the function starts (the local pusher's pull and post, as
+    # many at once as production serves: tpujobs.local.pusher), then the function's own work
     delivery = [(done[j][0] - published[j]).total_seconds() for j in job_ids]
     handling = [(done[j][1] - done[j][0]).total_seconds() for j in job_ids]
     span = (max(at for _, at in done.values()) - min(published.values())).total_seconds()
@@ -145,6 +150,7 @@ def run(mode: str, n: int, publisher: Any, topic: str, firestore_client: Any, pl
         "max_s": max(latencies),
         "jobs_per_s": n / span,
         "span_s": span,
+        "load": os.getloadavg()[0],  # the machine's 1-minute load at the end: it may be shared
     }
 
 
@@ -315,7 +321,8 @@ def main() -> int:
                             f"{platform} {mode:<10} run {repeat + 1} (n={n}): median {result['median_s']:.2f} s, "
                             f"p95 {result['p95_s']:.2f} s, max {result['max_s']:.2f} s, "
                             f"span {result['span_s']:.1f} s, {result['jobs_per_s']:.1f} jobs/s "
-                            f"(delivery {result['delivery_s']:.2f} s, handling {result['handling_s']:.3f} s)",
+                            f"(delivery {result['delivery_s']:.2f} s, handling {result['handling_s']:.3f} s; "
+                            f"load {result['load']:.1f} on {os.cpu_count()} cores)",
                             file=sys.stderr,
                         )
         finally:

@@ -57,6 +57,7 @@ def test_up_starts_every_service_and_each_endpoint_answers(
         "cloud-logging",
         "cloud-monitoring",
         "scheduler",
+        "pusher",
         *(f"function-{r.target}" for r in topology.FUNCTIONS),
     }
     assert all(processes.is_running(p) for p in running.processes)
@@ -76,14 +77,18 @@ def test_up_starts_every_service_and_each_endpoint_answers(
     assert topics == {
         publisher.topic_path(project, topology.topic_name(t, SETTINGS.prefix)) for t in topology.ALL_TOPICS
     }
-    pushes = {s.name: s.push_config.push_endpoint for s in subscriber.list_subscriptions(project=f"projects/{project}")}
-    assert pushes == {
+    # The emulator holds each subscription's pull twin; the pusher pushes it to the function's URL.
+    held = {s.name: s.push_config.push_endpoint for s in subscriber.list_subscriptions(project=f"projects/{project}")}
+    expected = {
         subscriber.subscription_path(
             project, topology.push_subscription_name(r, SETTINGS.prefix)
         ): wiring.push_endpoint(running.functions[r.target])
         for r in topology.FUNCTIONS
         if r.signature == "cloudevent"
     }
+    assert held == dict.fromkeys(expected, "")
+    config = json.loads((running.state_dir / stack.PUSHER_CONFIG).read_text())
+    assert {route["subscription"]: route["endpoint"] for route in config["routes"]} == expected
 
     bucket = storage.Client(project=project).lookup_bucket(env["TPUJOBS_LOGS_BUCKET"])
     assert bucket is not None

@@ -1,6 +1,6 @@
 """infra/monitoring.tf held to the code's metrics, to itself, and to the provider's schema in depth.
 
-What the functions write is tests/e2e/test_metric_filters_e2e.py's; here: the descriptors are the
+What the functions write is tests/e2e/faults/test_metric_filters_e2e.py's; here: the descriptors are the
 code's `engine.metrics.METRICS` exactly, every event is counted, no metric is log-based, every alert
 reads a metric declared here (or Cloud Run's own request count), the dashboard's JSON renders and
 names only those, only the functions' accounts may write time series, and the schema check

@@ -1,32 +1,38 @@
-"""The local stack runs each function with the processes and threads chosen for it."""
+"""The local stack runs each function with as many threads as production serves requests at once."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from tpujobs.engine.topology import FUNCTIONS
-from tpujobs.local import processes
+from tpujobs.local import function_scale, processes, pusher
 
 ROUTES = {route.target: route for route in FUNCTIONS}
 
 
-def test_each_function_gets_its_workers_and_threads_from_the_table():
-    """WORKERS and THREADS come from FUNCTION_CONCURRENCY, or its default, for every target."""
+def test_each_function_runs_one_process_with_a_thread_per_request_production_serves_at_once():
+    """WORKERS is 1 and THREADS is max instances x concurrency (function_scale), for every target."""
     for target, route in ROUTES.items():
         spec = processes.function(route, 8080, source=Path("functions"), env={"PATH": "/usr/bin"})
-        workers, threads = processes.FUNCTION_CONCURRENCY.get(target, processes.DEFAULT_FUNCTION_CONCURRENCY)
         assert spec.env is not None
-        assert (spec.env["WORKERS"], spec.env["THREADS"]) == (str(workers), str(threads)), target
+        expected = str(function_scale.SCALES[target].requests_at_once)
+        assert (spec.env["WORKERS"], spec.env["THREADS"]) == ("1", expected), target
         assert spec.env["PATH"] == "/usr/bin"
 
 
-def test_the_api_has_more_threads_than_a_push_subscription_can_use():
-    """The emulator pushes at most 2 messages at once per subscription; the HTTP API has any number of callers."""
-    submit = processes.function(ROUTES["submit_job"], 8080, source=Path("functions"), env={})
-    api = processes.function(ROUTES["jobs"], 8081, source=Path("functions"), env={})
-    assert submit.env is not None and api.env is not None
-    assert int(submit.env["THREADS"]) >= 2
-    assert int(api.env["THREADS"]) > int(submit.env["THREADS"])
+def test_every_function_has_a_scale_and_no_other():
+    """function_scale names exactly topology's targets: none is left at a guessed default."""
+    assert set(function_scale.SCALES) == set(ROUTES)
+
+
+def test_the_pusher_sends_no_more_at_once_than_the_function_has_threads():
+    """Each route's pusher limit is its function's THREADS: no push waits for a free thread."""
+    urls = {target: f"http://127.0.0.1:{8000 + i}/" for i, target in enumerate(ROUTES)}
+    for route in pusher.routes("p", "", urls):
+        target = next(t for t, url in urls.items() if url == route.endpoint)
+        spec = processes.function(ROUTES[target], 8080, source=Path("functions"), env={})
+        assert spec.env is not None
+        assert int(spec.env["THREADS"]) == route.concurrency, target
 
 
 def test_workers_and_threads_in_the_environment_win():

@@ -29,6 +29,7 @@ import psutil
 
 from tpujobs.engine.topology import FunctionRoute
 from tpujobs.local import containers
+from tpujobs.local.function_scale import requests_at_once
 
 LOOPBACK = "127.0.0.1"
 
@@ -359,16 +360,11 @@ def secret_manager(
     )
 
 
-# Processes and threads of each function under functions-framework (its gunicorn's WORKERS and
-# THREADS; its own defaults are 1 process and 4 threads per core). Measured (bench/submit.py,
-# 2 cores): the Pub/Sub emulator pushes each subscription from exactly 2 loops, each posting one
-# message and waiting for the answer (PushLoop in its jar), so a cloudevent function never has
-# more than 2 requests at once; a 300-job burst ran at 21.7 jobs/s with 1 process and 16.0 with 2
-# (the second process only adds its imports and memory). 4 threads leave room for a slow call;
-# the HTTP API (`jobs`) is called by any number of clients. A WORKERS or THREADS already in the
-# function's environment wins, to measure other values.
-FUNCTION_CONCURRENCY: dict[str, tuple[int, int]] = {"jobs": (1, 8)}
-DEFAULT_FUNCTION_CONCURRENCY = (1, 4)
+# Each function runs in one process with a thread for every request production serves at once
+# (max instances x concurrency, `function_scale`), the pusher's limit too: one process holds the
+# imports and memory once, and the handlers wait on I/O far more than they compute. A WORKERS or
+# THREADS already in the function's environment wins, to measure other values.
+FUNCTION_WORKERS = 1
 
 
 def function(
@@ -379,12 +375,11 @@ def function(
     env: Mapping[str, str] | None = None,
     deadline_s: float = 30.0,
 ) -> ServiceSpec:
-    """One target of functions/main.py under functions-framework, with its processes and
-    threads (FUNCTION_CONCURRENCY)."""
-    workers, threads = FUNCTION_CONCURRENCY.get(route.target, DEFAULT_FUNCTION_CONCURRENCY)
+    """One target of functions/main.py under functions-framework, in one process with as many
+    threads as production serves requests at once (`function_scale`)."""
     environment = dict(os.environ if env is None else env)
-    environment.setdefault("WORKERS", str(workers))
-    environment.setdefault("THREADS", str(threads))
+    environment.setdefault("WORKERS", str(FUNCTION_WORKERS))
+    environment.setdefault("THREADS", str(requests_at_once(route.target)))
     return ServiceSpec(
         name=f"function-{route.target}",
         argv=(
@@ -420,6 +415,18 @@ def registry(port: int, config_path: Path, *, deadline_s: float = 30.0) -> Servi
         port=port,
         ready=answers_ok(f"http://{LOOPBACK}:{port}/v2/"),
         deadline_s=deadline_s,
+    )
+
+
+def pusher(config_path: Path, *, env: Mapping[str, str] | None = None) -> ServiceSpec:
+    """The local push delivery (tpujobs.local.pusher): every route's subscription, pushed to its
+    function as concurrently as production pushes."""
+    return ServiceSpec(
+        name="pusher",
+        argv=(sys.executable, "-m", "tpujobs.local.pusher", "--config", str(config_path)),
+        port=0,
+        ready=lambda: True,
+        env=env,
     )
 
 

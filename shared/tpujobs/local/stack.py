@@ -30,11 +30,12 @@ from typing import Any
 
 from tpujobs.engine import topology
 from tpujobs.engine.settings import Settings
-from tpujobs.local import containers, processes, wiring
+from tpujobs.local import containers, processes, pusher, wiring
 from tpujobs.local.function_accounts import function_account, function_accounts
 from tpujobs.local.processes import LOOPBACK, ManagedProcess, StackError
 
 STACK_FILE = "stack.json"
+PUSHER_CONFIG = "pusher.json"  # the pusher's routes, beside stack.json
 REPORT_KEY_VARIABLE = "TPUJOBS_REPORT_KEY"
 FORMAT_VERSION = 1
 RECONCILE_INTERVAL_S = 3.0  # Cloud Scheduler ticks once a minute; locally, every few seconds
@@ -250,8 +251,9 @@ def down(state_dir: Path, *, report: Report | None = None) -> list[ManagedProces
         if state is None:
             say(f"no local stack recorded in {state_dir}")
             return []
-        # The functions first, while what they write to on SIGTERM (their metrics) still answers.
-        functions = [p for p in state.processes if p.name.startswith("function-")]
+        # The functions (and the pusher posting to them) first, while what they write to on SIGTERM
+        # (their metrics) still answers.
+        functions = [p for p in state.processes if p.name.startswith("function-") or p.name == "pusher"]
         stopped = processes.stop(functions) + processes.stop([p for p in state.processes if p not in functions])
         stopped_pids = {p.pid for p in stopped}
         for process in state.processes:
@@ -409,11 +411,22 @@ def _start(
         processes.stop(engine)
         raise
     try:
-        wired = wiring.wire_pubsub(pubsub, settings.project, settings.prefix, functions)
+        # The emulator holds each push subscription's pull twin; the pusher pushes it, as many at once
+        # as production would (tpujobs.local.pusher says why).
+        wired = wiring.wire_pubsub(pubsub, settings.project, settings.prefix, functions, pushed_by_emulator=False)
         say(f"{len(wired.topics)} topics, {len(wired.subscriptions)} push subscriptions")
         wiring.ensure_bucket(storage, settings.project, bucket)
         say(f"bucket {bucket}")
-        started += processes.start([processes.scheduler(RECONCILE_INTERVAL_S, env=service_env)], state_dir / "logs")
+        pusher_config = state_dir / PUSHER_CONFIG
+        pusher.write_config(pusher_config, pubsub, pusher.routes(settings.project, settings.prefix, functions))
+        started += processes.start(
+            [
+                processes.pusher(pusher_config, env=service_env),
+                processes.scheduler(RECONCILE_INTERVAL_S, env=service_env),
+            ],
+            state_dir / "logs",
+        )
+        say("pusher delivers each subscription to its function, as many at once as production serves")
         say(f"scheduler ticks {topology.RECONCILE} every {RECONCILE_INTERVAL_S:g} s")
         state = StackState(
             state_dir=state_dir,

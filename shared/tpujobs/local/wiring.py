@@ -1,9 +1,12 @@
 """Create in the emulators what production gets from Terraform: topics, push subscriptions, bucket.
 
 Every cloudevent route of `tpujobs.engine.topology` gets the push subscription infra/pubsub.tf gives it
-(`{prefix}{topic}--{target}`, the function's bare URL, an OIDC token, retries, a dead-letter topic), so
-the emulator delivers exactly production's request; tests/infra/test_push_wiring.py holds the two to one
-shape. Every step is idempotent, and clients are built from the addresses given, never the environment.
+(`{prefix}{topic}--{target}`, the function's bare URL, an OIDC token, retries, a dead-letter topic);
+tests/infra/test_push_wiring.py holds the two to one shape. The local stack has it pushed by
+`tpujobs.local.pusher`, concurrently as production pushes, so there the emulator holds its pull twin
+(the same subscription without a push endpoint, `pushed_by_emulator=False`); the emulator's own push
+(two messages at a time) remains for tests that wire it alone. Every step is idempotent, and clients are
+built from the addresses given, never the environment.
 The emulator's measured retries: docs/local-stack.md#the-pubsub-emulators-retries-and-dead-letters-measured.
 """
 
@@ -92,12 +95,15 @@ def wire_pubsub(
     function_urls: Mapping[str, str],
     *,
     minimum_backoff_s: float = LOCAL_MINIMUM_BACKOFF_S,
+    pushed_by_emulator: bool = True,
 ) -> Wiring:
     """Every topic of `topology.ALL_TOPICS`, and a push subscription per cloudevent route.
 
     `function_urls` maps a route's target to its URL. Existing topics and subscriptions are
     kept; a subscription whose endpoint (a function on a new port) or policies differ from
     the wanted ones is updated in place, and one that already matches is left untouched.
+    With `pushed_by_emulator=False` each is created as its pull twin, for `tpujobs.local.pusher`
+    to push (`pusher.routes`); `Wiring.subscriptions` names the push endpoints either way.
     """
     from google.api_core.exceptions import AlreadyExists
 
@@ -115,9 +121,10 @@ def wire_pubsub(
         for route in topology.FUNCTIONS:
             if route.signature != "cloudevent" or route.topic is None:
                 continue
-            wanted = route_subscription(
+            pushed = route_subscription(
                 route, project, prefix, function_urls[route.target], minimum_backoff_s=minimum_backoff_s
             )
+            wanted = pushed if pushed_by_emulator else pull_twin(pushed)
             try:
                 subscriber.create_subscription(request=wanted)
             except AlreadyExists:
@@ -129,7 +136,7 @@ def wire_pubsub(
                     subscriber.update_subscription(
                         request={"subscription": wanted, "update_mask": FieldMask(paths=changed)}
                     )
-            subscriptions[wanted.name] = wanted.push_config.push_endpoint
+            subscriptions[wanted.name] = pushed.push_config.push_endpoint
         return Wiring(topics=tuple(topics), subscriptions=subscriptions)
     finally:
         publisher.transport.close()
@@ -159,6 +166,15 @@ def route_subscription(
         minimum_backoff_s=minimum_backoff_s,
         push_account=topology.push_service_account(project, prefix),
     )
+
+
+def pull_twin(subscription: Subscription) -> Subscription:
+    """The subscription without its push endpoint: the emulator then pushes nothing, and
+    `tpujobs.local.pusher` pushes it instead, with every other field (ack deadline, retry
+    and dead-letter policies, retention) still the emulator's to apply."""
+    twin = type(subscription)(subscription)
+    type(twin).pb(twin).ClearField("push_config")
+    return twin
 
 
 def push_subscription(
