@@ -2,7 +2,9 @@
 container, until they and their group are gone; stopped with SIGTERM, then SIGKILL at the grace's end
 (`grace` from the SIGTERM; after a preemption notice, a deadline counted from the notice).
 
-`CommandRunner` is the part of `Agent` that starts, waits on and stops processes.
+`CommandRunner` is the part of `Agent` that starts, waits on and stops processes; whether one may
+still start is the attempt's stops' word (`stopping`), and what they print goes to the shipper,
+the last output and the liveness.
 """
 
 from __future__ import annotations
@@ -18,107 +20,84 @@ from typing import Any
 from .basics import exit_status, log, rfc3339
 from .boot_record import AttemptRecord, process_start
 from .confine import Confinement
-from .containers import (
-    DOCKER_FAILED,
-    DOCKER_SECONDS,
-    SIMULATED_HOST_VARIABLE,
-    AnyOf,
-    Docker,
-    ImageProblem,
-    container_environment,
-    container_labels,
-    container_name,
-    container_privileged,
-    docker_failure,
-    docker_run_argv,
-    tpu_devices,
-)
+from .containers import DOCKER_SECONDS, Docker
 from .last_output import LastOutput
 from .liveness import Liveness
 from .output import LogShipper, OutputPump, Tee
 from .processes import group_alive, signal_group
-from .slice_link import heartbeat_period
 
 
-class CommandRunner(Liveness):
-    """Setup and command as processes (or one container), and how they are stopped."""
+class CommandRunner:
+    """Setup and command as processes (or one container), and how they are stopped. `preempted`
+    is the preemption notice: after it, a stop's SIGKILL deadline stays for every later process."""
 
-    _current: subprocess.Popen[bytes] | None
-    _container: str | None
-    _kill_at: float | None  # when the stopped command gets SIGKILL (time.monotonic()); None: not stopped
-    _term_delivered: bool
-    _started_at: str | None
-    grace: float
-    docker: Docker | None
-    environ: dict[str, str]
-    megascale: dict[str, str]
-    worker_id: int
-    shipper: LogShipper
-    last_output: LastOutput
-    secret_values: dict[str, str]  # cut out of everything the command prints
-    record: AttemptRecord
-    boot: str
-    _stopping: Callable[[], bool]
-    confinement: Confinement | None  # the attempt's user and cgroup, once its commands may start
+    def __init__(
+        self,
+        grace: float,
+        docker: Docker | None,
+        shipper: LogShipper,
+        last_output: LastOutput,
+        liveness: Liveness,
+        record: AttemptRecord,
+        boot: str,
+        stopping: Callable[[], bool],
+        preempted: threading.Event,
+        note: Callable[[str], None],
+    ) -> None:
+        self.grace = grace
+        self.docker = docker
+        self.shipper = shipper
+        self.last_output = last_output  # setup's and the command's, for a failed `exited`
+        self.liveness = liveness
+        self.record = record
+        self.boot = boot  # this boot's id, recorded with each process
+        self.stopping = stopping
+        self.preempted = preempted
+        self.note = note
+        self._lock = threading.Lock()
+        self._current: subprocess.Popen[bytes] | None = None
+        self._container: str | None = None  # the running container's name, in an image
+        self._kill_at: float | None = None  # when the stopped command gets SIGKILL (time.monotonic())
+        self._term_delivered = False  # the container got its SIGTERM (docker kill succeeded)
+        self.secret_values: dict[str, str] = {}  # cut out of everything the command prints
+        self.confinement: Confinement | None = None  # the attempt's user and cgroup, once its commands may start
 
-    def _sigterm_locked(self, kill_at: float | None = None) -> str | None:
-        """SIGTERM to the running command's group (the lock held), SIGKILL due at `kill_at` (by
-        default `grace` from now); in a container, the container's name: its SIGTERM goes
-        through `_sigterm_container`."""
-        container = self._container
-        if self._current is not None:
-            if container is None:
-                signal_group(self._current.pid, signal.SIGTERM)
-            self._kill_at = time.monotonic() + self.grace if kill_at is None else kill_at
-        return container
+    def confine(self, confinement: Confinement) -> None:
+        """From now on every process starts as the attempt's user, in its cgroup."""
+        with self._lock:
+            self.confinement = confinement
 
-    def _sigterm_container(self, container: str | None) -> None:
-        """`docker kill --signal TERM`, never under the lock (docker may be slow); `_wait`
+    def hide(self, secret_values: dict[str, str]) -> None:
+        """The job's secret values, cut out of everything its commands print from now on."""
+        self.secret_values = secret_values
+
+    def sigterm(self, kill_at: float | None = None) -> str | None:
+        """SIGTERM to the running command's group, SIGKILL due at `kill_at` (by default `grace`
+        from now); in a container, the container's name: its SIGTERM goes through
+        `sigterm_container`."""
+        with self._lock:
+            container = self._container
+            if self._current is not None:
+                if container is None:
+                    signal_group(self._current.pid, signal.SIGTERM)
+                self._kill_at = time.monotonic() + self.grace if kill_at is None else kill_at
+            return container
+
+    def sigterm_container(self, container: str | None) -> None:
+        """`docker kill --signal TERM`, never under a lock (docker may be slow); `_wait`
         tries again if it found no container yet."""
         if container is not None and self.docker is not None:
             self._term_delivered = self.docker.kill(container, "TERM")
 
-    def _contained(self, image: str, code_dir: str, env: dict[str, str], secret_names: list[str]) -> int:
-        """Setup and command in one container of `image`, pulled as the config's policy says;
-        the container's exit code. The container is removed on every way out of here."""
-        if self.docker is None:
-            raise ImageProblem(f"cannot run the image {image}: this host has no docker CLI")
-        docker = self.docker
-        name = container_name(self.config, self.slice_id, self.worker_id)
-        try:
-            if docker.ensure(image, self.config["image_pull_policy"], AnyOf(self.preemption.noticed, self.withdrawn)):
-                log(f"pulled the image {image}")
-            if self.preemption.noticed.is_set() or self.withdrawn.is_set():
-                return 128 + int(signal.SIGTERM)
-            digest = docker.digest(image)
-            mount = None
-            if self.config.get("code_uri"):
-                mount = (os.path.abspath(code_dir), docker.working_dir(image))
-            names, cli_env, left_out = container_environment(
-                env, self.environ, self.config, secret_names, self.megascale
-            )
-            if left_out:
-                self.note(f"not passed into the container (the docker CLI obeys DOCKER_*): {', '.join(left_out)}")
-            privileged = container_privileged(self.config, self.environ)
-            labels = container_labels(
-                self.config, self.slice_id, self.worker_id, self.environ.get(SIMULATED_HOST_VARIABLE, "")
-            )
-            argv = docker_run_argv(
-                docker.binary, image, name, labels, names, self.config.get("setup"), self.config["command"],
-                privileged, mount, tpu_devices(),
-            )  # fmt: skip
-            log(f"running setup and command in {image} ({digest or 'no registry digest'}) as container {name}")
-            started = {"image_digest": digest} if digest else {}
-            pump_tail: list[OutputPump] = []
-            code = self._run(argv, code_dir, cli_env, "command", container=name, started=started, pumps=pump_tail)
-            said = docker_failure(pump_tail[0].tail) if code in DOCKER_FAILED and pump_tail else None
-            if said is not None:
-                raise ImageProblem(f"docker could not run the image {image}: {said}", code)
-            return code
-        finally:
-            docker.remove(name)
+    def kill_now(self) -> int:
+        """Every process of the attempt killed at once; how many (in its cgroup and of its user)."""
+        with self._lock:
+            confinement = self.confinement
+            if self._current is not None:
+                self._kill_at = time.monotonic()  # `_wait` sends SIGKILL now (in a container: docker kill)
+        return confinement.kill() if confinement is not None else 0
 
-    def _run(
+    def run(
         self,
         argv: list[str],
         cwd: str,
@@ -135,7 +114,7 @@ class CommandRunner(Liveness):
         if self.confinement is not None:
             argv = self.confinement.launch(argv, as_user=container is None)
         with self._lock:
-            if self._stopping():
+            if self.stopping():
                 return 128 + int(signal.SIGTERM)
             pipes = {"stdout": os.pipe(), "stderr": os.pipe()}  # apart: stderr's lines are errors in Cloud Logging
             try:
@@ -160,16 +139,12 @@ class CommandRunner(Liveness):
             self._container = container
             self._term_delivered = False
         tee = Tee(self.shipper, self.last_output, self.secret_values)
-        pump = OutputPump({name: fds[0] for name, fds in pipes.items()}, tee, self._checkpoint, self._output_seen)
+        streams = {name: fds[0] for name, fds in pipes.items()}
+        pump = OutputPump(streams, tee, self.liveness.checkpoint, self.liveness.output_seen)
         pump.start()
         if pumps is not None:
             pumps.append(pump)
-        if not self._started:
-            with self._lock:  # against `_watched`: the service hears `watch` once, in order
-                self._started = True
-                self._started_at = rfc3339()
-                self.reporter.report("started", **(started or {}), **self._liveness(heartbeat_period(0.0, self.config)))
-            threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True).start()
+        self.liveness.command_started(started or {})
         running: dict[str, Any] = {"what": what, "pid": process.pid, "start": process_start(process.pid)}
         if container is not None:
             running["container"] = container
@@ -207,7 +182,7 @@ class CommandRunner(Liveness):
             term_again = not self._term_delivered and killed_at is None and now - tried_term >= 0.5
             if docker is not None and container is not None and term_again:
                 tried_term = now
-                self._sigterm_container(container)
+                self.sigterm_container(container)
             if killed_at is None and now >= kill_at:
                 log("the command outlived its grace period: SIGKILL")
                 killed_at = now
@@ -233,5 +208,5 @@ class CommandRunner(Liveness):
             time.sleep(0.1)
         signal_group(pgid, signal.SIGKILL)
         with self._lock:
-            if not self.preemption.noticed.is_set():
+            if not self.preempted.is_set():
                 self._kill_at = None

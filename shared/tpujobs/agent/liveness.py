@@ -2,7 +2,8 @@
 
 `Liveness` is the part of `Agent` that tells the service the host is alive and moving: each
 heartbeat says when the next comes, worker 0 speaks for the peers it hears, and checkpoint
-lines become reports.
+lines become reports. It owns the slice link and its own lock; the command runner tells it
+when the command started, printed or saved a checkpoint.
 """
 
 from __future__ import annotations
@@ -13,29 +14,61 @@ from collections.abc import Callable
 from typing import Any
 
 from .basics import rfc3339
-from .reports import Preemption, Reporter
+from .reports import Reporter
+from .rest import Metadata
 from .slice_link import SliceLink, heartbeat_period
 
 
 class Liveness:
-    """Heartbeats and progress of one attempt on one host; `Agent` holds the state named below."""
+    """Heartbeats and progress of one attempt on one host. `stops` are the events after which
+    the host's own word may be its last (a preemption notice, a withdrawal)."""
 
-    _lock: threading.Lock
-    _started: bool
-    _limit: str | None
-    _period: float
-    _last_output_at: float | None
-    _checkpoint_at: tuple[int, float] | None
-    _checkpoint_told: int
-    _watched_said: bool
-    config: dict[str, Any]
-    slice_id: int
-    link: SliceLink | None
-    reporter: Reporter
-    preemption: Preemption
-    withdrawn: threading.Event
-    stop_beating: threading.Event
-    note: Callable[[str], None]
+    def __init__(
+        self,
+        config: dict[str, Any],
+        identity: dict[str, Any],
+        reporter: Reporter,
+        note: Callable[[str], None],
+        stops: tuple[threading.Event, threading.Event],
+        key: bytes,
+        metadata: Metadata,
+    ) -> None:
+        self.config = config
+        self.slice_id = int(identity["slice_id"])
+        self.reporter = reporter
+        self.note = note
+        self.noticed, self.withdrawn = stops
+        self._lock = threading.Lock()
+        self._started = False
+        self.started_at: str | None = None  # when the first of setup or command started (RFC 3339)
+        self._period = heartbeat_period(0.0, config)  # seconds to the next heartbeat, as the last one said
+        self._last_output_at: float | None = None  # when the command last printed a line
+        self._checkpoint_at: tuple[int, float] | None = None  # this host's last checkpoint (step, epoch s)
+        self._checkpoint_told = -1  # worker 0: the highest checkpoint step it published
+        self._watched_said = False  # a peer told the service that worker 0 speaks for it
+        self.stop_beating = threading.Event()  # heartbeats end (worker 0 may outlive its command)
+        self.link: SliceLink | None = None  # a host of a multi-host slice: its slice's network
+        if int(config["hosts_per_slice"]) > 1:
+            self.link = SliceLink(
+                key, identity, config, metadata, self._progress, self._peer_silent,
+                self._watched, self._peer_checkpoint,
+            )  # fmt: skip
+
+    def join_slice(self) -> None:
+        """Before the command: worker 0 may speak for it from its `started`."""
+        if self.link is not None:
+            self.link.start()
+
+    def command_started(self, started: dict[str, Any]) -> None:
+        """The first of setup or command started: `started` (with `started`'s extra fields) goes
+        out, and the heartbeats begin. Later starts change nothing."""
+        with self._lock:  # against `_watched`: the service hears `watch` once, in order
+            if self._started:
+                return
+            self._started = True
+            self.started_at = rfc3339()
+            self.reporter.report("started", **started, **self._liveness(heartbeat_period(0.0, self.config)))
+        threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True).start()
 
     def _heartbeats(self) -> None:
         """Alive, and when the command last printed a line and saved a checkpoint: progress for
@@ -115,31 +148,32 @@ class Liveness:
             self._checkpoint_told = step
         self.reporter.report("checkpoint", step=step, detail=f"saved by worker {self.slice_id}-{worker}")
 
-    def _output_seen(self) -> None:
+    def output_seen(self) -> None:
         self._last_output_at = time.time()
 
-    def _checkpoint(self, step: int, detail: str) -> None:
+    def checkpoint(self, step: int, detail: str) -> None:
         """A checkpoint line: reported, except by a peer worker 0 speaks for (its beats carry the
         step to worker 0, which reports the slice's newest) until a preemption notice, when
         the host's own report may be the last word."""
         self._checkpoint_at = (step, time.time())
-        if self._spoken_for() and not self.preemption.noticed.is_set():
+        if self._spoken_for() and not self.noticed.is_set():
             return
         with self._lock:
             self._checkpoint_told = max(self._checkpoint_told, step)
         self.reporter.report("checkpoint", step=step, detail=detail)
 
-    def _still_speaking(self, code: int) -> dict[str, Any]:
+    def still_speaking(self, code: int, limited: bool) -> dict[str, Any]:
         """What worker 0's `exited` 0 adds while it still hears peers: how many, and when it
-        reports next, so the service keeps its record live and watched (`_leave_slice` keeps
-        the heartbeats going) and a worker 0 that dies then is found like any silent host."""
+        reports next, so the service keeps its record live and watched (`leave_slice` keeps
+        the heartbeats going) and a worker 0 that dies then is found like any silent host.
+        Nothing after a time limit (`limited`) stopped the command."""
         link = self.link
-        if code != 0 or self._limit is not None or link is None or link.worker_id != 0:
+        if code != 0 or limited or link is None or link.worker_id != 0:
             return {}
         peers = link.watch.watching()
         return {"peers_heard": peers, "next_report_seconds": self._period} if peers else {}
 
-    def _leave_slice(self, speaks: bool) -> None:
+    def leave_slice(self, speaks: bool) -> None:
         """The heartbeats end, and the slice link: a peer says bye; worker 0 whose command
         succeeded first goes on speaking for the peers it still hears, until each said bye or
         was reported silent (a stop ends that wait), so a peer that hangs after worker 0's end
@@ -149,7 +183,7 @@ class Liveness:
             link.bye()
         elif link is not None and speaks and link.watch.watching():
             self.note(f"the command ended; worker 0 speaks for {link.watch.watching()} peers until they end")
-            while link.watch.watching() and not (self.preemption.noticed.is_set() or self.withdrawn.is_set()):
+            while link.watch.watching() and not (self.noticed.is_set() or self.withdrawn.is_set()):
                 time.sleep(0.5)
         if link is not None:
             link.close()

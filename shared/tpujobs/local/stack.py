@@ -133,6 +133,8 @@ def load(state_dir: Path) -> StackState | None:
     return StackState.from_json(state_dir, data)
 
 
+# A stack of about 25 ports, started beside another checkout's: each try takes fresh ones.
+START_ATTEMPTS = 4
 REUSED_PROBE_S = 10.0  # how long a reused emulator may take to answer before it counts as gone
 
 
@@ -228,13 +230,16 @@ def up(
             )
         reused = _reusable_emulators(base_env, say)
         processes.require_gcloud_emulators(name for name in ("firestore", "pubsub") if name not in reused)
-        try:
-            return _start(state_dir, settings, base_env, source, reused, simulator_state_file, say)
-        except processes.ServiceStartError as error:
-            # A free port can be taken by someone else before our service binds it: once
-            # more on new ports (everything started so far was already stopped).
-            say(f"{error.args[0].splitlines()[0]}; trying once more on other ports")
-            return _start(state_dir, settings, base_env, source, reused, simulator_state_file, say)
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                return _start(state_dir, settings, base_env, source, reused, simulator_state_file, say)
+            except processes.ServiceStartError as error:
+                # A port found free can be taken by another stack starting at the same time before our
+                # service binds it: again on new ports (everything started so far was already stopped).
+                if attempt == START_ATTEMPTS:
+                    raise
+                say(f"{error.args[0].splitlines()[0]}; trying again on other ports")
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def down(state_dir: Path, *, report: Report | None = None) -> list[ManagedProcess]:
