@@ -52,12 +52,16 @@ class InMemoryDeadLetters:
 
 
 class RecordingRepublisher:
-    """`ports.Republisher` that keeps (topic, data, attributes) and answers ids of digits."""
+    """`ports.Republisher` that keeps (topic, data, attributes) and answers ids of digits; a topic
+    in `missing_topics` is PermanentError, as the adapter says of a topic that does not exist."""
 
     def __init__(self) -> None:
         self.published: list[tuple[str, bytes, dict[str, str]]] = []
+        self.missing_topics: set[str] = set()
         self._ids = itertools.count(9_000_001)
 
     def publish(self, base_topic: str, data: bytes, attributes: Mapping[str, str]) -> str:
+        if base_topic in self.missing_topics:
+            raise PermanentError(f"topic {base_topic} does not exist")
         self.published.append((base_topic, data, dict(attributes)))
         return str(next(self._ids))
