@@ -71,7 +71,7 @@ class OperationFollower:
 
 
 def is_done(operation: compute_v1.Operation) -> bool:
-    return operation.status.name == "DONE"
+    return bool(operation.status.name == "DONE")
 
 
 def operation_error(operation: compute_v1.Operation) -> api_exceptions.GoogleAPICallError | None:
@@ -82,7 +82,8 @@ def operation_error(operation: compute_v1.Operation) -> api_exceptions.GoogleAPI
         return None
     status = operation.http_error_status_code or 400
     message = operation.http_error_message or "; ".join(f"{e.code}: {e.message}" for e in errors)
-    return api_exceptions.from_http_status(status, message, errors=errors)
+    failure: api_exceptions.GoogleAPICallError = api_exceptions.from_http_status(status, message, errors=errors)
+    return failure
 
 
 def describe(operation: compute_v1.Operation) -> str:

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from google.api_core import exceptions as api_exceptions
-from google.cloud import firestore
 
 from tpujobs.adapters.firestore_cas import Write, compare_and_set
 from tpujobs.adapters.firestore_documents import ATTEMPTS, NOTIFICATIONS
 from tpujobs.adapters.firestore_reads import OnFirestore, transient_on_failure
 from tpujobs.domain.naming import exported_attempt
 from tpujobs.engine.ports import AttemptLogs
+
+if TYPE_CHECKING:
+    from tpujobs.adapters.firestore_cas import Snapshot
 
 
 class FirestoreAttemptLogs(OnFirestore):
@@ -34,7 +36,7 @@ class FirestoreAttemptLogs(OnFirestore):
             # Every field named is replaced whole: a re-export's worker_logs map is the truth.
             attempt_ref.set(fields, merge=list(fields))
 
-        def point(snapshot: firestore.DocumentSnapshot) -> tuple[None, Write | None]:
+        def point(snapshot: Snapshot) -> tuple[None, Write | None]:
             if not snapshot.exists:
                 return None, None
             current = (snapshot.to_dict() or {}).get("log_uri")

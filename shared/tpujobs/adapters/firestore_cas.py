@@ -20,7 +20,11 @@ from tpujobs.adapters.google_errors import translated
 from tpujobs.engine.errors import TransientError
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
     from google.cloud import firestore
+
+    Snapshot: TypeAlias = firestore.DocumentSnapshot[firestore.DocumentReference]  # what a transaction reads
 
 FIRESTORE = "Firestore"
 CAS_ATTEMPTS = 20
@@ -34,7 +38,7 @@ Write = Callable[[], object]
 
 def compare_and_set(
     ref: firestore.DocumentReference,
-    change: Callable[[firestore.DocumentSnapshot], tuple[T, Write | None]],
+    change: Callable[[Snapshot], tuple[T, Write | None]],
     *,
     what: str,
     doing: str,

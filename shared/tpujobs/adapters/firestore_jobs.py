@@ -13,7 +13,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from google.api_core import exceptions as api_exceptions
 from google.cloud import firestore
@@ -35,6 +35,9 @@ from tpujobs.domain.job import Job, JobEvent
 from tpujobs.domain.labels import relabeled
 from tpujobs.domain.transitions import Decision, Ignored, Observation, decide
 from tpujobs.engine.ports import Clock
+
+if TYPE_CHECKING:
+    from tpujobs.adapters.firestore_cas import Snapshot
 
 
 class FirestoreJobRecords(OnFirestore):
@@ -86,7 +89,7 @@ class FirestoreJobRecords(OnFirestore):
             ):
                 return outcome
 
-        def change(snapshot: firestore.DocumentSnapshot) -> tuple[Decision | Ignored, Write | None]:
+        def change(snapshot: Snapshot) -> tuple[Decision | Ignored, Write | None]:
             if not snapshot.exists:
                 return Ignored(f"job {job_id} does not exist"), None
             outcome = decide(job_from_document(snapshot.to_dict() or {}), seen, clock())
@@ -138,7 +141,7 @@ class FirestoreJobRecords(OnFirestore):
         """
         ref = self._job_ref(job_id)
 
-        def amend(snapshot: firestore.DocumentSnapshot) -> tuple[bool, Write | None]:
+        def amend(snapshot: Snapshot) -> tuple[bool, Write | None]:
             if not snapshot.exists:
                 return False, None
             job = job_from_document(snapshot.to_dict() or {})
@@ -190,7 +193,7 @@ class FirestoreJobRecords(OnFirestore):
         state (`domain.labels.relabeled`); LabelError when the labels are refused."""
         ref = self._job_ref(job_id)
 
-        def change(snapshot: firestore.DocumentSnapshot) -> tuple[Decision | Ignored, Write | None]:
+        def change(snapshot: Snapshot) -> tuple[Decision | Ignored, Write | None]:
             if not snapshot.exists:
                 return Ignored(f"job {job_id} does not exist"), None
             outcome = relabeled(job_from_document(snapshot.to_dict() or {}), put, remove, by, clock())

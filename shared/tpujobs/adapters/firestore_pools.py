@@ -14,7 +14,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from google.cloud import firestore
 from google.cloud.firestore_v1.field_path import FieldPath
@@ -28,6 +28,9 @@ from tpujobs.domain.quota_edits import with_limit, with_reservation
 from tpujobs.domain.quotas import RESERVATIONS, PoolKey, QuotaBook
 from tpujobs.domain.states import JobState
 from tpujobs.engine.ports import PoolView as PoolView  # the port's view; its version is the update time
+
+if TYPE_CHECKING:
+    from tpujobs.adapters.firestore_cas import Snapshot
 
 CONFIG = "config"
 QUOTAS = "quotas"
@@ -66,7 +69,7 @@ class FirestorePools:
         compare-and-set on the document as read: an admin's edit in between is kept."""
         ref = self._quotas_ref()
 
-        def change(snapshot: firestore.DocumentSnapshot) -> tuple[None, Callable[[], object] | None]:
+        def change(snapshot: Snapshot) -> tuple[None, Callable[[], object] | None]:
             document = (snapshot.to_dict() or {}) if snapshot.exists else {}
             edited = edit(document)
             if edited == document:

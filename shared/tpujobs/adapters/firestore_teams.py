@@ -10,6 +10,7 @@ admin's edit in between makes it decide again on a fresh read, so neither is los
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from google.cloud import firestore
 from google.cloud.firestore_v1.field_path import FieldPath
@@ -18,6 +19,9 @@ from tpujobs.adapters.firestore_cas import compare_and_set
 from tpujobs.adapters.firestore_reads import transient_on_failure
 from tpujobs.domain.quotas import QuotaBook
 from tpujobs.domain.teams import TeamBook
+
+if TYPE_CHECKING:
+    from tpujobs.adapters.firestore_cas import Snapshot
 
 CONFIG = "config"
 TEAMS = "teams"
@@ -41,7 +45,7 @@ class FirestoreTeams:
         still as read; else read again and decide again."""
         ref = self._db.collection(CONFIG).document(TEAMS)
 
-        def change(snapshot: firestore.DocumentSnapshot) -> tuple[None, Callable[[], object] | None]:
+        def change(snapshot: Snapshot) -> tuple[None, Callable[[], object] | None]:
             document = (snapshot.to_dict() or {}) if snapshot.exists else {}
             edited = edit(dict(document))
             if edited == document:

@@ -144,7 +144,8 @@ def _as_call_error(error: BaseException) -> api_exceptions.GoogleAPICallError | 
         return error
     grpc = sys.modules.get("grpc")  # loaded by any gRPC client; if not, this is no gRPC error
     if grpc is not None and isinstance(error, grpc.RpcError):
-        return api_exceptions.from_grpc_error(error)
+        translated: api_exceptions.GoogleAPICallError = api_exceptions.from_grpc_error(error)
+        return translated
     return None
 
 

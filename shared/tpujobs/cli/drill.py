@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -86,7 +86,7 @@ def drill(
         raise typer.Exit(1)
 
 
-def show_result(answer: dict) -> None:
+def show_result(answer: dict[str, Any]) -> None:
     """The attempts, the totals, and each finding with its evidence, for people."""
     jobs = answer["jobs"]
     table = Table(title=f"drill of {shown(jobs['drilled'])} (against {shown(jobs['uninterrupted'])}, left alone)")
