@@ -410,13 +410,15 @@ echo "$TPUJOBS_CONTAINER_PRIVILEGED" > "$TPUJOBS_WORKDIR/privileged"
 while true; do sleep 0.1; done
 """
     sim = simulator.simulator
-    sim.create_queued_resource("tpujobs-test", "us-central2-b", "qr", request_for(script, "v4-8"))
-    wait_for(lambda: sim.get_queued_resource("tpujobs-test", "us-central2-b", "qr").state is QrState.ACTIVE)
+    sim.queued_resources.create_queued_resource("tpujobs-test", "us-central2-b", "qr", request_for(script, "v4-8"))
+    wait_for(
+        lambda: sim.queued_resources.get_queued_resource("tpujobs-test", "us-central2-b", "qr").state is QrState.ACTIVE
+    )
     (host,) = simulator.workers("qr")
     container = wait_for(
         lambda: (host.workdir / "container").exists() and (host.workdir / "container").read_text().strip(), timeout=60
     )
     assert (host.workdir / "privileged").read_text() == "0\n"
     wait_for(lambda: docker("ps", "--quiet", "--no-trunc", "--filter", f"id={container}") == container, timeout=30)
-    sim.kill_host("qr", 0, 0)
+    sim.nodes.kill_host("qr", 0, 0)
     wait_for(lambda: docker("ps", "--all", "--quiet", "--filter", f"id={container}") == "", timeout=30)

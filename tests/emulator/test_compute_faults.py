@@ -100,7 +100,7 @@ def make_slice(server: SimulatorServer, project: str, name: str, hosts: int = 2)
         },
         "metadata": {"items": [{"key": "startup-script", "value": HOST}]},
     }
-    sim.insert_template(project, REGION, {"name": name, "properties": properties})
+    sim.compute.operations.insert_template(project, REGION, {"name": name, "properties": properties})
     group: dict[str, Any] = {
         "name": name,
         "baseInstanceName": name,
@@ -110,20 +110,23 @@ def make_slice(server: SimulatorServer, project: str, name: str, hosts: int = 2)
     }
     if hosts > 1:
         workload = {"type": "HIGH_THROUGHPUT", "acceleratorTopology": "2x2x2"}
-        sim.insert_policy(project, REGION, {"name": name, "workloadPolicy": workload})
+        sim.compute.operations.insert_policy(project, REGION, {"name": name, "workloadPolicy": workload})
         group["resourcePolicies"] = {"workloadPolicy": f"projects/{project}/regions/{REGION}/resourcePolicies/{name}"}
-    sim.insert_group(project, ZONE, group)
+    sim.compute.groups.insert_group(project, ZONE, group)
 
 
 def hosts(server: SimulatorServer, project: str, group: str) -> tuple[WorkerInfo, ...]:
-    backing = server.simulator.get_group(project, ZONE, group).record.backing
+    backing = server.simulator.compute.groups.get_group(project, ZONE, group).record.backing
     return server.workers(backing, zone=ZONE, project=project)
 
 
 def running(server: SimulatorServer, project: str, group: str, count: int = 2) -> tuple[WorkerInfo, ...]:
     """Wait until every VM of the MIG is RUNNING and every host has set its SIGTERM trap."""
     wait_for(
-        lambda: [m.status for m in server.simulator.get_group(project, ZONE, group).members] == ["RUNNING"] * count,
+        lambda: (
+            [m.status for m in server.simulator.compute.groups.get_group(project, ZONE, group).members]
+            == ["RUNNING"] * count
+        ),
         what=f"{group} RUNNING",
     )
     found = wait_for(lambda: len(hosts(server, project, group)) == count and hosts(server, project, group))
@@ -161,7 +164,7 @@ def test_dev_preempt_of_a_compute_job_preempts_every_vm_of_its_mig(
     result = dev(local_stack, "preempt", "v7x-1")
     assert result.exit_code == 0, result.output
     assert "preempted the Spot VMs of v7x-1-c1" in result.output
-    members = server.simulator.get_group(project_id, ZONE, "v7x-1-c1").members
+    members = server.simulator.compute.groups.get_group(project_id, ZONE, "v7x-1-c1").members
     assert [(m.status, m.record.preempted) for m in members] == [("STOPPING", True)] * 2
     for info in compute_job:
         wait_for(lambda i=info: (i.scratch / "term").exists(), what="SIGTERM of the preemption")
@@ -181,7 +184,7 @@ def test_dev_preempt_silent_of_a_compute_job_kills_worker_zero_without_notice(
     assert not (killed.scratch / "term").exists()
     survivor = hosts(server, project_id, "v7x-1-c1")[1]
     assert survivor.alive and not (survivor.scratch / "term").exists()
-    members = server.simulator.get_group(project_id, ZONE, "v7x-1-c1").members
+    members = server.simulator.compute.groups.get_group(project_id, ZONE, "v7x-1-c1").members
     assert [(m.status, m.record.preempted) for m in members] == [("TERMINATED", False), ("RUNNING", False)]
 
 
@@ -197,7 +200,7 @@ def test_dev_preempt_of_a_multislice_compute_job_preempts_each_slices_mig(
     result = dev(local_stack, "preempt", "multi")
     assert result.exit_code == 0, result.output
     for index in (0, 1):
-        (member,) = server.simulator.get_group(project_id, ZONE, f"multi-c1-{index}").members
+        (member,) = server.simulator.compute.groups.get_group(project_id, ZONE, f"multi-c1-{index}").members
         assert member.record.preempted
 
 
@@ -211,7 +214,7 @@ def test_dev_preempt_of_a_job_on_a_compute_warm_pool_unit_preempts_the_units_mig
     result = dev(local_stack, "preempt", "pooled")
     assert result.exit_code == 0, result.output
     assert "its warm-pool unit" in result.output
-    members = server.simulator.get_group(project_id, ZONE, "pool-c0-g1").members
+    members = server.simulator.compute.groups.get_group(project_id, ZONE, "pool-c0-g1").members
     assert all(m.record.preempted for m in members)
 
 
@@ -223,12 +226,19 @@ def test_dev_preempt_of_a_job_on_a_tpu_api_warm_pool_unit_preempts_the_units_que
     request = QueuedResourceRequest(
         slices=(SliceRequest("v4-8", "tpu-ubuntu2204-base", node_id="unit", template=template),)
     )
-    server.simulator.create_queued_resource(project_id, ZONE, "pool-u0-g1", dataclasses.replace(request, spot=True))
-    wait_for(lambda: server.simulator.get_queued_resource(project_id, ZONE, "pool-u0-g1").state is QrState.ACTIVE)
+    server.simulator.queued_resources.create_queued_resource(
+        project_id, ZONE, "pool-u0-g1", dataclasses.replace(request, spot=True)
+    )
+    wait_for(
+        lambda: (
+            server.simulator.queued_resources.get_queued_resource(project_id, ZONE, "pool-u0-g1").state
+            is QrState.ACTIVE
+        )
+    )
     record_job(firestore_client, "pooled-tpu", "pooled-tpu-a1", unit="pool-u0-g1")
     result = dev(local_stack, "preempt", "pooled-tpu")
     assert result.exit_code == 0, result.output
-    state = server.simulator.get_queued_resource(project_id, ZONE, "pool-u0-g1").state
+    state = server.simulator.queued_resources.get_queued_resource(project_id, ZONE, "pool-u0-g1").state
     assert state in (QrState.SUSPENDING, QrState.SUSPENDED)
 
 
@@ -254,11 +264,12 @@ def test_dev_fault_maintenance_of_a_compute_job_terminates_its_vms_for_good(
     set, as Google leaves it for TPU VMs), and the VMs end TERMINATED, their hosts never booting again."""
     result = dev(local_stack, "fault", "maintenance", "v7x-1", "--notice", "0")
     assert result.exit_code == 0, result.output
-    backing = server.simulator.get_group(project_id, ZONE, "v7x-1-c1").record.backing
-    assert server.simulator.host_node(project_id, ZONE, backing).maintenance_event == "NONE"
+    backing = server.simulator.compute.groups.get_group(project_id, ZONE, "v7x-1-c1").record.backing
+    assert server.simulator.node_updates.host_node(project_id, ZONE, backing).maintenance_event == "NONE"
     for info in compute_job:
         wait_for(lambda i=info: (i.scratch / "term").exists(), what="SIGTERM of the maintenance")
-    members = lambda: [m.status for m in server.simulator.get_group(project_id, ZONE, "v7x-1-c1").members]  # noqa: E731
+    groups = server.simulator.compute.groups
+    members = lambda: [m.status for m in groups.get_group(project_id, ZONE, "v7x-1-c1").members]  # noqa: E731
     wait_for(lambda: members() == ["TERMINATED", "TERMINATED"], what="TERMINATED for good")
     assert all(w.boot == 1 for w in hosts(server, project_id, "v7x-1-c1"))
 
@@ -269,11 +280,15 @@ def test_dev_fault_maintenance_upcoming_announces_it_on_every_vm_as_google_does(
     """--scheduled-in 600: each VM shows upcomingMaintenance and its metadata key; the hosts run on."""
     result = dev(local_stack, "fault", "maintenance", "v7x-1", "--scheduled-in", "600", "--window", "1200")
     assert result.exit_code == 0, result.output
-    for member in server.simulator.get_group(project_id, ZONE, "v7x-1-c1").members:
+    for member in server.simulator.compute.groups.get_group(project_id, ZONE, "v7x-1-c1").members:
         upcoming = member.record.upcoming_maintenance
         assert upcoming is not None and upcoming["maintenanceStatus"] == "PENDING"
     url = metadata_url(
-        server.url, project_id, ZONE, server.simulator.get_group(project_id, ZONE, "v7x-1-c1").record.backing, 1
+        server.url,
+        project_id,
+        ZONE,
+        server.simulator.compute.groups.get_group(project_id, ZONE, "v7x-1-c1").record.backing,
+        1,
     )
     request = urllib.request.Request(url + "/instance/upcoming-maintenance", headers={"Metadata-Flavor": "Google"})
     with urllib.request.urlopen(request, timeout=5) as answer:
@@ -287,13 +302,15 @@ def test_dev_fault_no_boot_of_a_waiting_compute_job_gives_it_hosts_that_never_bo
     """no-boot JOB on a slice waiting for chips: its VMs turn RUNNING with no host process; on a RUNNING
     slice it is refused with a sentence."""
     sim = server.simulator
-    sim.reconfigure(dataclasses.replace(sim.config, capacity={f"v7x@{ZONE}": 0}))
+    sim.fault_plan.reconfigure(dataclasses.replace(sim.config, capacity={f"v7x@{ZONE}": 0}))
     make_slice(server, project_id, "late-c1")
     record_job(firestore_client, "late", "late-c1")
     result = dev(local_stack, "fault", "no-boot", "late")
     assert result.exit_code == 0, result.output
-    sim.reconfigure(dataclasses.replace(sim.config, capacity={}))
-    wait_for(lambda: [m.status for m in sim.get_group(project_id, ZONE, "late-c1").members] == ["RUNNING"] * 2)
+    sim.fault_plan.reconfigure(dataclasses.replace(sim.config, capacity={}))
+    wait_for(
+        lambda: [m.status for m in sim.compute.groups.get_group(project_id, ZONE, "late-c1").members] == ["RUNNING"] * 2
+    )
     assert hosts(server, project_id, "late-c1") == ()
     refused = dev(local_stack, "fault", "no-boot", "late")
     assert refused.exit_code == 1
@@ -324,8 +341,8 @@ def tpu_unit(server: SimulatorServer, project: str, name: str) -> tuple[WorkerIn
     request = QueuedResourceRequest(
         slices=(SliceRequest("v4-8", "tpu-ubuntu2204-base", node_id=name, template=template),)
     )
-    server.simulator.create_queued_resource(project, ZONE, name, request)
-    wait_for(lambda: server.simulator.get_queued_resource(project, ZONE, name).state is QrState.ACTIVE)
+    server.simulator.queued_resources.create_queued_resource(project, ZONE, name, request)
+    wait_for(lambda: server.simulator.queued_resources.get_queued_resource(project, ZONE, name).state is QrState.ACTIVE)
     found = wait_for(lambda: server.workers(name, zone=ZONE, project=project))
     for info in found:
         wait_for(lambda i=info: (i.scratch / "ready").exists(), what="host ready")
@@ -342,7 +359,7 @@ def test_dev_fault_maintenance_upcoming_on_a_tpu_api_unit_announces_it_as_google
     result = dev(local_stack, "fault", "maintenance", "pooled-m", "--scheduled-in", "600", "--window", "1200")
     assert result.exit_code == 0, result.output
     assert "maintenance scheduled in 600 s for 1200 s on pool-u1-g1" in result.output
-    upcoming = server.simulator.get_node(project_id, ZONE, "pool-u1-g1").upcoming_maintenance
+    upcoming = server.simulator.nodes.get_node(project_id, ZONE, "pool-u1-g1").upcoming_maintenance
     assert upcoming is not None and (upcoming["type"], upcoming["maintenanceStatus"]) == ("SCHEDULED", "PENDING")
     url = metadata_url(server.url, project_id, ZONE, "pool-u1-g1", 0) + "/instance/upcoming-maintenance?alt=json"
     with urllib.request.urlopen(urllib.request.Request(url, headers={"Metadata-Flavor": "Google"}), timeout=5) as got:
@@ -361,4 +378,4 @@ def test_dev_fault_maintenance_upcoming_on_a_tpu_api_job_takes_its_hosts_down_wh
     assert result.exit_code == 0, result.output
     wait_for(lambda: (host.scratch / "term").exists(), what="SIGTERM of the maintenance")
     wait_for(lambda: all(w.boot == 2 and w.alive for w in server.workers("tpu-1-a1", zone=ZONE, project=project_id)))
-    assert server.simulator.get_node(project_id, ZONE, "tpu-1-a1").upcoming_maintenance is None
+    assert server.simulator.nodes.get_node(project_id, ZONE, "tpu-1-a1").upcoming_maintenance is None

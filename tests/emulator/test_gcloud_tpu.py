@@ -90,7 +90,7 @@ def active_node(server: SimulatorServer, accelerator_type: str = "v5litepod-1", 
         resource.spot = tpu_v2.QueuedResource.Spot()
     client.create_queued_resource(parent=PARENT, queued_resource_id="qr", queued_resource=resource).result(timeout=10)
     wait_for(lambda: node_state(server) is NodeState.READY, timeout=10)
-    hosts = len(server.simulator.get_node(PROJECT, ZONE, "node").host_addresses)
+    hosts = len(server.simulator.nodes.get_node(PROJECT, ZONE, "node").host_addresses)
     wait_for(lambda: len(server.workers("qr")) == hosts and all(w.alive for w in server.workers("qr")), timeout=10)
 
 
@@ -124,7 +124,7 @@ def test_gcloud_stop_of_a_multi_host_slice_is_refused_and_nothing_stops(
     refused = gcloud("compute", "tpus", "tpu-vm", "stop", "node", f"--zone={ZONE}")
     assert refused.returncode != 0
     assert "multi-host" in refused.stderr and "FAILED_PRECONDITION" in refused.stderr
-    assert server.simulator.get_node(PROJECT, ZONE, "node").state is NodeState.READY
+    assert server.simulator.nodes.get_node(PROJECT, ZONE, "node").state is NodeState.READY
     assert all(w.alive for w in server.workers("qr"))
 
 
@@ -133,7 +133,7 @@ def test_gcloud_stop_of_a_spot_node_is_refused(server: SimulatorServer, gcloud: 
     active_node(server, spot=True)
     refused = gcloud("compute", "tpus", "tpu-vm", "stop", "node", f"--zone={ZONE}")
     assert refused.returncode != 0 and "Spot" in refused.stderr
-    assert server.simulator.get_node(PROJECT, ZONE, "node").state is NodeState.READY
+    assert server.simulator.nodes.get_node(PROJECT, ZONE, "node").state is NodeState.READY
 
 
 def test_gcloud_lists_accelerator_types_on_v1_and_v2(gcloud: Gcloud) -> None:
@@ -175,7 +175,7 @@ def test_gcloud_alpha_simulates_a_maintenance_event_as_dev_fault_does(server: Si
     not is refused."""
     active_node(server)
     ok(gcloud("alpha", "compute", "tpus", "tpu-vm", "simulate-maintenance-event", "node", f"--zone={ZONE}"))
-    node = server.simulator.get_node(PROJECT, ZONE, "node")
+    node = server.simulator.nodes.get_node(PROJECT, ZONE, "node")
     assert node.maintenance_event == MAINTENANCE_TERMINATE
     assert node.state is NodeState.READY  # the notice runs: hosts still up
     refused = gcloud(

@@ -88,18 +88,20 @@ def test_the_simulator_takes_the_adapters_reserved_slice_and_refuses_any_reserva
     h = holding(capacity="reserved", reservation="tpu-res")
     body = as_json(template(h))
     policy = requests.workload_policy(h)
-    sim.insert_policy(P, R, as_json(policy))
-    sim.insert_template(P, R, body)
-    sim.insert_group(P, Z, as_json(requests.instance_group_manager(h, 0, P, body["name"], BOOT, policy.name)))
+    sim.compute.operations.insert_policy(P, R, as_json(policy))
+    sim.compute.operations.insert_template(P, R, body)
+    sim.compute.groups.insert_group(
+        P, Z, as_json(requests.instance_group_manager(h, 0, P, body["name"], BOOT, policy.name))
+    )
     clock.tick(10)
-    assert [m.status for m in sim.get_group(P, Z, "train-1-c1").members] == ["RUNNING"] * 2
+    assert [m.status for m in sim.compute.groups.get_group(P, Z, "train-1-c1").members] == ["RUNNING"] * 2
     reason = "RESERVATION_BOUND VMs must specifically target a reservation"
     for affinity in ({"consumeReservationType": "ANY_RESERVATION"}, None):
         properties = {k: v for k, v in body["properties"].items() if k != "reservationAffinity"}
         if affinity:
             properties["reservationAffinity"] = affinity
         with pytest.raises(ComputeError, match=re.escape(reason)):
-            sim.insert_template(P, R, {**body, "name": "other", "properties": properties})
+            sim.compute.operations.insert_template(P, R, {**body, "name": "other", "properties": properties})
 
 
 @pytest.mark.parametrize(
@@ -124,4 +126,4 @@ def test_a_specific_reservation_must_name_it(clock: SecondsClock, affinity: dict
         "reservationAffinity": affinity,
     }
     with pytest.raises(ComputeError, match=re.escape(f"resource.{field}")):
-        sim.insert_instance(P, Z, vm)
+        sim.compute.vms.insert_instance(P, Z, vm)

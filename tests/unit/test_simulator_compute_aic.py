@@ -26,7 +26,7 @@ QUICK = SimulatorConfig(
 def sim() -> tuple[Simulator, SecondsClock]:
     clock = SecondsClock()
     simulator = Simulator(QUICK, clock=clock, wall_clock=lambda: 1_700_000_000.0 + clock.now)
-    simulator.insert_template(
+    simulator.compute.operations.insert_template(
         P,
         R,
         {
@@ -69,10 +69,10 @@ def test_a_migs_vms_get_its_all_instances_metadata_and_labels_over_the_templates
     simulator, clock = sim
     for name in ("job-a-c1", "job-b-c1"):
         config = {"metadata": {"startup-script": f"run {name}"}, "labels": {"tpujobs-job": name, "team": "ml"}}
-        simulator.insert_group(P, Z, mig(name, config))
+        simulator.compute.groups.insert_group(P, Z, mig(name, config))
     clock.tick(10)
     for name in ("job-a-c1", "job-b-c1"):
-        view = simulator.get_group(P, Z, name)
+        view = simulator.compute.groups.get_group(P, Z, name)
         shown = group_json(view)
         assert shown["allInstancesConfig"]["properties"]["metadata"] == {"startup-script": f"run {name}"}
         assert shown["status"]["allInstancesConfig"]["effective"] is True
@@ -81,8 +81,8 @@ def test_a_migs_vms_get_its_all_instances_metadata_and_labels_over_the_templates
         assert vm["labels"] == {"team": "ml", "tpujobs-job": name}
         items = {item["key"]: item["value"] for item in vm["metadata"]["items"]}
         assert (items["startup-script"], items["from-template"]) == (f"run {name}", "t")
-        node = simulator.host_node(P, Z, view.record.backing)
-        host = simulator.host_instance(node, 0)
+        node = simulator.node_updates.host_node(P, Z, view.record.backing)
+        host = simulator.compute.vms.host_instance(node, 0)
         assert host is not None
         answer = lookup(node, 0, "instance/attributes/startup-script", host_overlay(node, 0, host)).body
         assert answer == f"run {name}"
@@ -93,9 +93,9 @@ def test_a_mig_without_an_all_instances_configuration_gives_its_vms_the_template
 ) -> None:
     """No allInstancesConfig: the VM has the template's metadata and labels, and the MIG no status of one."""
     simulator, clock = sim
-    simulator.insert_group(P, Z, mig("plain-c1", None))
+    simulator.compute.groups.insert_group(P, Z, mig("plain-c1", None))
     clock.tick(10)
-    view = simulator.get_group(P, Z, "plain-c1")
+    view = simulator.compute.groups.get_group(P, Z, "plain-c1")
     assert "allInstancesConfig" not in group_json(view)["status"]
     vm = instance_json(view.members[0])
     assert vm["labels"] == {"team": "infra"}
@@ -116,17 +116,17 @@ def test_an_all_instances_configuration_google_refuses_is_400(
     map, is refused (400 through the API, as_compute)."""
     simulator, _ = sim
     with pytest.raises(SimulatorError):
-        simulator.insert_group(P, Z, mig("bad-c1", config))
-    assert not simulator.list_groups(P, Z).items
+        simulator.compute.groups.insert_group(P, Z, mig("bad-c1", config))
+    assert not simulator.compute.groups.list_groups(P, Z).items
 
 
 def test_a_shared_template_is_refused_deletion_while_any_mig_uses_it(sim: tuple[Simulator, SecondsClock]) -> None:
     """resourceInUseByAnotherResource while one of two MIGs of the template remains."""
     simulator, clock = sim
-    simulator.insert_group(P, Z, mig("job-a-c1", {"metadata": {"k": "a"}}))
-    simulator.insert_group(P, Z, mig("job-b-c1", {"metadata": {"k": "b"}}))
-    simulator.delete_group(P, Z, "job-a-c1")
+    simulator.compute.groups.insert_group(P, Z, mig("job-a-c1", {"metadata": {"k": "a"}}))
+    simulator.compute.groups.insert_group(P, Z, mig("job-b-c1", {"metadata": {"k": "b"}}))
+    simulator.compute.groups.delete_group(P, Z, "job-a-c1")
     clock.tick(2)
     with pytest.raises(ComputeError) as refused:
-        simulator.delete_template(P, R, "shared")
+        simulator.compute.operations.delete_template(P, R, "shared")
     assert refused.value.reason == "resourceInUseByAnotherResource"

@@ -41,7 +41,7 @@ def simulator(clock: SecondsClock, config: SimulatorConfig = QUICK) -> Simulator
 def slice_group(sim: Simulator, model: str = "SPOT", size: int = 2, policy: bool = True, **extra: Any) -> None:
     if policy:
         body = {"name": "pol", "workloadPolicy": {"type": "HIGH_THROUGHPUT", "acceleratorTopology": "2x2x2"}}
-        sim.insert_policy(P, R, body)
+        sim.compute.operations.insert_policy(P, R, body)
     scheduling: dict[str, Any] = {"provisioningModel": model, "instanceTerminationAction": "DELETE"}
     if model == "FLEX_START":
         scheduling["maxRunDuration"] = {"seconds": "3600"}
@@ -51,7 +51,7 @@ def slice_group(sim: Simulator, model: str = "SPOT", size: int = 2, policy: bool
         "networkInterfaces": [{"network": "global/networks/default"}],
         "scheduling": scheduling,
     }
-    sim.insert_template(P, R, {"name": "tpl", "properties": properties})
+    sim.compute.operations.insert_template(P, R, {"name": "tpl", "properties": properties})
     group = {
         "name": "mig",
         "baseInstanceName": "mig",
@@ -62,7 +62,7 @@ def slice_group(sim: Simulator, model: str = "SPOT", size: int = 2, policy: bool
     }
     if policy:
         group["resourcePolicies"] = {"workloadPolicy": POLICY}
-    sim.insert_group(P, Z, group)
+    sim.compute.groups.insert_group(P, Z, group)
 
 
 def as_google(view: GroupView) -> compute_v1.InstanceGroupManager:
@@ -71,12 +71,12 @@ def as_google(view: GroupView) -> compute_v1.InstanceGroupManager:
 
 
 def interconnect(sim: Simulator) -> tuple[str, ...]:
-    applied = as_google(sim.get_group(P, Z, "mig")).status.applied_accelerator_topologies
+    applied = as_google(sim.compute.groups.get_group(P, Z, "mig")).status.applied_accelerator_topologies
     return tuple(f"{t.accelerator_topology} {t.state}" for t in applied)
 
 
 def statuses(sim: Simulator) -> list[tuple[str | None, str]]:
-    return [(m.status, m.current_action) for m in sim.get_group(P, Z, "mig").members]
+    return [(m.status, m.current_action) for m in sim.compute.groups.get_group(P, Z, "mig").members]
 
 
 def test_the_interconnect_is_incomplete_then_activating_once_the_vms_run_then_active(clock: SecondsClock) -> None:
@@ -90,7 +90,7 @@ def test_the_interconnect_is_incomplete_then_activating_once_the_vms_run_then_ac
     assert interconnect(sim) == ("2x2x2 ACTIVATING",)
     clock.tick(2.5)  # 7.5 s: 4.5 s since they ran
     assert interconnect(sim) == ("2x2x2 ACTIVE",)
-    sim.delete_group(P, Z, "mig")
+    sim.compute.groups.delete_group(P, Z, "mig")
     assert interconnect(sim) == ("2x2x2 DEACTIVATING",)
     lone = simulator(SecondsClock())
     slice_group(lone, size=1, policy=False)
@@ -103,19 +103,19 @@ def test_a_fault_makes_the_interconnect_failed_or_incomplete_with_its_reason(clo
     sim = simulator(clock)
     slice_group(sim)
     clock.tick(10)
-    sim.force_topology(P, Z, "mig", "FAILED", "ICI link down between hosts 0 and 1")
-    (applied,) = as_google(sim.get_group(P, Z, "mig")).status.applied_accelerator_topologies
+    sim.compute.slices.force_topology(P, Z, "mig", "FAILED", "ICI link down between hosts 0 and 1")
+    (applied,) = as_google(sim.compute.groups.get_group(P, Z, "mig")).status.applied_accelerator_topologies
     assert applied.state == "FAILED" and applied.state_details.timestamp
     assert applied.state_details.error.errors[0].message == "ICI link down between hosts 0 and 1"
     assert statuses(sim) == [("RUNNING", "NONE")] * 2
-    sim.force_topology(P, Z, "mig", "INCOMPLETE")
+    sim.compute.slices.force_topology(P, Z, "mig", "INCOMPLETE")
     assert interconnect(sim) == ("2x2x2 INCOMPLETE",)
     with pytest.raises(ComputeError):
-        sim.force_topology(P, Z, "mig", "ACTIVE")
+        sim.compute.slices.force_topology(P, Z, "mig", "ACTIVE")
     lone = simulator(SecondsClock())
     slice_group(lone, size=1, policy=False)
     with pytest.raises(ComputeError, match="no slice with an accelerator topology"):
-        lone.force_topology(P, Z, "mig", "FAILED")
+        lone.compute.slices.force_topology(P, Z, "mig", "FAILED")
 
 
 def test_a_waiting_slice_granted_in_part_shows_some_vms_running_and_the_rest_waiting(clock: SecondsClock) -> None:
@@ -125,24 +125,24 @@ def test_a_waiting_slice_granted_in_part_shows_some_vms_running_and_the_rest_wai
     slice_group(sim)
     clock.tick(5)
     with pytest.raises(ComputeError):
-        sim.grant_partially(P, Z, "mig", 2)  # all of it is no part
-    view = sim.grant_partially(P, Z, "mig")
+        sim.compute.slices.grant_partially(P, Z, "mig", 2)  # all of it is no part
+    view = sim.compute.slices.grant_partially(P, Z, "mig")
     assert [(m.status, m.current_action) for m in view.members] == [("RUNNING", "NONE"), (None, "CREATING")]
     listed = [compute_v1.ManagedInstance.from_json(json.dumps(managed_instance_json(m))) for m in view.members]
     assert listed[1].last_attempt.errors.errors[0].code == "ZONE_RESOURCE_POOL_EXHAUSTED"
     assert not listed[0].last_attempt.errors.errors
-    assert [v.record.name for v in sim.list_instances(P, Z).items] == [view.members[0].record.name]
+    assert [v.record.name for v in sim.compute.vms.list_instances(P, Z).items] == [view.members[0].record.name]
     assert interconnect(sim) == ("2x2x2 INCOMPLETE",)
-    sim.reconfigure(dataclasses.replace(sim.config, capacity={}))
+    sim.fault_plan.reconfigure(dataclasses.replace(sim.config, capacity={}))
     clock.tick(10)
     assert statuses(sim) == [("RUNNING", "NONE")] * 2
     assert interconnect(sim) == ("2x2x2 ACTIVE",)
     with pytest.raises(ComputeError, match="not waiting for capacity"):
-        sim.grant_partially(P, Z, "mig")
+        sim.compute.slices.grant_partially(P, Z, "mig")
     reserved = simulator(SecondsClock(), dataclasses.replace(QUICK, capacity={f"v7x@{Z}": 0}))
     slice_group(reserved, "FLEX_START", targetSizePolicy={"mode": "BULK"})
     with pytest.raises(ComputeError, match="bulk mode"):
-        reserved.grant_partially(P, Z, "mig")
+        reserved.compute.slices.grant_partially(P, Z, "mig")
 
 
 def test_a_bulk_mig_says_why_it_waits_in_its_last_progress_check_not_per_instance(clock: SecondsClock) -> None:
@@ -151,15 +151,15 @@ def test_a_bulk_mig_says_why_it_waits_in_its_last_progress_check_not_per_instanc
     sim = simulator(clock, dataclasses.replace(QUICK, quota={R: {"v7x": {"spot": 4}}}))
     slice_group(sim, "FLEX_START", targetSizePolicy={"mode": "BULK"})
     clock.tick(5)
-    view = sim.get_group(P, Z, "mig")
+    view = sim.compute.groups.get_group(P, Z, "mig")
     bulk = as_google(view).status.bulk_instance_operation
     assert bulk.in_progress and bulk.last_progress_check.timestamp
     (error,) = bulk.last_progress_check.error.errors
     assert error.code == "QUOTA_EXCEEDED" and f"in region {R}" in error.message
     assert all(not m.errors and m.current_action == "CREATING" for m in view.members)
-    sim.reconfigure(dataclasses.replace(sim.config, quota={}, capacity={f"v7x@{Z}": 0}))
+    sim.fault_plan.reconfigure(dataclasses.replace(sim.config, quota={}, capacity={f"v7x@{Z}": 0}))
     clock.tick(1)
-    stocked = as_google(sim.get_group(P, Z, "mig")).status.bulk_instance_operation.last_progress_check
+    stocked = as_google(sim.compute.groups.get_group(P, Z, "mig")).status.bulk_instance_operation.last_progress_check
     assert stocked.error.errors[0].code == "ZONE_RESOURCE_POOL_EXHAUSTED"
 
 
@@ -171,13 +171,13 @@ def test_a_member_deleted_outside_its_mig_stops_then_leaves_its_list_and_the_tar
     sim = simulator(clock)
     slice_group(sim)
     clock.tick(10)
-    gone = sim.get_group(P, Z, "mig").members[1].record.name
-    sim.delete_instance(P, Z, gone)
+    gone = sim.compute.groups.get_group(P, Z, "mig").members[1].record.name
+    sim.compute.slices.delete_instance(P, Z, gone)
     assert statuses(sim) == [("RUNNING", "NONE"), ("STOPPING", "NONE")]
     clock.tick(5)
-    listed = sim.list_managed_instances(P, Z, "mig").items
-    assert [m.record.name for m in listed] == [sim.get_group(P, Z, "mig").members[0].record.name]
-    assert gone not in [v.record.name for v in sim.list_instances(P, Z).items]
-    view = sim.get_group(P, Z, "mig")
+    listed = sim.compute.groups.list_managed_instances(P, Z, "mig").items
+    assert [m.record.name for m in listed] == [sim.compute.groups.get_group(P, Z, "mig").members[0].record.name]
+    assert gone not in [v.record.name for v in sim.compute.vms.list_instances(P, Z).items]
+    view = sim.compute.groups.get_group(P, Z, "mig")
     assert (view.record.target_size, view.stable) == (2, True)
     assert interconnect(sim) == ("2x2x2 INCOMPLETE",)

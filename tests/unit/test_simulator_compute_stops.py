@@ -49,9 +49,9 @@ def flex_template(seconds: int) -> dict[str, Any]:
 def flex_slice(clock: SecondsClock, sim: Any, seconds: int) -> tuple[str, ...]:
     """A BULK flex-start MIG of two VMs whose template says maxRunDuration *seconds*; RUNNING."""
     slice_parts(sim)
-    sim.insert_template(P, R, {"name": "flex", "properties": flex_template(seconds)})
+    sim.compute.operations.insert_template(P, R, {"name": "flex", "properties": flex_template(seconds)})
     template = f"projects/{P}/regions/{R}/instanceTemplates/flex"
-    sim.insert_group(P, Z, group_body(2, targetSizePolicy={"mode": "BULK"}, instanceTemplate=template))
+    sim.compute.groups.insert_group(P, Z, group_body(2, targetSizePolicy={"mode": "BULK"}, instanceTemplate=template))
     clock.tick(10)
     assert members(sim) == [("RUNNING", "NONE")] * 2
     return predicted_member_names("mig", "mig", 2)
@@ -71,7 +71,7 @@ def test_a_flex_start_vm_is_deleted_at_its_run_duration_counted_from_running(clo
     sim = simulator(clock, dataclasses.replace(QUICK, delete_grace_seconds=30.0))
     first, _ = flex_slice(clock, sim, 600)
     hosts = told(sim)
-    vm = sim.get_instance(P, Z, first)
+    vm = sim.compute.vms.get_instance(P, Z, first)
     stamp = instance_json(vm)["resourceStatus"]["scheduling"]["terminationTimestamp"]
     assert managed_instance_json(vm)["scheduling"]["terminationTimestamp"] == stamp
     assert vm.record.terminates_at is not None and vm.record.terminates_at > vm.record.create_time + 600
@@ -79,11 +79,11 @@ def test_a_flex_start_vm_is_deleted_at_its_run_duration_counted_from_running(clo
     assert members(sim) == [("RUNNING", "NONE")] * 2
     clock.tick(10)
     assert members(sim) == [("STOPPING", "NONE")] * 2
-    assert not sim.get_instance(P, Z, first).record.preempted
+    assert not sim.compute.vms.get_instance(P, Z, first).record.preempted
     assert hosts == [((0,), HostAction.DELETE), ((1,), HostAction.DELETE)]
     clock.tick(60)
     assert members(sim) == [(None, "NONE")] * 2
-    assert sim.get_group(P, Z, "mig").record.target_size == 2
+    assert sim.compute.groups.get_group(P, Z, "mig").record.target_size == 2
 
 
 def test_a_vm_without_a_run_duration_runs_on(clock: SecondsClock) -> None:
@@ -92,17 +92,19 @@ def test_a_vm_without_a_run_duration_runs_on(clock: SecondsClock) -> None:
     first, _ = running_slice(clock, sim)
     clock.tick(8 * 24 * 3600)
     assert members(sim) == [("RUNNING", "NONE")] * 2
-    assert "resourceStatus" not in instance_json(sim.get_instance(P, Z, first))
+    assert "resourceStatus" not in instance_json(sim.compute.vms.get_instance(P, Z, first))
 
 
 def tpu_slice(clock: SecondsClock, sim: Any) -> tuple[str, ...]:
     """An on-demand MIG of two TPU VMs made as tpujobs makes them (TERMINATE, no automatic restart)."""
     scheduling = {"provisioningModel": "STANDARD", **TPU_VM}
-    sim.insert_policy(
+    sim.compute.operations.insert_policy(
         P, R, {"name": "pol", "workloadPolicy": {"type": "HIGH_THROUGHPUT", "acceleratorTopology": "2x2x2"}}
     )
-    sim.insert_template(P, R, {"name": "tpl", "properties": {**properties(), "scheduling": scheduling}})
-    sim.insert_group(P, Z, group_body(2))
+    sim.compute.operations.insert_template(
+        P, R, {"name": "tpl", "properties": {**properties(), "scheduling": scheduling}}
+    )
+    sim.compute.groups.insert_group(P, Z, group_body(2))
     clock.tick(10)
     assert members(sim) == [("RUNNING", "NONE")] * 2
     return predicted_member_names("mig", "mig", 2)
@@ -115,13 +117,13 @@ def test_simulated_maintenance_terminates_a_tpu_vm_for_good(clock: SecondsClock)
     sim = simulator(clock)
     first, _ = tpu_slice(clock, sim)
     hosts = told(sim)
-    op = sim.simulate_instance_maintenance(P, Z, first)
+    op = sim.compute.faults.simulate_instance_maintenance(P, Z, first)
     assert op.record.operation_type == "simulateMaintenanceEvent" and op.record.target.endswith(first)
     assert members(sim) == [("STOPPING", "NONE"), ("RUNNING", "NONE")]
     assert hosts == [((0,), HostAction.SHUTDOWN)]
     clock.tick(3600)
     assert members(sim) == [("TERMINATED", "NONE"), ("RUNNING", "NONE")]
-    kinds = [o.record for o in sim.list_compute_operations(P, f"zones/{Z}").items]
+    kinds = [o.record for o in sim.compute.operations.list_compute_operations(P, f"zones/{Z}").items]
     assert any(
         o.operation_type == "compute.instances.terminateOnHostMaintenance" and o.target.endswith(first) for o in kinds
     )
@@ -134,16 +136,16 @@ def test_maintenance_of_a_mig_is_announced_then_terminates_its_vms_and_the_event
     meanwhile; then all TERMINATED, and none is ever told TERMINATE_ON_HOST_MAINTENANCE."""
     sim = simulator(clock)
     tpu_slice(clock, sim)
-    backing = sim.get_group(P, Z, "mig").record.backing
+    backing = sim.compute.groups.get_group(P, Z, "mig").record.backing
 
     def event_key(worker: int) -> str:
-        node = sim.host_node(P, Z, backing)
-        host = sim.host_instance(node, worker)
+        node = sim.node_updates.host_node(P, Z, backing)
+        host = sim.compute.vms.host_instance(node, worker)
         assert host is not None
         return lookup(node, worker, "instance/maintenance-event", host_overlay(node, worker, host)).body
 
-    sim.terminate_for_maintenance(P, Z, "mig", notice=30)
-    view = sim.get_group(P, Z, "mig")
+    sim.compute.faults.terminate_for_maintenance(P, Z, "mig", notice=30)
+    view = sim.compute.groups.get_group(P, Z, "mig")
     assert [m.status for m in view.members] == ["RUNNING", "RUNNING"]
     assert all(m.record.upcoming_maintenance for m in view.members)
     assert (event_key(0), event_key(1)) == ("NONE", "NONE")
@@ -159,7 +161,7 @@ def test_maintenance_is_refused_with_the_real_reason(clock: SecondsClock) -> Non
     sim = simulator(clock)
     first, _ = running_slice(clock, sim)  # properties(): no onHostMaintenance, no automaticRestart
     with pytest.raises(ComputeError, match="automaticRestart"):
-        sim.simulate_instance_maintenance(P, Z, first)
-    sim.preempt_instance(P, Z, first)
+        sim.compute.faults.simulate_instance_maintenance(P, Z, first)
+    sim.compute.vms.preempt_instance(P, Z, first)
     with pytest.raises(ComputeError, match="is STOPPING"):
-        sim.simulate_instance_maintenance(P, Z, first)
+        sim.compute.faults.simulate_instance_maintenance(P, Z, first)

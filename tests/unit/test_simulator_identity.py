@@ -39,7 +39,7 @@ def server() -> Iterator[SimulatorServer]:
     request = QueuedResourceRequest(
         slices=(SliceRequest("v4-16", "tpu-ubuntu2204-base", node_id="n", template=template),)
     )
-    sim.create_queued_resource(PROJECT, ZONE, "qr", request)
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "qr", request)
     clock.tick(3.0)
     with SimulatorServer(simulator=sim, run_workers=False) as served:
         yield served
@@ -70,7 +70,7 @@ def verifier(server: SimulatorServer) -> GoogleIdTokens:
 def test_a_full_token_verifies_for_its_audience_and_names_the_vm(server: SimulatorServer) -> None:
     claims = verifier(server)(token(server, 1, format="full"), [AUDIENCE])
 
-    node = server.simulator.get_node(PROJECT, ZONE, "n")
+    node = server.simulator.nodes.get_node(PROJECT, ZONE, "n")
     hostname = lookup(node, 1, "instance/hostname").body
     assert claims["iss"] == "https://accounts.google.com"
     assert (claims["aud"], claims["email"], claims["email_verified"]) == (AUDIENCE, ACCOUNT, True)
@@ -148,7 +148,7 @@ def test_another_accounts_identity_is_not_served(server: SimulatorServer) -> Non
 
 def test_a_node_made_again_under_the_same_name_is_a_new_instance(server: SimulatorServer) -> None:
     """instance_id is stable for one node, and another for a node later created with the same name."""
-    node = server.simulator.get_node(PROJECT, ZONE, "n")
+    node = server.simulator.nodes.get_node(PROJECT, ZONE, "n")
     again = dataclasses.replace(node, number=node.number + 1, create_time=node.create_time + 60)
 
     assert instance_id(node, 0) == instance_id(dataclasses.replace(node), 0) != instance_id(again, 0)

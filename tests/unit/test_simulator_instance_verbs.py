@@ -57,7 +57,7 @@ def test_the_console_shows_the_boot_then_each_script_line_as_the_guest_agent_pri
     output only adds bytes at the end, so offsets hold between calls."""
     sim = simulator(clock)
     first, _ = running_slice(clock, sim)
-    view = sim.get_instance(P, Z, first)
+    view = sim.compute.vms.get_instance(P, Z, first)
     before = console_of(view, b"step 1\nstep")
     after = console_of(view, b"step 1\nstep 2\n")
     assert after.startswith(before)
@@ -74,15 +74,15 @@ def test_a_stopped_mig_vm_gets_sigterm_is_stopping_for_the_grace_then_terminated
     events: list[HostEvent] = []
     sim.on_hosts.append(events.append)
     first, second = running_slice(clock, sim)
-    operation = sim.stop_instance(P, Z, first)
+    operation = sim.compute.vms.stop_instance(P, Z, first)
     assert operation.record.operation_type == "stop" and operation.record.target.endswith(f"/instances/{first}")
     assert [(e.workers, e.action) for e in events] == [((0,), HostAction.SHUTDOWN)]
-    stopping = sim.get_instance(P, Z, first)
+    stopping = sim.compute.vms.get_instance(P, Z, first)
     assert (stopping.status, stopping.record.preempted) == ("STOPPING", False)
     clock.tick(GRACE + 0.1)
-    assert sim.get_instance(P, Z, first).status == "TERMINATED"
+    assert sim.compute.vms.get_instance(P, Z, first).status == "TERMINATED"
     clock.tick(60)
-    assert [(m.record.name, m.status) for m in sim.get_group(P, Z, "mig").members] == [
+    assert [(m.record.name, m.status) for m in sim.compute.groups.get_group(P, Z, "mig").members] == [
         (first, "TERMINATED"),
         (second, "RUNNING"),
     ]
@@ -95,15 +95,15 @@ def test_stopping_a_vm_again_changes_nothing_and_one_not_running_yet_is_refused(
     events: list[HostEvent] = []
     sim.on_hosts.append(events.append)
     first, _ = running_slice(clock, sim)
-    sim.stop_instance(P, Z, first)
-    assert sim.stop_instance(P, Z, first).record.operation_type == "stop"
+    sim.compute.vms.stop_instance(P, Z, first)
+    assert sim.compute.vms.stop_instance(P, Z, first).record.operation_type == "stop"
     assert len(events) == 1
-    sim.insert_instance(
+    sim.compute.vms.insert_instance(
         P, Z, {"name": "lone", **properties(model="STANDARD", machine_type=f"zones/{Z}/machineTypes/tpu7x-standard-4t")}
     )
     clock.tick(QUICK.waiting_seconds + 0.1)
     with pytest.raises(ComputeError) as refused:
-        sim.stop_instance(P, Z, "lone")
+        sim.compute.vms.stop_instance(P, Z, "lone")
     assert refused.value.reason == "conditionNotMet" and "PROVISIONING" in str(refused.value)
 
 
@@ -113,9 +113,9 @@ def test_the_aggregated_templates_list_has_regional_ones_by_region_and_global_on
     """GET aggregated/instanceTemplates (gcloud's `instance-templates list` with no --regions): an
     InstanceTemplateAggregatedList; another project's templates are not in it; `filter` on the name."""
     sim = simulator(clock)
-    sim.insert_template(P, R, {"name": "regional", "properties": properties()})
-    sim.insert_template(P, "", {"name": "global-one", "properties": properties()})
-    sim.insert_template("other", R, {"name": "theirs", "properties": properties()})
+    sim.compute.operations.insert_template(P, R, {"name": "regional", "properties": properties()})
+    sim.compute.operations.insert_template(P, "", {"name": "global-one", "properties": properties()})
+    sim.compute.operations.insert_template("other", R, {"name": "theirs", "properties": properties()})
     api = ComputeApi(sim)
     path = f"/compute/v1/projects/{P}/aggregated/instanceTemplates"
     status, answer = api.route("GET", path, {}, b"")

@@ -72,7 +72,7 @@ def simulator(clock: SecondsClock, config: SimulatorConfig = QUICK, store: State
 
 
 def state_of(sim: Simulator, qr_id: str, zone: str = ZONE) -> QrState:
-    return sim.get_queued_resource(PROJECT, zone, qr_id).state
+    return sim.queued_resources.get_queued_resource(PROJECT, zone, qr_id).state
 
 
 def test_queued_resource_goes_from_accepted_through_waiting_and_provisioning_to_active(
@@ -80,9 +80,9 @@ def test_queued_resource_goes_from_accepted_through_waiting_and_provisioning_to_
 ) -> None:
     """A QR is ACCEPTED, waits waiting_seconds, provisions for provisioning_seconds, then is ACTIVE."""
     sim = simulator(clock)
-    operation = sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice())
+    operation = sim.queued_resources.create_queued_resource(PROJECT, ZONE, "qr", one_slice())
     assert not operation.done
-    created = sim.get_operation(PROJECT, ZONE, operation.operation_id)
+    created = sim.queued_resources.get_operation(PROJECT, ZONE, operation.operation_id)
     assert created.done and created.result is not None
     assert created.result.state is QrState.ACCEPTED
     assert state_of(sim, "qr") is QrState.WAITING_FOR_RESOURCES
@@ -93,19 +93,19 @@ def test_queued_resource_goes_from_accepted_through_waiting_and_provisioning_to_
     clock.tick(1.5)
     assert state_of(sim, "qr") is QrState.PROVISIONING
     clock.tick(0.5)
-    active = sim.get_queued_resource(PROJECT, ZONE, "qr")
+    active = sim.queued_resources.get_queued_resource(PROJECT, ZONE, "qr")
     assert (active.state, active.initiator) == (QrState.ACTIVE, Initiator.USER)
 
 
 def test_create_operation_stays_running_until_accept_seconds_pass(clock: SecondsClock) -> None:
     """The create operation completes only once the QR is accepted."""
     sim = simulator(clock, dataclasses.replace(QUICK, accept_seconds=5.0))
-    operation = sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice())
+    operation = sim.queued_resources.create_queued_resource(PROJECT, ZONE, "qr", one_slice())
     clock.tick(4.0)
     assert state_of(sim, "qr") is QrState.CREATING
-    assert not sim.get_operation(PROJECT, ZONE, operation.operation_id).done
+    assert not sim.queued_resources.get_operation(PROJECT, ZONE, operation.operation_id).done
     clock.tick(1.0)
-    assert sim.get_operation(PROJECT, ZONE, operation.operation_id).done
+    assert sim.queued_resources.get_operation(PROJECT, ZONE, operation.operation_id).done
 
 
 def test_nodes_appear_creating_while_provisioning_and_turn_ready_when_active(
@@ -113,13 +113,13 @@ def test_nodes_appear_creating_while_provisioning_and_turn_ready_when_active(
 ) -> None:
     """Nodes exist from PROVISIONING on, CREATING, and are READY once the QR is ACTIVE."""
     sim = simulator(clock)
-    sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice("worker"))
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "qr", one_slice("worker"))
     sim.advance()
-    assert sim.list_nodes(PROJECT, ZONE).items == ()
+    assert sim.nodes.list_nodes(PROJECT, ZONE).items == ()
     clock.tick(1.0)
-    assert sim.get_node(PROJECT, ZONE, "worker").state is NodeState.CREATING
+    assert sim.nodes.get_node(PROJECT, ZONE, "worker").state is NodeState.CREATING
     clock.tick(2.0)
-    node = sim.get_node(PROJECT, ZONE, "worker")
+    node = sim.nodes.get_node(PROJECT, ZONE, "worker")
     assert node.state is NodeState.READY
     assert node.queued_resource == f"projects/{PROJECT}/locations/{ZONE}/queuedResources/qr"
 
@@ -140,9 +140,9 @@ def test_a_node_has_one_network_endpoint_per_worker_host(
 ) -> None:
     """Each node gets as many distinct worker addresses as its accelerator type has hosts."""
     sim = simulator(clock)
-    sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice("n", accelerator_type))
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "qr", one_slice("n", accelerator_type))
     clock.tick(3.0)
-    addresses = sim.get_node(PROJECT, ZONE, "n").host_addresses
+    addresses = sim.nodes.get_node(PROJECT, ZONE, "n").host_addresses
     assert len(addresses) == hosts
     assert len(set(addresses)) == hosts
 
@@ -150,9 +150,9 @@ def test_a_node_has_one_network_endpoint_per_worker_host(
 def test_multislice_makes_one_node_per_slice_named_prefix_dash_index(clock: SecondsClock) -> None:
     """multisliceParams nodeCount 3 and nodeIdPrefix p give nodes p-0, p-1, p-2."""
     sim = simulator(clock)
-    sim.create_queued_resource(PROJECT, ZONE, "qr", multislice("p", 3, "v4-16"))
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "qr", multislice("p", 3, "v4-16"))
     clock.tick(3.0)
-    nodes = sim.list_nodes(PROJECT, ZONE).items
+    nodes = sim.nodes.list_nodes(PROJECT, ZONE).items
     assert [n.node_id for n in nodes] == ["p-0", "p-1", "p-2"]
     assert all(n.multislice and len(n.host_addresses) == 2 for n in nodes)
     assert len({a for n in nodes for a in n.host_addresses}) == 6
@@ -161,17 +161,17 @@ def test_multislice_makes_one_node_per_slice_named_prefix_dash_index(clock: Seco
 def test_waiting_queued_resources_get_capacity_first_come_first_served(clock: SecondsClock) -> None:
     """With 8 v4 chips, a later small QR waits behind an earlier big one even when it would fit."""
     sim = simulator(clock, dataclasses.replace(QUICK, capacity={f"v4@{ZONE}": 8}))
-    sim.create_queued_resource(PROJECT, ZONE, "first", one_slice("a", "v4-8"))  # 4 chips
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "first", one_slice("a", "v4-8"))  # 4 chips
     clock.tick(0.1)
-    sim.create_queued_resource(PROJECT, ZONE, "big", one_slice("b", "v4-16"))  # 8 chips
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "big", one_slice("b", "v4-16"))  # 8 chips
     clock.tick(0.1)
-    sim.create_queued_resource(PROJECT, ZONE, "small", one_slice("c", "v4-8"))  # 4 chips
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "small", one_slice("c", "v4-8"))  # 4 chips
     clock.tick(5.0)
     assert state_of(sim, "first") is QrState.ACTIVE
     assert state_of(sim, "big") is QrState.WAITING_FOR_RESOURCES
     assert state_of(sim, "small") is QrState.WAITING_FOR_RESOURCES
 
-    sim.delete_queued_resource(PROJECT, ZONE, "first", force=True)
+    sim.queued_resources.delete_queued_resource(PROJECT, ZONE, "first", force=True)
     clock.tick(1.0)  # deleting_seconds: the chips come back only when it is gone
     assert state_of(sim, "big") is QrState.PROVISIONING
     assert state_of(sim, "small") is QrState.WAITING_FOR_RESOURCES
@@ -180,23 +180,23 @@ def test_waiting_queued_resources_get_capacity_first_come_first_served(clock: Se
 def test_deleting_a_queued_resource_frees_its_chips_for_the_next_in_line(clock: SecondsClock) -> None:
     """The waiting QR starts provisioning at the moment the holder is gone, not at the next call."""
     sim = simulator(clock, dataclasses.replace(QUICK, capacity={f"v4@{ZONE}": 4}))
-    sim.create_queued_resource(PROJECT, ZONE, "holder", one_slice("a"))
-    sim.create_queued_resource(PROJECT, ZONE, "next", one_slice("b"))
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "holder", one_slice("a"))
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "next", one_slice("b"))
     clock.tick(5.0)
-    sim.delete_queued_resource(PROJECT, ZONE, "holder", force=True)
+    sim.queued_resources.delete_queued_resource(PROJECT, ZONE, "holder", force=True)
     clock.tick(1.0 + 2.0)  # gone after 1 s, then 2 s of provisioning
     assert state_of(sim, "next") is QrState.ACTIVE
     with pytest.raises(SimulatorError) as missing:
-        sim.get_queued_resource(PROJECT, ZONE, "holder")
+        sim.queued_resources.get_queued_resource(PROJECT, ZONE, "holder")
     assert missing.value.code is Code.NOT_FOUND
 
 
 def test_capacity_pools_are_per_family_and_zone(clock: SecondsClock) -> None:
     """A full v4 pool in one zone holds back neither another zone nor another family."""
     sim = simulator(clock, dataclasses.replace(QUICK, capacity={f"v4@{ZONE}": 0}))
-    sim.create_queued_resource(PROJECT, ZONE, "starved", one_slice("a", "v4-8"))
-    sim.create_queued_resource(PROJECT, "us-east5-a", "elsewhere", one_slice("b", "v4-8"))
-    sim.create_queued_resource(PROJECT, ZONE, "lite", one_slice("c", "v5litepod-8"))
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "starved", one_slice("a", "v4-8"))
+    sim.queued_resources.create_queued_resource(PROJECT, "us-east5-a", "elsewhere", one_slice("b", "v4-8"))
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "lite", one_slice("c", "v5litepod-8"))
     clock.tick(3.0)
     assert state_of(sim, "starved") is QrState.WAITING_FOR_RESOURCES
     assert state_of(sim, "elsewhere", "us-east5-a") is QrState.ACTIVE
@@ -206,10 +206,10 @@ def test_capacity_pools_are_per_family_and_zone(clock: SecondsClock) -> None:
 def test_a_multislice_request_needs_the_chips_of_every_slice(clock: SecondsClock) -> None:
     """Two v4-8 slices want 8 chips, so 7 free chips are not enough and 8 are."""
     sim = simulator(clock, dataclasses.replace(QUICK, capacity={f"v4@{ZONE}": 7}))
-    sim.create_queued_resource(PROJECT, ZONE, "qr", multislice("s", 2))
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "qr", multislice("s", 2))
     clock.tick(5.0)
     assert state_of(sim, "qr") is QrState.WAITING_FOR_RESOURCES
-    sim.reconfigure(dataclasses.replace(sim.config, capacity={f"v4@{ZONE}": 8}))
+    sim.fault_plan.reconfigure(dataclasses.replace(sim.config, capacity={f"v4@{ZONE}": 8}))
     assert state_of(sim, "qr") is QrState.PROVISIONING
 
 
@@ -219,19 +219,19 @@ def test_preempt_suspends_the_queued_resource_and_preempts_its_nodes(clock: Seco
     sim = simulator(clock, dataclasses.replace(QUICK, capacity={f"v4@{ZONE}": 4}))
     stopped: list[QueuedResourceRecord] = []
     sim.on_stopped.append(stopped.append)
-    sim.create_queued_resource(PROJECT, ZONE, "spot", one_slice("a"))
-    sim.create_queued_resource(PROJECT, ZONE, "next", one_slice("b"))
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "spot", one_slice("a"))
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "next", one_slice("b"))
     clock.tick(3.0)
 
-    suspending = sim.preempt("spot")
+    suspending = sim.queued_resources.preempt("spot")
     assert (suspending.state, suspending.initiator) == (QrState.SUSPENDING, Initiator.SERVICE)
-    assert sim.get_node(PROJECT, ZONE, "a").state is NodeState.PREEMPTED
-    assert sim.get_node(PROJECT, ZONE, "a").preempted
+    assert sim.nodes.get_node(PROJECT, ZONE, "a").state is NodeState.PREEMPTED
+    assert sim.nodes.get_node(PROJECT, ZONE, "a").preempted
     assert [r.state for r in stopped] == [QrState.SUSPENDING]
     clock.tick(60.0)
     assert state_of(sim, "spot") is QrState.SUSPENDED
     assert state_of(sim, "next") is QrState.WAITING_FOR_RESOURCES
-    sim.delete_queued_resource(PROJECT, ZONE, "spot", force=True)
+    sim.queued_resources.delete_queued_resource(PROJECT, ZONE, "spot", force=True)
     clock.tick(0.5)
     assert state_of(sim, "spot") is QrState.DELETING  # deleting_seconds: still holding
     assert state_of(sim, "next") is QrState.WAITING_FOR_RESOURCES
@@ -242,25 +242,25 @@ def test_preempt_suspends_the_queued_resource_and_preempts_its_nodes(clock: Seco
 def test_a_failed_queued_resource_holds_its_chips_until_it_is_deleted(clock: SecondsClock) -> None:
     """fail() of an ACTIVE QR keeps its chips taken; the next in line provisions only once it is gone."""
     sim = simulator(clock, dataclasses.replace(QUICK, capacity={f"v4@{ZONE}": 4}))
-    sim.create_queued_resource(PROJECT, ZONE, "broken", one_slice("a"))
-    sim.create_queued_resource(PROJECT, ZONE, "next", one_slice("b"))
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "broken", one_slice("a"))
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "next", one_slice("b"))
     clock.tick(3.0)
-    sim.fail("broken", "stockout")
+    sim.queued_resources.fail("broken", "stockout")
     clock.tick(60.0)
     assert state_of(sim, "next") is QrState.WAITING_FOR_RESOURCES
-    operation = sim.delete_queued_resource(PROJECT, ZONE, "broken")  # no nodes: no force needed
+    operation = sim.queued_resources.delete_queued_resource(PROJECT, ZONE, "broken")  # no nodes: no force needed
     assert not operation.done
     clock.tick(1.0)
-    assert sim.get_operation(PROJECT, ZONE, operation.operation_id).done
+    assert sim.queued_resources.get_operation(PROJECT, ZONE, operation.operation_id).done
     assert state_of(sim, "next") is QrState.PROVISIONING
 
 
 def test_only_provisioning_or_active_queued_resources_can_be_preempted(clock: SecondsClock) -> None:
     """Preempting a QR that holds no TPUs yet is FAILED_PRECONDITION."""
     sim = simulator(clock)
-    sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice())
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "qr", one_slice())
     with pytest.raises(SimulatorError) as refused:
-        sim.preempt("qr", zone=ZONE)
+        sim.queued_resources.preempt("qr", zone=ZONE)
     assert refused.value.code is Code.FAILED_PRECONDITION
 
 
@@ -271,22 +271,22 @@ def test_fail_marks_the_queued_resource_failed_with_the_error_and_removes_its_no
     sim = simulator(clock)
     stopped: list[QueuedResourceRecord] = []
     sim.on_stopped.append(stopped.append)
-    sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice("n"))
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "qr", one_slice("n"))
     clock.tick(3.0)
-    failed = sim.fail("qr", "stockout in us-central2-b")
+    failed = sim.queued_resources.fail("qr", "stockout in us-central2-b")
     assert (failed.state, failed.initiator) == (QrState.FAILED, Initiator.SERVICE)
     assert failed.error_message == "stockout in us-central2-b"
     assert failed.error_code == Code.INTERNAL.grpc_code
-    assert sim.list_nodes(PROJECT, ZONE).items == ()
+    assert sim.nodes.list_nodes(PROJECT, ZONE).items == ()
     assert [r.qr_id for r in stopped] == ["qr"]
 
 
 def test_failing_before_acceptance_fails_the_create_operation(clock: SecondsClock) -> None:
     """A QR that fails while CREATING ends its create operation with the error."""
     sim = simulator(clock, dataclasses.replace(QUICK, accept_seconds=10.0))
-    operation = sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice())
-    sim.fail("qr", "no", code=Code.RESOURCE_EXHAUSTED.grpc_code)
-    finished = sim.get_operation(PROJECT, ZONE, operation.operation_id)
+    operation = sim.queued_resources.create_queued_resource(PROJECT, ZONE, "qr", one_slice())
+    sim.queued_resources.fail("qr", "no", code=Code.RESOURCE_EXHAUSTED.grpc_code)
+    finished = sim.queued_resources.get_operation(PROJECT, ZONE, operation.operation_id)
     assert finished.done
     assert (finished.error_code, finished.error_message) == (
         Code.RESOURCE_EXHAUSTED.grpc_code,
@@ -299,10 +299,10 @@ def test_deleting_without_force_is_refused_while_the_queued_resource_has_nodes(
 ) -> None:
     """An ACTIVE QR is deleted only with force, as the real API insists."""
     sim = simulator(clock)
-    sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice())
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "qr", one_slice())
     clock.tick(3.0)
     with pytest.raises(SimulatorError) as refused:
-        sim.delete_queued_resource(PROJECT, ZONE, "qr")
+        sim.queued_resources.delete_queued_resource(PROJECT, ZONE, "qr")
     assert refused.value.code is Code.FAILED_PRECONDITION
     assert state_of(sim, "qr") is QrState.ACTIVE
 
@@ -314,26 +314,26 @@ def test_deleting_goes_through_deleting_and_completes_the_operation_when_gone(
     sim = simulator(clock)
     stopped: list[QueuedResourceRecord] = []
     sim.on_stopped.append(stopped.append)
-    sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice("n"))
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "qr", one_slice("n"))
     clock.tick(3.0)
-    operation = sim.delete_queued_resource(PROJECT, ZONE, "qr", force=True)
+    operation = sim.queued_resources.delete_queued_resource(PROJECT, ZONE, "qr", force=True)
     assert state_of(sim, "qr") is QrState.DELETING
-    assert sim.get_node(PROJECT, ZONE, "n").state is NodeState.DELETING
+    assert sim.nodes.get_node(PROJECT, ZONE, "n").state is NodeState.DELETING
     assert [r.state for r in stopped] == [QrState.DELETING]
-    assert sim.delete_queued_resource(PROJECT, ZONE, "qr").operation_id == operation.operation_id
+    assert sim.queued_resources.delete_queued_resource(PROJECT, ZONE, "qr").operation_id == operation.operation_id
     clock.tick(1.0)
-    finished = sim.get_operation(PROJECT, ZONE, operation.operation_id)
+    finished = sim.queued_resources.get_operation(PROJECT, ZONE, operation.operation_id)
     assert finished.done and finished.error_code == 0 and finished.result is None
-    assert sim.list_nodes(PROJECT, ZONE).items == ()
-    assert sim.list_queued_resources(PROJECT, ZONE).items == ()
+    assert sim.nodes.list_nodes(PROJECT, ZONE).items == ()
+    assert sim.queued_resources.list_queued_resources(PROJECT, ZONE).items == ()
 
 
 def test_a_waiting_queued_resource_can_be_deleted_without_force(clock: SecondsClock) -> None:
     """A QR with no nodes yet needs no force to delete."""
     sim = simulator(clock, dataclasses.replace(QUICK, capacity={f"v4@{ZONE}": 0}))
-    sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice())
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "qr", one_slice())
     clock.tick(2.0)
-    sim.delete_queued_resource(PROJECT, ZONE, "qr")
+    sim.queued_resources.delete_queued_resource(PROJECT, ZONE, "qr")
     assert state_of(sim, "qr") is QrState.DELETING
 
 
@@ -344,12 +344,12 @@ def test_on_active_hooks_fire_once_when_time_alone_makes_a_queued_resource_activ
     sim = simulator(clock)
     active: list[QueuedResourceRecord] = []
     sim.on_active.append(active.append)
-    sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice("n"))
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "qr", one_slice("n"))
     clock.tick(3.0)
     sim.advance()
     sim.advance()
     assert [(r.qr_id, r.state) for r in active] == [("qr", QrState.ACTIVE)]
-    assert [n.node_id for n in sim.nodes_of(active[0])] == ["n"]
+    assert [n.node_id for n in sim.nodes.nodes_of(active[0])] == ["n"]
 
 
 def test_a_hook_that_raises_does_not_stop_the_simulator(clock: SecondsClock) -> None:
@@ -361,7 +361,7 @@ def test_a_hook_that_raises_does_not_stop_the_simulator(clock: SecondsClock) -> 
         raise RuntimeError("boom")
 
     sim.on_active.extend([broken, lambda record: seen.append(record.qr_id)])
-    sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice())
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "qr", one_slice())
     clock.tick(3.0)
     assert state_of(sim, "qr") is QrState.ACTIVE
     assert seen == ["qr"]
@@ -370,10 +370,10 @@ def test_a_hook_that_raises_does_not_stop_the_simulator(clock: SecondsClock) -> 
 def test_creating_an_existing_queued_resource_is_already_exists(clock: SecondsClock) -> None:
     """The same id twice in a zone is ALREADY_EXISTS; so is a node id another QR uses."""
     sim = simulator(clock)
-    sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice("n"))
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "qr", one_slice("n"))
     for qr_id, request in (("qr", one_slice("other")), ("qr2", one_slice("n"))):
         with pytest.raises(SimulatorError) as duplicate:
-            sim.create_queued_resource(PROJECT, ZONE, qr_id, request)
+            sim.queued_resources.create_queued_resource(PROJECT, ZONE, qr_id, request)
         assert duplicate.value.code is Code.ALREADY_EXISTS
 
 
@@ -383,7 +383,7 @@ def test_ids_the_tpu_api_refuses_are_invalid_argument(clock: SecondsClock, bad_i
     sim = simulator(clock)
     for qr_id, request in ((bad_id, one_slice()), ("qr", one_slice(bad_id))):
         with pytest.raises(SimulatorError) as refused:
-            sim.create_queued_resource(PROJECT, ZONE, qr_id, request)
+            sim.queued_resources.create_queued_resource(PROJECT, ZONE, qr_id, request)
         assert refused.value.code is Code.INVALID_ARGUMENT
 
 
@@ -391,7 +391,7 @@ def test_ids_the_tpu_api_refuses_are_invalid_argument(clock: SecondsClock, bad_i
 def test_ids_the_tpu_api_accepts_are_accepted(clock: SecondsClock, good_id: str) -> None:
     """Lowercase letters, digits and inner hyphens up to 63 characters are fine."""
     sim = simulator(clock)
-    sim.create_queued_resource(PROJECT, ZONE, good_id, one_slice(good_id))
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, good_id, one_slice(good_id))
     assert state_of(sim, good_id) is QrState.WAITING_FOR_RESOURCES
 
 
@@ -400,7 +400,7 @@ def test_an_unknown_accelerator_type_is_invalid_argument(clock: SecondsClock, ac
     """Accelerator types the API does not offer are refused at create."""
     sim = simulator(clock)
     with pytest.raises(SimulatorError) as refused:
-        sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice("n", accelerator_type))
+        sim.queued_resources.create_queued_resource(PROJECT, ZONE, "qr", one_slice("n", accelerator_type))
     assert refused.value.code is Code.INVALID_ARGUMENT
 
 
@@ -408,10 +408,10 @@ def test_list_pages_by_name_with_tokens(clock: SecondsClock) -> None:
     """page_size 2 over five QRs gives pages of 2, 2 and 1, the last without a token."""
     sim = simulator(clock)
     for i in range(5):
-        sim.create_queued_resource(PROJECT, ZONE, f"qr-{i}", one_slice(f"n-{i}"))
+        sim.queued_resources.create_queued_resource(PROJECT, ZONE, f"qr-{i}", one_slice(f"n-{i}"))
     names, token, pages = [], "", 0
     while True:
-        page = sim.list_queued_resources(PROJECT, ZONE, page_size=2, page_token=token)
+        page = sim.queued_resources.list_queued_resources(PROJECT, ZONE, page_size=2, page_token=token)
         names += [qr.qr_id for qr in page.items]
         pages += 1
         token = page.next_page_token
@@ -419,37 +419,37 @@ def test_list_pages_by_name_with_tokens(clock: SecondsClock) -> None:
             break
     assert (names, pages) == ([f"qr-{i}" for i in range(5)], 3)
     with pytest.raises(SimulatorError) as bad_token:
-        sim.list_queued_resources(PROJECT, ZONE, page_size=2, page_token="%%%")
+        sim.queued_resources.list_queued_resources(PROJECT, ZONE, page_size=2, page_token="%%%")
     assert bad_token.value.code is Code.INVALID_ARGUMENT
 
 
 def test_listing_zone_dash_lists_every_zone(clock: SecondsClock) -> None:
     """locations/- covers all zones of the project, as in the real API."""
     sim = simulator(clock)
-    sim.create_queued_resource(PROJECT, ZONE, "a", one_slice("a"))
-    sim.create_queued_resource(PROJECT, "europe-west4-a", "b", one_slice("b"))
-    sim.create_queued_resource("other", ZONE, "c", one_slice("c"))
-    assert [qr.qr_id for qr in sim.list_queued_resources(PROJECT, "-").items] == ["b", "a"]
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "a", one_slice("a"))
+    sim.queued_resources.create_queued_resource(PROJECT, "europe-west4-a", "b", one_slice("b"))
+    sim.queued_resources.create_queued_resource("other", ZONE, "c", one_slice("c"))
+    assert [qr.qr_id for qr in sim.queued_resources.list_queued_resources(PROJECT, "-").items] == ["b", "a"]
 
 
 def test_state_file_round_trip_keeps_resources_and_remaining_delays(clock: SecondsClock, tmp_path: Path) -> None:
     """A new simulator on the saved file resumes mid-provisioning, even with another clock base."""
     path = tmp_path / "state.json"
     first = simulator(clock, store=JsonStateFile(path))
-    first.create_queued_resource(PROJECT, ZONE, "qr", one_slice("n", "v4-16"))
+    first.queued_resources.create_queued_resource(PROJECT, ZONE, "qr", one_slice("n", "v4-16"))
     clock.tick(2.0)  # provisioning since t=1, ACTIVE at t=3
     assert state_of(first, "qr") is QrState.PROVISIONING
-    addresses = first.get_node(PROJECT, ZONE, "n").host_addresses
+    addresses = first.nodes.get_node(PROJECT, ZONE, "n").host_addresses
 
     later = SecondsClock(50_000.0)
     second = simulator(later, store=JsonStateFile(path))
     assert state_of(second, "qr") is QrState.PROVISIONING
-    assert second.get_node(PROJECT, ZONE, "n").host_addresses == addresses
+    assert second.nodes.get_node(PROJECT, ZONE, "n").host_addresses == addresses
     later.tick(1.0)
     assert state_of(second, "qr") is QrState.ACTIVE
-    second.create_queued_resource(PROJECT, ZONE, "qr2", one_slice("m"))
+    second.queued_resources.create_queued_resource(PROJECT, ZONE, "qr2", one_slice("m"))
     later.tick(3.0)
-    assert not set(second.get_node(PROJECT, ZONE, "m").host_addresses) & set(addresses)
+    assert not set(second.nodes.get_node(PROJECT, ZONE, "m").host_addresses) & set(addresses)
 
 
 def test_api_error_rate_one_always_injects_and_zero_never(clock: SecondsClock) -> None:
@@ -458,12 +458,12 @@ def test_api_error_rate_one_always_injects_and_zero_never(clock: SecondsClock) -
     codes = set()
     for _ in range(40):
         with pytest.raises(SimulatorError) as injected:
-            sim.roll_for_fault()
+            sim.fault_plan.roll_for_fault()
         codes.add(injected.value.code)
     assert codes == {Code.UNAVAILABLE, Code.RESOURCE_EXHAUSTED}
-    sim.reconfigure(dataclasses.replace(sim.config, api_error_rate=0.0))
+    sim.fault_plan.reconfigure(dataclasses.replace(sim.config, api_error_rate=0.0))
     for _ in range(40):
-        sim.roll_for_fault()
+        sim.fault_plan.roll_for_fault()
 
 
 def test_injected_faults_repeat_with_the_same_seed(clock: SecondsClock) -> None:
@@ -473,7 +473,7 @@ def test_injected_faults_repeat_with_the_same_seed(clock: SecondsClock) -> None:
         seen: list[Code | None] = []
         for _ in range(30):
             try:
-                sim.roll_for_fault()
+                sim.fault_plan.roll_for_fault()
                 seen.append(None)
             except SimulatorError as error:
                 seen.append(error.code)
@@ -512,15 +512,15 @@ def test_kill_host_puts_the_node_in_repair_silently_and_keeps_the_queued_resourc
     stopped: list[QueuedResourceRecord] = []
     sim.on_host_failed.append(lambda qr, s, w: failed.append((qr.qr_id, s, w)))
     sim.on_stopped.append(stopped.append)
-    sim.create_queued_resource(PROJECT, ZONE, "qr", multislice("s", 2, "v4-16"))
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "qr", multislice("s", 2, "v4-16"))
     clock.tick(3.0)
-    node = sim.kill_host("qr", 1, 1)
+    node = sim.nodes.kill_host("qr", 1, 1)
     assert (node.node_id, node.state, node.failed_workers) == ("s-1", NodeState.REPAIRING, (1,))
     assert not node.preempted
-    assert sim.get_node(PROJECT, ZONE, "s-0").state is NodeState.READY
+    assert sim.nodes.get_node(PROJECT, ZONE, "s-0").state is NodeState.READY
     assert state_of(sim, "qr") is QrState.ACTIVE
     assert (failed, stopped) == ([("qr", 1, 1)], [])
-    assert sim.kill_host("qr", 1, 0).failed_workers == (0, 1)
+    assert sim.nodes.kill_host("qr", 1, 0).failed_workers == (0, 1)
 
 
 @pytest.mark.parametrize(
@@ -532,21 +532,21 @@ def test_kill_host_of_a_host_that_does_not_exist_is_refused(
 ) -> None:
     """A slice or worker index outside the QR's nodes and hosts is INVALID_ARGUMENT."""
     sim = simulator(clock)
-    sim.create_queued_resource(PROJECT, ZONE, "qr", multislice("s", 2, "v4-16"))
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "qr", multislice("s", 2, "v4-16"))
     clock.tick(3.0)
     with pytest.raises(SimulatorError) as refused:
-        sim.kill_host("qr", slice_index, worker)
+        sim.nodes.kill_host("qr", slice_index, worker)
     assert refused.value.code is code
 
 
 def test_kill_host_needs_an_active_queued_resource(clock: SecondsClock) -> None:
     """While PROVISIONING no worker runs yet, so kill_host is FAILED_PRECONDITION."""
     sim = simulator(clock)
-    sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice())
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "qr", one_slice())
     clock.tick(1.0)
     assert state_of(sim, "qr") is QrState.PROVISIONING
     with pytest.raises(SimulatorError) as refused:
-        sim.kill_host("qr", 0, 0)
+        sim.nodes.kill_host("qr", 0, 0)
     assert refused.value.code is Code.FAILED_PRECONDITION
 
 
@@ -554,14 +554,14 @@ def test_state_file_keeps_preemption_and_failed_hosts(clock: SecondsClock, tmp_p
     """A preempted node stays preempted and a repaired one keeps its failed workers after a reload."""
     path = tmp_path / "state.json"
     first = simulator(clock, store=JsonStateFile(path))
-    first.create_queued_resource(PROJECT, ZONE, "spot", one_slice("a"))
-    first.create_queued_resource(PROJECT, ZONE, "broken", one_slice("b", "v4-16"))
+    first.queued_resources.create_queued_resource(PROJECT, ZONE, "spot", one_slice("a"))
+    first.queued_resources.create_queued_resource(PROJECT, ZONE, "broken", one_slice("b", "v4-16"))
     clock.tick(3.0)
-    first.preempt("spot")
-    first.kill_host("broken", 0, 1)
+    first.queued_resources.preempt("spot")
+    first.nodes.kill_host("broken", 0, 1)
     second = simulator(clock, store=JsonStateFile(path))
-    assert second.get_node(PROJECT, ZONE, "a").preempted
-    repaired = second.get_node(PROJECT, ZONE, "b")
+    assert second.nodes.get_node(PROJECT, ZONE, "a").preempted
+    repaired = second.nodes.get_node(PROJECT, ZONE, "b")
     assert (repaired.state, repaired.failed_workers) == (NodeState.REPAIRING, (1,))
 
 
@@ -586,9 +586,9 @@ def active_node(
         ),
         spot=spot,
     )
-    sim.create_queued_resource(PROJECT, ZONE, "qr", request)
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "qr", request)
     clock.tick(3.0)
-    return sim, sim.get_node(PROJECT, ZONE, "n")
+    return sim, sim.nodes.get_node(PROJECT, ZONE, "n")
 
 
 def test_tpu_env_names_the_accelerator_node_worker_zone_and_preemptibility(
@@ -638,8 +638,8 @@ def test_metadata_says_preempted_true_once_the_node_is_preempted(clock: SecondsC
     """instance/preempted turns from FALSE to TRUE with preempt(), and the ETag changes with it."""
     sim, node = active_node(clock, spot=True)
     before = lookup(node, 0, "instance/preempted")
-    sim.preempt("qr")
-    after = lookup(sim.get_node(PROJECT, ZONE, "n"), 0, "instance/preempted")
+    sim.queued_resources.preempt("qr")
+    after = lookup(sim.nodes.get_node(PROJECT, ZONE, "n"), 0, "instance/preempted")
     assert (before.body, after.body) == ("FALSE", "TRUE")
     assert before.etag != after.etag
 
@@ -671,9 +671,9 @@ def test_a_node_runs_as_the_account_its_create_request_names(clock: SecondsClock
         },
     }
     request = QueuedResourceRequest(slices=(SliceRequest("v4-8", RUNTIME, node_id="n", template=template),))
-    sim.create_queued_resource(PROJECT, ZONE, "qr", request)
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "qr", request)
     clock.tick(3.0)
-    node = sim.get_node(PROJECT, ZONE, "n")
+    node = sim.nodes.get_node(PROJECT, ZONE, "n")
     assert node.service_account == account
     for alias in ("default", account):
         assert lookup(node, 0, f"instance/service-accounts/{alias}/email").body == account
@@ -690,9 +690,9 @@ def test_a_node_without_an_account_runs_as_the_compute_default_as_on_gce(
     """No email, or "default": {project number}-compute@developer.gserviceaccount.com, stable per project."""
     sim = simulator(clock)
     request = QueuedResourceRequest(slices=(SliceRequest("v4-8", RUNTIME, node_id="n", template=template),))
-    sim.create_queued_resource(PROJECT, ZONE, "qr", request)
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "qr", request)
     clock.tick(3.0)
-    email = lookup(sim.get_node(PROJECT, ZONE, "n"), 0, "instance/service-accounts/default/email").body
+    email = lookup(sim.nodes.get_node(PROJECT, ZONE, "n"), 0, "instance/service-accounts/default/email").body
     assert re.fullmatch(r"[1-9][0-9]{11}-compute@developer\.gserviceaccount\.com", email)
     assert email == compute_default_account(PROJECT) != compute_default_account("other-project")
 
@@ -702,7 +702,7 @@ def test_metadata_service_requires_the_flavor_header_and_an_existing_worker(
 ) -> None:
     """No Metadata-Flavor: Google is 403; a worker or node that does not exist is 404."""
     sim, _ = active_node(clock)
-    service = MetadataService(sim.get_node)
+    service = MetadataService(sim.nodes.get_node)
     base = metadata_url("", PROJECT, ZONE, "n", 1)
     path = base + "/instance/attributes/agent-worker-number"
     assert service.answer(path, {}, {}).status == 403
@@ -716,7 +716,7 @@ def test_metadata_service_requires_the_flavor_header_and_an_existing_worker(
 def test_metadata_wait_for_change_returns_at_once_when_the_etag_is_stale(clock: SecondsClock) -> None:
     """wait_for_change with a last_etag other than the current value's answers without waiting."""
     sim, _ = active_node(clock)
-    service = MetadataService(sim.get_node)
+    service = MetadataService(sim.nodes.get_node)
     path = metadata_url("", PROJECT, ZONE, "n", 0) + "/instance/preempted"
     flavor = {"Metadata-Flavor": "Google"}
     query = {"wait_for_change": ["true"], "last_etag": ["stale"], "timeout_sec": ["30"]}
@@ -801,10 +801,10 @@ def test_a_429_is_a_rate_limit_unless_it_is_a_quota_as_error_reason_proto_descri
 def test_planned_errors_hit_only_their_method_in_order_and_then_stop(clock: SecondsClock) -> None:
     """Two planned create errors answer the next two creates; get, list and operations are untouched."""
     sim = simulator(clock)
-    sim.inject_errors("create", Fault.parse("UNAVAILABLE"), count=2)
-    sim.inject_errors("create", Fault.parse(429, quota=True))
-    assert [sim.next_fault(m) for m in ("get", "list", "delete", None)] == [None] * 4
-    seen = [sim.next_fault("create") for _ in range(4)]
+    sim.fault_plan.inject_errors("create", Fault.parse("UNAVAILABLE"), count=2)
+    sim.fault_plan.inject_errors("create", Fault.parse(429, quota=True))
+    assert [sim.fault_plan.next_fault(m) for m in ("get", "list", "delete", None)] == [None] * 4
+    seen = [sim.fault_plan.next_fault("create") for _ in range(4)]
     assert [(f.code, f.quota) if f else None for f in seen] == [
         (Code.UNAVAILABLE, False),
         (Code.UNAVAILABLE, False),
@@ -816,18 +816,18 @@ def test_planned_errors_hit_only_their_method_in_order_and_then_stop(clock: Seco
 def test_planned_faults_can_be_listed_and_cleared(clock: SecondsClock) -> None:
     """faults() shows what is planned; clear_faults() forgets errors and the no-boot budget."""
     sim = simulator(clock)
-    sim.inject_errors("delete", Fault.parse(504, applied=True))
-    sim.no_boot(2)
-    planned = sim.faults()
+    sim.fault_plan.inject_errors("delete", Fault.parse(504, applied=True))
+    sim.fault_plan.no_boot(2)
+    planned = sim.fault_plan.faults()
     assert planned["noBoot"] == 2
     assert planned["errors"]["delete"] == [
         {"code": 504, "status": "DEADLINE_EXCEEDED", "quota": False, "applied": True, "message": ""}
     ]
-    assert sim.clear_faults() == {
+    assert sim.fault_plan.clear_faults() == {
         "errors": {m: [] for m in ("create", "get", "list", "delete", "update")},
         "noBoot": 0,
     }
-    assert sim.next_fault("delete") is None
+    assert sim.fault_plan.next_fault("delete") is None
 
 
 @pytest.mark.parametrize(("method", "count"), [("patch", 1), ("get", 0)])
@@ -836,7 +836,7 @@ def test_planning_an_error_for_no_method_or_no_call_is_invalid_argument(
 ) -> None:
     sim = simulator(clock)
     with pytest.raises(SimulatorError) as refused:
-        sim.inject_errors(method, Fault.parse(503), count)
+        sim.fault_plan.inject_errors(method, Fault.parse(503), count)
     assert refused.value.code is Code.INVALID_ARGUMENT
 
 
@@ -845,7 +845,7 @@ def test_random_errors_may_be_any_status_or_code(clock: SecondsClock) -> None:
     config = SimulatorConfig().updated({"api_error_rate": 1, "api_error_codes": ["DATA_LOSS", "504"]})
     assert config.api_error_codes == ("DATA_LOSS", 504)
     sim = simulator(clock, config)
-    codes = {sim.next_fault("get").code for _ in range(30)}  # type: ignore[union-attr]
+    codes = {sim.fault_plan.next_fault("get").code for _ in range(30)}  # type: ignore[union-attr]
     assert codes == {Code.DATA_LOSS, Code.DEADLINE_EXCEEDED}
     with pytest.raises(ValueError):
         SimulatorConfig().updated({"api_error_codes": [302]})
@@ -859,12 +859,12 @@ def test_the_next_queued_resources_after_no_boot_get_hosts_that_never_boot(
 ) -> None:
     """no_boot(2): the next two QRs created have hosts_boot False, the third boots as usual; all go ACTIVE."""
     sim = simulator(clock)
-    sim.create_queued_resource(PROJECT, ZONE, "before", one_slice("a"))
-    sim.no_boot(2)
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "before", one_slice("a"))
+    sim.fault_plan.no_boot(2)
     for qr_id in ("one", "two", "three"):
-        sim.create_queued_resource(PROJECT, ZONE, qr_id, one_slice(f"n-{qr_id}"))
+        sim.queued_resources.create_queued_resource(PROJECT, ZONE, qr_id, one_slice(f"n-{qr_id}"))
     clock.tick(3.0)
-    records = {qr.qr_id: qr for qr in sim.list_queued_resources(PROJECT, ZONE).items}
+    records = {qr.qr_id: qr for qr in sim.queued_resources.list_queued_resources(PROJECT, ZONE).items}
     assert {qr_id: qr.hosts_boot for qr_id, qr in records.items()} == {
         "before": True,
         "one": False,
@@ -872,18 +872,18 @@ def test_the_next_queued_resources_after_no_boot_get_hosts_that_never_boot(
         "three": True,
     }
     assert {qr.state for qr in records.values()} == {QrState.ACTIVE}
-    assert sim.faults()["noBoot"] == 0
+    assert sim.fault_plan.faults()["noBoot"] == 0
 
 
 def test_no_boot_of_one_queued_resource_works_until_it_is_active(clock: SecondsClock) -> None:
     """A waiting QR can be made never to boot; an ACTIVE one already booted: FAILED_PRECONDITION."""
     sim = simulator(clock)
-    sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice())
-    assert not sim.no_boot_queued_resource("qr").hosts_boot
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "qr", one_slice())
+    assert not sim.fault_plan.no_boot_queued_resource("qr").hosts_boot
     clock.tick(3.0)
-    assert not sim.get_queued_resource(PROJECT, ZONE, "qr").hosts_boot
+    assert not sim.queued_resources.get_queued_resource(PROJECT, ZONE, "qr").hosts_boot
     with pytest.raises(SimulatorError) as refused:
-        sim.no_boot_queued_resource("qr")
+        sim.fault_plan.no_boot_queued_resource("qr")
     assert refused.value.code is Code.FAILED_PRECONDITION
 
 
@@ -897,16 +897,16 @@ def test_reboot_resets_the_hosts_shows_restarting_then_boots_them_again(clock: S
     """reboot(worker=1): RESET of that host now, node RESTARTING; reboot_seconds later READY and BOOT."""
     sim = simulator(clock, dataclasses.replace(QUICK, reboot_seconds=2.0))
     events = host_events(sim)
-    sim.create_queued_resource(PROJECT, ZONE, "qr", multislice("s", 2, "v4-16"))
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "qr", multislice("s", 2, "v4-16"))
     clock.tick(3.0)
-    (node,) = sim.reboot("qr", 1, 1)
+    (node,) = sim.nodes.reboot("qr", 1, 1)
     assert (node.node_id, node.state, node.health) == ("s-1", NodeState.RESTARTING, "")
-    assert sim.get_node(PROJECT, ZONE, "s-0").state is NodeState.READY
+    assert sim.nodes.get_node(PROJECT, ZONE, "s-0").state is NodeState.READY
     assert events == [("qr", 1, (1,), "reset")]
     clock.tick(1.9)
-    assert sim.get_node(PROJECT, ZONE, "s-1").state is NodeState.RESTARTING
+    assert sim.nodes.get_node(PROJECT, ZONE, "s-1").state is NodeState.RESTARTING
     clock.tick(0.1)
-    rebooted = sim.get_node(PROJECT, ZONE, "s-1")
+    rebooted = sim.nodes.get_node(PROJECT, ZONE, "s-1")
     assert (rebooted.state, rebooted.health) == (NodeState.READY, "HEALTHY")
     assert events[1:] == [("qr", 1, (1,), "boot")]
     assert state_of(sim, "qr") is QrState.ACTIVE
@@ -916,12 +916,12 @@ def test_reboot_of_every_host_and_of_hosts_that_do_not_exist(clock: SecondsClock
     """No slice and no worker: every host of every node; a worker beyond the node is INVALID_ARGUMENT."""
     sim = simulator(clock)
     events = host_events(sim)
-    sim.create_queued_resource(PROJECT, ZONE, "qr", multislice("s", 2, "v4-16"))
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "qr", multislice("s", 2, "v4-16"))
     clock.tick(3.0)
-    assert {n.state for n in sim.reboot("qr")} == {NodeState.RESTARTING}
+    assert {n.state for n in sim.nodes.reboot("qr")} == {NodeState.RESTARTING}
     assert events == [("qr", 0, (0, 1), "reset"), ("qr", 1, (0, 1), "reset")]
     with pytest.raises(SimulatorError) as refused:
-        sim.reboot("qr", 0, 2)
+        sim.nodes.reboot("qr", 0, 2)
     assert refused.value.code is Code.INVALID_ARGUMENT
 
 
@@ -931,12 +931,12 @@ def test_a_reboot_pending_when_the_queued_resource_is_preempted_never_boots(
     """Preemption settles the node (PREEMPTED, no timer): nothing boots later."""
     sim = simulator(clock, dataclasses.replace(QUICK, reboot_seconds=2.0))
     events = host_events(sim)
-    sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice("n"))
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "qr", one_slice("n"))
     clock.tick(3.0)
-    sim.reboot("qr")
-    sim.preempt("qr")
+    sim.nodes.reboot("qr")
+    sim.queued_resources.preempt("qr")
     clock.tick(10.0)
-    node = sim.get_node(PROJECT, ZONE, "n")
+    node = sim.nodes.get_node(PROJECT, ZONE, "n")
     assert (node.state, node.next_at) == (NodeState.PREEMPTED, None)
     assert [action for *_, action in events] == ["reset"]
 
@@ -949,22 +949,22 @@ def test_maintenance_is_announced_then_takes_the_hosts_down_then_brings_them_bac
     config = dataclasses.replace(QUICK, maintenance_notice_seconds=5.0, maintenance_seconds=7.0)
     sim = simulator(clock, config)
     events = host_events(sim)
-    sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice("n", "v4-16"))
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "qr", one_slice("n", "v4-16"))
     clock.tick(3.0)
-    sim.maintenance("qr")
-    node = sim.get_node(PROJECT, ZONE, "n")
+    sim.nodes.maintenance("qr")
+    node = sim.nodes.get_node(PROJECT, ZONE, "n")
     assert (node.state, node.health) == (NodeState.READY, "HEALTHY")
     assert lookup(node, 1, "instance/maintenance-event").body == "TERMINATE_ON_HOST_MAINTENANCE"
     clock.tick(5.0)
-    down = sim.get_node(PROJECT, ZONE, "n")
+    down = sim.nodes.get_node(PROJECT, ZONE, "n")
     assert (down.state, down.health) == (NodeState.REPAIRING, "UNHEALTHY_MAINTENANCE")
     assert "maintenance" in down.health_description
     assert events == [("qr", 0, (0, 1), "shutdown")]
     with pytest.raises(SimulatorError) as busy:
-        sim.reboot("qr")
+        sim.nodes.reboot("qr")
     assert busy.value.code is Code.FAILED_PRECONDITION
     clock.tick(7.0)
-    back = sim.get_node(PROJECT, ZONE, "n")
+    back = sim.nodes.get_node(PROJECT, ZONE, "n")
     assert (back.state, back.health, back.health_description) == (NodeState.READY, "HEALTHY", "")
     assert lookup(back, 0, "instance/maintenance-event").body == "NONE"
     assert events[1:] == [("qr", 0, (0, 1), "boot")]
@@ -976,14 +976,14 @@ def test_maintenance_notice_can_be_given_per_call_and_needs_an_active_queued_res
     """notice_seconds=0 takes the hosts down at the next step; a PROVISIONING QR is refused."""
     sim = simulator(clock)
     events = host_events(sim)
-    sim.create_queued_resource(PROJECT, ZONE, "qr", one_slice("n"))
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "qr", one_slice("n"))
     clock.tick(1.0)
     with pytest.raises(SimulatorError) as early:
-        sim.maintenance("qr")
+        sim.nodes.maintenance("qr")
     assert early.value.code is Code.FAILED_PRECONDITION
     clock.tick(2.0)
-    sim.maintenance("qr", notice_seconds=0)
-    assert sim.get_node(PROJECT, ZONE, "n").state is NodeState.REPAIRING
+    sim.nodes.maintenance("qr", notice_seconds=0)
+    assert sim.nodes.get_node(PROJECT, ZONE, "n").state is NodeState.REPAIRING
     assert [action for *_, action in events] == ["shutdown"]
 
 
@@ -993,21 +993,21 @@ def test_node_health_and_state_show_what_they_are_told_and_nothing_else_changes(
     """set_node_health(TIMEOUT) and set_node_state(UNKNOWN) on one slice; the QR stays ACTIVE, no hooks."""
     sim = simulator(clock)
     events = host_events(sim)
-    sim.create_queued_resource(PROJECT, ZONE, "qr", multislice("s", 2))
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "qr", multislice("s", 2))
     clock.tick(3.0)
-    (sick,) = sim.set_node_health("qr", "timeout", "no heartbeat from the runtime", 1)
+    (sick,) = sim.nodes.set_node_health("qr", "timeout", "no heartbeat from the runtime", 1)
     assert (sick.node_id, sick.health, sick.health_description) == (
         "s-1",
         "TIMEOUT",
         "no heartbeat from the runtime",
     )
-    assert [n.state for n in sim.set_node_state("qr", "UNKNOWN")] == [NodeState.UNKNOWN] * 2
-    assert sim.get_node(PROJECT, ZONE, "s-0").health == "HEALTHY"
+    assert [n.state for n in sim.nodes.set_node_state("qr", "UNKNOWN")] == [NodeState.UNKNOWN] * 2
+    assert sim.nodes.get_node(PROJECT, ZONE, "s-0").health == "HEALTHY"
     assert state_of(sim, "qr") is QrState.ACTIVE
     assert events == []
     for call in (
-        lambda: sim.set_node_health("qr", "SICK"),
-        lambda: sim.set_node_state("qr", "BROKEN"),
+        lambda: sim.nodes.set_node_health("qr", "SICK"),
+        lambda: sim.nodes.set_node_state("qr", "BROKEN"),
     ):
         with pytest.raises(SimulatorError) as refused:
             call()
@@ -1018,34 +1018,34 @@ def test_lists_without_a_page_size_use_the_default_page_size(clock: SecondsClock
     """default_page_size 2: five QRs come two to a page unless the caller names a page size."""
     sim = simulator(clock, dataclasses.replace(QUICK, default_page_size=2))
     for i in range(5):
-        sim.create_queued_resource(PROJECT, ZONE, f"qr-{i}", one_slice(f"n-{i}"))
-    first = sim.list_queued_resources(PROJECT, ZONE)
+        sim.queued_resources.create_queued_resource(PROJECT, ZONE, f"qr-{i}", one_slice(f"n-{i}"))
+    first = sim.queued_resources.list_queued_resources(PROJECT, ZONE)
     assert len(first.items) == 2 and first.next_page_token
-    assert len(sim.list_queued_resources(PROJECT, ZONE, page_size=10).items) == 5
+    assert len(sim.queued_resources.list_queued_resources(PROJECT, ZONE, page_size=10).items) == 5
 
 
 def test_a_reboot_under_way_survives_a_reload_of_the_state_file(clock: SecondsClock, tmp_path: Path) -> None:
     """A node RESTARTING when the simulator stops is READY on time after a reload elsewhere in time."""
     path = tmp_path / "state.json"
     first = simulator(clock, dataclasses.replace(QUICK, reboot_seconds=2.0), store=JsonStateFile(path))
-    first.create_queued_resource(PROJECT, ZONE, "qr", one_slice("n"))
+    first.queued_resources.create_queued_resource(PROJECT, ZONE, "qr", one_slice("n"))
     clock.tick(3.0)
-    first.reboot("qr")
+    first.nodes.reboot("qr")
     later = SecondsClock(90_000.0)
     second = simulator(later, dataclasses.replace(QUICK, reboot_seconds=2.0), store=JsonStateFile(path))
-    assert second.get_node(PROJECT, ZONE, "n").state is NodeState.RESTARTING
+    assert second.nodes.get_node(PROJECT, ZONE, "n").state is NodeState.RESTARTING
     later.tick(2.0)
-    assert second.get_node(PROJECT, ZONE, "n").state is NodeState.READY
+    assert second.nodes.get_node(PROJECT, ZONE, "n").state is NodeState.READY
 
 
 def test_multislice_nodes_carry_megascale_keys_in_tpu_env(clock: SecondsClock) -> None:
     """Each slice of 3: MEGASCALE_SLICE_ID its index, NUM_SLICES 3, the coordinator worker 0 of slice 0."""
     sim = simulator(clock)
-    sim.create_queued_resource(PROJECT, ZONE, "qr", multislice("s", 3, "v4-16"))
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "qr", multislice("s", 3, "v4-16"))
     clock.tick(3.0)
-    coordinator = sim.get_node(PROJECT, ZONE, "s-0").host_addresses[0]
+    coordinator = sim.nodes.get_node(PROJECT, ZONE, "s-0").host_addresses[0]
     for index in range(3):
-        env = tpu_env(sim.get_node(PROJECT, ZONE, f"s-{index}"), 1)
+        env = tpu_env(sim.nodes.get_node(PROJECT, ZONE, f"s-{index}"), 1)
         assert f"MEGASCALE_COORDINATOR_ADDRESS: '{coordinator}:8080'\n" in env
         assert "MEGASCALE_NUM_SLICES: '3'\n" in env
         assert "MEGASCALE_PORT: '8080'\n" in env
@@ -1077,9 +1077,9 @@ def test_vm_options_that_fit_the_zone_are_kept_on_every_node(clock: SecondsClock
         "acceleratorConfig": {"type": "V4", "topology": "2x2x1"},
     }
     sim = simulator(clock)
-    sim.create_queued_resource(PROJECT, ZONE, "qr", with_template(template))
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "qr", with_template(template))
     clock.tick(3.0)
-    (node,) = sim.nodes_of(sim.get_queued_resource(PROJECT, ZONE, "qr"))
+    (node,) = sim.nodes.nodes_of(sim.queued_resources.get_queued_resource(PROJECT, ZONE, "qr"))
     assert node.template == template
 
 
@@ -1119,8 +1119,8 @@ def test_vm_options_the_api_refuses_are_invalid_argument_naming_the_field(
     """Each refusal is INVALID_ARGUMENT with a BadRequest detail, and nothing is queued."""
     sim = simulator(clock)
     with pytest.raises(SimulatorError) as refused:
-        sim.create_queued_resource(PROJECT, ZONE, "qr", with_template(template, accelerator_type))
+        sim.queued_resources.create_queued_resource(PROJECT, ZONE, "qr", with_template(template, accelerator_type))
     assert refused.value.code is Code.INVALID_ARGUMENT and words in refused.value.message
     (violation,) = refused.value.details[0]["fieldViolations"]
     assert violation["field"].startswith("queued_resource.tpu.node_spec[0].node.")
-    assert sim.list_queued_resources(PROJECT, ZONE).items == ()
+    assert sim.queued_resources.list_queued_resources(PROJECT, ZONE).items == ()

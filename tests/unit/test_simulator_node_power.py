@@ -42,9 +42,9 @@ def active(clock: SecondsClock, accelerator_type: str = "v5litepod-1", *, spot: 
     request = QueuedResourceRequest(
         slices=(SliceRequest(accelerator_type=accelerator_type, runtime_version="rt", node_id="node"),), spot=spot
     )
-    sim.create_queued_resource(PROJECT, ZONE, "qr", request)
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "qr", request)
     clock.tick(3.0)
-    assert sim.get_node(PROJECT, ZONE, "node").state is NodeState.READY
+    assert sim.nodes.get_node(PROJECT, ZONE, "node").state is NodeState.READY
     return sim
 
 
@@ -66,21 +66,21 @@ def test_stop_shuts_the_host_down_and_start_boots_it_after_reboot_seconds() -> N
     clock = SecondsClock()
     sim = active(clock)
     events = host_events(sim)
-    stopped = sim.stop_node(PROJECT, ZONE, "node")
+    stopped = sim.node_power.stop_node(PROJECT, ZONE, "node")
     assert stopped.done and stopped.verb == "stop" and stopped.node is not None
-    assert sim.get_node(PROJECT, ZONE, "node").state is NodeState.STOPPED
+    assert sim.nodes.get_node(PROJECT, ZONE, "node").state is NodeState.STOPPED
     assert events == [(0, (0,), "shutdown")]
     clock.tick(60.0)  # a stopped node stays stopped
-    assert sim.get_node(PROJECT, ZONE, "node").state is NodeState.STOPPED
-    sim.start_node(PROJECT, ZONE, "node")
-    assert sim.get_node(PROJECT, ZONE, "node").state is NodeState.STARTING
+    assert sim.nodes.get_node(PROJECT, ZONE, "node").state is NodeState.STOPPED
+    sim.node_power.start_node(PROJECT, ZONE, "node")
+    assert sim.nodes.get_node(PROJECT, ZONE, "node").state is NodeState.STARTING
     clock.tick(1.9)
     assert events == [(0, (0,), "shutdown")]
     clock.tick(0.1)
-    node = sim.get_node(PROJECT, ZONE, "node")
+    node = sim.nodes.get_node(PROJECT, ZONE, "node")
     assert (node.state, node.health) == (NodeState.READY, "HEALTHY")
     assert events[1:] == [(0, (0,), "boot")]
-    assert sim.get_queued_resource(PROJECT, ZONE, "qr").state is QrState.ACTIVE
+    assert sim.queued_resources.get_queued_resource(PROJECT, ZONE, "qr").state is QrState.ACTIVE
 
 
 def test_stop_is_refused_for_multi_host_and_spot_nodes() -> None:
@@ -88,19 +88,19 @@ def test_stop_is_refused_for_multi_host_and_spot_nodes() -> None:
     for accelerator_type, spot, reason in (("v4-16", False, "multi-host"), ("v5litepod-1", True, "Spot")):
         sim = active(SecondsClock(), accelerator_type, spot=spot)
         events = host_events(sim)
-        error = refusal(lambda sim=sim: sim.stop_node(PROJECT, ZONE, "node"))
+        error = refusal(lambda sim=sim: sim.node_power.stop_node(PROJECT, ZONE, "node"))
         assert error.code is Code.FAILED_PRECONDITION and reason in str(error)
-        assert sim.get_node(PROJECT, ZONE, "node").state is NodeState.READY
+        assert sim.nodes.get_node(PROJECT, ZONE, "node").state is NodeState.READY
         assert events == []
 
 
 def test_stop_and_start_need_the_right_state_and_an_existing_node() -> None:
     """Start of a READY node, stop of a STOPPED one: FAILED_PRECONDITION; an unknown node: NOT_FOUND."""
     sim = active(SecondsClock())
-    assert refusal(lambda: sim.start_node(PROJECT, ZONE, "node")).code is Code.FAILED_PRECONDITION
-    sim.stop_node(PROJECT, ZONE, "node")
-    assert refusal(lambda: sim.stop_node(PROJECT, ZONE, "node")).code is Code.FAILED_PRECONDITION
-    assert refusal(lambda: sim.stop_node(PROJECT, ZONE, "other")).code is Code.NOT_FOUND
+    assert refusal(lambda: sim.node_power.start_node(PROJECT, ZONE, "node")).code is Code.FAILED_PRECONDITION
+    sim.node_power.stop_node(PROJECT, ZONE, "node")
+    assert refusal(lambda: sim.node_power.stop_node(PROJECT, ZONE, "node")).code is Code.FAILED_PRECONDITION
+    assert refusal(lambda: sim.node_power.stop_node(PROJECT, ZONE, "other")).code is Code.NOT_FOUND
 
 
 def test_a_start_pending_when_the_queued_resource_is_deleted_never_boots() -> None:
@@ -108,9 +108,9 @@ def test_a_start_pending_when_the_queued_resource_is_deleted_never_boots() -> No
     clock = SecondsClock()
     sim = active(clock)
     events = host_events(sim)
-    sim.stop_node(PROJECT, ZONE, "node")
-    sim.start_node(PROJECT, ZONE, "node")
-    sim.delete_queued_resource(PROJECT, ZONE, "qr", force=True)
+    sim.node_power.stop_node(PROJECT, ZONE, "node")
+    sim.node_power.start_node(PROJECT, ZONE, "node")
+    sim.queued_resources.delete_queued_resource(PROJECT, ZONE, "qr", force=True)
     clock.tick(10.0)
     assert events == [(0, (0,), "shutdown")]
 
@@ -121,15 +121,18 @@ def test_simulated_maintenance_event_runs_the_maintenance_of_dev_fault() -> None
     clock = SecondsClock()
     sim = active(clock)
     events = host_events(sim)
-    operation = sim.simulate_maintenance_event(PROJECT, ZONE, "node", [0])
+    operation = sim.node_power.simulate_maintenance_event(PROJECT, ZONE, "node", [0])
     assert operation.done and operation.verb == "simulateMaintenanceEvent"
-    assert sim.get_node(PROJECT, ZONE, "node").maintenance_event == MAINTENANCE_TERMINATE
-    assert refusal(lambda: sim.simulate_maintenance_event(PROJECT, ZONE, "node")).code is Code.FAILED_PRECONDITION
+    assert sim.nodes.get_node(PROJECT, ZONE, "node").maintenance_event == MAINTENANCE_TERMINATE
+    assert (
+        refusal(lambda: sim.node_power.simulate_maintenance_event(PROJECT, ZONE, "node")).code
+        is Code.FAILED_PRECONDITION
+    )
     clock.tick(5.0)
-    assert sim.get_node(PROJECT, ZONE, "node").state is NodeState.REPAIRING
+    assert sim.nodes.get_node(PROJECT, ZONE, "node").state is NodeState.REPAIRING
     assert events == [(0, (0,), "shutdown")]
     clock.tick(10.0)
-    node = sim.get_node(PROJECT, ZONE, "node")
+    node = sim.nodes.get_node(PROJECT, ZONE, "node")
     assert (node.state, node.maintenance_event) == (NodeState.READY, MAINTENANCE_NONE)
     assert events[1:] == [(0, (0,), "boot")]
 
@@ -138,12 +141,18 @@ def test_simulated_maintenance_refuses_workers_the_node_has_not_and_stopped_node
     """Worker 1 of a one-host node: INVALID_ARGUMENT; a STOPPED node cannot be maintained, by
     gcloud or by dev fault, nor rebooted (no host of it is up): FAILED_PRECONDITION."""
     sim = active(SecondsClock())
-    assert refusal(lambda: sim.simulate_maintenance_event(PROJECT, ZONE, "node", [1])).code is Code.INVALID_ARGUMENT
-    sim.stop_node(PROJECT, ZONE, "node")
-    assert refusal(lambda: sim.simulate_maintenance_event(PROJECT, ZONE, "node")).code is Code.FAILED_PRECONDITION
-    assert refusal(lambda: sim.maintenance("qr")).code is Code.FAILED_PRECONDITION
-    assert refusal(lambda: sim.reboot("qr")).code is Code.FAILED_PRECONDITION
-    assert sim.get_node(PROJECT, ZONE, "node").state is NodeState.STOPPED
+    assert (
+        refusal(lambda: sim.node_power.simulate_maintenance_event(PROJECT, ZONE, "node", [1])).code
+        is Code.INVALID_ARGUMENT
+    )
+    sim.node_power.stop_node(PROJECT, ZONE, "node")
+    assert (
+        refusal(lambda: sim.node_power.simulate_maintenance_event(PROJECT, ZONE, "node")).code
+        is Code.FAILED_PRECONDITION
+    )
+    assert refusal(lambda: sim.nodes.maintenance("qr")).code is Code.FAILED_PRECONDITION
+    assert refusal(lambda: sim.nodes.reboot("qr")).code is Code.FAILED_PRECONDITION
+    assert sim.nodes.get_node(PROJECT, ZONE, "node").state is NodeState.STOPPED
 
 
 def api_get(api: SimulatorApi, path: str, query: dict[str, list[str]] | None = None) -> tuple[int, dict[str, Any]]:

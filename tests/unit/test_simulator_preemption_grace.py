@@ -35,14 +35,14 @@ def preempted(clock: SecondsClock) -> Simulator:
     request = QueuedResourceRequest(
         slices=(SliceRequest(accelerator_type="v4-8", runtime_version="tpu-ubuntu2204-base", node_id="n"),)
     )
-    sim.create_queued_resource(PROJECT, ZONE, "qr", request)
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "qr", request)
     clock.tick(3.0)
-    sim.preempt("qr", zone=ZONE)
+    sim.queued_resources.preempt("qr", zone=ZONE)
     return sim
 
 
 def state(sim: Simulator) -> QrState:
-    return sim.get_queued_resource(PROJECT, ZONE, "qr").state
+    return sim.queued_resources.get_queued_resource(PROJECT, ZONE, "qr").state
 
 
 def test_a_preempted_queued_resource_is_suspending_until_its_hosts_grace_is_over() -> None:
@@ -62,7 +62,7 @@ def test_a_suspended_queued_resource_may_be_deleted_without_force() -> None:
     sim = preempted(clock)
     clock.tick(31.0)
 
-    sim.delete_queued_resource(PROJECT, ZONE, "qr")
+    sim.queued_resources.delete_queued_resource(PROJECT, ZONE, "qr")
 
     assert state(sim) is QrState.DELETING
 
@@ -73,5 +73,5 @@ def test_a_suspending_queued_resource_still_needs_force() -> None:
     sim = preempted(clock)
 
     with pytest.raises(SimulatorError, match="set force to true"):
-        sim.delete_queued_resource(PROJECT, ZONE, "qr")
+        sim.queued_resources.delete_queued_resource(PROJECT, ZONE, "qr")
     assert state(sim) is QrState.SUSPENDING

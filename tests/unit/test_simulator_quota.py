@@ -51,16 +51,16 @@ def request(node_id: str, accelerator_type: str = "v4-8", **tier: Any) -> Queued
 
 
 def state(sim: Simulator, qr_id: str, zone: str = ZONE_B) -> QrState:
-    return sim.get_queued_resource(PROJECT, zone, qr_id).state
+    return sim.queued_resources.get_queued_resource(PROJECT, zone, qr_id).state
 
 
 def test_spot_and_on_demand_quotas_do_not_hold_each_other_back(clock: SecondsClock) -> None:
     """A full on-demand quota leaves a spot QR to run on the spot quota, and the other way round."""
     sim = simulator(clock, {ZONE_B: {"v4": {"on-demand": 4, "spot": 4}}})
-    sim.create_queued_resource(PROJECT, ZONE_B, "od-1", request("a"))
-    sim.create_queued_resource(PROJECT, ZONE_B, "od-2", request("b"))
-    sim.create_queued_resource(PROJECT, ZONE_B, "spot-1", request("c", spot=True))
-    sim.create_queued_resource(PROJECT, ZONE_B, "spot-2", request("d", spot=True))
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE_B, "od-1", request("a"))
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE_B, "od-2", request("b"))
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE_B, "spot-1", request("c", spot=True))
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE_B, "spot-2", request("d", spot=True))
     clock.tick(SETTLED)
     assert [state(sim, q) for q in ("od-1", "od-2", "spot-1", "spot-2")] == [
         QrState.ACTIVE,
@@ -73,15 +73,15 @@ def test_spot_and_on_demand_quotas_do_not_hold_each_other_back(clock: SecondsClo
 def test_a_regional_quota_holds_back_a_second_zone_of_its_region_only(clock: SecondsClock) -> None:
     """4 chips for us-central2: a QR in -b takes them, one in -a waits, one in us-east5 runs."""
     sim = simulator(clock, {REGION: {"v4": 4}})
-    sim.create_queued_resource(PROJECT, ZONE_B, "first", request("a"))
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE_B, "first", request("a"))
     clock.tick(0.1)
-    sim.create_queued_resource(PROJECT, ZONE_A, "second-zone", request("b"))
-    sim.create_queued_resource(PROJECT, "us-east5-a", "other-region", request("c"))
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE_A, "second-zone", request("b"))
+    sim.queued_resources.create_queued_resource(PROJECT, "us-east5-a", "other-region", request("c"))
     clock.tick(SETTLED)
     assert state(sim, "first") is QrState.ACTIVE
     assert state(sim, "second-zone", ZONE_A) is QrState.WAITING_FOR_RESOURCES
     assert state(sim, "other-region", "us-east5-a") is QrState.ACTIVE
-    sim.delete_queued_resource(PROJECT, ZONE_B, "first", force=True)
+    sim.queued_resources.delete_queued_resource(PROJECT, ZONE_B, "first", force=True)
     clock.tick(SETTLED)
     assert state(sim, "second-zone", ZONE_A) is QrState.ACTIVE
 
@@ -90,19 +90,23 @@ def test_a_zones_quota_lets_later_zones_pass_and_a_regions_quota_stops_the_queue
     """As admission's queue: held back by its zone's quota, a QR lets a later one of another zone
     run; held back by the region's, it holds back every later one of the region."""
     sim = simulator(clock, {REGION: {"v4": 12}, ZONE_B: {"v4": 4}})
-    sim.create_queued_resource(PROJECT, ZONE_B, "b-1", request("a"))  # 4 chips
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE_B, "b-1", request("a"))  # 4 chips
     clock.tick(0.1)
-    sim.create_queued_resource(PROJECT, ZONE_B, "b-2", request("b"))  # zone -b full
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE_B, "b-2", request("b"))  # zone -b full
     clock.tick(0.1)
-    sim.create_queued_resource(PROJECT, ZONE_A, "a-big", request("c", "v4-32"))  # 16 chips: region full
+    sim.queued_resources.create_queued_resource(
+        PROJECT, ZONE_A, "a-big", request("c", "v4-32")
+    )  # 16 chips: region full
     clock.tick(0.1)
-    sim.create_queued_resource(PROJECT, ZONE_A, "a-small", request("d"))  # would fit, but queues behind
+    sim.queued_resources.create_queued_resource(
+        PROJECT, ZONE_A, "a-small", request("d")
+    )  # would fit, but queues behind
     clock.tick(SETTLED)
     assert state(sim, "b-1") is QrState.ACTIVE
     assert state(sim, "b-2") is QrState.WAITING_FOR_RESOURCES
     assert state(sim, "a-big", ZONE_A) is QrState.WAITING_FOR_RESOURCES
     assert state(sim, "a-small", ZONE_A) is QrState.WAITING_FOR_RESOURCES
-    sim.delete_queued_resource(PROJECT, ZONE_A, "a-big")
+    sim.queued_resources.delete_queued_resource(PROJECT, ZONE_A, "a-big")
     clock.tick(SETTLED)
     assert state(sim, "a-small", ZONE_A) is QrState.ACTIVE  # the zone's quota of -b is no limit in -a
     assert state(sim, "b-2") is QrState.WAITING_FOR_RESOURCES
@@ -114,9 +118,11 @@ def test_a_named_reservation_is_counted_against_its_size_not_the_quota(clock: Se
     sim = simulator(clock, {ZONE_B: {"v4": 0}, "reservations": {"team": 8}})
     path = f"projects/{PROJECT}/locations/{ZONE_B}/reservations/team"
     for name in ("r-1", "r-2", "r-3"):
-        sim.create_queued_resource(PROJECT, ZONE_B, name, request(name, guaranteed={}, reservation_name=path))
+        sim.queued_resources.create_queued_resource(
+            PROJECT, ZONE_B, name, request(name, guaranteed={}, reservation_name=path)
+        )
         clock.tick(0.1)
-    sim.create_queued_resource(PROJECT, ZONE_B, "on-demand", request("od"))
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE_B, "on-demand", request("od"))
     clock.tick(SETTLED)
     assert [state(sim, q) for q in ("r-1", "r-2", "r-3", "on-demand")] == [
         QrState.ACTIVE,
@@ -133,7 +139,7 @@ def test_the_nodes_scheduling_config_picks_the_tier_as_the_queued_resources_does
     for name, flag in (("spot-1", "spot"), ("spot-2", "spot"), ("res-1", "reserved"), ("res-2", "reserved")):
         template = {"schedulingConfig": {flag: True}}
         node = SliceRequest(accelerator_type="v4-8", runtime_version=RUNTIME, node_id=name, template=template)
-        sim.create_queued_resource(PROJECT, ZONE_B, name, QueuedResourceRequest(slices=(node,)))
+        sim.queued_resources.create_queued_resource(PROJECT, ZONE_B, name, QueuedResourceRequest(slices=(node,)))
         clock.tick(0.1)
     clock.tick(SETTLED)
     assert [state(sim, q) for q in ("spot-1", "spot-2", "res-1", "res-2")] == [
@@ -168,14 +174,14 @@ def test_the_simulators_verdict_is_admissions_for_random_quotas_and_requests() -
             pool = pool_key("v4", "spot" if spot else "on-demand", zone)
             expected = blocked_by(book.limits(pool), holders.get(pool, []), zone, chips)
             qr_id = f"qr-{n}"
-            sim.create_queued_resource(PROJECT, zone, qr_id, request(qr_id, accelerator, spot=spot))
+            sim.queued_resources.create_queued_resource(PROJECT, zone, qr_id, request(qr_id, accelerator, spot=spot))
             clock.tick(SETTLED)
             ran = state(sim, qr_id, zone) is QrState.ACTIVE
             assert ran == (expected is None), (seed, n, document, pool.id, zone, chips, expected)
             if ran:
                 holders.setdefault(pool, []).append(Holder(qr_id, chips, 1, "normal", since, zone=zone))
             else:
-                sim.delete_queued_resource(PROJECT, zone, qr_id)
+                sim.queued_resources.delete_queued_resource(PROJECT, zone, qr_id)
                 clock.tick(SETTLED)
 
 

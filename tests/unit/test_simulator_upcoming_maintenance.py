@@ -51,9 +51,9 @@ def clock() -> SecondsClock:
 @pytest.fixture
 def sim(clock: SecondsClock) -> Simulator:
     simulator = Simulator(QUICK, clock=clock, wall_clock=lambda: WALL)
-    simulator.create_queued_resource(PROJECT, ZONE, "qr", two_slices())
+    simulator.queued_resources.create_queued_resource(PROJECT, ZONE, "qr", two_slices())
     clock.tick(3.0)
-    assert simulator.get_queued_resource(PROJECT, ZONE, "qr").state is QrState.ACTIVE
+    assert simulator.queued_resources.get_queued_resource(PROJECT, ZONE, "qr").state is QrState.ACTIVE
     return simulator
 
 
@@ -67,7 +67,7 @@ def test_a_window_is_announced_on_one_slice_then_taken_down_then_cleared(sim: Si
     """Slice 1, 100 s ahead, 600 s long: its node and both hosts say so, slice 0 says nothing and
     instance/maintenance-event stays NONE; at the window the hosts go down (ONGOING), after it READY and cleared."""
     events = host_events(sim)
-    (node,) = sim.schedule_maintenance_window("qr", 1, notice_seconds=100.0, window_seconds=600.0)
+    (node,) = sim.nodes.schedule_maintenance_window("qr", 1, notice_seconds=100.0, window_seconds=600.0)
     assert node.node_id == "s-1"
     assert node.upcoming_maintenance == {
         "type": "SCHEDULED",
@@ -81,21 +81,21 @@ def test_a_window_is_announced_on_one_slice_then_taken_down_then_cleared(sim: Si
         said = json.loads(lookup(node, worker, "instance/upcoming-maintenance").body)
         assert (said["window_start_time"], said["maintenance_status"]) == ("2023-11-14T22:15:00.000000Z", "PENDING")
         assert lookup(node, worker, "instance/maintenance-event").body == "NONE"
-    quiet = sim.get_node(PROJECT, ZONE, "s-0")
+    quiet = sim.nodes.get_node(PROJECT, ZONE, "s-0")
     assert quiet.upcoming_maintenance is None and lookup(quiet, 0, "instance/upcoming-maintenance").body == "NONE"
     with pytest.raises(SimulatorError) as busy:
-        sim.reboot("qr", 1)
+        sim.nodes.reboot("qr", 1)
     assert busy.value.code is Code.FAILED_PRECONDITION
 
     clock.tick(99.0)
-    assert sim.get_node(PROJECT, ZONE, "s-1").state is NodeState.READY and events == []
+    assert sim.nodes.get_node(PROJECT, ZONE, "s-1").state is NodeState.READY and events == []
     clock.tick(1.0)
-    down = sim.get_node(PROJECT, ZONE, "s-1")
+    down = sim.nodes.get_node(PROJECT, ZONE, "s-1")
     assert (down.state, down.health) == (NodeState.REPAIRING, "UNHEALTHY_MAINTENANCE")
     assert down.upcoming_maintenance is not None and down.upcoming_maintenance["maintenanceStatus"] == "ONGOING"
     assert events == [(1, (0, 1), "shutdown")]
     clock.tick(7.0)
-    back = sim.get_node(PROJECT, ZONE, "s-1")
+    back = sim.nodes.get_node(PROJECT, ZONE, "s-1")
     assert (back.state, back.upcoming_maintenance) == (NodeState.READY, None)
     assert lookup(back, 1, "instance/upcoming-maintenance").body == "NONE"
     assert events[1:] == [(1, (0, 1), "boot")]
@@ -105,23 +105,23 @@ def test_a_window_needs_a_running_slice_a_sane_length_and_no_other_step(sim: Sim
     """A negative notice or an empty window is INVALID_ARGUMENT; a node already announced, FAILED_PRECONDITION."""
     for notice, window in ((-1.0, 60.0), (60.0, 0.0)):
         with pytest.raises(SimulatorError) as wrong:
-            sim.schedule_maintenance_window("qr", None, notice, window)
+            sim.nodes.schedule_maintenance_window("qr", None, notice, window)
         assert wrong.value.code is Code.INVALID_ARGUMENT
-    sim.schedule_maintenance_window("qr", 0, 60.0, 60.0)
+    sim.nodes.schedule_maintenance_window("qr", 0, 60.0, 60.0)
     with pytest.raises(SimulatorError) as again:
-        sim.schedule_maintenance_window("qr", None, 60.0, 60.0)
+        sim.nodes.schedule_maintenance_window("qr", None, 60.0, 60.0)
     assert again.value.code is Code.FAILED_PRECONDITION
-    assert sim.get_node(PROJECT, ZONE, "s-1").upcoming_maintenance is None  # refused as a whole
+    assert sim.nodes.get_node(PROJECT, ZONE, "s-1").upcoming_maintenance is None  # refused as a whole
 
 
 def test_the_metadata_server_answers_the_window_as_json_too(sim: Simulator) -> None:
     """`?alt=json` (what the agent asks): `"NONE"` before, the window's object after."""
-    service = MetadataService(sim.host_node, changes=sim)
+    service = MetadataService(sim.node_updates.host_node, changes=sim)
     path = metadata_url("", PROJECT, ZONE, "s-0", 0) + "/instance/upcoming-maintenance"
     flavor = {"Metadata-Flavor": "Google"}
     before = service.answer(path, {"alt": ["json"]}, flavor)
     assert (before.body, before.content_type) == ('"NONE"', "application/json")
-    sim.schedule_maintenance_window("qr", 0, 60.0, 60.0)
+    sim.nodes.schedule_maintenance_window("qr", 0, 60.0, 60.0)
     after = json.loads(service.answer(path, {"alt": ["json"]}, flavor).body)
     assert after["type"] == "SCHEDULED" and after["window_end_time"] == "2023-11-14T22:15:20.000000Z"
 
@@ -130,8 +130,10 @@ def test_the_metadata_server_answers_the_window_as_json_too(sim: Simulator) -> N
 def server() -> Iterator[SimulatorServer]:
     config = SimulatorConfig(waiting_seconds=0.01, provisioning_seconds=0.05, tick_seconds=0.01)
     with SimulatorServer(config, run_workers=False) as running:
-        running.simulator.create_queued_resource(PROJECT, ZONE, "qr", two_slices())
-        wait_for(lambda: running.simulator.get_queued_resource(PROJECT, ZONE, "qr").state is QrState.ACTIVE)
+        running.simulator.queued_resources.create_queued_resource(PROJECT, ZONE, "qr", two_slices())
+        wait_for(
+            lambda: running.simulator.queued_resources.get_queued_resource(PROJECT, ZONE, "qr").state is QrState.ACTIVE
+        )
         yield running
 
 
@@ -165,23 +167,23 @@ def test_the_control_verb_shows_on_v2alpha1_nodes_and_the_hosts_metadata(server:
 def test_a_window_that_starts_takes_the_hosts_down_on_the_server_clock(server: SimulatorServer) -> None:
     """notice 0.2 s on slice 0: its hosts shut down, then boot again with the notice gone; slice 1 is left be."""
     sim = server.simulator
-    sim.reconfigure(dataclasses.replace(sim.config, maintenance_seconds=0.3))
+    sim.fault_plan.reconfigure(dataclasses.replace(sim.config, maintenance_seconds=0.3))
     events = host_events(sim)
     SimulatorControl(server.url).upcoming_maintenance(ZONE, "qr", notice=0.2, window=60, slice_index=0)
     wait_for(lambda: len(events) == 2, what="the hosts down and up again")
     assert events == [(0, (0, 1), "shutdown"), (0, (0, 1), "boot")]
-    assert sim.get_node(PROJECT, ZONE, "s-0").upcoming_maintenance is None
+    assert sim.nodes.get_node(PROJECT, ZONE, "s-0").upcoming_maintenance is None
 
 
 def test_an_announced_window_survives_a_restart_of_the_simulator(clock: SecondsClock, tmp_path: Path) -> None:
     """Saved with the node: after a restart the node still shows it, and its window still comes."""
     store = JsonStateFile(tmp_path / "state.json")
     first = Simulator(QUICK, clock=clock, wall_clock=lambda: WALL, store=store)
-    first.create_queued_resource(PROJECT, ZONE, "qr", two_slices())
+    first.queued_resources.create_queued_resource(PROJECT, ZONE, "qr", two_slices())
     clock.tick(3.0)
-    first.schedule_maintenance_window("qr", 0, 50.0, 60.0)
+    first.nodes.schedule_maintenance_window("qr", 0, 50.0, 60.0)
     again = Simulator(QUICK, clock=clock, wall_clock=lambda: WALL, store=store)
-    shown = again.get_node(PROJECT, ZONE, "s-0").upcoming_maintenance
+    shown = again.nodes.get_node(PROJECT, ZONE, "s-0").upcoming_maintenance
     assert shown is not None and shown["windowStartTime"] == "2023-11-14T22:14:10.000000Z"
     clock.tick(50.0)
-    assert again.get_node(PROJECT, ZONE, "s-0").state is NodeState.REPAIRING
+    assert again.nodes.get_node(PROJECT, ZONE, "s-0").state is NodeState.REPAIRING

@@ -64,7 +64,7 @@ def unit(sim: Simulator, clock: SecondsClock, qr_id: str = "demo-u0-g1", *, acti
         slices=(SliceRequest("v4-16", RUNTIME, node_id=qr_id, template=template),),
         spot=True,
     )
-    sim.create_queued_resource(PROJECT, ZONE, qr_id, request)
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, qr_id, request)
     clock.tick(3.0 if active else 1.5)
 
 
@@ -78,8 +78,10 @@ def test_update_with_a_metadata_mask_replaces_the_whole_map_and_leaves_the_rest(
     """metadata named in the mask is replaced, not merged; labels, description and tags stay."""
     sim = simulator(clock)
     unit(sim, clock)
-    operation = sim.update_node(PROJECT, ZONE, "demo-u0-g1", ["metadata"], {"metadata": {"tpujobs-assignment": "x"}})
-    node = sim.get_node(PROJECT, ZONE, "demo-u0-g1")
+    operation = sim.node_updates.update_node(
+        PROJECT, ZONE, "demo-u0-g1", ["metadata"], {"metadata": {"tpujobs-assignment": "x"}}
+    )
+    node = sim.nodes.get_node(PROJECT, ZONE, "demo-u0-g1")
     assert dict(node.metadata) == {"tpujobs-assignment": "x"}
     assert node.template["labels"] == {"tpujobs-pool": "demo", "tpujobs-unit": "0"}
     assert (node.template["description"], node.template["tags"]) == ("unit 0", ["tpu"])
@@ -89,7 +91,7 @@ def test_update_with_a_metadata_mask_replaces_the_whole_map_and_leaves_the_rest(
         f"projects/{PROJECT}/locations/{ZONE}/nodes/demo-u0-g1",
     )
     assert operation.node == node
-    assert sim.get_operation(PROJECT, ZONE, operation.operation_id).node == node
+    assert sim.queued_resources.get_operation(PROJECT, ZONE, operation.operation_id).node == node
 
 
 def test_each_supported_field_is_updated_and_a_named_field_left_out_is_cleared(clock: SecondsClock) -> None:
@@ -98,15 +100,15 @@ def test_each_supported_field_is_updated_and_a_named_field_left_out_is_cleared(c
     sim = simulator(clock)
     unit(sim, clock)
     body = {"labels": {"tpujobs-pool": "other"}, "tags": ["a", "b"], "networkConfig": {"enableExternalIps": True}}
-    sim.update_node(
+    sim.node_updates.update_node(
         PROJECT, ZONE, "demo-u0-g1", ["labels", "tags", "description", "networkConfig.enableExternalIps"], body
     )
-    template = sim.get_node(PROJECT, ZONE, "demo-u0-g1").template
+    template = sim.nodes.get_node(PROJECT, ZONE, "demo-u0-g1").template
     assert template["labels"] == {"tpujobs-pool": "other"}
     assert template["tags"] == ["a", "b"]
     assert "description" not in template
     assert template["networkConfig"] == {"enableExternalIps": True}
-    assert dict(sim.get_node(PROJECT, ZONE, "demo-u0-g1").metadata) == BOOT_METADATA
+    assert dict(sim.nodes.get_node(PROJECT, ZONE, "demo-u0-g1").metadata) == BOOT_METADATA
 
 
 @pytest.mark.parametrize(
@@ -130,16 +132,16 @@ def test_a_mask_or_value_the_api_refuses_is_invalid_argument_with_a_sentence(
     and the node keeps its metadata."""
     sim = simulator(clock)
     unit(sim, clock)
-    error = refusal(lambda: sim.update_node(PROJECT, ZONE, "demo-u0-g1", mask, body))
+    error = refusal(lambda: sim.node_updates.update_node(PROJECT, ZONE, "demo-u0-g1", mask, body))
     assert error.code is Code.INVALID_ARGUMENT
     assert words in error.message
-    assert dict(sim.get_node(PROJECT, ZONE, "demo-u0-g1").metadata) == BOOT_METADATA
+    assert dict(sim.nodes.get_node(PROJECT, ZONE, "demo-u0-g1").metadata) == BOOT_METADATA
 
 
 def test_an_unknown_node_is_not_found(clock: SecondsClock) -> None:
     """A node that does not exist is NOT_FOUND, named as the API names resources."""
     sim = simulator(clock)
-    error = refusal(lambda: sim.update_node(PROJECT, ZONE, "nope", ["metadata"], {"metadata": {}}))
+    error = refusal(lambda: sim.node_updates.update_node(PROJECT, ZONE, "nope", ["metadata"], {"metadata": {}}))
     assert error.code is Code.NOT_FOUND
     assert error.message == f"Resource 'projects/{PROJECT}/locations/{ZONE}/nodes/nope' was not found"
 
@@ -151,28 +153,28 @@ def test_a_node_that_is_not_ready_is_failed_precondition(clock: SecondsClock, ho
     sim = simulator(clock)
     unit(sim, clock, active=how != "provisioning")
     if how == "preempted":
-        sim.preempt("demo-u0-g1")
+        sim.queued_resources.preempt("demo-u0-g1")
     elif how == "deleting":
-        sim.delete_queued_resource(PROJECT, ZONE, "demo-u0-g1", force=True)
+        sim.queued_resources.delete_queued_resource(PROJECT, ZONE, "demo-u0-g1", force=True)
     elif how == "repairing":
-        sim.kill_host("demo-u0-g1", 0, 1)
-    state = sim.get_node(PROJECT, ZONE, "demo-u0-g1").state
+        sim.nodes.kill_host("demo-u0-g1", 0, 1)
+    state = sim.nodes.get_node(PROJECT, ZONE, "demo-u0-g1").state
     assert state is not NodeState.READY
-    error = refusal(lambda: sim.update_node(PROJECT, ZONE, "demo-u0-g1", ["metadata"], {"metadata": {}}))
+    error = refusal(lambda: sim.node_updates.update_node(PROJECT, ZONE, "demo-u0-g1", ["metadata"], {"metadata": {}}))
     assert error.code is Code.FAILED_PRECONDITION
     assert error.http_status == 400
     assert f"it is {state.value}, and only a READY node can be updated" in error.message
-    assert dict(sim.get_node(PROJECT, ZONE, "demo-u0-g1").metadata) == BOOT_METADATA
+    assert dict(sim.nodes.get_node(PROJECT, ZONE, "demo-u0-g1").metadata) == BOOT_METADATA
 
 
 def test_update_can_be_faulted_like_every_other_method(clock: SecondsClock) -> None:
     """`update` is a fault method: a planned UNAVAILABLE is what the next update call meets."""
     sim = simulator(clock)
-    sim.inject_errors("update", Fault.parse("UNAVAILABLE"), count=2)
-    assert [f["status"] for f in sim.faults()["errors"]["update"]] == ["UNAVAILABLE", "UNAVAILABLE"]
-    fault = sim.next_fault("update")
+    sim.fault_plan.inject_errors("update", Fault.parse("UNAVAILABLE"), count=2)
+    assert [f["status"] for f in sim.fault_plan.faults()["errors"]["update"]] == ["UNAVAILABLE", "UNAVAILABLE"]
+    fault = sim.fault_plan.next_fault("update")
     assert fault is not None and fault.code is Code.UNAVAILABLE
-    assert sim.next_fault("get") is None
+    assert sim.fault_plan.next_fault("get") is None
 
 
 def test_the_api_answers_a_patch_with_a_done_operation_whose_response_is_the_node(clock: SecondsClock) -> None:
@@ -189,10 +191,10 @@ def test_the_api_answers_a_patch_with_a_done_operation_whose_response_is_the_nod
     assert answer["response"]["@type"] == "type.googleapis.com/google.cloud.tpu.v2.Node"
     assert answer["response"]["metadata"] == {"tpujobs-assignment": '{"seq": 2}'}
     assert answer["response"]["networkConfig"] == {"enableExternalIps": False}
-    sim.inject_errors("update", Fault.parse(503))
+    sim.fault_plan.inject_errors("update", Fault.parse(503))
     status, answer = api.handle("PATCH", path, {"updateMask": ["metadata"]}, b"{}")
     assert (status, answer["error"]["status"]) == (503, "UNAVAILABLE")
-    assert dict(sim.get_node(PROJECT, ZONE, "demo-u0-g1").metadata) == {"tpujobs-assignment": '{"seq": 2}'}
+    assert dict(sim.nodes.get_node(PROJECT, ZONE, "demo-u0-g1").metadata) == {"tpujobs-assignment": '{"seq": 2}'}
 
 
 @pytest.mark.parametrize(
@@ -220,7 +222,7 @@ def test_a_body_with_an_unknown_field_or_a_wrong_type_is_400_invalid_argument(
     query = {"updateMask": [param]} if method == "PATCH" else {"queuedResourceId": [param]}
     status, answer = SimulatorApi(sim).handle(method, f"/v2/projects/{PROJECT}/locations/{ZONE}/{route}", query, body)
     assert (status, answer["error"]["status"]) == (400, "INVALID_ARGUMENT")
-    assert dict(sim.get_node(PROJECT, ZONE, "demo-u0-g1").metadata) != {"k": "v"}
+    assert dict(sim.nodes.get_node(PROJECT, ZONE, "demo-u0-g1").metadata) != {"k": "v"}
     assert len(sim.state().queued_resources) == 1
 
 
@@ -229,10 +231,10 @@ def test_an_update_survives_a_restart_from_the_state_file(clock: SecondsClock, t
     path = tmp_path / "state.json"
     first = simulator(clock, JsonStateFile(path))
     unit(first, clock)
-    operation = first.update_node(PROJECT, ZONE, "demo-u0-g1", ["metadata"], {"metadata": {"a": "1"}})
+    operation = first.node_updates.update_node(PROJECT, ZONE, "demo-u0-g1", ["metadata"], {"metadata": {"a": "1"}})
     second = simulator(clock, JsonStateFile(path))
-    assert dict(second.get_node(PROJECT, ZONE, "demo-u0-g1").metadata) == {"a": "1"}
-    restored = second.get_operation(PROJECT, ZONE, operation.operation_id)
+    assert dict(second.nodes.get_node(PROJECT, ZONE, "demo-u0-g1").metadata) == {"a": "1"}
+    restored = second.queued_resources.get_operation(PROJECT, ZONE, operation.operation_id)
     assert restored.node is not None and dict(restored.node.metadata) == {"a": "1"}
 
 
@@ -243,12 +245,12 @@ def test_the_metadata_server_answers_the_new_value_and_the_etag_is_a_hash_of_it(
     """After an update the key answers the new value; writing the same value keeps the ETag."""
     sim = simulator(clock)
     unit(sim, clock)
-    before = lookup(sim.get_node(PROJECT, ZONE, "demo-u0-g1"), 1, ASSIGNMENT)
+    before = lookup(sim.nodes.get_node(PROJECT, ZONE, "demo-u0-g1"), 1, ASSIGNMENT)
     assigned = {**BOOT_METADATA, "tpujobs-assignment": '{"seq": 2, "job_id": "j"}'}
-    sim.update_node(PROJECT, ZONE, "demo-u0-g1", ["metadata"], {"metadata": assigned})
-    after = lookup(sim.get_node(PROJECT, ZONE, "demo-u0-g1"), 1, ASSIGNMENT)
-    sim.update_node(PROJECT, ZONE, "demo-u0-g1", ["metadata"], {"metadata": dict(assigned)})
-    again = lookup(sim.get_node(PROJECT, ZONE, "demo-u0-g1"), 1, ASSIGNMENT)
+    sim.node_updates.update_node(PROJECT, ZONE, "demo-u0-g1", ["metadata"], {"metadata": assigned})
+    after = lookup(sim.nodes.get_node(PROJECT, ZONE, "demo-u0-g1"), 1, ASSIGNMENT)
+    sim.node_updates.update_node(PROJECT, ZONE, "demo-u0-g1", ["metadata"], {"metadata": dict(assigned)})
+    again = lookup(sim.nodes.get_node(PROJECT, ZONE, "demo-u0-g1"), 1, ASSIGNMENT)
     assert (before.body, after.body) == ('{"seq": 1}', '{"seq": 2, "job_id": "j"}')
     assert before.etag != after.etag == again.etag
 
@@ -283,14 +285,14 @@ def test_a_held_wait_for_change_wakes_on_an_update_and_not_on_the_same_value(clo
     sim = simulator(clock)
     unit(sim, clock)
     changes = WatchedChanges(sim)
-    service = MetadataService(sim.get_node, changes=changes)
+    service = MetadataService(sim.nodes.get_node, changes=changes)
     thread, replies = hold(service, {"wait_for_change": ["true"], "timeout_sec": ["60"]})
     assert changes.sleeps.acquire(timeout=30)  # it is held
-    sim.update_node(PROJECT, ZONE, "demo-u0-g1", ["metadata"], {"metadata": dict(BOOT_METADATA)})
+    sim.node_updates.update_node(PROJECT, ZONE, "demo-u0-g1", ["metadata"], {"metadata": dict(BOOT_METADATA)})
     assert changes.sleeps.acquire(timeout=30)  # woken by the write, re-read, and held again
     assert not replies
     new = {**BOOT_METADATA, "tpujobs-assignment": '{"seq": 2}'}
-    sim.update_node(PROJECT, ZONE, "demo-u0-g1", ["metadata"], {"metadata": new})
+    sim.node_updates.update_node(PROJECT, ZONE, "demo-u0-g1", ["metadata"], {"metadata": new})
     thread.join(timeout=30)
     assert [(reply.status, reply.body) for reply in replies] == [(200, '{"seq": 2}')]
 
@@ -299,12 +301,14 @@ def test_a_held_request_with_the_current_etag_returns_the_next_value(clock: Seco
     """last_etag of the value now: held until the update, then the new value and its ETag."""
     sim = simulator(clock)
     unit(sim, clock)
-    now = lookup(sim.get_node(PROJECT, ZONE, "demo-u0-g1"), 0, ASSIGNMENT)
+    now = lookup(sim.nodes.get_node(PROJECT, ZONE, "demo-u0-g1"), 0, ASSIGNMENT)
     changes = WatchedChanges(sim)
-    service = MetadataService(sim.get_node, changes=changes)
+    service = MetadataService(sim.nodes.get_node, changes=changes)
     thread, replies = hold(service, {"wait_for_change": ["true"], "last_etag": [now.etag], "timeout_sec": ["60"]})
     assert changes.sleeps.acquire(timeout=30)
-    sim.update_node(PROJECT, ZONE, "demo-u0-g1", ["metadata"], {"metadata": {"tpujobs-assignment": '{"seq": 3}'}})
+    sim.node_updates.update_node(
+        PROJECT, ZONE, "demo-u0-g1", ["metadata"], {"metadata": {"tpujobs-assignment": '{"seq": 3}'}}
+    )
     thread.join(timeout=30)
     assert [reply.body for reply in replies] == ['{"seq": 3}']
     assert replies[0].etag != now.etag
@@ -316,7 +320,7 @@ def test_a_held_request_ends_when_the_service_stops(clock: SecondsClock) -> None
     unit(sim, clock)
     stopping = threading.Event()
     changes = WatchedChanges(sim)
-    service = MetadataService(sim.get_node, stopping=stopping, changes=changes)
+    service = MetadataService(sim.nodes.get_node, stopping=stopping, changes=changes)
     thread, replies = hold(service, {"wait_for_change": ["true"], "timeout_sec": ["600"]})
     assert changes.sleeps.acquire(timeout=30)
     stopping.set()

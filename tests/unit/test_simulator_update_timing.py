@@ -33,46 +33,46 @@ def assigned(seq: int) -> dict[str, object]:
 def test_an_update_is_done_after_update_node_seconds_and_the_node_changes_then(clock: SecondsClock) -> None:
     """Running (not done, the node unchanged) until update_node_seconds pass; then done, changed."""
     sim = timed(clock)
-    operation = sim.update_node(PROJECT, ZONE, NODE, ["metadata"], assigned(2))
+    operation = sim.node_updates.update_node(PROJECT, ZONE, NODE, ["metadata"], assigned(2))
     assert not operation.done
-    assert sim.get_node(PROJECT, ZONE, NODE).metadata["tpujobs-assignment"] == '{"seq": 1}'
+    assert sim.nodes.get_node(PROJECT, ZONE, NODE).metadata["tpujobs-assignment"] == '{"seq": 1}'
     clock.tick(1.9)
-    assert not sim.get_operation(PROJECT, ZONE, operation.operation_id).done
+    assert not sim.queued_resources.get_operation(PROJECT, ZONE, operation.operation_id).done
     clock.tick(0.2)
-    done = sim.get_operation(PROJECT, ZONE, operation.operation_id)
+    done = sim.queued_resources.get_operation(PROJECT, ZONE, operation.operation_id)
     assert done.done and done.error_code == 0 and done.node is not None
-    assert sim.get_node(PROJECT, ZONE, NODE).metadata["tpujobs-assignment"] == '{"seq": 2}'
+    assert sim.nodes.get_node(PROJECT, ZONE, NODE).metadata["tpujobs-assignment"] == '{"seq": 2}'
 
 
 def test_a_second_update_while_one_is_in_flight_is_409_aborted_and_then_accepted(clock: SecondsClock) -> None:
     """gcloud's "already an UpdateNode call in flight": ABORTED (HTTP 409) until the first is done."""
     sim = timed(clock)
-    sim.update_node(PROJECT, ZONE, NODE, ["metadata"], assigned(2))
-    refused = refusal(lambda: sim.update_node(PROJECT, ZONE, NODE, ["metadata"], assigned(3)))
+    sim.node_updates.update_node(PROJECT, ZONE, NODE, ["metadata"], assigned(2))
+    refused = refusal(lambda: sim.node_updates.update_node(PROJECT, ZONE, NODE, ["metadata"], assigned(3)))
     assert refused.code is Code.ABORTED and refused.code.http_status == 409
     assert "already an UpdateNode call in flight" in refused.message
     clock.tick(2.1)
-    assert not sim.update_node(PROJECT, ZONE, NODE, ["metadata"], assigned(3)).done
+    assert not sim.node_updates.update_node(PROJECT, ZONE, NODE, ["metadata"], assigned(3)).done
 
 
 def test_the_hosts_read_the_new_metadata_only_after_it_propagates(clock: SecondsClock) -> None:
     """Done at 2 s, the hosts' metadata servers still answer the old value until 3 s."""
     sim = timed(clock)
-    sim.update_node(PROJECT, ZONE, NODE, ["metadata"], assigned(2))
+    sim.node_updates.update_node(PROJECT, ZONE, NODE, ["metadata"], assigned(2))
     clock.tick(2.1)
-    assert sim.get_node(PROJECT, ZONE, NODE).metadata["tpujobs-assignment"] == '{"seq": 2}'
-    assert lookup(sim.host_node(PROJECT, ZONE, NODE), 0, ASSIGNMENT).body == '{"seq": 1}'
+    assert sim.nodes.get_node(PROJECT, ZONE, NODE).metadata["tpujobs-assignment"] == '{"seq": 2}'
+    assert lookup(sim.node_updates.host_node(PROJECT, ZONE, NODE), 0, ASSIGNMENT).body == '{"seq": 1}'
     clock.tick(1.0)
-    assert lookup(sim.host_node(PROJECT, ZONE, NODE), 0, ASSIGNMENT).body == '{"seq": 2}'
+    assert lookup(sim.node_updates.host_node(PROJECT, ZONE, NODE), 0, ASSIGNMENT).body == '{"seq": 2}'
 
 
 def test_an_update_of_a_node_deleted_meanwhile_fails_not_found(clock: SecondsClock) -> None:
     """The queued resource deleted while its node's update runs: the operation ends NOT_FOUND."""
     sim = timed(clock)
-    operation = sim.update_node(PROJECT, ZONE, NODE, ["metadata"], assigned(2))
-    sim.delete_queued_resource(PROJECT, ZONE, NODE, force=True)
+    operation = sim.node_updates.update_node(PROJECT, ZONE, NODE, ["metadata"], assigned(2))
+    sim.queued_resources.delete_queued_resource(PROJECT, ZONE, NODE, force=True)
     clock.tick(5.0)
-    done = sim.get_operation(PROJECT, ZONE, operation.operation_id)
+    done = sim.queued_resources.get_operation(PROJECT, ZONE, operation.operation_id)
     assert done.done and done.error_code == Code.NOT_FOUND.grpc_code
 
 
@@ -81,7 +81,7 @@ def test_the_end_of_propagation_wakes_a_held_wait_for_change(clock: SecondsClock
     propagation time is up, so a `wait_for_change` held on the old value answers then, not at its
     next periodic check."""
     sim = timed(clock)
-    sim.update_node(PROJECT, ZONE, NODE, ["metadata"], assigned(2))
+    sim.node_updates.update_node(PROJECT, ZONE, NODE, ["metadata"], assigned(2))
     clock.tick(2.1)
     sim.advance()  # the update lands: the node changes, the hosts still read seq 1
     landed = sim.generation()
@@ -91,4 +91,4 @@ def test_the_end_of_propagation_wakes_a_held_wait_for_change(clock: SecondsClock
     clock.tick(0.5)
     sim.advance()
     assert sim.generation() > landed
-    assert lookup(sim.host_node(PROJECT, ZONE, NODE), 0, ASSIGNMENT).body == '{"seq": 2}'
+    assert lookup(sim.node_updates.host_node(PROJECT, ZONE, NODE), 0, ASSIGNMENT).body == '{"seq": 2}'

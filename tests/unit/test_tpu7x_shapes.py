@@ -138,13 +138,13 @@ def test_a_one_chip_tpu7x_slice_is_a_mig_of_one_tpu7x_standard_1t_without_a_poli
     assert template.properties.machine_type == "tpu7x-standard-1t"
     assert mig.target_size == 1 and "resource_policies" not in mig
     sim = Simulator(QUICK, clock=clock, wall_clock=lambda: 1_700_000_000.0 + clock.now)
-    sim.insert_template(P, R, as_json(template))
-    sim.insert_group(P, Z, as_json(mig))
+    sim.compute.operations.insert_template(P, R, as_json(template))
+    sim.compute.groups.insert_group(P, Z, as_json(mig))
     clock.tick(10)
-    view = sim.get_group(P, Z, "train-1-c1")
+    view = sim.compute.groups.get_group(P, Z, "train-1-c1")
     assert [m.status for m in view.members] == ["RUNNING"] and view.stable
-    node = sim.host_node(P, Z, view.record.backing)
-    host = sim.host_instance(node, 0)
+    node = sim.node_updates.host_node(P, Z, view.record.backing)
+    host = sim.compute.vms.host_instance(node, 0)
     assert host is not None
     assert lookup(node, 0, "instance/attributes/accelerator-type", host_overlay(node, 0, host)).body == "v7x-2"
     assert "TOPOLOGY: '1x1x1'" in lookup(node, 0, "instance/attributes/tpu-env", host_overlay(node, 0, host)).body
@@ -153,7 +153,7 @@ def test_a_one_chip_tpu7x_slice_is_a_mig_of_one_tpu7x_standard_1t_without_a_poli
 def test_a_lone_tpu7x_standard_1t_instance_runs(clock: SecondsClock) -> None:
     """Compute Engine's 1-chip TPU7x machine type as a plain instance: RUNNING."""
     sim = Simulator(QUICK, clock=clock, wall_clock=lambda: 1_700_000_000.0 + clock.now)
-    sim.insert_instance(
+    sim.compute.vms.insert_instance(
         P,
         Z,
         {
@@ -165,7 +165,7 @@ def test_a_lone_tpu7x_standard_1t_instance_runs(clock: SecondsClock) -> None:
         },
     )
     clock.tick(10)
-    assert sim.get_instance(P, Z, "vm").status == "RUNNING"
+    assert sim.compute.vms.get_instance(P, Z, "vm").status == "RUNNING"
 
 
 def test_a_cube_built_slice_beyond_256_chips_is_made_through_the_simulator(clock: SecondsClock) -> None:
@@ -174,12 +174,14 @@ def test_a_cube_built_slice_beyond_256_chips_is_made_through_the_simulator(clock
     sim = Simulator(QUICK, clock=clock, wall_clock=lambda: 1_700_000_000.0 + clock.now)
     policy = requests.workload_policy(h)
     assert policy.workload_policy.accelerator_topology == "4x4x12"
-    sim.insert_policy(P, R, as_json(policy))
+    sim.compute.operations.insert_policy(P, R, as_json(policy))
     template = requests.instance_template(h, BOOT, P, requests.Images())
-    sim.insert_template(P, R, as_json(template))
-    sim.insert_group(P, Z, as_json(requests.instance_group_manager(h, 0, P, template.name, BOOT, policy.name)))
+    sim.compute.operations.insert_template(P, R, as_json(template))
+    sim.compute.groups.insert_group(
+        P, Z, as_json(requests.instance_group_manager(h, 0, P, template.name, BOOT, policy.name))
+    )
     clock.tick(10)
-    assert len(sim.get_group(P, Z, "train-1-c1").members) == 48
+    assert len(sim.compute.groups.get_group(P, Z, "train-1-c1").members) == 48
 
 
 @pytest.mark.parametrize(
@@ -194,10 +196,10 @@ def test_a_mig_that_does_not_make_its_policys_slice_is_refused_with_the_reason(
 ) -> None:
     """The policy's chips against the MIG's, then the machine type a slice is made of."""
     sim = Simulator(QUICK, clock=clock, wall_clock=lambda: 1_700_000_000.0 + clock.now)
-    sim.insert_policy(
+    sim.compute.operations.insert_policy(
         P, R, {"name": "pol", "workloadPolicy": {"type": "HIGH_THROUGHPUT", "acceleratorTopology": topology}}
     )
-    sim.insert_template(
+    sim.compute.operations.insert_template(
         P,
         R,
         {
@@ -218,7 +220,7 @@ def test_a_mig_that_does_not_make_its_policys_slice_is_refused_with_the_reason(
         "resourcePolicies": {"workloadPolicy": f"projects/{P}/regions/{R}/resourcePolicies/pol"},
     }
     with pytest.raises(ComputeError, match=re.escape(reason)):
-        sim.insert_group(P, Z, body)
+        sim.compute.groups.insert_group(P, Z, body)
 
 
 def test_a_tpu_machine_type_compute_engine_lacks_is_said_not_to_exist(clock: SecondsClock) -> None:
@@ -231,4 +233,4 @@ def test_a_tpu_machine_type_compute_engine_lacks_is_said_not_to_exist(clock: Sec
         "networkInterfaces": [{"network": "global/networks/default"}],
     }
     with pytest.raises(ComputeError, match=f"Machine type with name 'tpu7x-standard-2t' does not exist in zone '{Z}'"):
-        sim.insert_instance(P, Z, vm)
+        sim.compute.vms.insert_instance(P, Z, vm)

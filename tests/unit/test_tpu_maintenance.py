@@ -61,11 +61,11 @@ def server() -> Iterator[SimulatorServer]:
     with SimulatorServer(config, run_workers=False) as running:
         sim = running.simulator
         busy = SliceRequest("v4-8", "tpu-ubuntu2204-base", node_id_prefix="busy", node_count=2)
-        sim.create_queued_resource(PROJECT, ZONE, "busy", QueuedResourceRequest(slices=(busy,)))
-        sim.create_queued_resource(
+        sim.queued_resources.create_queued_resource(PROJECT, ZONE, "busy", QueuedResourceRequest(slices=(busy,)))
+        sim.queued_resources.create_queued_resource(
             PROJECT, ZONE, "late", QueuedResourceRequest(slices=(SliceRequest("v4-8", "rt", node_id="late"),))
         )
-        wait_for(lambda: sim.get_queued_resource(PROJECT, ZONE, "busy").state is QrState.ACTIVE)
+        wait_for(lambda: sim.queued_resources.get_queued_resource(PROJECT, ZONE, "busy").state is QrState.ACTIVE)
         yield running
 
 
@@ -116,7 +116,7 @@ def test_a_failed_v2alpha1_read_leaves_maintenance_empty_and_the_listing_whole(
 def test_a_zone_with_nothing_active_is_not_read_through_v2alpha1(server: SimulatorServer) -> None:
     """No ACTIVE queued resource (busy deleted, late waiting): no v2alpha1 call at all."""
     sim = server.simulator
-    sim.delete_queued_resource(PROJECT, ZONE, "busy", force=True)
+    sim.queued_resources.delete_queued_resource(PROJECT, ZONE, "busy", force=True)
     wait_for(lambda: "busy" not in {qr.qr_id for qr in sim.state().queued_resources})
     counting = Counting(fail=False)
     tpu = CloudTpu(build_client(server.url), PROJECT, maintenance=NodeMaintenance(counting))

@@ -31,27 +31,49 @@ from tpujobs.local.simulator.world import World
 DueStep = tuple[float, int, int, Callable[[float], None]]
 
 
-class Clockwork(World):
-    """The timed transitions (callers hold the lock, except `advance`) and chip admission."""
+class Clockwork:
+    """The timed transitions (callers hold the lock, except `advance`) and chip admission.
+
+    Other parts join the event loop by registering: `add_due_source` for their own timed steps,
+    `on_qr_step` to follow a queued resource's timed transition, `on_advanced` for work done
+    once the world is up to date."""
+
+    def __init__(self, world: World) -> None:
+        self._world = world
+        self._due_sources: list[Callable[[float], list[DueStep]]] = []
+        self._qr_step_listeners: list[Callable[[QueuedResourceRecord, float], None]] = []
+        self._advanced_listeners: list[Callable[[float], None]] = []
+
+    def add_due_source(self, source: Callable[[float], list[DueStep]]) -> None:
+        """*source(now)* names the part's timed steps due by now; they run in time order with the rest."""
+        self._due_sources.append(source)
+
+    def on_qr_step(self, listener: Callable[[QueuedResourceRecord, float], None]) -> None:
+        """Call *listener(qr, at)* after each timed transition of a queued resource (*qr* as it was)."""
+        self._qr_step_listeners.append(listener)
+
+    def on_advanced(self, listener: Callable[[float], None]) -> None:
+        """Call *listener(now)* each time the world has been advanced to *now* (the lock held)."""
+        self._advanced_listeners.append(listener)
 
     def advance(self) -> None:
         """Apply every transition due by now; the server's ticker calls this."""
-        with self._transaction():
+        with self.transaction():
             pass
 
     @contextmanager
-    def _transaction(self) -> Iterator[float]:
+    def transaction(self) -> Iterator[float]:
         """Hold the lock with the world advanced to now; then save, and run hooks outside the lock."""
         try:
-            with self._lock:
-                now = self._clock()
+            with self._world.lock:
+                now = self._world.clock()
                 self._advance(now)
                 try:
                     yield now
                 finally:
-                    self._save_if_changed()
+                    self._world.save_if_changed()
         finally:
-            self._run_hooks()
+            self._world.run_hooks()
 
     def _advance(self, now: float) -> None:
         """Apply every due step (`_due`) one at a time, earliest first, admitting after each:
@@ -62,45 +84,54 @@ class Clockwork(World):
                 break
             at, _, _, step = min(due, key=lambda entry: entry[:3])
             step(at)
-            self._admit(at)
-        self._admit(now)
+            self.admit(at)
+        self.admit(now)
+        for listener in self._advanced_listeners:
+            listener(now)
 
     def _due(self, now: float) -> list[DueStep]:
-        """The timed steps due by `now`: QRs' and nodes' (the Compute Engine model adds its own)."""
+        """The timed steps due by `now`: QRs' and nodes', and those of the registered sources."""
         due: list[DueStep] = [
             (qr.next_at, 0, qr.queue_number, partial(self._step, qr))
-            for qr in self._qrs.values()
+            for qr in self._world.qrs.values()
             if qr.next_at is not None and qr.next_at <= now
         ]
         due.extend(
             (node.next_at, 1, node.number, partial(self._step_node, node))
-            for node in self._nodes.values()
+            for node in self._world.nodes.values()
             if node.next_at is not None and node.next_at <= now
         )
+        for source in self._due_sources:
+            due.extend(source(now))
         return due
 
     def _step(self, qr: QueuedResourceRecord, at: float) -> None:
-        """The timed transition of one QR, at the time it was due."""
+        """The timed transition of one QR, at the time it was due; then its listeners."""
+        self._qr_transition(qr, at)
+        for listener in self._qr_step_listeners:
+            listener(qr, at)
+
+    def _qr_transition(self, qr: QueuedResourceRecord, at: float) -> None:
         if qr.state is QrState.CREATING:
-            accepted = self._put_qr(dataclasses.replace(qr, state=QrState.ACCEPTED, next_at=at))
-            self._finish_create(accepted)
+            accepted = self._world.put_qr(dataclasses.replace(qr, state=QrState.ACCEPTED, next_at=at))
+            self._world.finish_create(accepted)
         elif qr.state is QrState.ACCEPTED:
-            self._put_qr(
+            self._world.put_qr(
                 dataclasses.replace(
                     qr,
                     state=QrState.WAITING_FOR_RESOURCES,
-                    next_at=at + self._config.waiting_seconds,
+                    next_at=at + self._world.config.waiting_seconds,
                 )
             )
         elif qr.state is QrState.WAITING_FOR_RESOURCES:
-            self._put_qr(dataclasses.replace(qr, next_at=None))  # now it waits only for chips
+            self._world.put_qr(dataclasses.replace(qr, next_at=None))  # now it waits only for chips
         elif qr.state is QrState.PROVISIONING:
-            for node in self._nodes_of(qr):
-                self._put_node(dataclasses.replace(node, state=NodeState.READY, health="HEALTHY"))
-            active = self._put_qr(dataclasses.replace(qr, state=QrState.ACTIVE, next_at=None))
-            self._queue_hooks(self.on_active, active)
+            for node in self._world.nodes_of(qr):
+                self._world.put_node(dataclasses.replace(node, state=NodeState.READY, health="HEALTHY"))
+            active = self._world.put_qr(dataclasses.replace(qr, state=QrState.ACTIVE, next_at=None))
+            self._world.queue_hooks(self._world.on_active, active)
         elif qr.state is QrState.SUSPENDING:
-            self._put_qr(dataclasses.replace(qr, state=QrState.SUSPENDED, next_at=None))
+            self._world.put_qr(dataclasses.replace(qr, state=QrState.SUSPENDED, next_at=None))
         elif qr.state is QrState.DELETING:
             self._remove(qr)
         else:  # pragma: no cover - no other state schedules a transition
@@ -108,16 +139,16 @@ class Clockwork(World):
 
     def _step_node(self, node: NodeRecord, at: float) -> None:
         """The timed transition of one node (reboot, maintenance), at the time it was due."""
-        qr = self._qrs.get((node.project, node.zone, node.qr_id))
-        nodes = self._nodes_of(qr) if qr is not None else []
+        qr = self._world.qrs.get((node.project, node.zone, node.qr_id))
+        nodes = self._world.nodes_of(qr) if qr is not None else []
         if qr is None or qr.state is not QrState.ACTIVE or node not in nodes:
-            self._put_node(settled(node))  # its QR moved on; the QR's own rules apply
+            self._world.put_node(settled(node))  # its QR moved on; the QR's own rules apply
             return
         index = nodes.index(node)
         every_host = tuple(range(len(node.host_addresses)))
         if node.step is NodeStep.REBOOTED:
             failed = tuple(w for w in node.failed_workers if w not in node.rebooting_workers)
-            self._put_node(
+            self._world.put_node(
                 settled(
                     node,
                     state=NodeState.REPAIRING if failed else NodeState.READY,
@@ -126,10 +157,10 @@ class Clockwork(World):
                     failed_workers=failed,
                 )
             )
-            self._queue_host_event(qr, index, node.rebooting_workers, HostAction.BOOT)
+            self._world.queue_host_event(qr, index, node.rebooting_workers, HostAction.BOOT)
         elif node.step is NodeStep.MAINTENANCE_STARTS:
             announced = node.upcoming_maintenance
-            self._put_node(
+            self._world.put_node(
                 dataclasses.replace(
                     node,
                     upcoming_maintenance=None if announced is None else {**announced, "maintenanceStatus": "ONGOING"},
@@ -139,13 +170,13 @@ class Clockwork(World):
                         "Host maintenance (simulated by tpujobs): the hosts were terminated "
                         "for it and restart when it ends"
                     ),
-                    next_at=at + self._config.maintenance_seconds,
+                    next_at=at + self._world.config.maintenance_seconds,
                     step=NodeStep.MAINTENANCE_ENDS,
                 )
             )
-            self._queue_host_event(qr, index, every_host, HostAction.SHUTDOWN)
+            self._world.queue_host_event(qr, index, every_host, HostAction.SHUTDOWN)
         elif node.step is NodeStep.MAINTENANCE_ENDS:
-            self._put_node(
+            self._world.put_node(
                 settled(
                     node,
                     state=NodeState.READY,
@@ -156,24 +187,24 @@ class Clockwork(World):
                     failed_workers=(),
                 )
             )
-            self._queue_host_event(qr, index, every_host, HostAction.BOOT)
+            self._world.queue_host_event(qr, index, every_host, HostAction.BOOT)
         else:  # pragma: no cover - no other step schedules a transition
             raise AssertionError(f"{node.name} has a timed transition with no step")
 
-    def _admit(self, at: float) -> None:
+    def admit(self, at: float) -> None:
         """Start provisioning waiting QRs whose chips are free, strictly in order of arrival within
         each limit, as admission orders jobs: a QR held back by capacity or by a region's quota
         (or a reservation's size) holds back the later ones of its pool; one held back by its
         zone's quota only the later ones of that zone."""
         waiting = sorted(
-            (qr for qr in self._qrs.values() if qr.state is QrState.WAITING_FOR_RESOURCES and qr.next_at is None),
+            (qr for qr in self._world.qrs.values() if qr.state is QrState.WAITING_FOR_RESOURCES and qr.next_at is None),
             key=lambda r: r.queue_number,
         )
         if not waiting:
             return
         free = self._free_chips()
-        held = holdings(self._qrs.values())
-        book = self._config.quota_book
+        held = holdings(self._world.qrs.values())
+        book = self._world.config.quota_book
         blocked: set[str] = set()  # limited capacity pools where an earlier QR is still waiting
         blocked_quota: set[tuple[PoolKey, str]] = set()  # (pool, zone), or (pool, "") for all its zones
         for qr in waiting:
@@ -198,12 +229,12 @@ class Clockwork(World):
             self._provision(qr, at)
 
     def _separate_pools(self) -> frozenset[str]:
-        return frozenset(self._config.capacity)
+        return frozenset(self._world.config.capacity)
 
     def _free_chips(self) -> dict[str, int]:
         """Chips free per limited capacity pool (the zone's chips on offer), less what is held."""
-        free = dict(self._config.capacity)
-        for qr in self._qrs.values():
+        free = dict(self._world.config.capacity)
+        for qr in self._world.qrs.values():
             if qr.holds_capacity:
                 for pool, chips in qr.demand(self._separate_pools()).items():
                     if pool in free:
@@ -211,21 +242,21 @@ class Clockwork(World):
         return free
 
     def _provision(self, qr: QueuedResourceRecord, at: float) -> None:
-        wall = self._wall_clock()
+        wall = self._world.wall_clock()
         for spec in qr.request.slices:
             hosts = parse_accelerator_type(spec.accelerator_type).hosts
             coordinator = ""
             for slice_id, node_id in enumerate(spec.node_ids):
-                addresses = tuple(str(FIRST_WORKER_ADDRESS + self._count("address")) for _ in range(hosts))
+                addresses = tuple(str(FIRST_WORKER_ADDRESS + self._world.count("address")) for _ in range(hosts))
                 if spec.multislice and slice_id == 0:
                     coordinator = f"{addresses[0]}:{MEGASCALE_PORT}"
-                self._put_node(
+                self._world.put_node(
                     NodeRecord(
                         project=qr.project,
                         zone=qr.zone,
                         node_id=node_id,
                         qr_id=qr.qr_id,
-                        number=FIRST_NODE_NUMBER + self._count("node"),
+                        number=FIRST_NODE_NUMBER + self._world.count("node"),
                         accelerator_type=spec.accelerator_type,
                         runtime_version=spec.runtime_version,
                         template=spec.template,
@@ -239,21 +270,23 @@ class Clockwork(World):
                         coordinator_address=coordinator,
                     )
                 )
-        self._put_qr(
+        self._world.put_qr(
             dataclasses.replace(
                 qr,
                 state=QrState.PROVISIONING,
-                next_at=at + self._config.provisioning_seconds,
+                next_at=at + self._world.config.provisioning_seconds,
                 holds_capacity=True,
             )
         )
 
     def _remove(self, qr: QueuedResourceRecord) -> None:
-        for node in self._nodes_of(qr):
-            del self._nodes[(node.project, node.zone, node.node_id)]
-        del self._qrs[(qr.project, qr.zone, qr.qr_id)]
-        self._dirty = True
-        self._finish_create(qr, error=(Code.ABORTED.grpc_code, f"{qr.name} was deleted before it was accepted"))
+        for node in self._world.nodes_of(qr):
+            del self._world.nodes[(node.project, node.zone, node.node_id)]
+        del self._world.qrs[(qr.project, qr.zone, qr.qr_id)]
+        self._world.dirty = True
+        self._world.finish_create(qr, error=(Code.ABORTED.grpc_code, f"{qr.name} was deleted before it was accepted"))
         key = (qr.project, qr.zone, qr.delete_operation)
-        if key in self._operations:  # a Compute Engine slice's queued resource has no TPU operation
-            self._operations[key] = dataclasses.replace(self._operations[key], done=True, end_time=self._wall_clock())
+        if key in self._world.operations:  # a Compute Engine slice's queued resource has no TPU operation
+            self._world.operations[key] = dataclasses.replace(
+                self._world.operations[key], done=True, end_time=self._world.wall_clock()
+            )

@@ -100,30 +100,31 @@ class ComputeApi:
             compute_v1.ResourcePolicy,
             compute_v1.InstanceTemplate,
         )
+        ops, vms, groups, slices = sim.compute.operations, sim.compute.vms, sim.compute.groups, sim.compute.slices
         rules: list[tuple[str, str, Handler]] = [
-            ("POST", _ZONE + "/instances", insert(sim.insert_instance, vm, "zone")),
+            ("POST", _ZONE + "/instances", insert(vms.insert_instance, vm, "zone")),
             ("GET", _ZONE + "/instances", self._list_instances),
-            ("GET", _ZONE + f"/instances/{_ID}", zonal(sim.get_instance, instance_json)),
-            ("DELETE", _ZONE + f"/instances/{_ID}", zonal(sim.delete_instance, operation_json)),
+            ("GET", _ZONE + f"/instances/{_ID}", zonal(vms.get_instance, instance_json)),
+            ("DELETE", _ZONE + f"/instances/{_ID}", zonal(slices.delete_instance, operation_json)),
             ("POST", _ZONE + f"/instances/{_ID}/setMetadata", self._set_metadata),
-            ("POST", _ZONE + "/instanceGroupManagers", insert(sim.insert_group, group, "zone")),
+            ("POST", _ZONE + "/instanceGroupManagers", insert(groups.insert_group, group, "zone")),
             ("GET", _ZONE + "/instanceGroupManagers", self._list_groups),
-            ("GET", _ZONE + f"/instanceGroupManagers/{_ID}", zonal(sim.get_group, group_json)),
-            ("DELETE", _ZONE + f"/instanceGroupManagers/{_ID}", zonal(sim.delete_group, operation_json)),
+            ("GET", _ZONE + f"/instanceGroupManagers/{_ID}", zonal(groups.get_group, group_json)),
+            ("DELETE", _ZONE + f"/instanceGroupManagers/{_ID}", zonal(groups.delete_group, operation_json)),
             ("POST", _ZONE + f"/instanceGroupManagers/{_ID}/listManagedInstances", self._list_managed),
             ("POST", _ZONE + f"/instanceGroupManagers/{_ID}/resize", self._resize),
-            ("POST", _REGION + "/resourcePolicies", insert(sim.insert_policy, policy, "region")),
+            ("POST", _REGION + "/resourcePolicies", insert(ops.insert_policy, policy, "region")),
             ("GET", _REGION + "/resourcePolicies", self._list_policies),
-            ("GET", _REGION + f"/resourcePolicies/{_ID}", regional(sim.get_policy, policy_json)),
-            ("DELETE", _REGION + f"/resourcePolicies/{_ID}", regional(sim.delete_policy, operation_json)),
-            ("POST", _REGION + "/instanceTemplates", insert(sim.insert_template, template, "region")),
+            ("GET", _REGION + f"/resourcePolicies/{_ID}", regional(ops.get_policy, policy_json)),
+            ("DELETE", _REGION + f"/resourcePolicies/{_ID}", regional(ops.delete_policy, operation_json)),
+            ("POST", _REGION + "/instanceTemplates", insert(ops.insert_template, template, "region")),
             ("GET", _REGION + "/instanceTemplates", self._list_templates),
-            ("GET", _REGION + f"/instanceTemplates/{_ID}", regional(sim.get_template, template_json)),
-            ("DELETE", _REGION + f"/instanceTemplates/{_ID}", regional(sim.delete_template, operation_json)),
-            ("POST", _GLOBAL + "/instanceTemplates", insert(sim.insert_template, template, "")),
+            ("GET", _REGION + f"/instanceTemplates/{_ID}", regional(ops.get_template, template_json)),
+            ("DELETE", _REGION + f"/instanceTemplates/{_ID}", regional(ops.delete_template, operation_json)),
+            ("POST", _GLOBAL + "/instanceTemplates", insert(ops.insert_template, template, "")),
             ("GET", _GLOBAL + "/instanceTemplates", self._list_templates),
-            ("GET", _GLOBAL + f"/instanceTemplates/{_ID}", global_(sim.get_template, template_json)),
-            ("DELETE", _GLOBAL + f"/instanceTemplates/{_ID}", global_(sim.delete_template, operation_json)),
+            ("GET", _GLOBAL + f"/instanceTemplates/{_ID}", global_(ops.get_template, template_json)),
+            ("DELETE", _GLOBAL + f"/instanceTemplates/{_ID}", global_(ops.delete_template, operation_json)),
         ]  # fmt: skip
         rules += [
             ("GET", _PROJECT + "/aggregated/instances", self._aggregated("instances", instance_json)),
@@ -158,7 +159,7 @@ class ComputeApi:
                     404, "notFound", f"The tpujobs simulator does not serve {method} {path}", Code.NOT_FOUND
                 )
             handler, params = found
-            fault = self.simulator.next_fault(fault_method(method, path))
+            fault = self.simulator.fault_plan.next_fault(fault_method(method, path))
             where = params.get("zone") or params.get("region") or "global"
             if fault is not None and not fault.applied:
                 raise fault.error(params.get("project", ""), where)
@@ -189,7 +190,7 @@ class ComputeApi:
         """An aggregated list (gcloud's `list` without a zone), all on one page."""
 
         def handler(params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
-            found = self.simulator.aggregated(params["project"], kind, query_str(query, "filter"))
+            found = self.simulator.compute.groups.aggregated(params["project"], kind, query_str(query, "filter"))
             base = f"projects/{params['project']}/aggregated/{kind}"
             items = {scope: {kind: [render(item) for item in listed]} for scope, listed in sorted(found.items())}
             singular = kind[0].upper() + kind[1:-1]
@@ -208,28 +209,28 @@ class ComputeApi:
 
     def _list_instance_groups(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         """Each MIG's instance group (gcloud's `managed list` reads their sizes here)."""
-        listing = self.simulator.list_groups(params["project"], params["zone"], *_listing_args(query))
+        listing = self.simulator.compute.groups.list_groups(params["project"], params["zone"], *_listing_args(query))
         base = f"projects/{params['project']}/zones/{params['zone']}/instanceGroups"
         return 200, list_json("compute#instanceGroupList", base, listing, instance_group_json)
 
     def _list_instances(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
-        listing = self.simulator.list_instances(params["project"], params["zone"], *_listing_args(query))
+        listing = self.simulator.compute.vms.list_instances(params["project"], params["zone"], *_listing_args(query))
         base = f"projects/{params['project']}/zones/{params['zone']}/instances"
         return 200, list_json("compute#instanceList", base, listing, instance_json)
 
     def _set_metadata(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         metadata = read_body(body, compute_v1.Metadata, "resource")
         return 200, operation_json(
-            self.simulator.set_metadata(params["project"], params["zone"], params["id"], metadata)
+            self.simulator.compute.vms.set_metadata(params["project"], params["zone"], params["id"], metadata)
         )
 
     def _list_groups(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
-        listing = self.simulator.list_groups(params["project"], params["zone"], *_listing_args(query))
+        listing = self.simulator.compute.groups.list_groups(params["project"], params["zone"], *_listing_args(query))
         base = f"projects/{params['project']}/zones/{params['zone']}/instanceGroupManagers"
         return 200, list_json("compute#instanceGroupManagerList", base, listing, group_json)
 
     def _list_managed(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
-        listing = self.simulator.list_managed_instances(
+        listing = self.simulator.compute.groups.list_managed_instances(
             params["project"], params["zone"], params["id"], *_listing_args(query)
         )
         out: Json = {"managedInstances": [managed_instance_json(m) for m in listing.items]}
@@ -240,19 +241,21 @@ class ComputeApi:
     def _resize(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         if not query_str(query, "size"):
             raise invalid_field("size", "", "This field is required.")
-        operation = self.simulator.resize_group(
+        operation = self.simulator.compute.groups.resize_group(
             params["project"], params["zone"], params["id"], query_whole(query, "size")
         )
         return 200, operation_json(operation)
 
     def _list_policies(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
-        listing = self.simulator.list_policies(params["project"], params["region"], *_listing_args(query))
+        listing = self.simulator.compute.operations.list_policies(
+            params["project"], params["region"], *_listing_args(query)
+        )
         base = f"projects/{params['project']}/regions/{params['region']}/resourcePolicies"
         return 200, list_json("compute#resourcePolicyList", base, listing, policy_json)
 
     def _list_templates(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         region = params.get("region", "")
-        listing = self.simulator.list_templates(params["project"], region, *_listing_args(query))
+        listing = self.simulator.compute.operations.list_templates(params["project"], region, *_listing_args(query))
         where = f"regions/{region}" if region else "global"
         base = f"projects/{params['project']}/{where}/instanceTemplates"
         return 200, list_json("compute#instanceTemplateList", base, listing, template_json)
@@ -265,12 +268,16 @@ class ComputeApi:
 
     def _list_operations(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         scope = self._scope(params)
-        listing = self.simulator.list_compute_operations(params["project"], scope, *_listing_args(query))
+        listing = self.simulator.compute.operations.list_compute_operations(
+            params["project"], scope, *_listing_args(query)
+        )
         base = f"projects/{params['project']}/{scope}/operations"
         return 200, list_json("compute#operationList", base, listing, operation_json)
 
     def _get_operation(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
-        view = self.simulator.get_compute_operation(params["project"], self._scope(params), params["id"])
+        view = self.simulator.compute.operations.get_compute_operation(
+            params["project"], self._scope(params), params["id"]
+        )
         return 200, operation_json(view)
 
     def _wait_operation(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
@@ -279,7 +286,7 @@ class ComputeApi:
         scope = self._scope(params)
         while True:
             seen = self.simulator.generation()
-            view = self.simulator.get_compute_operation(params["project"], scope, params["id"])
+            view = self.simulator.compute.operations.get_compute_operation(params["project"], scope, params["id"])
             remaining = deadline - time.monotonic()
             if view.status == "DONE" or remaining <= 0 or self._stopping.is_set():
                 return 200, operation_json(view)
@@ -288,7 +295,7 @@ class ComputeApi:
 
 def compute_state(simulator: Simulator) -> Json:
     """Every Compute resource of every project, for GET /simulator/v1/state."""
-    tables = simulator.compute_snapshot()
+    tables = simulator.compute.groups.compute_snapshot()
     return {
         "resourcePolicies": [policy_json(p) for p in tables["policies"]],
         "instanceTemplates": [template_json(t) for t in tables["templates"]],

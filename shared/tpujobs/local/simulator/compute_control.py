@@ -76,7 +76,7 @@ class ComputeControl:
         named = query_str(query, "project")
         if named:
             return named
-        projects = self.simulator.compute_projects(params["zone"], kind, params["id"])
+        projects = self.simulator.compute.groups.compute_projects(params["zone"], kind, params["id"])
         if len(projects) != 1:
             what = f"{kind} {params['id']!r} in {params['zone']}"
             if not projects:
@@ -86,39 +86,39 @@ class ComputeControl:
 
     def _preempt_instance(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         project = self._project(params, query, _VM)
-        return 200, instance_json(self.simulator.preempt_instance(project, params["zone"], params["id"]))
+        return 200, instance_json(self.simulator.compute.vms.preempt_instance(project, params["zone"], params["id"]))
 
     def _schedule_instance_maintenance(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         request = json_object(body.strip(), "the maintenance")
         project = self._project(params, query, _VM)
         notice, window = _seconds(request, "notice", 3600.0), _seconds(request, "window", 3600.0)
-        view = self.simulator.schedule_maintenance(project, params["zone"], params["id"], notice, window)
+        view = self.simulator.compute.vms.schedule_maintenance(project, params["zone"], params["id"], notice, window)
         return 200, instance_json(view)
 
     def _preempt_group(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         project = self._project(params, query, _MIG)
-        return 200, slice_json(self.simulator.preempt_group(project, params["zone"], params["id"]))
+        return 200, slice_json(self.simulator.compute.groups.preempt_group(project, params["zone"], params["id"]))
 
     def _reset_group(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         project = self._project(params, query, _MIG)
-        view = self.simulator.reset_group(project, params["zone"], params["id"], _worker(query))
+        view = self.simulator.compute.faults.reset_group(project, params["zone"], params["id"], _worker(query))
         return 200, slice_json(view)
 
     def _kill_host(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         project = self._project(params, query, _MIG)
-        view = self.simulator.kill_group_host(project, params["zone"], params["id"], _worker(query) or 0)
+        view = self.simulator.compute.faults.kill_group_host(project, params["zone"], params["id"], _worker(query) or 0)
         return 200, slice_json(view)
 
     def _no_boot(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         project = self._project(params, query, _MIG)
-        return 200, slice_json(self.simulator.no_boot_group(project, params["zone"], params["id"]))
+        return 200, slice_json(self.simulator.compute.faults.no_boot_group(project, params["zone"], params["id"]))
 
     def _group_maintenance(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         """Maintenance now: the hosts are told, then terminated after the notice."""
         request = json_object(body.strip(), "the maintenance")
         notice = _seconds(request, "notice", 0.0) if "notice" in request else None
         project = self._project(params, query, _MIG)
-        view = self.simulator.terminate_for_maintenance(project, params["zone"], params["id"], notice)
+        view = self.simulator.compute.faults.terminate_for_maintenance(project, params["zone"], params["id"], notice)
         return 200, slice_json(view)
 
     def _schedule_group_maintenance(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
@@ -126,7 +126,9 @@ class ComputeControl:
         request = json_object(body.strip(), "the maintenance")
         notice, window = _seconds(request, "notice", 3600.0), _seconds(request, "window", 3600.0)
         project = self._project(params, query, _MIG)
-        view = self.simulator.schedule_group_maintenance(project, params["zone"], params["id"], notice, window)
+        view = self.simulator.compute.faults.schedule_group_maintenance(
+            project, params["zone"], params["id"], notice, window
+        )
         return 200, slice_json(view)
 
     def _force_topology(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
@@ -136,7 +138,9 @@ class ComputeControl:
         if not isinstance(state, str) or not isinstance(message, str):
             raise ComputeError(400, "invalid", "state (FAILED or INCOMPLETE) and message must be strings")
         project = self._project(params, query, _MIG)
-        view = self.simulator.force_topology(project, params["zone"], params["id"], state.upper(), message)
+        view = self.simulator.compute.slices.force_topology(
+            project, params["zone"], params["id"], state.upper(), message
+        )
         return 200, slice_json(view)
 
     def _grant_partially(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
@@ -146,16 +150,18 @@ class ComputeControl:
         if hosts is not None and (isinstance(hosts, bool) or not isinstance(hosts, int)):
             raise invalid_field("hosts", hosts, "It must be a whole number.")
         project = self._project(params, query, _MIG)
-        return 200, slice_json(self.simulator.grant_partially(project, params["zone"], params["id"], hosts))
+        return 200, slice_json(
+            self.simulator.compute.slices.grant_partially(project, params["zone"], params["id"], hosts)
+        )
 
     def _instance_workers(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         project = self._project(params, query, _VM)
-        view = self.simulator.get_instance(project, params["zone"], params["id"])
+        view = self.simulator.compute.vms.get_instance(project, params["zone"], params["id"])
         return 200, {"workers": self._workers(project, params["zone"], view.record.backing, {0: view.record.name})}
 
     def _group_workers(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         project = self._project(params, query, _MIG)
-        view = self.simulator.get_group(project, params["zone"], params["id"])
+        view = self.simulator.compute.groups.get_group(project, params["zone"], params["id"])
         names = {m.record.worker: m.record.name for m in view.members}
         return 200, {"workers": self._workers(project, params["zone"], view.record.backing, names)}
 

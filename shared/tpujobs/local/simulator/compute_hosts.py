@@ -51,7 +51,7 @@ def overlay_of(simulator: Simulator) -> Callable[[NodeRecord, int], HostOverlay 
     """The metadata server's overlay: a Compute VM's answers, None for a TPU API node's hosts."""
 
     def overlay(node: NodeRecord, worker: int) -> HostOverlay | None:
-        host = simulator.host_instance(node, worker)
+        host = simulator.compute.vms.host_instance(node, worker)
         return None if host is None else host_overlay(node, worker, host)
 
     return overlay

@@ -79,18 +79,22 @@ class InstanceVerbs:
 
     def _stop(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         """instances.stop: ACPI soft-off (the host gets SIGTERM), STOPPING, then TERMINATED."""
-        return 200, operation_json(self._simulator.stop_instance(params["project"], params["zone"], params["id"]))
+        return 200, operation_json(
+            self._simulator.compute.vms.stop_instance(params["project"], params["zone"], params["id"])
+        )
 
     def _simulate_maintenance(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         """A TPU VM cannot live-migrate: it is terminated as its onHostMaintenance TERMINATE says."""
-        operation = self._simulator.simulate_instance_maintenance(params["project"], params["zone"], params["id"])
+        operation = self._simulator.compute.faults.simulate_instance_maintenance(
+            params["project"], params["zone"], params["id"]
+        )
         return 200, operation_json(operation)
 
     def _serial_port(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         port = query_whole(query, "port", 1)
         if port not in SERIAL_PORTS:
             raise invalid_field("port", port, "It must be within 1..4.")
-        view = self._simulator.get_instance(params["project"], params["zone"], params["id"])
+        view = self._simulator.compute.vms.get_instance(params["project"], params["zone"], params["id"])
         console = self._console(view) if port == 1 else b""
         start, next_, shown = serial_window(console, query_whole(query, "start", 0))
         return 200, {
@@ -121,7 +125,7 @@ class InstanceVerbs:
         project = params["project"]
         keep = name_filter(query_str(query, "filter"))
         items: dict[str, Json] = {}
-        for template in self._simulator.compute_snapshot()["templates"]:
+        for template in self._simulator.compute.groups.compute_snapshot()["templates"]:
             if template.project == project and keep(template.name):
                 scope = f"regions/{template.region}" if template.region else "global"
                 items.setdefault(scope, {"instanceTemplates": []})["instanceTemplates"].append(template_json(template))

@@ -9,17 +9,18 @@ provisioning_seconds; RUNNING once ACTIVE) until something happens to the VM its
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
-from tpujobs.domain.platforms import ComputeShape
+from tpujobs.local.simulator.clockwork import Clockwork, DueStep
+from tpujobs.local.simulator.compute_backing import QUOTA, Backings
 from tpujobs.local.simulator.compute_checks import check_name, check_vm, metadata_items, slice_shape
 from tpujobs.local.simulator.compute_errors import ComputeError, already_exists, condition_not_met, in_use, not_found
 from tpujobs.local.simulator.compute_lists import name_filter
-from tpujobs.local.simulator.compute_model import ComputeCore, Listing, OperationView
+from tpujobs.local.simulator.compute_model import ComputeOperations, Listing, OperationView, Verdict
 from tpujobs.local.simulator.compute_records import (
-    RUNTIME_VERSION,
     ComputeOperation,
     Effect,
     InstanceRecord,
@@ -28,20 +29,14 @@ from tpujobs.local.simulator.compute_records import (
     rfc3339,
 )
 from tpujobs.local.simulator.errors import Code, SimulatorError
-from tpujobs.local.simulator.quota_counts import compute_refusal, holdings, shortfall
 from tpujobs.local.simulator.records import (
     HostAction,
-    Initiator,
     NodeRecord,
     QrState,
-    QueuedResourceRecord,
-    QueuedResourceRequest,
-    SliceRequest,
     backs_compute,
 )
+from tpujobs.local.simulator.world import World
 
-STOCKOUT = "ZONE_RESOURCE_POOL_EXHAUSTED"
-QUOTA = "QUOTA_EXCEEDED"
 # The operation's HTTP status when a lone VM's insert is refused (a stockout: 503).
 _HTTP_OF_REFUSAL = {QUOTA: (403, "FORBIDDEN"), "CONDITION_NOT_MET": (400, "BAD REQUEST")}
 _WAITING = frozenset({QrState.CREATING, QrState.ACCEPTED, QrState.WAITING_FOR_RESOURCES})
@@ -66,8 +61,33 @@ class HostInstance:
     preempted: bool
 
 
-class ComputeVms(ComputeCore):
-    """Lone TPU VMs and what every VM, in a MIG or not, goes through."""
+# A step of a VM's that another part takes on (host maintenance, a run duration's end).
+StepHandler = Callable[[InstanceRecord, float], None]
+# How a MIG shows its member: the member and its view as a lone VM's, to the view the MIG gives.
+MemberView = Callable[[InstanceRecord, "InstanceView"], "InstanceView"]
+
+
+class ComputeVms:
+    """Lone TPU VMs and what every VM, in a MIG or not, goes through (a due source of the
+    clockwork for the VMs' timed steps)."""
+
+    def __init__(self, world: World, clockwork: Clockwork, operations: ComputeOperations, backings: Backings) -> None:
+        self._world = world
+        self._clockwork = clockwork
+        self._operations = operations
+        self._backings = backings
+        self._step_handlers: dict[Step, StepHandler] = {}
+        self._member_view: MemberView = lambda _vm, view: view
+        clockwork.add_due_source(self._due)
+        operations.handle(Effect.CHECK_CAPACITY, self._capacity_verdict)
+
+    def on_step(self, step: Step, handler: StepHandler) -> None:
+        """A VM's timed *step* is *handler*'s to apply, not the VM's own rules."""
+        self._step_handlers[step] = handler
+
+    def show_members_with(self, member_view: MemberView) -> None:
+        """How a MIG's member shows (the slices' part says: partly granted, bulk mode)."""
+        self._member_view = member_view
 
     def insert_instance(self, project: str, zone: str, body: Mapping[str, Any]) -> OperationView:
         """instances.insert of one single-host TPU VM; the operation is DONE once the VM has
@@ -76,59 +96,59 @@ class ComputeVms(ComputeCore):
         name = check_name(body.get("name"))
         machine_type = check_vm(body, "resource", zone)
         shape = slice_shape(machine_type, 1, None)
-        with self._transaction() as now:
+        with self._clockwork.transaction() as now:
             path = f"projects/{project}/zones/{zone}/instances/{name}"
-            if (project, zone, name) in self._compute.instances:
+            if (project, zone, name) in self._world.compute.instances:
                 raise already_exists(path)
-            backing = f"vm.{name}.{self._count('compute-backing')}"
+            backing = f"vm.{name}.{self._world.count('compute-backing')}"
             items = metadata_items(body.get("metadata") or {}, "resource.metadata")
             vm = InstanceRecord(
                 project=project,
                 zone=zone,
                 name=name,
-                number=self._new_number(),
+                number=self._operations.new_number(),
                 body=dict(body),
                 metadata=items,
-                create_time=self._wall_clock(),
+                create_time=self._world.wall_clock(),
                 backing=backing,
                 topology=shape.topology,
             )
-            self._compute.instances[(project, zone, name)] = vm
-            self._back(vm, shape, path, now)
-            return self._new_compute_operation(
+            self._world.compute.instances[(project, zone, name)] = vm
+            self._backings.back(vm, shape, path, now)
+            return self._operations.new_operation(
                 project, f"zones/{zone}", "insert", path, vm.number, now, Effect.CHECK_CAPACITY
             )
 
     def get_instance(self, project: str, zone: str, name: str) -> InstanceView:
-        with self._transaction() as now:
-            return self._existing(project, zone, name, now)
+        with self._clockwork.transaction() as now:
+            return self.existing(project, zone, name, now)
 
     def list_instances(
         self, project: str, zone: str, filter_text: str = "", max_results: int = 0, token: str = ""
     ) -> Listing:
         """The VMs that exist (a MIG's included), by name."""
         keep = name_filter(filter_text)
-        with self._transaction() as now:
+        with self._clockwork.transaction() as now:
             found = [
                 view
-                for key, vm in self._compute.instances.items()
+                for key, vm in self._world.compute.instances.items()
                 if key[:2] == (project, zone) and keep(vm.name)
-                for view in [self._view(vm, now)]
+                for view in [self.view(vm, now)]
                 if view.status is not None
             ]
-        return self._page(found, lambda view: view.record.name, max_results, token)
+        return self._operations.page(found, lambda view: view.record.name, max_results, token)
 
     def delete_instance(self, project: str, zone: str, name: str) -> OperationView:
         """A lone VM: its hosts get SIGTERM, and it is gone when the operation is DONE. A MIG's
         VM is refused: resize or delete the group."""
-        with self._transaction() as now:
-            vm = self._existing(project, zone, name, now).record
+        with self._clockwork.transaction() as now:
+            vm = self.existing(project, zone, name, now).record
             if vm.group:
                 group = f"projects/{project}/zones/{zone}/instanceGroupManagers/{vm.group}"
                 raise in_use("instance", vm.path, group)
-            self._compute.instances[(project, zone, name)] = dataclasses.replace(vm, deleting=True)
-            self._unback(vm.backing, project, zone, now)
-            return self._new_compute_operation(
+            self._world.compute.instances[(project, zone, name)] = dataclasses.replace(vm, deleting=True)
+            self._backings.unback(vm.backing, project, zone, now)
+            return self._operations.new_operation(
                 project, f"zones/{zone}", "delete", vm.path, vm.number, now, Effect.REMOVE_INSTANCE
             )
 
@@ -136,42 +156,42 @@ class ComputeVms(ComputeCore):
         """instances.setMetadata: the items are replaced at once (the host's metadata server answers
         them) when `fingerprint` is the current one; a stale or missing one is 412 conditionNotMet."""
         items = metadata_items(metadata, "resource")
-        with self._transaction() as now:
-            vm = self._existing(project, zone, name, now).record
+        with self._clockwork.transaction() as now:
+            vm = self.existing(project, zone, name, now).record
             if metadata.get("fingerprint") != vm.fingerprint:
                 raise condition_not_met("Supplied fingerprint does not match current metadata fingerprint.")
-            self._compute.instances[(project, zone, name)] = dataclasses.replace(vm, metadata=items)
-            self._dirty = True
-            return self._new_compute_operation(project, f"zones/{zone}", "setMetadata", vm.path, vm.number, now)
+            self._world.compute.instances[(project, zone, name)] = dataclasses.replace(vm, metadata=items)
+            self._world.dirty = True
+            return self._operations.new_operation(project, f"zones/{zone}", "setMetadata", vm.path, vm.number, now)
 
     def preempt_instance(self, project: str, zone: str, name: str) -> InstanceView:
         """Spot preemption of one RUNNING VM: `instance/preempted` TRUE at once, ACPI soft-off (SIGTERM,
         SIGKILL after preemption_grace_seconds), STOPPING until then, TERMINATED after, and deleted
         next when its instanceTerminationAction is DELETE."""
-        with self._transaction() as now:
-            view = self._existing(project, zone, name, now)
-            self._preempt(view, now)
-            return self._view(self._compute.instances[(project, zone, name)], now)
+        with self._clockwork.transaction() as now:
+            view = self.existing(project, zone, name, now)
+            self.preempt(view, now)
+            return self.view(self._world.compute.instances[(project, zone, name)], now)
 
     def stop_instance(self, project: str, zone: str, name: str) -> OperationView:
         """instances.stop, a MIG's VM included (a DO_NOTHING MIG does not repair it): ACPI soft-off
         (SIGTERM, SIGKILL after delete_grace_seconds), STOPPING, then TERMINATED and kept (Step.STOP).
         A VM already STOPPING or TERMINATED is left as it is; one not RUNNING yet is refused."""
-        with self._transaction() as now:
-            view = self._existing(project, zone, name, now)
+        with self._clockwork.transaction() as now:
+            view = self.existing(project, zone, name, now)
             vm = view.record
             if view.status == "RUNNING":
-                grace = self._config.delete_grace_seconds
-                self._compute.instances[(project, zone, name)] = dataclasses.replace(
+                grace = self._world.config.delete_grace_seconds
+                self._world.compute.instances[(project, zone, name)] = dataclasses.replace(
                     vm, phase=Phase.STOPPING, next_at=now + grace, step=Step.STOP
                 )
-                self._dirty = True
-                qr = self._qrs.get((project, zone, vm.backing))
+                self._world.dirty = True
+                qr = self._world.qrs.get((project, zone, vm.backing))
                 if qr is not None:
-                    self._queue_host_event(qr, 0, (vm.worker,), HostAction.SHUTDOWN)
+                    self._world.queue_host_event(qr, 0, (vm.worker,), HostAction.SHUTDOWN)
             elif view.status not in ("STOPPING", "TERMINATED"):
                 raise ComputeError(400, "conditionNotMet", f"{vm.path} is {view.status}; only a RUNNING VM is stopped")
-            return self._new_compute_operation(project, f"zones/{zone}", "stop", vm.path, vm.number, now)
+            return self._operations.new_operation(project, f"zones/{zone}", "stop", vm.path, vm.number, now)
 
     def schedule_maintenance(
         self, project: str, zone: str, name: str, notice_seconds: float, window_seconds: float = 3600.0
@@ -180,9 +200,9 @@ class ComputeVms(ComputeCore):
         `instance/upcoming-maintenance` says when. Nothing else happens to the VM."""
         if notice_seconds < 0 or window_seconds <= 0:
             raise SimulatorError(Code.INVALID_ARGUMENT, "the notice must not be negative, the window positive")
-        with self._transaction() as now:
-            vm = self._existing(project, zone, name, now).record
-            start = self._wall_clock() + notice_seconds
+        with self._clockwork.transaction() as now:
+            vm = self.existing(project, zone, name, now).record
+            start = self._world.wall_clock() + notice_seconds
             maintenance = {
                 "type": "SCHEDULED",
                 "maintenanceStatus": "PENDING",
@@ -192,71 +212,37 @@ class ComputeVms(ComputeCore):
                 "latestWindowStartTime": rfc3339(start),
             }
             changed = dataclasses.replace(vm, upcoming_maintenance=maintenance)
-            self._compute.instances[(project, zone, name)] = changed
-            self._dirty = True
-            return self._view(changed, now)
-
-    def host_node(self, project: str, zone: str, node_id: str) -> NodeRecord:
-        """Any node, a Compute slice's included: what a host's metadata server reads."""
-        with self._transaction():
-            node = self._nodes.get((project, zone, node_id))
-            if node is None:
-                raise SimulatorError(Code.NOT_FOUND, f"no node {node_id!r} in {project}/{zone}")
-            return node
+            self._world.compute.instances[(project, zone, name)] = changed
+            self._world.dirty = True
+            return self.view(changed, now)
 
     def host_instance(self, node: NodeRecord, worker: int) -> HostInstance | None:
         """The VM behind worker *worker* of a Compute slice's node; None for a TPU API node."""
         if not backs_compute(node.qr_id):
             return None
-        with self._lock:
-            for vm in self._compute.instances.values():
+        with self._world.lock:
+            for vm in self._world.compute.instances.values():
                 if (vm.project, vm.zone, vm.backing, vm.worker) == (node.project, node.zone, node.qr_id, worker):
                     return HostInstance(vm, vm.preempted)
         return None
 
     # -- the rules (callers hold the lock) ------------------------------------------------------
 
-    def _back(self, vm: InstanceRecord, shape: ComputeShape, path: str, now: float) -> None:
-        """A queued resource of the TPU model for the slice *vm* heads: it waits for chips of its
-        pool, provisions and runs the hosts' startup script as a TPU node does."""
-        account: Mapping[str, Any] = next(iter(vm.body.get("serviceAccounts") or []), {})
-        template = {"metadata": dict(vm.metadata), "serviceAccount": {"email": account.get("email", "default")}}
-        hosts_boot = self._no_boot_budget == 0
-        if not hosts_boot:
-            self._no_boot_budget -= 1
-        request = QueuedResourceRequest(
-            slices=(SliceRequest(shape.accelerator_type, RUNTIME_VERSION, node_id=vm.backing, template=template),),
-            spot=vm.spot,
-            flex_start=vm.scheduling.get("provisioningModel") == "FLEX_START",
-            reserved=vm.scheduling.get("provisioningModel") == "RESERVATION_BOUND",
-            reservation_name=_reservation_of(vm.body),
-        )
-        self._put_qr(
-            QueuedResourceRecord(
-                project=vm.project,
-                zone=vm.zone,
-                qr_id=vm.backing,
-                request=request,
-                state=QrState.CREATING,
-                initiator=Initiator.USER,
-                create_time=self._wall_clock(),
-                queue_number=self._count("queue"),
-                next_at=now + self._config.accept_seconds,
-                hosts_boot=hosts_boot,
-                backing=path,
-            )
-        )
-
-    def _existing(self, project: str, zone: str, name: str, now: float) -> InstanceView:
-        vm = self._compute.instances.get((project, zone, name))
-        view = None if vm is None else self._view(vm, now)
+    def existing(self, project: str, zone: str, name: str, now: float) -> InstanceView:
+        vm = self._world.compute.instances.get((project, zone, name))
+        view = None if vm is None else self.view(vm, now)
         if view is None or view.status is None:
             raise not_found(f"projects/{project}/zones/{zone}/instances/{name}")
         return view
 
-    def _view(self, vm: InstanceRecord, now: float) -> InstanceView:
-        qr = self._qrs.get((vm.project, vm.zone, vm.backing))
-        node = self._nodes.get((vm.project, vm.zone, vm.backing))
+    def view(self, vm: InstanceRecord, now: float) -> InstanceView:
+        """The VM as the API shows it now; a MIG's member as its MIG shows it (show_members_with)."""
+        view = self._lone_view(vm, now)
+        return self._member_view(vm, view) if vm.group else view
+
+    def _lone_view(self, vm: InstanceRecord, now: float) -> InstanceView:
+        qr = self._world.qrs.get((vm.project, vm.zone, vm.backing))
+        node = self._world.nodes.get((vm.project, vm.zone, vm.backing))
         address = node.host_addresses[vm.worker] if node is not None and vm.worker < len(node.host_addresses) else ""
         deleting = vm.deleting or self._group_deleting(vm)
         if vm.phase is Phase.DELETED:
@@ -271,9 +257,9 @@ class ComputeVms(ComputeCore):
             status = "PENDING" if flex and not vm.group else None if vm.group else "PROVISIONING"
             action = "CREATING"
             if qr.state is QrState.WAITING_FOR_RESOURCES and qr.next_at is None:
-                errors = (self._held_back_by(qr),)
+                errors = (self._backings.held_back_by(qr),)
         elif qr.state is QrState.PROVISIONING:
-            half = self._config.provisioning_seconds / 2
+            half = self._world.config.provisioning_seconds / 2
             status = "STAGING" if qr.next_at is not None and qr.next_at - now <= half else "PROVISIONING"
             action = "CREATING"
         elif qr.state is QrState.ACTIVE:
@@ -287,82 +273,74 @@ class ComputeVms(ComputeCore):
         return InstanceView(vm, status, address, action, errors)
 
     def _group_deleting(self, vm: InstanceRecord) -> bool:
-        group = self._compute.groups.get((vm.project, vm.zone, vm.group)) if vm.group else None
+        group = self._world.compute.groups.get((vm.project, vm.zone, vm.group)) if vm.group else None
         return group is not None and group.deleting
 
-    def _held_back_by(self, qr: QueuedResourceRecord) -> tuple[str, str]:
-        """Why a waiting slice has no chips: the project's quota (counted as admission counts it,
-        quota_counts), a full reservation, or else the zone's capacity."""
-        short = shortfall(self._config.quota_book, holdings(self._qrs.values()), qr)
-        if short is not None:
-            return compute_refusal(short)
-        return STOCKOUT, (
-            f"The zone 'projects/{qr.project}/zones/{qr.zone}' does not have enough resources available to "
-            "fulfill the request. Try a different zone, or try again later."
-        )
-
-    def _capacity_verdict(
-        self, op: ComputeOperation
-    ) -> tuple[float | None, tuple[tuple[str, str], ...], tuple[int, str]]:
+    def _capacity_verdict(self, op: ComputeOperation) -> Verdict:
         """A lone VM's insert: put off while its slice waits its turn; failed, the VM gone, when
         it is held back; done once admitted (or when it is FLEX_START, which waits PENDING)."""
         key = (op.project, op.scope.split("/")[1], op.target.rsplit("/", 1)[1])
-        vm = self._compute.instances.get(key)
-        qr = None if vm is None else self._qrs.get((vm.project, vm.zone, vm.backing))
+        vm = self._world.compute.instances.get(key)
+        qr = None if vm is None else self._world.qrs.get((vm.project, vm.zone, vm.backing))
         if vm is None or qr is None or qr.state not in _WAITING:
             return None, (), (0, "")
         if vm.scheduling.get("provisioningModel") == "FLEX_START":
             return None, (), (0, "")
         if qr.next_at is not None:
             return qr.next_at, (), (0, "")
-        code, message = self._held_back_by(qr)
-        del self._qrs[(qr.project, qr.zone, qr.qr_id)]
-        del self._compute.instances[key]
+        code, message = self._backings.held_back_by(qr)
+        del self._world.qrs[(qr.project, qr.zone, qr.qr_id)]
+        del self._world.compute.instances[key]
         return None, ((code, message),), _HTTP_OF_REFUSAL.get(code, (503, "SERVICE UNAVAILABLE"))
 
-    def _preempt(self, view: InstanceView, now: float) -> None:
+    def preempt(self, view: InstanceView, now: float) -> None:
         vm = view.record
         if not vm.spot:
             raise ComputeError(400, "conditionNotMet", f"{vm.path} is no Spot VM; only Spot VMs are preempted")
         if view.status != "RUNNING":  # before, its host has not booted: simulated preemption waits for that
             raise ComputeError(400, "conditionNotMet", f"{vm.path} is {view.status}; it cannot be preempted")
-        grace = self._config.preemption_grace_seconds
-        self._compute.instances[(vm.project, vm.zone, vm.name)] = dataclasses.replace(
+        grace = self._world.config.preemption_grace_seconds
+        self._world.compute.instances[(vm.project, vm.zone, vm.name)] = dataclasses.replace(
             vm, phase=Phase.STOPPING, preempted=True, next_at=now + grace, step=Step.TERMINATE
         )
-        self._dirty = True
-        qr = self._qrs.get((vm.project, vm.zone, vm.backing))
+        self._world.dirty = True
+        qr = self._world.qrs.get((vm.project, vm.zone, vm.backing))
         if qr is not None:
-            self._queue_host_event(qr, 0, (vm.worker,), HostAction.PREEMPT)
-        op = self._new_compute_operation(
+            self._world.queue_host_event(qr, 0, (vm.worker,), HostAction.PREEMPT)
+        op = self._operations.new_operation(
             vm.project, f"zones/{vm.zone}", "compute.instances.preempted", vm.path, vm.number, now, delay=0.0
         )
-        self._complete(op.record, now)
+        self._operations.complete(op.record, now)
+
+    def _due(self, now: float) -> list[DueStep]:
+        return [
+            (vm.next_at, 3, vm.number, partial(self._step_instance, vm))
+            for vm in self._world.compute.instances.values()
+            if vm.next_at is not None and vm.next_at <= now
+        ]
 
     def _step_instance(self, vm: InstanceRecord, at: float) -> None:
         """TERMINATE: the grace is over; DELETE: a terminated VM whose action is DELETE goes (a
-        MIG's stays listed as DELETED; a lone VM's slice is taken away)."""
+        MIG's stays listed as DELETED; a lone VM's slice is taken away); a step another part
+        registered (on_step) is that part's."""
+        handler = self._step_handlers.get(vm.step)
+        if handler is not None:
+            handler(vm, at)
+            return
         key = (vm.project, vm.zone, vm.name)
         if vm.step in (Step.TERMINATE, Step.STOP):
             delete = vm.step is Step.TERMINATE and vm.scheduling.get("instanceTerminationAction") == "DELETE"
-            self._compute.instances[key] = dataclasses.replace(
+            self._world.compute.instances[key] = dataclasses.replace(
                 vm,
                 phase=Phase.TERMINATED,
-                next_at=at + self._config.compute_operation_seconds if delete else None,
+                next_at=at + self._world.config.compute_operation_seconds if delete else None,
                 step=Step.DELETE if delete else Step.NONE,
             )
         elif vm.group:
-            self._compute.instances[key] = dataclasses.replace(self._clear_step(vm), phase=Phase.DELETED)
+            self._world.compute.instances[key] = dataclasses.replace(
+                dataclasses.replace(vm, next_at=None, step=Step.NONE), phase=Phase.DELETED
+            )
         else:
-            del self._compute.instances[key]
-            self._unback(vm.backing, vm.project, vm.zone, at)
-        self._dirty = True
-
-
-def _reservation_of(body: Mapping[str, Any]) -> str:
-    """The reservation a VM's reservationAffinity names (SPECIFIC_RESERVATION), or ""."""
-    affinity = body.get("reservationAffinity") or {}
-    if not isinstance(affinity, Mapping) or affinity.get("consumeReservationType") != "SPECIFIC_RESERVATION":
-        return ""
-    values = affinity.get("values") or []
-    return str(values[0]) if isinstance(values, list) and values else ""
+            del self._world.compute.instances[key]
+            self._backings.unback(vm.backing, vm.project, vm.zone, at)
+        self._world.dirty = True

@@ -96,11 +96,13 @@ class ControlApi:
             config = self.simulator.config.updated(changes)
         except (TypeError, ValueError) as exc:
             raise SimulatorError(Code.INVALID_ARGUMENT, str(exc)) from exc
-        self.simulator.reconfigure(config)
+        self.simulator.fault_plan.reconfigure(config)
         return 200, config.to_json()
 
     def _preempt(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
-        qr = self.simulator.preempt(params["id"], zone=params["zone"], project=query_str(query, "project") or None)
+        qr = self.simulator.queued_resources.preempt(
+            params["id"], zone=params["zone"], project=query_str(query, "project") or None
+        )
         return 200, queued_resource_json(qr)
 
     def _fail(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
@@ -108,7 +110,7 @@ class ControlApi:
         code = details.get("code") or Code.INTERNAL.grpc_code
         if not isinstance(code, int):
             raise SimulatorError(Code.INVALID_ARGUMENT, f"code must be a google.rpc.Code number, got {code!r}")
-        qr = self.simulator.fail(
+        qr = self.simulator.queued_resources.fail(
             params["id"],
             str(details.get("message") or "failed by the tpujobs simulator"),
             zone=params["zone"],
@@ -118,7 +120,7 @@ class ControlApi:
         return 200, queued_resource_json(qr)
 
     def _kill_host(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
-        node = self.simulator.kill_host(
+        node = self.simulator.nodes.kill_host(
             params["id"],
             query_int(query, "slice"),
             query_int(query, "worker"),
@@ -128,10 +130,10 @@ class ControlApi:
         return 200, node_json(node)
 
     def _get_faults(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
-        return 200, self.simulator.faults()
+        return 200, self.simulator.fault_plan.faults()
 
     def _clear_faults(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
-        return 200, self.simulator.clear_faults()
+        return 200, self.simulator.fault_plan.clear_faults()
 
     def _inject_errors(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         request = json_object(body, "the fault")
@@ -159,18 +161,18 @@ class ControlApi:
             )
         except ValueError as exc:
             raise SimulatorError(Code.INVALID_ARGUMENT, str(exc)) from exc
-        return 200, self.simulator.inject_errors(method, fault, whole(request.get("count", 1), "count"))
+        return 200, self.simulator.fault_plan.inject_errors(method, fault, whole(request.get("count", 1), "count"))
 
     def _no_boot_next(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         request = json_object(body, "the fault")
-        return 200, self.simulator.no_boot(whole(request.get("count", 1), "count"))
+        return 200, self.simulator.fault_plan.no_boot(whole(request.get("count", 1), "count"))
 
     def _no_boot(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
-        qr = self.simulator.no_boot_queued_resource(params["id"], **where(params, query))
+        qr = self.simulator.fault_plan.no_boot_queued_resource(params["id"], **where(params, query))
         return 200, queued_resource_json(qr)
 
     def _reboot(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
-        nodes = self.simulator.reboot(
+        nodes = self.simulator.nodes.reboot(
             params["id"],
             query_optional_int(query, "slice"),
             query_optional_int(query, "worker"),
@@ -184,7 +186,7 @@ class ControlApi:
             notice_seconds = float(notice) if notice else None
         except ValueError as exc:
             raise SimulatorError(Code.INVALID_ARGUMENT, f"notice must be a number of seconds, got {notice!r}") from exc
-        nodes = self.simulator.maintenance(
+        nodes = self.simulator.nodes.maintenance(
             params["id"],
             query_optional_int(query, "slice"),
             notice_seconds,
@@ -199,14 +201,14 @@ class ControlApi:
         for name, value in (("notice", notice), ("window", window)):
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise SimulatorError(Code.INVALID_ARGUMENT, f"{name} must be a number of seconds, got {value!r}")
-        nodes = self.simulator.schedule_maintenance_window(
+        nodes = self.simulator.nodes.schedule_maintenance_window(
             params["id"], query_optional_int(query, "slice"), float(notice), float(window), **where(params, query)
         )
         return 200, {"nodes": [node_json(node) for node in nodes]}
 
     def _node_health(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         request = json_object(body, "the node health")
-        nodes = self.simulator.set_node_health(
+        nodes = self.simulator.nodes.set_node_health(
             params["id"],
             str(request.get("health") or ""),
             str(request.get("description") or ""),
@@ -217,7 +219,7 @@ class ControlApi:
 
     def _node_state(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         request = json_object(body, "the node state")
-        nodes = self.simulator.set_node_state(
+        nodes = self.simulator.nodes.set_node_state(
             params["id"],
             str(request.get("state") or ""),
             query_optional_int(query, "slice"),

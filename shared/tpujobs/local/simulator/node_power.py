@@ -28,16 +28,22 @@ from tpujobs.local.simulator.records import (
     QueuedResourceRecord,
     backs_compute,
 )
+from tpujobs.local.simulator.world import World
 
 
-class NodePower(Clockwork):
-    """Stop, start and simulated maintenance of one node, by its TPU API name."""
+class NodePower:
+    """Stop, start and simulated maintenance of one node, by its TPU API name; the rules of
+    announced maintenance and windows, which `Nodes` applies to a queued resource's nodes."""
+
+    def __init__(self, world: World, clockwork: Clockwork) -> None:
+        self._world = world
+        self._clockwork = clockwork
 
     def stop_node(self, project: str, zone: str, node_id: str) -> OperationRecord:
         """StopNode: the hosts shut down (SIGTERM, then SIGKILL after delete_grace_seconds, as
         maintenance does) and the node is STOPPED at once; the operation is done, with the node
         as its response. Its QR stays ACTIVE and keeps the chips."""
-        with self._transaction():
+        with self._clockwork.transaction():
             qr, index, node = self._own_node(project, zone, node_id, "stop")
             if node.preemptible:
                 raise SimulatorError(
@@ -53,25 +59,25 @@ class NodePower(Clockwork):
                 )
             self._require(node, NodeState.READY, "stop")
             stopped = dataclasses.replace(node, state=NodeState.STOPPED, health="", health_description="")
-            self._put_node(stopped)
-            self._queue_host_event(qr, index, self._every_host(node), HostAction.SHUTDOWN)
+            self._world.put_node(stopped)
+            self._world.queue_host_event(qr, index, self._every_host(node), HostAction.SHUTDOWN)
             return self._done_operation(stopped, "stop")
 
     def start_node(self, project: str, zone: str, node_id: str) -> OperationRecord:
         """StartNode: a STOPPED node is STARTING for reboot_seconds, then READY, and its hosts
         boot again from the same disks (the startup script runs again, as after a reboot)."""
-        with self._transaction() as now:
+        with self._clockwork.transaction() as now:
             _, _, node = self._own_node(project, zone, node_id, "start")
             self._require(node, NodeState.STOPPED, "start")
             starting = dataclasses.replace(
                 node,
                 state=NodeState.STARTING,
-                next_at=now + self._config.reboot_seconds,
+                next_at=now + self._world.config.reboot_seconds,
                 step=NodeStep.REBOOTED,  # when due: READY, and the hosts named below boot
                 rebooting_workers=self._every_host(node),
                 failed_workers=(),
             )
-            self._put_node(starting)
+            self._world.put_node(starting)
             return self._done_operation(starting, "start")
 
     def simulate_maintenance_event(
@@ -81,7 +87,7 @@ class NodePower(Clockwork):
         starts, on this node: instance/maintenance-event announces it, and after
         maintenance_notice_seconds the hosts go down. *worker_ids* must name hosts of the node;
         the whole node goes down, as the simulator maintains nodes, not single hosts."""
-        with self._transaction() as now:
+        with self._clockwork.transaction() as now:
             _, index, node = self._own_node(project, zone, node_id, "simulate maintenance on")
             hosts = len(node.host_addresses)
             wrong = sorted({w for w in worker_ids if not 0 <= w < hosts})
@@ -91,10 +97,12 @@ class NodePower(Clockwork):
                     f"node {node.node_id} has workers 0..{hosts - 1}, not {', '.join(map(str, wrong))}",
                 )
             self._require(node, NodeState.READY, "simulate maintenance on")
-            (announced,) = self._announce_maintenance([(index, node)], self._config.maintenance_notice_seconds, now)
+            (announced,) = self.announce_maintenance(
+                [(index, node)], self._world.config.maintenance_notice_seconds, now
+            )
             return self._done_operation(announced, "simulateMaintenanceEvent")
 
-    def _announce_maintenance(
+    def announce_maintenance(
         self, chosen: list[tuple[int, NodeRecord]], notice: float, now: float
     ) -> tuple[NodeRecord, ...]:
         """Host maintenance as GCE announces it to a VM that terminates for it (see
@@ -107,11 +115,11 @@ class NodePower(Clockwork):
             announced = dataclasses.replace(
                 node, maintenance_event=MAINTENANCE_TERMINATE, next_at=now + notice, step=NodeStep.MAINTENANCE_STARTS
             )
-            self._put_node(announced)
+            self._world.put_node(announced)
             changed.append(announced)
         return tuple(changed)
 
-    def _schedule_window(
+    def schedule_window(
         self, chosen: list[tuple[int, NodeRecord]], notice: float, window: float, now: float
     ) -> tuple[NodeRecord, ...]:
         """Google's advance notice of a maintenance window (see `Nodes.schedule_maintenance_window`);
@@ -120,7 +128,7 @@ class NodePower(Clockwork):
         if notice < 0 or window <= 0:
             raise SimulatorError(Code.INVALID_ARGUMENT, "the notice must not be negative, the window positive")
         self._refuse_busy(chosen, "get a maintenance window")
-        start = self._wall_clock() + notice
+        start = self._world.wall_clock() + notice
         announced = {
             "type": "SCHEDULED",
             "canReschedule": True,
@@ -134,14 +142,14 @@ class NodePower(Clockwork):
             scheduled = dataclasses.replace(
                 node, upcoming_maintenance=announced, next_at=now + notice, step=NodeStep.MAINTENANCE_STARTS
             )
-            self._put_node(scheduled)
+            self._world.put_node(scheduled)
             changed.append(scheduled)
         return tuple(changed)
 
     def _refuse_busy(self, chosen: list[tuple[int, NodeRecord]], doing: str) -> None:
         """Refuse nodes that are stopped or have a timed step (a reboot, a maintenance) under way."""
         for _, node in chosen:
-            self._refuse_stopped(node, doing)
+            self.refuse_stopped(node, doing)
             if node.step is not NodeStep.NONE:
                 raise SimulatorError(
                     Code.FAILED_PRECONDITION,
@@ -153,8 +161,8 @@ class NodePower(Clockwork):
     ) -> tuple[QueuedResourceRecord, int, NodeRecord]:
         """The node by its TPU API name, its QR and its slice index; NOT_FOUND as GetNode answers,
         FAILED_PRECONDITION when its QR is not ACTIVE (the QR's own transition decides then)."""
-        node = self._nodes.get((project, zone, node_id))
-        qr = None if node is None else self._qrs.get((project, zone, node.qr_id))
+        node = self._world.nodes.get((project, zone, node_id))
+        qr = None if node is None else self._world.qrs.get((project, zone, node.qr_id))
         if node is None or qr is None or backs_compute(node.qr_id):
             raise SimulatorError(
                 Code.NOT_FOUND, f"Resource 'projects/{project}/locations/{zone}/nodes/{node_id}' was not found"
@@ -164,10 +172,10 @@ class NodePower(Clockwork):
                 Code.FAILED_PRECONDITION,
                 f"Cannot {doing} node {node.name}: its queued resource is {qr.state.value}",
             )
-        return qr, self._nodes_of(qr).index(node), node
+        return qr, self._world.nodes_of(qr).index(node), node
 
     @staticmethod
-    def _refuse_stopped(node: NodeRecord, doing: str) -> None:
+    def refuse_stopped(node: NodeRecord, doing: str) -> None:
         """A STOPPED or STARTING node has no hosts up to reset or to maintain."""
         if node.state in (NodeState.STOPPED, NodeState.STARTING):
             raise SimulatorError(
@@ -195,9 +203,9 @@ class NodePower(Clockwork):
 
     def _done_operation(self, node: NodeRecord, verb: str) -> OperationRecord:
         """An operation that is done at once, with *node* as its response."""
-        operation = self._new_operation(node.project, node.zone, verb, node.name)
-        finished = dataclasses.replace(operation, done=True, end_time=self._wall_clock(), node=node)
-        self._operations[(node.project, node.zone, operation.operation_id)] = finished
+        operation = self._world.new_operation(node.project, node.zone, verb, node.name)
+        finished = dataclasses.replace(operation, done=True, end_time=self._world.wall_clock(), node=node)
+        self._world.operations[(node.project, node.zone, operation.operation_id)] = finished
         return finished
 
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from tpujobs.local.simulator.clockwork import Clockwork
 from tpujobs.local.simulator.errors import Code, SimulatorError
-from tpujobs.local.simulator.node_updates import NodeUpdates
+from tpujobs.local.simulator.node_power import NodePower
 from tpujobs.local.simulator.records import (
     NODE_HEALTHS,
     HostAction,
@@ -19,16 +20,21 @@ from tpujobs.local.simulator.records import (
     QueuedResourceRecord,
     backs_compute,
 )
-from tpujobs.local.simulator.world import in_location, paged
+from tpujobs.local.simulator.world import World, in_location, paged
 
 
-class Nodes(NodeUpdates):
-    """Nodes, their hosts and what they show; UpdateNode in `NodeUpdates`; stop, start and
-    simulated maintenance in `NodePower`."""
+class Nodes:
+    """Nodes, their hosts and what they show; UpdateNode is `NodeUpdates`'; stop, start and
+    simulated maintenance `NodePower`'s, whose maintenance rules these verbs apply too."""
+
+    def __init__(self, world: World, clockwork: Clockwork, power: NodePower) -> None:
+        self._world = world
+        self._clockwork = clockwork
+        self._power = power
 
     def get_node(self, project: str, zone: str, node_id: str) -> NodeRecord:
-        with self._transaction():
-            node = self._nodes.get((project, zone, node_id))
+        with self._clockwork.transaction():
+            node = self._world.nodes.get((project, zone, node_id))
             if node is None or backs_compute(node.qr_id):
                 raise SimulatorError(
                     Code.NOT_FOUND,
@@ -37,14 +43,14 @@ class Nodes(NodeUpdates):
             return node
 
     def list_nodes(self, project: str, zone: str, page_size: int = 0, page_token: str = "") -> Page[NodeRecord]:
-        with self._transaction():
-            found = [n for n in self._nodes.values() if in_location(n, project, zone)]
-        return paged(found, page_size or self._config.default_page_size, page_token)
+        with self._clockwork.transaction():
+            found = [n for n in self._world.nodes.values() if in_location(n, project, zone)]
+        return paged(found, page_size or self._world.config.default_page_size, page_token)
 
     def nodes_of(self, qr: QueuedResourceRecord) -> tuple[NodeRecord, ...]:
         """The nodes a QR has now, in the order its node specs name them; for hooks."""
-        with self._lock:
-            return tuple(self._nodes_of(qr))
+        with self._world.lock:
+            return tuple(self._world.nodes_of(qr))
 
     def kill_host(
         self,
@@ -60,14 +66,14 @@ class Nodes(NodeUpdates):
         The QR stays ACTIVE and the metadata says nothing; on_host_failed hooks kill the
         worker's processes. *slice_index* counts nodes in the order the node specs name them.
         """
-        with self._transaction():
-            qr = self._resolve(qr_id, zone, project)
+        with self._clockwork.transaction():
+            qr = self._world.resolve(qr_id, zone, project)
             if qr.state is not QrState.ACTIVE:
                 raise SimulatorError(
                     Code.FAILED_PRECONDITION,
                     f"Queued resource {qr.name} is {qr.state.value}; only an ACTIVE one has hosts to kill",
                 )
-            nodes = self._nodes_of(qr)
+            nodes = self._world.nodes_of(qr)
             if not 0 <= slice_index < len(nodes):
                 raise SimulatorError(
                     Code.INVALID_ARGUMENT,
@@ -91,8 +97,8 @@ class Nodes(NodeUpdates):
                     "tpujobs); the node is being repaired"
                 ),
             )
-            self._put_node(repairing)
-            self._queue_hooks(self.on_host_failed, qr, slice_index, worker)
+            self._world.put_node(repairing)
+            self._world.queue_hooks(self._world.on_host_failed, qr, slice_index, worker)
             return repairing
 
     def reboot(
@@ -107,7 +113,7 @@ class Nodes(NodeUpdates):
         """Reset hosts as a VM reset does: their processes die at once (on_hosts RESET), the
         node is RESTARTING for reboot_seconds, then READY and the hosts boot again from the
         same disk (on_hosts BOOT). No slice: every slice; no worker: every host of the slice."""
-        with self._transaction() as now:
+        with self._clockwork.transaction() as now:
             qr, chosen = self._active_nodes(qr_id, slice_index, zone, project, "reboot")
             plan = [(index, node, self._workers_of(node, worker)) for index, node in chosen]
             for _, node, _ in plan:
@@ -116,7 +122,7 @@ class Nodes(NodeUpdates):
                         Code.FAILED_PRECONDITION,
                         f"node {node.node_id} is under host maintenance, or has one announced; it cannot reboot now",
                     )
-                self._refuse_stopped(node, "reboot")
+                self._power.refuse_stopped(node, "reboot")
             changed = []
             for index, node, workers in plan:
                 restarting = dataclasses.replace(
@@ -124,13 +130,13 @@ class Nodes(NodeUpdates):
                     state=NodeState.RESTARTING,
                     health="",
                     health_description="",
-                    next_at=now + self._config.reboot_seconds,
+                    next_at=now + self._world.config.reboot_seconds,
                     step=NodeStep.REBOOTED,
                     rebooting_workers=tuple(sorted({*node.rebooting_workers, *workers})),
                 )
-                self._put_node(restarting)
+                self._world.put_node(restarting)
                 changed.append(restarting)
-                self._queue_host_event(qr, index, workers, HostAction.RESET)
+                self._world.queue_host_event(qr, index, workers, HostAction.RESET)
             return tuple(changed)
 
     def maintenance(
@@ -147,10 +153,10 @@ class Nodes(NodeUpdates):
         (default maintenance_notice_seconds) the node is REPAIRING with health
         UNHEALTHY_MAINTENANCE and its hosts shut down (on_hosts SHUTDOWN); maintenance_seconds
         later it is READY, the event NONE, and the hosts boot again (on_hosts BOOT)."""
-        notice = self._config.maintenance_notice_seconds if notice_seconds is None else notice_seconds
-        with self._transaction() as now:
+        notice = self._world.config.maintenance_notice_seconds if notice_seconds is None else notice_seconds
+        with self._clockwork.transaction() as now:
             _, chosen = self._active_nodes(qr_id, slice_index, zone, project, "go into maintenance")
-            return self._announce_maintenance(chosen, notice, now)
+            return self._power.announce_maintenance(chosen, notice, now)
 
     def schedule_maintenance_window(
         self,
@@ -168,9 +174,9 @@ class Nodes(NodeUpdates):
         VMs get none). When the window starts the maintenance runs as `maintenance` runs it after
         its notice (REPAIRING, hosts shut down, READY maintenance_seconds later), the field
         ONGOING meanwhile and cleared after. No slice: every slice."""
-        with self._transaction() as now:
+        with self._clockwork.transaction() as now:
             _, chosen = self._active_nodes(qr_id, slice_index, zone, project, "get a maintenance window")
-            return self._schedule_window(chosen, notice_seconds, window_seconds, now)
+            return self._power.schedule_window(chosen, notice_seconds, window_seconds, now)
 
     def set_node_health(
         self,
@@ -190,8 +196,8 @@ class Nodes(NodeUpdates):
                 Code.INVALID_ARGUMENT,
                 f"health must be one of {', '.join(NODE_HEALTHS)}, got {health!r}",
             )
-        with self._transaction():
-            qr = self._resolve(qr_id, zone, project)
+        with self._clockwork.transaction():
+            qr = self._world.resolve(qr_id, zone, project)
             changed = []
             for _, node in self._chosen_nodes(qr, slice_index):
                 shown = dataclasses.replace(
@@ -199,7 +205,7 @@ class Nodes(NodeUpdates):
                     health="" if name == "HEALTH_UNSPECIFIED" else name,
                     health_description=description,
                 )
-                self._put_node(shown)
+                self._world.put_node(shown)
                 changed.append(shown)
             return tuple(changed)
 
@@ -219,12 +225,12 @@ class Nodes(NodeUpdates):
         except ValueError:
             names = ", ".join(member.value for member in NodeState)
             raise SimulatorError(Code.INVALID_ARGUMENT, f"state must be one of {names}, got {state!r}") from None
-        with self._transaction():
-            qr = self._resolve(qr_id, zone, project)
+        with self._clockwork.transaction():
+            qr = self._world.resolve(qr_id, zone, project)
             changed = []
             for _, node in self._chosen_nodes(qr, slice_index):
                 shown = dataclasses.replace(node, state=wanted)
-                self._put_node(shown)
+                self._world.put_node(shown)
                 changed.append(shown)
             return tuple(changed)
 
@@ -236,7 +242,7 @@ class Nodes(NodeUpdates):
         project: str | None,
         doing: str,
     ) -> tuple[QueuedResourceRecord, list[tuple[int, NodeRecord]]]:
-        qr = self._resolve(qr_id, zone, project)
+        qr = self._world.resolve(qr_id, zone, project)
         if qr.state is not QrState.ACTIVE:
             raise SimulatorError(
                 Code.FAILED_PRECONDITION,
@@ -246,7 +252,7 @@ class Nodes(NodeUpdates):
 
     def _chosen_nodes(self, qr: QueuedResourceRecord, slice_index: int | None) -> list[tuple[int, NodeRecord]]:
         """(slice index, node) of one slice, or of every slice when *slice_index* is None."""
-        nodes = list(enumerate(self._nodes_of(qr)))
+        nodes = list(enumerate(self._world.nodes_of(qr)))
         if not nodes:
             raise SimulatorError(Code.FAILED_PRECONDITION, f"Queued resource {qr.name} has no nodes")
         if slice_index is None:

@@ -10,6 +10,7 @@ from tpujobs.domain.platforms import TPU_API, platform_refusal
 from tpujobs.local.simulator.checks import check_resource_id, check_vm_options
 from tpujobs.local.simulator.clockwork import Clockwork
 from tpujobs.local.simulator.errors import Code, SimulatorError, bad_request
+from tpujobs.local.simulator.fault_plan import FaultPlan
 from tpujobs.local.simulator.records import (
     LIVE_STATES,
     PREEMPTIBLE_STATES,
@@ -24,7 +25,7 @@ from tpujobs.local.simulator.records import (
     backs_compute,
     settled,
 )
-from tpujobs.local.simulator.world import in_location, paged
+from tpujobs.local.simulator.world import World, in_location, paged
 
 # queuedResources.delete without force: "the queued resource will only be deleted if its nodes
 # have already been deleted or the queued resource is in the ACCEPTED, FAILED, or SUSPENDED
@@ -32,8 +33,13 @@ from tpujobs.local.simulator.world import in_location, paged
 PLAIN_DELETE_STATES = frozenset({QrState.ACCEPTED, QrState.FAILED, QrState.SUSPENDED})
 
 
-class QueuedResources(Clockwork):
+class QueuedResources:
     """Queued resources and their operations, as the TPU API serves them."""
+
+    def __init__(self, world: World, clockwork: Clockwork, faults: FaultPlan) -> None:
+        self._world = world
+        self._clockwork = clockwork
+        self._faults = faults  # the no-boot budget new queued resources draw on
 
     def create_queued_resource(
         self, project: str, zone: str, qr_id: str, request: QueuedResourceRequest
@@ -41,13 +47,13 @@ class QueuedResources(Clockwork):
         """Queue a request for TPUs; the operation completes once the QR is ACCEPTED."""
         check_resource_id("queued resource id", qr_id)
         self._check_request(request, zone)
-        with self._transaction() as now:
+        with self._clockwork.transaction() as now:
             name = f"projects/{project}/locations/{zone}/queuedResources/{qr_id}"
-            if (project, zone, qr_id) in self._qrs:
+            if (project, zone, qr_id) in self._world.qrs:
                 raise SimulatorError(Code.ALREADY_EXISTS, f"Resource '{name}' already exists")
             taken = {
                 node_id
-                for qr in self._qrs.values()
+                for qr in self._world.qrs.values()
                 if (qr.project, qr.zone) == (project, zone)
                 for node_id in qr.node_ids
             }
@@ -57,11 +63,9 @@ class QueuedResources(Clockwork):
                         Code.ALREADY_EXISTS,
                         f"Resource 'projects/{project}/locations/{zone}/nodes/{node_id}' already exists",
                     )
-            operation = self._new_operation(project, zone, "create", name)
-            hosts_boot = self._no_boot_budget == 0
-            if not hosts_boot:
-                self._no_boot_budget -= 1
-            self._put_qr(
+            operation = self._world.new_operation(project, zone, "create", name)
+            hosts_boot = not self._faults.take_no_boot()
+            self._world.put_qr(
                 QueuedResourceRecord(
                     project=project,
                     zone=zone,
@@ -69,9 +73,9 @@ class QueuedResources(Clockwork):
                     request=request,
                     state=QrState.CREATING,
                     initiator=Initiator.USER,
-                    create_time=self._wall_clock(),
-                    queue_number=self._count("queue"),
-                    next_at=now + self._config.accept_seconds,
+                    create_time=self._world.wall_clock(),
+                    queue_number=self._world.count("queue"),
+                    next_at=now + self._world.config.accept_seconds,
                     create_operation=operation.operation_id,
                     hosts_boot=hosts_boot,
                 )
@@ -79,17 +83,17 @@ class QueuedResources(Clockwork):
             return operation
 
     def get_queued_resource(self, project: str, zone: str, qr_id: str) -> QueuedResourceRecord:
-        with self._transaction():
-            return self._find_qr(project, zone, qr_id)
+        with self._clockwork.transaction():
+            return self._world.find_qr(project, zone, qr_id)
 
     def list_queued_resources(
         self, project: str, zone: str, page_size: int = 0, page_token: str = ""
     ) -> Page[QueuedResourceRecord]:
         """Queued resources by name; zone "-" lists every zone, as the real API allows (a Compute
         Engine slice's are not listed: in_location)."""
-        with self._transaction():
-            found = [qr for qr in self._qrs.values() if in_location(qr, project, zone)]
-        return paged(found, page_size or self._config.default_page_size, page_token)
+        with self._clockwork.transaction():
+            found = [qr for qr in self._world.qrs.values() if in_location(qr, project, zone)]
+        return paged(found, page_size or self._world.config.default_page_size, page_token)
 
     def delete_queued_resource(self, project: str, zone: str, qr_id: str, force: bool = False) -> OperationRecord:
         """Start deleting. Without force, as Google's `force` says, "the queued resource will only
@@ -98,30 +102,30 @@ class QueuedResources(Clockwork):
         nothing of a delete's effect on a SUSPENDING one's hosts still in their preemption grace:
         here the delete's own grace ends theirs (the unkind reading; tpujobs never relies on
         more, `domain.grace`)."""
-        with self._transaction() as now:
-            qr = self._find_qr(project, zone, qr_id)
+        with self._clockwork.transaction() as now:
+            qr = self._world.find_qr(project, zone, qr_id)
             if qr.state is QrState.DELETING:
-                return self._operations[(project, zone, qr.delete_operation)]
-            if self._nodes_of(qr) and not force and qr.state not in PLAIN_DELETE_STATES:
+                return self._world.operations[(project, zone, qr.delete_operation)]
+            if self._world.nodes_of(qr) and not force and qr.state not in PLAIN_DELETE_STATES:
                 raise SimulatorError(
                     Code.FAILED_PRECONDITION,
                     f"Queued resource {qr.name} in state {qr.state.value} has nodes; "
                     "delete them first or set force to true",
                 )
-            operation = self._new_operation(project, zone, "delete", qr.name)
-            for node in self._nodes_of(qr):
-                self._put_node(settled(node, state=NodeState.DELETING, health=""))
-            deleting = self._put_qr(
+            operation = self._world.new_operation(project, zone, "delete", qr.name)
+            for node in self._world.nodes_of(qr):
+                self._world.put_node(settled(node, state=NodeState.DELETING, health=""))
+            deleting = self._world.put_qr(
                 dataclasses.replace(
                     qr,
                     state=QrState.DELETING,
                     initiator=Initiator.USER,
-                    next_at=now + self._config.deleting_seconds,
+                    next_at=now + self._world.config.deleting_seconds,
                     delete_operation=operation.operation_id,
                 )
             )
-            self._queue_hooks(self.on_stopped, deleting)
-            self._admit(now)
+            self._world.queue_hooks(self._world.on_stopped, deleting)
+            self._clockwork.admit(now)
             return operation
 
     def preempt(self, qr_id: str, *, zone: str | None = None, project: str | None = None) -> QueuedResourceRecord:
@@ -133,25 +137,26 @@ class QueuedResources(Clockwork):
         ("the resources ... are being deleted") while its hosts are in their preemption grace,
         and SUSPENDED ("the resources ... have been deleted") only once that is over.
         """
-        with self._transaction() as now:
-            qr = self._resolve(qr_id, zone, project)
+        with self._clockwork.transaction() as now:
+            qr = self._world.resolve(qr_id, zone, project)
             if qr.state not in PREEMPTIBLE_STATES:
                 raise SimulatorError(
                     Code.FAILED_PRECONDITION,
                     f"Queued resource {qr.name} is {qr.state.value}; only PROVISIONING or ACTIVE ones can be preempted",
                 )
-            for node in self._nodes_of(qr):
-                self._put_node(settled(node, state=NodeState.PREEMPTED, preempted=True, health=""))
-            suspending = self._put_qr(
+            for node in self._world.nodes_of(qr):
+                self._world.put_node(settled(node, state=NodeState.PREEMPTED, preempted=True, health=""))
+            suspending = self._world.put_qr(
                 dataclasses.replace(
                     qr,
                     state=QrState.SUSPENDING,
                     initiator=Initiator.SERVICE,
-                    next_at=now + max(self._config.suspending_seconds, self._config.preemption_grace_seconds),
+                    next_at=now
+                    + max(self._world.config.suspending_seconds, self._world.config.preemption_grace_seconds),
                 )
             )
-            self._queue_hooks(self.on_stopped, suspending)
-            self._admit(now)
+            self._world.queue_hooks(self._world.on_stopped, suspending)
+            self._clockwork.admit(now)
             return suspending
 
     def fail(
@@ -165,16 +170,16 @@ class QueuedResources(Clockwork):
     ) -> QueuedResourceRecord:
         """Give up on a live QR as the service does (say, a stockout): FAILED, its nodes removed;
         chips it held stay held (against the quota) until it is deleted."""
-        with self._transaction() as now:
-            qr = self._resolve(qr_id, zone, project)
+        with self._clockwork.transaction() as now:
+            qr = self._world.resolve(qr_id, zone, project)
             if qr.state not in LIVE_STATES:
                 raise SimulatorError(
                     Code.FAILED_PRECONDITION,
                     f"Queued resource {qr.name} is {qr.state.value}; only live ones can fail",
                 )
-            for node in self._nodes_of(qr):
-                del self._nodes[(node.project, node.zone, node.node_id)]
-            failed = self._put_qr(
+            for node in self._world.nodes_of(qr):
+                del self._world.nodes[(node.project, node.zone, node.node_id)]
+            failed = self._world.put_qr(
                 dataclasses.replace(
                     qr,
                     state=QrState.FAILED,
@@ -184,14 +189,14 @@ class QueuedResources(Clockwork):
                     error_message=message,
                 )
             )
-            self._finish_create(failed, error=(code, message))
-            self._queue_hooks(self.on_stopped, failed)
-            self._admit(now)
+            self._world.finish_create(failed, error=(code, message))
+            self._world.queue_hooks(self._world.on_stopped, failed)
+            self._clockwork.admit(now)
             return failed
 
     def get_operation(self, project: str, zone: str, operation_id: str) -> OperationRecord:
-        with self._transaction():
-            operation = self._operations.get((project, zone, operation_id))
+        with self._clockwork.transaction():
+            operation = self._world.operations.get((project, zone, operation_id))
             if operation is None:
                 raise SimulatorError(
                     Code.NOT_FOUND,
@@ -202,21 +207,21 @@ class QueuedResources(Clockwork):
     def list_operations(
         self, project: str, zone: str, page_size: int = 0, page_token: str = ""
     ) -> Page[OperationRecord]:
-        with self._transaction():
-            found = [op for op in self._operations.values() if in_location(op, project, zone)]
-        return paged(found, page_size or self._config.default_page_size, page_token)
+        with self._clockwork.transaction():
+            found = [op for op in self._world.operations.values() if in_location(op, project, zone)]
+        return paged(found, page_size or self._world.config.default_page_size, page_token)
 
     def state(self) -> SimulatorState:
         """Everything of the TPU API, sorted by name: for the state endpoint and for tests."""
-        with self._transaction():
+        with self._clockwork.transaction():
             return SimulatorState(
                 queued_resources=tuple(
-                    sorted((qr for qr in self._qrs.values() if not backs_compute(qr.qr_id)), key=lambda r: r.name)
+                    sorted((qr for qr in self._world.qrs.values() if not backs_compute(qr.qr_id)), key=lambda r: r.name)
                 ),
                 nodes=tuple(
-                    sorted((n for n in self._nodes.values() if not backs_compute(n.qr_id)), key=lambda n: n.name)
+                    sorted((n for n in self._world.nodes.values() if not backs_compute(n.qr_id)), key=lambda n: n.name)
                 ),
-                operations=tuple(sorted(self._operations.values(), key=lambda o: o.name)),
+                operations=tuple(sorted(self._world.operations.values(), key=lambda o: o.name)),
             )
 
     def _check_request(self, request: QueuedResourceRequest, zone: str) -> None:

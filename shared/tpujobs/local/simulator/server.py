@@ -91,7 +91,7 @@ class SimulatorApi:
         self.worker_pool = worker_pool
         self.identity_signer = IdentitySigner()  # the key of this simulator's VM identity tokens
         self.metadata_service = MetadataService(
-            simulator.host_node,
+            simulator.node_updates.host_node,
             stopping=stopping,
             changes=simulator,
             signer=self.identity_signer,
@@ -158,7 +158,7 @@ class SimulatorApi:
     def _call_tpu(
         self, route: _TpuMethod, params: dict[str, str], query: Query, body: bytes, field_mask: str
     ) -> tuple[int, Json]:
-        fault = self.simulator.next_fault(route.fault_method)
+        fault = self.simulator.fault_plan.next_fault(route.fault_method)
         if fault is not None and not fault.applied:
             raise fault.error(params["project"], params["zone"])
         paths = fields.check(field_mask, route.response) if field_mask else None
@@ -183,51 +183,53 @@ class SimulatorApi:
     def _create_queued_resource(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         parent = f"projects/{params['project']}/locations/{params['zone']}"
         request = parse_queued_resource(canonical(body, tpu_v2.QueuedResource.pb(), "QueuedResource"), parent)
-        operation = self.simulator.create_queued_resource(
+        operation = self.simulator.queued_resources.create_queued_resource(
             params["project"], params["zone"], query_str(query, "queuedResourceId"), request
         )
         return 200, operation_json(operation)
 
     def _list_queued_resources(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
-        page = self.simulator.list_queued_resources(
+        page = self.simulator.queued_resources.list_queued_resources(
             params["project"], params["zone"], query_int(query, "pageSize"), query_str(query, "pageToken")
         )
         return 200, page_json("queuedResources", page, queued_resource_json)
 
     def _get_queued_resource(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         return 200, queued_resource_json(
-            self.simulator.get_queued_resource(params["project"], params["zone"], params["id"])
+            self.simulator.queued_resources.get_queued_resource(params["project"], params["zone"], params["id"])
         )
 
     def _delete_queued_resource(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
-        operation = self.simulator.delete_queued_resource(
+        operation = self.simulator.queued_resources.delete_queued_resource(
             params["project"], params["zone"], params["id"], force=query_bool(query, "force")
         )
         return 200, operation_json(operation)
 
     def _list_nodes(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
-        page = self.simulator.list_nodes(
+        page = self.simulator.nodes.list_nodes(
             params["project"], params["zone"], query_int(query, "pageSize"), query_str(query, "pageToken")
         )
         return 200, page_json("nodes", page, node_json)
 
     def _get_node(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
-        return 200, node_json(self.simulator.get_node(params["project"], params["zone"], params["id"]))
+        return 200, node_json(self.simulator.nodes.get_node(params["project"], params["zone"], params["id"]))
 
     def _update_node(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         """PATCH v2/{name=projects/*/locations/*/nodes/*}?updateMask=a,b with a Node body."""
         mask = [camel(path) for path in query_str(query, "updateMask").split(",") if path.strip()]
         node = canonical(body, tpu_v2.Node.pb(), "Node")
-        operation = self.simulator.update_node(params["project"], params["zone"], params["id"], mask, node)
+        operation = self.simulator.node_updates.update_node(params["project"], params["zone"], params["id"], mask, node)
         return 200, operation_json(operation)
 
     def _stop_node(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         """POST v2/{name=projects/*/locations/*/nodes/*}:stop with a StopNodeRequest (empty)."""
-        return 200, operation_json(self.simulator.stop_node(params["project"], params["zone"], params["id"]))
+        return 200, operation_json(self.simulator.node_power.stop_node(params["project"], params["zone"], params["id"]))
 
     def _start_node(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         """POST v2/{name=projects/*/locations/*/nodes/*}:start with a StartNodeRequest (empty)."""
-        return 200, operation_json(self.simulator.start_node(params["project"], params["zone"], params["id"]))
+        return 200, operation_json(
+            self.simulator.node_power.start_node(params["project"], params["zone"], params["id"])
+        )
 
     def _simulate_maintenance(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
         """POST v2alpha1/{name=projects/*/locations/*/nodes/*}:simulateMaintenanceEvent with
@@ -238,17 +240,21 @@ class SimulatorApi:
             workers = [int(worker) for worker in raw]
         except (TypeError, ValueError) as exc:
             raise SimulatorError(Code.INVALID_ARGUMENT, f"workerIds must be worker numbers, got {raw!r}") from exc
-        operation = self.simulator.simulate_maintenance_event(params["project"], params["zone"], params["id"], workers)
+        operation = self.simulator.node_power.simulate_maintenance_event(
+            params["project"], params["zone"], params["id"], workers
+        )
         return 200, operation_json(operation)
 
     def _list_operations(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
-        page = self.simulator.list_operations(
+        page = self.simulator.queued_resources.list_operations(
             params["project"], params["zone"], query_int(query, "pageSize"), query_str(query, "pageToken")
         )
         return 200, page_json("operations", page, operation_json)
 
     def _get_operation(self, params: dict[str, str], query: Query, body: bytes) -> tuple[int, Json]:
-        return 200, operation_json(self.simulator.get_operation(params["project"], params["zone"], params["id"]))
+        return 200, operation_json(
+            self.simulator.queued_resources.get_operation(params["project"], params["zone"], params["id"])
+        )
 
 
 # -- the server -------------------------------------------------------------------------------

@@ -272,7 +272,7 @@ class WorkerPool:
     # -- hooks (run outside the simulator's lock; quick: Popen and kill only) ------------
 
     def _on_active(self, qr: QueuedResourceRecord) -> None:
-        nodes = self._simulator.nodes_of(qr)
+        nodes = self._simulator.nodes.nodes_of(qr)
         key = (qr.project, qr.zone, qr.qr_id)
         with self._lock:
             if self._closed:
@@ -338,7 +338,7 @@ class WorkerPool:
 
     def _boot_again(self, qr: QueuedResourceRecord, event: HostEvent, group: list[_Worker]) -> None:
         """Run the startup script again on hosts that were down, on their kept disks."""
-        nodes = self._simulator.nodes_of(qr)
+        nodes = self._simulator.nodes.nodes_of(qr)
         if event.slice_index >= len(nodes):
             return
         node = nodes[event.slice_index]

@@ -1,5 +1,6 @@
-"""The simulator's shared state and plumbing: one lock, the records, the hooks queued for
-after it, change notices for held metadata requests, and saving to the state file."""
+"""The simulator's records and plumbing: one lock, the records, the hooks queued for after it,
+change notices for held metadata requests, and saving to the state file. Every part is given the
+world; none inherits it."""
 
 from __future__ import annotations
 
@@ -7,14 +8,13 @@ import base64
 import binascii
 import dataclasses
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from tpujobs.local.simulator.compute_records import ComputeTables
-from tpujobs.local.simulator.errors import FAULT_METHODS, Code, Fault, SimulatorError
+from tpujobs.local.simulator.errors import Code, SimulatorError
 from tpujobs.local.simulator.records import (
     Hook,
     HostAction,
@@ -44,7 +44,9 @@ _log = logging.getLogger(__name__)
 
 
 class World:
-    """What every part of the simulator shares. Thread-safe: one lock guards all state."""
+    """The records every part of the simulator reads and writes (queued resources, nodes, TPU
+    operations, Compute Engine's tables), the one lock that guards them, the hooks queued for
+    after it, and saving. Parts hold the world; none inherits it."""
 
     def __init__(
         self,
@@ -54,19 +56,18 @@ class World:
         wall_clock: Callable[[], float] = time.time,
         store: StateStore | None = None,
     ) -> None:
-        self._config = config or SimulatorConfig()
-        self._clock = clock
-        self._wall_clock = wall_clock
+        self.config = config or SimulatorConfig()
+        self.clock = clock
+        self.wall_clock = wall_clock
         self._store = store
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
         self._dispatch_lock = threading.RLock()  # one dispatcher; a hook may call back in
         self._pending_hooks: list[tuple[list[Callable[..., None]], tuple[Any, ...]]] = []
-        self._dice = random.Random(self._config.seed)
-        self._qrs: dict[tuple[str, str, str], QueuedResourceRecord] = {}
-        self._nodes: dict[tuple[str, str, str], NodeRecord] = {}
-        self._operations: dict[tuple[str, str, str], OperationRecord] = {}
+        self.qrs: dict[tuple[str, str, str], QueuedResourceRecord] = {}
+        self.nodes: dict[tuple[str, str, str], NodeRecord] = {}
+        self.operations: dict[tuple[str, str, str], OperationRecord] = {}
         self._counters = {"queue": 0, "operation": 0, "node": 0, "address": 0}
-        self._dirty = False
+        self.dirty = False
         # Bumped and announced whenever state changes, so a held metadata request
         # (wait_for_change) wakes at once instead of polling.
         self._changed = threading.Condition(threading.Lock())
@@ -75,17 +76,11 @@ class World:
         self.on_stopped: list[Hook] = []  # a QR was preempted, failed or is being deleted
         self.on_host_failed: list[HostHook] = []  # kill_host: one worker host died silently
         self.on_hosts: list[HostsHook] = []  # reboot and maintenance take hosts down and up
-        self._planned_faults: dict[str, list[Fault]] = {method: [] for method in FAULT_METHODS}
-        self._no_boot_budget = 0  # how many of the next QRs created get hosts that never boot
-        self._compute = ComputeTables()  # Compute Engine's records (compute_model.py)
+        self.compute = ComputeTables()  # Compute Engine's records (compute_model.py)
         if store is not None:
             snapshot = store.load()
             if snapshot is not None:
                 self._restore(snapshot)
-
-    @property
-    def config(self) -> SimulatorConfig:
-        return self._config
 
     def generation(self) -> int:
         """A number that grows whenever any queued resource, node or operation changes."""
@@ -106,54 +101,54 @@ class World:
         with self._changed:
             self._changed.notify_all()
 
-    def _finish_create(self, qr: QueuedResourceRecord, error: tuple[int, str] | None = None) -> None:
+    def finish_create(self, qr: QueuedResourceRecord, error: tuple[int, str] | None = None) -> None:
         """Complete the QR's create operation if it is still running: with the QR, or an error."""
         key = (qr.project, qr.zone, qr.create_operation)
-        operation = self._operations.get(key)
+        operation = self.operations.get(key)
         if operation is None or operation.done:
             return
         if error is None:
-            finished = dataclasses.replace(operation, done=True, end_time=self._wall_clock(), result=qr)
+            finished = dataclasses.replace(operation, done=True, end_time=self.wall_clock(), result=qr)
         else:
             finished = dataclasses.replace(
                 operation,
                 done=True,
-                end_time=self._wall_clock(),
+                end_time=self.wall_clock(),
                 error_code=error[0],
                 error_message=error[1],
             )
-        self._operations[key] = finished
-        self._dirty = True
+        self.operations[key] = finished
+        self.dirty = True
 
-    def _new_operation(self, project: str, zone: str, verb: str, target: str) -> OperationRecord:
-        wall = self._wall_clock()
+    def new_operation(self, project: str, zone: str, verb: str, target: str) -> OperationRecord:
+        wall = self.wall_clock()
         operation = OperationRecord(
             project=project,
             zone=zone,
-            operation_id=f"operation-{int(wall * 1000)}-{self._count('operation'):012x}",
+            operation_id=f"operation-{int(wall * 1000)}-{self.count('operation'):012x}",
             verb=verb,
             target=target,
             create_time=wall,
         )
-        self._operations[(project, zone, operation.operation_id)] = operation
-        self._dirty = True
+        self.operations[(project, zone, operation.operation_id)] = operation
+        self.dirty = True
         return operation
 
-    def _put_qr(self, qr: QueuedResourceRecord) -> QueuedResourceRecord:
-        self._qrs[(qr.project, qr.zone, qr.qr_id)] = qr
-        self._dirty = True
+    def put_qr(self, qr: QueuedResourceRecord) -> QueuedResourceRecord:
+        self.qrs[(qr.project, qr.zone, qr.qr_id)] = qr
+        self.dirty = True
         return qr
 
-    def _put_node(self, node: NodeRecord) -> None:
-        self._nodes[(node.project, node.zone, node.node_id)] = node
-        self._dirty = True
+    def put_node(self, node: NodeRecord) -> None:
+        self.nodes[(node.project, node.zone, node.node_id)] = node
+        self.dirty = True
 
-    def _nodes_of(self, qr: QueuedResourceRecord) -> list[NodeRecord]:
-        found = (self._nodes.get((qr.project, qr.zone, node_id)) for node_id in qr.node_ids)
+    def nodes_of(self, qr: QueuedResourceRecord) -> list[NodeRecord]:
+        found = (self.nodes.get((qr.project, qr.zone, node_id)) for node_id in qr.node_ids)
         return [n for n in found if n is not None and n.qr_id == qr.qr_id]
 
-    def _find_qr(self, project: str, zone: str, qr_id: str) -> QueuedResourceRecord:
-        qr = self._qrs.get((project, zone, qr_id))
+    def find_qr(self, project: str, zone: str, qr_id: str) -> QueuedResourceRecord:
+        qr = self.qrs.get((project, zone, qr_id))
         if qr is None or backs_compute(qr_id):  # a Compute Engine slice's is no TPU API resource
             raise SimulatorError(
                 Code.NOT_FOUND,
@@ -161,11 +156,11 @@ class World:
             )
         return qr
 
-    def _resolve(self, qr_id: str, zone: str | None, project: str | None) -> QueuedResourceRecord:
+    def resolve(self, qr_id: str, zone: str | None, project: str | None) -> QueuedResourceRecord:
         """Find a QR by id for the control calls, where zone and project may be left out."""
         matches = [
             qr
-            for qr in self._qrs.values()
+            for qr in self.qrs.values()
             if qr.qr_id == qr_id
             and zone in (None, qr.zone)
             and project in (None, qr.project)
@@ -178,15 +173,15 @@ class World:
             raise SimulatorError(Code.INVALID_ARGUMENT, f"{qr_id!r} is ambiguous: {names}; name the zone and project")
         return matches[0]
 
-    def _count(self, counter: str) -> int:
+    def count(self, counter: str) -> int:
         self._counters[counter] = self._counters.get(counter, 0) + 1
         return self._counters[counter]
 
-    def _queue_hooks(self, hooks: list[Hook] | list[HostHook], qr: QueuedResourceRecord, *more: int) -> None:
+    def queue_hooks(self, hooks: list[Hook] | list[HostHook], qr: QueuedResourceRecord, *more: int) -> None:
         if hooks:
             self._pending_hooks.append((list(hooks), (qr, *more)))
 
-    def _queue_host_event(
+    def queue_host_event(
         self,
         qr: QueuedResourceRecord,
         slice_index: int,
@@ -196,11 +191,11 @@ class World:
         if self.on_hosts and workers:
             self._pending_hooks.append((list(self.on_hosts), (HostEvent(qr, slice_index, workers, action),)))
 
-    def _run_hooks(self) -> None:
+    def run_hooks(self) -> None:
         """Call queued hooks outside the state lock, so a hook may call the simulator."""
         with self._dispatch_lock:
             while True:
-                with self._lock:
+                with self.lock:
                     if not self._pending_hooks:
                         return
                     hooks, args = self._pending_hooks.pop(0)
@@ -210,12 +205,12 @@ class World:
                     except Exception:  # a broken hook must not stop the service
                         _log.exception("simulator hook %r failed for %s", hook, args[0].name)
 
-    def _save_if_changed(self) -> None:
-        if not self._dirty:
+    def save_if_changed(self) -> None:
+        if not self.dirty:
             return
         if self._store is not None:
             self._store.save(self._snapshot())
-        self._dirty = False
+        self.dirty = False
         with self._changed:
             self._generation += 1
             self._changed.notify_all()
@@ -224,28 +219,28 @@ class World:
         """All state as JSON; clock times are saved with the clock's reading to rebase on load."""
         return {
             "version": STATE_FILE_VERSION,
-            "clock": self._clock(),
+            "clock": self.clock(),
             "counters": dict(self._counters),
-            "queued_resources": [qr_to_json(qr) for qr in self._qrs.values()],
-            "nodes": [node_to_json(node) for node in self._nodes.values()],
-            "operations": [operation_to_json(op) for op in self._operations.values()],
-            "compute": self._compute.to_json(),
+            "queued_resources": [qr_to_json(qr) for qr in self.qrs.values()],
+            "nodes": [node_to_json(node) for node in self.nodes.values()],
+            "operations": [operation_to_json(op) for op in self.operations.values()],
+            "compute": self.compute.to_json(),
         }
 
     def _restore(self, snapshot: Mapping[str, Any]) -> None:
         if snapshot.get("version") != STATE_FILE_VERSION:
             raise ValueError(f"state file version {snapshot.get('version')!r} is not {STATE_FILE_VERSION}")
-        shift = self._clock() - float(snapshot["clock"])
+        shift = self.clock() - float(snapshot["clock"])
         self._counters.update(snapshot["counters"])
         for data in snapshot["queued_resources"]:
-            self._put_qr(qr_from_json(data, shift))
+            self.put_qr(qr_from_json(data, shift))
         for data in snapshot["nodes"]:
-            self._put_node(node_from_json(data, shift))
+            self.put_node(node_from_json(data, shift))
         for data in snapshot["operations"]:
             op = operation_from_json(data, shift)
-            self._operations[(op.project, op.zone, op.operation_id)] = op
-        self._compute = ComputeTables.from_json(snapshot.get("compute"), shift)
-        self._dirty = False
+            self.operations[(op.project, op.zone, op.operation_id)] = op
+        self.compute = ComputeTables.from_json(snapshot.get("compute"), shift)
+        self.dirty = False
 
 
 def in_location(resource: QueuedResourceRecord | NodeRecord | OperationRecord, project: str, zone: str) -> bool:
