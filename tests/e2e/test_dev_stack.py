@@ -235,32 +235,26 @@ def test_up_twice_returns_the_running_stack_with_the_same_pids(
 
 
 def test_down_stops_exactly_the_started_pids_and_leaves_a_reused_emulator_running(
-    tmp_path: Path,
+    tmp_path: Path, emulators: dict[str, str]
 ) -> None:
-    """An emulator named by the environment is reused, not recorded, and survives down."""
-    (external,) = processes.start(
-        [processes.pubsub_emulator(processes.free_port(), SETTINGS.project)], tmp_path / "ext"
-    )
-    try:
-        address = f"127.0.0.1:{external.port}"
-        state_dir = tmp_path / "stack"
-        state = stack.up(state_dir, SETTINGS, environ=clean_environ(PUBSUB_EMULATOR_HOST=address))
-        assert state.reused == {"pubsub": address}
-        assert state.env["PUBSUB_EMULATOR_HOST"] == address
-        assert "pubsub" not in {p.name for p in state.processes}
+    """Emulators named by the environment (the test run's own) are reused, not recorded, and survive down."""
+    reused = {"firestore": emulators["FIRESTORE_EMULATOR_HOST"], "pubsub": emulators["PUBSUB_EMULATOR_HOST"]}
+    settings = Settings(prefix="t2-")  # beside `running`'s topics, never on them
+    state_dir = tmp_path / "stack"
+    state = stack.up(state_dir, settings, environ=clean_environ(**emulators))
+    assert state.reused == reused
+    assert state.env["PUBSUB_EMULATOR_HOST"] == reused["pubsub"]
+    assert not {"firestore", "pubsub"} & {p.name for p in state.processes}
 
-        stopped = stack.down(state_dir)
+    stopped = stack.down(state_dir)
 
-        assert sorted(p.pid for p in stopped) == sorted(p.pid for p in state.processes)
-        assert "secret-manager" in {p.name for p in stopped}
-        assert processes.http_get(state.env["TPUJOBS_SECRETS_ENDPOINT"] + "/health") is None
-        assert not any(processes.is_running(p) for p in state.processes)
-        assert processes.is_running(external)
+    assert sorted(p.pid for p in stopped) == sorted(p.pid for p in state.processes)
+    assert "secret-manager" in {p.name for p in stopped}
+    assert processes.http_get(state.env["TPUJOBS_SECRETS_ENDPOINT"] + "/health") is None
+    assert not any(processes.is_running(p) for p in state.processes)
+    for address in reused.values():
         assert processes.http_get(f"http://{address}/") is not None
-        assert not (state_dir / stack.STACK_FILE).exists()
-    finally:
-        processes.stop([external])
-    assert not processes.is_running(external)
+    assert not (state_dir / stack.STACK_FILE).exists()
 
 
 def test_stop_leaves_alone_a_pid_that_is_no_longer_the_recorded_process(tmp_path: Path) -> None:
