@@ -1,4 +1,4 @@
-"""The contract of the usage page's reads (`engine.dashboard.usage.UsageJobs`): every job not yet
+"""The contract of the usage page's reads (`engine.usage_report.UsageJobs`): every job not yet
 ended, then every job ended since a time, paged with a cursor and never capped, projected to what
 the sums need (labels and usage kept, the command left out)."""
 

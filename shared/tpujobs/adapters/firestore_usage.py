@@ -1,4 +1,4 @@
-"""The usage page's reads on Firestore (`engine.dashboard.usage.UsageJobs`): every job of a window.
+"""The usage page's reads on Firestore (`engine.usage_report.UsageJobs`): every job of a window.
 
 Two queries, each paged with a cursor and no cap, projected to what the sums need (USAGE_FIELDS,
 a few hundred bytes a job whatever its spec). Neither needs a composite index: `state IN` ordered

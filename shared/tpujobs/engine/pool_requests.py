@@ -1,12 +1,16 @@
-"""A warm pool's requests on tpujobs-control: create, resize and delete."""
+"""A warm pool's requests on tpujobs-control (create, resize and delete), and what each came to.
+
+Here, not in warm_pools/, because the job controls answer them too: engine/jobs must not import
+warm_pools, which builds on it."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from tpujobs.domain.pools import MAX_UNITS
+from tpujobs.domain.pools import MAX_UNITS, Pool
 from tpujobs.domain.spec import OWNER_PATTERN, POOL_NAME_PATTERN
 
 PoolName = Annotated[str, Field(pattern=POOL_NAME_PATTERN)]
@@ -59,3 +63,12 @@ POOL_CONTROL: dict[str, type[PoolControlRequest]] = {
     "pool-resize": PoolResizeRequest,
     "pool-delete": PoolDeleteRequest,
 }
+
+
+@dataclass(frozen=True)
+class PoolOutcome:
+    """What became of one pool request (create, resize, delete)."""
+
+    kind: Literal["done", "missing", "forbidden", "invalid", "exists"]
+    pool: Pool | None
+    reason: str

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tpujobs.domain.holdings import HoldingState
 from tpujobs.domain.job import Job, JobEvent, Source
 from tpujobs.domain.pools import Pool
 from tpujobs.domain.restart_overrides import RestartAction
@@ -36,6 +37,7 @@ from tpujobs.engine.jobs.signed_reports import SignedReports
 from tpujobs.engine.jobs.submission import Submission
 from tpujobs.engine.jobs.vetting import Vetting
 from tpujobs.engine.jobs.worker_events import WorkerEvents
+from tpujobs.engine.pool_requests import PoolOutcome
 from tpujobs.engine.ports import (
     AccessPolicyReader,
     Capacity,
@@ -53,7 +55,6 @@ from tpujobs.engine.settings import Settings
 from tpujobs.engine.warm_pools.agents import UnitAgents
 from tpujobs.engine.warm_pools.jobs import PoolJobs
 from tpujobs.engine.warm_pools.management import PoolManagement
-from tpujobs.engine.warm_pools.outcomes import PoolOutcome
 from tpujobs.engine.warm_pools.quota import UnitQuota
 from tpujobs.engine.warm_pools.repair import PoolRepair
 from tpujobs.engine.warm_pools.units import PoolUnits
@@ -78,7 +79,9 @@ class WarmPools:
     def delete(self, name: str, caller: str) -> PoolOutcome:  # the jobs API's verified caller
         return self.management.delete(name, caller, verified=True)
 
-    def observe_unit(self, queued_resource: str, state: str, detail: str = "", unhealthy_hosts: int = 0) -> None:
+    def observe_unit(
+        self, queued_resource: str, state: HoldingState, detail: str = "", unhealthy_hosts: int = 0
+    ) -> None:
         self.units.observe_unit(queued_resource, state, detail, unhealthy_hosts)
 
     def repair(self, pool: Pool, seen: Mapping[str, CapacityStatus], live: Mapping[str, Job]) -> list[str]:
@@ -185,11 +188,6 @@ class Engine:
         self.controls = Controls(store, settings, self.vetting, self.rejections, self.lifecycle, management, access)
         self.convergence = Convergence(self.lifecycle, self.rejections, management)
 
-    @property
-    def tpu(self) -> Capacity:
-        """The capacity port, by the name `testing.reconciler_for` still reads."""
-        return self.capacity
-
     # -- the reconciler's `JobRepairs`, and the jobs API's actions, each on its service ------
 
     def reject(self, message: InboundMessage, reason: str) -> None:
@@ -225,7 +223,12 @@ class Engine:
         return self.admission.admit_waiting(pool, leaving=leaving)
 
     def observe_capacity(
-        self, queued_resource: str, state: str, detail: str = "", unhealthy_hosts: int = 0, source: Source = "tpu"
+        self,
+        queued_resource: str,
+        state: HoldingState,
+        detail: str = "",
+        unhealthy_hosts: int = 0,
+        source: Source = "tpu",
     ) -> Decision | Ignored | None:
         return self.capacity_events.observe_capacity(queued_resource, state, detail, unhealthy_hosts, source)
 

@@ -1,7 +1,7 @@
 """`tpujobs usage` and the jobs API's `usage`: a month's chip-hours, goodput and estimated cost per group.
 
 Reads every job that may have held chips in the month through the usage page's port
-(`engine.dashboard.usage.UsageJobs`: the jobs not yet ended, then those ended since the month
+(`UsageJobs`, which the usage page reads too: the jobs not yet ended, then those ended since the month
 began, a page at a time, projected), prices from `config/prices` over the shipped defaults
 (`PriceBook`), and sums with `domain.usage`. An owner's report (`owner`) sums only their jobs.
 """
@@ -13,12 +13,24 @@ from typing import TYPE_CHECKING, Any, Protocol
 from tpujobs.domain.prices import CURRENCY, READ_ON, SOURCES, Prices
 from tpujobs.domain.usage import Month, check_by, usage_report
 
+PAGE_SIZE = 500  # jobs read per query page
+
 if TYPE_CHECKING:
     from collections.abc import Iterator
+    from datetime import datetime
 
     from tpujobs.domain.job import Job
-    from tpujobs.engine.dashboard.usage import UsageJobs
     from tpujobs.engine.ports import Clock
+
+
+class UsageJobs(Protocol):
+    """The jobs a usage window sums (`adapters.firestore_usage`, `local.fakes.usage_jobs`)."""
+
+    def overlapping(self, since: datetime, page_size: int = PAGE_SIZE) -> Iterator[list[Job]]:
+        """Every job that may hold chips at or after `since`: those not yet ended, then those that
+        ended at or after it, a page at a time with a cursor between pages (never a cap). A job
+        that ends between the two reads comes twice. Projected: owner, labels and usage are read;
+        the rest of the spec is not."""
 
 
 class PriceBook(Protocol):

@@ -9,31 +9,21 @@ never with the ended ones. The work grows with the jobs of the window, which is 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from tpujobs.domain.states import TERMINAL
 from tpujobs.engine.dashboard import charts
 from tpujobs.engine.jobs_api.answers import ApiError
+from tpujobs.engine.usage_report import UsageJobs
 
 if TYPE_CHECKING:
     from tpujobs.domain.job import Job
 
 DEFAULT_DAYS = 14
 MAX_DAYS = 31  # the widest window a page sums: the bound on one page's reads
-PAGE_SIZE = 500  # jobs read per query page
-
-
-class UsageJobs(Protocol):
-    """The jobs a usage window sums (`adapters.firestore_usage`, `local.fakes.usage_jobs`)."""
-
-    def overlapping(self, since: datetime, page_size: int = PAGE_SIZE) -> Iterator[list[Job]]:
-        """Every job that may hold chips at or after `since`: those not yet ended, then those that
-        ended at or after it, a page at a time with a cursor between pages (never a cap). A job
-        that ends between the two reads comes twice. Projected: owner, labels and usage are read;
-        the rest of the spec is not."""
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,8 @@ if TYPE_CHECKING:
     from tpujobs.engine.api import JobsApi
     from tpujobs.engine.budgets import BudgetTally
     from tpujobs.engine.dashboard.output_tail import RecentOutput
-    from tpujobs.engine.dashboard.usage import UsageJobs
     from tpujobs.engine.ports import Clock
+    from tpujobs.engine.usage_report import UsageJobs
 
 OUTPUT_WORKERS = 8  # workers whose output a job page reads (a big slice has hundreds)
 LINKED_WORKERS = 8  # workers whose exported log is linked one by one; the attempt's folder has all

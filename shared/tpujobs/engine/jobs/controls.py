@@ -23,10 +23,9 @@ from tpujobs.engine.jobs.lifecycle import JobLifecycle
 from tpujobs.engine.jobs.rejections import Rejections
 from tpujobs.engine.jobs.vetting import Vetting
 from tpujobs.engine.messages import ReportError
-from tpujobs.engine.pool_requests import PoolControlRequest, PoolCreateRequest, PoolResizeRequest
+from tpujobs.engine.pool_requests import PoolControlRequest, PoolCreateRequest, PoolOutcome, PoolResizeRequest
 from tpujobs.engine.ports import AccessPolicyReader, JobRecords
 from tpujobs.engine.settings import Settings
-from tpujobs.engine.warm_pools.outcomes import PoolOutcome
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,10 @@ from tpujobs.engine.warm_pools.summary import pool_summary
 
 if TYPE_CHECKING:
     from tpujobs.domain.pools import Pool
+    from tpujobs.engine.pool_requests import PoolOutcome
     from tpujobs.engine.ports import AccessPolicyReader, Clock
     from tpujobs.engine.services import WarmPools
     from tpujobs.engine.settings import Settings
-    from tpujobs.engine.warm_pools.outcomes import PoolOutcome
 
 # What each outcome of a pool's create, resize or delete answers (the warm pools' service).
 POOL_STATUS = {"done": 200, "missing": 404, "forbidden": 403, "invalid": 400, "exists": 409}

@@ -18,10 +18,10 @@ from tpujobs.domain.admission import limit_words, pool_of
 from tpujobs.domain.pools import Pool, PoolError, PoolState
 from tpujobs.domain.spec import JobSpec, SpecError, with_deployment_defaults
 from tpujobs.engine.jobs.vetting import Vetting
+from tpujobs.engine.pool_requests import PoolOutcome
 from tpujobs.engine.ports import AccessPolicyReader, CapacityHandoff, Clock, WarmPoolStore
 from tpujobs.engine.settings import Settings
 from tpujobs.engine.warm_pools.jobs import PoolJobs
-from tpujobs.engine.warm_pools.outcomes import PoolOutcome
 from tpujobs.engine.warm_pools.quota import UnitQuota
 from tpujobs.engine.warm_pools.units import PoolUnits
 

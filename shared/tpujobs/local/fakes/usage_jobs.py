@@ -1,4 +1,4 @@
-"""The usage page's reads in memory (`engine.dashboard.usage.UsageJobs`), on the in-memory job
+"""The usage page's reads in memory (`engine.usage_report.UsageJobs`), on the in-memory job
 store's documents: the adapter's two reads, in its order, projected and paged alike."""
 
 from __future__ import annotations
