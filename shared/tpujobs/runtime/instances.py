@@ -353,8 +353,9 @@ def dashboard() -> DashboardSite:
 
 @functools.cache
 def notifier() -> Notifier:
-    """The notify function's notifier: the job store to read, Secret Manager for webhook URLs (its
-    client built at the first secret target), posts pinned to public addresses (loopback locally)."""
+    """The notify function's notifier: the job records to read (the one part of the job store it
+    uses), Secret Manager for webhook URLs (its client built at the first secret target), posts
+    pinned to public addresses (loopback locally)."""
     from tpujobs.adapters.firestore_budgets import FirestoreBudgetTally
     from tpujobs.adapters.firestore_notifications import FirestoreDeliveryRecords, FirestoreNotifyConfig
     from tpujobs.adapters.firestore_teams import FirestoreTeams
@@ -379,6 +380,6 @@ def notifier() -> Notifier:
         notify_config, config.admins, teams=FirestoreTeams(client),
     )  # fmt: skip
     return Notifier(
-        job_store(), notify_config, secrets, poster, FirestoreDeliveryRecords(client), notify_settings, utc_now,
-        budgets=budgets,
+        job_store().job_records, notify_config, secrets, poster, FirestoreDeliveryRecords(client), notify_settings,
+        utc_now, budgets=budgets,
     )  # fmt: skip
