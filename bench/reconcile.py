@@ -155,7 +155,7 @@ def history(
         created + timedelta(seconds=1),
         requested,
         "submit",
-        capacity_state="WAITING_FOR_RESOURCES",
+        capacity_state="WAITING",
     )
     if state is not JobState.PROVISIONING:
         started = created + timedelta(seconds=90)

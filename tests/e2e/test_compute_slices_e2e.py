@@ -49,19 +49,19 @@ def test_a_v7x_holding_waits_while_its_interconnect_activates_and_a_failed_one_e
 def test_a_partial_v7x_slice_waits_saying_how_many_hosts_came(env, submit_job):
     """No v7x chips free: the individual-mode MIG waits; Compute Engine then makes one of its two
     VMs (`tpujobs dev fault partial`): tpujobs reads the holding, through the real client, as
-    WAITING_FOR_RESOURCES saying 1 of 2 hosts came, and the job stays PROVISIONING, no host started."""
+    WAITING saying 1 of 2 hosts came, and the job stays PROVISIONING, no host started."""
     before = dict(env["control"].config().get("capacity") or {})
     env["control"].configure(capacity={**before, f"v7x@{env['zone']}": 0})
     job_id = submit_job(prefix="v7x-part", accelerator_type="v7x-16", command="sleep 600")
     try:
         holding = wait_for(lambda: (j := env["store"].get(job_id)) and j.queued_resource, timeout=60)
         compute = ComputeEngine(build_clients(env["simulator"]), env["project"])
-        wait_for(lambda: (s := compute.status(env["zone"], holding)) and s.state == "WAITING_FOR_RESOURCES", timeout=60)
+        wait_for(lambda: (s := compute.status(env["zone"], holding)) and s.state == "WAITING", timeout=60)
         env["control"].grant_partially(env["zone"], holding, 1)
         partial = wait_for(
             lambda: (s := compute.status(env["zone"], holding)) and "1 of 2" in s.detail and s, timeout=60
         )
-        assert partial.state == "WAITING_FOR_RESOURCES" and partial.unhealthy_hosts == 0, partial
+        assert partial.state == "WAITING" and partial.unhealthy_hosts == 0, partial
         job = env["store"].get(job_id)
         assert job.state is JobState.PROVISIONING and not env["store"].attempt_workers(job_id, 1)
     finally:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from support.drill import drill, job_file
+from support.jax_lm import DEVICES, compilation_cache, jax_env
 from support.planted_bugs import EXAMPLE, planted_copy
 
 pytestmark = [
@@ -29,17 +30,19 @@ COMMAND = f"exec python3 train.py --steps {STEPS} --checkpoint-every {EVERY} --k
 
 
 def jax_job(tmp_path: Path, name: str, code: Path, accelerator: str, cache: Path) -> Path:
-    """A spot job of `code`; its hosts share one JAX compilation cache (they run on this machine)."""
-    env = {"JAX_COMPILATION_CACHE_DIR": str(cache), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
-    return job_file(tmp_path, name, code, COMMAND, accelerator, env)
+    """A spot job of `code`; its hosts share the test run's JAX compilation cache (they run on this
+    machine), each on as many CPU devices as the example's tests' runs, whose programs it then reuses."""
+    return job_file(tmp_path, name, code, COMMAND, accelerator, jax_env(cache, DEVICES))
 
 
 @pytest.mark.timeout(1000)
-def test_the_jax_example_passes_the_drill_and_a_data_order_reset_fails_it(local_stack, tmp_path: Path) -> None:
+def test_the_jax_example_passes_the_drill_and_a_data_order_reset_fails_it(
+    local_stack, tmp_path: Path, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     """Two hosts, preempted with notice and then SIGTERMed without one: each later attempt starts from the
     newest checkpoint on both hosts, worker 0 of slice 0 alone writes, and the digest equals the uninterrupted
     run's. The planted copy replays the first batches after its resume: `data-order` names the step."""
-    cache = tmp_path / "jax-cache"
+    cache = compilation_cache(request.config, tmp_path_factory)
     code, answer = drill(str(jax_job(tmp_path, "jaxlm", EXAMPLE, "v4-16", cache)), timeout=420)
     assert code == 0, answer["findings"]
     assert answer["passed"] is True and answer["result_matches"] is True

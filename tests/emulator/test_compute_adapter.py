@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 from tpujobs.adapters.compute import ComputeEngine, build_clients
+from tpujobs.domain.holdings import HOLDING_PENDING, HoldingState
 from tpujobs.domain.job import Job, new_job
 from tpujobs.domain.spec import parse_spec
-from tpujobs.engine.ports import CAPACITY_PENDING, CapacityStatus, HostBoot
+from tpujobs.engine.ports import CapacityStatus, HostBoot
 from tpujobs.local.simulator import SimulatorConfig, SimulatorServer
 from tpujobs.local.simulator.client import SimulatorControl
 from tpujobs.local.testing import wait_for
@@ -80,7 +81,7 @@ def test_a_v7x_spot_slice_becomes_active_on_two_hosts_and_a_retried_request_adop
     """v7x-16 spot: a MIG of two RUNNING VMs, labelled with the job; asking again makes nothing new."""
     job = a_job()
     first = compute.request(job, BOOT)
-    assert first.state in CAPACITY_PENDING and first.job_label == "train-1"
+    assert first.state in HOLDING_PENDING and first.job_label == "train-1"
     assert first.operation.startswith(f"zones/{ZONE}/operations/")
     assert compute.create_error(first.operation) is None
     status = active(compute, job.queued_resource)
@@ -93,7 +94,7 @@ def test_a_v7x_spot_slice_becomes_active_on_two_hosts_and_a_retried_request_adop
 
 
 def test_a_preempted_host_is_a_lost_host_in_status_and_in_the_zones_listing(compute, simulator):
-    """A Spot VM preempted: status and list_capacity count one unhealthy host, never SUSPENDED."""
+    """A Spot VM preempted: status and list_capacity count one unhealthy host, never LOSING or LOST."""
     job = a_job()
     compute.request(job, BOOT)
     active(compute, job.queued_resource)
@@ -106,7 +107,7 @@ def test_a_preempted_host_is_a_lost_host_in_status_and_in_the_zones_listing(comp
         return status if status is not None and status.unhealthy_hosts == 1 else None
 
     status = wait_for(lost, timeout=30)
-    assert status.state != "SUSPENDED" and victim in status.detail
+    assert status.state not in (HoldingState.LOSING, HoldingState.LOST) and victim in status.detail
     (listed,) = compute.list_capacity(ZONE)
     assert listed.unhealthy_hosts == 1
 
@@ -156,12 +157,12 @@ def test_a_second_job_of_the_same_shape_shares_the_template_with_its_own_startup
         assert vm["name"].startswith(f"{job}-c1-")
 
 
-def test_write_metadata_sets_tpujobs_keys_and_keeps_the_others(compute, simulator):
+def test_tell_hosts_sets_tpujobs_keys_and_keeps_the_others(compute, simulator):
     """setMetadata with the fingerprint: our key added, the boot's and the MIG's kept."""
     job = a_job(accelerator_type="v7x-8")
     compute.request(job, BOOT)
     active(compute, job.queued_resource)
-    compute.write_metadata(ZONE, job.queued_resource, 1, {"tpujobs-assignment": "job-9"})
+    compute.tell_hosts(ZONE, job.queued_resource, 1, {"tpujobs-assignment": "job-9"})
     (vm,) = vms_of(simulator)
     items = {item["key"]: item["value"] for item in vm["metadata"]["items"]}
     assert items["tpujobs-assignment"] == "job-9"
@@ -169,7 +170,7 @@ def test_write_metadata_sets_tpujobs_keys_and_keeps_the_others(compute, simulato
 
 
 def test_a_stockout_waits_for_resources_with_googles_words():
-    """No v7x chips in the zone: WAITING_FOR_RESOURCES, the detail naming the stockout."""
+    """No v7x chips in the zone: WAITING, the detail naming the stockout."""
     job = a_job()
     with start({f"v7x@{ZONE}": 0}) as server:
         compute = ComputeEngine(build_clients(server.url), PROJECT, operation_wait_s=10)
@@ -180,7 +181,7 @@ def test_a_stockout_waits_for_resources_with_googles_words():
             status = compute.status(ZONE, job.queued_resource)
             return status if status is not None and "ZONE_RESOURCE_POOL_EXHAUSTED" in status.detail else None
 
-        assert wait_for(waiting, timeout=30).state == "WAITING_FOR_RESOURCES"
+        assert wait_for(waiting, timeout=30).state is HoldingState.WAITING
 
 
 def test_a_scheduled_maintenance_is_exposed_with_its_window(compute, simulator):

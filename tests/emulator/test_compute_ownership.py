@@ -130,12 +130,12 @@ def test_a_pool_unit_request_over_someone_elses_template_of_the_shared_name_refu
 
 
 def test_metadata_is_never_written_into_someone_elses_mig_named_like_a_unit(compute, clients, simulator):
-    """A foreign MIG `demo-c0-g1` with RUNNING VMs: write_metadata raises NotOurs, its VMs untouched."""
+    """A foreign MIG `demo-c0-g1` with RUNNING VMs: tell_hosts raises NotOurs, its VMs untouched."""
     unit = UnitRequest("demo-c0-g1", ZONE, spec(job_id="demo-unit"), {"tpujobs-pool": "demo", "tpujobs-unit": "0"})
     plant_foreign(clients, bodies.unit_holding(unit))
     before = running_vms(simulator)
     with pytest.raises(NotOurs, match="MIG demo-c0-g1"):
-        compute.write_metadata(ZONE, "demo-c0-g1", 1, {"tpujobs-assignment": "job-9"})
+        compute.tell_hosts(ZONE, "demo-c0-g1", 1, {"tpujobs-assignment": "job-9"})
     after = list(SimulatorControl(simulator).state()["compute"]["instances"])
     assert [vm["metadata"] for vm in after] == [vm["metadata"] for vm in before]
 

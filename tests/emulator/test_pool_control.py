@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from tpujobs.adapters.firestore_config import FirestoreAccessPolicies
 from tpujobs.cli import app
+from tpujobs.domain.holdings import HoldingState
 from tpujobs.domain.pools import PoolState
 from tpujobs.engine import topology
 from tpujobs.engine.inbound import InboundMessage
@@ -52,7 +53,9 @@ def rejection(service: Engine, message) -> str | None:
 
 
 def queued_resources(service: Engine) -> set[str]:
-    return {status.name for status in service.capacity.list_capacity(ZONE) if status.state != "DELETING"}
+    return {
+        status.name for status in service.capacity.list_capacity(ZONE) if status.state is not HoldingState.RELEASING
+    }
 
 
 def test_an_unverified_owner_may_not_create_a_pool_on_the_topic(service, firestore_client):

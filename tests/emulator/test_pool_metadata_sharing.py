@@ -68,7 +68,7 @@ def assign(tpu: CloudTpu, google: GoogleStub, seq: int, job: Job) -> None:
     assert job.created_at is not None
     created = str(signing.created_micros(job.created_at))
     google.key_answer = {"key": signing.key_text(attempt_key(job)), "key_version": "1", "job_created": created}
-    tpu.write_metadata(ZONE, UNIT, 1, {"tpujobs-assignment": assignment_text(job, SETTINGS, seq, UNIT, timings=FAST)})
+    tpu.tell_hosts(ZONE, UNIT, 1, {"tpujobs-assignment": assignment_text(job, SETTINGS, seq, UNIT, timings=FAST)})
 
 
 def gcloud_writes(client: tpu_v2.TpuClient, read: tpu_v2.Node, key: str) -> Operation | None:

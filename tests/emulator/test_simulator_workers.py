@@ -126,9 +126,9 @@ def start(
 ) -> tuple[WorkerInfo, ...]:
     """Create a QR, wait until ACTIVE and until every worker wrote its answers."""
     sim = server.simulator
-    sim.create_queued_resource(PROJECT, ZONE, "qr", request_for(script, accelerator_type, multislice))
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "qr", request_for(script, accelerator_type, multislice))
     wait_for(
-        lambda: sim.get_queued_resource(PROJECT, ZONE, "qr").state is QrState.ACTIVE,
+        lambda: sim.queued_resources.get_queued_resource(PROJECT, ZONE, "qr").state is QrState.ACTIVE,
         what="ACTIVE",
     )
     workers = server.workers("qr")
@@ -204,7 +204,7 @@ def test_a_multislice_of_two_v4_8_runs_one_process_per_node(server: SimulatorSer
         (1, 0, "s-1"),
     ]
     assert [w.scratch.name for w in workers] == ["slice-0-worker-0", "slice-1-worker-0"]
-    first = server.simulator.get_node(PROJECT, ZONE, "s-0")
+    first = server.simulator.nodes.get_node(PROJECT, ZONE, "s-0")
     for info in workers:
         tpu_env = parse_tpu_env(answer(info, "instance/attributes/tpu-env"))
         assert tpu_env["NODE_ID"] == info.node_id
@@ -237,7 +237,7 @@ def test_a_script_that_ends_by_itself_stays_ended_and_the_queued_resource_stays_
     ended = wait_for(lambda: not worker(server, 0, 0).alive and worker(server, 0, 0))
     assert (ended.exit_code, ended.stopped_by) == (3, "")
     time.sleep(0.1)
-    assert server.simulator.get_queued_resource(PROJECT, ZONE, "qr").state is QrState.ACTIVE
+    assert server.simulator.queued_resources.get_queued_resource(PROJECT, ZONE, "qr").state is QrState.ACTIVE
     assert len(server.workers("qr")) == 1
 
 
@@ -251,14 +251,14 @@ def test_preemption_sends_sigterm_after_the_metadata_turns_true(server: Simulato
     the workers end as soon as their traps do."""
     reconfigure(server, preemption_grace_seconds=60)
     workers = start(server, startup_script())
-    server.simulator.preempt("qr")
+    server.simulator.queued_resources.preempt("qr")
     for info in workers:
         answer = info.scratch / "preempted-at-term"  # written after the `term` marker, in the trap
         assert wait_for(lambda a=answer: a.exists() and a.read_text(), what="the trap's answer") == "TRUE"
         assert (info.scratch / "term").exists()
     ended = wait_for(lambda: all(not w.alive for w in server.workers("qr")) and server.workers("qr"))
     assert [(w.exit_code, w.stopped_by) for w in ended] == [(0, "preemption")] * 2
-    assert server.simulator.get_queued_resource(PROJECT, ZONE, "qr").state in (
+    assert server.simulator.queued_resources.get_queued_resource(PROJECT, ZONE, "qr").state in (
         QrState.SUSPENDING,
         QrState.SUSPENDED,
     )
@@ -270,7 +270,7 @@ def test_a_worker_that_ignores_sigterm_is_sigkilled_after_the_preemption_grace(
     """A trap that does not exit survives SIGTERM until preemption_grace_seconds, then SIGKILL."""
     (info,) = start(server, startup_script(on_term="true"), "v4-8")
     preempted_at = time.monotonic()
-    server.simulator.preempt("qr")
+    server.simulator.queued_resources.preempt("qr")
     wait_for(lambda: (info.scratch / "term").exists(), what="SIGTERM marker")
     assert worker(server, 0, 0).alive
     ended = wait_for(lambda: not worker(server, 0, 0).alive and worker(server, 0, 0), timeout=5)
@@ -291,14 +291,14 @@ def test_kill_host_kills_exactly_that_worker_without_notice(server: SimulatorSer
     time.sleep(0.1)
     survivor = worker(server, 0, 0)
     assert survivor.alive and not (survivor.scratch / "term").exists()
-    assert server.simulator.get_queued_resource(PROJECT, ZONE, "qr").state is QrState.ACTIVE
-    assert not server.simulator.get_node(PROJECT, ZONE, "node").preempted
+    assert server.simulator.queued_resources.get_queued_resource(PROJECT, ZONE, "qr").state is QrState.ACTIVE
+    assert not server.simulator.nodes.get_node(PROJECT, ZONE, "node").preempted
 
 
 def test_failing_the_queued_resource_sigkills_every_worker(server: SimulatorServer) -> None:
     """fail: all workers SIGKILLed at once, without SIGTERM."""
     start(server, startup_script())
-    server.simulator.fail("qr", "stockout")
+    server.simulator.queued_resources.fail("qr", "stockout")
     ended = wait_for(lambda: all(not w.alive for w in server.workers("qr")) and server.workers("qr"))
     assert [(w.exit_code, w.stopped_by) for w in ended] == [(-signal.SIGKILL, "failure")] * 2
     assert not any((w.scratch / "term").exists() for w in ended)
@@ -308,7 +308,7 @@ def test_deleting_the_queued_resource_stops_every_worker(server: SimulatorServer
     """delete: SIGTERM to all workers, none keeps running, even after the QR is gone."""
     workers = start(server, startup_script(ask_at_term=False), multislice=2)
     assert len(workers) == 4
-    server.simulator.delete_queued_resource(PROJECT, ZONE, "qr", force=True)
+    server.simulator.queued_resources.delete_queued_resource(PROJECT, ZONE, "qr", force=True)
     for info in workers:
         wait_for(lambda i=info: group_gone(i.pgid), what="group gone")
         assert (info.scratch / "term").exists()
@@ -320,7 +320,7 @@ def test_deleting_sigkills_a_worker_that_ignores_sigterm_after_the_delete_grace(
 ) -> None:
     """delete of a QR whose worker traps SIGTERM and carries on: SIGKILL after delete_grace_seconds."""
     (info,) = start(server, startup_script(on_term="true"), "v4-8")
-    server.simulator.delete_queued_resource(PROJECT, ZONE, "qr", force=True)
+    server.simulator.queued_resources.delete_queued_resource(PROJECT, ZONE, "qr", force=True)
     ended = wait_for(lambda: not worker(server, 0, 0).alive and worker(server, 0, 0), timeout=5)
     assert (ended.exit_code, ended.stopped_by) == (-signal.SIGKILL, "deletion")
     assert (info.scratch / "term").exists()
@@ -338,7 +338,7 @@ def test_stopping_the_server_leaves_no_worker_process(tmp_path: Path) -> None:
     try:
         server.start()
         obedient = start(server, startup_script(), "v4-16")
-        server.simulator.create_queued_resource(
+        server.simulator.queued_resources.create_queued_resource(
             PROJECT,
             ZONE,
             "stubborn",
@@ -451,7 +451,7 @@ def test_waiting_for_change_on_preempted_returns_true_when_the_node_is_preempted
     waiter.start()
     time.sleep(0.2)
     assert answers == []
-    server.simulator.preempt("qr")
+    server.simulator.queued_resources.preempt("qr")
     waiter.join(timeout=5)
     assert answers == [(200, "TRUE")]
 
@@ -478,8 +478,14 @@ def local_stack(tmp_path: Path, emulators: dict[str, str], project_id: str, serv
 
 
 def active_job(server: SimulatorServer, firestore_client: Any, project_id: str) -> None:
-    server.simulator.create_queued_resource(project_id, ZONE, "job-1-a1", request_for(startup_script(), "v4-8"))
-    wait_for(lambda: server.simulator.get_queued_resource(project_id, ZONE, "job-1-a1").state is QrState.ACTIVE)
+    server.simulator.queued_resources.create_queued_resource(
+        project_id, ZONE, "job-1-a1", request_for(startup_script(), "v4-8")
+    )
+    wait_for(
+        lambda: (
+            server.simulator.queued_resources.get_queued_resource(project_id, ZONE, "job-1-a1").state is QrState.ACTIVE
+        )
+    )
     (info,) = server.workers("job-1-a1")
     wait_for(lambda: (info.scratch / "ready").exists(), what="worker ready")  # its trap is set
     firestore_client.collection("jobs").document("job-1").set(
@@ -494,7 +500,7 @@ def test_dev_preempt_preempts_the_jobs_current_queued_resource(
     active_job(server, firestore_client, project_id)
     result = CliRunner().invoke(dev_app, ["preempt", "job-1", "--state-dir", str(local_stack)])
     assert result.exit_code == 0, result.output
-    qr = server.simulator.get_queued_resource(project_id, ZONE, "job-1-a1")
+    qr = server.simulator.queued_resources.get_queued_resource(project_id, ZONE, "job-1-a1")
     assert qr.state in (QrState.SUSPENDING, QrState.SUSPENDED)
     (info,) = server.workers("job-1-a1")
     wait_for(lambda: (info.scratch / "term").exists(), what="SIGTERM marker")
@@ -509,7 +515,7 @@ def test_dev_preempt_silent_kills_host_zero_without_notice(
     assert result.exit_code == 0, result.output
     killed = wait_for(lambda: not server.workers("job-1-a1")[0].alive and server.workers("job-1-a1")[0])
     assert (killed.exit_code, killed.stopped_by) == (-signal.SIGKILL, "host-failure")
-    qr = server.simulator.get_queued_resource(project_id, ZONE, "job-1-a1")
+    qr = server.simulator.queued_resources.get_queued_resource(project_id, ZONE, "job-1-a1")
     assert qr.state is QrState.ACTIVE
 
 
@@ -539,20 +545,20 @@ while :; do read -r -t 30 -u 9 || true; done
 
 
 def reconfigure(server: SimulatorServer, **changes: float) -> None:
-    server.simulator.reconfigure(dataclasses.replace(server.simulator.config, **changes))
+    server.simulator.fault_plan.reconfigure(dataclasses.replace(server.simulator.config, **changes))
 
 
 def test_queued_resources_after_no_boot_turn_active_but_run_no_startup_script(
     server: SimulatorServer,
 ) -> None:
     """no_boot(1): the next QR is ACTIVE and READY, yet no process ran and no disk was made."""
-    server.simulator.no_boot(1)
+    server.simulator.fault_plan.no_boot(1)
     sim = server.simulator
-    sim.create_queued_resource(PROJECT, ZONE, "qr", request_for(startup_script(), "v4-16"))
-    wait_for(lambda: sim.get_queued_resource(PROJECT, ZONE, "qr").state is QrState.ACTIVE)
+    sim.queued_resources.create_queued_resource(PROJECT, ZONE, "qr", request_for(startup_script(), "v4-16"))
+    wait_for(lambda: sim.queued_resources.get_queued_resource(PROJECT, ZONE, "qr").state is QrState.ACTIVE)
     time.sleep(0.2)
     assert server.workers("qr") == ()
-    assert sim.get_node(PROJECT, ZONE, "node").state.value == "READY"
+    assert sim.nodes.get_node(PROJECT, ZONE, "node").state.value == "READY"
     assert server.workers_root is not None and not (server.workers_root / "qr").exists()
 
 
@@ -564,7 +570,7 @@ def test_reboot_kills_a_host_without_sigterm_and_reruns_its_script_on_the_same_d
     worker.log goes on. Worker 0 runs on untouched."""
     reconfigure(server, reboot_seconds=0.2)
     first = start(server, BOOT_COUNTING)
-    server.simulator.reboot("qr", 0, 1)
+    server.simulator.nodes.reboot("qr", 0, 1)
     rebooted = wait_for(lambda: worker(server, 0, 1).boot == 2 and worker(server, 0, 1))
     assert rebooted.scratch == first[1].scratch
     wait_for(lambda: (rebooted.scratch / "ready-2").exists(), what="second boot")
@@ -576,7 +582,7 @@ def test_reboot_kills_a_host_without_sigterm_and_reruns_its_script_on_the_same_d
     assert wait_for(lambda: group_gone(first[1].pgid), what="old group gone")
     survivor = worker(server, 0, 0)
     assert (survivor.boot, survivor.pid, survivor.alive) == (1, first[0].pid, True)
-    node = server.simulator.get_node(PROJECT, ZONE, "node")
+    node = server.simulator.nodes.get_node(PROJECT, ZONE, "node")
     assert node.state.value == "READY"
 
 
@@ -595,7 +601,7 @@ def test_maintenance_warns_through_the_metadata_then_stops_the_hosts_then_boots_
     wait = f"{url}?wait_for_change=true&timeout_sec=10&last_etag={headers['ETag']}"
     waiter = threading.Thread(target=lambda: answers.append(metadata_get(wait, {"Metadata-Flavor": "Google"})[:2]))
     waiter.start()
-    server.simulator.maintenance("qr")
+    server.simulator.nodes.maintenance("qr")
     waiter.join(timeout=5)
     assert answers == [(200, "TERMINATE_ON_HOST_MAINTENANCE")]
     wait_for(lambda: (workers[0].scratch / "term").exists(), what="SIGTERM at the end of the notice")
@@ -641,7 +647,7 @@ def test_dev_fault_error_quota_applied_and_show_and_clear(local_stack: Path, ser
         {"code": 429, "status": "RESOURCE_EXHAUSTED", "quota": True, "applied": True, "message": ""}
     ]
     assert fault(local_stack, "clear").exit_code == 0
-    assert server.simulator.faults()["errors"]["create"] == []
+    assert server.simulator.fault_plan.faults()["errors"]["create"] == []
 
 
 @pytest.mark.parametrize(
@@ -668,18 +674,24 @@ def test_dev_fault_no_boot_count_and_no_boot_of_a_waiting_job(
     """no-boot --count 2 plans two; no-boot JOB marks the job's waiting QR, which turns ACTIVE with
     no process, and no-boot of an ACTIVE job's QR is refused."""
     assert fault(local_stack, "no-boot", "--count", "2").exit_code == 0
-    assert server.simulator.faults()["noBoot"] == 2
-    server.simulator.clear_faults()
+    assert server.simulator.fault_plan.faults()["noBoot"] == 2
+    server.simulator.fault_plan.clear_faults()
     reconfigure_capacity = dataclasses.replace(server.simulator.config, capacity={f"v4@{ZONE}": 0})
-    server.simulator.reconfigure(reconfigure_capacity)
-    server.simulator.create_queued_resource(project_id, ZONE, "job-2-a1", request_for(startup_script(), "v4-8"))
+    server.simulator.fault_plan.reconfigure(reconfigure_capacity)
+    server.simulator.queued_resources.create_queued_resource(
+        project_id, ZONE, "job-2-a1", request_for(startup_script(), "v4-8")
+    )
     firestore_client.collection("jobs").document("job-2").set(
         {"job_id": "job-2", "queued_resource": "job-2-a1", "zone": ZONE, "state": "PROVISIONING"}
     )
     result = fault(local_stack, "no-boot", "job-2")
     assert result.exit_code == 0, result.output
-    server.simulator.reconfigure(dataclasses.replace(server.simulator.config, capacity={}))
-    wait_for(lambda: server.simulator.get_queued_resource(project_id, ZONE, "job-2-a1").state is QrState.ACTIVE)
+    server.simulator.fault_plan.reconfigure(dataclasses.replace(server.simulator.config, capacity={}))
+    wait_for(
+        lambda: (
+            server.simulator.queued_resources.get_queued_resource(project_id, ZONE, "job-2-a1").state is QrState.ACTIVE
+        )
+    )
     time.sleep(0.2)
     assert server.workers("job-2-a1") == ()
     refused = fault(local_stack, "no-boot", "job-2")
@@ -711,7 +723,7 @@ def test_dev_fault_maintenance_announces_and_then_takes_the_host_down(
     result = fault(local_stack, "maintenance", "job-1", "--notice", "0")
     assert result.exit_code == 0, result.output
     wait_for(lambda: (info.scratch / "term").exists(), what="SIGTERM of the maintenance")
-    node = server.simulator.get_node(project_id, ZONE, "node")
+    node = server.simulator.nodes.get_node(project_id, ZONE, "node")
     assert (node.state.value, node.health) == ("REPAIRING", "UNHEALTHY_MAINTENANCE")
     assert node.maintenance_event == "TERMINATE_ON_HOST_MAINTENANCE"
 
@@ -725,7 +737,7 @@ def test_dev_fault_node_health_and_node_state_change_what_the_api_shows(
     assert health.exit_code == 0, health.output
     state = fault(local_stack, "node-state", "job-1", "UNKNOWN")
     assert state.exit_code == 0, state.output
-    node = server.simulator.get_node(project_id, ZONE, "node")
+    node = server.simulator.nodes.get_node(project_id, ZONE, "node")
     assert (node.state.value, node.health, node.health_description) == (
         "UNKNOWN",
         "UNHEALTHY_TENSORFLOW",

@@ -137,13 +137,13 @@ def test_a_multislice_unit_names_its_nodes_as_naming_says(tpu, client):
 
 
 @pytest.mark.parametrize("slices", [1, 2])
-def test_write_metadata_sets_every_nodes_tpujobs_keys_and_every_host_reads_them(tpu, client, server, slices):
+def test_tell_hosts_sets_every_nodes_tpujobs_keys_and_every_host_reads_them(tpu, client, server, slices):
     """Each node has the keys written (here every key it booted with), and every host of every
     slice reads the new assignment from its metadata server once the update has propagated."""
     unit = a_unit(slices=slices)
     active(tpu, unit)
     written = {"startup-script": "#!/bin/bash\necho pool v2", "tpujobs-assignment": '{"seq": 2, "job_id": "j"}'}
-    tpu.write_metadata(ZONE, unit.name, slices, written)
+    tpu.tell_hosts(ZONE, unit.name, slices, written)
     for index in range(slices):
         node_id = naming.node_id(unit.name, index, slices)
         assert dict(node(client, node_id).metadata) == written
@@ -152,7 +152,7 @@ def test_write_metadata_sets_every_nodes_tpujobs_keys_and_every_host_reads_them(
 
 
 def test_a_held_wait_for_change_returns_the_written_assignment(tpu, server):
-    """An agent's hanging GET on the assignment returns the value write_metadata wrote."""
+    """An agent's hanging GET on the assignment returns the value tell_hosts wrote."""
     unit = a_unit()
     active(tpu, unit)
     _, etag = metadata_get(server, unit.name, 0)
@@ -160,7 +160,7 @@ def test_a_held_wait_for_change_returns_the_written_assignment(tpu, server):
     query = {"wait_for_change": "true", "last_etag": etag, "timeout_sec": "60"}
     waiter = threading.Thread(target=lambda: got.append(metadata_get(server, unit.name, 0, **query)[0]))
     waiter.start()
-    tpu.write_metadata(ZONE, unit.name, 1, {**BOOT.metadata, "tpujobs-assignment": '{"seq": 2}'})
+    tpu.tell_hosts(ZONE, unit.name, 1, {**BOOT.metadata, "tpujobs-assignment": '{"seq": 2}'})
     waiter.join(timeout=90)
     assert got == ['{"seq": 2}']
 
@@ -170,16 +170,16 @@ def test_writing_the_same_value_again_keeps_the_etag(tpu, server):
     unit = a_unit()
     active(tpu, unit)
     assigned = {**BOOT.metadata, "tpujobs-assignment": '{"seq": 5}'}
-    tpu.write_metadata(ZONE, unit.name, 1, assigned)
+    tpu.tell_hosts(ZONE, unit.name, 1, assigned)
     first = metadata_get(server, unit.name, 1)
-    tpu.write_metadata(ZONE, unit.name, 1, dict(assigned))
+    tpu.tell_hosts(ZONE, unit.name, 1, dict(assigned))
     assert metadata_get(server, unit.name, 1) == first
 
 
 def test_writing_to_a_node_that_does_not_exist_is_permanent(tpu):
     """No such node: PermanentError naming the node; nothing to retry."""
     with pytest.raises(PermanentError) as raised:
-        tpu.write_metadata(ZONE, "demo-u9-g1", 1, {"tpujobs-assignment": IDLE})
+        tpu.tell_hosts(ZONE, "demo-u9-g1", 1, {"tpujobs-assignment": IDLE})
     assert str(raised.value).startswith("TPU API refused to write the metadata of node demo-u9-g1: 404 ")
 
 
@@ -190,7 +190,7 @@ def test_an_update_that_meets_a_blip_is_retried(tpu, client, server):
     control = SimulatorControl(server.url)
     control.plan_errors("update", "UNAVAILABLE")
     control.plan_errors("update", 500)
-    tpu.write_metadata(ZONE, unit.name, 1, {"tpujobs-assignment": '{"seq": 2}'})
+    tpu.tell_hosts(ZONE, unit.name, 1, {"tpujobs-assignment": '{"seq": 2}'})
     assert control.faults()["errors"]["update"] == []
     assert node(client, unit.name).metadata["tpujobs-assignment"] == '{"seq": 2}'
 
@@ -202,7 +202,7 @@ def test_an_update_outage_past_the_retry_deadline_is_transient(client, server):
     active(tpu, unit)
     SimulatorControl(server.url).plan_errors("update", "UNAVAILABLE", count=1000)
     with pytest.raises(TransientError) as raised:
-        tpu.write_metadata(ZONE, unit.name, 1, {"tpujobs-assignment": '{"seq": 2}'})
+        tpu.tell_hosts(ZONE, unit.name, 1, {"tpujobs-assignment": '{"seq": 2}'})
     assert str(raised.value).startswith("TPU API failed to write the metadata of node demo-u0-g1: ")
 
 
@@ -213,6 +213,6 @@ def test_writing_to_a_preempted_unit_is_permanent_in_googles_words(tpu, client, 
     active(tpu, unit)
     SimulatorControl(server.url).preempt(ZONE, unit.name)
     with pytest.raises(PermanentError) as raised:
-        tpu.write_metadata(ZONE, unit.name, 1, {"tpujobs-assignment": '{"seq": 2}'})
+        tpu.tell_hosts(ZONE, unit.name, 1, {"tpujobs-assignment": '{"seq": 2}'})
     assert "it is PREEMPTED, and only a READY node can be updated" in str(raised.value)
     assert dict(node(client, unit.name).metadata) == dict(BOOT.metadata)

@@ -1,5 +1,10 @@
 """Run examples/jax_lm as a plain process, as tpujobs would (its TPUJOBS_* variables), and read its
-progress lines; optionally SIGTERM it once it has reported a given step, as a preemption notice would."""
+progress lines; optionally SIGTERM it once it has reported a given step, as a preemption notice would.
+
+Each process pays about 8 CPU-seconds to import JAX, Flax and orbax and trace the model, and its first
+compile about 15 more: so every JAX run of a pytest run, the e2e drill's included, shares one
+compilation cache (`compilation_cache`), and the example's tests share one uninterrupted run.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from support import shared_run
 from tpujobs.agent.progress import parse_progress
 from tpujobs.local.processes import free_port
 
@@ -47,12 +55,42 @@ class Run:
         return results[-1]["digest"] if results else None
 
 
+STEPS, EVERY = 20, 5  # the uninterrupted run's, which every resumed run of the example's tests matches
+DEVICES = 2  # CPU devices per run: one process of two, or two processes (hosts) of one each
+CACHE_FOLDER = "jax-compilation-cache"
+
+
+def compilation_cache(config: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """JAX's compilation cache for every JAX run of this pytest run: in the folder pytest-xdist's
+    workers share (support/shared_run.py), else under the run's base temporary directory; made once."""
+    root = shared_run.worker_folder(config) or tmp_path_factory.getbasetemp()
+    cache = root / CACHE_FOLDER
+    cache.mkdir(parents=True, exist_ok=True)
+    return cache
+
+
+def jax_env(cache_dir: Path | None, devices: int | None = None) -> dict[str, str]:
+    """JAX's variables for a run on `devices` CPU devices (default: one) compiling into `cache_dir`,
+    where a run that finds its programs skips seconds of compiling, and computes the same."""
+    env = {"JAX_PLATFORMS": "cpu"}  # no search for accelerator plugins
+    if cache_dir is not None:
+        env.update({"JAX_COMPILATION_CACHE_DIR": str(cache_dir), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"})
+    if devices is not None:
+        flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}"
+        env["XLA_FLAGS"] = flags.strip()
+    return env
+
+
 def example_env(
-    attempt: int, resume: bool, cache_dir: Path | None = None, worker: int = 0, workers: int = 1
+    attempt: int,
+    resume: bool,
+    cache_dir: Path | None = None,
+    worker: int = 0,
+    workers: int = 1,
+    devices: int | None = None,
 ) -> dict[str, str]:
-    """The environment of one attempt on worker `worker` of `workers` in slice 0; JAX's compilation
-    cache in `cache_dir` (a run that finds its programs there skips seconds of compiling, and computes
-    the same)."""
+    """The environment of one attempt on worker `worker` of `workers` in slice 0, with `devices` CPU
+    devices; JAX's compilation cache in `cache_dir`."""
     env = {key: value for key, value in os.environ.items() if not key.startswith(("TPUJOBS_", "STORAGE_EMULATOR"))}
     env.update(
         {
@@ -64,9 +102,7 @@ def example_env(
             "PYTHONUNBUFFERED": "1",
         }
     )
-    if cache_dir is not None:
-        env["JAX_COMPILATION_CACHE_DIR"] = str(cache_dir)
-        env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    env.update(jax_env(cache_dir, devices))
     return env
 
 
@@ -89,11 +125,13 @@ def run_hosts(
     sigterm_worker: int = 0,
     extra_args: tuple[str, ...] = (),
     cache_dir: Path | None = None,
+    devices: int | None = None,
     timeout_s: float = 300,
 ) -> list[Run]:
     """Run `example`/train.py as `hosts` processes of one slice, joined by jax.distributed (process 0
-    coordinates, on a free local port) when more than one, each to its end; with `sigterm_after`,
-    SIGTERM worker `sigterm_worker` alone once process 0 reports that step."""
+    coordinates, on a free local port) when more than one, each to its end, each with `devices` CPU
+    devices (default: one); with `sigterm_after`, SIGTERM worker `sigterm_worker` alone once process 0
+    reports that step."""
     argv = [sys.executable, "train.py", "--steps", str(steps), "--checkpoint-dir", str(checkpoints), *extra_args]
     if hosts > 1:
         argv += ["--coordinator", f"127.0.0.1:{free_port()}"]
@@ -101,7 +139,7 @@ def run_hosts(
         subprocess.Popen(
             argv,
             cwd=example,
-            env=example_env(attempt, resume, cache_dir, worker, hosts),
+            env=example_env(attempt, resume, cache_dir, worker, hosts, devices),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

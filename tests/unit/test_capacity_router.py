@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from tpujobs.adapters.capacity_router import PlatformCapacity
+from tpujobs.domain.holdings import HoldingState
 from tpujobs.domain.job import Job, new_job
 from tpujobs.domain.spec import parse_spec
 from tpujobs.engine.errors import PermanentError
@@ -53,15 +54,15 @@ def test_a_unit_request_goes_where_the_pools_platform_says(both) -> None:
 
 
 def test_everything_later_goes_by_the_holdings_name(both) -> None:
-    """status, release and write_metadata follow the name's platform letter."""
+    """status, release and tell_hosts follow the name's platform letter."""
     router, tpu, compute = both
     router.request(a_job("old", "v4-8"), BOOT)
     router.request(a_job("new", "v7x-16", platform="compute"), BOOT)
-    tpu.set_state("old-a1", "ACTIVE")
-    compute.set_state("new-c1", "ACTIVE")
+    tpu.set_state("old-a1", HoldingState.ACTIVE)
+    compute.set_state("new-c1", HoldingState.ACTIVE)
     assert router.status(ZONE, "new-c1") == compute.status(ZONE, "new-c1")
     assert router.status(ZONE, "old-a1") == tpu.status(ZONE, "old-a1")
-    router.write_metadata(ZONE, "new-c1", 1, {"tpujobs-assignment": "x"})
+    router.tell_hosts(ZONE, "new-c1", 1, {"tpujobs-assignment": "x"})
     assert compute.holdings[(ZONE, "new-c1")].metadata == {"new-c1": {"tpujobs-assignment": "x"}}
     router.release(ZONE, "new-c1")
     router.release(ZONE, "old-a1")
@@ -94,3 +95,20 @@ def test_without_compute_engine_a_compute_job_is_refused_and_listings_are_the_tp
     router.request(a_job("old", "v4-8"), BOOT)
     assert [s.name for s in router.list_capacity(ZONE)] == ["old-a1"]
     assert router.create_error("zones/us-central1-c/operations/op-1") is None
+
+
+def test_a_platform_with_no_row_is_refused_never_sent_to_another_platform(both) -> None:
+    """A spec or an operation of a platform the router has no row for: PermanentError naming it;
+    neither backend was asked."""
+    router, tpu, compute = both
+    with pytest.raises(PermanentError, match="no capacity backend for platform 'gke'"):
+        router.backend("gke")
+    with pytest.raises(PermanentError, match="of no platform"):
+        router.create_error("regions/us-central1/operations/op-3")
+    assert tpu.calls == [] and compute.calls == []
+
+
+def test_a_spec_that_names_no_platform_goes_to_the_tpu_api(both) -> None:
+    """A stored spec from before platforms were named (platform None) is the TPU API's."""
+    router, tpu, _ = both
+    assert router.backend(None) is tpu

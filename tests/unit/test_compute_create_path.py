@@ -213,7 +213,7 @@ def test_a_second_holding_of_the_same_vms_makes_no_template_and_waits_on_no_oper
     compute, slept = engine(cloud)
     status = compute.request(a_job("v7x-16", job_id="eval-2"), BOOT)
     assert kinds(cloud.calls) == ["policies.get", "templates.get", "groups.insert"]
-    assert slept == [] and (status.name, status.state) == ("eval-2-c1", "CREATING")
+    assert slept == [] and (status.name, status.state) == ("eval-2-c1", "WAITING")
     made = cloud.made["groups/eval-2-c1"]
     assert made.all_instances_config.properties.labels["tpujobs-job"] == "eval-2"
     assert made.all_instances_config.properties.metadata["startup-script"] == "#!/bin/bash"
@@ -247,7 +247,7 @@ def test_a_fresh_create_reads_nothing_back() -> None:
     compute, _ = engine(cloud)
     status = compute.request(a_job("v7x-8"), BOOT)
     assert kinds(cloud.calls) == ["templates.get", "templates.insert", "region_operations.get", "groups.insert"]
-    assert (status.name, status.state, status.job_label) == ("train-1-c1", "CREATING", "train-1")
+    assert (status.name, status.state, status.job_label) == ("train-1-c1", "WAITING", "train-1")
     assert status.operation == f"zones/{ZONE}/operations/op-2-groups/train-1-c1"
 
 
@@ -268,7 +268,7 @@ def test_a_shared_template_gone_before_the_mig_insert_is_made_again_once() -> No
         "region_operations.get",
         "groups.insert",
     ]
-    assert status.state == "CREATING" and "groups/eval-2-c1" in cloud.made
+    assert status.state == "WAITING" and "groups/eval-2-c1" in cloud.made
 
 
 def test_a_shared_template_without_tpujobs_marker_is_never_used() -> None:

@@ -1,4 +1,4 @@
-"""write_metadata on Compute Engine: read, merge tpujobs' keys only, write with the fingerprint, retry a 412;
+"""tell_hosts on Compute Engine: read, merge tpujobs' keys only, write with the fingerprint, retry a 412;
 never into a MIG or VM that does not carry tpujobs' marker of the holding."""
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def test_only_tpujobs_keys_change_and_the_others_are_kept() -> None:
     """The new key is written, a stale value of ours replaced; ssh-keys and the boot untouched."""
     vm = Instances()
     compute, _ = engine(vm)
-    compute.write_metadata(ZONE, "train-c1", 1, {"tpujobs-assignment": "job-9"})
+    compute.tell_hosts(ZONE, "train-c1", 1, {"tpujobs-assignment": "job-9"})
     assert vm.items == {"ssh-keys": "ada:ssh-ed25519 AAAA", "tpujobs-assignment": "job-9", "startup-script": "boot"}
     assert vm.writes == ["1"]
 
@@ -80,7 +80,7 @@ def test_a_fingerprint_conflict_is_read_again_and_written_with_backoff() -> None
     """Two 412s: read again each time, write with the new fingerprint, sleeping longer each time."""
     vm = Instances(conflicts=2)
     compute, slept = engine(vm)
-    compute.write_metadata(ZONE, "train-c1", 1, {"tpujobs-assignment": "job-9"})
+    compute.tell_hosts(ZONE, "train-c1", 1, {"tpujobs-assignment": "job-9"})
     assert vm.writes == ["1", "2", "3"] and vm.items["tpujobs-assignment"] == "job-9"
     assert len(slept) == 2 and slept[1] > slept[0]
 
@@ -89,7 +89,7 @@ def test_conflicts_that_never_end_are_transient() -> None:
     """Every write answered 412: TransientError after the tries, so the message is retried."""
     compute, _ = engine(Instances(conflicts=METADATA_TRIES))
     with pytest.raises(TransientError, match="kept changing"):
-        compute.write_metadata(ZONE, "train-c1", 1, {"tpujobs-assignment": "job-9"})
+        compute.tell_hosts(ZONE, "train-c1", 1, {"tpujobs-assignment": "job-9"})
 
 
 def test_a_host_not_running_is_refused() -> None:
@@ -97,7 +97,7 @@ def test_a_host_not_running_is_refused() -> None:
     vm = Instances()
     compute, _ = engine(vm, Groups(status="STAGING"))
     with pytest.raises(PermanentError, match="not RUNNING"):
-        compute.write_metadata(ZONE, "train-c1", 1, {"tpujobs-assignment": "job-9"})
+        compute.tell_hosts(ZONE, "train-c1", 1, {"tpujobs-assignment": "job-9"})
     assert vm.writes == []
 
 
@@ -111,7 +111,7 @@ def test_a_mig_named_like_the_holding_without_its_marker_is_never_written(descri
     vm = Instances()
     compute, _ = engine(vm, Groups(description=description))
     with pytest.raises(NotOurs, match="train-c1"):
-        compute.write_metadata(ZONE, "train-c1", 1, {"tpujobs-assignment": "job-9"})
+        compute.tell_hosts(ZONE, "train-c1", 1, {"tpujobs-assignment": "job-9"})
     assert vm.writes == [] and vm.items["tpujobs-assignment"] == "old"
 
 
@@ -120,5 +120,5 @@ def test_a_vm_without_the_holdings_labels_is_never_written() -> None:
     vm = Instances(labels={"team": "other", "tpujobs-slice": "0"})
     compute, _ = engine(vm)
     with pytest.raises(NotOurs, match="VM train-c1-ab12"):
-        compute.write_metadata(ZONE, "train-c1", 1, {"tpujobs-assignment": "job-9"})
+        compute.tell_hosts(ZONE, "train-c1", 1, {"tpujobs-assignment": "job-9"})
     assert vm.writes == []

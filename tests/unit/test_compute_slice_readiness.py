@@ -104,7 +104,7 @@ def test_an_incomplete_interconnect_waits_while_vms_are_made_and_fails_once_they
     """INCOMPLETE while a host is still created: waiting, as the hosts say; with every VM running: FAILED."""
     creating = [*running(1), member(f"{HOLDING}-bbbb", "", "CREATING")]
     waiting = precise(mig(applied="INCOMPLETE", stable=False, none=1, creating=1), creating)
-    assert waiting.state == "WAITING_FOR_RESOURCES"
+    assert waiting.state == "WAITING"
     stuck = precise(mig(applied="INCOMPLETE", none=2), running(2))
     assert stuck.state == "FAILED" and "INCOMPLETE" in stuck.detail
 
@@ -114,7 +114,7 @@ def test_a_partial_slice_waits_and_says_how_many_hosts_came() -> None:
     stockout = (STOCKOUT, f"The zone 'projects/p/zones/{ZONE}' does not have enough resources available.")
     members = [*running(3), member(f"{HOLDING}-dddd", "", "CREATING", stockout)]
     status = precise(mig(target=4, stable=False, applied="INCOMPLETE", none=3, creating=1), members)
-    assert (status.state, status.unhealthy_hosts) == ("WAITING_FOR_RESOURCES", 0)
+    assert (status.state, status.unhealthy_hosts) == ("WAITING", 0)
     assert status.detail.startswith("3 of 4 hosts came") and STOCKOUT in status.detail
 
 
@@ -123,7 +123,7 @@ def test_a_bulk_mig_says_why_it_waits_from_its_last_progress_check() -> None:
     quota = ("QUOTA_EXCEEDED", "Quota 'TPU_V5P' exceeded. Limit: 8.0 in region us-central1.")
     members = [member(f"{HOLDING}-aaaa", "", "CREATING"), member(f"{HOLDING}-bbbb", "", "CREATING")]
     status = precise(mig(stable=False, bulk=True, progress=quota, creating=2), members)
-    assert (status.state, status.quota_region) == ("WAITING_FOR_RESOURCES", "us-central1")
+    assert (status.state, status.quota_region) == ("WAITING", "us-central1")
     assert "quota exhausted" in status.detail and "Limit: 8.0 in region us-central1" in status.detail
     stockout = precise(mig(stable=False, bulk=True, progress=(STOCKOUT, "no room"), creating=2), members)
     assert STOCKOUT in stockout.detail and stockout.quota_region == ""
@@ -137,7 +137,7 @@ def test_a_host_missing_from_a_stable_migs_list_is_lost_whatever_the_listing_sho
     (listed,) = group_zone(ZONE, Listing([mig(target=4, none=3)], vms, [], []), NOW)
     assert listed.unhealthy_hosts == 1
     young = precise(mig(target=4, stable=False), [])
-    assert (young.state, young.unhealthy_hosts) == ("WAITING_FOR_RESOURCES", 0)
+    assert (young.state, young.unhealthy_hosts) == ("WAITING", 0)
 
 
 def test_a_quota_named_by_zone_or_region_is_read_as_such() -> None:
@@ -146,7 +146,7 @@ def test_a_quota_named_by_zone_or_region_is_read_as_such() -> None:
     def quota_region(message: str) -> str:
         waiting = [member(f"{HOLDING}-aaaa", "", "CREATING", ("QUOTA_EXCEEDED", message))]
         status = precise(mig(stable=False, creating=1, target=1), waiting)
-        assert status.state == "WAITING_FOR_RESOURCES" and message in status.detail
+        assert status.state == "WAITING" and message in status.detail
         return status.quota_region
 
     assert quota_region(f"Quota 'TPU_V5P' exceeded. Limit: 8.0 in zone {ZONE}.") == ""

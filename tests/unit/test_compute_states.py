@@ -7,9 +7,9 @@ from google.cloud import compute_v1
 
 from tpujobs.adapters import compute_states as states
 from tpujobs.adapters.compute_states import Host, holding_state, host
-from tpujobs.engine.ports import CAPACITY_GONE, CAPACITY_PENDING
+from tpujobs.domain.holdings import HOLDING_LOST, HOLDING_PENDING, HoldingState
 
-PORT_STATES = {states.DELETING, states.FAILED, states.WAITING, states.PROVISIONING, states.ACTIVE}
+PORT_STATES = {states.RELEASING, states.FAILED, states.WAITING, states.PROVISIONING, states.ACTIVE}
 # The actions ManagedInstance.CurrentAction's docstring says may come outside the enum.
 DOCUMENTED_EXTRA_ACTIONS = {"STOPPING", "SUSPENDING"}
 
@@ -26,13 +26,13 @@ def test_the_table_covers_every_documented_current_action() -> None:
 
 
 def test_every_row_names_a_port_state_and_says_why() -> None:
-    """Rows map to the port's states only, never SUSPENDED (TPU VMs cannot suspend)."""
+    """Rows map to the port's states only, never LOSING or LOST (TPU VMs cannot suspend: lost hosts say it)."""
     meanings = [*states.INSTANCE_STATUSES.values(), *(m for m in states.CURRENT_ACTIONS.values() if m)]
     for meaning in meanings:
         assert meaning.state in PORT_STATES and meaning.why
-        assert meaning.state != "SUSPENDED"
-    assert PORT_STATES - {states.FAILED, states.DELETING} <= CAPACITY_PENDING
-    assert states.FAILED in CAPACITY_GONE
+        assert meaning.state not in (HoldingState.LOSING, HoldingState.LOST)
+    assert PORT_STATES - {states.FAILED, states.RELEASING} <= HOLDING_PENDING
+    assert states.FAILED in HOLDING_LOST
 
 
 @pytest.mark.parametrize("status", sorted(m.name for m in compute_v1.Instance.Status))
@@ -87,7 +87,7 @@ def test_the_least_advanced_host_decides_and_lost_hosts_are_counted() -> None:
     judged = holding_state([waiting, lost, host(Host("vm-2", "RUNNING", "NONE"))], all_stable=True)
     assert (judged.state, judged.lost_hosts) == (states.WAITING, 1)
     assert "none left" in judged.detail
-    assert holding_state([lost, host(Host("vm-3", "RUNNING", "DELETING"))], True).state == states.DELETING
+    assert holding_state([lost, host(Host("vm-3", "RUNNING", "DELETING"))], True).state == states.RELEASING
 
 
 def test_a_mig_without_hosts_yet_or_in_bulk_creation_waits() -> None:

@@ -1,4 +1,4 @@
-"""write_metadata on the TPU API: read each node, merge tpujobs' keys only, UpdateNode with mask
+"""tell_hosts on the TPU API: read each node, merge tpujobs' keys only, UpdateNode with mask
 `metadata`; a 409 (another update in flight) is read, merged and written again, then transient;
 a node without tpujobs' marker of the unit is never written."""
 
@@ -65,10 +65,10 @@ def cloud(nodes: Nodes, slept: list[float]) -> CloudTpu:
     return CloudTpu(nodes, "p", retry=transient_retry(deadline_s=0.2), sleep=slept.append)  # type: ignore[arg-type]
 
 
-def test_write_metadata_keeps_keys_tpujobs_does_not_own_on_every_node() -> None:
+def test_tell_hosts_keeps_keys_tpujobs_does_not_own_on_every_node() -> None:
     """Each slice's node keeps its ssh-keys and gets tpujobs' keys, written with mask `metadata`."""
     nodes = Nodes()
-    cloud(nodes, []).write_metadata(ZONE, "demo-u0-g1", 2, ASSIGNMENT)
+    cloud(nodes, []).tell_hosts(ZONE, "demo-u0-g1", 2, ASSIGNMENT)
     assert len(nodes.updates) == 2
     for name, written, mask in nodes.updates:
         assert mask == ["metadata"]
@@ -80,8 +80,8 @@ def test_a_node_that_has_tpujobs_keys_already_is_not_written_again() -> None:
     """A tell that finds its keys landed (an earlier update finished) confirms without an update."""
     nodes = Nodes()
     tpu = cloud(nodes, [])
-    tpu.write_metadata(ZONE, "demo-u0-g1", 1, ASSIGNMENT)
-    tpu.write_metadata(ZONE, "demo-u0-g1", 1, ASSIGNMENT)
+    tpu.tell_hosts(ZONE, "demo-u0-g1", 1, ASSIGNMENT)
+    tpu.tell_hosts(ZONE, "demo-u0-g1", 1, ASSIGNMENT)
     assert len(nodes.updates) == 1
 
 
@@ -89,7 +89,7 @@ def test_a_conflict_is_read_merged_and_written_again_with_backoff() -> None:
     """A 409 (gcloud's update in flight) is retried on a fresh read: its ssh-keys are kept."""
     nodes = Nodes(conflicts=2)
     slept: list[float] = []
-    cloud(nodes, slept).write_metadata(ZONE, "demo-u0-g1", 1, ASSIGNMENT)
+    cloud(nodes, slept).tell_hosts(ZONE, "demo-u0-g1", 1, ASSIGNMENT)
     assert len(nodes.updates) == 3
     assert nodes.updates[-1][1]["ssh-keys"] == "bob:key0"  # what the other writer wrote last
     assert slept == sorted(slept) and len(slept) == 2 and slept[0] < slept[1]
@@ -99,7 +99,7 @@ def test_conflicts_past_the_tries_are_transient_never_permanent() -> None:
     """A node whose metadata is always being updated is a TransientError after METADATA_TRIES."""
     nodes = Nodes(conflicts=100)
     with pytest.raises(TransientError) as raised:
-        cloud(nodes, []).write_metadata(ZONE, "demo-u0-g1", 1, ASSIGNMENT)
+        cloud(nodes, []).tell_hosts(ZONE, "demo-u0-g1", 1, ASSIGNMENT)
     assert not isinstance(raised.value, PermanentError)
     assert len(nodes.updates) == METADATA_TRIES
 
@@ -108,7 +108,7 @@ def test_an_update_still_running_is_not_confirmed() -> None:
     """An update not done within the brief follow-up is TransientError: the unit stays untold."""
     nodes = Nodes(finishes=False)
     with pytest.raises(TransientError, match="still running"):
-        cloud(nodes, []).write_metadata(ZONE, "demo-u0-g2", 2, ASSIGNMENT)
+        cloud(nodes, []).tell_hosts(ZONE, "demo-u0-g2", 2, ASSIGNMENT)
     assert len(nodes.updates) == 2  # both slices' updates were started, none waited for in turn
 
 
@@ -121,7 +121,7 @@ def test_a_node_not_ready_is_permanent() -> None:
 
     nodes.update_node = refuse  # type: ignore[method-assign]
     with pytest.raises(PermanentError):
-        cloud(nodes, []).write_metadata(ZONE, "demo-u0-g1", 1, ASSIGNMENT)
+        cloud(nodes, []).tell_hosts(ZONE, "demo-u0-g1", 1, ASSIGNMENT)
 
 
 @pytest.mark.parametrize(
@@ -137,12 +137,12 @@ def test_a_node_named_like_the_unit_without_its_marker_is_never_written(labels: 
     """A node of the unit's name that tpujobs did not make for it: NotOurs, no UpdateNode sent."""
     nodes = Nodes(labels=labels, made_by=made_by)
     with pytest.raises(NotOurs, match="demo-u0-g1"):
-        cloud(nodes, []).write_metadata(ZONE, "demo-u0-g1", 1, ASSIGNMENT)
+        cloud(nodes, []).tell_hosts(ZONE, "demo-u0-g1", 1, ASSIGNMENT)
     assert nodes.updates == []
 
 
 def test_a_node_made_by_the_units_own_queued_resource_is_written() -> None:
     """The marker and the node's queuedResource both naming the unit: written as usual."""
     nodes = Nodes(made_by=f"projects/p/locations/{ZONE}/queuedResources/demo-u0-g1")
-    cloud(nodes, []).write_metadata(ZONE, "demo-u0-g1", 1, ASSIGNMENT)
+    cloud(nodes, []).tell_hosts(ZONE, "demo-u0-g1", 1, ASSIGNMENT)
     assert len(nodes.updates) == 1

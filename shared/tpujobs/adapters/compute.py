@@ -37,6 +37,7 @@ from tpujobs.adapters.compute_ownership import check_adopted, ours
 from tpujobs.adapters.compute_shared import SharedResources, names_missing
 from tpujobs.adapters.google_errors import transient_retry, translate, translated
 from tpujobs.domain.accelerators import BadTopology, UnknownAcceleratorType
+from tpujobs.domain.holdings import HoldingState
 from tpujobs.domain.job import Job
 from tpujobs.engine.errors import PermanentError, TransientError
 from tpujobs.engine.ports import CapacityStatus, HostBoot, UnitRequest
@@ -146,7 +147,7 @@ class ComputeEngine:
         managed instances), and the operations' names are kept so that a create that fails later
         can say why (`create_error`). A MIG insert refused because its template or policy went
         meanwhile (the reconciler's sweep gives back unused ones) makes them again, once. Fresh
-        MIGs are CREATING with no read; a MIG that existed (an earlier delivery's) is read."""
+        MIGs are WAITING with no read; a MIG that existed (an earlier delivery's) is read."""
         try:
             holding.shape  # noqa: B018 - an unknown shape is refused before any call
         except (UnknownAcceleratorType, BadTopology) as error:
@@ -180,12 +181,12 @@ class ComputeEngine:
             return CapacityStatus(
                 holding.name,
                 zone,
-                "CREATING",
+                HoldingState.WAITING,
                 job_label=labels.get("tpujobs-job"),
                 pool_label=labels.get("tpujobs-pool"),
                 operation=operation,
             )
-        status = self.status(zone, holding.name) or CapacityStatus(holding.name, zone, "CREATING")
+        status = self.status(zone, holding.name) or CapacityStatus(holding.name, zone, HoldingState.WAITING)
         return dataclasses.replace(status, operation=operation)
 
     def _follow(
@@ -363,7 +364,7 @@ class ComputeEngine:
 
     # -- warm-pool assignments ----------------------------------------------------------------
 
-    def write_metadata(self, zone: str, name: str, slices: int, metadata: Mapping[str, str]) -> None:
+    def tell_hosts(self, zone: str, name: str, slices: int, metadata: Mapping[str, str]) -> None:
         """Set tpujobs' keys (those of `metadata`) on every VM of the holding, keeping every other
         key (such as `ssh-keys`), with the fingerprint read (`compute_metadata`). A MIG or VM
         without tpujobs' marker of this holding raises NotOurs and is never written; a VM not

@@ -5,7 +5,7 @@ nothing of anyone else's is ever reported. `holding_status` reads one holding pr
 managed instances, with their last creation errors); `group_zone` reads a whole zone from four
 lists, judging hosts by their VMs' status and their MIG's action counts. Templates and policies
 left without a MIG (a release that must be finished, or a create cut short) are reported too:
-CREATING while young, FAILED after, so the reconciler's sweep (which skips DELETING) gives them back.
+WAITING while young, FAILED after, so the reconciler's sweep (which skips RELEASING) gives them back.
 Shared templates and policies (`compute_requests.shared_description`) are no holding's and never
 reported: `unused_shared` picks those no MIG of the zone names, for the adapter to give back.
 """
@@ -99,7 +99,7 @@ def holding_status(
 def group_zone(zone: str, listing: Listing, now: datetime) -> list[CapacityStatus]:
     """Every holding of the zone. Per MIG: its VMs' statuses; hosts with no VM while the MIG
     creates some are waiting; hosts with no VM and no action (more NONE actions than VMs) ran
-    and were deleted: lost; any host being deleted makes the holding DELETING."""
+    and were deleted: lost; any host being deleted makes the holding RELEASING."""
     by_holding: dict[str, list[compute_v1.InstanceGroupManager]] = {}
     for mig in listing.migs:
         said = _said(mig)
@@ -131,7 +131,7 @@ def group_zone(zone: str, listing: Listing, now: datetime) -> list[CapacityStatu
     return found + _leftovers(zone, listing, set(by_holding), now)
 
 
-def _judged(migs: Sequence[compute_v1.InstanceGroupManager], verdicts: list[states.Verdict]) -> states.HoldingState:
+def _judged(migs: Sequence[compute_v1.InstanceGroupManager], verdicts: list[states.Verdict]) -> states.HoldingReading:
     """The holding from its hosts' verdicts and what its MIGs say of themselves: stability, a
     bulk creation in progress (and why it waits), each slice's interconnect."""
     bulk = [m for m in migs if m.status.bulk_instance_operation.in_progress]
@@ -182,7 +182,7 @@ def _mig_verdicts(mig: compute_v1.InstanceGroupManager, vms: Sequence[compute_v1
     waiting = max(0, min(counted, mig.target_size) - len(vms) - gone)
     verdicts += [states.Verdict(states.WAITING, False)] * waiting
     if actions.deleting:
-        verdicts.append(states.Verdict(states.DELETING, False))
+        verdicts.append(states.Verdict(states.RELEASING, False))
     return verdicts
 
 
@@ -228,7 +228,7 @@ def _leftovers(
         names = ", ".join(sorted(r.name for r in resources))
         newest = max((t for t in (rfc3339(r.creation_timestamp) for r in resources) if t), default=None)
         young = newest is not None and now - newest < PARTIAL_GRACE
-        state = "CREATING" if young else "FAILED"
+        state = states.WAITING if young else states.FAILED
         detail = f"no MIG; only its templates and policies remain ({names})"
         found.append(_labelled(holding, zone, _said(resources[0]) or {}, state=state, detail=detail))
     return found

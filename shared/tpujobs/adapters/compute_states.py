@@ -1,9 +1,9 @@
-"""What Compute Engine says of a slice's VMs, as the capacity port's states: the one table.
+"""What Compute Engine says of a slice's VMs, as the capacity port's `HoldingState`: the one table.
 
 A holding's MIGs and their managed instances are read; each host (managed instance) is placed
 by its instance status and the MIG's current action for it (`INSTANCE_STATUSES`,
 `CURRENT_ACTIONS`), and by the errors of its last creation attempt. The holding is the least
-advanced of its hosts: DELETING, then FAILED, then WAITING_FOR_RESOURCES, then PROVISIONING;
+advanced of its hosts: RELEASING, then FAILED, then WAITING, then PROVISIONING;
 ACTIVE only when every MIG is stable, every host RUNNING and every slice's interconnect ACTIVE
 (`TOPOLOGY_STATES`: a FAILED one, or one INCOMPLETE with every VM running, fails the holding
 with Google's stateDetails). Hosts that are lost (preempted, stopped, deleted, recreated, or
@@ -11,7 +11,7 @@ missing from a stable MIG's list) count in `unhealthy_hosts`, which the engine t
 whatever the state. A host that came while others wait leaves the holding waiting, saying how
 many came, so the zone wait bounds what a partial slice costs. A bulk MIG says why it waits on
 itself (`bulkInstanceOperation.lastProgressCheck`), read as a host's lastAttempt is.
-TPU VMs cannot stop or suspend, so no holding is ever SUSPENDED.
+TPU VMs cannot stop or suspend, so no holding is ever LOSING or LOST: its lost hosts say it.
 Sources: ../shared/design/compute-engine.md §3 and the compute_v1 enums' own docstrings.
 """
 
@@ -22,15 +22,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+from tpujobs.domain.holdings import HoldingState
+
 HostVerdict = Literal["ok", "lost"]
 
 # The port's states this backend uses, least advanced first wins (`holding_state`).
-DELETING = "DELETING"
-FAILED = "FAILED"
-WAITING = "WAITING_FOR_RESOURCES"
-PROVISIONING = "PROVISIONING"
-ACTIVE = "ACTIVE"
-_PRECEDENCE = (DELETING, FAILED, WAITING, PROVISIONING, ACTIVE)
+RELEASING = HoldingState.RELEASING
+FAILED = HoldingState.FAILED
+WAITING = HoldingState.WAITING
+PROVISIONING = HoldingState.PROVISIONING
+ACTIVE = HoldingState.ACTIVE
+_PRECEDENCE = (RELEASING, FAILED, WAITING, PROVISIONING, ACTIVE)
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,7 @@ class Meaning:
     """What one status or action says of a host: the holding state it allows, and whether the
     host is lost (its processes are gone, so the attempt on it is over)."""
 
-    state: str
+    state: HoldingState
     verdict: HostVerdict
     why: str
 
@@ -76,7 +78,7 @@ CURRENT_ACTIONS: dict[str, Meaning | None] = {
     "STOPPING": Meaning(PROVISIONING, "lost", "being stopped"),
     "SUSPENDING": Meaning(PROVISIONING, "lost", "being suspended: TPU VMs cannot"),
     "ABANDONING": Meaning(PROVISIONING, "lost", "being taken out of the group"),
-    "DELETING": Meaning(DELETING, "lost", "being deleted for good"),
+    "DELETING": Meaning(RELEASING, "lost", "being deleted for good"),
 }
 # compute_v1.InstanceGroupManagerStatusAcceleratorTopology.State, every member: what a slice's
 # interconnect (status.appliedAcceleratorTopologies[]) allows. Only ACTIVE lets a holding be ACTIVE.
@@ -118,7 +120,7 @@ class Host:
 class Verdict:
     """One host's place: the holding state it allows, whether it is lost, and what it said."""
 
-    state: str
+    state: HoldingState
     lost: bool
     detail: str = ""
     quota_region: str = ""  # the region whose quota its last creation exceeded
@@ -187,11 +189,11 @@ def quota_region(errors: tuple[tuple[str, str], ...]) -> str:
 
 
 @dataclass(frozen=True)
-class HoldingState:
+class HoldingReading:
     """A holding as the port says it: its state, why, how many hosts are lost, and the region
     whose full quota keeps a waiting host from being created ("" if none does)."""
 
-    state: str
+    state: HoldingState
     detail: str
     lost_hosts: int
     quota_region: str = ""
@@ -202,7 +204,7 @@ def holding_state(
     all_stable: bool,
     waiting_in_bulk: bool = False,
     interconnects: Iterable[Interconnect] = (),
-) -> HoldingState:
+) -> HoldingReading:
     """The least advanced of the hosts' states (ACTIVE only when every MIG is stable and every
     slice's interconnect ACTIVE too), the first detail of a host in that state, and the lost
     hosts. A MIG whose bulk creation is in progress is waiting for capacity as a whole [BULK].
@@ -226,9 +228,9 @@ def holding_state(
         detail = f"{came} of {len(hosts)} hosts came; the others wait" + (f": {detail}" if detail else "")
     broken = [i for i in interconnects if i.state == "FAILED" or (i.state == "INCOMPLETE" and running)]
     unready = [i for i in interconnects if i.state != "ACTIVE"]
-    if broken and state != DELETING:
+    if broken and state != RELEASING:
         state, detail = FAILED, broken[0].said()
     elif running and unready:
         state, detail = PROVISIONING, unready[0].said()
     region = next((v.quota_region for v in verdicts if v.state == WAITING and v.quota_region), "")
-    return HoldingState(state, detail, lost, region if state == WAITING else "")
+    return HoldingReading(state, detail, lost, region if state == WAITING else "")

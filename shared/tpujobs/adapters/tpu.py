@@ -7,7 +7,7 @@ twice, once its labels show that tpujobs made it for that holding. Labels name t
 attempt, or the pool and unit: they are tpujobs' ownership marker (`domain.ownership`), so a
 queued resource or node named like a holding without them is someone else's, and is never
 adopted (NotOurs), written into (NotOurs) or deleted (left alone, logged). A warm-pool unit's
-agents get their assignments through their nodes' metadata: `write_metadata` merges tpujobs'
+agents get their assignments through their nodes' metadata: `tell_hosts` merges tpujobs'
 keys into what each node has (others, such as gcloud's `ssh-keys`, write the same map) with
 UpdateNode.
 """
@@ -31,6 +31,7 @@ from tpujobs.adapters.google_errors import is_retryable, transient_retry, transl
 from tpujobs.adapters.tpu_maintenance import NodeMaintenance
 from tpujobs.domain import naming, ownership
 from tpujobs.domain.accelerators import FAMILIES, parse_accelerator_type
+from tpujobs.domain.holdings import HoldingState
 from tpujobs.domain.job import Job
 from tpujobs.domain.spec import JobSpec
 from tpujobs.engine.errors import NotOurs, PermanentError, QuotaExhausted, TransientError
@@ -49,7 +50,7 @@ SERVICE = "TPU API"  # how errors name the service: "TPU API failed to ..."
 # says so): read again, merge again, write again, this often, backing off from this delay.
 METADATA_TRIES = 4
 METADATA_BACKOFF_S = 0.5
-# How long in all write_metadata follows its updates: a handler must not wait out each slice's
+# How long in all tell_hosts follows its updates: a handler must not wait out each slice's
 # operation (tens of seconds); one still running is confirmed by the next tell.
 METADATA_FOLLOW_S = 4.0
 # The client polls an operation first after 1 s, then less often: too slow to follow for 4 s.
@@ -189,7 +190,7 @@ class CloudTpu:
         self._project = project
         self._retry = retry or transient_retry()
         # An update refused for a concurrent one must not be sent again as it was: its map was
-        # merged from a read that the other update makes stale (write_metadata reads again).
+        # merged from a read that the other update makes stale (tell_hosts reads again).
         self._update_retry = self._retry.with_predicate(lambda error: is_retryable(error) and not _conflict(error))
         self._sleep = sleep
         self._clock = clock
@@ -237,11 +238,11 @@ class CloudTpu:
         status = self.status(zone, name)
         if status is None and operation.done and operation.HasField("error"):
             said = _operation_error(operation)
-            return CapacityStatus(name, zone, "FAILED", said, operation=operation.name)
-        status = status or CapacityStatus(name, zone, "CREATING")
+            return CapacityStatus(name, zone, HoldingState.FAILED, said, operation=operation.name)
+        status = status or CapacityStatus(name, zone, QUEUED_RESOURCE_STATES["CREATING"])
         return dataclasses.replace(status, operation=operation.name)
 
-    def write_metadata(self, zone: str, name: str, slices: int, metadata: Mapping[str, str]) -> None:
+    def tell_hosts(self, zone: str, name: str, slices: int, metadata: Mapping[str, str]) -> None:
         """Set tpujobs' keys (those of `metadata`) on every node of the queued resource `name`,
         keeping every other key (gcloud's `ssh-keys` above all): read the node, merge, UpdateNode
         with mask `metadata` (which replaces the map). Returns once every node has them. An
@@ -389,14 +390,14 @@ class CloudTpu:
             status = _status(resource, zone, lost.get(resource.name.rsplit("/", 1)[-1], 0))
             hosts = tuple(sorted(suspect.get(status.name, ())))
             statuses.append(dataclasses.replace(status, suspect_hosts=hosts) if hosts else status)
-        if not nodes or all(status.state != "ACTIVE" for status in statuses):
+        if not nodes or all(status.state is not HoldingState.ACTIVE for status in statuses):
             return statuses
         if self._maintenance is None:
             self._maintenance = NodeMaintenance.beside(self._client)
         windows = self._maintenance.windows(parent)
         return [
             dataclasses.replace(status, maintenance=windows[status.name])
-            if status.state == "ACTIVE" and status.name in windows
+            if status.state is HoldingState.ACTIVE and status.name in windows
             else status
             for status in statuses
         ]
@@ -408,6 +409,22 @@ QUEUED_RESOURCE_FIELDS = (
     "queuedResources.name,queuedResources.state,queuedResources.tpu.nodeSpec.node.labels,nextPageToken"
 )
 NODE_FIELDS = "nodes.name,nodes.state,nodes.health,nodes.queuedResource,nodes.networkEndpoints.ipAddress,nextPageToken"
+
+# tpu_v2 QueuedResourceState.State, every member, as the capacity port's state
+# (tests/unit/test_tpu_states.py holds the table to the enum). Google's words for each:
+# https://cloud.google.com/tpu/docs/reference/rest/v2/projects.locations.queuedResources#State
+QUEUED_RESOURCE_STATES: dict[str, HoldingState] = {
+    "STATE_UNSPECIFIED": HoldingState.UNKNOWN,  # not set: no signal, never acted on
+    "CREATING": HoldingState.WAITING,  # being created, not yet accepted
+    "ACCEPTED": HoldingState.WAITING,  # accepted, to be scheduled when it can be
+    "WAITING_FOR_RESOURCES": HoldingState.WAITING,  # scheduled, waiting for capacity
+    "PROVISIONING": HoldingState.PROVISIONING,  # capacity found, its nodes being made
+    "ACTIVE": HoldingState.ACTIVE,  # every node made and usable
+    "SUSPENDING": HoldingState.LOSING,  # its nodes being deleted (a preemption): their grace runs
+    "SUSPENDED": HoldingState.LOST,  # its nodes deleted; the resource is left until deleted
+    "FAILED": HoldingState.FAILED,  # it could not be made (`failed_data` says why); no nodes
+    "DELETING": HoldingState.RELEASING,  # being deleted
+}
 
 HostVerdict = Literal["ok", "suspect", "lost"]
 """What a node's state or health means for the attempt on it: nothing (`ok`), a condition that
@@ -516,9 +533,9 @@ def _not_ours(what: str, holding: str) -> NotOurs:
 
 
 def _status(resource: tpu_v2.QueuedResource, zone: str, unhealthy_hosts: int = 0) -> CapacityStatus:
-    state = resource.state.state.name
+    state = QUEUED_RESOURCE_STATES.get(resource.state.state.name, HoldingState.UNKNOWN)
     detail = ""
-    if state == "FAILED":
+    if state is HoldingState.FAILED:
         detail = resource.state.failed_data.error.message
     specs = resource.tpu.node_spec
     labels = specs[0].node.labels if specs else {}

@@ -3,12 +3,12 @@
 When Google takes capacity back it gives the VMs' guest OS a shutdown grace: "there will be 120
 seconds between GCE ACPI G2 Soft Off and ACPI G3 Mechanical Off for Standard VMs and 30 seconds
 for Spot VMs" (compute_v1 `Scheduling.skip_guest_os_shutdown`). A job saves its checkpoint on
-SIGTERM within it. Google documents nothing about what deleting a queued resource that is
-SUSPENDING, or a VM that is STOPPING, does to that grace, so tpujobs never deletes before it is
-over: the next attempt is requested at once, and the lost attempt's holding is kept (`HeldOver`
-on the job, its chips counted in its pool) until its hosts are gone (the queued resource
-SUSPENDED: "the resources ... have been deleted"; FAILED; or no longer there) or the grace has
-passed since the loss was seen. The reconciler finishes what is left. See docs/recovery.md.
+SIGTERM within it. Google documents nothing about what deleting a holding that is LOSING (a
+queued resource SUSPENDING), or a VM that is STOPPING, does to that grace, so tpujobs never
+deletes before it is over: the next attempt is requested at once, and the lost attempt's
+holding is kept (`HeldOver` on the job, its chips counted in its pool) until its hosts are gone
+(the holding LOST, FAILED or no longer there: `holdings.HOSTS_GONE`) or the grace has passed
+since the loss was seen. The reconciler finishes what is left. See docs/recovery.md.
 """
 
 from __future__ import annotations
@@ -16,15 +16,12 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from tpujobs.domain.admission import pool_id
+from tpujobs.domain.holdings import HOSTS_GONE, HoldingState
 from tpujobs.domain.job import HeldOver, Job
 from tpujobs.domain.states import JobState
 
 SPOT_SHUTDOWN_GRACE_SECONDS = 30.0  # Spot VMs: ACPI G2 Soft Off, then G3 Mechanical Off 30 s later
 STANDARD_SHUTDOWN_GRACE_SECONDS = 120.0  # every other VM (and the safe path where Google says nothing)
-# The port's states of a holding whose hosts are gone: TPU API SUSPENDED ("the resources specified
-# in the QueuedResource request have been deleted") and FAILED (no nodes). Compute Engine's holdings
-# never say either of a preempted slice: its grace is waited out.
-HOSTS_GONE = frozenset({"SUSPENDED", "FAILED"})
 HELD_PREFIX = "held:"  # an admission pool's holder id for a held-over holding: `held:{holding}`
 # A running attempt tpujobs stops itself (a reclaim, an eviction) is asked to through its hosts'
 # metadata (`tpujobs-stop`): the agent stops the command as for a preemption notice, with its own
@@ -45,16 +42,16 @@ def shutdown_grace_seconds(job: Job) -> float:
 def hold_over(job: Job, state: str | None, unhealthy_hosts: int = 0) -> HeldOver | None:
     """The current attempt's holding, to be kept past the next attempt's request, as its
     capacity now reads (`state`, None when it is gone; `unhealthy_hosts`): when Google is taking
-    the whole slice back, its hosts saving within their grace. That is a queued resource
-    SUSPENDING (a preemption: "the resources ... are being deleted"), or a holding every host of
-    which is lost (Compute Engine's preempted Spot VMs, STOPPING). None otherwise, and it goes at
-    once: its hosts are gone already (SUSPENDED, FAILED, absent), or some still run the command
+    the whole slice back, its hosts saving within their grace. That is a holding LOSING (a
+    preemption the platform says as such), or one every host of which is lost (Compute Engine's
+    preempted Spot VMs, STOPPING). None otherwise, and it goes at once: its hosts are gone
+    already (LOST, FAILED, absent), or some still run the command
     (one lost host, a failed or hung command, a move ahead of maintenance), which only the
     release stops."""
     usage = job.usage_of()
     if usage is None or not usage.capacity_lost or usage.ended_at is None or not job.queued_resource:
         return None
-    reclaimed = state == "SUSPENDING" or (state not in HOSTS_GONE and 0 < job.total_workers <= unhealthy_hosts)
+    reclaimed = state == HoldingState.LOSING or (state not in HOSTS_GONE and 0 < job.total_workers <= unhealthy_hosts)
     if state is None or not reclaimed:
         return None
     until = usage.ended_at + timedelta(seconds=shutdown_grace_seconds(job))

@@ -65,7 +65,7 @@ class Unit:
     generation: int  # its queued resource is `{pool}-u{index}-g{generation}`; +1 at every new request
     zone: str
     since: datetime  # when it entered its state
-    capacity_state: str | None = None  # the queued resource's TPU state, as last seen
+    capacity_state: str | None = None  # its holding's state (`domain.holdings`), as last seen
     job_id: str | None = None  # BUSY: the job whose attempt runs on it
     attempt: int | None = None
     seq: int = 0  # its assignment counter: +1 at every change of what it should run

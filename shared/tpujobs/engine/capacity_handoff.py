@@ -44,5 +44,5 @@ class NoCapacity:
     def list_capacity(self, zone: str) -> Sequence[CapacityStatus]:
         raise self._refuse(f"list {zone}")
 
-    def write_metadata(self, zone: str, name: str, slices: int, metadata: Mapping[str, str]) -> None:
+    def tell_hosts(self, zone: str, name: str, slices: int, metadata: Mapping[str, str]) -> None:
         raise self._refuse(f"write the metadata of {name}")

@@ -52,7 +52,7 @@ FIELDS: Mapping[str, str] = {
     "capacity": "spot or on-demand",
     "attempt": "the attempt the change concerns",
     "queue_wait_seconds": "admitted: seconds the attempt waited QUEUED",
-    "capacity_state": "preempted: the TPU state that said so (PREEMPTED, SUSPENDED, ...; - when a host said it)",
+    "capacity_state": "preempted: the holding's state that said so (LOSING, LOST, GONE, ...; - when a host said it)",
     "source": "preempted: who saw it (agent: the host's notice; tpu: the API's state; reconciler)",
     "to_state": "preempted: where the job went (RECOVERING, FAILED, QUEUED)",
     "recovery_seconds": "recovered: seconds from the lost attempt's end to the next one running",

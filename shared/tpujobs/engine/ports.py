@@ -15,6 +15,7 @@ from typing import Protocol
 from tpujobs.domain.access import AccessPolicies
 from tpujobs.domain.admission import Holder
 from tpujobs.domain.fair_share import Waiting
+from tpujobs.domain.holdings import HoldingState
 from tpujobs.domain.job import Job, JobEvent
 from tpujobs.domain.pools import Pool
 from tpujobs.domain.quotas import QuotaBook
@@ -254,16 +255,15 @@ class JobStore(JobRecords, WorkerRecords, JobQueries, Retention, MessageRecords,
 
 @dataclass(frozen=True)
 class CapacityStatus:
-    """What the capacity backend says about one holding of TPU slices (a job attempt's, or a
-    warm-pool unit's). `state` is named as the TPU API names a queued resource's state, for
-    every backend for now: a backend that says it otherwise translates (`CAPACITY_PENDING`,
-    `CAPACITY_GONE` group them by what they mean)."""
+    """What the capacity backend says about one holding (a job attempt's, or a warm-pool unit's),
+    in the engine's words: each adapter maps its platform's states to `HoldingState` in one table
+    (`domain.holdings` groups them by what they mean)."""
 
     name: str
     zone: str
-    state: str  # the QueuedResource state name: WAITING_FOR_RESOURCES, ACTIVE, ...
-    detail: str = ""  # the error of a FAILED resource
-    unhealthy_hosts: int = 0  # hosts of its nodes that are lost (`adapters.tpu.NODE_STATES`)
+    state: HoldingState
+    detail: str = ""  # why, in Google's words: a FAILED holding's error, what a WAITING one waits on
+    unhealthy_hosts: int = 0  # hosts that are lost (`adapters.tpu.NODE_STATES`, `adapters.compute_states`)
     job_label: str | None = None  # the `tpujobs-job` label: set on every resource tpujobs made for a job
     pool_label: str | None = None  # the `tpujobs-pool` label: set on every warm-pool unit's resource
     # (node, condition) of its nodes in a condition that is often transient: lost past the grace
@@ -272,7 +272,7 @@ class CapacityStatus:
     # (host, window start) of its hosts with host maintenance scheduled (Compute Engine's
     # and the TPU API's v2alpha1 nodes' `upcomingMaintenance`; RFC 3339 as Google says it)
     maintenance: tuple[tuple[str, str], ...] = ()
-    # WAITING_FOR_RESOURCES because a REGION's quota is full (Compute Engine's QUOTA_EXCEEDED
+    # WAITING because a REGION's quota is full (Compute Engine's QUOTA_EXCEEDED
     # "... in region us-east5"): zone failover skips that region's zones; "": not known to be
     quota_region: str = ""
     # When Google ends its VMs by their run duration (Compute Engine's earliest
@@ -282,8 +282,8 @@ class CapacityStatus:
 
 @dataclass(frozen=True)
 class HostBoot:
-    """What the TPU VMs of one attempt boot with: the account they run as (never the Compute
-    default) and their metadata (the startup script, the attempt's report key)."""
+    """What the hosts of one holding boot with, on any platform: the account they run as (never
+    the Compute default) and their metadata (the startup script, the attempt's report key)."""
 
     service_account: str
     metadata: Mapping[str, str]
@@ -301,18 +301,14 @@ class UnitRequest:
     labels: Mapping[str, str]
 
 
-# Capacity states grouped by what they mean for the job or unit holding it.
-CAPACITY_PENDING = frozenset({"CREATING", "ACCEPTED", "WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE"})
-CAPACITY_GONE = frozenset({"SUSPENDING", "SUSPENDED", "FAILED"})
-
-
 class Capacity(Protocol):
-    """TPU slices asked for, watched and given back, whichever Google backend holds them.
+    """TPU slices asked for, watched and given back, whichever Google platform holds them.
 
     A holding is named (deterministically, so a retried request adopts what an earlier one got)
     and lives in a zone: a job attempt's slices, or a warm-pool unit's. `adapters.tpu` holds
-    them as the TPU API's queued resources; another backend (Compute Engine's TPU VMs) plugs in
-    behind the same methods. `local.fakes.capacity` holds them in memory.
+    them as the TPU API's queued resources, `adapters.compute` as Compute Engine's MIGs, and
+    `adapters.capacity_router` hands each call to the platform's own; each says its states as
+    `HoldingState`. `local.fakes.capacity` holds them in memory.
     """
 
     def request(self, job: Job, boot: HostBoot) -> CapacityStatus:
@@ -335,13 +331,11 @@ class Capacity(Protocol):
     def list_capacity(self, zone: str) -> Sequence[CapacityStatus]:
         """Every holding of the zone, with the health of its hosts (`unhealthy_hosts`, `suspect_hosts`)."""
 
-    def write_metadata(self, zone: str, name: str, slices: int, metadata: Mapping[str, str]) -> None:
-        """Set these keys in the metadata of every host of the holding, keeping every other key
-        (`ssh-keys` above all): how a unit's agents learn their assignment. TransientError while
-        a write is not confirmed yet: the unit stays untold, and is told again."""
-
-
-Tpu = Capacity  # the name the reconciler's modules still import
+    def tell_hosts(self, zone: str, name: str, slices: int, metadata: Mapping[str, str]) -> None:
+        """Tell every host of the holding these keys (its metadata: TPU nodes' or Compute Engine
+        VMs'), keeping every other key (`ssh-keys` above all): how a unit's agents learn their
+        assignment and a running attempt's hosts that they are to stop. TransientError while a
+        write is not confirmed yet: the unit stays untold, and is told again."""
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""tpujobs-qr-state: an observed state of a queued resource (the reconciler, the audit-log sink),
+"""tpujobs-qr-state: an observed state of a holding (a report, the audit-log sink),
 and the TPU audit-log entries that the log sink routes to it."""
 
 from __future__ import annotations
@@ -39,10 +39,11 @@ class AuditTarget(NamedTuple):
 
 
 class QrStateReport(Strict):
-    """tpujobs-qr-state: an observed state of a queued resource (reconciler, audit-log sink)."""
+    """tpujobs-qr-state: an observed state of a holding (a report; the audit-log sink sends entries)."""
 
     queued_resource: Annotated[str, Field(pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$", max_length=63)]
     zone: Annotated[str, Field(pattern=ZONE_PATTERN)]
+    # A `HoldingState` value (WAITING, ACTIVE, LOST, ...); any other word reads as UNKNOWN: nothing is done.
     state: Annotated[str, Field(pattern=r"^[A-Z_]{1,40}$")]
     detail: str = Field(default="", max_length=1024)
     # Hosts whose node is TERMINATED, PREEMPTED or unhealthy.

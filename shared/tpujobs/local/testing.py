@@ -334,7 +334,7 @@ def crashing_engine(service: Engine, plan: CrashPlan, *, warm_pools: bool = Fals
     store: Any = CrashingStore(service.store, plan)  # forwards every store call, which mypy cannot see
     return Services(
         store,
-        CrashingTpu(service.tpu, plan),
+        CrashingTpu(service.capacity, plan),
         service.settings,
         service.clock,
         service.sleep,
@@ -350,7 +350,7 @@ def reconciler_for(service: Engine) -> Reconciler:
     return Reconciler(
         service,
         service.store,
-        service.tpu,
+        service.capacity,
         service.settings,
         service.clock,
         pools=service.pools,

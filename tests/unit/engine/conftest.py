@@ -18,7 +18,7 @@ def sleeps() -> list[float]:
 
 @pytest.fixture
 def engine(simulator_url: str, tpu_client: Any, sleeps: list[float]) -> Callable[..., Engine]:
-    """`engine(**settings)`: the engine on fakes and this test's simulator; `clock`, `tpu`,
+    """`engine(**settings)`: the engine on fakes and this test's simulator; `clock`, `capacity`,
     `access` (policies; default none) and `steps` (a CrashPlan counting the store's and pools'
     calls) replace the defaults, the rest are settings on top of the local stack's."""
     return lambda **overrides: build_engine(simulator_url, tpu_client, sleeps, **overrides)

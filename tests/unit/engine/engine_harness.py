@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from tpujobs.domain.access import AccessPolicies
+from tpujobs.domain.holdings import HoldingState
 from tpujobs.domain.job import Job, JobEvent
 from tpujobs.domain.spec import parse_spec
 from tpujobs.engine.budgets import TeamBudgets
@@ -56,7 +57,7 @@ class Engine:
     """The engine's handlers and its ports, as a test drives and reads them."""
 
     store: InMemoryJobStore
-    tpu: Capacity
+    capacity: Capacity
     pools: InMemoryPools
     warm_pools: InMemoryWarmPools
     teams: FakeTeams
@@ -199,7 +200,7 @@ class Engine:
         old = self.service
         service = Services(
             self.store,
-            self.tpu,
+            self.capacity,
             replace(self.settings, **settings),
             old.clock,
             self.sleeps.append,
@@ -264,7 +265,7 @@ class Engine:
 
     def live_capacity(self, zone: str = ZONE) -> set[str]:
         """The queued resources of the zone that are not being deleted."""
-        return {s.name for s in self.tpu.list_capacity(zone) if s.state != "DELETING"}
+        return {s.name for s in self.capacity.list_capacity(zone) if s.state is not HoldingState.RELEASING}
 
 
 def build_engine(
@@ -273,7 +274,7 @@ def build_engine(
     sleeps: list[float],
     *,
     clock: Callable[[], datetime] = utc_now,
-    tpu: Capacity | None = None,
+    capacity: Capacity | None = None,
     access: AccessPolicies | None = None,
     steps: CrashPlan | None = None,
     **settings: Any,
@@ -292,7 +293,7 @@ def build_engine(
         **settings,
     }
     store = InMemoryJobStore()
-    capacity = tpu or CloudTpu(tpu_client, PROJECT, retry=transient_retry(deadline_s=0.2))  # a failing API: quick
+    capacity = capacity or CloudTpu(tpu_client, PROJECT, retry=transient_retry(deadline_s=0.2))  # a failing API: quick
     published = RecordingPublisher()
     pools, warm_pools, policies = InMemoryPools(store), InMemoryWarmPools(store), InMemoryAccessPolicies(access)
     teams, budget_tally = FakeTeams(pools), InMemoryBudgetTally()
@@ -313,7 +314,7 @@ def build_engine(
     return Engine(
         api_settings=local_settings(**{**merged, "local_stack": True}),
         store=store,
-        tpu=capacity,
+        capacity=capacity,
         pools=pools,
         warm_pools=warm_pools,
         teams=teams,

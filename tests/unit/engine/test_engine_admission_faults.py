@@ -17,6 +17,7 @@ from collections.abc import Callable
 import pytest
 from engine_harness import ZONE, Engine
 
+from tpujobs.domain.holdings import HoldingState
 from tpujobs.domain.states import JobState
 from tpujobs.engine.inbound import InboundMessage
 from tpujobs.local.testing import CrashPlan, InjectedCrash, inbound, signed
@@ -65,7 +66,9 @@ CRASH_POINTS = [(name, k) for name, steps in STEPS.items() for k in range(1, ste
 
 def live_resources(jobs: Engine) -> set[str]:
     """The zone's queued resources that still hold capacity (neither deleting nor suspended)."""
-    return {s.name for s in jobs.tpu.list_capacity(ZONE) if s.state not in ("DELETING", "SUSPENDED")}
+    return {
+        s.name for s in jobs.capacity.list_capacity(ZONE) if s.state not in (HoldingState.RELEASING, HoldingState.LOST)
+    }
 
 
 def check(jobs: Engine, job_ids: list[str]) -> dict[str, JobState]:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from engine_harness import PROJECT, ZONE, Engine
 
+from tpujobs.domain.holdings import HoldingState
 from tpujobs.domain.pools import UnitState
 from tpujobs.domain.states import JobState
 from tpujobs.engine.jobs.audit_entries import NOT_HELD, NOT_THE_AUDIT_LOG, OTHER_PROJECT, OTHER_ZONE
@@ -56,12 +57,12 @@ def clock() -> OffsetClock:
 
 @pytest.fixture
 def capacity() -> InMemoryCapacity:
-    return InMemoryCapacity(initial_state="ACTIVE")
+    return InMemoryCapacity(initial_state=HoldingState.ACTIVE)
 
 
 @pytest.fixture
 def jobs(engine, capacity: InMemoryCapacity, clock: OffsetClock) -> Engine:
-    return engine(tpu=capacity, clock=clock, admins=(ADMIN,))
+    return engine(capacity=capacity, clock=clock, admins=(ADMIN,))
 
 
 def running(jobs: Engine, **changes: Any) -> str:
@@ -93,7 +94,7 @@ def test_an_entry_naming_another_project_changes_nothing(jobs, capacity):
     """The same holding in the right zone, but under another project: no read, no change, even
     when reading would have found something to record."""
     holding = running(jobs)
-    capacity.set_state(holding, "SUSPENDED")  # what a read would find, were it made
+    capacity.set_state(holding, HoldingState.LOST)  # what a read would find, were it made
     before = len(reads(capacity))
     assert jobs.qr_state(audit_entry(holding, project="someone-else")) is None
     assert (jobs.job().state, jobs.job().attempt) == (JobState.RUNNING, 1)
@@ -152,7 +153,7 @@ def test_an_entry_in_the_holdings_own_zone_still_moves_the_job(jobs, capacity):
 def test_an_entry_naming_the_project_by_its_number_moves_the_job_where_the_number_is_known(engine, capacity):
     """A resource path may name the project by number: taken when the deployment says its number
     (TPUJOBS_PROJECT_NUMBER), and still refused when it names another number."""
-    jobs = engine(tpu=capacity, clock=OffsetClock(), admins=(ADMIN,), project_number="123456789")
+    jobs = engine(capacity=capacity, clock=OffsetClock(), admins=(ADMIN,), project_number="123456789")
     holding = running(jobs)
     capacity.vanish(holding)
     assert jobs.qr_state(audit_entry(holding, project="987654321")) is None

@@ -140,7 +140,7 @@ def test_the_api_engine_refuses_every_capacity_call(jobs):
         lambda: capacity.release(ZONE, "x"),
         lambda: capacity.list_capacity(ZONE),
         lambda: capacity.create_error("op"),
-        lambda: capacity.write_metadata(ZONE, "x", 1, {}),
+        lambda: capacity.tell_hosts(ZONE, "x", 1, {}),
     ]
     for attempt in calls:
         with pytest.raises(CapacityNotHeld):

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from engine_harness import ZONE, Engine
 
+from tpujobs.domain.holdings import HoldingState
 from tpujobs.domain.states import JobState
 from tpujobs.domain.team_edits import with_team
 from tpujobs.engine.startup_script import STOP_REQUEST_KEY
@@ -103,8 +104,8 @@ def test_a_running_job_taken_back_is_asked_to_stop_and_its_chips_go_once_its_hos
     """A reclaimed running attempt keeps its holding, counted, while its hosts stop the command
     with their grace (the stop asked in their metadata); the reclaiming job is admitted the moment
     every host has said `stopped`, not at the grace's end."""
-    capacity = InMemoryCapacity(initial_state="ACTIVE")
-    jobs: Engine = engine(tpu=capacity)
+    capacity = InMemoryCapacity(initial_state=HoldingState.ACTIVE)
+    jobs: Engine = engine(capacity=capacity)
     jobs.pools.set_quota(ZONE, "v4", "on-demand", 8)
     for team, member in (("team-a", "ada@example.com"), ("team-b", "bob@example.com")):
         jobs.teams.edit_team(team, lambda d, t=team, m=member: with_team(d, t, members=[m], chips={LIMIT: 4}))

@@ -319,7 +319,7 @@ SCENARIOS = [
         "qr-suspended",
         "capacity_events.on_qr_state",
         "tpujobs-qr-state",
-        {"queued_resource": f"{JOB}-a1", "zone": ZONE, "state": "SUSPENDED"},
+        {"queued_resource": f"{JOB}-a1", "zone": ZONE, "state": "LOST"},
         setup=_preempted,
         steps=_HELD_LOSS_STEPS,
         done=_HELD,

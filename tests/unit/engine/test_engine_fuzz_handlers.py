@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from support.fuzz_messages import ADMIN, OWNER, message, next_id, three_live_jobs
+from tpujobs.domain.holdings import HoldingState
 from tpujobs.domain.platforms import default_platform
 from tpujobs.domain.spec import SpecError, decode_spec
 from tpujobs.domain.states import JobState
@@ -397,18 +398,7 @@ def test_any_preemption_notice_is_applied_ignored_or_rejected(eng, jobs, data) -
     check_report(eng, inbound, eng.handle(inbound), PreemptionNotice)
 
 
-QR_STATES = [
-    "CREATING",
-    "ACCEPTED",
-    "WAITING_FOR_RESOURCES",
-    "PROVISIONING",
-    "ACTIVE",
-    "SUSPENDING",
-    "SUSPENDED",
-    "FAILED",
-    "DELETING",
-    "STATE_UNSPECIFIED",
-]
+QR_STATES = [state.value for state in HoldingState] + ["SUSPENDED"]  # and a word of no state
 
 
 def qr_reports(known: list[str]) -> st.SearchStrategy[Any]:

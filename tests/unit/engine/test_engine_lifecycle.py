@@ -161,7 +161,7 @@ def test_qr_state_observations_mirror_capacity_and_recover_from_loss(jobs):
     qr = {"queued_resource": "train-1-a1", "zone": ZONE}
     jobs.qr_state({**qr, "state": "ACTIVE"})
     assert jobs.job().capacity_state == "ACTIVE"
-    jobs.qr_state({**qr, "state": "SUSPENDED"})
+    jobs.qr_state({**qr, "state": "LOST"})
     job = jobs.job()
     assert job.attempt == 2 and job.state is JobState.PROVISIONING
     jobs.qr_state({"queued_resource": "train-1-a2", "zone": ZONE, "state": "FAILED", "detail": "hardware"})
@@ -204,11 +204,11 @@ def test_the_reconciler_repairs_missing_capacity_and_releases_orphans(jobs, tpu_
     from tpujobs.engine.startup_script import host_boot
 
     submit(jobs, "lost-qr")
-    jobs.tpu.release(ZONE, "lost-qr-a1")  # someone deleted it behind our back
+    jobs.capacity.release(ZONE, "lost-qr-a1")  # someone deleted it behind our back
     submit(jobs, "done-job")
     jobs.cancel("done-job", "Cancelled.")
     orphan = jobs.job("done-job")
-    jobs.tpu.request(orphan, host_boot(orphan, jobs.settings))  # a leaked resource of a finished job
+    jobs.capacity.request(orphan, host_boot(orphan, jobs.settings))  # a leaked resource of a finished job
     foreign = orphan.evolve(job_id="someone-else", queued_resource="someone-else-a1")
     resource = queued_resource_for(foreign, PROJECT, host_boot(foreign, jobs.settings))
     resource.tpu.node_spec[0].node.labels.clear()  # not made by tpujobs
@@ -226,7 +226,7 @@ def test_the_reconciler_turns_a_suspended_resource_into_a_recovery(jobs):
     """No event arrives for a preemption the agent could not report: the tick finds it."""
     submit(jobs)
     jobs.report("started", 1)
-    wait_for(lambda: jobs.tpu.status(ZONE, "train-1-a1").state == "ACTIVE", timeout=10)
+    wait_for(lambda: jobs.capacity.status(ZONE, "train-1-a1").state == "ACTIVE", timeout=10)
     jobs.simulator.preempt(ZONE, "train-1-a1")
 
     def replaced() -> bool:
@@ -275,7 +275,7 @@ def test_an_audit_log_entry_makes_the_engine_read_the_queued_resource_state(jobs
 
     submit(jobs)
     parent = f"projects/{PROJECT}/locations/{ZONE}"
-    wait_for(lambda: jobs.tpu.status(ZONE, "train-1-a1").state == "ACTIVE", timeout=10)
+    wait_for(lambda: jobs.capacity.status(ZONE, "train-1-a1").state == "ACTIVE", timeout=10)
     jobs.qr_state(
         audit_entry("CreateQueuedResource", parent, request={"parent": parent, "queuedResourceId": "train-1-a1"})
     )
@@ -289,7 +289,7 @@ def test_an_audit_log_entry_of_a_deletion_by_someone_else_starts_recovery(jobs):
 
     submit(jobs)
     jobs.report("started", 1)
-    jobs.tpu.release(ZONE, "train-1-a1")  # as a person in the console would
+    jobs.capacity.release(ZONE, "train-1-a1")  # as a person in the console would
     jobs.qr_state(
         audit_entry("DeleteQueuedResource", f"projects/{PROJECT}/locations/{ZONE}/queuedResources/train-1-a1")
     )

@@ -7,6 +7,7 @@ from datetime import datetime, timezone
 import pytest
 from engine_harness import ZONE, Engine
 
+from tpujobs.domain.holdings import HoldingState
 from tpujobs.domain.states import JobState
 from tpujobs.local.testing import ManualClock as Clock
 from tpujobs.local.testing import inbound as message
@@ -41,8 +42,8 @@ def stamp(moment: datetime) -> str:
 
 
 def released(jobs: Engine, name: str) -> bool:
-    status = jobs.tpu.status(ZONE, name)
-    return status is None or status.state == "DELETING"
+    status = jobs.capacity.status(ZONE, name)
+    return status is None or status.state is HoldingState.RELEASING
 
 
 def test_a_job_past_its_time_limit_fails_naming_the_limit_and_its_capacity_is_released(jobs, clock):

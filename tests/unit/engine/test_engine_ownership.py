@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 from engine_harness import ZONE, Engine
 
+from tpujobs.domain.holdings import HoldingState
 from tpujobs.domain.pools import Pool, UnitState
 from tpujobs.engine.errors import PermanentError
 from tpujobs.local.fakes.capacity import InMemoryCapacity
@@ -23,12 +24,12 @@ NEXT = "demo-u0-g2"
 
 @pytest.fixture
 def capacity() -> InMemoryCapacity:
-    return InMemoryCapacity(initial_state="ACTIVE")
+    return InMemoryCapacity(initial_state=HoldingState.ACTIVE)
 
 
 @pytest.fixture
 def jobs(engine, capacity) -> Engine:
-    return engine(clock=OffsetClock(), admins=(ADMIN,), tpu=capacity)
+    return engine(clock=OffsetClock(), admins=(ADMIN,), capacity=capacity)
 
 
 def create(jobs: Engine) -> Pool:

@@ -8,6 +8,7 @@ import dataclasses
 
 from engine_harness import Engine
 
+from tpujobs.domain.holdings import HoldingState
 from tpujobs.domain.states import JobState
 from tpujobs.local.fakes.capacity import InMemoryCapacity
 from tpujobs.local.testing import ManualClock
@@ -20,8 +21,8 @@ def test_a_partial_slice_waits_the_zone_wait_then_is_released_and_fails_over_say
     """WAITING_FOR_RESOURCES with 3 of 4 hosts: still PROVISIONING before the zone wait is over;
     after it, attempt 2 in the next zone, attempt 1's holding released, the reason naming the 3 of 4."""
     clock = ManualClock()
-    capacity = InMemoryCapacity(initial_state="WAITING_FOR_RESOURCES")
-    jobs: Engine = engine(tpu=capacity, clock=clock, zone_wait_seconds=WAIT)
+    capacity = InMemoryCapacity(initial_state=HoldingState.WAITING)
+    jobs: Engine = engine(capacity=capacity, clock=clock, zone_wait_seconds=WAIT)
     spec = {"job_id": "train-1", "name": "train", "owner": "ada@example.com", "accelerator_type": "v4-8"}
     assert jobs.submit({**spec, "command": "x", "zones": ["us-east5-a", "us-east5-b"]}).kind == "provisioning"
     (holding,) = capacity.holdings.values()

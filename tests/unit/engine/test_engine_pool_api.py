@@ -18,6 +18,7 @@ from engine_harness import ZONE, Engine
 from tpujobs.cli.api_client import described as described_answer
 from tpujobs.cli.api_client import listed as listed_jobs
 from tpujobs.domain import pools
+from tpujobs.domain.holdings import HoldingState
 from tpujobs.domain.states import JobState
 from tpujobs.local.fakes import InMemoryAccessPolicies
 from tpujobs.local.testing import wait_for
@@ -67,7 +68,7 @@ def submit(jobs: Engine, caller: str, job_id: str, pool: str = "demo") -> tuple[
 
 
 def queued_resources(jobs: Engine) -> set[str]:
-    return {status.name for status in jobs.tpu.list_capacity(ZONE) if status.state != "DELETING"}
+    return {status.name for status in jobs.capacity.list_capacity(ZONE) if status.state is not HoldingState.RELEASING}
 
 
 def count_of(jobs: Engine, name: str = "demo") -> int:

@@ -11,6 +11,7 @@ import pytest
 from engine_harness import ZONE, Engine
 
 from tpujobs.domain.grace import SPOT_SHUTDOWN_GRACE_SECONDS, held_holder, hold_over
+from tpujobs.domain.holdings import HoldingState
 from tpujobs.domain.states import EventKind, JobState
 from tpujobs.local.fakes.capacity import InMemoryCapacity
 
@@ -47,12 +48,12 @@ def clock() -> Clock:
 
 @pytest.fixture
 def capacity() -> InMemoryCapacity:
-    return InMemoryCapacity(initial_state="ACTIVE")
+    return InMemoryCapacity(initial_state=HoldingState.ACTIVE)
 
 
 @pytest.fixture
 def jobs(engine, clock: Clock, capacity: InMemoryCapacity) -> Engine:
-    return engine(clock=clock, tpu=capacity, stuck_after_seconds=0.0)
+    return engine(clock=clock, capacity=capacity, stuck_after_seconds=0.0)
 
 
 def running(jobs: Engine, job_id: str = "train-1", **changes: object) -> None:
@@ -63,9 +64,9 @@ def running(jobs: Engine, job_id: str = "train-1", **changes: object) -> None:
 
 
 def preempted(jobs: Engine, capacity: InMemoryCapacity, job_id: str = "train-1") -> None:
-    """Google takes the slice back: the queued resource SUSPENDING, the hosts saving in their grace."""
-    capacity.set_state(f"{job_id}-a1", "SUSPENDING")
-    jobs.qr_state({"queued_resource": f"{job_id}-a1", "zone": ZONE, "state": "SUSPENDING"})
+    """Google takes the slice back: the holding LOSING, the hosts saving in their grace."""
+    capacity.set_state(f"{job_id}-a1", HoldingState.LOSING)
+    jobs.qr_state({"queued_resource": f"{job_id}-a1", "zone": ZONE, "state": "LOSING"})
 
 
 def test_a_preemption_requests_the_next_attempt_and_keeps_the_preempted_holding(jobs, capacity, clock):
@@ -105,10 +106,10 @@ def test_the_reconciler_releases_a_held_over_holding_once_its_grace_is_over(jobs
 
 
 def test_a_held_over_holding_goes_as_soon_as_its_hosts_are_gone(jobs, capacity, clock):
-    """SUSPENDED (its resources deleted) within the grace: the next tick releases it."""
+    """LOST (its hosts deleted) within the grace: the next tick releases it."""
     running(jobs)
     preempted(jobs, capacity)
-    capacity.set_state("train-1-a1", "SUSPENDED")
+    capacity.set_state("train-1-a1", HoldingState.LOST)
     clock.advance(1)
 
     jobs.tick()
@@ -157,17 +158,17 @@ def test_a_held_over_holding_counts_in_the_quota_until_released(jobs, capacity, 
 
 def test_only_a_slice_google_takes_back_whole_is_kept(jobs, capacity):
     """One lost host of two (the other still runs the command) or a holding already gone: no
-    grace to wait for; SUSPENDING, or every host lost (Compute Engine's STOPPING VMs): kept."""
+    grace to wait for; LOSING, or every host lost (Compute Engine's STOPPING VMs): kept."""
     running(jobs)
-    capacity.set_state("train-1-a1", "ACTIVE", unhealthy_hosts=1)
+    capacity.set_state("train-1-a1", HoldingState.ACTIVE, unhealthy_hosts=1)
     jobs.qr_state({"queued_resource": "train-1-a1", "zone": ZONE, "state": "ACTIVE", "unhealthy_hosts": 1})
     job = jobs.store.get("train-1")
     assert job is not None and job.attempt == 2 and job.held_over == ()
     lost = jobs.job().evolve(attempt=1, queued_resource="train-1-a1", usage=job.usage[:1])
-    assert hold_over(lost, "PROVISIONING", 2) is not None  # every host of the slice lost
-    assert hold_over(lost, "ACTIVE", 1) is None
-    assert hold_over(lost, "SUSPENDED") is None and hold_over(lost, None) is None
-    assert hold_over(lost, "SUSPENDING") is not None
+    assert hold_over(lost, HoldingState.PROVISIONING, 2) is not None  # every host of the slice lost
+    assert hold_over(lost, HoldingState.ACTIVE, 1) is None
+    assert hold_over(lost, HoldingState.LOST) is None and hold_over(lost, None) is None
+    assert hold_over(lost, HoldingState.LOSING) is not None
     assert EventKind.HELD_OVER_RELEASED.value == "held_over_released"
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from engine_harness import ZONE, Engine
 
+from tpujobs.domain.holdings import HoldingState
 from tpujobs.domain.shards import Shard
 from tpujobs.domain.states import EventKind, JobState
 from tpujobs.domain.transitions import Observation
@@ -100,13 +101,13 @@ def test_a_tick_in_one_process_runs_every_shard_and_repairs_each_job(jobs):
     names = [f"job-{n}" for n in range(5)]
     for job_id in names:
         submitted(jobs, job_id)
-        jobs.tpu.release(ZONE, f"{job_id}-a1")
+        jobs.capacity.release(ZONE, f"{job_id}-a1")
 
     report = jobs.tick()
 
     assert report.jobs == 5 and len(report.shards) == 3 and report.tpu_lists == 3
     assert sorted(report.re_requested) == [f"{job_id}-a1" for job_id in names]
-    assert all(jobs.tpu.status(ZONE, f"{job_id}-a1") is not None for job_id in names)
+    assert all(jobs.capacity.status(ZONE, f"{job_id}-a1") is not None for job_id in names)
 
 
 def test_a_leftover_queued_resource_is_released_by_exactly_one_shard(jobs, clock):
@@ -118,7 +119,7 @@ def test_a_leftover_queued_resource_is_released_by_exactly_one_shard(jobs, clock
     submitted(jobs, "job-d")
     jobs.store.apply("job-d", Observation(EventKind.CANCEL_REQUESTED, None, "user", "cancelled"), clock)
     assert jobs.job("job-d").state is JobState.CANCELLED
-    assert jobs.tpu.status(ZONE, "job-d-a1") is not None
+    assert jobs.capacity.status(ZONE, "job-d-a1") is not None
     collected = Collected()
     reconciler = jobs.reconciler(shards=collected)
     reconciler.coordinate()
@@ -129,8 +130,8 @@ def test_a_leftover_queued_resource_is_released_by_exactly_one_shard(jobs, clock
 
     assert sorted(name for name, gone in released.items() if gone) == [zone_shards[1].name]
     assert released[zone_shards[1].name] == ["job-d-a1"]
-    status = jobs.tpu.status(ZONE, "job-d-a1")
-    assert status is None or status.state == "DELETING"
+    status = jobs.capacity.status(ZONE, "job-d-a1")
+    assert status is None or status.state is HoldingState.RELEASING
 
 
 @pytest.mark.parametrize(
@@ -148,7 +149,7 @@ def test_a_malformed_shard_message_is_recorded_and_acknowledged(jobs, body, fiel
     field, and handled without raising (so acknowledged, never redelivered in a loop); no job is
     touched."""
     submitted(jobs, "job-a")
-    jobs.tpu.release(ZONE, "job-a-a1")
+    jobs.capacity.release(ZONE, "job-a-a1")
     message = inbound(RECONCILE, body)
 
     report = jobs.reconciler().handle(message)
@@ -156,7 +157,7 @@ def test_a_malformed_shard_message_is_recorded_and_acknowledged(jobs, body, fiel
     (rejection,) = jobs.rejections()
     assert rejection.message_id == message.message_id and f"'{field}'" in rejection.reason
     assert report.shards == [] and report.re_requested == [] and report.failed
-    assert jobs.tpu.status(ZONE, "job-a-a1") is None
+    assert jobs.capacity.status(ZONE, "job-a-a1") is None
 
 
 def test_a_ticks_reads_grow_with_active_jobs_not_finished_ones(jobs):

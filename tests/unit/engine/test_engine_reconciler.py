@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from engine_harness import PROJECT, ZONE, Engine
 
+from tpujobs.domain.holdings import HoldingState
 from tpujobs.domain.states import EventKind, JobState
 from tpujobs.domain.transitions import Observation
 from tpujobs.local.simulator.client import SimulatorControl
@@ -188,7 +189,7 @@ def test_the_reconcilers_listing_leaves_the_startup_scripts_behind(jobs, tpu_cli
     )
     assert "startup-script" not in masked.tpu.node_spec[0].node.metadata
     assert masked.tpu.node_spec[0].node.labels["tpujobs-job"] == "train-1"
-    assert [status.job_label for status in jobs.tpu.list_capacity(ZONE)] == ["train-1"]
+    assert [status.job_label for status in jobs.capacity.list_capacity(ZONE)] == ["train-1"]
 
 
 # --- paid capacity is never held silently: the boot timeout ----------------------------
@@ -200,7 +201,7 @@ def active_but_silent(jobs: Engine, job_id: str = "train-1") -> None:
 
     spec = {"job_id": job_id, "name": "train", "owner": "ada@example.com", "accelerator_type": "v4-16", "command": "x"}
     assert jobs.submit(spec).kind == "provisioning"
-    wait_for(lambda: jobs.tpu.status(ZONE, f"{job_id}-a1").state == "ACTIVE", timeout=10)
+    wait_for(lambda: jobs.capacity.status(ZONE, f"{job_id}-a1").state == "ACTIVE", timeout=10)
     jobs.tick()
     job = jobs.store.get(job_id)
     assert (job.state, job.capacity_state) == (JobState.PROVISIONING, "ACTIVE")
@@ -226,7 +227,9 @@ def test_capacity_active_with_no_agent_past_the_boot_timeout_is_a_lost_host(jobs
         "the hosts never booted the agent"
     )
     assert report.observed and "never booted the agent" in report.observed[0]
-    assert "train-1-a1" not in {s.name for s in jobs.tpu.list_capacity(ZONE) if s.state != "DELETING"}
+    assert "train-1-a1" not in {
+        s.name for s in jobs.capacity.list_capacity(ZONE) if s.state is not HoldingState.RELEASING
+    }
 
 
 def test_a_host_that_never_said_started_is_lost_naming_it(make, clock):
@@ -331,8 +334,8 @@ def submitted(jobs: Engine, job_id: str, **spec) -> None:
 
 def vanish(jobs: Engine, name: str, zone: str = ZONE) -> None:
     """Someone deleted the queued resource behind tpujobs' back."""
-    jobs.tpu.release(zone, name)
-    assert jobs.tpu.status(zone, name) is None
+    jobs.capacity.release(zone, name)
+    assert jobs.capacity.status(zone, name) is None
 
 
 def test_a_permanent_error_in_one_jobs_repair_is_noted_on_it_and_the_tick_goes_on(jobs, clock, simulator_url):
@@ -359,7 +362,7 @@ def test_a_permanent_error_in_one_jobs_repair_is_noted_on_it_and_the_tick_goes_o
     assert (noted.from_state, noted.to_state, noted.reason) == (JobState.RUNNING, JobState.RUNNING, a_lost.state_reason)
     assert len(report.failed) == 1 and report.failed[0].startswith("a-lost: repair the job: ")
     assert report.re_requested == ["c-missing-a1"]
-    assert jobs.tpu.status(ZONE, "c-missing-a1") is not None
+    assert jobs.capacity.status(ZONE, "c-missing-a1") is not None
     assert jobs.store.get("b-silent").attempt == 2  # the later phase ran
 
     beat(jobs, "heartbeat", 0, job_id="a-lost")
@@ -431,7 +434,7 @@ def test_more_active_jobs_than_a_page_are_all_reconciled(jobs):
 
     assert report.jobs == 5
     assert sorted(report.re_requested) == [f"{job_id}-a1" for job_id in names]
-    assert all(jobs.tpu.status(ZONE, f"{job_id}-a1") is not None for job_id in names)
+    assert all(jobs.capacity.status(ZONE, f"{job_id}-a1") is not None for job_id in names)
 
 
 def test_every_query_of_a_tick_pages_past_a_page_of_results(jobs, clock):
@@ -474,7 +477,7 @@ def test_a_resource_already_being_deleted_is_not_deleted_again_at_every_tick(job
     try:
         submitted(jobs, "gone")
         jobs.cancel("gone", "done")  # releases: the resource is DELETING for a minute
-        assert jobs.tpu.status(ZONE, "gone-a1").state == "DELETING"
+        assert jobs.capacity.status(ZONE, "gone-a1").state is HoldingState.RELEASING
         submitted(jobs, "left")
         jobs.store.apply("left", Observation(EventKind.CANCEL_REQUESTED, None, "user", reason="x"), jobs.clock)
 
@@ -549,7 +552,7 @@ def test_a_job_refused_for_tpu_quota_waits_provisioning_and_is_asked_for_again(j
         f"TPU quota exhausted in {ZONE}: Quota limit 'TPUsPerProjectPerZoneForTPUAPI' has been exceeded"
     )
     assert job.state_reason.endswith("; waiting, asked again at every reconciler tick.")
-    assert jobs.tpu.status(ZONE, "train-1-a1") is None
+    assert jobs.capacity.status(ZONE, "train-1-a1") is None
     assert jobs.rejections() == []
     events = len(jobs.store.events("train-1"))
 
@@ -560,7 +563,7 @@ def test_a_job_refused_for_tpu_quota_waits_provisioning_and_is_asked_for_again(j
     job = jobs.store.get("train-1")
     assert room.re_requested == ["train-1-a1"] and job.capacity_state != QUOTA_EXHAUSTED
     assert job.state_reason == f"The TPU quota in {ZONE} has room now: queued resource train-1-a1 requested."
-    assert jobs.tpu.status(ZONE, "train-1-a1") is not None
+    assert jobs.capacity.status(ZONE, "train-1-a1") is not None
 
 
 def test_a_job_waiting_for_tpu_quota_moves_to_its_next_zone_after_the_zone_wait(jobs, clock, simulator_url):
@@ -590,7 +593,7 @@ def running_active(jobs: Engine) -> None:
     from tpujobs.local.testing import wait_for
 
     running_job(jobs, accelerator="v4-8")
-    wait_for(lambda: jobs.tpu.status(ZONE, "train-1-a1").state == "ACTIVE", timeout=10)
+    wait_for(lambda: jobs.capacity.status(ZONE, "train-1-a1").state == "ACTIVE", timeout=10)
 
 
 @pytest.mark.parametrize(

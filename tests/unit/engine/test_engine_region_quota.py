@@ -10,6 +10,7 @@ import dataclasses
 import pytest
 from engine_harness import Engine
 
+from tpujobs.domain.holdings import HoldingState
 from tpujobs.domain.states import QUOTA_EXHAUSTED, REGION_QUOTA_EXHAUSTED, JobState
 from tpujobs.engine.errors import QuotaExhausted
 from tpujobs.local.fakes.capacity import InMemoryCapacity
@@ -36,7 +37,7 @@ def refused_for_quota(engine, clock: ManualClock, error: QuotaExhausted, zones: 
     capacity = InMemoryCapacity()
     for _ in range(refusals):
         capacity.refuse_next(error)
-    jobs = engine(tpu=capacity, clock=clock, zone_wait_seconds=WAIT)
+    jobs = engine(capacity=capacity, clock=clock, zone_wait_seconds=WAIT)
     submitted(jobs, zones)
     return jobs, capacity
 
@@ -85,13 +86,13 @@ def test_with_every_later_zone_in_the_full_region_the_job_waits_asked_again_and_
     room = jobs.tick()
     job = jobs.job()
     assert room.re_requested == ["train-1-a1"] and (job.attempt, job.zone) == (1, "us-east5-a")
-    assert job.capacity_state == "ACCEPTED" and capacity.held("us-east5-a") == ["train-1-a1"]
+    assert job.capacity_state == "WAITING" and capacity.held("us-east5-a") == ["train-1-a1"]
 
 
 def compute_waiting(engine, clock: ManualClock, zones: list[str], quota_region: str):
     """A Compute Engine-like holding waiting for capacity, its hosts refused by `quota_region`'s quota."""
-    capacity = InMemoryCapacity(initial_state="WAITING_FOR_RESOURCES")
-    jobs = engine(tpu=capacity, clock=clock, zone_wait_seconds=WAIT)
+    capacity = InMemoryCapacity(initial_state=HoldingState.WAITING)
+    jobs = engine(capacity=capacity, clock=clock, zone_wait_seconds=WAIT)
     submitted(jobs, zones)
     (holding,) = capacity.holdings.values()
     said = f"quota exhausted creating host train-1-c1-aaaa: QUOTA_EXCEEDED: Limit: 8.0 in region {quota_region}."

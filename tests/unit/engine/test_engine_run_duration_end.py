@@ -9,6 +9,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from engine_harness import Engine
 
+from tpujobs.domain.holdings import HoldingState
 from tpujobs.domain.states import JobState
 from tpujobs.local.fakes.capacity import InMemoryCapacity
 from tpujobs.local.testing import OffsetClock, inbound, signed
@@ -24,8 +25,8 @@ def rfc3339(at: datetime) -> str:
 @pytest.fixture
 def flex(engine) -> tuple[Engine, InMemoryCapacity, OffsetClock, str]:
     clock = OffsetClock()
-    capacity = InMemoryCapacity(initial_state="ACTIVE")
-    jobs = engine(tpu=capacity, clock=clock)
+    capacity = InMemoryCapacity(initial_state=HoldingState.ACTIVE)
+    jobs = engine(capacity=capacity, clock=clock)
     spec = {"job_id": "sweep-1", "name": "sweep", "owner": "ada@example.com", "command": "python train.py"}
     assert jobs.handle(inbound("tpujobs-submit", {**spec, **FLEX, "max_restarts": 5})).kind == "provisioning"
     started = {"kind": "started", "job_id": "sweep-1", "attempt": 1, "slice_id": 0, "worker_id": 0}

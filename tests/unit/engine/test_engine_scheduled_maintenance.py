@@ -11,6 +11,7 @@ import pytest
 from engine_harness import Engine
 
 from tpujobs.agent.notices import upcoming_window
+from tpujobs.domain.holdings import HoldingState
 from tpujobs.domain.states import JobState
 from tpujobs.local.fakes.capacity import InMemoryCapacity
 from tpujobs.local.simulator.client import SimulatorControl
@@ -84,8 +85,8 @@ def test_an_unsigned_maintenance_report_changes_nothing(jobs):
 
 def test_the_reconciler_announces_maintenance_the_api_shows_once(engine):
     """Compute Engine's `upcomingMaintenance` on an instance, as the capacity listing shows it."""
-    capacity = InMemoryCapacity(initial_state="ACTIVE")
-    jobs = engine(tpu=capacity)
+    capacity = InMemoryCapacity(initial_state=HoldingState.ACTIVE)
+    jobs = engine(capacity=capacity)
     job_id = running(jobs)
     queued_resource = jobs.store.get(job_id).queued_resource
     capacity.schedule_maintenance(queued_resource, "train-1-c1-ab12", "2026-12-01T04:00:00Z")

@@ -31,7 +31,7 @@ from tpujobs.local.simulator.client import SimulatorControl
 
 OWNER = "ada@example.com"
 ALLOWED = {(before, after) for (before, _), targets in TRANSITIONS.items() for after in targets}
-QR_STATES = ["WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE", "ACTIVE", "SUSPENDED", "FAILED"]
+QR_STATES = ["WAITING", "PROVISIONING", "ACTIVE", "ACTIVE", "LOST", "FAILED"]
 
 _ids = itertools.count(700_000)
 

@@ -2,7 +2,7 @@
 attempt's key only once its holding is ACTIVE as the capacity port reads it.
 
 Until then (a Compute Engine interconnect ACTIVATING, read as PROVISIONING; part of an
-individual-mode MIG, read as WAITING_FOR_RESOURCES with "3 of 4 hosts came") the answer is 409,
+individual-mode MIG, read as WAITING with "3 of 4 hosts came") the answer is 409,
 ask again, with the holding's state and detail, and nothing is recorded; a FAILED or missing
 holding is refused for good. The attempt_key function (`KeyApi`) is driven with the stand-in
 verifier of test_engine_attempt_keys, on the fake capacity; a pool job's on the TPU simulator.
@@ -20,6 +20,7 @@ from test_engine_attempt_keys import KEY_URL, VmTokens, provisioning
 from test_engine_host_binding import UNIT_SECRET, pooled, register
 from test_engine_host_binding import VmTokens as UnitVmTokens
 
+from tpujobs.domain.holdings import HoldingState
 from tpujobs.domain.states import JobState
 from tpujobs.engine.api import CALLER_HEADER
 from tpujobs.engine.errors import TransientError
@@ -45,7 +46,7 @@ def capacity() -> InMemoryCapacity:
 
 @pytest.fixture
 def jobs(engine: Any, clock: ManualClock, capacity: InMemoryCapacity) -> Engine:
-    return engine(clock=clock, key_url=KEY_URL, tpu=capacity)
+    return engine(clock=clock, key_url=KEY_URL, capacity=capacity)
 
 
 @pytest.fixture
@@ -79,7 +80,7 @@ def test_a_key_for_a_holding_still_provisioning_waits_and_is_handed_out_once_it_
     """PROVISIONING (an interconnect ACTIVATING): 409 with its state, detail and a Retry-After, and
     no holder recorded, so the same VM asks again; once ACTIVE the same VM gets the key."""
     provisioning(jobs)
-    capacity.set_state(holding(jobs), "PROVISIONING", detail=ACTIVATING)
+    capacity.set_state(holding(jobs), HoldingState.PROVISIONING, detail=ACTIVATING)
     api = key_api(jobs, tokens, capacity)
     vm = tokens.vm("t1", jobs)
     waiting = ask(api, jobs, vm)
@@ -88,7 +89,7 @@ def test_a_key_for_a_holding_still_provisioning_waits_and_is_handed_out_once_it_
     assert (waiting.body["holding"], waiting.body["state"]) == (holding(jobs), "PROVISIONING")
     assert waiting.body["detail"] == ACTIVATING and ACTIVATING in waiting.body["error"]
     assert "Not ready" in waiting.body["error"] and waiting.headers["Retry-After"].isdigit()
-    capacity.set_state(holding(jobs), "ACTIVE")
+    capacity.set_state(holding(jobs), HoldingState.ACTIVE)
     clock.advance(SHARED_FOR.total_seconds())
     granted = ask(api, jobs, vm)
     assert granted.status == 200, granted.body
@@ -96,22 +97,22 @@ def test_a_key_for_a_holding_still_provisioning_waits_and_is_handed_out_once_it_
 
 
 def test_a_partial_slice_gets_no_key_and_the_answer_says_how_many_hosts_came(jobs, tokens, capacity):
-    """Only some of an individual-mode MIG's VMs came (WAITING_FOR_RESOURCES): every host that
+    """Only some of an individual-mode MIG's VMs came (WAITING): every host that
     came is told to wait, with how many came; none gets the key."""
     provisioning(jobs)
-    capacity.set_state(holding(jobs), "WAITING_FOR_RESOURCES", detail=PARTIAL)
+    capacity.set_state(holding(jobs), HoldingState.WAITING, detail=PARTIAL)
     api = key_api(jobs, tokens, capacity)
     for worker, instance in ((0, "1001"), (1, "1002"), (0, "1001")):
         vm = tokens.vm(f"t{instance}", jobs, instance=instance, instance_name=f"t1v-n-0a1b2c3d-w-{worker}")
         answer = ask(api, jobs, vm, worker_id=worker)
         assert answer.status == 409, answer.body
-        assert answer.body["state"] == "WAITING_FOR_RESOURCES" and PARTIAL in answer.body["error"]
+        assert answer.body["state"] == "WAITING" and PARTIAL in answer.body["error"]
         assert "key" not in answer.body
 
 
-@pytest.mark.parametrize("state", ["FAILED", "SUSPENDED", "DELETING"])
+@pytest.mark.parametrize("state", [HoldingState.FAILED, HoldingState.LOST, HoldingState.RELEASING])
 def test_a_holding_that_will_never_be_ready_is_refused_for_good(jobs, tokens, capacity, state):
-    """FAILED (an interconnect that failed, with Google's reason), SUSPENDED or DELETING: 403, not
+    """FAILED (an interconnect that failed, with Google's reason), LOST or RELEASING: 403, not
     ask again, with the state and its reason."""
     provisioning(jobs)
     capacity.set_state(holding(jobs), state, detail="ICI link down")
@@ -133,7 +134,7 @@ def test_an_active_holding_costs_one_status_read_shared_by_the_hosts_that_ask_to
     """The common case: the holding is ACTIVE when the hosts ask. The first request reads its
     status once; a second host asking within SHARED_FOR reads nothing more; later, one more read."""
     provisioning(jobs)
-    capacity.set_state(holding(jobs), "ACTIVE")
+    capacity.set_state(holding(jobs), HoldingState.ACTIVE)
     api = key_api(jobs, tokens, capacity)
     before = len(reads(capacity))
     assert ask(api, jobs, tokens.vm("t1", jobs)).status == 200
@@ -149,7 +150,7 @@ def test_an_active_holding_costs_one_status_read_shared_by_the_hosts_that_ask_to
 def test_a_forged_request_reads_no_capacity(jobs, tokens, capacity):
     """A VM that cannot be the host is refused before any capacity read: forgeries cost nothing."""
     provisioning(jobs)
-    capacity.set_state(holding(jobs), "ACTIVE")
+    capacity.set_state(holding(jobs), HoldingState.ACTIVE)
     before = len(reads(capacity))
     stranger = tokens.vm("t9", jobs, email="someone-else@test-project.iam.gserviceaccount.com")
     assert ask(key_api(jobs, tokens, capacity), jobs, stranger).status == 403
@@ -192,7 +193,7 @@ def test_a_pool_jobs_key_waits_for_its_units_holding_which_is_active(engine):
     tokens = UnitVmTokens()
     vm = tokens.vm(jobs, "1001", made=job.unit_requested_at + timedelta(seconds=30))
     assert register(jobs, tokens, vm, UNIT_SECRET).status == 200
-    holdings = Recording(jobs.tpu)
+    holdings = Recording(jobs.capacity)
     answer = ask(key_api(jobs, tokens, holdings), jobs, vm, unit_secret=UNIT_SECRET.hex())
     assert answer.status == 200, answer.body
     assert holdings.read == [job.warm_pool_unit]
@@ -204,13 +205,13 @@ def test_the_next_attempts_key_waits_while_the_preempted_hosts_still_save(jobs, 
     not said their command ended (`stopped`, after the notice), so attempt 2 resumes from their
     save; once both have, the key is given, and attempt 2 is untouched by those reports."""
     provisioning(jobs, capacity="spot", on_preemption="resume", max_restarts=3)
-    capacity.set_state(holding(jobs), "ACTIVE")
+    capacity.set_state(holding(jobs), HoldingState.ACTIVE)
     jobs.report("started", 1)
     jobs.report("started", 1, worker=1)
-    capacity.set_state("train-1-a1", "SUSPENDING")
-    jobs.qr_state({"queued_resource": "train-1-a1", "zone": ZONE, "state": "SUSPENDING"})
+    capacity.set_state("train-1-a1", HoldingState.LOSING)
+    jobs.qr_state({"queued_resource": "train-1-a1", "zone": ZONE, "state": "LOSING"})
     assert jobs.job().attempt == 2 and [h.holding for h in jobs.job().held_over] == ["train-1-a1"]
-    capacity.set_state("train-1-a2", "ACTIVE")
+    capacity.set_state("train-1-a2", HoldingState.ACTIVE)
     clock.advance(1)
     api = key_api(jobs, tokens, capacity)
     vm = tokens.vm("t2", jobs)

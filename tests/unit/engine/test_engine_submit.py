@@ -54,7 +54,7 @@ def test_a_valid_spec_becomes_a_provisioning_job_and_one_queued_resource(jobs, t
     assert job.state is JobState.PROVISIONING
     assert job.queued_resource == "train-1-a1"
     resource = queued_resource(tpu_client, "train-1-a1")
-    assert job.capacity_state in {"ACCEPTED", "WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE", "CREATING"}
+    assert job.capacity_state in {"WAITING", "PROVISIONING", "ACTIVE"}
     node_spec = resource.tpu.node_spec[0]
     assert node_spec.node_id == "train-1-a1"
     assert node_spec.node.accelerator_type == "v4-16"
@@ -108,7 +108,7 @@ def test_an_existing_queued_resource_is_adopted_not_bought_twice(jobs, tpu_clien
     """If the request reached the TPU API before a crash, ALREADY_EXISTS is taken as ours."""
     job, event = new_job(completed(a_spec()), ZONE, utc_now())
     jobs.store.create(job, event)
-    jobs.tpu.request(job, host_boot(job, jobs.settings))  # died after the TPU call
+    jobs.capacity.request(job, host_boot(job, jobs.settings))  # died after the TPU call
     assert jobs.submit(a_spec()).kind == "provisioning"
     assert len(listed(tpu_client)) == 1
 
@@ -191,7 +191,7 @@ class RefusingTpu:
 
 def test_a_permanent_tpu_error_fails_the_job_with_the_reason(engine):
     """A request the TPU API refuses for good ends the job FAILED, and the message is acknowledged."""
-    jobs = engine(tpu=RefusingTpu(PermanentError("TPU API refused: 403 permission denied")))
+    jobs = engine(capacity=RefusingTpu(PermanentError("TPU API refused: 403 permission denied")))
     assert jobs.submit(a_spec()).kind == "failed"
     job = jobs.job()
     assert job.state is JobState.FAILED

@@ -20,7 +20,7 @@ def running_on_tpu_api(jobs: Engine, **changes: object) -> str:
     spec = {"job_id": "train-1", "name": "train", "owner": "ada@example.com", "accelerator_type": "v4-8", **changes}
     jobs.submit({**spec, "command": "python train.py"})
     queued_resource = jobs.store.get("train-1").queued_resource
-    wait_for(lambda: (s := jobs.tpu.status(ZONE, queued_resource)) is not None and s.state == "ACTIVE")
+    wait_for(lambda: (s := jobs.capacity.status(ZONE, queued_resource)) is not None and s.state == "ACTIVE")
     jobs.handle(
         signed(jobs, EVENTS, {"kind": "started", "job_id": "train-1", "attempt": 1, "slice_id": 0, "worker_id": 0})
     )
@@ -67,4 +67,4 @@ def test_checkpoint_and_move_leaves_a_tpu_node_before_its_window(engine) -> None
     assert (job.attempt, job.restarts, job.resume_next) == (2, 0, True), job.state_reason
     moved = [e for e in jobs.store.events(job_id) if e.to_state is JobState.RECOVERING]
     assert len(moved) == 1 and "ahead of it (on_maintenance: checkpoint-and-move)" in moved[0].reason
-    wait_for(lambda: jobs.tpu.status(ZONE, first) is None, what=f"{first} given back")
+    wait_for(lambda: jobs.capacity.status(ZONE, first) is None, what=f"{first} given back")

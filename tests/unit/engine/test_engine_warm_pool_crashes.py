@@ -20,6 +20,7 @@ import pytest
 
 from tpujobs.adapters.tpu import CloudTpu
 from tpujobs.domain import pools
+from tpujobs.domain.holdings import HoldingState
 from tpujobs.domain.naming import parse_unit_queued_resource_name
 from tpujobs.domain.pools import UnitState
 from tpujobs.domain.spec import parse_spec
@@ -175,7 +176,7 @@ def _two_units_one_preempted(w: World) -> None:
     def suspended() -> bool:
         """the unit's queued resource to be SUSPENDED"""
         status = w.service.capacity.status(ZONE, "demo-u0-g1")
-        return status is not None and status.state == "SUSPENDED"
+        return status is not None and status.state is HoldingState.LOST
 
     wait_for(suspended, timeout=10)
     # The lost unit's next generation is not ACTIVE before the handler's last step, even on a
@@ -219,9 +220,9 @@ def _tick(service: Engine, w: World, _: Any) -> object:
 _READ_QUEUE = ("warm.get", "warm.queue")  # `fill`: the pool and the head of its queue
 # `fill` gives the head a unit (a compare-and-set), `_place` commits the job PROVISIONING on it,
 # `tell` reads the pool, writes the unit's node metadata and marks the unit told.
-_TAKE = ("warm.update", "store.apply", "warm.get", "tpu.write_metadata", "warm.update")
+_TAKE = ("warm.update", "store.apply", "warm.get", "tpu.tell_hosts", "warm.update")
 # `leave_unit`: the pool read, the unit freed, then `tell`: the idle assignment written, marked told.
-_FREE = ("warm.get", "warm.update", "warm.get", "tpu.write_metadata", "warm.update")
+_FREE = ("warm.get", "warm.update", "warm.get", "tpu.tell_hosts", "warm.update")
 _BELIEVED = ("store.get", "store.remember_report")  # a report's job read, its signature remembered
 
 SCENARIOS = [
@@ -265,7 +266,7 @@ SCENARIOS = [
         "unit-lost-job-moves",
         setup=_two_units_one_preempted,
         deliver=lambda service, w, _: service.capacity_events.on_qr_state(
-            inbound("tpujobs-qr-state", {"queued_resource": "demo-u0-g1", "zone": ZONE, "state": "SUSPENDED"}, "4242")
+            inbound("tpujobs-qr-state", {"queued_resource": "demo-u0-g1", "zone": ZONE, "state": "LOST"}, "4242")
         ),
         steps=(
             "warm.get",  # the pool, for the unit the state names

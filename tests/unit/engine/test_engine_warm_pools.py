@@ -493,7 +493,7 @@ def test_leftover_unit_queued_resources_are_released_and_others_kept(jobs, tpu_c
         ("gone-u0-g3", {"tpujobs-pool": "gone", "tpujobs-unit": "0"}),
         ("demo-u8-g1", {}),
     ):
-        jobs.tpu.request_unit(UnitRequest(name, ZONE, shape, labels), boot)
+        jobs.capacity.request_unit(UnitRequest(name, ZONE, shape, labels), boot)
     report = jobs.tick()
     assert sorted(report.released) == ["demo-u7-g1", "gone-u0-g3"]
     assert set(live_resources(tpu_client)) == {"demo-u0-g1", "demo-u8-g1"}

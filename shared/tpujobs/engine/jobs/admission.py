@@ -15,6 +15,7 @@ from typing import Literal
 from tpujobs.domain.admission import Holder, job_pool, never_fits_reason, pool_id
 from tpujobs.domain.fair_share import Admit, Limit, Waiting, plan_round, pool_limits, team_shares
 from tpujobs.domain.grace import held_holder, hold_while_stopping
+from tpujobs.domain.holdings import HoldingState
 from tpujobs.domain.job import HeldOver, Job
 from tpujobs.domain.quotas import Limits, PoolKey, QuotaBook, Scope
 from tpujobs.domain.states import EventKind, JobState
@@ -52,10 +53,10 @@ class _PoolRead:
 def failed_at_once(attempt: int, status: CapacityStatus) -> Observation | None:
     """A request whose operation had already failed when it answered: a failed provisioning,
     under the job's rules (its next zone, a restart, or the end), at once."""
-    if status.state != "FAILED":
+    if status.state is not HoldingState.FAILED:
         return None
     what = f"Queued resource {status.name} was never created: {status.detail}"
-    return Observation(EventKind.CAPACITY_LOST, attempt, "tpu", what, "FAILED")
+    return Observation(EventKind.CAPACITY_LOST, attempt, "tpu", what, HoldingState.FAILED.value)
 
 
 def _pools_held(job: Job, zone: str) -> set[str]:
@@ -355,14 +356,16 @@ class Admission:
         asks again every tick, within the zone wait like any wait for capacity.
         """
         try:
-            status, reason = self.attempts.request_or_wait(job)
+            asked = self.attempts.request_or_wait(job)
         except PermanentError as error:
             self.journal.commit(
                 job.job_id,
                 Observation(EventKind.CAPACITY_REQUEST_FAILED, job.attempt, "tpu", reason=str(error)),
             )
             return SubmitOutcome("failed", job.job_id, str(error))
-        seen = Observation(EventKind.ADMITTED, job.attempt, "submit", reason, status.state, operation=status.operation)
+        status = asked.status
+        seen = Observation(EventKind.ADMITTED, job.attempt, "submit", asked.reason, asked.capacity_state,
+                           operation=status.operation)  # fmt: skip
         outcome = self.journal.commit(job.job_id, seen)
         if isinstance(outcome, Decision):
             failed = failed_at_once(job.attempt, status)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from tpujobs.domain.holdings import HoldingState
 from tpujobs.domain.job import Job
 from tpujobs.domain.states import QUOTA_EXHAUSTED, REGION_QUOTA_EXHAUSTED
 from tpujobs.domain.transitions import next_zone
@@ -31,6 +34,17 @@ def quota_capacity_state(error: QuotaExhausted) -> str:
     return REGION_QUOTA_EXHAUSTED if error.region else QUOTA_EXHAUSTED
 
 
+@dataclass(frozen=True)
+class Asked:
+    """A request's answer as the job records it: the holding's status, the `capacity_state` to
+    record (its state, or why there is no holding: `QUOTA_EXHAUSTED`), and the reason to record
+    ("" for the usual words)."""
+
+    status: CapacityStatus
+    capacity_state: str
+    reason: str = ""
+
+
 class AttemptCapacity:
     """Requests and releases the slices of a job's attempts on the capacity port."""
 
@@ -44,14 +58,15 @@ class AttemptCapacity:
         when the TPU quota is full, PermanentError when refused for good."""
         return self.capacity.request(job, host_boot(job, self.settings))
 
-    def request_or_wait(self, job: Job) -> tuple[CapacityStatus, str]:
-        """`request`, with a full TPU quota as a wait, not an error: its status, and the reason
-        to record ("" for the usual words; `QUOTA_EXHAUSTED` or `REGION_QUOTA_EXHAUSTED` quoting Google)."""
+    def request_or_wait(self, job: Job) -> Asked:
+        """`request`, with a full TPU quota as a wait, not an error: recorded as
+        `QUOTA_EXHAUSTED` or `REGION_QUOTA_EXHAUSTED`, the reason quoting Google."""
         try:
-            return self.request(job), ""
+            status = self.request(job)
         except QuotaExhausted as error:
-            waiting = CapacityStatus(job.queued_resource, job.zone, quota_capacity_state(error))
-            return waiting, quota_reason(job, error)
+            waiting = CapacityStatus(job.queued_resource, job.zone, HoldingState.WAITING, quota_region=error.region)
+            return Asked(waiting, quota_capacity_state(error), quota_reason(job, error))
+        return Asked(status, status.state.value)
 
     def release(self, zone: str, name: str) -> None:
         """Give back the holding `name` (absent is fine)."""
@@ -61,7 +76,7 @@ class AttemptCapacity:
         """Ask the hosts of the job's current attempt to stop its command (`STOP_REQUEST_KEY` in
         their metadata); None when asked, else why it could not be (the hosts are not all up)."""
         try:
-            self.capacity.write_metadata(job.zone, job.queued_resource, job.spec.slices, {STOP_REQUEST_KEY: why})
+            self.capacity.tell_hosts(job.zone, job.queued_resource, job.spec.slices, {STOP_REQUEST_KEY: why})
         except (TransientError, PermanentError) as error:
             return str(error)
         return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from tpujobs.domain.holdings import HOLDING_LOST, HOLDING_PENDING, HoldingState, holding_state
 from tpujobs.domain.job import Source, worker_key
 from tpujobs.domain.naming import parse_queued_resource_name, parse_unit_queued_resource_name
 from tpujobs.domain.states import EventKind
@@ -18,7 +19,7 @@ from tpujobs.engine.inbound import InboundMessage
 from tpujobs.engine.jobs.audit_entries import AuditEntries
 from tpujobs.engine.jobs.lifecycle import JobLifecycle
 from tpujobs.engine.jobs.signed_reports import SignedReports
-from tpujobs.engine.ports import CAPACITY_GONE, CAPACITY_PENDING, Capacity
+from tpujobs.engine.ports import Capacity
 from tpujobs.engine.qr_state_reports import QrStateReport, audit_log_target
 from tpujobs.engine.worker_reports import PreemptionNotice
 
@@ -26,7 +27,9 @@ from tpujobs.engine.worker_reports import PreemptionNotice
 class UnitObserver(Protocol):
     """A warm pool told that one of its units' holdings was seen in some state."""
 
-    def observe_unit(self, queued_resource: str, state: str, detail: str = "", unhealthy_hosts: int = 0) -> None: ...
+    def observe_unit(
+        self, queued_resource: str, state: HoldingState, detail: str = "", unhealthy_hosts: int = 0
+    ) -> None: ...
 
 
 class CapacityEvents:
@@ -57,7 +60,7 @@ class CapacityEvents:
         return self.lifecycle.observe(notice.job_id, seen)
 
     def on_qr_state(self, message: InboundMessage) -> Decision | Ignored | None:
-        """tpujobs-qr-state: a queued resource was seen in some state (reconciler, audit log)."""
+        """tpujobs-qr-state: a holding was seen in some state (a report, the audit log)."""
         audited = audit_log_target(message.data)
         if audited is not None:  # the log sink: something was done to it; see what it is now
             zone = self.audits.zone_to_read(message, audited)
@@ -66,22 +69,23 @@ class CapacityEvents:
             name = audited.holding
             status = self.capacity.status(zone, name)
             if status is None:
-                return self.observe_capacity(name, "SUSPENDED", "the queued resource no longer exists")
+                return self.observe_capacity(name, HoldingState.GONE, "it no longer exists")
             return self.observe_capacity(name, status.state, status.detail, status.unhealthy_hosts)
         report = self.reports.decode(QrStateReport, message, signed=False)
         if report is None:
             return None
-        return self.observe_capacity(report.queued_resource, report.state, report.detail, report.unhealthy_hosts)
+        state = holding_state(report.state)
+        return self.observe_capacity(report.queued_resource, state, report.detail, report.unhealthy_hosts)
 
     def observe_capacity(
         self,
         queued_resource: str,
-        state: str,
+        state: HoldingState,
         detail: str = "",
         unhealthy_hosts: int = 0,
         source: Source = "tpu",
     ) -> Decision | Ignored | None:
-        """Turn a queued resource's TPU state into the observation it means for its job."""
+        """Turn a holding's state into the observation it means for its job (or its pool's unit)."""
         owner = parse_queued_resource_name(queued_resource)
         if owner is None and self.units is not None and parse_unit_queued_resource_name(queued_resource):
             self.units.observe_unit(queued_resource, state, detail, unhealthy_hosts)
@@ -89,16 +93,24 @@ class CapacityEvents:
         if owner is None:
             return Ignored(f"{queued_resource} is not a tpujobs queued resource")
         job_id, attempt = owner
-        if state in CAPACITY_GONE or unhealthy_hosts:
-            if state in ("SUSPENDING", "SUSPENDED"):
-                what = f"Preempted: queued resource {queued_resource} is {state}"
-            elif state == "FAILED":
-                what = f"Queued resource {queued_resource} FAILED" + (f": {detail}" if detail else "")
-            else:
-                what = f"{unhealthy_hosts} host(s) of queued resource {queued_resource} were lost"
-            seen = Observation(EventKind.CAPACITY_LOST, attempt, source, reason=what, capacity_state=state)
-        elif state in CAPACITY_PENDING:
-            seen = Observation(EventKind.CAPACITY_CHANGED, attempt, source, capacity_state=state)
+        if state in HOLDING_LOST or unhealthy_hosts:
+            what = lost_reason(queued_resource, state, detail, unhealthy_hosts)
+            seen = Observation(EventKind.CAPACITY_LOST, attempt, source, reason=what, capacity_state=state.value)
+        elif state in HOLDING_PENDING:
+            seen = Observation(EventKind.CAPACITY_CHANGED, attempt, source, capacity_state=state.value)
         else:
             return Ignored(f"{queued_resource} is {state}: nothing to do")
         return self.lifecycle.observe(job_id, seen)
+
+
+def lost_reason(holding: str, state: HoldingState, detail: str, unhealthy_hosts: int) -> str:
+    """Why the job's attempt lost its capacity, as its timeline says it."""
+    if state is HoldingState.LOSING:
+        return f"Preempted: Google is taking back holding {holding} (LOSING)"
+    if state is HoldingState.LOST:
+        return f"Preempted: Google took back holding {holding} (LOST)"
+    if state is HoldingState.GONE:
+        return f"Preempted: holding {holding} no longer exists"
+    if state is HoldingState.FAILED:
+        return f"Holding {holding} FAILED" + (f": {detail}" if detail else "")
+    return f"{unhealthy_hosts} host(s) of holding {holding} were lost"

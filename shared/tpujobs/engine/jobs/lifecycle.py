@@ -155,7 +155,7 @@ class JobLifecycle:
             return
         following = job.as_next_attempt()
         try:  # the next attempt first: the lost one's release waits (`held_over`) or follows
-            status, reason = self.attempts.request_or_wait(following)  # a full quota: it waits, as at admission
+            asked = self.attempts.request_or_wait(following)  # a full quota: it waits, as at admission
         except PermanentError as error:
             seen = Observation(EventKind.CAPACITY_REQUEST_FAILED, job.attempt, "tpu", reason=str(error))
             failed = self.journal.commit(job.job_id, seen)
@@ -168,7 +168,8 @@ class JobLifecycle:
             self.held_over.keep(job, held)  # its chips stay counted while it is kept
         else:  # its hosts are gone, or only tpujobs ends them: released after the request, before the
             self.attempts.release(job.zone, job.queued_resource)  # commit, so a redelivery finishes it
-        seen = Observation(EventKind.NEXT_ATTEMPT_REQUESTED, job.attempt, "tpu", reason, status.state,
+        status = asked.status
+        seen = Observation(EventKind.NEXT_ATTEMPT_REQUESTED, job.attempt, "tpu", asked.reason, asked.capacity_state,
                            operation=status.operation, held_over=held)  # fmt: skip
         outcome = self.journal.commit(job.job_id, seen)
         if isinstance(outcome, Ignored):
@@ -206,7 +207,7 @@ class JobLifecycle:
         reason = ""
         if job.capacity_state in GOOGLE_QUOTA_WAITS:
             reason = f"The TPU quota in {job.zone} has room now: queued resource {job.queued_resource} requested."
-        seen = Observation(EventKind.REQUESTED_AGAIN, job.attempt, "reconciler", reason, status.state,
+        seen = Observation(EventKind.REQUESTED_AGAIN, job.attempt, "reconciler", reason, status.state.value,
                            operation=status.operation)  # fmt: skip
         outcome = self.journal.commit(job_id, seen)
         if isinstance(outcome, Ignored):

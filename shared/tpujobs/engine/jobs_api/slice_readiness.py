@@ -23,15 +23,15 @@ import threading
 from datetime import datetime, timedelta
 from typing import Protocol
 
+from tpujobs.domain.holdings import HOLDING_LOST, HoldingState
 from tpujobs.domain.job import Job
 from tpujobs.engine.errors import TransientError
 from tpujobs.engine.jobs_api.answers import ApiError, Response
-from tpujobs.engine.ports import CAPACITY_GONE, CapacityStatus, Clock, WorkerRecord
+from tpujobs.engine.ports import CapacityStatus, Clock, WorkerRecord
 
 log = logging.getLogger(__name__)
 
-READY = "ACTIVE"
-NEVER_READY = CAPACITY_GONE | {"DELETING"}  # a holding in these is never ACTIVE again
+NEVER_READY = HOLDING_LOST | {HoldingState.RELEASING}  # a holding in these is never ACTIVE again
 NOT_READY_STATUS = 409  # the holding's state conflicts with a grant now; the agent asks again
 RETRY_AFTER_SECONDS = 5
 SHARED_FOR = timedelta(seconds=2)  # one read of a holding answers every host that asks this soon
@@ -76,12 +76,12 @@ class SliceReadiness:
             return _waiting(where, name, "UNKNOWN", f"its state could not be read: {error}")
         if status is None:
             raise ApiError(403, f"No key for {where}: {name} does not exist (released?); it will never be ready.")
-        if status.state == READY:
+        if status.state is HoldingState.ACTIVE:
             return self._earlier_saving(job, where)
         if status.state in NEVER_READY:
             said = f" ({status.detail})" if status.detail else ""
             raise ApiError(403, f"No key for {where}: {name} is {status.state}{said}; it will never be ready.")
-        return _waiting(where, name, status.state, status.detail)
+        return _waiting(where, name, status.state.value, status.detail)
 
     def _earlier_saving(self, job: Job, where: str) -> Response | None:
         """A 409 while an earlier attempt's hosts, kept through their grace (`Job.held_over`),

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from tpujobs.domain.holdings import HoldingState
     from tpujobs.domain.job import Job, JobEvent, Source
     from tpujobs.domain.pools import Pool
     from tpujobs.domain.transitions import Decision, Ignored, Observation
@@ -34,9 +35,14 @@ class JobRepairs(Protocol):
         """Apply what was seen to the job, by its rules, and act on the outcome."""
 
     def observe_capacity(
-        self, queued_resource: str, state: str, detail: str = "", unhealthy_hosts: int = 0, source: Source = "tpu"
+        self,
+        queued_resource: str,
+        state: HoldingState,
+        detail: str = "",
+        unhealthy_hosts: int = 0,
+        source: Source = "tpu",
     ) -> Decision | Ignored | None:
-        """A queued resource's state, as the TPU API's events would have told it."""
+        """A holding's state, as the capacity port says it (GONE: it no longer exists)."""
 
     def converge(self, job_id: str) -> None:
         """Finish what a QUEUED, RECOVERING or ended job's handler left undone."""
@@ -47,7 +53,7 @@ class JobRepairs(Protocol):
         """Remember the hosts in a condition that often passes, and since when."""
 
     def request_again(self, job_id: str) -> Decision | Ignored | None:
-        """Ask again for a PROVISIONING job's missing queued resource."""
+        """Ask again for a PROVISIONING job's missing holding."""
 
     def finish_held_over(self, job_id: str) -> list[str]:
         """Release the job's held-over holdings whose hosts are gone or grace is over; their names."""

@@ -33,13 +33,13 @@ from tpujobs.domain.pools import Pool
 from tpujobs.domain.shards import Placement, Shard, ShardError
 from tpujobs.engine.inbound import InboundMessage
 from tpujobs.engine.ports import (
+    Capacity,
     Clock,
     JobStore,
     LogExportRequests,
     Pools,
     ReconcileShards,
     StatusPublisher,
-    Tpu,
     WarmPoolStore,
 )
 from tpujobs.engine.reconciler.attempts import AttemptChecks
@@ -64,7 +64,7 @@ class Reconciler:
         self,
         service: JobRepairs,
         store: JobStore,
-        tpu: Tpu,
+        capacity: Capacity,
         settings: Settings,
         clock: Clock,
         pools: Pools | None = None,
@@ -87,11 +87,11 @@ class Reconciler:
         self.status = status
         self.shards = shards
         self.guard = Guard(service)
-        self.pool_phases = PoolPhases(service, store, tpu, clock, self.guard, pools, warm, warm_pools)
+        self.pool_phases = PoolPhases(service, store, capacity, clock, self.guard, pools, warm, warm_pools)
         self.export_phase = ExportPhase(service, store, exports)
         self.attempts = AttemptChecks(service, store, settings.boot_timeout_seconds, self.guard)
         phases = (self.attempts, self.export_phase, self.pool_phases)
-        self.shard_run = ShardRun(service, store, tpu, settings, clock, pools, self.guard, phases)
+        self.shard_run = ShardRun(service, store, capacity, settings, clock, pools, self.guard, phases)
 
     def tick(self) -> ReconcileReport:
         """The whole tick in this process: the coordinator, then each of its shards in turn."""

@@ -19,7 +19,7 @@ from tpujobs.domain.quotas import PoolKey
 from tpujobs.domain.shards import Placement
 from tpujobs.domain.states import EventKind, JobState
 from tpujobs.domain.transitions import Observation
-from tpujobs.engine.ports import CapacityStatus, Clock, JobStore, Pools, Tpu, WarmPoolStore
+from tpujobs.engine.ports import Capacity, CapacityStatus, Clock, JobStore, Pools, WarmPoolStore
 from tpujobs.engine.reconciler.collaborators import JobRepairs, PoolRepairs
 from tpujobs.engine.reconciler.reads import list_zone
 from tpujobs.engine.reconciler.report import Guard, ReconcileReport, log
@@ -46,7 +46,7 @@ class PoolPhases:
         self,
         jobs: JobRepairs,
         store: JobStore,
-        tpu: Tpu,
+        capacity: Capacity,
         clock: Clock,
         guard: Guard,
         pools: Pools | None,
@@ -56,7 +56,7 @@ class PoolPhases:
         """No `pools`: admission is off. No `warm` or `warm_pools`: no warm pools to repair."""
         self.jobs = jobs
         self.store = store
-        self.tpu = tpu
+        self.capacity = capacity
         self.clock = clock
         self.guard = guard
         self.pools = pools
@@ -186,7 +186,7 @@ class PoolPhases:
         warm_pools = self.read_warm_pools(report)
         seen: dict[str, CapacityStatus] = {}
         for zone in sorted({zone for pool in warm_pools for zone in (*pool.zones, *(u.zone for u in pool.units))}):
-            seen.update(list_zone(self.tpu, zone, report) or {})
+            seen.update(list_zone(self.capacity, zone, report) or {})
         for pool in warm_pools:
             repair = partial(self._repair_warm_pool, warm, pool, seen, live, report)
             self.guard.item(report, f"repair warm pool {pool.name}", repair)

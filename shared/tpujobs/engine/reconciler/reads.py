@@ -6,16 +6,16 @@ tick, so an API error never looks like a lost resource.
 
 from __future__ import annotations
 
-from tpujobs.engine.ports import CapacityStatus, Pools, Tpu
+from tpujobs.engine.ports import Capacity, CapacityStatus, Pools
 from tpujobs.engine.reconciler.report import Guard, ReconcileReport, log
 
 
-def list_zone(tpu: Tpu, zone: str, report: ReconcileReport) -> dict[str, CapacityStatus] | None:
+def list_zone(capacity: Capacity, zone: str, report: ReconcileReport) -> dict[str, CapacityStatus] | None:
     """The zone's capacity by queued-resource name; None when its listing failed (then
     nothing of the zone is compared this tick, so an API error never looks like a loss)."""
     report.tpu_lists += 1
     try:
-        seen = {status.name: status for status in tpu.list_capacity(zone)}
+        seen = {status.name: status for status in capacity.list_capacity(zone)}
     except Exception as error:  # whatever it was, this zone's jobs wait for the next tick
         log.warning("reconcile: skipping zone %s this tick: %s", zone, error)
         if zone not in report.zones_skipped:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from tpujobs.domain.admission import job_pool
 from tpujobs.domain.grace import release_due, saving_until
+from tpujobs.domain.holdings import HOLDING_LOST, HoldingState
 from tpujobs.domain.job import Job, ScheduledMaintenance
 from tpujobs.domain.naming import parse_queued_resource_name, parse_unit_queued_resource_name
 from tpujobs.domain.quotas import region_of
@@ -22,7 +23,7 @@ from tpujobs.domain.states import GOOGLE_QUOTA_WAITS, REGION_QUOTA_EXHAUSTED, Ev
 from tpujobs.domain.times import rfc3339
 from tpujobs.domain.transitions import Decision, Observation, next_zone
 from tpujobs.engine import metric_events
-from tpujobs.engine.ports import CAPACITY_GONE, CapacityStatus, Clock, JobStore, Pools, Tpu
+from tpujobs.engine.ports import Capacity, CapacityStatus, Clock, JobStore, Pools
 from tpujobs.engine.reconciler.attempts import AttemptChecks
 from tpujobs.engine.reconciler.collaborators import JobRepairs
 from tpujobs.engine.reconciler.exports import ExportPhase
@@ -33,9 +34,6 @@ from tpujobs.engine.reconciler.report import Guard, ReconcileReport, log
 if TYPE_CHECKING:
     from tpujobs.engine.settings import Settings
 
-# Queued-resource states that mean "no capacity yet" (a zone failover may end the wait).
-WAITING_FOR_CAPACITY = frozenset({"CREATING", "ACCEPTED", "WAITING_FOR_RESOURCES"})
-
 
 class ShardRun:
     """Runs shards: reads each one's jobs and zone, and repairs every difference."""
@@ -44,7 +42,7 @@ class ShardRun:
         self,
         jobs: JobRepairs,
         store: JobStore,
-        tpu: Tpu,
+        capacity: Capacity,
         settings: Settings,
         clock: Clock,
         pools: Pools | None,
@@ -53,7 +51,7 @@ class ShardRun:
     ) -> None:
         self.jobs = jobs
         self.store = store
-        self.tpu = tpu
+        self.capacity = capacity
         self.settings = settings
         self.clock = clock
         self.pools = pools
@@ -68,7 +66,7 @@ class ShardRun:
         report = ReconcileReport(shards=[shard.name])
         jobs = self.store.active_in_shard(shard.zone, shard.after, shard.through)
         report.jobs = report.jobs_read = len(jobs)
-        seen = list_zone(self.tpu, shard.zone, report)
+        seen = list_zone(self.capacity, shard.zone, report)
         now = self.clock()
         stuck_before = now - timedelta(seconds=self.settings.stuck_after_seconds)
         queued = any(job.state is JobState.QUEUED for job in jobs)
@@ -119,12 +117,12 @@ class ShardRun:
         if status is None:
             if job.state is JobState.PROVISIONING:
                 self._provision_missing(job, report)
-            elif self.tpu.status(job.zone, job.queued_resource) is None:  # confirm first
+            elif self.capacity.status(job.zone, job.queued_resource) is None:  # confirm first
                 what = f"queued resource {job.queued_resource} no longer exists"
-                jobs.observe_capacity(job.queued_resource, "SUSPENDED", what, source="reconciler")
+                jobs.observe_capacity(job.queued_resource, HoldingState.GONE, what, source="reconciler")
                 report.observed.append(f"{job.job_id}: {what}")
             return
-        lost = status.state in CAPACITY_GONE or status.unhealthy_hosts > 0
+        lost = status.state in HOLDING_LOST or status.unhealthy_hosts > 0
         changed = job.state is JobState.PROVISIONING and status.state != job.capacity_state
         full_region = self._past_zone_wait(job, status)
         if full_region is not None:
@@ -171,12 +169,12 @@ class ShardRun:
         """
         quota = job.capacity_state in GOOGLE_QUOTA_WAITS
         full_region = region_of(job.zone) if job.capacity_state == REGION_QUOTA_EXHAUSTED else ""
-        if not quota and self.tpu.status(job.zone, job.queued_resource) is not None:
+        if not quota and self.capacity.status(job.zone, job.queued_resource) is not None:
             return  # created since the listing: the next tick compares it
-        failed = None if quota else self.tpu.create_error(job.create_operation)
+        failed = None if quota else self.capacity.create_error(job.create_operation)
         if failed:
             what = f"Queued resource {job.queued_resource} was never created: {failed}"
-            seen = Observation(EventKind.CAPACITY_LOST, job.attempt, "reconciler", what, "FAILED")
+            seen = Observation(EventKind.CAPACITY_LOST, job.attempt, "reconciler", what, HoldingState.FAILED.value)
             self.jobs.observe(job.job_id, seen)
             report.observed.append(f"{job.job_id}: {what}")
             return
@@ -190,7 +188,7 @@ class ShardRun:
                     f"Queued resource {job.queued_resource} never appeared "
                     f"in the {waited / 60:.0f} min after its request"
                 )
-                seen = Observation(EventKind.CAPACITY_LOST, job.attempt, "reconciler", what, "FAILED")
+                seen = Observation(EventKind.CAPACITY_LOST, job.attempt, "reconciler", what, HoldingState.FAILED.value)
             self.jobs.observe(job.job_id, seen)
             report.observed.append(f"{job.job_id}: {what}")
             return
@@ -233,7 +231,7 @@ class ShardRun:
         no zone outside it, the job waits where it is (`domain.transitions`)."""
         waiting = (
             job.state is JobState.PROVISIONING
-            and status.state in WAITING_FOR_CAPACITY
+            and status.state is HoldingState.WAITING  # no capacity yet: a failover may end the wait
             and job.requested_at is not None
             and (self.clock() - job.requested_at).total_seconds() > self.settings.zone_wait_seconds
         )
@@ -247,7 +245,7 @@ class ShardRun:
     def _quota_region(self, job: Job) -> str:
         """The region whose quota the holding's hosts exceeded: a zone's listing leaves out their
         creation errors (Compute Engine's managed instances), a read of the holding has them."""
-        precise = self.tpu.status(job.zone, job.queued_resource)
+        precise = self.capacity.status(job.zone, job.queued_resource)
         return precise.quota_region if precise is not None else ""
 
     def _release_held_over(
@@ -255,7 +253,7 @@ class ShardRun:
     ) -> None:
         """Finish the release of earlier attempts' holdings kept through their hosts' shutdown
         grace (`Job.held_over`): each job with one whose hosts are gone (by this listing: not
-        listed, or SUSPENDED or FAILED) or whose grace is over asks its lifecycle to release it.
+        listed, or LOST or FAILED) or whose grace is over asks its lifecycle to release it.
         Pure on the listing until then: no read, whatever the number of jobs."""
         listed = {name: status.state for name, status in seen.items()}
         for job in jobs:
@@ -278,7 +276,7 @@ class ShardRun:
     def _release_if_unowned(
         self, zone: str, status: CapacityStatus, live: dict[str, Job], report: ReconcileReport
     ) -> None:
-        if status.state == "DELETING":
+        if status.state is HoldingState.RELEASING:
             return  # already going (deletion takes minutes): asking again costs a read and a call a tick
         if not _unowned(status, live):
             return
@@ -288,7 +286,7 @@ class ShardRun:
             return
         if job is not None and job.state.is_terminal and _saving(job, status, self.clock()):
             return  # ended as Google took it back: its hosts may be saving within their grace
-        self.tpu.release(zone, status.name)
+        self.capacity.release(zone, status.name)
         report.released.append(status.name)
 
 

@@ -67,7 +67,7 @@ class UnitAgents:
             assignment = idle_assignment_text(unit.seq)
         script = self.startup_script(pool, unit)
         try:
-            self.capacity.write_metadata(unit.zone, qr, pool.slices, unit_metadata(script, assignment))
+            self.capacity.tell_hosts(unit.zone, qr, pool.slices, unit_metadata(script, assignment))
         except (PermanentError, TransientError) as error:  # not confirmed: the reconciler tries again
             log.warning("pool %s: unit %d not told yet: %s", name, index, error)
             return

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 
 from tpujobs.domain import pools
+from tpujobs.domain.holdings import HoldingState
 from tpujobs.domain.job import Job
 from tpujobs.domain.naming import parse_unit_queued_resource_name
 from tpujobs.domain.pools import Pool, PoolState, Unit, UnitState
@@ -89,7 +90,7 @@ class PoolRepair:
 
     def _move_if_waited(self, pool: Pool, unit: Unit, status: CapacityStatus, did: list[str]) -> None:
         """A unit that waited past the zone wait moves to the pool's next zone, as a job does."""
-        if status.state == "ACTIVE" or unit.requested_at is None or len(pool.zones) < 2:
+        if status.state is HoldingState.ACTIVE or unit.requested_at is None or len(pool.zones) < 2:
             return
         waited = (self.clock() - unit.requested_at).total_seconds()
         if waited <= self.zone_wait_seconds:
@@ -140,7 +141,7 @@ class PoolRepair:
         released = []
         for name, status in seen.items():
             parsed = parse_unit_queued_resource_name(name)
-            if parsed is None or status.pool_label != parsed[0] or status.state == "DELETING":
+            if parsed is None or status.pool_label != parsed[0] or status.state is HoldingState.RELEASING:
                 continue
             pool_name, index, generation = parsed
             pool = known.get(pool_name)

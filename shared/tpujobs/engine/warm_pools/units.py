@@ -9,6 +9,7 @@ from dataclasses import replace
 from functools import partial
 
 from tpujobs.domain import pools
+from tpujobs.domain.holdings import HOLDING_LOST, HoldingState
 from tpujobs.domain.job import Job
 from tpujobs.domain.naming import parse_unit_queued_resource_name
 from tpujobs.domain.pools import Pool, PoolState, Unit, UnitState
@@ -16,7 +17,7 @@ from tpujobs.domain.states import ATTEMPT_LIVE, EventKind
 from tpujobs.domain.transitions import Decision, Observation
 from tpujobs.engine.errors import NotOurs, PermanentError, QuotaExhausted
 from tpujobs.engine.jobs.journal import JobJournal, Observe
-from tpujobs.engine.ports import CAPACITY_GONE, Capacity, CapacityStatus, Clock, JobRecords, UnitRequest, WarmPoolStore
+from tpujobs.engine.ports import Capacity, CapacityStatus, Clock, JobRecords, UnitRequest, WarmPoolStore
 from tpujobs.engine.queue_rounds import QUEUE_PEEK, jittered_rounds
 from tpujobs.engine.warm_pools.agents import UnitAgents
 from tpujobs.engine.warm_pools.changes import assign, said, same
@@ -136,8 +137,10 @@ class PoolUnits:
             return
         self.seen(pool.name, index, unit.generation, status)
 
-    def observe_unit(self, queued_resource: str, state: str, detail: str = "", unhealthy_hosts: int = 0) -> None:
-        """A unit's queued resource was seen in some state (tpujobs-qr-state, the reconciler)."""
+    def observe_unit(
+        self, queued_resource: str, state: HoldingState, detail: str = "", unhealthy_hosts: int = 0
+    ) -> None:
+        """A unit's holding was seen in some state (tpujobs-qr-state, the reconciler)."""
         current = current_unit(self.store, queued_resource)
         if current is None:
             return  # an older generation, or a pool gone: the reconciler releases leftovers
@@ -157,19 +160,19 @@ class PoolUnits:
         if pool is None or unit is None or unit.generation != generation:
             return
         qr = unit.queued_resource(name)
-        gone = status is None or status.state in CAPACITY_GONE or status.unhealthy_hosts > 0
+        gone = status is None or status.state in HOLDING_LOST or status.unhealthy_hosts > 0
         if unit.state in pools.HELD and gone:
             what = (
                 f"queued resource {qr} no longer exists"
                 if status is None
                 else f"{status.unhealthy_hosts} host(s) of {qr} were lost"
-                if status.state not in CAPACITY_GONE
+                if status.state not in HOLDING_LOST
                 else f"{qr} is {status.state}" + (f": {status.detail}" if status.detail else "")
             )
             self._unit_lost(pool, unit, what)
-        elif unit.state is UnitState.REQUESTED and status is not None and status.state in CAPACITY_GONE:
+        elif unit.state is UnitState.REQUESTED and status is not None and status.state in HOLDING_LOST:
             self._unit_lost(pool, unit, f"{qr} is {status.state}" + (f": {status.detail}" if status.detail else ""))
-        elif unit.state is UnitState.REQUESTED and status is not None and status.state == "ACTIVE":
+        elif unit.state is UnitState.REQUESTED and status is not None and status.state is HoldingState.ACTIVE:
             changed = self._change(
                 name, lambda p: pools.active(p, index, self.clock()) if same(p.unit(index), unit) else None
             )
@@ -177,7 +180,7 @@ class PoolUnits:
                 log.info("pool %s: unit %d ready (%s)", name, index, qr)
                 self.fill(name)
         elif status is not None and status.state != unit.capacity_state:
-            self.store.update(name, lambda p: pools.seen_capacity(p, index, status.state))
+            self.store.update(name, lambda p: pools.seen_capacity(p, index, status.state.value))
 
     def _unit_lost(self, pool: Pool, unit: Unit, what: str) -> None:
         """A unit's capacity is gone: it is asked for again at once (the pool document first, so
@@ -274,8 +277,8 @@ class PoolUnits:
         """Commit the job PROVISIONING on the unit the pool gave it, then tell the unit's agents.
         A job that moved on meanwhile (cancelled) gives the unit back. True when it runs there."""
         qr = unit.queued_resource(pool.name)
-        seen = Observation(EventKind.ADMITTED, job.attempt, "submit", capacity_state="ACTIVE", unit=qr, zone=unit.zone,
-                           unit_requested_at=unit.requested_at)  # fmt: skip
+        seen = Observation(EventKind.ADMITTED, job.attempt, "submit", capacity_state=HoldingState.ACTIVE.value,
+                           unit=qr, zone=unit.zone, unit_requested_at=unit.requested_at)  # fmt: skip
         outcome = self.journal.commit(job.job_id, seen)
         current = outcome.job if isinstance(outcome, Decision) else self.jobs.get(job.job_id)
         on_unit = (

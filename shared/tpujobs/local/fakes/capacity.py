@@ -1,6 +1,6 @@
 """The capacity port (`engine.ports.Capacity`) in memory: holdings whose state a test sets.
 
-A request makes a holding in `initial_state` (or adopts the one of that name, as the TPU API
+A request makes a holding in `initial_state` (WAITING unless told; or adopts the one of that name, as the TPU API
 adapter does: tests/contract/test_contract_capacity.py holds both to one contract), a release
 removes it; `set_state`, `vanish` and `refuse_next` stand in for what
 Google does meanwhile (preemption, a failed create, a full quota), and `plant_foreign` for
@@ -17,6 +17,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from tpujobs.domain.holdings import HoldingState
 from tpujobs.domain.job import Job
 from tpujobs.domain.naming import node_id
 from tpujobs.domain.ownership import marked, refusal
@@ -38,8 +39,8 @@ class Holding:
 class InMemoryCapacity:
     """Holdings by (zone, name); every method as `engine.ports.Capacity` says."""
 
-    def __init__(self, initial_state: str = "ACCEPTED") -> None:
-        self.initial_state = initial_state
+    def __init__(self, initial_state: HoldingState = HoldingState.WAITING) -> None:
+        self.initial_state = HoldingState(initial_state)  # a word of no state fails here, loudly
         self.holdings: dict[tuple[str, str], Holding] = {}
         self.calls: list[tuple[str, ...]] = []
         self.failed_operations: dict[str, str] = {}  # operation -> what it said (`create_error`)
@@ -50,12 +51,16 @@ class InMemoryCapacity:
     # -- what a test does --------------------------------------------------------------------
 
     def plant_foreign(
-        self, zone: str, name: str, state: str = "ACTIVE", labels: Mapping[str, str] | None = None
+        self,
+        zone: str,
+        name: str,
+        state: HoldingState = HoldingState.ACTIVE,
+        labels: Mapping[str, str] | None = None,
     ) -> None:
         """Someone else made a resource named `name` in `zone` (no tpujobs marker, unless
         `labels` forge one), holding `state`."""
         with self._lock:
-            status = CapacityStatus(name, zone, state)
+            status = CapacityStatus(name, zone, HoldingState(state))
             self.holdings[(zone, name)] = Holding(status, HostBoot("", {}), 1, dict(labels or {}))
 
     def refuse_next(self, error: Exception) -> None:
@@ -65,7 +70,7 @@ class InMemoryCapacity:
     def set_state(
         self,
         name: str,
-        state: str,
+        state: HoldingState,
         detail: str = "",
         unhealthy_hosts: int = 0,
         suspect_hosts: tuple[tuple[str, str], ...] = (),
@@ -74,7 +79,11 @@ class InMemoryCapacity:
         with self._lock:
             holding = self._named(name)
             holding.status = dataclasses.replace(
-                holding.status, state=state, detail=detail, unhealthy_hosts=unhealthy_hosts, suspect_hosts=suspect_hosts
+                holding.status,
+                state=HoldingState(state),
+                detail=detail,
+                unhealthy_hosts=unhealthy_hosts,
+                suspect_hosts=suspect_hosts,
             )
             return holding.status
 
@@ -143,13 +152,13 @@ class InMemoryCapacity:
             self.calls.append(("list_capacity", zone))
             return [h.status for (z, _), h in sorted(self.holdings.items()) if z == zone]
 
-    def write_metadata(self, zone: str, name: str, slices: int, metadata: Mapping[str, str]) -> None:
+    def tell_hosts(self, zone: str, name: str, slices: int, metadata: Mapping[str, str]) -> None:
         with self._lock:
-            self.calls.append(("write_metadata", zone, name))
+            self.calls.append(("tell_hosts", zone, name))
             holding = self.holdings.get((zone, name))
             if holding is not None and not marked(name, holding.labels):
                 raise NotOurs(f"fake capacity: {refusal(name, name)}")
-            if holding is None or holding.status.state != "ACTIVE":
+            if holding is None or holding.status.state is not HoldingState.ACTIVE:
                 state = "missing" if holding is None else holding.status.state
                 raise PermanentError(f"fake capacity: the nodes of {name} are not READY ({state})")
             for index in range(slices):
