@@ -102,25 +102,40 @@ class _PoolParts:
     jobs: PoolJobs
 
     @staticmethod
-    def build(store: WarmPoolStore, engine: Engine, observe: Observe) -> _PoolParts:
-        agents = UnitAgents(store, engine.store, engine.capacity, engine.settings)
-        quota = UnitQuota(engine.pools, engine.clock, engine.admission, engine.teams, engine.access)
-        units = PoolUnits(
-            store, engine.store, engine.capacity, engine.clock, engine.sleep, engine.journal, quota, agents, observe
-        )
-        jobs = PoolJobs(store, engine.store, tuple(engine.settings.admins), engine.journal, units, observe)
-        return _PoolParts(store, agents, quota, units, jobs)
+    def build(
+        store: WarmPoolStore,
+        jobs: JobStore,
+        capacity: Capacity,
+        settings: Settings,
+        clock: Clock,
+        sleep: Callable[[float], None],
+        journal: JobJournal,
+        quota: UnitQuota,
+        observe: Observe,
+    ) -> _PoolParts:
+        agents = UnitAgents(store, jobs, capacity, settings)
+        units = PoolUnits(store, jobs, capacity, clock, sleep, journal, quota, agents, observe)
+        pool_jobs = PoolJobs(store, jobs, tuple(settings.admins), journal, units, observe)
+        return _PoolParts(store, agents, quota, units, pool_jobs)
 
-    def complete(self, engine: Engine) -> WarmPools:
+    def complete(
+        self,
+        jobs: JobStore,
+        capacity: Capacity,
+        settings: Settings,
+        clock: Clock,
+        access: AccessPolicyReader | None,
+        vetting: Vetting,
+        lifecycle: JobLifecycle,
+        handoff: CapacityHandoff | None,
+    ) -> WarmPools:
         """The services above the lifecycle too: management, and the reconciler's repair."""
-        settings = engine.settings
         management = PoolManagement(
-            self.store, settings, engine.clock, engine.access, engine.vetting, self.quota, self.units, self.jobs,
-            engine.handoff,
-        )  # fmt: skip
+            self.store, settings, clock, access, vetting, self.quota, self.units, self.jobs, handoff
+        )
         repairs = PoolRepair(
-            self.store, engine.store, engine.capacity, engine.clock, settings.zone_wait_seconds,
-            self.units, self.agents, self.quota, self.jobs, engine.lifecycle,
+            self.store, jobs, capacity, clock, settings.zone_wait_seconds,
+            self.units, self.agents, self.quota, self.jobs, lifecycle,
         )  # fmt: skip
         return WarmPools(self.store, self.units, self.jobs, management, repairs)
 
@@ -169,13 +184,20 @@ class Engine:
         # `self.observe` closes the one loop: acting on a job can observe it again (`journal.Observe`).
         paused = budgets.over_budget if budgets is not None else None
         self.admission = Admission(pools, clock, sleep, self.journal, self.attempts, self.observe, teams, paused)
-        parts = _PoolParts.build(warm_pools, self, self.observe) if warm_pools is not None else None
+        parts = None  # the warm pools' parts below the lifecycle, given each port they use
+        if warm_pools is not None:
+            quota = UnitQuota(pools, clock, self.admission, teams, access)
+            parts = _PoolParts.build(
+                warm_pools, store, capacity, settings, clock, sleep, self.journal, quota, self.observe
+            )
         pool_jobs = parts.jobs if parts is not None else None
         self.vetting = Vetting(settings, access, pools, pool_jobs)
         self.lifecycle = JobLifecycle(
             store, clock, sleep, self.journal, self.attempts, self.admission, pool_jobs, handoff
         )
-        self.warm = parts.complete(self) if parts is not None else None  # None: built without warm pools
+        self.warm = None  # None: built without warm pools
+        if parts is not None:
+            self.warm = parts.complete(store, capacity, settings, clock, access, self.vetting, self.lifecycle, handoff)
         self.reports = reports = SignedReports(store, settings.master_keys(), clock, self.rejections)
         self.submission = Submission(
             store, settings, clock, self.vetting, self.journal, self.rejections, self.lifecycle, teams, access
