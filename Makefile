@@ -81,7 +81,7 @@ lint: venv
 # The docs site (mkdocs.yml, docs/) into site/: --strict turns every warning (a broken link or anchor,
 # a page outside the nav: mkdocs.yml's validation) into a failure. Never --quiet (it drops the warnings
 # before strict mode counts them) nor --verbose (mkdocs 1.6 then skips the anchor checks):
-# tests/unit/test_checks_fail_on_faults.py runs this line on a planted broken anchor. Offline: no
+# tests/unit/repo/test_checks_fail_on_faults.py runs this line on a planted broken anchor. Offline: no
 # plugin fetches anything at build time.
 docs: venv
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict

@@ -2,7 +2,7 @@
 
 Requests are given to `JobsApi.handle` as functions/main.py passes them; one test goes
 through functions-framework itself. Production identity is a Google ID token: here its
-verifier is replaced by a fake that knows two tokens; tests/unit/test_api_identity.py runs
+verifier is replaced by a fake that knows two tokens; tests/unit/engine/test_api_identity.py runs
 google-auth's real verification against tokens signed in the test.
 """
 

@@ -45,7 +45,7 @@ class Meaning:
     why: str
 
 
-# compute_v1.Instance.Status, every member (tests/unit/test_compute_states.py holds it to the enum).
+# compute_v1.Instance.Status, every member (tests/unit/adapters/test_compute_states.py holds it to the enum).
 INSTANCE_STATUSES: dict[str, Meaning] = {
     "UNDEFINED_STATUS": Meaning(WAITING, "ok", "no VM yet (empty instanceStatus): the MIG has not got its capacity"),
     "PENDING": Meaning(WAITING, "ok", "flex-start: waiting for capacity from the Dynamic Workload Scheduler"),

@@ -411,7 +411,7 @@ QUEUED_RESOURCE_FIELDS = (
 NODE_FIELDS = "nodes.name,nodes.state,nodes.health,nodes.queuedResource,nodes.networkEndpoints.ipAddress,nextPageToken"
 
 # tpu_v2 QueuedResourceState.State, every member, as the capacity port's state
-# (tests/unit/test_tpu_states.py holds the table to the enum). Google's words for each:
+# (tests/unit/engine/test_engine_speaks_holdings.py holds the table to the enum). Google's words for each:
 # https://cloud.google.com/tpu/docs/reference/rest/v2/projects.locations.queuedResources#State
 QUEUED_RESOURCE_STATES: dict[str, HoldingState] = {
     "STATE_UNSPECIFIED": HoldingState.UNKNOWN,  # not set: no signal, never acted on
@@ -431,7 +431,7 @@ HostVerdict = Literal["ok", "suspect", "lost"]
 often passes (`suspect`: lost only once it lasts past `unhealthy_grace_seconds`, remembered on
 the job as `suspect_hosts`), or a lost host at once (`lost`: the job's `on_preemption` rule)."""
 
-# tpu_v2 Node.State, every member (tests/unit/test_node_states.py holds the table to the enum).
+# tpu_v2 Node.State, every member (tests/unit/adapters/test_node_states.py holds the table to the enum).
 NODE_STATES: dict[str, tuple[HostVerdict, str]] = {
     "STATE_UNSPECIFIED": ("ok", "not set, or masked out: no signal, never acted on"),
     "CREATING": ("ok", "being created: the boot timeout watches a host that never reports"),

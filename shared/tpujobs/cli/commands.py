@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 __all__ = ["app", "describe_tables", "jobs_table", "watch_screen"]
 
 # Help texts are Markdown: a docstring's paragraphs reflow to the terminal's width. Typer's default
-# ("rich") keeps the source's line breaks, which broke summaries mid-sentence (tests/unit/test_cli_help.py).
+# ("rich") keeps the source's line breaks, which broke summaries mid-sentence (tests/unit/cli/test_cli_help.py).
 # The mode holds for every group mounted here.
 app = typer.Typer(
     cls=Group,

@@ -2,7 +2,7 @@
 
 `TRANSITIONS` is the one place that says which event may move a job from which
 state to which. Anything not in it is refused: an event that arrives late, twice or
-out of order is recorded but changes nothing. `tests/unit/test_states.py` walks
+out of order is recorded but changes nothing. `tests/unit/domain/test_states.py` walks
 every state against every event.
 """
 

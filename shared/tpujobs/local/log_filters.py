@@ -3,7 +3,7 @@
 infra/ once counted its metrics with log-based filters; they are gone, since any holder of
 logging.logEntries.create (every job account) could write entries they count, and the functions
 now write their metrics to Cloud Monitoring (`engine.metrics`). What stays: `entry_from_line`, the
-entry Cloud Logging makes of a function's stdout line (tests/unit/test_metric_forgery.py shows a
+entry Cloud Logging makes of a function's stdout line (tests/unit/engine/test_metric_forgery.py shows a
 job's copy is the same field for field), and the evaluator, for a query over such entries.
 Anything outside the subset below is refused with `UnsupportedFilter`, so a query can never pass
 a test by being misread:

@@ -4,7 +4,7 @@ A token minted for the key URL (what a job's code can get from its VM's metadata
 refused by the `jobs` API with 403 for every action, signed or with the signature Cloud Run
 removed; the `attempt_key` function (`KeyApi`) answers that action alone, for a token of its own
 URL. The verifier is a stand-in that accepts a token whose `aud` is among the audiences asked
-(google-auth's own checks are tests/unit/test_api_identity.py).
+(google-auth's own checks are tests/unit/engine/test_api_identity.py).
 """
 
 from __future__ import annotations

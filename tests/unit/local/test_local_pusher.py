@@ -18,7 +18,7 @@ from tpujobs.engine import topology
 from tpujobs.local import function_scale, pusher, wiring
 from tpujobs.local.testing import wait_for
 
-GOLDEN = Path(__file__).resolve().parents[1] / "data" / "pubsub_push_envelope.json"
+GOLDEN = Path(__file__).resolve().parents[2] / "data" / "pubsub_push_envelope.json"
 ROUTE = pusher.Route("projects/p/subscriptions/tpujobs-submit--submit_job", "http://127.0.0.1:9/", 8, 60.0)
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
 # The project's configuration files, whichever of them exist: each tool finds its own in the
 # directory it runs in, as it does at the root of the repository.

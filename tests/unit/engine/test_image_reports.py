@@ -10,9 +10,9 @@ import json
 import re
 
 import pytest
-from test_accounting import a_job, at, move
-from test_cli_accounting import rendered
 
+from support.job_timelines import a_job, at, move
+from support.rich_text import rendered
 from tpujobs.cli import commands as cli
 from tpujobs.domain.accounting import image_reported
 from tpujobs.domain.spec import parse_spec

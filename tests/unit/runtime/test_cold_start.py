@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-FUNCTIONS = Path(__file__).resolve().parents[2] / "functions"
+FUNCTIONS = Path(__file__).resolve().parents[3] / "functions"
 HEAVY = ("google.cloud.firestore", "google.cloud.pubsub", "google.cloud.tpu_v2", "google.cloud.storage")
 
 

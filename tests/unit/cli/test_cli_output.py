@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
-from test_accounting import a_job, at, move, preempted_job
 from typer.testing import CliRunner
 
+from support.job_timelines import a_job, at, move, preempted_job
 from tpujobs.cli import app, tables
 from tpujobs.cli.common import Stop, resolve_project
 from tpujobs.domain.job import JobEvent

@@ -22,7 +22,7 @@ from tpujobs.domain.spec import decode_spec
 from tpujobs.engine import topology
 from tpujobs.engine.inbound import InboundMessage, from_cloud_event, subscription_of
 
-DATA = Path(__file__).resolve().parent.parent / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 SUBMIT_SOURCE = "//pubsub.googleapis.com/projects/p/topics/tpujobs-submit"
 BARE_SOURCE = "//pubsub.googleapis.com/"  # what functions-framework makes of a push to "/"
 ROUTES = {route.target: route for route in topology.FUNCTIONS}
@@ -523,7 +523,7 @@ def test_every_function_in_main_decodes_as_itself() -> None:
     refused only when it came on another function's topic, never because of a typo."""
     import ast
 
-    main = Path(__file__).resolve().parents[2] / "functions" / "main.py"
+    main = Path(__file__).resolve().parents[3] / "functions" / "main.py"
     calls = {
         function.name: call.args[1].value
         for function in ast.parse(main.read_text(encoding="utf-8")).body

@@ -10,9 +10,9 @@ from datetime import timedelta
 import pytest
 import typer
 from rich.console import Console
-from test_accounting import a_job, at, move, run_to_success
 from typer.testing import CliRunner
 
+from support.job_timelines import a_job, at, move, run_to_success
 from tpujobs.cli import app, tables
 from tpujobs.cli.commands import ACTIVE_GROUP, FINISHED_GROUP, job_filter
 from tpujobs.domain.labels import LabelError, parse_label_pairs, relabeled

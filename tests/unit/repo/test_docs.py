@@ -15,7 +15,7 @@ import pytest
 import yaml
 from markdown.extensions.toc import slugify
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 MAX_README_LINES = 250

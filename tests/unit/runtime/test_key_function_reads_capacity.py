@@ -1,7 +1,7 @@
 """The attempt_key function reads capacity (issue 38 items 2 and 3): runtime.instances gives its
 key grant the capacity port, so a key waits for its slice to be ACTIVE in every deployment.
 
-Built on emulators nobody listens on, as tests/unit/test_runtime_instances.py builds them.
+Built on emulators nobody listens on, as tests/unit/runtime/test_runtime_instances.py builds them.
 """
 
 from __future__ import annotations

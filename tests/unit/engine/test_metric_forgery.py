@@ -31,7 +31,7 @@ from tpujobs.local.log_filters import entry_from_line
 from tpujobs.local.simulator.cloud_logging import PLATFORM, LoggingServer
 from tpujobs.local.simulator.cloud_monitoring import MonitoringServer
 
-INFRA = Path(__file__).resolve().parents[2] / "infra"
+INFRA = Path(__file__).resolve().parents[3] / "infra"
 PROJECT = "demo"
 JOB_ACCOUNT = "tpujobs-tpu-vm@demo.iam.gserviceaccount.com"
 FUNCTION_ACCOUNT = function_account("record_dead_letter", PROJECT)

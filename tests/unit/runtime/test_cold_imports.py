@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-FUNCTIONS = Path(__file__).resolve().parents[2] / "functions"
+FUNCTIONS = Path(__file__).resolve().parents[3] / "functions"
 PYDANTIC = "pydantic"
 FIRESTORE = "google.cloud.firestore"
 PUBSUB = "google.cloud.pubsub_v1"

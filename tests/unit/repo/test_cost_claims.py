@@ -7,7 +7,7 @@ import math
 import re
 from pathlib import Path
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+DOCS = Path(__file__).resolve().parents[3] / "docs"
 COUNT_BATCH = 1_000  # index entries billed as one document read by a count()
 
 

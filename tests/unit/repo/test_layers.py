@@ -7,7 +7,7 @@ from pathlib import Path
 import grimp
 import tomllib
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PACKAGE = ROOT / "shared" / "tpujobs"
 
 

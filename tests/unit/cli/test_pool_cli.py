@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
-from test_accounting import a_job, at, move
 from typer.testing import CliRunner
 
+from support.job_timelines import a_job, at, move
 from tpujobs.cli import app, tables
 from tpujobs.domain import pools
 from tpujobs.domain.job import Job

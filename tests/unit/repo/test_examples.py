@@ -12,7 +12,7 @@ from tpujobs.cli.common import Stop
 from tpujobs.domain.accelerators import parse_accelerator_type
 from tpujobs.domain.spec import parse_spec
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 MAXTEXT = EXAMPLES / "maxtext-multislice.yaml"
 
 

@@ -5,18 +5,13 @@ from __future__ import annotations
 from datetime import timedelta
 
 from rich.console import Console
-from test_accounting import a_job, at, move, preempted_job
 
+from support.job_timelines import a_job, at, move, preempted_job
+from support.rich_text import rendered
 from tpujobs.cli import commands as cli
 from tpujobs.domain.accounting import checkpoint_reported
 from tpujobs.domain.states import EventKind
 from tpujobs.engine.ports import AttemptLogs
-
-
-def rendered(renderable) -> str:
-    console = Console(record=True, width=220, color_system=None)
-    console.print(renderable)
-    return console.export_text().replace("│", " ")  # cells as words, without the box
 
 
 def test_list_shows_chip_hours_goodput_owner_and_age_with_running_time_counted_up_to_now() -> None:

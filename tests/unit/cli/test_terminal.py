@@ -7,8 +7,8 @@ import re
 
 import pytest
 from rich.console import Console
-from test_accounting import a_job, at, move
 
+from support.job_timelines import a_job, at, move
 from tpujobs import cli
 from tpujobs.cli.terminal import shown, uncontrolled
 from tpujobs.domain.job import JobEvent

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 from tpujobs.domain import signing
 from tpujobs.local.testing import local_settings
 
-_PATH = Path(__file__).resolve().parents[2] / "bench" / "flood.py"
+_PATH = Path(__file__).resolve().parents[3] / "bench" / "flood.py"
 sys.path.insert(0, str(_PATH.parent))  # as when it runs: the bench folder's helpers import by name
 _SPEC = importlib.util.spec_from_file_location("bench_flood", _PATH)
 assert _SPEC is not None and _SPEC.loader is not None

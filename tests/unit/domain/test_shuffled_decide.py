@@ -91,7 +91,7 @@ def observations_of_an_attempt(draw: st.DrawFn, job: Job, attempt: int) -> list[
 
 any_observation = st.builds(
     Observation,
-    # A user's resume or rerun starts an ended job again on purpose (tests/unit/test_restart.py):
+    # A user's resume or rerun starts an ended job again on purpose (tests/unit/domain/test_restart.py):
     # what is checked here is that nothing else ever moves a job that has ended.
     kind=st.sampled_from([k for k in EventKind if k not in (EventKind.RESUME_REQUESTED, EventKind.RERUN_REQUESTED)]),
     attempt=st.one_of(st.none(), st.sampled_from(ATTEMPTS)),

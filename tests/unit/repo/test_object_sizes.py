@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[2] / "shared" / "tpujobs"
+PACKAGE = Path(__file__).resolve().parents[3] / "shared" / "tpujobs"
 LIMIT = 400
 
 ClassKey = tuple[str, str]  # (module, class name)

@@ -14,7 +14,7 @@ import pytest
 
 from tpujobs.domain.accounting import AttemptUsage
 
-_PATH = Path(__file__).resolve().parents[2] / "bench" / "goodput.py"
+_PATH = Path(__file__).resolve().parents[3] / "bench" / "goodput.py"
 _SPEC = importlib.util.spec_from_file_location("bench_goodput", _PATH)
 assert _SPEC is not None and _SPEC.loader is not None
 goodput = importlib.util.module_from_spec(_SPEC)

@@ -58,7 +58,7 @@ def test_any_bytes_give_a_target_or_none_never_an_error(raw: bytes) -> None:
 
 # --- the entries as the log sink delivers them (tests/data, shapes from Google's docs) ----------
 
-DATA = Path(__file__).resolve().parent.parent / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 GOLDEN = ["tpu_audit_create_queued_resource_v2.json", "tpu_audit_delete_queued_resource_v2alpha1.json"]
 QR_STATE_SUBSCRIPTION = "projects/my-project/subscriptions/tpujobs-qr-state--on_qr_state"
 
