@@ -52,25 +52,32 @@ def cli(*args: str):
     return result.output
 
 
-def test_a_two_worker_jobs_output_is_exported_per_worker_and_shown_by_tpujobs_logs(env, submit_job):
+def test_a_two_worker_jobs_output_is_exported_per_worker_and_shown_by_tpujobs_logs(env, submit_job, tmp_path):
     """v4-16, exit 0: worker-0.log, worker-1.log and attempt.log exported; `tpujobs logs` prints
-    them, and `--follow` started before the job ran printed the same lines, then exited 0."""
+    them, and `--follow` started before the job printed anything printed the same lines, then exited 0.
+
+    The hosts are processes on this machine: the command waits for a file the test makes once the
+    follower says it follows, so the follower never starts after the job is over, however slow."""
+    go = tmp_path / "go"
     job_id = submit_job(
         prefix="two",
-        command='for i in 1 2 3 4; do echo "worker $TPUJOBS_WORKER_ID line $i"; sleep 1; done',
+        command=f"while [ ! -e {go} ]; do sleep 0.2; done; "
+        'for i in 1 2 3 4; do echo "worker $TPUJOBS_WORKER_ID line $i"; sleep 1; done',
     )
     wait_for(lambda: env["store"].get(job_id))
-    follower = subprocess.Popen(
-        [str(TPUJOBS), "logs", job_id, "--follow"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=dict(os.environ),
-    )
+    said = tmp_path / "follower.err"
+    with said.open("wb") as stderr:
+        follower = subprocess.Popen(
+            [str(TPUJOBS), "logs", job_id, "--follow"], stdout=subprocess.PIPE, stderr=stderr, env=dict(os.environ)
+        )
     try:
+        wait_for(lambda: "Following attempt 1" in said.read_text(), timeout=90, what="the follower to follow")
+        go.touch()
         job = ended(env, job_id)
         assert job.state is JobState.SUCCEEDED, job.state_reason
         logs = exported(env, job_id, 1)
-        followed, errors = follower.communicate(timeout=60)
+        followed, _ = follower.communicate(timeout=60)
+        errors = said.read_bytes()
     finally:
         follower.kill()
     base = f"gs://{env['bucket']}/logs/jobs/{job_id}/attempt-1/"

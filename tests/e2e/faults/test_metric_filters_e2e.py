@@ -27,7 +27,7 @@ from tpujobs.local.testing import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e-faults"), pytest.mark.timeout(400)]
 
-INFRA = Path(__file__).resolve().parents[2] / "infra"
+INFRA = Path(__file__).resolve().parents[3] / "infra"
 # The stuck limit the stack keeps (conftest leaves it): a job QUEUED longer is `job_stuck`.
 STUCK_AFTER_S = Settings().stuck_after_seconds
 # Every TPU create fails until the stuck metric moves; far more calls than that wait makes.
@@ -40,7 +40,7 @@ Labels = tuple[tuple[str, str], ...]
 
 def declared_metrics() -> set[str]:
     """The names of every metric descriptor of infra/ (each for_each's instances)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "infra"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "infra"))
     from for_each import instances
     from terraform_config import Terraform
 

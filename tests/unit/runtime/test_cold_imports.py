@@ -85,7 +85,7 @@ def test_the_tpu_and_pubsub_clients_are_built_at_their_first_use():
         "from tpujobs.runtime import instances\n"
         "a, c = instances.adapters(), instances.capacity()\n"
         "assert 'google.cloud.tpu_v2' not in sys.modules\n"
-        "c.create_error(''), a.publisher.announce"
+        "c.backend(None).create_error, a.publisher.announce"
     )
     assert {TPU, PUBSUB} <= loaded, loaded
     assert COMPUTE not in loaded
