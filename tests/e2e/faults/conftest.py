@@ -1,5 +1,5 @@
-"""The end-to-end tests whose faults and counts would reach every job on the shared stack: a stack
-of their own, in a project of its own, on the one worker their xdist group ("e2e-faults", which each
+"""The end-to-end tests whose faults, counts or teams would reach every job on the shared stack: a
+stack of their own, in a project of its own, on the one worker their xdist group ("e2e-faults", which each
 file here names) goes to. Here
 `local_stack`, `env` and `submit_job` are that stack's, its environment exported for each test."""
 
@@ -11,7 +11,7 @@ from unittest import mock
 
 import pytest
 
-from support.e2e_stacks import clients_of, running_stack, submit
+from support.e2e_stacks import ADMIN, clients_of, running_stack, submit
 
 PROJECT = "tpujobs-e2e-faults"  # apart from the shared stack's on the run's emulators
 
@@ -45,3 +45,9 @@ def env(local_stack: dict[str, str], faults_clients: dict) -> dict:
 def submit_job(env: dict):
     """`submit_job(prefix=..., **spec)`: publish a job to this directory's stack, get its id."""
     return lambda prefix="e2e", **spec: submit(env, prefix, **spec)
+
+
+@pytest.fixture(scope="session")
+def stack_admin(faults_stack: dict[str, str]) -> str:
+    """The e-mail this stack's jobs API answers as an admin (TPUJOBS_ADMINS)."""
+    return ADMIN

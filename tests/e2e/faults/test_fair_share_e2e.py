@@ -7,8 +7,9 @@ their owners, as `tpujobs submit` sends them with TPUJOBS_API_URL set: a job's t
 idle chips; team-b's two jobs take them back at their submit, and once they end, team-a's
 reclaimed jobs resume.
 
-A region of its own (europe-west4), and owners no other test submits as, so neither the quota
-nor the teams hold back the other end-to-end tests sharing the stack; both are restored at the end.
+Teams reach every job of a stack (each job's admission reads config/teams), so this runs on the
+fault tests' stack, one test at a time (faults/conftest.py); a region of its own (europe-west4) and
+owners no other test submits as all the same, and the quota and teams are removed at the end.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from tpujobs.cli import app
 from tpujobs.domain.states import JobState
 from tpujobs.local.testing import wait_for
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]  # alone, it starts the stack (about a minute) too
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e-faults"), pytest.mark.timeout(600)]
 
 ZONE = "europe-west4-b"
 LIMIT = f"{ZONE}/v4"
