@@ -78,7 +78,9 @@ class CloudLoggingEntries:
                 raise StaleToken(str(error)) from cause
             raise
         found = answer.get("entries") or []
-        return EntriesPage(tuple(_raw(e) for e in found if isinstance(e, dict)), answer.get("nextPageToken") or None)
+        return EntriesPage(
+            tuple(raw_entry(e) for e in found if isinstance(e, dict)), answer.get("nextPageToken") or None
+        )
 
     def _post(self, body: dict[str, Any]) -> dict[str, Any]:
         base = (self.endpoint or LOGGING_API).rstrip("/")
@@ -106,7 +108,8 @@ class CloudLoggingEntries:
         return self._session
 
 
-def _raw(entry: dict[str, Any]) -> RawEntry:
+def raw_entry(entry: dict[str, Any]) -> RawEntry:
+    """An entry as Cloud Logging's JSON gives it back: its text, labels and time to the microsecond."""
     labels = entry.get("labels") if isinstance(entry.get("labels"), dict) else {}
     if "textPayload" in entry:
         text = str(entry["textPayload"])

@@ -4,19 +4,15 @@ stand-in that serves the same store (tests/contract/test_contract_output_entries
 
 from __future__ import annotations
 
-import json
-import re
-from datetime import datetime, timezone
 from typing import Any
 
-from tpujobs.domain.job_output import RawEntry
+from tpujobs.adapters.job_output_logs import raw_entry
 from tpujobs.engine.errors import OutputUnreadable, PermanentError, TransientError
 from tpujobs.engine.jobs_api.job_output import EntriesPage, StaleToken
 from tpujobs.local.simulator.cloud_logging import LoggingError, LoggingStore
 from tpujobs.local.simulator.errors import Code
 
 MAX_PAGE_SIZE = 1000  # entries.list's most
-_RFC3339 = re.compile(r"^(?P<base>[0-9T:-]{19})(?:\.(?P<fraction>[0-9]{1,9}))?(?P<zone>Z|[+-][0-9]{2}:[0-9]{2})$")
 _UNREADABLE = (Code.NOT_FOUND, Code.PERMISSION_DENIED)
 _FINAL = (Code.INVALID_ARGUMENT, Code.FAILED_PRECONDITION, Code.UNIMPLEMENTED, Code.UNAUTHENTICATED)
 
@@ -48,24 +44,4 @@ class InMemoryOutputEntries:
             kind = PermanentError if error.code in _FINAL else TransientError
             raise kind(f"Cloud Logging: {error.message}") from error
         found = answer.get("entries") or []
-        return EntriesPage(tuple(_raw(e) for e in found), answer.get("nextPageToken") or None)
-
-
-def _raw(entry: dict[str, Any]) -> RawEntry:
-    """An entry as Cloud Logging's JSON gives it back: its text, labels and time to the microsecond."""
-    labels = entry.get("labels") if isinstance(entry.get("labels"), dict) else {}
-    if "textPayload" in entry:
-        text = str(entry["textPayload"])
-    else:
-        payload = entry.get("jsonPayload", entry.get("protoPayload", ""))
-        text = payload if isinstance(payload, str) else json.dumps(payload, sort_keys=True)
-    return RawEntry({str(k): str(v) for k, v in (labels or {}).items()}, _timestamp(entry.get("timestamp")), text)
-
-
-def _timestamp(value: Any) -> datetime:
-    match = _RFC3339.match(str(value or ""))
-    if match is None:
-        return datetime.fromtimestamp(0, timezone.utc)
-    fraction = (match["fraction"] or "")[:6].ljust(6, "0")
-    zone = "+00:00" if match["zone"] == "Z" else match["zone"]
-    return datetime.fromisoformat(f"{match['base']}.{fraction}{zone}").astimezone(timezone.utc)
+        return EntriesPage(tuple(raw_entry(e) for e in found), answer.get("nextPageToken") or None)
